@@ -1,0 +1,41 @@
+# One-command setup and test. `make test` creates (or reuses) .venv, installs hf_mlcl with its dev
+# extra, and runs the default (fast) test suite. On a machine without CUDA, torch is pinned to the
+# CPU build 2.13.0 *before* the package is installed so pip never pulls the CUDA wheels.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-slow lint demo bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+	    echo "CUDA found: installing the default torch build"; \
+	    $(PY) -m pip install --quiet "torch>=2.4"; \
+	else \
+	    echo "no CUDA: installing the CPU build torch==2.13.0"; \
+	    $(PY) -m pip install --quiet "torch==2.13.0"; \
+	fi
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check hf_mlcl tests benchmarks
+
+demo: $(STAMP)
+	$(VENV)/bin/hf-mlcl demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

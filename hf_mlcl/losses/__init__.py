@@ -1,0 +1,1 @@
+"""hf_mlcl.losses"""

@@ -1,0 +1,164 @@
+"""Argument dataclasses read by `HfArgumentParser` from a recipe YAML and command-line overrides.
+
+`ModelArguments` and `DataArguments` describe what to train on; `ContrastiveTrainingArguments`
+(stage 1) and `ProbingTrainingArguments` (stage 2) are `transformers.TrainingArguments` subclasses,
+so every Trainer knob (``learning_rate``, ``bf16``, ``eval_strategy`` ...) sits beside ours.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+POOLINGS = ("cls", "mean", "last_token")
+HEADS = ("linear", "label_attention")
+PROBES = ("linear", "finetune", "logistic")
+PROBE_LOSSES = ("bce", "focal", "asymmetric")
+THRESHOLDS = ("global", "per_label")
+
+
+def _as_dict(value: Any, name: str) -> dict | None:
+    """Accept a dict (YAML) or a JSON string (command line) for a dict-valued argument."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{name} must be a JSON object, e.g. '{{\"beta\": 0.1}}'; got {value!r}") from err
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{name} must be a JSON object; got {value!r}")
+        return parsed
+    raise ValueError(f"{name} must be a mapping; got {type(value).__name__}")
+
+
+@dataclass
+class ModelArguments:
+    """The encoder: a Hub id / local path, or a backbone config (tests, demo), plus pooling and head."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Backbone id or path (AutoModel), or a trained hf_mlcl encoder checkpoint."}
+    )
+    backbone_config: str | None = field(
+        default=None,
+        metadata={"help": "JSON/YAML mapping of a backbone config (with `model_type`) to build a random-init backbone."},
+    )
+    tokenizer_name_or_path: str | None = field(default=None, metadata={"help": "Defaults to model_name_or_path."})
+    pooling: str = field(default="cls", metadata={"help": f"One of {POOLINGS}."})
+    projection_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden size of the 2-layer projection head (default: backbone hidden size)."}
+    )
+    head: str = field(default="linear", metadata={"help": f"Classifier head for probing: one of {HEADS}."})
+    chunk_size: int = field(default=128, metadata={"help": "Segment length for the PLM-ICD label-attention path."})
+    use_lora: bool = field(default=False, metadata={"help": "Wrap a decoder backbone with LoRA adapters (peft)."})
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.1
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Default: q, k, v, o, gate, up, down projections."}
+    )
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.backbone_config, dict):
+            pass
+        elif isinstance(self.backbone_config, str):
+            self.backbone_config = _as_dict(self.backbone_config, "backbone_config")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {self.pooling!r}; choose one of {POOLINGS}")
+        if self.head not in HEADS:
+            raise ValueError(f"unknown head {self.head!r}; choose one of {HEADS}")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive number of tokens; got {self.chunk_size}")
+
+
+@dataclass
+class DataArguments:
+    """Which dataset (a name of `hf_mlcl.data.list_datasets()`), where its files are, and lengths."""
+
+    dataset: str = field(default="synthetic", metadata={"help": "Registry name, e.g. aapd, goemotions, mimic3."})
+    data_dir: str | None = field(default=None, metadata={"help": "Folder with the dataset's local files."})
+    dataset_options: str | None = field(
+        default=None, metadata={"help": "Loader keyword arguments as a mapping (YAML) or JSON string."}
+    )
+    max_length: int = field(default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."})
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    max_test_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        self.dataset_options = _as_dict(self.dataset_options, "dataset_options") or {}
+        if self.max_length <= 0:
+            raise ValueError(f"max_length must be positive; got {self.max_length}")
+
+
+@dataclass
+class ContrastiveTrainingArguments(TrainingArguments):
+    """Stage 1: label-aware contrastive training of the encoder."""
+
+    loss: str = field(default="sd", metadata={"help": "A name from hf_mlcl.losses.list_losses()."})
+    loss_kwargs: str | None = field(
+        default=None, metadata={"help": "Extra loss keywords as a mapping (YAML) or JSON string."}
+    )
+    temperature: float | None = field(default=None, metadata={"help": "Default: the loss paper's value."})
+    projection_dim: int = field(default=256, metadata={"help": "Output size of the projection head."})
+    n_views: int = field(default=1, metadata={"help": "1, or 2 for two dropout views of every text."})
+    queue_size: int = field(default=0, metadata={"help": "MoCo queue length K; 0 = in-batch candidates only."})
+    momentum: float = field(default=0.999, metadata={"help": "EMA factor of the momentum (key) encoder."})
+    gather_across_devices: bool = field(
+        default=True, metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."}
+    )
+    gradcache_chunk_size: int = field(default=0, metadata={"help": "GradCache sub-batch size; 0 = off."})
+
+    def __post_init__(self) -> None:
+        self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        if self.n_views not in (1, 2):
+            raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
+        if self.queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1); got {self.momentum}")
+        if self.gradcache_chunk_size < 0:
+            raise ValueError(f"gradcache_chunk_size must be >= 0 (0 = off); got {self.gradcache_chunk_size}")
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0; got {self.temperature}")
+        if self.projection_dim <= 0:
+            raise ValueError(f"projection_dim must be positive; got {self.projection_dim}")
+        super().__post_init__()
+
+
+@dataclass
+class ProbingTrainingArguments(TrainingArguments):
+    """Stage 2: a multi-label head on the (frozen or fine-tuned) encoder."""
+
+    probe: str = field(default="linear", metadata={"help": f"One of {PROBES}."})
+    loss: str = field(default="bce", metadata={"help": f"Supervised loss: one of {PROBE_LOSSES}."})
+    loss_kwargs: str | None = field(default=None, metadata={"help": "Extra loss keywords (mapping or JSON)."})
+    threshold: str = field(
+        default="global", metadata={"help": "'global' (tuned on validation), 'per_label', or a fixed float."}
+    )
+
+    def __post_init__(self) -> None:
+        self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        if self.probe not in PROBES:
+            raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
+        if self.loss not in PROBE_LOSSES:
+            raise ValueError(f"unknown probing loss {self.loss!r}; choose one of {PROBE_LOSSES}")
+        if str(self.threshold) not in THRESHOLDS:
+            try:
+                value = float(self.threshold)
+            except (TypeError, ValueError) as err:
+                raise ValueError(
+                    f"threshold must be 'global', 'per_label' or a number in (0, 1); got {self.threshold!r}"
+                ) from err
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"a fixed threshold must lie in (0, 1); got {value}")
+        super().__post_init__()
+
+    @property
+    def fixed_threshold(self) -> float | None:
+        """The fixed threshold as a float, or None for the tuned strategies."""
+        return None if str(self.threshold) in THRESHOLDS else float(self.threshold)
