@@ -1,0 +1,6 @@
+"""`python -m hf_mlcl ...` is the same as the `hf-mlcl` console script."""
+
+from hf_mlcl.cli import main
+
+if __name__ == "__main__":
+    main()
