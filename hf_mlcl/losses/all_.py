@@ -1,0 +1,33 @@
+"""ALL strategy of multi-label SupCon: positives are candidates with exactly the anchor's label set.
+
+Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (1) (positive set) and eq. (3)
+(per-anchor loss), following SupCon (Khosla et al., 2020). Registered as ``"all"``.
+
+* positives of anchor i: candidates p in the contrast set with T_p == S_i and S_i non-empty;
+* weight W_ip = 1;
+* per-anchor normaliser: number of positives abs(P(i));
+* reduction: mean over anchors with at least one positive (the paper's eq. (4) sums; we average so
+  the scale does not depend on the batch size — as pytorch-metric-learning's SupConLoss does).
+"""
+
+from __future__ import annotations
+
+from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .registry import register_loss
+
+
+@register_loss("all")
+class AllLoss(ContrastiveLoss):
+    """Multi-label SupCon with the ALL positive rule (eq. 1 and 3 of the SD-loss paper).
+
+    Args:
+        temperature: tau (default 0.07, the SD paper's value).
+        normalize: L2-normalise embeddings inside the loss.
+    """
+
+    default_temperature = 0.07
+
+    def build_terms(self, ctx: ContrastContext) -> LossTerms:
+        positive = ctx.equal & (ctx.anchor_sizes > 0)[:, None] & ctx.contrast_mask
+        w = positive.to(ctx.dtype)
+        return LossTerms(weights=w, normalizer=w.sum(dim=1))

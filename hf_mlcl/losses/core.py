@@ -1,0 +1,362 @@
+"""The shared engine of every contrastive loss: a masked, weighted, numerically stable log-softmax.
+
+Every loss in the implemented papers has the form (see ``/work/shared/LOSSES.md`` and ``DESIGN.md``)::
+
+    loss_i = - [ sum_p W_ip * logp_ip  + c_i ] / norm_i
+    logp_ia = s_ia - log sum_{a in contrast(i)} d_ia * exp(s_ia),     s_ia = z_i . c_a / tau
+
+with candidates c = [in-batch embeddings; key embeddings]. The anchor itself is excluded from its own
+contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). A loss module
+only builds :class:`LossTerms` — the positive weights ``W`` (N, M), optional denominator weights
+``d`` (passed as ``log d``), the per-anchor normaliser and (rarely) a constant ``c`` and a global
+reduction denominator — from the label relations in :class:`ContrastContext`
+(:mod:`hf_mlcl.losses.relations`). Memory is O(N * M) plus the label non-zeros; nothing is ever
+N x M x L.
+
+Numerics: computed in ``max(float32, input dtype)`` with autocast switched off, with a masked
+logsumexp (max-subtracted), so bf16 / fp16 inputs are upcast and float64 inputs stay float64
+(``torch.autograd.gradcheck`` works). Policy for degenerate anchors: an anchor with no positive (or an
+empty label set, or an empty contrast set) contributes nothing and is not counted; a batch with no
+valid anchor returns a zero that is still connected to the autograd graph (never NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import relations as R
+
+__all__ = [
+    "ContrastContext",
+    "LossTerms",
+    "ContrastiveLoss",
+    "masked_log_softmax",
+    "weighted_contrastive_loss",
+    "compute_dtype_for",
+]
+
+
+def compute_dtype_for(*tensors: Tensor | None) -> torch.dtype:
+    """``max(float32, dtypes of the inputs)``: fp16/bf16 -> float32, float64 stays float64."""
+    dtype = torch.float32
+    for t in tensors:
+        if t is not None and t.is_floating_point():
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def masked_log_softmax(logits: Tensor, mask: Tensor, log_weights: Tensor | None = None) -> Tensor:
+    """logp_ia = s_ia - log sum_{a: mask_ia} d_ia exp(s_ia) for masked entries; 0 elsewhere.
+
+    Args:
+        logits: (N, M) similarities already divided by the temperature.
+        mask: (N, M) bool, True where candidate a is in the contrast set of anchor i.
+        log_weights: optional log d, broadcastable to (N, M); ``-inf`` removes a candidate from the
+            denominator (d = 0) without touching ``mask``.
+
+    Rows whose contrast set is empty get logp = 0 everywhere (and zero gradient) instead of NaN.
+    """
+    scores = logits if log_weights is None else logits + log_weights
+    masked = scores.masked_fill(~mask, float("-inf"))
+    has_any = (masked > float("-inf")).any(dim=1, keepdim=True)
+    masked = torch.where(has_any, masked, torch.zeros_like(masked))  # empty rows: finite dummy lse
+    lse = torch.logsumexp(masked, dim=1, keepdim=True)
+    return torch.where(mask & has_any, logits - lse, torch.zeros_like(logits))
+
+
+def weighted_contrastive_loss(
+    logits: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    normalizer: Tensor,
+    log_weights: Tensor | None = None,
+    constant: Tensor | None = None,
+    reduction_denominator: Tensor | float | None = None,
+    anchor_valid: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Reduce the weighted log-softmax to a scalar.
+
+    loss_i = -(sum_a W_ia logp_ia + c_i) / norm_i for valid anchors, where an anchor is valid when it
+    has a positive (some W_ia > 0 inside the contrast set), ``norm_i > 0`` and ``anchor_valid``.
+    Returns ``(loss, per_anchor_loss, valid)``:
+
+    * ``reduction_denominator is None``: loss = mean of loss_i over valid anchors;
+    * otherwise: loss = sum_i loss_i / reduction_denominator (e.g. MulSupCon's number of
+      (anchor, label) pairs, with norm_i = 1).
+
+    With no valid anchor the loss is a zero connected to the graph (gradient 0, never NaN).
+    """
+    logp = masked_log_softmax(logits, mask, log_weights)
+    w = torch.where(mask, weights.to(logits.dtype), torch.zeros_like(logits))
+    valid = (w > 0).any(dim=1) & (normalizer > 0)
+    if anchor_valid is not None:
+        valid = valid & anchor_valid
+    num = (w * logp).sum(dim=1)
+    if constant is not None:
+        num = num + constant.to(logits.dtype)
+    per_anchor = -num / normalizer.to(logits.dtype).clamp_min(torch.finfo(logits.dtype).tiny)
+    per_anchor = torch.where(valid, per_anchor, torch.zeros_like(per_anchor))
+    total = per_anchor.sum()
+    if reduction_denominator is None:
+        denom = valid.sum().clamp_min(1).to(logits.dtype)
+    elif isinstance(reduction_denominator, Tensor):
+        denom = reduction_denominator.to(logits.dtype).clamp_min(1)
+    else:
+        denom = torch.tensor(max(float(reduction_denominator), 1.0), dtype=logits.dtype, device=logits.device)
+    return total / denom, per_anchor, valid
+
+
+@dataclass
+class LossTerms:
+    """What a loss module hands to the engine (all (N, M) unless stated; M = candidates).
+
+    Attributes:
+        weights: positive weights W (>= 0; entries outside the contrast set are ignored).
+        normalizer: (N,) per-anchor divisor (anchors with normalizer <= 0 are skipped).
+        log_denominator_weights: optional log d (broadcastable to (N, M)); None means d = 1.
+        constant: optional (N,) additive term c_i inside the bracket (e.g. sum_p log W for SD with
+            ``weight_in_log=True``); must not depend on the embeddings.
+        reduction_denominator: None -> mean over valid anchors; else a global divisor of the sum.
+        anchor_valid: optional (N,) bool mask of anchors allowed to contribute.
+        logits / contrast_mask: optional overrides when the loss extends the candidate set (e.g. with
+            learnable prototypes appended as extra columns).
+        components: extra named parts reported in ``loss.components`` (floats or 0-d tensors).
+    """
+
+    weights: Tensor
+    normalizer: Tensor
+    log_denominator_weights: Tensor | None = None
+    constant: Tensor | None = None
+    reduction_denominator: Tensor | float | None = None
+    anchor_valid: Tensor | None = None
+    logits: Tensor | None = None
+    contrast_mask: Tensor | None = None
+    components: dict = field(default_factory=dict)
+
+
+class ContrastContext:
+    """Validated inputs of one forward call plus lazily computed label relations.
+
+    Attributes:
+        anchors: (N, D) anchor embeddings in ``dtype`` (L2-normalised when the loss normalises).
+        candidates: (M, D) = [anchors; keys], M = N + K.
+        anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
+        num_anchors, num_keys, temperature, dtype.
+        logits: (N, M) = anchors @ candidates^T / temperature.
+        self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column).
+        contrast_mask: (N, M) bool = ~self_mask.
+    Cached relations: ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
+    ``union``, ``equal``, ``jaccard``, ``shares_label`` (inter > 0).
+    """
+
+    def __init__(
+        self,
+        anchors: Tensor,
+        anchor_labels: Tensor,
+        keys: Tensor | None,
+        key_labels: Tensor | None,
+        temperature: float,
+    ) -> None:
+        self.anchors = anchors
+        self.keys = keys
+        self.dtype = anchors.dtype
+        self.temperature = temperature
+        self.num_anchors = anchors.shape[0]
+        self.num_keys = 0 if keys is None else keys.shape[0]
+        self.candidates = anchors if keys is None else torch.cat([anchors, keys], dim=0)
+        self.anchor_labels = anchor_labels
+        self.key_labels = key_labels
+        self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
+        n, m = self.num_anchors, self.candidates.shape[0]
+        self.self_mask = torch.zeros(n, m, dtype=torch.bool, device=anchors.device)
+        if n:
+            self.self_mask[:, :n] = torch.eye(n, dtype=torch.bool, device=anchors.device)
+        self.contrast_mask = ~self.self_mask
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchors.device
+
+    @cached_property
+    def logits(self) -> Tensor:
+        return self.anchors @ self.candidates.T / self.temperature
+
+    @cached_property
+    def inter(self) -> Tensor:
+        return R.intersections(self.anchor_labels, self.candidate_labels)
+
+    @cached_property
+    def anchor_sizes(self) -> Tensor:
+        return R.label_sizes(self.anchor_labels)
+
+    @cached_property
+    def candidate_sizes(self) -> Tensor:
+        return R.label_sizes(self.candidate_labels)
+
+    @cached_property
+    def union(self) -> Tensor:
+        return R.unions(self.anchor_sizes, self.candidate_sizes, self.inter)
+
+    @cached_property
+    def equal(self) -> Tensor:
+        return R.equality(self.anchor_sizes, self.candidate_sizes, self.inter)
+
+    @cached_property
+    def jaccard(self) -> Tensor:
+        return R.jaccard(self.anchor_sizes, self.candidate_sizes, self.inter)
+
+    @cached_property
+    def shares_label(self) -> Tensor:
+        """(N, M) bool: S & T non-empty (and inside the contrast set)."""
+        return (self.inter > 0) & self.contrast_mask
+
+    def zero(self) -> Tensor:
+        """A scalar zero connected to the graph of the embeddings."""
+        return self.anchors.sum() * 0.0 + (0.0 if self.keys is None else self.keys.sum() * 0.0)
+
+
+def _check_embeddings(x: Tensor, name: str) -> None:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (N, D), got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}; flatten extra view dims first")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{name} contain NaN or inf values; check the encoder output (learning rate, fp16 overflow)"
+        )
+
+
+class ContrastiveLoss(nn.Module):
+    """Base class of all multi-label contrastive losses (see module docstring for the engine).
+
+    Subclasses implement :meth:`build_terms` (and optionally override :meth:`compute` for losses that
+    combine several engine calls). ``forward(embeddings, labels, key_embeddings=None, key_labels=None)``
+    returns a scalar; ``self.components`` holds the named parts of the last call (always ``"loss"``).
+
+    Args:
+        temperature: tau > 0 (default: the paper's value, ``default_temperature``).
+        normalize: L2-normalise embeddings (and keys) inside the loss.
+    """
+
+    is_contrastive = True
+    supports_keys = True
+    default_temperature = 0.07
+
+    def __init__(self, temperature: float | None = None, normalize: bool = True) -> None:
+        super().__init__()
+        if temperature is None:
+            temperature = self.default_temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError(f"temperature must be a positive float, got {temperature!r}")
+        temperature = float(temperature)
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise ValueError(f"temperature must be > 0 and finite, got {temperature}; typical values are 0.05-0.2")
+        self.temperature = temperature
+        self.normalize = bool(normalize)
+        self.components: dict[str, float] = {}
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, normalize={self.normalize}"
+
+    # ---------------------------------------------------------------- input handling
+    def prepare(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        key_embeddings: Tensor | None = None,
+        key_labels: Tensor | None = None,
+    ) -> ContrastContext:
+        """Validate inputs (ValueError naming the problem), upcast, normalise, build the context."""
+        _check_embeddings(embeddings, "embeddings")
+        if (key_embeddings is None) != (key_labels is None):
+            raise ValueError("key_embeddings and key_labels must be given together (or both left None)")
+        if key_embeddings is not None and not self.supports_keys:
+            raise ValueError(f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)")
+        y = R.as_multihot(labels, "labels", device=embeddings.device)
+        if y.shape[0] != embeddings.shape[0]:
+            raise ValueError(
+                f"row-count mismatch: embeddings has {embeddings.shape[0]} rows but labels has {y.shape[0]}; "
+                "pass one multi-hot label row per embedding row (repeat labels for extra views)"
+            )
+        yk = None
+        if key_embeddings is not None:
+            _check_embeddings(key_embeddings, "key_embeddings")
+            if key_embeddings.shape[1] != embeddings.shape[1]:
+                raise ValueError(
+                    f"embedding dim differs: embeddings have D={embeddings.shape[1]} but key_embeddings "
+                    f"D={key_embeddings.shape[1]}"
+                )
+            yk = R.as_multihot(key_labels, "key_labels", device=embeddings.device)
+            if yk.shape[0] != key_embeddings.shape[0]:
+                raise ValueError(
+                    f"row-count mismatch: key_embeddings has {key_embeddings.shape[0]} rows but key_labels "
+                    f"has {yk.shape[0]}"
+                )
+            if yk.shape[1] != y.shape[1]:
+                raise ValueError(
+                    f"label width differs: labels have {y.shape[1]} columns but key_labels have {yk.shape[1]}; "
+                    "anchors and keys must share one label space"
+                )
+        dtype = compute_dtype_for(embeddings, key_embeddings)
+        z = embeddings.to(dtype)
+        k = None if key_embeddings is None else key_embeddings.to(device=embeddings.device, dtype=dtype)
+        if self.normalize:
+            z = F.normalize(z, dim=-1)
+            k = None if k is None else F.normalize(k, dim=-1)
+        return ContrastContext(z, y, k, yk, self.temperature)
+
+    # ---------------------------------------------------------------- computation
+    def build_terms(self, ctx: ContrastContext) -> LossTerms:
+        """Build W, d, normaliser for this loss (implemented by each loss module)."""
+        raise NotImplementedError
+
+    def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
+        """Loss and extra components from a prepared context (default: one engine call)."""
+        terms = self.build_terms(ctx)
+        logits = ctx.logits if terms.logits is None else terms.logits
+        mask = ctx.contrast_mask if terms.contrast_mask is None else terms.contrast_mask
+        loss, _, valid = weighted_contrastive_loss(
+            logits,
+            terms.weights,
+            mask,
+            terms.normalizer,
+            log_weights=terms.log_denominator_weights,
+            constant=terms.constant,
+            reduction_denominator=terms.reduction_denominator,
+            anchor_valid=terms.anchor_valid,
+        )
+        return loss, dict(terms.components)
+
+    def forward(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        key_embeddings: Tensor | None = None,
+        key_labels: Tensor | None = None,
+    ) -> Tensor:
+        """Scalar loss for anchors ``embeddings`` (N, D) with multi-hot ``labels`` (N, L).
+
+        Optional ``key_embeddings`` (K, D) / ``key_labels`` (K, L) (MoCo queue or momentum keys) are
+        extra candidates that are never excluded from the contrast set.
+        """
+        device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
+        with torch.autocast(device_type=device_type, enabled=False):
+            ctx = self.prepare(embeddings, labels, key_embeddings, key_labels)
+            if ctx.num_anchors == 0:
+                loss, parts = ctx.zero(), {}
+            else:
+                loss, parts = self.compute(ctx)
+        comps = {"loss": float(loss.detach())}
+        for name, value in parts.items():
+            comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)
+        self.components = comps
+        return loss

@@ -1,0 +1,87 @@
+"""Name -> loss-class registry behind :func:`hf_mlcl.losses.get_loss`.
+
+Loss modules register themselves with the :func:`register_loss` decorator::
+
+    @register_loss("similarity_dissimilarity", "sd")
+    class SimilarityDissimilarityLoss(ContrastiveLoss): ...
+
+Canonical names are what :func:`list_losses` returns; aliases are only accepted by
+:func:`get_loss`. Look-ups are case-insensitive and treat ``-`` like ``_``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import torch.nn as nn
+
+T = TypeVar("T", bound=type)
+
+_REGISTRY: dict[str, type[nn.Module]] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def _canon(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def register_loss(name: str, *aliases: str) -> Callable[[T], T]:
+    """Class decorator: register a loss class under ``name`` (canonical) and ``aliases``.
+
+    Registering the same name twice with a *different* class raises ``ValueError`` (re-registering
+    the same class, e.g. on module reload, is allowed).
+    """
+
+    def deco(cls: T) -> T:
+        key = _canon(name)
+        old = _REGISTRY.get(key)
+        if old is not None and old.__qualname__ != cls.__qualname__:
+            raise ValueError(f"loss name {key!r} is already registered to {old.__qualname__}")
+        _REGISTRY[key] = cls  # type: ignore[assignment]
+        for alias in aliases:
+            a = _canon(alias)
+            if a in _REGISTRY and a != key:
+                raise ValueError(f"alias {a!r} clashes with the canonical loss name {a!r}")
+            _ALIASES[a] = key
+        cls.loss_name = key  # type: ignore[attr-defined]
+        return cls
+
+    return deco
+
+
+def resolve_loss_name(name: str) -> str:
+    """Canonical name for ``name`` (an alias or a canonical name); ValueError listing names if unknown."""
+    if not isinstance(name, str):
+        raise ValueError(f"loss name must be a string, got {type(name).__name__}")
+    key = _canon(name)
+    key = _ALIASES.get(key, key)
+    if key not in _REGISTRY:
+        valid = ", ".join(list_losses())
+        aliases = ", ".join(f"{a}->{c}" for a, c in sorted(_ALIASES.items()))
+        raise ValueError(
+            f"unknown loss {name!r}; valid names are: {valid}" + (f" (aliases: {aliases})" if aliases else "")
+        )
+    return key
+
+
+def get_loss_class(name: str) -> type[nn.Module]:
+    """The registered class for ``name`` (canonical or alias)."""
+    return _REGISTRY[resolve_loss_name(name)]
+
+
+def get_loss(name: str, **kwargs) -> nn.Module:
+    """Instantiate the loss registered as ``name`` (canonical or alias) with ``kwargs``.
+
+    Unknown names raise ``ValueError`` listing the valid names.
+    """
+    return get_loss_class(name)(**kwargs)
+
+
+def list_losses() -> list[str]:
+    """Sorted canonical names of all registered losses (aliases excluded)."""
+    return sorted(_REGISTRY)
+
+
+def list_contrastive_losses() -> list[str]:
+    """Sorted canonical names of the registered losses with ``is_contrastive = True``."""
+    return [n for n in list_losses() if getattr(_REGISTRY[n], "is_contrastive", False)]

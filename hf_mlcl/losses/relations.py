@@ -1,0 +1,207 @@
+"""Label-relation statistics between two multi-hot label matrices, by matrix products.
+
+Every multi-label contrastive loss in this package needs only a handful of set statistics between the
+label set S of an anchor and the label set T of a candidate:
+
+* intersection size  abs(S & T)  = (Y_a @ Y_c^T)_{ia}
+* set sizes          abs(S), abs(T) = row sums
+* union size         abs(S | T)  = abs(S) + abs(T) - abs(S & T)
+* set equality       S == T      <=> abs(S & T) == abs(S) == abs(T)
+* Jaccard            abs(S & T) / abs(S | T)   (0 when both sets are empty)
+* per-label candidate counts n_l(i) (MulSupCon): how many candidates of anchor i carry label l
+
+All of them are computed with matrix products / row & column sums of the (N, L) and (M, L) multi-hot
+matrices, never with an (N, M, L) tensor or a per-label Python loop, and they work with dense
+(bool / int / float) and torch-sparse (COO or CSR) inputs. Sparse label matrices stay sparse; only the
+(N, M) pair statistics are dense. Counts are kept in float32 (exact for integers below 2**24) whatever
+the embedding dtype, and autocast is switched off by the caller (:mod:`hf_mlcl.losses.core`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "is_sparse",
+    "as_multihot",
+    "cat_labels",
+    "label_sizes",
+    "label_counts",
+    "intersections",
+    "unions",
+    "equality",
+    "jaccard",
+    "candidate_label_counts",
+    "inverse_count_weights",
+]
+
+LABEL_DTYPE = torch.float32
+
+
+def is_sparse(labels: Tensor) -> bool:
+    """True for torch-sparse layouts (COO, CSR, CSC, BSR, BSC)."""
+    return labels.layout != torch.strided
+
+
+def _values(labels: Tensor) -> Tensor:
+    return labels.values() if is_sparse(labels) else labels
+
+
+def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | None = None) -> Tensor:
+    """Validate a multi-hot (N, L) matrix and return it as float32 (dense) or coalesced float32 COO.
+
+    Accepts bool / integer / floating dense tensors and torch-sparse COO / CSR / CSC tensors.
+    Raises ``ValueError`` naming the problem for: non-tensors, wrong rank, NaN / non-binary values
+    (duplicate COO entries that sum to 2 count as non-binary).
+    """
+    if not isinstance(labels, Tensor):
+        raise ValueError(
+            f"{name} must be a torch.Tensor multi-hot matrix of shape (N, L), got {type(labels).__name__}; "
+            "convert label-index lists to multi-hot first (e.g. with hf_mlcl.data.MultiLabelCollator)"
+        )
+    if labels.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D multi-hot matrix (N, L), got shape {tuple(labels.shape)}")
+    if labels.is_complex():
+        raise ValueError(f"{name} must be real-valued 0/1, got dtype {labels.dtype}")
+    if device is not None and labels.device != device:
+        labels = labels.to(device)
+    if is_sparse(labels):
+        if labels.layout != torch.sparse_coo:
+            labels = labels.to_sparse_coo()
+        labels = labels.coalesce()
+    vals = _values(labels)
+    if vals.dtype != torch.bool:
+        if vals.is_floating_point() and bool(torch.isnan(vals).any()):
+            raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
+        bad = (vals != 0) & (vals != 1)
+        if bool(bad.any()):
+            example = vals[bad][0].item()
+            raise ValueError(
+                f"{name} must be binary multi-hot (0/1) but contains the value {example!r}; "
+                "pass a multi-hot matrix (not label counts, indices or soft labels)"
+            )
+    if is_sparse(labels):
+        idx = labels.indices()
+        v = labels.values().to(LABEL_DTYPE)
+        keep = v != 0  # drop explicit zeros so nnz == number of (row, label) memberships
+        return torch.sparse_coo_tensor(
+            idx[:, keep], v[keep], labels.shape, device=labels.device, check_invariants=False
+        ).coalesce()
+    return labels.to(LABEL_DTYPE)
+
+
+def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
+    """Row-concatenate two validated multi-hot matrices (sparse if either is sparse)."""
+    if second is None:
+        return first
+    if is_sparse(first) or is_sparse(second):
+        a = first if is_sparse(first) else first.to_sparse()
+        b = second if is_sparse(second) else second.to_sparse()
+        return torch.cat([a, b], dim=0).coalesce()
+    return torch.cat([first, second], dim=0)
+
+
+def label_sizes(labels: Tensor) -> Tensor:
+    """Row sums abs(S) of a multi-hot matrix, (N,) float32."""
+    if is_sparse(labels):
+        n = labels.shape[0]
+        out = torch.zeros(n, dtype=LABEL_DTYPE, device=labels.device)
+        return out.index_add_(0, labels.indices()[0], labels.values().to(LABEL_DTYPE))
+    return labels.to(LABEL_DTYPE).sum(dim=1)
+
+
+def label_counts(labels: Tensor) -> Tensor:
+    """Column sums (how many rows carry each label), (L,) float32."""
+    if is_sparse(labels):
+        n_labels = labels.shape[1]
+        out = torch.zeros(n_labels, dtype=LABEL_DTYPE, device=labels.device)
+        return out.index_add_(0, labels.indices()[1], labels.values().to(LABEL_DTYPE))
+    return labels.to(LABEL_DTYPE).sum(dim=0)
+
+
+def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
+    """Dense (N, M) = a @ b^T for dense/sparse a (N, L) and b (M, L)."""
+    sa, sb = is_sparse(a), is_sparse(b)
+    if not sa and not sb:
+        return a.to(LABEL_DTYPE) @ b.to(LABEL_DTYPE).T
+    if sa and not sb:
+        return torch.sparse.mm(a, b.to(LABEL_DTYPE).T.contiguous())
+    if sb and not sa:
+        return torch.sparse.mm(b, a.to(LABEL_DTYPE).T.contiguous()).T
+    with warnings.catch_warnings():  # torch warns that its internal CSR conversion is "beta"
+        warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+        return torch.sparse.mm(a, b.t().coalesce()).to_dense()
+
+
+def intersections(anchor_labels: Tensor, candidate_labels: Tensor) -> Tensor:
+    """abs(S_i & T_a) for all pairs: Y_a @ Y_c^T, dense (N, M) float32."""
+    if anchor_labels.shape[1] != candidate_labels.shape[1]:
+        raise ValueError(
+            f"label width differs: anchors have {anchor_labels.shape[1]} labels, candidates "
+            f"{candidate_labels.shape[1]}; both label matrices must use the same label space"
+        )
+    return _matmul_t(anchor_labels, candidate_labels)
+
+
+def unions(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
+    """abs(S | T) = abs(S) + abs(T) - abs(S & T), (N, M)."""
+    return sizes_a[:, None] + sizes_c[None, :] - inter
+
+
+def equality(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
+    """S == T as a bool (N, M) matrix (two empty sets are equal)."""
+    return (inter == sizes_a[:, None]) & (inter == sizes_c[None, :])
+
+
+def jaccard(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
+    """abs(S & T) / abs(S | T), (N, M); defined as 0 when both sets are empty."""
+    uni = unions(sizes_a, sizes_c, inter)
+    return torch.where(uni > 0, inter / uni.clamp_min(1), torch.zeros_like(inter))
+
+
+def candidate_label_counts(anchor_labels: Tensor, candidate_labels: Tensor, anchors_in_candidates: bool) -> Tensor:
+    """n_l(i): number of candidates of anchor i that carry label l, for l in S_i (0 elsewhere).
+
+    n(i) = Y_i * (colsum(Y_c) - Y_i) when the anchor itself is one of the candidates
+    (``anchors_in_candidates``; it is excluded from its own contrast set), else Y_i * colsum(Y_c).
+    Returns the same layout as ``anchor_labels`` (sparse stays sparse, with the anchors' sparsity
+    pattern; the stored values are the counts and may be 0), float32 (N, L).
+    """
+    col = label_counts(candidate_labels)
+    if is_sparse(anchor_labels):
+        idx = anchor_labels.indices()
+        vals = col[idx[1]] - (1.0 if anchors_in_candidates else 0.0)
+        return torch.sparse_coo_tensor(
+            idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False
+        ).coalesce()
+    y = anchor_labels.to(LABEL_DTYPE)
+    return y * (col[None, :] - (y if anchors_in_candidates else 0.0))
+
+
+def inverse_count_weights(
+    anchor_labels: Tensor, candidate_labels: Tensor, anchors_in_candidates: bool
+) -> tuple[Tensor, Tensor]:
+    """MulSupCon weights: W_ia = sum_{l in S_i & T_a} 1 / n_l(i), and the number of (i, l) pairs.
+
+    Vectorised as W = (Y_i * 1/n(i)) @ Y_c^T with n(i) from :func:`candidate_label_counts` (entries
+    with n_l(i) = 0 — labels no candidate carries — contribute nothing). The second output is, per
+    anchor, the number of its labels l with n_l(i) >= 1, i.e. the (anchor, label) pairs that have at
+    least one positive. W is dense (N, M) float32. Note W also has non-zero entries at the anchor's
+    own column when the anchor is a candidate; the caller masks the contrast set.
+    """
+    counts = candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates)
+    if is_sparse(counts):
+        idx, vals = counts.indices(), counts.values()
+        pos = vals > 0
+        inv_vals = torch.where(pos, 1.0 / vals.clamp_min(1), torch.zeros_like(vals))
+        inv = torch.sparse_coo_tensor(idx, inv_vals, counts.shape, device=counts.device, check_invariants=False).coalesce()
+        pairs = torch.zeros(counts.shape[0], dtype=LABEL_DTYPE, device=counts.device)
+        pairs.index_add_(0, idx[0], pos.to(LABEL_DTYPE))
+    else:
+        pos = counts > 0
+        inv = torch.where(pos, 1.0 / counts.clamp_min(1), torch.zeros_like(counts))
+        pairs = pos.to(LABEL_DTYPE).sum(dim=1)
+    return _matmul_t(inv, candidate_labels), pairs

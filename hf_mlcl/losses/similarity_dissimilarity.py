@@ -1,0 +1,71 @@
+"""Similarity-Dissimilarity loss (Huang et al.): ANY positives re-weighted by K^s K^d.
+
+Paper: "Similarity-Dissimilarity Loss for Multi-label Supervised Contrastive Learning", Section 2.4,
+eq. (13) (loss), eq. (14) K^s = abs(S & T) / abs(S), eq. (15) K^d = 1 / (1 + abs(T minus S)),
+Theorems 1-5 (Section 2.6) on the factor K^s K^d. Registered as ``"similarity_dissimilarity"``
+(alias ``"sd"``).
+
+* positives of anchor i: candidates with S_i & T_p non-empty (as ANY, eq. 2);
+* weight: K^s_ip K^d_ip in (0, 1] (1 exactly when T_p == S_i, eq. 17);
+* per-anchor normaliser: number of positives abs(P(i)) (eq. 13's 1/abs(P(i)));
+* reduction: mean over anchors with at least one positive.
+
+``weight_in_log`` chooses how eq. (13) is read:
+
+* ``False`` (default): the factor multiplies the log-probability,
+  loss_i = -1/abs(P(i)) sum_p K^s K^d log p_ip (what the only public re-implementation does);
+* ``True``: eq. (13) literally, the factor inside the log: -1/abs(P(i)) sum_p [log(K^s K^d) + log p_ip].
+  log(K^s K^d) depends only on labels, so the gradient equals ANY's exactly and only the value differs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .registry import register_loss
+
+
+def similarity_dissimilarity_weights(inter: Tensor, anchor_sizes: Tensor, candidate_sizes: Tensor) -> Tensor:
+    """K^s K^d for every (anchor, candidate) pair (eq. 14 x eq. 15), 0 where S & T is empty.
+
+    Args:
+        inter: (N, M) abs(S & T).
+        anchor_sizes: (N,) abs(S).
+        candidate_sizes: (M,) abs(T).
+    """
+    ks = inter / anchor_sizes.clamp_min(1)[:, None]
+    kd = 1.0 / (1.0 + (candidate_sizes[None, :] - inter))
+    return torch.where(inter > 0, ks * kd, torch.zeros_like(inter))
+
+
+@register_loss("similarity_dissimilarity", "sd")
+class SimilarityDissimilarityLoss(ContrastiveLoss):
+    """Similarity-Dissimilarity loss, eq. (13)-(15) of Huang et al.
+
+    Args:
+        temperature: tau (default 0.07, the paper's value).
+        normalize: L2-normalise embeddings inside the loss.
+        weight_in_log: False -> K^s K^d multiplies log p (default); True -> eq. 13 literally,
+            -(log(K^s K^d) + log p), whose gradient equals ANY's.
+    """
+
+    default_temperature = 0.07
+
+    def __init__(self, temperature: float | None = None, normalize: bool = True, weight_in_log: bool = False):
+        super().__init__(temperature=temperature, normalize=normalize)
+        self.weight_in_log = bool(weight_in_log)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", weight_in_log={self.weight_in_log}"
+
+    def build_terms(self, ctx: ContrastContext) -> LossTerms:
+        positive = ctx.shares_label
+        k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
+        k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
+        count = positive.to(ctx.dtype)
+        if not self.weight_in_log:
+            return LossTerms(weights=k, normalizer=count.sum(dim=1))
+        log_k = torch.where(positive, torch.log(k.clamp_min(torch.finfo(ctx.dtype).tiny)), torch.zeros_like(k))
+        return LossTerms(weights=count, normalizer=count.sum(dim=1), constant=log_k.sum(dim=1))
