@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import all_, any_, jaccard, mulsupcon, similarity_dissimilarity  # noqa: F401  (register)
+from . import all_, any_, jaccard, mulsupcon, similarity_dissimilarity, supervised  # noqa: F401  (register)
 from .all_ import AllLoss
 from .any_ import AnyLoss
 from .core import ContrastContext, ContrastiveLoss, LossTerms, masked_log_softmax, weighted_contrastive_loss
@@ -17,9 +17,10 @@ from .jaccard import JaccardLoss
 from .mulsupcon import MulSupConLoss
 from .registry import get_loss, get_loss_class, list_contrastive_losses, list_losses, register_loss
 from .similarity_dissimilarity import SimilarityDissimilarityLoss, similarity_dissimilarity_weights
+from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss
 
 # Modules written concurrently by other authors: imported if present (plain imports once they exist).
-for _mod in ("supervised", "msc", "ws_mulsupcon", "hbl"):
+for _mod in ("msc", "ws_mulsupcon", "hbl"):
     try:
         importlib.import_module(f"{__name__}.{_mod}")
     except ModuleNotFoundError as _err:  # pragma: no cover - transitional
@@ -43,4 +44,8 @@ __all__ = [
     "similarity_dissimilarity_weights",
     "JaccardLoss",
     "MulSupConLoss",
+    "SupervisedLoss",
+    "BCELoss",
+    "FocalLoss",
+    "AsymmetricLoss",
 ]

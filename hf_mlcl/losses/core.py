@@ -226,7 +226,9 @@ def _check_embeddings(x: Tensor, name: str) -> None:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape (N, D), got {type(x).__name__}")
     if x.dim() != 2:
-        raise ValueError(f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}; flatten extra view dims first")
+        raise ValueError(
+            f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}; flatten extra view dims first"
+        )
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.numel() and not bool(torch.isfinite(x).all()):
@@ -259,7 +261,9 @@ class ContrastiveLoss(nn.Module):
             raise ValueError(f"temperature must be a positive float, got {temperature!r}")
         temperature = float(temperature)
         if not math.isfinite(temperature) or temperature <= 0:
-            raise ValueError(f"temperature must be > 0 and finite, got {temperature}; typical values are 0.05-0.2")
+            raise ValueError(
+                f"temperature must be > 0 and finite, got {temperature}; typical values are 0.05-0.2"
+            )
         self.temperature = temperature
         self.normalize = bool(normalize)
         self.components: dict[str, float] = {}
@@ -280,7 +284,9 @@ class ContrastiveLoss(nn.Module):
         if (key_embeddings is None) != (key_labels is None):
             raise ValueError("key_embeddings and key_labels must be given together (or both left None)")
         if key_embeddings is not None and not self.supports_keys:
-            raise ValueError(f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)")
+            raise ValueError(
+                f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)"
+            )
         y = R.as_multihot(labels, "labels", device=embeddings.device)
         if y.shape[0] != embeddings.shape[0]:
             raise ValueError(

@@ -18,8 +18,8 @@ with W_ip = sum_{l in S_i & T_p} 1/n_l(i) = ((Y_i * 1/n(i)) @ Y_c^T)_ip, n(i) = 
 from __future__ import annotations
 
 from .core import ContrastContext, ContrastiveLoss, LossTerms
-from .relations import inverse_count_weights
 from .registry import register_loss
+from .relations import inverse_count_weights
 
 
 @register_loss("mulsupcon")

@@ -162,7 +162,9 @@ def jaccard(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
     return torch.where(uni > 0, inter / uni.clamp_min(1), torch.zeros_like(inter))
 
 
-def candidate_label_counts(anchor_labels: Tensor, candidate_labels: Tensor, anchors_in_candidates: bool) -> Tensor:
+def candidate_label_counts(
+    anchor_labels: Tensor, candidate_labels: Tensor, anchors_in_candidates: bool
+) -> Tensor:
     """n_l(i): number of candidates of anchor i that carry label l, for l in S_i (0 elsewhere).
 
     n(i) = Y_i * (colsum(Y_c) - Y_i) when the anchor itself is one of the candidates
@@ -197,7 +199,9 @@ def inverse_count_weights(
         idx, vals = counts.indices(), counts.values()
         pos = vals > 0
         inv_vals = torch.where(pos, 1.0 / vals.clamp_min(1), torch.zeros_like(vals))
-        inv = torch.sparse_coo_tensor(idx, inv_vals, counts.shape, device=counts.device, check_invariants=False).coalesce()
+        inv = torch.sparse_coo_tensor(
+            idx, inv_vals, counts.shape, device=counts.device, check_invariants=False
+        ).coalesce()
         pairs = torch.zeros(counts.shape[0], dtype=LABEL_DTYPE, device=counts.device)
         pairs.index_add_(0, idx[0], pos.to(LABEL_DTYPE))
     else:

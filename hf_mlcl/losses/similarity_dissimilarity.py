@@ -67,5 +67,7 @@ class SimilarityDissimilarityLoss(ContrastiveLoss):
         count = positive.to(ctx.dtype)
         if not self.weight_in_log:
             return LossTerms(weights=k, normalizer=count.sum(dim=1))
-        log_k = torch.where(positive, torch.log(k.clamp_min(torch.finfo(ctx.dtype).tiny)), torch.zeros_like(k))
+        log_k = torch.where(
+            positive, torch.log(k.clamp_min(torch.finfo(ctx.dtype).tiny)), torch.zeros_like(k)
+        )
         return LossTerms(weights=count, normalizer=count.sum(dim=1), constant=log_k.sum(dim=1))
