@@ -1,0 +1,188 @@
+"""Per-label statistics for the label-aware losses that weight individual (anchor, label) pairs.
+
+Two kinds of helpers live here:
+
+* :func:`ws_class_weights` — the *training-set* class weights of ws-MulSupCon (Lin & Chen, eqs. 6-7):
+  ``D̄_j = (D - d_j) / D`` for single-label anchors and ``C̄_j = M_j / C_j`` (reciprocal of the mean
+  comorbidity) for multi-label anchors, or the authors' public-code variant ``(M - m_j) / M``. Pure
+  function of a dense or torch-sparse (N, L) multi-hot matrix.
+* :class:`PairLabelView` — the *batch* products that need one value per (anchor i, label j in S_i)
+  pair, without an (N, M, L) tensor and without an (N, L) dense matrix when L is large (MIMIC-IV
+  ICD-10 has 25,230 labels). The label space is compacted to the U labels that occur in the anchors
+  (U <= nnz of the anchor labels), candidates keep only their entries in those U columns, and
+
+  - :meth:`PairLabelView.spread` computes ``sum_{j in S_i & T_a} q_ij`` for all (i, a) — an (N, M)
+    dense matrix — as ``Y_c[:, U] @ Q[:, U]^T`` (sparse x dense, cost nnz * N);
+  - :meth:`PairLabelView.collect` computes ``sum_a F_ia [j in T_a]`` at every anchor pair (i, j) —
+    the transpose product ``Y_c[:, U]^T @ F^T`` (cost nnz * N) gathered at the anchors' non-zeros.
+
+  Memory: O(N * M + N * U + nnz).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from . import relations as R
+
+__all__ = ["ws_class_weights", "PairLabelView"]
+
+
+def _nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(row, col) int64 index vectors of the non-zeros of a dense or sparse (N, L) multi-hot matrix."""
+    if R.is_sparse(labels):
+        lab = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
+        lab = lab.coalesce()
+        idx = lab.indices()
+        keep = lab.values() != 0
+        return idx[0][keep], idx[1][keep]
+    nz = (labels != 0).nonzero()
+    return nz[:, 0], nz[:, 1]
+
+
+def ws_class_weights(train_labels: Tensor, authors_code: bool = False) -> tuple[Tensor, Tensor]:
+    """Class weights of ws-MulSupCon from training-set label statistics (Lin & Chen, eqs. 6 and 7).
+
+    Args:
+        train_labels: (N, L) multi-hot matrix of the *training set* (dense bool/int/float or torch
+            sparse COO/CSR).
+        authors_code: False (default) -> the paper's definitions; True -> the authors' public code.
+
+    Returns:
+        ``(single_weights, multi_weights)``, two float32 (L,) tensors.
+
+    Paper (default):
+        * ``D̄_j = (D - d_j) / D`` (eq. 6), d_j = number of training cases with label j,
+          D = sum_j d_j (all label occurrences);
+        * ``C̄_j = 1 / (C_j / M_j) = M_j / C_j`` (eq. 7), M_j = number of multi-label cases
+          (abs(y) >= 2) containing j, C_j = total count of labels co-occurring with j over those cases
+          = sum over multi-label cases n containing j of (abs(y_n) - 1). A label that never occurs in
+          a multi-label case (M_j = 0, C̄_j undefined) gets the neutral weight 1.0 (C̄_j <= 1 always,
+          since C_j >= M_j).
+    Authors' code (``authors_code=True``, ws-MulSupCon repository, ``pretrain.py``):
+        * single weights identical;
+        * ``C̄_j = (M - m_j) / M`` with m_j = M_j (multi-label cases containing j) and
+          M = sum_j m_j; all ones when there is no multi-label case.
+    If D = 0 (no label at all) the single weights are all 1.0.
+    """
+    labels = R.as_multihot(train_labels, "train_labels")
+    n_rows, n_labels = labels.shape
+    rows, cols = _nonzero_pairs(labels)
+    f32 = torch.float32
+    d = torch.zeros(n_labels, dtype=f32, device=labels.device).index_add_(
+        0, cols, torch.ones_like(cols, dtype=f32)
+    )
+    total = d.sum()
+    if total > 0:
+        single_w = (total - d) / total
+    else:
+        single_w = torch.ones(n_labels, dtype=f32, device=labels.device)
+    sizes = torch.zeros(n_rows, dtype=f32, device=labels.device).index_add_(
+        0, rows, torch.ones_like(rows, dtype=f32)
+    )
+    entry_size = sizes[rows]
+    multi_entry = entry_size >= 2
+    m = torch.zeros(n_labels, dtype=f32, device=labels.device).index_add_(0, cols, multi_entry.to(f32))
+    if authors_code:
+        m_total = m.sum()
+        if m_total > 0:
+            multi_w = (m_total - m) / m_total
+        else:
+            multi_w = torch.ones(n_labels, dtype=f32, device=labels.device)
+    else:
+        c = torch.zeros(n_labels, dtype=f32, device=labels.device).index_add_(
+            0, cols, torch.where(multi_entry, entry_size - 1, torch.zeros_like(entry_size))
+        )
+        multi_w = torch.where(c > 0, m / c.clamp_min(1), torch.ones_like(c))
+    return single_w, multi_w
+
+
+class PairLabelView:
+    """Compacted view of anchor / candidate label matrices for per-(anchor, label) weighted products.
+
+    Args:
+        anchor_labels: (N, L) validated multi-hot (float32 dense or sparse COO), see
+            :func:`hf_mlcl.losses.relations.as_multihot`.
+        candidate_labels: (M, L) same label space.
+
+    Attributes:
+        rows, cols: (P,) int64, the anchor non-zeros (pair p = (anchor rows[p], label cols[p])).
+        ucol: (P,) int64, the compact column (0..U-1) of each pair's label.
+        num_active: U, number of distinct labels carried by the anchors.
+        cand_rows, cand_ucols: candidate non-zeros restricted to the U active labels.
+    """
+
+    def __init__(self, anchor_labels: Tensor, candidate_labels: Tensor) -> None:
+        self.num_anchors = anchor_labels.shape[0]
+        self.num_candidates = candidate_labels.shape[0]
+        self.device = anchor_labels.device
+        self.rows, self.cols = _nonzero_pairs(anchor_labels)
+        active, self.ucol = torch.unique(self.cols, return_inverse=True)
+        self.num_active = int(active.numel())
+        lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
+        lut[active] = torch.arange(self.num_active, device=self.device)
+        crow, ccol = _nonzero_pairs(candidate_labels)
+        cu = lut[ccol]
+        keep = cu >= 0
+        self.cand_rows = crow[keep]
+        self.cand_ucols = cu[keep]
+        self._yc_u: Tensor | None = None
+        self._yc_u_t: Tensor | None = None
+
+    # sparse (M, U) and (U, M) candidate matrices, built lazily (CSR: fast sparse x dense on CPU/GPU)
+    def _cand(self, dtype: torch.dtype) -> Tensor:
+        if self._yc_u is None or self._yc_u.dtype != dtype:
+            idx = torch.stack([self.cand_rows, self.cand_ucols])
+            vals = torch.ones(idx.shape[1], dtype=dtype, device=self.device)
+            coo = torch.sparse_coo_tensor(idx, vals, (self.num_candidates, self.num_active)).coalesce()
+            self._yc_u = coo.to_sparse_csr()
+        return self._yc_u
+
+    def _cand_t(self, dtype: torch.dtype) -> Tensor:
+        if self._yc_u_t is None or self._yc_u_t.dtype != dtype:
+            idx = torch.stack([self.cand_ucols, self.cand_rows])
+            vals = torch.ones(idx.shape[1], dtype=dtype, device=self.device)
+            coo = torch.sparse_coo_tensor(idx, vals, (self.num_active, self.num_candidates)).coalesce()
+            self._yc_u_t = coo.to_sparse_csr()
+        return self._yc_u_t
+
+    def dense_pairs(self, values: Tensor) -> Tensor:
+        """Scatter per-pair values (P,) into a dense (N, U) matrix (0 off the anchors' pattern)."""
+        out = torch.zeros(self.num_anchors, self.num_active, dtype=values.dtype, device=self.device)
+        out[self.rows, self.ucol] = values
+        return out
+
+    def spread(self, values: Tensor) -> Tensor:
+        """(N, M) matrix ``W_ia = sum_{j in S_i & T_a} q_ij`` for per-pair values q (P,) (no grad)."""
+        if self.num_active == 0 or values.numel() == 0:
+            return torch.zeros(self.num_anchors, self.num_candidates, dtype=values.dtype, device=self.device)
+        q = self.dense_pairs(values)  # (N, U)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
+            out = torch.sparse.mm(self._cand(values.dtype), q.T.contiguous())  # (M, N)
+        return out.T
+
+    def collect(self, weights: Tensor) -> Tensor:
+        """Per-pair values ``sum_a F_ia [j in T_a]`` (P,) for an (N, M) matrix F (no grad)."""
+        if self.num_active == 0 or self.rows.numel() == 0:
+            return torch.zeros(self.rows.numel(), dtype=weights.dtype, device=self.device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = torch.sparse.mm(self._cand_t(weights.dtype), weights.T.contiguous())  # (U, N)
+        return g[self.ucol, self.rows]
+
+    def candidate_counts(self, row_weights: Tensor | None = None) -> Tensor:
+        """Per-pair ``sum_a w_a [j in T_a]`` over *all* candidates (P,), w = 1 by default."""
+        dtype = torch.float32 if row_weights is None else row_weights.dtype
+        w = (
+            torch.ones(self.cand_rows.numel(), dtype=dtype, device=self.device)
+            if row_weights is None
+            else row_weights[self.cand_rows]
+        )
+        per_label = torch.zeros(self.num_active, dtype=dtype, device=self.device).index_add_(
+            0, self.cand_ucols, w
+        )
+        return per_label[self.ucol]

@@ -1,0 +1,139 @@
+"""ABALONE's balanced Multi-label Supervised Contrastive loss L_MSC with learnable label prototypes.
+
+Paper: "Exploring Contrastive Learning for Long-Tailed Multi-Label Text Classification" (ABALONE),
+Section 3.3, eqs. (1)-(5). For anchor i with label set S = Delta(z_i) (eq. 3)::
+
+    l(z_i) = -1/abs(S) sum_{j in S} 1/N(i,j) sum_{z_l in P(j,i) u {c_j}} f(z_i,z_l) log p_il
+    p_il   = exp(z_i.z_l/tau) / sum_{z_k in H u C minus z_i} g_i(z_k, beta) exp(z_i.z_k/tau)
+
+* H = in-batch samples (self excluded) + keys / queue (never excluded), C = the L prototypes c_j,
+  nn.Parameter (L, D) L2-normalised before use;
+* g (eq. 1) = 1 for prototypes, beta (default 0.1) for every sample;
+* f (eq. 4) = 1 for the prototype, 1/abs(S or T) for a sample; N(i,j) (eq. 5) = 1 + sum of f over
+  the samples carrying j;
+* L_MSC = mean of l(z_i) over anchors (eq. 2); anchors with an empty label set are skipped (they
+  have no positive, not even a prototype).
+
+Vectorised: with R_ij = 1/N(i,j) on the anchors' label pattern, the sample weights are
+W_il = f_il * sum_{j in S_i & T_l} R_ij (one sparse x dense product, :class:`PairLabelView`), the
+prototype weights are R_ij themselves, and, since sum_l W_il + sum_j R_ij = abs(S_i),
+l(z_i) = [ abs(S_i) * LSE_i - sum_l W_il s_il - sum_j R_ij s_ij^proto ] / abs(S_i) with
+LSE_i = logaddexp(log beta + logsumexp_samples, logsumexp_prototypes). The weights depend only on
+labels (no gradient); gradients reach the embeddings, keys (if they require grad) and prototypes.
+Cost: the (N, M) sample product plus the (N, L) prototype product (the paper's denominator sums
+over all L prototypes — inherent to the loss, and dominant when L is in the tens of thousands).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .core import ContrastContext, ContrastiveLoss
+from .label_statistics import PairLabelView
+from .registry import register_loss
+
+__all__ = ["MSCLoss"]
+
+
+@register_loss("msc", "abalone")
+class MSCLoss(ContrastiveLoss):
+    """ABALONE L_MSC (eqs. 1-5) with L learnable, L2-normalised label prototypes.
+
+    Args:
+        num_labels: L, number of labels (one prototype per label).
+        embedding_dim: D, dimension of the embeddings the prototypes live with.
+        beta: denominator weight g of every sample candidate (eq. 1), 0 < beta; prototypes have 1.
+        temperature: tau (paper: 0.1).
+        normalize: L2-normalise embeddings and keys (the prototypes are always normalised).
+        prototype_init_std: std of the normal initialisation of the raw prototype parameter.
+
+    The prototypes ``self.prototypes`` are an ordinary ``nn.Parameter``: put the loss module's
+    parameters in the optimizer and save its ``state_dict`` with the model.
+    """
+
+    default_temperature = 0.1
+    supports_keys = True
+
+    def __init__(
+        self,
+        num_labels: int,
+        embedding_dim: int,
+        beta: float = 0.1,
+        temperature: float | None = None,
+        normalize: bool = True,
+        prototype_init_std: float = 1.0,
+    ) -> None:
+        super().__init__(temperature=temperature, normalize=normalize)
+        for name, value in (("num_labels", num_labels), ("embedding_dim", embedding_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"msc needs a positive integer {name}, got {value!r}")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0 < float(beta) < math.inf):
+            raise ValueError(f"beta must be a positive float (paper: 0.1, 0 < beta < 1), got {beta!r}")
+        self.num_labels = num_labels
+        self.embedding_dim = embedding_dim
+        self.beta = float(beta)
+        self.prototypes = nn.Parameter(torch.randn(num_labels, embedding_dim) * float(prototype_init_std))
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_labels={self.num_labels}, embedding_dim={self.embedding_dim}, beta={self.beta}, "
+            + super().extra_repr()
+        )
+
+    def normalized_prototypes(self, dtype: torch.dtype | None = None) -> Tensor:
+        """The prototypes c_j / ||c_j|| (L, D) as used in the loss."""
+        p = self.prototypes if dtype is None else self.prototypes.to(dtype)
+        return F.normalize(p, dim=-1)
+
+    def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
+        y = ctx.anchor_labels
+        if y.shape[1] != self.num_labels:
+            raise ValueError(
+                f"msc was built for num_labels={self.num_labels} but labels have {y.shape[1]} columns; "
+                "construct it with num_labels equal to the label-matrix width"
+            )
+        if ctx.anchors.shape[1] != self.embedding_dim:
+            raise ValueError(
+                f"msc was built for embedding_dim={self.embedding_dim} but embeddings have "
+                f"D={ctx.anchors.shape[1]}; construct it with the projection dimension"
+            )
+        dtype = ctx.dtype
+        n = ctx.num_anchors
+        tau = ctx.temperature
+        protos = self.normalized_prototypes(dtype).to(ctx.device)
+
+        # ---- label-only weights (no gradient)
+        with torch.no_grad():
+            view = PairLabelView(y, ctx.candidate_labels)
+            sizes = ctx.anchor_sizes.to(dtype)
+            positive = (ctx.inter > 0) & ctx.contrast_mask
+            f = torch.where(positive, 1.0 / ctx.union.to(dtype).clamp_min(1), torch.zeros((), dtype=dtype))
+            n_ij = 1.0 + view.collect(f)  # eq. (5): prototype (f=1) + samples carrying j
+            r = 1.0 / n_ij  # R_ij per anchor pair
+            w = f * view.spread(r)  # W_il = f_il * sum_{j in S_i & T_l} 1/N(i,j)
+            valid = sizes > 0
+
+        # ---- similarities (gradient flows here)
+        s = ctx.logits  # (N, M) = z c^T / tau
+        sp = ctx.anchors @ protos.T / tau  # (N, L) prototypes
+        neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=ctx.device)
+        has_any = ctx.contrast_mask.any(dim=1)  # False only for a lone anchor without keys
+        masked = s.masked_fill(~ctx.contrast_mask, neg_inf).masked_fill(~has_any[:, None], 0.0)
+        lse_samples = torch.where(has_any, torch.logsumexp(masked, dim=1), neg_inf)
+        lse = torch.logaddexp(lse_samples + math.log(self.beta), torch.logsumexp(sp, dim=1))
+        proto_pos = sp[view.rows, view.cols]  # s_ij^proto at the anchors' labels
+        proto_term = torch.zeros(n, dtype=dtype, device=ctx.device).index_add(0, view.rows, r * proto_pos)
+        weight_sum = w.sum(dim=1) + torch.zeros(n, dtype=dtype, device=ctx.device).index_add(0, view.rows, r)
+        num = (w * s).sum(dim=1) + proto_term - weight_sum * lse
+        per_anchor = -num / sizes.clamp_min(1)
+        per_anchor = torch.where(valid, per_anchor, torch.zeros_like(per_anchor))
+        count = valid.sum()
+        if int(count) == 0:
+            return ctx.zero() + 0.0 * sp.sum(), {}
+        loss = per_anchor.sum() / count.to(dtype)
+        return loss, {}

@@ -1,0 +1,134 @@
+"""ABALONE L_MSC (msc): vectorised loss vs a plain-loop transcription of eqs. (1)-(5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_mlcl.losses import get_loss
+from hf_mlcl.losses.msc import MSCLoss
+
+
+def random_batch(n=10, k=7, num_labels=6, dim=8, seed=0, keys=True):
+    """Labels with repeated sets, empty rows and single-label rows (dense float)."""
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, num_labels, generator=g) < 0.35).float()
+    y[0] = 0  # empty row
+    y[1] = 0
+    y[1, 2] = 1  # single label
+    y[2] = y[3]  # repeated set
+    z = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    if not keys:
+        return z, y, None, None
+    yk = (torch.rand(k, num_labels, generator=g) < 0.35).float()
+    yk[0] = y[3]
+    yk[1] = 0
+    kz = torch.randn(k, dim, generator=g, dtype=torch.float64)
+    return z, y, kz, yk
+
+
+def msc_reference(z, y, kz, yk, protos, beta, tau):
+    """Eq. (2)-(5) with plain Python loops (float64)."""
+    z = F.normalize(z.double(), dim=1)
+    c = F.normalize(protos.detach().double(), dim=1)
+    cands = [(a, z[a], set(torch.nonzero(y[a]).flatten().tolist())) for a in range(len(z))]
+    if kz is not None:
+        kzn = F.normalize(kz.double(), dim=1)
+        cands += [(len(z) + b, kzn[b], set(torch.nonzero(yk[b]).flatten().tolist())) for b in range(len(kz))]
+    losses = []
+    for i in range(len(z)):
+        s_set = set(torch.nonzero(y[i]).flatten().tolist())
+        if not s_set:
+            continue
+        others = [(a, v, t) for (a, v, t) in cands if a != i]
+        denom = sum(beta * math.exp(float(z[i] @ v) / tau) for (_, v, _) in others)
+        denom += sum(math.exp(float(z[i] @ c[j]) / tau) for j in range(len(c)))
+        total = 0.0
+        for j in sorted(s_set):
+            pos = [(v, t) for (_, v, t) in others if j in t]
+            n_ij = 1.0 + sum(1.0 / len(s_set | t) for (_, t) in pos)
+            inner = sum((1.0 / len(s_set | t)) * (float(z[i] @ v) / tau - math.log(denom)) for (v, t) in pos)
+            inner += float(z[i] @ c[j]) / tau - math.log(denom)
+            total += inner / n_ij
+        losses.append(-total / len(s_set))
+    return sum(losses) / len(losses)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("layout", ["dense", "coo", "csr", "bool"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_msc_matches_loop_reference(keys, layout, seed):
+    z, y, kz, yk = random_batch(seed=seed, keys=keys)
+    loss_fn = MSCLoss(num_labels=y.shape[1], embedding_dim=z.shape[1], beta=0.1).double()
+    ref = msc_reference(z, y, kz, yk, loss_fn.prototypes, 0.1, 0.1)
+
+    def conv(t):
+        if t is None:
+            return None
+        return {"dense": t, "coo": t.to_sparse(), "csr": t.to_sparse_csr(), "bool": t.bool()}[layout]
+
+    out = loss_fn(z, conv(y), kz, conv(yk))
+    assert out.item() == pytest.approx(ref, rel=1e-5)
+    assert loss_fn.components["loss"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_msc_float32_matches_reference_and_other_beta():
+    z, y, kz, yk = random_batch(seed=3)
+    loss_fn = get_loss("msc", num_labels=y.shape[1], embedding_dim=z.shape[1], beta=0.5, temperature=0.2)
+    ref = msc_reference(z, y, kz, yk, loss_fn.prototypes, 0.5, 0.2)
+    out = loss_fn(z.float(), y, kz.float(), yk)
+    assert out.dtype == torch.float32
+    assert out.item() == pytest.approx(ref, rel=1e-5)
+
+
+def test_msc_prototypes_receive_gradients_and_are_normalised():
+    z, y, kz, yk = random_batch(seed=4)
+    loss_fn = MSCLoss(num_labels=y.shape[1], embedding_dim=z.shape[1])
+    assert loss_fn.temperature == 0.1 and loss_fn.beta == 0.1
+    zz = z.float().requires_grad_(True)
+    loss = loss_fn(zz, y.to_sparse(), kz.float(), yk.to_sparse())
+    loss.backward()
+    g = loss_fn.prototypes.grad
+    assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+    assert torch.isfinite(zz.grad).all() and zz.grad.abs().sum() > 0
+    # scaling a prototype does not change the loss (L2-normalised before use)
+    with torch.no_grad():
+        before = loss_fn(z.float(), y).item()
+        loss_fn.prototypes[2].mul_(7.0)
+        after = loss_fn(z.float(), y).item()
+    assert after == pytest.approx(before, rel=1e-5)
+    assert "prototypes" in loss_fn.state_dict()
+    assert sum(p.numel() for p in loss_fn.parameters()) == y.shape[1] * z.shape[1]
+
+
+def test_msc_degenerate_batches_never_nan():
+    loss_fn = MSCLoss(num_labels=4, embedding_dim=3)
+    z = torch.randn(5, 3, requires_grad=True)
+    # all empty label sets -> zero still connected to the graph
+    out = loss_fn(z, torch.zeros(5, 4))
+    assert out.item() == 0.0
+    out.backward()
+    assert torch.isfinite(z.grad).all()
+    # a single anchor, no keys: the contrast set is only the prototypes
+    z1 = torch.randn(1, 3, requires_grad=True)
+    y1 = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    out = loss_fn(z1, y1)
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(z1.grad).all()
+    ref = msc_reference(z1.detach().double(), y1, None, None, loss_fn.prototypes, 0.1, 0.1)
+    assert out.item() == pytest.approx(ref, rel=1e-5)
+
+
+def test_msc_bad_sizes_raise():
+    loss_fn = MSCLoss(num_labels=4, embedding_dim=3)
+    with pytest.raises(ValueError, match="num_labels"):
+        loss_fn(torch.randn(4, 3), torch.ones(4, 5))
+    with pytest.raises(ValueError, match="embedding_dim"):
+        loss_fn(torch.randn(4, 6), torch.ones(4, 4))
+    with pytest.raises(ValueError, match="num_labels"):
+        MSCLoss(num_labels=0, embedding_dim=3)
+    with pytest.raises(ValueError, match="beta"):
+        MSCLoss(num_labels=3, embedding_dim=3, beta=0.0)
