@@ -1,0 +1,71 @@
+"""Small readers shared by the loaders (jsonl / csv with large fields, label-string splitting)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from collections.abc import Iterator
+
+_SPLIT_RE = re.compile(r"[;,\s]+")
+
+
+def split_labels(value, sep: str | None = None) -> list[str]:
+    """A label field as a list of strings: a list stays a list; a string is split on ``sep``
+    (default: any run of ``;``, ``,`` or whitespace). NaN / None / "" -> []."""
+    if value is None:
+        return []
+    if isinstance(value, float) and value != value:  # NaN from pandas
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v).strip() for v in value if str(v).strip()]
+    if hasattr(value, "tolist"):
+        return split_labels(value.tolist(), sep)
+    s = str(value).strip()
+    if not s:
+        return []
+    parts = s.split(sep) if sep is not None else _SPLIT_RE.split(s)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def iter_jsonl(path: str) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err})") from err
+
+
+def iter_csv(path: str, delimiter: str = ",") -> Iterator[dict]:
+    """Rows of a csv with a header, as dicts (field size limit raised for clinical notes)."""
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with open(path, encoding="utf-8", newline="") as f:
+        yield from csv.DictReader(f, delimiter=delimiter)
+
+
+def iter_records(path: str) -> Iterator[dict]:
+    """jsonl (``.jsonl``/``.json``), tsv or csv rows as dicts, chosen by extension."""
+    low = path.lower()
+    if low.endswith((".jsonl", ".json")):
+        return iter_jsonl(path)
+    if low.endswith(".tsv"):
+        return iter_csv(path, "\t")
+    return iter_csv(path, ",")
+
+
+def get_field(record: dict, *candidates: str, path: str = "", required: bool = True):
+    """First present key among ``candidates`` (case-insensitive); ValueError naming them if absent."""
+    lower = {k.lower(): k for k in record}
+    for c in candidates:
+        if c in record:
+            return record[c]
+        if c.lower() in lower:
+            return record[lower[c.lower()]]
+    if required:
+        raise ValueError(f"{path}: record has no field {candidates[0]!r} (looked for {candidates}; has {list(record)})")
+    return None

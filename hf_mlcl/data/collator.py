@@ -1,0 +1,188 @@
+"""Batch collation: on-the-fly tokenization / padding and multi-hot labels built per batch.
+
+Datasets store labels as id lists (``Sequence(ClassLabel)``); the (B, L) multi-hot matrix exists only
+for one batch, so label spaces like MIMIC-IV ICD-10 (25,230 codes) never need a documents x labels
+matrix. Long documents (PLM-ICD, Huang et al. 2022: up to 3,072 tokens split into chunks of 128) are
+padded to a multiple of the chunk size so the model can reshape (B, T) into (B, T / chunk, chunk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+_TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class MultiLabelCollator:
+    """Turn a list of examples into model inputs plus a float32 multi-hot ``labels`` batch.
+
+    Examples carry ``text_column`` (tokenized here, truncated to ``max_length``) or pre-tokenized
+    ``input_ids`` (+ optional ``attention_mask`` / ``token_type_ids``; truncated, then padded), and
+    ``label_column`` with label ids (``None`` -> no labels, for inference). Extra columns are ignored.
+
+    ``label_format="dense"`` -> float32 (B, L); ``"sparse"`` -> ``torch.sparse_coo_tensor`` (B, L).
+    ``n_views=2`` -> 2B rows: rows [0, B) view 1 and rows [B, 2B) view 2 (identical inputs; dropout
+    in the model makes the views differ, as in SimCSE/SupCon two-crop batches); labels repeated.
+    ``pad_to_multiple_of`` (e.g. the model's ``chunk_size``) rounds the padded length up.
+    ``padding="max_length"`` pads every batch to ``max_length`` (static shapes).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        num_labels: int,
+        max_length: int = 512,
+        n_views: int = 1,
+        text_column: str = "text",
+        label_column: str | None = "labels",
+        label_format: str = "dense",
+        pad_to_multiple_of: int | None = None,
+        padding: str = "longest",
+    ) -> None:
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if n_views < 1:
+            raise ValueError(f"n_views must be >= 1 (2 for two-view contrastive batches), got {n_views}")
+        if label_format not in ("dense", "sparse"):
+            raise ValueError(f"label_format must be 'dense' or 'sparse', got {label_format!r}")
+        if padding not in ("longest", "max_length"):
+            raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to eos_token) first")
+        if pad_to_multiple_of and padding == "max_length" and max_length % pad_to_multiple_of:
+            raise ValueError(
+                f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}; "
+                "choose e.g. max_length=3072 with chunk_size 128"
+            )
+        self.tokenizer = tokenizer
+        self.num_labels = int(num_labels)
+        self.max_length = int(max_length)
+        self.n_views = int(n_views)
+        self.text_column = text_column
+        self.label_column = label_column
+        self.label_format = label_format
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.padding = padding
+
+    # -- tokens -------------------------------------------------------------------------------
+    def _encode(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
+        first = examples[0]
+        if "input_ids" in first:
+            feats = []
+            for ex in examples:
+                feats.append({k: list(ex[k])[: self.max_length] for k in _TOKEN_KEYS if k in ex and ex[k] is not None})
+            return self.tokenizer.pad(
+                feats,
+                padding=self.padding,
+                max_length=self.max_length if self.padding == "max_length" else None,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                return_tensors="pt",
+            )
+        if self.text_column not in first:
+            raise ValueError(
+                f"examples have neither {self.text_column!r} nor 'input_ids' (keys: {sorted(first)}); set "
+                "text_column= to the text field, or pre-tokenize with hf_mlcl.data.tokenize_dataset"
+            )
+        try:
+            texts = [ex[self.text_column] for ex in examples]
+        except KeyError as err:
+            raise ValueError(f"an example in the batch lacks the {self.text_column!r} column") from err
+        return self.tokenizer(
+            texts,
+            truncation=True,
+            max_length=self.max_length,
+            padding=self.padding,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            return_tensors="pt",
+        )
+
+    # -- labels -------------------------------------------------------------------------------
+    def labels_to_tensor(self, label_lists: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter)."""
+        lengths = np.fromiter((len(x) for x in label_lists), dtype=np.int64, count=len(label_lists))
+        flat = np.fromiter((int(i) for x in label_lists for i in x), dtype=np.int64, count=int(lengths.sum()))
+        if flat.size and (flat.min() < 0 or flat.max() >= self.num_labels):
+            bad = flat[(flat < 0) | (flat >= self.num_labels)]
+            raise ValueError(
+                f"label id {int(bad[0])} is outside [0, num_labels={self.num_labels}); pass the dataset's "
+                "num_labels (len(label_names(ds))) to MultiLabelCollator"
+            )
+        rows = torch.from_numpy(np.repeat(np.arange(len(label_lists)), lengths))
+        cols = torch.from_numpy(flat)
+        shape = (len(label_lists), self.num_labels)
+        if self.label_format == "sparse":
+            idx = torch.stack([rows, cols])
+            return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), shape).coalesce()
+        out = torch.zeros(shape, dtype=torch.float32)
+        out[rows, cols] = 1.0
+        return out
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not examples:
+            raise ValueError("MultiLabelCollator got an empty batch")
+        batch = dict(self._encode(examples))
+        if self.label_column is not None:
+            try:
+                label_lists = [ex[self.label_column] for ex in examples]
+            except KeyError as err:
+                raise ValueError(
+                    f"examples lack the label column {self.label_column!r} (keys: {sorted(examples[0])}); "
+                    "set label_column= (or label_column=None for unlabeled inference batches)"
+                ) from err
+            batch["labels"] = self.labels_to_tensor(label_lists)
+        if self.n_views > 1:
+            for key, value in batch.items():
+                if value.is_sparse:
+                    b = value.shape[0]
+                    idx, vals = value.indices(), value.values()
+                    shifted = [idx + torch.tensor([[v * b], [0]]) for v in range(self.n_views)]
+                    batch[key] = torch.sparse_coo_tensor(
+                        torch.cat(shifted, 1), vals.repeat(self.n_views), (b * self.n_views, value.shape[1])
+                    ).coalesce()
+                else:
+                    batch[key] = value.repeat(self.n_views, *([1] * (value.dim() - 1)))
+        return batch
+
+
+def tokenize_dataset(
+    dataset_dict,
+    tokenizer,
+    max_length: int = 512,
+    num_proc: int | None = None,
+    text_column: str = "text",
+    keep_text: bool = False,
+    batch_size: int = 1000,
+    desc: str | None = "Tokenizing",
+):
+    """Pre-tokenize a DatasetDict (or Dataset) with ``datasets.map(batched=True)`` (progress bars,
+    disk cache, optional ``num_proc``). Adds ``input_ids`` / ``attention_mask`` (truncated to
+    ``max_length``, not padded: :class:`MultiLabelCollator` pads per batch); drops the text column
+    unless ``keep_text``; keeps ``labels`` and other columns."""
+    from datasets import Dataset, DatasetDict
+
+    if not isinstance(dataset_dict, (Dataset, DatasetDict)):
+        raise ValueError(f"tokenize_dataset expects a datasets.Dataset or DatasetDict, got {type(dataset_dict).__name__}")
+    cols = dataset_dict.column_names
+    cols = cols if isinstance(cols, list) else next(iter(cols.values()), [])
+    if text_column not in cols:
+        raise ValueError(f"no text column {text_column!r} to tokenize (columns: {cols}); pass text_column=")
+
+    def _tok(batch):
+        return tokenizer(batch[text_column], truncation=True, max_length=max_length)
+
+    return dataset_dict.map(
+        _tok,
+        batched=True,
+        batch_size=batch_size,
+        num_proc=num_proc,
+        remove_columns=None if keep_text else [text_column],
+        desc=desc,
+    )

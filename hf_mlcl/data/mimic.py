@@ -1,0 +1,228 @@
+"""MIMIC-III and MIMIC-IV (ICD-9 / ICD-10) discharge summaries for ICD coding.
+
+MIMIC is credentialed (PhysioNet): these loaders read **local files only** and never download.
+Three local formats are understood (``format="auto"`` picks by the files present):
+
+``caml`` — CAML (Mullenbach et al., NAACL 2018) / PLM-ICD (Huang et al., 2022) csv files
+    ``{train,dev,test}_{full,50}.csv`` with header ``SUBJECT_ID,HADM_ID,TEXT,LABELS[,length]``,
+    codes joined by ``;`` (e.g. ``401.9;96.04``). MIMIC-IV from Nguyen et al. (2023) uses the same
+    layout with lower-case headers ``subject_id,hadm_id,text,labels`` (ICD-10 codes without dots).
+``edin`` — Edin et al. (SIGIR 2023) feather files: a document file (``mimiciv_icd10.feather``, any
+    ``*.feather`` without "split" in its name) with columns ``_id`` (HADM id), ``text`` and ``target``
+    (list of codes), and a split file (``*split*.feather`` or ``.csv``) with ``_id,split``
+    (``train``/``val``/``test``). ``variant="50"`` keeps the 50 most frequent training codes.
+``ids`` — one csv of all labelled admissions (``file=``, CAML columns) re-split by HADM id lists
+    ``{train,dev,test}_{variant}_hadm_ids.csv`` in ``split_ids_dir`` (e.g. the CAML id lists).
+
+The label space is the sorted set of training codes, or the codes of ``code_list`` (a file with one
+code per line, e.g. PLM-ICD's ``ALL_CODES.txt``; codes outside it are dropped). Each split has an
+``id`` column with the HADM id, so :func:`filter_by_hadm_ids` can re-split or subset it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import Counter
+from collections.abc import Iterable
+
+from datasets import Dataset, DatasetDict, concatenate_datasets
+
+from hf_mlcl.data._io import get_field, iter_csv, split_labels
+from hf_mlcl.data.registry import (
+    build_split,
+    encode_label_lists,
+    filter_by_ids,
+    normalize_splits,
+    read_id_list,
+    read_lines,
+    register_dataset,
+    require_dir,
+    require_file,
+)
+
+_CSV_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
+_EDIN_SPLIT = {"train": "train", "val": "validation", "validation": "validation", "dev": "validation", "test": "test"}
+_CHUNK = 5000
+
+
+def read_hadm_split_ids(split_ids_dir: str | os.PathLike, variant: str = "full") -> dict[str, list[str]]:
+    """Read CAML-style id lists ``{train,dev,test}_{variant}_hadm_ids.csv`` -> {split: [HADM ids]}."""
+    split_ids_dir = os.fspath(split_ids_dir)
+    return {
+        split: read_id_list(require_file(split_ids_dir, f"{pre}_{variant}_hadm_ids.csv", "mimic", split))
+        for split, pre in _CSV_SPLIT.items()
+    }
+
+
+def filter_by_hadm_ids(dataset: Dataset, hadm_ids: str | os.PathLike | Iterable, id_column: str = "id") -> Dataset:
+    """Keep the admissions of ``dataset`` whose HADM id is listed in ``hadm_ids`` (a path to a
+    one-id-per-line file such as ``train_50_hadm_ids.csv``, or an iterable of ids)."""
+    if isinstance(hadm_ids, (str, os.PathLike)):
+        hadm_ids = read_id_list(hadm_ids)
+    return filter_by_ids(dataset, hadm_ids, id_column=id_column)
+
+
+def _norm_code(code: str, strip_dots: bool) -> str:
+    code = code.strip()
+    return code.replace(".", "") if strip_dots else code
+
+
+def _read_csv_docs(path: str, strip_dots: bool):
+    ids, texts, labels = [], [], []
+    for rec in iter_csv(path):
+        ids.append(str(get_field(rec, "HADM_ID", "hadm_id", "_id", path=path)).split(".")[0])
+        texts.append(str(get_field(rec, "TEXT", "text", path=path)))
+        labels.append([_norm_code(c, strip_dots) for c in split_labels(get_field(rec, "LABELS", "labels", "target", path=path), ";")])
+    return ids, texts, labels
+
+
+def _build_chunked(ids, texts, label_ids, names) -> Dataset:
+    # Chunks keep the python -> arrow conversion's peak memory small for long clinical notes.
+    parts = [
+        build_split(texts[i : i + _CHUNK], label_ids[i : i + _CHUNK], names, ids[i : i + _CHUNK])
+        for i in range(0, max(len(texts), 1), _CHUNK)
+    ]
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+def _detect_format(data_dir: str, variant: str, split_ids_dir) -> str:
+    if split_ids_dir is not None:
+        return "ids"
+    if glob.glob(os.path.join(data_dir, "*.feather")):
+        if not any(os.path.isfile(os.path.join(data_dir, f"{p}_{variant}.csv")) for p in _CSV_SPLIT.values()):
+            return "edin"
+    return "caml"
+
+
+def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, strip_dots: bool):
+    import pandas as pd
+
+    if feather_file is None:
+        cands = [f for f in sorted(glob.glob(os.path.join(data_dir, "*.feather"))) if "split" not in os.path.basename(f)]
+        if not cands:
+            raise FileNotFoundError(f"mimic: no document .feather file in {data_dir!r}; pass feather_file=")
+        feather_file = cands[0]
+    elif not os.path.isabs(feather_file):
+        feather_file = require_file(data_dir, feather_file, "mimic")
+    if split_file is None:
+        cands = sorted(glob.glob(os.path.join(data_dir, "*split*.feather")) + glob.glob(os.path.join(data_dir, "*split*.csv")))
+        if not cands:
+            raise FileNotFoundError(
+                f"mimic: no split file (*split*.feather / *split*.csv with columns _id,split) in folder {data_dir!r}; "
+                "place Edin et al.'s split file there or pass split_file="
+            )
+        split_file = cands[0]
+    elif not os.path.isabs(split_file):
+        split_file = require_file(data_dir, split_file, "mimic")
+    docs = pd.read_feather(feather_file)
+    for col in ("_id", "text", "target"):
+        if col not in docs.columns:
+            raise ValueError(f"mimic: {feather_file} has no column {col!r} (columns: {list(docs.columns)})")
+    sp = pd.read_feather(split_file) if split_file.endswith(".feather") else pd.read_csv(split_file)
+    if not {"_id", "split"} <= set(sp.columns):
+        raise ValueError(f"mimic: split file {split_file} needs columns _id,split (has {list(sp.columns)})")
+    split_of = dict(zip(sp["_id"].astype(str), sp["split"].astype(str).str.lower()))
+    out: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "validation": ([], [], []), "test": ([], [], [])}
+    for _id, text, target in zip(docs["_id"].astype(str), docs["text"], docs["target"]):
+        split = _EDIN_SPLIT.get(split_of.get(_id, ""))
+        if split is None:
+            continue
+        out[split][0].append(_id)
+        out[split][1].append(str(text))
+        out[split][2].append([_norm_code(c, strip_dots) for c in split_labels(target, ";")])
+    return out
+
+
+def _load_mimic(
+    dataset: str,
+    data_dir,
+    splits=None,
+    variant: str = "full",
+    code_list: str | None = None,
+    format: str = "auto",
+    file: str | None = None,
+    split_ids_dir: str | None = None,
+    feather_file: str | None = None,
+    split_file: str | None = None,
+    strip_dots: bool = False,
+    drop_unlabeled: bool | None = None,
+) -> DatasetDict:
+    variant = str(variant)
+    if variant not in ("full", "50"):
+        raise ValueError(f"{dataset}: variant must be 'full' or '50', got {variant!r}")
+    expected = (
+        f"{{train,dev,test}}_{variant}.csv (SUBJECT_ID,HADM_ID,TEXT,LABELS with ';'-joined codes), or Edin et al. "
+        "*.feather + *split*.feather, or file= plus split_ids_dir= with HADM id lists. MIMIC is credentialed: "
+        "build these files locally from PhysioNet MIMIC with the CAML / PLM-ICD / Nguyen et al. / Edin et al. scripts"
+    )
+    data_dir = require_dir(data_dir, dataset, expected)
+    splits = normalize_splits(splits)
+    fmt = _detect_format(data_dir, variant, split_ids_dir) if format == "auto" else format
+    if fmt not in ("caml", "edin", "ids"):
+        raise ValueError(f"{dataset}: format must be auto, caml, edin or ids, got {format!r}")
+
+    raw: dict[str, tuple[list, list, list]] = {}
+    if fmt == "caml":
+        need = list(splits) + (["train"] if code_list is None and "train" not in splits else [])
+        paths = {s: require_file(data_dir, f"{_CSV_SPLIT[s]}_{variant}.csv", dataset, s, hint=(
+            f"place {_CSV_SPLIT[s]}_{variant}.csv in {data_dir!r}, request other splits=, or (for the label space "
+            "without the training file) pass code_list=") ) for s in need}
+        raw = {s: _read_csv_docs(p, strip_dots) for s, p in paths.items()}
+    elif fmt == "ids":
+        if file is None or split_ids_dir is None:
+            raise ValueError(f"{dataset}: format='ids' needs file= (one csv of all admissions) and split_ids_dir=")
+        path = file if os.path.isabs(file) else require_file(data_dir, file, dataset)
+        ids, texts, labels = _read_csv_docs(path, strip_dots)
+        whole = {"ids": ids}
+        split_ids = read_hadm_split_ids(split_ids_dir, variant)
+        pos = {h: i for i, h in enumerate(whole["ids"])}
+        for s, lst in split_ids.items():
+            idx = [pos[h] for h in lst if h in pos]
+            raw[s] = ([ids[i] for i in idx], [texts[i] for i in idx], [labels[i] for i in idx])
+    else:
+        raw = _read_edin(data_dir, feather_file, split_file, strip_dots)
+
+    if code_list is not None:
+        cl_path = code_list if os.path.isabs(code_list) else require_file(data_dir, code_list, dataset)
+        names = list(dict.fromkeys(_norm_code(c, strip_dots) for c in read_lines(cl_path) if c.strip()))
+    else:
+        counts = Counter(c for labs in raw["train"][2] for c in set(labs))
+        if variant == "50" and fmt != "caml":
+            names = sorted(c for c, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50])
+        else:
+            names = sorted(counts)
+    if drop_unlabeled is None:
+        drop_unlabeled = variant == "50"
+    out = {}
+    for split in splits:
+        ids, texts, labels = raw[split]
+        label_ids = encode_label_lists(labels, names, drop_unknown=True)
+        if drop_unlabeled:
+            keep = [i for i, labs in enumerate(label_ids) if labs]
+            ids, texts, label_ids = [ids[i] for i in keep], [texts[i] for i in keep], [label_ids[i] for i in keep]
+        out[split] = _build_chunked(ids, texts, label_ids, names)
+    return DatasetDict(out)
+
+
+@register_dataset("mimic3", "mimic_iii", "mimic-iii", "mimiciii")
+def load_mimic3(data_dir=None, **options) -> DatasetDict:
+    """MIMIC-III ICD-9 coding (CAML splits: full 47,723 / 1,631 / 3,372; top-50 8,066 / 1,573 / 1,729).
+
+    Options: ``variant`` "full" | "50", ``code_list`` (e.g. "ALL_CODES_plmicd.txt"), ``splits``,
+    ``format`` ("auto" | "caml" | "edin" | "ids"), ``file`` + ``split_ids_dir`` (re-split by HADM id lists),
+    ``feather_file`` / ``split_file`` (Edin et al.), ``drop_unlabeled`` (default True for "50")."""
+    return _load_mimic("mimic3", data_dir, **options)
+
+
+@register_dataset("mimic4_icd9", "mimic_iv_icd9", "mimic-iv-icd9", "mimiciv_icd9")
+def load_mimic4_icd9(data_dir=None, **options) -> DatasetDict:
+    """MIMIC-IV ICD-9 (Nguyen et al. 2023 csv or Edin et al. 2023 feather); options as :func:`load_mimic3`."""
+    return _load_mimic("mimic4_icd9", data_dir, **options)
+
+
+@register_dataset("mimic4_icd10", "mimic_iv_icd10", "mimic-iv-icd10", "mimiciv_icd10")
+def load_mimic4_icd10(data_dir=None, strip_dots: bool = True, **options) -> DatasetDict:
+    """MIMIC-IV ICD-10 (Nguyen et al. 2023 csv or Edin et al. 2023 feather). Codes are compared without
+    dots (``strip_dots=True``) so a dotted code list matches the dot-less csv codes."""
+    return _load_mimic("mimic4_icd10", data_dir, strip_dots=strip_dots, **options)

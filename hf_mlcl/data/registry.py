@@ -1,0 +1,239 @@
+"""Dataset registry and the helpers every loader shares.
+
+Every loader returns a :class:`datasets.DatasetDict` with the splits it was asked for (default
+``("train", "validation", "test")``) and at least two columns: ``text`` (str) and ``labels``, a list
+of label *ids* stored as ``Sequence(ClassLabel(names=...))`` so the label names travel with the data.
+Dense multi-hot vectors are never stored: the collator builds them per batch (MIMIC-IV ICD-10 has
+25,230 labels). Loaders may add an ``id`` column (document / admission id) when the source has one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+from datasets import Sequence as HFSequence
+
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
+_SPLIT_ALIASES = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation",
+                  "valid": "validation", "test": "test"}
+
+_REGISTRY: dict[str, Callable[..., DatasetDict]] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
+    """Decorator: register ``fn(data_dir=None, **options) -> DatasetDict`` under ``name`` (+ aliases)."""
+
+    def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
+        key = name.lower()
+        if key in _REGISTRY or key in _ALIASES:
+            raise ValueError(f"dataset name {name!r} is already registered")
+        _REGISTRY[key] = fn
+        for alias in aliases:
+            _ALIASES[alias.lower()] = key
+        return fn
+
+    return deco
+
+
+def _ensure_loaded() -> None:
+    # Importing the family modules runs their @register_dataset decorators.
+    from hf_mlcl.data import aapd, goemotions, mimic, rcv1, synthetic, uklex  # noqa: F401
+
+
+def list_datasets() -> list[str]:
+    """Canonical dataset names, sorted (aliases such as ``"mimic-iii"`` are accepted by the loader)."""
+    _ensure_loaded()
+    return sorted(_REGISTRY)
+
+
+def load_mlc_dataset(name: str, data_dir: str | os.PathLike | None = None, **options) -> DatasetDict:
+    """Load a multi-label text-classification dataset by name.
+
+    ``name`` is one of :func:`list_datasets` (aapd, rcv1, uklex, mimic3, mimic4_icd9, mimic4_icd10,
+    goemotions, synthetic); ``data_dir`` the local folder with the dataset's files (see each loader's
+    docstring for the exact formats); ``options`` go to the loader (all accept ``splits=``).
+    Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
+    """
+    _ensure_loaded()
+    if not isinstance(name, str):
+        raise ValueError(f"dataset name must be a string, got {type(name).__name__}")
+    key = name.lower().replace("-", "_")
+    key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {list_datasets()}")
+    return _REGISTRY[key](data_dir=data_dir, **options)
+
+
+def label_names(dataset) -> list[str]:
+    """Label names of a Dataset / DatasetDict, read from its ``labels`` ``Sequence(ClassLabel)`` feature."""
+    if isinstance(dataset, DatasetDict):
+        if not dataset:
+            raise ValueError("label_names: the DatasetDict has no splits")
+        dataset = next(iter(dataset.values()))
+    features = dataset.features
+    if "labels" not in features:
+        raise ValueError(f"label_names: no 'labels' column (columns: {list(features)})")
+    feat = features["labels"]
+    inner = getattr(feat, "feature", feat)
+    if not isinstance(inner, ClassLabel):
+        raise ValueError(
+            f"label_names: the 'labels' column is {feat!r}, not Sequence(ClassLabel); load it with "
+            "hf_mlcl.data.load_mlc_dataset or cast it with make_features(names)"
+        )
+    return list(inner.names)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers shared by the loaders
+# ----------------------------------------------------------------------------------------------
+
+
+def make_features(names: Sequence[str], with_id: bool = False) -> Features:
+    """``Features(text=string, labels=Sequence(ClassLabel(names)), [id=string])``."""
+    feats = {"text": Value("string"), "labels": HFSequence(ClassLabel(names=list(names)))}
+    if with_id:
+        feats["id"] = Value("string")
+    return Features(feats)
+
+
+def normalize_splits(splits: Iterable[str] | str | None) -> tuple[str, ...]:
+    """Map user split names (``val``/``dev`` -> ``validation``) and validate them."""
+    if splits is None:
+        return SPLITS
+    if isinstance(splits, str):
+        splits = (splits,)
+    out = []
+    for s in splits:
+        key = _SPLIT_ALIASES.get(str(s).lower())
+        if key is None:
+            raise ValueError(f"unknown split {s!r}; use any of {SPLITS} (aliases: val, dev)")
+        if key not in out:
+            out.append(key)
+    if not out:
+        raise ValueError(f"splits is empty; use any of {SPLITS}")
+    return tuple(out)
+
+
+def require_dir(data_dir, dataset: str, expected: str) -> str:
+    """Check ``data_dir`` is given and exists; otherwise a ValueError that names the expected files."""
+    if data_dir is None:
+        raise ValueError(
+            f"{dataset}: data_dir is required (no local folder given). Expected files: {expected}. "
+            f"Pass load_mlc_dataset({dataset!r}, data_dir='/path/to/folder')."
+        )
+    data_dir = os.fspath(data_dir)
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"{dataset}: data_dir {data_dir!r} is not a folder. Expected files: {expected}.")
+    return data_dir
+
+
+def require_file(data_dir: str, filename: str, dataset: str, split: str | None = None, hint: str = "") -> str:
+    """Path of ``data_dir/filename``; FileNotFoundError naming the file, the folder and the fix if absent."""
+    path = os.path.join(data_dir, filename)
+    if not os.path.isfile(path):
+        present = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []
+        what = f" for split {split!r}" if split else ""
+        fix = hint or (
+            f"place {filename!r} in {data_dir!r}"
+            + (f", or load only the available splits, e.g. splits=('validation', 'test')" if split else "")
+        )
+        raise FileNotFoundError(
+            f"{dataset}: file {filename!r}{what} not found in folder {data_dir!r} (folder has: {present}). "
+            f"To fix: {fix}."
+        )
+    return path
+
+
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set to a truthy value."""
+    truthy = {"1", "true", "yes", "on"}
+    return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def encode_label_lists(
+    label_lists: Sequence[Sequence[str]], names: Sequence[str], drop_unknown: bool = True, context: str = ""
+) -> list[list[int]]:
+    """Map lists of label strings to sorted, de-duplicated id lists via ``names``.
+
+    Unknown labels are dropped when ``drop_unknown`` (e.g. codes outside a top-50 label space),
+    otherwise a ValueError names them.
+    """
+    index = {n: i for i, n in enumerate(names)}
+    out: list[list[int]] = []
+    unknown: set[str] = set()
+    for labs in label_lists:
+        ids = {index[lab] for lab in labs if lab in index}
+        if not drop_unknown and len(ids) < len(set(labs)):
+            unknown.update(lab for lab in labs if lab not in index)
+        out.append(sorted(ids))
+    if unknown:
+        raise ValueError(f"{context}labels not in the label space: {sorted(unknown)[:10]} ...")
+    return out
+
+
+def names_from_lists(label_lists: Iterable[Sequence[str]]) -> list[str]:
+    """Sorted union of label strings."""
+    seen: set[str] = set()
+    for labs in label_lists:
+        seen.update(labs)
+    return sorted(seen)
+
+
+def build_split(
+    texts: Sequence[str], label_ids: Sequence[Sequence[int]], names: Sequence[str], ids: Sequence[str] | None = None
+) -> Dataset:
+    """A Dataset with ``text``/``labels`` (+ ``id``) and the ClassLabel names attached."""
+    data = {"text": list(texts), "labels": [list(map(int, x)) for x in label_ids]}
+    if ids is not None:
+        data["id"] = [str(i) for i in ids]
+    if len(data["text"]) != len(data["labels"]):
+        raise ValueError(f"{len(data['text'])} texts but {len(data['labels'])} label rows: files are misaligned")
+    return Dataset.from_dict(data, features=make_features(names, with_id=ids is not None))
+
+
+def train_frequency(dataset, num_labels: int | None = None) -> np.ndarray:
+    """Per-label occurrence counts of a Dataset's ``labels`` column (vectorised with bincount)."""
+    if num_labels is None:
+        num_labels = len(label_names(dataset))
+    col = dataset.data.column("labels").combine_chunks()
+    flat = np.asarray(col.flatten(), dtype=np.int64) if len(col) else np.zeros(0, np.int64)
+    return np.bincount(flat, minlength=num_labels)
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 text file without the trailing newline."""
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def read_id_list(path: str | os.PathLike) -> list[str]:
+    """One id per line (blank lines and a non-numeric header such as ``HADM_ID`` are skipped)."""
+    lines = [ln.strip().split(",")[0] for ln in read_lines(os.fspath(path))]
+    lines = [ln for ln in lines if ln]
+    if lines and not lines[0].replace(".", "").isdigit() and lines[0].upper() in {"HADM_ID", "ID", "_ID"}:
+        lines = lines[1:]
+    return [_norm_id(x) for x in lines]
+
+
+def _norm_id(x) -> str:
+    s = str(x).strip()
+    if s.endswith(".0") and s[:-2].isdigit():
+        s = s[:-2]
+    return s
+
+
+def filter_by_ids(dataset: Dataset, ids: Iterable, id_column: str = "id") -> Dataset:
+    """Keep the rows whose ``id_column`` value is in ``ids`` (vectorised with pyarrow ``is_in``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if id_column not in dataset.column_names:
+        raise ValueError(f"filter_by_ids: no {id_column!r} column (columns: {dataset.column_names})")
+    wanted = pa.array(sorted({_norm_id(i) for i in ids}), type=pa.string())
+    col = dataset.data.column(id_column).cast(pa.string())
+    mask = pc.is_in(col, value_set=wanted).to_numpy(zero_copy_only=False)
+    return dataset.select(np.flatnonzero(mask))
