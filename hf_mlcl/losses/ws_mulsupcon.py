@@ -1,0 +1,219 @@
+"""ws-MulSupCon: weighted stratification in multi-label contrastive learning (Lin & Chen).
+
+Paper: "Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed Medical Image
+Classification", Section 2.2, eqs. (2)-(9). Anchors and candidates are stratified by label-set size:
+single-label (abs(y) = 1), multi-label (abs(y) >= 2) and healthy (abs(y) = 0). For an anchor i and
+each of its labels j, the positives are split by the candidate's stratum,
+P_s = {a != i : abs(T_a) = 1, j in T_a} and P_m = {a != i : abs(T_a) >= 2, j in T_a}; healthy
+candidates are never disease positives but stay in every denominator. With
+logp_ia = s_ia - log sum_{a in contrast(i)} exp(s_ia) and the IoU weight W_ia = abs(S&T)/abs(S or T):
+
+* eq. (6)  L_ws = 1/P_single * sum_{i single} [ -1/abs(P_s) sum_{P_s} D̄_j W logp - 1/abs(P_m) sum_{P_m} D̄_j W logp ]
+* eq. (7)  L_wm = 1/P_multi  * sum_{i multi} sum_{j in S_i} [ same with C̄_j ]
+* eq. (8)  L_h  = 1/abs(H) sum_{i healthy} -1/abs(P_h) sum_{a healthy, a != i} logp_ia
+* eq. (9)  L = (1 - lambda)(L_ws + L_wm) + lambda L_h,  lambda = 0.7 (paper, CXR-14).
+
+Class weights D̄_j = (D - d_j)/D and C̄_j = M_j / C_j come from the *training set*
+(:func:`hf_mlcl.losses.label_statistics.ws_class_weights`): call :meth:`set_label_statistics` once
+before training (the trainer does it when ``requires_label_statistics`` is True).
+
+Normalisers (documented choice): P_single / P_multi = the number of (anchor, label) pairs of the stratum
+that have at least one positive (P_s or P_m non-empty) — equal to the paper's sum of abs(y) whenever
+every label has a positive (always true in MoCo mode, where the anchor's own momentum key is one);
+pairs / anchors without any positive contribute nothing and are not counted (never NaN). abs(H)
+counts healthy anchors with at least one healthy positive. A term whose stratum is absent is 0.
+
+``authors_code=True`` reproduces the authors' public implementation (repository xup6YJ/ws-MulSupCon,
+``generate_output_MulSupCon_iwash`` + ``WeightedSupCon_sm_IoU_s`` + ``pretrain.py``), which differs:
+
+* one softmax per candidate stratum: the "single" softmax runs over candidates with abs(T) <= 1
+  (healthy included), the "multi" softmax over abs(T) >= 2 plus healthy; healthy anchors use the
+  softmax over all candidates;
+* four terms s2s, s2m, m2s, m2m, each averaged over its own (anchor, label) rows that have a positive
+  in that candidate stratum;
+* C̄_j = (M - m_j)/M with m_j the multi-label training cases containing j, M = sum_j m_j;
+* total = (1 - lambda)(s2s + s2m + m2s + m2m) + lambda L_h when the batch has a healthy anchor (with a
+  healthy positive), else the plain sum of the four terms.
+
+Vectorised with matrix products (:class:`~hf_mlcl.losses.label_statistics.PairLabelView`): per-pair
+coefficients q_ij = w_j / abs(P_stratum(i, j)) are spread to (N, M) by one sparse x dense product per
+candidate stratum; nothing is N x M x L.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .core import ContrastContext, ContrastiveLoss
+from .label_statistics import PairLabelView, ws_class_weights
+from .registry import register_loss
+
+__all__ = ["WSMulSupConLoss"]
+
+
+def _masked_lse(logits: Tensor, mask: Tensor) -> Tensor:
+    """Row logsumexp over ``mask`` (N,); rows with an empty mask get 0 (they carry no weight)."""
+    has_any = mask.any(dim=1, keepdim=True)
+    masked = logits.masked_fill(~mask, float("-inf")).masked_fill(~has_any, 0.0)
+    return torch.logsumexp(masked, dim=1)
+
+
+def _weighted_logp_sum(weights: Tensor, logits: Tensor, lse: Tensor) -> Tensor:
+    """sum_a W_ia (s_ia - LSE_i) per anchor (N,), W zero outside the contrast set."""
+    return (weights * logits).sum(dim=1) - weights.sum(dim=1) * lse
+
+
+@register_loss("ws_mulsupcon", "ws-mulsupcon", "wsmulsupcon")
+class WSMulSupConLoss(ContrastiveLoss):
+    """ws-MulSupCon (Lin & Chen, eqs. 2-9), optionally the authors' public-code variant.
+
+    Args:
+        lambda_: weight of the healthy-case loss L_h in eq. (9) (paper: 0.7 on CXR-14).
+        authors_code: reproduce the authors' public code (per-stratum softmax, C̄_j = (M - m_j)/M);
+            see the module docstring.
+        class_weights: use the training-set class weights D̄, C̄ (paper). False gives the
+            "stratified + IoU" ablation (all class weights 1) and needs no statistics.
+        temperature: tau (paper / code: 0.1). normalize: L2-normalise embeddings and keys.
+
+    ``set_label_statistics(train_labels)`` must be called before the first forward when
+    ``class_weights`` is True (else ``ValueError``); train_labels is the dense or torch-sparse (N, L)
+    multi-hot matrix of the training set.
+    """
+
+    default_temperature = 0.1
+    supports_keys = True
+    requires_label_statistics = True
+
+    def __init__(
+        self,
+        lambda_: float = 0.7,
+        authors_code: bool = False,
+        class_weights: bool = True,
+        temperature: float | None = None,
+        normalize: bool = True,
+    ) -> None:
+        super().__init__(temperature=temperature, normalize=normalize)
+        if (
+            isinstance(lambda_, bool)
+            or not isinstance(lambda_, (int, float))
+            or not (0.0 <= float(lambda_) <= 1.0)
+        ):
+            raise ValueError(f"lambda_ must be a float in [0, 1] (paper: 0.7), got {lambda_!r}")
+        self.lambda_ = float(lambda_)
+        self.authors_code = bool(authors_code)
+        self.class_weights = bool(class_weights)
+        # instance override: without class weights there is nothing to fetch from the training set
+        self.requires_label_statistics = self.class_weights
+        self.register_buffer("single_weights", None, persistent=False)
+        self.register_buffer("multi_weights", None, persistent=False)
+
+    def extra_repr(self) -> str:
+        return (
+            f"lambda_={self.lambda_}, authors_code={self.authors_code}, class_weights={self.class_weights}, "
+            + super().extra_repr()
+        )
+
+    def set_label_statistics(self, train_labels: Tensor) -> None:
+        """Compute D̄_j and C̄_j from the training-set multi-hot matrix (dense or torch sparse (N, L))."""
+        single_w, multi_w = ws_class_weights(train_labels, authors_code=self.authors_code)
+        device = self.single_weights.device if self.single_weights is not None else single_w.device
+        self.single_weights = single_w.to(device)
+        self.multi_weights = multi_w.to(device)
+
+    @property
+    def has_label_statistics(self) -> bool:
+        return self.single_weights is not None
+
+    def _class_weights(
+        self, cols: Tensor, single_pair: Tensor, num_labels: int, dtype: torch.dtype
+    ) -> Tensor:
+        if not self.class_weights:
+            return torch.ones(cols.shape, dtype=dtype, device=cols.device)
+        if self.single_weights is None:
+            raise ValueError(
+                "ws_mulsupcon needs training-set label statistics for its class weights D̄_j, C̄_j: call "
+                "loss.set_label_statistics(train_labels) with the (N, L) multi-hot training labels before "
+                "the first forward (the ContrastiveTrainer does this automatically), or build the loss "
+                "with class_weights=False for the unweighted stratified variant"
+            )
+        if self.single_weights.numel() != num_labels:
+            raise ValueError(
+                f"ws_mulsupcon label statistics cover {self.single_weights.numel()} labels but the batch "
+                f"labels have {num_labels} columns; call set_label_statistics with the training labels of "
+                "the same label space"
+            )
+        sw = self.single_weights.to(device=cols.device, dtype=dtype)[cols]
+        mw = self.multi_weights.to(device=cols.device, dtype=dtype)[cols]
+        return torch.where(single_pair, sw, mw)
+
+    def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
+        dtype = ctx.dtype
+        device = ctx.device
+        contrast = ctx.contrast_mask
+        with torch.no_grad():
+            size_a = ctx.anchor_sizes
+            size_c = ctx.candidate_sizes
+            single_a, multi_a, healthy_a = size_a == 1, size_a >= 2, size_a == 0
+            single_c, multi_c, healthy_c = size_c == 1, size_c >= 2, size_c == 0
+
+            view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
+            rows, cols = view.rows, view.cols
+            single_pair = single_a[rows]
+            cw = self._class_weights(cols, single_pair, ctx.anchor_labels.shape[1], dtype)
+            # positives per (anchor, label) pair and candidate stratum; the anchor itself (in-batch
+            # column i, same stratum as the anchor, carries j) is not in its contrast set
+            n_s = view.candidate_counts(single_c.to(dtype)) - single_pair.to(dtype)
+            n_m = view.candidate_counts(multi_c.to(dtype)) - multi_a[rows].to(dtype)
+            zero = torch.zeros((), dtype=dtype, device=device)
+            q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
+            q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
+            iou = ctx.jaccard.to(dtype) * contrast
+            w_s = iou * single_c[None, :] * view.spread(q_s)  # positives in P_s, weighted
+            w_m = iou * multi_c[None, :] * view.spread(q_m)  # positives in P_m, weighted
+
+            def pair_count(pair_ok: Tensor, anchor_mask: Tensor) -> Tensor:
+                return (pair_ok & anchor_mask[rows]).sum().to(dtype)
+
+            healthy_pos = contrast & healthy_c[None, :]
+            n_h = healthy_pos.sum(dim=1).to(dtype)
+            valid_h = healthy_a & (n_h > 0)
+            w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], zero)
+            num_h = valid_h.sum().to(dtype)
+
+        s = ctx.logits
+        zero_loss = ctx.zero()
+
+        def safe_div(total: Tensor, count: Tensor) -> Tensor:
+            return total / count if float(count) > 0 else zero_loss
+
+        if not self.authors_code:
+            lse = _masked_lse(s, contrast)
+            per_anchor = -_weighted_logp_sum(w_s + w_m, s, lse)
+            pairs_ok = (n_s + n_m) > 0
+            l_ws = safe_div(torch.where(single_a, per_anchor, zero).sum(), pair_count(pairs_ok, single_a))
+            l_wm = safe_div(torch.where(multi_a, per_anchor, zero).sum(), pair_count(pairs_ok, multi_a))
+            l_h = safe_div(-_weighted_logp_sum(w_h, s, lse).sum(), num_h)
+            loss = (1.0 - self.lambda_) * (l_ws + l_wm) + self.lambda_ * l_h
+            parts = {"ws": l_ws, "wm": l_wm, "h": l_h}
+            return loss, parts
+
+        # ---- authors' public code: one softmax per candidate stratum
+        lse_s = _masked_lse(s, contrast & (size_c <= 1)[None, :])
+        lse_m = _masked_lse(s, contrast & (multi_c | healthy_c)[None, :])
+        lse_all = _masked_lse(s, contrast)
+        term_s = -_weighted_logp_sum(w_s, s, lse_s)  # per anchor, summed over its rows j
+        term_m = -_weighted_logp_sum(w_m, s, lse_m)
+        s2s = safe_div(torch.where(single_a, term_s, zero).sum(), pair_count(n_s > 0, single_a))
+        s2m = safe_div(torch.where(single_a, term_m, zero).sum(), pair_count(n_m > 0, single_a))
+        m2s = safe_div(torch.where(multi_a, term_s, zero).sum(), pair_count(n_s > 0, multi_a))
+        m2m = safe_div(torch.where(multi_a, term_m, zero).sum(), pair_count(n_m > 0, multi_a))
+        disease = s2s + s2m + m2s + m2m
+        if float(num_h) > 0:
+            l_h = -_weighted_logp_sum(w_h, s, lse_all).sum() / num_h
+            loss = (1.0 - self.lambda_) * disease + self.lambda_ * l_h
+        else:
+            l_h = zero_loss
+            loss = disease
+        parts = {"ws": s2s + s2m, "wm": m2s + m2m, "h": l_h, "s2s": s2s, "s2m": s2m, "m2s": m2s, "m2m": m2m}
+        return loss, parts
