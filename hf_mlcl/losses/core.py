@@ -152,7 +152,8 @@ class ContrastContext:
         logits: (N, M) = anchors @ candidates^T / temperature.
         self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column).
         contrast_mask: (N, M) bool = ~self_mask.
-    Cached relations: ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
+    Cached relations (exact integer counts, returned in ``dtype`` so float64 stays exact):
+    ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
     ``union``, ``equal``, ``jaccard``, ``shares_label`` (inter > 0).
     """
 
@@ -190,15 +191,15 @@ class ContrastContext:
 
     @cached_property
     def inter(self) -> Tensor:
-        return R.intersections(self.anchor_labels, self.candidate_labels)
+        return R.intersections(self.anchor_labels, self.candidate_labels).to(self.dtype)
 
     @cached_property
     def anchor_sizes(self) -> Tensor:
-        return R.label_sizes(self.anchor_labels)
+        return R.label_sizes(self.anchor_labels).to(self.dtype)
 
     @cached_property
     def candidate_sizes(self) -> Tensor:
-        return R.label_sizes(self.candidate_labels)
+        return R.label_sizes(self.candidate_labels).to(self.dtype)
 
     @cached_property
     def union(self) -> Tensor:

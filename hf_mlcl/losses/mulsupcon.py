@@ -34,7 +34,9 @@ class MulSupConLoss(ContrastiveLoss):
     default_temperature = 0.1
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w, pairs = inverse_count_weights(ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=True)
+        w, pairs = inverse_count_weights(
+            ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=True, dtype=ctx.dtype
+        )
         w = w.to(ctx.dtype) * ctx.contrast_mask
         return LossTerms(
             weights=w,

@@ -125,19 +125,21 @@ def label_counts(labels: Tensor) -> Tensor:
 def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
     """Dense (N, M) = a @ b^T for dense/sparse a (N, L) and b (M, L)."""
     sa, sb = is_sparse(a), is_sparse(b)
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE)
+    a, b = a.to(dtype), b.to(dtype)
     if not sa and not sb:
-        return a.to(LABEL_DTYPE) @ b.to(LABEL_DTYPE).T
+        return a @ b.T
     if sa and not sb:
-        return torch.sparse.mm(a, b.to(LABEL_DTYPE).T.contiguous())
+        return torch.sparse.mm(a, b.T.contiguous())
     if sb and not sa:
-        return torch.sparse.mm(b, a.to(LABEL_DTYPE).T.contiguous()).T
+        return torch.sparse.mm(b, a.T.contiguous()).T
     with warnings.catch_warnings():  # torch warns that its internal CSR conversion is "beta"
         warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
         return torch.sparse.mm(a, b.t().coalesce()).to_dense()
 
 
 def intersections(anchor_labels: Tensor, candidate_labels: Tensor) -> Tensor:
-    """abs(S_i & T_a) for all pairs: Y_a @ Y_c^T, dense (N, M) float32."""
+    """abs(S_i & T_a) for all pairs: Y_a @ Y_c^T, dense (N, M) (float32 for validated label matrices)."""
     if anchor_labels.shape[1] != candidate_labels.shape[1]:
         raise ValueError(
             f"label width differs: anchors have {anchor_labels.shape[1]} labels, candidates "
@@ -184,17 +186,21 @@ def candidate_label_counts(
 
 
 def inverse_count_weights(
-    anchor_labels: Tensor, candidate_labels: Tensor, anchors_in_candidates: bool
+    anchor_labels: Tensor,
+    candidate_labels: Tensor,
+    anchors_in_candidates: bool,
+    dtype: torch.dtype = LABEL_DTYPE,
 ) -> tuple[Tensor, Tensor]:
     """MulSupCon weights: W_ia = sum_{l in S_i & T_a} 1 / n_l(i), and the number of (i, l) pairs.
 
     Vectorised as W = (Y_i * 1/n(i)) @ Y_c^T with n(i) from :func:`candidate_label_counts` (entries
     with n_l(i) = 0 — labels no candidate carries — contribute nothing). The second output is, per
     anchor, the number of its labels l with n_l(i) >= 1, i.e. the (anchor, label) pairs that have at
-    least one positive. W is dense (N, M) float32. Note W also has non-zero entries at the anchor's
-    own column when the anchor is a candidate; the caller masks the contrast set.
+    least one positive. W is dense (N, M). Note W also has non-zero entries at the anchor's
+    own column when the anchor is a candidate; the caller masks the contrast set. ``dtype`` is the
+    dtype of the reciprocals and of W (float64 keeps 1/n exact to double precision).
     """
-    counts = candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates)
+    counts = candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates).to(dtype)
     if is_sparse(counts):
         idx, vals = counts.indices(), counts.values()
         pos = vals > 0
@@ -202,10 +208,11 @@ def inverse_count_weights(
         inv = torch.sparse_coo_tensor(
             idx, inv_vals, counts.shape, device=counts.device, check_invariants=False
         ).coalesce()
-        pairs = torch.zeros(counts.shape[0], dtype=LABEL_DTYPE, device=counts.device)
-        pairs.index_add_(0, idx[0], pos.to(LABEL_DTYPE))
+        pairs = torch.zeros(counts.shape[0], dtype=dtype, device=counts.device)
+        pairs.index_add_(0, idx[0], pos.to(dtype))
     else:
         pos = counts > 0
         inv = torch.where(pos, 1.0 / counts.clamp_min(1), torch.zeros_like(counts))
-        pairs = pos.to(LABEL_DTYPE).sum(dim=1)
-    return _matmul_t(inv, candidate_labels), pairs
+        pairs = pos.to(dtype).sum(dim=1)
+    yc = candidate_labels.to(dtype)
+    return _matmul_t(inv, yc), pairs
