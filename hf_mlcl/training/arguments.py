@@ -112,6 +112,10 @@ class ContrastiveTrainingArguments(TrainingArguments):
         default=True, metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."}
     )
     gradcache_chunk_size: int = field(default=0, metadata={"help": "GradCache sub-batch size; 0 = off."})
+    knn_k: int = field(
+        default=10,
+        metadata={"help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."},
+    )
 
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
@@ -127,6 +131,8 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"temperature must be > 0; got {self.temperature}")
         if self.projection_dim <= 0:
             raise ValueError(f"projection_dim must be positive; got {self.projection_dim}")
+        if self.knn_k < 0:
+            raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
         super().__post_init__()
 
 

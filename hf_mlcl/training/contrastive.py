@@ -1,0 +1,548 @@
+"""`ContrastiveTrainer`: stage 1, label-aware contrastive training of an encoder with `transformers.Trainer`.
+
+What one training micro-batch does (``compute_loss``):
+
+1. encode the batch with the online encoder -> embeddings z (B, D). With ``n_views=2`` the collator
+   returns 2B rows (rows [0, B) view 1, [B, 2B) view 2; dropout makes them differ) and all 2B rows
+   are anchors and candidates (SupCon's two-crop batch, Khosla et al. 2020, eq. 2).
+2. with ``queue_size > 0`` (MoCo, He et al. 2020): the momentum encoder encodes the key view (view 2
+   when ``n_views=2``, else the same inputs; only view 1 is then encoded by the online encoder) under
+   no_grad; the keys of *all* processes are gathered (no gradient) and, together with the queue, are
+   extra candidates that are never excluded (an anchor's own key is a positive).
+3. under data parallelism the other processes' embeddings are gathered **with gradient** and appended
+   as candidates; anchors stay local (see :mod:`hf_mlcl.training.distributed`). A loss that cannot
+   take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors (identical
+   loss on every rank; the gradient algebra is the same, see ``_loss_from_embeddings``).
+4. the loss (``get_loss(args.loss, temperature=..., **args.loss_kwargs)``) is computed fully here and
+   its ``components`` are logged (``loss_<name>`` keys, averaged over the logging window).
+5. after the loss, the gathered keys are enqueued (training only), so every process's queue is the
+   same ring buffer.
+
+Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.training_step``):
+
+* The model has ``accepts_loss_kwargs = False`` and this trainer sets ``loss_is_scaled_for_ga =
+  False``: ``compute_loss`` returns the per-micro-batch loss (the loss's own reduction, e.g. the mean
+  over anchors that have a positive), and ``training_step`` divides it by
+  ``current_gradient_accumulation_steps`` before ``backward``. ``num_items_in_batch`` is ignored.
+* **Gradient accumulation** (``gradient_accumulation_steps = G``): the contrast set of a micro-batch is
+  that micro-batch only (plus keys / queue, plus the other processes' same micro-batch). The optimizer
+  step uses ``(1/G) sum_g grad L(micro-batch g)``: the *mean of the micro-batch gradients*, **not** the
+  gradient of one loss over the G-times larger batch (in-batch contrastive losses are not additive
+  over samples). For a truly larger contrast set use ``gradcache_chunk_size`` (GradCache) or more
+  processes, not accumulation.
+* **Processes** (``W`` ranks, DDP): rank r's loss L_r has its local anchors and the global candidates;
+  the gather's backward sends every rank the gradient of ``sum_s L_s`` w.r.t. its own embeddings, and
+  DDP averages gradients over ranks, so the step follows ``grad (1/W) sum_s L_s``. With equal per-rank
+  numbers of valid anchors (e.g. every anchor has a positive) this equals the loss of one process on
+  the concatenated global batch, and so do the gradients (tested). The logged loss is the mean over
+  ranks. ``average_tokens_across_devices`` has no effect (no ``num_items_in_batch`` scaling).
+* Learnable loss parameters (msc prototypes) are an extra optimizer param group (no weight decay).
+  They are not inside the DDP module, so this trainer all-reduces (averages) their gradients at each
+  optimizer step and zeroes them after it. They are not part of ``max_grad_norm`` clipping.
+* The momentum encoder is updated once per optimizer step (``on_optimizer_step``), never per
+  micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
+  used as candidates of its own micro-batch).
+
+Checkpoints: ``<checkpoint>/mlcl_trainer_state.pt`` holds the loss state_dict (prototypes), the
+momentum encoder and the queue; ``resume_from_checkpoint`` restores them together with the
+optimizer (which contains the loss parameters), the scheduler and the RNG states, so the next step
+is identical to the uninterrupted run.
+
+Evaluation: the eval loss (in-batch only, no queue) plus a representation-quality probe on the eval
+set — leave-one-out cosine kNN (k = ``args.knn_k``): each eval text's label scores are the label
+frequencies among its k nearest eval neighbours, thresholded at 0.5 (majority vote), reported as
+``eval_knn_micro_f1``, ``eval_knn_macro_f1``, ``eval_knn_p@1`` (usable as ``metric_for_best_model``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from . import distributed as D
+from ._common import (
+    KeepColumnsMixin,
+    accepted_kwargs,
+    batch_rows,
+    check_label_column,
+    label_matrix,
+    labels_to_dense_float,
+    resolve_num_labels,
+    slice_batch,
+    slice_rows,
+)
+from .arguments import ContrastiveTrainingArguments
+from .gradcache import gradcache_backward
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "mlcl_trainer_state.pt"
+
+__all__ = ["ContrastiveTrainer", "build_contrastive_loss", "knn_probe_metrics", "STATE_FILE"]
+
+
+def build_contrastive_loss(
+    name: str,
+    loss_kwargs: Mapping[str, Any] | None = None,
+    temperature: float | None = None,
+    num_labels: int | None = None,
+    embedding_dim: int | None = None,
+) -> nn.Module:
+    """``get_loss(name, **loss_kwargs)`` plus ``temperature`` / ``num_labels`` / ``embedding_dim``
+    when the loss constructor accepts them (its signature is inspected). ValueError for unknown or
+    non-contrastive names."""
+    from hf_mlcl.losses import get_loss
+    from hf_mlcl.losses.registry import get_loss_class
+
+    try:
+        cls = get_loss_class(name)
+    except ValueError as err:
+        raise ValueError(f"ContrastiveTrainingArguments.loss: {err}") from err
+    if not getattr(cls, "is_contrastive", False):
+        raise ValueError(
+            f"loss {name!r} is a supervised loss (logits vs labels); the contrastive stage needs a contrastive "
+            "loss such as 'sd', 'mulsupcon', 'msc' — use ProbingTrainer / train_probe for bce/focal/asymmetric"
+        )
+    kwargs = dict(loss_kwargs or {})
+    extra = {"num_labels": num_labels, "embedding_dim": embedding_dim}
+    if temperature is not None:
+        extra["temperature"] = temperature
+    for key, value in accepted_kwargs(cls, {k: v for k, v in extra.items() if v is not None}).items():
+        kwargs.setdefault(key, value)
+    if name.lower() == "hbl" and "base" in kwargs:
+        # hbl forwards its base loss's keywords; sizes of a base such as msc travel through it.
+        base_cls = get_loss_class(kwargs["base"])
+        for key, value in accepted_kwargs(base_cls, {k: v for k, v in extra.items() if v is not None}).items():
+            kwargs.setdefault(key, value)
+    try:
+        return get_loss(name, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
+
+
+def _f1_scores(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[float, float]:
+    tp = (y_true & y_pred).sum(0)
+    pred = y_pred.sum(0)
+    true = y_true.sum(0)
+    micro = 2 * tp.sum() / max(pred.sum() + true.sum(), 1)
+    per_label = np.where(pred + true > 0, 2 * tp / np.maximum(pred + true, 1), 0.0)
+    return float(micro), float(per_label.mean())
+
+
+def knn_probe_metrics(
+    embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, k: int = 10, block: int = 1024
+) -> dict[str, float]:
+    """Leave-one-out cosine kNN probe of an embedding space (cheap representation-quality signal).
+
+    Scores of sample i = mean multi-hot label vector of its k nearest neighbours (cosine, i itself
+    excluded); prediction = score >= 0.5 (majority vote). Returns ``knn_micro_f1``, ``knn_macro_f1``
+    (mean per-label F1, labels never true nor predicted count 0) and ``knn_p@1`` (precision of the
+    top-scored label). Similarities are computed in row blocks (memory O(block * N)).
+    """
+    z = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
+    y = torch.as_tensor(np.asarray(labels)) > 0.5
+    n = z.shape[0]
+    if n < 2:
+        return {}
+    k = max(1, min(int(k), n - 1))
+    z = torch.nn.functional.normalize(z, dim=-1)
+    yf = y.float()
+    scores = torch.empty(n, y.shape[1])
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        sim = z[start:stop] @ z.T
+        sim[torch.arange(stop - start), torch.arange(start, stop)] = float("-inf")
+        idx = sim.topk(k, dim=1).indices
+        scores[start:stop] = yf[idx].mean(dim=1)
+    pred = scores >= 0.5
+    micro, macro = _f1_scores(y.numpy(), pred.numpy())
+    top = scores.argmax(dim=1)
+    p1 = float(y[torch.arange(n), top].float().mean())
+    return {"knn_micro_f1": micro, "knn_macro_f1": macro, "knn_p@1": p1}
+
+
+class _StepCallback(TrainerCallback):
+    """Once per optimizer step: EMA update of the momentum encoder; zero the loss parameters' grads."""
+
+    def __init__(self, trainer: ContrastiveTrainer) -> None:
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        tr = self.trainer
+        if tr.momentum_encoder is not None:
+            tr.momentum_encoder.update(tr.accelerator.unwrap_model(tr.model))
+        for p in tr._loss_parameters():
+            p.grad = None
+        return control
+
+
+class ContrastiveTrainer(KeepColumnsMixin, Trainer):
+    """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
+
+    Args:
+        model: an encoder whose forward returns an object with ``embeddings`` (e.g. ``MLCLEncoder``).
+        args: ``ContrastiveTrainingArguments`` (loss, loss_kwargs, temperature, n_views, queue_size,
+            momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
+        data_collator: default ``MultiLabelCollator(processing_class, num_labels, n_views=args.n_views)``.
+        loss_fn: a ready ``ContrastiveLoss`` (default: built from ``args``).
+        num_labels: the label count (default: read from the dataset's ClassLabel feature).
+        label_column: the dataset column with label ids.
+        momentum_encoder / queue: ready MoCo objects (default: built when ``args.queue_size > 0``).
+        Other keywords go to ``transformers.Trainer``.
+
+    Raises ValueError at construction for: an unknown or supervised loss, a queue with a loss that
+    cannot take keys, ``n_views`` not in {1, 2} (or a collator with another ``n_views``), a dataset
+    without the label column, and a label count that differs between dataset / model / loss / queue.
+    """
+
+    loss_is_scaled_for_ga = False  # per-micro-batch loss; Trainer divides by the accumulation steps
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: ContrastiveTrainingArguments | None = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        loss_fn: nn.Module | None = None,
+        num_labels: int | None = None,
+        label_column: str = "labels",
+        momentum_encoder: nn.Module | None = None,
+        queue: Any = None,
+        compute_metrics: Any = None,
+        callbacks: list | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if args is None:
+            raise ValueError("ContrastiveTrainer needs args=ContrastiveTrainingArguments(output_dir=...)")
+        if not isinstance(args, ContrastiveTrainingArguments):
+            raise ValueError(
+                f"ContrastiveTrainer needs ContrastiveTrainingArguments, got {type(args).__name__}; its fields "
+                "(loss, n_views, queue_size, ...) configure the contrastive stage"
+            )
+        if model is None:
+            raise ValueError("ContrastiveTrainer needs a model (e.g. MLCLEncoder.from_backbone(...))")
+        if args.n_views not in (1, 2):
+            raise ValueError(f"n_views must be 1 or 2 (two dropout views of every text); got {args.n_views}")
+        check_label_column(train_dataset, label_column, "train")
+        if isinstance(eval_dataset, Mapping):
+            for name, ds in eval_dataset.items():
+                check_label_column(ds, label_column, f"eval ({name})")
+        else:
+            check_label_column(eval_dataset, label_column, "eval")
+        if getattr(model, "accepts_loss_kwargs", False):
+            raise ValueError(
+                f"{type(model).__name__}.accepts_loss_kwargs is True: Trainer would assume the model normalises "
+                "its loss by num_items_in_batch (transformers#47688); set accepts_loss_kwargs = False"
+            )
+        embedding_dim = int(getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim)
+        n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
+        if loss_fn is None:
+            loss_fn = build_contrastive_loss(args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim)
+        elif not getattr(loss_fn, "is_contrastive", False):
+            raise ValueError(f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)")
+        if args.queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
+            raise ValueError(
+                f"queue_size={args.queue_size} needs a loss that takes key embeddings, but "
+                f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
+            )
+        resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
+        if getattr(loss_fn, "requires_label_statistics", False):
+            if train_dataset is None:
+                raise ValueError(
+                    f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset"
+                )
+            loss_fn.set_label_statistics(label_matrix(train_dataset, label_column, n_labels))
+        if data_collator is None:
+            if processing_class is None:
+                raise ValueError("pass data_collator=MultiLabelCollator(...) or processing_class=<tokenizer>")
+            from hf_mlcl.data import MultiLabelCollator
+
+            data_collator = MultiLabelCollator(processing_class, n_labels, n_views=args.n_views)
+        coll_views = getattr(data_collator, "n_views", None)
+        if coll_views is not None and int(coll_views) != args.n_views:
+            raise ValueError(
+                f"the data collator makes n_views={coll_views} but args.n_views={args.n_views}; build the "
+                f"collator with n_views={args.n_views}"
+            )
+        coll_labels = getattr(data_collator, "num_labels", None)
+        if coll_labels is not None and int(coll_labels) != n_labels:
+            raise ValueError(
+                f"label-count mismatch: the data collator has num_labels={coll_labels} but the dataset has {n_labels}"
+            )
+        if args.gradcache_chunk_size > 0 and args.deepspeed:
+            raise ValueError("gradcache_chunk_size > 0 is not supported with DeepSpeed (it owns backward)")
+        self.loss_fn = loss_fn
+        self.num_labels = n_labels
+        self.label_column = label_column
+        self._component_sums: dict[str, float] = {}
+        self._component_count = 0
+        user_metrics = compute_metrics
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=user_metrics,
+            callbacks=callbacks,
+            **kwargs,
+        )
+        if user_metrics is None and args.knn_k > 0:
+            self.compute_metrics = self._knn_metrics
+        self.loss_fn.to(self.args.device)
+        self.momentum_encoder = momentum_encoder
+        self.queue = queue
+        if args.queue_size > 0:
+            from hf_mlcl.modeling import EmbeddingQueue, MomentumEncoder
+
+            if self.momentum_encoder is None:
+                self.momentum_encoder = MomentumEncoder(self.model, momentum=args.momentum)
+            if self.queue is None:
+                self.queue = EmbeddingQueue(args.queue_size, embedding_dim, n_labels)
+            for obj in (self.momentum_encoder, self.queue):
+                if hasattr(obj, "to"):
+                    obj.to(self.args.device)
+        if self.momentum_encoder is not None or self._loss_parameters():
+            self.add_callback(_StepCallback(self))
+
+    # ------------------------------------------------------------------ parameters / optimizer
+    def _loss_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.loss_fn.parameters() if p.requires_grad]
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        params = self._loss_parameters()
+        if params:
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            new = [p for p in params if id(p) not in held]
+            if new:
+                optimizer.add_param_group({"params": new, "weight_decay": 0.0})
+        return optimizer
+
+    # ------------------------------------------------------------------ encoding and loss
+    @staticmethod
+    def _embeddings(outputs: Any) -> torch.Tensor:
+        if isinstance(outputs, torch.Tensor):
+            return outputs
+        if isinstance(outputs, Mapping) and "embeddings" in outputs:
+            return outputs["embeddings"]
+        emb = getattr(outputs, "embeddings", None)
+        if emb is None:
+            raise ValueError(f"the model output {type(outputs).__name__} has no `embeddings`; use an MLCLEncoder")
+        return emb
+
+    def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        return self._embeddings(model(**batch))
+
+    def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
+        inputs = dict(inputs)
+        labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
+        if labels is None:
+            raise ValueError(f"the batch has no {self.label_column!r}; the collator must return multi-hot labels")
+        return inputs, labels
+
+    def _loss_from_embeddings(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        key_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Loss of local anchors against local + (gathered) remote candidates + keys.
+
+        With keys-capable losses the other ranks' embeddings (gathered with gradient) are appended to
+        the keys, so the contrast set of an anchor is the global batch minus itself. Otherwise the
+        gathered global batch is the anchor set on every rank (same loss everywhere); the gather's
+        sum-backward then hands rank r ``W dL/dz_r`` and DDP's 1/W average restores ``dL/dtheta``.
+        """
+        if self.args.gather_across_devices and D.is_distributed():
+            if getattr(self.loss_fn, "supports_keys", False):
+                other, other_labels = D.gather_candidates(embeddings, labels)
+                keys = other if keys is None else torch.cat([other, keys.to(other.dtype)])
+                key_labels = other_labels if key_labels is None else torch.cat([other_labels, key_labels])
+            else:
+                sizes = None
+                embeddings = torch.cat(D.all_gather_with_grad(embeddings, sizes))
+                labels = torch.cat(D.all_gather_no_grad(D.to_dense_bool(labels)))
+        if keys is None:
+            return self.loss_fn(embeddings, labels)
+        return self.loss_fn(embeddings, labels, keys, key_labels)
+
+    def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor):
+        """Momentum-encoded keys of all processes (no gradient) plus the queue; returns what to enqueue."""
+        with torch.no_grad():
+            keys = self._embeddings(self.momentum_encoder(**key_inputs)).detach()
+            key_labels = D.to_dense_bool(key_labels)
+            if D.is_distributed():
+                keys = torch.cat(D.all_gather_no_grad(keys))
+                key_labels = torch.cat(D.all_gather_no_grad(key_labels))
+        new = (keys, key_labels)
+        if len(self.queue) > 0:
+            q_emb = self.queue.embeddings.to(device=keys.device, dtype=keys.dtype)
+            q_lab = D.to_dense_bool(self.queue.labels.to(keys.device))
+            keys = torch.cat([keys, q_emb])
+            key_labels = torch.cat([key_labels, q_lab])
+        return keys, key_labels, new
+
+    def _prepare_views(self, model: nn.Module, model_inputs: dict[str, Any], labels: torch.Tensor):
+        """(anchor inputs, anchor labels, key inputs, key labels) for this micro-batch."""
+        if self.queue is None or not model.training:
+            return model_inputs, labels, None, None
+        n = batch_rows(model_inputs)
+        if self.args.n_views == 2:
+            b = n // 2
+            return (
+                slice_batch(model_inputs, 0, b, n),
+                slice_rows(labels, 0, b),
+                slice_batch(model_inputs, b, n, n),
+                slice_rows(labels, b, n),
+            )
+        return model_inputs, labels, model_inputs, labels
+
+    def _record_components(self) -> None:
+        comps = getattr(self.loss_fn, "components", None) or {}
+        for name, value in comps.items():
+            if name == "loss":
+                continue
+            self._component_sums[name] = self._component_sums.get(name, 0.0) + float(value)
+        self._component_count += 1
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ):
+        """The contrastive loss of one micro-batch (not divided by the accumulation steps: Trainer does)."""
+        model_inputs, labels = self._split(inputs)
+        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(model, model_inputs, labels)
+        keys = keys_labels = to_enqueue = None
+        if key_inputs is not None:
+            keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
+        embeddings = self._encode(model, anchor_inputs)
+        loss = self._loss_from_embeddings(embeddings, anchor_labels, keys, keys_labels)
+        if model.training:
+            self._record_components()
+            if to_enqueue is not None:
+                self.queue.enqueue(*to_enqueue)
+        return (loss, embeddings) if return_outputs else loss
+
+    # ------------------------------------------------------------------ training step (GradCache)
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        if self.args.gradcache_chunk_size > 0:
+            loss = self._gradcache_training_step(model, inputs)
+        else:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.accelerator.sync_gradients and D.is_distributed():
+            params = self._loss_parameters()
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            D.all_reduce_mean_([p.grad for p in params])
+        return loss
+
+    def _gradcache_training_step(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        """GradCache (Gao et al. 2021) micro-batch: same gradients as the direct step, chunked memory."""
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        model_inputs, labels = self._split(inputs)
+        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(model, model_inputs, labels)
+        keys = keys_labels = to_enqueue = None
+        if key_inputs is not None:
+            keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
+        scale = 1.0 / self.current_gradient_accumulation_steps
+
+        def loss_fn(emb: torch.Tensor) -> torch.Tensor:
+            return self._loss_from_embeddings(emb, anchor_labels, keys, keys_labels)
+
+        def encode(chunk: dict[str, Any]) -> torch.Tensor:
+            with self.compute_loss_context_manager():
+                return self._encode(model, chunk)
+
+        loss, _ = gradcache_backward(
+            encode,
+            anchor_inputs,
+            loss_fn,
+            self.args.gradcache_chunk_size,
+            device=self.args.device,
+            backward_loss=lambda value: self.accelerator.backward(value * scale),
+            no_sync=lambda: self.accelerator.no_sync(model),
+        )
+        self._record_components()
+        if to_enqueue is not None:
+            self.queue.enqueue(*to_enqueue)
+        return loss * scale
+
+    # ------------------------------------------------------------------ evaluation
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Eval loss (in-batch candidates, no queue) and view-1 embeddings + dense labels for the probe."""
+        inputs = self._prepare_inputs(inputs)
+        _, labels = self._split(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, embeddings = self.compute_loss(model, inputs, return_outputs=True)
+        loss = loss.detach()
+        if prediction_loss_only:
+            return loss, None, None
+        n = embeddings.shape[0] // self.args.n_views
+        return loss, embeddings[:n].detach().float(), labels_to_dense_float(slice_rows(labels, 0, n))
+
+    def _knn_metrics(self, eval_pred) -> dict[str, float]:
+        return knn_probe_metrics(eval_pred.predictions, eval_pred.label_ids, k=self.args.knn_k)
+
+    # ------------------------------------------------------------------ logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._component_count:
+            for name, total in self._component_sums.items():
+                logs[f"loss_{name}"] = total / self._component_count
+            self._component_sums, self._component_count = {}, 0
+        if self.queue is not None and "loss" in logs:
+            logs["queue_fill"] = float(len(self.queue))
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ checkpoints
+    def extra_state_dict(self) -> dict[str, Any]:
+        """Loss parameters, momentum encoder and queue: what a checkpoint needs beyond Trainer's files."""
+        state: dict[str, Any] = {"loss": self.loss_fn.state_dict()}
+        if self.momentum_encoder is not None:
+            state["momentum_encoder"] = self.momentum_encoder.state_dict()
+        if self.queue is not None:
+            state["queue"] = self.queue.state_dict()
+        return state
+
+    def load_extra_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss_fn.load_state_dict(state["loss"])
+        for key, obj in (("momentum_encoder", self.momentum_encoder), ("queue", self.queue)):
+            if obj is None:
+                continue
+            if key not in state:
+                raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
+            obj.load_state_dict(state[key])
+
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.isdir(folder):
+                torch.save(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, STATE_FILE)
+        if os.path.isfile(path):
+            self.load_extra_state_dict(torch.load(path, map_location=self.args.device, weights_only=False))
+        elif self.queue is not None or self._loss_parameters():
+            logger.warning(f"{path} is missing: the queue / momentum encoder / loss parameters start fresh")

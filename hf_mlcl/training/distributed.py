@@ -1,0 +1,133 @@
+"""Cross-process gathering for contrastive losses under data parallelism (DDP / FSDP via accelerate).
+
+A contrastive loss needs every process's samples as *candidates* while each process keeps its own
+*anchors*. The candidate embeddings are gathered **with gradient** (``torch.distributed.nn``), so the
+gradient of a process's loss with respect to another process's embeddings travels back to that
+process: the backward of ``all_gather`` is a reduce-scatter with SUM, hence rank r receives
+``sum_s d L_s / d z_r``. DDP then *averages* parameter gradients over the W ranks, so the optimised
+objective is exactly ``mean_s L_s`` (the mean of the per-rank losses), whose gradient every rank ends
+up holding. Labels (and MoCo keys, which never carry gradient) are gathered with a plain
+``all_gather``; torch-sparse label matrices are densified to ``bool`` first (sparse tensors cannot be
+all-gathered, and bool keeps the (N, L) matrix at one byte per entry).
+
+Per-rank batches may differ in size (an uneven last batch when ``dataloader_drop_last`` is off): the
+sizes are exchanged first and the tensors padded to the largest, then trimmed after the gather. With
+equal batches (the recommended ``dataloader_drop_last=True``) this costs one tiny extra collective.
+
+Outside an initialised process group every function is the identity, so single-process code calls
+them unconditionally.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+__all__ = [
+    "is_distributed",
+    "world_size",
+    "rank",
+    "to_dense_bool",
+    "all_gather_with_grad",
+    "all_gather_no_grad",
+    "gather_candidates",
+    "all_reduce_mean_",
+]
+
+
+def is_distributed() -> bool:
+    """True inside an initialised ``torch.distributed`` process group with more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def to_dense_bool(labels: torch.Tensor) -> torch.Tensor:
+    """A multi-hot (N, L) matrix (dense bool/int/float, or torch sparse COO/CSR) as a dense bool tensor."""
+    if labels.layout != torch.strided:
+        labels = labels.to_dense()
+    return labels if labels.dtype == torch.bool else labels != 0
+
+
+def _gather_sizes(n: int, device: torch.device) -> list[int]:
+    size = torch.tensor([n], device=device, dtype=torch.long)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    return [int(s.item()) for s in sizes]
+
+
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    if tensor.shape[0] == rows:
+        return tensor
+    pad = [0, 0] * (tensor.dim() - 1) + [0, rows - tensor.shape[0]]
+    return F.pad(tensor, pad)
+
+
+def all_gather_with_grad(tensor: torch.Tensor, sizes: list[int] | None = None) -> list[torch.Tensor]:
+    """All-gather ``tensor`` (N_r, ...) from every rank, differentiable; returns the per-rank list.
+
+    Uses ``torch.distributed.nn.functional.all_gather`` whose backward sums the incoming gradients
+    (reduce-scatter), so ``loss.backward()`` on every rank delivers to rank r the gradient of the sum
+    of all ranks' losses with respect to its own rows. ``sizes`` (the rows of each rank) may be given
+    to skip the size exchange; uneven sizes are padded and trimmed.
+    """
+    if not is_distributed():
+        return [tensor]
+    from torch.distributed.nn.functional import all_gather as _differentiable_all_gather
+
+    if sizes is None:
+        sizes = _gather_sizes(tensor.shape[0], tensor.device)
+    rows = max(sizes)
+    parts = _differentiable_all_gather(_pad_rows(tensor.contiguous(), rows))
+    return [part[:n] for part, n in zip(parts, sizes)]
+
+
+def all_gather_no_grad(tensor: torch.Tensor, sizes: list[int] | None = None) -> list[torch.Tensor]:
+    """Plain (non-differentiable) all-gather of a dense tensor; bool tensors travel as uint8 (gloo)."""
+    if not is_distributed():
+        return [tensor.detach()]
+    if sizes is None:
+        sizes = _gather_sizes(tensor.shape[0], tensor.device)
+    rows = max(sizes)
+    is_bool = tensor.dtype == torch.bool
+    send = _pad_rows(tensor.detach().to(torch.uint8) if is_bool else tensor.detach(), rows).contiguous()
+    parts = [torch.empty_like(send) for _ in sizes]
+    dist.all_gather(parts, send)
+    return [(p[:n].bool() if is_bool else p[:n]) for p, n in zip(parts, sizes)]
+
+
+def gather_candidates(
+    embeddings: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Embeddings and labels of the *other* ranks' samples, to append to the local contrast set.
+
+    Returns ``(other_embeddings (M, D) with gradient, other_labels (M, L) dense bool)``, where M is
+    the number of samples held by all the other ranks, or ``(None, None)`` in a single process.
+    Local anchors contrasted against ``local batch (self excluded) + other ranks' samples`` see
+    exactly the candidates they would see in one process holding the concatenated global batch.
+    """
+    if not is_distributed():
+        return None, None
+    sizes = _gather_sizes(embeddings.shape[0], embeddings.device)
+    me = dist.get_rank()
+    emb_parts = all_gather_with_grad(embeddings, sizes)
+    lab_parts = all_gather_no_grad(to_dense_bool(labels), sizes)
+    others = [i for i in range(len(sizes)) if i != me]
+    return torch.cat([emb_parts[i] for i in others]), torch.cat([lab_parts[i] for i in others])
+
+
+def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
+    """In-place mean over ranks (for gradients of parameters that DDP does not own, e.g. loss prototypes)."""
+    if not is_distributed():
+        return
+    ws = dist.get_world_size()
+    for t in tensors:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t.div_(ws)

@@ -1,0 +1,145 @@
+"""GradCache: contrastive batches far larger than what fits in accelerator memory.
+
+Gao et al., "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup" (RepL4NLP 2021),
+Sec. 3: the loss L(f(x_1), ..., f(x_N)) couples all samples only through their embeddings z = f(x), so
+
+    dL/dtheta = sum_i (dL/dz_i) . (dz_i/dtheta)                                    (eq. 5)
+
+is computed in three passes:
+
+1. encode the batch in chunks **without** building graphs, storing each chunk's RNG state;
+2. compute the loss on the concatenated (detached, ``requires_grad``) embeddings and backpropagate it
+   to the embeddings only (the gradient cache dL/dz, plus the gradients of any learnable loss
+   parameters such as ABALONE's prototypes);
+3. re-encode each chunk **with** its graph, replaying the stored RNG state so that dropout draws the
+   same masks as in pass 1, and backpropagate the cached dL/dz_chunk into the parameters.
+
+Peak activation memory is one chunk's graph instead of the whole batch's; the result equals the
+direct computation (encode the same chunks with graphs, concatenate, loss, backward) up to float
+round-off, dropout included, because step 3 replays step 1's random numbers exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["RandomState", "split_inputs", "gradcache_backward"]
+
+
+class RandomState:
+    """Snapshot of the CPU and (optionally) one CUDA device's RNG state, replayable as a context.
+
+    ``with state.replay(): ...`` runs the body with the generators set to the snapshot and restores
+    the generators' previous states afterwards (``torch.random.fork_rng``), so the replay does not
+    perturb the random stream seen by the rest of the step.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        self.cpu_state = torch.random.get_rng_state()
+        self.cuda_device: int | None = None
+        self.cuda_state: torch.Tensor | None = None
+        if device.type == "cuda" and torch.cuda.is_available():
+            self.cuda_device = device.index if device.index is not None else torch.cuda.current_device()
+            self.cuda_state = torch.cuda.get_rng_state(self.cuda_device)
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        devices = [self.cuda_device] if self.cuda_device is not None else []
+        with torch.random.fork_rng(devices=devices, device_type="cuda"):
+            torch.random.set_rng_state(self.cpu_state)
+            if self.cuda_state is not None:
+                torch.cuda.set_rng_state(self.cuda_state, self.cuda_device)
+            yield
+
+
+def split_inputs(inputs: Mapping[str, Any], chunk_size: int) -> list[dict[str, Any]]:
+    """Split a batch dict along dim 0 into chunks of ``chunk_size`` rows (tensors only; others copied).
+
+    Sparse tensors are sliced with ``index_select``; the row count is taken from ``input_ids`` (or
+    the first tensor).
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive; got {chunk_size}")
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ValueError("split_inputs needs at least one tensor in the batch")
+    ref = tensors.get("input_ids", next(iter(tensors.values())))
+    n = ref.shape[0]
+    chunks = []
+    for start in range(0, n, chunk_size):
+        stop = min(start + chunk_size, n)
+        chunk = {}
+        for k, v in inputs.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n:
+                if v.layout != torch.strided:
+                    idx = torch.arange(start, stop, device=v.device)
+                    chunk[k] = v.index_select(0, idx)
+                else:
+                    chunk[k] = v[start:stop]
+            else:
+                chunk[k] = v
+        chunks.append(chunk)
+    return chunks
+
+
+def gradcache_backward(
+    encode: Callable[[dict[str, Any]], torch.Tensor],
+    inputs: Mapping[str, Any] | list[dict[str, Any]],
+    loss_fn: Callable[[torch.Tensor], torch.Tensor],
+    chunk_size: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+    backward_loss: Callable[[torch.Tensor], None] | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run GradCache's three passes; parameter gradients are *accumulated* into ``.grad``.
+
+    Args:
+        encode: maps one chunk (a batch dict) to its embeddings (n_chunk, D) — typically
+            ``lambda b: model(**b).embeddings``.
+        inputs: the full batch dict (split with ``chunk_size``) or a ready list of chunks.
+        loss_fn: maps the concatenated embeddings (N, D) to a scalar loss. It may gather across
+            processes, use keys or learnable loss parameters: whatever it differentiates is handled
+            by the single backward of pass 2.
+        device: where the encoder runs (decides whether the CUDA RNG state is captured too).
+        backward_loss: how to backpropagate the loss in pass 2 (default ``loss.backward()``); the
+            trainer passes ``accelerator.backward`` so mixed-precision loss scaling applies. Any scale
+            applied there (fp16 loss scale, 1/gradient_accumulation_steps) is carried by the cached
+            gradients into the parameters.
+        no_sync: a context factory (e.g. ``lambda: accelerator.no_sync(model)``) entered for every
+            re-encoding backward except the last, so DDP all-reduces the gradients once.
+
+    Returns:
+        ``(loss.detach(), embeddings.detach())``.
+    """
+    chunks = list(inputs) if isinstance(inputs, list) else split_inputs(inputs, chunk_size or 0)
+    # Pass 1: graph-free encoding, one RNG snapshot per chunk taken right before it is encoded.
+    states: list[RandomState] = []
+    reps: list[torch.Tensor] = []
+    with torch.no_grad():
+        for chunk in chunks:
+            states.append(RandomState(device))
+            reps.append(encode(chunk))
+    embeddings = torch.cat(reps).detach().requires_grad_(True)
+    # Pass 2: loss on the full batch, gradient cached at the embeddings.
+    loss = loss_fn(embeddings)
+    if backward_loss is None:
+        loss.backward()
+    else:
+        backward_loss(loss)
+    if embeddings.grad is None:
+        raise RuntimeError("the loss does not depend on the embeddings; nothing to backpropagate")
+    cached = embeddings.grad.split([r.shape[0] for r in reps])
+    # Pass 3: replay each chunk with its RNG state and push the cached gradient into the encoder.
+    last = len(chunks) - 1
+    for i, (chunk, state, grad) in enumerate(zip(chunks, states, cached)):
+        sync_ctx = no_sync() if (no_sync is not None and i < last) else contextlib.nullcontext()
+        with sync_ctx, state.replay():
+            rep = encode(chunk)
+            torch.autograd.backward(rep, grad_tensors=grad.to(rep.dtype))
+    return loss.detach(), embeddings.detach()
