@@ -1,1 +1,55 @@
-"""hf_mlcl.modeling"""
+"""hf_mlcl.modeling: encoder (backbone + pooling + projection head), multi-label classifiers (linear
+probe, PLM-ICD label attention), LoRA helpers, momentum encoder and embedding queue.
+
+``configuration_mlcl`` and ``modeling_mlcl`` are self-contained (they are copied beside saved weights
+for ``trust_remote_code`` loading); everything else imports from them.
+"""
+
+from __future__ import annotations
+
+from .configuration_mlcl import HEADS, POOLINGS, MLCLConfig, backbone_config_to_dict
+from .lora import DEFAULT_LORA_TARGETS, LLAMA3_PAD_TOKEN, apply_lora, bf16_available, ensure_pad_token
+from .modeling_mlcl import (
+    LabelAttentionHead,
+    MLCLEncoder,
+    MLCLEncoderOutput,
+    MLCLForMultiLabelClassification,
+    MLCLPreTrainedModel,
+    ProjectionHead,
+    pool_states,
+)
+from .momentum import EmbeddingQueue, MomentumEncoder
+
+
+def _register_local_auto_classes() -> None:
+    """Let AutoConfig / AutoModel / AutoModelForSequenceClassification resolve ``model_type="mlcl"``
+    without trust_remote_code when hf_mlcl is importable (remote code still works without hf_mlcl)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    AutoConfig.register("mlcl", MLCLConfig, exist_ok=True)
+    AutoModel.register(MLCLConfig, MLCLEncoder, exist_ok=True)
+    AutoModelForSequenceClassification.register(MLCLConfig, MLCLForMultiLabelClassification, exist_ok=True)
+
+
+_register_local_auto_classes()
+
+__all__ = [
+    "DEFAULT_LORA_TARGETS",
+    "HEADS",
+    "LLAMA3_PAD_TOKEN",
+    "POOLINGS",
+    "EmbeddingQueue",
+    "LabelAttentionHead",
+    "MLCLConfig",
+    "MLCLEncoder",
+    "MLCLEncoderOutput",
+    "MLCLForMultiLabelClassification",
+    "MLCLPreTrainedModel",
+    "MomentumEncoder",
+    "ProjectionHead",
+    "apply_lora",
+    "backbone_config_to_dict",
+    "bf16_available",
+    "ensure_pad_token",
+    "pool_states",
+]

@@ -1,0 +1,126 @@
+"""Configuration of hf_mlcl encoders and classifiers.
+
+This module is copied next to the weights by ``save_pretrained`` (Hub "remote code"), so it must stay
+self-contained: it imports only the standard library and ``transformers``, never ``hf_mlcl``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PreTrainedConfig
+
+POOLINGS = ("cls", "mean", "last_token")
+HEADS = ("linear", "label_attention")
+
+# Keys of a backbone config dict that describe the saving environment, not the architecture.
+_VOLATILE_BACKBONE_KEYS = ("transformers_version", "_name_or_path", "id2label", "label2id", "dtype", "auto_map")
+
+
+def backbone_config_to_dict(config: PreTrainedConfig) -> dict[str, Any]:
+    """Serialise a backbone config to a JSON-ready dict (architecture only, ``model_type`` included)."""
+    data = config.to_dict()
+    for key in _VOLATILE_BACKBONE_KEYS:
+        data.pop(key, None)
+    data["model_type"] = config.model_type
+    return data
+
+
+class MLCLConfig(PreTrainedConfig):
+    r"""Configuration of [`MLCLEncoder`] and [`MLCLForMultiLabelClassification`].
+
+    The backbone is stored as a plain config dict (``backbone_config``, with ``model_type``), so a saved
+    checkpoint rebuilds its backbone offline from ``config.json`` alone; ``backbone_name_or_path`` is
+    provenance only and is never downloaded when a saved checkpoint is loaded.
+
+    Args:
+        backbone_name_or_path: Hub id / path the backbone weights came from (informational).
+        backbone_config: Backbone config as a dict with ``model_type`` (or a ``PreTrainedConfig``, which
+            is converted to a dict).
+        pooling: ``"cls"`` (first token), ``"mean"`` (masked mean) or ``"last_token"`` (last non-pad
+            token, for decoder LLMs).
+        projection_dim: Output size of the two-layer projection head (Khosla et al., 2020: 128-2048;
+            default 256).
+        projection_hidden_dim: Hidden size of the projection head (default: backbone hidden size).
+        head: Classifier head: ``"linear"`` (probe) or ``"label_attention"`` (PLM-ICD, Huang et al. 2022).
+        chunk_size: Segment length in tokens for the segmented (PLM-ICD) path; must be positive.
+        segmented: Encode inputs as segments of ``chunk_size`` tokens (each segment a row of the
+            backbone batch). Default: True iff ``head == "label_attention"``.
+        label_attention_dim: Width ``d_a`` of the label-wise attention (PLM-ICD uses 512).
+        classifier_dropout: Dropout before the linear probe.
+        freeze_encoder: Backbone frozen (linear probing): it then runs in eval mode and without grad.
+        num_labels / id2label / label2id / problem_type: standard classifier fields; ``problem_type``
+            defaults to ``"multi_label_classification"``.
+    """
+
+    model_type = "mlcl"
+
+    backbone_name_or_path: str | None = None
+    backbone_config: dict | None = None
+    pooling: str = "cls"
+    projection_dim: int = 256
+    projection_hidden_dim: int | None = None
+    head: str = "linear"
+    chunk_size: int = 128
+    segmented: bool | None = None
+    label_attention_dim: int = 512
+    classifier_dropout: float = 0.0
+    freeze_encoder: bool = False
+    problem_type: str | None = "multi_label_classification"
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        num_labels = kwargs.get("num_labels")
+        if num_labels is not None and self.id2label is not None and len(self.id2label) != int(num_labels):
+            raise ValueError(
+                f"label-count mismatch: num_labels={num_labels} but id2label has {len(self.id2label)} entries; "
+                "pass only one of them or make them agree"
+            )
+        if isinstance(self.backbone_config, PreTrainedConfig):
+            self.backbone_config = backbone_config_to_dict(self.backbone_config)
+        if self.backbone_config is not None:
+            if not isinstance(self.backbone_config, dict) or "model_type" not in self.backbone_config:
+                raise ValueError(
+                    "backbone_config must be a dict with a 'model_type' key (e.g. BertConfig(...).to_dict()); "
+                    f"got {type(self.backbone_config).__name__}"
+                )
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {self.pooling!r}; choose one of {POOLINGS}")
+        if self.head not in HEADS:
+            raise ValueError(f"unknown head {self.head!r}; choose one of {HEADS}")
+        if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive number of tokens (e.g. 128); got {self.chunk_size!r}")
+        if int(self.projection_dim) <= 0:
+            raise ValueError(f"projection_dim must be positive (e.g. 256); got {self.projection_dim}")
+        if self.projection_hidden_dim is not None and int(self.projection_hidden_dim) <= 0:
+            raise ValueError(
+                f"projection_hidden_dim must be positive or None (= backbone hidden size); got {self.projection_hidden_dim}"
+            )
+        if int(self.label_attention_dim) <= 0:
+            raise ValueError(f"label_attention_dim must be positive (PLM-ICD: 512); got {self.label_attention_dim}")
+        if self.segmented is None:
+            self.segmented = self.head == "label_attention"
+        super().__post_init__(**kwargs)
+
+    def get_backbone_config(self) -> PreTrainedConfig:
+        """Rebuild the backbone ``PreTrainedConfig`` from the stored dict (offline; no download)."""
+        if self.backbone_config is None:
+            raise ValueError(
+                "MLCLConfig has no backbone_config; build the model with MLCLEncoder.from_backbone(name_or_config)"
+            )
+        data = dict(self.backbone_config)
+        model_type = data.pop("model_type")
+        return AutoConfig.for_model(model_type, **data)
+
+    @property
+    def backbone_hidden_size(self) -> int:
+        """Hidden size of the backbone (``hidden_size`` or ``d_model`` in its config)."""
+        cfg = self.backbone_config or {}
+        for key in ("hidden_size", "d_model", "dim", "n_embd"):
+            if cfg.get(key) is not None:
+                return int(cfg[key])
+        return int(self.get_backbone_config().hidden_size)
+
+
+MLCLConfig.register_for_auto_class()
+
+__all__ = ["MLCLConfig", "POOLINGS", "HEADS", "backbone_config_to_dict"]

@@ -1,0 +1,587 @@
+"""hf_mlcl encoder (backbone + pooling + projection head) and multi-label classifiers.
+
+This module is copied next to the weights by ``save_pretrained`` (Hub "remote code") and loaded with
+``AutoModel.from_pretrained(dir, trust_remote_code=True)`` in environments where ``hf_mlcl`` is not
+installed, so it must stay self-contained: it imports only the standard library, ``torch``,
+``transformers`` and its sibling ``configuration_mlcl`` (copied with it) — never ``hf_mlcl``.
+
+References:
+- Khosla et al., 2020, "Supervised Contrastive Learning": projection head = 2-layer MLP with ReLU,
+  dropped after contrastive training (linear evaluation protocol).
+- Huang et al., 2022, "PLM-ICD": segment pooling (a document split into segments encoded separately,
+  token states concatenated) and label-wise attention: Z = tanh(H W1), A = softmax(Z W2) over
+  tokens, V = A^T H, logit_k = w3_k . V_k + b_k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.utils import ModelOutput
+
+from .configuration_mlcl import MLCLConfig, backbone_config_to_dict
+
+_WEIGHT_FILE_PREFIXES = ("model", "pytorch_model")
+
+
+@dataclass
+class MLCLEncoderOutput(ModelOutput):
+    """Output of [`MLCLEncoder`].
+
+    Attributes:
+        embeddings: ``(B, projection_dim)`` projected embeddings (the contrastive loss input).
+        pooled: ``(B, hidden_size)`` pooled backbone representation before the projection head (the
+            representation a linear probe is trained on).
+    """
+
+    embeddings: torch.FloatTensor | None = None
+    pooled: torch.FloatTensor | None = None
+
+
+# ----------------------------------------------------------------------------------------------------
+# pooling and segmentation (vectorised, no per-sample loops)
+# ----------------------------------------------------------------------------------------------------
+
+
+def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``states`` (B, N, H) over the positions where ``mask`` (B, N) is 1."""
+    weights = mask.to(states.dtype).unsqueeze(-1)
+    return (states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last non-pad position per row of ``mask`` (B, N); works for left and right padding."""
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
+    return ((positions * mask.long()).argmax(-1)).long()
+
+
+def pool_states(
+    states: torch.Tensor, mask: torch.Tensor, pooling: str, segment_length: int | None = None
+) -> torch.Tensor:
+    """Pool token states (B, N, H) with the attention mask (B, N).
+
+    ``cls``: first token (with ``segment_length``: mean of the first token of every non-empty segment);
+    ``mean``: masked mean over all real tokens; ``last_token``: the last real token.
+    """
+    if pooling == "mean":
+        return masked_mean(states, mask)
+    if pooling == "last_token":
+        idx = last_token_index(mask)
+        return states[torch.arange(states.shape[0], device=states.device), idx]
+    if pooling == "cls":
+        if segment_length is None:
+            return states[:, 0]
+        batch, length, hidden = states.shape
+        seg = states.view(batch, length // segment_length, segment_length, hidden)[:, :, 0]
+        seg_mask = mask.view(batch, length // segment_length, segment_length).any(-1)
+        return masked_mean(seg, seg_mask)
+    raise ValueError(f"unknown pooling {pooling!r}; choose one of ('cls', 'mean', 'last_token')")
+
+
+class ProjectionHead(nn.Module):
+    """Two linear layers with a ReLU between them (Khosla et al., 2020, Sec. 3: z = W2 ReLU(W1 r))."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(in_dim, hidden_dim)
+        self.activation = nn.ReLU()
+        self.out_proj = nn.Linear(hidden_dim, out_dim)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.activation(self.dense(pooled)))
+
+
+class LabelAttentionHead(nn.Module):
+    """PLM-ICD label-wise attention (Huang et al., 2022, Eq. 2-4; Vu et al., 2020 LAAT).
+
+    Z = tanh(H W1) (B, N, d_a); A = softmax over tokens of (Z W2)^T with padding masked (B, L, N);
+    V = A H (B, L, hidden); logit_k = w3_k . V_k + b_k.
+    """
+
+    def __init__(self, hidden_size: int, attention_dim: int, num_labels: int) -> None:
+        super().__init__()
+        self.first_linear = nn.Linear(hidden_size, attention_dim, bias=False)
+        self.second_linear = nn.Linear(attention_dim, num_labels, bias=False)
+        self.third_linear = nn.Linear(hidden_size, num_labels)
+
+    def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        z = torch.tanh(self.first_linear(states))  # (B, N, d_a)
+        scores = self.second_linear(z).transpose(1, 2)  # (B, L, N)
+        scores = scores.masked_fill(~mask.bool().unsqueeze(1), torch.finfo(scores.dtype).min)
+        attention = torch.softmax(scores, dim=-1)
+        label_states = attention @ states  # (B, L, hidden)
+        return torch.einsum("blh,lh->bl", label_states, self.third_linear.weight) + self.third_linear.bias
+
+
+def _build_backbone(config: MLCLConfig) -> PreTrainedModel:
+    """Random-init backbone from the stored backbone config dict (offline; never downloads)."""
+    return AutoModel.from_config(config.get_backbone_config())
+
+
+def _normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | None:
+    if id2label is None:
+        return None
+    if isinstance(id2label, Mapping):
+        return {int(k): str(v) for k, v in id2label.items()}
+    return {i: str(name) for i, name in enumerate(id2label)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# base class
+# ----------------------------------------------------------------------------------------------------
+
+
+class MLCLPreTrainedModel(PreTrainedModel):
+    """Shared plumbing: backbone handling, segmented encoding, atomic ``save_pretrained``."""
+
+    config_class = MLCLConfig
+    base_model_prefix = "backbone"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    accepts_loss_kwargs = False  # Trainer must not assume we normalise by num_items_in_batch (#47688)
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+
+    config: MLCLConfig
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Init our head layers (the backbone initialises itself): Xavier-uniform weights, zero biases."""
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+
+    # -- backbone delegation ------------------------------------------------------------------------
+    def get_input_embeddings(self) -> nn.Module:
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.backbone.set_input_embeddings(value)
+
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Module:
+        """Resize the backbone's embeddings and keep ``config.backbone_config`` in sync."""
+        out = self.backbone.resize_token_embeddings(*args, **kwargs)
+        self.config.backbone_config = backbone_config_to_dict(self.backbone.config)
+        return out
+
+    @property
+    def backbone_hidden_size(self) -> int:
+        return int(self.backbone.config.get_text_config().hidden_size)
+
+    def _backbone_accepts(self, name: str) -> bool:
+        cache = self.__dict__.setdefault("_mlcl_backbone_params", {})
+        if name not in cache:
+            cache[name] = name in inspect.signature(self.backbone.forward).parameters
+        return cache[name]
+
+    def _pad_token_id(self) -> int:
+        pad = getattr(self.backbone.config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) else 0
+
+    def _run_backbone(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None and self._backbone_accepts("token_type_ids"):
+            kwargs["token_type_ids"] = token_type_ids
+        if self.config.pooling == "last_token" and self._backbone_accepts("position_ids"):
+            # positions count real tokens only, so left padding leaves the states unchanged
+            kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+        if self._backbone_accepts("use_cache"):
+            kwargs["use_cache"] = False
+        out = self.backbone(**kwargs, return_dict=True)
+        return out.last_hidden_state
+
+    def encode_tokens(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """Token states (B, N, H), mask (B, N) and the segment length (None when not segmented).
+
+        Segmented (PLM-ICD): the (B, T) document is right-padded to S * chunk_size tokens, reshaped to
+        (B * S, chunk_size) rows, the rows holding at least one real token are encoded as one backbone
+        batch, and the states are concatenated back to (B, S * chunk_size, H) (empty rows are zeros
+        and masked out).
+        """
+        if input_ids is None:
+            raise ValueError("input_ids is required (tokenize the texts first)")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if not self.config.segmented:
+            return self._run_backbone(input_ids, attention_mask, token_type_ids), attention_mask, None
+
+        chunk = int(self.config.chunk_size)
+        batch, length = input_ids.shape
+        num_segments = max(1, -(-length // chunk))
+        extra = num_segments * chunk - length
+        if extra:
+            input_ids = F.pad(input_ids, (0, extra), value=self._pad_token_id())
+            attention_mask = F.pad(attention_mask, (0, extra), value=0)
+            if token_type_ids is not None:
+                token_type_ids = F.pad(token_type_ids, (0, extra), value=0)
+        rows_ids = input_ids.reshape(batch * num_segments, chunk)
+        rows_mask = attention_mask.reshape(batch * num_segments, chunk)
+        rows_tt = token_type_ids.reshape(batch * num_segments, chunk) if token_type_ids is not None else None
+        keep = rows_mask.bool().any(-1)
+        if bool(keep.all()):
+            states = self._run_backbone(rows_ids, rows_mask, rows_tt)
+        else:
+            if not bool(keep.any()):
+                keep = keep.clone()
+                keep[0] = True
+            (index,) = keep.nonzero(as_tuple=True)
+            encoded = self._run_backbone(
+                rows_ids[index], rows_mask[index], rows_tt[index] if rows_tt is not None else None
+            )
+            states = encoded.new_zeros(batch * num_segments, chunk, encoded.shape[-1]).index_put((index,), encoded)
+        return states.reshape(batch, num_segments * chunk, -1), attention_mask, chunk
+
+    # -- construction helpers -----------------------------------------------------------------------
+    @classmethod
+    def from_backbone(
+        cls,
+        name_or_path_or_config: str | os.PathLike | PreTrainedConfig | Mapping,
+        pooling: str = "cls",
+        projection_dim: int = 256,
+        **kwargs: Any,
+    ) -> MLCLPreTrainedModel:
+        """Wrap an ``AutoModel`` backbone.
+
+        A ``PreTrainedConfig`` (or a dict with ``model_type``) builds a random-init backbone (tests,
+        demos); a string loads pretrained weights with ``AutoModel.from_pretrained``. Keywords that are
+        ``MLCLConfig`` fields (``projection_hidden_dim``, ``chunk_size``, ``segmented``, ``head``,
+        ``num_labels``, ``id2label`` ...) go to the config, the rest (``dtype``, ``attn_implementation``,
+        ``trust_remote_code``, ``revision`` ...) to the backbone loader.
+        """
+        config_keys = {f.name for f in dataclasses.fields(MLCLConfig)} | {"num_labels"}
+        config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in config_keys}
+        source = name_or_path_or_config
+        if isinstance(source, Mapping):
+            data = dict(source)
+            if "model_type" not in data:
+                raise ValueError("a backbone config dict needs a 'model_type' key (e.g. 'bert', 'llama')")
+            from transformers import AutoConfig
+
+            source = AutoConfig.for_model(data.pop("model_type"), **data)
+        if isinstance(source, PreTrainedConfig):
+            backbone = AutoModel.from_config(source, **kwargs)
+            name = None
+        elif isinstance(source, (str, os.PathLike)):
+            backbone = AutoModel.from_pretrained(os.fspath(source), **kwargs)
+            name = os.fspath(source)
+        else:
+            raise ValueError(
+                "from_backbone expects a model id / path (str) or a backbone PreTrainedConfig; "
+                f"got {type(name_or_path_or_config).__name__}"
+            )
+        if "id2label" in config_kwargs:
+            config_kwargs["id2label"] = _normalise_id2label(config_kwargs["id2label"])
+            config_kwargs.setdefault("label2id", {v: k for k, v in config_kwargs["id2label"].items()})
+        config = MLCLConfig(
+            backbone_name_or_path=name,
+            backbone_config=backbone_config_to_dict(backbone.config),
+            pooling=pooling,
+            projection_dim=projection_dim,
+            **config_kwargs,
+        )
+        model = cls(config, backbone=backbone)
+        device = next(backbone.parameters()).device
+        if device.type != "meta":
+            model.to(device)
+        return model
+
+    # -- saving ---------------------------------------------------------------------------------------
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """``PreTrainedModel.save_pretrained`` made atomic (project rule: no half-written checkpoints).
+
+        Everything is written to a temporary folder next to ``save_directory`` first. A new (or empty)
+        target folder is then created by a single ``os.replace`` of the whole folder; an existing
+        folder with other files (e.g. a Trainer checkpoint folder) receives every file by its own
+        atomic ``os.replace``, and stale weight shards of an earlier save are removed. The backbone
+        config dict is refreshed from the live backbone first (pad token, resized vocabulary).
+        The code files (``configuration_mlcl.py``, ``modeling_mlcl.py``) are saved beside the weights.
+        """
+        self.config.backbone_config = backbone_config_to_dict(self.backbone.config)
+        target = os.path.abspath(os.fspath(save_directory))
+        if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(target):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+        try:
+            super().save_pretrained(tmp, *args, **kwargs)
+            if not os.path.isdir(target) or not os.listdir(target):
+                if os.path.isdir(target):
+                    os.rmdir(target)
+                os.replace(tmp, target)
+                return None
+            new_files = set(os.listdir(tmp))
+            for name in os.listdir(target):
+                path = os.path.join(target, name)
+                if (
+                    name not in new_files
+                    and os.path.isfile(path)
+                    and name.startswith(_WEIGHT_FILE_PREFIXES)
+                    and name.endswith((".safetensors", ".bin", ".index.json"))
+                ):
+                    os.remove(path)
+            for name in sorted(new_files):
+                src, dst = os.path.join(tmp, name), os.path.join(target, name)
+                if os.path.isdir(src):
+                    shutil.rmtree(dst, ignore_errors=True)
+                os.replace(src, dst)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# encoder
+# ----------------------------------------------------------------------------------------------------
+
+
+class MLCLEncoder(MLCLPreTrainedModel):
+    """Backbone + pooling + projection head, trained with a (multi-label) contrastive loss.
+
+    ``forward`` returns ``MLCLEncoderOutput(embeddings=(B, projection_dim), pooled=(B, hidden))``.
+    With ``config.segmented`` (PLM-ICD contrastive training) the document is encoded as segments of
+    ``chunk_size`` tokens and pooled over all segment tokens (masked mean for ``pooling="mean"``).
+    """
+
+    def __init__(self, config: MLCLConfig, backbone: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        self.backbone = backbone if backbone is not None else _build_backbone(config)
+        hidden = self.backbone_hidden_size
+        proj_hidden = int(config.projection_hidden_dim or hidden)
+        self.projection_head = ProjectionHead(hidden, proj_hidden, int(config.projection_dim))
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        return_dict: bool | None = True,
+    ) -> MLCLEncoderOutput | tuple[torch.Tensor, torch.Tensor]:
+        states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
+        pooled = pool_states(states, mask, self.config.pooling, segment)
+        head_dtype = self.projection_head.dense.weight.dtype
+        embeddings = self.projection_head(pooled.to(head_dtype))
+        if return_dict is False:
+            return embeddings, pooled
+        return MLCLEncoderOutput(embeddings=embeddings, pooled=pooled)
+
+    @torch.no_grad()
+    def encode(
+        self,
+        texts: Sequence[str],
+        tokenizer: Any,
+        batch_size: int = 32,
+        max_length: int | None = 512,
+        output: str = "embeddings",
+        normalize: bool = False,
+    ) -> torch.Tensor:
+        """Embed ``texts`` in eval mode; returns a CPU float32 tensor (N, D).
+
+        ``output="embeddings"`` gives the projected vectors, ``"pooled"`` the backbone representation
+        (what a linear probe uses). ``normalize=True`` L2-normalises the rows.
+        """
+        if output not in ("embeddings", "pooled"):
+            raise ValueError(f"output must be 'embeddings' or 'pooled'; got {output!r}")
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive; got {batch_size}")
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        parts = []
+        try:
+            for start in range(0, len(texts), batch_size):
+                batch = tokenizer(
+                    list(texts[start : start + batch_size]),
+                    padding=True,
+                    truncation=max_length is not None,
+                    max_length=max_length,
+                    return_tensors="pt",
+                )
+                batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+                out = self(**batch)
+                vec = (out.embeddings if output == "embeddings" else out.pooled).float()
+                if normalize:
+                    vec = F.normalize(vec, dim=-1)
+                parts.append(vec.cpu())
+        finally:
+            self.train(was_training)
+        if not parts:
+            dim = self.config.projection_dim if output == "embeddings" else self.backbone_hidden_size
+            return torch.empty(0, dim)
+        return torch.cat(parts)
+
+
+# ----------------------------------------------------------------------------------------------------
+# classifier
+# ----------------------------------------------------------------------------------------------------
+
+
+class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
+    """Backbone + pooling + multi-label head: ``linear`` (the probe) or ``label_attention`` (PLM-ICD).
+
+    ``forward`` returns ``SequenceClassifierOutput(loss, logits)``; ``loss`` is the mean binary
+    cross-entropy (computed in fp32) when ``labels`` (B, L) multi-hot, dense or torch-sparse, is given.
+    """
+
+    def __init__(self, config: MLCLConfig, backbone: PreTrainedModel | None = None) -> None:
+        super().__init__(config)
+        if config.num_labels is None or config.num_labels < 1:
+            raise ValueError(f"the classifier needs num_labels >= 1 (or id2label); got {config.num_labels}")
+        if config.head == "label_attention" and not config.segmented:
+            raise ValueError("head='label_attention' needs segmented=True (PLM-ICD segment encoding)")
+        self.backbone = backbone if backbone is not None else _build_backbone(config)
+        hidden = self.backbone_hidden_size
+        if config.head == "linear":
+            self.dropout = nn.Dropout(float(config.classifier_dropout or 0.0))
+            self.classifier = nn.Linear(hidden, config.num_labels)
+        else:
+            self.classifier = LabelAttentionHead(hidden, int(config.label_attention_dim), config.num_labels)
+        if config.freeze_encoder:
+            self.backbone.requires_grad_(False)
+        self.post_init()
+
+    def train(self, mode: bool = True) -> MLCLForMultiLabelClassification:
+        """Like ``nn.Module.train``, but a frozen encoder (linear probing) stays in eval mode (no dropout)."""
+        super().train(mode)
+        if self.config.freeze_encoder:
+            self.backbone.eval()
+        return self
+
+    def _backbone_trainable(self) -> bool:
+        return any(p.requires_grad for p in self.backbone.parameters())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        return_dict: bool | None = True,
+    ) -> SequenceClassifierOutput | tuple:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):
+            states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
+        if self.config.head == "linear":
+            head_dtype = self.classifier.weight.dtype
+            pooled = pool_states(states, mask, self.config.pooling, segment).to(head_dtype)
+            logits = self.classifier(self.dropout(pooled))
+        else:
+            head_dtype = self.classifier.third_linear.weight.dtype
+            logits = self.classifier(states.to(head_dtype), mask)
+        loss = None
+        if labels is not None:
+            if labels.is_sparse or labels.layout != torch.strided:
+                labels = labels.to_dense()
+            if labels.shape != logits.shape:
+                raise ValueError(
+                    f"labels have shape {tuple(labels.shape)} but the head predicts {tuple(logits.shape)} "
+                    f"(num_labels={self.config.num_labels}); build the head with the dataset's label count"
+                )
+            loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(logits.device).float())
+        if return_dict is False:
+            return (loss, logits) if loss is not None else (logits,)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+    @classmethod
+    def from_encoder(
+        cls,
+        encoder_or_path: MLCLEncoder | str | os.PathLike,
+        num_labels: int | None = None,
+        id2label: Mapping[int, str] | Sequence[str] | None = None,
+        head: str = "linear",
+        freeze_encoder: bool = True,
+        chunk_size: int = 128,
+        **kwargs: Any,
+    ) -> MLCLForMultiLabelClassification:
+        """Classifier on a trained encoder's backbone; the projection head is dropped (Khosla et al.).
+
+        The classifier takes over the encoder's backbone module (no copy: an 8B backbone is not
+        duplicated); ``copy.deepcopy`` the encoder first if it must stay unchanged. ``freeze_encoder``
+        freezes the backbone for linear probing. Extra keywords (``segmented``, ``label_attention_dim``,
+        ``classifier_dropout``, ``pooling``) override the encoder's config. LoRA-wrapped encoders must
+        be merged first (``peft_model.merge_and_unload()``).
+        """
+        if isinstance(encoder_or_path, (str, os.PathLike)):
+            encoder = MLCLEncoder.from_pretrained(os.fspath(encoder_or_path))
+        else:
+            encoder = encoder_or_path
+        if not isinstance(encoder, MLCLPreTrainedModel):
+            if hasattr(encoder, "merge_and_unload"):
+                raise ValueError(
+                    "from_encoder got a PEFT-wrapped model; merge the adapters first: "
+                    "encoder = peft_model.merge_and_unload()"
+                )
+            raise ValueError(f"from_encoder expects an MLCLEncoder or a saved encoder folder; got {type(encoder).__name__}")
+        id2label = _normalise_id2label(id2label)
+        if id2label is not None and num_labels is not None and len(id2label) != int(num_labels):
+            raise ValueError(
+                f"label-count mismatch: num_labels={num_labels} but id2label has {len(id2label)} names; "
+                "pass matching values (or only id2label)"
+            )
+        if id2label is None:
+            if num_labels is None:
+                raise ValueError("from_encoder needs num_labels or id2label (the label names)")
+            id2label = {i: f"LABEL_{i}" for i in range(int(num_labels))}
+        data = encoder.config.to_dict()
+        for key in (
+            "auto_map", "architectures", "id2label", "label2id", "problem_type", "transformers_version",
+            "_name_or_path", "model_type", "num_labels", "dtype",
+        ):  # fmt: skip
+            data.pop(key, None)
+        data.update(
+            head=head,
+            chunk_size=chunk_size,
+            freeze_encoder=bool(freeze_encoder),
+            segmented=True if head == "label_attention" else data.get("segmented", False),
+        )
+        data.update(kwargs)
+        data["backbone_config"] = backbone_config_to_dict(encoder.backbone.config)
+        config = MLCLConfig(
+            id2label=id2label,
+            label2id={name: i for i, name in id2label.items()},
+            problem_type="multi_label_classification",
+            **data,
+        )
+        model = cls(config, backbone=encoder.backbone)
+        device = next(encoder.backbone.parameters()).device
+        model.to(device)
+        model.train(encoder.training)
+        return model
+
+
+MLCLEncoder.register_for_auto_class("AutoModel")
+MLCLForMultiLabelClassification.register_for_auto_class("AutoModelForSequenceClassification")
+
+__all__ = [
+    "LabelAttentionHead",
+    "MLCLEncoder",
+    "MLCLEncoderOutput",
+    "MLCLForMultiLabelClassification",
+    "MLCLPreTrainedModel",
+    "ProjectionHead",
+    "last_token_index",
+    "masked_mean",
+    "pool_states",
+]
