@@ -14,7 +14,14 @@ POOLINGS = ("cls", "mean", "last_token")
 HEADS = ("linear", "label_attention")
 
 # Keys of a backbone config dict that describe the saving environment, not the architecture.
-_VOLATILE_BACKBONE_KEYS = ("transformers_version", "_name_or_path", "id2label", "label2id", "dtype", "auto_map")
+_VOLATILE_BACKBONE_KEYS = (
+    "transformers_version",
+    "_name_or_path",
+    "id2label",
+    "label2id",
+    "dtype",
+    "auto_map",
+)
 
 
 def backbone_config_to_dict(config: PreTrainedConfig) -> dict[str, Any]:
@@ -88,7 +95,9 @@ class MLCLConfig(PreTrainedConfig):
         if self.head not in HEADS:
             raise ValueError(f"unknown head {self.head!r}; choose one of {HEADS}")
         if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive number of tokens (e.g. 128); got {self.chunk_size!r}")
+            raise ValueError(
+                f"chunk_size must be a positive number of tokens (e.g. 128); got {self.chunk_size!r}"
+            )
         if int(self.projection_dim) <= 0:
             raise ValueError(f"projection_dim must be positive (e.g. 256); got {self.projection_dim}")
         if self.projection_hidden_dim is not None and int(self.projection_hidden_dim) <= 0:
@@ -96,7 +105,9 @@ class MLCLConfig(PreTrainedConfig):
                 f"projection_hidden_dim must be positive or None (= backbone hidden size); got {self.projection_hidden_dim}"
             )
         if int(self.label_attention_dim) <= 0:
-            raise ValueError(f"label_attention_dim must be positive (PLM-ICD: 512); got {self.label_attention_dim}")
+            raise ValueError(
+                f"label_attention_dim must be positive (PLM-ICD: 512); got {self.label_attention_dim}"
+            )
         if self.segmented is None:
             self.segmented = self.head == "label_attention"
         super().__post_init__(**kwargs)

@@ -14,7 +14,15 @@ from typing import Any
 import torch
 from torch import nn
 
-DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
 LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 HEAD_MODULES: tuple[str, ...] = ("projection_head", "classifier")
 

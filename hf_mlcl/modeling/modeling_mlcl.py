@@ -250,7 +250,9 @@ class MLCLPreTrainedModel(PreTrainedModel):
             encoded = self._run_backbone(
                 rows_ids[index], rows_mask[index], rows_tt[index] if rows_tt is not None else None
             )
-            states = encoded.new_zeros(batch * num_segments, chunk, encoded.shape[-1]).index_put((index,), encoded)
+            states = encoded.new_zeros(batch * num_segments, chunk, encoded.shape[-1]).index_put(
+                (index,), encoded
+            )
         return states.reshape(batch, num_segments * chunk, -1), attention_mask, chunk
 
     # -- construction helpers -----------------------------------------------------------------------
@@ -420,7 +422,11 @@ class MLCLEncoder(MLCLPreTrainedModel):
                     max_length=max_length,
                     return_tensors="pt",
                 )
-                batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+                batch = {
+                    k: v.to(device)
+                    for k, v in batch.items()
+                    if k in ("input_ids", "attention_mask", "token_type_ids")
+                }
                 out = self(**batch)
                 vec = (out.embeddings if output == "embeddings" else out.pooled).float()
                 if normalize:
@@ -533,7 +539,9 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
                     "from_encoder got a PEFT-wrapped model; merge the adapters first: "
                     "encoder = peft_model.merge_and_unload()"
                 )
-            raise ValueError(f"from_encoder expects an MLCLEncoder or a saved encoder folder; got {type(encoder).__name__}")
+            raise ValueError(
+                f"from_encoder expects an MLCLEncoder or a saved encoder folder; got {type(encoder).__name__}"
+            )
         id2label = _normalise_id2label(id2label)
         if id2label is not None and num_labels is not None and len(id2label) != int(num_labels):
             raise ValueError(

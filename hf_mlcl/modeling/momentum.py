@@ -54,7 +54,9 @@ class MomentumEncoder:
         key_params = dict(self.module.named_parameters())
         missing = [n for n in self._names if n not in key_params]
         if missing:
-            raise ValueError(f"key encoder lacks trainable parameters {missing[:3]} ...; cannot build the EMA copy")
+            raise ValueError(
+                f"key encoder lacks trainable parameters {missing[:3]} ...; cannot build the EMA copy"
+            )
         self._key: dict[str, torch.Tensor] = {}
         self._master: dict[str, torch.Tensor] = {}
         for name in self._names:
@@ -81,7 +83,9 @@ class MomentumEncoder:
         try:
             sources = [online_params[name].detach() for name in self._names]
         except KeyError as err:
-            raise ValueError(f"online encoder has no parameter {err}; pass the same model the EMA was built from") from err
+            raise ValueError(
+                f"online encoder has no parameter {err}; pass the same model the EMA was built from"
+            ) from err
         m = self.momentum
         fp32_targets, fp32_sources, low_names, low_sources = [], [], [], []
         for name, src in zip(self._names, sources):
@@ -160,12 +164,19 @@ class EmbeddingQueue:
         device: torch.device | str | None = None,
     ) -> None:
         if size <= 0 or dim <= 0 or num_labels <= 0:
-            raise ValueError(f"size, dim and num_labels must be positive; got size={size}, dim={dim}, num_labels={num_labels}")
+            raise ValueError(
+                f"size, dim and num_labels must be positive; got size={size}, dim={dim}, num_labels={num_labels}"
+            )
         if label_format == "auto":
             label_format = "bool" if size * num_labels <= 2**27 else "sparse"
         if label_format not in ("bool", "sparse"):
             raise ValueError(f"label_format must be 'auto', 'bool' or 'sparse'; got {label_format!r}")
-        self.size, self.dim, self.num_labels, self.label_format = int(size), int(dim), int(num_labels), label_format
+        self.size, self.dim, self.num_labels, self.label_format = (
+            int(size),
+            int(dim),
+            int(num_labels),
+            label_format,
+        )
         self._emb = torch.zeros(self.size, self.dim, dtype=dtype, device=device)
         if label_format == "bool":
             self._lab = torch.zeros(self.size, self.num_labels, dtype=torch.bool, device=device)
@@ -236,7 +247,9 @@ class EmbeddingQueue:
                 grown[:, : self._lab.shape[1]] = self._lab
                 self._lab = grown
             elif rows.shape[1] < self._lab.shape[1]:
-                pad = torch.full((batch, self._lab.shape[1] - rows.shape[1]), -1, dtype=torch.int32, device=self.device)
+                pad = torch.full(
+                    (batch, self._lab.shape[1] - rows.shape[1]), -1, dtype=torch.int32, device=self.device
+                )
                 rows = torch.cat([rows, pad], dim=1)
             self._lab[index] = rows
         self.ptr = (self.ptr + batch) % self.size
@@ -282,7 +295,9 @@ class EmbeddingQueue:
                     "build the queue with the saved sizes"
                 )
         if state["label_format"] != self.label_format:
-            raise ValueError(f"queue state stores labels as {state['label_format']!r}, this queue as {self.label_format!r}")
+            raise ValueError(
+                f"queue state stores labels as {state['label_format']!r}, this queue as {self.label_format!r}"
+            )
         self._emb = state["embeddings"].to(self.device, self._emb.dtype).clone()
         self._lab = state["labels"].to(self.device).clone()
         self.ptr = int(state["ptr"])
