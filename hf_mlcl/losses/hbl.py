@@ -1,0 +1,263 @@
+"""Hierarchical Boundary Learning (HBL): a structural regulariser wrapped around any contrastive loss.
+
+Paper: Chen, Lyu, Wang, Tang, "Learning Semantic Boundaries: An Adaptive Structural Loss for
+Multi-Label Contrastive Learning", Section III-D, eqs. (3)-(7). For anchor i, over its contrast set
+(in-batch samples except itself, plus keys / queue):
+
+* positives P = candidates sharing a label, negatives N = candidates sharing none;
+  J_ia = abs(S & T) / abs(S or T) (Jaccard);
+* eq. (3): theta_i = median of J over P (numpy semantics: mean of the two middle values for an even
+  count); soft P_s = {J >= theta}, hard P_h = {J < theta};
+* eq. (4): L_rel = max(0, max_{P_h} sim - min_{P_s} sim + m_rel);
+* eq. (5): L_abs = max(0, max_{N} sim - min_{P_h} sim + m_abs)   (0 when N is empty);
+* eq. (6): L_HBL_i = L_rel + gamma * L_abs when abs(P) >= k_min and P_s, P_h are both non-empty,
+  else 0 (the reliability gate);
+* eq. (7): L_total = base + lambda * (1/N) sum_i L_HBL_i (mean over all N anchors).
+
+sim is the cosine similarity (embeddings L2-normalised for this term whatever ``normalize`` says).
+Defaults are from the paper's search space: lambda 0.01, gamma 0.8, m_rel 0.1, m_abs 0.3, k_min 128.
+
+Vectorised: the medians of the variable-size positive sets come from one row-wise sort of J with the
+non-positives pushed to +inf, reading positions (n-1)//2 and n//2; the four extreme similarities
+are masked max / min over the (N, M) similarity matrix. The arg-extremes are found without autograd
+and only the <= 4 selected pairs per gated anchor are re-evaluated with gradient (the same
+sub-gradient as differentiating through max / min), so HBL adds no (N, M) backward pass. When the
+base is a :class:`~hf_mlcl.losses.core.ContrastiveLoss` with ``normalize=True`` the base's
+context is reused (one label-intersection product, one similarity product for both terms).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .core import ContrastContext, ContrastiveLoss
+from .registry import get_loss_class, register_loss, resolve_loss_name
+
+__all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor"]
+
+
+def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]:
+    """theta_i = numpy-style median of ``jaccard[i, positive[i]]`` (eq. 3), vectorised.
+
+    Returns ``(theta, n_pos)``; rows without a positive get theta = +inf (no soft / hard member).
+    """
+    n_pos = positive.sum(dim=1)
+    if jaccard.shape[1] == 0:
+        return torch.full_like(n_pos, float("inf"), dtype=jaccard.dtype), n_pos
+    srt = jaccard.masked_fill(~positive, float("inf")).sort(dim=1).values
+    lo = ((n_pos - 1).clamp_min(0) // 2)[:, None]
+    hi = (n_pos // 2).clamp_max(jaccard.shape[1] - 1)[:, None]
+    theta = (srt.gather(1, lo) + srt.gather(1, hi)).squeeze(1) / 2
+    theta = torch.where(n_pos > 0, theta, torch.full_like(theta, float("inf")))
+    return theta, n_pos
+
+
+def hbl_per_anchor(
+    anchors: Tensor,
+    candidates: Tensor,
+    inter: Tensor,
+    jaccard: Tensor,
+    contrast_mask: Tensor,
+    gamma: float,
+    m_rel: float,
+    m_abs: float,
+    k_min: int,
+    similarity: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """L_HBL_i for every anchor (eqs. 3-6) and the gate mask.
+
+    Args:
+        anchors / candidates: (N, D) / (M, D) embeddings (normalised here for the cosine similarity).
+        inter, jaccard: (N, M) label intersections and Jaccard similarities.
+        contrast_mask: (N, M) bool contrast set (self excluded).
+        similarity: optional precomputed (N, M) cosine similarities (used only to *select* pairs).
+    Returns ``(per_anchor (N,), gated (N,) bool)``; per_anchor is 0 where the gate is closed.
+    """
+    zn = F.normalize(anchors, dim=-1)
+    cn = F.normalize(candidates, dim=-1)
+    n = zn.shape[0]
+    with torch.no_grad():
+        positive = (inter > 0) & contrast_mask
+        negative = (inter == 0) & contrast_mask
+        n_pos = positive.sum(dim=1)
+        maybe = n_pos >= k_min
+        if not bool(maybe.any()):
+            return torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum(), maybe
+        theta, _ = hbl_median_thresholds(jaccard, positive)
+        soft = positive & (jaccard >= theta[:, None])
+        hard = positive & (jaccard < theta[:, None])
+        gated = maybe & soft.any(dim=1) & hard.any(dim=1)
+        if not bool(gated.any()):
+            return torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum(), gated
+        sim = (zn @ cn.T) if similarity is None else similarity
+        sim = sim.to(zn.dtype)
+        neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
+        pos_inf = torch.tensor(float("inf"), dtype=sim.dtype, device=sim.device)
+        i_hard_max = torch.where(hard, sim, neg_inf).argmax(dim=1)
+        i_hard_min = torch.where(hard, sim, pos_inf).argmin(dim=1)
+        i_soft_min = torch.where(soft, sim, pos_inf).argmin(dim=1)
+        i_neg_max = torch.where(negative, sim, neg_inf).argmax(dim=1)
+        has_neg = negative.any(dim=1)
+        rows = gated.nonzero().squeeze(1)
+    z_sel = zn[rows]
+
+    def pair_sim(idx: Tensor) -> Tensor:
+        return (z_sel * cn[idx[rows]]).sum(dim=-1)
+
+    l_rel = torch.relu(pair_sim(i_hard_max) - pair_sim(i_soft_min) + m_rel)
+    l_abs = torch.relu(pair_sim(i_neg_max) - pair_sim(i_hard_min) + m_abs)
+    l_abs = torch.where(has_neg[rows], l_abs, torch.zeros_like(l_abs))
+    per_anchor = torch.zeros(n, dtype=zn.dtype, device=zn.device).index_add(0, rows, l_rel + gamma * l_abs)
+    return per_anchor + 0.0 * zn.sum(), gated
+
+
+@register_loss("hbl")
+class HBLLoss(ContrastiveLoss):
+    """Base contrastive loss + lambda * mean_i L_HBL_i (Chen et al., eq. 7).
+
+    Args:
+        base: name of a registered contrastive loss (default "mulsupcon", the paper's) or a
+            contrastive loss module.
+        base_kwargs: keyword arguments for the base loss (``temperature`` / ``normalize`` /
+            ``num_labels`` / ``embedding_dim`` given to HBL are forwarded when the base accepts them
+            and ``base_kwargs`` does not set them).
+        lambda_: weight of the structural term. gamma: weight of L_abs inside L_HBL.
+        m_rel, m_abs: margins of eqs. (4) and (5). k_min: reliability gate (minimum positives).
+
+    ``components``: "loss" (= base + lambda_ * hbl), "base", "hbl" (the unweighted mean L_HBL) and the
+    base loss's own components prefixed with "base/".
+    """
+
+    supports_keys = True
+
+    def __init__(
+        self,
+        base: str | nn.Module = "mulsupcon",
+        base_kwargs: dict | None = None,
+        lambda_: float = 0.01,
+        gamma: float = 0.8,
+        m_rel: float = 0.1,
+        m_abs: float = 0.3,
+        k_min: int = 128,
+        temperature: float | None = None,
+        normalize: bool = True,
+        num_labels: int | None = None,
+        embedding_dim: int | None = None,
+    ) -> None:
+        for name, value in (("lambda_", lambda_), ("gamma", gamma), ("m_rel", m_rel), ("m_abs", m_abs)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value) >= 0:
+                raise ValueError(f"hbl {name} must be a non-negative float, got {value!r}")
+        if isinstance(k_min, bool) or not isinstance(k_min, int) or k_min < 0:
+            raise ValueError(f"hbl k_min must be a non-negative integer (paper: 64, 128 or 256), got {k_min!r}")
+        if base_kwargs is not None and not isinstance(base_kwargs, dict):
+            raise ValueError(f"base_kwargs must be a dict of keyword arguments, got {type(base_kwargs).__name__}")
+        if isinstance(base, str):
+            key = resolve_loss_name(base)
+            cls = get_loss_class(key)
+            if key == "hbl":
+                raise ValueError("hbl cannot wrap itself; pick a contrastive base such as 'mulsupcon' or 'any'")
+            if not getattr(cls, "is_contrastive", False):
+                raise ValueError(f"hbl needs a contrastive base loss, {key!r} is a supervised loss")
+            kwargs = dict(base_kwargs or {})
+            params = inspect.signature(cls.__init__).parameters
+            extra = {
+                "temperature": temperature,
+                "normalize": normalize,
+                "num_labels": num_labels,
+                "embedding_dim": embedding_dim,
+            }
+            for name, value in extra.items():
+                if value is not None and name in params and name not in kwargs:
+                    kwargs[name] = value
+            base_module = cls(**kwargs)
+        elif isinstance(base, nn.Module):
+            if base_kwargs:
+                raise ValueError("base_kwargs is only used when base is a loss name, not a module")
+            base_module = base
+        else:
+            raise ValueError(f"base must be a registered loss name or a loss module, got {type(base).__name__}")
+        base_tau = getattr(base_module, "temperature", None)
+        super().__init__(temperature=base_tau if base_tau is not None else 0.1, normalize=normalize)
+        self.base = base_module
+        self.lambda_ = float(lambda_)
+        self.gamma = float(gamma)
+        self.m_rel = float(m_rel)
+        self.m_abs = float(m_abs)
+        self.k_min = int(k_min)
+        self.supports_keys = bool(getattr(base_module, "supports_keys", True))
+        self.requires_label_statistics = bool(getattr(base_module, "requires_label_statistics", False))
+
+    def extra_repr(self) -> str:
+        return (
+            f"lambda_={self.lambda_}, gamma={self.gamma}, m_rel={self.m_rel}, m_abs={self.m_abs}, "
+            f"k_min={self.k_min}"
+        )
+
+    def set_label_statistics(self, train_labels: Tensor) -> None:
+        """Forwarded to the base loss (e.g. ws_mulsupcon's class weights)."""
+        if not hasattr(self.base, "set_label_statistics"):
+            raise ValueError(f"the base loss {type(self.base).__name__} takes no label statistics")
+        self.base.set_label_statistics(train_labels)
+
+    def forward(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        key_embeddings: Tensor | None = None,
+        key_labels: Tensor | None = None,
+    ) -> Tensor:
+        """base(embeddings, labels, keys) + lambda_ * mean_i L_HBL_i."""
+        device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
+        base = self.base
+        shared = isinstance(base, ContrastiveLoss) and type(base).forward is ContrastiveLoss.forward
+        with torch.autocast(device_type=device_type, enabled=False):
+            if shared:
+                # one context for both terms: labels validated / intersected once, logits reused
+                ctx = base.prepare(embeddings, labels, key_embeddings, key_labels)
+                if ctx.num_anchors == 0:
+                    base_loss, parts = ctx.zero(), {}
+                else:
+                    base_loss, parts = base.compute(ctx)
+                base_comps = {"loss": float(base_loss.detach())}
+                for name, value in parts.items():
+                    base_comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)
+                base.components = base_comps
+                sim = None
+                if base.normalize and "logits" in ctx.__dict__:
+                    sim = ctx.__dict__["logits"].detach() * ctx.temperature
+            else:
+                base_loss = base(embeddings, labels, key_embeddings, key_labels)
+                base_comps = dict(getattr(base, "components", {}) or {"loss": float(base_loss.detach())})
+                ctx = self.prepare(embeddings, labels, key_embeddings, key_labels)
+                sim = None
+            if ctx.num_anchors == 0:
+                hbl = ctx.zero()
+            else:
+                per_anchor, _ = self._per_anchor(ctx, sim)
+                hbl = per_anchor.mean()
+            loss = base_loss + self.lambda_ * hbl.to(base_loss.dtype)
+        comps = {"loss": float(loss.detach()), "base": float(base_loss.detach()), "hbl": float(hbl.detach())}
+        for name, value in base_comps.items():
+            if name != "loss":
+                comps[f"base/{name}"] = value
+        self.components = comps
+        return loss
+
+    def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
+        return hbl_per_anchor(
+            ctx.anchors,
+            ctx.candidates,
+            ctx.inter,
+            ctx.jaccard,
+            ctx.contrast_mask,
+            gamma=self.gamma,
+            m_rel=self.m_rel,
+            m_abs=self.m_abs,
+            k_min=self.k_min,
+            similarity=sim,
+        )

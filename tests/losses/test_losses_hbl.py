@@ -1,0 +1,194 @@
+"""HBL (Chen et al.): vectorised regulariser vs a plain-loop transcription of eqs. (3)-(7)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_mlcl.losses import get_loss
+from hf_mlcl.losses.hbl import HBLLoss, hbl_median_thresholds
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def random_batch(n=14, k=20, num_labels=5, dim=6, seed=0, keys=True):
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, num_labels, generator=g) < 0.4).float()
+    y[0] = 0  # empty
+    y[1] = 0
+    y[1, 0] = 1  # single label
+    y[2] = y[3]  # repeated
+    z = torch.randn(n, dim, generator=g, dtype=torch.float64)
+    if not keys:
+        return z, y, None, None
+    yk = (torch.rand(k, num_labels, generator=g) < 0.4).float()
+    yk[0] = y[3]
+    kz = torch.randn(k, dim, generator=g, dtype=torch.float64)
+    return z, y, kz, yk
+
+
+def hbl_reference(z, y, kz, yk, gamma, m_rel, m_abs, k_min):
+    """mean_i L_HBL_i with loops and numpy.median (eqs. 3-6)."""
+    z = F.normalize(z.double(), dim=1)
+    cands = [(a, z[a], set(torch.nonzero(y[a]).flatten().tolist())) for a in range(len(z))]
+    if kz is not None:
+        kzn = F.normalize(kz.double(), dim=1)
+        cands += [(len(z) + b, kzn[b], set(torch.nonzero(yk[b]).flatten().tolist())) for b in range(len(kz))]
+    total = 0.0
+    for i in range(len(z)):
+        s_set = set(torch.nonzero(y[i]).flatten().tolist())
+        pos, neg = [], []
+        for a, v, t in cands:
+            if a == i:
+                continue
+            sim = float(z[i] @ v)
+            if s_set & t:
+                pos.append((len(s_set & t) / len(s_set | t), sim))
+            else:
+                neg.append(sim)
+        if len(pos) < k_min or not pos:
+            continue
+        theta = float(np.median([j for j, _ in pos]))
+        soft = [s for j, s in pos if j >= theta]
+        hard = [s for j, s in pos if j < theta]
+        if not soft or not hard:
+            continue
+        l_rel = max(0.0, max(hard) - min(soft) + m_rel)
+        l_abs = max(0.0, max(neg) - min(hard) + m_abs) if neg else 0.0
+        total += l_rel + gamma * l_abs
+    return total / len(z)
+
+
+def test_median_thresholds_numpy_semantics_even_and_odd():
+    g = torch.Generator().manual_seed(0)
+    jac = torch.randint(0, 6, (30, 11), generator=g).double() / 5
+    pos = torch.rand(30, 11, generator=g) < 0.5
+    pos[0] = False
+    pos[1] = False
+    pos[1, :4] = True  # even count
+    theta, n_pos = hbl_median_thresholds(jac, pos)
+    for i in range(30):
+        vals = jac[i][pos[i]].numpy()
+        if len(vals) == 0:
+            assert theta[i] == float("inf")
+        else:
+            assert theta[i].item() == pytest.approx(float(np.median(vals)), abs=1e-12)
+    # even count, the two middle values differ -> their mean (not the lower / upper median)
+    jac2 = torch.tensor([[0.25, 1.0, 0.5, 1.0, 0.9]])
+    pos2 = torch.tensor([[True, True, True, True, False]])
+    theta2, _ = hbl_median_thresholds(jac2, pos2)
+    assert theta2.item() == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("layout", ["dense", "coo", "csr"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hbl_matches_loop_reference(keys, layout, seed):
+    z, y, kz, yk = random_batch(seed=seed, keys=keys)
+    conv = {"dense": lambda t: t, "coo": lambda t: t.to_sparse(), "csr": lambda t: t.to_sparse_csr()}[layout]
+    loss_fn = get_loss("hbl", base="mulsupcon", lambda_=0.5, gamma=0.8, m_rel=0.1, m_abs=0.3, k_min=3)
+    base_fn = get_loss("mulsupcon")
+    out = loss_fn(z, conv(y), kz, None if yk is None else conv(yk))
+    base = base_fn(z, y, kz, yk).item()
+    ref = hbl_reference(z, y, kz, yk, 0.8, 0.1, 0.3, 3)
+    assert ref > 0
+    assert loss_fn.components["hbl"] == pytest.approx(ref, rel=1e-5)
+    assert loss_fn.components["base"] == pytest.approx(base, rel=1e-9)
+    assert out.item() == pytest.approx(base + 0.5 * ref, rel=1e-5)
+    assert set(loss_fn.components) >= {"loss", "base", "hbl"}
+
+
+def test_hbl_gradients_match_autograd_through_max_min():
+    """The gathered-pair gradient equals differentiating the masked max / min directly."""
+    z, y, kz, yk = random_batch(seed=7)
+    z1 = z.clone().requires_grad_(True)
+    loss_fn = HBLLoss(base="any", lambda_=1.0, k_min=2)
+    loss_fn(z1, y, kz, yk).backward()
+    z2 = z.clone().requires_grad_(True)
+    base = get_loss("any")(z2, y, kz, yk)
+    # direct (non-vectorised) HBL with autograd through torch max / min
+    zn = F.normalize(z2, dim=1)
+    cn = torch.cat([zn, F.normalize(kz, dim=1)])
+    yc = torch.cat([y, yk])
+    total = 0.0
+    for i in range(len(z)):
+        inter = (y[i][None] * yc).sum(1)
+        union = ((y[i][None] + yc) > 0).sum(1)
+        mask = torch.ones(len(yc), dtype=torch.bool)
+        mask[i] = False
+        pos = (inter > 0) & mask
+        neg = (inter == 0) & mask
+        if pos.sum() < 2:
+            continue
+        jac = inter / union.clamp_min(1)
+        theta = float(np.median(jac[pos].numpy()))
+        soft = pos & (jac >= theta)
+        hard = pos & (jac < theta)
+        if not soft.any() or not hard.any():
+            continue
+        sim = cn @ zn[i]
+        l_rel = torch.relu(sim[hard].max() - sim[soft].min() + 0.1)
+        l_abs = torch.relu(sim[neg].max() - sim[hard].min() + 0.3) if neg.any() else 0.0
+        total = total + l_rel + 0.8 * l_abs
+    (base + total / len(z)).backward()
+    assert torch.allclose(z1.grad, z2.grad, atol=1e-10)
+
+
+def test_hbl_gate_closed_equals_base_exactly():
+    z, y, kz, yk = random_batch(seed=3)
+    for base in ("mulsupcon", "any", "jaccard"):
+        loss_fn = get_loss("hbl", base=base)  # k_min = 128 > number of positives
+        out = loss_fn(z, y, kz, yk)
+        ref = get_loss(base)(z, y, kz, yk)
+        assert loss_fn.components["hbl"] == 0.0
+        assert torch.equal(out, ref)
+
+
+def test_hbl_gate_requires_soft_and_hard():
+    # every positive has the same Jaccard -> hard set empty -> gate closed even with k_min = 1
+    y = torch.tensor([[1.0, 0.0]] * 4 + [[0.0, 1.0]] * 2)
+    z = torch.randn(6, 4, dtype=torch.float64)
+    loss_fn = get_loss("hbl", base="any", k_min=1, lambda_=1.0)
+    loss_fn(z, y)
+    assert loss_fn.components["hbl"] == 0.0
+
+
+def test_hbl_defaults_wrapping_and_statistics():
+    loss_fn = get_loss("hbl")
+    assert (loss_fn.lambda_, loss_fn.gamma, loss_fn.m_rel, loss_fn.m_abs, loss_fn.k_min) == (0.01, 0.8, 0.1, 0.3, 128)
+    assert type(loss_fn.base).__name__ == "MulSupConLoss"
+    assert loss_fn.requires_label_statistics is False
+    # msc base: sizes forwarded, prototypes are parameters of the wrapper
+    wrapped = get_loss("hbl", base="msc", num_labels=5, embedding_dim=6, temperature=0.2, k_min=2)
+    assert wrapped.base.temperature == 0.2 and wrapped.base.num_labels == 5
+    assert any(name.endswith("prototypes") for name, _ in wrapped.named_parameters())
+    z, y, kz, yk = random_batch(seed=2)
+    out = wrapped(z.float().requires_grad_(True), y, kz.float(), yk)
+    out.backward()
+    assert wrapped.base.prototypes.grad is not None
+    # ws base: statistics are forwarded
+    ws = get_loss("hbl", base="ws_mulsupcon", base_kwargs={"lambda_": 0.5}, k_min=2)
+    assert ws.requires_label_statistics is True
+    with pytest.raises(ValueError, match="set_label_statistics"):
+        ws(z, y)
+    ws.set_label_statistics(y)
+    assert torch.isfinite(ws(z, y, kz, yk))
+    with pytest.raises(ValueError, match="wrap itself"):
+        get_loss("hbl", base="hbl")
+    with pytest.raises(ValueError, match="unknown loss"):
+        get_loss("hbl", base="nope")
+    with pytest.raises(ValueError, match="k_min"):
+        get_loss("hbl", k_min=-1)
+
+
+def test_hbl_never_nan_degenerate():
+    loss_fn = get_loss("hbl", base="mulsupcon", k_min=0, lambda_=1.0)
+    z = torch.randn(3, 4, requires_grad=True)
+    for y in (torch.zeros(3, 5), torch.ones(3, 5)):
+        out = loss_fn(z, y)
+        (g,) = torch.autograd.grad(out, z)
+        assert torch.isfinite(out) and torch.isfinite(g).all()
