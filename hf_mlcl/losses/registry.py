@@ -40,8 +40,10 @@ def register_loss(name: str, *aliases: str) -> Callable[[T], T]:
         _REGISTRY[key] = cls  # type: ignore[assignment]
         for alias in aliases:
             a = _canon(alias)
-            if a in _REGISTRY and a != key:
-                raise ValueError(f"alias {a!r} clashes with the canonical loss name {a!r}")
+            if a == key:  # e.g. "ws-mulsupcon" for "ws_mulsupcon": already accepted by _canon
+                continue
+            if a in _REGISTRY:
+                raise ValueError(f"alias {a!r} of {key!r} clashes with the canonical loss name {a!r}")
             _ALIASES[a] = key
         cls.loss_name = key  # type: ignore[attr-defined]
         return cls
