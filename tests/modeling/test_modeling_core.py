@@ -1,0 +1,353 @@
+"""MLCLConfig / MLCLEncoder / MLCLForMultiLabelClassification: shapes, pooling, padding invariance,
+segmented PLM-ICD path against a reference written from the paper's equations, errors, saving."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from hf_mlcl.modeling import (
+    MLCLConfig,
+    MLCLEncoder,
+    MLCLEncoderOutput,
+    MLCLForMultiLabelClassification,
+)
+
+TEXTS = [
+    "the patient was admitted with chest pain and shortness of breath",
+    "graph neural network learning theory",
+    "joy anger sadness love fear surprise admiration gratitude model training loss label text contrastive "
+    "multi supervised encoder attention token document code diagnosis procedure heart failure kidney",
+]
+
+
+def _batch(tokenizer, texts=TEXTS, **kw):
+    enc = tokenizer(list(texts), padding=True, return_tensors="pt", **kw)
+    return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def _pad_more(batch, extra, pad_id):
+    """Right-pad every tensor of the batch by `extra` more positions."""
+    out = {}
+    for key, value in batch.items():
+        fill = pad_id if key == "input_ids" else 0
+        out[key] = torch.cat([value, torch.full((value.shape[0], extra), fill, dtype=value.dtype)], dim=1)
+    return out
+
+
+@pytest.fixture
+def configs(tiny_bert_config, tiny_roberta_config, tiny_llama_config):
+    return {"bert": tiny_bert_config, "roberta": tiny_roberta_config, "llama": tiny_llama_config}
+
+
+# --------------------------------------------------------------------------------------------------
+# config
+# --------------------------------------------------------------------------------------------------
+
+
+def test_config_validation_errors(tiny_bert_config):
+    with pytest.raises(ValueError, match="unknown pooling"):
+        MLCLConfig(backbone_config=tiny_bert_config, pooling="max")
+    with pytest.raises(ValueError, match="unknown pooling"):
+        MLCLEncoder.from_backbone(tiny_bert_config, pooling="attention")
+    with pytest.raises(ValueError, match="unknown head"):
+        MLCLConfig(head="mlp")
+    for bad in (0, -4):
+        with pytest.raises(ValueError, match="chunk_size must be a positive"):
+            MLCLConfig(backbone_config=tiny_bert_config, chunk_size=bad)
+    with pytest.raises(ValueError, match="label-count mismatch"):
+        MLCLConfig(num_labels=3, id2label={0: "a", 1: "b"})
+    with pytest.raises(ValueError, match="model_type"):
+        MLCLConfig(backbone_config={"hidden_size": 8})
+
+
+def test_config_roundtrip_and_defaults(tmp_path, tiny_bert_config):
+    cfg = MLCLConfig(backbone_config=tiny_bert_config, pooling="mean")
+    assert cfg.projection_dim == 256 and cfg.chunk_size == 128 and cfg.head == "linear"
+    assert cfg.problem_type == "multi_label_classification" and cfg.segmented is False
+    assert MLCLConfig(backbone_config=tiny_bert_config, head="label_attention").segmented is True
+    cfg.save_pretrained(tmp_path)
+    again = MLCLConfig.from_pretrained(tmp_path)
+    assert again.pooling == "mean" and again.backbone_config["model_type"] == "bert"
+    rebuilt = again.get_backbone_config()
+    assert type(rebuilt) is type(tiny_bert_config) and rebuilt.hidden_size == tiny_bert_config.hidden_size
+
+
+# --------------------------------------------------------------------------------------------------
+# encoder
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arch,pooling",
+    [("bert", "cls"), ("bert", "mean"), ("roberta", "mean"), ("llama", "last_token"), ("llama", "mean")],
+)
+def test_encoder_shapes_and_output_type(configs, bert_tokenizer, llama_tokenizer, arch, pooling):
+    tok = llama_tokenizer if arch == "llama" else bert_tokenizer
+    model = MLCLEncoder.from_backbone(configs[arch], pooling=pooling, projection_dim=24).eval()
+    assert model.accepts_loss_kwargs is False
+    out = model(**_batch(tok))
+    assert isinstance(out, MLCLEncoderOutput)
+    assert out.embeddings.shape == (3, 24) and out.pooled.shape == (3, 32)
+    assert torch.isfinite(out.embeddings).all()
+    # projection head = Linear(hidden, hidden) -> ReLU -> Linear(hidden, projection_dim)
+    ph = model.projection_head
+    assert ph.dense.weight.shape == (32, 32) and ph.out_proj.weight.shape == (24, 32)
+    expected = ph.out_proj(torch.relu(ph.dense(out.pooled)))
+    torch.testing.assert_close(out.embeddings, expected)
+    emb, pooled = model(**_batch(tok), return_dict=False)
+    torch.testing.assert_close(emb, out.embeddings)
+
+
+def test_projection_sizes_configurable(tiny_bert_config, bert_tokenizer):
+    model = MLCLEncoder.from_backbone(tiny_bert_config, projection_dim=8, projection_hidden_dim=48).eval()
+    assert model.projection_head.dense.weight.shape == (48, 32)
+    assert model(**_batch(bert_tokenizer)).embeddings.shape == (3, 8)
+    assert model.config.projection_hidden_dim == 48
+
+
+def test_pooling_values(tiny_bert_config, bert_tokenizer):
+    """pooled equals the first token / masked mean of the backbone's own last_hidden_state."""
+    batch = _batch(bert_tokenizer)
+    for pooling in ("cls", "mean", "last_token"):
+        model = MLCLEncoder.from_backbone(tiny_bert_config, pooling=pooling).eval()
+        with torch.no_grad():
+            states = model.backbone(**batch).last_hidden_state
+            pooled = model(**batch).pooled
+        mask = batch["attention_mask"]
+        for i in range(3):
+            n = int(mask[i].sum())
+            ref = {"cls": states[i, 0], "mean": states[i, :n].mean(0), "last_token": states[i, n - 1]}[pooling]
+            torch.testing.assert_close(pooled[i], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "arch,pooling", [("bert", "cls"), ("bert", "mean"), ("roberta", "mean"), ("llama", "last_token")]
+)
+def test_encoder_padding_invariance(configs, bert_tokenizer, llama_tokenizer, arch, pooling):
+    tok = llama_tokenizer if arch == "llama" else bert_tokenizer
+    model = MLCLEncoder.from_backbone(configs[arch], pooling=pooling).eval()
+    batch = _batch(tok)
+    with torch.no_grad():
+        a = model(**batch).embeddings
+        b = model(**_pad_more(batch, 17, tok.pad_token_id)).embeddings
+        single = model(**_batch(tok, TEXTS[:1])).embeddings
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a[:1], single, atol=1e-5, rtol=1e-5)
+
+
+def test_last_token_left_padding_equals_right_padding(tiny_llama_config, llama_tokenizer):
+    model = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token").eval()
+    right = _batch(llama_tokenizer)
+    left = {k: torch.zeros_like(v) for k, v in right.items()}
+    left["input_ids"].fill_(llama_tokenizer.pad_token_id)
+    for i in range(right["input_ids"].shape[0]):  # move each row's real tokens to the right end
+        n = int(right["attention_mask"][i].sum())
+        for key in right:
+            left[key][i, -n:] = right[key][i, :n]
+    with torch.no_grad():
+        torch.testing.assert_close(model(**right).embeddings, model(**left).embeddings, atol=1e-5, rtol=1e-5)
+
+
+def test_segmented_encoder_is_masked_mean_over_segment_tokens(tiny_roberta_config, bert_tokenizer):
+    model = MLCLEncoder.from_backbone(tiny_roberta_config, pooling="mean", segmented=True, chunk_size=8).eval()
+    batch = _batch(bert_tokenizer)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        out = model(**batch)
+        refs = []
+        for i in range(ids.shape[0]):
+            n = int(mask[i].sum())
+            states = []
+            for start in range(0, n, 8):  # each segment encoded on its own, states concatenated
+                seg = ids[i : i + 1, start : min(start + 8, n)]
+                states.append(model.backbone(input_ids=seg).last_hidden_state[0])
+            refs.append(torch.cat(states).mean(0))
+        ref = torch.stack(refs)
+        torch.testing.assert_close(out.pooled, ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.embeddings, model.projection_head(ref), atol=1e-5, rtol=1e-5)
+        padded = model(**_pad_more(batch, 29, bert_tokenizer.pad_token_id))
+        torch.testing.assert_close(out.embeddings, padded.embeddings, atol=1e-5, rtol=1e-5)
+
+
+def test_encode_convenience(tiny_bert_config, bert_tokenizer):
+    model = MLCLEncoder.from_backbone(tiny_bert_config, projection_dim=12)
+    model.train()
+    emb = model.encode(TEXTS, bert_tokenizer, batch_size=2)
+    assert emb.shape == (3, 12) and emb.dtype == torch.float32 and model.training
+    pooled = model.encode(TEXTS, bert_tokenizer, output="pooled", normalize=True)
+    assert pooled.shape == (3, 32)
+    torch.testing.assert_close(pooled.norm(dim=-1), torch.ones(3))
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(emb, model(**_batch(bert_tokenizer)).embeddings, atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tokenizer):
+    model = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=16).eval()
+    target = tmp_path / "enc"
+    model.save_pretrained(target)
+    files = set(os.listdir(target))
+    assert {"config.json", "model.safetensors", "configuration_mlcl.py", "modeling_mlcl.py"} <= files
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".enc.tmp-")]  # temp folder renamed away
+    cfg = json.load(open(target / "config.json"))
+    assert cfg["auto_map"] == {"AutoConfig": "configuration_mlcl.MLCLConfig", "AutoModel": "modeling_mlcl.MLCLEncoder"}
+    assert cfg["backbone_config"]["model_type"] == "bert"
+    # code files beside the weights never import hf_mlcl
+    for name in ("configuration_mlcl.py", "modeling_mlcl.py"):
+        assert "hf_mlcl" not in "".join(
+            line for line in open(target / name) if line.lstrip().startswith(("import ", "from "))
+        )
+    loaded = MLCLEncoder.from_pretrained(target).eval()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+    batch = _batch(bert_tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).embeddings, loaded(**batch).embeddings)
+    # saving into an existing folder keeps foreign files and replaces ours file by file
+    (target / "trainer_state.json").write_text("{}")
+    (target / "model-00001-of-00002.safetensors").write_text("stale shard")
+    model.save_pretrained(target)
+    files = set(os.listdir(target))
+    assert "trainer_state.json" in files and "model-00001-of-00002.safetensors" not in files
+    # hf_mlcl registers the auto classes locally, so plain AutoModel works when hf_mlcl is imported
+    from transformers import AutoModel
+
+    assert type(AutoModel.from_pretrained(target)) is MLCLEncoder
+
+
+# --------------------------------------------------------------------------------------------------
+# classifier
+# --------------------------------------------------------------------------------------------------
+
+
+def _reference_plm_icd(model: MLCLForMultiLabelClassification, ids, mask, chunk):
+    """PLM-ICD (Huang et al. 2022) spelled out: segments encoded one by one, per-label loops."""
+    head = model.classifier
+    w1, w2 = head.first_linear.weight, head.second_linear.weight
+    w3, b3 = head.third_linear.weight, head.third_linear.bias
+    logits = torch.zeros(ids.shape[0], w3.shape[0])
+    for i in range(ids.shape[0]):
+        n = int(mask[i].sum())
+        parts = []
+        for start in range(0, n, chunk):
+            seg = ids[i : i + 1, start : min(start + chunk, n)]
+            parts.append(model.backbone(input_ids=seg).last_hidden_state[0])
+        h = torch.cat(parts)  # (n, hidden): real tokens only
+        z = torch.tanh(h @ w1.T)  # Z = tanh(H W1)
+        for k in range(w3.shape[0]):
+            a = torch.softmax(z @ w2[k], dim=0)  # attention of label k over the tokens
+            v = a @ h  # V_k = A_k H
+            logits[i, k] = w3[k] @ v + b3[k]  # logit_k = w3_k . V_k + b_k
+    return logits
+
+
+@pytest.mark.parametrize("arch", ["roberta", "bert"])
+def test_label_attention_matches_reference_and_is_padding_invariant(configs, bert_tokenizer, arch):
+    encoder = MLCLEncoder.from_backbone(configs[arch], pooling="mean")
+    model = MLCLForMultiLabelClassification.from_encoder(
+        encoder, num_labels=5, head="label_attention", chunk_size=8, label_attention_dim=16
+    ).eval()
+    assert model.config.segmented and model.classifier.first_linear.weight.shape == (16, 32)
+    batch = _batch(bert_tokenizer)
+    with torch.no_grad():
+        logits = model(**batch).logits
+        ref = _reference_plm_icd(model, batch["input_ids"], batch["attention_mask"], 8)
+        padded = model(**_pad_more(batch, 37, bert_tokenizer.pad_token_id)).logits
+    assert logits.shape == (3, 5)
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_label_attention_long_document_3072_tokens(tiny_bert_config):
+    tiny_bert_config.max_position_embeddings = 128
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config)
+    model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=4, head="label_attention").eval()
+    ids = torch.randint(5, tiny_bert_config.vocab_size, (2, 3072))
+    mask = torch.ones_like(ids)
+    mask[1, 1000:] = 0
+    ids[1, 1000:] = 0
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+        short = model(input_ids=ids[1:, :1000], attention_mask=mask[1:, :1000])
+    assert out.logits.shape == (2, 4) and torch.isfinite(out.logits).all()
+    torch.testing.assert_close(out.logits[1:], short.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_probe_from_encoder(tiny_bert_config, bert_tokenizer):
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=16)
+    names = ["cardio", "renal", "neuro"]
+    model = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=names)
+    cfg = model.config
+    assert cfg.problem_type == "multi_label_classification" and cfg.num_labels == 3
+    assert cfg.id2label == {0: "cardio", 1: "renal", 2: "neuro"} and cfg.label2id["renal"] == 1
+    assert not hasattr(model, "projection_head") and "auto_map" not in cfg.to_dict()
+    assert model.backbone is encoder.backbone  # projection dropped, backbone taken over
+    model.train()
+    assert not model.backbone.training  # frozen encoder stays in eval mode (no dropout)
+    batch = _batch(bert_tokenizer)
+    labels = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1]], dtype=torch.float32)
+    out = model(**batch, labels=labels)
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(out.logits, labels)
+    torch.testing.assert_close(out.loss, expected)
+    out.loss.backward()
+    assert all(p.grad is None for p in model.backbone.parameters())
+    assert model.classifier.weight.grad is not None
+    # pooled features are the encoder's (projection dropped)
+    model.eval()
+    encoder.eval()
+    with torch.no_grad():
+        pooled = encoder(**batch).pooled
+        torch.testing.assert_close(model(**batch).logits, model.classifier(pooled), atol=1e-5, rtol=1e-5)
+    # sparse labels give the same loss
+    sparse = model(**batch, labels=labels.to_sparse()).loss
+    torch.testing.assert_close(sparse, model(**batch, labels=labels).loss)
+
+
+def test_unfrozen_encoder_receives_gradients(tiny_bert_config, bert_tokenizer):
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config)
+    model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, freeze_encoder=False)
+    model.train()
+    assert model.backbone.training
+    out = model(**_batch(bert_tokenizer), labels=torch.ones(3, 2))
+    out.loss.backward()
+    assert model.backbone.get_input_embeddings().weight.grad is not None
+
+
+def test_classifier_errors(tiny_bert_config, bert_tokenizer):
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config)
+    with pytest.raises(ValueError, match="label-count mismatch"):
+        MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=3, id2label=["a", "b"])
+    with pytest.raises(ValueError, match="num_labels or id2label"):
+        MLCLForMultiLabelClassification.from_encoder(encoder)
+    with pytest.raises(ValueError, match="chunk_size"):
+        MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, head="label_attention", chunk_size=0)
+    with pytest.raises(ValueError, match="unknown head"):
+        MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, head="mlp")
+    model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2)
+    with pytest.raises(ValueError, match="num_labels=2"):
+        model(**_batch(bert_tokenizer), labels=torch.ones(3, 5))
+
+
+def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_tokenizer):
+    encoder = MLCLEncoder.from_backbone(tiny_roberta_config, pooling="mean")
+    model = MLCLForMultiLabelClassification.from_encoder(
+        encoder, id2label=["a", "b", "c", "d"], head="label_attention", chunk_size=8
+    ).eval()
+    model.save_pretrained(tmp_path / "clf")
+    cfg = json.load(open(tmp_path / "clf" / "config.json"))
+    assert cfg["auto_map"]["AutoModelForSequenceClassification"] == "modeling_mlcl.MLCLForMultiLabelClassification"
+    assert "AutoModel" not in cfg["auto_map"]
+    loaded = MLCLForMultiLabelClassification.from_pretrained(tmp_path / "clf").eval()
+    assert loaded.config.id2label == model.config.id2label and loaded.config.chunk_size == 8
+    batch = _batch(bert_tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, loaded(**batch).logits)
+    # encoder folder -> probe, through the path form of from_encoder
+    encoder.save_pretrained(tmp_path / "enc")
+    probe = MLCLForMultiLabelClassification.from_encoder(str(tmp_path / "enc"), num_labels=2)
+    for key, value in encoder.backbone.state_dict().items():
+        assert torch.equal(value, probe.backbone.state_dict()[key])
