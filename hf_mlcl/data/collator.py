@@ -120,7 +120,7 @@ class MultiLabelCollator:
         shape = (len(label_lists), self.num_labels)
         if self.label_format == "sparse":
             idx = torch.stack([rows, cols])
-            return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), shape).coalesce()
+            return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), shape, check_invariants=False).coalesce()
         out = torch.zeros(shape, dtype=torch.float32)
         out[rows, cols] = 1.0
         return out
@@ -145,7 +145,7 @@ class MultiLabelCollator:
                     idx, vals = value.indices(), value.values()
                     shifted = [idx + torch.tensor([[v * b], [0]]) for v in range(self.n_views)]
                     batch[key] = torch.sparse_coo_tensor(
-                        torch.cat(shifted, 1), vals.repeat(self.n_views), (b * self.n_views, value.shape[1])
+                        torch.cat(shifted, 1), vals.repeat(self.n_views), (b * self.n_views, value.shape[1]), check_invariants=False
                     ).coalesce()
                 else:
                     batch[key] = value.repeat(self.n_views, *([1] * (value.dim() - 1)))

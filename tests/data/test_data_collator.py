@@ -1,0 +1,116 @@
+"""MultiLabelCollator and tokenize_dataset."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_mlcl.data import MultiLabelCollator, make_synthetic_corpus, tokenize_dataset
+
+EXAMPLES = [
+    {"text": "the patient was admitted with chest pain", "labels": [0, 3], "id": "a", "extra": 1.5},
+    {"text": "graph neural network", "labels": [2], "id": "b", "extra": 2.5},
+    {"text": "joy", "labels": [], "id": "c", "extra": 0.0},
+]
+DENSE = torch.tensor([[1, 0, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.float32)
+
+
+def test_dense_labels_and_tokens(bert_tokenizer):
+    batch = MultiLabelCollator(bert_tokenizer, num_labels=5)(EXAMPLES)
+    assert set(batch) >= {"input_ids", "attention_mask", "labels"} and "extra" not in batch and "id" not in batch
+    assert batch["labels"].dtype == torch.float32 and torch.equal(batch["labels"], DENSE)
+    ref = bert_tokenizer([e["text"] for e in EXAMPLES], padding=True, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], ref["input_ids"])
+    assert torch.equal(batch["attention_mask"], ref["attention_mask"])
+    if "token_type_ids" in ref:
+        assert torch.equal(batch["token_type_ids"], ref["token_type_ids"])
+
+
+def test_sparse_labels_match_dense(bert_tokenizer):
+    batch = MultiLabelCollator(bert_tokenizer, num_labels=5, label_format="sparse")(EXAMPLES)
+    assert batch["labels"].is_sparse and batch["labels"].shape == (3, 5)
+    assert torch.equal(batch["labels"].to_dense(), DENSE)
+
+
+@pytest.mark.parametrize("label_format", ["dense", "sparse"])
+def test_two_views(bert_tokenizer, label_format):
+    one = MultiLabelCollator(bert_tokenizer, num_labels=5)(EXAMPLES)
+    two = MultiLabelCollator(bert_tokenizer, num_labels=5, n_views=2, label_format=label_format)(EXAMPLES)
+    for key in one:
+        assert two[key].shape[0] == 6
+    labels = two["labels"].to_dense() if label_format == "sparse" else two["labels"]
+    assert torch.equal(labels[:3], DENSE) and torch.equal(labels[3:], DENSE)
+    assert torch.equal(two["input_ids"][:3], one["input_ids"]) and torch.equal(two["input_ids"][3:], one["input_ids"])
+
+
+def test_truncation_and_chunk_padding(bert_tokenizer):
+    long_text = " ".join(["chest pain"] * 2000)  # > 3,072 tokens
+    ex = [{"text": long_text, "labels": [1]}, {"text": "short one", "labels": [0]}]
+    batch = MultiLabelCollator(bert_tokenizer, num_labels=2, max_length=3072, pad_to_multiple_of=128)(ex)
+    assert batch["input_ids"].shape == (2, 3072)
+    assert batch["attention_mask"][0].all() and batch["attention_mask"][1].sum() < 10
+    short = MultiLabelCollator(bert_tokenizer, num_labels=2, max_length=3072, pad_to_multiple_of=128)(ex[1:])
+    assert short["input_ids"].shape == (1, 128)
+    mid = [{"text": " ".join(["chest pain"] * 100), "labels": [0]}]
+    n = len(bert_tokenizer(mid[0]["text"])["input_ids"])
+    assert 128 < n < 3072 and n % 128
+    out = MultiLabelCollator(bert_tokenizer, 2, max_length=3072, pad_to_multiple_of=128)(mid)
+    assert out["input_ids"].shape[1] == (n // 128 + 1) * 128 and out["attention_mask"].sum() == n
+    static = MultiLabelCollator(bert_tokenizer, 2, max_length=256, padding="max_length")(ex)
+    assert static["input_ids"].shape == (2, 256)
+    with pytest.raises(ValueError, match="multiple"):
+        MultiLabelCollator(bert_tokenizer, 2, max_length=300, padding="max_length", pad_to_multiple_of=128)
+
+
+def test_pretokenized_inputs(bert_tokenizer, llama_tokenizer):
+    for tok in (bert_tokenizer, llama_tokenizer):
+        enc = tok([e["text"] for e in EXAMPLES])
+        pre = [{"input_ids": enc["input_ids"][i], "labels": e["labels"], "text_unused": 1} for i, e in enumerate(EXAMPLES)]
+        n_short = len(enc["input_ids"][2])
+        m = n_short + 2  # truncates the long first text, pads the short third one
+        assert len(enc["input_ids"][0]) > m
+        batch = MultiLabelCollator(tok, num_labels=5, max_length=m)(pre)
+        assert batch["input_ids"].shape == (3, m) and torch.equal(batch["labels"], DENSE)
+        assert batch["input_ids"][0].tolist() == enc["input_ids"][0][:m]
+        assert batch["attention_mask"][2].tolist() == [1] * n_short + [0, 0]
+        assert (batch["input_ids"][2, n_short:] == tok.pad_token_id).all()
+
+
+def test_errors(bert_tokenizer):
+    col = MultiLabelCollator(bert_tokenizer, num_labels=3)
+    with pytest.raises(ValueError, match="label id 3 is outside \\[0, num_labels=3\\)"):
+        col(EXAMPLES)
+    with pytest.raises(ValueError, match="label column 'labels'"):
+        col([{"text": "x"}])
+    with pytest.raises(ValueError, match="neither 'text' nor 'input_ids'"):
+        col([{"sentence": "x", "labels": [0]}])
+    with pytest.raises(ValueError, match="empty batch"):
+        col([])
+    with pytest.raises(ValueError, match="label_format"):
+        MultiLabelCollator(bert_tokenizer, 3, label_format="csr")
+    with pytest.raises(ValueError, match="n_views"):
+        MultiLabelCollator(bert_tokenizer, 3, n_views=0)
+    unlabeled = MultiLabelCollator(bert_tokenizer, num_labels=3, label_column=None)([{"text": "x"}])
+    assert "labels" not in unlabeled
+    custom = MultiLabelCollator(bert_tokenizer, 5, text_column="sentence", label_column="y")(
+        [{"sentence": "chest pain", "y": [4]}]
+    )
+    assert custom["labels"].tolist() == [[0, 0, 0, 0, 1]]
+
+
+def test_tokenize_dataset_then_collate(bert_tokenizer, tmp_path):
+    dd = make_synthetic_corpus(num_labels=6, num_train=40, num_validation=8, num_test=8, seed=3)
+    tok = tokenize_dataset(dd, bert_tokenizer, max_length=16)
+    assert set(tok["train"].column_names) == {"input_ids", "attention_mask", "labels"} | (
+        {"token_type_ids"} if "token_type_ids" in tok["train"].column_names else set()
+    )
+    assert max(len(x) for x in tok["train"]["input_ids"]) == 16
+    assert tok["train"].features["labels"] == dd["train"].features["labels"]
+    batch = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=16)([tok["train"][i] for i in range(4)])
+    on_the_fly = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=16)([dd["train"][i] for i in range(4)])
+    for key in on_the_fly:
+        assert torch.equal(batch[key], on_the_fly[key]), key
+    kept = tokenize_dataset(dd["test"], bert_tokenizer, max_length=8, keep_text=True)
+    assert "text" in kept.column_names
+    with pytest.raises(ValueError, match="no text column 'body'"):
+        tokenize_dataset(dd, bert_tokenizer, text_column="body")
