@@ -1,0 +1,285 @@
+"""Recipe YAML files: composition (``_base_``), key validation, and parsing into argument dataclasses.
+
+A recipe is one YAML mapping with three scopes::
+
+    _base_: [../base/common.yaml, ../base/datasets/aapd.yaml]   # merged first, in order
+    model_name_or_path: FacebookAI/roberta-base                 # ModelArguments / DataArguments keys
+    dataset: aapd
+    output_dir: outputs/aapd/roberta-base/sd                    # run root (stage folders below it)
+    stages: [contrastive, probe]                                # what `hf-mlcl run` does
+    contrastive:                                                # ContrastiveTrainingArguments keys
+      loss: sd
+      learning_rate: 2.0e-5
+    probe:                                                      # ProbingTrainingArguments keys
+      learning_rate: 1.0e-2
+
+``_base_`` paths are relative to the file that names them; bases are merged in order, then the file
+itself on top (mappings merge key by key, everything else is replaced), as in mmcv / LLaMA-Factory.
+Every key is checked against the real argument dataclasses before parsing, so a typo fails with the
+key's name and the closest valid spelling.
+
+Command-line overrides (``--learning_rate 3.0e-5``) are parsed by ``transformers.HfArgumentParser``
+with the recipe's values as defaults; ``--contrastive.KEY`` / ``--probe.KEY`` target one stage, an
+unprefixed training key applies to every stage the command runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+BASE_KEY = "_base_"
+STAGES = ("contrastive", "probe")
+META_KEYS = (BASE_KEY, "description", "output_dir", "stages", *STAGES)
+STAGE_DIRS = {"contrastive": "encoder", "probe": "classifier"}
+DEFAULT_OUTPUT_ROOT = "outputs/run"
+
+
+class RecipeError(ValueError):
+    """A recipe file or an override is malformed (unknown key, bad ``_base_``, cycle ...)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# composition
+# --------------------------------------------------------------------------------------------------
+def merge_recipes(base: dict, override: dict) -> dict:
+    """Deep-merge ``override`` into a copy of ``base``: mappings merge per key, other values replace."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_recipes(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_yaml_cached(path: str, mtime_ns: int) -> dict:
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = yaml.load(f, Loader=_LOADER)  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError as err:
+            raise RecipeError(f"{path} is not valid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path} must hold a YAML mapping at top level; got {type(data).__name__}")
+    return data
+
+
+def _read_yaml(path: str) -> dict:
+    """Parse one YAML file (cached per path and modification time: bases are shared by many cells)."""
+    if not os.path.isfile(path):
+        raise RecipeError(f"recipe file not found: {path}")
+    return copy.deepcopy(_read_yaml_cached(path, os.stat(path).st_mtime_ns))
+
+
+def load_recipe(path: str | os.PathLike, _chain: tuple[str, ...] = ()) -> dict:
+    """Read a recipe and its ``_base_`` chain into one plain dict (no ``_base_`` key left).
+
+    Raises RecipeError for a missing file, a non-mapping file, a malformed ``_base_`` or a cycle.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if path in _chain:
+        cycle = " -> ".join([*_chain, path])
+        raise RecipeError(f"_base_ cycle: {cycle}")
+    data = _read_yaml(path)
+    bases = data.pop(BASE_KEY, None) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise RecipeError(f"{path}: {BASE_KEY} must be a path or a list of paths; got {bases!r}")
+    merged: dict = {}
+    here = os.path.dirname(path)
+    for base in bases:
+        merged = merge_recipes(merged, load_recipe(os.path.join(here, base), (*_chain, path)))
+    return merge_recipes(merged, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# key validation
+# --------------------------------------------------------------------------------------------------
+def _arg_classes(stage: str) -> tuple[type, type, type]:
+    from hf_mlcl.training.arguments import (
+        ContrastiveTrainingArguments,
+        DataArguments,
+        ModelArguments,
+        ProbingTrainingArguments,
+    )
+
+    if stage == "contrastive":
+        return ModelArguments, DataArguments, ContrastiveTrainingArguments
+    if stage == "probe":
+        return ModelArguments, DataArguments, ProbingTrainingArguments
+    raise RecipeError(f"unknown stage {stage!r}; choose one of {STAGES}")
+
+
+def _init_fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def common_keys() -> set[str]:
+    """Keys allowed at the top level of a recipe: ModelArguments + DataArguments fields."""
+    model_cls, data_cls, _ = _arg_classes("contrastive")
+    return _init_fields(model_cls) | _init_fields(data_cls)
+
+
+def stage_keys(stage: str) -> set[str]:
+    """Keys allowed inside a stage section: the fields of that stage's TrainingArguments subclass."""
+    return _init_fields(_arg_classes(stage)[2])
+
+
+def _unknown(key: str, allowed: set[str], where: str) -> RecipeError:
+    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return RecipeError(f"unknown key {key!r} in {where}{hint}")
+
+
+def validate_recipe(recipe: dict, source: str = "recipe") -> None:
+    """Raise RecipeError naming the first unknown key (with the nearest valid spelling)."""
+    top = common_keys() | set(META_KEYS)
+    for key in recipe:
+        if key not in top:
+            # a training key at top level is a common slip: say where it belongs
+            for stage in STAGES:
+                if key in stage_keys(stage):
+                    raise RecipeError(
+                        f"key {key!r} in {source} is a training argument: put it under "
+                        f"`contrastive:` or `probe:` (or both)"
+                    )
+            raise _unknown(key, top, source)
+    stages = recipe.get("stages", list(STAGES))
+    if not isinstance(stages, list) or not stages or any(s not in STAGES for s in stages):
+        raise RecipeError(f"{source}: stages must be a non-empty list drawn from {list(STAGES)}; got {stages!r}")
+    for stage in STAGES:
+        section = recipe.get(stage) or {}
+        if not isinstance(section, dict):
+            raise RecipeError(f"{source}: `{stage}:` must be a mapping; got {type(section).__name__}")
+        allowed = stage_keys(stage)
+        for key in section:
+            if key not in allowed:
+                raise _unknown(key, allowed, f"{source} [{stage}]")
+
+
+# --------------------------------------------------------------------------------------------------
+# command-line overrides
+# --------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Overrides:
+    """Override tokens split by scope: common (model/data), per stage, and the run root."""
+
+    common: list[str] = dataclasses.field(default_factory=list)
+    stage: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {s: [] for s in STAGES})
+    output_dir: str | None = None
+
+
+def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:
+    """Route ``--key value`` tokens: model/data keys to every parser, ``--probe.key`` to one stage,
+    an unprefixed training key to every stage in ``stages``; ``--output_dir`` is the run root.
+
+    Raises RecipeError for a token that is not an option or a key no scope knows.
+    """
+    out = Overrides()
+    common = common_keys()
+    i = 0
+    tokens = list(tokens)
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--"):
+            raise RecipeError(f"expected an option like --learning_rate 3.0e-5; got {tok!r}")
+        name, eq, inline = tok[2:].partition("=")
+        values = [inline] if eq else []
+        i += 1
+        while not eq and i < len(tokens) and not tokens[i].startswith("--"):
+            values.append(tokens[i])
+            i += 1
+        name = name.replace("-", "_")
+        prefix, dot, key = name.partition(".")
+        if dot:
+            if prefix not in STAGES:
+                raise RecipeError(f"--{name}: the prefix must be one of {STAGES} (e.g. --probe.learning_rate)")
+            if key not in stage_keys(prefix):
+                raise _unknown(key, stage_keys(prefix), f"--{prefix}.*")
+            out.stage[prefix] += [f"--{key}", *values]
+        elif name == "output_dir":
+            if len(values) != 1:
+                raise RecipeError("--output_dir takes exactly one folder")
+            out.output_dir = values[0]
+        elif name in common:
+            out.common += [f"--{name}", *values]
+        else:
+            targets = [s for s in stages if name in stage_keys(s)]
+            if not targets:
+                allowed = common | set().union(*(stage_keys(s) for s in STAGES))
+                raise _unknown(name, allowed, "the command-line overrides")
+            for s in targets:
+                out.stage[s] += [f"--{name}", *values]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# parsing into dataclasses
+# --------------------------------------------------------------------------------------------------
+def stage_output_dir(recipe: dict, stage: str, root: str | None = None) -> str:
+    """Folder of one stage: the section's own ``output_dir``, else ``<root>/encoder|classifier``."""
+    section = recipe.get(stage) or {}
+    if section.get("output_dir") and root is None:
+        return section["output_dir"]
+    base = root or recipe.get("output_dir") or DEFAULT_OUTPUT_ROOT
+    return os.path.join(base, STAGE_DIRS[stage])
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh_parser_state(stage: str) -> tuple[Any, dict[str, tuple[Any, bool]]]:
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(_arg_classes(stage))
+    return parser, {a.dest: (a.default, a.required) for a in parser._actions}
+
+
+def _parser(stage: str) -> Any:
+    """One HfArgumentParser per stage (building one costs ~10 ms), reset to the dataclass defaults."""
+    parser, pristine = _fresh_parser_state(stage)
+    parser._defaults.clear()
+    for action in parser._actions:
+        action.default, action.required = pristine[action.dest]
+    return parser
+
+
+def parse_stage(
+    recipe: dict,
+    stage: str,
+    overrides: Overrides | None = None,
+    output_dir: str | None = None,
+) -> tuple[Any, Any, Any]:
+    """Build ``(ModelArguments, DataArguments, <Stage>TrainingArguments)`` for one stage.
+
+    The recipe's top-level keys and the stage's section become the parser's defaults; override tokens
+    are parsed on top by ``HfArgumentParser``, so types, choices and ``__post_init__`` checks are the
+    dataclasses' own. ``output_dir`` (when given) is the stage's folder.
+    """
+    validate_recipe(recipe)
+    overrides = overrides or Overrides()
+    parser = _parser(stage)
+    defaults = {k: v for k, v in recipe.items() if k not in META_KEYS}
+    defaults.update(recipe.get(stage) or {})
+    defaults["output_dir"] = output_dir or stage_output_dir(recipe, stage, overrides.output_dir)
+    parser.set_defaults(**defaults)
+    for action in parser._actions:  # a value from the recipe satisfies a "required" option
+        if action.dest in defaults:
+            action.required = False
+    tokens = [*overrides.common, *overrides.stage.get(stage, [])]
+    try:
+        return tuple(parser.parse_args_into_dataclasses(args=tokens, look_for_args_file=False))
+    except SystemExit as err:  # argparse already printed the problem
+        raise RecipeError(f"could not parse the {stage} arguments {tokens}") from err

@@ -1,0 +1,282 @@
+"""Every committed recipe parses with the real argument dataclasses; the grid is complete and current;
+composition, typo detection and override routing behave; accelerate configs load with accelerate's own
+config class."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import pytest
+import torch
+
+from hf_mlcl.recipes import (
+    STAGES,
+    RecipeError,
+    load_recipe,
+    parse_stage,
+    split_overrides,
+    validate_recipe,
+)
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+RECIPES = os.path.join(ROOT, "recipes")
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("recipes_generate", os.path.join(RECIPES, "generate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GEN = _generator()
+CELLS = sorted(GEN.grid())
+
+
+def _cpu_overrides():
+    # The recipes ask for bf16 (the papers' precision). transformers 5.23 refuses bf16 without a GPU
+    # unless use_cpu is set, so the CPU check parses exactly what a CPU user would run.
+    return split_overrides(["--use_cpu", "true"], STAGES)
+
+
+def test_grid_is_complete_and_generated_files_are_current():
+    assert GEN.main(["--check"]) == 0
+    # 3 general datasets x 2 encoders + 6 MIMIC settings x 3 encoders, each with 9 losses
+    assert len(CELLS) == (3 * 2 + 6 * 3) * 9 == 216
+    on_disk = set()
+    for dirpath, _dirs, files in os.walk(RECIPES):
+        rel = os.path.relpath(dirpath, RECIPES)
+        if rel.split(os.sep)[0] in ("base", "accelerate", "."):
+            continue
+        on_disk |= {os.path.join(rel, f) for f in files if f.endswith(".yaml")}
+    assert on_disk == set(CELLS), "a recipe outside the generated grid (or a stale one) is on disk"
+
+
+def test_every_recipe_parses_with_the_real_argument_classes():
+    overrides = _cpu_overrides()
+    n = 0
+    with warnings.catch_warnings():
+        # a deprecated TrainingArguments name (removed in transformers 6) must fail here, not in a user's run
+        warnings.simplefilter("error", FutureWarning)
+        for rel in CELLS:
+            recipe = load_recipe(os.path.join(RECIPES, rel))
+            dataset, encoder, loss = rel[: -len(".yaml")].split(os.sep)
+            for stage in recipe.get("stages", STAGES):
+                model_args, data_args, args = parse_stage(recipe, stage, overrides)
+                n += 1
+                assert args.bf16 is True and args.weight_decay == 0.01 and args.max_grad_norm == 1.0
+                assert args.warmup_steps == 0.05
+                assert args.output_dir == os.path.join("outputs", dataset, encoder, loss, GEN_STAGE_DIR[stage])
+                assert model_args.model_name_or_path
+                if stage == "contrastive":
+                    assert str(args.lr_scheduler_type.value) == "cosine"
+                    assert args.projection_dim == 256
+                    assert args.loss == {"sd": "similarity_dissimilarity"}.get(loss, loss)
+                else:
+                    assert args.loss == "bce"
+                    assert args.probe == ("finetune" if loss == "bce" else "linear")
+    assert n == 216 + 192  # the 24 BCE baselines have no contrastive stage
+
+
+GEN_STAGE_DIR = {"contrastive": "encoder", "probe": "classifier"}
+
+
+@pytest.mark.parametrize(
+    "rel, expect",
+    [
+        # SD paper App. C: tau 0.07, D_P 256; ABALONE: batch 32, lr 2e-5, 80 epochs; RoBERTa 512 tokens
+        ("aapd/roberta-base/sd.yaml", dict(temperature=0.07, per_device_train_batch_size=32, learning_rate=2e-5,
+                                            num_train_epochs=80, max_length=512, pooling="cls",
+                                            model_name_or_path="FacebookAI/roberta-base")),
+        ("uklex/legal-bert/jaccard.yaml", dict(temperature=0.1, model_name_or_path="nlpaueb/legal-bert-base-uncased")),
+        # ABALONE MSC: queue 512, momentum 0.999, beta 0.1
+        ("rcv1/roberta-base/msc.yaml", dict(temperature=0.1, queue_size=512, momentum=0.999,
+                                             loss_kwargs={"beta": 0.1})),
+        # Llama + LoRA r16 / alpha 32 / dropout 0.1, 1,024 tokens on MIMIC, batch 128 (SD paper v1)
+        ("mimic4_icd10_50/llama-3.1-8b-lora/mulsupcon.yaml", dict(
+            use_lora=True, lora_r=16, lora_alpha=32, lora_dropout=0.1, max_length=1024, pooling="last_token",
+            per_device_train_batch_size=128, dataset="mimic4_icd10", dataset_options={"variant": "50"},
+            activation_checkpointing=True)),
+        ("aapd/llama-3.1-8b-lora/any.yaml", dict(max_length=512, learning_rate=1e-4)),
+        # PLM-ICD: 3,072 tokens in 128-token segments, label-wise attention head
+        ("mimic3_full/plm-icd/all.yaml", dict(max_length=3072, chunk_size=128, head="label_attention",
+                                              dataset="mimic3", dataset_options={"variant": "full"})),
+        ("mimic3_50/plm-icd/hbl.yaml", dict(loss="hbl", loss_kwargs={"base": "mulsupcon"}, queue_size=4096)),
+    ],
+)
+def test_paper_hyperparameters_reach_the_arguments(rel, expect):
+    model_args, data_args, args = parse_stage(load_recipe(os.path.join(RECIPES, rel)), "contrastive",
+                                              _cpu_overrides())
+    for key, value in expect.items():
+        got = next(getattr(o, key) for o in (model_args, data_args, args) if hasattr(o, key))
+        assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
+
+
+def test_bce_baseline_skips_the_contrastive_stage():
+    recipe = load_recipe(os.path.join(RECIPES, "aapd/roberta-base/bce.yaml"))
+    assert recipe["stages"] == ["probe"]
+    _, _, args = parse_stage(recipe, "probe", _cpu_overrides())
+    assert args.probe == "finetune" and args.learning_rate == pytest.approx(2e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of bf16")
+def test_bf16_without_a_gpu_needs_use_cpu():
+    """What transformers 5.23 does with the recipes' bf16 on a CPU-only machine (documented in the README)."""
+    recipe = load_recipe(os.path.join(RECIPES, "aapd/roberta-base/sd.yaml"))
+    with pytest.raises(ValueError, match="use_cpu"):
+        parse_stage(recipe, "contrastive")
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("contrastive:\n  lerning_rate: 1.0e-5\n", r"unknown key 'lerning_rate' .*\[contrastive\].*'learning_rate'"),
+        ("model_name_or_pth: x\n", r"unknown key 'model_name_or_pth'.*'model_name_or_path'"),
+        ("learning_rate: 1.0e-5\n", r"'learning_rate' .* training argument: put it under `contrastive:`"),
+        # removed in transformers 5.x: must fail loudly, not be ignored
+        ("contrastive:\n  warmup_ratio: 0.05\n", r"unknown key 'warmup_ratio'"),
+        ("probe:\n  evaluation_strategy: epoch\n", r"unknown key 'evaluation_strategy'.*'eval_strategy'"),
+        ("stages: [pretrain]\n", r"stages must be"),
+        ("probe: 3\n", r"`probe:` must be a mapping"),
+    ],
+)
+def test_unknown_or_misplaced_keys_name_the_key(tmp_path, text, match):
+    with pytest.raises(RecipeError, match=match):
+        validate_recipe(load_recipe(_write(tmp_path, "r.yaml", text)))
+
+
+def test_base_composition_order_deep_merge_and_relative_paths(tmp_path):
+    _write(tmp_path, "base/a.yaml", "dataset: aapd\nmax_length: 128\ncontrastive:\n  loss: all\n  temperature: 0.1\n")
+    _write(tmp_path, "base/b.yaml", "max_length: 256\ncontrastive:\n  loss: any\n")
+    leaf = _write(tmp_path, "cells/x/leaf.yaml", "_base_: [../../base/a.yaml, ../../base/b.yaml]\nmax_length: 64\n")
+    recipe = load_recipe(leaf)
+    assert recipe == {"dataset": "aapd", "max_length": 64, "contrastive": {"loss": "any", "temperature": 0.1}}
+    # a single string is accepted too
+    one = _write(tmp_path, "cells/one.yaml", "_base_: ../base/b.yaml\n")
+    assert load_recipe(one)["max_length"] == 256
+
+
+def test_base_cycle_and_missing_base_are_reported(tmp_path):
+    _write(tmp_path, "a.yaml", "_base_: [b.yaml]\n")
+    _write(tmp_path, "b.yaml", "_base_: [a.yaml]\n")
+    with pytest.raises(RecipeError, match="cycle"):
+        load_recipe(str(tmp_path / "a.yaml"))
+    _write(tmp_path, "c.yaml", "_base_: [nope.yaml]\n")
+    with pytest.raises(RecipeError, match="not found.*nope.yaml"):
+        load_recipe(str(tmp_path / "c.yaml"))
+    _write(tmp_path, "d.yaml", "- a\n- b\n")
+    with pytest.raises(RecipeError, match="mapping"):
+        load_recipe(str(tmp_path / "d.yaml"))
+
+
+def test_overrides_are_routed_by_scope():
+    ov = split_overrides(
+        ["--learning_rate", "3.0e-5", "--probe.num_train_epochs=2", "--max_length", "64",
+         "--output_dir", "/tmp/run", "--contrastive.loss", "any", "--report_to", "none"],
+        STAGES,
+    )
+    assert ov.common == ["--max_length", "64"]
+    assert ov.output_dir == "/tmp/run"
+    assert ov.stage["contrastive"] == ["--learning_rate", "3.0e-5", "--loss", "any", "--report_to", "none"]
+    assert ov.stage["probe"] == ["--learning_rate", "3.0e-5", "--num_train_epochs", "2", "--report_to", "none"]
+    recipe = load_recipe(os.path.join(RECIPES, "aapd/roberta-base/sd.yaml"))
+    ov = split_overrides(["--use_cpu", "--learning_rate", "3.0e-5", "--probe.num_train_epochs=2",
+                          "--max_length", "64", "--output_dir", "/tmp/run"], STAGES)
+    m, d, c = parse_stage(recipe, "contrastive", ov)
+    _, _, p = parse_stage(recipe, "probe", ov)
+    assert (c.learning_rate, d.max_length, c.output_dir) == (3e-5, 64, "/tmp/run/encoder")
+    assert (p.learning_rate, p.num_train_epochs, p.output_dir) == (3e-5, 2, "/tmp/run/classifier")
+    assert c.num_train_epochs == 80  # the probe-only override did not leak into stage 1
+    # the reused parser is reset between calls: the earlier override does not stick
+    _, _, again = parse_stage(recipe, "contrastive", _cpu_overrides())
+    assert again.learning_rate == 2e-5
+
+
+@pytest.mark.parametrize(
+    "tokens, match",
+    [
+        (["--lerning_rate", "1e-5"], r"unknown key 'lerning_rate'.*'learning_rate'"),
+        (["--probe.queue_size", "3"], r"unknown key 'queue_size' in --probe"),
+        (["--train.learning_rate", "3"], r"prefix must be one of"),
+        (["learning_rate", "3"], r"expected an option"),
+    ],
+)
+def test_bad_overrides_name_the_problem(tokens, match):
+    with pytest.raises(RecipeError, match=match):
+        split_overrides(tokens, STAGES)
+
+
+def test_a_stage_only_key_is_rejected_when_that_stage_does_not_run():
+    with pytest.raises(RecipeError, match="queue_size"):
+        split_overrides(["--queue_size", "8"], ["probe"])
+
+
+# ------------------------------------------------------------------------------------------- accelerate
+ACCELERATE = os.path.join(RECIPES, "accelerate")
+
+
+def test_accelerate_configs_load_with_accelerates_config_class():
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import DistributedType
+
+    names = sorted(f for f in os.listdir(ACCELERATE) if f.endswith(".yaml"))
+    assert names == ["cpu.yaml", "deepspeed_zero3.yaml", "fsdp_llama_lora.yaml", "multi_gpu.yaml", "single_gpu.yaml"]
+    launch_dests = {a.dest for a in launch_command_parser()._actions}
+    configs = {}
+    for name in names:
+        cfg = ClusterConfig.from_yaml_file(os.path.join(ACCELERATE, name))  # rejects unknown top-level keys
+        configs[name] = cfg
+        # `accelerate launch` copies fsdp_config / deepspeed_config entries onto its own options
+        for key in cfg.fsdp_config or {}:
+            assert (key if "fsdp" in key else f"fsdp_{key}") in launch_dests, key
+        for key in cfg.deepspeed_config or {}:
+            assert key in launch_dests, key
+    assert configs["single_gpu.yaml"].distributed_type == DistributedType.NO and configs["single_gpu.yaml"].num_processes == 1
+    assert configs["multi_gpu.yaml"].distributed_type == DistributedType.MULTI_GPU
+    assert configs["cpu.yaml"].use_cpu is True and configs["cpu.yaml"].mixed_precision == "no"
+    fsdp = configs["fsdp_llama_lora.yaml"]
+    assert fsdp.distributed_type == DistributedType.FSDP and fsdp.mixed_precision == "bf16"
+    assert fsdp.fsdp_config["fsdp_use_orig_params"] is False
+    assert fsdp.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    ds = configs["deepspeed_zero3.yaml"]
+    assert ds.distributed_type == DistributedType.DEEPSPEED and ds.deepspeed_config["zero_stage"] == 3
+
+
+def test_fsdp_plugin_accepts_the_fsdp_settings(monkeypatch):
+    """Reproduce `accelerate launch`: config file -> launch options -> process environment -> FSDP plugin."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    path = os.path.join(ACCELERATE, "fsdp_llama_lora.yaml")
+    cfg = ClusterConfig.from_yaml_file(path)
+    args = launch_command_parser().parse_args(
+        ["--config_file", path, "--use_fsdp", "--num_processes", "8", "--num_machines", "1",
+         "--mixed_precision", "bf16", "--dynamo_backend", "no", "train.py"]
+    )
+    for key, value in cfg.fsdp_config.items():  # what launch_command does with the config file
+        setattr(args, key if "fsdp" in key else f"fsdp_{key}", value)
+    env = prepare_multi_gpu_env(args)
+    assert env["FSDP_USE_ORIG_PARAMS"] == "false" and env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
+    for key, value in env.items():
+        if key.startswith("FSDP_"):
+            monkeypatch.setenv(key, value)
+    if not torch.cuda.is_available():  # syncing module states needs a device to broadcast from
+        monkeypatch.setenv("FSDP_SYNC_MODULE_STATES", "false")
+        monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.use_orig_params is False
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
