@@ -1,1 +1,30 @@
-"""hf_mlcl.training"""
+"""hf_mlcl.training: argument dataclasses, the two Trainers, distributed gather, GradCache, entry points.
+
+* :class:`ContrastiveTrainer` (stage 1) and :class:`ProbingTrainer` (stage 2), both
+  ``transformers.Trainer`` subclasses;
+* :func:`train_contrastive` / :func:`train_probe`: dataset -> tokenizer -> model -> trainer -> train ->
+  evaluate -> save, used by the CLI;
+* :mod:`hf_mlcl.training.distributed` (candidate gathering with gradient) and
+  :mod:`hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
+"""
+
+from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
+from .contrastive import ContrastiveTrainer, build_contrastive_loss, knn_probe_metrics
+from .entry import train_contrastive, train_probe
+from .gradcache import gradcache_backward
+from .probing import ProbingTrainer, fit_logistic_probe
+
+__all__ = [
+    "ContrastiveTrainer",
+    "ContrastiveTrainingArguments",
+    "DataArguments",
+    "ModelArguments",
+    "ProbingTrainer",
+    "ProbingTrainingArguments",
+    "build_contrastive_loss",
+    "fit_logistic_probe",
+    "gradcache_backward",
+    "knn_probe_metrics",
+    "train_contrastive",
+    "train_probe",
+]

@@ -146,6 +146,11 @@ class ProbingTrainingArguments(TrainingArguments):
     threshold: str = field(
         default="global", metadata={"help": "'global' (tuned on validation), 'per_label', or a fixed float."}
     )
+    logistic_c_grid: str = field(
+        default="1.0,0.1,0.01",
+        metadata={"help": "probe='logistic': inverse L2 strengths C tried per label (chosen on validation F1)."},
+    )
+    logistic_max_iter: int = field(default=1000, metadata={"help": "probe='logistic': lbfgs iterations."})
 
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
@@ -162,7 +167,22 @@ class ProbingTrainingArguments(TrainingArguments):
                 ) from err
             if not 0.0 < value < 1.0:
                 raise ValueError(f"a fixed threshold must lie in (0, 1); got {value}")
+        try:
+            grid = self.logistic_c_grid_values
+        except ValueError as err:
+            raise ValueError(
+                f"logistic_c_grid must be comma-separated positive floats, e.g. '1.0,0.1'; got {self.logistic_c_grid!r}"
+            ) from err
+        if not grid or any(c <= 0 for c in grid):
+            raise ValueError(f"logistic_c_grid must hold positive floats; got {self.logistic_c_grid!r}")
         super().__post_init__()
+
+    @property
+    def logistic_c_grid_values(self) -> tuple[float, ...]:
+        """``logistic_c_grid`` parsed (a list from YAML or a comma-separated string)."""
+        value = self.logistic_c_grid
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+        return tuple(float(c) for c in items if str(c).strip())
 
     @property
     def fixed_threshold(self) -> float | None:

@@ -1,0 +1,317 @@
+"""High-level entry points used by the CLI: `train_contrastive` (stage 1) and `train_probe` (stage 2).
+
+Both load the dataset with ``hf_mlcl.data.load_mlc_dataset``, build the tokenizer (from the model path,
+or ``train_tokenizer`` on the training texts when the backbone is built from ``backbone_config``), the
+model, the collator and the trainer, then train, evaluate and save into ``training_args.output_dir``:
+
+``train_contrastive`` writes
+    the encoder (``config.json`` + weights + remote-code files; ``MLCLEncoder.from_pretrained`` /
+    ``AutoModel.from_pretrained(..., trust_remote_code=True)``), the tokenizer files, ``metrics.json``
+    (train_* and eval_* metrics: eval_loss, eval_knn_micro_f1 ...), ``trainer_state.json`` and the
+    Trainer's ``checkpoint-*`` folders (with ``mlcl_trainer_state.pt``).
+``train_probe`` writes
+    the classifier (``MLCLForMultiLabelClassification``: ``config.json`` with ``id2label`` /
+    ``label2id`` / ``problem_type`` and ``decision_threshold``, weights, remote-code files), the
+    tokenizer files, ``metrics.json`` (validation_* and test_* metrics at the tuned threshold, plus
+    ``threshold`` and the probe settings), ``thresholds.json`` (the threshold, a float or a per-label
+    list, with the label names) and, for trained probes, ``trainer_state.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["train_contrastive", "train_probe", "load_data", "build_tokenizer_and_encoder", "is_mlcl_checkpoint"]
+
+METRICS_FILE = "metrics.json"
+THRESHOLDS_FILE = "thresholds.json"
+
+_ENCODER_MODEL_TYPES = {
+    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "mpnet", "albert",
+    "camembert", "longformer", "modernbert",
+}  # fmt: skip
+
+
+def is_mlcl_checkpoint(path: str | None) -> bool:
+    """True when ``path`` is a folder holding a saved hf_mlcl model (``config.json`` with model_type mlcl)."""
+    if not path or not os.path.isdir(path):
+        return False
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        return False
+    with open(cfg, encoding="utf-8") as fh:
+        return json.load(fh).get("model_type") == "mlcl"
+
+
+def load_data(data_args: DataArguments):
+    """``load_mlc_dataset`` with the ``max_*_samples`` caps applied; returns (DatasetDict, label names)."""
+    from hf_mlcl.data import label_names, load_mlc_dataset
+
+    ds = load_mlc_dataset(data_args.dataset, data_dir=data_args.data_dir, **(data_args.dataset_options or {}))
+    for split, cap in (
+        ("train", data_args.max_train_samples),
+        ("validation", data_args.max_eval_samples),
+        ("test", data_args.max_test_samples),
+    ):
+        if cap is not None and split in ds and len(ds[split]) > cap:
+            ds[split] = ds[split].select(range(int(cap)))
+    for split in ("train", "validation"):
+        if split not in ds:
+            raise ValueError(f"dataset {data_args.dataset!r} has no {split!r} split (splits: {list(ds)})")
+    return ds, list(label_names(ds["train"]))
+
+
+def _tokenizer_style(model_type: str) -> str:
+    return "bert" if model_type in _ENCODER_MODEL_TYPES else "llama"
+
+
+def build_tokenizer_and_encoder(
+    model_args: ModelArguments,
+    train_texts: list[str] | None,
+    projection_dim: int = 256,
+    source: str | None = None,
+):
+    """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``.
+
+    ``source`` overrides ``model_args.model_name_or_path`` (``train_probe``'s ``encoder_path``).
+    """
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.modeling.modeling_mlcl import MLCLEncoder
+
+    path = source or model_args.model_name_or_path
+    extra = {"trust_remote_code": True} if model_args.trust_remote_code else {}
+    if path:
+        tok_path = model_args.tokenizer_name_or_path or path
+        if (
+            model_args.tokenizer_name_or_path is None
+            and os.path.isdir(path)
+            and not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+        ):
+            if not model_args.model_name_or_path or model_args.model_name_or_path == path:
+                raise ValueError(f"{path} holds no tokenizer; set model_args.tokenizer_name_or_path")
+            tok_path = model_args.model_name_or_path
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, **extra)
+        if is_mlcl_checkpoint(path):
+            encoder = MLCLEncoder.from_pretrained(path)
+        else:
+            kw: dict[str, Any] = dict(extra)
+            if model_args.projection_hidden_dim is not None:
+                kw["projection_hidden_dim"] = model_args.projection_hidden_dim
+            encoder = MLCLEncoder.from_backbone(
+                path, pooling=model_args.pooling, projection_dim=projection_dim, chunk_size=model_args.chunk_size, **kw
+            )
+    elif model_args.backbone_config:
+        cfg = dict(model_args.backbone_config)
+        if "model_type" not in cfg:
+            raise ValueError("backbone_config needs a 'model_type' key (e.g. {'model_type': 'bert', ...})")
+        if model_args.tokenizer_name_or_path:
+            tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path, **extra)
+        else:
+            if not train_texts:
+                raise ValueError("backbone_config without tokenizer_name_or_path needs training texts to train a tokenizer")
+            from hf_mlcl.data import train_tokenizer
+
+            tokenizer = train_tokenizer(
+                train_texts,
+                vocab_size=int(cfg.get("vocab_size", 2000)),
+                style=_tokenizer_style(cfg["model_type"]),
+                model_max_length=int(cfg.get("max_position_embeddings", 512)),
+            )
+        cfg["vocab_size"] = len(tokenizer)
+        cfg["pad_token_id"] = tokenizer.pad_token_id
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(tokenizer, name, None)
+            if value is not None and cfg.get("model_type") not in _ENCODER_MODEL_TYPES:
+                cfg[name] = value
+        kw = {}
+        if model_args.projection_hidden_dim is not None:
+            kw["projection_hidden_dim"] = model_args.projection_hidden_dim
+        encoder = MLCLEncoder.from_backbone(
+            cfg, pooling=model_args.pooling, projection_dim=projection_dim, chunk_size=model_args.chunk_size, **kw
+        )
+    else:
+        raise ValueError("set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config")
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first")
+        tokenizer.pad_token = tokenizer.eos_token
+    backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
+    if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:
+        backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama: no pad token by default (DESIGN trap)
+    return tokenizer, encoder
+
+
+def _set_labels(config, names: list[str]) -> None:
+    config.id2label = {i: n for i, n in enumerate(names)}
+    config.label2id = {n: i for i, n in enumerate(names)}
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    os.replace(tmp, path)
+
+
+def _segment_multiple(model) -> int | None:
+    cfg = getattr(model, "config", None)
+    return int(cfg.chunk_size) if cfg is not None and getattr(cfg, "segmented", False) else None
+
+
+def _merge_lora(model):
+    """A LoRA-wrapped encoder with its adapters merged (the saved encoder is a plain MLCLEncoder)."""
+    if hasattr(model, "merge_and_unload"):
+        return model.merge_and_unload()
+    backbone = getattr(model, "backbone", None)
+    if backbone is not None and hasattr(backbone, "merge_and_unload"):
+        model.backbone = backbone.merge_and_unload()
+    return model
+
+
+def train_contrastive(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: ContrastiveTrainingArguments,
+):
+    """Stage 1: contrastive training of an encoder. Returns ``(ContrastiveTrainer, metrics dict)``.
+
+    Resumes from ``training_args.resume_from_checkpoint`` when set (a path, or True for the last
+    checkpoint in ``output_dir``). Writes into ``output_dir`` what the module docstring lists.
+    """
+    from hf_mlcl.data import MultiLabelCollator
+
+    from .contrastive import ContrastiveTrainer
+
+    ds, names = load_data(data_args)
+    tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], training_args.projection_dim)
+    _set_labels(encoder.config, names)
+    if model_args.use_lora:
+        from hf_mlcl.modeling import apply_lora
+
+        encoder = apply_lora(
+            encoder,
+            r=model_args.lora_r,
+            alpha=model_args.lora_alpha,
+            dropout=model_args.lora_dropout,
+            target_modules=model_args.lora_target_modules,
+        )
+    collator = MultiLabelCollator(
+        tokenizer,
+        len(names),
+        max_length=data_args.max_length,
+        n_views=training_args.n_views,
+        pad_to_multiple_of=_segment_multiple(encoder),
+    )
+    trainer = ContrastiveTrainer(
+        model=encoder,
+        args=training_args,
+        data_collator=collator,
+        train_dataset=ds["train"],
+        eval_dataset=ds["validation"],
+        processing_class=tokenizer,
+        num_labels=len(names),
+    )
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "false"):
+        resume = resume.lower() == "true" or None
+    train_out = trainer.train(resume_from_checkpoint=resume)
+    metrics: dict[str, Any] = dict(train_out.metrics)
+    metrics.update(trainer.evaluate())
+    if trainer.is_world_process_zero():
+        final = _merge_lora(trainer.accelerator.unwrap_model(trainer.model)) if model_args.use_lora else None
+        if final is not None:
+            final.save_pretrained(training_args.output_dir)
+        else:
+            trainer.save_model(training_args.output_dir)
+        tokenizer.save_pretrained(training_args.output_dir)
+        trainer.save_state()
+        _write_json(
+            os.path.join(training_args.output_dir, METRICS_FILE),
+            {**metrics, "loss": training_args.loss, "dataset": data_args.dataset, "num_labels": len(names)},
+        )
+    return trainer, metrics
+
+
+def train_probe(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    probing_args: ProbingTrainingArguments,
+    encoder_path: str | None = None,
+):
+    """Stage 2: probe / fine-tune a classifier. Returns ``(ProbingTrainer, metrics dict)``.
+
+    ``encoder_path``: a saved hf_mlcl encoder (the contrastive stage's output_dir), a plain backbone id
+    / path (BCE baseline: ``probe="finetune"`` with ``loss="bce"``), or None to use ``model_args``
+    (``model_name_or_path`` or ``backbone_config``). ``probe="linear"`` / ``"logistic"`` freeze the
+    encoder, ``"finetune"`` trains it. The threshold is tuned on validation per
+    ``probing_args.threshold`` and the test split (if any) is scored with it.
+    """
+    from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.modeling.modeling_mlcl import MLCLForMultiLabelClassification
+
+    from .probing import ProbingTrainer
+
+    ds, names = load_data(data_args)
+    tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], source=encoder_path)
+    if hasattr(encoder, "merge_and_unload") or hasattr(getattr(encoder, "backbone", None), "merge_and_unload"):
+        encoder = _merge_lora(encoder)
+    model = MLCLForMultiLabelClassification.from_encoder(
+        encoder,
+        id2label=names,
+        head=model_args.head,
+        freeze_encoder=probing_args.probe in ("linear", "logistic"),
+        chunk_size=model_args.chunk_size,
+    )
+    collator = MultiLabelCollator(
+        tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=_segment_multiple(model)
+    )
+    trainer = ProbingTrainer(
+        model=model,
+        args=probing_args,
+        data_collator=collator,
+        train_dataset=ds["train"],
+        eval_dataset=ds["validation"],
+        processing_class=tokenizer,
+        num_labels=len(names),
+    )
+    metrics: dict[str, Any] = {"probe": probing_args.probe, "loss": probing_args.loss, "dataset": data_args.dataset}
+    if probing_args.probe == "logistic":
+        metrics.update(trainer.fit_logistic(ds["validation"]))
+    else:
+        resume = probing_args.resume_from_checkpoint
+        if isinstance(resume, str) and resume.lower() in ("true", "false"):
+            resume = resume.lower() == "true" or None
+        metrics.update(trainer.train(resume_from_checkpoint=resume).metrics)
+    val_scores, val_truth = trainer.predict_scores(ds["validation"])
+    threshold = trainer.tune_threshold(val_scores, val_truth)
+    metrics.update(trainer.split_metrics(val_scores, val_truth, "validation"))
+    if "test" in ds and len(ds["test"]):
+        test_scores, test_truth = trainer.predict_scores(ds["test"])
+        metrics.update(trainer.split_metrics(test_scores, test_truth, "test"))
+    thr_value = threshold.tolist() if isinstance(threshold, np.ndarray) else float(threshold)
+    metrics["threshold"] = thr_value
+    metrics["threshold_strategy"] = str(probing_args.threshold)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    unwrapped.config.decision_threshold = thr_value
+    if trainer.is_world_process_zero():
+        trainer.save_model(probing_args.output_dir)
+        tokenizer.save_pretrained(probing_args.output_dir)
+        if probing_args.probe != "logistic":
+            trainer.save_state()
+        _write_json(os.path.join(probing_args.output_dir, METRICS_FILE), metrics)
+        _write_json(
+            os.path.join(probing_args.output_dir, THRESHOLDS_FILE),
+            {"strategy": str(probing_args.threshold), "threshold": thr_value, "label_names": names},
+        )
+    return trainer, metrics

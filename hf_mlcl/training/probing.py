@@ -1,0 +1,294 @@
+"""`ProbingTrainer`: stage 2, a multi-label head on a (frozen or fine-tuned) encoder.
+
+Protocol (Khosla et al. 2020; the SD-loss and ABALONE papers): drop the projection head of the
+contrastive encoder, put a linear multi-label head on the pooled representation and
+
+* ``probe="linear"``: freeze the encoder (it also stays in eval mode: no dropout) and train the head;
+* ``probe="finetune"``: train encoder and head together (also the plain BCE baseline on a raw
+  backbone, without any contrastive stage);
+* ``probe="logistic"``: cache the frozen pooled embeddings once and fit scikit-learn logistic
+  regressions, one per label (Audibert et al., ABALONE, App. "Details evaluating representation
+  space": one logistic regression per label, the regularisation chosen per label for F1 on
+  validation). The fitted weights are folded into the linear head, so the saved classifier is the
+  same Hub-loadable model as for the other probes.
+
+The head is trained with ``get_loss(args.loss, **args.loss_kwargs)`` (bce / focal / asymmetric),
+fully computed in ``compute_loss`` (``accepts_loss_kwargs = False`` on the model and
+``loss_is_scaled_for_ga = False`` here: the per-micro-batch mean is divided by the accumulation
+steps by Trainer, so accumulation averages micro-batch gradients — exact for these per-sample losses
+when micro-batches have equal size). The decision threshold is tuned on validation (``global``: one
+threshold maximising micro-F1, Edin et al. 2023; ``per_label``; or a fixed float) and the test metrics
+of ``hf_mlcl.evaluation.compute_multilabel_metrics`` are reported with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from transformers import Trainer
+
+from ._common import (
+    KeepColumnsMixin,
+    check_label_column,
+    labels_to_dense_float,
+    resolve_num_labels,
+)
+from .arguments import ProbingTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ProbingTrainer", "fit_logistic_probe"]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
+
+
+def _fit_one_label(x: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray | None, cs: Sequence[float], max_iter: int):
+    from sklearn.linear_model import LogisticRegression
+
+    pos = int(y.sum())
+    if pos == 0 or pos == len(y):  # constant label: a bias-only model predicting the constant
+        return np.zeros(x.shape[1]), (-12.0 if pos == 0 else 12.0), float("nan")
+    best = None
+    for c in cs:
+        clf = LogisticRegression(C=float(c), max_iter=max_iter)
+        clf.fit(x, y)
+        if yv is None or len(cs) == 1:
+            f1 = 0.0
+        else:
+            pred = clf.decision_function(xv) >= 0
+            tp = int((pred & yv).sum())
+            f1 = 2 * tp / max(int(pred.sum()) + int(yv.sum()), 1)
+        if best is None or f1 > best[0]:
+            best = (f1, clf.coef_[0].copy(), float(clf.intercept_[0]), float(c))
+    return best[1], best[2], best[3]
+
+
+def fit_logistic_probe(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray | None = None,
+    y_val: np.ndarray | None = None,
+    c_grid: Sequence[float] = (1.0, 0.1, 0.01),
+    max_iter: int = 1000,
+    n_jobs: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-label L2 logistic regressions on standardised features (Audibert et al., ABALONE protocol).
+
+    Every label gets its own ``sklearn.linear_model.LogisticRegression``; with validation data the
+    inverse regularisation C is chosen per label from ``c_grid`` for the label's F1 at 0.5.
+    Standardisation is folded into the returned weights, so ``sigmoid(x @ W.T + b)`` applies to the raw
+    features. Constant labels get zero weights and a saturated bias. Returns ``(W (L, D), b (L,),
+    chosen_C (L,))``.
+    """
+    from joblib import Parallel, delayed
+
+    x_train = np.asarray(x_train, dtype=np.float64)
+    y_train = np.asarray(y_train) > 0.5
+    mean = x_train.mean(0)
+    std = x_train.std(0)
+    std[std < 1e-12] = 1.0
+    xs = (x_train - mean) / std
+    xv = None if x_val is None else (np.asarray(x_val, dtype=np.float64) - mean) / std
+    yv = None if y_val is None else np.asarray(y_val) > 0.5
+    fits = Parallel(n_jobs=n_jobs)(
+        delayed(_fit_one_label)(xs, y_train[:, j], xv, None if yv is None else yv[:, j], tuple(c_grid), max_iter)
+        for j in range(y_train.shape[1])
+    )
+    w_std = np.stack([f[0] for f in fits])
+    b_std = np.array([f[1] for f in fits])
+    chosen = np.array([f[2] for f in fits])
+    w = w_std / std[None, :]
+    b = b_std - w @ mean
+    return w, b, chosen
+
+
+class ProbingTrainer(KeepColumnsMixin, Trainer):
+    """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
+
+    Args:
+        model: an ``MLCLForMultiLabelClassification`` (``from_encoder(..., freeze_encoder=probe ==
+            "linear")``); its forward returns ``logits``.
+        args: ``ProbingTrainingArguments`` (probe, loss, loss_kwargs, threshold, ...).
+        loss_fn: a ready supervised loss (default ``get_loss(args.loss, **args.loss_kwargs)``).
+        num_labels / label_column: as for ``ContrastiveTrainer``.
+
+    ``evaluate()`` reports the metrics at threshold 0.5 (or the fixed / tuned threshold once
+    :meth:`tune_threshold` ran); :meth:`tune_threshold` and :meth:`evaluate_split` implement the
+    validation-tuned test protocol; :meth:`fit_logistic` is the ``logistic`` probe.
+    """
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: ProbingTrainingArguments | None = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        loss_fn: nn.Module | None = None,
+        num_labels: int | None = None,
+        label_column: str = "labels",
+        compute_metrics: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(args, ProbingTrainingArguments):
+            raise ValueError(
+                f"ProbingTrainer needs ProbingTrainingArguments(output_dir=..., probe=...), got {type(args).__name__}"
+            )
+        if model is None:
+            raise ValueError("ProbingTrainer needs a model (MLCLForMultiLabelClassification.from_encoder(...))")
+        check_label_column(train_dataset, label_column, "train")
+        check_label_column(eval_dataset, label_column, "eval")
+        if getattr(model, "accepts_loss_kwargs", False):
+            raise ValueError(f"{type(model).__name__}.accepts_loss_kwargs must be False (transformers#47688)")
+        n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
+        if loss_fn is None:
+            from hf_mlcl.losses import get_loss
+
+            try:
+                loss_fn = get_loss(args.loss, **args.loss_kwargs)
+            except TypeError as err:
+                raise ValueError(f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}") from err
+        if getattr(loss_fn, "is_contrastive", False):
+            raise ValueError(
+                f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric"
+            )
+        freeze = getattr(getattr(model, "config", None), "freeze_encoder", None)
+        if args.probe == "linear" and freeze is False:
+            raise ValueError("probe='linear' needs a frozen encoder: from_encoder(..., freeze_encoder=True)")
+        if args.probe == "finetune" and freeze is True:
+            raise ValueError("probe='finetune' trains the encoder: from_encoder(..., freeze_encoder=False)")
+        if data_collator is None:
+            if processing_class is None:
+                raise ValueError("pass data_collator=MultiLabelCollator(...) or processing_class=<tokenizer>")
+            from hf_mlcl.data import MultiLabelCollator
+
+            data_collator = MultiLabelCollator(processing_class, n_labels)
+        if getattr(data_collator, "n_views", 1) != 1:
+            raise ValueError("probing uses one view per text: build the collator with n_views=1")
+        self.loss_fn = loss_fn
+        self.num_labels = n_labels
+        self.label_column = label_column
+        self.threshold: float | np.ndarray = args.fixed_threshold if args.fixed_threshold is not None else 0.5
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=compute_metrics,
+            **kwargs,
+        )
+        if compute_metrics is None:
+            self.compute_metrics = self._metrics
+        self.loss_fn.to(self.args.device)
+
+    # ------------------------------------------------------------------ loss
+    def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
+        inputs = dict(inputs)
+        labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
+        if labels is None:
+            raise ValueError(f"the batch has no {self.label_column!r}; the collator must return multi-hot labels")
+        return inputs, labels
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """``loss_fn(logits, labels)`` of one micro-batch (Trainer divides by the accumulation steps)."""
+        model_inputs, labels = self._split(inputs)
+        outputs = model(**model_inputs)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        loss = self.loss_fn(logits, labels)
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        _, labels = self._split(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        if prediction_loss_only:
+            return loss.detach(), None, None
+        return loss.detach(), logits.detach().float(), labels_to_dense_float(labels)
+
+    def _metrics(self, eval_pred) -> dict[str, float]:
+        from hf_mlcl.evaluation.metrics import compute_multilabel_metrics
+
+        scores = _sigmoid(np.asarray(eval_pred.predictions, dtype=np.float64))
+        result = compute_multilabel_metrics(np.asarray(eval_pred.label_ids) > 0.5, scores, threshold=self.threshold)
+        return {k: v for k, v in result.items() if not np.isnan(v)}
+
+    # ------------------------------------------------------------------ threshold protocol
+    def predict_scores(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(probabilities (N, L), multi-hot truth (N, L)) of a dataset with the current model."""
+        out = self.predict(dataset, metric_key_prefix="predict")
+        return _sigmoid(np.asarray(out.predictions, dtype=np.float64)), np.asarray(out.label_ids) > 0.5
+
+    def tune_threshold(self, scores: np.ndarray, truth: np.ndarray) -> float | np.ndarray:
+        """Set and return ``self.threshold`` per ``args.threshold`` from validation scores."""
+        from hf_mlcl.evaluation.metrics import tune_global_threshold, tune_per_label_thresholds
+
+        if self.args.fixed_threshold is not None:
+            self.threshold = float(self.args.fixed_threshold)
+        elif str(self.args.threshold) == "global":
+            self.threshold = float(tune_global_threshold(truth, scores))
+        else:
+            self.threshold = np.asarray(tune_per_label_thresholds(truth, scores), dtype=np.float64)
+        return self.threshold
+
+    def split_metrics(self, scores: np.ndarray, truth: np.ndarray, prefix: str) -> dict[str, float]:
+        from hf_mlcl.evaluation.metrics import compute_multilabel_metrics
+
+        result = compute_multilabel_metrics(truth, scores, threshold=self.threshold)
+        return {f"{prefix}_{k}": float(v) for k, v in result.items() if not np.isnan(v)}
+
+    # ------------------------------------------------------------------ logistic probe
+    @torch.no_grad()
+    def pooled_features(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Frozen pooled representations (the head's input) and multi-hot labels, computed once."""
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        from hf_mlcl.modeling.modeling_mlcl import pool_states
+
+        feats, labels = [], []
+        for batch in self.get_test_dataloader(dataset):
+            batch = self._prepare_inputs(batch)
+            model_inputs, y = self._split(batch)
+            with self.compute_loss_context_manager():
+                states, mask, segment = model.encode_tokens(
+                    model_inputs["input_ids"], model_inputs.get("attention_mask"), model_inputs.get("token_type_ids")
+                )
+                pooled = pool_states(states, mask, model.config.pooling, segment)
+            feats.append(pooled.float().cpu().numpy())
+            labels.append(labels_to_dense_float(y).cpu().numpy() > 0.5)
+        return np.concatenate(feats), np.concatenate(labels)
+
+    def fit_logistic(self, validation_dataset: Any | None = None) -> dict[str, Any]:
+        """The ``logistic`` probe: per-label scikit-learn logistic regressions on cached embeddings.
+
+        The fitted (standardisation-folded) weights are copied into the model's linear head, so
+        ``predict`` / ``save_model`` then behave as for the trained probes. Returns fit statistics.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if getattr(model.config, "head", "linear") != "linear":
+            raise ValueError("the logistic probe needs head='linear'")
+        x_tr, y_tr = self.pooled_features(self.train_dataset)
+        x_va = y_va = None
+        if validation_dataset is not None:
+            x_va, y_va = self.pooled_features(validation_dataset)
+        w, b, chosen = fit_logistic_probe(
+            x_tr, y_tr, x_va, y_va, c_grid=self.args.logistic_c_grid_values, max_iter=self.args.logistic_max_iter
+        )
+        head = model.classifier
+        with torch.no_grad():
+            head.weight.copy_(torch.as_tensor(w, dtype=head.weight.dtype))
+            head.bias.copy_(torch.as_tensor(b, dtype=head.bias.dtype))
+        return {"logistic_num_train": int(x_tr.shape[0]), "logistic_median_C": float(np.nanmedian(chosen))}

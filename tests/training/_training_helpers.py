@@ -1,0 +1,112 @@
+"""Shared builders for the tests in tests/training (tiny backbone, hand-made multi-label data)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import BertConfig
+
+from hf_mlcl.data import MultiLabelCollator, train_tokenizer
+from hf_mlcl.data.registry import build_split
+from hf_mlcl.modeling import MLCLEncoder
+
+LABELS = ["alpha", "beta", "gamma", "delta"]
+_TOPIC = {
+    0: "heart cardiac pulse artery",
+    1: "kidney renal urine dialysis",
+    2: "graph network node edge",
+    3: "quantum photon spin field",
+}
+_NOISE = "the a of and with was is for on by to in".split()
+
+
+def tiny_split(n: int = 32, seed: int = 0):
+    """``n`` texts whose words reveal their labels; every row has 1-2 of 4 labels and in every aligned
+    group of 4 rows each row shares a label with another, so every anchor of such a batch has a positive."""
+    rng = random.Random(seed)
+    pattern = [[0], [0, 1], [1, 2], [2], [3], [2, 3], [1, 3], [1]]
+    texts, labels = [], []
+    for i in range(n):
+        labs = pattern[i % len(pattern)]
+        words = []
+        for lab in labs:
+            words += rng.sample(_TOPIC[lab].split(), 3)
+        words += rng.sample(_NOISE, 3)
+        rng.shuffle(words)
+        texts.append(" ".join(words))
+        labels.append(sorted(labs))
+    return build_split(texts, labels, LABELS)
+
+
+def tiny_tokenizer():
+    corpus = [" ".join(_TOPIC.values()) + " " + " ".join(_NOISE)] * 4
+    return train_tokenizer(corpus, vocab_size=80)
+
+
+def tiny_encoder(tok, dropout: float = 0.0, projection_dim: int = 16, seed: int = 0) -> MLCLEncoder:
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    return MLCLEncoder.from_backbone(cfg, projection_dim=projection_dim)
+
+
+def collator(tok, n_views: int = 1, num_labels: int = 4):
+    return MultiLabelCollator(tok, num_labels, max_length=32, n_views=n_views)
+
+
+def base_args(tmp_path, **kw):
+    from hf_mlcl.training import ContrastiveTrainingArguments
+
+    defaults = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        max_steps=1,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        disable_tqdm=True,
+        max_grad_norm=0.0,
+        train_sampling_strategy="sequential",
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    defaults.update(kw)
+    return ContrastiveTrainingArguments(**defaults)
+
+
+class GradCapture:
+    """TrainerCallback that snapshots every parameter gradient right before each optimizer step."""
+
+    def __new__(cls, model):
+        from transformers import TrainerCallback
+
+        class _Capture(TrainerCallback):
+            def __init__(self):
+                self.grads: list[dict[str, torch.Tensor]] = []
+
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                self.grads.append(
+                    {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+                )
+
+        return _Capture()
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), (sorted(a)[:3], sorted(b)[:3])
+    num = max(float((a[k] - b[k]).abs().max()) for k in a)
+    den = max(float(b[k].abs().max()) for k in b)
+    return num / max(den, 1e-12)
