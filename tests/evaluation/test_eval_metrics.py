@@ -1,0 +1,298 @@
+"""compute_multilabel_metrics against scikit-learn and hand-computed values (loops allowed here)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn import metrics as skm
+
+import hf_mlcl.evaluation.metrics as mm
+from hf_mlcl.evaluation import (
+    METRIC_KEYS,
+    apply_threshold,
+    compute_multilabel_metrics,
+    make_compute_metrics,
+    metric_keys,
+    per_label_f1,
+    predictions_to_scores,
+    sigmoid,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _data(n=40, num_labels=11, seed=0, ties=False):
+    rng = np.random.default_rng(seed)
+    y = rng.random((n, num_labels)) < 0.3
+    y[:, 2] = False  # never positive
+    y[0] = False  # an example without labels
+    s = rng.random((n, num_labels))
+    s = s + 0.4 * y  # informative scores
+    s = np.clip(s / 1.4, 0, 1)
+    if ties:
+        s = np.round(s, 1)
+    return y, s.astype(np.float32)
+
+
+def _ref_topk(y, s, k):
+    """CAML's precision_at_k / recall_at_k, spelled out."""
+    p, r = [], []
+    for i in range(y.shape[0]):
+        top = np.argsort(-s[i], kind="stable")[:k]
+        hits = y[i, top].sum()
+        p.append(hits / len(top))
+        r.append(hits / y[i].sum() if y[i].sum() else 0.0)
+    return np.mean(p), np.mean(r)
+
+
+def _ref_rprec(y, s):
+    vals = []
+    for i in range(y.shape[0]):
+        r = int(y[i].sum())
+        vals.append(y[i, np.argsort(-s[i], kind="stable")[:r]].sum() / r if r else 0.0)
+    return np.mean(vals)
+
+
+def _sklearn_reference(y, s, thr=0.5):
+    pred = s >= np.float32(thr) if np.isscalar(thr) else s >= np.asarray(thr, dtype=s.dtype)
+    ref = {}
+    for avg in ("micro", "macro"):
+        p, r, f, _ = skm.precision_recall_fscore_support(y, pred, average=avg, zero_division=0)
+        ref[f"{avg}_precision"], ref[f"{avg}_recall"], ref[f"{avg}_f1"] = p, r, f
+    mp, mr = ref["macro_precision"], ref["macro_recall"]
+    ref["macro_f1_harmonic"] = 2 * mp * mr / (mp + mr) if mp + mr else 0.0
+    ref["micro_auc"] = skm.roc_auc_score(y.ravel(), s.ravel())
+    both = [j for j in range(y.shape[1]) if 0 < y[:, j].sum() < y.shape[0]]
+    ref["macro_auc"] = np.mean([skm.roc_auc_score(y[:, j], s[:, j]) for j in both])
+    has_pos = [j for j in range(y.shape[1]) if y[:, j].any()]
+    ref["map_label"] = np.mean([skm.average_precision_score(y[:, j], s[:, j]) for j in has_pos])
+    ref["map_example"] = np.mean(
+        [skm.average_precision_score(y[i], s[i]) if y[i].any() else 0.0 for i in range(y.shape[0])]
+    )
+    ref["hamming_loss"] = skm.hamming_loss(y, pred)
+    ref["example_f1"] = skm.f1_score(y, pred, average="samples", zero_division=0)
+    ref["subset_accuracy"] = skm.accuracy_score(y, pred)
+    ref["r_precision"] = _ref_rprec(y, s)
+    for k in (1, 5, 8, 15):
+        ref[f"p@{k}"], ref[f"r@{k}"] = _ref_topk(y, s, k)
+    return ref
+
+
+def test_keys_are_the_contract():
+    y, s = _data()
+    out = compute_multilabel_metrics(y, s)
+    assert list(out) == list(METRIC_KEYS) == metric_keys((1, 5, 8, 15))
+    for key in ("macro_f1", "macro_f1_harmonic", "p@8", "r@15", "map_label", "map_example", "r_precision"):
+        assert key in out
+    assert all(isinstance(v, float) for v in out.values())
+    assert list(compute_multilabel_metrics(y, s, ks=(3,))) == metric_keys((3,))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_against_sklearn(ties):
+    y, s = _data(ties=ties)
+    out = compute_multilabel_metrics(y, s)
+    ref = _sklearn_reference(y, s)
+    for key, value in ref.items():
+        if key.startswith(("p@", "r@", "r_precision")) and ties:
+            continue  # top-k tie-breaking is arbitrary by definition
+        assert out[key] == pytest.approx(value, abs=1e-12), key
+
+
+def test_per_label_threshold_array_matches_sklearn():
+    y, s = _data(seed=3)
+    thr = np.linspace(0.2, 0.8, y.shape[1])
+    out = compute_multilabel_metrics(y, s, threshold=thr)
+    ref = _sklearn_reference(y, s, thr)
+    for key in ("micro_f1", "macro_f1", "example_f1", "hamming_loss", "subset_accuracy"):
+        assert out[key] == pytest.approx(ref[key], abs=1e-12), key
+
+
+def test_two_macro_f1_definitions_differ_and_are_named():
+    # label 0: P=1, R=1/2 ; label 1: P=1/2, R=1
+    y = np.array([[1, 0], [1, 0], [0, 1], [0, 0]])
+    s = np.array([[0.9, 0.1], [0.2, 0.1], [0.1, 0.9], [0.1, 0.9]])
+    out = compute_multilabel_metrics(y, s, ks=(1,))
+    assert out["macro_precision"] == pytest.approx(0.75)
+    assert out["macro_recall"] == pytest.approx(0.75)
+    assert out["macro_f1"] == pytest.approx(2 / 3)  # mean of per-label F1 = (2/3 + 2/3) / 2
+    assert out["macro_f1_harmonic"] == pytest.approx(0.75)  # 2 * .75 * .75 / 1.5
+
+
+def test_hand_computed_small_case():
+    y = np.array([[1, 0, 1, 0], [0, 1, 0, 0]])
+    s = np.array([[0.8, 0.6, 0.3, 0.1], [0.2, 0.7, 0.9, 0.4]])
+    out = compute_multilabel_metrics(y, s, ks=(1, 2))
+    # predictions >= .5: row0 {0,1}, row1 {1,2}; TP = 2 (0 in row0, 1 in row1), FP = 2, FN = 1
+    assert out["micro_precision"] == pytest.approx(2 / 4)
+    assert out["micro_recall"] == pytest.approx(2 / 3)
+    assert out["micro_f1"] == pytest.approx(4 / 7)
+    # per-label F1: l0 1, l1 2/3, l2 0, l3 0 (never positive, never predicted -> 0)
+    assert out["macro_f1"] == pytest.approx((1 + 2 / 3) / 4)
+    assert out["hamming_loss"] == pytest.approx(3 / 8)
+    assert out["example_f1"] == pytest.approx((2 * 1 / 4 + 2 * 1 / 3) / 2)
+    assert out["subset_accuracy"] == 0.0
+    # rankings: row0 0,1,2,3 ; row1 2,1,3,0
+    assert out["p@1"] == pytest.approx((1 + 0) / 2)
+    assert out["p@2"] == pytest.approx((1 / 2 + 1 / 2) / 2)
+    assert out["r@1"] == pytest.approx((1 / 2 + 0) / 2)
+    assert out["r@2"] == pytest.approx((1 / 2 + 1) / 2)
+    assert out["r_precision"] == pytest.approx((1 / 2 + 0) / 2)  # R=2 -> {0,1}: 1 hit; R=1 -> {2}: 0
+    # example AP: row0 hits at ranks 1 and 3 -> (1 + 2/3)/2 ; row1 hit at rank 2 -> 1/2
+    assert out["map_example"] == pytest.approx(((1 + 2 / 3) / 2 + 1 / 2) / 2)
+    # label AP (label 3 skipped): l0 1, l1 1, l2 rank 2 -> 1/2
+    assert out["map_label"] == pytest.approx((1 + 1 + 0.5) / 3)
+    # label AUC (label 3 has no positive, skipped): l0 1, l1 1, l2 0
+    assert out["macro_auc"] == pytest.approx(2 / 3)
+    assert out["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), s.ravel()))
+
+
+def test_label_never_positive():
+    y, s = _data(seed=5)
+    y[:, 3] = True  # never negative
+    out = compute_multilabel_metrics(y, s)
+    # dropping the never-positive label (2) and never-negative label (3) leaves the AUC mean unchanged
+    keep = [j for j in range(y.shape[1]) if j not in (2, 3)]
+    sub = compute_multilabel_metrics(y[:, keep], s[:, keep])
+    assert out["macro_auc"] == pytest.approx(sub["macro_auc"])
+    keep_ap = [j for j in range(y.shape[1]) if j != 2]
+    assert out["map_label"] == pytest.approx(compute_multilabel_metrics(y[:, keep_ap], s[:, keep_ap])["map_label"])
+    # but it counts (as 0) in macro F1 when the label is predicted somewhere, and as zero_division otherwise
+    f1 = per_label_f1(y, s >= 0.5)
+    assert f1[2] == 0.0
+    assert out["macro_f1"] == pytest.approx(f1.mean())
+    s2 = s.copy()
+    s2[:, 2] = 0.0  # never predicted either -> 0/0
+    assert per_label_f1(y, s2 >= 0.5, zero_division=1.0)[2] == 1.0
+    o0 = compute_multilabel_metrics(y, s2)
+    o1 = compute_multilabel_metrics(y, s2, zero_division=1.0)
+    assert o1["macro_f1"] - o0["macro_f1"] == pytest.approx(1.0 / y.shape[1])
+
+
+def test_all_zero_predictions():
+    y, _ = _data(seed=1)
+    s = np.zeros(y.shape, dtype=np.float32)
+    out = compute_multilabel_metrics(y, s)
+    assert out["micro_precision"] == 0.0 and out["micro_recall"] == 0.0 and out["micro_f1"] == 0.0
+    assert out["macro_f1"] == 0.0 and out["macro_f1_harmonic"] == 0.0 and out["example_f1"] == 0.0
+    assert out["micro_auc"] == pytest.approx(0.5) and out["macro_auc"] == pytest.approx(0.5)
+    assert out["hamming_loss"] == pytest.approx(y.sum() / y.size)
+    assert out["subset_accuracy"] == pytest.approx(np.mean(~y.any(axis=1)))
+    # all labels tied: AP of a label = its prevalence (sklearn: one threshold step)
+    ap = [skm.average_precision_score(y[:, j], s[:, j]) for j in range(y.shape[1]) if y[:, j].any()]
+    assert out["map_label"] == pytest.approx(np.mean(ap))
+    for key in ("p@1", "p@5", "r@15", "r_precision"):
+        assert 0.0 <= out[key] <= 1.0
+
+
+def test_single_example():
+    y = np.array([[0, 1, 0, 1, 1]])
+    s = np.array([[0.1, 0.9, 0.6, 0.3, 0.8]])
+    out = compute_multilabel_metrics(y, s)
+    assert math.isnan(out["macro_auc"])  # no label has both a positive and a negative
+    assert out["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), s.ravel()))
+    assert out["map_label"] == pytest.approx(1.0)  # each positive label is ranked first in its column
+    assert out["map_example"] == pytest.approx(skm.average_precision_score(y[0], s[0]))
+    assert out["p@1"] == 1.0 and out["p@5"] == pytest.approx(3 / 5)
+    assert out["p@15"] == pytest.approx(3 / 5)  # P@k divides by min(k, L)
+    assert out["r@1"] == pytest.approx(1 / 3) and out["r@15"] == 1.0
+    assert out["r_precision"] == pytest.approx(2 / 3)
+    assert out["micro_f1"] == pytest.approx(2 * 2 / (3 + 3))
+    assert out["subset_accuracy"] == 0.0
+
+
+def test_perfect_scores():
+    y, _ = _data(seed=2)
+    out = compute_multilabel_metrics(y, y.astype(np.float32))
+    for key in ("micro_f1", "micro_auc", "macro_auc", "map_label", "subset_accuracy"):
+        assert out[key] == pytest.approx(1.0), key
+    assert out["hamming_loss"] == 0.0
+    # the example without labels is a 0/0 for example F1, R@k and R-precision
+    with_labels = np.mean(y.any(axis=1))
+    assert with_labels < 1.0
+    assert out["example_f1"] == pytest.approx(with_labels)
+    assert out["r_precision"] == pytest.approx(with_labels)
+    assert compute_multilabel_metrics(y, y.astype(float), zero_division=1.0)["example_f1"] == 1.0
+
+
+def test_chunked_paths_equal_unchunked(monkeypatch):
+    y, s = _data(n=37, num_labels=23, seed=4, ties=True)
+    full = compute_multilabel_metrics(y, s)
+    monkeypatch.setattr(mm, "_CHUNK_CELLS", 50)
+    chunked = compute_multilabel_metrics(y, s)
+    for key in full:
+        assert chunked[key] == pytest.approx(full[key], abs=1e-12, nan_ok=True), key
+
+
+def test_input_types_torch_scipy_float64():
+    import scipy.sparse as sp
+
+    y, s = _data(seed=6)
+    ref = compute_multilabel_metrics(y, s)
+    out_t = compute_multilabel_metrics(torch.from_numpy(y.astype(np.float32)), torch.from_numpy(s))
+    out_sp = compute_multilabel_metrics(sp.csr_matrix(y.astype(np.int8)), s)
+    for key in ref:
+        assert out_t[key] == pytest.approx(ref[key], nan_ok=True)
+        assert out_sp[key] == pytest.approx(ref[key], nan_ok=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(y_true=np.ones((3, 2)), y_score=np.ones((3, 3))), "must match"),
+        (dict(y_true=np.full((3, 2), 2), y_score=np.ones((3, 2))), "only 0 and 1"),
+        (dict(y_true=np.ones(3), y_score=np.ones(3)), "2-D"),
+        (dict(y_true=np.ones((2, 2)), y_score=np.array([[0.1, np.nan], [0, 0]])), "NaN"),
+        (dict(y_true=np.ones((2, 2)), y_score=np.ones((2, 2)), threshold=np.ones(3)), "threshold"),
+        (dict(y_true=np.ones((2, 2)), y_score=np.ones((2, 2)), ks=(0,)), "ks"),
+        (dict(y_true=np.ones((0, 2)), y_score=np.ones((0, 2))), "empty"),
+    ],
+)
+def test_bad_input_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        compute_multilabel_metrics(**kwargs)
+
+
+def test_helpers_sigmoid_predictions_and_trainer_callable():
+    x = np.array([[-1000.0, 0.0, 1000.0]], dtype=np.float32)
+    out = sigmoid(x)
+    assert out.dtype == np.float32 and np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, [[0.0, 0.5, 1.0]], atol=1e-7)
+    logits = np.array([[2.0, -2.0], [-3.0, 4.0]], dtype=np.float32)
+    np.testing.assert_allclose(predictions_to_scores((logits, np.zeros((2, 5)))), sigmoid(logits))
+    np.testing.assert_allclose(predictions_to_scores(logits, from_logits=False), logits)
+    assert apply_threshold(sigmoid(logits)).tolist() == [[True, False], [False, True]]
+
+    from types import SimpleNamespace  # stands in for transformers.EvalPrediction (same attributes)
+
+    fn = make_compute_metrics(ks=(1,))
+    res = fn(SimpleNamespace(predictions=logits, label_ids=np.array([[1.0, 0.0], [0.0, 1.0]])))
+    assert fn((logits, np.array([[1.0, 0.0], [0.0, 1.0]])))["micro_f1"] == 1.0
+    assert res["micro_f1"] == 1.0 and res["p@1"] == 1.0
+    assert "macro_auc" in res  # both labels have a positive and a negative
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(2, 9),  # sklearn reads a single column as binary, not multi-label
+    st.integers(0, 10_000),
+)
+def test_property_counts_match_sklearn(n, num_labels, seed):
+    rng = np.random.default_rng(seed)
+    y = rng.random((n, num_labels)) < 0.4
+    s = np.round(rng.random((n, num_labels)), 1)
+    out = compute_multilabel_metrics(y, s)
+    pred = s >= 0.5
+    assert out["micro_f1"] == pytest.approx(skm.f1_score(y, pred, average="micro", zero_division=0))
+    assert out["macro_f1"] == pytest.approx(skm.f1_score(y, pred, average="macro", zero_division=0))
+    assert out["example_f1"] == pytest.approx(skm.f1_score(y, pred, average="samples", zero_division=0))
+    if 0 < y.sum() < y.size:
+        assert out["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), s.ravel()))
+    else:
+        assert math.isnan(out["micro_auc"])
