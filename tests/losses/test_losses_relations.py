@@ -1,0 +1,141 @@
+"""Label-relation statistics (hf_mlcl.losses.relations) vs set-based loops, dense and sparse, plus the
+engine's masking / no-positive policy (hf_mlcl.losses.core)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_mlcl.losses import relations as R
+from hf_mlcl.losses.core import masked_log_softmax, weighted_contrastive_loss
+
+
+def _labels(n, n_labels, seed, p=0.35):
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(n, n_labels, generator=g) < p).float()
+    y[0] = 0
+    return y
+
+
+def _sets(y):
+    return [set(torch.nonzero(r).flatten().tolist()) for r in y]
+
+
+LAYOUTS = {
+    "float": lambda y: y,
+    "bool": lambda y: y.bool(),
+    "int": lambda y: y.long(),
+    "coo": lambda y: y.to_sparse(),
+    "csr": lambda y: y.to_sparse_csr(),
+    "coo_bool": lambda y: y.bool().to_sparse(),
+}
+
+
+@pytest.mark.parametrize("layout_a", list(LAYOUTS))
+@pytest.mark.parametrize("layout_c", ["float", "coo", "csr"])
+def test_pair_statistics_match_set_loops(layout_a, layout_c):
+    ya_d, yc_d = _labels(7, 9, 0), _labels(11, 9, 1)
+    ya = R.as_multihot(LAYOUTS[layout_a](ya_d))
+    yc = R.as_multihot(LAYOUTS[layout_c](yc_d))
+    assert R.is_sparse(ya) == layout_a.startswith(("coo", "csr"))
+    inter = R.intersections(ya, yc)
+    sa, sc = R.label_sizes(ya), R.label_sizes(yc)
+    union, eq, jac = R.unions(sa, sc, inter), R.equality(sa, sc, inter), R.jaccard(sa, sc, inter)
+    A, C = _sets(ya_d), _sets(yc_d)
+    for i, S in enumerate(A):
+        assert sa[i].item() == len(S)
+        for a, T in enumerate(C):
+            assert inter[i, a].item() == len(S & T)
+            assert union[i, a].item() == len(S | T)
+            assert bool(eq[i, a]) == (S == T)
+            assert jac[i, a].item() == pytest.approx(len(S & T) / len(S | T) if S | T else 0.0)
+    torch.testing.assert_close(R.label_counts(yc), yc_d.sum(0))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("with_keys", [False, True])
+def test_mulsupcon_inverse_count_weights_match_loop(sparse, with_keys):
+    y = _labels(8, 6, 3, p=0.4)
+    yk = _labels(5, 6, 4, p=0.4) if with_keys else None
+    ya = R.as_multihot(y.to_sparse() if sparse else y)
+    yc = R.cat_labels(ya, None if yk is None else R.as_multihot(yk.to_sparse() if sparse else yk))
+    counts = R.candidate_label_counts(ya, yc, anchors_in_candidates=True)
+    assert R.is_sparse(counts) == sparse  # sparse stays sparse
+    w, pairs = R.inverse_count_weights(ya, yc, anchors_in_candidates=True)
+    A = _sets(y)
+    C = A + ([] if yk is None else _sets(yk))
+    for i, S in enumerate(A):
+        others = [a for a in range(len(C)) if a != i]
+        n_l = {lab: sum(1 for a in others if lab in C[a]) for lab in S}
+        dense_counts = counts.to_dense() if sparse else counts
+        for lab in range(6):
+            assert dense_counts[i, lab].item() == (n_l.get(lab, 0))
+        assert pairs[i].item() == sum(1 for v in n_l.values() if v > 0)
+        for a in others:
+            want = sum(1.0 / n_l[lab] for lab in S & C[a] if n_l[lab] > 0)
+            assert w[i, a].item() == pytest.approx(want, rel=1e-6, abs=1e-9)
+
+
+def test_as_multihot_validation_messages():
+    with pytest.raises(ValueError, match="2-D"):
+        R.as_multihot(torch.ones(3))
+    with pytest.raises(ValueError, match="binary"):
+        R.as_multihot(torch.tensor([[0, 3]]))
+    with pytest.raises(ValueError, match="NaN"):
+        R.as_multihot(torch.tensor([[0.0, float("nan")]]))
+    with pytest.raises(ValueError, match="torch.Tensor"):
+        R.as_multihot([[0, 1]])
+    # duplicate COO entries summing to 2 are not a multi-hot matrix
+    dup = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1]]), torch.tensor([1.0, 1.0]), (1, 3), check_invariants=False)
+    with pytest.raises(ValueError, match="binary"):
+        R.as_multihot(dup)
+    # explicit zeros in a sparse matrix are dropped
+    z = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 2]]), torch.tensor([1.0, 0.0]), (1, 3))
+    assert R.as_multihot(z)._nnz() == 1
+    with pytest.raises(ValueError, match="label width"):
+        R.intersections(R.as_multihot(torch.ones(2, 3)), R.as_multihot(torch.ones(2, 4)))
+
+
+def test_engine_masked_rows_and_weights():
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]], requires_grad=True)
+    mask = torch.tensor([[False, True, True], [False, False, False]])
+    logp = masked_log_softmax(logits, mask)
+    lse = torch.logsumexp(torch.tensor([2.0, 3.0]), 0)
+    torch.testing.assert_close(logp[0], torch.stack([torch.tensor(0.0), 2 - lse, 3 - lse]))
+    assert (logp[1] == 0).all()  # empty contrast set: zeros, not NaN
+    # denominator weights: log d added inside the logsumexp only
+    logd = torch.log(torch.tensor([[1.0, 0.5, 2.0], [1.0, 1.0, 1.0]]))
+    logp_d = masked_log_softmax(logits, mask, logd)
+    lse_d = torch.log(0.5 * torch.exp(torch.tensor(2.0)) + 2 * torch.exp(torch.tensor(3.0)))
+    assert logp_d[0, 2].item() == pytest.approx(3 - lse_d.item(), rel=1e-6)
+    # weighted reduction: anchor 1 has no contrast set -> skipped; no valid anchor -> connected zero
+    w = torch.tensor([[0.0, 1.0, 3.0], [1.0, 1.0, 1.0]])
+    loss, per_anchor, valid = weighted_contrastive_loss(logits, w, mask, w.sum(1))
+    assert valid.tolist() == [True, False]
+    assert loss.item() == pytest.approx(-((2 - lse) + 3 * (3 - lse)).item() / 4, rel=1e-6)
+    zero, _, valid0 = weighted_contrastive_loss(logits, torch.zeros_like(w), mask, torch.zeros(2))
+    assert zero.item() == 0.0 and not valid0.any()
+    zero.backward()
+    assert logits.grad is not None and (logits.grad == 0).all()
+
+
+def test_engine_memory_is_pairwise_not_per_label():
+    """A 25k-label sparse batch runs: nothing of size N x M x L is ever materialised."""
+    from hf_mlcl.losses import get_loss
+
+    n, k, n_labels = 64, 256, 25_000
+    g = torch.Generator().manual_seed(0)
+    idx_rows = torch.arange(n).repeat_interleave(4)
+    idx_cols = torch.randint(0, 50, (n * 4,), generator=g)
+    y = torch.sparse_coo_tensor(
+        torch.stack([idx_rows, idx_cols]), torch.ones(n * 4), (n, n_labels)
+    ).coalesce()
+    y = torch.sparse_coo_tensor(y.indices(), torch.ones_like(y.values()), (n, n_labels))
+    yk_rows = torch.arange(k).repeat_interleave(3)
+    yk_cols = torch.randint(0, 50, (k * 3,), generator=g)
+    yk = torch.sparse_coo_tensor(torch.stack([yk_rows, yk_cols]), torch.ones(k * 3), (k, n_labels)).coalesce()
+    yk = torch.sparse_coo_tensor(yk.indices(), torch.ones_like(yk.values()), (k, n_labels))
+    z, zk = torch.randn(n, 32, generator=g), torch.randn(k, 32, generator=g)
+    for name in ["any", "sd", "jaccard", "mulsupcon", "all"]:
+        out = get_loss(name)(z, y, zk, yk)
+        assert torch.isfinite(out)
