@@ -1,0 +1,167 @@
+"""ContrastiveTrainer: steps, learning, exact resume, accumulation semantics, eval probe, bad configs."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from _training_helpers import GradCapture, base_args, collator, max_rel_diff, tiny_encoder, tiny_split, tiny_tokenizer
+from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
+from hf_mlcl.training.contrastive import STATE_FILE, knn_probe_metrics
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def _losses(trainer) -> dict[int, float]:
+    return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+
+
+def test_two_views_steps_log_components_and_eval_probe(tmp_path, tok):
+    ds = tiny_split(32)
+    args = base_args(
+        tmp_path, loss="hbl", loss_kwargs={"base": "sd", "k_min": 2}, n_views=2, max_steps=3,
+        eval_strategy="steps", eval_steps=3, metric_for_best_model="knn_micro_f1", knn_k=3,
+    )  # fmt: skip
+    tr = ContrastiveTrainer(model=tiny_encoder(tok, 0.1), args=args, train_dataset=ds, eval_dataset=tiny_split(16, 1),
+                            data_collator=collator(tok, n_views=2))  # fmt: skip
+    tr.train()
+    logs = [h for h in tr.state.log_history if "loss" in h]
+    assert len(logs) == 3 and all(math.isfinite(h["loss"]) for h in logs)
+    assert {"loss_base", "loss_hbl"} <= set(logs[0])  # hbl components are logged
+    ev = [h for h in tr.state.log_history if "eval_loss" in h][0]
+    for key in ("eval_knn_micro_f1", "eval_knn_macro_f1", "eval_knn_p@1"):
+        assert 0.0 <= ev[key] <= 1.0
+    assert tr.state.best_metric == ev["eval_knn_micro_f1"]
+
+
+def test_loss_falls_on_learnable_set(tmp_path, tok):
+    ds = tiny_split(16)
+    args = base_args(tmp_path, loss="sd", per_device_train_batch_size=16, max_steps=20, learning_rate=3e-3, knn_k=3)
+    tr = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=ds, data_collator=collator(tok))
+    before = tr.evaluate(tiny_split(32, seed=7))
+    tr.train()
+    losses = list(_losses(tr).values())
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
+    after = tr.evaluate(tiny_split(32, seed=7))  # held-out texts (other word draws)
+    assert after["eval_loss"] < before["eval_loss"]
+    assert after["eval_knn_micro_f1"] > 0.5
+
+
+def test_resume_gives_identical_next_step_with_queue_and_prototypes(tmp_path, tok):
+    """msc (learnable prototypes in the optimizer) + MoCo queue + dropout: checkpoint-2 -> step 3 identical."""
+    ds = tiny_split(32)
+    kw = dict(loss="msc", queue_size=12, momentum=0.9, max_steps=3, save_strategy="steps", save_steps=2,
+              train_sampling_strategy="random", knn_k=0)  # fmt: skip
+    full = ContrastiveTrainer(model=tiny_encoder(tok, 0.1), args=base_args(tmp_path / "a", **kw), train_dataset=ds,
+                              data_collator=collator(tok))  # fmt: skip
+    full.train()
+    ref = _losses(full)
+    assert len(full.queue) == 12 and os.path.isfile(tmp_path / "a" / "checkpoint-2" / STATE_FILE)
+
+    def resumed_step3(ckpt, seed):
+        tr = ContrastiveTrainer(model=tiny_encoder(tok, 0.1, seed=seed), args=base_args(tmp_path / "b", **kw),
+                                train_dataset=ds, data_collator=collator(tok))  # fmt: skip
+        tr.train(resume_from_checkpoint=str(ckpt))
+        return tr, _losses(tr)[3]
+
+    tr, loss3 = resumed_step3(tmp_path / "a" / "checkpoint-2", seed=5)  # other init: weights come from the ckpt
+    assert loss3 == pytest.approx(ref[3], rel=1e-6, abs=1e-7)
+    assert torch.allclose(tr.queue.embeddings, full.queue.embeddings, atol=1e-6)
+    assert torch.allclose(tr.loss_fn.prototypes, full.loss_fn.prototypes, atol=1e-6)
+
+    # the extra state matters: without it (fresh queue / prototypes / key encoder) step 3 differs
+    crippled = tmp_path / "crippled"
+    shutil.copytree(tmp_path / "a" / "checkpoint-2", crippled)
+    os.remove(crippled / STATE_FILE)
+    _, loss3_fresh = resumed_step3(crippled, seed=5)
+    assert abs(loss3_fresh - ref[3]) > 1e-4
+
+
+def test_gradient_accumulation_is_mean_of_micro_batch_gradients(tmp_path, tok):
+    """GA 2 x batch 4: the step uses (g(rows 0-3) + g(rows 4-7)) / 2 -- in-batch candidates per micro-batch --
+    which is NOT the gradient of the batch-8 loss."""
+    ds = tiny_split(8)
+    coll = collator(tok)
+
+    def run(bs, ga):
+        model = tiny_encoder(tok)
+        cap = GradCapture(model)
+        args = base_args(tmp_path / f"{bs}x{ga}", loss="sd", per_device_train_batch_size=bs,
+                         gradient_accumulation_steps=ga, knn_k=0)  # fmt: skip
+        tr = ContrastiveTrainer(model=model, args=args, train_dataset=ds, data_collator=coll, callbacks=[cap])
+        tr.train()
+        return tr, cap.grads[0], _losses(tr)[1]
+
+    tr, acc_grad, acc_loss = run(4, 2)
+    _, big_grad, big_loss = run(8, 1)
+
+    model = tiny_encoder(tok)  # same init, manual reference
+    model.train()
+    micro = [coll([dict(r) for r in ds.select(range(i, i + 4))]) for i in (0, 4)]
+    losses = [tr.compute_loss(model, b) for b in micro]
+    (sum(losses) / 2).backward()
+    ref = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert max_rel_diff(acc_grad, ref) < 1e-5
+    assert acc_loss == pytest.approx(float(sum(losses).detach() / 2), rel=1e-5)
+    assert max_rel_diff(acc_grad, big_grad) > 1e-2  # documented: not the batch-8 gradient
+    assert abs(acc_loss - big_loss) > 1e-3
+
+
+def test_label_statistics_are_set_for_ws_mulsupcon(tmp_path, tok):
+    ds = tiny_split(16)
+    tr = ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(tmp_path, loss="ws_mulsupcon", knn_k=0),
+                            train_dataset=ds, data_collator=collator(tok))  # fmt: skip
+    assert tr.loss_fn.requires_label_statistics
+    tr.train()
+    assert math.isfinite(_losses(tr)[1])
+
+
+def test_knn_probe_metrics_perfect_clusters():
+    z = torch.tensor([[1.0, 0.0], [0.99, 0.1], [0.0, 1.0], [0.1, 0.99]])
+    y = torch.tensor([[1, 0], [1, 0], [0, 1], [0, 1]])
+    m = knn_probe_metrics(z, y, k=1)
+    assert m == {"knn_micro_f1": 1.0, "knn_macro_f1": 1.0, "knn_p@1": 1.0}
+
+
+# ----------------------------------------------------------------------------------- bad configurations
+def test_bad_configurations_fail_at_construction(tmp_path, tok):
+    ds = tiny_split(8)
+    enc = tiny_encoder(tok)
+
+    def make(args, dataset=ds, **kw):
+        return ContrastiveTrainer(model=enc, args=args, train_dataset=dataset, data_collator=kw.pop("coll", collator(tok)), **kw)
+
+    with pytest.raises(ValueError, match="unknown loss 'nope'"):
+        make(base_args(tmp_path, loss="nope"))
+    with pytest.raises(ValueError, match="supervised loss"):
+        make(base_args(tmp_path, loss="bce"))
+    no_keys = type("NoKeys", (torch.nn.Module,), {"is_contrastive": True, "supports_keys": False})()
+    with pytest.raises(ValueError, match="supports_keys=False"):
+        make(base_args(tmp_path, queue_size=8), loss_fn=no_keys)
+    with pytest.raises(ValueError, match="n_views must be 1 or 2"):
+        ContrastiveTrainingArguments(output_dir=str(tmp_path), n_views=3)
+    args = base_args(tmp_path)
+    args.n_views = 3  # mutated after construction: the trainer re-checks
+    with pytest.raises(ValueError, match="n_views must be 1 or 2"):
+        make(args)
+    with pytest.raises(ValueError, match="collator makes n_views=2"):
+        make(base_args(tmp_path), coll=collator(tok, n_views=2))
+    with pytest.raises(ValueError, match="no 'labels' column"):
+        make(base_args(tmp_path), dataset=ds.remove_columns("labels"))
+    with pytest.raises(ValueError, match="label-count mismatch"):
+        make(base_args(tmp_path), num_labels=5)
+    enc.config.id2label = {i: f"l{i}" for i in range(6)}
+    with pytest.raises(ValueError, match="model.config.num_labels"):
+        make(base_args(tmp_path))
+    enc.config.id2label = {i: f"l{i}" for i in range(4)}
+    from hf_mlcl.losses import get_loss
+
+    with pytest.raises(ValueError, match="label-count mismatch"):
+        make(base_args(tmp_path, loss="msc"), loss_fn=get_loss("msc", num_labels=7, embedding_dim=16))
