@@ -1,1 +1,26 @@
-"""hf_mlcl.hub"""
+"""hf_mlcl.hub: model-card data collection, rendering and Hub upload.
+
+* :class:`ModelCardCallback` (a ``TrainerCallback``) collects hyperparameters and metrics during a run;
+* :class:`CardData`, :func:`render_model_card`, :func:`save_model_card` (atomic README.md);
+* :func:`push_folder` uploads a trained folder with ``HfApi.create_repo`` + ``upload_folder``.
+"""
+
+from .card_callback import ModelCardCallback, framework_versions
+from .model_card import CARD_DATA_FILE, CARD_FILE, LOSS_PAPERS, CardData, loss_paper, render_model_card, save_model_card
+from .push import PushError, check_pushable, files_to_push, push_folder
+
+__all__ = [
+    "CARD_DATA_FILE",
+    "CARD_FILE",
+    "LOSS_PAPERS",
+    "CardData",
+    "ModelCardCallback",
+    "PushError",
+    "check_pushable",
+    "files_to_push",
+    "framework_versions",
+    "loss_paper",
+    "push_folder",
+    "render_model_card",
+    "save_model_card",
+]

@@ -1,0 +1,179 @@
+"""A ``TrainerCallback`` that collects model-card data while a run happens (as sentence-transformers does).
+
+Attach it to a trainer (``trainer.add_callback(cb)`` or ``callbacks=[cb]``): it records the training
+hyperparameters when training starts, the model's pooling / head / base model, every evaluation's
+metrics, and the final train metrics; :meth:`ModelCardCallback.save` (or ``write_on_train_end=True``)
+renders the card into a folder. For a trainer that already finished (e.g. one returned by
+``hf_mlcl.training.train_contrastive``), :meth:`ModelCardCallback.collect_from_trainer` replays the same
+hooks from ``trainer.args``, ``trainer.model`` and ``trainer.state.log_history``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .model_card import CardData, save_model_card
+
+# TrainingArguments fields worth stating on a card (when the run's args have them).
+_TRAINING_KEYS = (
+    "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs", "max_steps",
+    "lr_scheduler_type", "warmup_steps", "weight_decay", "optim", "max_grad_norm", "seed", "bf16", "fp16",
+    # ContrastiveTrainingArguments
+    "temperature", "projection_dim", "n_views", "queue_size", "momentum", "gather_across_devices",
+    "gradcache_chunk_size",
+    # ProbingTrainingArguments
+    "probe", "threshold",
+)  # fmt: skip
+_MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
+_VERSIONS = ("hf_mlcl", "transformers", "torch", "accelerate", "peft", "datasets", "huggingface_hub")
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly: enums to their value, everything else unchanged or str."""
+    if hasattr(value, "value") and not isinstance(value, (int, float, str, bool)):
+        return value.value
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def framework_versions() -> dict[str, str]:
+    out = {}
+    for name in _VERSIONS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+class ModelCardCallback(TrainerCallback):
+    """Collect :class:`~hf_mlcl.hub.model_card.CardData` during training.
+
+    Args:
+        kind: "encoder" (stage 1) or "classifier" (stage 2).
+        model_args / data_args: the run's ``ModelArguments`` / ``DataArguments`` (base model, dataset,
+            max length, LoRA settings).
+        label_names: the dataset's label names (card lists the first ones; sets ``num_labels``).
+        contrastive_loss / encoder_path: for classifier cards, the stage-1 loss and encoder folder.
+        write_on_train_end: render the card into ``args.output_dir`` when training ends.
+    """
+
+    def __init__(
+        self,
+        kind: str = "encoder",
+        model_args: Any = None,
+        data_args: Any = None,
+        label_names: list[str] | None = None,
+        contrastive_loss: str | None = None,
+        encoder_path: str | None = None,
+        write_on_train_end: bool = False,
+    ) -> None:
+        self.card = CardData(kind=kind, contrastive_loss=contrastive_loss, encoder_path=encoder_path)
+        self.write_on_train_end = write_on_train_end
+        self.card.framework_versions = framework_versions()
+        if label_names is not None:
+            self.card.label_names = [str(n) for n in label_names]
+            self.card.num_labels = len(label_names)
+        if model_args is not None:
+            self.card.base_model = getattr(model_args, "model_name_or_path", None) or (
+                f"random-init {model_args.backbone_config.get('model_type', 'backbone')}"
+                if getattr(model_args, "backbone_config", None)
+                else None
+            )
+            for key in _MODEL_KEYS:
+                if hasattr(model_args, key):
+                    self.card.hyperparameters[key] = _plain(getattr(model_args, key))
+            self.card.pooling = getattr(model_args, "pooling", None)
+            if kind == "classifier":
+                self.card.head = getattr(model_args, "head", None)
+        if data_args is not None:
+            self.card.dataset = getattr(data_args, "dataset", None)
+            self.card.dataset_options = dict(getattr(data_args, "dataset_options", None) or {})
+            self.card.hyperparameters["max_length"] = getattr(data_args, "max_length", None)
+
+    # ----------------------------------------------------------------------------------- hooks
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._collect_args(args)
+        self._collect_model(model)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.update_metrics(metrics or {})
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._collect_train_metrics(state)
+        if self.write_on_train_end and state.is_world_process_zero:
+            self.save(args.output_dir)
+
+    # ----------------------------------------------------------------------------------- collection
+    def _collect_args(self, args) -> None:
+        for key in _TRAINING_KEYS:
+            if hasattr(args, key):
+                value = getattr(args, key)
+                if key == "max_steps" and (value is None or value <= 0):
+                    continue
+                self.card.hyperparameters[key] = _plain(value)
+        world = int(getattr(args, "world_size", 1) or 1)
+        self.card.hyperparameters["total_train_batch_size"] = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+        )
+        self.card.hyperparameters["num_processes"] = world
+        self.card.loss = getattr(args, "loss", self.card.loss)
+        self.card.loss_kwargs = dict(getattr(args, "loss_kwargs", None) or {})
+        if self.card.kind == "classifier":
+            self.card.probe = getattr(args, "probe", None)
+        if not self.card.model_name and getattr(args, "hub_model_id", None):
+            self.card.model_name = args.hub_model_id
+
+    def _collect_model(self, model) -> None:
+        if model is None:
+            return
+        config = getattr(model, "config", None)
+        if config is None:
+            return
+        if not self.card.base_model:
+            self.card.base_model = getattr(config, "backbone_name_or_path", None)
+        self.card.pooling = self.card.pooling or getattr(config, "pooling", None)
+        if self.card.kind == "encoder":
+            self.card.hyperparameters.setdefault("projection_dim", getattr(config, "projection_dim", None))
+        id2label = getattr(config, "id2label", None) or {}
+        if not self.card.label_names and id2label and len(id2label) > 2:  # 2 = the transformers default
+            self.card.label_names = [str(id2label[i]) for i in sorted(id2label, key=int)]
+            self.card.num_labels = len(self.card.label_names)
+
+    def _collect_train_metrics(self, state) -> None:
+        for entry in reversed(getattr(state, "log_history", None) or []):
+            if "train_runtime" in entry:
+                self.update_metrics({k: v for k, v in entry.items() if k.startswith("train_")})
+                break
+
+    def update_metrics(self, metrics: dict[str, Any]) -> None:
+        """Record numeric metrics (later values of the same key win)."""
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.card.metrics[key] = float(value)
+
+    def collect_from_trainer(self, trainer, metrics: dict[str, Any] | None = None) -> CardData:
+        """Fill the card from a trainer that has already trained (the hooks' data, replayed)."""
+        self._collect_args(trainer.args)
+        self._collect_model(trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator")
+                            else trainer.model)
+        for entry in trainer.state.log_history:
+            if any(k.startswith("eval_") for k in entry):
+                self.update_metrics({k: v for k, v in entry.items() if k.startswith("eval_")})
+        self._collect_train_metrics(trainer.state)
+        if metrics:
+            self.update_metrics(metrics)
+        return self.card
+
+    def save(self, folder: str, model_name: str | None = None) -> str:
+        """Render the card into ``folder`` (README.md + card_data.json, atomically)."""
+        if model_name:
+            self.card.model_name = model_name
+        if not self.card.model_name:
+            self.card.model_name = os.path.basename(os.path.normpath(folder)) or f"hf-mlcl-{self.card.kind}"
+        return save_model_card(self.card, folder)

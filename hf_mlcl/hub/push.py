@@ -1,0 +1,101 @@
+"""Upload a trained hf_mlcl folder (model, tokenizer, card, metrics, plots) to the Hugging Face Hub.
+
+The push only reads the folder: it lists the files worth publishing (:func:`files_to_push`), creates the
+repository (``HfApi.create_repo(exist_ok=True)``) and uploads exactly those files with
+``HfApi.upload_folder(allow_patterns=[...])``. A failure (network, permissions, quota) raises
+:class:`PushError` and leaves the local checkpoint byte-for-byte as it was.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Any
+
+from .model_card import CARD_DATA_FILE, CARD_FILE
+
+# Published: weights, configs, tokenizer, remote code, card, metrics, plots.
+_INCLUDE = (
+    "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.json", "*.py", "*.md", "*.txt",
+    "*.model", "*.jinja", "*.png", "*.svg",
+)  # fmt: skip
+# Never published: resumable-training state and local logs (large, private or pickled).
+_EXCLUDE_FILES = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*", "*.tmp", ".*")
+_EXCLUDE_DIRS = ("checkpoint-*", "runs", ".*", "__pycache__")
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+
+
+class PushError(RuntimeError):
+    """The upload failed; the local folder is unchanged."""
+
+
+def files_to_push(folder: str) -> list[str]:
+    """Relative POSIX paths of the files a push uploads (sorted)."""
+    out = []
+    for dirpath, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not any(fnmatch.fnmatch(d, p) for p in _EXCLUDE_DIRS))
+        for name in files:
+            if any(fnmatch.fnmatch(name, p) for p in _EXCLUDE_FILES):
+                continue
+            if any(fnmatch.fnmatch(name, p) for p in _INCLUDE):
+                rel = os.path.relpath(os.path.join(dirpath, name), folder)
+                out.append(rel.replace(os.sep, "/"))
+    return sorted(out)
+
+
+def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
+    """Raise ValueError unless ``folder`` holds a config, weights and a model card; returns the files."""
+    if not os.path.isdir(folder):
+        raise ValueError(f"nothing to push: {folder!r} is not a folder")
+    files = files_to_push(folder) if files is None else files
+    top = {f for f in files if "/" not in f}
+    if "config.json" not in top:
+        raise ValueError(f"{folder} has no config.json: push the folder a training run saved (its output_dir)")
+    if not any(fnmatch.fnmatch(f, p) for f in top for p in _WEIGHTS):
+        raise ValueError(f"{folder} has no model weights (*.safetensors / pytorch_model*.bin)")
+    if CARD_FILE not in top:
+        hint = (
+            "render it with hf_mlcl.hub.save_model_card(CardData.load(folder), folder)"
+            if CARD_DATA_FILE in top
+            else "run training through `hf-mlcl train|probe|run`, which writes README.md"
+        )
+        raise ValueError(f"{folder} has no model card ({CARD_FILE}); {hint}")
+    return files
+
+
+def push_folder(
+    folder: str,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    api: Any = None,
+) -> Any:
+    """Create ``repo_id`` (if needed) and upload the publishable files of ``folder``.
+
+    Returns the ``CommitInfo`` of ``upload_folder``. Raises ValueError for an incomplete folder (before
+    any network call) and :class:`PushError` when the Hub call fails; neither touches the folder.
+    """
+    if not repo_id or repo_id.count("/") > 1:
+        raise ValueError(f"repo_id must look like 'user/name' or 'name'; got {repo_id!r}")
+    files = check_pushable(folder)
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True, token=token)
+        return api.upload_folder(
+            folder_path=folder,
+            repo_id=repo_id,
+            repo_type="model",
+            revision=revision,
+            allow_patterns=files,
+            commit_message=commit_message or f"Upload hf_mlcl model ({len(files)} files)",
+            token=token,
+        )
+    except Exception as err:  # noqa: BLE001 - any Hub / network failure
+        raise PushError(f"push of {folder} to {repo_id} failed ({type(err).__name__}: {err}); "
+                        "the local folder is unchanged") from err

@@ -1,0 +1,268 @@
+"""Model cards (metadata, citations, atomic writes), the card-collecting callback, and push against a
+mocked HfApi (exact file set; a failed push leaves the folder byte-identical)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from huggingface_hub import ModelCard
+from huggingface_hub.utils import filter_repo_objects
+
+from hf_mlcl.hub import (
+    CARD_DATA_FILE,
+    CARD_FILE,
+    LOSS_PAPERS,
+    CardData,
+    ModelCardCallback,
+    PushError,
+    files_to_push,
+    loss_paper,
+    push_folder,
+    render_model_card,
+    save_model_card,
+)
+from hf_mlcl.hub import model_card as model_card_module
+
+
+def _classifier_card(**kw) -> CardData:
+    base = dict(
+        kind="classifier",
+        model_name="someone/aapd-sd-roberta",
+        base_model="FacebookAI/roberta-base",
+        dataset="aapd",
+        num_labels=54,
+        label_names=[f"cs.L{i}" for i in range(54)],
+        loss="bce",
+        contrastive_loss="sd",
+        probe="linear",
+        head="linear",
+        hyperparameters={"learning_rate": 1e-3, "threshold": "global"},
+        metrics={"test_micro_f1": 0.7123, "test_macro_f1": 0.51, "test_p@1": 0.9, "validation_micro_f1": 0.7,
+                 "test_p@5": 0.4, "threshold": 0.31},
+    )
+    base.update(kw)
+    return CardData(**base)
+
+
+def test_classifier_card_has_model_index_citation_usage_and_limitations():
+    card = render_model_card(_classifier_card())
+    parsed = ModelCard(str(card))  # round-trip through the Hub's own parser
+    data = parsed.data.to_dict()
+    assert data["pipeline_tag"] == "text-classification" and data["library_name"] == "transformers"
+    assert data["datasets"] == ["aapd"] and data["base_model"] == "FacebookAI/roberta-base"
+    results = {(r.metric_name, r.dataset_split): r.metric_value for r in parsed.data.eval_results}
+    assert results[("micro-F1", "test")] == pytest.approx(0.7123)
+    assert results[("macro-F1", "test")] == pytest.approx(0.51)
+    assert results[("P@1", "test")] == pytest.approx(0.9)
+    assert parsed.data.model_name == "someone/aapd-sd-roberta"
+    text = parsed.text
+    assert "arXiv:2410.13439" in text and "@article{huang2024similarity" in text  # the SD paper
+    assert 'pipeline("text-classification", model="someone/aapd-sd-roberta", trust_remote_code=True' in text
+    assert "Intended use and limitations" in text and "| learning_rate | 0.001 |" in text
+    assert "| test_micro_f1 | 0.7123 |" in text
+    assert "first 20 shown" in text
+    assert "PhysioNet" not in text
+
+
+def test_encoder_card_and_mimic_limitations():
+    card = CardData(kind="encoder", dataset="mimic3", loss="msc", loss_kwargs={"beta": 0.1}, pooling="mean",
+                    base_model="/abs/local/path", metrics={"eval_knn_micro_f1": 0.4},
+                    hyperparameters={"projection_dim": 256, "temperature": 0.1})
+    parsed = ModelCard(str(render_model_card(card)))
+    assert parsed.data.pipeline_tag == "feature-extraction"
+    assert parsed.data.base_model is None  # a local absolute path is not a Hub id
+    assert [(r.metric_name, r.dataset_split) for r in parsed.data.eval_results] == [("kNN micro-F1", "validation")]
+    assert "AutoModel.from_pretrained(repo, trust_remote_code=True)" in parsed.text
+    assert "MSC / ABALONE" in parsed.text and "@inproceedings{audibert2024exploring" in parsed.text
+    assert "PhysioNet" in parsed.text and "256 dimensions" in parsed.text
+
+
+def test_baseline_classifier_card_without_contrastive_stage():
+    card = render_model_card(_classifier_card(contrastive_loss=None, probe="finetune", metrics={}))
+    assert "supervised baseline" in str(card) and "fine-tuned end to end" in str(card)
+    assert ModelCard(str(card)).data.eval_results is None
+
+
+def test_every_registered_loss_has_a_citation():
+    from hf_mlcl.losses import list_losses
+
+    missing = [n for n in list_losses() if n not in LOSS_PAPERS]
+    assert not missing, f"add these losses to hf_mlcl.hub.model_card.LOSS_PAPERS: {missing}"
+    assert loss_paper("sd") == LOSS_PAPERS["similarity_dissimilarity"]
+    for name in ("all", "any", "mulsupcon", "similarity_dissimilarity", "jaccard", "msc", "ws_mulsupcon", "hbl"):
+        assert LOSS_PAPERS[name]["bibtex"].startswith("@"), name
+
+
+def test_card_writing_is_atomic(tmp_path, monkeypatch):
+    folder = str(tmp_path)
+    save_model_card(_classifier_card(), folder)
+    before = (tmp_path / CARD_FILE).read_bytes()
+    assert CardData.load(folder) == _classifier_card()
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model_card_module.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        save_model_card(_classifier_card(dataset="rcv1"), folder)
+    assert (tmp_path / CARD_FILE).read_bytes() == before  # old card intact
+    assert sorted(os.listdir(folder)) == [CARD_FILE, CARD_DATA_FILE]  # no temp file left behind
+
+
+def test_unknown_card_kind_is_rejected():
+    with pytest.raises(ValueError, match="kind"):
+        CardData(kind="tokenizer")
+
+
+# ------------------------------------------------------------------------------------------------ callback
+class _Model:
+    class config:  # noqa: N801 - mimics a PretrainedConfig
+        backbone_name_or_path = None
+        pooling = "cls"
+        projection_dim = 32
+        id2label = {0: "a", 1: "b", 2: "c"}
+
+
+def test_callback_collects_args_metrics_and_writes_on_train_end(tmp_path):
+    from transformers import TrainerControl, TrainerState
+
+    from hf_mlcl.training.arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments
+
+    args = ContrastiveTrainingArguments(output_dir=str(tmp_path), use_cpu=True, loss="mulsupcon", temperature=0.1,
+                                        learning_rate=3e-5, per_device_train_batch_size=8,
+                                        gradient_accumulation_steps=2, report_to="none")
+    model_args = ModelArguments(backbone_config={"model_type": "bert"}, pooling="cls")
+    data_args = DataArguments(dataset="synthetic", max_length=64)
+    cb = ModelCardCallback("encoder", model_args=model_args, data_args=data_args, write_on_train_end=True)
+    state, control = TrainerState(), TrainerControl()
+    cb.on_train_begin(args, state, control, model=_Model())
+    cb.on_evaluate(args, state, control, metrics={"eval_loss": 1.5, "eval_knn_micro_f1": 0.25, "epoch": 1.0})
+    cb.on_evaluate(args, state, control, metrics={"eval_loss": 1.25, "eval_knn_micro_f1": 0.5})
+    state.log_history = [{"loss": 2.0, "step": 1}, {"train_runtime": 3.0, "train_loss": 1.9, "step": 2}]
+    cb.on_train_end(args, state, control)
+
+    card = CardData.load(str(tmp_path))
+    assert card.loss == "mulsupcon" and card.dataset == "synthetic" and card.base_model == "random-init bert"
+    assert card.hyperparameters["learning_rate"] == 3e-5 and card.hyperparameters["temperature"] == 0.1
+    assert card.hyperparameters["total_train_batch_size"] == 16 and card.hyperparameters["max_length"] == 64
+    assert card.hyperparameters["lr_scheduler_type"] == "linear"  # enum stored as its value
+    assert card.metrics["eval_loss"] == 1.25 and card.metrics["eval_knn_micro_f1"] == 0.5
+    assert card.metrics["train_loss"] == 1.9 and card.label_names == ["a", "b", "c"]
+    assert "transformers" in card.framework_versions
+    text = (tmp_path / CARD_FILE).read_text()
+    assert "MulSupCon" in text and "| eval_knn_micro_f1 | 0.5000 |" in text
+
+
+# ------------------------------------------------------------------------------------------------ push
+def _fake_checkpoint(folder) -> None:
+    files = {
+        "config.json": '{"model_type": "mlcl"}',
+        "model.safetensors": b"\x00\x01weights",
+        "configuration_mlcl.py": "# remote code",
+        "modeling_mlcl.py": "# remote code",
+        "tokenizer.json": "{}",
+        "tokenizer_config.json": "{}",
+        "metrics.json": '{"test_micro_f1": 0.5}',
+        "thresholds.json": '{"threshold": 0.3}',
+        "training_args.bin": b"pickle",
+        "trainer_state.json": "{}",
+        "checkpoint-10/model.safetensors": b"old",
+        "checkpoint-10/optimizer.pt": b"opt",
+        "runs/events.out": b"tb",
+        "plots/f1_vs_frequency.png": b"\x89PNG",
+        ".tmp-README.md": "partial",
+    }
+    for rel, content in files.items():
+        path = os.path.join(folder, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(content if isinstance(content, bytes) else content.encode())
+    save_model_card(_classifier_card(), folder)
+
+
+EXPECTED = [
+    "README.md", "card_data.json", "config.json", "configuration_mlcl.py", "metrics.json", "model.safetensors",
+    "modeling_mlcl.py", "plots/f1_vs_frequency.png", "thresholds.json", "tokenizer.json", "tokenizer_config.json",
+    "trainer_state.json",
+]  # fmt: skip
+
+
+class FakeHfApi:
+    """Records calls; resolves allow_patterns with huggingface_hub's own filter, as upload_folder does."""
+
+    def __init__(self, fail_on: str | None = None):
+        self.fail_on = fail_on
+        self.calls: list[tuple[str, dict]] = []
+        self.uploaded: dict[str, bytes] = {}
+
+    def create_repo(self, **kw):
+        self.calls.append(("create_repo", kw))
+        if self.fail_on == "create_repo":
+            raise ConnectionError("Hub unreachable")
+        return f"https://huggingface.co/{kw['repo_id']}"
+
+    def upload_folder(self, **kw):
+        self.calls.append(("upload_folder", kw))
+        root = kw["folder_path"]
+        listing = []
+        for dirpath, _dirs, files in os.walk(root):
+            listing += [os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/") for f in files]
+        chosen = list(filter_repo_objects(listing, allow_patterns=kw.get("allow_patterns"),
+                                          ignore_patterns=kw.get("ignore_patterns")))
+        for rel in chosen:
+            with open(os.path.join(root, rel), "rb") as fh:
+                self.uploaded[rel] = fh.read()
+        if self.fail_on == "upload_folder":
+            raise TimeoutError("connection reset during upload")
+        return "commit-info"
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _dirs, files in os.walk(folder):
+        for f in files:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(dirpath, f), folder)] = fh.read()
+    return out
+
+
+def test_push_uploads_model_tokenizer_card_and_metrics_only(tmp_path):
+    _fake_checkpoint(str(tmp_path))
+    assert files_to_push(str(tmp_path)) == EXPECTED
+    api = FakeHfApi()
+    assert push_folder(str(tmp_path), "someone/aapd-sd", private=True, api=api) == "commit-info"
+    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"]
+    assert api.calls[0][1]["exist_ok"] is True and api.calls[0][1]["private"] is True
+    assert api.calls[1][1]["repo_id"] == "someone/aapd-sd"
+    assert sorted(api.uploaded) == EXPECTED
+    assert api.uploaded["model.safetensors"] == b"\x00\x01weights"
+    assert json.loads(api.uploaded["card_data.json"])["dataset"] == "aapd"
+
+
+@pytest.mark.parametrize("fail_on", ["create_repo", "upload_folder"])
+def test_failed_push_leaves_the_checkpoint_byte_identical(tmp_path, fail_on):
+    _fake_checkpoint(str(tmp_path))
+    before = _snapshot(str(tmp_path))
+    with pytest.raises(PushError, match="local folder is unchanged"):
+        push_folder(str(tmp_path), "someone/aapd-sd", api=FakeHfApi(fail_on=fail_on))
+    assert _snapshot(str(tmp_path)) == before
+
+
+@pytest.mark.parametrize(
+    "remove, match",
+    [("README.md", "no model card"), ("model.safetensors", "no model weights"), ("config.json", "no config.json")],
+)
+def test_incomplete_folder_is_refused_before_any_hub_call(tmp_path, remove, match):
+    _fake_checkpoint(str(tmp_path))
+    os.remove(tmp_path / remove)
+    api = FakeHfApi()
+    with pytest.raises(ValueError, match=match):
+        push_folder(str(tmp_path), "someone/x", api=api)
+    assert api.calls == []
+
+
+def test_bad_repo_id_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="repo_id"):
+        push_folder(str(tmp_path), "a/b/c", api=FakeHfApi())
