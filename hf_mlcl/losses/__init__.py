@@ -7,25 +7,28 @@ Contrastive losses share one engine (:mod:`hf_mlcl.losses.core`) and label-relat
 
 from __future__ import annotations
 
-import importlib
-
-from . import all_, any_, jaccard, mulsupcon, similarity_dissimilarity, supervised  # noqa: F401  (register)
+from . import (  # noqa: F401  (importing registers the losses)
+    all_,
+    any_,
+    hbl,
+    jaccard,
+    msc,
+    mulsupcon,
+    similarity_dissimilarity,
+    supervised,
+    ws_mulsupcon,
+)
 from .all_ import AllLoss
 from .any_ import AnyLoss
 from .core import ContrastContext, ContrastiveLoss, LossTerms, masked_log_softmax, weighted_contrastive_loss
+from .hbl import HBLLoss
 from .jaccard import JaccardLoss
+from .msc import MSCLoss
 from .mulsupcon import MulSupConLoss
 from .registry import get_loss, get_loss_class, list_contrastive_losses, list_losses, register_loss
 from .similarity_dissimilarity import SimilarityDissimilarityLoss, similarity_dissimilarity_weights
 from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss
-
-# Modules written concurrently by other authors: imported if present (plain imports once they exist).
-for _mod in ("msc", "ws_mulsupcon", "hbl"):
-    try:
-        importlib.import_module(f"{__name__}.{_mod}")
-    except ModuleNotFoundError as _err:  # pragma: no cover - transitional
-        if _err.name != f"{__name__}.{_mod}":
-            raise
+from .ws_mulsupcon import WSMulSupConLoss
 
 __all__ = [
     "get_loss",
@@ -44,6 +47,9 @@ __all__ = [
     "similarity_dissimilarity_weights",
     "JaccardLoss",
     "MulSupConLoss",
+    "MSCLoss",
+    "WSMulSupConLoss",
+    "HBLLoss",
     "SupervisedLoss",
     "BCELoss",
     "FocalLoss",

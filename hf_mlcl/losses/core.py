@@ -89,7 +89,7 @@ def weighted_contrastive_loss(
 
     * ``reduction_denominator is None``: loss = mean of loss_i over valid anchors;
     * otherwise: loss = sum_i loss_i / reduction_denominator (e.g. MulSupCon's number of
-      (anchor, label) pairs, with norm_i = 1).
+      (anchor, label) pairs, with norm_i = 1); a non-positive denominator is treated as 1.
 
     With no valid anchor the loss is a zero connected to the graph (gradient 0, never NaN).
     """
@@ -106,10 +106,9 @@ def weighted_contrastive_loss(
     total = per_anchor.sum()
     if reduction_denominator is None:
         denom = valid.sum().clamp_min(1).to(logits.dtype)
-    elif isinstance(reduction_denominator, Tensor):
-        denom = reduction_denominator.to(logits.dtype).clamp_min(1)
     else:
-        denom = torch.tensor(max(float(reduction_denominator), 1.0), dtype=logits.dtype, device=logits.device)
+        denom = torch.as_tensor(reduction_denominator, dtype=logits.dtype, device=logits.device)
+        denom = torch.where(denom > 0, denom, torch.ones_like(denom))  # 0 only when nothing is valid
     return total / denom, per_anchor, valid
 
 

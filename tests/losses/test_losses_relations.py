@@ -86,7 +86,9 @@ def test_as_multihot_validation_messages():
     with pytest.raises(ValueError, match="torch.Tensor"):
         R.as_multihot([[0, 1]])
     # duplicate COO entries summing to 2 are not a multi-hot matrix
-    dup = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1]]), torch.tensor([1.0, 1.0]), (1, 3), check_invariants=False)
+    dup = torch.sparse_coo_tensor(
+        torch.tensor([[0, 0], [1, 1]]), torch.tensor([1.0, 1.0]), (1, 3), check_invariants=False
+    )
     with pytest.raises(ValueError, match="binary"):
         R.as_multihot(dup)
     # explicit zeros in a sparse matrix are dropped
