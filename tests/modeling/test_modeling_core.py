@@ -120,7 +120,9 @@ def test_pooling_values(tiny_bert_config, bert_tokenizer):
         mask = batch["attention_mask"]
         for i in range(3):
             n = int(mask[i].sum())
-            ref = {"cls": states[i, 0], "mean": states[i, :n].mean(0), "last_token": states[i, n - 1]}[pooling]
+            ref = {"cls": states[i, 0], "mean": states[i, :n].mean(0), "last_token": states[i, n - 1]}[
+                pooling
+            ]
             torch.testing.assert_close(pooled[i], ref, atol=1e-5, rtol=1e-5)
 
 
@@ -153,7 +155,9 @@ def test_last_token_left_padding_equals_right_padding(tiny_llama_config, llama_t
 
 
 def test_segmented_encoder_is_masked_mean_over_segment_tokens(tiny_roberta_config, bert_tokenizer):
-    model = MLCLEncoder.from_backbone(tiny_roberta_config, pooling="mean", segmented=True, chunk_size=8).eval()
+    model = MLCLEncoder.from_backbone(
+        tiny_roberta_config, pooling="mean", segmented=True, chunk_size=8
+    ).eval()
     batch = _batch(bert_tokenizer)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
@@ -194,7 +198,10 @@ def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tok
     assert {"config.json", "model.safetensors", "configuration_mlcl.py", "modeling_mlcl.py"} <= files
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".enc.tmp-")]  # temp folder renamed away
     cfg = json.load(open(target / "config.json"))
-    assert cfg["auto_map"] == {"AutoConfig": "configuration_mlcl.MLCLConfig", "AutoModel": "modeling_mlcl.MLCLEncoder"}
+    assert cfg["auto_map"] == {
+        "AutoConfig": "configuration_mlcl.MLCLConfig",
+        "AutoModel": "modeling_mlcl.MLCLEncoder",
+    }
     assert cfg["backbone_config"]["model_type"] == "bert"
     # code files beside the weights never import hf_mlcl
     for name in ("configuration_mlcl.py", "modeling_mlcl.py"):
@@ -324,7 +331,9 @@ def test_classifier_errors(tiny_bert_config, bert_tokenizer):
     with pytest.raises(ValueError, match="num_labels or id2label"):
         MLCLForMultiLabelClassification.from_encoder(encoder)
     with pytest.raises(ValueError, match="chunk_size"):
-        MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, head="label_attention", chunk_size=0)
+        MLCLForMultiLabelClassification.from_encoder(
+            encoder, num_labels=2, head="label_attention", chunk_size=0
+        )
     with pytest.raises(ValueError, match="unknown head"):
         MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, head="mlp")
     model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2)
@@ -339,7 +348,10 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
     ).eval()
     model.save_pretrained(tmp_path / "clf")
     cfg = json.load(open(tmp_path / "clf" / "config.json"))
-    assert cfg["auto_map"]["AutoModelForSequenceClassification"] == "modeling_mlcl.MLCLForMultiLabelClassification"
+    assert (
+        cfg["auto_map"]["AutoModelForSequenceClassification"]
+        == "modeling_mlcl.MLCLForMultiLabelClassification"
+    )
     assert "AutoModel" not in cfg["auto_map"]
     loaded = MLCLForMultiLabelClassification.from_pretrained(tmp_path / "clf").eval()
     assert loaded.config.id2label == model.config.id2label and loaded.config.chunk_size == 8

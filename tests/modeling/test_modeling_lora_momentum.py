@@ -41,7 +41,15 @@ def test_lora_only_adapters_and_heads_get_gradients(tiny_llama_config, llama_tok
     model = apply_lora(encoder, bf16=False)
     cfg = model.peft_config["default"]
     assert (cfg.r, cfg.lora_alpha, cfg.lora_dropout) == (16, 32, 0.1)
-    assert set(cfg.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert set(cfg.target_modules) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert list(cfg.modules_to_save) == ["projection_head"]
     layers = [m for m in encoder.backbone.modules() if getattr(m, "gradient_checkpointing", False)]
     assert layers and all(m._gradient_checkpointing_func.keywords["use_reentrant"] is False for m in layers)
@@ -94,7 +102,9 @@ def test_lora_adapter_and_heads_roundtrip(tmp_path, tiny_llama_config, llama_tok
     with torch.no_grad():
         expected = model(**batch).embeddings
     model.save_pretrained(tmp_path / "adapter")
-    reloaded = PeftModel.from_pretrained(MLCLEncoder.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    reloaded = PeftModel.from_pretrained(
+        MLCLEncoder.from_pretrained(tmp_path / "base"), tmp_path / "adapter"
+    ).eval()
     with torch.no_grad():
         got = reloaded(**batch).embeddings
         plain = MLCLEncoder.from_pretrained(tmp_path / "base").eval()(**batch).embeddings
@@ -110,7 +120,9 @@ def test_ensure_pad_token(llama_tokenizer, tiny_llama_config):
     encoder = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token")
     pad = ensure_pad_token(tok, encoder)
     assert tok.pad_token == LLAMA3_PAD_TOKEN and pad == tok.convert_tokens_to_ids(LLAMA3_PAD_TOKEN)
-    assert encoder.backbone.config.pad_token_id == pad and encoder.config.backbone_config["pad_token_id"] == pad
+    assert (
+        encoder.backbone.config.pad_token_id == pad and encoder.config.backbone_config["pad_token_id"] == pad
+    )
     tok2 = copy.deepcopy(llama_tokenizer)
     tok2.pad_token = None
     cfg = copy.deepcopy(tiny_llama_config)
