@@ -76,16 +76,7 @@ class MultiLabelCollator:
     def _encode(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
         first = examples[0]
         if "input_ids" in first:
-            feats = []
-            for ex in examples:
-                feats.append({k: list(ex[k])[: self.max_length] for k in _TOKEN_KEYS if k in ex and ex[k] is not None})
-            return self.tokenizer.pad(
-                feats,
-                padding=self.padding,
-                max_length=self.max_length if self.padding == "max_length" else None,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                return_tensors="pt",
-            )
+            return self._pad_pretokenized(examples)
         if self.text_column not in first:
             raise ValueError(
                 f"examples have neither {self.text_column!r} nor 'input_ids' (keys: {sorted(first)}); set "
@@ -104,11 +95,43 @@ class MultiLabelCollator:
             return_tensors="pt",
         )
 
+    def _pad_pretokenized(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
+        """Truncate + pad pre-tokenized rows with one vectorised scatter per key (no tokenizer.pad).
+
+        Rows may be lists, numpy arrays or tensors (``dataset.with_format("numpy")``). The attention
+        mask is rebuilt from the lengths when absent; the tokenizer's ``padding_side`` is respected."""
+        keys = [k for k in _TOKEN_KEYS if k in examples[0] and examples[0][k] is not None]
+        seqs = {k: [np.asarray(ex[k]).reshape(-1)[: self.max_length] for ex in examples] for k in keys}
+        lengths = np.fromiter((len(x) for x in seqs["input_ids"]), dtype=np.int64, count=len(examples))
+        width = self.max_length if self.padding == "max_length" else int(lengths.max(initial=0))
+        if self.pad_to_multiple_of:
+            width = -(-max(width, 1) // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        pos = np.arange(width)[None, :]
+        if getattr(self.tokenizer, "padding_side", "right") == "left":
+            filled = pos >= (width - lengths)[:, None]
+        else:
+            filled = pos < lengths[:, None]
+        pad_values = {
+            "input_ids": self.tokenizer.pad_token_id,
+            "token_type_ids": getattr(self.tokenizer, "pad_token_type_id", 0),
+            "attention_mask": 0,
+        }
+        out = {}
+        for k in keys:
+            arr = np.full((len(examples), width), pad_values[k], dtype=np.int64)
+            if lengths.sum():
+                arr[filled] = np.concatenate(seqs[k])
+            out[k] = torch.from_numpy(arr)
+        if "attention_mask" not in out:
+            out["attention_mask"] = torch.from_numpy(filled.astype(np.int64))
+        return out
+
     # -- labels -------------------------------------------------------------------------------
     def labels_to_tensor(self, label_lists: Sequence[Sequence[int]]) -> torch.Tensor:
         """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter)."""
-        lengths = np.fromiter((len(x) for x in label_lists), dtype=np.int64, count=len(label_lists))
-        flat = np.fromiter((int(i) for x in label_lists for i in x), dtype=np.int64, count=int(lengths.sum()))
+        arrays = [np.asarray(x, dtype=np.int64).reshape(-1) for x in label_lists]
+        lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=len(arrays))
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         if flat.size and (flat.min() < 0 or flat.max() >= self.num_labels):
             bad = flat[(flat < 0) | (flat >= self.num_labels)]
             raise ValueError(
@@ -161,11 +184,13 @@ def tokenize_dataset(
     keep_text: bool = False,
     batch_size: int = 1000,
     desc: str | None = "Tokenizing",
+    model_inputs: Sequence[str] | None = None,
 ):
     """Pre-tokenize a DatasetDict (or Dataset) with ``datasets.map(batched=True)`` (progress bars,
     disk cache, optional ``num_proc``). Adds ``input_ids`` / ``attention_mask`` (truncated to
     ``max_length``, not padded: :class:`MultiLabelCollator` pads per batch); drops the text column
-    unless ``keep_text``; keeps ``labels`` and other columns."""
+    unless ``keep_text``; keeps ``labels`` and other columns. ``model_inputs=("input_ids",)`` stores only
+    the ids (smaller cache; the collator rebuilds the attention mask from the lengths)."""
     from datasets import Dataset, DatasetDict
 
     if not isinstance(dataset_dict, (Dataset, DatasetDict)):
@@ -176,7 +201,8 @@ def tokenize_dataset(
         raise ValueError(f"no text column {text_column!r} to tokenize (columns: {cols}); pass text_column=")
 
     def _tok(batch):
-        return tokenizer(batch[text_column], truncation=True, max_length=max_length)
+        enc = tokenizer(batch[text_column], truncation=True, max_length=max_length)
+        return dict(enc) if model_inputs is None else {k: enc[k] for k in model_inputs}
 
     return dataset_dict.map(
         _tok,

@@ -114,3 +114,27 @@ def test_tokenize_dataset_then_collate(bert_tokenizer, tmp_path):
     assert "text" in kept.column_names
     with pytest.raises(ValueError, match="no text column 'body'"):
         tokenize_dataset(dd, bert_tokenizer, text_column="body")
+
+
+def test_pretokenized_numpy_format_ids_only_and_left_padding(bert_tokenizer, llama_tokenizer):
+    dd = make_synthetic_corpus(num_labels=6, num_train=12, num_validation=2, num_test=2, seed=4)
+    ids_only = tokenize_dataset(dd["train"], bert_tokenizer, max_length=64, model_inputs=("input_ids",))
+    assert ids_only.column_names == ["labels", "input_ids"] or set(ids_only.column_names) == {"labels", "input_ids"}
+    col = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=64, pad_to_multiple_of=16)
+    ref = col([dd["train"][i] for i in range(5)])
+    for fmt in (None, "numpy", "torch"):
+        rows = ids_only.with_format(fmt)
+        got = col([rows[i] for i in range(5)])
+        assert torch.equal(got["input_ids"], ref["input_ids"]) and got["input_ids"].shape[1] % 16 == 0
+        assert torch.equal(got["attention_mask"], ref["attention_mask"])
+        assert torch.equal(got["labels"], ref["labels"])
+    llama_tokenizer.padding_side = "left"
+    try:
+        enc = llama_tokenizer(["joy", "graph neural network learning"])
+        pre = [{"input_ids": enc["input_ids"][i], "labels": [0]} for i in range(2)]
+        out = MultiLabelCollator(llama_tokenizer, num_labels=1)(pre)
+        ref = llama_tokenizer.pad({"input_ids": enc["input_ids"]}, return_tensors="pt")
+        assert torch.equal(out["input_ids"], ref["input_ids"]) and torch.equal(out["attention_mask"], ref["attention_mask"])
+        assert out["attention_mask"][0, 0] == 0 and out["input_ids"][0, -1] != llama_tokenizer.pad_token_id
+    finally:
+        llama_tokenizer.padding_side = "right"
