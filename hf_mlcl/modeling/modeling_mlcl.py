@@ -327,13 +327,17 @@ class MLCLPreTrainedModel(PreTrainedModel):
         parent = os.path.dirname(target)
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint folder gets the usual mode
         try:
             super().save_pretrained(tmp, *args, **kwargs)
             if not os.path.isdir(target) or not os.listdir(target):
-                if os.path.isdir(target):
-                    os.rmdir(target)
-                os.replace(tmp, target)
-                return None
+                try:  # rename(2) replaces a missing or empty folder in one step
+                    os.replace(tmp, target)
+                    return None
+                except OSError:  # another process wrote into the folder meanwhile: go file by file
+                    pass
             new_files = set(os.listdir(tmp))
             for name in os.listdir(target):
                 path = os.path.join(target, name)
@@ -483,8 +487,8 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         return_dict: bool | None = True,
     ) -> SequenceClassifierOutput | tuple:
         with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):

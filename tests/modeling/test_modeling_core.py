@@ -197,6 +197,9 @@ def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tok
     files = set(os.listdir(target))
     assert {"config.json", "model.safetensors", "configuration_mlcl.py", "modeling_mlcl.py"} <= files
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".enc.tmp-")]  # temp folder renamed away
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(target).st_mode & 0o777 == 0o777 & ~umask
     cfg = json.load(open(target / "config.json"))
     assert cfg["auto_map"] == {
         "AutoConfig": "configuration_mlcl.MLCLConfig",
