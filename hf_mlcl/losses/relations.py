@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 LABEL_DTYPE = torch.float32
+_COMPACT_MIN_LABELS = 1024  # dense products over more labels than this skip the all-zero columns
 
 
 def is_sparse(labels: Tensor) -> bool:
@@ -74,11 +75,11 @@ def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | Non
         labels = labels.coalesce()
     vals = _values(labels)
     if vals.dtype != torch.bool:
-        if vals.is_floating_point() and bool(torch.isnan(vals).any()):
-            raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
-        bad = (vals != 0) & (vals != 1)
+        bad = (vals != 0) & (vals != 1)  # NaN is caught here too (NaN != 0 and NaN != 1)
         if bool(bad.any()):
             example = vals[bad][0].item()
+            if example != example:
+                raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
             raise ValueError(
                 f"{name} must be binary multi-hot (0/1) but contains the value {example!r}; "
                 "pass a multi-hot matrix (not label counts, indices or soft labels)"
@@ -128,6 +129,11 @@ def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
     dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE)
     a, b = a.to(dtype), b.to(dtype)
     if not sa and not sb:
+        if a.shape[1] > _COMPACT_MIN_LABELS:
+            # only labels some row of ``a`` carries can contribute: drop the other columns first
+            used = torch.nonzero((a != 0).any(dim=0)).flatten()
+            if used.numel() < a.shape[1] // 2:
+                a, b = a.index_select(1, used), b.index_select(1, used)
         return a @ b.T
     if sa and not sb:
         return torch.sparse.mm(a, b.T.contiguous())

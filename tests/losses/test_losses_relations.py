@@ -141,3 +141,10 @@ def test_engine_memory_is_pairwise_not_per_label():
     for name in ["any", "sd", "jaccard", "mulsupcon", "all"]:
         out = get_loss(name)(z, y, zk, yk)
         assert torch.isfinite(out)
+    # dense labels over > 1024 labels take the column-compacted product: same numbers
+    yd, ykd = y.to_dense(), yk.to_dense()
+    for name in ["any", "mulsupcon", "jaccard"]:
+        fn = get_loss(name)
+        assert fn(z, yd, zk, ykd).item() == pytest.approx(fn(z, y, zk, yk).item(), rel=1e-6)
+    inter = R.intersections(R.as_multihot(yd), R.as_multihot(ykd))
+    torch.testing.assert_close(inter, R.intersections(R.as_multihot(y), R.as_multihot(yk)))
