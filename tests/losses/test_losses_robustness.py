@@ -144,6 +144,15 @@ class TestEveryContrastiveLoss:
         assert out.dtype == torch.float32
         assert out.item() == pytest.approx(ref.item(), rel=1e-4, abs=1e-5)
 
+    def test_autocast_is_switched_off_inside_the_loss(self, name):
+        z, y = batch(8)
+        fn = make_loss(name)
+        ref = fn(z, y).item()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(z, y)
+        assert out.dtype == torch.float32
+        assert out.item() == pytest.approx(ref, rel=1e-6, abs=1e-7)
+
     @pytest.mark.parametrize("temperature", [0.01, 10.0])
     def test_extreme_temperatures(self, name, temperature):
         z, y = batch(8)
