@@ -32,7 +32,11 @@ def _multi_hot(labels: Any, num_rows: int | None = None) -> np.ndarray:
         if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and arr.max() > 1):
             # label-id lists (ragged or not): scatter into a multi-hot matrix in one vectorised step
             lengths = np.fromiter((len(x) for x in labels), dtype=np.int64, count=len(labels))
-            flat = np.concatenate([np.asarray(x, dtype=np.int64).ravel() for x in labels]) if lengths.sum() else np.zeros(0, np.int64)
+            flat = (
+                np.concatenate([np.asarray(x, dtype=np.int64).ravel() for x in labels])
+                if lengths.sum()
+                else np.zeros(0, np.int64)
+            )
             if flat.size and flat.min() < 0:
                 raise ValueError("label ids must be non-negative integers.")
             num_labels = int(flat.max()) + 1 if flat.size else 1
@@ -90,7 +94,9 @@ def top_combination_clusters(
     else:
         k = int(top_k_combinations)
         if k < 1:
-            raise ValueError(f"top_k_combinations must be >= 1 (or a fraction in (0, 1]), got {top_k_combinations}.")
+            raise ValueError(
+                f"top_k_combinations must be >= 1 (or a fraction in (0, 1]), got {top_k_combinations}."
+            )
     allowed = np.flatnonzero(keep)[:k]
     new_id = np.full(len(combos), -1, dtype=np.int64)
     new_id[allowed] = np.arange(allowed.size)

@@ -95,7 +95,9 @@ METRIC_KEYS: tuple[str, ...] = tuple(metric_keys())
 def _to_numpy(x: Any, name: str) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor (dense or sparse)
         x = x.detach().cpu()
-        if getattr(x, "is_sparse", False) or str(getattr(x, "layout", "")).endswith(("sparse_coo", "sparse_csr")):
+        if getattr(x, "is_sparse", False) or str(getattr(x, "layout", "")).endswith(
+            ("sparse_coo", "sparse_csr")
+        ):
             x = x.to_dense()
         if str(x.dtype) == "torch.bfloat16":
             x = x.float()
@@ -119,7 +121,9 @@ def _check_true(y_true: Any, name: str = "y_true") -> np.ndarray:
             "for a single example pass y[None, :]."
         )
     if y.shape[0] == 0 or y.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {y.shape}); metrics need at least one example and one label.")
+        raise ValueError(
+            f"{name} is empty (shape {y.shape}); metrics need at least one example and one label."
+        )
     if y.dtype == bool:
         return y
     if not np.all((y == 0) | (y == 1)):
@@ -461,7 +465,9 @@ def compute_multilabel_metrics(
 # --------------------------------------------------------------------------------------------------
 # threshold tuning
 # --------------------------------------------------------------------------------------------------
-def tune_global_threshold(y_true: Any, y_score: Any, grid: Sequence[float] | np.ndarray | None = None) -> float:
+def tune_global_threshold(
+    y_true: Any, y_score: Any, grid: Sequence[float] | np.ndarray | None = None
+) -> float:
     """One threshold for all labels, chosen on the grid 0.01..0.99 to maximise micro-F1.
 
     Edin et al. (2023), "Automated Medical Coding on MIMIC-III and MIMIC-IV: A Critical Review and
@@ -491,9 +497,7 @@ def tune_global_threshold(y_true: Any, y_score: Any, grid: Sequence[float] | np.
     return float(g64[int(np.argmax(f1))])
 
 
-def tune_per_label_thresholds(
-    y_true: Any, y_score: Any, default: float | None = None
-) -> np.ndarray:
+def tune_per_label_thresholds(y_true: Any, y_score: Any, default: float | None = None) -> np.ndarray:
     """(L,) thresholds, each maximising its label's F1 on validation data.
 
     For every label the validation scores are sorted once (chunks of labels at a time); with tp_k the

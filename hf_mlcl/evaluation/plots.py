@@ -89,16 +89,38 @@ def plot_f1_vs_frequency(
         n_in_bin = np.bincount(which, minlength=edges.size - 1)
         centres = np.sqrt(edges[:-1] * edges[1:])
         for (name, v), color in zip(series.items(), colors):
-            ax.scatter(freq[seen], v[seen], s=10, alpha=alpha, color=color, edgecolors="none",
-                       label=None if name is None else str(name))
+            ax.scatter(
+                freq[seen],
+                v[seen],
+                s=10,
+                alpha=alpha,
+                color=color,
+                edgecolors="none",
+                label=None if name is None else str(name),
+            )
             sums = np.bincount(which, weights=v[seen], minlength=edges.size - 1)
             nz = n_in_bin > 0
-            ax.plot(centres[nz], sums[nz] / n_in_bin[nz], "-o", color=color, lw=2, ms=4,
-                    label="binned mean" if name is None else f"{name} (binned mean)")
+            ax.plot(
+                centres[nz],
+                sums[nz] / n_in_bin[nz],
+                "-o",
+                color=color,
+                lw=2,
+                ms=4,
+                label="binned mean" if name is None else f"{name} (binned mean)",
+            )
     unseen = int((~seen).sum())
     if unseen:
-        ax.text(0.01, 0.98, f"{unseen} label(s) unseen in training not shown", transform=ax.transAxes,
-                va="top", ha="left", fontsize=8, color="0.3")
+        ax.text(
+            0.01,
+            0.98,
+            f"{unseen} label(s) unseen in training not shown",
+            transform=ax.transAxes,
+            va="top",
+            ha="left",
+            fontsize=8,
+            color="0.3",
+        )
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -165,7 +187,9 @@ def plot_embedding_projection(
         from sklearn.manifold import TSNE
 
         perplexity = float(min(30.0, max(2.0, (x.shape[0] - 1) / 3.0)))
-        xy = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=random_state).fit_transform(x)
+        xy = TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=random_state).fit_transform(
+            x
+        )
         axis_names = ("t-SNE 1", "t-SNE 2")
 
     fig = _new_figure(figsize)
@@ -182,8 +206,15 @@ def plot_embedding_projection(
     for c, (combo, count) in enumerate(zip(combos, counts)):
         sel = group == c
         if sel.any():
-            ax.scatter(xy[sel, 0], xy[sel, 1], s=12, color=cmap_colors[c], alpha=0.8, edgecolors="none",
-                       label=f"{_combination_name(combo, label_names)} (n={int(count)})")
+            ax.scatter(
+                xy[sel, 0],
+                xy[sel, 1],
+                s=12,
+                color=cmap_colors[c],
+                alpha=0.8,
+                edgecolors="none",
+                label=f"{_combination_name(combo, label_names)} (n={int(count)})",
+            )
     ax.set_xlabel(axis_names[0])
     ax.set_ylabel(axis_names[1])
     ax.set_title(title or f"Embeddings ({method.upper()}), top-{len(combos)} label combinations")

@@ -127,8 +127,9 @@ def test_plot_embedding_projection(tmp_path, method):
     if method == "tsne":
         x, y = x[:70], y[:70]  # keep t-SNE fast
     names = [f"code_{i}" for i in range(y.shape[1])]
-    path = plot_embedding_projection(x, y, tmp_path / f"proj_{method}.png", top_k_combinations=4,
-                                     label_names=names, method=method)
+    path = plot_embedding_projection(
+        x, y, tmp_path / f"proj_{method}.png", top_k_combinations=4, label_names=names, method=method
+    )
     img = _check_png(path)
     assert img.shape[1] > img.shape[0] * 0.9  # legend on the right widens the figure
     with pytest.raises(ValueError, match="method"):

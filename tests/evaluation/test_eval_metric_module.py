@@ -65,7 +65,7 @@ def test_combine_with_another_local_module(tmp_path):
     other.mkdir()
     (other / "row_exact.py").write_text(
         textwrap.dedent(
-            '''
+            """
             import datasets
             import evaluate
             import numpy as np
@@ -88,7 +88,7 @@ def test_combine_with_another_local_module(tmp_path):
                 def _compute(self, predictions, references, **kwargs):
                     p = np.asarray(predictions) >= 0.5
                     return {"row_exact": float(np.mean(np.all(p == np.asarray(references).astype(bool), axis=1)))}
-            '''
+            """
         )
     )
     combined = evaluate.combine([METRIC_PATH, str(other)])

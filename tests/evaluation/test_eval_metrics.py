@@ -161,7 +161,9 @@ def test_label_never_positive():
     sub = compute_multilabel_metrics(y[:, keep], s[:, keep])
     assert out["macro_auc"] == pytest.approx(sub["macro_auc"])
     keep_ap = [j for j in range(y.shape[1]) if j != 2]
-    assert out["map_label"] == pytest.approx(compute_multilabel_metrics(y[:, keep_ap], s[:, keep_ap])["map_label"])
+    assert out["map_label"] == pytest.approx(
+        compute_multilabel_metrics(y[:, keep_ap], s[:, keep_ap])["map_label"]
+    )
     # but it counts (as 0) in macro F1 when the label is predicted somewhere, and as zero_division otherwise
     f1 = per_label_f1(y, s >= 0.5)
     assert f1[2] == 0.0

@@ -85,7 +85,9 @@ def test_per_label_threshold_is_a_midpoint_between_scores():
     s = np.array([[0.9], [0.7], [0.3], [0.1]], dtype=np.float64)
     assert tune_per_label_thresholds(y, s)[0] == pytest.approx(0.5)
     # every example positive -> predict all: threshold = lowest score
-    assert tune_per_label_thresholds(np.ones((3, 1)), np.array([[0.2], [0.6], [0.4]]))[0] == pytest.approx(0.2)
+    assert tune_per_label_thresholds(np.ones((3, 1)), np.array([[0.2], [0.6], [0.4]]))[0] == pytest.approx(
+        0.2
+    )
 
 
 def test_per_label_chunking_equal(monkeypatch):
@@ -102,7 +104,9 @@ def test_tune_on_validation_apply_to_test():
     assert m_glob == compute_multilabel_metrics(yt, st_, threshold=t_glob)
     m_lab, t_lab = tune_and_evaluate(yv, sv, yt, st_, strategy="per_label")
     assert t_lab.shape == (yv.shape[1],)
-    assert m_lab["micro_f1"] == pytest.approx(compute_multilabel_metrics(yt, st_, threshold=t_lab)["micro_f1"])
+    assert m_lab["micro_f1"] == pytest.approx(
+        compute_multilabel_metrics(yt, st_, threshold=t_lab)["micro_f1"]
+    )
     # on the validation data itself, per-label tuning is at least as good in macro-F1 as one threshold
     assert (
         compute_multilabel_metrics(yv, sv, threshold=tune_per_label_thresholds(yv, sv))["macro_f1"]

@@ -72,10 +72,15 @@ class MultilabelMetric(evaluate.Metric):
                     "references": datasets.Sequence(datasets.Value("int32")),
                 }
             ),
-            reference_urls=["https://github.com/jamesmullenbach/caml-mimic", "https://github.com/JoakimEdin/medical-coding-reproducibility"],
+            reference_urls=[
+                "https://github.com/jamesmullenbach/caml-mimic",
+                "https://github.com/JoakimEdin/medical-coding-reproducibility",
+            ],
         )
 
-    def _compute(self, predictions, references, threshold=None, ks=None, from_logits=None, zero_division=None, **unused):
+    def _compute(
+        self, predictions, references, threshold=None, ks=None, from_logits=None, zero_division=None, **unused
+    ):
         # `unused` swallows keyword arguments meant for other modules of an `evaluate.combine`.
         scores = np.asarray(predictions, dtype=np.float32)
         if from_logits if from_logits is not None else self.default_from_logits:
