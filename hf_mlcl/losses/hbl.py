@@ -81,20 +81,26 @@ def hbl_per_anchor(
     zn = F.normalize(anchors, dim=-1)
     cn = F.normalize(candidates, dim=-1)
     n = zn.shape[0]
+    zero = torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum()
     with torch.no_grad():
-        positive = (inter > 0) & contrast_mask
-        negative = (inter == 0) & contrast_mask
-        n_pos = positive.sum(dim=1)
-        maybe = n_pos >= k_min
-        if not bool(maybe.any()):
-            return torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum(), maybe
-        theta, _ = hbl_median_thresholds(jaccard, positive)
-        soft = positive & (jaccard >= theta[:, None])
-        hard = positive & (jaccard < theta[:, None])
-        gated = maybe & soft.any(dim=1) & hard.any(dim=1)
-        if not bool(gated.any()):
-            return torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum(), gated
-        sim = (zn @ cn.T) if similarity is None else similarity
+        n_pos_all = ((inter > 0) & contrast_mask).sum(dim=1)
+        # only anchors that can pass the reliability gate are partitioned (sorting is the costly part)
+        rows = (n_pos_all >= k_min).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return zero, torch.zeros(n, dtype=torch.bool, device=zn.device)
+        sub_inter, sub_jac, sub_mask = inter[rows], jaccard[rows], contrast_mask[rows]
+        positive = (sub_inter > 0) & sub_mask
+        negative = (sub_inter == 0) & sub_mask
+        theta, _ = hbl_median_thresholds(sub_jac, positive)
+        soft = positive & (sub_jac >= theta[:, None])
+        hard = positive & (sub_jac < theta[:, None])
+        ok = soft.any(dim=1) & hard.any(dim=1)
+        gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
+        gated[rows[ok]] = True
+        if not bool(ok.any()):
+            return zero, gated
+        rows, soft, hard, negative = rows[ok], soft[ok], hard[ok], negative[ok]
+        sim = (zn[rows] @ cn.T) if similarity is None else similarity[rows]
         sim = sim.to(zn.dtype)
         neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
         pos_inf = torch.tensor(float("inf"), dtype=sim.dtype, device=sim.device)
@@ -103,17 +109,16 @@ def hbl_per_anchor(
         i_soft_min = torch.where(soft, sim, pos_inf).argmin(dim=1)
         i_neg_max = torch.where(negative, sim, neg_inf).argmax(dim=1)
         has_neg = negative.any(dim=1)
-        rows = gated.nonzero().squeeze(1)
     z_sel = zn[rows]
 
     def pair_sim(idx: Tensor) -> Tensor:
-        return (z_sel * cn[idx[rows]]).sum(dim=-1)
+        return (z_sel * cn[idx]).sum(dim=-1)
 
     l_rel = torch.relu(pair_sim(i_hard_max) - pair_sim(i_soft_min) + m_rel)
     l_abs = torch.relu(pair_sim(i_neg_max) - pair_sim(i_hard_min) + m_abs)
-    l_abs = torch.where(has_neg[rows], l_abs, torch.zeros_like(l_abs))
-    per_anchor = torch.zeros(n, dtype=zn.dtype, device=zn.device).index_add(0, rows, l_rel + gamma * l_abs)
-    return per_anchor + 0.0 * zn.sum(), gated
+    l_abs = torch.where(has_neg, l_abs, torch.zeros_like(l_abs))
+    per_anchor = zero.index_add(0, rows, l_rel + gamma * l_abs)
+    return per_anchor, gated
 
 
 @register_loss("hbl")

@@ -137,7 +137,9 @@ class PairLabelView:
         if self._yc_u is None or self._yc_u.dtype != dtype:
             idx = torch.stack([self.cand_rows, self.cand_ucols])
             vals = torch.ones(idx.shape[1], dtype=dtype, device=self.device)
-            coo = torch.sparse_coo_tensor(idx, vals, (self.num_candidates, self.num_active)).coalesce()
+            coo = torch.sparse_coo_tensor(
+                idx, vals, (self.num_candidates, self.num_active), check_invariants=False
+            ).coalesce()
             self._yc_u = coo.to_sparse_csr()
         return self._yc_u
 
@@ -145,7 +147,9 @@ class PairLabelView:
         if self._yc_u_t is None or self._yc_u_t.dtype != dtype:
             idx = torch.stack([self.cand_ucols, self.cand_rows])
             vals = torch.ones(idx.shape[1], dtype=dtype, device=self.device)
-            coo = torch.sparse_coo_tensor(idx, vals, (self.num_active, self.num_candidates)).coalesce()
+            coo = torch.sparse_coo_tensor(
+                idx, vals, (self.num_active, self.num_candidates), check_invariants=False
+            ).coalesce()
             self._yc_u_t = coo.to_sparse_csr()
         return self._yc_u_t
 

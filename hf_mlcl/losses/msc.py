@@ -50,7 +50,9 @@ class MSCLoss(ContrastiveLoss):
         beta: denominator weight g of every sample candidate (eq. 1), 0 < beta; prototypes have 1.
         temperature: tau (paper: 0.1).
         normalize: L2-normalise embeddings and keys (the prototypes are always normalised).
-        prototype_init_std: std of the normal initialisation of the raw prototype parameter.
+
+    The prototypes are initialised as random unit vectors (so the raw parameter has norm 1 and the
+    normalisation does not rescale its gradient).
 
     The prototypes ``self.prototypes`` are an ordinary ``nn.Parameter``: put the loss module's
     parameters in the optimizer and save its ``state_dict`` with the model.
@@ -66,7 +68,6 @@ class MSCLoss(ContrastiveLoss):
         beta: float = 0.1,
         temperature: float | None = None,
         normalize: bool = True,
-        prototype_init_std: float = 1.0,
     ) -> None:
         super().__init__(temperature=temperature, normalize=normalize)
         for name, value in (("num_labels", num_labels), ("embedding_dim", embedding_dim)):
@@ -77,7 +78,7 @@ class MSCLoss(ContrastiveLoss):
         self.num_labels = num_labels
         self.embedding_dim = embedding_dim
         self.beta = float(beta)
-        self.prototypes = nn.Parameter(torch.randn(num_labels, embedding_dim) * float(prototype_init_std))
+        self.prototypes = nn.Parameter(F.normalize(torch.randn(num_labels, embedding_dim), dim=-1))
 
     def extra_repr(self) -> str:
         return (

@@ -1,0 +1,406 @@
+"""Speed and memory of every contrastive loss at MIMIC-IV ICD-10 scale, relative to a floor.
+
+Scale (defaults): N = 256 anchors, K = 4096 keys (MoCo queue, no gradient), D = 256,
+L = 25,230 labels, ~16 labels per row drawn from a Zipf-like label frequency, labels passed as torch
+sparse COO (what ``MultiLabelCollator(label_format="sparse")`` and the queue produce).
+
+For each loss we print the median forward+backward time and its ratio to the *floor* measured in
+the same run: the dense similarity product z @ [z; k]^T with its masked logsumexp, forward and
+backward, plus the sparse label-intersection product Y @ Y_c^T. ``msc`` is also compared with the
+floor whose candidate set includes its L prototypes (z @ [z; k; C]^T): ABALONE's denominator sums over
+all L prototypes, an (N, L) product that is intrinsic to the loss and 6x the sample product at this L.
+For mulsupcon, msc and hbl the same loss written with a per-label (mulsupcon, msc) or per-anchor
+(hbl) Python loop, the way public implementations do it, is timed too (and checked to give the same
+value). Peak extra memory is the resident-set high-water-mark increase of a fresh subprocess running
+one forward+backward (RSS delta), next to the sizes of an (N, N+K) and an (N, N+K, L) fp32 tensor.
+
+Run:  python benchmarks/loss_speed.py            (full scale, ~2-4 minutes on 2 cores)
+      python benchmarks/loss_speed.py --quick    (tiny sizes, seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep: CPU time = work done
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from hf_mlcl.losses import get_loss  # noqa: E402
+from hf_mlcl.losses import relations as R  # noqa: E402
+from hf_mlcl.losses.registry import list_contrastive_losses  # noqa: E402
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+LOSS_KWARGS = {
+    "hbl": {"base": "mulsupcon"},
+}
+
+
+# ----------------------------------------------------------------------------------------- data
+def zipf_labels(rows: int, num_labels: int, per_row: float, exponent: float, gen: torch.Generator) -> torch.Tensor:
+    """Sparse COO (rows, L) multi-hot: row sizes ~ Poisson(per_row) clipped to [1, 3*per_row], labels
+    drawn without replacement with probability ~ 1 / rank**exponent (Gumbel top-k, chunked)."""
+    logp = -exponent * torch.log(torch.arange(1, num_labels + 1, dtype=torch.float32))
+    perm = torch.randperm(num_labels, generator=gen)  # label ids not ordered by frequency
+    max_k = max(1, int(3 * per_row))
+    sizes = torch.poisson(torch.full((rows,), float(per_row)), generator=gen).clamp(1, max_k).long()
+    r_idx, c_idx = [], []
+    for start in range(0, rows, 256):
+        stop = min(rows, start + 256)
+        u = torch.rand(stop - start, num_labels, generator=gen).clamp_min(1e-12)
+        keys = logp[None, :] - torch.log(-torch.log(u))
+        top = keys.topk(max_k, dim=1).indices
+        keep = torch.arange(max_k)[None, :] < sizes[start:stop, None]
+        rr = torch.arange(start, stop)[:, None].expand(-1, max_k)
+        r_idx.append(rr[keep])
+        c_idx.append(perm[top[keep]])
+    idx = torch.stack([torch.cat(r_idx), torch.cat(c_idx)])
+    return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), (rows, num_labels)).coalesce()
+
+
+def make_inputs(args):
+    gen = torch.Generator().manual_seed(args.seed)
+    rows = args.n + args.k
+    y_all = zipf_labels(rows, args.labels, args.per_row, args.zipf, gen)
+    idx = y_all.indices()
+    in_a = idx[0] < args.n
+    y = torch.sparse_coo_tensor(idx[:, in_a], torch.ones(int(in_a.sum())), (args.n, args.labels)).coalesce()
+    kidx = idx[:, ~in_a].clone()
+    kidx[0] -= args.n
+    yk = torch.sparse_coo_tensor(kidx, torch.ones(kidx.shape[1]), (args.k, args.labels)).coalesce()
+    z = torch.randn(args.n, args.dim, generator=gen)
+    k = F.normalize(torch.randn(args.k, args.dim, generator=gen), dim=1)
+    return z, y, k, yk, y_all
+
+
+# ----------------------------------------------------------------------------------------- floor
+def floor_step(z, y, k, yk, tau=0.1, prototypes=None):
+    """z @ [z; k (; C)]^T / tau, masked logsumexp, backward; plus the sparse intersection product."""
+    zz = z.detach().requires_grad_(True)
+    zn = F.normalize(zz, dim=1)
+    parts = [zn, k]
+    if prototypes is not None:
+        parts.append(F.normalize(prototypes, dim=1))
+    c = torch.cat(parts)
+    logits = zn @ c.T / tau
+    n = zn.shape[0]
+    eye = torch.zeros_like(logits, dtype=torch.bool)
+    eye[:, :n] = torch.eye(n, dtype=torch.bool)
+    lse = torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=1)
+    lse.sum().backward()
+    with torch.no_grad():
+        R.intersections(y, R.cat_labels(y, yk))
+    return lse
+
+
+# ----------------------------------------------------------------------------------------- loops
+def _label_lists(labels: torch.Tensor):
+    """{label: LongTensor of rows} via a Python dict (public-code style)."""
+    idx = labels.coalesce().indices()
+    order = torch.argsort(idx[1], stable=True)
+    cols, rows = idx[1][order], idx[0][order]
+    uniq, counts = torch.unique_consecutive(cols, return_counts=True)
+    return dict(zip(uniq.tolist(), torch.split(rows, counts.tolist())))
+
+
+def _masked_logp(zn, cn, n, tau):
+    logits = zn @ cn.T / tau
+    eye = torch.zeros_like(logits, dtype=torch.bool)
+    eye[:, :n] = torch.eye(n, dtype=torch.bool)
+    return logits, eye
+
+
+def mulsupcon_loop(z, y, k, yk, tau=0.1):
+    """MulSupCon with a Python loop over labels (one positive set per label, as in public code)."""
+    zn = F.normalize(z, dim=1)
+    cn = torch.cat([zn, k])
+    n = zn.shape[0]
+    logits, eye = _masked_logp(zn, cn, n, tau)
+    logp = logits - torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=1, keepdim=True)
+    anchors_of = _label_lists(y)
+    cands_of = _label_lists(R.cat_labels(R.as_multihot(y), R.as_multihot(yk)))
+    total = logp.new_zeros(())
+    pairs = 0
+    for label, rows in anchors_of.items():
+        cols = cands_of[label]
+        lp = logp[rows][:, cols]
+        not_self = cols[None, :] != rows[:, None]
+        cnt = not_self.sum(1)
+        ok = cnt > 0
+        total = total - ((lp * not_self).sum(1)[ok] / cnt[ok]).sum()
+        pairs += int(ok.sum())
+    return total / max(pairs, 1)
+
+
+def msc_loop(z, y, k, yk, prototypes, tau=0.1, beta=0.1):
+    """ABALONE L_MSC with a Python loop over labels for N(i, j) and the positive sums."""
+    zn = F.normalize(z, dim=1)
+    cn = torch.cat([zn, k])
+    n = zn.shape[0]
+    logits, eye = _masked_logp(zn, cn, n, tau)
+    sp = zn @ F.normalize(prototypes, dim=1).T / tau
+    lse = torch.logaddexp(
+        math.log(beta) + torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=1), torch.logsumexp(sp, dim=1)
+    )
+    ya, yc = R.as_multihot(y), R.cat_labels(R.as_multihot(y), R.as_multihot(yk))
+    sizes_a, sizes_c = R.label_sizes(ya), R.label_sizes(yc)
+    inter = R.intersections(ya, yc)
+    union = sizes_a[:, None] + sizes_c[None, :] - inter
+    anchors_of, cands_of = _label_lists(y), _label_lists(yc)
+    acc = torch.zeros(n)
+    for label, rows in anchors_of.items():
+        cols = cands_of[label]
+        f = (1.0 / union[rows][:, cols]) * (cols[None, :] != rows[:, None])
+        n_ij = 1.0 + f.sum(1)
+        term = (f * (logits[rows][:, cols] - lse[rows, None])).sum(1) + (sp[rows, label] - lse[rows])
+        acc = acc.index_add(0, rows, term / n_ij)
+    valid = sizes_a > 0
+    return (-acc[valid] / sizes_a[valid]).mean()
+
+
+def hbl_loop(z, y, k, yk, base_fn, lambda_=0.01, gamma=0.8, m_rel=0.1, m_abs=0.3, k_min=128):
+    """HBL with a Python loop over anchors (numpy median per anchor), as a straightforward port."""
+    base = base_fn(z, y, k, yk)
+    zn = F.normalize(z, dim=1)
+    cn = torch.cat([zn, k])
+    n = zn.shape[0]
+    ya, yc = R.as_multihot(y), R.cat_labels(R.as_multihot(y), R.as_multihot(yk))
+    inter = R.intersections(ya, yc)
+    union = R.label_sizes(ya)[:, None] + R.label_sizes(yc)[None, :] - inter
+    jac = torch.where(union > 0, inter / union.clamp_min(1), torch.zeros_like(inter))
+    sim = zn @ cn.T
+    total = sim.new_zeros(())
+    for i in range(n):
+        mask = torch.ones(cn.shape[0], dtype=torch.bool)
+        mask[i] = False
+        pos = (inter[i] > 0) & mask
+        if int(pos.sum()) < k_min:
+            continue
+        neg = (inter[i] == 0) & mask
+        theta = float(np.median(jac[i][pos].numpy()))
+        soft, hard = pos & (jac[i] >= theta), pos & (jac[i] < theta)
+        if not soft.any() or not hard.any():
+            continue
+        l_rel = torch.relu(sim[i][hard].max() - sim[i][soft].min() + m_rel)
+        l_abs = torch.relu(sim[i][neg].max() - sim[i][hard].min() + m_abs) if neg.any() else 0.0
+        total = total + l_rel + gamma * l_abs
+    return base + lambda_ * total / n
+
+
+# ----------------------------------------------------------------------------------------- timing
+def time_fn(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_pair(fn, ref_fn, repeats: int, warmup: int) -> dict[str, float]:
+    """Median wall and process-CPU times of ``fn`` and ``ref_fn`` measured in alternating rounds.
+
+    On a shared, oversubscribed machine wall time partly measures the scheduler; process CPU time
+    (all threads, idle OpenMP threads sleeping) measures the work done. Both are reported.
+    """
+    for _ in range(warmup):
+        fn()
+        ref_fn()
+    wa, wb, ca, cb = [], [], [], []
+    for _ in range(repeats):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        wa.append(time.perf_counter() - t0)
+        ca.append(time.process_time() - c0)
+        c0, t0 = time.process_time(), time.perf_counter()
+        ref_fn()
+        wb.append(time.perf_counter() - t0)
+        cb.append(time.process_time() - c0)
+    med = statistics.median
+    return {"wall": med(wa), "wall_ref": med(wb), "cpu": med(ca), "cpu_ref": med(cb)}
+
+
+def build_loss(name, args, y_all):
+    kwargs = dict(LOSS_KWARGS.get(name, {}))
+    if name == "msc" or (name == "hbl" and kwargs.get("base") == "msc"):
+        kwargs.update(num_labels=args.labels, embedding_dim=args.dim)
+    loss = get_loss(name, **kwargs)
+    if getattr(loss, "requires_label_statistics", False):
+        loss.set_label_statistics(y_all)  # stands in for the training labels
+    return loss
+
+
+def loss_step(loss, z, y, k, yk):
+    zz = z.detach().requires_grad_(True)
+    for p in loss.parameters():
+        p.grad = None
+    out = loss(zz, y, k, yk)
+    out.backward()
+    return out
+
+
+def memory_child(args) -> None:
+    """Subprocess: RSS high-water-mark increase of one forward+backward of ``args.child``."""
+    torch.set_num_threads(args.threads)
+    z, y, k, yk, y_all = make_inputs(args)
+    name = args.child
+    if name.startswith("floor"):
+        protos = torch.randn(args.labels, args.dim, requires_grad=True) if name == "floor+protos" else None
+        step = lambda: floor_step(z, y, k, yk, prototypes=protos)  # noqa: E731
+    else:
+        loss = build_loss(name, args, y_all)
+        step = lambda: loss_step(loss, z, y, k, yk)  # noqa: E731
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"extra_mib": (peak - base) / 1024.0}))
+
+
+def measure_memory(name: str, argv: list[str]) -> float | None:
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--child", name]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+        return json.loads(res.stdout.strip().splitlines()[-1])["extra_mib"]
+    except Exception as err:  # pragma: no cover - diagnostics only
+        print(f"  (memory probe for {name} failed: {err})")
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=256, help="anchors per batch")
+    p.add_argument("--k", type=int, default=4096, help="keys (queue) per batch")
+    p.add_argument("--dim", type=int, default=256, help="embedding dimension")
+    p.add_argument("--labels", type=int, default=25230, help="number of labels L")
+    p.add_argument("--per-row", type=float, default=16.0, help="mean labels per row")
+    p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the label frequency")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--losses", nargs="*", default=None, help="subset of contrastive losses (default: all)")
+    p.add_argument("--no-loops", action="store_true", help="skip the per-label Python-loop baselines")
+    p.add_argument("--no-memory", action="store_true", help="skip the RSS peak-memory subprocesses")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (N=32, K=128, D=32, L=500)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    raw = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(raw)
+    if args.quick:
+        args.n, args.k, args.dim, args.labels, args.per_row = 32, 128, 32, 500, 4.0
+        args.repeats, args.warmup = min(args.repeats, 3), 1
+    if args.child:
+        memory_child(args)
+        return
+    child_argv = [a for a in raw if a != "--child"]
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    z, y, k, yk, y_all = make_inputs(args)
+    nnz = y._nnz() + yk._nnz()
+    print(
+        f"# loss_speed: N={args.n} K={args.k} D={args.dim} L={args.labels} labels/row={nnz / (args.n + args.k):.1f} "
+        f"(Zipf {args.zipf}), sparse COO labels, threads={args.threads}, torch {torch.__version__}, "
+        f"median of {args.repeats} after {args.warmup} warm-up"
+    )
+    mat = args.n * (args.n + args.k) * 4 / 2**20
+    print(f"# sizes: (N, N+K) fp32 = {mat:.1f} MiB; (N, L) fp32 = {args.n * args.labels * 4 / 2**20:.1f} MiB; "
+          f"(N, N+K, L) fp32 would be {mat * args.labels / 1024:.1f} GiB")
+    names = args.losses or list_contrastive_losses()
+
+    protos = torch.randn(args.labels, args.dim, requires_grad=True)
+
+    def floor_fn():
+        floor_step(z, y, k, yk)
+
+    def floor_p_fn():
+        floor_step(z, y, k, yk, prototypes=protos)
+
+    fl = time_pair(floor_p_fn, floor_fn, args.repeats, args.warmup)
+    print(f"floor (z@[z;k]^T + logsumexp fwd+bwd + sparse Y@Yc^T): wall {fl['wall_ref'] * 1e3:8.2f} ms, "
+          f"cpu {fl['cpu_ref'] * 1e3:8.2f} ms")
+    print(f"floor+protos (candidates [z;k;C], C = L prototypes):   wall {fl['wall'] * 1e3:8.2f} ms, "
+          f"cpu {fl['cpu'] * 1e3:8.2f} ms")
+    proto_factor = fl["cpu"] / fl["cpu_ref"]
+    mem_floor = None if args.no_memory else measure_memory("floor", child_argv)
+    mem_floor_p = None if args.no_memory else measure_memory("floor+protos", child_argv)
+    print("# each loss is timed in rounds alternating with its floor; ratio = median(loss) / median(floor),")
+    print("# from process CPU time (robust to other users' load) and from wall time")
+    print()
+    header = (f"{'loss':<26}{'cpu ms':>9}{'floor':>9}{'ratio':>7}{'wall ms':>9}{'floor':>9}{'ratio':>7}"
+              f"{'target':>8}  {'peak MiB':>8}  notes")
+    print(header)
+    print("-" * len(header))
+    if mem_floor is not None:
+        print(f"{'floor':<26}{'':>65}  {mem_floor:>8.1f}")
+        print(f"{'floor+protos':<26}{'':>65}  {mem_floor_p:>8.1f}")
+    results = {}
+    for name in names:
+        loss = build_loss(name, args, y_all)
+        ref_fn = floor_p_fn if name == "msc" else floor_fn
+        r = time_pair(lambda: loss_step(loss, z, y, k, yk), ref_fn, args.repeats, args.warmup)
+        results[name] = r
+        target = 4.0 if name == "hbl" else 2.5
+        ratio = r["cpu"] / r["cpu_ref"]
+        mem = None if args.no_memory else measure_memory(name, child_argv)
+        note = ""
+        if name == "msc":
+            note = f"floor = floor+protos; vs plain floor {ratio * proto_factor:.2f}"
+        if name == "hbl":
+            note = f"base mulsupcon, k_min={loss.k_min}"
+        ok = "ok" if ratio <= target else "MISS"
+        mem_s = f"{mem:8.1f}" if mem is not None else f"{'-':>8}"
+        print(f"{name:<26}{r['cpu'] * 1e3:>9.1f}{r['cpu_ref'] * 1e3:>9.1f}{ratio:>7.2f}"
+              f"{r['wall'] * 1e3:>9.1f}{r['wall_ref'] * 1e3:>9.1f}{r['wall'] / r['wall_ref']:>7.2f}"
+              f"{'<=' + str(target):>8}  {mem_s}  {ok} {note}".rstrip())
+
+    if not args.no_loops:
+        print()
+        print("Python-loop versions (public-code style) of the same losses, same inputs (cpu time):")
+        print(f"{'loss':<26}{'cpu ms':>9}{'floor':>9}{'ratio':>7}{'speed-up':>10}  same value")
+        loops = {}
+        if "mulsupcon" in names:
+            loops["mulsupcon"] = (lambda zz: mulsupcon_loop(zz, y, k, yk), build_loss("mulsupcon", args, y_all))
+        if "msc" in names:
+            msc = build_loss("msc", args, y_all)
+            loops["msc"] = (lambda zz, m=msc: msc_loop(zz, y, k, yk, m.prototypes), msc)
+        if "hbl" in names:
+            hbl = build_loss("hbl", args, y_all)
+            loops["hbl"] = (lambda zz, h=hbl: hbl_loop(zz, y, k, yk, h.base, k_min=h.k_min), hbl)
+        for name, (fn, vec) in loops.items():
+
+            def step(fn=fn):
+                zz = z.detach().requires_grad_(True)
+                out = fn(zz)
+                out.backward()
+                return out
+
+            ref_fn = floor_p_fn if name == "msc" else floor_fn
+            r = time_pair(step, ref_fn, max(1, min(args.repeats, 3)), 1)
+            with torch.no_grad():
+                a = float(fn(z))
+                b = float(vec(z, y, k, yk))
+            same = abs(a - b) <= 1e-4 * max(1.0, abs(b))
+            ratio = r["cpu"] / r["cpu_ref"]
+            speed = ratio / (results[name]["cpu"] / results[name]["cpu_ref"]) if name in results else float("nan")
+            print(f"{name + ' (loop)':<26}{r['cpu'] * 1e3:>9.1f}{r['cpu_ref'] * 1e3:>9.1f}{ratio:>7.2f}"
+                  f"{speed:>9.1f}x  {same} ({a:.6f} vs {b:.6f})")
+
+
+if __name__ == "__main__":
+    main()
