@@ -1,0 +1,77 @@
+"""Worker of test_training_ddp.py, launched by `torchrun --nproc_per_node 2` (gloo, CPU).
+
+Each rank trains one step on its 4 rows of an 8-row batch; rank 0 saves the logged loss (mean over
+ranks) and the DDP-averaged parameter gradients (plus loss-parameter gradients) for each configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _training_helpers import base_args, collator, tiny_split  # noqa: E402
+from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
+
+from hf_mlcl.modeling import MLCLEncoder  # noqa: E402
+from hf_mlcl.training import ContrastiveTrainer  # noqa: E402
+from hf_mlcl.training import distributed as D  # noqa: E402
+
+
+def configs():
+    from hf_mlcl.losses import SimilarityDissimilarityLoss
+
+    class NoKeysSD(SimilarityDissimilarityLoss):
+        supports_keys = False  # exercises the gathered-anchors path
+
+    return {
+        "sd": dict(loss="sd"),
+        "msc_queue": dict(loss="msc", queue_size=16),
+        "nokeys": dict(loss="sd", loss_fn=NoKeysSD()),
+        "sd_views_gradcache": dict(loss="sd", n_views=2, gradcache_chunk_size=3),
+    }
+
+
+class Capture(TrainerCallback):
+    def __init__(self, trainer_ref):
+        self.trainer_ref = trainer_ref
+        self.grads = None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        tr = self.trainer_ref[0]
+        model = tr.accelerator.unwrap_model(tr.model)
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        for n, p in tr.loss_fn.named_parameters():
+            grads[f"loss.{n}"] = p.grad.detach().clone()
+        self.grads = grads
+
+
+def run(root: str, name: str, kw: dict, per_device: int):
+    kw = dict(kw)
+    loss_fn = kw.pop("loss_fn", None)
+    n_views = kw.get("n_views", 1)
+    tok = AutoTokenizer.from_pretrained(os.path.join(root, "tok"))
+    # float64: at init the embeddings are nearly collinear and the gradients are differences of
+    # near-equal terms; double precision keeps the 1-vs-2-process comparison far from round-off.
+    model = MLCLEncoder.from_pretrained(os.path.join(root, "init")).double()
+    ref: list = []
+    cap = Capture(ref)
+    args = base_args(os.path.join(root, f"run-{name}"), per_device_train_batch_size=per_device, knn_k=0, **kw)
+    tr = ContrastiveTrainer(model=model, args=args, train_dataset=tiny_split(8), data_collator=collator(tok, n_views),
+                            loss_fn=loss_fn, callbacks=[cap])  # fmt: skip
+    ref.append(tr)
+    tr.train()
+    loss = [h["loss"] for h in tr.state.log_history if "loss" in h][0]
+    return {"loss": loss, "grads": cap.grads, "world": D.world_size()}
+
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    per_device = int(sys.argv[2])
+    for name, kw in configs().items():
+        res = run(root, name, kw, per_device)
+        if int(os.environ.get("RANK", "0")) == 0:
+            torch.save(res, os.path.join(root, f"{name}-{res['world']}.pt"))
