@@ -127,8 +127,17 @@ class LabelAttentionHead(nn.Module):
 
 
 def _build_backbone(config: MLCLConfig) -> PreTrainedModel:
-    """Random-init backbone from the stored backbone config dict (offline; never downloads)."""
-    return AutoModel.from_config(config.get_backbone_config())
+    """Random-init backbone from the stored backbone config dict (offline; never downloads).
+
+    An explicit attention implementation requested for the wrapper (``from_pretrained(dir,
+    attn_implementation="flash_attention_2")``) is handed to the backbone; the default (sdpa) is left
+    to the backbone's own choice.
+    """
+    kwargs = {}
+    attn = getattr(config, "_attn_implementation", None)
+    if isinstance(attn, str) and attn != "sdpa":
+        kwargs["attn_implementation"] = attn
+    return AutoModel.from_config(config.get_backbone_config(), **kwargs)
 
 
 def _normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | None:

@@ -227,6 +227,9 @@ def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tok
     from transformers import AutoModel
 
     assert type(AutoModel.from_pretrained(target)) is MLCLEncoder
+    # an explicit attention implementation reaches the backbone rebuilt from the stored config
+    eager = MLCLEncoder.from_pretrained(target, attn_implementation="eager")
+    assert eager.backbone.config._attn_implementation == "eager"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,7 +359,10 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
         == "modeling_mlcl.MLCLForMultiLabelClassification"
     )
     assert "AutoModel" not in cfg["auto_map"]
-    loaded = MLCLForMultiLabelClassification.from_pretrained(tmp_path / "clf").eval()
+    from transformers import AutoModelForSequenceClassification
+
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf").eval()
+    assert type(loaded) is MLCLForMultiLabelClassification
     assert loaded.config.id2label == model.config.id2label and loaded.config.chunk_size == 8
     batch = _batch(bert_tokenizer)
     with torch.no_grad():
