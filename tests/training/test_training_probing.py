@@ -1,0 +1,142 @@
+"""ProbingTrainer (linear / finetune / logistic) and the train_contrastive -> train_probe entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from _training_helpers import collator, tiny_encoder, tiny_split, tiny_tokenizer
+from hf_mlcl.modeling import MLCLForMultiLabelClassification
+from hf_mlcl.training import (
+    ContrastiveTrainingArguments,
+    DataArguments,
+    ModelArguments,
+    ProbingTrainer,
+    ProbingTrainingArguments,
+    fit_logistic_probe,
+    train_contrastive,
+    train_probe,
+)
+
+
+def _args(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=16, max_steps=4,
+                learning_rate=5e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+                disable_tqdm=True, seed=0)  # fmt: skip
+    base.update(kw)
+    return ProbingTrainingArguments(**base)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize("probe,loss", [("linear", "bce"), ("finetune", "focal")])
+def test_probe_trains_head_and_respects_freezing(tmp_path, tok, probe, loss):
+    clf = MLCLForMultiLabelClassification.from_encoder(
+        tiny_encoder(tok), num_labels=4, freeze_encoder=probe == "linear"
+    )
+    before = {n: p.detach().clone() for n, p in clf.named_parameters()}
+    tr = ProbingTrainer(model=clf, args=_args(tmp_path, probe=probe, loss=loss), train_dataset=tiny_split(32),
+                        eval_dataset=tiny_split(16, 1), data_collator=collator(tok))  # fmt: skip
+    tr.train()
+    changed = {n for n, p in clf.named_parameters() if not torch.equal(p, before[n])}
+    assert {"classifier.weight", "classifier.bias"} <= changed
+    assert any(n.startswith("backbone.") for n in changed) == (probe == "finetune")
+    metrics = tr.evaluate()
+    assert {"eval_loss", "eval_micro_f1", "eval_macro_f1", "eval_p@1"} <= set(metrics)
+    scores, truth = tr.predict_scores(tiny_split(16, 1))
+    thr = tr.tune_threshold(scores, truth)
+    assert 0.0 < thr < 1.0 and scores.shape == truth.shape == (16, 4)
+
+
+def test_fit_logistic_probe_folds_standardisation_like_sklearn():
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, size=(80, 5))
+    y = np.stack([x[:, 0] + rng.normal(0, 1, 80) > 3, x[:, 1] < 3, np.zeros(80, bool)], 1)
+    w, b, chosen = fit_logistic_probe(x, y, c_grid=(0.5,))
+    mu, sd = x.mean(0), x.std(0)
+    ref = LogisticRegression(C=0.5, max_iter=1000).fit((x - mu) / sd, y[:, 0])
+    np.testing.assert_allclose(x @ w[0] + b[0], ref.decision_function((x - mu) / sd), rtol=1e-6, atol=1e-6)
+    assert np.all(w[2] == 0) and b[2] < -10  # constant (never seen) label
+    assert chosen[0] == 0.5 and np.isnan(chosen[2])
+
+
+def test_probing_bad_configurations(tmp_path, tok):
+    ds = tiny_split(8)
+    unfrozen = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=False)
+    with pytest.raises(ValueError, match="needs a frozen encoder"):
+        ProbingTrainer(model=unfrozen, args=_args(tmp_path, probe="linear"), train_dataset=ds, data_collator=collator(tok))
+    from hf_mlcl.losses import get_loss
+
+    with pytest.raises(ValueError, match="contrastive loss"):
+        ProbingTrainer(model=unfrozen, args=_args(tmp_path, probe="finetune"), train_dataset=ds,
+                       data_collator=collator(tok), loss_fn=get_loss("sd"))  # fmt: skip
+    with pytest.raises(ValueError, match="label-count mismatch"):
+        five = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=5, freeze_encoder=False)
+        ProbingTrainer(model=five, args=_args(tmp_path, probe="finetune"), train_dataset=ds, data_collator=collator(tok))
+    with pytest.raises(ValueError, match="unknown probing loss"):
+        _args(tmp_path, loss="sd")
+
+
+# ------------------------------------------------------------------------------------ entry points
+_BACKBONE = {"model_type": "bert", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 128}  # fmt: skip
+
+
+def _data_args():
+    opts = {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
+    return DataArguments(dataset="synthetic", dataset_options=json.dumps(opts), max_length=32)
+
+
+def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
+    enc_dir = tmp_path / "encoder"
+    cargs = ContrastiveTrainingArguments(
+        output_dir=str(enc_dir), loss="sd", n_views=2, projection_dim=16, per_device_train_batch_size=8, max_steps=3,
+        report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=3, knn_k=5,
+    )  # fmt: skip
+    trainer, metrics = train_contrastive(model_args, _data_args(), cargs)
+    assert {"train_loss", "eval_loss", "eval_knn_micro_f1"} <= set(metrics)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json", "trainer_state.json"):
+        assert os.path.isfile(enc_dir / name), name
+    assert os.path.isfile(enc_dir / "checkpoint-3" / "mlcl_trainer_state.pt")
+    saved = json.loads((enc_dir / "config.json").read_text())
+    assert saved["model_type"] == "mlcl" and len(saved["id2label"]) == 6
+
+    for probe, threshold in (("linear", "global"), ("logistic", "per_label")):
+        out = tmp_path / f"probe-{probe}"
+        pargs = _args(out, probe=probe, threshold=threshold, max_steps=3)
+        ptrainer, pmetrics = train_probe(ModelArguments(), _data_args(), pargs, encoder_path=str(enc_dir))
+        assert {"validation_micro_f1", "test_micro_f1", "test_macro_f1", "test_p@1", "threshold"} <= set(pmetrics)
+        on_disk = json.loads((out / "metrics.json").read_text())
+        assert on_disk["test_micro_f1"] == pytest.approx(pmetrics["test_micro_f1"])
+        thr = json.loads((out / "thresholds.json").read_text())
+        assert thr["strategy"] == threshold and len(thr["label_names"]) == 6
+        assert (len(thr["threshold"]) == 6) if threshold == "per_label" else isinstance(thr["threshold"], float)
+        # Hub-style reload: auto class + tokenizer from the folder alone; same logits; label names kept
+        clf = AutoModelForSequenceClassification.from_pretrained(out).eval()
+        tokz = AutoTokenizer.from_pretrained(out)
+        assert clf.config.id2label == ptrainer.model.config.id2label and clf.config.decision_threshold is not None
+        batch = tokz(["some text here", "another one"], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            ref = ptrainer.model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            got = clf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        torch.testing.assert_close(got, ref)
+
+
+def test_bce_baseline_finetunes_raw_backbone(tmp_path):
+    out = tmp_path / "bce"
+    _, metrics = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
+                             _args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
+    assert metrics["threshold"] == 0.4 and metrics["probe"] == "finetune"
+    assert "test_micro_f1" in metrics and os.path.isfile(out / "tokenizer.json")
