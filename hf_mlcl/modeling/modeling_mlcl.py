@@ -295,6 +295,16 @@ class MLCLPreTrainedModel(PreTrainedModel):
             backbone = AutoModel.from_config(source, **kwargs)
             name = None
         elif isinstance(source, (str, os.PathLike)):
+            cfg_file = os.path.join(os.fspath(source), "config.json")
+            if os.path.isfile(cfg_file):
+                import json
+
+                with open(cfg_file, encoding="utf-8") as fh:
+                    if json.load(fh).get("model_type") == MLCLConfig.model_type:
+                        raise ValueError(
+                            f"{source} is a saved hf_mlcl model, not a backbone; load it with "
+                            f"{cls.__name__}.from_pretrained(path) (or from_encoder for a classifier)"
+                        )
             backbone = AutoModel.from_pretrained(os.fspath(source), **kwargs)
             name = os.fspath(source)
         else:

@@ -231,8 +231,11 @@ class EmbeddingQueue:
         if batch == 0:
             return
         embeddings = embeddings.detach()
+        if labels.layout not in (torch.strided, torch.sparse_coo):
+            labels = labels.to_sparse_coo()  # CSR / BSR -> COO (row selection below needs it)
         if batch > self.size:  # only the newest K rows survive
-            embeddings, labels = embeddings[-self.size :], labels[-self.size :]
+            newest = torch.arange(batch - self.size, batch, device=labels.device)
+            embeddings, labels = embeddings[-self.size :], labels.index_select(0, newest)
             self.ptr = (self.ptr + batch - self.size) % self.size
             batch = self.size
         index = (self.ptr + torch.arange(batch, device=self.device)) % self.size

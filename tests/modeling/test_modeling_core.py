@@ -227,6 +227,8 @@ def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tok
     from transformers import AutoModel
 
     assert type(AutoModel.from_pretrained(target)) is MLCLEncoder
+    with pytest.raises(ValueError, match="saved hf_mlcl model"):
+        MLCLEncoder.from_backbone(str(target))
     # an explicit attention implementation reaches the backbone rebuilt from the stored config
     eager = MLCLEncoder.from_pretrained(target, attn_implementation="eager")
     assert eager.backbone.config._attn_implementation == "eager"

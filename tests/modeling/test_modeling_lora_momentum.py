@@ -252,7 +252,10 @@ def test_queue_sparse_matches_bool_and_accepts_sparse_input():
         emb = torch.randn(5, 3)
         lab = torch.rand(5, 40) < (0.05 + 0.05 * step)
         qb.enqueue(emb, lab)
-        qs.enqueue(emb, lab.float().to_sparse() if step % 2 else lab)
+        qs.enqueue(emb, [lab, lab.float().to_sparse(), lab.float().to_sparse_csr()][step % 3])
+    big_emb, big_lab = torch.randn(20, 3), torch.rand(20, 40) < 0.2  # larger than the queue, sparse input
+    qb.enqueue(big_emb, big_lab)
+    qs.enqueue(big_emb, big_lab.float().to_sparse())
     torch.testing.assert_close(qb.embeddings, qs.embeddings)
     assert torch.equal(qb.labels, qs.labels.to_dense())
 
