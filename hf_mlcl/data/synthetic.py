@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 from datasets import DatasetDict
 
-from hf_mlcl.data.registry import build_split, normalize_splits, register_dataset
+from hf_mlcl.data.registry import make_features, normalize_splits, register_dataset
 
 _SYLLABLES = np.array(
     [c + v for c in "bdfgklmnprstvz" for v in "aeiou"], dtype=object
@@ -92,6 +92,10 @@ class SyntheticCorpusGenerator:
         self._cum_prior = np.cumsum(self.label_prior)
         noise_rank = np.arange(1, noise_vocab_size + 1)
         self._cum_noise = np.cumsum(1.0 / noise_rank) / np.sum(1.0 / noise_rank)
+        # Inverse-CDF lookup table (2^20 cells): O(1) noise-word draws instead of a binary search per word.
+        self._noise_table = np.minimum(
+            np.searchsorted(self._cum_noise, (np.arange(2**20) + 0.5) / 2**20, side="right"), noise_vocab_size - 1
+        ).astype(np.int32)
         vocab_size = noise_vocab_size + num_labels * words_per_label
         # Shuffle ids -> strings so word strings do not reveal labels by prefix.
         self.vocab = _words_from_ids(rng.permutation(vocab_size), 2)
@@ -133,23 +137,63 @@ class SyntheticCorpusGenerator:
         slot = (rng.random(total) * nlab[doc]).astype(np.int64)
         lab = label_flat[label_ptr[:-1][doc] + slot]
         label_word = self.noise_vocab_size + lab * self.words_per_label + rng.integers(0, self.words_per_label, total)
-        noise_word = self._sample_cum(self._cum_noise, rng.random(total))
+        noise_word = self._noise_table[(rng.random(total) * 2**20).astype(np.int64)]
         words = np.where(rng.random(total) < self.signal, label_word, noise_word)
         return label_flat, label_ptr, words, word_ptr
 
-    def generate(self, n: int, rng: np.random.Generator) -> tuple[list[str], list[list[int]]]:
-        """``n`` documents as (texts, label id lists)."""
+    def _vocab_bytes(self):
+        if not hasattr(self, "_vb"):
+            encoded = [w.encode("ascii") + b" " for w in self.vocab.tolist()]
+            lens = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
+            self._vb = (np.frombuffer(b"".join(encoded), dtype=np.uint8), np.concatenate([[0], np.cumsum(lens)]))
+        return self._vb
+
+    def generate_arrow(self, n: int, rng: np.random.Generator):
+        """``n`` documents as a ``pyarrow.Table`` (``text`` string, ``labels`` list<int64>, sorted ids).
+
+        Texts are assembled without Python string joins: the bytes of every word (plus a space) are
+        gathered from one vocabulary buffer with a repeat/arange index, and the Arrow string array is
+        built straight from the offsets and data buffers."""
+        import pyarrow as pa
+
         label_flat, label_ptr, words, word_ptr = self.generate_ids(n, rng)
-        tokens = self.vocab[words]
-        texts = [" ".join(tokens[word_ptr[i] : word_ptr[i + 1]]) for i in range(n)]
-        labels = np.split(label_flat, label_ptr[1:-1]) if n else []
-        return texts, [np.sort(x).tolist() for x in labels]
+        data, starts = self._vocab_bytes()
+        wlen = (starts[1:] - starts[:-1])[words]  # bytes per word incl. trailing space
+        out_start = np.concatenate([[0], np.cumsum(wlen)])
+        total = int(out_start[-1])
+        src = np.repeat(starts[:-1][words] - out_start[:-1], wlen) + np.arange(total)
+        buf = data[src]
+        doc_end = out_start[word_ptr[1:]] - 1  # drop each document's trailing space
+        offsets = np.concatenate([[0], doc_end]).astype(np.int64)
+        offsets[1:-1] += 0  # documents start right after the previous trailing space:
+        doc_start = out_start[word_ptr[:-1]]
+        # Arrow strings must be contiguous: compact out the trailing spaces between documents.
+        keep = np.ones(total, bool)
+        keep[doc_end] = False
+        buf = buf[keep]
+        lengths = doc_end - doc_start
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        text = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(buf.tobytes())).cast(pa.string())
+        doc_of_label = np.repeat(np.arange(n), np.diff(label_ptr))
+        order = np.lexsort((label_flat, doc_of_label))
+        labels = pa.ListArray.from_arrays(pa.array(label_ptr.astype(np.int32)), pa.array(label_flat[order]))
+        return pa.table({"text": text, "labels": labels})
+
+    def generate(self, n: int, rng: np.random.Generator) -> tuple[list[str], list[list[int]]]:
+        """``n`` documents as (texts, sorted label id lists); same draws as :meth:`generate_arrow`."""
+        table = self.generate_arrow(n, rng)
+        return table.column("text").to_pylist(), table.column("labels").to_pylist()
+
+    def iter_tables(self, split: str, num_docs: int, shard_size: int = 1000):
+        """Deterministic ``pyarrow.Table`` shards (``default_rng([seed, split, j])`` for shard j)."""
+        for j, start in enumerate(range(0, num_docs, shard_size)):
+            rng = np.random.default_rng([self.seed, _SPLIT_INDEX[split], j])
+            yield self.generate_arrow(min(shard_size, num_docs - start), rng)
 
     def iter_shards(self, split: str, num_docs: int, shard_size: int = 1000) -> Iterator[tuple[list[str], list[list[int]]]]:
         """Deterministic shards for ``split``: shard ``j`` uses ``default_rng([seed, split, j])``."""
-        for j, start in enumerate(range(0, num_docs, shard_size)):
-            rng = np.random.default_rng([self.seed, _SPLIT_INDEX[split], j])
-            yield self.generate(min(shard_size, num_docs - start), rng)
+        for table in self.iter_tables(split, num_docs, shard_size):
+            yield table.column("text").to_pylist(), table.column("labels").to_pylist()
 
     def iter_examples(self, split: str, num_docs: int, shard_size: int = 1000) -> Iterator[dict]:
         """Examples ``{"text", "labels"}`` one by one (for ``Dataset.from_generator``)."""
@@ -177,13 +221,19 @@ def make_synthetic_corpus(
     """
     gen = SyntheticCorpusGenerator(num_labels=num_labels, min_words=min_words, max_words=max_words, seed=seed, **kw)
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
+    import pyarrow as pa
+    from datasets import Dataset, DatasetInfo
+    from datasets.table import InMemoryTable
+
+    features = make_features(gen.label_names)
     out = {}
     for split in normalize_splits(splits):
-        texts, labels = [], []
-        for t, y in gen.iter_shards(split, sizes[split], shard_size=5000):
-            texts += t
-            labels += y
-        out[split] = build_split(texts, labels, gen.label_names)
+        if sizes[split] < 0:
+            raise ValueError(f"num_{split} must be >= 0, got {sizes[split]}")
+        tables = list(gen.iter_tables(split, sizes[split], shard_size=5000))
+        table = pa.concat_tables(tables) if tables else features.arrow_schema.empty_table()
+        table = table.cast(features.arrow_schema)
+        out[split] = Dataset(InMemoryTable(table), info=DatasetInfo(features=features))
     return DatasetDict(out)
 
 

@@ -96,3 +96,14 @@ def test_long_documents_fast_and_sparse_labels():
 
     ds = build_split(texts, labels, gen.label_names)
     assert train_frequency(ds).sum() == sum(len(y) for y in labels)
+
+
+def test_arrow_text_assembly_matches_word_join():
+    gen = SyntheticCorpusGenerator(num_labels=15, min_words=1, max_words=12, seed=5)
+    table = gen.generate_arrow(50, np.random.default_rng(3))
+    label_flat, label_ptr, words, word_ptr = gen.generate_ids(50, np.random.default_rng(3))
+    expected = [" ".join(gen.vocab[words[word_ptr[i] : word_ptr[i + 1]]]) for i in range(50)]
+    assert table.column("text").to_pylist() == expected
+    assert table.column("labels").to_pylist() == [sorted(label_flat[label_ptr[i] : label_ptr[i + 1]].tolist()) for i in range(50)]
+    shards = list(gen.iter_tables("train", 25, shard_size=10))
+    assert [len(t) for t in shards] == [10, 10, 5]
