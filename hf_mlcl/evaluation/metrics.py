@@ -310,26 +310,81 @@ def _rowwise_ap_auc(scores: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, 
     return ap, auc
 
 
+def _monotone_u32(s: np.ndarray) -> np.ndarray:
+    """Map float32 values to uint32 keys with the same order (IEEE-754 sign/magnitude trick)."""
+    bits = (s.astype(np.float32, copy=False) + np.float32(0.0)).view(np.uint32)  # -0.0 becomes +0.0
+    return np.where(bits >= np.uint32(0x80000000), ~bits, bits | np.uint32(0x80000000))
+
+
+def _grouped_ap_auc(
+    scores: np.ndarray, truth: np.ndarray, groups_are_rows: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """AP and ROC AUC of every row (``groups_are_rows``) or column of float32-exact scores, without argsort.
+
+    Each cell gets the 64-bit key (group << 32 | order-preserving 32-bit score key); one value sort of
+    the keys puts every group in ascending score order, and the (few) positives are located with
+    searchsorted, giving for each positive p: n_ge = #members with score >= s_p, n_gt = #members with
+    score > s_p and pos_ge = #positives with score >= s_p. Then (ties exactly as in sklearn)
+        AP  = (1/P) sum_p pos_ge / n_ge                                  (step-wise AP)
+        AUC = [sum_p (#< s_p + 0.5 #== s_p) - P^2 / 2] / (P * Nn)         (Mann-Whitney U)
+    where #< s_p = M - n_ge and #== s_p = n_ge - n_gt; the P^2/2 removes the positive-positive pairs.
+    """
+    r, c = scores.shape
+    n_groups, m = (r, c) if groups_are_rows else (c, r)
+    key = _monotone_u32(scores).astype(np.uint64)
+    gid = np.arange(n_groups, dtype=np.uint64)
+    key |= (gid[:, None] if groups_are_rows else gid[None, :]) << np.uint64(32)
+    pos = key[truth]
+    pg = (pos >> np.uint64(32)).astype(np.int64)
+    key = np.sort(key, axis=None)
+    n_pos = np.bincount(pg, minlength=n_groups)
+    end = (pg + 1) * m
+    n_ge = end - np.searchsorted(key, pos, side="left")
+    n_gt = end - np.searchsorted(key, pos, side="right")
+    del key
+    pos_ge = np.cumsum(n_pos)[pg] - np.searchsorted(np.sort(pos), pos, side="left")
+    ap_sum = np.bincount(pg, weights=pos_ge / n_ge, minlength=n_groups)
+    twice = np.bincount(pg, weights=(2 * m - n_ge - n_gt).astype(np.float64), minlength=n_groups)
+    n_pos = n_pos.astype(np.float64)
+    n_neg = m - n_pos
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ap = np.where(n_pos > 0, ap_sum / n_pos, np.nan)
+        auc = np.where((n_pos > 0) & (n_neg > 0), (twice - n_pos * n_pos) / 2.0 / (n_pos * n_neg), np.nan)
+    return ap, auc
+
+
+def _float32_exact(ys: np.ndarray) -> bool:
+    return ys.dtype == np.float32 or bool(np.array_equal(ys.astype(np.float32), ys))
+
+
 def _per_label_ap_auc(yt: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n, num_labels = ys.shape
     step = _rows_per_chunk(n)
+    fast = _float32_exact(ys)
     ap = np.empty(num_labels)
     auc = np.empty(num_labels)
     for c0 in range(0, num_labels, step):  # chunks of labels, not a per-label loop
         c1 = min(num_labels, c0 + step)
-        ap[c0:c1], auc[c0:c1] = _rowwise_ap_auc(
-            np.ascontiguousarray(ys[:, c0:c1].T), np.ascontiguousarray(yt[:, c0:c1].T)
-        )
+        if fast:
+            ap[c0:c1], auc[c0:c1] = _grouped_ap_auc(ys[:, c0:c1], yt[:, c0:c1], groups_are_rows=False)
+        else:
+            ap[c0:c1], auc[c0:c1] = _rowwise_ap_auc(
+                np.ascontiguousarray(ys[:, c0:c1].T), np.ascontiguousarray(yt[:, c0:c1].T)
+            )
     return ap, auc
 
 
 def _per_example_ap(yt: np.ndarray, ys: np.ndarray) -> np.ndarray:
     n, num_labels = ys.shape
     step = _rows_per_chunk(num_labels)
+    fast = _float32_exact(ys)
     ap = np.empty(n)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
-        ap[r0:r1], _ = _rowwise_ap_auc(ys[r0:r1], yt[r0:r1])
+        if fast:
+            ap[r0:r1], _ = _grouped_ap_auc(ys[r0:r1], yt[r0:r1], groups_are_rows=True)
+        else:
+            ap[r0:r1], _ = _rowwise_ap_auc(ys[r0:r1], yt[r0:r1])
     return ap
 
 

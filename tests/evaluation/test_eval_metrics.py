@@ -298,3 +298,26 @@ def test_property_counts_match_sklearn(n, num_labels, seed):
         assert out["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), s.ravel()))
     else:
         assert math.isnan(out["micro_auc"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sort_free_ap_auc_equals_argsort_path(seed):
+    """float32 scores use packed 64-bit keys + searchsorted; float64 the argsort path: same numbers."""
+    rng = np.random.default_rng(seed)
+    y = rng.random((23, 17)) < rng.uniform(0.05, 0.6)
+    s = rng.normal(size=(23, 17)).astype(np.float32)
+    if seed % 2:
+        s = (np.round(s * 2) / 2).astype(np.float32)  # ties, zeros and negative values
+    for rows in (True, False):
+        a, b = (s, y) if rows else (np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
+        fast_ap, fast_auc = mm._grouped_ap_auc(s, y, groups_are_rows=rows)
+        slow_ap, slow_auc = mm._rowwise_ap_auc(a, b)
+        np.testing.assert_allclose(fast_ap, slow_ap, atol=1e-12)
+        np.testing.assert_allclose(fast_auc, slow_auc, atol=1e-12)
+    s64 = s.astype(np.float64) + 1e-12 * rng.random(s.shape)  # not float32-exact -> argsort path
+    assert not mm._float32_exact(s64)
+    out32 = compute_multilabel_metrics(y, s)
+    out64 = compute_multilabel_metrics(y, s64)
+    if seed % 2 == 0:  # without ties the tiny jitter changes no ranking
+        for key in ("micro_auc", "macro_auc", "map_label", "map_example"):
+            assert out32[key] == pytest.approx(out64[key], abs=1e-12), key
