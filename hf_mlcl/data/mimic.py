@@ -11,6 +11,7 @@ Three local formats are understood (``format="auto"`` picks by the files present
     ``*.feather`` without "split" in its name) with columns ``_id`` (HADM id), ``text`` and ``target``
     (list of codes), and a split file (``*split*.feather`` or ``.csv``) with ``_id,split``
     (``train``/``val``/``test``). ``variant="50"`` keeps the 50 most frequent training codes.
+    Other file names: ``file_template`` (default ``"{split}_{variant}.csv"``, split in train/dev/test).
 ``ids`` — one csv of all labelled admissions (``file=``, CAML columns) re-split by HADM id lists
     ``{train,dev,test}_{variant}_hadm_ids.csv`` in ``split_ids_dir`` (e.g. the CAML id lists).
 
@@ -147,6 +148,7 @@ def _load_mimic(
     split_file: str | None = None,
     strip_dots: bool = False,
     drop_unlabeled: bool | None = None,
+    file_template: str = "{split}_{variant}.csv",
 ) -> DatasetDict:
     variant = str(variant)
     if variant not in ("full", "50"):
@@ -165,9 +167,11 @@ def _load_mimic(
     raw: dict[str, tuple[list, list, list]] = {}
     if fmt == "caml":
         need = list(splits) + (["train"] if code_list is None and "train" not in splits else [])
-        paths = {s: require_file(data_dir, f"{_CSV_SPLIT[s]}_{variant}.csv", dataset, s, hint=(
-            f"place {_CSV_SPLIT[s]}_{variant}.csv in {data_dir!r}, request other splits=, or (for the label space "
-            "without the training file) pass code_list=") ) for s in need}
+        fname = {s: file_template.format(split=_CSV_SPLIT[s], variant=variant) for s in need}
+        paths = {s: require_file(data_dir, fname[s], dataset, s, hint=(
+            f"place {fname[s]} in {data_dir!r} (or set file_template=, default '{{split}}_{{variant}}.csv' with "
+            "split in train/dev/test), request other splits=, or (for the label space without the training "
+            "file) pass code_list=")) for s in need}
         raw = {s: _read_csv_docs(p, strip_dots) for s, p in paths.items()}
     elif fmt == "ids":
         if file is None or split_ids_dir is None:
@@ -210,7 +214,7 @@ def load_mimic3(data_dir=None, **options) -> DatasetDict:
     """MIMIC-III ICD-9 coding (CAML splits: full 47,723 / 1,631 / 3,372; top-50 8,066 / 1,573 / 1,729).
 
     Options: ``variant`` "full" | "50", ``code_list`` (e.g. "ALL_CODES_plmicd.txt"), ``splits``,
-    ``format`` ("auto" | "caml" | "edin" | "ids"), ``file`` + ``split_ids_dir`` (re-split by HADM id lists),
+    ``format`` ("auto" | "caml" | "edin" | "ids"), ``file_template``, ``file`` + ``split_ids_dir`` (re-split by HADM id lists),
     ``feather_file`` / ``split_file`` (Edin et al.), ``drop_unlabeled`` (default True for "50")."""
     return _load_mimic("mimic3", data_dir, **options)
 

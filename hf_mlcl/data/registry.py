@@ -139,7 +139,7 @@ def require_file(data_dir: str, filename: str, dataset: str, split: str | None =
         what = f" for split {split!r}" if split else ""
         fix = hint or (
             f"place {filename!r} in {data_dir!r}"
-            + (f", or load only the available splits, e.g. splits=('validation', 'test')" if split else "")
+            + (", or load only the available splits, e.g. splits=('validation', 'test')" if split else "")
         )
         raise FileNotFoundError(
             f"{dataset}: file {filename!r}{what} not found in folder {data_dir!r} (folder has: {present}). "

@@ -163,9 +163,7 @@ class SyntheticCorpusGenerator:
         total = int(out_start[-1])
         src = np.repeat(starts[:-1][words] - out_start[:-1], wlen) + np.arange(total)
         buf = data[src]
-        doc_end = out_start[word_ptr[1:]] - 1  # drop each document's trailing space
-        offsets = np.concatenate([[0], doc_end]).astype(np.int64)
-        offsets[1:-1] += 0  # documents start right after the previous trailing space:
+        doc_end = out_start[word_ptr[1:]] - 1  # position of each document's trailing space
         doc_start = out_start[word_ptr[:-1]]
         # Arrow strings must be contiguous: compact out the trailing spaces between documents.
         keep = np.ones(total, bool)

@@ -318,6 +318,10 @@ def test_mimic4_icd10_nguyen_csv_strips_dots(tmp_path):
     (d / "codes.txt").write_text("I10\nE11.9\nZ79.01\n")  # dotted list matches dot-less csv codes
     dd = load_mlc_dataset("mimic4_icd10", data_dir=d, code_list="codes.txt", splits=["test"])
     assert label_names(dd) == ["I10", "E119", "Z7901"] and dd["test"]["labels"] == [[1, 2]]
+    for s in ("train", "dev", "test"):
+        os.rename(d / f"{s}_full.csv", d / f"mimic4_icd10_{s}.csv")
+    dd = load_mlc_dataset("mimic4_icd10", data_dir=d, file_template="mimic4_icd10_{split}.csv")
+    assert [len(dd[s]) for s in dd] == [2, 1, 1]
 
 
 def test_mimic4_edin_feather(tmp_path):

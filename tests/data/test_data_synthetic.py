@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_mlcl.data import SyntheticCorpusGenerator, label_names, load_mlc_dataset, make_synthetic_corpus, train_frequency
+from hf_mlcl.data import (
+    SyntheticCorpusGenerator,
+    label_names,
+    load_mlc_dataset,
+    make_synthetic_corpus,
+    train_frequency,
+)
 
 
 def test_determinism_and_schema():
