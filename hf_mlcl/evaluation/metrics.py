@@ -464,17 +464,23 @@ def compute_multilabel_metrics(
     yt, ys = _check_pair(y_true, y_score)
     ks = _check_ks(ks)
     n, num_labels = yt.shape
-    yp = ys >= _threshold_array(threshold, num_labels, ys.dtype)
+    thr = _threshold_array(threshold, num_labels, ys.dtype)
 
-    tp_cell = yt & yp
-    tp_l = np.count_nonzero(tp_cell, axis=0)
-    tp_e = np.count_nonzero(tp_cell, axis=1)
-    del tp_cell
-    pred_l = np.count_nonzero(yp, axis=0)
+    tp_l = np.zeros(num_labels, dtype=np.int64)
+    pred_l = np.zeros(num_labels, dtype=np.int64)
+    tp_e = np.empty(n, dtype=np.int64)
+    pred_e = np.empty(n, dtype=np.int64)
+    step = _rows_per_chunk(num_labels)
+    for r0 in range(0, n, step):  # row chunks bound the (N, L) boolean temporaries
+        yp = ys[r0 : r0 + step] >= thr
+        tp_cell = yt[r0 : r0 + step] & yp
+        tp_l += np.count_nonzero(tp_cell, axis=0)
+        pred_l += np.count_nonzero(yp, axis=0)
+        tp_e[r0 : r0 + step] = np.count_nonzero(tp_cell, axis=1)
+        pred_e[r0 : r0 + step] = np.count_nonzero(yp, axis=1)
+    del yp, tp_cell
     true_l = np.count_nonzero(yt, axis=0)
-    pred_e = np.count_nonzero(yp, axis=1)
     true_e = np.count_nonzero(yt, axis=1)
-    del yp
     tp, n_pred, n_true = int(tp_l.sum()), int(pred_l.sum()), int(true_l.sum())
     zd = zero_division
 
