@@ -558,41 +558,93 @@ def tune_global_threshold(
     return float(g64[int(np.argmax(f1))])
 
 
+def _midpoint_threshold(hi: np.ndarray, lo: np.ndarray, has_lower: np.ndarray) -> np.ndarray:
+    """Threshold between the last predicted score ``hi`` and the first rejected one ``lo`` (same dtype)."""
+    mid = (hi / 2 + lo / 2).astype(hi.dtype)
+    return np.where(~has_lower | (mid <= lo), hi, mid)
+
+
+def _best_cuts_argsort(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per-row best-F1 threshold from an argsort of each row (any float dtype)."""
+    n = scores.shape[1]
+    order = np.argsort(-scores, axis=1, kind="stable")
+    s = np.take_along_axis(scores, order, axis=1)
+    tp = np.cumsum(np.take_along_axis(truth, order, axis=1), axis=1)
+    del order
+    rank = np.arange(1, n + 1, dtype=np.int64)
+    f1 = 2.0 * tp / (rank[None, :] + tp[:, -1:])
+    valid = np.empty_like(f1, dtype=bool)
+    valid[:, :-1] = s[:, :-1] != s[:, 1:]  # only cut between distinct scores
+    valid[:, -1] = True
+    best = np.argmax(np.where(valid, f1, -1.0), axis=1)  # first max = fewest predictions
+    rows = np.arange(scores.shape[0])
+    return _midpoint_threshold(s[rows, best], s[rows, np.minimum(best + 1, n - 1)], best < n - 1)
+
+
+def _best_cuts_keys(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per-column best-F1 threshold for float32-exact scores, without argsort.
+
+    The optimal cut always predicts "score >= s_p" for some positive p (adding negatives only lowers
+    F1), whose F1 is 2 pos_ge / (n_ge + P) with the counts of :func:`_grouped_ap_auc`. The best
+    positive of each label is found with one lexsort of the positives (F1 desc, then fewer predictions);
+    the next lower score of the label is the sorted key just before p's block.
+    """
+    n, c = scores.shape
+    key = _monotone_u32(scores).astype(np.uint64) | (np.arange(c, dtype=np.uint64)[None, :] << np.uint64(32))
+    pos = key[truth]
+    out = np.zeros(c, dtype=scores.dtype)
+    if pos.size == 0:
+        return out
+    pg = (pos >> np.uint64(32)).astype(np.int64)
+    key = np.sort(key, axis=None)
+    n_pos = np.bincount(pg, minlength=c)
+    ge_idx = np.searchsorted(key, pos, side="left")
+    n_ge = (pg + 1) * n - ge_idx
+    pos_ge = np.cumsum(n_pos)[pg] - np.searchsorted(np.sort(pos), pos, side="left")
+    f1 = 2.0 * pos_ge / (n_ge + n_pos[pg])
+    order = np.lexsort((n_ge, -f1, pg))
+    first = order[np.r_[True, pg[order][1:] != pg[order][:-1]]]  # best positive of each label
+    g = pg[first]
+    has_lower = n_ge[first] < n
+    low_mask = np.uint64(0xFFFFFFFF)
+    hi = _decode_u32((pos[first] & low_mask).astype(np.uint32))
+    lo = _decode_u32((key[np.maximum(ge_idx[first] - 1, 0)] & low_mask).astype(np.uint32))
+    out[g] = _midpoint_threshold(hi, lo, has_lower)
+    return out
+
+
+def _decode_u32(k: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_monotone_u32`."""
+    bits = np.where(k >= np.uint32(0x80000000), k ^ np.uint32(0x80000000), ~k).astype(np.uint32)
+    return bits.view(np.float32)
+
+
 def tune_per_label_thresholds(y_true: Any, y_score: Any, default: float | None = None) -> np.ndarray:
     """(L,) thresholds, each maximising its label's F1 on validation data.
 
-    For every label the validation scores are sorted once (chunks of labels at a time); with tp_k the
-    cumulative positives among the top-k scores, F1 of predicting the top k is 2 tp_k / (k + P). Only
-    cuts between distinct scores are allowed (tied scores are predicted together). The chosen threshold
-    is the midpoint between the last predicted and the first rejected score (the lowest score when all
-    are predicted), so ``score >= threshold`` reproduces the optimal cut. Ties in F1 go to the cut with
-    fewer predictions. Labels without any positive in the validation data (F1 is 0 whatever the
-    threshold) get ``default``; ``default=None`` uses :func:`tune_global_threshold`.
+    For every label, with tp_k the cumulative positives among its k top scores, F1 of predicting the
+    top k is 2 tp_k / (k + P) (sorted cumulative counts; chunks of labels at a time, float32 scores via
+    packed sort keys + searchsorted, other dtypes via argsort). Only cuts between distinct scores are
+    allowed (tied scores are predicted together). The threshold is the midpoint between the last
+    predicted and the first rejected score (the lowest score when all are predicted), so
+    ``score >= threshold`` reproduces the optimal cut. Ties in F1 go to the cut with fewer predictions.
+    Labels without any positive in the validation data (F1 is 0 whatever the threshold) get
+    ``default``; ``default=None`` uses :func:`tune_global_threshold`.
     """
     yt, ys = _check_pair(y_true, y_score)
     n, num_labels = ys.shape
     out = np.empty(num_labels, dtype=np.float64)
     no_positive = ~yt.any(axis=0)
+    fast = _float32_exact(ys)
     step = _rows_per_chunk(n)
-    rank = np.arange(1, n + 1, dtype=np.int64)
     for c0 in range(0, num_labels, step):  # chunks of labels
         c1 = min(num_labels, c0 + step)
-        sc = np.ascontiguousarray(ys[:, c0:c1].T)
-        order = np.argsort(-sc, axis=1, kind="stable")
-        s = np.take_along_axis(sc, order, axis=1)
-        tp = np.cumsum(np.take_along_axis(np.ascontiguousarray(yt[:, c0:c1].T), order, axis=1), axis=1)
-        del order, sc
-        f1 = 2.0 * tp / (rank[None, :] + tp[:, -1:])
-        valid = np.empty_like(f1, dtype=bool)
-        valid[:, :-1] = s[:, :-1] != s[:, 1:]
-        valid[:, -1] = True
-        best = np.argmax(np.where(valid, f1, -1.0), axis=1)  # cut after position `best`
-        rows = np.arange(c1 - c0)
-        hi = s[rows, best]
-        lo = s[rows, np.minimum(best + 1, n - 1)]
-        mid = (hi / 2 + lo / 2).astype(ys.dtype)
-        thr = np.where((best == n - 1) | (mid <= lo), hi, mid)
-        out[c0:c1] = thr
+        if fast:
+            out[c0:c1] = _best_cuts_keys(ys[:, c0:c1].astype(np.float32), yt[:, c0:c1])
+        else:
+            out[c0:c1] = _best_cuts_argsort(
+                np.ascontiguousarray(ys[:, c0:c1].T), np.ascontiguousarray(yt[:, c0:c1].T)
+            )
     if no_positive.any():
         fill = tune_global_threshold(yt, ys) if default is None else float(default)
         out[no_positive] = fill

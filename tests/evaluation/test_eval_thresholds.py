@@ -114,3 +114,17 @@ def test_tune_on_validation_apply_to_test():
     )
     with pytest.raises(ValueError, match="strategy"):
         tune_and_evaluate(yv, sv, yt, st_, strategy="best")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sort_free_cuts_equal_argsort_cuts(seed):
+    """float32 scores take the packed-key path, other dtypes the argsort path: same thresholds."""
+    rng = np.random.default_rng(seed)
+    y = rng.random((31, 13)) < rng.uniform(0.05, 0.7)
+    s = rng.normal(size=(31, 13)).astype(np.float32)
+    if seed % 2:
+        s = (np.round(s * 2) / 2).astype(np.float32)  # ties, zeros, negative scores
+    fast = mm._best_cuts_keys(s, y)
+    slow = mm._best_cuts_argsort(np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
+    has = y.any(axis=0)
+    np.testing.assert_array_equal(fast[has], slow[has])
