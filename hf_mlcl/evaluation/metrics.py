@@ -212,7 +212,11 @@ def sigmoid(x: Any) -> np.ndarray:
 
 def predictions_to_scores(predictions: Any, from_logits: bool = True) -> np.ndarray:
     """Turn ``EvalPrediction.predictions`` (logits, or a tuple whose first item is the logits) into
-    an (N, L) float32 probability matrix; ``from_logits=False`` keeps values as they are."""
+    an (N, L) probability matrix; ``from_logits=False`` keeps values as they are.
+
+    The float dtype is kept (integers / float16 become float32). float32 scores take the faster
+    sort-free paths of the ranking metrics and per-label tuning; float64 is exact too, only slower.
+    """
     if isinstance(predictions, (tuple, list)) and len(predictions) > 0 and not np.isscalar(predictions[0]):
         first = predictions[0]
         # a tuple of model outputs (logits, hidden, ...) vs. a plain nested list of scores
