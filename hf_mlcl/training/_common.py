@@ -117,11 +117,8 @@ def accepted_kwargs(cls_or_fn: Any, candidates: dict[str, Any]) -> dict[str, Any
         params = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return {}
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        names = [n for n in candidates if n in params]  # **kw: pass only named ones, never guess
-    else:
-        names = [n for n in candidates if n in params]
-    return {n: candidates[n] for n in names}
+    # Only explicitly named parameters count: a ``**kwargs`` catch-all is never guessed into.
+    return {n: v for n, v in candidates.items() if n in params and params[n].kind != inspect.Parameter.VAR_KEYWORD}
 
 
 def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -176,4 +173,6 @@ def label_matrix(dataset: Any, label_column: str, num_labels: int) -> torch.Tens
     if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= num_labels):
         raise ValueError(f"label ids must lie in [0, {num_labels}); the {label_column!r} column has {int(cols.max())}")
     values = torch.ones(cols.numel())
-    return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (len(lists), num_labels)).coalesce()
+    return torch.sparse_coo_tensor(
+        torch.stack([rows, cols]), values, (len(lists), num_labels), check_invariants=True
+    ).coalesce()

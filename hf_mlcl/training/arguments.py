@@ -112,6 +112,10 @@ class ContrastiveTrainingArguments(TrainingArguments):
         default=True, metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."}
     )
     gradcache_chunk_size: int = field(default=0, metadata={"help": "GradCache sub-batch size; 0 = off."})
+    dataloader_drop_last: bool = field(
+        default=True,
+        metadata={"help": "Drop the last incomplete batch: equal per-process contrast sets (DDP gather); default True."},
+    )
     knn_k: int = field(
         default=10,
         metadata={"help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."},

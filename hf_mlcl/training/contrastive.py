@@ -117,11 +117,6 @@ def build_contrastive_loss(
         extra["temperature"] = temperature
     for key, value in accepted_kwargs(cls, {k: v for k, v in extra.items() if v is not None}).items():
         kwargs.setdefault(key, value)
-    if name.lower() == "hbl" and "base" in kwargs:
-        # hbl forwards its base loss's keywords; sizes of a base such as msc travel through it.
-        base_cls = get_loss_class(kwargs["base"])
-        for key, value in accepted_kwargs(base_cls, {k: v for k, v in extra.items() if v is not None}).items():
-            kwargs.setdefault(key, value)
     try:
         return get_loss(name, **kwargs)
     except TypeError as err:
@@ -372,8 +367,7 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
                 keys = other if keys is None else torch.cat([other, keys.to(other.dtype)])
                 key_labels = other_labels if key_labels is None else torch.cat([other_labels, key_labels])
             else:
-                sizes = None
-                embeddings = torch.cat(D.all_gather_with_grad(embeddings, sizes))
+                embeddings = torch.cat(D.all_gather_with_grad(embeddings))
                 labels = torch.cat(D.all_gather_no_grad(D.to_dense_bool(labels)))
         if keys is None:
             return self.loss_fn(embeddings, labels)

@@ -267,8 +267,10 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
                     model_inputs["input_ids"], model_inputs.get("attention_mask"), model_inputs.get("token_type_ids")
                 )
                 pooled = pool_states(states, mask, model.config.pooling, segment)
-            feats.append(pooled.float().cpu().numpy())
-            labels.append(labels_to_dense_float(y).cpu().numpy() > 0.5)
+            # gather_for_metrics: every process fits on the whole split (duplicated tail samples dropped)
+            pooled, y = self.accelerator.gather_for_metrics((pooled.float().contiguous(), labels_to_dense_float(y)))
+            feats.append(pooled.cpu().numpy())
+            labels.append(y.cpu().numpy() > 0.5)
         return np.concatenate(feats), np.concatenate(labels)
 
     def fit_logistic(self, validation_dataset: Any | None = None) -> dict[str, Any]:

@@ -8,8 +8,16 @@ import shutil
 
 import pytest
 import torch
+from _training_helpers import (
+    GradCapture,
+    base_args,
+    collator,
+    max_rel_diff,
+    tiny_encoder,
+    tiny_split,
+    tiny_tokenizer,
+)
 
-from _training_helpers import GradCapture, base_args, collator, max_rel_diff, tiny_encoder, tiny_split, tiny_tokenizer
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
 from hf_mlcl.training.contrastive import STATE_FILE, knn_probe_metrics
 

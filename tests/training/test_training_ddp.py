@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from _training_helpers import max_rel_diff, tiny_encoder, tiny_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

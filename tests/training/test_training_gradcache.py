@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import torch
+from _training_helpers import (
+    GradCapture,
+    base_args,
+    collator,
+    max_rel_diff,
+    tiny_encoder,
+    tiny_split,
+    tiny_tokenizer,
+)
 
-from _training_helpers import base_args, collator, max_rel_diff, tiny_encoder, tiny_split, tiny_tokenizer, GradCapture
 from hf_mlcl.losses import get_loss
 from hf_mlcl.training import distributed as D
 from hf_mlcl.training.gradcache import RandomState, gradcache_backward, split_inputs
@@ -93,7 +101,7 @@ def test_trainer_gradcache_step_matches_direct_step(tmp_path):
         if chunk == 0:
             # the direct reference encodes the batch in the same 4 chunks (same dropout masks as GradCache)
             orig = tr._encode
-            tr._encode = lambda m, b: torch.cat([orig(m, c) for c in split_inputs(b, 2)])
+            tr._encode = lambda m, b, orig=orig: torch.cat([orig(m, c) for c in split_inputs(b, 2)])
         out = tr.train()
         results[chunk] = (out.training_loss, cap.grads[0])
     assert abs(results[0][0] - results[2][0]) < 1e-5

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from _training_helpers import collator, tiny_encoder, tiny_split, tiny_tokenizer
+
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
 from hf_mlcl.training import (
     ContrastiveTrainingArguments,
