@@ -173,3 +173,21 @@ def test_bad_configurations_fail_at_construction(tmp_path, tok):
 
     with pytest.raises(ValueError, match="label-count mismatch"):
         make(base_args(tmp_path, loss="msc"), loss_fn=get_loss("msc", num_labels=7, embedding_dim=16))
+
+
+def test_two_view_moco_keys_come_from_view_two_and_hbl_wraps_msc(tmp_path, tok):
+    """n_views=2 + queue: the online encoder sees view 1 (B anchors), the key encoder view 2 (B keys per step);
+    hbl(base=msc) receives num_labels / embedding_dim through its signature; prototypes are optimised."""
+    ds = tiny_split(16)
+    args = base_args(tmp_path, loss="hbl", loss_kwargs={"base": "msc", "k_min": 2}, n_views=2, queue_size=32,
+                     max_steps=3, knn_k=0)  # fmt: skip
+    tr = ContrastiveTrainer(model=tiny_encoder(tok, 0.1), args=args, train_dataset=ds, data_collator=collator(tok, 2))
+    seen = []
+    orig = tr._encode
+    tr._encode = lambda m, b, orig=orig: seen.append(b["input_ids"].shape[0]) or orig(m, b)
+    protos = tr.loss_fn.base.prototypes.detach().clone()
+    assert any(p is tr.loss_fn.base.prototypes for g in tr.create_optimizer().param_groups for p in g["params"])
+    tr.train()
+    assert seen == [4, 4, 4] and len(tr.queue) == 12
+    assert not torch.equal(protos, tr.loss_fn.base.prototypes)
+    assert all(h["queue_fill"] in (4.0, 8.0, 12.0) for h in tr.state.log_history if "queue_fill" in h)

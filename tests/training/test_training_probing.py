@@ -140,3 +140,20 @@ def test_bce_baseline_finetunes_raw_backbone(tmp_path):
                              _args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
     assert metrics["threshold"] == 0.4 and metrics["probe"] == "finetune"
     assert "test_micro_f1" in metrics and os.path.isfile(out / "tokenizer.json")
+
+
+def test_lora_encoder_round_trip(tmp_path):
+    """use_lora: checkpoints hold adapters (+ mlcl state), the final encoder is saved merged and probes load it."""
+    enc_dir = tmp_path / "lora"
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE), use_lora=True, lora_target_modules=["query", "value"])
+    cargs = ContrastiveTrainingArguments(
+        output_dir=str(enc_dir), loss="sd", queue_size=16, projection_dim=16, per_device_train_batch_size=8,
+        max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=2, knn_k=0,
+    )  # fmt: skip
+    trainer, _ = train_contrastive(model_args, _data_args(), cargs)
+    assert all("lora_" in n for n in trainer.momentum_encoder.trainable_names if "backbone" in n)
+    assert os.path.isfile(enc_dir / "checkpoint-2" / "adapter_model.safetensors")
+    assert json.loads((enc_dir / "config.json").read_text())["model_type"] == "mlcl"
+    _, metrics = train_probe(ModelArguments(), _data_args(), _args(tmp_path / "p", probe="linear", max_steps=1),
+                             encoder_path=str(enc_dir))  # fmt: skip
+    assert 0.0 <= metrics["test_micro_f1"] <= 1.0
