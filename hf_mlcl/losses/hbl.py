@@ -158,14 +158,20 @@ class HBLLoss(ContrastiveLoss):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value) >= 0:
                 raise ValueError(f"hbl {name} must be a non-negative float, got {value!r}")
         if isinstance(k_min, bool) or not isinstance(k_min, int) or k_min < 0:
-            raise ValueError(f"hbl k_min must be a non-negative integer (paper: 64, 128 or 256), got {k_min!r}")
+            raise ValueError(
+                f"hbl k_min must be a non-negative integer (paper: 64, 128 or 256), got {k_min!r}"
+            )
         if base_kwargs is not None and not isinstance(base_kwargs, dict):
-            raise ValueError(f"base_kwargs must be a dict of keyword arguments, got {type(base_kwargs).__name__}")
+            raise ValueError(
+                f"base_kwargs must be a dict of keyword arguments, got {type(base_kwargs).__name__}"
+            )
         if isinstance(base, str):
             key = resolve_loss_name(base)
             cls = get_loss_class(key)
             if key == "hbl":
-                raise ValueError("hbl cannot wrap itself; pick a contrastive base such as 'mulsupcon' or 'any'")
+                raise ValueError(
+                    "hbl cannot wrap itself; pick a contrastive base such as 'mulsupcon' or 'any'"
+                )
             if not getattr(cls, "is_contrastive", False):
                 raise ValueError(f"hbl needs a contrastive base loss, {key!r} is a supervised loss")
             kwargs = dict(base_kwargs or {})
@@ -185,7 +191,9 @@ class HBLLoss(ContrastiveLoss):
                 raise ValueError("base_kwargs is only used when base is a loss name, not a module")
             base_module = base
         else:
-            raise ValueError(f"base must be a registered loss name or a loss module, got {type(base).__name__}")
+            raise ValueError(
+                f"base must be a registered loss name or a loss module, got {type(base).__name__}"
+            )
         base_tau = getattr(base_module, "temperature", None)
         super().__init__(temperature=base_tau if base_tau is not None else 0.1, normalize=normalize)
         self.base = base_module

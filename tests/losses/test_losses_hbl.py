@@ -159,7 +159,13 @@ def test_hbl_gate_requires_soft_and_hard():
 
 def test_hbl_defaults_wrapping_and_statistics():
     loss_fn = get_loss("hbl")
-    assert (loss_fn.lambda_, loss_fn.gamma, loss_fn.m_rel, loss_fn.m_abs, loss_fn.k_min) == (0.01, 0.8, 0.1, 0.3, 128)
+    assert (loss_fn.lambda_, loss_fn.gamma, loss_fn.m_rel, loss_fn.m_abs, loss_fn.k_min) == (
+        0.01,
+        0.8,
+        0.1,
+        0.3,
+        128,
+    )
     assert type(loss_fn.base).__name__ == "MulSupConLoss"
     assert loss_fn.requires_label_statistics is False
     # msc base: sizes forwarded, prototypes are parameters of the wrapper

@@ -57,7 +57,7 @@ def ws_paper_reference(z, y, kz, yk, dbar, cbar, lam, tau):
         others = [(v, t) for (a, v, t) in cands if a != i]
         lse = math.log(sum(math.exp(float(z[i] @ v) / tau) for (v, _) in others))
 
-        def logp(v):
+        def logp(v, i=i, lse=lse):
             return float(z[i] @ v) / tau - lse
 
         if not s_set:
@@ -75,7 +75,9 @@ def ws_paper_reference(z, y, kz, yk, dbar, cbar, lam, tau):
             term = 0.0
             for group in (p_s, p_m):
                 if group:
-                    term += -sum(w_j * len(s_set & t) / len(s_set | t) * logp(v) for (v, t) in group) / len(group)
+                    term += -sum(w_j * len(s_set & t) / len(s_set | t) * logp(v) for (v, t) in group) / len(
+                        group
+                    )
             if len(s_set) == 1:
                 ws_total += term
                 ws_pairs += 1
@@ -99,7 +101,7 @@ def ws_authors_reference(z, y, kz, yk, single_w, mul_w, lam, tau):
         ref_single = [(v, t) for (v, t) in others if len(t) <= 1]
         ref_multi = [(v, t) for (v, t) in others if len(t) > 1] + [(v, t) for (v, t) in others if len(t) == 0]
 
-        def log_softmax(v, group):
+        def log_softmax(v, group, i=i):
             return float(z[i] @ v) / tau - math.log(sum(math.exp(float(z[i] @ u) / tau) for (u, _) in group))
 
         if not s_set:
