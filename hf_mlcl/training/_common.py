@@ -118,7 +118,9 @@ def accepted_kwargs(cls_or_fn: Any, candidates: dict[str, Any]) -> dict[str, Any
     except (TypeError, ValueError):
         return {}
     # Only explicitly named parameters count: a ``**kwargs`` catch-all is never guessed into.
-    return {n: v for n, v in candidates.items() if n in params and params[n].kind != inspect.Parameter.VAR_KEYWORD}
+    return {
+        n: v for n, v in candidates.items() if n in params and params[n].kind != inspect.Parameter.VAR_KEYWORD
+    }
 
 
 def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -132,7 +134,9 @@ def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 def slice_batch(batch: dict[str, Any], start: int, stop: int, n: int) -> dict[str, Any]:
     """Rows [start, stop) of every tensor in ``batch`` whose first dim is ``n``."""
     return {
-        k: slice_rows(v, start, stop) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
+        k: slice_rows(v, start, stop)
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n
+        else v
         for k, v in batch.items()
     }
 
@@ -166,12 +170,16 @@ class KeepColumnsMixin:
 
 def label_matrix(dataset: Any, label_column: str, num_labels: int) -> torch.Tensor:
     """The (N, L) multi-hot label matrix of a dataset's label-id lists as a torch sparse COO tensor."""
-    lists = dataset[label_column] if hasattr(dataset, "column_names") else [ex[label_column] for ex in dataset]
+    lists = (
+        dataset[label_column] if hasattr(dataset, "column_names") else [ex[label_column] for ex in dataset]
+    )
     lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
     cols = torch.tensor([int(i) for x in lists for i in x], dtype=torch.long)
     rows = torch.repeat_interleave(torch.arange(len(lists)), lengths)
     if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= num_labels):
-        raise ValueError(f"label ids must lie in [0, {num_labels}); the {label_column!r} column has {int(cols.max())}")
+        raise ValueError(
+            f"label ids must lie in [0, {num_labels}); the {label_column!r} column has {int(cols.max())}"
+        )
     values = torch.ones(cols.numel())
     return torch.sparse_coo_tensor(
         torch.stack([rows, cols]), values, (len(lists), num_labels), check_invariants=True

@@ -28,7 +28,9 @@ def _as_dict(value: Any, name: str) -> dict | None:
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{name} must be a JSON object, e.g. '{{\"beta\": 0.1}}'; got {value!r}") from err
+            raise ValueError(
+                f"{name} must be a JSON object, e.g. '{{\"beta\": 0.1}}'; got {value!r}"
+            ) from err
         if not isinstance(parsed, dict):
             raise ValueError(f"{name} must be a JSON object; got {value!r}")
         return parsed
@@ -40,20 +42,30 @@ class ModelArguments:
     """The encoder: a Hub id / local path, or a backbone config (tests, demo), plus pooling and head."""
 
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Backbone id or path (AutoModel), or a trained hf_mlcl encoder checkpoint."}
+        default=None,
+        metadata={"help": "Backbone id or path (AutoModel), or a trained hf_mlcl encoder checkpoint."},
     )
     backbone_config: str | None = field(
         default=None,
-        metadata={"help": "JSON/YAML mapping of a backbone config (with `model_type`) to build a random-init backbone."},
+        metadata={
+            "help": "JSON/YAML mapping of a backbone config (with `model_type`) to build a random-init backbone."
+        },
     )
-    tokenizer_name_or_path: str | None = field(default=None, metadata={"help": "Defaults to model_name_or_path."})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Defaults to model_name_or_path."}
+    )
     pooling: str = field(default="cls", metadata={"help": f"One of {POOLINGS}."})
     projection_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden size of the 2-layer projection head (default: backbone hidden size)."}
+        default=None,
+        metadata={"help": "Hidden size of the 2-layer projection head (default: backbone hidden size)."},
     )
     head: str = field(default="linear", metadata={"help": f"Classifier head for probing: one of {HEADS}."})
-    chunk_size: int = field(default=128, metadata={"help": "Segment length for the PLM-ICD label-attention path."})
-    use_lora: bool = field(default=False, metadata={"help": "Wrap a decoder backbone with LoRA adapters (peft)."})
+    chunk_size: int = field(
+        default=128, metadata={"help": "Segment length for the PLM-ICD label-attention path."}
+    )
+    use_lora: bool = field(
+        default=False, metadata={"help": "Wrap a decoder backbone with LoRA adapters (peft)."}
+    )
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.1
@@ -79,12 +91,16 @@ class ModelArguments:
 class DataArguments:
     """Which dataset (a name of `hf_mlcl.data.list_datasets()`), where its files are, and lengths."""
 
-    dataset: str = field(default="synthetic", metadata={"help": "Registry name, e.g. aapd, goemotions, mimic3."})
+    dataset: str = field(
+        default="synthetic", metadata={"help": "Registry name, e.g. aapd, goemotions, mimic3."}
+    )
     data_dir: str | None = field(default=None, metadata={"help": "Folder with the dataset's local files."})
     dataset_options: str | None = field(
         default=None, metadata={"help": "Loader keyword arguments as a mapping (YAML) or JSON string."}
     )
-    max_length: int = field(default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."})
+    max_length: int = field(
+        default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
+    )
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     max_test_samples: int | None = None
@@ -106,19 +122,26 @@ class ContrastiveTrainingArguments(TrainingArguments):
     temperature: float | None = field(default=None, metadata={"help": "Default: the loss paper's value."})
     projection_dim: int = field(default=256, metadata={"help": "Output size of the projection head."})
     n_views: int = field(default=1, metadata={"help": "1, or 2 for two dropout views of every text."})
-    queue_size: int = field(default=0, metadata={"help": "MoCo queue length K; 0 = in-batch candidates only."})
+    queue_size: int = field(
+        default=0, metadata={"help": "MoCo queue length K; 0 = in-batch candidates only."}
+    )
     momentum: float = field(default=0.999, metadata={"help": "EMA factor of the momentum (key) encoder."})
     gather_across_devices: bool = field(
-        default=True, metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."}
+        default=True,
+        metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."},
     )
     gradcache_chunk_size: int = field(default=0, metadata={"help": "GradCache sub-batch size; 0 = off."})
     dataloader_drop_last: bool = field(
         default=True,
-        metadata={"help": "Drop the last incomplete batch: equal per-process contrast sets (DDP gather); default True."},
+        metadata={
+            "help": "Drop the last incomplete batch: equal per-process contrast sets (DDP gather); default True."
+        },
     )
     knn_k: int = field(
         default=10,
-        metadata={"help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."},
+        metadata={
+            "help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -152,7 +175,9 @@ class ProbingTrainingArguments(TrainingArguments):
     )
     logistic_c_grid: str = field(
         default="1.0,0.1,0.01",
-        metadata={"help": "probe='logistic': inverse L2 strengths C tried per label (chosen on validation F1)."},
+        metadata={
+            "help": "probe='logistic': inverse L2 strengths C tried per label (chosen on validation F1)."
+        },
     )
     logistic_max_iter: int = field(default=1000, metadata={"help": "probe='logistic': lbfgs iterations."})
 

@@ -239,12 +239,18 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
                 f"{type(model).__name__}.accepts_loss_kwargs is True: Trainer would assume the model normalises "
                 "its loss by num_items_in_batch (transformers#47688); set accepts_loss_kwargs = False"
             )
-        embedding_dim = int(getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim)
+        embedding_dim = int(
+            getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim
+        )
         n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
         if loss_fn is None:
-            loss_fn = build_contrastive_loss(args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim)
+            loss_fn = build_contrastive_loss(
+                args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim
+            )
         elif not getattr(loss_fn, "is_contrastive", False):
-            raise ValueError(f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)")
+            raise ValueError(
+                f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)"
+            )
         if args.queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
             raise ValueError(
                 f"queue_size={args.queue_size} needs a loss that takes key embeddings, but "
@@ -334,7 +340,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
             return outputs["embeddings"]
         emb = getattr(outputs, "embeddings", None)
         if emb is None:
-            raise ValueError(f"the model output {type(outputs).__name__} has no `embeddings`; use an MLCLEncoder")
+            raise ValueError(
+                f"the model output {type(outputs).__name__} has no `embeddings`; use an MLCLEncoder"
+            )
         return emb
 
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
@@ -344,7 +352,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
         inputs = dict(inputs)
         labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
         if labels is None:
-            raise ValueError(f"the batch has no {self.label_column!r}; the collator must return multi-hot labels")
+            raise ValueError(
+                f"the batch has no {self.label_column!r}; the collator must return multi-hot labels"
+            )
         return inputs, labels
 
     def _loss_from_embeddings(
@@ -421,7 +431,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
     ):
         """The contrastive loss of one micro-batch (not divided by the accumulation steps: Trainer does)."""
         model_inputs, labels = self._split(inputs)
-        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(model, model_inputs, labels)
+        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
+            model, model_inputs, labels
+        )
         keys = keys_labels = to_enqueue = None
         if key_inputs is not None:
             keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
@@ -434,7 +446,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
         return (loss, embeddings) if return_outputs else loss
 
     # ------------------------------------------------------------------ training step (GradCache)
-    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
         if self.args.gradcache_chunk_size > 0:
             loss = self._gradcache_training_step(model, inputs)
         else:
@@ -454,7 +468,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
             self.optimizer.train()
         inputs = self._prepare_inputs(inputs)
         model_inputs, labels = self._split(inputs)
-        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(model, model_inputs, labels)
+        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
+            model, model_inputs, labels
+        )
         keys = keys_labels = to_enqueue = None
         if key_inputs is not None:
             keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
@@ -529,7 +545,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
             if os.path.isdir(folder):
                 torch.save(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
 

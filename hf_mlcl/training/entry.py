@@ -30,7 +30,13 @@ from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArgumen
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["train_contrastive", "train_probe", "load_data", "build_tokenizer_and_encoder", "is_mlcl_checkpoint"]
+__all__ = [
+    "train_contrastive",
+    "train_probe",
+    "load_data",
+    "build_tokenizer_and_encoder",
+    "is_mlcl_checkpoint",
+]
 
 METRICS_FILE = "metrics.json"
 THRESHOLDS_FILE = "thresholds.json"
@@ -95,7 +101,9 @@ def build_tokenizer_and_encoder(
         if (
             model_args.tokenizer_name_or_path is None
             and os.path.isdir(path)
-            and not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+            and not any(
+                os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+            )
         ):
             if not model_args.model_name_or_path or model_args.model_name_or_path == path:
                 raise ValueError(f"{path} holds no tokenizer; set model_args.tokenizer_name_or_path")
@@ -108,7 +116,11 @@ def build_tokenizer_and_encoder(
             if model_args.projection_hidden_dim is not None:
                 kw["projection_hidden_dim"] = model_args.projection_hidden_dim
             encoder = MLCLEncoder.from_backbone(
-                path, pooling=model_args.pooling, projection_dim=projection_dim, chunk_size=model_args.chunk_size, **kw
+                path,
+                pooling=model_args.pooling,
+                projection_dim=projection_dim,
+                chunk_size=model_args.chunk_size,
+                **kw,
             )
     elif model_args.backbone_config:
         cfg = dict(model_args.backbone_config)
@@ -118,7 +130,9 @@ def build_tokenizer_and_encoder(
             tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path, **extra)
         else:
             if not train_texts:
-                raise ValueError("backbone_config without tokenizer_name_or_path needs training texts to train a tokenizer")
+                raise ValueError(
+                    "backbone_config without tokenizer_name_or_path needs training texts to train a tokenizer"
+                )
             from hf_mlcl.data import train_tokenizer
 
             tokenizer = train_tokenizer(
@@ -137,13 +151,21 @@ def build_tokenizer_and_encoder(
         if model_args.projection_hidden_dim is not None:
             kw["projection_hidden_dim"] = model_args.projection_hidden_dim
         encoder = MLCLEncoder.from_backbone(
-            cfg, pooling=model_args.pooling, projection_dim=projection_dim, chunk_size=model_args.chunk_size, **kw
+            cfg,
+            pooling=model_args.pooling,
+            projection_dim=projection_dim,
+            chunk_size=model_args.chunk_size,
+            **kw,
         )
     else:
-        raise ValueError("set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config")
+        raise ValueError(
+            "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"
+        )
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first")
+            raise ValueError(
+                "the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
     if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:
@@ -160,7 +182,13 @@ def _write_json(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+        json.dump(
+            data,
+            fh,
+            indent=2,
+            sort_keys=True,
+            default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o),
+        )
     os.replace(tmp, path)
 
 
@@ -194,7 +222,9 @@ def train_contrastive(
     from .contrastive import ContrastiveTrainer
 
     ds, names = load_data(data_args)
-    tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], training_args.projection_dim)
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, ds["train"]["text"], training_args.projection_dim
+    )
     _set_labels(encoder.config, names)
     if model_args.use_lora:
         from hf_mlcl.modeling import apply_lora
@@ -264,7 +294,9 @@ def train_probe(
 
     ds, names = load_data(data_args)
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], source=encoder_path)
-    if hasattr(encoder, "merge_and_unload") or hasattr(getattr(encoder, "backbone", None), "merge_and_unload"):
+    if hasattr(encoder, "merge_and_unload") or hasattr(
+        getattr(encoder, "backbone", None), "merge_and_unload"
+    ):
         encoder = _merge_lora(encoder)
     model = MLCLForMultiLabelClassification.from_encoder(
         encoder,
@@ -285,7 +317,11 @@ def train_probe(
         processing_class=tokenizer,
         num_labels=len(names),
     )
-    metrics: dict[str, Any] = {"probe": probing_args.probe, "loss": probing_args.loss, "dataset": data_args.dataset}
+    metrics: dict[str, Any] = {
+        "probe": probing_args.probe,
+        "loss": probing_args.loss,
+        "dataset": data_args.dataset,
+    }
     if probing_args.probe == "logistic":
         metrics.update(trainer.fit_logistic(ds["validation"]))
     else:

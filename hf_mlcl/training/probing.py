@@ -49,7 +49,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
 
 
-def _fit_one_label(x: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray | None, cs: Sequence[float], max_iter: int):
+def _fit_one_label(
+    x: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray | None, cs: Sequence[float], max_iter: int
+):
     from sklearn.linear_model import LogisticRegression
 
     pos = int(y.sum())
@@ -98,7 +100,9 @@ def fit_logistic_probe(
     xv = None if x_val is None else (np.asarray(x_val, dtype=np.float64) - mean) / std
     yv = None if y_val is None else np.asarray(y_val) > 0.5
     fits = Parallel(n_jobs=n_jobs)(
-        delayed(_fit_one_label)(xs, y_train[:, j], xv, None if yv is None else yv[:, j], tuple(c_grid), max_iter)
+        delayed(_fit_one_label)(
+            xs, y_train[:, j], xv, None if yv is None else yv[:, j], tuple(c_grid), max_iter
+        )
         for j in range(y_train.shape[1])
     )
     w_std = np.stack([f[0] for f in fits])
@@ -145,7 +149,9 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
                 f"ProbingTrainer needs ProbingTrainingArguments(output_dir=..., probe=...), got {type(args).__name__}"
             )
         if model is None:
-            raise ValueError("ProbingTrainer needs a model (MLCLForMultiLabelClassification.from_encoder(...))")
+            raise ValueError(
+                "ProbingTrainer needs a model (MLCLForMultiLabelClassification.from_encoder(...))"
+            )
         check_label_column(train_dataset, label_column, "train")
         check_label_column(eval_dataset, label_column, "eval")
         if getattr(model, "accepts_loss_kwargs", False):
@@ -157,7 +163,9 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
             try:
                 loss_fn = get_loss(args.loss, **args.loss_kwargs)
             except TypeError as err:
-                raise ValueError(f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}") from err
+                raise ValueError(
+                    f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}"
+                ) from err
         if getattr(loss_fn, "is_contrastive", False):
             raise ValueError(
                 f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric"
@@ -198,7 +206,9 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
         inputs = dict(inputs)
         labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
         if labels is None:
-            raise ValueError(f"the batch has no {self.label_column!r}; the collator must return multi-hot labels")
+            raise ValueError(
+                f"the batch has no {self.label_column!r}; the collator must return multi-hot labels"
+            )
         return inputs, labels
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -223,7 +233,9 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
         from hf_mlcl.evaluation.metrics import compute_multilabel_metrics
 
         scores = _sigmoid(np.asarray(eval_pred.predictions, dtype=np.float64))
-        result = compute_multilabel_metrics(np.asarray(eval_pred.label_ids) > 0.5, scores, threshold=self.threshold)
+        result = compute_multilabel_metrics(
+            np.asarray(eval_pred.label_ids) > 0.5, scores, threshold=self.threshold
+        )
         return {k: v for k, v in result.items() if not np.isnan(v)}
 
     # ------------------------------------------------------------------ threshold protocol
@@ -264,11 +276,15 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
             model_inputs, y = self._split(batch)
             with self.compute_loss_context_manager():
                 states, mask, segment = model.encode_tokens(
-                    model_inputs["input_ids"], model_inputs.get("attention_mask"), model_inputs.get("token_type_ids")
+                    model_inputs["input_ids"],
+                    model_inputs.get("attention_mask"),
+                    model_inputs.get("token_type_ids"),
                 )
                 pooled = pool_states(states, mask, model.config.pooling, segment)
             # gather_for_metrics: every process fits on the whole split (duplicated tail samples dropped)
-            pooled, y = self.accelerator.gather_for_metrics((pooled.float().contiguous(), labels_to_dense_float(y)))
+            pooled, y = self.accelerator.gather_for_metrics(
+                (pooled.float().contiguous(), labels_to_dense_float(y))
+            )
             feats.append(pooled.cpu().numpy())
             labels.append(y.cpu().numpy() > 0.5)
         return np.concatenate(feats), np.concatenate(labels)
@@ -287,7 +303,12 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
         if validation_dataset is not None:
             x_va, y_va = self.pooled_features(validation_dataset)
         w, b, chosen = fit_logistic_probe(
-            x_tr, y_tr, x_va, y_va, c_grid=self.args.logistic_c_grid_values, max_iter=self.args.logistic_max_iter
+            x_tr,
+            y_tr,
+            x_va,
+            y_va,
+            c_grid=self.args.logistic_c_grid_values,
+            max_iter=self.args.logistic_max_iter,
         )
         head = model.classifier
         with torch.no_grad():

@@ -51,7 +51,9 @@ def test_two_views_steps_log_components_and_eval_probe(tmp_path, tok):
 
 def test_loss_falls_on_learnable_set(tmp_path, tok):
     ds = tiny_split(16)
-    args = base_args(tmp_path, loss="sd", per_device_train_batch_size=16, max_steps=20, learning_rate=3e-3, knn_k=3)
+    args = base_args(
+        tmp_path, loss="sd", per_device_train_batch_size=16, max_steps=20, learning_rate=3e-3, knn_k=3
+    )
     tr = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=ds, data_collator=collator(tok))
     before = tr.evaluate(tiny_split(32, seed=7))
     tr.train()
@@ -79,7 +81,9 @@ def test_resume_gives_identical_next_step_with_queue_and_prototypes(tmp_path, to
         tr.train(resume_from_checkpoint=str(ckpt))
         return tr, _losses(tr)[3]
 
-    tr, loss3 = resumed_step3(tmp_path / "a" / "checkpoint-2", seed=5)  # other init: weights come from the ckpt
+    tr, loss3 = resumed_step3(
+        tmp_path / "a" / "checkpoint-2", seed=5
+    )  # other init: weights come from the ckpt
     assert loss3 == pytest.approx(ref[3], rel=1e-6, abs=1e-7)
     assert torch.allclose(tr.queue.embeddings, full.queue.embeddings, atol=1e-6)
     assert torch.allclose(tr.loss_fn.prototypes, full.loss_fn.prototypes, atol=1e-6)
@@ -144,7 +148,9 @@ def test_bad_configurations_fail_at_construction(tmp_path, tok):
     enc = tiny_encoder(tok)
 
     def make(args, dataset=ds, **kw):
-        return ContrastiveTrainer(model=enc, args=args, train_dataset=dataset, data_collator=kw.pop("coll", collator(tok)), **kw)
+        return ContrastiveTrainer(
+            model=enc, args=args, train_dataset=dataset, data_collator=kw.pop("coll", collator(tok)), **kw
+        )
 
     with pytest.raises(ValueError, match="unknown loss 'nope'"):
         make(base_args(tmp_path, loss="nope"))
@@ -181,12 +187,16 @@ def test_two_view_moco_keys_come_from_view_two_and_hbl_wraps_msc(tmp_path, tok):
     ds = tiny_split(16)
     args = base_args(tmp_path, loss="hbl", loss_kwargs={"base": "msc", "k_min": 2}, n_views=2, queue_size=32,
                      max_steps=3, knn_k=0)  # fmt: skip
-    tr = ContrastiveTrainer(model=tiny_encoder(tok, 0.1), args=args, train_dataset=ds, data_collator=collator(tok, 2))
+    tr = ContrastiveTrainer(
+        model=tiny_encoder(tok, 0.1), args=args, train_dataset=ds, data_collator=collator(tok, 2)
+    )
     seen = []
     orig = tr._encode
     tr._encode = lambda m, b, orig=orig: seen.append(b["input_ids"].shape[0]) or orig(m, b)
     protos = tr.loss_fn.base.prototypes.detach().clone()
-    assert any(p is tr.loss_fn.base.prototypes for g in tr.create_optimizer().param_groups for p in g["params"])
+    assert any(
+        p is tr.loss_fn.base.prototypes for g in tr.create_optimizer().param_groups for p in g["params"]
+    )
     tr.train()
     assert seen == [4, 4, 4] and len(tr.queue) == 12
     assert not torch.equal(protos, tr.loss_fn.base.prototypes)

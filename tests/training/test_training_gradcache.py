@@ -96,8 +96,12 @@ def test_trainer_gradcache_step_matches_direct_step(tmp_path):
     for chunk in (0, 2):
         model = tiny_encoder(tok, dropout=0.2)
         cap = GradCapture(model)
-        args = base_args(tmp_path / f"gc{chunk}", per_device_train_batch_size=8, gradcache_chunk_size=chunk, loss="msc")
-        tr = ContrastiveTrainer(model=model, args=args, train_dataset=ds, data_collator=collator(tok), callbacks=[cap])
+        args = base_args(
+            tmp_path / f"gc{chunk}", per_device_train_batch_size=8, gradcache_chunk_size=chunk, loss="msc"
+        )
+        tr = ContrastiveTrainer(
+            model=model, args=args, train_dataset=ds, data_collator=collator(tok), callbacks=[cap]
+        )
         if chunk == 0:
             # the direct reference encodes the batch in the same 4 chunks (same dropout masks as GradCache)
             orig = tr._encode

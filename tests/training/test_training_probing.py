@@ -71,17 +71,28 @@ def test_fit_logistic_probe_folds_standardisation_like_sklearn():
 
 def test_probing_bad_configurations(tmp_path, tok):
     ds = tiny_split(8)
-    unfrozen = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=False)
+    unfrozen = MLCLForMultiLabelClassification.from_encoder(
+        tiny_encoder(tok), num_labels=4, freeze_encoder=False
+    )
     with pytest.raises(ValueError, match="needs a frozen encoder"):
-        ProbingTrainer(model=unfrozen, args=_args(tmp_path, probe="linear"), train_dataset=ds, data_collator=collator(tok))
+        ProbingTrainer(
+            model=unfrozen,
+            args=_args(tmp_path, probe="linear"),
+            train_dataset=ds,
+            data_collator=collator(tok),
+        )
     from hf_mlcl.losses import get_loss
 
     with pytest.raises(ValueError, match="contrastive loss"):
         ProbingTrainer(model=unfrozen, args=_args(tmp_path, probe="finetune"), train_dataset=ds,
                        data_collator=collator(tok), loss_fn=get_loss("sd"))  # fmt: skip
     with pytest.raises(ValueError, match="label-count mismatch"):
-        five = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=5, freeze_encoder=False)
-        ProbingTrainer(model=five, args=_args(tmp_path, probe="finetune"), train_dataset=ds, data_collator=collator(tok))
+        five = MLCLForMultiLabelClassification.from_encoder(
+            tiny_encoder(tok), num_labels=5, freeze_encoder=False
+        )
+        ProbingTrainer(
+            model=five, args=_args(tmp_path, probe="finetune"), train_dataset=ds, data_collator=collator(tok)
+        )
     with pytest.raises(ValueError, match="unknown probing loss"):
         _args(tmp_path, loss="sd")
 
@@ -92,7 +103,14 @@ _BACKBONE = {"model_type": "bert", "vocab_size": 300, "hidden_size": 32, "num_hi
 
 
 def _data_args():
-    opts = {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
+    opts = {
+        "num_labels": 6,
+        "num_train": 64,
+        "num_validation": 32,
+        "num_test": 32,
+        "min_words": 8,
+        "max_words": 20,
+    }
     return DataArguments(dataset="synthetic", dataset_options=json.dumps(opts), max_length=32)
 
 
@@ -117,19 +135,28 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
         out = tmp_path / f"probe-{probe}"
         pargs = _args(out, probe=probe, threshold=threshold, max_steps=3)
         ptrainer, pmetrics = train_probe(ModelArguments(), _data_args(), pargs, encoder_path=str(enc_dir))
-        assert {"validation_micro_f1", "test_micro_f1", "test_macro_f1", "test_p@1", "threshold"} <= set(pmetrics)
+        assert {"validation_micro_f1", "test_micro_f1", "test_macro_f1", "test_p@1", "threshold"} <= set(
+            pmetrics
+        )
         on_disk = json.loads((out / "metrics.json").read_text())
         assert on_disk["test_micro_f1"] == pytest.approx(pmetrics["test_micro_f1"])
         thr = json.loads((out / "thresholds.json").read_text())
         assert thr["strategy"] == threshold and len(thr["label_names"]) == 6
-        assert (len(thr["threshold"]) == 6) if threshold == "per_label" else isinstance(thr["threshold"], float)
+        assert (
+            (len(thr["threshold"]) == 6) if threshold == "per_label" else isinstance(thr["threshold"], float)
+        )
         # Hub-style reload: auto class + tokenizer from the folder alone; same logits; label names kept
         clf = AutoModelForSequenceClassification.from_pretrained(out).eval()
         tokz = AutoTokenizer.from_pretrained(out)
-        assert clf.config.id2label == ptrainer.model.config.id2label and clf.config.decision_threshold is not None
+        assert (
+            clf.config.id2label == ptrainer.model.config.id2label
+            and clf.config.decision_threshold is not None
+        )
         batch = tokz(["some text here", "another one"], return_tensors="pt", padding=True)
         with torch.no_grad():
-            ref = ptrainer.model.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            ref = ptrainer.model.eval()(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            ).logits
             got = clf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         torch.testing.assert_close(got, ref)
 
@@ -145,7 +172,9 @@ def test_bce_baseline_finetunes_raw_backbone(tmp_path):
 def test_lora_encoder_round_trip(tmp_path):
     """use_lora: checkpoints hold adapters (+ mlcl state), the final encoder is saved merged and probes load it."""
     enc_dir = tmp_path / "lora"
-    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE), use_lora=True, lora_target_modules=["query", "value"])
+    model_args = ModelArguments(
+        backbone_config=json.dumps(_BACKBONE), use_lora=True, lora_target_modules=["query", "value"]
+    )
     cargs = ContrastiveTrainingArguments(
         output_dir=str(enc_dir), loss="sd", queue_size=16, projection_dim=16, per_device_train_batch_size=8,
         max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=2, knn_k=0,
