@@ -120,6 +120,7 @@ def build_tokenizer_and_encoder(
                 pooling=model_args.pooling,
                 projection_dim=projection_dim,
                 chunk_size=model_args.chunk_size,
+                segmented=model_args.head == "label_attention",  # PLM-ICD: mean over all segment tokens
                 **kw,
             )
     elif model_args.backbone_config:
@@ -155,6 +156,7 @@ def build_tokenizer_and_encoder(
             pooling=model_args.pooling,
             projection_dim=projection_dim,
             chunk_size=model_args.chunk_size,
+            segmented=model_args.head == "label_attention",  # PLM-ICD: mean over all segment tokens
             **kw,
         )
     else:
