@@ -92,7 +92,9 @@ def test_linear_probe_good_vs_random_representation():
 def test_long_documents_fast_and_sparse_labels():
     import time
 
-    gen = SyntheticCorpusGenerator(num_labels=25230, min_words=1000, max_words=2000, mean_labels=16.0, seed=0)
+    gen = SyntheticCorpusGenerator(
+        num_labels=25230, min_words=1000, max_words=2000, mean_labels=16.0, words_per_label=4, seed=0
+    )
     t0 = time.perf_counter()
     texts, labels = gen.generate(200, np.random.default_rng(0))
     assert time.perf_counter() - t0 < 5.0
