@@ -65,7 +65,14 @@ def load_mlc_dataset(name: str, data_dir: str | os.PathLike | None = None, **opt
     key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
     if key not in _REGISTRY:
         raise ValueError(f"unknown dataset {name!r}; choose one of {list_datasets()}")
-    return _REGISTRY[key](data_dir=data_dir, **options)
+    try:
+        return _REGISTRY[key](data_dir=data_dir, **options)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise ValueError(
+            f"{key}: {err}. See help(hf_mlcl.data.{_REGISTRY[key].__module__.rsplit('.', 1)[-1]}) for its options"
+        ) from err
 
 
 def label_names(dataset) -> list[str]:

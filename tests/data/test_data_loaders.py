@@ -45,6 +45,10 @@ def test_registry_names_and_errors(tmp_path):
         load_mlc_dataset("aapd")
     with pytest.raises(FileNotFoundError, match="not a folder"):
         load_mlc_dataset("aapd", data_dir=tmp_path / "missing")
+    with pytest.raises(ValueError, match="unexpected keyword argument 'nonsense'"):
+        load_mlc_dataset("synthetic", nonsense=1)
+    with pytest.raises(ValueError, match="unexpected keyword argument 'colour'"):
+        load_mlc_dataset("mimic3", data_dir=tmp_path, colour=1)
     with pytest.raises(ValueError, match="unknown split"):
         load_mlc_dataset("synthetic", splits=("training",))
     from datasets import Dataset
