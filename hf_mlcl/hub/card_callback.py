@@ -175,5 +175,6 @@ class ModelCardCallback(TrainerCallback):
         if model_name:
             self.card.model_name = model_name
         if not self.card.model_name:
-            self.card.model_name = os.path.basename(os.path.normpath(folder)) or f"hf-mlcl-{self.card.kind}"
+            parts = os.path.normpath(os.path.abspath(folder)).split(os.sep)[-2:]
+            self.card.model_name = "-".join(p for p in parts if p) or f"hf-mlcl-{self.card.kind}"
         return save_model_card(self.card, folder)

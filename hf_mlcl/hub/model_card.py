@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -221,6 +222,14 @@ def eval_results(card: CardData) -> list[Any]:
     return rows
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _is_hub_id(name: str | None) -> bool:
+    """A Hub model id (``org/name``), not a local folder or a description such as "random-init bert"."""
+    return bool(name) and bool(_HUB_ID.match(name)) and not os.path.exists(name)
+
+
 def _metric_table(metrics: dict[str, float]) -> list[tuple[str, str]]:
     rows = []
     for key in sorted(metrics):
@@ -251,7 +260,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         + ([LOSS_ALIASES.get(str(card.contrastive_loss or card.loss), str(card.contrastive_loss or card.loss))]
            if (card.contrastive_loss or card.loss) else []),
         datasets=[card.dataset] if card.dataset else None,
-        base_model=card.base_model if card.base_model and not os.path.isabs(card.base_model) else None,
+        base_model=card.base_model if _is_hub_id(card.base_model) else None,
         model_name=name,
         eval_results=results or None,
     )

@@ -153,6 +153,8 @@ def test_callback_collects_args_metrics_and_writes_on_train_end(tmp_path):
     assert "transformers" in card.framework_versions
     text = (tmp_path / CARD_FILE).read_text()
     assert "MulSupCon" in text and "| eval_knn_micro_f1 | 0.5000 |" in text
+    assert ModelCard(text).data.base_model is None  # "random-init bert" is no Hub id: kept out of the metadata
+    assert card.model_name == os.path.basename(os.path.dirname(str(tmp_path))) + "-" + tmp_path.name
 
 
 # ------------------------------------------------------------------------------------------------ push
