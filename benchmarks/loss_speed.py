@@ -81,10 +81,14 @@ def make_inputs(args):
     y_all = zipf_labels(rows, args.labels, args.per_row, args.zipf, gen)
     idx = y_all.indices()
     in_a = idx[0] < args.n
-    y = torch.sparse_coo_tensor(idx[:, in_a], torch.ones(int(in_a.sum())), (args.n, args.labels)).coalesce()
+    y = torch.sparse_coo_tensor(
+        idx[:, in_a], torch.ones(int(in_a.sum())), (args.n, args.labels), check_invariants=False
+    ).coalesce()
     kidx = idx[:, ~in_a].clone()
     kidx[0] -= args.n
-    yk = torch.sparse_coo_tensor(kidx, torch.ones(kidx.shape[1]), (args.k, args.labels)).coalesce()
+    yk = torch.sparse_coo_tensor(
+        kidx, torch.ones(kidx.shape[1]), (args.k, args.labels), check_invariants=False
+    ).coalesce()
     z = torch.randn(args.n, args.dim, generator=gen)
     k = F.normalize(torch.randn(args.k, args.dim, generator=gen), dim=1)
     return z, y, k, yk, y_all
