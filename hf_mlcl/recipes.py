@@ -240,19 +240,20 @@ def stage_output_dir(recipe: dict, stage: str, root: str | None = None) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _fresh_parser_state(stage: str) -> tuple[Any, dict[str, tuple[Any, bool]]]:
+def _fresh_parser_state(stage: str) -> tuple[Any, list[tuple[Any, Any, bool]]]:
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(_arg_classes(stage))
-    return parser, {a.dest: (a.default, a.required) for a in parser._actions}
+    # per action, not per dest: a bool field has two actions (--x / --no_x) sharing one dest
+    return parser, [(a, a.default, a.required) for a in parser._actions]
 
 
 def _parser(stage: str) -> Any:
     """One HfArgumentParser per stage (building one costs ~10 ms), reset to the dataclass defaults."""
     parser, pristine = _fresh_parser_state(stage)
     parser._defaults.clear()
-    for action in parser._actions:
-        action.default, action.required = pristine[action.dest]
+    for action, default, required in pristine:
+        action.default, action.required = default, required
     return parser
 
 

@@ -48,7 +48,7 @@ def test_grid_is_complete_and_generated_files_are_current():
     on_disk = set()
     for dirpath, _dirs, files in os.walk(RECIPES):
         rel = os.path.relpath(dirpath, RECIPES)
-        if rel.split(os.sep)[0] in ("base", "accelerate", "."):
+        if rel.split(os.sep)[0] in ("base", "accelerate", "demo", "."):
             continue
         on_disk |= {os.path.join(rel, f) for f in files if f.endswith(".yaml")}
     assert on_disk == set(CELLS), "a recipe outside the generated grid (or a stale one) is on disk"
@@ -280,3 +280,27 @@ def test_fsdp_plugin_accepts_the_fsdp_settings(monkeypatch):
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.use_orig_params is False
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+
+
+def test_reused_parser_gives_the_dataclass_defaults():
+    """The cached parser is reset per action (bool fields have a --x and a --no_x action on one dest)."""
+    import dataclasses
+
+    from hf_mlcl.training.arguments import ContrastiveTrainingArguments
+
+    parse_stage(load_recipe(os.path.join(RECIPES, "aapd/roberta-base/sd.yaml")), "contrastive", _cpu_overrides())
+    _, _, parsed = parse_stage({}, "contrastive", output_dir="x")
+    direct = ContrastiveTrainingArguments(output_dir="x")
+    assert parsed.eval_do_concat_batches is True
+    for f in dataclasses.fields(direct):
+        if f.init:
+            assert getattr(parsed, f.name) == getattr(direct, f.name), f.name
+
+
+def test_demo_recipe_parses_on_cpu_without_overrides():
+    recipe = load_recipe(os.path.join(RECIPES, "demo", "tiny_synthetic.yaml"))
+    model_args, data_args, args = parse_stage(recipe, "contrastive")
+    assert model_args.backbone_config["model_type"] == "bert" and data_args.dataset == "synthetic"
+    assert args.loss == "similarity_dissimilarity" and args.output_dir == "outputs/tiny_synthetic/encoder"
+    _, _, probe = parse_stage(recipe, "probe")
+    assert probe.output_dir == "outputs/tiny_synthetic/classifier"
