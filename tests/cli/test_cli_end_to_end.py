@@ -1,0 +1,151 @@
+"""`hf-mlcl` end to end on the synthetic corpus with a tiny random BERT: run (both stages + evaluation +
+cards), evaluate, push (mocked Hub), the demo with tiny sizes, typo errors, and `python -m hf_mlcl.cli`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hf_mlcl.cli import main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+TINY_DATA = json.dumps(
+    {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
+)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("run"))
+    rc = main(["run", RECIPE, "--output_dir", out, "--max_steps", "3", "--dataset_options", TINY_DATA,
+               "--probe.learning_rate", "5.0e-2", "--disable_tqdm", "true"])
+    assert rc == 0
+    return out
+
+
+def test_run_writes_both_stages_cards_metrics_and_plots(run_dir):
+    enc, clf = os.path.join(run_dir, "encoder"), os.path.join(run_dir, "classifier")
+    for folder in (enc, clf):
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "card_data.json", "metrics.json"):
+            assert os.path.isfile(os.path.join(folder, name)), (folder, name)
+    assert os.path.isfile(os.path.join(clf, "plots", "f1_vs_frequency_test.png"))
+    results = json.load(open(os.path.join(run_dir, "results.json")))
+    assert set(results) == {"contrastive", "probe"}
+    assert 0.0 <= results["probe"]["test_micro_f1"] <= 1.0
+    # the card carries what the run measured and the overrides that were applied
+    enc_card = json.load(open(os.path.join(enc, "card_data.json")))
+    clf_card = json.load(open(os.path.join(clf, "card_data.json")))
+    assert enc_card["loss"] == "similarity_dissimilarity" and enc_card["hyperparameters"]["max_steps"] == 3
+    assert clf_card["contrastive_loss"] == "similarity_dissimilarity" and clf_card["encoder_path"] == enc
+    assert clf_card["hyperparameters"]["learning_rate"] == 5e-2 and clf_card["num_labels"] == 6
+    assert clf_card["metrics"]["test_micro_f1"] == pytest.approx(results["probe"]["test_micro_f1"])
+    readme = open(os.path.join(clf, "README.md")).read()
+    assert "model-index" in readme and "arXiv:2410.13439" in readme
+    # eval_test.json (written by the evaluation step) agrees with the probe's own test metrics
+    evaluated = json.load(open(os.path.join(clf, "eval_test.json")))
+    assert evaluated["test_micro_f1"] == pytest.approx(results["probe"]["test_micro_f1"], abs=1e-6)
+
+
+def test_classifier_loads_in_a_pipeline_with_remote_code(run_dir):
+    from transformers import pipeline
+
+    clf = pipeline("text-classification", model=os.path.join(run_dir, "classifier"), trust_remote_code=True, top_k=None)
+    out = clf("the patient was admitted with chest pain")
+    scores = out[0] if isinstance(out[0], list) else out
+    assert len(scores) == 6 and all(0.0 <= s["score"] <= 1.0 for s in scores)
+
+
+def test_evaluate_command_on_the_validation_split(run_dir, tmp_path, capsys):
+    rc = main(["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--split", "validation",
+               "--dataset_options", TINY_DATA, "--output-dir", str(tmp_path)])
+    assert rc == 0
+    metrics = json.load(open(tmp_path / "eval_validation.json"))
+    assert {"validation_micro_f1", "validation_macro_f1", "validation_p@1"} <= set(metrics)
+    assert (tmp_path / "plots" / "f1_vs_frequency_validation.png").is_file()
+    assert "| classifier |" in capsys.readouterr().out
+
+
+def test_evaluate_refuses_a_different_label_space(run_dir, capsys):
+    other = json.dumps({**json.loads(TINY_DATA), "num_labels": 7})
+    rc = main(["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--dataset_options", other, "--no-plots"])
+    assert rc == 2 and "labels differ" in capsys.readouterr().err
+
+
+def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
+    import huggingface_hub
+
+    calls = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls["token"] = token
+
+        def create_repo(self, **kw):
+            calls["create_repo"] = kw
+
+        def upload_folder(self, **kw):
+            calls["upload_folder"] = kw
+            return "https://huggingface.co/me/tiny/commit/abc"
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    clf = os.path.join(run_dir, "classifier")
+    assert main(["push", clf, "--repo-id", "me/tiny", "--private"]) == 0
+    assert calls["create_repo"]["repo_id"] == "me/tiny" and calls["create_repo"]["private"] is True
+    uploaded = calls["upload_folder"]["allow_patterns"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json",
+            "modeling_mlcl.py", "plots/f1_vs_frequency_test.png"} <= set(uploaded)
+    assert "training_args.bin" not in uploaded
+    assert "pushed" in capsys.readouterr().out
+
+
+def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
+    rc = main(["probe", RECIPE, "--encoder-path", os.path.join(run_dir, "encoder"), "--output_dir", str(tmp_path),
+               "--max_steps", "2", "--dataset_options", TINY_DATA, "--disable_tqdm", "true"])
+    assert rc == 0
+    card = json.load(open(tmp_path / "card_data.json"))
+    assert card["kind"] == "classifier" and card["contrastive_loss"] == "similarity_dissimilarity"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", RECIPE, "--lerning_rate", "1e-3"], "unknown key 'lerning_rate'"),
+        (["train", RECIPE, "--probe.queue_size", "3"], "unknown key 'queue_size'"),
+        (["train", "does/not/exist.yaml"], "recipe file not found"),
+        (["demo", "--losses", "nope"], "nope"),
+    ],
+)
+def test_bad_input_exits_2_with_the_reason(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_module_entry_point_for_accelerate_launch():
+    """`accelerate launch -m hf_mlcl.cli ...` runs the module: it must parse and dispatch as the script."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "run", "--help"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "--push-to" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "nonsense"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_demo_with_tiny_sizes(tmp_path, capsys):
+    from hf_mlcl.demo import run_demo
+
+    result = run_demo(output_dir=str(tmp_path), losses=["sd"], epochs=1, probe_epochs=1, max_length=32,
+                      synthetic_options={"num_labels": 6, "num_train": 96, "num_validation": 32, "num_test": 32,
+                                         "min_words": 8, "max_words": 20})
+    assert [r["method"] for r in result["rows"]] == ["sd", "bce (fine-tuned)"]
+    for name in ("results.md", "results.json", "plots/f1_vs_frequency.png", "plots/embeddings_sd.png",
+                 "tokenizer/tokenizer.json", "sd/encoder/README.md", "sd/classifier/README.md",
+                 "bce/classifier/README.md"):
+        assert (tmp_path / name).is_file(), name
+    printed = capsys.readouterr().out
+    assert "| method | micro_f1 | macro_f1 | p@1 | p@5 | silhouette |" in printed and "| sd |" in printed
