@@ -90,7 +90,8 @@ GEN_STAGE_DIR = {"contrastive": "encoder", "probe": "classifier"}
         ("aapd/roberta-base/sd.yaml", dict(temperature=0.07, per_device_train_batch_size=32, learning_rate=2e-5,
                                             num_train_epochs=80, max_length=512, pooling="cls",
                                             model_name_or_path="FacebookAI/roberta-base")),
-        ("uklex/legal-bert/jaccard.yaml", dict(temperature=0.1, model_name_or_path="nlpaueb/legal-bert-base-uncased")),
+        ("uklex/legal-bert/jaccard.yaml", dict(temperature=0.1, model_name_or_path="nlpaueb/legal-bert-base-uncased",
+                                               dataset_options={"version": 69})),
         # ABALONE MSC: queue 512, momentum 0.999, beta 0.1
         ("rcv1/roberta-base/msc.yaml", dict(temperature=0.1, queue_size=512, momentum=0.999,
                                              loss_kwargs={"beta": 0.1})),
