@@ -1,0 +1,202 @@
+"""Runner of the CPU study in docs/RESULTS.md: one (dataset, loss, probe, seed) cell per call.
+
+It drives the public entry points ``hf_mlcl.training.entry.train_contrastive`` / ``train_probe`` with the
+recipes of ``recipes/cpu/<dataset>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
+does), and additionally records what the CLI does not keep: the test per-label F1 (for the
+frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default /work/runs, outside
+the repository); only small files land in ``docs/results/<dataset>/<loss>_<probe>/seed<S>/``.
+
+    python docs/results/run.py cell goemotions --loss sd --probe logistic --seed 1
+    python docs/results/run.py cell goemotions --loss bce --probe finetune --seed 1
+    python docs/results/run.py cell goemotions --loss pretrained --probe logistic --seed 1
+    python docs/results/run.py embed goemotions --loss sd --seed 1      # 2-D projection PNG
+
+``--loss bce``: no stage 1, the MiniLM encoder is fine-tuned with BCE. ``--loss pretrained``: no
+stage 1, the frozen pretrained MiniLM is probed (reference for what stage 1 adds).
+Stage-1 encoders are reused by later probes of the same (dataset, loss, seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUNS = os.environ.get("MLCL_RUNS", "/work/runs")
+RESULTS = os.path.join(REPO, "docs", "results")
+
+_captured: list = []
+
+
+def _patch_predict_scores() -> None:
+    """Keep every (scores, truth) pair train_probe computes (the last one is the test split)."""
+    from hf_mlcl.training import probing
+
+    orig = probing.ProbingTrainer.predict_scores
+    if getattr(orig, "_recorded", False):
+        return
+
+    def recorded(self, dataset):
+        scores, truth = orig(self, dataset)
+        _captured.append((scores, truth))
+        return scores, truth
+
+    recorded._recorded = True  # type: ignore[attr-defined]
+    probing.ProbingTrainer.predict_scores = recorded
+
+
+def _write(path: str, data) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True, default=float)
+        fh.write("\n")
+
+
+def _recipe_path(dataset: str, loss: str) -> str:
+    return os.path.join(REPO, "recipes", "cpu", dataset, f"{'bce' if loss == 'pretrained' else loss}.yaml")
+
+
+def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str]) -> dict:
+    import numpy as np
+
+    from hf_mlcl.evaluation import per_label_f1
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+    from hf_mlcl.training.entry import load_data, train_contrastive, train_probe
+    from hf_mlcl.utils import find_minilm
+
+    os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
+    recipe = load_recipe(_recipe_path(dataset, loss))
+    minilm = find_minilm()
+    run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
+    out_dir = os.path.join(RESULTS, dataset, f"{loss}_{probe}", f"seed{seed}")
+    tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
+    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra}
+    wall: dict[str, float] = {}
+
+    encoder_path = None
+    if loss not in ("bce", "pretrained"):
+        encoder_path = os.path.join(run_dir, "encoder")
+        done = os.path.join(encoder_path, "metrics.json")
+        ov = split_overrides([*tokens, "--max_eval_samples", "256"], ["contrastive"])
+        _, _, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
+        result["contrastive_args"] = {
+            k: getattr(c_args, k)
+            for k in ("loss", "loss_kwargs", "temperature", "projection_dim", "learning_rate",
+                      "num_train_epochs", "per_device_train_batch_size", "queue_size", "n_views", "seed")
+        }
+        if not os.path.isfile(done):
+            m_args, d_args, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
+            t0 = time.time()
+            train_contrastive(m_args, d_args, c_args)
+            wall["stage1_s"] = round(time.time() - t0, 1)
+            with open(done, encoding="utf-8") as fh:
+                saved = json.load(fh)
+            saved["wall_s"] = wall["stage1_s"]
+            _write(done, saved)
+        with open(done, encoding="utf-8") as fh:
+            result["stage1"] = json.load(fh)
+        wall["stage1_s"] = result["stage1"].get("wall_s")
+    elif loss == "bce" and probe != "finetune":
+        raise ValueError("--loss bce is the fine-tuning baseline: use --probe finetune")
+
+    _patch_predict_scores()
+    _captured.clear()
+    ov = split_overrides(tokens, ["probe"])
+    m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=os.path.join(run_dir, probe))
+    if loss == "bce":
+        p_args.loss = "bce"
+    t0 = time.time()
+    _, metrics = train_probe(m_args, d_args, p_args, encoder_path=encoder_path)
+    wall["probe_s"] = round(time.time() - t0, 1)
+    result["probe_args"] = {
+        k: getattr(p_args, k)
+        for k in ("probe", "loss", "threshold", "learning_rate", "num_train_epochs",
+                  "per_device_train_batch_size", "logistic_c_grid", "seed")
+    }
+    result["data"] = {
+        "max_train_samples": d_args.max_train_samples,
+        "max_eval_samples": d_args.max_eval_samples,
+        "max_test_samples": d_args.max_test_samples,
+        "max_length": d_args.max_length,
+        "data_dir": d_args.data_dir,
+    }
+    result["metrics"] = metrics
+    result["wall_s"] = wall
+
+    # per-label F1 on test at the tuned threshold, with training-subset frequencies
+    scores, truth = _captured[-1]
+    thr = np.asarray(metrics["threshold"], dtype=np.float64)
+    f1 = per_label_f1(truth, scores >= thr)
+    ds, names = load_data(d_args)
+    train_count = np.zeros(len(names), dtype=np.int64)
+    for labs in ds["train"]["labels"]:
+        train_count[labs] += 1
+    _write(
+        os.path.join(out_dir, "per_label_f1.json"),
+        {
+            "label_names": names,
+            "test_f1": [float(x) for x in f1],
+            "train_count": train_count.tolist(),
+            "test_count": truth.sum(0).astype(int).tolist(),
+        },
+    )
+    _write(os.path.join(out_dir, "metrics.json"), result)
+    shutil.copy(os.path.join(run_dir, probe, "thresholds.json"), os.path.join(out_dir, "thresholds.json"))
+    print(
+        f"RESULT {dataset} {loss}_{probe} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
+        f"macro-F1 {metrics.get('test_macro_f1'):.4f} wall {wall}",
+        flush=True,
+    )
+    return result
+
+
+def run_embed(dataset: str, loss: str, seed: int, n: int) -> None:
+    """PNG of a 2-D projection of the test embeddings (projection-head output) of a stage-1 encoder."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.evaluation import plot_embedding_projection
+    from hf_mlcl.modeling import MLCLEncoder
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+    from hf_mlcl.training.entry import load_data
+
+    os.chdir(REPO)
+    recipe = load_recipe(_recipe_path(dataset, loss))
+    _, d_args, _ = parse_stage(recipe, "probe", split_overrides([], ["probe"]), output_dir="/tmp/unused")
+    ds, names = load_data(d_args)
+    test = ds["test"].select(range(min(n, len(ds["test"]))))
+    path = os.path.join(RUNS, dataset, loss, f"seed{seed}", "encoder")
+    tok = AutoTokenizer.from_pretrained(path)
+    enc = MLCLEncoder.from_pretrained(path).eval()
+    emb = enc.encode(list(test["text"]), tok, batch_size=128)
+    y = np.zeros((len(test), len(names)), dtype=bool)
+    for i, labs in enumerate(test["labels"]):
+        y[i, labs] = True
+    out = os.path.join(RESULTS, dataset, "plots", f"embeddings_{loss}_seed{seed}.png")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    plot_embedding_projection(np.asarray(emb), y, out, top_k_combinations=8, label_names=names)
+    print("wrote", out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["cell", "embed"])
+    ap.add_argument("dataset")
+    ap.add_argument("--loss", required=True)
+    ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--n", type=int, default=2000, help="embed: number of test examples plotted")
+    args, extra = ap.parse_known_args(argv)
+    if args.command == "cell":
+        run_cell(args.dataset, args.loss, args.probe, args.seed, extra)
+    else:
+        run_embed(args.dataset, args.loss, args.seed, args.n)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

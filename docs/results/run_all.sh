@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Exact commands behind docs/RESULTS.md (CPU, 2 shared cores). Run from the repository root:
+#   bash docs/results/run_all.sh phase1     # GoEmotions, seed 1, every loss + logistic probe, BCE fine-tune
+# Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
+# Tables: python docs/results/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
+set -u
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 TOKENIZERS_PARALLELISM=false
+PY=${PY:-.venv/bin/python}
+R="$PY docs/results/run.py"
+LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
+cell() { echo "### $(date -u +%T) run.py cell $*"; $R cell "$@" || echo "FAILED: $*"; }
+
+case "${1:-}" in
+phase1)
+  cell goemotions --loss pretrained --probe logistic --seed 1
+  cell goemotions --loss bce --probe finetune --seed 1
+  for L in $LOSSES; do cell goemotions --loss $L --probe logistic --seed 1; done
+  ;;
+*) echo "usage: $0 phase1|..." ; exit 2 ;;
+esac
