@@ -289,6 +289,7 @@ def cmd_demo(ns, overrides) -> dict:
         model=ns.model,
         losses=[s.strip() for s in ns.losses.split(",") if s.strip()],
         epochs=ns.epochs,
+        probe=ns.probe,
         max_train_samples=ns.max_train_samples,
         max_length=ns.max_length,
         seed=ns.seed,
@@ -364,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", default=None, help="pretrained encoder path/id (default: a tiny random BERT)")
     p.add_argument("--losses", default="sd,mulsupcon,all", help="comma-separated contrastive losses")
-    p.add_argument("--epochs", type=float, default=None, help="contrastive epochs (default: 3, or 1 with --model)")
+    p.add_argument("--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)")
+    p.add_argument("--probe", default="logistic", choices=["logistic", "linear"],
+                   help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head")
     p.add_argument("--max-train-samples", type=int, default=None)
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)

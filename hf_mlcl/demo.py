@@ -4,8 +4,9 @@
    topic co-occurrence) -- or a real dataset with ``--dataset goemotions --data-dir DIR``;
 2. a WordPiece tokenizer trained on it (``train_tokenizer``) and a tiny random BERT -- or a pretrained
    encoder with ``--model PATH``;
-3. stage 1 (contrastive, ``train_contrastive``) with each loss, then stage 2 (frozen encoder + linear
-   head with BCE, ``train_probe``) on top, plus an end-to-end BCE fine-tuning baseline;
+3. stage 1 (contrastive, ``train_contrastive``) with each loss, then stage 2 (``train_probe``) on the
+   frozen encoder: per-label logistic regressions (ABALONE's representation check; ``probe="linear"``
+   trains a linear BCE head instead), plus an end-to-end BCE fine-tuning baseline with the same epochs;
 4. one comparison table (micro/macro-F1, P@1, P@5 on the test split, silhouette of the test
    embeddings) and plots: per-label F1 against training frequency for every method, and a 2-D
    projection of each encoder's embedding space.
@@ -35,8 +36,11 @@ TINY_BERT = dict(
 )
 
 
+_T0 = [time.time()]
+
+
 def _say(msg: str) -> None:
-    print(f"[hf-mlcl demo] {msg}", flush=True)
+    print(f"[hf-mlcl demo {time.time() - _T0[0]:5.0f}s] {msg}", flush=True)
 
 
 def _common_training(output_dir: str, seed: int, use_cpu: bool) -> dict[str, Any]:
@@ -51,6 +55,7 @@ def _common_training(output_dir: str, seed: int, use_cpu: bool) -> dict[str, Any
         remove_unused_columns=False,
         dataloader_num_workers=0,
         disable_tqdm=False,
+        dataloader_pin_memory=not use_cpu,
     )
 
 
@@ -65,6 +70,7 @@ def run_demo(
     max_length: int | None = None,
     seed: int = 42,
     probe_epochs: float | None = None,
+    probe: str = "logistic",
     synthetic_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the demo; returns ``{"rows": [...], "table": str, "seconds": float, "output_dir": str}``."""
@@ -81,7 +87,7 @@ def run_demo(
     from hf_mlcl.training import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
     from hf_mlcl.training.entry import load_data
 
-    start = time.time()
+    start = _T0[0] = time.time()
     losses = list(losses)
     for name in losses:
         get_loss(name)  # unknown name -> ValueError listing the registered losses, before any work
@@ -89,7 +95,7 @@ def run_demo(
     plots = os.path.join(output_dir, "plots")
     use_cpu = not torch.cuda.is_available()
     pretrained = model is not None
-    epochs = epochs if epochs is not None else (1.0 if pretrained else 3.0)
+    epochs = epochs if epochs is not None else (1.0 if pretrained else 10.0)
     probe_epochs = probe_epochs if probe_epochs is not None else (3.0 if pretrained else 5.0)
 
     # 1. data -----------------------------------------------------------------------------------------
@@ -141,10 +147,10 @@ def run_demo(
         )
         run_contrastive_stage(model_args, data_args, cargs)
         encoders[loss] = cargs.output_dir
-        _say(f"[{i}/{n_runs}] stage 2: linear probe (BCE) on the frozen {loss!r} encoder")
+        _say(f"[{i}/{n_runs}] stage 2: {probe} probe on the frozen {loss!r} encoder")
         pargs = ProbingTrainingArguments(
             **_common_training(os.path.join(run_dir, "classifier"), seed, use_cpu),
-            probe="linear",
+            probe=probe,
             loss="bce",
             learning_rate=1e-2 if not pretrained else 1e-3,
             num_train_epochs=probe_epochs,
@@ -155,13 +161,13 @@ def run_demo(
         run_probe_stage(model_args, data_args, pargs, cargs.output_dir, contrastive_loss=loss)
         methods[loss] = pargs.output_dir
 
-    _say(f"[{n_runs}/{n_runs}] baseline: the same encoder fine-tuned end to end with BCE ({epochs + probe_epochs:g} epochs)")
+    _say(f"[{n_runs}/{n_runs}] baseline: the same encoder fine-tuned end to end with BCE ({epochs:g} epochs)")
     bargs = ProbingTrainingArguments(
         **_common_training(os.path.join(output_dir, "bce", "classifier"), seed, use_cpu),
         probe="finetune",
         loss="bce",
         learning_rate=lr,
-        num_train_epochs=epochs + probe_epochs,
+        num_train_epochs=epochs,
         per_device_train_batch_size=batch,
         per_device_eval_batch_size=128,
         lr_scheduler_type="linear",
@@ -171,6 +177,7 @@ def run_demo(
     methods["bce (fine-tuned)"] = bargs.output_dir
 
     # 4. evaluation, table, plots ---------------------------------------------------------------------
+    _say("scoring the test split, embedding quality and plots")
     split = "test" if "test" in ds and len(ds["test"]) else "validation"
     train_freq = np.bincount(np.concatenate([np.asarray(x, dtype=np.int64) for x in ds["train"]["labels"]]),
                              minlength=len(names))
@@ -201,8 +208,9 @@ def run_demo(
                       f"# hf-mlcl demo ({dataset}, {split} split)\n\n{table}\n\nwall time: {seconds:.0f} s\n")
     atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(rows, indent=2, default=float))
     print()
-    print(f"hf-mlcl demo: {dataset}, {len(names)} labels, {split} split "
-          f"(contrastive stage {epochs:g} epochs + linear probe {probe_epochs:g} epochs; baseline fine-tuned with BCE)")
+    probe_desc = "per-label logistic regressions" if probe == "logistic" else f"{probe} probe, {probe_epochs:g} epochs"
+    print(f"hf-mlcl demo: {dataset}, {len(names)} labels, {split} split; contrastive stage {epochs:g} epochs, then "
+          f"{probe_desc} on the frozen encoder; baseline: BCE fine-tuning, {epochs:g} epochs")
     print(table)
     print(f"plots: {plots}   checkpoints + model cards: {output_dir}/<method>/   wall time: {seconds:.0f} s")
     return {"rows": rows, "table": table, "seconds": seconds, "output_dir": output_dir}
