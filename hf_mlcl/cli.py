@@ -291,6 +291,7 @@ def cmd_demo(ns, overrides) -> dict:
         epochs=ns.epochs,
         probe=ns.probe,
         max_train_samples=ns.max_train_samples,
+        max_eval_samples=ns.max_eval_samples,
         max_length=ns.max_length,
         seed=ns.seed,
     )
@@ -369,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", default="logistic", choices=["logistic", "linear"],
                    help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head")
     p.add_argument("--max-train-samples", type=int, default=None)
+    p.add_argument("--max-eval-samples", type=int, default=None,
+                   help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)")
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
     return parser

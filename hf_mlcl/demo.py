@@ -67,6 +67,7 @@ def run_demo(
     losses: Sequence[str] = ("sd", "mulsupcon", "all"),
     epochs: float | None = None,
     max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
     max_length: int | None = None,
     seed: int = 42,
     probe_epochs: float | None = None,
@@ -80,11 +81,21 @@ def run_demo(
 
     from hf_mlcl.cli import format_table, run_contrastive_stage, run_probe_stage, score_classifier
     from hf_mlcl.data.tokenizer import train_tokenizer
-    from hf_mlcl.evaluation import embedding_quality, per_label_f1, plot_embedding_projection, plot_f1_vs_frequency
+    from hf_mlcl.evaluation import (
+        embedding_quality,
+        per_label_f1,
+        plot_embedding_projection,
+        plot_f1_vs_frequency,
+    )
     from hf_mlcl.hub.model_card import atomic_write_text
     from hf_mlcl.losses import get_loss
     from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
-    from hf_mlcl.training import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
+    from hf_mlcl.training import (
+        ContrastiveTrainingArguments,
+        DataArguments,
+        ModelArguments,
+        ProbingTrainingArguments,
+    )
     from hf_mlcl.training.entry import load_data
 
     start = _T0[0] = time.time()
@@ -106,6 +117,9 @@ def run_demo(
         dataset_options=options,
         max_length=max_length or (128 if pretrained or dataset != "synthetic" else 96),
         max_train_samples=max_train_samples,
+        # real datasets: cap validation and test so a CPU run stays in minutes (synthetic: sized above)
+        max_eval_samples=max_eval_samples or (None if dataset == "synthetic" else 1000),
+        max_test_samples=max_eval_samples or (None if dataset == "synthetic" else 1000),
     )
     ds, names = load_data(data_args)
     _say(f"dataset {dataset}: {len(ds['train'])} train / {len(ds['validation'])} validation / "

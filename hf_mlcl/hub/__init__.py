@@ -6,7 +6,15 @@
 """
 
 from .card_callback import ModelCardCallback, framework_versions
-from .model_card import CARD_DATA_FILE, CARD_FILE, LOSS_PAPERS, CardData, loss_paper, render_model_card, save_model_card
+from .model_card import (
+    CARD_DATA_FILE,
+    CARD_FILE,
+    LOSS_PAPERS,
+    CardData,
+    loss_paper,
+    render_model_card,
+    save_model_card,
+)
 from .push import PushError, check_pushable, files_to_push, push_folder
 
 __all__ = [
