@@ -114,9 +114,9 @@ def score_classifier(model, tokenizer, dataset, num_labels: int, max_length: int
     from torch.utils.data import DataLoader
 
     from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.training.entry import _segment_multiple
 
-    segment = int(model.config.chunk_size) if getattr(model.config, "segmented", False) else None
-    collator = MultiLabelCollator(tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=segment)
+    collator = MultiLabelCollator(tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=_segment_multiple(model))
     device = next(model.parameters()).device
     scores, truth = [], []
     model.eval()
@@ -127,6 +127,14 @@ def score_classifier(model, tokenizer, dataset, num_labels: int, max_length: int
             scores.append(torch.sigmoid(model(**inputs).logits.float()).cpu().numpy())
             truth.append(labels.to_dense().numpy() if labels.is_sparse else labels.numpy())
     return np.concatenate(scores), np.concatenate(truth) > 0.5
+
+
+def train_label_frequency(train_split, num_labels: int):
+    """(L,) number of training documents per label, from the split's label-id lists."""
+    import numpy as np
+
+    ids = [np.asarray(x, dtype=np.int64) for x in train_split["labels"]]
+    return np.bincount(np.concatenate(ids) if ids else np.zeros(0, np.int64), minlength=num_labels)
 
 
 def evaluate_checkpoint(
@@ -167,8 +175,7 @@ def evaluate_checkpoint(
     os.makedirs(out, exist_ok=True)
     atomic_write_text(os.path.join(out, f"eval_{split}.json"), json.dumps(metrics, indent=2, sort_keys=True))
     if plots and len(ds["train"]):
-        freq = np.bincount(np.concatenate([np.asarray(x, dtype=np.int64) for x in ds["train"]["labels"]] or [[]]),
-                           minlength=len(names))
+        freq = train_label_frequency(ds["train"], len(names))
         f1 = per_label_f1(truth, scores >= threshold)
         plot_f1_vs_frequency(f1, freq, os.path.join(out, PLOTS_DIR, f"f1_vs_frequency_{split}.png"),
                              title=f"{data_args.dataset}: per-label F1 ({split})")
