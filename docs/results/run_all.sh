@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Exact commands behind docs/RESULTS.md (CPU, 2 shared cores). Run from the repository root:
 #   bash docs/results/run_all.sh phase1     # GoEmotions, seed 1, every loss + logistic probe, BCE fine-tune
+#   bash docs/results/run_all.sh phase2     # seeds 2-3 (BCE, jaccard, hbl), jaccard fine-tune, embedding plots
 # Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
 # Tables: python docs/results/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
 set -u
@@ -16,5 +17,12 @@ phase1)
   cell goemotions --loss bce --probe finetune --seed 1
   for L in $LOSSES; do cell goemotions --loss $L --probe logistic --seed 1; done
   ;;
-*) echo "usage: $0 phase1|..." ; exit 2 ;;
+phase2)   # extra seeds for BCE and the two best losses of phase 1 (by test macro-F1), one fine-tune, plots
+  for S in 2 3; do for L in jaccard hbl; do cell goemotions --loss $L --probe logistic --seed $S; done; done
+  for S in 2 3; do cell goemotions --loss bce --probe finetune --seed $S; done
+  cell goemotions --loss jaccard --probe finetune --seed 1
+  $R embed goemotions --loss jaccard --seed 1 --n 1000   # best probe macro-F1
+  $R embed goemotions --loss any --seed 1 --n 1000       # worst probe macro-F1
+  ;;
+*) echo "usage: $0 phase1|phase2" ; exit 2 ;;
 esac
