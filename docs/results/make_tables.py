@@ -126,8 +126,8 @@ def main(argv: list[str]) -> None:
     with open(RESULTS_MD, encoding="utf-8") as fh:
         text = fh.read()
     for d, t in tables.items():
-        pattern = re.compile(rf"(<!-- TABLE:{d} -->\n).*?(\n<!-- /TABLE:{d} -->)", re.S)
-        text = pattern.sub(lambda m, t=t: m.group(1) + t + m.group(2), text)
+        pattern = re.compile(rf"(<!-- TABLE:{d} -->\n)(?:.*?\n)?(<!-- /TABLE:{d} -->)", re.S)
+        text = pattern.sub(lambda m, t=t: m.group(1) + t + "\n" + m.group(2), text)
     with open(RESULTS_MD, "w", encoding="utf-8") as fh:
         fh.write(text)
     print("updated", RESULTS_MD)
