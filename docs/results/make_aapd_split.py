@@ -4,7 +4,7 @@ train      = all 1,000 abstracts of the released validation files (text_val / la
 validation = test lines 1-500   (threshold tuning)
 test       = test lines 501-1000 (reported metrics)
 
-    python docs/results/make_aapd_split.py ../shared/data/aapd /work/runs/data/aapd_heldout
+    python docs/results/make_aapd_split.py ../shared/data/aapd outputs/data/aapd_heldout
 Writes text_{train,val,test}, label_{train,val,test} and labels.txt in the AAPD loader's format.
 """
 
