@@ -356,11 +356,17 @@ class ContrastiveLoss(nn.Module):
         """
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
         with torch.autocast(device_type=device_type, enabled=False):
-            ctx = self.prepare(embeddings, labels, key_embeddings, key_labels)
-            if ctx.num_anchors == 0:
-                loss, parts = ctx.zero(), {}
-            else:
-                loss, parts = self.compute(ctx)
+            return self.compute_and_record(self.prepare(embeddings, labels, key_embeddings, key_labels))
+
+    def compute_and_record(self, ctx: ContrastContext) -> Tensor:
+        """The loss on a prepared context; stores its parts in ``self.components`` for logging.
+
+        Shared by :meth:`forward` and by wrappers (hbl) that reuse the base loss's context.
+        """
+        if ctx.num_anchors == 0:
+            loss, parts = ctx.zero(), {}
+        else:
+            loss, parts = self.compute(ctx)
         comps = {"loss": float(loss.detach())}
         for name, value in parts.items():
             comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)

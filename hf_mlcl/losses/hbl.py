@@ -232,14 +232,8 @@ class HBLLoss(ContrastiveLoss):
             if shared:
                 # one context for both terms: labels validated / intersected once, logits reused
                 ctx = base.prepare(embeddings, labels, key_embeddings, key_labels)
-                if ctx.num_anchors == 0:
-                    base_loss, parts = ctx.zero(), {}
-                else:
-                    base_loss, parts = base.compute(ctx)
-                base_comps = {"loss": float(base_loss.detach())}
-                for name, value in parts.items():
-                    base_comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)
-                base.components = base_comps
+                base_loss = base.compute_and_record(ctx)
+                base_comps = base.components
                 sim = None
                 if base.normalize and "logits" in ctx.__dict__:
                     sim = ctx.__dict__["logits"].detach() * ctx.temperature
