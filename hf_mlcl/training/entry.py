@@ -80,6 +80,26 @@ def _tokenizer_style(model_type: str) -> str:
     return "bert" if model_type in _ENCODER_MODEL_TYPES else "llama"
 
 
+def _encoder_from_backbone(source: Any, model_args: ModelArguments, projection_dim: int, **extra: Any):
+    """A fresh MLCLEncoder around a backbone id / path / config dict, configured from ``model_args``.
+
+    A ``label_attention`` (PLM-ICD) recipe gets a segmented encoder: its document embedding is the
+    masked mean over all segment tokens.
+    """
+    from hf_mlcl.modeling.modeling_mlcl import MLCLEncoder
+
+    if model_args.projection_hidden_dim is not None:
+        extra["projection_hidden_dim"] = model_args.projection_hidden_dim
+    return MLCLEncoder.from_backbone(
+        source,
+        pooling=model_args.pooling,
+        projection_dim=projection_dim,
+        chunk_size=model_args.chunk_size,
+        segmented=model_args.head == "label_attention",
+        **extra,
+    )
+
+
 def build_tokenizer_and_encoder(
     model_args: ModelArguments,
     train_texts: list[str] | None,
@@ -112,17 +132,7 @@ def build_tokenizer_and_encoder(
         if is_mlcl_checkpoint(path):
             encoder = MLCLEncoder.from_pretrained(path)
         else:
-            kw: dict[str, Any] = dict(extra)
-            if model_args.projection_hidden_dim is not None:
-                kw["projection_hidden_dim"] = model_args.projection_hidden_dim
-            encoder = MLCLEncoder.from_backbone(
-                path,
-                pooling=model_args.pooling,
-                projection_dim=projection_dim,
-                chunk_size=model_args.chunk_size,
-                segmented=model_args.head == "label_attention",  # PLM-ICD: mean over all segment tokens
-                **kw,
-            )
+            encoder = _encoder_from_backbone(path, model_args, projection_dim, **extra)
     elif model_args.backbone_config:
         cfg = dict(model_args.backbone_config)
         if "model_type" not in cfg:
@@ -148,17 +158,7 @@ def build_tokenizer_and_encoder(
             value = getattr(tokenizer, name, None)
             if value is not None and cfg.get("model_type") not in _ENCODER_MODEL_TYPES:
                 cfg[name] = value
-        kw = {}
-        if model_args.projection_hidden_dim is not None:
-            kw["projection_hidden_dim"] = model_args.projection_hidden_dim
-        encoder = MLCLEncoder.from_backbone(
-            cfg,
-            pooling=model_args.pooling,
-            projection_dim=projection_dim,
-            chunk_size=model_args.chunk_size,
-            segmented=model_args.head == "label_attention",  # PLM-ICD: mean over all segment tokens
-            **kw,
-        )
+        encoder = _encoder_from_backbone(cfg, model_args, projection_dim)
     else:
         raise ValueError(
             "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"
