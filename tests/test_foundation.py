@@ -61,3 +61,15 @@ def test_probing_threshold_values(tmp_path):
         ProbingTrainingArguments(output_dir=str(tmp_path), threshold="best")
     with pytest.raises(ValueError, match="probe"):
         ProbingTrainingArguments(output_dir=str(tmp_path), probe="svm")
+
+
+def test_word_level_tokenizer_is_fixed_and_frames_like_bert():
+    from hf_mlcl.data.tokenizer import word_level_tokenizer
+
+    tok = word_level_tokenizer(["Heart", "kidney", "heart"])
+    assert len(tok) == 5 + 2 and tok.pad_token_id == 0
+    ids = tok("heart kidney lung")["input_ids"]
+    assert ids == [tok.cls_token_id, 5, 6, tok.unk_token_id, tok.sep_token_id]
+    assert word_level_tokenizer(["kidney", "heart"]).get_vocab() == tok.get_vocab()
+    with pytest.raises(ValueError, match="at least one word"):
+        word_level_tokenizer([])
