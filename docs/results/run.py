@@ -13,7 +13,8 @@ the repository); only small files land in ``docs/results/<dataset>/<loss>_<probe
 
 ``--loss bce``: no stage 1, the MiniLM encoder is fine-tuned with BCE. ``--loss pretrained``: no
 stage 1, the frozen pretrained MiniLM is probed (reference for what stage 1 adds).
-Stage-1 encoders are reused by later probes of the same (dataset, loss, seed).
+Stage-1 encoders are reused by later probes of the same (dataset, loss, seed); a cell whose
+``metrics.json`` already exists is skipped unless ``--force`` is given.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _recipe_path(dataset: str, loss: str) -> str:
     return os.path.join(REPO, "recipes", "cpu", dataset, f"{'bce' if loss == 'pretrained' else loss}.yaml")
 
 
-def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str]) -> dict:
+def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str], force: bool = False) -> dict:
     import numpy as np
 
     from hf_mlcl.evaluation import per_label_f1
@@ -74,6 +75,10 @@ def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str]) -
     minilm = find_minilm()
     run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
     out_dir = os.path.join(RESULTS, dataset, f"{loss}_{probe}", f"seed{seed}")
+    if not force and os.path.isfile(os.path.join(out_dir, "metrics.json")):
+        print(f"SKIP {dataset} {loss}_{probe} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
+        with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
+            return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
     result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra}
     wall: dict[str, float] = {}
@@ -190,10 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loss", required=True)
     ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
     ap.add_argument("--n", type=int, default=2000, help="embed: number of test examples plotted")
     args, extra = ap.parse_known_args(argv)
     if args.command == "cell":
-        run_cell(args.dataset, args.loss, args.probe, args.seed, extra)
+        run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force)
     else:
         run_embed(args.dataset, args.loss, args.seed, args.n)
 

@@ -2,10 +2,14 @@
 # Exact commands behind docs/RESULTS.md (CPU, 2 shared cores). Run from the repository root:
 #   bash docs/results/run_all.sh phase1     # GoEmotions, seed 1, every loss + logistic probe, BCE fine-tune
 #   bash docs/results/run_all.sh phase2     # seeds 2-3 (BCE, jaccard, hbl), jaccard fine-tune, embedding plots
+#   bash docs/results/run_all.sh phase3     # GoEmotions: fine-tune after every loss, seeds 2-3 for every loss
+#   bash docs/results/run_all.sh aapd       # AAPD held-out split, seed 1: every loss + logistic probe and fine-tune
+# OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
+# with OMP_NUM_THREADS=1 each.
 # Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
 # Tables: python docs/results/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
 set -u
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 PY=${PY:-.venv/bin/python}
 R="$PY docs/results/run.py"
 LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
@@ -24,5 +28,18 @@ phase2)   # extra seeds for BCE and the two best losses of phase 1 (by test macr
   $R embed goemotions --loss jaccard --seed 1 --n 1000   # best probe macro-F1
   $R embed goemotions --loss any --seed 1 --n 1000       # worst probe macro-F1
   ;;
-*) echo "usage: $0 phase1|phase2" ; exit 2 ;;
+phase3)   # GoEmotions: fine-tuning after every loss, seeds 2-3 for every loss (session 2)
+  for L in $LOSSES; do cell goemotions --loss $L --probe finetune --seed 1; done
+  for S in 2 3; do for L in $LOSSES; do
+    cell goemotions --loss $L --probe logistic --seed $S
+    cell goemotions --loss $L --probe finetune --seed $S
+  done; done
+  ;;
+aapd)     # AAPD held-out split (build it first: python docs/results/make_aapd_split.py ../shared/data/aapd outputs/data/aapd_heldout)
+  cell aapd --loss pretrained --probe logistic --seed 1
+  cell aapd --loss bce --probe finetune --seed 1
+  for L in $LOSSES; do cell aapd --loss $L --probe logistic --seed 1; done
+  for L in $LOSSES; do cell aapd --loss $L --probe finetune --seed 1; done
+  ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd" ; exit 2 ;;
 esac
