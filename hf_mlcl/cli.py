@@ -17,7 +17,6 @@ only, ``--output_dir`` the run's root folder. Typos fail with the nearest valid 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -34,14 +33,10 @@ PLOTS_DIR = "plots"
 # stages (shared by `train`, `probe`, `run` and the demo)
 # ----------------------------------------------------------------------------------------------------
 def _call_with_card(fn, card_cb, *args) -> tuple[Any, dict]:
-    """Run a training entry point with the card callback attached when it accepts ``callbacks``;
-    otherwise collect the card data from the finished trainer (same fields, replayed)."""
-    if "callbacks" in inspect.signature(fn).parameters:
-        trainer, metrics = fn(*args, callbacks=[card_cb])
-        card_cb.update_metrics(metrics)
-    else:
-        trainer, metrics = fn(*args)
-        card_cb.collect_from_trainer(trainer, metrics)
+    """Run a training entry point with the card callback attached, then replay the finished trainer's
+    data into it (the logistic probe never calls ``Trainer.train``, so its hooks alone would miss it)."""
+    trainer, metrics = fn(*args, callbacks=[card_cb])
+    card_cb.collect_from_trainer(trainer, metrics)
     return trainer, metrics
 
 
@@ -114,9 +109,9 @@ def score_classifier(model, tokenizer, dataset, num_labels: int, max_length: int
     from torch.utils.data import DataLoader
 
     from hf_mlcl.data import MultiLabelCollator
-    from hf_mlcl.training.entry import _segment_multiple
+    from hf_mlcl.training.entry import segment_multiple
 
-    collator = MultiLabelCollator(tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=_segment_multiple(model))
+    collator = MultiLabelCollator(tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=segment_multiple(model))
     device = next(model.parameters()).device
     scores, truth = [], []
     model.eval()

@@ -194,7 +194,9 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _segment_multiple(model) -> int | None:
+def segment_multiple(model) -> int | None:
+    """The multiple token sequences must be padded to for ``model``: its chunk size when it reads long
+    documents as fixed-size segments (PLM-ICD, Huang et al. 2022, sec. 3.1), else None."""
     cfg = getattr(model, "config", None)
     return int(cfg.chunk_size) if cfg is not None and getattr(cfg, "segmented", False) else None
 
@@ -213,8 +215,12 @@ def train_contrastive(
     model_args: ModelArguments,
     data_args: DataArguments,
     training_args: ContrastiveTrainingArguments,
+    callbacks: list | None = None,
 ):
     """Stage 1: contrastive training of an encoder. Returns ``(ContrastiveTrainer, metrics dict)``.
+
+    ``callbacks``: extra ``transformers.TrainerCallback`` objects handed to the trainer (e.g. a
+    ``hf_mlcl.hub.ModelCardCallback``), as ``Trainer(callbacks=...)`` takes them.
 
     Resumes from ``training_args.resume_from_checkpoint`` when set (a path, or True for the last
     checkpoint in ``output_dir``). Writes into ``output_dir`` what the module docstring lists.
@@ -243,7 +249,7 @@ def train_contrastive(
         len(names),
         max_length=data_args.max_length,
         n_views=training_args.n_views,
-        pad_to_multiple_of=_segment_multiple(encoder),
+        pad_to_multiple_of=segment_multiple(encoder),
     )
     trainer = ContrastiveTrainer(
         model=encoder,
@@ -253,6 +259,7 @@ def train_contrastive(
         eval_dataset=ds["validation"],
         processing_class=tokenizer,
         num_labels=len(names),
+        callbacks=callbacks,
     )
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "false"):
@@ -280,8 +287,12 @@ def train_probe(
     data_args: DataArguments,
     probing_args: ProbingTrainingArguments,
     encoder_path: str | None = None,
+    callbacks: list | None = None,
 ):
     """Stage 2: probe / fine-tune a classifier. Returns ``(ProbingTrainer, metrics dict)``.
+
+    ``callbacks``: extra ``transformers.TrainerCallback`` objects handed to the trainer. The
+    ``logistic`` probe fits without ``Trainer.train``, so training hooks do not fire for it.
 
     ``encoder_path``: a saved hf_mlcl encoder (the contrastive stage's output_dir), a plain backbone id
     / path (BCE baseline: ``probe="finetune"`` with ``loss="bce"``), or None to use ``model_args``
@@ -308,7 +319,7 @@ def train_probe(
         chunk_size=model_args.chunk_size,
     )
     collator = MultiLabelCollator(
-        tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=_segment_multiple(model)
+        tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=segment_multiple(model)
     )
     trainer = ProbingTrainer(
         model=model,
@@ -318,6 +329,7 @@ def train_probe(
         eval_dataset=ds["validation"],
         processing_class=tokenizer,
         num_labels=len(names),
+        callbacks=callbacks,
     )
     metrics: dict[str, Any] = {
         "probe": probing_args.probe,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from _training_helpers import collator, tiny_encoder, tiny_split, tiny_tokenizer
+from transformers import TrainerCallback
 
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
 from hf_mlcl.training import (
@@ -167,6 +168,46 @@ def test_bce_baseline_finetunes_raw_backbone(tmp_path):
                              _args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
     assert metrics["threshold"] == 0.4 and metrics["probe"] == "finetune"
     assert "test_micro_f1" in metrics and os.path.isfile(out / "tokenizer.json")
+
+
+class _Recorder(TrainerCallback):
+    """Records which training hooks fired and the metrics each evaluation reported."""
+
+    def __init__(self):
+        self.events: list[str] = []
+        self.eval_metrics: list[dict] = []
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.events.append("train_begin")
+
+    def on_step_end(self, args, state, control, **kw):
+        self.events.append("step")
+
+    def on_evaluate(self, args, state, control, metrics=None, **kw):
+        self.eval_metrics.append(dict(metrics or {}))
+
+    def on_train_end(self, args, state, control, **kw):
+        self.events.append("train_end")
+
+
+def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
+    rec = _Recorder()
+    cargs = ContrastiveTrainingArguments(
+        output_dir=str(tmp_path / "enc"), loss="mulsupcon", projection_dim=16, per_device_train_batch_size=8,
+        max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
+    )  # fmt: skip
+    trainer, metrics = train_contrastive(model_args, _data_args(), cargs, callbacks=[rec])
+    assert rec in trainer.callback_handler.callbacks
+    assert rec.events == ["train_begin", "step", "step", "train_end"]
+    assert rec.eval_metrics and rec.eval_metrics[-1]["eval_loss"] == pytest.approx(metrics["eval_loss"])
+
+    rec2 = _Recorder()
+    ptrainer, _ = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
+                              _args(tmp_path / "bce", probe="finetune", loss="bce", max_steps=3),
+                              callbacks=[rec2])  # fmt: skip
+    assert rec2 in ptrainer.callback_handler.callbacks
+    assert rec2.events == ["train_begin", "step", "step", "step", "train_end"]
 
 
 def test_lora_encoder_round_trip(tmp_path):
