@@ -26,6 +26,55 @@ def test_llama_style_tokenizer_has_bos_and_distinct_pad(llama_tokenizer):
     assert llama_tokenizer.decode(ids, skip_special_tokens=True).strip() == "chest pain"
 
 
+_VOCAB_SCRIPT = """
+import json, sys
+from hf_mlcl.data.tokenizer import train_tokenizer
+texts = [f"patient {w} reports {v} pain in the {w}{v} region number {i}" for i, (w, v) in enumerate(
+    zip(["chest", "lower", "upper", "left", "right", "acute"] * 40, ["mild", "severe", "chronic", "sharp"] * 60))]
+tok = train_tokenizer(texts, vocab_size=120, style=sys.argv[1])
+print(json.dumps(sorted(tok.get_vocab().items())))
+"""
+
+
+def test_bert_tokenizer_is_identical_across_processes():
+    """Same texts -> same vocabulary *and ids* in separate processes (the `tokenizers` trainers break
+    ties in per-process hash order; this corpus has many equally frequent words and pairs)."""
+    import json
+    import subprocess
+    import sys
+
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _VOCAB_SCRIPT, "bert"], capture_output=True, text=True, check=True
+        )
+        for _ in range(3)
+    ]
+    vocabs = [json.loads(r.stdout) for r in runs]
+    assert len(vocabs[0]) == 120 and vocabs[0] == vocabs[1] == vocabs[2]
+
+
+def test_bert_tokenizer_vocabulary_and_segmentation():
+    texts = ["the quick brown fox", "the lazy dog", "the quick dog", "a fox"]
+    tok = train_tokenizer(texts, vocab_size=60)
+    vocab = tok.get_vocab()
+    assert tok.convert_tokens_to_ids(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) == [0, 1, 2, 3, 4]
+    chars = sorted(set("thequickbrownfoxlazydoga"))
+    assert all(c in vocab and f"##{c}" in vocab for c in chars)
+    # words ranked by frequency, ties alphabetical: "the" (3), then "dog"/"fox"/"quick" (2), then the rest
+    words = [
+        t
+        for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])
+        if len(t) > 1 and not t.startswith(("#", "["))
+    ]
+    assert words == ["the", "dog", "fox", "quick", "brown", "lazy"]
+    assert tok.tokenize("The quick FOX") == ["the", "quick", "fox"]
+    assert tok.tokenize("bloat") == ["b", "##l", "##o", "##a", "##t"]  # unseen word: character pieces
+    assert tok.tokenize("zebra!") == ["z", "##e", "##b", "##r", "##a", "[UNK]"]  # "!" never seen
+    small = train_tokenizer(texts, vocab_size=50)  # 5 specials + 2 x 21 characters leave room for 3 words
+    assert len(chars) == 21 and len(small.get_vocab()) == 50
+    assert [w for w in ("the", "dog", "fox", "quick") if w in small.get_vocab()] == ["the", "dog", "fox"]
+
+
 def test_tokenizer_bad_input():
     with pytest.raises(ValueError, match="style"):
         train_tokenizer(["a b"], style="gpt")
@@ -36,7 +85,12 @@ def test_tokenizer_bad_input():
 def test_arguments_from_dict_and_command_line(tmp_path):
     parser = HfArgumentParser((ModelArguments, DataArguments, ContrastiveTrainingArguments))
     _, data, args = parser.parse_dict(
-        {"output_dir": str(tmp_path), "loss": "msc", "loss_kwargs": {"beta": 0.1}, "dataset_options": {"top": 50}}
+        {
+            "output_dir": str(tmp_path),
+            "loss": "msc",
+            "loss_kwargs": {"beta": 0.1},
+            "dataset_options": {"top": 50},
+        }
     )
     assert args.loss_kwargs == {"beta": 0.1} and data.dataset_options == {"top": 50}
     _, _, args = parser.parse_args_into_dataclasses(
@@ -47,7 +101,11 @@ def test_arguments_from_dict_and_command_line(tmp_path):
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"n_views": 3}, "n_views"), ({"queue_size": -1}, "queue_size"), ({"loss_kwargs": "[1]"}, "JSON object")],
+    [
+        ({"n_views": 3}, "n_views"),
+        ({"queue_size": -1}, "queue_size"),
+        ({"loss_kwargs": "[1]"}, "JSON object"),
+    ],
 )
 def test_contrastive_arguments_reject_bad_values(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):

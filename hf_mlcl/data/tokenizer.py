@@ -6,6 +6,7 @@ library and wrapped in a `PreTrainedTokenizerFast`, so it saves and loads like a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -23,8 +24,12 @@ def train_tokenizer(
     """Learn a WordPiece (``style="bert"``) or byte-level BPE (``style="llama"``) tokenizer.
 
     ``bert``: lower-cased WordPiece with ``[CLS] text [SEP]`` framing and ``[PAD]`` id 0 (encoders
-    with ``cls`` / ``mean`` pooling). ``llama``: byte-level BPE with a ``<s>`` prefix, no ``</s>``
-    appended and a dedicated ``<pad>`` token, as decoder backbones with ``last_token`` pooling expect.
+    with ``cls`` / ``mean`` pooling); its vocabulary is the characters plus the most frequent words
+    (:func:`_wordpiece_vocab`), identical in every process for the same texts. ``llama``: byte-level
+    BPE with a ``<s>`` prefix, no ``</s>`` appended and a dedicated ``<pad>`` token, as decoder
+    backbones with ``last_token`` pooling expect.
+    The ``llama`` vocabulary comes from the `tokenizers` BPE trainer, whose tie-breaking between equally
+    frequent pairs may differ between processes.
     """
     if style not in _STYLES:
         raise ValueError(f"unknown tokenizer style {style!r}; choose one of {_STYLES}")
@@ -35,10 +40,10 @@ def train_tokenizer(
         raise ValueError("train_tokenizer needs at least one text to learn a vocabulary from")
 
     if style == "bert":
-        tok = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"))
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=_BERT_SPECIALS)
-        tok.train_from_iterator(texts, trainer=trainer)
-        return _wrap_bert(tok, model_max_length)
+        return _wrap_bert(
+            _bert_tokenizer(models.WordPiece(vocab=_wordpiece_vocab(texts, vocab_size), unk_token="[UNK]")),
+            model_max_length,
+        )
 
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -65,6 +70,27 @@ def train_tokenizer(
 
 
 _BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _wordpiece_vocab(texts: list[str], vocab_size: int) -> dict[str, int]:
+    """A deterministic WordPiece vocabulary: specials, every character seen (word-initial and ``##``
+    continuation), then the most frequent whole words (ties broken alphabetically) up to ``vocab_size``.
+
+    The `tokenizers` WordPiece/BPE trainers break frequency ties in hash-map order, so the same texts give
+    a different vocabulary in every process; this one is identical everywhere. Words outside the
+    vocabulary fall back to character pieces (greedy longest match, as in BERT's WordPiece).
+    """
+    probe = _bert_tokenizer(models.WordPiece(vocab={"[UNK]": 0}, unk_token="[UNK]"))
+    counts: Counter[str] = Counter()
+    for text in texts:  # data preparation, once per run
+        normalized = probe.normalizer.normalize_str(text)
+        counts.update(word for word, _ in probe.pre_tokenizer.pre_tokenize_str(normalized))
+    chars = sorted({c for word in counts for c in word})
+    pieces = [*_BERT_SPECIALS, *chars, *(f"##{c}" for c in chars)]
+    seen = set(pieces)
+    budget = max(vocab_size - len(pieces), 0)
+    ranked = sorted((w for w in counts if w not in seen), key=lambda w: (-counts[w], w))
+    return {tok: i for i, tok in enumerate([*pieces, *ranked[:budget]])}
 
 
 def _bert_tokenizer(model: models.Model) -> Tokenizer:
@@ -97,9 +123,8 @@ def _wrap_bert(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast
 def word_level_tokenizer(words: Iterable[str], model_max_length: int = 512) -> PreTrainedTokenizerFast:
     """A BERT-style tokenizer whose vocabulary is exactly ``words`` (lower-cased, sorted) plus the specials.
 
-    Unlike :func:`train_tokenizer` — whose WordPiece trainer breaks frequency ties differently in every
-    process, so the vocabulary (and every id) can change between runs on the same texts — this is fully
-    deterministic: use it where runs must be reproducible bit for bit (tests, fixed-vocabulary corpora).
+    Use it where the vocabulary must not depend on a training corpus at all (tests, fixed-vocabulary
+    corpora); :func:`train_tokenizer` learns subwords from texts.
     """
     vocab_words = sorted({w.lower() for w in words} - set(_BERT_SPECIALS))
     if not vocab_words:
