@@ -20,7 +20,29 @@ from typing import Any
 CARD_FILE = "README.md"
 CARD_DATA_FILE = "card_data.json"
 KINDS = ("encoder", "classifier")
-TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "model_cards")
+_REPO_TEMPLATES = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "model_cards"
+)
+
+
+def _template_dir() -> str:
+    """The repository's model_cards/ (source checkout, editable install), else the copy a wheel installs
+    under ``<prefix>/share/hf_mlcl/model_cards`` (pyproject's data-files; prefix = the environment, or
+    the user base for ``pip install --user``)."""
+    import site
+    import sys
+
+    candidates = [_REPO_TEMPLATES]
+    for prefix in (sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None)):
+        if prefix:
+            candidates.append(os.path.join(prefix, "share", "hf_mlcl", "model_cards"))
+    for folder in candidates:
+        if os.path.isfile(os.path.join(folder, "encoder.md")):
+            return folder
+    return _REPO_TEMPLATES
+
+
+TEMPLATE_DIR = _template_dir()
 
 # name -> (display name, citation line, BibTeX). Canonical loss names of hf_mlcl.losses.
 LOSS_PAPERS: dict[str, dict[str, str]] = {
@@ -247,7 +269,9 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     template_path = template_path or os.path.join(TEMPLATE_DIR, f"{card.kind}.md")
     if not os.path.isfile(template_path):
         raise FileNotFoundError(
-            f"model card template {template_path} is missing; it ships in the repository's model_cards/ folder"
+            f"model card template {template_path} is missing; it ships in the repository's model_cards/ folder "
+            "and a wheel installs it under <prefix>/share/hf_mlcl/model_cards: reinstall hf_mlcl, or pass "
+            "template_path="
         )
     results = eval_results(card)
     name = card.model_name or f"hf-mlcl-{card.kind}"
