@@ -338,12 +338,13 @@ def train_probe(
     }
     if probing_args.probe == "logistic":
         metrics.update(trainer.fit_logistic(ds["validation"]))
+        val_scores, val_truth = trainer.logistic_validation_scores  # no second pass over validation
     else:
         resume = probing_args.resume_from_checkpoint
         if isinstance(resume, str) and resume.lower() in ("true", "false"):
             resume = resume.lower() == "true" or None
         metrics.update(trainer.train(resume_from_checkpoint=resume).metrics)
-    val_scores, val_truth = trainer.predict_scores(ds["validation"])
+        val_scores, val_truth = trainer.predict_scores(ds["validation"])
     threshold = trainer.tune_threshold(val_scores, val_truth)
     metrics.update(trainer.split_metrics(val_scores, val_truth, "validation"))
     if "test" in ds and len(ds["test"]):

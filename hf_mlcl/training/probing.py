@@ -294,6 +294,8 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
 
         The fitted (standardisation-folded) weights are copied into the model's linear head, so
         ``predict`` / ``save_model`` then behave as for the trained probes. Returns fit statistics.
+        With a validation split, ``self.logistic_validation_scores`` holds its (probabilities, truth)
+        from the cached features, so the threshold can be tuned without encoding it again.
         """
         model = self.accelerator.unwrap_model(self.model)
         if getattr(model.config, "head", "linear") != "linear":
@@ -314,4 +316,8 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
         with torch.no_grad():
             head.weight.copy_(torch.as_tensor(w, dtype=head.weight.dtype))
             head.bias.copy_(torch.as_tensor(b, dtype=head.bias.dtype))
+            if x_va is not None:  # the fitted head on the cached features = what predict() would return
+                feats = torch.as_tensor(x_va, dtype=head.weight.dtype, device=head.weight.device)
+                logits = head(feats).float().cpu().numpy()
+                self.logistic_validation_scores = (_sigmoid(logits.astype(np.float64)), y_va)
         return {"logistic_num_train": int(x_tr.shape[0]), "logistic_median_C": float(np.nanmedian(chosen))}

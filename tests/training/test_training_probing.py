@@ -70,6 +70,19 @@ def test_fit_logistic_probe_folds_standardisation_like_sklearn():
     assert chosen[0] == 0.5 and np.isnan(chosen[2])
 
 
+def test_logistic_probe_validation_scores_equal_predict(tmp_path, tok):
+    """The validation scores kept by fit_logistic (from cached features) are what predict() gives."""
+    clf = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=True)
+    tr = ProbingTrainer(model=clf, args=_args(tmp_path, probe="logistic"), train_dataset=tiny_split(32),
+                        eval_dataset=tiny_split(16, 1), data_collator=collator(tok))  # fmt: skip
+    val = tiny_split(16, 1)
+    tr.fit_logistic(val)
+    cached, cached_truth = tr.logistic_validation_scores
+    scores, truth = tr.predict_scores(val)
+    np.testing.assert_allclose(cached, scores, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(cached_truth, truth) and cached.shape == (16, 4) and cached.std() > 0
+
+
 def test_probing_bad_configurations(tmp_path, tok):
     ds = tiny_split(8)
     unfrozen = MLCLForMultiLabelClassification.from_encoder(
