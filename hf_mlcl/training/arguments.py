@@ -101,14 +101,27 @@ class DataArguments:
     max_length: int = field(
         default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
     )
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    max_test_samples: int | None = None
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep this many training examples (the first rows, or see subset_seed)."}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Cap of the validation split."})
+    max_test_samples: int | None = field(default=None, metadata={"help": "Cap of the test split."})
+    subset_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "With max_*_samples: take a random subset drawn with this seed instead of the first rows "
+            "(the same seed gives the same rows on every machine)."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.dataset_options = _as_dict(self.dataset_options, "dataset_options") or {}
         if self.max_length <= 0:
             raise ValueError(f"max_length must be positive; got {self.max_length}")
+        for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive number of examples or None (all); got {value}")
 
 
 @dataclass

@@ -59,7 +59,8 @@ def is_mlcl_checkpoint(path: str | None) -> bool:
 
 
 def load_data(data_args: DataArguments):
-    """``load_mlc_dataset`` with the ``max_*_samples`` caps applied; returns (DatasetDict, label names)."""
+    """``load_mlc_dataset`` with the ``max_*_samples`` caps applied (first rows, or a random subset drawn
+    with ``subset_seed``); returns (DatasetDict, label names)."""
     from hf_mlcl.data import label_names, load_mlc_dataset
 
     ds = load_mlc_dataset(data_args.dataset, data_dir=data_args.data_dir, **(data_args.dataset_options or {}))
@@ -69,7 +70,11 @@ def load_data(data_args: DataArguments):
         ("test", data_args.max_test_samples),
     ):
         if cap is not None and split in ds and len(ds[split]) > cap:
-            ds[split] = ds[split].select(range(int(cap)))
+            if data_args.subset_seed is None:
+                ds[split] = ds[split].select(range(int(cap)))
+            else:  # a seeded random subset, kept in file order
+                rows = np.random.default_rng(data_args.subset_seed).choice(len(ds[split]), int(cap), replace=False)
+                ds[split] = ds[split].select(np.sort(rows))
     for split in ("train", "validation"):
         if split not in ds:
             raise ValueError(f"dataset {data_args.dataset!r} has no {split!r} split (splits: {list(ds)})")

@@ -128,6 +128,29 @@ def _data_args():
     return DataArguments(dataset="synthetic", dataset_options=json.dumps(opts), max_length=32)
 
 
+def test_load_data_caps_first_rows_or_a_seeded_random_subset():
+    from hf_mlcl.training.entry import load_data
+
+    full, _ = load_data(_data_args())
+    first = _data_args()
+    first.max_train_samples, first.max_eval_samples = 10, 5
+    ds, names = load_data(first)
+    assert len(ds["train"]) == 10 and len(ds["validation"]) == 5 and len(ds["test"]) == 32 and len(names) == 6
+    assert ds["train"]["text"] == full["train"]["text"][:10]
+
+    def seeded(seed):
+        args = _data_args()
+        args.max_train_samples, args.subset_seed = 10, seed
+        return load_data(args)[0]["train"]["text"]
+
+    a, b, c = seeded(3), seeded(3), seeded(4)
+    assert a == b and a != c and a != full["train"]["text"][:10]
+    positions = [full["train"]["text"].index(t) for t in a]
+    assert positions == sorted(positions) and len(set(positions)) == 10  # distinct rows, file order kept
+    with pytest.raises(ValueError, match="max_train_samples must be a positive"):
+        DataArguments(max_train_samples=0)
+
+
 def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
