@@ -1,0 +1,23 @@
+"""The GPU throughput benchmark of docs/RESULTS.md runs end to end (tiny Llama + LoRA on CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_stage1_throughput_benchmark_prints_its_figures():
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "stage1_throughput.py"), "--model", "llama",
+           "--llama-size", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--max-length", "16"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = out.stdout
+    assert "model=llama-tiny+lora" in text and "measured_steps=3" in text
+    trainable = float(re.search(r"trainable=([\d.]+)M", text).group(1))
+    total = float(re.search(r"params=([\d.]+)M", text).group(1))
+    assert 0 < trainable < total  # LoRA: only adapters + projection head train
+    assert float(re.search(r"throughput ([\d.]+) samples/s", text).group(1)) > 0
+    assert re.search(r"peak (RSS|GPU memory).* [\d.]+ GiB", text)
