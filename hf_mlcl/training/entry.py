@@ -230,10 +230,13 @@ def train_contrastive(
     Resumes from ``training_args.resume_from_checkpoint`` when set (a path, or True for the last
     checkpoint in ``output_dir``). Writes into ``output_dir`` what the module docstring lists.
     """
+    from transformers import set_seed
+
     from hf_mlcl.data import MultiLabelCollator
 
     from .contrastive import ContrastiveTrainer
 
+    set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
     ds, names = load_data(data_args)
     tokenizer, encoder = build_tokenizer_and_encoder(
         model_args, ds["train"]["text"], training_args.projection_dim
@@ -305,11 +308,14 @@ def train_probe(
     encoder, ``"finetune"`` trains it. The threshold is tuned on validation per
     ``probing_args.threshold`` and the test split (if any) is scored with it.
     """
+    from transformers import set_seed
+
     from hf_mlcl.data import MultiLabelCollator
     from hf_mlcl.modeling.modeling_mlcl import MLCLForMultiLabelClassification
 
     from .probing import ProbingTrainer
 
+    set_seed(probing_args.seed)  # before the classifier head is initialised
     ds, names = load_data(data_args)
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], source=encoder_path)
     if hasattr(encoder, "merge_and_unload") or hasattr(

@@ -226,6 +226,34 @@ class _Recorder(TrainerCallback):
         self.events.append("train_end")
 
 
+def test_entry_points_are_reproducible_for_a_seed(tmp_path):
+    """Same seed -> identical weights and metrics: the seed is set before heads are initialised."""
+    from safetensors.torch import load_file
+
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
+
+    def stage1(name, seed):
+        cargs = ContrastiveTrainingArguments(
+            output_dir=str(tmp_path / name), loss="mulsupcon", projection_dim=16, per_device_train_batch_size=8,
+            max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0, seed=seed,
+        )  # fmt: skip
+        _, metrics = train_contrastive(model_args, _data_args(), cargs)
+        return metrics["train_loss"], load_file(str(tmp_path / name / "model.safetensors"))
+
+    (la, wa), (lb, wb), (_, wc) = stage1("a", 3), stage1("b", 3), stage1("c", 4)
+    assert la == lb and wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+
+    def stage2(name):
+        _, metrics = train_probe(ModelArguments(), _data_args(), _args(tmp_path / name, probe="finetune", max_steps=2),
+                                 encoder_path=str(tmp_path / "a"))  # fmt: skip
+        return metrics, load_file(str(tmp_path / name / "model.safetensors"))
+
+    (ma, pa), (mb, pb) = stage2("p1"), stage2("p2")
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert ma["train_loss"] == mb["train_loss"] and ma["test_micro_f1"] == mb["test_micro_f1"]
+
+
 def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
     model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
     rec = _Recorder()
