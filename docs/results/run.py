@@ -51,6 +51,17 @@ def _patch_predict_scores() -> None:
     probing.ProbingTrainer.predict_scores = recorded
 
 
+def _git_commit() -> str | None:
+    """The repository commit the cell ran with (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
 def _write(path: str, data) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
@@ -80,7 +91,8 @@ def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str], f
         with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
             return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
-    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra}
+    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra,
+                    "git_commit": _git_commit()}
     wall: dict[str, float] = {}
 
     encoder_path = None
