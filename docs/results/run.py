@@ -73,7 +73,9 @@ def _recipe_path(dataset: str, loss: str) -> str:
     return os.path.join(REPO, "recipes", "cpu", dataset, f"{'bce' if loss == 'pretrained' else loss}.yaml")
 
 
-def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str], force: bool = False) -> dict:
+def run_cell(
+    dataset: str, loss: str, probe: str, seed: int, extra: list[str], force: bool = False, tag: str | None = None
+) -> dict:
     import numpy as np
 
     from hf_mlcl.evaluation import per_label_f1
@@ -85,13 +87,14 @@ def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str], f
     recipe = load_recipe(_recipe_path(dataset, loss))
     minilm = find_minilm()
     run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
-    out_dir = os.path.join(RESULTS, dataset, f"{loss}_{probe}", f"seed{seed}")
+    cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
+    out_dir = os.path.join(RESULTS, dataset, cell, f"seed{seed}")
     if not force and os.path.isfile(os.path.join(out_dir, "metrics.json")):
-        print(f"SKIP {dataset} {loss}_{probe} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
+        print(f"SKIP {dataset} {cell} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
         with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
             return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
-    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra,
+    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra, "tag": tag,
                     "git_commit": _git_commit()}
     wall: dict[str, float] = {}
 
@@ -124,7 +127,8 @@ def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str], f
     _patch_predict_scores()
     _captured.clear()
     ov = split_overrides(tokens, ["probe"])
-    m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=os.path.join(run_dir, probe))
+    probe_dir = os.path.join(run_dir, probe + (f"-{tag}" if tag else ""))
+    m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=probe_dir)
     if loss == "bce":
         p_args.loss = "bce"
     t0 = time.time()
@@ -163,9 +167,9 @@ def run_cell(dataset: str, loss: str, probe: str, seed: int, extra: list[str], f
         },
     )
     _write(os.path.join(out_dir, "metrics.json"), result)
-    shutil.copy(os.path.join(run_dir, probe, "thresholds.json"), os.path.join(out_dir, "thresholds.json"))
+    shutil.copy(os.path.join(probe_dir, "thresholds.json"), os.path.join(out_dir, "thresholds.json"))
     print(
-        f"RESULT {dataset} {loss}_{probe} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
+        f"RESULT {dataset} {cell} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
         f"macro-F1 {metrics.get('test_macro_f1'):.4f} wall {wall}",
         flush=True,
     )
@@ -207,11 +211,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loss", required=True)
     ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow); "
+                    "the stage-1 encoder of the (dataset, loss, seed) is shared")
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
     ap.add_argument("--n", type=int, default=2000, help="embed: number of test examples plotted")
     args, extra = ap.parse_known_args(argv)
     if args.command == "cell":
-        run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force)
+        run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag)
     else:
         run_embed(args.dataset, args.loss, args.seed, args.n)
 

@@ -4,6 +4,7 @@
 #   bash docs/results/run_all.sh phase2     # seeds 2-3 (BCE, jaccard, hbl), jaccard fine-tune, embedding plots
 #   bash docs/results/run_all.sh phase3     # GoEmotions: fine-tune after every loss, seeds 2-3 for every loss
 #   bash docs/results/run_all.sh aapd       # AAPD held-out split, seed 1: every loss + logistic probe and fine-tune
+#   bash docs/results/run_all.sh budget     # GoEmotions fine-tuning with 10 epochs instead of 2 (BCE, hbl)
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
 # with OMP_NUM_THREADS=1 each.
 # Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
@@ -41,5 +42,10 @@ aapd)     # AAPD held-out split (build it first: python docs/results/make_aapd_s
   for L in $LOSSES; do cell aapd --loss $L --probe logistic --seed 1; done
   for L in $LOSSES; do cell aapd --loss $L --probe finetune --seed 1; done
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd" ; exit 2 ;;
+budget)   # is the weak fine-tuning a budget artefact? 10 epochs (200 steps) instead of 2, same lr
+  for S in 1 2 3; do for L in bce hbl; do
+    cell goemotions --loss $L --probe finetune --seed $S --tag 10ep --probe.num_train_epochs 10
+  done; done
+  ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd|budget" ; exit 2 ;;
 esac
