@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Exact commands behind docs/RESULTS.md (CPU, 2 shared cores). Run from the repository root:
 #   bash docs/results/run_all.sh phase1     # GoEmotions, seed 1, every loss + logistic probe, BCE fine-tune
-#   bash docs/results/run_all.sh phase2     # seeds 2-3 (BCE, jaccard, hbl), jaccard fine-tune, embedding plots
+#   bash docs/results/run_all.sh phase2     # seeds 2-3 (BCE, jaccard, hbl), jaccard fine-tune
 #   bash docs/results/run_all.sh phase3     # GoEmotions: fine-tune after every loss, seeds 2-3 for every loss
 #   bash docs/results/run_all.sh aapd       # AAPD held-out split, seed 1: every loss + logistic probe and fine-tune
 #   bash docs/results/run_all.sh budget     # GoEmotions fine-tuning with 10 epochs instead of 2 (BCE, hbl)
+#   bash docs/results/run_all.sh aapd-budget  # AAPD fine-tuning with 10 epochs (BCE, jaccard)
+#   bash docs/results/run_all.sh plots      # embedding projections of the best / worst loss
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
 # with OMP_NUM_THREADS=1 each.
 # Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
@@ -22,12 +24,14 @@ phase1)
   cell goemotions --loss bce --probe finetune --seed 1
   for L in $LOSSES; do cell goemotions --loss $L --probe logistic --seed 1; done
   ;;
-phase2)   # extra seeds for BCE and the two best losses of phase 1 (by test macro-F1), one fine-tune, plots
+phase2)   # extra seeds for BCE and the two best losses of phase 1 (by test macro-F1), one fine-tune
   for S in 2 3; do for L in jaccard hbl; do cell goemotions --loss $L --probe logistic --seed $S; done; done
   for S in 2 3; do cell goemotions --loss bce --probe finetune --seed $S; done
   cell goemotions --loss jaccard --probe finetune --seed 1
-  $R embed goemotions --loss jaccard --seed 1 --n 1000   # best probe macro-F1
-  $R embed goemotions --loss any --seed 1 --n 1000       # worst probe macro-F1
+  ;;
+plots)    # 2-D projections for the best / worst stage-1 loss by 3-seed mean probe macro-F1 (after phase3)
+  $R embed goemotions --loss hbl --seed 1 --n 1000   # best: mulsupcon + hbl, 0.185
+  $R embed goemotions --loss msc --seed 1 --n 1000   # worst: msc, 0.173
   ;;
 phase3)   # GoEmotions: fine-tuning after every loss, seeds 2-3 for every loss (session 2)
   for L in $LOSSES; do cell goemotions --loss $L --probe finetune --seed 1; done
@@ -47,5 +51,9 @@ budget)   # is the weak fine-tuning a budget artefact? 10 epochs (200 steps) ins
     cell goemotions --loss $L --probe finetune --seed $S --tag 10ep --probe.num_train_epochs 10
   done; done
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd|budget" ; exit 2 ;;
+aapd-budget)  # AAPD fine-tuning with 10 epochs (320 steps): BCE and the best loss by dev macro-F1 (jaccard)
+  cell aapd --loss bce --probe finetune --seed 1 --tag 10ep --probe.num_train_epochs 10
+  cell aapd --loss jaccard --probe finetune --seed 1 --tag 10ep --probe.num_train_epochs 10
+  ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots" ; exit 2 ;;
 esac
