@@ -124,14 +124,6 @@ def score_classifier(model, tokenizer, dataset, num_labels: int, max_length: int
     return np.concatenate(scores), np.concatenate(truth) > 0.5
 
 
-def train_label_frequency(train_split, num_labels: int):
-    """(L,) number of training documents per label, from the split's label-id lists."""
-    import numpy as np
-
-    ids = [np.asarray(x, dtype=np.int64) for x in train_split["labels"]]
-    return np.bincount(np.concatenate(ids) if ids else np.zeros(0, np.int64), minlength=num_labels)
-
-
 def evaluate_checkpoint(
     checkpoint: str,
     data_args,
@@ -146,6 +138,7 @@ def evaluate_checkpoint(
     import numpy as np
     from transformers import AutoTokenizer
 
+    from hf_mlcl.data import train_frequency
     from hf_mlcl.evaluation import compute_multilabel_metrics, per_label_f1, plot_f1_vs_frequency
     from hf_mlcl.hub.model_card import atomic_write_text
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
@@ -170,7 +163,7 @@ def evaluate_checkpoint(
     os.makedirs(out, exist_ok=True)
     atomic_write_text(os.path.join(out, f"eval_{split}.json"), json.dumps(metrics, indent=2, sort_keys=True))
     if plots and len(ds["train"]):
-        freq = train_label_frequency(ds["train"], len(names))
+        freq = train_frequency(ds["train"], len(names))
         f1 = per_label_f1(truth, scores >= threshold)
         plot_f1_vs_frequency(f1, freq, os.path.join(out, PLOTS_DIR, f"f1_vs_frequency_{split}.png"),
                              title=f"{data_args.dataset}: per-label F1 ({split})")

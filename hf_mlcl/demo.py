@@ -84,8 +84,8 @@ def run_demo(
         run_contrastive_stage,
         run_probe_stage,
         score_classifier,
-        train_label_frequency,
     )
+    from hf_mlcl.data import train_frequency
     from hf_mlcl.data.tokenizer import train_tokenizer
     from hf_mlcl.evaluation import (
         embedding_quality,
@@ -199,7 +199,7 @@ def run_demo(
     # 4. evaluation, table, plots ---------------------------------------------------------------------
     _say("scoring the test split, embedding quality and plots")
     split = "test" if "test" in ds and len(ds["test"]) else "validation"
-    train_freq = train_label_frequency(ds["train"], len(names))
+    train_freq = train_frequency(ds["train"], len(names))
     rows, f1s = [], {}
     for name, folder in methods.items():
         with open(os.path.join(folder, "metrics.json"), encoding="utf-8") as fh:

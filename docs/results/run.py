@@ -78,9 +78,10 @@ def run_cell(
 ) -> dict:
     import numpy as np
 
+    from hf_mlcl.data import label_names, train_frequency
     from hf_mlcl.evaluation import per_label_f1
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.entry import load_data, train_contrastive, train_probe
+    from hf_mlcl.training.entry import train_contrastive, train_probe
     from hf_mlcl.utils import find_minilm
 
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
@@ -132,7 +133,7 @@ def run_cell(
     if loss == "bce":
         p_args.loss = "bce"
     t0 = time.time()
-    _, metrics = train_probe(m_args, d_args, p_args, encoder_path=encoder_path)
+    trainer, metrics = train_probe(m_args, d_args, p_args, encoder_path=encoder_path)
     wall["probe_s"] = round(time.time() - t0, 1)
     result["probe_args"] = {
         k: getattr(p_args, k)
@@ -153,10 +154,9 @@ def run_cell(
     scores, truth = _captured[-1]
     thr = np.asarray(metrics["threshold"], dtype=np.float64)
     f1 = per_label_f1(truth, scores >= thr)
-    ds, names = load_data(d_args)
-    train_count = np.zeros(len(names), dtype=np.int64)
-    for labs in ds["train"]["labels"]:
-        train_count[labs] += 1
+    train_split = trainer.train_dataset
+    names = label_names(train_split)
+    train_count = train_frequency(train_split, len(names))
     _write(
         os.path.join(out_dir, "per_label_f1.json"),
         {

@@ -203,10 +203,13 @@ def build_split(
 
 
 def train_frequency(dataset, num_labels: int | None = None) -> np.ndarray:
-    """Per-label occurrence counts of a Dataset's ``labels`` column (vectorised with bincount)."""
+    """Per-label occurrence counts of a Dataset's ``labels`` column (vectorised with bincount).
+
+    Reads the column through the dataset's row selection, so subsets made with ``select`` / ``shuffle``
+    (which keep the full table plus an indices mapping) are counted correctly."""
     if num_labels is None:
         num_labels = len(label_names(dataset))
-    col = dataset.data.column("labels").combine_chunks()
+    col = dataset.with_format("arrow")["labels"].combine_chunks()
     flat = np.asarray(col.flatten(), dtype=np.int64) if len(col) else np.zeros(0, np.int64)
     return np.bincount(flat, minlength=num_labels)
 

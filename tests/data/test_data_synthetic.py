@@ -106,6 +106,17 @@ def test_long_documents_fast_and_sparse_labels():
     assert train_frequency(ds).sum() == sum(len(y) for y in labels)
 
 
+def test_train_frequency_counts_only_the_selected_rows():
+    """select()/shuffle() keep the whole table plus an indices mapping; counts must follow the mapping."""
+    ds = make_synthetic_corpus(num_labels=6, num_train=50, num_validation=5, num_test=5, seed=0)["train"]
+    for sub in (ds.select([3, 10, 20, 40]), ds.shuffle(seed=1).select(range(7)), ds.select(range(5))):
+        expected = np.zeros(6, dtype=np.int64)
+        for ids in sub["labels"]:
+            expected[ids] += 1
+        assert np.array_equal(train_frequency(sub, 6), expected)
+    assert train_frequency(ds.select([]), 6).tolist() == [0] * 6
+
+
 def test_arrow_text_assembly_matches_word_join():
     gen = SyntheticCorpusGenerator(num_labels=15, min_words=1, max_words=12, seed=5)
     table = gen.generate_arrow(50, np.random.default_rng(3))
