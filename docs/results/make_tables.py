@@ -54,6 +54,18 @@ def summary(cells, loss: str, probe: str, key: str) -> list[float]:
     return [float(r["metrics"][key]) for r in cells.get((loss, probe), []) if key in r["metrics"]]
 
 
+def _f1_cells(cells, loss: str, probe: str) -> str:
+    """The "micro-F1 | macro-F1" cells of one (loss, probe) over its seeds."""
+    return (
+        f"{_fmt(summary(cells, loss, probe, 'test_micro_f1'))} | {_fmt(summary(cells, loss, probe, 'test_macro_f1'))}"
+    )
+
+
+def _mean_wall(runs: list[dict], key: str) -> str:
+    v = [r["wall_s"].get(key) for r in runs if r["wall_s"].get(key) is not None]
+    return f"{np.mean(v):.0f}" if v else "—"
+
+
 def table(dataset: str) -> str:
     cells = load(dataset)
     head = (
@@ -65,18 +77,10 @@ def table(dataset: str) -> str:
         lp, ft = cells.get((loss, "logistic"), []), cells.get((loss, "finetune"), [])
         if not lp and not ft:
             continue
-
-        def wall(rs, key):
-            v = [r["wall_s"].get(key) for r in rs if r["wall_s"].get(key) is not None]
-            return f"{np.mean(v):.0f}" if v else "—"
-
         seeds = sorted({r["seed"] for r in lp + ft})
         rows.append(
-            f"| {NAMES.get(loss, loss)} | {_fmt(summary(cells, loss, 'logistic', 'test_micro_f1'))} "
-            f"| {_fmt(summary(cells, loss, 'logistic', 'test_macro_f1'))} "
-            f"| {_fmt(summary(cells, loss, 'finetune', 'test_micro_f1'))} "
-            f"| {_fmt(summary(cells, loss, 'finetune', 'test_macro_f1'))} "
-            f"| {wall(lp + ft, 'stage1_s')} | {wall(lp, 'probe_s')} | {wall(ft, 'probe_s')} "
+            f"| {NAMES.get(loss, loss)} | {_f1_cells(cells, loss, 'logistic')} | {_f1_cells(cells, loss, 'finetune')} "
+            f"| {_mean_wall(lp + ft, 'stage1_s')} | {_mean_wall(lp, 'probe_s')} | {_mean_wall(ft, 'probe_s')} "
             f"| {','.join(map(str, seeds))} |"
         )
     return "\n".join(rows)
@@ -88,12 +92,9 @@ def variants_table(dataset: str) -> str:
     rows = ["| stage 1 loss | stage 2 variant | overrides | test micro-F1 | test macro-F1 | stage 2 s | seeds |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for (loss, probe), rs in sorted(cells.items(), key=lambda kv: (ORDER.index(kv[0][0]), kv[0][1])):
-        wall = [r["wall_s"]["probe_s"] for r in rs if r["wall_s"].get("probe_s") is not None]
         rows.append(
-            f"| {NAMES.get(loss, loss)} | {probe} | `{' '.join(rs[0]['overrides'])}` "
-            f"| {_fmt(summary(cells, loss, probe, 'test_micro_f1'))} "
-            f"| {_fmt(summary(cells, loss, probe, 'test_macro_f1'))} "
-            f"| {np.mean(wall):.0f} | {','.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} |"
+            f"| {NAMES.get(loss, loss)} | {probe} | `{' '.join(rs[0]['overrides'])}` | {_f1_cells(cells, loss, probe)} "
+            f"| {_mean_wall(rs, 'probe_s')} | {','.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} |"
         )
     return "\n".join(rows)
 
