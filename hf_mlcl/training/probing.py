@@ -302,6 +302,7 @@ class ProbingTrainer(KeepColumnsMixin, Trainer):
             raise ValueError("the logistic probe needs head='linear'")
         x_tr, y_tr = self.pooled_features(self.train_dataset)
         x_va = y_va = None
+        self.logistic_validation_scores = None  # never left over from an earlier fit
         if validation_dataset is not None:
             x_va, y_va = self.pooled_features(validation_dataset)
         w, b, chosen = fit_logistic_probe(
