@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import relations as R
+from .fused import fused_contrastive_loss
 
 __all__ = [
     "ContrastContext",
@@ -144,16 +145,23 @@ class ContrastContext:
     """Validated inputs of one forward call plus lazily computed label relations.
 
     Attributes:
+        embeddings / key_embeddings: the inputs in ``dtype`` as given (not normalised).
         anchors: (N, D) anchor embeddings in ``dtype`` (L2-normalised when the loss normalises).
+        keys: (K, D) key embeddings, likewise, or None.
         candidates: (M, D) = [anchors; keys], M = N + K.
         anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
-        num_anchors, num_keys, temperature, dtype.
+        num_anchors, num_keys, temperature, dtype, normalize.
         logits: (N, M) = anchors @ candidates^T / temperature.
         self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column).
         contrast_mask: (N, M) bool = ~self_mask.
     Cached relations (exact integer counts, returned in ``dtype`` so float64 stays exact):
     ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
     ``union``, ``equal``, ``jaccard``, ``shares_label`` (inter > 0).
+
+    Everything is computed on first use. The embeddings' finiteness check (a full pass) runs when
+    ``anchors`` / ``keys`` are first read — before any general-path computation — or, for the fused
+    kernel (:meth:`fused`), on the scalar result: non-finite inputs always give a non-finite loss
+    there, and :meth:`ContrastiveLoss.compute_and_record` then runs the full check, which raises.
     """
 
     def __init__(
@@ -163,26 +171,77 @@ class ContrastContext:
         keys: Tensor | None,
         key_labels: Tensor | None,
         temperature: float,
+        normalize: bool = False,
+        checked: bool = True,
     ) -> None:
-        self.anchors = anchors
-        self.keys = keys
+        self.embeddings = anchors
+        self.key_embeddings = keys
+        self.normalize = bool(normalize)
+        self.checked = bool(checked)
+        self.fused_used = False
         self.dtype = anchors.dtype
         self.temperature = temperature
         self.num_anchors = anchors.shape[0]
         self.num_keys = 0 if keys is None else keys.shape[0]
-        self.candidates = anchors if keys is None else torch.cat([anchors, keys], dim=0)
         self.anchor_labels = anchor_labels
         self.key_labels = key_labels
         self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
-        n, m = self.num_anchors, self.candidates.shape[0]
-        self.self_mask = torch.zeros(n, m, dtype=torch.bool, device=anchors.device)
-        if n:
-            self.self_mask[:, :n] = torch.eye(n, dtype=torch.bool, device=anchors.device)
-        self.contrast_mask = ~self.self_mask
+
+    def check_finite(self) -> None:
+        """The full NaN / inf check of the embeddings (ValueError naming the tensor), once."""
+        if not self.checked:
+            _check_finite(self.embeddings, "embeddings")
+            if self.key_embeddings is not None:
+                _check_finite(self.key_embeddings, "key_embeddings")
+            self.checked = True
+
+    @cached_property
+    def anchors(self) -> Tensor:
+        self.check_finite()
+        return F.normalize(self.embeddings, dim=-1) if self.normalize else self.embeddings
+
+    @cached_property
+    def keys(self) -> Tensor | None:
+        self.check_finite()
+        k = self.key_embeddings
+        return F.normalize(k, dim=-1) if (self.normalize and k is not None) else k
 
     @property
     def device(self) -> torch.device:
-        return self.anchors.device
+        return self.embeddings.device
+
+    def fused(
+        self, weights: Tensor, coef: Tensor, **kwargs
+    ) -> tuple[Tensor, Tensor]:
+        """:func:`~hf_mlcl.losses.fused.fused_contrastive_loss` on this context's embeddings
+        (normalised inside the kernel); ``kwargs`` as there. Marks the result as fused (the
+        finiteness check moves to the scalar, see the class docstring)."""
+        self.fused_used = True
+        return fused_contrastive_loss(
+            self.embeddings, self.key_embeddings, weights, coef, self.temperature,
+            normalize=self.normalize, **kwargs,
+        )  # fmt: skip
+
+    @property
+    def num_candidates(self) -> int:
+        return self.num_anchors + self.num_keys
+
+    @cached_property
+    def contrast_mask(self) -> Tensor:
+        """(N, M) bool: True where candidate a is in the contrast set of anchor i (all but (i, i))."""
+        mask = torch.ones(self.num_anchors, self.num_candidates, dtype=torch.bool, device=self.device)
+        mask.diagonal().fill_(False)
+        return mask
+
+    @cached_property
+    def self_mask(self) -> Tensor:
+        """(N, M) bool, True at (i, i) (the anchor's own in-batch column)."""
+        return ~self.contrast_mask
+
+    @cached_property
+    def candidates(self) -> Tensor:
+        """(M, D) = [anchors; keys] (the anchors themselves when there are no keys)."""
+        return self.anchors if self.keys is None else torch.cat([self.anchors, self.keys], dim=0)
 
     @cached_property
     def logits(self) -> Tensor:
@@ -219,10 +278,47 @@ class ContrastContext:
 
     def zero(self) -> Tensor:
         """A scalar zero connected to the graph of the embeddings."""
-        return self.anchors.sum() * 0.0 + (0.0 if self.keys is None else self.keys.sum() * 0.0)
+        k = self.key_embeddings
+        return self.embeddings.sum() * 0.0 + (0.0 if k is None else k.sum() * 0.0)
 
 
-def _check_embeddings(x: Tensor, name: str) -> None:
+def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
+    """The scalar loss of ``terms`` on the standard contrast set of ``ctx``, with the fused kernel.
+
+    Same contract as :func:`weighted_contrastive_loss` (valid anchors, normaliser, constant,
+    reduction) with the per-anchor factors folded into one coefficient
+    ``coef_i = valid_i / (norm_i * denominator)``, so that
+    loss = sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] - sum_i coef_i c_i
+    (:func:`hf_mlcl.losses.fused.fused_contrastive_loss`).
+    """
+    dtype = ctx.dtype
+    w = terms.weights.to(dtype)
+    if bool(w.diagonal().any()):  # the anchor's own column is outside its contrast set: drop it
+        w = w.clone()
+        w.diagonal().zero_()
+    wsum = w.sum(dim=1)
+    norm = terms.normalizer.to(dtype)
+    valid = (wsum > 0) & (norm > 0)
+    if terms.anchor_valid is not None:
+        valid = valid & terms.anchor_valid
+    if terms.reduction_denominator is None:
+        denom = valid.sum().clamp_min(1)
+    else:
+        denom = torch.as_tensor(terms.reduction_denominator, dtype=dtype, device=ctx.device)
+        denom = torch.where(denom > 0, denom, torch.ones_like(denom))
+    coef = torch.where(valid, (norm * denom).clamp_min(torch.finfo(dtype).tiny).reciprocal(), 0.0)
+    const = None if terms.constant is None else -torch.dot(coef, terms.constant.to(dtype))
+    return ctx.fused(w, coef, const=const, weight_sums=wsum)[0]
+
+
+def _check_finite(x: Tensor, name: str) -> None:
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{name} contain NaN or inf values; check the encoder output (learning rate, fp16 overflow)"
+        )
+
+
+def _check_embeddings(x: Tensor, name: str, finite: bool = True) -> None:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape (N, D), got {type(x).__name__}")
     if x.dim() != 2:
@@ -231,10 +327,8 @@ def _check_embeddings(x: Tensor, name: str) -> None:
         )
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.numel() and not bool(torch.isfinite(x).all()):
-        raise ValueError(
-            f"{name} contain NaN or inf values; check the encoder output (learning rate, fp16 overflow)"
-        )
+    if finite:
+        _check_finite(x, name)
 
 
 class ContrastiveLoss(nn.Module):
@@ -279,8 +373,12 @@ class ContrastiveLoss(nn.Module):
         key_embeddings: Tensor | None = None,
         key_labels: Tensor | None = None,
     ) -> ContrastContext:
-        """Validate inputs (ValueError naming the problem), upcast, normalise, build the context."""
-        _check_embeddings(embeddings, "embeddings")
+        """Validate inputs (ValueError naming the problem), upcast, build the context.
+
+        Normalisation and the NaN / inf check of the embeddings are deferred to the context (see
+        :class:`ContrastContext`); every check raises before the loss is returned.
+        """
+        _check_embeddings(embeddings, "embeddings", finite=False)
         if (key_embeddings is None) != (key_labels is None):
             raise ValueError("key_embeddings and key_labels must be given together (or both left None)")
         if key_embeddings is not None and not self.supports_keys:
@@ -295,7 +393,7 @@ class ContrastiveLoss(nn.Module):
             )
         yk = None
         if key_embeddings is not None:
-            _check_embeddings(key_embeddings, "key_embeddings")
+            _check_embeddings(key_embeddings, "key_embeddings", finite=False)
             if key_embeddings.shape[1] != embeddings.shape[1]:
                 raise ValueError(
                     f"embedding dim differs: embeddings have D={embeddings.shape[1]} but key_embeddings "
@@ -315,10 +413,8 @@ class ContrastiveLoss(nn.Module):
         dtype = compute_dtype_for(embeddings, key_embeddings)
         z = embeddings.to(dtype)
         k = None if key_embeddings is None else key_embeddings.to(device=embeddings.device, dtype=dtype)
-        if self.normalize:
-            z = F.normalize(z, dim=-1)
-            k = None if k is None else F.normalize(k, dim=-1)
-        return ContrastContext(z, y, k, yk, self.temperature)
+        # normalisation and the NaN / inf check happen on first use (ContrastContext)
+        return ContrastContext(z, y, k, yk, self.temperature, normalize=self.normalize, checked=False)
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
@@ -326,8 +422,15 @@ class ContrastiveLoss(nn.Module):
         raise NotImplementedError
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
-        """Loss and extra components from a prepared context (default: one engine call)."""
+        """Loss and extra components from a prepared context (default: one engine call).
+
+        Terms on the standard contrast set (no logits / mask / denominator-weight override) go
+        through the fused kernel (:func:`terms_loss`); the others through
+        :func:`weighted_contrastive_loss`. Both give the same value and first-order gradients.
+        """
         terms = self.build_terms(ctx)
+        if terms.logits is None and terms.contrast_mask is None and terms.log_denominator_weights is None:
+            return terms_loss(ctx, terms), dict(terms.components)
         logits = ctx.logits if terms.logits is None else terms.logits
         mask = ctx.contrast_mask if terms.contrast_mask is None else terms.contrast_mask
         loss, _, valid = weighted_contrastive_loss(
@@ -367,7 +470,10 @@ class ContrastiveLoss(nn.Module):
             loss, parts = ctx.zero(), {}
         else:
             loss, parts = self.compute(ctx)
-        comps = {"loss": float(loss.detach())}
+        value = float(loss.detach())
+        if not (ctx.fused_used and math.isfinite(value)):
+            ctx.check_finite()  # raises the named error when the inputs were not finite
+        comps = {"loss": value}
         for name, value in parts.items():
             comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)
         self.components = comps
