@@ -249,15 +249,17 @@ class ContrastContext:
 
     @cached_property
     def inter(self) -> Tensor:
-        return R.intersections(self.anchor_labels, self.candidate_labels).to(self.dtype)
+        return R.cast(R.intersections(self.anchor_labels, self.candidate_labels), self.dtype)
 
     @cached_property
     def anchor_sizes(self) -> Tensor:
-        return R.label_sizes(self.anchor_labels).to(self.dtype)
+        return R.cast(R.label_sizes(self.anchor_labels), self.dtype)
 
     @cached_property
     def candidate_sizes(self) -> Tensor:
-        return R.label_sizes(self.candidate_labels).to(self.dtype)
+        if self.candidate_labels is self.anchor_labels:
+            return self.anchor_sizes
+        return R.cast(R.label_sizes(self.candidate_labels), self.dtype)
 
     @cached_property
     def union(self) -> Tensor:
@@ -274,7 +276,9 @@ class ContrastContext:
     @cached_property
     def shares_label(self) -> Tensor:
         """(N, M) bool: S & T non-empty (and inside the contrast set)."""
-        return (self.inter > 0) & self.contrast_mask
+        shares = self.inter > 0
+        shares.diagonal().fill_(False)
+        return shares
 
     def zero(self) -> Tensor:
         """A scalar zero connected to the graph of the embeddings."""
@@ -292,22 +296,23 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     (:func:`hf_mlcl.losses.fused.fused_contrastive_loss`).
     """
     dtype = ctx.dtype
-    w = terms.weights.to(dtype)
+    w = R.cast(terms.weights, dtype)
     if bool(w.diagonal().any()):  # the anchor's own column is outside its contrast set: drop it
         w = w.clone()
         w.diagonal().zero_()
     wsum = w.sum(dim=1)
-    norm = terms.normalizer.to(dtype)
-    valid = (wsum > 0) & (norm > 0)
+    norm = R.cast(terms.normalizer, dtype)
+    valid = torch.minimum(wsum, norm) > 0  # has a positive (W >= 0) and a positive normaliser
     if terms.anchor_valid is not None:
         valid = valid & terms.anchor_valid
     if terms.reduction_denominator is None:
-        denom = valid.sum().clamp_min(1)
+        scale = 1.0 / max(int(valid.sum()), 1)
     else:
         denom = torch.as_tensor(terms.reduction_denominator, dtype=dtype, device=ctx.device)
-        denom = torch.where(denom > 0, denom, torch.ones_like(denom))
-    coef = torch.where(valid, (norm * denom).clamp_min(torch.finfo(dtype).tiny).reciprocal(), 0.0)
-    const = None if terms.constant is None else -torch.dot(coef, terms.constant.to(dtype))
+        scale = torch.where(denom > 0, denom, torch.ones_like(denom)).reciprocal()
+    # coef_i = valid_i / (norm_i * denominator): 1 / inf = 0 for the anchors that do not count
+    coef = torch.where(valid, norm, math.inf).reciprocal_().mul_(scale)
+    const = None if terms.constant is None else -torch.dot(coef, R.cast(terms.constant, dtype))
     return ctx.fused(w, coef, const=const, weight_sums=wsum)[0]
 
 
@@ -411,8 +416,12 @@ class ContrastiveLoss(nn.Module):
                     "anchors and keys must share one label space"
                 )
         dtype = compute_dtype_for(embeddings, key_embeddings)
-        z = embeddings.to(dtype)
-        k = None if key_embeddings is None else key_embeddings.to(device=embeddings.device, dtype=dtype)
+        z = R.cast(embeddings, dtype)
+        k = None
+        if key_embeddings is not None:
+            k = R.cast(key_embeddings, dtype)
+            if k.device != z.device:
+                k = k.to(z.device)
         # normalisation and the NaN / inf check happen on first use (ContrastContext)
         return ContrastContext(z, y, k, yk, self.temperature, normalize=self.normalize, checked=False)
 

@@ -36,9 +36,13 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .relations import cast
+
 __all__ = ["fused_contrastive_loss"]
 
 _NORM_EPS = 1e-12  # F.normalize's default
+# exp(-x) stays a normal number for x below these (float32 / float64 / others: no shortcut)
+_SAFE_EXP = {torch.float32: 80.0, torch.float64: 700.0}
 
 
 def _normalize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -72,6 +76,7 @@ class _FusedContrastive(torch.autograd.Function):
         inv_tau: float,
         log_d: float | None,
         normalize: bool,
+        extra_unit: bool,
     ) -> tuple[Tensor, Tensor]:
         n = anchors.shape[0]
         a_inv = a_act = k_inv = k_act = None
@@ -80,29 +85,41 @@ class _FusedContrastive(torch.autograd.Function):
             if keys is not None:
                 keys, k_inv, k_act = _normalize(keys)
         cands = anchors if keys is None else torch.cat([anchors, keys], dim=0)
-        zs = anchors * inv_tau
-        s = zs @ cands.T  # (N, M)
+        dtype = anchors.dtype
+        # Scores are shifted by a per-row constant C_i before exp (the usual max-subtraction); the
+        # shift cancels exactly in Wsum_i (log sum exp(s - C) + C) - sum_a W_ia s_ia, so the bracket
+        # is computed from the shifted scores alone. With unit-norm embeddings (and prototypes)
+        # s <= 1/tau, so C = 1/tau needs no max pass as long as exp(-2/tau) cannot underflow.
+        floor = 2.0 * inv_tau - min(0.0, log_d or 0.0)  # lowest shifted exponent
+        bound = normalize and (extra is None or extra_unit) and floor < _SAFE_EXP.get(dtype, 0.0)
+        shift = anchors.new_full((), -inv_tau) if bound else anchors.new_zeros(())
+        s = torch.addmm(shift, anchors, cands.T, alpha=inv_tau)  # (N, M) = s - C
         num = torch.linalg.vecdot(weights, s)  # W is 0 on the diagonal, where s is still finite
         s.diagonal().fill_(-math.inf)  # the anchor's own column leaves the contrast set
         if log_d is not None:
             s.add_(log_d)
-        rmax = s.amax(dim=1, keepdim=True)
-        sp = ep = None
+        sp = ep = rmax = None
         if extra is not None:
-            sp = zs @ extra.T  # (N, P): extra candidates with d = 1
-            rmax = torch.maximum(rmax, sp.amax(dim=1, keepdim=True))
+            sp = torch.addmm(shift, anchors, extra.T, alpha=inv_tau)  # (N, P) extra candidates, d = 1
             if extra_vals is not None and extra_vals.numel():
                 num = num.index_add(0, extra_rows, sp[extra_rows, extra_cols] * extra_vals)
-        # rows with an empty contrast set (a lone anchor, no keys) have max -inf: shift by a finite value
-        rmax = rmax.clamp_min_(torch.finfo(s.dtype).min)
-        e = s.sub_(rmax).exp_()  # exp(s - max), 0 on the diagonal; s is not needed any more
+        if not bound:
+            rmax = s.amax(dim=1, keepdim=True)
+            if sp is not None:
+                rmax = torch.maximum(rmax, sp.amax(dim=1, keepdim=True))
+            rmax = rmax.clamp_min_(torch.finfo(dtype).min)  # an empty contrast set has max -inf
+            s.sub_(rmax)
+            if sp is not None:
+                sp.sub_(rmax)
+            num = num - wsum * rmax.squeeze(1)
+        e = s.exp_()  # exp(s - C), 0 on the diagonal; s is not needed any more
         total = e.sum(dim=1)
-        if extra is not None:
-            ep = sp.sub_(rmax).exp_()
+        if sp is not None:
+            ep = sp.exp_()
             total = total + ep.sum(dim=1)
-        # LSE = log(total) + max; an empty contrast set has total = 0 and no weight: keep 0 * LSE = 0
-        lse = total.log().add_(rmax.squeeze(1)).clamp_min_(torch.finfo(total.dtype).min)
-        bracket = wsum * lse - num  # (N,) per-anchor [Wsum LSE - sum W s]
+        if e.shape[1] == 1 and ep is None:  # a lone anchor without keys: empty contrast set, no weight
+            total = total.clamp_min(torch.finfo(dtype).tiny)
+        bracket = torch.addcmul(-num, wsum, total.log())  # (N,) [Wsum LSE - sum W s], C cancelled
         loss = torch.dot(coef, bracket)
         if const is not None:
             loss = loss + const
@@ -122,7 +139,7 @@ class _FusedContrastive(torch.autograd.Function):
          a_inv, a_act, k_inv, k_act) = ctx.saved_tensors  # fmt: skip
         n = ctx.n
         b = coef * (grad_loss * ctx.inv_tau)  # d loss / d bracket_i, times 1/tau (for d s / d z)
-        a = (b * wsum / total.clamp_min(torch.finfo(total.dtype).tiny))[:, None]
+        a = (b * wsum / total)[:, None]
         g = e * a  # Wsum_i P_ia (P = 0 on the diagonal)
         g.addcmul_(weights, b[:, None], value=-1.0)  # - W_ia (0 on the diagonal, like P)
         need_a, need_k, need_e = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
@@ -152,7 +169,7 @@ class _FusedContrastive(torch.autograd.Function):
                 grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
             if grad_k is not None:
                 grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
-        return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None
+        return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None, None
 
 
 def fused_contrastive_loss(
@@ -167,6 +184,7 @@ def fused_contrastive_loss(
     extra_weights: tuple[Tensor, Tensor, Tensor] | None = None,
     normalize: bool = False,
     weight_sums: Tensor | None = None,
+    extra_unit: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` with a closed-form backward.
 
@@ -184,6 +202,7 @@ def fused_contrastive_loss(
         extra_weights: optional ``(rows, cols, values)`` sparse positive weights on ``extra``.
         normalize: L2-normalise anchors and keys first (as ``F.normalize``).
         weight_sums: optional precomputed ``weights.sum(dim=1)``.
+        extra_unit: the rows of ``extra`` have unit norm (lets the kernel skip the row-max pass).
     Returns ``(loss, bracket)``: the scalar loss and the detached (N,) per-anchor bracket
     ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components).
     """
@@ -191,14 +210,14 @@ def fused_contrastive_loss(
     dtype = anchors.dtype
     if extra_weights is not None:
         rows, cols, vals = extra_weights
-        vals = vals.to(dtype)
-    weights = weights.to(dtype)
-    wsum = weights.sum(dim=1) if weight_sums is None else weight_sums.to(dtype)
+        vals = cast(vals, dtype)
+    weights = cast(weights, dtype)
+    wsum = weights.sum(dim=1) if weight_sums is None else cast(weight_sums, dtype)
     if vals is not None and vals.numel():
         wsum = wsum.index_add(0, rows, vals)
     if keys is not None:
-        keys = keys.to(dtype)
+        keys = cast(keys, dtype)
     return _FusedContrastive.apply(
-        anchors, keys, extra, weights, wsum, rows, cols, vals, coef.to(dtype), const,
-        1.0 / temperature, log_d, bool(normalize),
+        anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
+        1.0 / temperature, log_d, bool(normalize), bool(extra_unit),
     )  # fmt: skip

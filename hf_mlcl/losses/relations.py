@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "cast",
     "is_sparse",
     "as_multihot",
     "cat_labels",
@@ -40,6 +41,11 @@ __all__ = [
 
 LABEL_DTYPE = torch.float32
 _COMPACT_MIN_LABELS = 1024  # dense products over more labels than this skip the all-zero columns
+
+
+def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)`` without the dispatcher round trip when ``t`` already has ``dtype``."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def is_sparse(labels: Tensor) -> bool:
@@ -74,7 +80,9 @@ def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | Non
             labels = labels.to_sparse_coo()
         labels = labels.coalesce()
     vals = _values(labels)
-    if vals.dtype != torch.bool:
+    # v (v - 1) is 0 exactly for v in {0, 1}: NaN, +-inf and every other value give a non-zero
+    # (for integers too: v (v - 1) = 0 mod 2^bits only for v = 0 or 1, one factor being odd)
+    if vals.dtype != torch.bool and bool((vals * (vals - 1)).any()):
         bad = (vals != 0) & (vals != 1)  # NaN is caught here too (NaN != 0 and NaN != 1)
         if bool(bad.any()):
             example = vals[bad][0].item()
@@ -91,7 +99,7 @@ def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | Non
         return torch.sparse_coo_tensor(
             idx[:, keep], v[keep], labels.shape, device=labels.device, check_invariants=False
         ).coalesce()
-    return labels.to(LABEL_DTYPE)
+    return cast(labels, LABEL_DTYPE)
 
 
 def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
@@ -110,8 +118,8 @@ def label_sizes(labels: Tensor) -> Tensor:
     if is_sparse(labels):
         n = labels.shape[0]
         out = torch.zeros(n, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[0], labels.values().to(LABEL_DTYPE))
-    return labels.to(LABEL_DTYPE).sum(dim=1)
+        return out.index_add_(0, labels.indices()[0], cast(labels.values(), LABEL_DTYPE))
+    return cast(labels, LABEL_DTYPE).sum(dim=1)
 
 
 def label_counts(labels: Tensor) -> Tensor:
@@ -119,15 +127,17 @@ def label_counts(labels: Tensor) -> Tensor:
     if is_sparse(labels):
         n_labels = labels.shape[1]
         out = torch.zeros(n_labels, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[1], labels.values().to(LABEL_DTYPE))
-    return labels.to(LABEL_DTYPE).sum(dim=0)
+        return out.index_add_(0, labels.indices()[1], cast(labels.values(), LABEL_DTYPE))
+    return cast(labels, LABEL_DTYPE).sum(dim=0)
 
 
 def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
     """Dense (N, M) = a @ b^T for dense/sparse a (N, L) and b (M, L)."""
     sa, sb = is_sparse(a), is_sparse(b)
-    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE)
-    a, b = a.to(dtype), b.to(dtype)
+    dtype = a.dtype if a.dtype == b.dtype == LABEL_DTYPE else torch.promote_types(
+        torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE
+    )
+    a, b = cast(a, dtype), cast(b, dtype)
     if not sa and not sb:
         if a.shape[1] > _COMPACT_MIN_LABELS:
             # only labels some row of ``a`` carries can contribute: drop the other columns first
@@ -187,7 +197,7 @@ def candidate_label_counts(
         return torch.sparse_coo_tensor(
             idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False
         ).coalesce()
-    y = anchor_labels.to(LABEL_DTYPE)
+    y = cast(anchor_labels, LABEL_DTYPE)
     return y * (col[None, :] - (y if anchors_in_candidates else 0.0))
 
 
@@ -206,7 +216,7 @@ def inverse_count_weights(
     own column when the anchor is a candidate; the caller masks the contrast set. ``dtype`` is the
     dtype of the reciprocals and of W (float64 keeps 1/n exact to double precision).
     """
-    counts = candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates).to(dtype)
+    counts = cast(candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates), dtype)
     if is_sparse(counts):
         idx, vals = counts.indices(), counts.values()
         pos = vals > 0
@@ -220,5 +230,5 @@ def inverse_count_weights(
         pos = counts > 0
         inv = torch.where(pos, 1.0 / counts.clamp_min(1), torch.zeros_like(counts))
         pairs = pos.to(dtype).sum(dim=1)
-    yc = candidate_labels.to(dtype)
+    yc = cast(candidate_labels, dtype)
     return _matmul_t(inv, yc), pairs
