@@ -390,7 +390,7 @@ class ContrastiveLoss(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)"
             )
-        y = R.as_multihot(labels, "labels", device=embeddings.device)
+        y = R.as_multihot(labels, "labels", device=embeddings.device, allow_sparse=True)
         if y.shape[0] != embeddings.shape[0]:
             raise ValueError(
                 f"row-count mismatch: embeddings has {embeddings.shape[0]} rows but labels has {y.shape[0]}; "
@@ -404,7 +404,7 @@ class ContrastiveLoss(nn.Module):
                     f"embedding dim differs: embeddings have D={embeddings.shape[1]} but key_embeddings "
                     f"D={key_embeddings.shape[1]}"
                 )
-            yk = R.as_multihot(key_labels, "key_labels", device=embeddings.device)
+            yk = R.as_multihot(key_labels, "key_labels", device=embeddings.device, allow_sparse=True)
             if yk.shape[0] != key_embeddings.shape[0]:
                 raise ValueError(
                     f"row-count mismatch: key_embeddings has {key_embeddings.shape[0]} rows but key_labels "

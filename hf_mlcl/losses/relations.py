@@ -41,6 +41,7 @@ __all__ = [
 
 LABEL_DTYPE = torch.float32
 _COMPACT_MIN_LABELS = 1024  # dense products over more labels than this skip the all-zero columns
+_SCAN_MIN_ENTRIES = 2**20  # as_multihot(allow_sparse=True) scans dense matrices this large
 
 
 def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -57,12 +58,67 @@ def _values(labels: Tensor) -> Tensor:
     return labels.values() if is_sparse(labels) else labels
 
 
-def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | None = None) -> Tensor:
+def _raise_non_binary(name: str, vals: Tensor) -> None:
+    """Raise the ValueError naming the first non-binary value of ``vals`` (if there is one)."""
+    bad = (vals != 0) & (vals != 1)  # NaN is caught here too (NaN != 0 and NaN != 1)
+    if bool(bad.any()):
+        example = vals[bad][0].item()
+        if example != example:
+            raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
+        raise ValueError(
+            f"{name} must be binary multi-hot (0/1) but contains the value {example!r}; "
+            "pass a multi-hot matrix (not label counts, indices or soft labels)"
+        )
+
+
+def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
+    """Validate a large dense multi-hot matrix in one pass and return it as float32 COO if sparse.
+
+    The non-zeros are found by scanning the raw bytes as int64 words (8 bools or 2 floats per
+    word: one ``nonzero`` pass over the memory instead of several elementwise passes), then only the
+    non-zero entries are checked for being exactly 1. Returns None when the matrix is not sparse
+    enough (more than 1/32 non-zero) for sparse products to pay off; it is valid either way.
+    """
+    flat = labels.reshape(-1)
+    n = flat.numel()
+    per_word = 8 // flat.element_size() if flat.element_size() <= 8 else 1
+    head = n - n % per_word
+    try:
+        words = flat[:head].view(torch.int64)
+    except RuntimeError:  # storage offset not 8-byte aligned: element by element
+        per_word, head, words = 1, 0, flat[:0]
+    hit = torch.nonzero(words).squeeze(1)
+    offsets = torch.arange(per_word, device=flat.device)
+    elems = torch.cat([(hit[:, None] * per_word + offsets).reshape(-1), head + torch.nonzero(flat[head:]).squeeze(1)])
+    vals = flat[elems]
+    keep = vals != 0  # (-0.0 has non-zero bits but is a 0 label)
+    elems, vals = elems[keep], vals[keep]
+    if vals.dtype != torch.bool and bool((vals != 1).any()):
+        _raise_non_binary(name, vals)
+    if elems.numel() * 32 > n:
+        return None
+    width = labels.shape[1]
+    idx = torch.stack([elems // width, elems % width])
+    ones = torch.ones(elems.numel(), dtype=LABEL_DTYPE, device=flat.device)
+    return torch.sparse_coo_tensor(idx, ones, labels.shape, check_invariants=False, is_coalesced=True)
+
+
+def as_multihot(
+    labels: Tensor,
+    name: str = "labels",
+    device: torch.device | None = None,
+    allow_sparse: bool = False,
+) -> Tensor:
     """Validate a multi-hot (N, L) matrix and return it as float32 (dense) or coalesced float32 COO.
 
     Accepts bool / integer / floating dense tensors and torch-sparse COO / CSR / CSC tensors.
     Raises ``ValueError`` naming the problem for: non-tensors, wrong rank, NaN / non-binary values
     (duplicate COO entries that sum to 2 count as non-binary).
+
+    ``allow_sparse``: a large dense matrix (more than ``_COMPACT_MIN_LABELS`` labels, at least
+    2**20 entries) that is at most 1/32 non-zero is returned as sparse COO, validated in the same
+    pass (:func:`_scan_dense`): the losses then run on sparse label products whatever the input
+    format, so dense and sparse labels cost about the same.
     """
     if not isinstance(labels, Tensor):
         raise ValueError(
@@ -79,22 +135,17 @@ def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | Non
         if labels.layout != torch.sparse_coo:
             labels = labels.to_sparse_coo()
         labels = labels.coalesce()
+    elif allow_sparse and labels.shape[1] > _COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
+        scanned = _scan_dense(labels, name)
+        return cast(labels, LABEL_DTYPE) if scanned is None else scanned
     vals = _values(labels)
     # v (v - 1) is 0 exactly for v in {0, 1}: NaN, +-inf and every other value give a non-zero
     # (for integers too: v (v - 1) = 0 mod 2^bits only for v = 0 or 1, one factor being odd)
     if vals.dtype != torch.bool and bool((vals * (vals - 1)).any()):
-        bad = (vals != 0) & (vals != 1)  # NaN is caught here too (NaN != 0 and NaN != 1)
-        if bool(bad.any()):
-            example = vals[bad][0].item()
-            if example != example:
-                raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
-            raise ValueError(
-                f"{name} must be binary multi-hot (0/1) but contains the value {example!r}; "
-                "pass a multi-hot matrix (not label counts, indices or soft labels)"
-            )
+        _raise_non_binary(name, vals)
     if is_sparse(labels):
         idx = labels.indices()
-        v = labels.values().to(LABEL_DTYPE)
+        v = cast(labels.values(), LABEL_DTYPE)
         keep = v != 0  # drop explicit zeros so nnz == number of (row, label) memberships
         return torch.sparse_coo_tensor(
             idx[:, keep], v[keep], labels.shape, device=labels.device, check_invariants=False
