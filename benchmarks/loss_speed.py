@@ -506,8 +506,12 @@ def small_batch_table(args, names) -> None:
         from pytorch_metric_learning.losses import SupConLoss
     except ImportError:  # pragma: no cover - the dev extra installs it
         SupConLoss = None
-    print("# small in-batch steps (no keys, dense labels, D=128): forward+backward, each loss timed in rounds")
-    print("# alternating with its peer; ratio = median cpu(loss) / median cpu(peer); goal <= 1.0 (hbl <= 1.5)")
+    print(
+        "# small in-batch steps (no keys, dense labels, D=128): forward+backward, each loss timed in rounds"
+    )
+    print(
+        "# alternating with its peer; ratio = median cpu(loss) / median cpu(peer); goal <= 1.0 (hbl <= 1.5)"
+    )
     header = f"{'loss':<26}{'N':>5}{'single/plain':>14}{'single/PML':>12}{'multi/plain':>13}  goal"
     print(header)
     print("-" * len(header))

@@ -210,9 +210,7 @@ class ContrastContext:
     def device(self) -> torch.device:
         return self.embeddings.device
 
-    def fused(
-        self, weights: Tensor, coef: Tensor, **kwargs
-    ) -> tuple[Tensor, Tensor]:
+    def fused(self, weights: Tensor, coef: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
         """:func:`~hf_mlcl.losses.fused.fused_contrastive_loss` on this context's embeddings
         (normalised inside the kernel); ``kwargs`` as there. Marks the result as fused (the
         finiteness check moves to the scalar, see the class docstring)."""
