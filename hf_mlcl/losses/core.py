@@ -18,6 +18,15 @@ logsumexp (max-subtracted), so bf16 / fp16 inputs are upcast and float64 inputs 
 (``torch.autograd.gradcheck`` works). Policy for degenerate anchors: an anchor with no positive (or an
 empty label set, or an empty contrast set) contributes nothing and is not counted; a batch with no
 valid anchor returns a zero that is still connected to the autograd graph (never NaN).
+
+Fast path: terms on the standard contrast set (every loss built from :class:`LossTerms`, msc and
+ws_mulsupcon's paper variant) run through one fused autograd kernel
+(:mod:`hf_mlcl.losses.fused`: normalisation, similarities, shifted exp, weighted sums and a
+closed-form backward), with the per-anchor validity, normaliser and reduction folded into one
+coefficient (:func:`terms_loss`); :func:`weighted_contrastive_loss` remains the general path (and
+the reference the tests compare the kernel with). The contrast masks, the normalised embeddings and
+the logits are built only when a loss asks for them, and the NaN / inf check of the embeddings moves
+to the kernel's scalar result (see :class:`ContrastContext`).
 """
 
 from __future__ import annotations
