@@ -141,6 +141,16 @@ def slice_batch(batch: dict[str, Any], start: int, stop: int, n: int) -> dict[st
     }
 
 
+def pop_labels(inputs: dict[str, Any], label_column: str = "labels") -> tuple[dict[str, Any], torch.Tensor]:
+    """(model inputs, labels): a copy of the batch without its label entry (``label_column``, else
+    ``"labels"``); ValueError when the batch has none."""
+    inputs = dict(inputs)
+    labels = inputs.pop(label_column if label_column in inputs else "labels", None)
+    if labels is None:
+        raise ValueError(f"the batch has no {label_column!r}; the collator must return multi-hot labels")
+    return inputs, labels
+
+
 def labels_to_dense_float(labels: torch.Tensor) -> torch.Tensor:
     if labels.layout != torch.strided:
         labels = labels.to_dense()
@@ -170,17 +180,9 @@ class KeepColumnsMixin:
 
 def label_matrix(dataset: Any, label_column: str, num_labels: int) -> torch.Tensor:
     """The (N, L) multi-hot label matrix of a dataset's label-id lists as a torch sparse COO tensor."""
+    from hf_mlcl.data.multihot import multi_hot_tensor
+
     lists = (
         dataset[label_column] if hasattr(dataset, "column_names") else [ex[label_column] for ex in dataset]
     )
-    lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
-    cols = torch.tensor([int(i) for x in lists for i in x], dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(lists)), lengths)
-    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= num_labels):
-        raise ValueError(
-            f"label ids must lie in [0, {num_labels}); the {label_column!r} column has {int(cols.max())}"
-        )
-    values = torch.ones(cols.numel())
-    return torch.sparse_coo_tensor(
-        torch.stack([rows, cols]), values, (len(lists), num_labels), check_invariants=True
-    ).coalesce()
+    return multi_hot_tensor(lists, num_labels, sparse=True, hint=f" in the {label_column!r} column")
