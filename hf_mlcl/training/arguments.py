@@ -13,8 +13,8 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-POOLINGS = ("cls", "mean", "last_token")
-HEADS = ("linear", "label_attention")
+from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
+
 PROBES = ("linear", "finetune", "logistic")
 PROBE_LOSSES = ("bce", "focal", "asymmetric")
 THRESHOLDS = ("global", "per_label")
