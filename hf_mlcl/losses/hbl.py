@@ -136,7 +136,28 @@ class HBLLoss(ContrastiveLoss):
 
     ``components``: "loss" (= base + lambda_ * hbl), "base", "hbl" (the unweighted mean L_HBL) and the
     base loss's own components prefixed with "base/".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import get_loss
+        >>> loss = get_loss("hbl", base="mulsupcon", k_min=2)
+        >>> labels = torch.tensor([[1, 0, 1], [1, 0, 1], [0, 1, 0], [0, 1, 1]])
+        >>> value = loss(torch.randn(4, 8), labels)
+        >>> bool(torch.isfinite(value)) and value.dim() == 0
+        True
     """
+
+    display_name = "HBL (hierarchical boundary learning)"
+    reference = (
+        "Chen, Lyu, Wang & Tang, Learning Semantic Boundaries: An Adaptive Structural Loss for Multi-Label "
+        "Contrastive Learning"
+    )
+    citation = (
+        "@misc{chen2025hbl,\n  title={Learning Semantic Boundaries: An Adaptive Structural Loss for "
+        "Multi-Label Contrastive Learning},\n  author={Chen, Ning and Lyu, Shen-Huan and Wang, Yanyan and "
+        "Tang, Bin},\n  year={2025}\n}"
+    )
 
     supports_keys = True
 

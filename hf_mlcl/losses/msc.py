@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .core import ContrastContext, ContrastiveLoss
+from .jaccard import AUDIBERT_CITATION, AUDIBERT_REFERENCE
 from .label_statistics import PairLabelView
 from .registry import register_loss
 
@@ -56,7 +57,21 @@ class MSCLoss(ContrastiveLoss):
 
     The prototypes ``self.prototypes`` are an ordinary ``nn.Parameter``: put the loss module's
     parameters in the optimizer and save its ``state_dict`` with the model.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import get_loss
+        >>> loss = get_loss("msc", num_labels=3, embedding_dim=8)
+        >>> labels = torch.tensor([[1, 0, 1], [1, 0, 1], [0, 1, 0], [0, 1, 1]])
+        >>> value = loss(torch.randn(4, 8), labels)
+        >>> bool(torch.isfinite(value)) and value.dim() == 0
+        True
     """
+
+    display_name = "MSC / ABALONE"
+    reference = AUDIBERT_REFERENCE
+    citation = AUDIBERT_CITATION
 
     default_temperature = 0.1
     supports_keys = True

@@ -79,7 +79,29 @@ class WSMulSupConLoss(ContrastiveLoss):
     ``set_label_statistics(train_labels)`` must be called before the first forward when
     ``class_weights`` is True (else ``ValueError``); train_labels is the dense or torch-sparse (N, L)
     multi-hot matrix of the training set.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import get_loss
+        >>> loss = get_loss("ws_mulsupcon")
+        >>> labels = torch.tensor([[1, 0, 1], [1, 0, 1], [0, 1, 0], [0, 1, 1]])
+        >>> loss.set_label_statistics(labels)  # training-set label frequencies
+        >>> value = loss(torch.randn(4, 8), labels)
+        >>> bool(torch.isfinite(value)) and value.dim() == 0
+        True
     """
+
+    display_name = "ws-MulSupCon (weighted stratification)"
+    reference = (
+        "Lin & Chen, Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed Medical "
+        "Image Classification"
+    )
+    citation = (
+        "@misc{lin2025wsmulsupcon,\n  title={Weighted Stratification in Multi-Label Contrastive Learning "
+        "for Long-Tailed Medical Image Classification},\n  author={Lin, Ying-Chih and Chen, Yong-Sheng},\n"
+        "  year={2025}\n}"
+    )
 
     default_temperature = 0.1
     supports_keys = True
