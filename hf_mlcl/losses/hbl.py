@@ -140,12 +140,11 @@ class HBLLoss(ContrastiveLoss):
     Example::
 
         >>> import torch
-        >>> from hf_mlcl.losses import get_loss
-        >>> loss = get_loss("hbl", base="mulsupcon", k_min=2)
-        >>> labels = torch.tensor([[1, 0, 1], [1, 0, 1], [0, 1, 0], [0, 1, 1]])
-        >>> value = loss(torch.randn(4, 8), labels)
-        >>> bool(torch.isfinite(value)) and value.dim() == 0
-        True
+        >>> from hf_mlcl.losses import HBLLoss
+        >>> hbl = HBLLoss(base="mulsupcon", k_min=2)  # any registered contrastive loss as the base
+        >>> value = hbl(torch.randn(4, 8), torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]]))
+        >>> sorted(k for k in hbl.components if "/" not in k)
+        ['base', 'hbl', 'loss']
     """
 
     display_name = "HBL (hierarchical boundary learning)"

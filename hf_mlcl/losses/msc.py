@@ -61,12 +61,10 @@ class MSCLoss(ContrastiveLoss):
     Example::
 
         >>> import torch
-        >>> from hf_mlcl.losses import get_loss
-        >>> loss = get_loss("msc", num_labels=3, embedding_dim=8)
-        >>> labels = torch.tensor([[1, 0, 1], [1, 0, 1], [0, 1, 0], [0, 1, 1]])
-        >>> value = loss(torch.randn(4, 8), labels)
-        >>> bool(torch.isfinite(value)) and value.dim() == 0
-        True
+        >>> from hf_mlcl.losses import MSCLoss
+        >>> msc = MSCLoss(num_labels=3, embedding_dim=8)  # learnable prototypes: give them to the optimizer
+        >>> msc.prototypes.shape, msc(torch.randn(4, 8), torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 1, 1]])).ndim
+        (torch.Size([3, 8]), 0)
     """
 
     display_name = "MSC / ABALONE"
