@@ -184,6 +184,19 @@ def _set_labels(config, names: list[str]) -> None:
     config.label2id = {n: i for i, n in enumerate(names)}
 
 
+def _trainer_data(ds, names: list[str], collator, tokenizer, callbacks: list | None) -> dict[str, Any]:
+    """The keywords both stages hand their trainer: train / validation splits, collator, tokenizer,
+    label count and callbacks."""
+    return {
+        "data_collator": collator,
+        "train_dataset": ds["train"],
+        "eval_dataset": ds["validation"],
+        "processing_class": tokenizer,
+        "num_labels": len(names),
+        "callbacks": callbacks,
+    }
+
+
 def _resume_arg(value: Any) -> Any:
     """``resume_from_checkpoint`` as ``Trainer.train`` takes it: the strings "true" / "false" (from YAML or
     the command line) become True / None; a path (or None / a bool) passes through."""
@@ -253,14 +266,7 @@ def train_contrastive(
         pad_to_multiple_of=segment_multiple(encoder),
     )
     trainer = ContrastiveTrainer(
-        model=encoder,
-        args=training_args,
-        data_collator=collator,
-        train_dataset=ds["train"],
-        eval_dataset=ds["validation"],
-        processing_class=tokenizer,
-        num_labels=len(names),
-        callbacks=callbacks,
+        model=encoder, args=training_args, **_trainer_data(ds, names, collator, tokenizer, callbacks)
     )
     train_out = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
     metrics: dict[str, Any] = dict(train_out.metrics)
@@ -322,16 +328,7 @@ def train_probe(
     collator = MultiLabelCollator(
         tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=segment_multiple(model)
     )
-    trainer = ProbingTrainer(
-        model=model,
-        args=probing_args,
-        data_collator=collator,
-        train_dataset=ds["train"],
-        eval_dataset=ds["validation"],
-        processing_class=tokenizer,
-        num_labels=len(names),
-        callbacks=callbacks,
-    )
+    trainer = ProbingTrainer(model=model, args=probing_args, **_trainer_data(ds, names, collator, tokenizer, callbacks))
     metrics: dict[str, Any] = {
         "probe": probing_args.probe,
         "loss": probing_args.loss,
