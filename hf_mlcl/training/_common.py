@@ -1,4 +1,4 @@
-"""Helpers shared by the two trainers: label-space checks, batch slicing, column handling."""
+"""Helpers shared by the two trainers: label-space checks and batch slicing."""
 
 from __future__ import annotations
 
@@ -162,20 +162,6 @@ def batch_rows(batch: dict[str, Any]) -> int:
     if ref is None:
         ref = next(v for v in batch.values() if isinstance(v, torch.Tensor))
     return int(ref.shape[0])
-
-
-class KeepColumnsMixin:
-    """Never drop dataset columns: our collators need ``text`` and ``labels`` that ``forward`` lacks.
-
-    ``Trainer`` removes columns absent from ``model.forward``'s signature when
-    ``remove_unused_columns=True`` (its default), which would strip the raw text and label ids.
-    """
-
-    def _remove_unused_columns(self, dataset, description=None):  # noqa: D401
-        return dataset
-
-    def _get_collator_with_removed_columns(self, data_collator, description=None):
-        return data_collator
 
 
 def label_matrix(dataset: Any, label_column: str, num_labels: int) -> torch.Tensor:

@@ -68,7 +68,6 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from . import distributed as D
 from ._common import (
-    KeepColumnsMixin,
     accepted_kwargs,
     batch_rows,
     check_label_column,
@@ -137,7 +136,7 @@ class _StepCallback(TrainerCallback):
         return control
 
 
-class ContrastiveTrainer(KeepColumnsMixin, Trainer):
+class ContrastiveTrainer(Trainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
     Args:

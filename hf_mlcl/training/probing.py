@@ -35,7 +35,6 @@ from transformers import Trainer
 from hf_mlcl.evaluation.inputs import sigmoid
 
 from ._common import (
-    KeepColumnsMixin,
     check_label_column,
     labels_to_dense_float,
     pop_labels,
@@ -112,7 +111,7 @@ def fit_logistic_probe(
     return w, b, chosen
 
 
-class ProbingTrainer(KeepColumnsMixin, Trainer):
+class ProbingTrainer(Trainer):
     """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
 
     Args:
