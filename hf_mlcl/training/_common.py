@@ -1,4 +1,4 @@
-"""Helpers shared by the two trainers: label-space checks and batch slicing."""
+"""Batch and label-space plumbing shared by the two trainers: label-count checks, label pop, row slicing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The contrastive trainer's extra checkpoint state — loss parameters, momentum encoder, MoCo queue —
-stored as safetensors, so resuming from a checkpoint someone else wrote never unpickles anything.
+"""The contrastive trainer's extra checkpoint state (loss parameters, momentum encoder, queue) as safetensors.
+
+Stored without pickle, so resuming from a checkpoint someone else wrote never runs their code.
 
 A state is a nested dict of tensors and plain JSON values (``{"loss": {...}, "queue": {"ptr": 3,
 "embeddings": tensor, ...}}``). :func:`save_state_file` writes every tensor into one safetensors file

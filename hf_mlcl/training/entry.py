@@ -1,4 +1,4 @@
-"""High-level entry points used by the CLI: `train_contrastive` (stage 1) and `train_probe` (stage 2).
+"""The two stage entry points, `train_contrastive` (stage 1) and `train_probe` (stage 2): data to saved model.
 
 Both load the dataset with ``hf_mlcl.data.load_mlc_dataset``, build the tokenizer (from the model path,
 or ``train_tokenizer`` on the training texts when the backbone is built from ``backbone_config``), the
