@@ -9,6 +9,8 @@
   :mod:`hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
 """
 
+from hf_mlcl.evaluation.knn import knn_probe_metrics  # lives in hf_mlcl.evaluation.knn; kept importable here
+
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
 from .contrastive import ContrastiveTrainer, build_contrastive_loss
 from .entry import train_contrastive, train_probe
@@ -25,6 +27,7 @@ __all__ = [
     "build_contrastive_loss",
     "fit_logistic_probe",
     "gradcache_backward",
+    "knn_probe_metrics",
     "train_contrastive",
     "train_probe",
 ]
