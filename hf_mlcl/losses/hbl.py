@@ -136,7 +136,27 @@ class HBLLoss(ContrastiveLoss):
 
     ``components``: "loss" (= base + lambda_ * hbl), "base", "hbl" (the unweighted mean L_HBL) and the
     base loss's own components prefixed with "base/".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import HBLLoss
+        >>> hbl = HBLLoss(base="mulsupcon", k_min=2)  # any registered contrastive loss as the base
+        >>> value = hbl(torch.randn(4, 8), torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]]))
+        >>> sorted(k for k in hbl.components if "/" not in k)
+        ['base', 'hbl', 'loss']
     """
+
+    display_name = "HBL (hierarchical boundary learning)"
+    reference = (
+        "Chen, Lyu, Wang & Tang, Learning Semantic Boundaries: An Adaptive Structural Loss for Multi-Label "
+        "Contrastive Learning"
+    )
+    citation = (
+        "@misc{chen2025hbl,\n  title={Learning Semantic Boundaries: An Adaptive Structural Loss for "
+        "Multi-Label Contrastive Learning},\n  author={Chen, Ning and Lyu, Shen-Huan and Wang, Yanyan and "
+        "Tang, Bin},\n  year={2025}\n}"
+    )
 
     supports_keys = True
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .core import ContrastContext, ContrastiveLoss
+from .jaccard import AUDIBERT_CITATION, AUDIBERT_REFERENCE
 from .label_statistics import PairLabelView
 from .registry import register_loss
 
@@ -56,7 +57,19 @@ class MSCLoss(ContrastiveLoss):
 
     The prototypes ``self.prototypes`` are an ordinary ``nn.Parameter``: put the loss module's
     parameters in the optimizer and save its ``state_dict`` with the model.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import MSCLoss
+        >>> msc = MSCLoss(num_labels=3, embedding_dim=8)  # learnable prototypes: give them to the optimizer
+        >>> msc.prototypes.shape, msc(torch.randn(4, 8), torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 1, 1]])).ndim
+        (torch.Size([3, 8]), 0)
     """
+
+    display_name = "MSC / ABALONE"
+    reference = AUDIBERT_REFERENCE
+    citation = AUDIBERT_CITATION
 
     default_temperature = 0.1
     supports_keys = True

@@ -21,6 +21,12 @@ from .core import ContrastContext, ContrastiveLoss, LossTerms
 from .registry import register_loss
 from .relations import inverse_count_weights
 
+MULSUPCON_CITATION = (
+    "@inproceedings{zhang2024mulsupcon,\n  title={Multi-Label Supervised Contrastive Learning},\n"
+    "  author={Zhang, Pingyue and Wu, Mengyue},\n  booktitle={Proceedings of the AAAI Conference on "
+    "Artificial Intelligence},\n  volume={38},\n  number={15},\n  pages={16786--16793},\n  year={2024}\n}"
+)
+
 
 @register_loss("mulsupcon")
 class MulSupConLoss(ContrastiveLoss):
@@ -29,7 +35,19 @@ class MulSupConLoss(ContrastiveLoss):
     Args:
         temperature: tau (default 0.1, the paper's value).
         normalize: L2-normalise embeddings inside the loss.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import MulSupConLoss
+        >>> y = torch.tensor([[1, 0, 1], [1, 0, 0], [0, 0, 1]])  # row 0 has one positive set per label
+        >>> bool(MulSupConLoss()(torch.randn(3, 8), y) > 0)
+        True
     """
+
+    display_name = "MulSupCon"
+    reference = "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024"
+    citation = MULSUPCON_CITATION
 
     default_temperature = 0.1
 

@@ -79,7 +79,27 @@ class WSMulSupConLoss(ContrastiveLoss):
     ``set_label_statistics(train_labels)`` must be called before the first forward when
     ``class_weights`` is True (else ``ValueError``); train_labels is the dense or torch-sparse (N, L)
     multi-hot matrix of the training set.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import WSMulSupConLoss
+        >>> ws = WSMulSupConLoss()
+        >>> ws.set_label_statistics(torch.tensor([[1, 0], [1, 1], [1, 0], [0, 1]]))  # training-set labels
+        >>> ws(torch.randn(3, 8), torch.tensor([[1, 0], [1, 1], [0, 1]])).ndim
+        0
     """
+
+    display_name = "ws-MulSupCon (weighted stratification)"
+    reference = (
+        "Lin & Chen, Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed Medical "
+        "Image Classification"
+    )
+    citation = (
+        "@misc{lin2025wsmulsupcon,\n  title={Weighted Stratification in Multi-Label Contrastive Learning "
+        "for Long-Tailed Medical Image Classification},\n  author={Lin, Ying-Chih and Chen, Yong-Sheng},\n"
+        "  year={2025}\n}"
+    )
 
     default_temperature = 0.1
     supports_keys = True

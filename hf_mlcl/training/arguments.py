@@ -8,16 +8,34 @@ so every Trainer knob (``learning_rate``, ``bf16``, ``eval_strategy`` ...) sits 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 
-POOLINGS = ("cls", "mean", "last_token")
-HEADS = ("linear", "label_attention")
+from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
+
+logger = logging.getLogger(__name__)
+
 PROBES = ("linear", "finetune", "logistic")
 PROBE_LOSSES = ("bce", "focal", "asymmetric")
 THRESHOLDS = ("global", "per_label")
+
+_KEEP_COLUMNS_HELP = (
+    "Always False here: hf_mlcl collators tokenize the raw `text` column and build multi-hot labels from "
+    "`labels`, which Trainer would drop as unused by model.forward (True is reset to False with a warning)."
+)
+
+
+def _keep_columns(args: TrainingArguments) -> None:
+    """``remove_unused_columns`` must stay False (the collators need ``text`` and ``labels``)."""
+    if args.remove_unused_columns:
+        logger.warning(
+            "remove_unused_columns=True would drop the text and label columns the hf_mlcl collators need; "
+            "using remove_unused_columns=False"
+        )
+        args.remove_unused_columns = False
 
 
 def _as_dict(value: Any, name: str) -> dict | None:
@@ -156,9 +174,11 @@ class ContrastiveTrainingArguments(TrainingArguments):
             "help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."
         },
     )
+    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
 
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        _keep_columns(self)
         if self.n_views not in (1, 2):
             raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
         if self.queue_size < 0:
@@ -193,9 +213,11 @@ class ProbingTrainingArguments(TrainingArguments):
         },
     )
     logistic_max_iter: int = field(default=1000, metadata={"help": "probe='logistic': lbfgs iterations."})
+    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
 
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        _keep_columns(self)
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         if self.loss not in PROBE_LOSSES:

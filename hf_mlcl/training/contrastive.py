@@ -43,15 +43,15 @@ Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.trainin
   micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
   used as candidates of its own micro-batch).
 
-Checkpoints: ``<checkpoint>/mlcl_trainer_state.pt`` holds the loss state_dict (prototypes), the
-momentum encoder and the queue; ``resume_from_checkpoint`` restores them together with the
-optimizer (which contains the loss parameters), the scheduler and the RNG states, so the next step
-is identical to the uninterrupted run.
+Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
+the momentum encoder and the queue (safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`);
+``resume_from_checkpoint`` restores them together with the optimizer (which contains the loss
+parameters), the scheduler and the RNG states, so the next step is identical to the uninterrupted run.
 
 Evaluation: the eval loss (in-batch only, no queue) plus a representation-quality probe on the eval
-set — leave-one-out cosine kNN (k = ``args.knn_k``): each eval text's label scores are the label
-frequencies among its k nearest eval neighbours, thresholded at 0.5 (majority vote), reported as
-``eval_knn_micro_f1``, ``eval_knn_macro_f1``, ``eval_knn_p@1`` (usable as ``metric_for_best_model``).
+set (:func:`hf_mlcl.evaluation.knn.knn_probe_metrics`) — leave-one-out cosine kNN (k = ``args.knn_k``):
+each eval text's label scores are the label frequencies among its k nearest eval neighbours,
+thresholded at 0.5 (majority vote), reported as ``eval_knn_micro_f1``, ``eval_knn_macro_f1``, ``eval_knn_p@1`` (usable as ``metric_for_best_model``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
@@ -69,24 +68,23 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from . import distributed as D
 from ._common import (
-    KeepColumnsMixin,
     accepted_kwargs,
     batch_rows,
     check_label_column,
     label_matrix,
     labels_to_dense_float,
+    pop_labels,
     resolve_num_labels,
     slice_batch,
     slice_rows,
 )
 from .arguments import ContrastiveTrainingArguments
+from .checkpoint_state import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
 from .gradcache import gradcache_backward
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "mlcl_trainer_state.pt"
-
-__all__ = ["ContrastiveTrainer", "build_contrastive_loss", "knn_probe_metrics", "STATE_FILE"]
+__all__ = ["ContrastiveTrainer", "build_contrastive_loss", "STATE_FILE"]
 
 
 def build_contrastive_loss(
@@ -123,47 +121,6 @@ def build_contrastive_loss(
         raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
 
 
-def _f1_scores(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[float, float]:
-    tp = (y_true & y_pred).sum(0)
-    pred = y_pred.sum(0)
-    true = y_true.sum(0)
-    micro = 2 * tp.sum() / max(pred.sum() + true.sum(), 1)
-    per_label = np.where(pred + true > 0, 2 * tp / np.maximum(pred + true, 1), 0.0)
-    return float(micro), float(per_label.mean())
-
-
-def knn_probe_metrics(
-    embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, k: int = 10, block: int = 1024
-) -> dict[str, float]:
-    """Leave-one-out cosine kNN probe of an embedding space (cheap representation-quality signal).
-
-    Scores of sample i = mean multi-hot label vector of its k nearest neighbours (cosine, i itself
-    excluded); prediction = score >= 0.5 (majority vote). Returns ``knn_micro_f1``, ``knn_macro_f1``
-    (mean per-label F1, labels never true nor predicted count 0) and ``knn_p@1`` (precision of the
-    top-scored label). Similarities are computed in row blocks (memory O(block * N)).
-    """
-    z = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
-    y = torch.as_tensor(np.asarray(labels)) > 0.5
-    n = z.shape[0]
-    if n < 2:
-        return {}
-    k = max(1, min(int(k), n - 1))
-    z = torch.nn.functional.normalize(z, dim=-1)
-    yf = y.float()
-    scores = torch.empty(n, y.shape[1])
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        sim = z[start:stop] @ z.T
-        sim[torch.arange(stop - start), torch.arange(start, stop)] = float("-inf")
-        idx = sim.topk(k, dim=1).indices
-        scores[start:stop] = yf[idx].mean(dim=1)
-    pred = scores >= 0.5
-    micro, macro = _f1_scores(y.numpy(), pred.numpy())
-    top = scores.argmax(dim=1)
-    p1 = float(y[torch.arange(n), top].float().mean())
-    return {"knn_micro_f1": micro, "knn_macro_f1": macro, "knn_p@1": p1}
-
-
 class _StepCallback(TrainerCallback):
     """Once per optimizer step: EMA update of the momentum encoder; zero the loss parameters' grads."""
 
@@ -179,7 +136,7 @@ class _StepCallback(TrainerCallback):
         return control
 
 
-class ContrastiveTrainer(KeepColumnsMixin, Trainer):
+class ContrastiveTrainer(Trainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
     Args:
@@ -349,13 +306,7 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
         return self._embeddings(model(**batch))
 
     def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
-        inputs = dict(inputs)
-        labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
-        if labels is None:
-            raise ValueError(
-                f"the batch has no {self.label_column!r}; the collator must return multi-hot labels"
-            )
-        return inputs, labels
+        return pop_labels(inputs, self.label_column)
 
     def _loss_from_embeddings(
         self,
@@ -511,6 +462,8 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
         return loss, embeddings[:n].detach().float(), labels_to_dense_float(slice_rows(labels, 0, n))
 
     def _knn_metrics(self, eval_pred) -> dict[str, float]:
+        from hf_mlcl.evaluation.knn import knn_probe_metrics
+
         return knn_probe_metrics(eval_pred.predictions, eval_pred.label_ids, k=self.args.knn_k)
 
     # ------------------------------------------------------------------ logging
@@ -549,12 +502,15 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
             if os.path.isdir(folder):
-                torch.save(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
+                save_state_file(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = os.path.join(resume_from_checkpoint, STATE_FILE)
+        legacy = os.path.join(resume_from_checkpoint, LEGACY_STATE_FILE)
+        if not os.path.isfile(path) and os.path.isfile(legacy):
+            path = legacy  # written before the safetensors format: read with weights_only=True
         if os.path.isfile(path):
-            self.load_extra_state_dict(torch.load(path, map_location=self.args.device, weights_only=False))
+            self.load_extra_state_dict(load_state_file(path, device=self.args.device))
         elif self.queue is not None or self._loss_parameters():
             logger.warning(f"{path} is missing: the queue / momentum encoder / loss parameters start fresh")

@@ -18,8 +18,9 @@ from _training_helpers import (
     tiny_tokenizer,
 )
 
+from hf_mlcl.evaluation.knn import knn_probe_metrics
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
-from hf_mlcl.training.contrastive import STATE_FILE, knn_probe_metrics
+from hf_mlcl.training.checkpoint_state import STATE_FILE
 
 
 @pytest.fixture(scope="module")
