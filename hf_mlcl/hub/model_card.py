@@ -2,7 +2,7 @@
 
 ``CardData`` holds what a card says (collected during a run by
 :class:`hf_mlcl.hub.card_callback.ModelCardCallback`); :func:`render_model_card` fills the Jinja
-template ``model_cards/{encoder,classifier}.md`` and the YAML front matter with huggingface_hub's
+template ``model_cards/{encoder,classifier}.md`` (package data of ``hf_mlcl.model_cards``) and the YAML front matter with huggingface_hub's
 ``ModelCardData`` / ``EvalResult`` (``model-index`` with the measured metrics); :func:`save_model_card`
 writes ``README.md`` atomically (temp file + ``os.replace``) next to ``card_data.json``, so an
 interrupted write never leaves a half card behind.
@@ -21,29 +21,25 @@ from hf_mlcl.files import atomic_write_json, atomic_write_text
 CARD_FILE = "README.md"
 CARD_DATA_FILE = "card_data.json"
 KINDS = ("encoder", "classifier")
-_REPO_TEMPLATES = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "model_cards"
-)
+TEMPLATE_PACKAGE = "hf_mlcl.model_cards"
 
 
-def _template_dir() -> str:
-    """The repository's model_cards/ (source checkout, editable install), else the copy a wheel installs
-    under ``<prefix>/share/hf_mlcl/model_cards`` (pyproject's data-files; prefix = the environment, or
-    the user base for ``pip install --user``)."""
-    import site
-    import sys
+def template_text(kind: str) -> str:
+    """The Jinja template of a card kind (``encoder`` / ``classifier``), read as package data of
+    ``hf_mlcl.model_cards`` with :mod:`importlib.resources` (the repository's top-level ``model_cards/``
+    folder, mapped to that package in pyproject.toml), so source checkouts, editable installs and wheels
+    read the same file."""
+    from importlib import resources
 
-    candidates = [_REPO_TEMPLATES]
-    for prefix in (sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None)):
-        if prefix:
-            candidates.append(os.path.join(prefix, "share", "hf_mlcl", "model_cards"))
-    for folder in candidates:
-        if os.path.isfile(os.path.join(folder, "encoder.md")):
-            return folder
-    return _REPO_TEMPLATES
-
-
-TEMPLATE_DIR = _template_dir()
+    if kind not in KINDS:
+        raise ValueError(f"unknown model card kind {kind!r}; expected one of {KINDS}")
+    resource = resources.files(TEMPLATE_PACKAGE).joinpath(f"{kind}.md")
+    if not resource.is_file():
+        raise FileNotFoundError(
+            f"model card template {kind}.md is missing from the package {TEMPLATE_PACKAGE} (the repository's "
+            "model_cards/ folder): reinstall hf_mlcl, or pass template_path="
+        )
+    return resource.read_text(encoding="utf-8")
 
 
 
@@ -196,13 +192,9 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     """A ``huggingface_hub.ModelCard``: YAML metadata (model-index with ``eval_results``) + Markdown body."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    template_path = template_path or os.path.join(TEMPLATE_DIR, f"{card.kind}.md")
-    if not os.path.isfile(template_path):
-        raise FileNotFoundError(
-            f"model card template {template_path} is missing; it ships in the repository's model_cards/ folder "
-            "and a wheel installs it under <prefix>/share/hf_mlcl/model_cards: reinstall hf_mlcl, or pass "
-            "template_path="
-        )
+    if template_path is not None and not os.path.isfile(template_path):
+        raise FileNotFoundError(f"model card template {template_path} does not exist: pass an existing file")
+    template_str = None if template_path is not None else template_text(card.kind)
     results = eval_results(card)
     name = card.model_name or f"hf-mlcl-{card.kind}"
     meta = ModelCardData(
@@ -221,6 +213,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     return ModelCard.from_template(
         meta,
         template_path=template_path,
+        template_str=template_str,
         card=card,
         name=name,
         loss_info=loss_paper(stage1) if stage1 else None,
