@@ -243,15 +243,6 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _figure(figsize: tuple[float, float]):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def write_report(report: dict[str, Any], output_dir: str | os.PathLike, prefix: str = "inspect") -> dict[str, str]:
     """Write ``<prefix>.json``, ``<prefix>.txt`` (the table) and three PNGs; returns their paths."""
     os.makedirs(output_dir, exist_ok=True)
@@ -262,6 +253,8 @@ def write_report(report: dict[str, Any], output_dir: str | os.PathLike, prefix: 
         json.dump(report, f, indent=1)
     with open(paths["table"], "w", encoding="utf-8") as f:
         f.write(format_report(report) + "\n")
+    from hf_mlcl.evaluation.plots import _new_figure as _figure  # the package's one Agg-figure helper
+
     title = report.get("dataset", {}).get("name", "")
 
     counts = np.asarray(report["label_frequency"]["sorted_counts"])
