@@ -8,6 +8,8 @@ Sub-commands::
     hf-mlcl evaluate CHECKPOINT [RECIPE] [--split test] [--key ...]   score a classifier, write metrics + plots
     hf-mlcl push     FOLDER --repo-id USER/NAME [--private]  upload model, tokenizer, card and metrics
     hf-mlcl demo     [--output-dir DIR] [--dataset goemotions --data-dir DIR --model PATH]
+    hf-mlcl inspect  DATASET [--data-dir DIR] [--splits train] [--batch-size 32] [--queue-size 0] ...
+                     how each loss sees the data (relations, positives, HBL gate, queue advice)
 
 A RECIPE is a YAML file (see ``recipes/`` and :mod:`hf_mlcl.recipes`); ``--key value`` overrides any
 ModelArguments / DataArguments / TrainingArguments field, ``--contrastive.key`` / ``--probe.key`` one stage
@@ -21,6 +23,7 @@ imports it.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -212,7 +215,45 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)")
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
+    p = add("inspect", "how each loss sees a dataset: relations R1-R5, positives, wasted anchors, HBL gate, queue advice")
+    p.add_argument("dataset", help="a registry name (hf_mlcl.data.list_datasets())")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)")
+    p.add_argument("--option", action="append", default=[], help="loader keyword as key=value (repeatable)")
+    p.add_argument("--batch-size", type=int, default=32, help="per-process batch size")
+    p.add_argument("--queue-size", type=int, default=0)
+    p.add_argument("--num-processes", type=int, default=1)
+    p.add_argument("--k-min", type=int, default=128, help="HBL's reliability gate")
+    p.add_argument("--batches", type=int, default=50, help="sampled batches per queue size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="./hf_mlcl_inspect")
+    p.add_argument("--prefix", default=None, help="file-name prefix (default: the dataset name)")
     return parser
+
+
+def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
+    """Thin caller of :func:`hf_mlcl.analysis.inspect_dataset`: print the table, write JSON + PNGs."""
+    if rest:
+        raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
+    from hf_mlcl.analysis import format_report, inspect_dataset, write_report
+
+    options = {}
+    for item in ns.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--option takes key=value (a loader keyword), got {item!r}")
+        try:
+            options[key] = json.loads(value)  # numbers, true / false, lists
+        except json.JSONDecodeError:
+            options[key] = value
+    report = inspect_dataset(
+        ns.dataset, ns.data_dir, splits=[s for s in ns.splits.split(",") if s], loader_options=options,
+        batch_size=ns.batch_size, queue_size=ns.queue_size, num_processes=ns.num_processes, k_min=ns.k_min,
+        n_batches=ns.batches, seed=ns.seed,
+    )  # fmt: skip
+    print(format_report(report))
+    paths = write_report(report, ns.output_dir, prefix=ns.prefix or ns.dataset)
+    print("wrote " + ", ".join(paths.values()))
 
 
 COMMANDS = {
@@ -222,6 +263,7 @@ COMMANDS = {
     "evaluate": cmd_evaluate,
     "push": cmd_push,
     "demo": cmd_demo,
+    "inspect": cmd_inspect,
 }
 
 

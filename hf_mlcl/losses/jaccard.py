@@ -8,7 +8,7 @@ Registered as ``"jaccard"``.
 * weight W_ip = abs(S & T) / abs(S | T) (Jaccard similarity), outside the log;
 * per-anchor normaliser: N(i) = sum_p W_ip;
 * reduction: mean over anchors with at least one positive (the paper divides by abs(B); anchors without
-  positives contribute 0 there, we do not count them — LOSSES.md).
+  positives contribute 0 there, we do not count them — docs/losses.md).
 """
 
 from __future__ import annotations

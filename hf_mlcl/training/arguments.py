@@ -156,6 +156,20 @@ class ContrastiveTrainingArguments(TrainingArguments):
     queue_size: int = field(
         default=0, metadata={"help": "MoCo queue length K; 0 = in-batch candidates only."}
     )
+    contrast_set: str | None = field(
+        default=None,
+        metadata={
+            "help": "With a queue: 'keys' (current keys + queue, no query-query pairs), 'queries+queue' "
+            "(other in-batch + queue) or 'queries+keys' (both); default: the loss paper's (docs/losses.md)."
+        },
+    )
+    queue_warmup: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Leave the queue out of the contrast set until it has been filled once (MulSupCon code); "
+            "default: the loss's (True except msc)."
+        },
+    )
     momentum: float = field(default=0.999, metadata={"help": "EMA factor of the momentum (key) encoder."})
     gather_across_devices: bool = field(
         default=True,
@@ -183,6 +197,9 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
+        from .candidates import check_contrast_set
+
+        check_contrast_set(self.contrast_set, self.queue_size)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1); got {self.momentum}")
         if self.gradcache_chunk_size < 0:

@@ -7,12 +7,15 @@ What one training micro-batch does (``compute_loss``):
    are anchors and candidates (SupCon's two-crop batch, Khosla et al. 2020, eq. 2).
 2. with ``queue_size > 0`` (MoCo, He et al. 2020): the momentum encoder encodes the key view (view 2
    when ``n_views=2``, else the same inputs; only view 1 is then encoded by the online encoder) under
-   no_grad; the keys of *all* processes are gathered (no gradient) and, together with the queue, are
-   extra candidates that are never excluded (an anchor's own key is a positive).
-3. under data parallelism the other processes' embeddings are gathered **with gradient** and appended
-   as candidates; anchors stay local (see :mod:`hf_mlcl.training.distributed`). A loss that cannot
-   take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors (identical
-   loss on every rank; the gradient algebra is the same, see ``_loss_from_embeddings``).
+   no_grad, and the keys of *all* processes are gathered (no gradient).
+3. :class:`~hf_mlcl.training.candidates.CandidateBuilder` builds the step's anchors and candidates:
+   in batch mode the other in-batch samples; with a queue the loss's contrast set (``contrast_set``:
+   ``"keys"`` — current keys + queue, no query-query pairs (MulSupCon, ws-MulSupCon, HBL and the
+   SupCon-family losses); ``"queries+queue"`` — other in-batch embeddings + queue of previous batches
+   (msc / ABALONE); ``"queries+keys"`` — the union), with the queue left out until filled once when
+   ``queue_warmup`` is on. Under data parallelism the other processes' embeddings are gathered **with
+   gradient** as candidates; anchors stay local (:mod:`hf_mlcl.training.distributed`). A loss that
+   cannot take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors.
 4. the loss (``get_loss(args.loss, temperature=..., **args.loss_kwargs)``) is computed fully here and
    its ``components`` are logged (``loss_<name>`` keys, averaged over the logging window).
 5. after the loss, the gathered keys are enqueued (training only), so every process's queue is the
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +83,7 @@ from ._common import (
     slice_rows,
 )
 from .arguments import ContrastiveTrainingArguments
+from .candidates import CandidateBuilder, max_candidates, resolve_contrast_set, resolve_queue_warmup
 from .checkpoint_state import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
 from .gradcache import gradcache_backward
 
@@ -142,7 +147,7 @@ class ContrastiveTrainer(Trainer):
     Args:
         model: an encoder whose forward returns an object with ``embeddings`` (e.g. ``MLCLEncoder``).
         args: ``ContrastiveTrainingArguments`` (loss, loss_kwargs, temperature, n_views, queue_size,
-            momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
+            contrast_set, queue_warmup, momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
         data_collator: default ``MultiLabelCollator(processing_class, num_labels, n_views=args.n_views)``.
         loss_fn: a ready ``ContrastiveLoss`` (default: built from ``args``).
         num_labels: the label count (default: read from the dataset's ClassLabel feature).
@@ -151,7 +156,7 @@ class ContrastiveTrainer(Trainer):
         Other keywords go to ``transformers.Trainer``.
 
     Raises ValueError at construction for: an unknown or supervised loss, a queue with a loss that
-    cannot take keys, ``n_views`` not in {1, 2} (or a collator with another ``n_views``), a dataset
+    cannot take keys, a ``contrast_set`` without a queue or that the loss cannot take, ``n_views`` not in {1, 2} (or a collator with another ``n_views``), a dataset
     without the label column, and a label count that differs between dataset / model / loss / queue.
     """
 
@@ -214,6 +219,8 @@ class ContrastiveTrainer(Trainer):
                 f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
             )
         resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
+        contrast_set = resolve_contrast_set(loss_fn, args.contrast_set, args.queue_size)
+        self._warn_if_gate_cannot_open(loss_fn, args, contrast_set)
         if getattr(loss_fn, "requires_label_statistics", False):
             if train_dataset is None:
                 raise ValueError(
@@ -271,8 +278,35 @@ class ContrastiveTrainer(Trainer):
             for obj in (self.momentum_encoder, self.queue):
                 if hasattr(obj, "to"):
                     obj.to(self.args.device)
+        self.candidates = CandidateBuilder(
+            contrast_set,
+            queue=self.queue,
+            queue_warmup=resolve_queue_warmup(loss_fn, args.queue_warmup),
+            gather=args.gather_across_devices,
+            supports_keys=getattr(loss_fn, "supports_keys", False),
+        )
         if self.momentum_encoder is not None or self._loss_parameters():
             self.add_callback(_StepCallback(self))
+
+    @staticmethod
+    def _warn_if_gate_cannot_open(loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set) -> None:
+        """One warning when HBL's reliability gate (abs(P) >= k_min) can never open: fewer candidates
+        than k_min per anchor in batch + queue, so the structural term is exactly zero."""
+        k_min = getattr(loss_fn, "k_min", None)
+        if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
+            return
+        reach = max_candidates(
+            args.per_device_train_batch_size, max(1, args.world_size), args.n_views, args.queue_size, contrast_set
+        )
+        if reach < k_min:
+            warnings.warn(
+                f"{type(loss_fn).__name__}: k_min={k_min} but an anchor has at most {reach} candidates per step "
+                f"(batch {args.per_device_train_batch_size} x {max(1, args.world_size)} processes, "
+                f"queue_size={args.queue_size}, contrast set {contrast_set or 'in-batch'}): the reliability gate "
+                "never opens and the HBL term adds exactly 0; raise queue_size / the batch size or lower k_min",
+                UserWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ parameters / optimizer
     def _loss_parameters(self) -> list[nn.Parameter]:
@@ -309,46 +343,16 @@ class ContrastiveTrainer(Trainer):
         return pop_labels(inputs, self.label_column)
 
     def _loss_from_embeddings(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        key_labels: torch.Tensor | None = None,
+        self, embeddings: torch.Tensor, labels: torch.Tensor, batch_keys: tuple | None = None
     ) -> torch.Tensor:
-        """Loss of local anchors against local + (gathered) remote candidates + keys.
+        """The loss of local anchors against this step's candidates (:class:`CandidateBuilder`)."""
+        return self.candidates.step(embeddings, labels, batch_keys).loss(self.loss_fn)
 
-        With keys-capable losses the other ranks' embeddings (gathered with gradient) are appended to
-        the keys, so the contrast set of an anchor is the global batch minus itself. Otherwise the
-        gathered global batch is the anchor set on every rank (same loss everywhere); the gather's
-        sum-backward then hands rank r ``W dL/dz_r`` and DDP's 1/W average restores ``dL/dtheta``.
-        """
-        if self.args.gather_across_devices and D.is_distributed():
-            if getattr(self.loss_fn, "supports_keys", False):
-                other, other_labels = D.gather_candidates(embeddings, labels)
-                keys = other if keys is None else torch.cat([other, keys.to(other.dtype)])
-                key_labels = other_labels if key_labels is None else torch.cat([other_labels, key_labels])
-            else:
-                embeddings = torch.cat(D.all_gather_with_grad(embeddings))
-                labels = torch.cat(D.all_gather_no_grad(D.to_dense_bool(labels)))
-        if keys is None:
-            return self.loss_fn(embeddings, labels)
-        return self.loss_fn(embeddings, labels, keys, key_labels)
-
-    def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor):
-        """Momentum-encoded keys of all processes (no gradient) plus the queue; returns what to enqueue."""
+    def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor) -> tuple:
+        """This step's momentum keys of all processes (no gradient) and their labels."""
         with torch.no_grad():
-            keys = self._embeddings(self.momentum_encoder(**key_inputs)).detach()
-            key_labels = D.to_dense_bool(key_labels)
-            if D.is_distributed():
-                keys = torch.cat(D.all_gather_no_grad(keys))
-                key_labels = torch.cat(D.all_gather_no_grad(key_labels))
-        new = (keys, key_labels)
-        if len(self.queue) > 0:
-            q_emb = self.queue.embeddings.to(device=keys.device, dtype=keys.dtype)
-            q_lab = D.to_dense_bool(self.queue.labels.to(keys.device))
-            keys = torch.cat([keys, q_emb])
-            key_labels = torch.cat([key_labels, q_lab])
-        return keys, key_labels, new
+            keys = self._embeddings(self.momentum_encoder(**key_inputs))
+        return self.candidates.gather_keys(keys, key_labels)
 
     def _prepare_views(self, model: nn.Module, model_inputs: dict[str, Any], labels: torch.Tensor):
         """(anchor inputs, anchor labels, key inputs, key labels) for this micro-batch."""
@@ -385,15 +389,12 @@ class ContrastiveTrainer(Trainer):
         anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
             model, model_inputs, labels
         )
-        keys = keys_labels = to_enqueue = None
-        if key_inputs is not None:
-            keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
+        batch_keys = None if key_inputs is None else self._momentum_keys(key_inputs, key_labels)
         embeddings = self._encode(model, anchor_inputs)
-        loss = self._loss_from_embeddings(embeddings, anchor_labels, keys, keys_labels)
+        loss = self._loss_from_embeddings(embeddings, anchor_labels, batch_keys)
         if model.training:
             self._record_components()
-            if to_enqueue is not None:
-                self.queue.enqueue(*to_enqueue)
+            self.candidates.enqueue(batch_keys)
         return (loss, embeddings) if return_outputs else loss
 
     # ------------------------------------------------------------------ training step (GradCache)
@@ -422,13 +423,11 @@ class ContrastiveTrainer(Trainer):
         anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
             model, model_inputs, labels
         )
-        keys = keys_labels = to_enqueue = None
-        if key_inputs is not None:
-            keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
+        batch_keys = None if key_inputs is None else self._momentum_keys(key_inputs, key_labels)
         scale = 1.0 / self.current_gradient_accumulation_steps
 
         def loss_fn(emb: torch.Tensor) -> torch.Tensor:
-            return self._loss_from_embeddings(emb, anchor_labels, keys, keys_labels)
+            return self._loss_from_embeddings(emb, anchor_labels, batch_keys)
 
         def encode(chunk: dict[str, Any]) -> torch.Tensor:
             with self.compute_loss_context_manager():
@@ -444,8 +443,7 @@ class ContrastiveTrainer(Trainer):
             no_sync=lambda: self.accelerator.no_sync(model),
         )
         self._record_components()
-        if to_enqueue is not None:
-            self.queue.enqueue(*to_enqueue)
+        self.candidates.enqueue(batch_keys)
         return loss * scale
 
     # ------------------------------------------------------------------ evaluation

@@ -175,7 +175,7 @@ def build_tokenizer_and_encoder(
     ensure_pad_token(tokenizer)  # the one pad-token policy (Llama-3 reserved pad, else EOS)
     backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
     if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:
-        backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama: no pad token by default (DESIGN trap)
+        backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama has no pad token by default
     return tokenizer, encoder
 
 
