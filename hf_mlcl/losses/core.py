@@ -1,12 +1,15 @@
 """The shared engine of every contrastive loss: a masked, weighted, numerically stable log-softmax.
 
-Every loss in the implemented papers has the form (see ``/work/shared/LOSSES.md`` and ``DESIGN.md``)::
+Every loss in the implemented papers has the form (the loss table in ``docs/losses.md`` of the repository;
+the papers are cited in each loss module)::
 
     loss_i = - [ sum_p W_ip * logp_ip  + c_i ] / norm_i
     logp_ia = s_ia - log sum_{a in contrast(i)} d_ia * exp(s_ia),     s_ia = z_i . c_a / tau
 
 with candidates c = [in-batch embeddings; key embeddings]. The anchor itself is excluded from its own
-contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). A loss module
+contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). With
+``anchors_in_candidates=False`` the candidates are the keys only (c = keys; no anchor-anchor pair):
+the ``"keys"`` contrast set of MulSupCon / ws-MulSupCon / HBL (see :mod:`hf_mlcl.training.candidates`). A loss module
 only builds :class:`LossTerms` — the positive weights ``W`` (N, M), optional denominator weights
 ``d`` (passed as ``log d``), the per-anchor normaliser and (rarely) a constant ``c`` and a global
 reduction denominator — from the label relations in :class:`ContrastContext`
@@ -157,11 +160,14 @@ class ContrastContext:
         embeddings / key_embeddings: the inputs in ``dtype`` as given (not normalised).
         anchors: (N, D) anchor embeddings in ``dtype`` (L2-normalised when the loss normalises).
         keys: (K, D) key embeddings, likewise, or None.
-        candidates: (M, D) = [anchors; keys], M = N + K.
+        candidates: (M, D) = [anchors; keys], M = N + K, or the keys alone (M = K) when
+            ``anchors_in_candidates`` is False.
+        anchors_in_candidates: whether the anchors are (self-excluded) candidates of each other.
         anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
         num_anchors, num_keys, temperature, dtype, normalize.
         logits: (N, M) = anchors @ candidates^T / temperature.
-        self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column).
+        self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the
+            anchors are not candidates).
         contrast_mask: (N, M) bool = ~self_mask.
     Cached relations (exact integer counts, returned in ``dtype`` so float64 stays exact):
     ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
@@ -180,11 +186,13 @@ class ContrastContext:
         keys: Tensor | None,
         key_labels: Tensor | None,
         temperature: float,
+        anchors_in_candidates: bool = True,
         normalize: bool = False,
         checked: bool = True,
     ) -> None:
         self.embeddings = anchors
         self.key_embeddings = keys
+        self.anchors_in_candidates = bool(anchors_in_candidates)
         self.normalize = bool(normalize)
         self.checked = bool(checked)
         self.fused_used = False
@@ -194,7 +202,10 @@ class ContrastContext:
         self.num_keys = 0 if keys is None else keys.shape[0]
         self.anchor_labels = anchor_labels
         self.key_labels = key_labels
-        self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
+        if self.anchors_in_candidates:
+            self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
+        else:
+            self.candidate_labels = key_labels
 
     def check_finite(self) -> None:
         """The full NaN / inf check of the embeddings (ValueError naming the tensor), once."""
@@ -226,28 +237,33 @@ class ContrastContext:
         self.fused_used = True
         return fused_contrastive_loss(
             self.embeddings, self.key_embeddings, weights, coef, self.temperature,
-            normalize=self.normalize, **kwargs,
+            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates, **kwargs,
         )  # fmt: skip
 
     @property
     def num_candidates(self) -> int:
-        return self.num_anchors + self.num_keys
+        return (self.num_anchors if self.anchors_in_candidates else 0) + self.num_keys
 
     @cached_property
     def contrast_mask(self) -> Tensor:
         """(N, M) bool: True where candidate a is in the contrast set of anchor i (all but (i, i))."""
         mask = torch.ones(self.num_anchors, self.num_candidates, dtype=torch.bool, device=self.device)
-        mask.diagonal().fill_(False)
+        if self.anchors_in_candidates:
+            mask.diagonal().fill_(False)
         return mask
 
     @cached_property
     def self_mask(self) -> Tensor:
-        """(N, M) bool, True at (i, i) (the anchor's own in-batch column)."""
+        """(N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the anchors
+        are not candidates)."""
         return ~self.contrast_mask
 
     @cached_property
     def candidates(self) -> Tensor:
-        """(M, D) = [anchors; keys] (the anchors themselves when there are no keys)."""
+        """(M, D) = [anchors; keys] (the anchors themselves when there are no keys, the keys alone
+        when the anchors are not candidates)."""
+        if not self.anchors_in_candidates:
+            return self.keys
         return self.anchors if self.keys is None else torch.cat([self.anchors, self.keys], dim=0)
 
     @cached_property
@@ -284,7 +300,8 @@ class ContrastContext:
     def shares_label(self) -> Tensor:
         """(N, M) bool: S & T non-empty (and inside the contrast set)."""
         shares = self.inter > 0
-        shares.diagonal().fill_(False)
+        if self.anchors_in_candidates:
+            shares.diagonal().fill_(False)
         return shares
 
     def zero(self) -> Tensor:
@@ -304,7 +321,7 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     """
     dtype = ctx.dtype
     w = R.cast(terms.weights, dtype)
-    if bool(w.diagonal().any()):  # the anchor's own column is outside its contrast set: drop it
+    if ctx.anchors_in_candidates and bool(w.diagonal().any()):  # own column: outside the contrast set
         w = w.clone()
         w.diagonal().zero_()
     wsum = w.sum(dim=1)
@@ -358,6 +375,11 @@ class ContrastiveLoss(nn.Module):
     is_contrastive = True
     supports_keys = True
     default_temperature = 0.07
+    # MoCo mode (queue_size > 0): the paper's contrast set and whether the queue waits until it has
+    # been filled once (hf_mlcl.training.candidates). Losses without a MoCo setting of their own (all,
+    # any, sd, jaccard) follow the SupCon / MulSupCon code they are compared with: keys, warm-up.
+    default_contrast_set = "keys"
+    default_queue_warmup = True
 
     def __init__(self, temperature: float | None = None, normalize: bool = True) -> None:
         super().__init__()
@@ -384,13 +406,20 @@ class ContrastiveLoss(nn.Module):
         labels: Tensor,
         key_embeddings: Tensor | None = None,
         key_labels: Tensor | None = None,
+        anchors_in_candidates: bool = True,
     ) -> ContrastContext:
         """Validate inputs (ValueError naming the problem), upcast, build the context.
 
+        ``anchors_in_candidates=False`` makes the keys the only candidates (needs keys).
         Normalisation and the NaN / inf check of the embeddings are deferred to the context (see
         :class:`ContrastContext`); every check raises before the loss is returned.
         """
         _check_embeddings(embeddings, "embeddings", finite=False)
+        if not anchors_in_candidates and key_embeddings is None:
+            raise ValueError(
+                "anchors_in_candidates=False (the 'keys' contrast set) needs key_embeddings / key_labels: "
+                "the candidates are then the keys only"
+            )
         if (key_embeddings is None) != (key_labels is None):
             raise ValueError("key_embeddings and key_labels must be given together (or both left None)")
         if key_embeddings is not None and not self.supports_keys:
@@ -430,7 +459,10 @@ class ContrastiveLoss(nn.Module):
             if k.device != z.device:
                 k = k.to(z.device)
         # normalisation and the NaN / inf check happen on first use (ContrastContext)
-        return ContrastContext(z, y, k, yk, self.temperature, normalize=self.normalize, checked=False)
+        return ContrastContext(
+            z, y, k, yk, self.temperature, anchors_in_candidates=anchors_in_candidates,
+            normalize=self.normalize, checked=False,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
@@ -467,15 +499,19 @@ class ContrastiveLoss(nn.Module):
         labels: Tensor,
         key_embeddings: Tensor | None = None,
         key_labels: Tensor | None = None,
+        anchors_in_candidates: bool = True,
     ) -> Tensor:
         """Scalar loss for anchors ``embeddings`` (N, D) with multi-hot ``labels`` (N, L).
 
         Optional ``key_embeddings`` (K, D) / ``key_labels`` (K, L) (MoCo queue or momentum keys) are
-        extra candidates that are never excluded from the contrast set.
+        extra candidates that are never excluded from the contrast set. ``anchors_in_candidates=False``
+        drops the anchor-anchor pairs: the keys are then the whole contrast set (MulSupCon's
+        ``scores = q . [k_batch ; queue]``).
         """
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
         with torch.autocast(device_type=device_type, enabled=False):
-            return self.compute_and_record(self.prepare(embeddings, labels, key_embeddings, key_labels))
+            ctx = self.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
+            return self.compute_and_record(ctx)
 
     def compute_and_record(self, ctx: ContrastContext) -> Tensor:
         """The loss on a prepared context; stores its parts in ``self.components`` for logging.

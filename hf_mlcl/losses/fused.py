@@ -77,6 +77,7 @@ class _FusedContrastive(torch.autograd.Function):
         log_d: float | None,
         normalize: bool,
         extra_unit: bool,
+        self_in_candidates: bool,
     ) -> tuple[Tensor, Tensor]:
         n = anchors.shape[0]
         a_inv = a_act = k_inv = k_act = None
@@ -84,7 +85,10 @@ class _FusedContrastive(torch.autograd.Function):
             anchors, a_inv, a_act = _normalize(anchors)
             if keys is not None:
                 keys, k_inv, k_act = _normalize(keys)
-        cands = anchors if keys is None else torch.cat([anchors, keys], dim=0)
+        if not self_in_candidates:
+            cands = keys  # the keys-only contrast set: no anchor-anchor pair, nothing excluded
+        else:
+            cands = anchors if keys is None else torch.cat([anchors, keys], dim=0)
         dtype = anchors.dtype
         # Scores are shifted by a per-row constant C_i before exp (the usual max-subtraction); the
         # shift cancels exactly in Wsum_i (log sum exp(s - C) + C) - sum_a W_ia s_ia, so the bracket
@@ -95,7 +99,8 @@ class _FusedContrastive(torch.autograd.Function):
         shift = anchors.new_full((), -inv_tau) if bound else anchors.new_zeros(())
         s = torch.addmm(shift, anchors, cands.T, alpha=inv_tau)  # (N, M) = s - C
         num = torch.linalg.vecdot(weights, s)  # W is 0 on the diagonal, where s is still finite
-        s.diagonal().fill_(-math.inf)  # the anchor's own column leaves the contrast set
+        if self_in_candidates:
+            s.diagonal().fill_(-math.inf)  # the anchor's own column leaves the contrast set
         if log_d is not None:
             s.add_(log_d)
         sp = ep = rmax = None
@@ -128,7 +133,7 @@ class _FusedContrastive(torch.autograd.Function):
             a_inv, a_act, k_inv, k_act,
         )  # fmt: skip
         ctx.inv_tau = inv_tau
-        ctx.n = n
+        ctx.n = n if self_in_candidates else 0
         ctx.mark_non_differentiable(bracket)
         return loss, bracket
 
@@ -148,6 +153,11 @@ class _FusedContrastive(torch.autograd.Function):
             if need_a:
                 grad_a = g @ anchors
                 grad_a.addmm_(g.T, anchors)
+        elif n == 0:  # keys-only contrast set
+            if need_a:
+                grad_a = g @ keys
+            if need_k:
+                grad_k = g.T @ anchors
         else:
             ga = g[:, :n]
             if need_a:
@@ -169,7 +179,7 @@ class _FusedContrastive(torch.autograd.Function):
                 grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
             if grad_k is not None:
                 grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
-        return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None, None
+        return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 def fused_contrastive_loss(
@@ -185,6 +195,7 @@ def fused_contrastive_loss(
     normalize: bool = False,
     weight_sums: Tensor | None = None,
     extra_unit: bool = False,
+    self_in_candidates: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` with a closed-form backward.
 
@@ -203,6 +214,8 @@ def fused_contrastive_loss(
         normalize: L2-normalise anchors and keys first (as ``F.normalize``).
         weight_sums: optional precomputed ``weights.sum(dim=1)``.
         extra_unit: the rows of ``extra`` have unit norm (lets the kernel skip the row-max pass).
+        self_in_candidates: False for the keys-only contrast set: the candidates are the keys alone
+            (needs keys; ``weights`` is then (N, K) and nothing is excluded).
     Returns ``(loss, bracket)``: the scalar loss and the detached (N,) per-anchor bracket
     ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components).
     """
@@ -219,5 +232,5 @@ def fused_contrastive_loss(
         keys = cast(keys, dtype)
     return _FusedContrastive.apply(
         anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
-        1.0 / temperature, log_d, bool(normalize), bool(extra_unit),
+        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates),
     )  # fmt: skip

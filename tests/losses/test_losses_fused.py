@@ -57,9 +57,9 @@ def _cases():
     yield "lone anchor + keys", z[:1], y[2:3], zk, yk
 
 
-def _general(loss, z, y, zk, yk):
+def _general(loss, z, y, zk, yk, anchors_in_candidates=True):
     """The loss through the general (autograd) engine path, from the same LossTerms."""
-    ctx = loss.prepare(z, y, zk, yk)
+    ctx = loss.prepare(z, y, zk, yk, anchors_in_candidates=anchors_in_candidates)
     terms = loss.build_terms(ctx)
     out, _, _ = weighted_contrastive_loss(
         ctx.logits,
@@ -99,6 +99,22 @@ def test_fused_kernel_matches_general_path(name, kwargs, normalize, temperature)
             torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=f"{case}: value")
             for gf, gs in zip(g_fast, g_slow):
                 torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=f"{case}: gradient")
+
+
+@pytest.mark.parametrize("name,kwargs", TERMS_LOSSES)
+def test_fused_kernel_matches_general_path_on_the_keys_only_contrast_set(name, kwargs):
+    """anchors_in_candidates=False (MulSupCon's 'keys' set): the keys are the only candidates."""
+    loss = get_loss(name, **kwargs)
+    for case, z, y, zk, yk in _cases():
+        if zk is None:
+            continue
+        fast, g_fast = _value_and_grads(
+            lambda e, k, a=y, b=yk: loss(e, a, k, b, anchors_in_candidates=False), z, zk
+        )
+        slow, g_slow = _value_and_grads(lambda e, k, a=y, b=yk: _general(loss, e, a, k, b, False), z, zk)
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=case)
+        for gf, gs in zip(g_fast, g_slow):
+            torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=case)
 
 
 def test_fused_kernel_float32_matches_float64():
@@ -158,7 +174,7 @@ def _msc_reference(loss, z, y, zk, yk):
     return per_anchor.sum() / valid.sum().clamp_min(1) + 0.0 * sp.sum()
 
 
-@pytest.mark.parametrize("beta", [0.1, 1.0])
+@pytest.mark.parametrize("beta", [0.1, 0.5])
 def test_msc_fused_matches_previous_formula(beta):
     for temperature in (0.01, 0.1):
         loss = get_loss("msc", num_labels=5, embedding_dim=4, beta=beta, temperature=temperature).double()
@@ -180,11 +196,12 @@ def test_msc_fused_matches_previous_formula(beta):
                         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=case)
 
 
-def _ws_reference(loss, z, y, zk, yk):
+def _ws_reference(loss, z, y, zk, yk, anchors_in_candidates=True):
     """ws-MulSupCon (paper variant) as computed before the fused kernel, with its components."""
     from hf_mlcl.losses.label_statistics import PairLabelView
 
-    ctx = loss.prepare(z, y, zk, yk)
+    ctx = loss.prepare(z, y, zk, yk, anchors_in_candidates=anchors_in_candidates)
+    own = 1.0 if anchors_in_candidates else 0.0
     dtype, contrast = ctx.dtype, ctx.contrast_mask
     with torch.no_grad():
         size_a, size_c = ctx.anchor_sizes, ctx.candidate_sizes
@@ -194,8 +211,8 @@ def _ws_reference(loss, z, y, zk, yk):
         rows, cols = view.rows, view.cols
         single_pair = single_a[rows]
         cw = loss._class_weights(cols, single_pair, ctx.anchor_labels.shape[1], dtype)
-        n_s = view.candidate_counts(single_c.to(dtype)) - single_pair.to(dtype)
-        n_m = view.candidate_counts(multi_c.to(dtype)) - multi_a[rows].to(dtype)
+        n_s = view.candidate_counts(single_c.to(dtype)) - own * single_pair.to(dtype)
+        n_m = view.candidate_counts(multi_c.to(dtype)) - own * multi_a[rows].to(dtype)
         zero = torch.zeros((), dtype=dtype)
         q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
         q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
@@ -228,16 +245,20 @@ def test_ws_mulsupcon_fused_matches_previous_formula():
         loss = get_loss("ws_mulsupcon", class_weights=class_weights).double()
         if class_weights:
             loss.set_label_statistics(train)
-        for case, z, y, zk, yk in _cases():
-            fast, g_fast = _value_and_grads(lambda e, k, fn=loss, a=y, b=yk: fn(e, a, k, b), z, zk)
+        for (case, z, y, zk, yk), aic in [(c, True) for c in _cases()] + [
+            (c, False) for c in _cases() if c[3] is not None
+        ]:
+            fast, g_fast = _value_and_grads(
+                lambda e, k, fn=loss, a=y, b=yk, f=aic: fn(e, a, k, b, anchors_in_candidates=f), z, zk
+            )
             comps = dict(loss.components)
             slow, g_slow = _value_and_grads(
-                lambda e, k, fn=loss, a=y, b=yk: _ws_reference(fn, e, a, k, b)[0], z, zk
+                lambda e, k, fn=loss, a=y, b=yk, f=aic: _ws_reference(fn, e, a, k, b, f)[0], z, zk
             )
             torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=case)
             for gf, gs in zip(g_fast, g_slow):
                 torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=case)
-            _, parts = _ws_reference(loss, z, y, zk, yk)
+            _, parts = _ws_reference(loss, z, y, zk, yk, aic)
             for key, value in parts.items():
                 assert comps[key] == pytest.approx(float(value), rel=1e-9, abs=1e-12), (case, key)
 
