@@ -21,6 +21,15 @@ logsumexp (max-subtracted), so bf16 / fp16 inputs are upcast and float64 inputs 
 (``torch.autograd.gradcheck`` works). Policy for degenerate anchors: an anchor with no positive (or an
 empty label set, or an empty contrast set) contributes nothing and is not counted; a batch with no
 valid anchor returns a zero that is still connected to the autograd graph (never NaN).
+
+Fast path: terms on the standard contrast set (every loss built from :class:`LossTerms`, msc and
+ws_mulsupcon's paper variant) run through one fused autograd kernel
+(:mod:`hf_mlcl.losses.fused`: normalisation, similarities, shifted exp, weighted sums and a
+closed-form backward), with the per-anchor validity, normaliser and reduction folded into one
+coefficient (:func:`terms_loss`); :func:`weighted_contrastive_loss` remains the general path (and
+the reference the tests compare the kernel with). The contrast masks, the normalised embeddings and
+the logits are built only when a loss asks for them, and the NaN / inf check of the embeddings moves
+to the kernel's scalar result (see :class:`ContrastContext`).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import relations as R
+from .fused import fused_contrastive_loss
 
 __all__ = [
     "ContrastContext",
@@ -147,12 +157,14 @@ class ContrastContext:
     """Validated inputs of one forward call plus lazily computed label relations.
 
     Attributes:
+        embeddings / key_embeddings: the inputs in ``dtype`` as given (not normalised).
         anchors: (N, D) anchor embeddings in ``dtype`` (L2-normalised when the loss normalises).
+        keys: (K, D) key embeddings, likewise, or None.
         candidates: (M, D) = [anchors; keys], M = N + K, or the keys alone (M = K) when
             ``anchors_in_candidates`` is False.
         anchors_in_candidates: whether the anchors are (self-excluded) candidates of each other.
         anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
-        num_anchors, num_keys, temperature, dtype.
+        num_anchors, num_keys, temperature, dtype, normalize.
         logits: (N, M) = anchors @ candidates^T / temperature.
         self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the
             anchors are not candidates).
@@ -160,6 +172,11 @@ class ContrastContext:
     Cached relations (exact integer counts, returned in ``dtype`` so float64 stays exact):
     ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
     ``union``, ``equal``, ``jaccard``, ``shares_label`` (inter > 0).
+
+    Everything is computed on first use. The embeddings' finiteness check (a full pass) runs when
+    ``anchors`` / ``keys`` are first read — before any general-path computation — or, for the fused
+    kernel (:meth:`fused`), on the scalar result: non-finite inputs always give a non-finite loss
+    there, and :meth:`ContrastiveLoss.compute_and_record` then runs the full check, which raises.
     """
 
     def __init__(
@@ -170,10 +187,15 @@ class ContrastContext:
         key_labels: Tensor | None,
         temperature: float,
         anchors_in_candidates: bool = True,
+        normalize: bool = False,
+        checked: bool = True,
     ) -> None:
-        self.anchors = anchors
+        self.embeddings = anchors
+        self.key_embeddings = keys
         self.anchors_in_candidates = bool(anchors_in_candidates)
-        self.keys = keys
+        self.normalize = bool(normalize)
+        self.checked = bool(checked)
+        self.fused_used = False
         self.dtype = anchors.dtype
         self.temperature = temperature
         self.num_anchors = anchors.shape[0]
@@ -181,19 +203,68 @@ class ContrastContext:
         self.anchor_labels = anchor_labels
         self.key_labels = key_labels
         if self.anchors_in_candidates:
-            self.candidates = anchors if keys is None else torch.cat([anchors, keys], dim=0)
             self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
         else:
-            self.candidates, self.candidate_labels = keys, key_labels
-        n, m = self.num_anchors, self.candidates.shape[0]
-        self.self_mask = torch.zeros(n, m, dtype=torch.bool, device=anchors.device)
-        if n and self.anchors_in_candidates:
-            self.self_mask[:, :n] = torch.eye(n, dtype=torch.bool, device=anchors.device)
-        self.contrast_mask = ~self.self_mask
+            self.candidate_labels = key_labels
+
+    def check_finite(self) -> None:
+        """The full NaN / inf check of the embeddings (ValueError naming the tensor), once."""
+        if not self.checked:
+            _check_finite(self.embeddings, "embeddings")
+            if self.key_embeddings is not None:
+                _check_finite(self.key_embeddings, "key_embeddings")
+            self.checked = True
+
+    @cached_property
+    def anchors(self) -> Tensor:
+        self.check_finite()
+        return F.normalize(self.embeddings, dim=-1) if self.normalize else self.embeddings
+
+    @cached_property
+    def keys(self) -> Tensor | None:
+        self.check_finite()
+        k = self.key_embeddings
+        return F.normalize(k, dim=-1) if (self.normalize and k is not None) else k
 
     @property
     def device(self) -> torch.device:
-        return self.anchors.device
+        return self.embeddings.device
+
+    def fused(self, weights: Tensor, coef: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+        """:func:`~hf_mlcl.losses.fused.fused_contrastive_loss` on this context's embeddings
+        (normalised inside the kernel); ``kwargs`` as there. Marks the result as fused (the
+        finiteness check moves to the scalar, see the class docstring)."""
+        self.fused_used = True
+        return fused_contrastive_loss(
+            self.embeddings, self.key_embeddings, weights, coef, self.temperature,
+            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates, **kwargs,
+        )  # fmt: skip
+
+    @property
+    def num_candidates(self) -> int:
+        return (self.num_anchors if self.anchors_in_candidates else 0) + self.num_keys
+
+    @cached_property
+    def contrast_mask(self) -> Tensor:
+        """(N, M) bool: True where candidate a is in the contrast set of anchor i (all but (i, i))."""
+        mask = torch.ones(self.num_anchors, self.num_candidates, dtype=torch.bool, device=self.device)
+        if self.anchors_in_candidates:
+            mask.diagonal().fill_(False)
+        return mask
+
+    @cached_property
+    def self_mask(self) -> Tensor:
+        """(N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the anchors
+        are not candidates)."""
+        return ~self.contrast_mask
+
+    @cached_property
+    def candidates(self) -> Tensor:
+        """(M, D) = [anchors; keys] (the anchors themselves when there are no keys, the keys alone
+        when the anchors are not candidates)."""
+        if not self.anchors_in_candidates:
+            return self.keys
+        return self.anchors if self.keys is None else torch.cat([self.anchors, self.keys], dim=0)
 
     @cached_property
     def logits(self) -> Tensor:
@@ -201,15 +272,17 @@ class ContrastContext:
 
     @cached_property
     def inter(self) -> Tensor:
-        return R.intersections(self.anchor_labels, self.candidate_labels).to(self.dtype)
+        return R.cast(R.intersections(self.anchor_labels, self.candidate_labels), self.dtype)
 
     @cached_property
     def anchor_sizes(self) -> Tensor:
-        return R.label_sizes(self.anchor_labels).to(self.dtype)
+        return R.cast(R.label_sizes(self.anchor_labels), self.dtype)
 
     @cached_property
     def candidate_sizes(self) -> Tensor:
-        return R.label_sizes(self.candidate_labels).to(self.dtype)
+        if self.candidate_labels is self.anchor_labels:
+            return self.anchor_sizes
+        return R.cast(R.label_sizes(self.candidate_labels), self.dtype)
 
     @cached_property
     def union(self) -> Tensor:
@@ -226,14 +299,55 @@ class ContrastContext:
     @cached_property
     def shares_label(self) -> Tensor:
         """(N, M) bool: S & T non-empty (and inside the contrast set)."""
-        return (self.inter > 0) & self.contrast_mask
+        shares = self.inter > 0
+        if self.anchors_in_candidates:
+            shares.diagonal().fill_(False)
+        return shares
 
     def zero(self) -> Tensor:
         """A scalar zero connected to the graph of the embeddings."""
-        return self.anchors.sum() * 0.0 + (0.0 if self.keys is None else self.keys.sum() * 0.0)
+        k = self.key_embeddings
+        return self.embeddings.sum() * 0.0 + (0.0 if k is None else k.sum() * 0.0)
 
 
-def _check_embeddings(x: Tensor, name: str) -> None:
+def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
+    """The scalar loss of ``terms`` on the standard contrast set of ``ctx``, with the fused kernel.
+
+    Same contract as :func:`weighted_contrastive_loss` (valid anchors, normaliser, constant,
+    reduction) with the per-anchor factors folded into one coefficient
+    ``coef_i = valid_i / (norm_i * denominator)``, so that
+    loss = sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] - sum_i coef_i c_i
+    (:func:`hf_mlcl.losses.fused.fused_contrastive_loss`).
+    """
+    dtype = ctx.dtype
+    w = R.cast(terms.weights, dtype)
+    if ctx.anchors_in_candidates and bool(w.diagonal().any()):  # own column: outside the contrast set
+        w = w.clone()
+        w.diagonal().zero_()
+    wsum = w.sum(dim=1)
+    norm = R.cast(terms.normalizer, dtype)
+    valid = torch.minimum(wsum, norm) > 0  # has a positive (W >= 0) and a positive normaliser
+    if terms.anchor_valid is not None:
+        valid = valid & terms.anchor_valid
+    if terms.reduction_denominator is None:
+        scale = 1.0 / max(int(valid.sum()), 1)
+    else:
+        denom = torch.as_tensor(terms.reduction_denominator, dtype=dtype, device=ctx.device)
+        scale = torch.where(denom > 0, denom, torch.ones_like(denom)).reciprocal()
+    # coef_i = valid_i / (norm_i * denominator): 1 / inf = 0 for the anchors that do not count
+    coef = torch.where(valid, norm, math.inf).reciprocal_().mul_(scale)
+    const = None if terms.constant is None else -torch.dot(coef, R.cast(terms.constant, dtype))
+    return ctx.fused(w, coef, const=const, weight_sums=wsum)[0]
+
+
+def _check_finite(x: Tensor, name: str) -> None:
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{name} contain NaN or inf values; check the encoder output (learning rate, fp16 overflow)"
+        )
+
+
+def _check_embeddings(x: Tensor, name: str, finite: bool = True) -> None:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape (N, D), got {type(x).__name__}")
     if x.dim() != 2:
@@ -242,10 +356,8 @@ def _check_embeddings(x: Tensor, name: str) -> None:
         )
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.numel() and not bool(torch.isfinite(x).all()):
-        raise ValueError(
-            f"{name} contain NaN or inf values; check the encoder output (learning rate, fp16 overflow)"
-        )
+    if finite:
+        _check_finite(x, name)
 
 
 class ContrastiveLoss(nn.Module):
@@ -296,17 +408,25 @@ class ContrastiveLoss(nn.Module):
         key_labels: Tensor | None = None,
         anchors_in_candidates: bool = True,
     ) -> ContrastContext:
-        """Validate inputs (ValueError naming the problem), upcast, normalise, build the context.
+        """Validate inputs (ValueError naming the problem), upcast, build the context.
 
-        ``anchors_in_candidates=False`` makes the keys the only candidates (needs keys)."""
-        _check_embeddings(embeddings, "embeddings")
+        ``anchors_in_candidates=False`` makes the keys the only candidates (needs keys).
+        Normalisation and the NaN / inf check of the embeddings are deferred to the context (see
+        :class:`ContrastContext`); every check raises before the loss is returned.
+        """
+        _check_embeddings(embeddings, "embeddings", finite=False)
+        if not anchors_in_candidates and key_embeddings is None:
+            raise ValueError(
+                "anchors_in_candidates=False (the 'keys' contrast set) needs key_embeddings / key_labels: "
+                "the candidates are then the keys only"
+            )
         if (key_embeddings is None) != (key_labels is None):
             raise ValueError("key_embeddings and key_labels must be given together (or both left None)")
         if key_embeddings is not None and not self.supports_keys:
             raise ValueError(
                 f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)"
             )
-        y = R.as_multihot(labels, "labels", device=embeddings.device)
+        y = R.as_multihot(labels, "labels", device=embeddings.device, allow_sparse=True)
         if y.shape[0] != embeddings.shape[0]:
             raise ValueError(
                 f"row-count mismatch: embeddings has {embeddings.shape[0]} rows but labels has {y.shape[0]}; "
@@ -314,13 +434,13 @@ class ContrastiveLoss(nn.Module):
             )
         yk = None
         if key_embeddings is not None:
-            _check_embeddings(key_embeddings, "key_embeddings")
+            _check_embeddings(key_embeddings, "key_embeddings", finite=False)
             if key_embeddings.shape[1] != embeddings.shape[1]:
                 raise ValueError(
                     f"embedding dim differs: embeddings have D={embeddings.shape[1]} but key_embeddings "
                     f"D={key_embeddings.shape[1]}"
                 )
-            yk = R.as_multihot(key_labels, "key_labels", device=embeddings.device)
+            yk = R.as_multihot(key_labels, "key_labels", device=embeddings.device, allow_sparse=True)
             if yk.shape[0] != key_embeddings.shape[0]:
                 raise ValueError(
                     f"row-count mismatch: key_embeddings has {key_embeddings.shape[0]} rows but key_labels "
@@ -332,17 +452,17 @@ class ContrastiveLoss(nn.Module):
                     "anchors and keys must share one label space"
                 )
         dtype = compute_dtype_for(embeddings, key_embeddings)
-        z = embeddings.to(dtype)
-        k = None if key_embeddings is None else key_embeddings.to(device=embeddings.device, dtype=dtype)
-        if self.normalize:
-            z = F.normalize(z, dim=-1)
-            k = None if k is None else F.normalize(k, dim=-1)
-        if not anchors_in_candidates and k is None:
-            raise ValueError(
-                "anchors_in_candidates=False (the 'keys' contrast set) needs key_embeddings / key_labels: "
-                "the candidates are then the keys only"
-            )
-        return ContrastContext(z, y, k, yk, self.temperature, anchors_in_candidates=anchors_in_candidates)
+        z = R.cast(embeddings, dtype)
+        k = None
+        if key_embeddings is not None:
+            k = R.cast(key_embeddings, dtype)
+            if k.device != z.device:
+                k = k.to(z.device)
+        # normalisation and the NaN / inf check happen on first use (ContrastContext)
+        return ContrastContext(
+            z, y, k, yk, self.temperature, anchors_in_candidates=anchors_in_candidates,
+            normalize=self.normalize, checked=False,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
@@ -350,8 +470,15 @@ class ContrastiveLoss(nn.Module):
         raise NotImplementedError
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
-        """Loss and extra components from a prepared context (default: one engine call)."""
+        """Loss and extra components from a prepared context (default: one engine call).
+
+        Terms on the standard contrast set (no logits / mask / denominator-weight override) go
+        through the fused kernel (:func:`terms_loss`); the others through
+        :func:`weighted_contrastive_loss`. Both give the same value and first-order gradients.
+        """
         terms = self.build_terms(ctx)
+        if terms.logits is None and terms.contrast_mask is None and terms.log_denominator_weights is None:
+            return terms_loss(ctx, terms), dict(terms.components)
         logits = ctx.logits if terms.logits is None else terms.logits
         mask = ctx.contrast_mask if terms.contrast_mask is None else terms.contrast_mask
         loss, _, valid = weighted_contrastive_loss(
@@ -395,7 +522,10 @@ class ContrastiveLoss(nn.Module):
             loss, parts = ctx.zero(), {}
         else:
             loss, parts = self.compute(ctx)
-        comps = {"loss": float(loss.detach())}
+        value = float(loss.detach())
+        if not (ctx.fused_used and math.isfinite(value)):
+            ctx.check_finite()  # raises the named error when the inputs were not finite
+        comps = {"loss": value}
         for name, value in parts.items():
             comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)
         self.components = comps

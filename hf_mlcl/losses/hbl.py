@@ -332,6 +332,11 @@ class HBLLoss(ContrastiveLoss):
         return ctx.num_anchors / pairs if pairs > 0 else 1.0
 
     def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
+        if not bool((ctx.shares_label.sum(dim=1) >= self.k_min).any()):
+            # no anchor can pass the reliability gate: L_HBL = 0 without touching the embeddings
+            # (the total stays connected to the graph through the base loss)
+            zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
+            return zero, zero.bool()
         return hbl_per_anchor(
             ctx.anchors,
             ctx.candidates,

@@ -16,7 +16,9 @@ Two kinds of helpers live here:
   - :meth:`PairLabelView.collect` computes ``sum_a F_ia [j in T_a]`` at every anchor pair (i, j) —
     the transpose product ``Y_c[:, U]^T @ F^T`` (cost nnz * N) gathered at the anchors' non-zeros.
 
-  Memory: O(N * M + N * U + nnz).
+  Memory: O(N * M + N * U + nnz). When both matrices are dense and N * M * L is small (an in-batch
+  step in a label space of tens or hundreds of labels) the same products run densely over all L
+  columns instead: same values, without the fixed cost of building sparse matrices.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from torch import Tensor
 from . import relations as R
 
 __all__ = ["ws_class_weights", "PairLabelView"]
+
+# dense (N, M, L)-flop products are used instead of sparse ones up to this much work
+_DENSE_MAX_WORK = 2**25
 
 
 def _nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,6 +125,18 @@ class PairLabelView:
         self.num_candidates = candidate_labels.shape[0]
         self.device = anchor_labels.device
         self.rows, self.cols = _nonzero_pairs(anchor_labels)
+        n_labels = anchor_labels.shape[1]
+        self._dense: Tensor | None = None
+        if (
+            not R.is_sparse(anchor_labels)
+            and not R.is_sparse(candidate_labels)
+            and self.num_anchors * self.num_candidates * n_labels <= _DENSE_MAX_WORK
+        ):
+            # small label space: dense products over all L columns beat building sparse matrices
+            self._dense = candidate_labels
+            self.ucol = self.cols
+            self.num_active = n_labels
+            return
         active, self.ucol = torch.unique(self.cols, return_inverse=True)
         self.num_active = int(active.numel())
         lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
@@ -161,6 +178,8 @@ class PairLabelView:
 
     def spread(self, values: Tensor) -> Tensor:
         """(N, M) matrix ``W_ia = sum_{j in S_i & T_a} q_ij`` for per-pair values q (P,) (no grad)."""
+        if self._dense is not None:
+            return self.dense_pairs(values) @ R.cast(self._dense, values.dtype).T
         if self.num_active == 0 or values.numel() == 0:
             return torch.zeros(self.num_anchors, self.num_candidates, dtype=values.dtype, device=self.device)
         q = self.dense_pairs(values)  # (N, U)
@@ -171,6 +190,8 @@ class PairLabelView:
 
     def collect(self, weights: Tensor) -> Tensor:
         """Per-pair values ``sum_a F_ia [j in T_a]`` (P,) for an (N, M) matrix F (no grad)."""
+        if self._dense is not None:
+            return (weights @ R.cast(self._dense, weights.dtype))[self.rows, self.cols]
         if self.num_active == 0 or self.rows.numel() == 0:
             return torch.zeros(self.rows.numel(), dtype=weights.dtype, device=self.device)
         with warnings.catch_warnings():
@@ -181,6 +202,10 @@ class PairLabelView:
     def candidate_counts(self, row_weights: Tensor | None = None) -> Tensor:
         """Per-pair ``sum_a w_a [j in T_a]`` over *all* candidates (P,), w = 1 by default."""
         dtype = torch.float32 if row_weights is None else row_weights.dtype
+        if self._dense is not None:
+            yc = R.cast(self._dense, dtype)
+            per_label = yc.sum(dim=0) if row_weights is None else row_weights @ yc
+            return per_label[self.cols]
         w = (
             torch.ones(self.cand_rows.numel(), dtype=dtype, device=self.device)
             if row_weights is None

@@ -119,43 +119,28 @@ class MSCLoss(ContrastiveLoss):
                 f"msc was built for num_labels={self.num_labels} but labels have {y.shape[1]} columns; "
                 "construct it with num_labels equal to the label-matrix width"
             )
-        if ctx.anchors.shape[1] != self.embedding_dim:
+        if ctx.embeddings.shape[1] != self.embedding_dim:
             raise ValueError(
                 f"msc was built for embedding_dim={self.embedding_dim} but embeddings have "
-                f"D={ctx.anchors.shape[1]}; construct it with the projection dimension"
+                f"D={ctx.embeddings.shape[1]}; construct it with the projection dimension"
             )
         dtype = ctx.dtype
-        n = ctx.num_anchors
-        tau = ctx.temperature
         protos = self.normalized_prototypes(dtype).to(ctx.device)
 
         # ---- label-only weights (no gradient)
         with torch.no_grad():
             view = PairLabelView(y, ctx.candidate_labels)
             sizes = ctx.anchor_sizes.to(dtype)
-            positive = (ctx.inter > 0) & ctx.contrast_mask
-            f = torch.where(positive, 1.0 / ctx.union.to(dtype).clamp_min(1), torch.zeros((), dtype=dtype))
-            n_ij = 1.0 + view.collect(f)  # eq. (5): prototype (f=1) + samples carrying j
-            r = 1.0 / n_ij  # R_ij per anchor pair
+            f = torch.where(ctx.shares_label, ctx.union.to(dtype).clamp_min(1).reciprocal(), 0.0)
+            r = (1.0 + view.collect(f)).reciprocal()  # eq. (5): R_ij = 1 / N(i,j), N = 1 + samples
             w = f * view.spread(r)  # W_il = f_il * sum_{j in S_i & T_l} 1/N(i,j)
             valid = sizes > 0
+            # l(z_i) / abs(S_i), averaged over the anchors with a label (eq. 2)
+            coef = torch.where(valid, sizes, math.inf).reciprocal_() / max(int(valid.sum()), 1)
 
-        # ---- similarities (gradient flows here)
-        s = ctx.logits  # (N, M) = z c^T / tau
-        sp = ctx.anchors @ protos.T / tau  # (N, L) prototypes
-        neg_inf = torch.tensor(float("-inf"), dtype=dtype, device=ctx.device)
-        has_any = ctx.contrast_mask.any(dim=1)  # False only for a lone anchor without keys
-        masked = s.masked_fill(~ctx.contrast_mask, neg_inf).masked_fill(~has_any[:, None], 0.0)
-        lse_samples = torch.where(has_any, torch.logsumexp(masked, dim=1), neg_inf)
-        lse = torch.logaddexp(lse_samples + math.log(self.beta), torch.logsumexp(sp, dim=1))
-        proto_pos = sp[view.rows, view.cols]  # s_ij^proto at the anchors' labels
-        proto_term = torch.zeros(n, dtype=dtype, device=ctx.device).index_add(0, view.rows, r * proto_pos)
-        weight_sum = w.sum(dim=1) + torch.zeros(n, dtype=dtype, device=ctx.device).index_add(0, view.rows, r)
-        num = (w * s).sum(dim=1) + proto_term - weight_sum * lse
-        per_anchor = -num / sizes.clamp_min(1)
-        per_anchor = torch.where(valid, per_anchor, torch.zeros_like(per_anchor))
-        count = valid.sum()
-        if int(count) == 0:
-            return ctx.zero() + 0.0 * sp.sum(), {}
-        loss = per_anchor.sum() / count.to(dtype)
+        # ---- one fused pass: samples with d = beta, prototypes with d = 1 and weights R_ij
+        loss, _ = ctx.fused(
+            w, coef, log_d=math.log(self.beta), extra=protos,
+            extra_weights=(view.rows, view.cols, r), extra_unit=True,
+        )  # fmt: skip
         return loss, {}

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "cast",
     "is_sparse",
     "as_multihot",
     "cat_labels",
@@ -40,6 +41,13 @@ __all__ = [
 
 LABEL_DTYPE = torch.float32
 _COMPACT_MIN_LABELS = 1024  # dense products over more labels than this skip the all-zero columns
+_SCAN_MIN_ENTRIES = 2**20  # as_multihot(allow_sparse=True) scans dense matrices this large
+_SCAN_BLOCK_BYTES = 256  # block size of that scan's first, vectorised pass
+
+
+def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)`` without the dispatcher round trip when ``t`` already has ``dtype``."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def is_sparse(labels: Tensor) -> bool:
@@ -51,12 +59,65 @@ def _values(labels: Tensor) -> Tensor:
     return labels.values() if is_sparse(labels) else labels
 
 
-def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | None = None) -> Tensor:
+def _raise_non_binary(name: str, vals: Tensor) -> None:
+    """Raise the ValueError naming the first non-binary value of ``vals`` (if there is one)."""
+    bad = (vals != 0) & (vals != 1)  # NaN is caught here too (NaN != 0 and NaN != 1)
+    if bool(bad.any()):
+        example = vals[bad][0].item()
+        if example != example:
+            raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
+        raise ValueError(
+            f"{name} must be binary multi-hot (0/1) but contains the value {example!r}; "
+            "pass a multi-hot matrix (not label counts, indices or soft labels)"
+        )
+
+
+def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
+    """Validate a large dense multi-hot matrix in one pass and return it as float32 COO if sparse.
+
+    The non-zeros are found from the raw bytes: one vectorised ``amax`` over 256-byte blocks viewed
+    as uint8 (any set bit — a 1, a NaN, a negative value, even -0.0 — makes a block's max non-zero),
+    then ``nonzero`` only inside the flagged blocks, and only the non-zero entries are checked for
+    being exactly 1. About one bandwidth-bound pass over the memory instead of several elementwise
+    passes. Returns None when the matrix is not sparse enough (more than 1/32 non-zero) for sparse
+    products to pay off; it is valid either way.
+    """
+    flat = labels.reshape(-1)
+    n = flat.numel()
+    per_block = max(1, _SCAN_BLOCK_BYTES // flat.element_size())
+    nb = n // per_block
+    head = nb * per_block
+    blocks = flat[:head].view(nb, per_block)
+    hit = torch.nonzero(blocks.view(torch.uint8).amax(dim=1)).squeeze(1)
+    loc = torch.nonzero(blocks.index_select(0, hit))
+    elems = torch.cat([hit[loc[:, 0]] * per_block + loc[:, 1], head + torch.nonzero(flat[head:]).squeeze(1)])
+    vals = flat[elems]  # non-zero entries only (-0.0 compares equal to 0 and is not among them)
+    if vals.dtype != torch.bool and bool((vals != 1).any()):
+        _raise_non_binary(name, vals)
+    if elems.numel() * 32 > n:
+        return None
+    width = labels.shape[1]
+    idx = torch.stack([elems // width, elems % width])
+    ones = torch.ones(elems.numel(), dtype=LABEL_DTYPE, device=flat.device)
+    return torch.sparse_coo_tensor(idx, ones, labels.shape, check_invariants=False, is_coalesced=True)
+
+
+def as_multihot(
+    labels: Tensor,
+    name: str = "labels",
+    device: torch.device | None = None,
+    allow_sparse: bool = False,
+) -> Tensor:
     """Validate a multi-hot (N, L) matrix and return it as float32 (dense) or coalesced float32 COO.
 
     Accepts bool / integer / floating dense tensors and torch-sparse COO / CSR / CSC tensors.
     Raises ``ValueError`` naming the problem for: non-tensors, wrong rank, NaN / non-binary values
     (duplicate COO entries that sum to 2 count as non-binary).
+
+    ``allow_sparse``: a large dense matrix (more than ``_COMPACT_MIN_LABELS`` labels, at least
+    2**20 entries) that is at most 1/32 non-zero is returned as sparse COO, validated in the same
+    pass (:func:`_scan_dense`): the losses then run on sparse label products whatever the input
+    format, so dense and sparse labels cost about the same.
     """
     if not isinstance(labels, Tensor):
         raise ValueError(
@@ -73,25 +134,22 @@ def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | Non
         if labels.layout != torch.sparse_coo:
             labels = labels.to_sparse_coo()
         labels = labels.coalesce()
+    elif allow_sparse and labels.shape[1] > _COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
+        scanned = _scan_dense(labels, name)
+        return cast(labels, LABEL_DTYPE) if scanned is None else scanned
     vals = _values(labels)
-    if vals.dtype != torch.bool:
-        bad = (vals != 0) & (vals != 1)  # NaN is caught here too (NaN != 0 and NaN != 1)
-        if bool(bad.any()):
-            example = vals[bad][0].item()
-            if example != example:
-                raise ValueError(f"{name} contains NaN; labels must be binary multi-hot (0/1)")
-            raise ValueError(
-                f"{name} must be binary multi-hot (0/1) but contains the value {example!r}; "
-                "pass a multi-hot matrix (not label counts, indices or soft labels)"
-            )
+    # v (v - 1) is 0 exactly for v in {0, 1}: NaN, +-inf and every other value give a non-zero
+    # (for integers too: v (v - 1) = 0 mod 2^bits only for v = 0 or 1, one factor being odd)
+    if vals.dtype != torch.bool and bool((vals * (vals - 1)).any()):
+        _raise_non_binary(name, vals)
     if is_sparse(labels):
         idx = labels.indices()
-        v = labels.values().to(LABEL_DTYPE)
+        v = cast(labels.values(), LABEL_DTYPE)
         keep = v != 0  # drop explicit zeros so nnz == number of (row, label) memberships
         return torch.sparse_coo_tensor(
             idx[:, keep], v[keep], labels.shape, device=labels.device, check_invariants=False
         ).coalesce()
-    return labels.to(LABEL_DTYPE)
+    return cast(labels, LABEL_DTYPE)
 
 
 def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
@@ -110,8 +168,8 @@ def label_sizes(labels: Tensor) -> Tensor:
     if is_sparse(labels):
         n = labels.shape[0]
         out = torch.zeros(n, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[0], labels.values().to(LABEL_DTYPE))
-    return labels.to(LABEL_DTYPE).sum(dim=1)
+        return out.index_add_(0, labels.indices()[0], cast(labels.values(), LABEL_DTYPE))
+    return cast(labels, LABEL_DTYPE).sum(dim=1)
 
 
 def label_counts(labels: Tensor) -> Tensor:
@@ -119,15 +177,19 @@ def label_counts(labels: Tensor) -> Tensor:
     if is_sparse(labels):
         n_labels = labels.shape[1]
         out = torch.zeros(n_labels, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[1], labels.values().to(LABEL_DTYPE))
-    return labels.to(LABEL_DTYPE).sum(dim=0)
+        return out.index_add_(0, labels.indices()[1], cast(labels.values(), LABEL_DTYPE))
+    return cast(labels, LABEL_DTYPE).sum(dim=0)
 
 
 def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
     """Dense (N, M) = a @ b^T for dense/sparse a (N, L) and b (M, L)."""
     sa, sb = is_sparse(a), is_sparse(b)
-    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE)
-    a, b = a.to(dtype), b.to(dtype)
+    dtype = (
+        a.dtype
+        if a.dtype == b.dtype == LABEL_DTYPE
+        else torch.promote_types(torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE)
+    )
+    a, b = cast(a, dtype), cast(b, dtype)
     if not sa and not sb:
         if a.shape[1] > _COMPACT_MIN_LABELS:
             # only labels some row of ``a`` carries can contribute: drop the other columns first
@@ -187,7 +249,7 @@ def candidate_label_counts(
         return torch.sparse_coo_tensor(
             idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False
         ).coalesce()
-    y = anchor_labels.to(LABEL_DTYPE)
+    y = cast(anchor_labels, LABEL_DTYPE)
     return y * (col[None, :] - (y if anchors_in_candidates else 0.0))
 
 
@@ -206,7 +268,7 @@ def inverse_count_weights(
     own column when the anchor is a candidate; the caller masks the contrast set. ``dtype`` is the
     dtype of the reciprocals and of W (float64 keeps 1/n exact to double precision).
     """
-    counts = candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates).to(dtype)
+    counts = cast(candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates), dtype)
     if is_sparse(counts):
         idx, vals = counts.indices(), counts.values()
         pos = vals > 0
@@ -220,5 +282,5 @@ def inverse_count_weights(
         pos = counts > 0
         inv = torch.where(pos, 1.0 / counts.clamp_min(1), torch.zeros_like(counts))
         pairs = pos.to(dtype).sum(dim=1)
-    yc = candidate_labels.to(dtype)
+    yc = cast(candidate_labels, dtype)
     return _matmul_t(inv, yc), pairs

@@ -213,22 +213,32 @@ class WSMulSupConLoss(ContrastiveLoss):
             w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], zero)
             num_h = valid_h.sum().to(dtype)
 
+        if not self.authors_code:
+            # one fused pass: the strata's rows are disjoint (healthy anchors carry no pair, diseased
+            # ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
+            # term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H)
+            pairs_ok = (n_s + n_m) > 0
+            counts = {
+                "ws": (single_a, float(pair_count(pairs_ok, single_a)), 1.0 - self.lambda_),
+                "wm": (multi_a, float(pair_count(pairs_ok, multi_a)), 1.0 - self.lambda_),
+                "h": (valid_h, float(num_h), self.lambda_),
+            }
+            coef = torch.zeros(ctx.num_anchors, dtype=dtype, device=device)
+            for rows_of, count, factor in counts.values():
+                if count > 0:
+                    coef = torch.where(rows_of, factor / count, coef)
+            loss, bracket = ctx.fused(w_s + w_m + w_h, coef)
+            parts = {
+                name: (bracket[rows_of].sum() / count if count > 0 else 0.0)
+                for name, (rows_of, count, _) in counts.items()
+            }
+            return loss, parts
+
         s = ctx.logits
         zero_loss = ctx.zero()
 
         def safe_div(total: Tensor, count: Tensor) -> Tensor:
             return total / count if float(count) > 0 else zero_loss
-
-        if not self.authors_code:
-            lse = _masked_lse(s, contrast)
-            per_anchor = -_weighted_logp_sum(w_s + w_m, s, lse)
-            pairs_ok = (n_s + n_m) > 0
-            l_ws = safe_div(torch.where(single_a, per_anchor, zero).sum(), pair_count(pairs_ok, single_a))
-            l_wm = safe_div(torch.where(multi_a, per_anchor, zero).sum(), pair_count(pairs_ok, multi_a))
-            l_h = safe_div(-_weighted_logp_sum(w_h, s, lse).sum(), num_h)
-            loss = (1.0 - self.lambda_) * (l_ws + l_wm) + self.lambda_ * l_h
-            parts = {"ws": l_ws, "wm": l_wm, "h": l_h}
-            return loss, parts
 
         # ---- authors' public code: one softmax per candidate stratum
         lse_s = _masked_lse(s, contrast & (size_c <= 1)[None, :])

@@ -1,0 +1,236 @@
+"""One fused autograd step for the weighted contrastive log-softmax: the engine's fast kernel.
+
+Every loss of the package reduces to (``/work/shared/LOSSES.md``, :mod:`hf_mlcl.losses.core`)::
+
+    loss = sum_i coef_i * [ Wsum_i * LSE_i - sum_a W_ia s_ia ] + const
+    s_ia = z_i . c_a / tau,   LSE_i = log sum_{a in contrast(i)} d_a exp(s_ia),   Wsum_i = sum_a W_ia
+
+with candidates c = [anchors; keys] (the anchor's own in-batch column excluded), an optional block of
+extra candidates (ABALONE's label prototypes) with denominator weight 1 while the samples get
+``d = exp(log_d)`` (ABALONE's beta), positive weights W >= 0 that depend only on labels, and a
+per-anchor coefficient ``coef_i`` that already holds the validity mask, the per-anchor normaliser and
+the reduction denominator. The embeddings are optionally L2-normalised here, exactly as
+``F.normalize(x, dim=-1)`` (eps 1e-12).
+
+Since d/ds_ia of the bracket is ``Wsum_i * P_ia - W_ia`` with P the (d-weighted) softmax over the
+contrast set, the backward pass is written out in closed form: one division of the saved
+exponentials, the matrix products back to the (normalised) embeddings and the normalisation's
+Jacobian. Compared with autograd through the normalisation, the masked logsumexp, the masks, the
+weighted sum and the reductions, this removes a dozen (N, M) passes and their autograd nodes — the
+fixed per-call cost that dominates small in-batch batches — and keeps one (N, M) matrix alive
+instead of several.
+
+The weights must be 0 on the diagonal (the anchor's own column, outside its contrast set):
+:func:`hf_mlcl.losses.core.terms_loss` guarantees it for every loss built from ``LossTerms``. The result
+is differentiable once (``once_differentiable``): first-order gradients equal autograd's through the
+general path (:func:`hf_mlcl.losses.core.weighted_contrastive_loss`), which tests check in float64.
+Non-finite embeddings always make the loss non-finite here (every anchor's weighted sum runs over its
+whole row, 0 * NaN = NaN), which is what lets the caller check finiteness on the scalar afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .relations import cast
+
+__all__ = ["fused_contrastive_loss"]
+
+_NORM_EPS = 1e-12  # F.normalize's default
+# exp(-x) stays a normal number for x below these (float32 / float64 / others: no shortcut)
+_SAFE_EXP = {torch.float32: 80.0, torch.float64: 700.0}
+
+
+def _normalize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``F.normalize(x, dim=-1)`` and what its backward needs: (z, 1 / max(norm, eps), norm > eps)."""
+    norm = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    active = norm > _NORM_EPS
+    inv = norm.clamp_min_(_NORM_EPS).reciprocal_()
+    return x * inv, inv, active
+
+
+def _normalize_backward(grad: Tensor, z: Tensor, inv: Tensor, active: Tensor) -> Tensor:
+    """Gradient through ``x / max(norm, eps)``: (g - z (z . g)) / norm where norm > eps, else g / eps."""
+    proj = torch.linalg.vecdot(z, grad, dim=1).unsqueeze(1).mul_(active)
+    return grad.addcmul_(z, proj, value=-1.0).mul_(inv)
+
+
+class _FusedContrastive(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        anchors: Tensor,
+        keys: Tensor | None,
+        extra: Tensor | None,
+        weights: Tensor,
+        wsum: Tensor,
+        extra_rows: Tensor | None,
+        extra_cols: Tensor | None,
+        extra_vals: Tensor | None,
+        coef: Tensor,
+        const: Tensor | None,
+        inv_tau: float,
+        log_d: float | None,
+        normalize: bool,
+        extra_unit: bool,
+        self_in_candidates: bool,
+    ) -> tuple[Tensor, Tensor]:
+        n = anchors.shape[0]
+        a_inv = a_act = k_inv = k_act = None
+        if normalize:
+            anchors, a_inv, a_act = _normalize(anchors)
+            if keys is not None:
+                keys, k_inv, k_act = _normalize(keys)
+        if not self_in_candidates:
+            cands = keys  # the keys-only contrast set: no anchor-anchor pair, nothing excluded
+        else:
+            cands = anchors if keys is None else torch.cat([anchors, keys], dim=0)
+        dtype = anchors.dtype
+        # Scores are shifted by a per-row constant C_i before exp (the usual max-subtraction); the
+        # shift cancels exactly in Wsum_i (log sum exp(s - C) + C) - sum_a W_ia s_ia, so the bracket
+        # is computed from the shifted scores alone. With unit-norm embeddings (and prototypes)
+        # s <= 1/tau, so C = 1/tau needs no max pass as long as exp(-2/tau) cannot underflow.
+        floor = 2.0 * inv_tau - min(0.0, log_d or 0.0)  # lowest shifted exponent
+        bound = normalize and (extra is None or extra_unit) and floor < _SAFE_EXP.get(dtype, 0.0)
+        shift = anchors.new_full((), -inv_tau) if bound else anchors.new_zeros(())
+        s = torch.addmm(shift, anchors, cands.T, alpha=inv_tau)  # (N, M) = s - C
+        num = torch.linalg.vecdot(weights, s)  # W is 0 on the diagonal, where s is still finite
+        if self_in_candidates:
+            s.diagonal().fill_(-math.inf)  # the anchor's own column leaves the contrast set
+        if log_d is not None:
+            s.add_(log_d)
+        sp = ep = rmax = None
+        if extra is not None:
+            sp = torch.addmm(shift, anchors, extra.T, alpha=inv_tau)  # (N, P) extra candidates, d = 1
+            if extra_vals is not None and extra_vals.numel():
+                num = num.index_add(0, extra_rows, sp[extra_rows, extra_cols] * extra_vals)
+        if not bound:
+            rmax = s.amax(dim=1, keepdim=True)
+            if sp is not None:
+                rmax = torch.maximum(rmax, sp.amax(dim=1, keepdim=True))
+            rmax = rmax.clamp_min_(torch.finfo(dtype).min)  # an empty contrast set has max -inf
+            s.sub_(rmax)
+            if sp is not None:
+                sp.sub_(rmax)
+            num = num - wsum * rmax.squeeze(1)
+        e = s.exp_()  # exp(s - C), 0 on the diagonal; s is not needed any more
+        total = e.sum(dim=1)
+        if sp is not None:
+            ep = sp.exp_()
+            total = total + ep.sum(dim=1)
+        if e.shape[1] == 1 and ep is None:  # a lone anchor without keys: empty contrast set, no weight
+            total = total.clamp_min(torch.finfo(dtype).tiny)
+        bracket = torch.addcmul(-num, wsum, total.log())  # (N,) [Wsum LSE - sum W s], C cancelled
+        loss = torch.dot(coef, bracket)
+        if const is not None:
+            loss = loss + const
+        ctx.save_for_backward(
+            anchors, keys, extra, weights, extra_rows, extra_cols, extra_vals, coef, wsum, e, ep, total,
+            a_inv, a_act, k_inv, k_act,
+        )  # fmt: skip
+        ctx.inv_tau = inv_tau
+        ctx.n = n if self_in_candidates else 0
+        ctx.mark_non_differentiable(bracket)
+        return loss, bracket
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None):  # type: ignore[override]
+        (anchors, keys, extra, weights, e_rows, e_cols, e_vals, coef, wsum, e, ep, total,
+         a_inv, a_act, k_inv, k_act) = ctx.saved_tensors  # fmt: skip
+        n = ctx.n
+        b = coef * (grad_loss * ctx.inv_tau)  # d loss / d bracket_i, times 1/tau (for d s / d z)
+        a = (b * wsum / total)[:, None]
+        g = e * a  # Wsum_i P_ia (P = 0 on the diagonal)
+        g.addcmul_(weights, b[:, None], value=-1.0)  # - W_ia (0 on the diagonal, like P)
+        need_a, need_k, need_e = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_a = grad_k = grad_e = None
+        if keys is None:
+            if need_a:
+                grad_a = g @ anchors
+                grad_a.addmm_(g.T, anchors)
+        elif n == 0:  # keys-only contrast set
+            if need_a:
+                grad_a = g @ keys
+            if need_k:
+                grad_k = g.T @ anchors
+        else:
+            ga = g[:, :n]
+            if need_a:
+                grad_a = ga @ anchors
+                grad_a.addmm_(g[:, n:], keys)
+                grad_a.addmm_(ga.T, anchors)
+            if need_k:
+                grad_k = g[:, n:].T @ anchors
+        if extra is not None:
+            gp = ep * a
+            if e_vals is not None and e_vals.numel():
+                gp.index_put_((e_rows, e_cols), -(b[e_rows] * e_vals), accumulate=True)
+            if need_a:
+                grad_a.addmm_(gp, extra)
+            if need_e:
+                grad_e = gp.T @ anchors
+        if a_inv is not None:
+            if grad_a is not None:
+                grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
+            if grad_k is not None:
+                grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
+        return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None, None, None
+
+
+def fused_contrastive_loss(
+    anchors: Tensor,
+    keys: Tensor | None,
+    weights: Tensor,
+    coef: Tensor,
+    temperature: float,
+    const: Tensor | None = None,
+    log_d: float | None = None,
+    extra: Tensor | None = None,
+    extra_weights: tuple[Tensor, Tensor, Tensor] | None = None,
+    normalize: bool = False,
+    weight_sums: Tensor | None = None,
+    extra_unit: bool = False,
+    self_in_candidates: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` with a closed-form backward.
+
+    Args:
+        anchors: (N, D) anchor embeddings; they are also the first N candidates, each excluded from
+            its own contrast set.
+        keys: optional (K, D) key embeddings, candidates N..N+K-1, never excluded.
+        weights: (N, N+K) positive weights W >= 0, no gradient, 0 on the diagonal (i, i).
+        coef: (N,) per-anchor coefficient (validity / normaliser / reduction), no gradient.
+        temperature: tau > 0.
+        const: optional 0-d constant added to the loss (label-only terms), no gradient.
+        log_d: optional log of the denominator weight of every sample candidate (ABALONE: log beta).
+        extra: optional (P, D) extra candidates in every anchor's contrast set with d = 1, used as
+            given (ABALONE's prototypes, normalised by the caller); they receive gradients.
+        extra_weights: optional ``(rows, cols, values)`` sparse positive weights on ``extra``.
+        normalize: L2-normalise anchors and keys first (as ``F.normalize``).
+        weight_sums: optional precomputed ``weights.sum(dim=1)``.
+        extra_unit: the rows of ``extra`` have unit norm (lets the kernel skip the row-max pass).
+        self_in_candidates: False for the keys-only contrast set: the candidates are the keys alone
+            (needs keys; ``weights`` is then (N, K) and nothing is excluded).
+    Returns ``(loss, bracket)``: the scalar loss and the detached (N,) per-anchor bracket
+    ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components).
+    """
+    rows = cols = vals = None
+    dtype = anchors.dtype
+    if extra_weights is not None:
+        rows, cols, vals = extra_weights
+        vals = cast(vals, dtype)
+    weights = cast(weights, dtype)
+    wsum = weights.sum(dim=1) if weight_sums is None else cast(weight_sums, dtype)
+    if vals is not None and vals.numel():
+        wsum = wsum.index_add(0, rows, vals)
+    if keys is not None:
+        keys = cast(keys, dtype)
+    return _FusedContrastive.apply(
+        anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
+        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates),
+    )  # fmt: skip

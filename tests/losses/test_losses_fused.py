@@ -1,0 +1,382 @@
+"""The fast paths of the loss engine give the general path's values and gradients (issue 16).
+
+* the fused kernel (:mod:`hf_mlcl.losses.fused`) against autograd through
+  :func:`~hf_mlcl.losses.core.weighted_contrastive_loss` for every ``LossTerms`` loss, in float64,
+  in-batch and with keys, with anchors without positives, empty label rows, sparse labels, a lone
+  anchor, extreme temperatures and ``normalize=False``;
+* msc and ws_mulsupcon (paper variant) against their previous autograd formulas;
+* the one-pass scan that turns large dense label matrices into sparse ones (values, gradients and
+  every label error of the elementwise check);
+* the NaN / inf check of the embeddings, now run on the scalar result of the fused kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_mlcl.losses import LossTerms, get_loss, weighted_contrastive_loss
+from hf_mlcl.losses import relations as R
+from hf_mlcl.losses.registry import list_contrastive_losses
+from hf_mlcl.losses.ws_mulsupcon import _masked_lse, _weighted_logp_sum
+
+TERMS_LOSSES = [
+    ("all", {}),
+    ("any", {}),
+    ("jaccard", {}),
+    ("similarity_dissimilarity", {}),
+    ("similarity_dissimilarity", {"weight_in_log": True}),
+    ("mulsupcon", {}),
+]
+
+
+def _batch(n, n_labels, dim, seed, p=0.35, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, dim, generator=g, dtype=dtype)
+    y = (torch.rand(n, n_labels, generator=g) < p).to(dtype)
+    return z, y
+
+
+def _cases():
+    """(name, embeddings, labels, keys, key labels) covering the degenerate anchors."""
+    z, y = _batch(9, 5, 4, 0)
+    y[0] = 0  # empty label set
+    y[1] = 0
+    y[1, 4] = 1  # label no other row carries -> no positive
+    y[3] = y[2]
+    zk, yk = _batch(6, 5, 4, 1)
+    yk[0] = y[2]
+    yield "in-batch", z, y, None, None
+    yield "keys", z, y, zk, yk
+    yield "no positive", z[:5], torch.eye(5, 5, dtype=z.dtype), None, None
+    yield "all empty", z[:4], torch.zeros(4, 5, dtype=z.dtype), None, None
+    yield "lone anchor", z[:1], y[2:3], None, None
+    yield "lone anchor + keys", z[:1], y[2:3], zk, yk
+
+
+def _general(loss, z, y, zk, yk, anchors_in_candidates=True):
+    """The loss through the general (autograd) engine path, from the same LossTerms."""
+    ctx = loss.prepare(z, y, zk, yk, anchors_in_candidates=anchors_in_candidates)
+    terms = loss.build_terms(ctx)
+    out, _, _ = weighted_contrastive_loss(
+        ctx.logits,
+        terms.weights,
+        ctx.contrast_mask,
+        terms.normalizer,
+        log_weights=terms.log_denominator_weights,
+        constant=terms.constant,
+        reduction_denominator=terms.reduction_denominator,
+        anchor_valid=terms.anchor_valid,
+    )
+    return out
+
+
+def _value_and_grads(fn, z, zk):
+    z = z.clone().requires_grad_(True)
+    zk = None if zk is None else zk.clone().requires_grad_(True)
+    out = fn(z, zk)
+    grads = torch.autograd.grad(out, [t for t in (z, zk) if t is not None], allow_unused=True)
+    return out.detach(), [torch.zeros_like(t) if g is None else g for g, t in zip(grads, (z, zk))]
+
+
+@pytest.mark.parametrize("name,kwargs", TERMS_LOSSES)
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("temperature", [0.01, 0.1, 5.0])
+def test_fused_kernel_matches_general_path(name, kwargs, normalize, temperature):
+    loss = get_loss(name, temperature=temperature, normalize=normalize, **kwargs)
+    for case, z, y, zk, yk in _cases():
+        if not normalize:
+            z = z * 0.3  # keep s = z.c / tau moderate without normalisation
+            zk = None if zk is None else zk * 0.3
+        for labels, key_labels in ((y, yk), (y.to_sparse(), None if yk is None else yk.to_sparse())):
+            fast, g_fast = _value_and_grads(lambda e, k, a=labels, b=key_labels: loss(e, a, k, b), z, zk)
+            slow, g_slow = _value_and_grads(
+                lambda e, k, a=labels, b=key_labels: _general(loss, e, a, k, b), z, zk
+            )
+            torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=f"{case}: value")
+            for gf, gs in zip(g_fast, g_slow):
+                torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=f"{case}: gradient")
+
+
+@pytest.mark.parametrize("name,kwargs", TERMS_LOSSES)
+def test_fused_kernel_matches_general_path_on_the_keys_only_contrast_set(name, kwargs):
+    """anchors_in_candidates=False (MulSupCon's 'keys' set): the keys are the only candidates."""
+    loss = get_loss(name, **kwargs)
+    for case, z, y, zk, yk in _cases():
+        if zk is None:
+            continue
+        fast, g_fast = _value_and_grads(
+            lambda e, k, a=y, b=yk: loss(e, a, k, b, anchors_in_candidates=False), z, zk
+        )
+        slow, g_slow = _value_and_grads(lambda e, k, a=y, b=yk: _general(loss, e, a, k, b, False), z, zk)
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=case)
+        for gf, gs in zip(g_fast, g_slow):
+            torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=case)
+
+
+def test_fused_kernel_float32_matches_float64():
+    z, y = _batch(64, 10, 128, 3, p=0.1, dtype=torch.float32)
+    for name, kwargs in TERMS_LOSSES:
+        loss = get_loss(name, **kwargs)
+        v32, (g32,) = _value_and_grads(lambda e, k, fn=loss: fn(e, y), z, None)
+        v64, (g64,) = _value_and_grads(lambda e, k, fn=loss: fn(e, y.double()), z.double(), None)
+        torch.testing.assert_close(v32.double(), v64, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g32.double(), g64, rtol=1e-4, atol=1e-6)
+
+
+def test_weights_on_the_diagonal_are_ignored_like_the_general_path():
+    """A custom loss may hand the engine weights with the anchor's own column set: it is outside
+    the contrast set in both paths (and the loss's cached relations are not modified)."""
+
+    class SelfWeighted(type(get_loss("jaccard"))):
+        def build_terms(self, ctx):
+            w = ctx.jaccard  # 1 on the diagonal for non-empty rows
+            return LossTerms(weights=w, normalizer=w.sum(dim=1))
+
+    loss = SelfWeighted()
+    for case, z, y, zk, yk in _cases():
+        fast, g_fast = _value_and_grads(lambda e, k, a=y, b=yk: loss(e, a, k, b), z, zk)
+        slow, g_slow = _value_and_grads(lambda e, k, a=y, b=yk: _general(loss, e, a, k, b), z, zk)
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=case)
+        for gf, gs in zip(g_fast, g_slow):
+            torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=case)
+
+
+def _msc_reference(loss, z, y, zk, yk):
+    """ABALONE L_MSC as computed before the fused kernel (autograd through every step)."""
+    from hf_mlcl.losses.label_statistics import PairLabelView
+
+    ctx = loss.prepare(z, y, zk, yk)
+    dtype = ctx.dtype
+    protos = loss.normalized_prototypes(dtype)
+    with torch.no_grad():
+        view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
+        sizes = ctx.anchor_sizes
+        positive = (ctx.inter > 0) & ctx.contrast_mask
+        f = torch.where(positive, 1.0 / ctx.union.clamp_min(1), torch.zeros((), dtype=dtype))
+        r = 1.0 / (1.0 + view.collect(f))
+        w = f * view.spread(r)
+        valid = sizes > 0
+    s = ctx.logits
+    sp = ctx.anchors @ protos.T / ctx.temperature
+    has_any = ctx.contrast_mask.any(dim=1)
+    masked = s.masked_fill(~ctx.contrast_mask, float("-inf")).masked_fill(~has_any[:, None], 0.0)
+    lse_s = torch.where(has_any, torch.logsumexp(masked, dim=1), torch.tensor(float("-inf"), dtype=dtype))
+    lse = torch.logaddexp(lse_s + math.log(loss.beta), torch.logsumexp(sp, dim=1))
+    n = ctx.num_anchors
+    proto_term = torch.zeros(n, dtype=dtype).index_add(0, view.rows, r * sp[view.rows, view.cols])
+    weight_sum = w.sum(dim=1) + torch.zeros(n, dtype=dtype).index_add(0, view.rows, r)
+    per_anchor = -((w * s).sum(dim=1) + proto_term - weight_sum * lse) / sizes.clamp_min(1)
+    per_anchor = torch.where(valid, per_anchor, torch.zeros_like(per_anchor))
+    return per_anchor.sum() / valid.sum().clamp_min(1) + 0.0 * sp.sum()
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+def test_msc_fused_matches_previous_formula(beta):
+    for temperature in (0.01, 0.1):
+        loss = get_loss("msc", num_labels=5, embedding_dim=4, beta=beta, temperature=temperature).double()
+        for case, z, y, zk, yk in _cases():
+            for labels in (y, y.to_sparse()):
+                outs = []
+                for fn in (loss, lambda *a, m=loss: _msc_reference(m, *a)):
+                    loss.zero_grad()
+                    e = z.clone().requires_grad_(True)
+                    k = None if zk is None else zk.clone().requires_grad_(True)
+                    out = fn(e, labels, k, yk)
+                    out.backward()
+                    grads = [e.grad, None if k is None else k.grad, loss.prototypes.grad.clone()]
+                    outs.append((out.detach(), grads))
+                (v1, g1), (v2, g2) = outs
+                torch.testing.assert_close(v1, v2, rtol=1e-10, atol=1e-12, msg=case)
+                for a, b in zip(g1, g2):
+                    if a is not None:
+                        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=case)
+
+
+def _ws_reference(loss, z, y, zk, yk, anchors_in_candidates=True):
+    """ws-MulSupCon (paper variant) as computed before the fused kernel, with its components."""
+    from hf_mlcl.losses.label_statistics import PairLabelView
+
+    ctx = loss.prepare(z, y, zk, yk, anchors_in_candidates=anchors_in_candidates)
+    own = 1.0 if anchors_in_candidates else 0.0
+    dtype, contrast = ctx.dtype, ctx.contrast_mask
+    with torch.no_grad():
+        size_a, size_c = ctx.anchor_sizes, ctx.candidate_sizes
+        single_a, multi_a, healthy_a = size_a == 1, size_a >= 2, size_a == 0
+        single_c, multi_c, healthy_c = size_c == 1, size_c >= 2, size_c == 0
+        view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
+        rows, cols = view.rows, view.cols
+        single_pair = single_a[rows]
+        cw = loss._class_weights(cols, single_pair, ctx.anchor_labels.shape[1], dtype)
+        n_s = view.candidate_counts(single_c.to(dtype)) - own * single_pair.to(dtype)
+        n_m = view.candidate_counts(multi_c.to(dtype)) - own * multi_a[rows].to(dtype)
+        zero = torch.zeros((), dtype=dtype)
+        q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
+        q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
+        iou = ctx.jaccard * contrast
+        w_s = iou * single_c[None, :] * view.spread(q_s)
+        w_m = iou * multi_c[None, :] * view.spread(q_m)
+        healthy_pos = contrast & healthy_c[None, :]
+        n_h = healthy_pos.sum(dim=1).to(dtype)
+        valid_h = healthy_a & (n_h > 0)
+        w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], zero)
+        num_h = valid_h.sum().to(dtype)
+    s = ctx.logits
+    lse = _masked_lse(s, contrast)
+    per_anchor = -_weighted_logp_sum(w_s + w_m, s, lse)
+    ok = (n_s + n_m) > 0
+
+    def div(total, count):
+        return total / count if float(count) > 0 else ctx.zero()
+
+    l_ws = div(torch.where(single_a, per_anchor, zero).sum(), (ok & single_a[rows]).sum().to(dtype))
+    l_wm = div(torch.where(multi_a, per_anchor, zero).sum(), (ok & multi_a[rows]).sum().to(dtype))
+    l_h = div(-_weighted_logp_sum(w_h, s, lse).sum(), num_h)
+    return (1 - loss.lambda_) * (l_ws + l_wm) + loss.lambda_ * l_h, {"ws": l_ws, "wm": l_wm, "h": l_h}
+
+
+def test_ws_mulsupcon_fused_matches_previous_formula():
+    g = torch.Generator().manual_seed(5)
+    train = (torch.rand(40, 5, generator=g) < 0.3).double()
+    for class_weights in (True, False):
+        loss = get_loss("ws_mulsupcon", class_weights=class_weights).double()
+        if class_weights:
+            loss.set_label_statistics(train)
+        for (case, z, y, zk, yk), aic in [(c, True) for c in _cases()] + [
+            (c, False) for c in _cases() if c[3] is not None
+        ]:
+            fast, g_fast = _value_and_grads(
+                lambda e, k, fn=loss, a=y, b=yk, f=aic: fn(e, a, k, b, anchors_in_candidates=f), z, zk
+            )
+            comps = dict(loss.components)
+            slow, g_slow = _value_and_grads(
+                lambda e, k, fn=loss, a=y, b=yk, f=aic: _ws_reference(fn, e, a, k, b, f)[0], z, zk
+            )
+            torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12, msg=case)
+            for gf, gs in zip(g_fast, g_slow):
+                torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-12, msg=case)
+            _, parts = _ws_reference(loss, z, y, zk, yk, aic)
+            for key, value in parts.items():
+                assert comps[key] == pytest.approx(float(value), rel=1e-9, abs=1e-12), (case, key)
+
+
+# ------------------------------------------------------------------ dense labels, large label space
+def _large_dense(n, n_labels, seed, per_row=4):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.zeros(n, n_labels)
+    cols = torch.randint(0, n_labels, (n, per_row), generator=g)
+    y.scatter_(1, cols, 1.0)
+    y[0] = 0
+    return y
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bool, torch.uint8, torch.int64]
+)
+def test_large_dense_labels_are_scanned_to_sparse_exactly(dtype):
+    y = _large_dense(300, 4001, 0).to(dtype)  # 1.2M entries, L > 1024: scanned
+    out = R.as_multihot(y, allow_sparse=True)
+    assert R.is_sparse(out) and out.is_coalesced()
+    torch.testing.assert_close(out.to_dense(), y.float())
+    sliced = y[:, 1:]  # not contiguous
+    torch.testing.assert_close(R.as_multihot(sliced, allow_sparse=True).to_dense(), sliced.float())
+    assert not R.is_sparse(R.as_multihot(y))  # only on request (the contrastive losses ask)
+
+
+def test_large_dense_labels_keep_every_label_error():
+    y = _large_dense(300, 4001, 1)
+    y[7, 9] = -0.0  # a zero with its sign bit set is a 0 label
+    torch.testing.assert_close(R.as_multihot(y, allow_sparse=True).to_dense(), y.abs())
+    for bad, match in ((2.0, "binary"), (0.5, "binary"), (-1.0, "binary"), (float("inf"), "binary"),
+                       (float("nan"), "NaN")):  # fmt: skip
+        for where in ((100, 4000), (299, 4000), (0, 0)):  # incl. the last entry (tail of the byte scan)
+            yb = y.clone()
+            yb[where] = bad
+            with pytest.raises(ValueError, match=match):
+                R.as_multihot(yb, allow_sparse=True)
+            with pytest.raises(ValueError, match=match):
+                get_loss("any")(torch.randn(300, 8), yb)
+
+
+def test_dense_but_not_sparse_large_matrix_stays_dense():
+    g = torch.Generator().manual_seed(2)
+    y = (torch.rand(300, 4000, generator=g) < 0.2).float()
+    assert not R.is_sparse(R.as_multihot(y, allow_sparse=True))
+
+
+@pytest.mark.parametrize("name", list_contrastive_losses())
+def test_dense_and_sparse_labels_give_the_same_loss_in_a_large_label_space(name):
+    n_labels = 2048
+    y = _large_dense(520, n_labels, 3)  # 1.06M entries: the dense input is scanned to sparse
+    y[5] = y[4]
+    yk = _large_dense(40, n_labels, 4)
+    yk[0] = y[4]
+    g = torch.Generator().manual_seed(4)
+    z, zk = (
+        torch.randn(520, 16, generator=g, dtype=torch.float64),
+        torch.randn(40, 16, generator=g, dtype=torch.float64),
+    )
+    kwargs = {"num_labels": n_labels, "embedding_dim": 16} if name == "msc" else {}
+    if name == "hbl":
+        kwargs["k_min"] = 1
+    loss = get_loss(name, **kwargs).double()
+    if getattr(loss, "requires_label_statistics", False):
+        loss.set_label_statistics(y)
+    for keys in (False, True):
+        args = (zk, yk) if keys else (None, None)
+        key_labels = args[1]
+        sparse_keys = None if key_labels is None else key_labels.to_sparse()
+        dense, g_dense = _value_and_grads(lambda e, k, b=key_labels: loss(e, y, k, b), z, args[0])
+        sparse, g_sparse = _value_and_grads(
+            lambda e, k, b=sparse_keys: loss(e, y.to_sparse(), k, b), z, args[0]
+        )
+        torch.testing.assert_close(dense, sparse, rtol=1e-10, atol=1e-12)
+        for a, b in zip(g_dense, g_sparse):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------------ NaN / inf embeddings
+@pytest.mark.parametrize("name", list_contrastive_losses())
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_embeddings_and_keys_raise_for_every_loss(name, bad):
+    kwargs = {"num_labels": 5, "embedding_dim": 4} if name == "msc" else {}
+    for normalize in (True, False):
+        loss = get_loss(name, normalize=normalize, **kwargs)
+        if getattr(loss, "requires_label_statistics", False):
+            loss.set_label_statistics(torch.eye(5))
+        for _case, z, y, zk, yk in _cases():
+            z, y = z.float(), y.float()
+            zk, yk = (None, None) if zk is None else (zk.float(), yk.float())
+            for row in {0, z.shape[0] - 1}:
+                zb = z.clone()
+                zb[row, 1] = bad
+                with pytest.raises(ValueError, match="embeddings contain NaN or inf"):
+                    loss(zb, y, zk, yk)
+            if zk is not None:
+                kb = zk.clone()
+                kb[-1, 0] = bad
+                with pytest.raises(ValueError, match="key_embeddings contain NaN or inf"):
+                    loss(z, y, kb, yk)
+
+
+def test_plain_supcon_peer_of_the_benchmark_matches_all_on_single_labels():
+    """The benchmark's ten-line SupCon peer computes the same loss as ``all`` on one-hot rows."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "loss_speed.py"
+    spec = importlib.util.spec_from_file_location("loss_speed", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(32, 8, generator=g)
+    classes = torch.randint(0, 5, (32,), generator=g)
+    want = get_loss("all")(z, F.one_hot(classes, 5).float())
+    torch.testing.assert_close(mod.plain_supcon(z, classes), want, rtol=1e-5, atol=1e-6)
+    y = (torch.rand(32, 6, generator=g) < 0.3).float()
+    torch.testing.assert_close(
+        mod.plain_supcon(z, y, single=False), get_loss("any")(z, y), rtol=1e-5, atol=1e-6
+    )
