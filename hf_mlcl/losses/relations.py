@@ -51,6 +51,25 @@ def _values(labels: Tensor) -> Tensor:
     return labels.values() if is_sparse(labels) else labels
 
 
+def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1) -> Tensor:
+    """(N, K) label-id lists padded with ``pad_id`` -> (N, ``num_labels``) float32 multi-hot (one scatter).
+
+    ValueError naming the offending id when one lies outside ``[0, num_labels)``.
+    """
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(
+            f"label ids must be an integer (N, K) tensor padded with {pad_id}; got "
+            f"{getattr(ids, 'dtype', type(ids).__name__)} of shape {tuple(getattr(ids, 'shape', ()))}"
+        )
+    valid = ids != pad_id
+    bad = valid & ((ids < 0) | (ids >= num_labels))
+    if bool(bad.any()):
+        raise ValueError(f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})")
+    out = torch.zeros(ids.shape[0], num_labels + 1, dtype=LABEL_DTYPE, device=ids.device)
+    out.scatter_(1, torch.where(valid, ids, torch.full_like(ids, num_labels)).long(), 1.0)
+    return out[:, :num_labels]
+
+
 def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | None = None) -> Tensor:
     """Validate a multi-hot (N, L) matrix and return it as float32 (dense) or coalesced float32 COO.
 

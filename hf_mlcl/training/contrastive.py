@@ -364,24 +364,11 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
         keys: torch.Tensor | None = None,
         key_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Loss of local anchors against local + (gathered) remote candidates + keys.
-
-        With keys-capable losses the other ranks' embeddings (gathered with gradient) are appended to
-        the keys, so the contrast set of an anchor is the global batch minus itself. Otherwise the
-        gathered global batch is the anchor set on every rank (same loss everywhere); the gather's
-        sum-backward then hands rank r ``W dL/dz_r`` and DDP's 1/W average restores ``dL/dtheta``.
-        """
-        if self.args.gather_across_devices and D.is_distributed():
-            if getattr(self.loss_fn, "supports_keys", False):
-                other, other_labels = D.gather_candidates(embeddings, labels)
-                keys = other if keys is None else torch.cat([other, keys.to(other.dtype)])
-                key_labels = other_labels if key_labels is None else torch.cat([other_labels, key_labels])
-            else:
-                embeddings = torch.cat(D.all_gather_with_grad(embeddings))
-                labels = torch.cat(D.all_gather_no_grad(D.to_dense_bool(labels)))
-        if keys is None:
-            return self.loss_fn(embeddings, labels)
-        return self.loss_fn(embeddings, labels, keys, key_labels)
+        """Loss of local anchors against local + (gathered) remote candidates + keys
+        (:func:`hf_mlcl.training.distributed.contrast_across_processes`)."""
+        return D.contrast_across_processes(
+            self.loss_fn, embeddings, labels, keys, key_labels, gather=self.args.gather_across_devices
+        )
 
     def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor):
         """Momentum-encoded keys of all processes (no gradient) plus the queue; returns what to enqueue."""
