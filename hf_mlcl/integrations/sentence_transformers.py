@@ -41,13 +41,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.losses.registry import resolve_loss_name
-from hf_mlcl.losses.relations import ids_to_multihot
+from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
 from hf_mlcl.training.contrastive import build_contrastive_loss
 from hf_mlcl.training.distributed import contrast_across_processes
 
 __all__ = ["MultiLabelContrastiveLoss", "CachedMultiLabelContrastiveLoss", "to_sentence_transformers_dataset"]
 
-LABEL_FORMATS = ("auto", "multi_hot", "ids")
 _GRADCACHE_BIBTEX = """@inproceedings{gao2021scaling,
   title={Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup},
   author={Gao, Luyu and Zhang, Yunyi and Han, Jiawei and Callan, Jamie},
@@ -93,8 +92,8 @@ class MultiLabelContrastiveLoss(nn.Module):
         **loss_kwargs: Any,
     ) -> None:
         super().__init__()
-        if label_format not in LABEL_FORMATS:
-            raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {label_format!r}")
+        if label_format not in LABEL_INPUT_FORMATS:
+            raise ValueError(f"label_format must be one of {LABEL_INPUT_FORMATS}; got {label_format!r}")
         if num_labels is not None and num_labels <= 0:
             raise ValueError(f"num_labels must be positive; got {num_labels}")
         self.model = model
@@ -110,26 +109,7 @@ class MultiLabelContrastiveLoss(nn.Module):
     # ------------------------------------------------------------------------------------------ labels
     def multi_hot(self, labels: Tensor) -> Tensor:
         """The batch's labels as a (B, L) float32 multi-hot matrix (see ``label_format``)."""
-        if not isinstance(labels, Tensor) or labels.dim() != 2:
-            raise ValueError(
-                "labels must be a (batch, L) multi-hot or (batch, K) padded label-id tensor; got "
-                f"{getattr(labels, 'shape', type(labels).__name__)}. Build the column with "
-                "hf_mlcl.integrations.sentence_transformers.to_sentence_transformers_dataset"
-            )
-        fmt = self.label_format
-        if fmt == "auto":
-            if labels.is_floating_point() or labels.dtype == torch.bool:
-                fmt = "multi_hot"
-            else:
-                binary = bool(((labels == 0) | (labels == 1)).all())
-                fmt = "multi_hot" if binary and labels.shape[1] == self.num_labels else "ids"
-        if fmt == "multi_hot":
-            if self.num_labels is not None and labels.shape[1] != self.num_labels:
-                raise ValueError(f"multi-hot labels are {labels.shape[1]} wide but num_labels={self.num_labels}")
-            return labels.float()
-        if self.num_labels is None:
-            raise ValueError("label-id lists need num_labels= (the size of the label space)")
-        return ids_to_multihot(labels, self.num_labels)
+        return labels_to_multihot(labels, self.num_labels, self.label_format)
 
     # ------------------------------------------------------------------------------------------ loss
     @staticmethod

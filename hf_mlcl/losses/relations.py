@@ -70,6 +70,38 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1) -> Tensor:
     return out[:, :num_labels]
 
 
+LABEL_INPUT_FORMATS = ("auto", "multi_hot", "ids")
+
+
+def labels_to_multihot(labels: Tensor, num_labels: int | None = None, label_format: str = "auto") -> Tensor:
+    """A batch's labels as (B, L) float32 multi-hot: ``"multi_hot"`` rows pass through, ``"ids"`` ((B, K)
+    label ids padded with -1) are scattered (:func:`ids_to_multihot`, needs ``num_labels``). ``"auto"``:
+    float / bool tensors are multi-hot; integer tensors are ids unless they hold only 0/1 and are exactly
+    ``num_labels`` wide (name the format where that could be ambiguous). ValueError naming the problem.
+    """
+    if label_format not in LABEL_INPUT_FORMATS:
+        raise ValueError(f"label_format must be one of {LABEL_INPUT_FORMATS}; got {label_format!r}")
+    if not isinstance(labels, Tensor) or labels.dim() != 2:
+        raise ValueError(
+            "labels must be a (batch, L) multi-hot or (batch, K) -1-padded label-id tensor; got "
+            f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}"
+        )
+    fmt = label_format
+    if fmt == "auto":
+        if labels.is_floating_point() or labels.dtype == torch.bool or is_sparse(labels):
+            fmt = "multi_hot"
+        else:
+            binary = bool(((labels == 0) | (labels == 1)).all())
+            fmt = "multi_hot" if binary and labels.shape[1] == num_labels else "ids"
+    if fmt == "multi_hot":
+        if num_labels is not None and labels.shape[1] != num_labels:
+            raise ValueError(f"multi-hot labels are {labels.shape[1]} wide but num_labels={num_labels}")
+        return labels if is_sparse(labels) else labels.to(LABEL_DTYPE)
+    if num_labels is None:
+        raise ValueError("label-id lists need num_labels= (the size of the label space)")
+    return ids_to_multihot(labels, num_labels)
+
+
 def as_multihot(labels: Tensor, name: str = "labels", device: torch.device | None = None) -> Tensor:
     """Validate a multi-hot (N, L) matrix and return it as float32 (dense) or coalesced float32 COO.
 
