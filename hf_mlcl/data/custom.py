@@ -44,7 +44,7 @@ import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, Value
 
 from hf_mlcl.data._io import check_utf8, split_labels
-from hf_mlcl.data.registry import _SPLIT_ALIASES, build_split, normalize_splits, read_lines
+from hf_mlcl.data.registry import SPLIT_ALIASES, build_split, normalize_splits, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def is_custom_source(source: Any, data_files: Any = None) -> bool:
 
 
 def _split_key(name: str) -> str | None:
-    return _SPLIT_ALIASES.get(str(name).lower())
+    return SPLIT_ALIASES.get(str(name).lower())
 
 
 def _normalise_dict(raw: Mapping[str, Dataset], what: str) -> DatasetDict:

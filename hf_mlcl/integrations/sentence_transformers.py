@@ -16,7 +16,7 @@ collator turns into a tensor): a multi-hot row per text, or label-id lists padde
 embeds the texts (``sentence_embedding``), turns the labels into a multi-hot matrix and calls the hf_mlcl
 loss (:func:`hf_mlcl.losses.get_loss`; the equations are in ``LOSSES.md`` and each loss's module), with
 the candidates of every process gathered across devices when ``gather_across_devices``
-(:func:`hf_mlcl.training.distributed.contrast_across_processes`). :class:`CachedMultiLabelContrastiveLoss`
+(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). :class:`CachedMultiLabelContrastiveLoss`
 is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
 embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
 ``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
@@ -42,8 +42,8 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.losses.registry import resolve_loss_name
 from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
+from hf_mlcl.training.candidates import CandidateBuilder
 from hf_mlcl.training.contrastive import build_contrastive_loss
-from hf_mlcl.training.distributed import contrast_across_processes
 
 __all__ = ["MultiLabelContrastiveLoss", "CachedMultiLabelContrastiveLoss", "to_sentence_transformers_dataset"]
 
@@ -105,6 +105,10 @@ class MultiLabelContrastiveLoss(nn.Module):
         self.loss_fn = build_contrastive_loss(
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=_embedding_dim(model)
         )
+        # batch mode (no queue): the other processes' embeddings join as candidates when gathering
+        self._candidates = CandidateBuilder(
+            None, gather=self.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False)
+        )
 
     # ------------------------------------------------------------------------------------------ labels
     def multi_hot(self, labels: Tensor) -> Tensor:
@@ -125,7 +129,7 @@ class MultiLabelContrastiveLoss(nn.Module):
     def compute_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
         """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids)."""
         y = self.multi_hot(labels.to(embeddings.device))
-        return contrast_across_processes(self.loss_fn, embeddings, y, gather=self.gather_across_devices)
+        return self._candidates.step(embeddings, y).loss(self.loss_fn)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         (features,) = self._single_column(sentence_features)

@@ -18,7 +18,7 @@ num_items_in_batch=...)``. :class:`ContrastiveLossFunc` reads the embeddings fro
 ``pooled``; or the key you name), turns the labels (multi-hot or -1-padded id lists) into a multi-hot
 matrix and returns the loss of :func:`hf_mlcl.losses.get_loss` — the papers' equations, see
 ``LOSSES.md`` — with every process's candidates when ``gather_across_devices``
-(:func:`hf_mlcl.training.distributed.contrast_across_processes`).
+(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``).
 
 Gradient accumulation: with a ``compute_loss_func`` Trainer does *not* divide the loss by the
 accumulation steps (it expects a loss normalised by ``num_items_in_batch``). A contrastive loss is a
@@ -44,8 +44,8 @@ from torch import Tensor
 
 from hf_mlcl.losses.registry import resolve_loss_name
 from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, labels_to_multihot
+from hf_mlcl.training.candidates import CandidateBuilder
 from hf_mlcl.training.contrastive import build_contrastive_loss
-from hf_mlcl.training.distributed import contrast_across_processes
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,10 @@ class ContrastiveLossFunc:
         self.loss_fn = build_contrastive_loss(
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=embedding_dim
         )
+        # batch mode (no queue): the other processes' embeddings join as candidates when gathering
+        self._candidates = CandidateBuilder(
+            None, gather=self.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False)
+        )
         if any(True for _ in self.loss_fn.parameters()):
             logger.warning(
                 "loss %r has learnable parameters: add ContrastiveLossFunc.parameters() to the optimizer "
@@ -131,7 +135,7 @@ class ContrastiveLossFunc:
             )
         self.loss_fn.to(emb.device)
         y = labels_to_multihot(labels.to(emb.device), self.num_labels, self.label_format)
-        loss = contrast_across_processes(self.loss_fn, emb, y, gather=self.gather_across_devices)
+        loss = self._candidates.step(emb, y).loss(self.loss_fn)
         if num_items_in_batch is not None:  # see the module docstring: Trainer's accumulation contract
             counted = torch.as_tensor(num_items_in_batch, dtype=loss.dtype, device=loss.device).reshape(-1)[0]
             loss = loss * (labels.shape[0] * labels.shape[1]) / counted.clamp_min(1)

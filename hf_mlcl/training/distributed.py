@@ -32,7 +32,6 @@ __all__ = [
     "all_gather_with_grad",
     "all_gather_no_grad",
     "gather_candidates",
-    "contrast_across_processes",
     "all_reduce_mean_",
 ]
 
@@ -122,36 +121,6 @@ def gather_candidates(
     lab_parts = all_gather_no_grad(to_dense_bool(labels), sizes)
     others = [i for i in range(len(sizes)) if i != me]
     return torch.cat([emb_parts[i] for i in others]), torch.cat([lab_parts[i] for i in others])
-
-
-def contrast_across_processes(
-    loss_fn,
-    embeddings: torch.Tensor,
-    labels: torch.Tensor,
-    keys: torch.Tensor | None = None,
-    key_labels: torch.Tensor | None = None,
-    gather: bool = True,
-) -> torch.Tensor:
-    """A contrastive loss of the local anchors against the candidates of every process (and ``keys``).
-
-    With a keys-capable loss (``loss_fn.supports_keys``) the other processes' embeddings (gathered with
-    gradient, :func:`gather_candidates`) are appended to the keys, so an anchor's contrast set is the
-    global batch minus itself. Otherwise the gathered global batch is the anchor set on every process
-    (the same loss everywhere); the gather's sum-backward then hands process r ``W dL/dz_r`` and DDP's
-    1/W average restores ``dL/dtheta``. With ``gather=False`` or one process: the plain loss.
-    Shared by ``ContrastiveTrainer``, the sentence-transformers loss and ``compute_loss_func``.
-    """
-    if gather and is_distributed():
-        if getattr(loss_fn, "supports_keys", False):
-            other, other_labels = gather_candidates(embeddings, labels)
-            keys = other if keys is None else torch.cat([other, keys.to(other.dtype)])
-            key_labels = other_labels if key_labels is None else torch.cat([other_labels, key_labels])
-        else:
-            embeddings = torch.cat(all_gather_with_grad(embeddings))
-            labels = torch.cat(all_gather_no_grad(to_dense_bool(labels)))
-    if keys is None:
-        return loss_fn(embeddings, labels)
-    return loss_fn(embeddings, labels, keys, key_labels)
 
 
 def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:

@@ -192,11 +192,11 @@ def _probe_f1(train_x, train_y, dev_x, dev_y):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3600)
 def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encoder(minilm_path, tmp_path):
-    """The real all-MiniLM-L6-v2 trained by SentenceTransformerTrainer with the SD loss on 2,000 GoEmotions
-    train texts (seeded subset, one epoch, batch 64): the loss on 500 dev texts falls, and a logistic
-    probe on the trained embeddings beats the untrained ones on dev (micro- and macro-F1)."""
+    """The real all-MiniLM-L6-v2 trained by SentenceTransformerTrainer with the SD loss on 1,200 GoEmotions
+    train texts (seeded subset, one epoch of 25 steps, batch 48): the loss on 400 dev texts falls, and a
+    logistic probe on the trained embeddings beats the untrained ones on dev (micro- and macro-F1)."""
     import numpy as np
     from conftest import SHARED_DATA
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
@@ -208,8 +208,8 @@ def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encod
         pytest.skip("../shared/data/goemotions is not present")
     dd = load_mlc_dataset("goemotions", data_dir=src, splits=("train", "validation"))
     rng = np.random.default_rng(0)
-    train = dd["train"].select(np.sort(rng.choice(len(dd["train"]), 2000, replace=False)))
-    dev = dd["validation"].select(np.sort(rng.choice(len(dd["validation"]), 500, replace=False)))
+    train = dd["train"].select(np.sort(rng.choice(len(dd["train"]), 1200, replace=False)))
+    dev = dd["validation"].select(np.sort(rng.choice(len(dd["validation"]), 400, replace=False)))
     num_labels = 28
     train_st = to_sentence_transformers_dataset(train, label_format="ids")
     dev_ids = torch.tensor(to_sentence_transformers_dataset(dev, label_format="ids")["label"])
@@ -218,7 +218,7 @@ def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encod
 
     torch.manual_seed(0)
     model = SentenceTransformer(minilm_path, device="cpu")
-    model.max_seq_length = 64
+    model.max_seq_length = 48
     loss = MultiLabelContrastiveLoss(model, "sd", num_labels=num_labels)
 
     def dev_loss() -> float:
@@ -231,14 +231,14 @@ def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encod
     loss_before = dev_loss()
     before = _probe_f1(_embed(model, list(train["text"])), train_y, _embed(model, list(dev["text"])), dev_y)
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=64, num_train_epochs=1, learning_rate=5e-5,
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=48, num_train_epochs=1, learning_rate=5e-5,
         warmup_steps=0.1, report_to="none", save_strategy="no", logging_steps=5, use_cpu=True, seed=0,
         dataloader_drop_last=True, disable_tqdm=True,
     )
     SentenceTransformerTrainer(model=model, args=args, train_dataset=train_st, loss=loss).train()
     loss_after = dev_loss()
     after = _probe_f1(_embed(model, list(train["text"])), train_y, _embed(model, list(dev["text"])), dev_y)
-    print(f"\nST+SD on GoEmotions (2000 train / 500 dev): dev loss {loss_before:.4f} -> {loss_after:.4f}; "
+    print(f"\nST+SD on GoEmotions (1200 train / 400 dev): dev loss {loss_before:.4f} -> {loss_after:.4f}; "
           f"probe dev micro-F1 {before[0]:.4f} -> {after[0]:.4f}, macro-F1 {before[1]:.4f} -> {after[1]:.4f}")
     assert loss_after < loss_before
     assert after[0] > before[0] and after[1] > before[1]
