@@ -180,7 +180,7 @@ def _probe_f1(train_x, train_y, dev_x, dev_y):
     from sklearn.linear_model import LogisticRegression
     from sklearn.multiclass import OneVsRestClassifier
 
-    from hf_mlcl.evaluation.metrics import compute_multilabel_metrics, tune_global_threshold
+    from hf_mlcl.evaluation import compute_multilabel_metrics, tune_global_threshold
 
     keep = train_y.sum(0) > 0  # labels absent from the train subset cannot be learned by either encoder
     clf = OneVsRestClassifier(LogisticRegression(C=1.0, max_iter=1000)).fit(train_x, train_y[:, keep])
