@@ -44,7 +44,13 @@ import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, Value
 
 from hf_mlcl.data._io import check_utf8, split_labels
-from hf_mlcl.data.registry import SPLIT_ALIASES, build_split, normalize_splits, read_lines
+from hf_mlcl.data.registry import (
+    SPLIT_ALIASES,
+    build_split,
+    normalize_splits,
+    read_lines,
+    register_source_loader,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -366,6 +372,7 @@ def check_splits(dd: DatasetDict, what: str = "dataset") -> None:
 
 
 # ---------------------------------------------------------------------------------------------- main
+@register_source_loader(is_custom_source)
 def load_custom_dataset(
     source: Any,
     *,

@@ -41,6 +41,24 @@ def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., Datase
     return deco
 
 
+# Loaders for sources that are not registered names (files, folders, Hub ids, in-memory datasets):
+# (accepts(source, data_files) -> bool, loader(source, data_dir=..., **options)), registered by
+# hf_mlcl.data.custom with @register_source_loader, so this module imports no loader.
+_SOURCE_LOADERS: list[tuple[Callable[..., bool], Callable[..., DatasetDict]]] = []
+
+
+def register_source_loader(accepts: Callable[..., bool]) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
+    """Decorator: ``load_mlc_dataset`` hands a source that is no registered name to ``fn`` when
+    ``accepts(source, data_files)`` is true (see :func:`hf_mlcl.data.custom.load_custom_dataset`)."""
+
+    def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
+        if all(fn is not f for _, f in _SOURCE_LOADERS):
+            _SOURCE_LOADERS.append((accepts, fn))
+        return fn
+
+    return deco
+
+
 def list_datasets() -> list[str]:
     """Canonical dataset names, sorted (aliases such as ``"mimic-iii"`` are accepted by the loader)."""
     return sorted(_REGISTRY)
@@ -66,15 +84,14 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     ``options`` go to the loader (all accept ``splits=``).
     Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
     """
-    from hf_mlcl.data.custom import is_custom_source, load_custom_dataset
-
     key = None
     if isinstance(name, str):
         key = name.lower().replace("-", "_")
         key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
     if key not in _REGISTRY:
-        if is_custom_source(name, options.get("data_files")):
-            return load_custom_dataset(name, data_dir=data_dir, **options)
+        for accepts, loader in _SOURCE_LOADERS:
+            if accepts(name, options.get("data_files")):
+                return loader(name, data_dir=data_dir, **options)
         if not isinstance(name, str):
             raise ValueError(
                 f"dataset must be a name, a path, a Hub id or a datasets.Dataset/DatasetDict; got {type(name).__name__}"
