@@ -1,11 +1,12 @@
 """hf_mlcl.data: multi-label text datasets (loaders + synthetic corpus) and batch collation.
 
-Data flow: ``load_mlc_dataset(name, data_dir)`` -> DatasetDict(text, labels=Sequence(ClassLabel))
+Data flow: ``load_mlc_dataset(name | Hub id | file | Dataset, data_dir)`` -> DatasetDict(text, labels=Sequence(ClassLabel))
 -> ``MultiLabelCollator`` (tokens + per-batch multi-hot labels) -> model.
 """
 
 from hf_mlcl.data import aapd, goemotions, mimic, rcv1, synthetic, uklex  # noqa: F401  (registers the loaders)
 from hf_mlcl.data.collator import MultiLabelCollator, tokenize_dataset
+from hf_mlcl.data.custom import data_notes, load_custom_dataset
 from hf_mlcl.data.mimic import filter_by_hadm_ids, read_hadm_split_ids
 from hf_mlcl.data.registry import (
     filter_by_ids,
@@ -22,10 +23,12 @@ from hf_mlcl.data.tokenizer import train_tokenizer
 __all__ = [
     "MultiLabelCollator",
     "SyntheticCorpusGenerator",
+    "data_notes",
     "filter_by_hadm_ids",
     "filter_by_ids",
     "label_names",
     "list_datasets",
+    "load_custom_dataset",
     "load_mlc_dataset",
     "make_features",
     "make_synthetic_corpus",

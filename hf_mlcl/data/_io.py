@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,28 @@ def split_labels(value, sep: str | None = None) -> list[str]:
         return []
     parts = s.split(sep) if sep is not None else _SPLIT_RE.split(s)
     return [p.strip() for p in parts if p.strip()]
+
+
+def check_utf8(path: str) -> None:
+    """ValueError naming the file, line and byte when ``path`` is not valid UTF-8 (read line by line)."""
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path}:{lineno}: byte 0x{line[err.start]:02x} at column {err.start + 1} is not UTF-8 "
+                    f"({err.reason}). Re-save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 in > out`"
+                ) from None
+
+
+def first_non_utf8(folder: str) -> None:
+    """Run :func:`check_utf8` on every text file under ``folder`` (sorted): the first bad one raises."""
+    for dirpath, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if name.lower().endswith((".csv", ".tsv", ".json", ".jsonl", ".txt", ".sgm", ".xml")):
+                check_utf8(os.path.join(dirpath, name))
 
 
 def iter_jsonl(path: str) -> Iterator[dict]:

@@ -41,27 +41,79 @@ def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., Datase
     return deco
 
 
+# Loaders for sources that are not registered names (files, folders, Hub ids, in-memory datasets):
+# (accepts(source, data_files) -> bool, loader(source, data_dir=..., **options)), registered by
+# hf_mlcl.data.custom with @register_source_loader, so this module imports no loader.
+_SOURCE_LOADERS: list[tuple[Callable[..., bool], Callable[..., DatasetDict]]] = []
+
+
+def register_source_loader(accepts: Callable[..., bool]) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
+    """Decorator: ``load_mlc_dataset`` hands a source that is no registered name to ``fn`` when
+    ``accepts(source, data_files)`` is true (see :func:`hf_mlcl.data.custom.load_custom_dataset`)."""
+
+    def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
+        if all(fn is not f for _, f in _SOURCE_LOADERS):
+            _SOURCE_LOADERS.append((accepts, fn))
+        return fn
+
+    return deco
+
+
 def list_datasets() -> list[str]:
     """Canonical dataset names, sorted (aliases such as ``"mimic-iii"`` are accepted by the loader)."""
     return sorted(_REGISTRY)
 
 
-def load_mlc_dataset(name: str, data_dir: str | os.PathLike | None = None, **options) -> DatasetDict:
-    """Load a multi-label text-classification dataset by name.
+# Options of hf_mlcl.data.custom.load_custom_dataset (sources that are not registered names).
+CUSTOM_OPTIONS = (
+    "data_files", "config_name", "revision", "text_column", "label_column", "label_columns", "label_format",
+    "label_separator", "label_names", "unknown_labels", "validation_fraction", "test_fraction", "split_seed",
+)  # fmt: skip
+
+
+def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options) -> DatasetDict:
+    """Load a multi-label text-classification dataset: a registered name, a Hub id, local files, or data.
 
     ``name`` is one of :func:`list_datasets` (aapd, rcv1, uklex, mimic3, mimic4_icd9, mimic4_icd10,
-    goemotions, synthetic); ``data_dir`` the local folder with the dataset's files (see each loader's
-    docstring for the exact formats); ``options`` go to the loader (all accept ``splits=``).
+    goemotions, synthetic) with ``data_dir`` the local folder with its files (see each loader's
+    docstring); or anything :func:`hf_mlcl.data.custom.load_custom_dataset` reads — a Hub dataset id
+    (``"owner/name"``, ``config_name=``), a local csv / tsv / json / jsonl / parquet file or folder
+    (``data_files=`` for one file per split), an in-memory ``Dataset`` / ``DatasetDict`` — with the
+    options ``text_column``, ``label_column``, ``label_columns``, ``label_format``, ``label_names``,
+    ``unknown_labels``, ``validation_fraction`` ... listed in ``CUSTOM_OPTIONS``.
+    ``options`` go to the loader (all accept ``splits=``).
     Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
     """
-    if not isinstance(name, str):
-        raise ValueError(f"dataset name must be a string, got {type(name).__name__}")
-    key = name.lower().replace("-", "_")
-    key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
+    key = None
+    if isinstance(name, str):
+        key = name.lower().replace("-", "_")
+        key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
     if key not in _REGISTRY:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {list_datasets()}")
+        for accepts, loader in _SOURCE_LOADERS:
+            if accepts(name, options.get("data_files")):
+                return loader(name, data_dir=data_dir, **options)
+        if not isinstance(name, str):
+            raise ValueError(
+                f"dataset must be a name, a path, a Hub id or a datasets.Dataset/DatasetDict; got {type(name).__name__}"
+            )
+        raise ValueError(
+            f"unknown dataset {name!r}; choose one of {list_datasets()}, a Hub dataset id ('owner/name'), "
+            "or a local csv/tsv/json/jsonl/parquet file or folder"
+        )
+    custom = sorted(k for k in options if k in CUSTOM_OPTIONS)
+    if custom:
+        raise ValueError(
+            f"{key}: options {custom} apply to your own data (a file, folder, Hub id or Dataset), not to the "
+            "registered dataset; remove them"
+        )
     try:
         return _REGISTRY[key](data_dir=data_dir, **options)
+    except UnicodeDecodeError:
+        if data_dir is not None and os.path.isdir(data_dir):
+            from hf_mlcl.data._io import first_non_utf8
+
+            first_non_utf8(os.fspath(data_dir))  # raises naming the file and line
+        raise
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise

@@ -91,9 +91,11 @@ class ModelCardCallback(TrainerCallback):
             self.card.pooling = getattr(model_args, "pooling", None)
             if kind == "classifier":
                 self.card.head = getattr(model_args, "head", None)
+        self._data_args = data_args
         if data_args is not None:
             self.card.dataset = getattr(data_args, "dataset", None)
-            self.card.dataset_options = dict(getattr(data_args, "dataset_options", None) or {})
+            options = data_args.loader_options() if hasattr(data_args, "loader_options") else None
+            self.card.dataset_options = dict(options or getattr(data_args, "dataset_options", None) or {})
             self.card.hyperparameters["max_length"] = getattr(data_args, "max_length", None)
 
     # ----------------------------------------------------------------------------------- hooks
@@ -111,6 +113,9 @@ class ModelCardCallback(TrainerCallback):
 
     # ----------------------------------------------------------------------------------- collection
     def _collect_args(self, args) -> None:
+        notes = getattr(self._data_args, "data_notes", None)  # set when the data is loaded (load_data)
+        if notes:
+            self.card.data_notes = list(notes)
         for key in _TRAINING_KEYS:
             if hasattr(args, key):
                 value = getattr(args, key)

@@ -102,6 +102,7 @@ class CardData:
     base_model: str | None = None
     dataset: str | None = None
     dataset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data_notes: list[str] = dataclasses.field(default_factory=list)  # e.g. "validation: carved from train ..."
     num_labels: int | None = None
     label_names: list[str] = dataclasses.field(default_factory=list)
     loss: str | None = None

@@ -102,6 +102,57 @@ def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
     return torch.sparse_coo_tensor(idx, ones, labels.shape, check_invariants=False, is_coalesced=True)
 
 
+def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1) -> Tensor:
+    """(N, K) label-id lists padded with ``pad_id`` -> (N, ``num_labels``) float32 multi-hot (one scatter).
+
+    ValueError naming the offending id when one lies outside ``[0, num_labels)``.
+    """
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(
+            f"label ids must be an integer (N, K) tensor padded with {pad_id}; got "
+            f"{getattr(ids, 'dtype', type(ids).__name__)} of shape {tuple(getattr(ids, 'shape', ()))}"
+        )
+    valid = ids != pad_id
+    bad = valid & ((ids < 0) | (ids >= num_labels))
+    if bool(bad.any()):
+        raise ValueError(f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})")
+    out = torch.zeros(ids.shape[0], num_labels + 1, dtype=LABEL_DTYPE, device=ids.device)
+    out.scatter_(1, torch.where(valid, ids, torch.full_like(ids, num_labels)).long(), 1.0)
+    return out[:, :num_labels]
+
+
+LABEL_INPUT_FORMATS = ("auto", "multi_hot", "ids")
+
+
+def labels_to_multihot(labels: Tensor, num_labels: int | None = None, label_format: str = "auto") -> Tensor:
+    """A batch's labels as (B, L) float32 multi-hot: ``"multi_hot"`` rows pass through, ``"ids"`` ((B, K)
+    label ids padded with -1) are scattered (:func:`ids_to_multihot`, needs ``num_labels``). ``"auto"``:
+    float / bool tensors are multi-hot; integer tensors are ids unless they hold only 0/1 and are exactly
+    ``num_labels`` wide (name the format where that could be ambiguous). ValueError naming the problem.
+    """
+    if label_format not in LABEL_INPUT_FORMATS:
+        raise ValueError(f"label_format must be one of {LABEL_INPUT_FORMATS}; got {label_format!r}")
+    if not isinstance(labels, Tensor) or labels.dim() != 2:
+        raise ValueError(
+            "labels must be a (batch, L) multi-hot or (batch, K) -1-padded label-id tensor; got "
+            f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}"
+        )
+    fmt = label_format
+    if fmt == "auto":
+        if labels.is_floating_point() or labels.dtype == torch.bool or is_sparse(labels):
+            fmt = "multi_hot"
+        else:
+            binary = bool(((labels == 0) | (labels == 1)).all())
+            fmt = "multi_hot" if binary and labels.shape[1] == num_labels else "ids"
+    if fmt == "multi_hot":
+        if num_labels is not None and labels.shape[1] != num_labels:
+            raise ValueError(f"multi-hot labels are {labels.shape[1]} wide but num_labels={num_labels}")
+        return labels if is_sparse(labels) else labels.to(LABEL_DTYPE)
+    if num_labels is None:
+        raise ValueError("label-id lists need num_labels= (the size of the label space)")
+    return ids_to_multihot(labels, num_labels)
+
+
 def as_multihot(
     labels: Tensor,
     name: str = "labels",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from transformers import TrainingArguments
@@ -105,17 +105,64 @@ class ModelArguments:
             raise ValueError(f"chunk_size must be a positive number of tokens; got {self.chunk_size}")
 
 
+LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns")
+UNKNOWN_LABELS = ("error", "drop")
+
+
 @dataclass
 class DataArguments:
-    """Which dataset (a name of `hf_mlcl.data.list_datasets()`), where its files are, and lengths."""
+    """Which dataset — a name of `hf_mlcl.data.list_datasets()`, a Hub dataset id, or local csv / tsv /
+    json / jsonl / parquet files (see `hf_mlcl.data.custom`) — how to read its text and labels, and lengths."""
 
     dataset: str = field(
-        default="synthetic", metadata={"help": "Registry name, e.g. aapd, goemotions, mimic3."}
+        default="synthetic",
+        metadata={
+            "help": "Registry name (aapd, goemotions, mimic3 ...), a Hub dataset id ('owner/name'), a local "
+            "csv/tsv/json/jsonl/parquet file or folder, or a format name (csv, json, parquet) with data_files."
+        },
     )
-    data_dir: str | None = field(default=None, metadata={"help": "Folder with the dataset's local files."})
+    data_dir: str | None = field(
+        default=None,
+        metadata={"help": "Folder with a registered dataset's files (for your own files: the base of relative paths)."},
+    )
     dataset_options: str | None = field(
         default=None, metadata={"help": "Loader keyword arguments as a mapping (YAML) or JSON string."}
     )
+    # ---- your own data (ignored for registered names; hf_mlcl.data.custom.load_custom_dataset)
+    data_files: str | None = field(
+        default=None,
+        metadata={"help": "One file per split as a mapping {train: a.csv, validation: b.csv, test: c.csv} "
+                  "(YAML or JSON), or one file to split."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the document text."})
+    label_column: str | None = field(
+        default=None, metadata={"help": "Column holding the labels (default: 'labels' or 'label')."}
+    )
+    label_columns: str | None = field(
+        default=None,
+        metadata={"help": "One 0/1 column per label: their names (comma-separated or a YAML list)."},
+    )
+    label_format: str = field(default="auto", metadata={"help": f"One of {LABEL_FORMATS}; auto detects it."})
+    label_separator: str | None = field(
+        default=None, metadata={"help": "Separator of label_format=delimited (default: first of ; | , seen)."}
+    )
+    label_names_file: str | None = field(
+        default=None,
+        metadata={"help": "File with one label name per line (default: a ClassLabel feature, else the sorted "
+                  "union of the train labels)."},
+    )
+    unknown_labels: str = field(
+        default="error",
+        metadata={"help": "Labels seen only outside train / outside the names: 'error' (names them) or 'drop'."},
+    )
+    validation_fraction: float = field(
+        default=0.1, metadata={"help": "Share of train carved (seeded) into validation when there is none."}
+    )
+    test_fraction: float = field(
+        default=0.0, metadata={"help": "Share of train carved into a test split when there is none (0 = no test)."}
+    )
+    split_seed: int = field(default=42, metadata={"help": "Seed of the validation / test carving."})
     max_length: int = field(
         default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
     )
@@ -132,14 +179,47 @@ class DataArguments:
         },
     )
 
+    data_notes: list[str] = field(default_factory=list, init=False, repr=False)  # filled by load_data
+
     def __post_init__(self) -> None:
         self.dataset_options = _as_dict(self.dataset_options, "dataset_options") or {}
+        if isinstance(self.data_files, str) and self.data_files.lstrip().startswith("{"):
+            self.data_files = _as_dict(self.data_files, "data_files")
+        if self.label_format not in LABEL_FORMATS:
+            raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {self.label_format!r}")
+        if self.unknown_labels not in UNKNOWN_LABELS:
+            raise ValueError(f"unknown_labels must be one of {UNKNOWN_LABELS}; got {self.unknown_labels!r}")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise ValueError(f"validation_fraction must lie in (0, 1); got {self.validation_fraction}")
+        if not 0.0 <= self.test_fraction < 1.0 or self.validation_fraction + self.test_fraction >= 1.0:
+            raise ValueError(
+                f"test_fraction must lie in [0, 1) and leave train rows (validation_fraction + test_fraction < 1); "
+                f"got {self.test_fraction}"
+            )
         if self.max_length <= 0:
             raise ValueError(f"max_length must be positive; got {self.max_length}")
         for name in ("max_train_samples", "max_eval_samples", "max_test_samples"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive number of examples or None (all); got {value}")
+
+    def loader_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``load_mlc_dataset``: ``dataset_options`` plus the own-data fields that
+        differ from their defaults (so a registered name gets only its loader's options)."""
+        mapping = {
+            "data_files": "data_files", "dataset_config": "config_name", "text_column": "text_column",
+            "label_column": "label_column", "label_columns": "label_columns", "label_format": "label_format",
+            "label_separator": "label_separator", "label_names_file": "label_names",
+            "unknown_labels": "unknown_labels", "validation_fraction": "validation_fraction",
+            "test_fraction": "test_fraction", "split_seed": "split_seed",
+        }  # fmt: skip
+        defaults = {f.name: f.default for f in fields(self)}
+        options = dict(self.dataset_options or {})
+        for name, key in mapping.items():
+            value = getattr(self, name)
+            if value != defaults[name]:
+                options.setdefault(key, value)
+        return options
 
 
 @dataclass

@@ -62,10 +62,15 @@ def is_mlcl_checkpoint(path: str | None) -> bool:
 
 def load_data(data_args: DataArguments):
     """``load_mlc_dataset`` with the ``max_*_samples`` caps applied (first rows, or a random subset drawn
-    with ``subset_seed``); returns (DatasetDict, label names)."""
-    from hf_mlcl.data import label_names, load_mlc_dataset
+    with ``subset_seed``); returns (DatasetDict, label names).
 
-    ds = load_mlc_dataset(data_args.dataset, data_dir=data_args.data_dir, **(data_args.dataset_options or {}))
+    Empty splits are a ValueError naming them (before any training); the provenance notes of the splits
+    (e.g. a validation split carved from train) are logged and stored in ``data_args.data_notes`` so the
+    model card states them."""
+    from hf_mlcl.data import data_notes, label_names, load_mlc_dataset
+    from hf_mlcl.data.custom import check_splits
+
+    ds = load_mlc_dataset(data_args.dataset, data_dir=data_args.data_dir, **data_args.loader_options())
     for split, cap in (
         ("train", data_args.max_train_samples),
         ("validation", data_args.max_eval_samples),
@@ -80,6 +85,10 @@ def load_data(data_args: DataArguments):
     for split in ("train", "validation"):
         if split not in ds:
             raise ValueError(f"dataset {data_args.dataset!r} has no {split!r} split (splits: {list(ds)})")
+    check_splits(ds, f"dataset {data_args.dataset!r}")
+    data_args.data_notes = data_notes(ds)
+    for note in data_args.data_notes:
+        logger.info("data: %s", note)
     return ds, list(label_names(ds["train"]))
 
 

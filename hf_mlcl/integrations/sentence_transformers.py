@@ -1,0 +1,225 @@
+"""hf_mlcl's multi-label contrastive losses as sentence-transformers losses.
+
+``SentenceTransformerTrainer`` takes them like any of its own losses::
+
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from hf_mlcl.integrations.sentence_transformers import MultiLabelContrastiveLoss, to_sentence_transformers_dataset
+
+    model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")
+    train = to_sentence_transformers_dataset(load_mlc_dataset("goemotions", data_dir=...)["train"])
+    loss = MultiLabelContrastiveLoss(model, "sd", num_labels=28)          # or "mulsupcon", "msc", ...
+    SentenceTransformerTrainer(model=model, train_dataset=train, loss=loss).train()
+
+The dataset has one text column and a label column (``label`` / ``labels``, which sentence-transformers'
+collator turns into a tensor): a multi-hot row per text, or label-id lists padded with -1 to one width
+(:func:`to_sentence_transformers_dataset` builds either from an hf_mlcl ``DatasetDict`` split). The loss
+embeds the texts (``sentence_embedding``), turns the labels into a multi-hot matrix and calls the hf_mlcl
+loss (:func:`hf_mlcl.losses.get_loss`; the equations are in ``LOSSES.md`` and each loss's module), with
+the candidates of every process gathered across devices when ``gather_across_devices``
+(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). :class:`CachedMultiLabelContrastiveLoss`
+is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
+embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
+``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+try:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.losses.gradcache import CachedLossMixin
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "hf_mlcl.integrations.sentence_transformers needs sentence-transformers: "
+        "pip install 'hf_mlcl[sentence-transformers]'"
+    ) from err
+
+from hf_mlcl.hub.model_card import loss_paper
+from hf_mlcl.losses.registry import resolve_loss_name
+from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
+from hf_mlcl.training.candidates import CandidateBuilder
+from hf_mlcl.training.contrastive import build_contrastive_loss
+
+__all__ = ["MultiLabelContrastiveLoss", "CachedMultiLabelContrastiveLoss", "to_sentence_transformers_dataset"]
+
+_GRADCACHE_BIBTEX = """@inproceedings{gao2021scaling,
+  title={Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup},
+  author={Gao, Luyu and Zhang, Yunyi and Han, Jiawei and Callan, Jamie},
+  booktitle={Proceedings of the 6th Workshop on Representation Learning for NLP (RepL4NLP-2021)},
+  year={2021}
+}"""
+
+
+def _embedding_dim(model: SentenceTransformer) -> int | None:
+    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+        fn = getattr(model, name, None)
+        if callable(fn):
+            return fn()
+    return None
+
+
+class MultiLabelContrastiveLoss(nn.Module):
+    """An hf_mlcl multi-label contrastive loss for ``SentenceTransformerTrainer``.
+
+    Args:
+        model: the ``SentenceTransformer`` being trained.
+        loss: a contrastive loss name of :func:`hf_mlcl.losses.list_contrastive_losses` (``"sd"``,
+            ``"mulsupcon"``, ``"msc"``, ``"jaccard"``, ``"all"``, ``"any"``, ``"ws_mulsupcon"``, ``"hbl"``).
+        num_labels: size of the label space; required for label-id lists and for losses with per-label
+            parameters (``msc``'s prototypes), else read from the multi-hot width.
+        label_format: ``"multi_hot"`` ((B, L) 0/1 rows), ``"ids"`` ((B, K) ids padded with -1), or
+            ``"auto"``: float / bool tensors are multi-hot; integer tensors are ids unless they are 0/1
+            rows exactly ``num_labels`` wide (set the format when that could be ambiguous).
+        gather_across_devices: contrast each process's anchors with the candidates of all processes
+            (an all-gather with gradient), as ``ContrastiveTrainer`` does under DDP.
+        temperature: tau (default: the loss paper's value).
+        **loss_kwargs: the loss's own keywords (e.g. ``weight_in_log=True`` for ``sd``).
+    """
+
+    def __init__(
+        self,
+        model: SentenceTransformer,
+        loss: str = "sd",
+        num_labels: int | None = None,
+        label_format: str = "auto",
+        gather_across_devices: bool = False,
+        temperature: float | None = None,
+        **loss_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if label_format not in LABEL_INPUT_FORMATS:
+            raise ValueError(f"label_format must be one of {LABEL_INPUT_FORMATS}; got {label_format!r}")
+        if num_labels is not None and num_labels <= 0:
+            raise ValueError(f"num_labels must be positive; got {num_labels}")
+        self.model = model
+        self.loss_name = resolve_loss_name(loss)
+        self.num_labels = num_labels
+        self.label_format = label_format
+        self.gather_across_devices = bool(gather_across_devices)
+        self.loss_kwargs = dict(loss_kwargs)
+        self.loss_fn = build_contrastive_loss(
+            loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=_embedding_dim(model)
+        )
+        # batch mode (no queue): the other processes' embeddings join as candidates when gathering
+        self._candidates = CandidateBuilder(
+            None, gather=self.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False)
+        )
+
+    # ------------------------------------------------------------------------------------------ labels
+    def multi_hot(self, labels: Tensor) -> Tensor:
+        """The batch's labels as a (B, L) float32 multi-hot matrix (see ``label_format``)."""
+        return labels_to_multihot(labels, self.num_labels, self.label_format)
+
+    # ------------------------------------------------------------------------------------------ loss
+    @staticmethod
+    def _single_column(sentence_features: Iterable[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+        features = list(sentence_features)
+        if len(features) != 1:
+            raise ValueError(
+                f"the dataset must have one text column besides the label column; got {len(features)} "
+                "(remove the other columns, e.g. dataset.select_columns(['text', 'label']))"
+            )
+        return features
+
+    def compute_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids)."""
+        y = self.multi_hot(labels.to(embeddings.device))
+        return self._candidates.step(embeddings, y).loss(self.loss_fn)
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        (features,) = self._single_column(sentence_features)
+        return self.compute_loss(self.model(features)["sentence_embedding"], labels)
+
+    # ------------------------------------------------------------------------------------------ card
+    def get_config_dict(self) -> dict[str, Any]:
+        """What sentence-transformers' model card lists under the loss."""
+        return {
+            "loss": self.loss_name,
+            "temperature": self.loss_fn.temperature,
+            "num_labels": self.num_labels,
+            "label_format": self.label_format,
+            "gather_across_devices": self.gather_across_devices,
+            **self.loss_kwargs,
+        }
+
+    @property
+    def citation(self) -> str:
+        """BibTeX of the loss's paper (sentence-transformers' model card cites it)."""
+        return loss_paper(self.loss_name)["bibtex"]
+
+
+class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss):
+    """:class:`MultiLabelContrastiveLoss` with GradCache (Gao et al. 2021, eq. 5): texts are embedded
+    ``mini_batch_size`` at a time without a graph, the loss over the whole batch caches dL/dz, and each
+    mini-batch is re-embedded with its replayed RNG state to push dL/dz into the model. Same gradients
+    as the plain loss (dropout included), memory of one mini-batch. Other arguments as the plain loss.
+    """
+
+    def __init__(
+        self,
+        model: SentenceTransformer,
+        loss: str = "sd",
+        mini_batch_size: int = 32,
+        show_progress_bar: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if mini_batch_size <= 0:
+            raise ValueError(f"mini_batch_size must be positive; got {mini_batch_size}")
+        MultiLabelContrastiveLoss.__init__(self, model, loss, **kwargs)
+        self.mini_batch_size = int(mini_batch_size)
+        self.show_progress_bar = bool(show_progress_bar)
+
+    def calculate_loss(
+        self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
+    ) -> Tensor:
+        loss = self.compute_loss(torch.cat(reps[0]), labels)
+        if with_backward:
+            loss.backward()
+            loss = loss.detach()
+        return loss
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        return self.forward_cached(self._single_column(sentence_features), labels)
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {**super().get_config_dict(), "mini_batch_size": self.mini_batch_size}
+
+    @property
+    def citation(self) -> str:
+        return super().citation + "\n\n" + _GRADCACHE_BIBTEX
+
+
+def to_sentence_transformers_dataset(
+    dataset: Any,
+    label_format: str = "ids",
+    text_column: str = "text",
+    label_column: str = "labels",
+    num_labels: int | None = None,
+) -> Any:
+    """An hf_mlcl split (``text`` + ``labels`` id lists) as a sentence-transformers dataset: columns
+    ``text`` and ``label``, the label ids padded with -1 to the longest row (``"ids"``, light for large
+    label spaces) or multi-hot rows (``"multi_hot"``). ``num_labels`` defaults to the ClassLabel names."""
+    from hf_mlcl.data.registry import label_names
+
+    if label_format not in ("ids", "multi_hot"):
+        raise ValueError(f"label_format must be 'ids' or 'multi_hot'; got {label_format!r}")
+    if num_labels is None and label_format == "multi_hot":
+        num_labels = len(label_names(dataset))
+    rows: Sequence[Sequence[int]] = dataset.with_format("arrow")[label_column].to_pylist()
+    width = max((len(r) for r in rows), default=0) or 1
+    ids = torch.full((len(rows), width), -1, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    if len(rows):
+        flat = torch.tensor([i for r in rows for i in r], dtype=torch.long)
+        mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+        ids[mask] = flat
+    values = ids if label_format == "ids" else ids_to_multihot(ids, num_labels).to(torch.int8)
+    out = dataset.select_columns([text_column])
+    if text_column != "text":
+        out = out.rename_column(text_column, "text")
+    return out.add_column("label", values.tolist())

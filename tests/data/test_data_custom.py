@@ -1,0 +1,329 @@
+"""Bring-your-own data through ``load_mlc_dataset``: every source (csv / tsv / json / jsonl / parquet
+files, a Hub-shaped folder and a ``save_to_disk`` folder read with the Hub off, in-memory Dataset /
+DatasetDict) and every label format (names, ids, delimited string, one 0/1 column per label), the
+label-space rules, split carving, and the errors that must come before any training."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+
+import pytest
+from conftest import SHARED_DATA
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+from datasets import Sequence as HFSequence
+
+from hf_mlcl.data import data_notes, label_names, load_mlc_dataset
+
+ROWS = [  # (text, label names)
+    ("graph neural networks for molecules", ["cs.LG", "q-bio"]),
+    ("attention is all you need", ["cs.CL", "cs.LG"]),
+    ("a theory of quantum gravity", ["hep-th"]),
+    ("language models as knowledge bases", ["cs.CL"]),
+    ("protein folding with deep learning", ["cs.LG", "q-bio"]),
+    ("string theory and black holes", ["hep-th"]),
+    ("parsing with transformers", ["cs.CL"]),
+    ("optimisation of deep networks", ["cs.LG"]),
+    ("gene regulatory networks", ["q-bio"]),
+    ("machine translation for low resource languages", ["cs.CL", "cs.LG"]),
+]
+NAMES = sorted({lab for _, labs in ROWS for lab in labs})  # cs.CL, cs.LG, hep-th, q-bio
+
+
+def _write_csv(path, rows, sep=",", label_fmt=lambda labs: ";".join(labs), header=("text", "labels")):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, delimiter=sep)
+        w.writerow(header)
+        for text, labs in rows:
+            w.writerow([text, label_fmt(labs)])
+    return str(path)
+
+
+def _as_names(dd):
+    names = label_names(dd)
+    return {s: [sorted(names[i] for i in row) for row in ds["labels"]] for s, ds in dd.items()}
+
+
+def _expected(rows):
+    return [sorted(labs) for _, labs in rows]
+
+
+# ------------------------------------------------------------------------------------------ sources
+def test_one_csv_with_delimited_labels_carves_a_seeded_validation_split(tmp_path, caplog):
+    path = _write_csv(tmp_path / "my.csv", ROWS)
+    with caplog.at_level(logging.INFO, logger="hf_mlcl.data.custom"):
+        dd = load_mlc_dataset(path, validation_fraction=0.2, split_seed=3)
+    assert set(dd) == {"train", "validation"} and len(dd["train"]) == 8 and len(dd["validation"]) == 2
+    assert label_names(dd) == NAMES
+    got = dict(zip(list(dd["train"]["text"]) + list(dd["validation"]["text"]),
+                   _as_names(dd)["train"] + _as_names(dd)["validation"]))
+    assert got == {t: sorted(labs) for t, labs in ROWS}  # every row once, labels intact
+    notes = data_notes(dd)
+    assert notes and "carved from train (2 of 10 rows, validation_fraction=0.2, seed=3)" in notes[0]
+    assert "carved from train" in caplog.text
+    again = load_mlc_dataset(path, validation_fraction=0.2, split_seed=3)
+    assert list(again["validation"]["text"]) == list(dd["validation"]["text"])  # seeded
+    other = load_mlc_dataset(path, validation_fraction=0.2, split_seed=4)
+    assert list(other["validation"]["text"]) != list(dd["validation"]["text"])
+    # a test split is carved only on request; without one there is none (no test metrics)
+    three = load_mlc_dataset(path, validation_fraction=0.2, test_fraction=0.2)
+    assert [len(three[s]) for s in ("train", "validation", "test")] == [6, 2, 2]
+
+
+def test_tsv_per_split_with_a_dev_alias_and_id_labels_named_by_a_file(tmp_path):
+    names_file = tmp_path / "labels.txt"
+    names_file.write_text("\n".join(NAMES) + "\n", encoding="utf-8")
+    ids = lambda labs: ",".join(str(NAMES.index(x)) for x in labs)  # noqa: E731
+    files = {
+        "train": _write_csv(tmp_path / "train.tsv", ROWS[:6], "\t", ids),
+        "dev": _write_csv(tmp_path / "dev.tsv", ROWS[6:8], "\t", ids),
+        "test": _write_csv(tmp_path / "test.tsv", ROWS[8:], "\t", ids),
+    }
+    dd = load_mlc_dataset("csv", data_files=files, label_names=str(names_file))
+    assert list(dd) == ["train", "validation", "test"] and label_names(dd) == NAMES
+    assert _as_names(dd) == {"train": _expected(ROWS[:6]), "validation": _expected(ROWS[6:8]),
+                             "test": _expected(ROWS[8:])}
+    assert data_notes(dd) == []  # nothing carved
+
+
+def test_json_jsonl_and_parquet_with_name_lists_and_id_lists(tmp_path):
+    records = [{"body": t, "tags": labs} for t, labs in ROWS]
+    (tmp_path / "train.json").write_text(json.dumps(records[:8]), encoding="utf-8")
+    with open(tmp_path / "test.jsonl", "w", encoding="utf-8") as f:
+        for r in records[8:]:
+            f.write(json.dumps(r) + "\n")
+    dd = load_mlc_dataset("json", data_files={"train": "train.json", "test": "test.jsonl"}, data_dir=tmp_path,
+                          text_column="body", label_column="tags", label_format="names")
+    assert set(dd) == {"train", "validation", "test"} and label_names(dd) == NAMES
+    assert _as_names(dd)["test"] == _expected(ROWS[8:])
+    # parquet with integer id lists and no names: names are "0" .. max id of train
+    ds = Dataset.from_dict({"text": [t for t, _ in ROWS], "labels": [[NAMES.index(x) for x in labs] for _, labs in ROWS]})
+    ds.to_parquet(str(tmp_path / "ids.parquet"))
+    dd = load_mlc_dataset(str(tmp_path / "ids.parquet"))
+    assert label_names(dd) == ["0", "1", "2", "3"]
+    assert sorted(sum((r for s in dd for r in list(dd[s]["labels"])), [])) == sorted(
+        NAMES.index(x) for _, labs in ROWS for x in labs)
+
+
+def test_in_memory_dataset_and_dataset_dict_with_classlabel_names():
+    names = ["anger", "joy", "zeal"]  # "zeal" never occurs: the ClassLabel keeps it
+    feats = Features({"sentence": Value("string"), "emotions": HFSequence(ClassLabel(names=names))})
+    train = Dataset.from_dict({"sentence": ["grr", "yay", "grr yay", "meh yay"], "emotions": [[0], [1], [0, 1], [1]]},
+                              features=feats)
+    test = Dataset.from_dict({"sentence": ["so happy"], "emotions": [[1]]}, features=feats)
+    dd = load_mlc_dataset(DatasetDict({"train": train, "val": train.select([0, 1]), "test": test}),
+                          text_column="sentence", label_column="emotions")
+    assert list(dd) == ["train", "validation", "test"] and label_names(dd) == names
+    assert list(dd["train"]["labels"]) == [[0], [1], [0, 1], [1]] and list(dd["test"]["text"]) == ["so happy"]
+    single = load_mlc_dataset(train, text_column="sentence", label_column="emotions", validation_fraction=0.25)
+    assert len(single["train"]) == 3 and len(single["validation"]) == 1 and "carved" in data_notes(single)[0]
+    # a single-label ClassLabel column is a list of one id
+    one = Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, 1, 1]},
+                            features=Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])}))
+    dd = load_mlc_dataset(DatasetDict({"train": one, "validation": one}))
+    assert list(dd["train"]["labels"]) == [[0], [1], [1]] and label_names(dd) == ["neg", "pos"]
+
+
+def test_one_binary_column_per_label_detected_or_named(tmp_path):
+    header = ["text", "rater_id", *NAMES]
+    path = tmp_path / "wide.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for i, (text, labs) in enumerate(ROWS):
+            w.writerow([text, 17 + i, *[int(n in labs) for n in NAMES]])
+    auto = load_mlc_dataset(str(path))  # 0/1 columns detected; rater_id (17..26) is not one
+    assert label_names(auto) == NAMES
+    named = load_mlc_dataset(str(path), label_columns="q-bio,cs.CL", validation_fraction=0.2, split_seed=0)
+    assert label_names(named) == ["q-bio", "cs.CL"]
+    truth = {t: sorted(x for x in labs if x in ("q-bio", "cs.CL")) for t, labs in ROWS}
+    for split in named:
+        for text, row in zip(list(named[split]["text"]), _as_names(named)[split]):
+            assert row == truth[text]
+    with pytest.raises(ValueError, match=r"label columns \['rater_id'\].*other than 0/1"):
+        load_mlc_dataset(str(path), label_columns=["rater_id"])
+
+
+def _hub_shaped_folder(root):
+    """A dataset repository as the Hub stores it: parquet shards per config and a README ``configs:``."""
+    names = NAMES
+    feats = Features({"text": Value("string"), "labels": HFSequence(ClassLabel(names=names))})
+    for config, rows in (("simplified", ROWS), ("tiny", ROWS[:4])):
+        for split, part in (("train", rows[:-2]), ("validation", rows[-2:])):
+            ds = Dataset.from_dict({"text": [t for t, _ in part],
+                                    "labels": [[names.index(x) for x in labs] for _, labs in part]}, features=feats)
+            os.makedirs(root / config, exist_ok=True)
+            ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
+    (root / "README.md").write_text(
+        "---\nconfigs:\n"
+        "- config_name: simplified\n  data_files:\n  - split: train\n    path: simplified/train-*\n"
+        "  - split: validation\n    path: simplified/validation-*\n"
+        "- config_name: tiny\n  data_files:\n  - split: train\n    path: tiny/train-*\n"
+        "  - split: validation\n    path: tiny/validation-*\n---\n# a dataset\n",
+        encoding="utf-8",
+    )
+
+
+def test_a_hub_shaped_folder_goes_through_load_dataset_with_its_config_and_the_hub_off(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    _hub_shaped_folder(tmp_path / "repo")
+    calls = []
+    real = datasets.load_dataset
+
+    def spy(path, name=None, **kw):
+        calls.append((path, name))
+        return real(path, name, **kw)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    dd = load_mlc_dataset(str(tmp_path / "repo"), config_name="simplified")
+    assert calls == [(str(tmp_path / "repo"), "simplified")]  # the call a Hub id makes
+    assert len(dd["train"]) == 8 and len(dd["validation"]) == 2 and label_names(dd) == NAMES
+    tiny = load_mlc_dataset(str(tmp_path / "repo"), config_name="tiny")
+    assert len(tiny["train"]) == 2
+    # an id that is neither cached nor reachable fails with one clear message
+    with pytest.raises(ValueError, match="could not load Hub dataset 'nobody/no-such-dataset'"):
+        load_mlc_dataset("nobody/no-such-dataset")
+    # a save_to_disk folder
+    dd.save_to_disk(str(tmp_path / "saved"))
+    again = load_mlc_dataset(str(tmp_path / "saved"))
+    assert list(again["train"]["text"]) == list(dd["train"]["text"]) and label_names(again) == NAMES
+
+
+# ------------------------------------------------------------------------------------------ label rules
+def test_labels_seen_only_outside_train_are_named_or_dropped(tmp_path, caplog):
+    train = _write_csv(tmp_path / "train.csv", ROWS[:6])
+    test = _write_csv(tmp_path / "test.csv", [("new topic", ["astro-ph", "cs.LG"]), ("old", ["cs.CL"])])
+    with pytest.raises(ValueError, match=r"labels seen only outside train: \{'test': \['astro-ph'\]\}"):
+        load_mlc_dataset("csv", data_files={"train": train, "test": test})
+    with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+        dd = load_mlc_dataset("csv", data_files={"train": train, "test": test}, unknown_labels="drop")
+    assert "astro-ph" in caplog.text and "astro-ph" not in label_names(dd)
+    assert _as_names(dd)["test"] == [["cs.LG"], ["cs.CL"]]
+    # a given label list is binding for train too
+    with pytest.raises(ValueError, match=r"split 'train' has labels not in the label space.*'q-bio'"):
+        load_mlc_dataset(train, label_names=["cs.CL", "cs.LG", "hep-th"])
+
+
+def test_names_are_the_sorted_union_of_train_and_single_names_work(tmp_path):
+    rows = [("a", ["zeta"]), ("b", ["alpha"]), ("c", ["mid"]), ("d", ["alpha"])]
+    path = _write_csv(tmp_path / "single.csv", rows, label_fmt=lambda labs: labs[0])
+    dd = load_mlc_dataset(path, validation_fraction=0.25)
+    assert label_names(dd) == ["alpha", "mid", "zeta"]
+    piped = _write_csv(tmp_path / "pipe.csv", ROWS, label_fmt=lambda labs: " | ".join(labs))
+    assert label_names(load_mlc_dataset(piped)) == NAMES
+    comma = _write_csv(tmp_path / "comma.csv", ROWS, label_fmt=lambda labs: ",".join(labs))
+    assert label_names(load_mlc_dataset(comma, label_format="delimited", label_separator=",")) == NAMES
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_empty_split_missing_columns_and_bad_options_fail_before_training(tmp_path):
+    train = _write_csv(tmp_path / "train.csv", ROWS)
+    empty = _write_csv(tmp_path / "empty.csv", [])
+    with pytest.raises(ValueError, match=r"split\(s\) \['validation'\] are empty"):
+        load_mlc_dataset("csv", data_files={"train": train, "validation": empty})
+    with pytest.raises(ValueError, match="no text column 'body'.*columns: \\['text', 'labels'\\]"):
+        load_mlc_dataset(train, text_column="body")
+    with pytest.raises(ValueError, match="no label column 'tags'"):
+        load_mlc_dataset(train, label_column="tags")
+    with pytest.raises(ValueError, match="label_format must be one of"):
+        load_mlc_dataset(train, label_format="multi-hot")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_mlc_dataset(str(tmp_path / "nope.csv"))
+    with pytest.raises(ValueError, match="cannot carve a validation split"):
+        load_mlc_dataset(_write_csv(tmp_path / "one.csv", ROWS[:1]))
+    with pytest.raises(ValueError, match="unknown dataset 'goemtions'.*Hub dataset id"):
+        load_mlc_dataset("goemtions")
+    with pytest.raises(ValueError, match=r"options \['text_column'\] apply to your own data"):
+        load_mlc_dataset("synthetic", text_column="body")
+
+
+def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("text,labels\nfine,a\ncaf\u00e9 au lait,b\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.csv:3: byte 0xe9 at column 4 is not UTF-8.*iconv"):
+        load_mlc_dataset(str(path))
+    # a registered loader's files too (GoEmotions tsv)
+    gdir = tmp_path / "goemo"
+    gdir.mkdir()
+    (gdir / "emotions.txt").write_text("joy\nanger\n", encoding="utf-8")
+    for name in ("dev.tsv", "test.tsv"):
+        (gdir / name).write_text("ok\t0\tid1\n", encoding="utf-8")
+    (gdir / "train.tsv").write_bytes("ok\t0\tid1\nna\u00efve\t1\tid2\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"train\.tsv:2: byte 0xef"):
+        load_mlc_dataset("goemotions", data_dir=gdir)
+
+
+# ------------------------------------------------------------------------------------------ arguments
+def test_data_arguments_carry_the_options_to_the_loader_and_the_card(tmp_path):
+    from hf_mlcl.recipes import parse_stage
+    from hf_mlcl.training.arguments import DataArguments
+    from hf_mlcl.training.entry import load_data
+
+    path = _write_csv(tmp_path / "my.csv", ROWS, label_fmt=lambda labs: "|".join(labs), header=("body", "tags"))
+    assert DataArguments().loader_options() == {}  # a registered name gets nothing extra
+    args = DataArguments(dataset=path, text_column="body", label_column="tags", validation_fraction=0.3)
+    assert args.loader_options() == {"text_column": "body", "label_column": "tags", "validation_fraction": 0.3}
+    ds, names = load_data(args)
+    assert names == NAMES and len(ds["validation"]) == 3 and "test" not in ds
+    assert args.data_notes and "validation_fraction=0.3" in args.data_notes[0]
+    with pytest.raises(ValueError, match="unknown_labels must be one of"):
+        DataArguments(dataset=path, unknown_labels="keep")
+    with pytest.raises(ValueError, match="validation_fraction must lie in"):
+        DataArguments(dataset=path, validation_fraction=1.5)
+    # the same keys come from a recipe and from the command line
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"dataset: {path}\ntext_column: body\nlabel_column: tags\n"
+                      "data_files: {train: a.csv, test: b.csv}\ncontrastive: {report_to: none}\n", encoding="utf-8")
+    from hf_mlcl.recipes import load_recipe, split_overrides
+
+    _, data_args, _ = parse_stage(load_recipe(str(recipe)), "contrastive",
+                                  split_overrides(["--label_format", "delimited", "--split_seed", "7"], ["contrastive"]),
+                                  output_dir=str(tmp_path / "out"))
+    assert data_args.data_files == {"train": "a.csv", "test": "b.csv"}
+    assert (data_args.label_format, data_args.split_seed, data_args.text_column) == ("delimited", 7, "body")
+
+
+# ------------------------------------------------------------------------------------------ real data
+@pytest.mark.slow
+def test_goemotions_raw_release_shape_one_column_per_label(tmp_path):
+    """The raw GoEmotions release (goemotions_*.csv: text, id, metadata, example_very_unclear, then one
+    0/1 column per emotion) rebuilt from ../shared/data/goemotions and read with the names file."""
+    src = os.path.join(SHARED_DATA, "goemotions")
+    if not os.path.isfile(os.path.join(src, "train.tsv")):
+        pytest.skip("../shared/data/goemotions is not present")
+    names = [n.strip() for n in open(os.path.join(src, "emotions.txt"), encoding="utf-8") if n.strip()]
+    with open(os.path.join(src, "train.tsv"), encoding="utf-8", newline="") as f:
+        rows = [r for r in csv.reader(f, delimiter="\t") if r]
+    raw = tmp_path / "goemotions_1.csv"
+    header = ["text", "id", "author", "subreddit", "link_id", "parent_id", "created_utc", "rater_id",
+              "example_very_unclear", *names]
+    with open(raw, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for i, (text, labs, cid) in enumerate(rows):
+            ids = {int(x) for x in labs.split(",")}
+            w.writerow([text, cid, "someone", "r/x", "t3_x", "t1_x", 1.5e9, 1 + i % 80, "False",
+                        *[int(j in ids) for j in range(len(names))]])
+    names_file = tmp_path / "emotions.txt"
+    names_file.write_text("\n".join(names) + "\n", encoding="utf-8")
+    dd = load_mlc_dataset(str(raw), label_names=str(names_file), validation_fraction=0.1, split_seed=0)
+    assert label_names(dd) == names
+    assert len(dd["train"]) + len(dd["validation"]) == len(rows) == 43410
+    truth = {cid: sorted(int(x) for x in labs.split(",")) for _, labs, cid in rows}
+    by_text = {}
+    for text, _labs, cid in rows:
+        by_text.setdefault(text, set()).add(tuple(truth[cid]))
+    for split in dd:
+        for text, lab in zip(list(dd[split]["text"])[:2000], list(dd[split]["labels"])[:2000]):
+            assert tuple(lab) in by_text[text]
+    freq = sum(len(r) for s in dd for r in list(dd[s]["labels"]))
+    assert freq == sum(len(v) for v in truth.values())
+    # the same file with the 0/1 columns named explicitly, and auto-detection (example_very_unclear is
+    # a "False"/"True" string column here, rater_id is not 0/1: neither is taken for a label)
+    auto = load_mlc_dataset(str(raw), validation_fraction=0.1, split_seed=0)
+    assert label_names(auto) == names

@@ -1,0 +1,100 @@
+"""hf_mlcl losses in a plain transformers.Trainer through `compute_loss_func`: the same training as
+ContrastiveTrainer (with and without gradient accumulation), any model with pooled embeddings, and
+errors that name the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _training_helpers import base_args, collator, tiny_encoder, tiny_split, tiny_tokenizer
+from transformers import Trainer, TrainingArguments
+
+from hf_mlcl.integrations.trainer import ContrastiveLossFunc
+from hf_mlcl.training import ContrastiveTrainer
+
+
+def _plain_args(tmp_path, **kw):
+    a = base_args(tmp_path, **kw)
+    keep = {k: getattr(a, k) for k in ("per_device_train_batch_size", "max_steps", "learning_rate", "logging_steps",
+                                       "max_grad_norm", "train_sampling_strategy", "seed", "gradient_accumulation_steps",
+                                       "dataloader_drop_last")}  # fmt: skip
+    return TrainingArguments(output_dir=str(tmp_path / "plain"), report_to=[], save_strategy="no", use_cpu=True,
+                             disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False, **keep)
+
+
+@pytest.mark.parametrize("loss,accumulation", [("sd", 1), ("mulsupcon", 2)])
+def test_plain_trainer_matches_contrastive_trainer(tmp_path, loss, accumulation):
+    tok, train = tiny_tokenizer(), tiny_split(32)
+    kw = dict(max_steps=3, gradient_accumulation_steps=accumulation, loss=loss)
+    ref_model = tiny_encoder(tok, seed=0)
+    ref = ContrastiveTrainer(model=ref_model, args=base_args(tmp_path / "ref", **kw), train_dataset=train,
+                             data_collator=collator(tok), processing_class=tok, num_labels=4)
+    ref_out = ref.train()
+    model = tiny_encoder(tok, seed=0)
+    kw.pop("loss")
+    plain = Trainer(model=model, args=_plain_args(tmp_path, **kw), train_dataset=train, data_collator=collator(tok),
+                    compute_loss_func=ContrastiveLossFunc(loss, num_labels=4))
+    out = plain.train()
+    assert out.global_step == ref_out.global_step == 3
+    assert out.training_loss == pytest.approx(ref_out.training_loss, rel=1e-5)
+    moved = 0
+    init = tiny_encoder(tok, seed=0).state_dict()
+    for (name, p), q in zip(model.state_dict().items(), ref_model.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+        moved += not torch.equal(p, init[name])
+    assert moved > 10  # the parameters did train
+
+
+def test_any_model_with_pooled_embeddings_and_id_list_labels(tmp_path):
+    from datasets import Dataset
+    from transformers import BertConfig, BertModel
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64, pad_token_id=tok.pad_token_id))
+    split = tiny_split(16)
+    width = max(len(r) for r in split["labels"])
+
+    def collate(rows):  # a user's own collator: padded label-id lists
+        enc = tok([r["text"] for r in rows], padding=True, return_tensors="pt")
+        enc["labels"] = torch.tensor([r["labels"] + [-1] * (width - len(r["labels"])) for r in rows])
+        return dict(enc)
+
+    data = Dataset.from_dict({"text": list(split["text"]), "labels": list(split["labels"])})
+    func = ContrastiveLossFunc("jaccard", num_labels=4, label_format="ids")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=2, learning_rate=1e-3,
+                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             remove_unused_columns=False, dataloader_num_workers=0)
+    out = Trainer(model=model, args=args, train_dataset=data, data_collator=collate, compute_loss_func=func).train()
+    assert torch.isfinite(torch.tensor(out.training_loss)) and out.training_loss > 0
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "pooler" in n)
+    # the value is the hf_mlcl loss of pooler_output
+    batch = collate([data[i] for i in range(8)])
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        outputs = model(**batch)
+        got = func(outputs, labels)
+        from hf_mlcl.losses import get_loss
+        from hf_mlcl.losses.relations import ids_to_multihot
+
+        want = get_loss("jaccard")(outputs.pooler_output, ids_to_multihot(labels, 4))
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+
+
+def test_errors_name_the_problem():
+    func = ContrastiveLossFunc("sd", num_labels=3)
+    with pytest.raises(ValueError, match="has none of .*embeddings_key"):
+        func({"last_hidden_state": torch.zeros(2, 4, 8)}, torch.ones(2, 3))
+    with pytest.raises(ValueError, match="got no labels"):
+        func({"embeddings": torch.zeros(2, 8)}, None)
+    with pytest.raises(ValueError, match="must be \\(batch, dim\\)"):
+        ContrastiveLossFunc("sd", embeddings_key="last_hidden_state")({"last_hidden_state": torch.zeros(2, 4, 8)},
+                                                                       torch.ones(2, 3))
+    with pytest.raises(ValueError, match="unknown loss"):
+        ContrastiveLossFunc("nope")
+    # the accumulation contract: the loss is scaled by this micro-batch's share of the counted entries
+    emb, y = torch.randn(4, 8), torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 1], [0, 0, 1]]).float()
+    full = func({"embeddings": emb}, y)
+    assert func({"embeddings": emb}, y, num_items_in_batch=torch.tensor(24)).item() == pytest.approx(full.item() / 2)
