@@ -150,6 +150,12 @@ def eval_results(card: CardData) -> list[Any]:
     from huggingface_hub import EvalResult
 
     task = "text-classification" if card.kind == "classifier" else "feature-extraction"
+    if _is_dataset_id(card.dataset):
+        dataset_type = dataset_name = str(card.dataset)
+    elif card.dataset:  # a local file or folder: its name only, never a path of the machine that trained it
+        dataset_type, dataset_name = "local", os.path.basename(os.path.normpath(str(card.dataset)))
+    else:
+        dataset_type = dataset_name = "unknown"
     rows = []
     for key, (metric_type, display) in _INDEX_METRICS.items():
         found = _metric_value(card.metrics, key)
@@ -160,8 +166,8 @@ def eval_results(card: CardData) -> list[Any]:
             EvalResult(
                 task_type=task,
                 task_name="multi-label text classification",
-                dataset_type=card.dataset or "unknown",
-                dataset_name=card.dataset or "unknown",
+                dataset_type=dataset_type,
+                dataset_name=dataset_name,
                 dataset_split=split,
                 metric_type=metric_type,
                 metric_name=display,
@@ -174,9 +180,18 @@ def eval_results(card: CardData) -> list[Any]:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
+_DATA_FILE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", ".arrow")
+
+
 def _is_hub_id(name: str | None) -> bool:
     """A Hub model id (``org/name``), not a local folder or a description such as "random-init bert"."""
     return bool(name) and bool(_HUB_ID.match(name)) and not os.path.exists(name)
+
+
+def _is_dataset_id(name: str | None) -> bool:
+    """A dataset name for the card's ``datasets:`` metadata: a Hub id or a registered name, not a local
+    data file (``my_data.csv``) or folder, which mean nothing on the Hub (the body still names them)."""
+    return _is_hub_id(name) and not str(name).lower().endswith(_DATA_FILE_SUFFIXES)
 
 
 def _metric_table(metrics: dict[str, float]) -> list[tuple[str, str]]:
@@ -205,7 +220,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         pipeline_tag="text-classification" if card.kind == "classifier" else "feature-extraction",
         tags=["hf_mlcl", "multi-label", "contrastive-learning", card.kind]
         + ([_canonical_loss(str(card.contrastive_loss or card.loss))] if (card.contrastive_loss or card.loss) else []),
-        datasets=[card.dataset] if card.dataset else None,
+        datasets=[card.dataset] if _is_dataset_id(card.dataset) else None,
         base_model=card.base_model if _is_hub_id(card.base_model) else None,
         model_name=name,
         eval_results=results or None,

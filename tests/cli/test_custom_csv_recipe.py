@@ -62,3 +62,6 @@ def test_my_csv_recipe_runs_on_a_tiny_csv(tmp_path):
         assert any("validation: carved from train (6 of 64 rows" in n for n in card["data_notes"])
         readme = open(os.path.join(out, stage, "README.md"), encoding="utf-8").read()
         assert "carved from train (6 of 64 rows, validation_fraction=0.1, seed=42)" in readme
+        # a local CSV is not a Hub dataset: the card's metadata must not list its path under datasets:
+        meta = readme.split("---", 2)[1]
+        assert "datasets:" not in meta and data not in meta
