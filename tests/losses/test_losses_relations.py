@@ -151,7 +151,8 @@ def test_engine_memory_is_pairwise_not_per_label():
 
 
 @pytest.mark.parametrize(
-    "n, m, n_labels, p", [(7, 11, 40, 0.2), (5, 9, 3000, 0.003), (0, 4, 6, 0.5), (4, 0, 6, 0.5), (3, 5, 8, 0.0)]
+    "n, m, n_labels, p",
+    [(7, 11, 40, 0.2), (5, 9, 3000, 0.003), (0, 4, 6, 0.5), (4, 0, 6, 0.5), (3, 5, 8, 0.0)],
 )
 def test_sparse_sparse_product_matches_dense_float64(n, m, n_labels, p):
     """a @ b^T of two sparse matrices (scattered a^T, b re-indexed to a's columns, one sparse @ dense
