@@ -41,9 +41,9 @@ code's reduction), so the same lambda weighs HBL about mean abs(y) times more th
 sim is the cosine similarity (embeddings L2-normalised for this term whatever ``normalize`` says).
 Defaults are from the paper's search space: lambda 0.01, gamma 0.8, m_rel 0.1, m_abs 0.3, k_min 128.
 
-Vectorised: the medians of the variable-size positive sets come from one row-wise sort of J with the
-non-positives pushed to +inf, reading positions (n-1)//2 and n//2; the four extreme similarities
-are masked max / min over the (N, M) similarity matrix. The arg-extremes are found without autograd
+Vectorised: the medians of the variable-size positive sets come from one row-wise ``kthvalue``
+selection with a common rank (:func:`hbl_median_thresholds`), not a sort; the four extreme
+similarities are masked max / min over the (N, M) similarity matrix. The arg-extremes are found without autograd
 and only the <= 4 selected pairs per gated anchor are re-evaluated with gradient (the same
 sub-gradient as differentiating through max / min), so HBL adds no (N, M) backward pass. When the
 base is a :class:`~hf_mlcl.losses.core.ContrastiveLoss` with ``normalize=True`` the base's
@@ -71,15 +71,28 @@ def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Te
     """theta_i = numpy-style median of ``jaccard[i, positive[i]]`` (eq. 3), vectorised.
 
     Returns ``(theta, n_pos)``; rows without a positive get theta = +inf (no soft / hard member).
+
+    A selection, not a sort: row i's lower middle value is its lo_i-th smallest positive
+    (lo_i = (n_i - 1) // 2). Pushing k - lo_i of the row's non-positives to -inf and the others to
+    +inf (k = (M - 1) // 2, always feasible) makes it the k-th smallest entry of every row, so one
+    ``kthvalue`` with a common k finds all of them; the upper middle value is that one again when
+    at least n_i // 2 + 1 positives are <= it, else the smallest positive above it.
     """
     n_pos = positive.sum(dim=1)
-    if jaccard.shape[1] == 0:
+    m = jaccard.shape[1]
+    if m == 0:
         return torch.full_like(n_pos, float("inf"), dtype=jaccard.dtype), n_pos
-    srt = jaccard.masked_fill(~positive, float("inf")).sort(dim=1).values
-    lo = ((n_pos - 1).clamp_min(0) // 2)[:, None]
-    hi = (n_pos // 2).clamp_max(jaccard.shape[1] - 1)[:, None]
-    theta = (srt.gather(1, lo) + srt.gather(1, hi)).squeeze(1) / 2
-    theta = torch.where(n_pos > 0, theta, torch.full_like(theta, float("inf")))
+    k = (m - 1) // 2
+    below = k - (n_pos - 1).clamp_min(0) // 2  # non-positives sent to -inf in each row
+    rank = torch.cumsum(~positive, dim=1)  # 1-based rank of each non-positive within its row
+    inf = torch.tensor(float("inf"), dtype=jaccard.dtype, device=jaccard.device)
+    fill = torch.where(rank <= below[:, None], -inf, inf)
+    x_lo = torch.where(positive, jaccard, fill).kthvalue(k + 1, dim=1).values
+    greater = positive & (jaccard > x_lo[:, None])
+    x_above = torch.where(greater, jaccard, inf).amin(dim=1)
+    x_hi = torch.where(n_pos - greater.sum(dim=1) >= n_pos // 2 + 1, x_lo, x_above)
+    theta = (x_lo + x_hi) / 2
+    theta = torch.where(n_pos > 0, theta, inf)
     return theta, n_pos
 
 
@@ -109,24 +122,31 @@ def hbl_per_anchor(
     n = zn.shape[0]
     zero = torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum()
     with torch.no_grad():
-        n_pos_all = ((inter > 0) & contrast_mask).sum(dim=1)
-        # only anchors that can pass the reliability gate are partitioned (sorting is the costly part)
+        positive = (inter > 0) & contrast_mask
+        n_pos_all = positive.sum(dim=1)
+        # only anchors that can pass the reliability gate are partitioned (the selection is the costly part)
         rows = (n_pos_all >= k_min).nonzero().squeeze(1)
         if rows.numel() == 0:
             return zero, torch.zeros(n, dtype=torch.bool, device=zn.device)
-        sub_inter, sub_jac, sub_mask = inter[rows], jaccard[rows], contrast_mask[rows]
-        positive = (sub_inter > 0) & sub_mask
-        negative = (sub_inter == 0) & sub_mask
+        sub_jac, sub_mask = jaccard, contrast_mask
+        if rows.numel() < n:  # (N, M) row copies only when some anchor is gated out
+            sub_jac, sub_mask, positive = jaccard[rows], contrast_mask[rows], positive[rows]
+        negative = sub_mask & ~positive  # inter == 0 within the contrast set (counts are >= 0)
         theta, _ = hbl_median_thresholds(sub_jac, positive)
         soft = positive & (sub_jac >= theta[:, None])
-        hard = positive & (sub_jac < theta[:, None])
+        hard = positive & ~soft
         ok = soft.any(dim=1) & hard.any(dim=1)
         gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
         gated[rows[ok]] = True
         if not bool(ok.any()):
             return zero, gated
-        rows, soft, hard, negative = rows[ok], soft[ok], hard[ok], negative[ok]
-        sim = (zn[rows] @ cn.T) if similarity is None else similarity[rows]
+        if not bool(ok.all()):
+            rows, soft, hard, negative = rows[ok], soft[ok], hard[ok], negative[ok]
+        every = rows.numel() == n
+        if similarity is None:
+            sim = (zn if every else zn[rows]) @ cn.T
+        else:
+            sim = similarity if every else similarity[rows]
         sim = sim.to(zn.dtype)
         neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
         pos_inf = torch.tensor(float("inf"), dtype=sim.dtype, device=sim.device)

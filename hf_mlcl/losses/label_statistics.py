@@ -188,6 +188,28 @@ class PairLabelView:
             out = torch.sparse.mm(self._cand(values.dtype), q.T.contiguous())  # (M, N)
         return out.T
 
+    def spread_by_candidate(self, values: Tensor, values_b: Tensor, use_b: Tensor) -> Tensor:
+        """``spread(values)`` for the candidates with ``use_b`` False and ``spread(values_b)`` for the others.
+
+        (N, M), no grad. With sparse products it is one sparse (M, 2U) @ dense (2U, N) product: a
+        candidate's entries sit in the first U columns or, when ``use_b``, in the last U, so every
+        output entry sums the same terms in the same order as :meth:`spread` would.
+        """
+        if self._dense is not None or self.num_active == 0 or values.numel() == 0:
+            return torch.where(use_b[None, :], self.spread(values_b), self.spread(values))
+        u = self.num_active
+        shift = use_b[self.cand_rows].long() * u
+        idx = torch.stack([self.cand_rows, self.cand_ucols + shift])
+        vals = torch.ones(idx.shape[1], dtype=values.dtype, device=self.device)
+        cand = torch.sparse_coo_tensor(
+            idx, vals, (self.num_candidates, 2 * u), check_invariants=False
+        ).coalesce()
+        q = torch.cat([self.dense_pairs(values), self.dense_pairs(values_b)], dim=1)  # (N, 2U)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
+            out = torch.sparse.mm(cand.to_sparse_csr(), q.T.contiguous())  # (M, N)
+        return out.T
+
     def collect(self, weights: Tensor) -> Tensor:
         """Per-pair values ``sum_a F_ia [j in T_a]`` (P,) for an (N, M) matrix F (no grad)."""
         if self._dense is not None:

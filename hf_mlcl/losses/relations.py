@@ -19,8 +19,6 @@ the embedding dtype, and autocast is switched off by the caller (:mod:`hf_mlcl.l
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
@@ -252,9 +250,40 @@ def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
         return torch.sparse.mm(a, b.T.contiguous())
     if sb and not sa:
         return torch.sparse.mm(b, a.T.contiguous()).T
-    with warnings.catch_warnings():  # torch warns that its internal CSR conversion is "beta"
-        warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
-        return torch.sparse.mm(a, b.t().coalesce()).to_dense()
+    return _sparse_sparse_matmul_t(a, b)
+
+
+def _sparse_sparse_matmul_t(a: Tensor, b: Tensor) -> Tensor:
+    """Dense (N, M) = a @ b^T for two sparse COO matrices, as one sparse @ dense product.
+
+    torch's sparse @ sparse product builds a sparse (N, M) result (hash accumulation, then
+    ``to_dense``); here only the U label columns that ``a`` carries can contribute, so a^T is
+    scattered into a small dense (U, N) matrix, b's entries in those columns are re-indexed into a
+    sparse (M, U) matrix (its other entries dropped) and the result is (b_U @ a_U^T)^T: O(nnz(b) N)
+    work with no sparse output. Integer counts are exact; weighted products only change the
+    summation order.
+    """
+    a, b = a.coalesce(), b.coalesce()
+    ai, bi = a.indices(), b.indices()
+    device = a.device
+    used = torch.zeros(a.shape[1], dtype=torch.bool, device=device)
+    used[ai[1]] = True
+    cols = torch.nonzero(used).squeeze(1)
+    remap = torch.full((a.shape[1],), -1, dtype=torch.long, device=device)
+    remap[cols] = torch.arange(cols.numel(), device=device)
+    a_t = torch.zeros(cols.numel(), a.shape[0], dtype=a.dtype, device=device)
+    a_t.index_put_((remap[ai[1]], ai[0]), a.values(), accumulate=True)
+    b_col = remap[bi[1]]
+    keep = b_col >= 0
+    # remap is increasing on the kept columns, so the filtered entries stay sorted and unique
+    b_u = torch.sparse_coo_tensor(
+        torch.stack([bi[0][keep], b_col[keep]]),
+        b.values()[keep],
+        (b.shape[0], cols.numel()),
+        check_invariants=False,
+        is_coalesced=True,
+    )
+    return torch.sparse.mm(b_u, a_t).T
 
 
 def intersections(anchor_labels: Tensor, candidate_labels: Tensor) -> Tensor:

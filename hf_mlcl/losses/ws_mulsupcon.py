@@ -201,8 +201,13 @@ class WSMulSupConLoss(ContrastiveLoss):
             q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
             q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
             iou = ctx.jaccard.to(dtype) * contrast
-            w_s = iou * single_c[None, :] * view.spread(q_s)  # positives in P_s, weighted
-            w_m = iou * multi_c[None, :] * view.spread(q_m)  # positives in P_m, weighted
+            if self.authors_code:
+                w_s = iou * single_c[None, :] * view.spread(q_s)  # positives in P_s, weighted
+                w_m = iou * multi_c[None, :] * view.spread(q_m)  # positives in P_m, weighted
+            else:
+                # w_s + w_m in one product: a candidate is in P_s or P_m by its own stratum (healthy
+                # candidates carry no label, so their entries are 0 either way)
+                w_sm = iou * view.spread_by_candidate(q_s, q_m, multi_c)
 
             def pair_count(pair_ok: Tensor, anchor_mask: Tensor) -> Tensor:
                 return (pair_ok & anchor_mask[rows]).sum().to(dtype)
@@ -227,7 +232,7 @@ class WSMulSupConLoss(ContrastiveLoss):
             for rows_of, count, factor in counts.values():
                 if count > 0:
                     coef = torch.where(rows_of, factor / count, coef)
-            loss, bracket = ctx.fused(w_s + w_m + w_h, coef)
+            loss, bracket = ctx.fused(w_sm + w_h, coef)
             parts = {
                 name: (bracket[rows_of].sum() / count if count > 0 else 0.0)
                 for name, (rows_of, count, _) in counts.items()

@@ -86,6 +86,29 @@ def test_median_thresholds_numpy_semantics_even_and_odd():
     assert theta2.item() == pytest.approx(0.75)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_median_thresholds_selection_equals_sorted_middle_values(dtype):
+    """The kthvalue selection returns exactly the sorted positives' middle values (mean of the two
+    for an even count): many ties, rows with no / one / all positives, widths 1 to 40."""
+    g = torch.Generator().manual_seed(3)
+    for width in (1, 2, 3, 7, 16, 40):
+        for density in (0.0, 0.1, 0.5, 0.9, 1.0):
+            jac = (torch.randint(0, 4, (25, width), generator=g).to(dtype) / 3).to(dtype)
+            pos = torch.rand(25, width, generator=g) < density
+            pos[0] = True
+            pos[1] = False
+            theta, n_pos = hbl_median_thresholds(jac, pos)
+            assert theta.dtype == dtype
+            for i in range(25):
+                vals = jac[i][pos[i]].sort().values
+                n = len(vals)
+                assert int(n_pos[i]) == n
+                if n == 0:
+                    assert theta[i] == float("inf")
+                else:
+                    assert theta[i] == (vals[(n - 1) // 2] + vals[n // 2]) / 2, (width, density, i)
+
+
 @pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("layout", ["dense", "coo", "csr"])
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -148,3 +148,26 @@ def test_engine_memory_is_pairwise_not_per_label():
         assert fn(z, yd, zk, ykd).item() == pytest.approx(fn(z, y, zk, yk).item(), rel=1e-6)
     inter = R.intersections(R.as_multihot(yd), R.as_multihot(ykd))
     torch.testing.assert_close(inter, R.intersections(R.as_multihot(y), R.as_multihot(yk)))
+
+
+@pytest.mark.parametrize(
+    "n, m, n_labels, p",
+    [(7, 11, 40, 0.2), (5, 9, 3000, 0.003), (0, 4, 6, 0.5), (4, 0, 6, 0.5), (3, 5, 8, 0.0)],
+)
+def test_sparse_sparse_product_matches_dense_float64(n, m, n_labels, p):
+    """a @ b^T of two sparse matrices (scattered a^T, b re-indexed to a's columns, one sparse @ dense
+    product) equals the dense float64 product: 0/1 counts exactly, weighted entries (the MulSupCon
+    1/n_l reciprocals) to float64 rounding, also when b carries labels a lacks or a is empty."""
+    g = torch.Generator().manual_seed(n * 100 + m)
+    a = (torch.rand(n, n_labels, generator=g) < p).double()
+    b = (torch.rand(m, n_labels, generator=g) < p).double()
+    if m:
+        b[0, : n_labels // 2] = 1.0  # labels no anchor carries are dropped from b, not mis-indexed
+    expected = a @ b.T
+    out = R.intersections(R.as_multihot(a.to_sparse()), R.as_multihot(b.to_sparse()))
+    assert out.shape == (n, m)
+    assert torch.equal(out, expected.float())
+    w = a * torch.rand(n, n_labels, generator=g, dtype=torch.float64)  # weighted anchor rows
+    got = R._matmul_t(w.to_sparse(), b.to_sparse())
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, w @ b.T, rtol=1e-15, atol=1e-15)

@@ -236,3 +236,46 @@ def test_ws_gradients_finite_and_degenerate_batches():
     assert out.item() == 0.0
     out.backward()
     assert torch.isfinite(z1.grad).all()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_spread_by_candidate_equals_two_spreads_exactly(sparse):
+    """The one-product spread (sparse (M, 2U) candidate matrix) is bitwise the two-spread formula."""
+    from hf_mlcl.losses import relations as R
+    from hf_mlcl.losses.label_statistics import PairLabelView
+
+    g = torch.Generator().manual_seed(5)
+    ya = (torch.rand(9, 30, generator=g) < 0.2).double()
+    yc = (torch.rand(14, 30, generator=g) < 0.2).double()
+    yc[3] = 0  # a candidate without labels
+    conv = (lambda t: R.as_multihot(t.to_sparse())) if sparse else R.as_multihot
+    view = PairLabelView(conv(ya), conv(yc))
+    qa = torch.rand(view.rows.numel(), generator=g, dtype=torch.float64)
+    qb = torch.rand(view.rows.numel(), generator=g, dtype=torch.float64)
+    use_b = R.label_sizes(conv(yc)) >= 2
+    expected = torch.where(use_b[None, :], view.spread(qb), view.spread(qa))
+    assert torch.equal(view.spread_by_candidate(qa, qb, use_b), expected)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_ws_sparse_labels_match_dense_labels_float64(keys):
+    """ws_mulsupcon (paper mode) on sparse labels (one-product spread) equals the dense-label path in
+    value and gradient, float64."""
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(10, 6, generator=g, dtype=torch.float64)
+    y = (torch.rand(10, 8, generator=g) < 0.3).double()
+    y[0], y[1] = 0, 0
+    y[2] = 0
+    y[2, 1] = 1
+    kz = torch.randn(7, 6, generator=g, dtype=torch.float64) if keys else None
+    yk = (torch.rand(7, 8, generator=g) < 0.3).double() if keys else None
+    loss = get_loss("ws_mulsupcon")
+    loss.set_label_statistics(torch.cat([y, yk]) if keys else y)
+    out = []
+    for conv in (lambda t: t, lambda t: t.to_sparse()):
+        zz = z.clone().requires_grad_(True)
+        value = loss(zz, conv(y), kz, None if yk is None else conv(yk))
+        value.backward()
+        out.append((value.detach(), zz.grad))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out[1][1], out[0][1], rtol=1e-12, atol=1e-12)
