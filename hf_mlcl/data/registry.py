@@ -41,7 +41,7 @@ def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., Datase
 
 def _ensure_loaded() -> None:
     # Importing the family modules runs their @register_dataset decorators.
-    from hf_mlcl.data import aapd, goemotions, mimic, rcv1, synthetic, uklex  # noqa: F401
+    from hf_mlcl.data import aapd, goemotions, mimic, rcv1, reuters21578, synthetic, uklex  # noqa: F401
 
 
 def list_datasets() -> list[str]:
@@ -54,7 +54,7 @@ def load_mlc_dataset(name: str, data_dir: str | os.PathLike | None = None, **opt
     """Load a multi-label text-classification dataset by name.
 
     ``name`` is one of :func:`list_datasets` (aapd, rcv1, uklex, mimic3, mimic4_icd9, mimic4_icd10,
-    goemotions, synthetic); ``data_dir`` the local folder with the dataset's files (see each loader's
+    goemotions, reuters21578, synthetic); ``data_dir`` the local folder with the dataset's files (see each loader's
     docstring for the exact formats); ``options`` go to the loader (all accept ``splits=``).
     Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
     """
@@ -212,6 +212,24 @@ def train_frequency(dataset, num_labels: int | None = None) -> np.ndarray:
     col = dataset.with_format("arrow")["labels"].combine_chunks()
     flat = np.asarray(col.flatten(), dtype=np.int64) if len(col) else np.zeros(0, np.int64)
     return np.bincount(flat, minlength=num_labels)
+
+
+def carve_validation(
+    n_train: int, validation_size: float | int, seed: int, dataset: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train/validation carve for sources without a validation split.
+
+    ``validation_size`` is a fraction (< 1) or a count of the ``n_train`` training rows; the rows are
+    drawn with ``numpy.random.default_rng(seed).permutation``. Returns the sorted positions
+    ``(train, validation)``; ValueError naming ``dataset`` when no training row would be left."""
+    n_val = int(round(validation_size * n_train)) if validation_size < 1 else int(validation_size)
+    if not 0 <= n_val < max(n_train, 1):
+        raise ValueError(
+            f"{dataset}: validation_size={validation_size} leaves no training documents ({n_train} training "
+            "documents); use a smaller fraction or count"
+        )
+    perm = np.random.default_rng(seed).permutation(n_train)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
 def read_lines(path: str) -> list[str]:
