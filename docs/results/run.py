@@ -125,7 +125,12 @@ def best_bce_lr(dataset: str) -> str:
 
 
 def _recipe_path(dataset: str, loss: str) -> str:
-    return os.path.join(REPO, "recipes", "cpu", dataset, f"{'bce' if loss == 'pretrained' else loss}.yaml")
+    """recipes/cpu/<dataset>/<loss>.yaml; ``pretrained`` (no stage 1) has its own file in the full-data
+    studies and reuses ``bce.yaml`` in the small-subset ones (their probe settings are the same)."""
+    folder = os.path.join(REPO, "recipes", "cpu", dataset)
+    if loss == "pretrained" and not os.path.isfile(os.path.join(folder, "pretrained.yaml")):
+        loss = "bce"
+    return os.path.join(folder, f"{loss}.yaml")
 
 
 def run_cell(
