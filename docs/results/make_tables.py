@@ -5,6 +5,10 @@
 
 Reads docs/results/<dataset>/<loss>_<probe>/seed<S>/metrics.json (written by docs/results/run.py).
 Cells with 3 seeds show mean ± sample standard deviation (ddof = 1); others show the value and n.
+
+The full-data studies (FULL_STUDIES) get their own tables: ``<study>-full`` (every planned row, the ones
+without a metrics.json marked "not yet run"; fine-tuning rows at the learning rate chosen on validation)
+and ``<study>-lr`` (the BCE learning-rate choice, validation numbers only).
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ NAMES = {
     "sd": "sd (similarity-dissimilarity)",
 }
 CONTRASTIVE = [x for x in ORDER if x not in ("bce", "pretrained")]
+FULL_STUDIES = ("reuters21578", "goemotions_full")
+FULL_PROBES = {"logistic": "logistic probe (ABALONE)", "linear": "linear probe (SD paper)", "finetune": "fine-tune"}
+NOT_RUN = "not yet run"
+# published figures and the issue's goals, printed above the measured rows of each full-data table
+ANCHORS = {
+    "reuters21578": [
+        "| *published: KD-LSTM-reg distilled from BERT (Adhikari et al. 2019, DocBERT), ModApte R90* | | "
+        "| 0.889 | | | | | | |",
+        "| *goal: BCE fine-tuning baseline here* | | | >= 0.85 | reported | | | | | |",
+    ],
+    "goemotions_full": [
+        "| *published: BERT-base fine-tuned (Demszky et al. 2020), 28 labels* | | | | 0.46 | | | | | |",
+        "| *goal: BCE fine-tuning baseline here* | | | | >= 0.46 | | | | | |",
+    ],
+}
 
 
 def load(dataset: str, tagged: bool = False) -> dict[tuple[str, str], list[dict]]:
@@ -163,10 +182,127 @@ def f1_plot(dataset: str) -> str | None:
     return out
 
 
+def _lr_runs(cells, loss: str) -> dict[str, list[dict]]:
+    """Fine-tuning runs of ``loss`` grouped by learning rate (tags ``lr<value>``)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for (lo, probe), rs in cells.items():
+        if lo == loss and probe.startswith("finetune-lr"):
+            out[probe[len("finetune-lr"):]] += rs
+    return out
+
+
+def chosen_lr(study: str) -> str | None:
+    """The BCE fine-tuning learning rate with the highest seed-1 validation macro-F1 (run.py ``--lr best``)."""
+    seed1 = [(r["metrics"]["validation_macro_f1"], lr) for lr, rs in _lr_runs(load(study, tagged=True), "bce").items()
+             for r in rs if r["seed"] == 1]  # fmt: skip
+    return max(seed1)[1] if seed1 else None
+
+
+def _per_epoch(runs: list[dict]) -> str:
+    """Mean training wall time per epoch of stage 2 (seconds), over every recorded epoch of the runs."""
+    v = [s for r in runs for s in (r.get("epochs") or {}).get("epoch_s", [])]
+    return f"{np.mean(v):.0f}" if v else "—"
+
+
+def _stage1_per_epoch(runs: list[dict]) -> str:
+    v = [s for r in runs for s in ((r.get("stage1") or {}).get("epochs") or {}).get("epoch_s", [])]
+    return f"{np.mean(v):.0f}" if v else "—"
+
+
+def _metric(runs: list[dict], key: str) -> str:
+    return _fmt([float(r["metrics"][key]) for r in runs if key in r["metrics"]])
+
+
+def _best_epoch(runs: list[dict]) -> str:
+    """Best evaluation (epoch) / evaluations run, per seed."""
+    out = []
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        evals = (r.get("epochs") or {}).get("evaluations", [])
+        best = [e["epoch"] for e in evals if e.get("eval_macro_f1") == r.get("best_metric")]
+        if evals:
+            out.append(f"{best[0]:.2g}/{evals[-1]['epoch']:.2g}" if best else f"?/{evals[-1]['epoch']:.2g}")
+    return ", ".join(out) or "—"
+
+
+def full_table(study: str) -> str:
+    """Every planned row of a full-data study; rows without a metrics.json say "not yet run"."""
+    plain, tagged = load(study), load(study, tagged=True)
+    lr = chosen_lr(study)
+    head = ("| stage 1 | stage 2 | validation macro-F1 | test micro-F1 | test macro-F1 | test P@1 | best / last epoch "
+            "| s per epoch, stage 1 | s per epoch (or total), stage 2 | seeds |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = [head, *ANCHORS.get(study, [])]
+    for loss in ORDER:
+        for probe in (("finetune",) if loss == "bce" else ("logistic", "linear", "finetune")):
+            if loss == "pretrained" and probe == "finetune":
+                continue  # that is the BCE row
+            if probe == "finetune":
+                runs = _lr_runs(tagged, loss).get(lr, []) if lr else []
+                label = f"fine-tune, lr {lr} (chosen on validation)" if lr else "fine-tune"
+            else:
+                runs, label = plain.get((loss, probe), []), FULL_PROBES[probe]
+            name = NAMES.get(loss, loss) if loss != "bce" else "none (BCE fine-tuning baseline)"
+            if loss == "pretrained":
+                name = "none: pretrained MiniLM, frozen"
+            if not runs:
+                rows.append(f"| {name} | {label} | {NOT_RUN} | | | | | | | |")
+                continue
+            wall2 = _per_epoch(runs) if probe != "logistic" else _mean_wall(runs, "probe_s") + " (total)"
+            rows.append(
+                f"| {name} | {label} | {_metric(runs, 'validation_macro_f1')} | {_metric(runs, 'test_micro_f1')} "
+                f"| {_metric(runs, 'test_macro_f1')} | {_metric(runs, 'test_p@1')} "
+                f"| {_best_epoch(runs) if probe != 'logistic' else '—'} | {_stage1_per_epoch(runs)} | {wall2} "
+                f"| {','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} |"
+            )
+    return "\n".join(rows)
+
+
+def lr_table(study: str, lrs: tuple[str, ...] = ("5e-5", "1e-4", "2e-5")) -> str:
+    """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown."""
+    runs = _lr_runs(load(study, tagged=True), "bce")
+    rows = ["| learning rate | validation macro-F1 | validation micro-F1 | best / last epoch | s per epoch |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for lr in list(lrs) + sorted(set(runs) - set(lrs)):
+        rs = [r for r in runs.get(lr, []) if r["seed"] == 1]
+        if not rs:
+            rows.append(f"| {lr} | {NOT_RUN} | | | |")
+            continue
+        rows.append(f"| {lr} | {_metric(rs, 'validation_macro_f1')} | {_metric(rs, 'validation_micro_f1')} "
+                    f"| {_best_epoch(rs)} | {_per_epoch(rs)} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def full_f1_plot(study: str) -> str | None:
+    """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr) vs the contrastive cell with the
+    highest validation macro-F1 (seed 1)."""
+    from hf_mlcl.evaluation import plot_f1_vs_frequency
+
+    lr, tagged, plain = chosen_lr(study), load(study, tagged=True), load(study)
+    if lr is None:
+        return None
+    scored = [(r["metrics"]["validation_macro_f1"], f"{loss}_{probe}", f"{loss} + {probe}")
+              for (loss, probe), rs in {**plain, **tagged}.items() for r in rs
+              if loss in CONTRASTIVE and r["seed"] == 1 and (not probe.startswith("finetune") or probe == f"finetune-lr{lr}")]
+    if not scored:
+        return None
+    _, folder, label = max(scored)
+    with open(os.path.join(HERE, study, f"bce_finetune-lr{lr}", "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
+        a = json.load(fh)
+    with open(os.path.join(HERE, study, folder, "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
+        b = json.load(fh)
+    out = os.path.join(HERE, study, "plots", "f1_vs_frequency.png")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    plot_f1_vs_frequency({"BCE fine-tuning": np.asarray(a["test_f1"]), label: np.asarray(b["test_f1"])},
+                         np.asarray(a["train_count"]), out,
+                         title=f"{study}: per-label test F1 vs training frequency (seed 1)")  # fmt: skip
+    return out
+
+
 def main(argv: list[str]) -> None:
-    datasets = sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)))
+    datasets = sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)) and d not in FULL_STUDIES)
     tables = {d: table(d) for d in datasets}
     tables.update({f"{d}-variants": variants_table(d) for d in datasets if load(d, tagged=True)})
+    tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     if "--print" in argv:
         for d, t in tables.items():
             print(f"## {d}\n{t}\n")
@@ -175,6 +311,9 @@ def main(argv: list[str]) -> None:
         print("plot:", f1_plot(d))
         with open(os.path.join(HERE, d, "runs.md"), "w", encoding="utf-8") as fh:
             fh.write(runs_table(d))
+    for d in FULL_STUDIES:
+        if os.path.isdir(os.path.join(HERE, d)):
+            print("plot:", full_f1_plot(d))
     with open(RESULTS_MD, encoding="utf-8") as fh:
         text = fh.read()
     for d, t in tables.items():

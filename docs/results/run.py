@@ -11,10 +11,22 @@ the repository); only small files land in ``docs/results/<dataset>/<loss>_<probe
     python docs/results/run.py cell goemotions --loss pretrained --probe logistic --seed 1
     python docs/results/run.py embed goemotions --loss sd --seed 1      # 2-D projection PNG
 
+Full-data studies (``recipes/cpu/<study>/``: goemotions_full, reuters21578) add the SD paper's ``linear``
+probe and fine-tuning with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
+rate with the highest validation macro-F1 among the study's finished seed-1 cells):
+
+    python docs/results/run.py cell reuters21578 --loss bce --probe finetune --lr 5e-5 --seed 1
+    python docs/results/run.py cell reuters21578 --loss pretrained --probe linear --seed 1
+    python docs/results/run.py cell reuters21578 --loss sd --probe finetune --lr best --seed 1
+
 ``--loss bce``: no stage 1, the MiniLM encoder is fine-tuned with BCE. ``--loss pretrained``: no
 stage 1, the frozen pretrained MiniLM is probed (reference for what stage 1 adds).
 Stage-1 encoders are reused by later probes of the same (dataset, loss, seed); a cell whose
-``metrics.json`` already exists is skipped unless ``--force`` is given.
+``metrics.json`` already exists is skipped unless ``--force`` is given. Trained stages whose recipe
+evaluates during training (eval_strategy != "no") stop early on the recipe's metric_for_best_model
+(``--patience`` evaluations without improvement) and keep the best checkpoint; a stage that left a
+``checkpoint-*`` behind (a killed session) resumes from it. Per-epoch wall times and the validation
+curve go to ``timeline.jsonl`` next to the checkpoints and into the cell's ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNS = os.environ.get("MLCL_RUNS", "/work/runs")
-RESULTS = os.path.join(REPO, "docs", "results")
+RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(REPO, "docs", "results"))  # small per-cell outputs
 
 _captured: list = []
 
@@ -69,12 +81,68 @@ def _write(path: str, data) -> None:
         fh.write("\n")
 
 
+def _has_checkpoint(folder: str) -> bool:
+    """True when ``folder`` holds a Trainer ``checkpoint-*`` to resume from."""
+    return os.path.isdir(folder) and any(n.startswith("checkpoint-") for n in os.listdir(folder))
+
+
+def _callbacks(args, folder: str, patience: int) -> list:
+    """Timeline (always) and early stopping (when the stage evaluates and keeps the best model)."""
+    from transformers import EarlyStoppingCallback
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timeline import TimelineCallback
+
+    cbs = [TimelineCallback(os.path.join(folder, "timeline.jsonl"))]
+    if str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no" and args.load_best_model_at_end:
+        cbs.append(EarlyStoppingCallback(early_stopping_patience=patience))
+    return cbs
+
+
+def _epochs(folder: str) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timeline import epoch_summary
+
+    return epoch_summary(os.path.join(folder, "timeline.jsonl"))
+
+
+def best_bce_lr(dataset: str) -> str:
+    """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` cell of ``dataset`` (seed 1)
+    with the highest validation macro-F1. ValueError when none has finished yet."""
+    import glob
+
+    scored = []
+    for path in glob.glob(os.path.join(RESULTS, dataset, "bce_finetune-lr*", "seed1", "metrics.json")):
+        with open(path, encoding="utf-8") as fh:
+            r = json.load(fh)
+        scored.append((float(r["metrics"]["validation_macro_f1"]), r["tag"][len("lr"):]))
+    if not scored:
+        raise ValueError(
+            f"--lr best: no finished bce_finetune-lr* seed-1 cell under {os.path.join(RESULTS, dataset)}; "
+            "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base)"
+        )
+    return max(scored)[1]
+
+
 def _recipe_path(dataset: str, loss: str) -> str:
-    return os.path.join(REPO, "recipes", "cpu", dataset, f"{'bce' if loss == 'pretrained' else loss}.yaml")
+    """recipes/cpu/<dataset>/<loss>.yaml; ``pretrained`` (no stage 1) has its own file in the full-data
+    studies and reuses ``bce.yaml`` in the small-subset ones (their probe settings are the same)."""
+    folder = os.path.join(REPO, "recipes", "cpu", dataset)
+    if loss == "pretrained" and not os.path.isfile(os.path.join(folder, "pretrained.yaml")):
+        loss = "bce"
+    return os.path.join(folder, f"{loss}.yaml")
 
 
 def run_cell(
-    dataset: str, loss: str, probe: str, seed: int, extra: list[str], force: bool = False, tag: str | None = None
+    dataset: str,
+    loss: str,
+    probe: str,
+    seed: int,
+    extra: list[str],
+    force: bool = False,
+    tag: str | None = None,
+    lr: str | None = None,
+    patience: int = 2,
 ) -> dict:
     import numpy as np
 
@@ -86,6 +154,13 @@ def run_cell(
 
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
     recipe = load_recipe(_recipe_path(dataset, loss))
+    if lr is not None:  # the fine-tuning learning rate under test; names the cell
+        if probe != "finetune":
+            raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
+        lr = best_bce_lr(dataset) if lr == "best" else lr
+        float(lr)  # a number, or a clear error before any work
+        tag = tag or f"lr{lr}"
+        extra = [*extra, "--probe.learning_rate", lr]
     minilm = find_minilm()
     run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
@@ -112,12 +187,16 @@ def run_cell(
         }
         if not os.path.isfile(done):
             m_args, d_args, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
+            if _has_checkpoint(encoder_path):
+                c_args.resume_from_checkpoint = True
+                print(f"RESUME stage 1 from the last checkpoint in {encoder_path}", flush=True)
             t0 = time.time()
-            train_contrastive(m_args, d_args, c_args)
+            train_contrastive(m_args, d_args, c_args, callbacks=_callbacks(c_args, encoder_path, patience))
             wall["stage1_s"] = round(time.time() - t0, 1)
             with open(done, encoding="utf-8") as fh:
                 saved = json.load(fh)
             saved["wall_s"] = wall["stage1_s"]
+            saved["epochs"] = _epochs(encoder_path)
             _write(done, saved)
         with open(done, encoding="utf-8") as fh:
             result["stage1"] = json.load(fh)
@@ -132,9 +211,18 @@ def run_cell(
     m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=probe_dir)
     if loss == "bce":
         p_args.loss = "bce"
+    if probe != "logistic" and _has_checkpoint(probe_dir):
+        p_args.resume_from_checkpoint = True
+        print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
     t0 = time.time()
-    trainer, metrics = train_probe(m_args, d_args, p_args, encoder_path=encoder_path)
-    wall["probe_s"] = round(time.time() - t0, 1)
+    trainer, metrics = train_probe(
+        m_args, d_args, p_args, encoder_path=encoder_path, callbacks=_callbacks(p_args, probe_dir, patience)
+    )
+    wall["probe_s"] = round(time.time() - t0, 1)  # this session's part when the stage was resumed
+    if probe != "logistic":
+        result["epochs"] = _epochs(probe_dir)
+        result["best_checkpoint"] = trainer.state.best_model_checkpoint
+        result["best_metric"] = trainer.state.best_metric
     result["probe_args"] = {
         k: getattr(p_args, k)
         for k in ("probe", "loss", "threshold", "learning_rate", "num_train_epochs",
@@ -210,6 +298,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("dataset")
     ap.add_argument("--loss", required=True)
     ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
+    ap.add_argument("--lr", default=None, help="cell, --probe finetune: learning rate under test (names the cell "
+                    "lr<value>), or 'best' for the BCE one with the highest validation macro-F1 (seed 1)")
+    ap.add_argument("--patience", type=int, default=2, help="cell: early stopping after this many evaluations "
+                    "without improvement (stages that evaluate during training)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow); "
                     "the stage-1 encoder of the (dataset, loss, seed) is shared")
@@ -217,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=2000, help="embed: number of test examples plotted")
     args, extra = ap.parse_known_args(argv)
     if args.command == "cell":
-        run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag)
+        run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
+                 patience=args.patience)
     else:
         run_embed(args.dataset, args.loss, args.seed, args.n)
 

@@ -7,6 +7,17 @@
 #   bash docs/results/run_all.sh budget     # GoEmotions fine-tuning with 10 epochs instead of 2 (BCE, hbl)
 #   bash docs/results/run_all.sh aapd-budget  # AAPD fine-tuning with 10 epochs (BCE, jaccard)
 #   bash docs/results/run_all.sh plots      # embedding projections of the best / worst loss
+# Full-data studies (whole training sets; recipes/cpu/reuters21578, recipes/cpu/goemotions_full), in the
+# order of the most informative rows first; every cell is skipped once its metrics.json exists, so
+# rerunning a phase resumes it (a half-trained stage resumes from its last checkpoint):
+#   bash docs/results/run_all.sh full       # all the phases below, in order
+#   bash docs/results/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / 2e-5
+#   bash docs/results/run_all.sh full-goemotions-base  # GoEmotions: the same
+#   bash docs/results/run_all.sh full-reuters-losses   # Reuters: every loss -> logistic, linear, fine-tune
+#   bash docs/results/run_all.sh full-goemotions-losses "jaccard hbl"  # the best losses on GoEmotions
+#   bash docs/results/run_all.sh full-seeds reuters21578 "jaccard hbl" # seeds 2-3: BCE + the named losses
+# Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
+# (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
 # with OMP_NUM_THREADS=1 each.
 # Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
@@ -17,6 +28,31 @@ PY=${PY:-.venv/bin/python}
 R="$PY docs/results/run.py"
 LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
 cell() { echo "### $(date -u +%T) run.py cell $*"; $R cell "$@" || echo "FAILED: $*"; }
+RUNS=${MLCL_RUNS:-/work/runs}
+# full-data cells: one log file per cell (appended across sessions), one line per cell in the main log
+fcell() {
+  local study=$1; shift
+  local log="$RUNS/logs/$study/$(echo "$*" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//').log"
+  mkdir -p "$(dirname "$log")"
+  echo "### $(date -u +%F\ %T) run.py cell $study $* (log: $log)"
+  { echo "### $(date -u +%F\ %T) start, commit $(git rev-parse --short HEAD)"; $R cell "$study" "$@"; } >> "$log" 2>&1 \
+    && grep -h "^RESULT\|^SKIP" "$log" | tail -1 || echo "FAILED: $study $* (see $log)"
+}
+LRS="5e-5 1e-4 2e-5"
+base_cells() {  # frozen pretrained MiniLM (both probes), then BCE fine-tuning at each learning rate
+  local study=$1 pat=$2
+  fcell "$study" --loss pretrained --probe logistic --seed 1
+  fcell "$study" --loss pretrained --probe linear --seed 1 --patience "$pat"
+  for LR in $LRS; do fcell "$study" --loss bce --probe finetune --lr "$LR" --seed 1 --patience "$pat"; done
+}
+loss_cells() {  # stage 1 with each loss, then both probes and a fine-tune at the BCE learning rate
+  local study=$1 pat=$2 seed=$3; shift 3
+  for L in "$@"; do
+    fcell "$study" --loss "$L" --probe logistic --seed "$seed"
+    fcell "$study" --loss "$L" --probe linear --seed "$seed" --patience "$pat"
+    fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"
+  done
+}
 
 case "${1:-}" in
 phase1)
@@ -55,5 +91,22 @@ aapd-budget)  # AAPD fine-tuning with 10 epochs (320 steps): BCE and the best lo
   cell aapd --loss bce --probe finetune --seed 1 --tag 10ep --probe.num_train_epochs 10
   cell aapd --loss jaccard --probe finetune --seed 1 --tag 10ep --probe.num_train_epochs 10
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots" ; exit 2 ;;
+full-reuters-base) base_cells reuters21578 2 ;;
+full-goemotions-base) base_cells goemotions_full 3 ;;
+full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
+full-goemotions-losses) loss_cells goemotions_full 3 1 ${2:?"name the losses, e.g. \"jaccard hbl\""} ;;
+full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the named losses (the two best on validation)
+  study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
+  for S in 2 3; do
+    fcell "$study" --loss pretrained --probe logistic --seed "$S"
+    fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat"
+    loss_cells "$study" "$pat" "$S" ${3:?"name the two best losses, e.g. \"jaccard hbl\""}
+  done
+  ;;
+full)     # the issue's order: BCE + frozen probes on both datasets, every loss on Reuters
+  base_cells reuters21578 2
+  base_cells goemotions_full 3
+  loss_cells reuters21578 2 1 $LOSSES
+  ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds" ; exit 2 ;;
 esac

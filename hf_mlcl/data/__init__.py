@@ -4,7 +4,7 @@ Data flow: ``load_mlc_dataset(name | Hub id | file | Dataset, data_dir)`` -> Dat
 -> ``MultiLabelCollator`` (tokens + per-batch multi-hot labels) -> model.
 """
 
-from hf_mlcl.data import aapd, goemotions, mimic, rcv1, synthetic, uklex  # noqa: F401  (registers the loaders)
+from hf_mlcl.data import aapd, goemotions, mimic, rcv1, reuters21578, synthetic, uklex  # noqa: F401  (registers the loaders)
 from hf_mlcl.data.collator import MultiLabelCollator, tokenize_dataset
 from hf_mlcl.data.custom import data_notes, load_custom_dataset
 from hf_mlcl.data.mimic import filter_by_hadm_ids, read_hadm_split_ids

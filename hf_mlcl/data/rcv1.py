@@ -29,6 +29,7 @@ from datasets import DatasetDict
 from hf_mlcl.data._io import get_field, iter_records, split_labels
 from hf_mlcl.data.registry import (
     build_split,
+    carve_validation,
     encode_label_lists,
     names_from_lists,
     normalize_splits,
@@ -136,13 +137,8 @@ def load_rcv1(
             raise ValueError(f"rcv1: no label has >= {min_label_count} training occurrences; lower min_label_count")
     label_ids = encode_label_lists(topics, names, drop_unknown=True)
 
-    n_train = len(train_idx)
-    n_val = int(round(validation_size * n_train)) if validation_size < 1 else int(validation_size)
-    if not 0 <= n_val < max(n_train, 1):
-        raise ValueError(f"rcv1: validation_size={validation_size} leaves no training documents ({n_train} in LYRL train)")
-    perm = np.random.default_rng(seed).permutation(n_train)
-    val_idx = np.sort(train_idx[perm[:n_val]])
-    train_idx = np.sort(train_idx[perm[n_val:]])
+    train_pos, val_pos = carve_validation(len(train_idx), validation_size, seed, "rcv1")
+    train_idx, val_idx = train_idx[train_pos], train_idx[val_pos]
     parts = {"train": train_idx, "validation": val_idx, "test": test_idx}
 
     out = {}

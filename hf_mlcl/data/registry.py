@@ -75,7 +75,7 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     """Load a multi-label text-classification dataset: a registered name, a Hub id, local files, or data.
 
     ``name`` is one of :func:`list_datasets` (aapd, rcv1, uklex, mimic3, mimic4_icd9, mimic4_icd10,
-    goemotions, synthetic) with ``data_dir`` the local folder with its files (see each loader's
+    goemotions, reuters21578, synthetic) with ``data_dir`` the local folder with its files (see each loader's
     docstring); or anything :func:`hf_mlcl.data.custom.load_custom_dataset` reads — a Hub dataset id
     (``"owner/name"``, ``config_name=``), a local csv / tsv / json / jsonl / parquet file or folder
     (``data_files=`` for one file per split), an in-memory ``Dataset`` / ``DatasetDict`` — with the
@@ -259,6 +259,24 @@ def train_frequency(dataset, num_labels: int | None = None) -> np.ndarray:
     col = dataset.with_format("arrow")["labels"].combine_chunks()
     flat = np.asarray(col.flatten(), dtype=np.int64) if len(col) else np.zeros(0, np.int64)
     return np.bincount(flat, minlength=num_labels)
+
+
+def carve_validation(
+    n_train: int, validation_size: float | int, seed: int, dataset: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train/validation carve for sources without a validation split.
+
+    ``validation_size`` is a fraction (< 1) or a count of the ``n_train`` training rows; the rows are
+    drawn with ``numpy.random.default_rng(seed).permutation``. Returns the sorted positions
+    ``(train, validation)``; ValueError naming ``dataset`` when no training row would be left."""
+    n_val = int(round(validation_size * n_train)) if validation_size < 1 else int(validation_size)
+    if not 0 <= n_val < max(n_train, 1):
+        raise ValueError(
+            f"{dataset}: validation_size={validation_size} leaves no training documents ({n_train} training "
+            "documents); use a smaller fraction or count"
+        )
+    perm = np.random.default_rng(seed).permutation(n_train)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
 def read_lines(path: str) -> list[str]:

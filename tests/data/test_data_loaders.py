@@ -37,7 +37,7 @@ def _write(path, text):
 # ---------------------------------------------------------------- registry
 def test_registry_names_and_errors(tmp_path):
     assert list_datasets() == sorted(
-        ["aapd", "rcv1", "uklex", "mimic3", "mimic4_icd9", "mimic4_icd10", "goemotions", "synthetic"]
+        ["aapd", "rcv1", "uklex", "mimic3", "mimic4_icd9", "mimic4_icd10", "goemotions", "reuters21578", "synthetic"]
     )
     with pytest.raises(ValueError, match="unknown dataset 'nope'.*aapd"):
         load_mlc_dataset("nope")

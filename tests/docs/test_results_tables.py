@@ -64,3 +64,80 @@ def test_main_rewrites_only_the_marked_blocks(tables, tmp_path, monkeypatch):
     assert text.startswith("intro\n<!-- TABLE:ds -->\n| stage 1 loss") and text.endswith("<!-- /TABLE:ds -->\noutro\n")
     assert "old table" not in text and "0.400 (n=1)" in text
     assert (tmp_path / "ds" / "runs.md").read_text().count("| mulsupcon + hbl | logistic | 1 |") == 1
+
+
+def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=None, best=None):
+    cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")
+    folder = root / "reuters21578" / cell / f"seed{seed}"
+    folder.mkdir(parents=True)
+    record = {"loss": loss, "probe": probe, "seed": seed, "tag": tag, "overrides": [], "wall_s": {"probe_s": 50.0},
+              "metrics": {"validation_macro_f1": val_macro, "validation_micro_f1": 0.8, "test_micro_f1": 0.9,
+                          "test_macro_f1": test_macro, "test_p@1": 0.95},
+              **({"epochs": epochs, "best_metric": best} if epochs else {})}  # fmt: skip
+    (folder / "metrics.json").write_text(json.dumps(record))
+
+
+def test_full_study_tables_choose_the_lr_on_validation(tables, tmp_path):
+    curve = {"epoch_s": [100.0, 120.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}, {"epoch": 2.0, "eval_macro_f1": 0.2}]}
+    # lr 1e-4 has the better validation macro-F1 but the worse test macro-F1: the choice must follow validation
+    _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.10, tag="lr5e-5", epochs=curve, best=0.3)
+    _full_run(tmp_path, "bce", "finetune", 1, 0.50, 0.05, tag="lr1e-4", epochs=curve, best=0.3)
+    _full_run(tmp_path, "pretrained", "logistic", 1, 0.30, 0.25)
+    assert tables.chosen_lr("reuters21578") == "1e-4"
+    full = tables.full_table("reuters21578").splitlines()
+    bce = next(line for line in full if line.startswith("| none (BCE"))
+    assert "lr 1e-4 (chosen on validation)" in bce and "| 0.500 (n=1) | 0.900 (n=1) | 0.050 (n=1) | 0.950 (n=1) |" in bce
+    assert "| 1/2 |" in bce and "| 110 |" in bce  # best epoch / last epoch; mean s per epoch
+    logistic = next(line for line in full if "pretrained" in line and "logistic" in line)
+    assert "| 0.300 (n=1) |" in logistic and "50 (total)" in logistic
+    linear = next(line for line in full if "pretrained" in line and "linear probe" in line)
+    assert "not yet run" in linear
+    assert sum("not yet run" in line for line in full) == 1 + 3 * 8  # pretrained linear + every loss x 3
+    lr = tables.lr_table("reuters21578")
+    assert "| 1e-4 | 0.500 (n=1) | 0.800 (n=1) | 1/2 | 110 |" in lr and "| 2e-5 | not yet run |" in lr
+    assert "0.050" not in lr  # test numbers are not part of the learning-rate choice
+
+
+def test_timeline_keeps_the_latest_record_of_each_epoch(tmp_path):
+    spec = importlib.util.spec_from_file_location("timeline", os.path.join(ROOT, "docs", "results", "timeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "timeline.jsonl"
+    lines = [
+        {"run_start": 1, "time": 2, "event": "epoch", "epoch": 1.0, "global_step": 10, "epoch_s": 100.0},
+        {"run_start": 1, "time": 3, "event": "evaluate", "epoch": 1.0, "global_step": 10, "eval_s": 5.0,
+         "metrics": {"eval_macro_f1": 0.3, "eval_runtime": 5}},
+        {"run_start": 1, "time": 4, "event": "epoch", "epoch": 2.0, "global_step": 20, "epoch_s": 90.0},
+        # killed before the epoch-2 checkpoint: the resumed run redoes epoch 2
+        {"run_start": 9, "time": 10, "event": "epoch", "epoch": 2.0, "global_step": 20, "epoch_s": 95.0},
+        {"run_start": 9, "time": 11, "event": "evaluate", "epoch": 2.0, "global_step": 20, "eval_s": 6.0,
+         "metrics": {"eval_macro_f1": 0.4}},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = mod.epoch_summary(str(path))
+    assert summary["epoch_s"] == [100.0, 95.0]
+    assert summary["evaluations"] == [{"epoch": 1.0, "global_step": 10, "eval_s": 5.0, "eval_macro_f1": 0.3},
+                                      {"epoch": 2.0, "global_step": 20, "eval_s": 6.0, "eval_macro_f1": 0.4}]
+    assert mod.epoch_summary(str(tmp_path / "absent.jsonl")) == {"epoch_s": [], "evaluations": []}
+
+
+def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("timeline", os.path.join(ROOT, "docs", "results", "timeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    clock = iter([0.0, 0.0, 10.0, 14.0, 20.0, 21.0, 30.0, 31.0, 38.0, 39.0])  # time.time() calls, in order
+    monkeypatch.setattr(mod.time, "time", lambda: next(clock))
+    cb = mod.TimelineCallback(str(tmp_path / "t" / "timeline.jsonl"))  # run_start = 0
+    st = SimpleNamespace(epoch=0.5, global_step=5)
+    cb.on_epoch_begin(None, st, None)  # t0 = 0
+    cb.on_step_end(None, st, None)  # eval starts at 10
+    cb.on_evaluate(None, st, None, metrics={"eval_macro_f1": 0.2})  # ends at 14 (4 s), record stamped 20
+    st.epoch, st.global_step = 1.0, 10
+    cb.on_epoch_end(None, st, None)  # 21 - 0 - 4 = 17 s of training, record stamped 30
+    cb.on_step_end(None, st, None)  # 31: an epoch-end evaluation, outside the epoch
+    cb.on_evaluate(None, st, None, metrics={"eval_macro_f1": 0.3})  # 38 - 31 = 7 s
+    summary = mod.epoch_summary(str(tmp_path / "t" / "timeline.jsonl"))
+    assert summary["epoch_s"] == [17.0]
+    assert [(e["global_step"], e["eval_s"], e["eval_macro_f1"]) for e in summary["evaluations"]] == [(5, 4.0, 0.2), (10, 7.0, 0.3)]
