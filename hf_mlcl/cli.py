@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hf_mlcl.training import distributed as D
+
 logger = logging.getLogger("hf_mlcl.cli")
 
 PLOTS_DIR = "plots"
@@ -58,6 +60,7 @@ def run_contrastive_stage(model_args, data_args, training_args) -> tuple[Any, di
         if names and not card_cb.card.label_names:
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
         card_cb.save(training_args.output_dir, model_name=training_args.hub_model_id)
+    D.barrier()  # stage 2 (on any rank) starts only once the encoder, its metrics and card are written
     return trainer, metrics
 
 
@@ -82,6 +85,7 @@ def run_probe_stage(
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
         card_cb.card.hyperparameters["threshold"] = str(probing_args.threshold)
         card_cb.save(probing_args.output_dir, model_name=probing_args.hub_model_id)
+    D.barrier()
     return trainer, metrics
 
 
@@ -186,6 +190,7 @@ def cmd_train(ns, overrides) -> dict:
 
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
+    _guard(args)
     _, metrics = run_contrastive_stage(model_args, data_args, args)
     print(f"encoder saved to {args.output_dir}")
     return metrics
@@ -196,6 +201,7 @@ def cmd_probe(ns, overrides) -> dict:
 
     recipe, ov = _load(ns.recipe, overrides, ["probe"])
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
+    _guard(args)
     encoder = ns.encoder_path
     if encoder is None and "contrastive" in recipe.get("stages", ["contrastive"]):
         default = stage_output_dir(recipe, "contrastive")
@@ -216,15 +222,25 @@ def cmd_run(ns, overrides) -> dict:
     root = ov.output_dir
     results: dict[str, Any] = {}
     encoder_path, contrastive_loss = None, None
+    parsed = {s: parse_stage(recipe, s, ov) for s in stages if s == "contrastive"}
+    parsed["probe"] = parse_stage(recipe, "probe", ov)
+    for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
+        _guard(stage_args)
     if "contrastive" in stages:
-        model_args, data_args, args = parse_stage(recipe, "contrastive", ov)
-        _, metrics = run_contrastive_stage(model_args, data_args, args)
+        model_args, data_args, args = parsed["contrastive"]
+        if _skip_finished(args):
+            metrics = _read_metrics(args.output_dir)
+        else:
+            _, metrics = run_contrastive_stage(model_args, data_args, args)
         encoder_path, contrastive_loss = args.output_dir, args.loss
         results["contrastive"] = metrics
-    model_args, data_args, pargs = parse_stage(recipe, "probe", ov)
-    trainer, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
+    model_args, data_args, pargs = parsed["probe"]
+    if _skip_finished(pargs):
+        metrics = _read_metrics(pargs.output_dir)
+    else:
+        _, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
     results["probe"] = metrics
-    if trainer.is_world_process_zero():
+    if pargs.process_index == 0:
         if not ns.no_plots:
             evaluate_checkpoint(pargs.output_dir, data_args, split="test" if _has_test(metrics) else "validation")
         summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
@@ -242,6 +258,31 @@ def cmd_run(ns, overrides) -> dict:
                 push_folder(encoder_path, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
     return results
+
+
+def _guard(args) -> None:
+    """The launch and output-folder checks of :mod:`hf_mlcl.training.run_guard` for one stage."""
+    from hf_mlcl.training.run_guard import check_launch, check_output_dir
+
+    check_launch(args)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, args.process_index == 0)
+
+
+def _skip_finished(args) -> bool:
+    """True when resuming and this stage's folder already holds its finished output (it is not redone)."""
+    from hf_mlcl.training.run_guard import stage_finished, wants_resume
+
+    if wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir):
+        print(f"{args.output_dir} is finished; resuming after it")
+        return True
+    return False
+
+
+def _read_metrics(folder: str) -> dict:
+    from hf_mlcl.training.entry import METRICS_FILE
+
+    with open(os.path.join(folder, METRICS_FILE), encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def _has_test(metrics: dict) -> bool:
@@ -393,13 +434,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     try:
         COMMANDS[ns.command](ns, rest)
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
+        return 130
     except (RecipeError, ValueError, FileNotFoundError) as err:
         print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
         return 2
     except PushError as err:
         print(f"hf-mlcl {ns.command}: {err}", file=sys.stderr)
         return 1
+    D.shutdown()  # a clean end of a multi-process run (see hf_mlcl.training.distributed.shutdown)
     return 0
+
+
+def _resume_hint(command: str, argv: Sequence[str]) -> str:
+    """One line telling how to continue an interrupted command from its last complete checkpoint."""
+    import shlex
+
+    if command not in ("train", "probe", "run"):
+        return "Nothing to resume."
+    kept, skip_value = [], False
+    for arg in argv:  # any earlier --resume_from_checkpoint (and its value) is replaced
+        if skip_value:
+            skip_value = False
+        elif arg == "--resume_from_checkpoint":
+            skip_value = True
+        elif not arg.startswith("--resume_from_checkpoint="):
+            kept.append(arg)
+    return "Resume with: hf-mlcl " + shlex.join([*kept, "--resume_from_checkpoint", "true"])
 
 
 if __name__ == "__main__":

@@ -302,6 +302,12 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     )
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -312,6 +318,7 @@ def atomic_write_text(path: str, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -65,7 +65,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from . import distributed as D
 from ._common import (
@@ -80,6 +79,7 @@ from ._common import (
     slice_rows,
 )
 from .arguments import ContrastiveTrainingArguments
+from .checkpoints import CompleteCheckpointsMixin
 from .gradcache import gradcache_backward
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class _StepCallback(TrainerCallback):
         return control
 
 
-class ContrastiveTrainer(KeepColumnsMixin, Trainer):
+class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
     Args:
@@ -542,14 +542,9 @@ class ContrastiveTrainer(KeepColumnsMixin, Trainer):
                 raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
             obj.load_state_dict(state[key])
 
-    def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            if os.path.isdir(folder):
-                torch.save(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
+    def save_extra_checkpoint_files(self, folder: str) -> None:
+        """The loss / queue / momentum state, written before the checkpoint counts as complete."""
+        torch.save(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from . import distributed as D
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
+from .checkpoints import resolve_resume
 
 logger = logging.getLogger(__name__)
 
@@ -269,24 +271,25 @@ def train_contrastive(
         num_labels=len(names),
         callbacks=callbacks,
     )
-    resume = training_args.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() in ("true", "false"):
-        resume = resume.lower() == "true" or None
+    resume = resolve_resume(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.process_index == 0
+    )
     train_out = trainer.train(resume_from_checkpoint=resume)
     metrics: dict[str, Any] = dict(train_out.metrics)
     metrics.update(trainer.evaluate())
+    if model_args.use_lora:
+        if trainer.is_world_process_zero():
+            _merge_lora(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(training_args.output_dir)
+    else:  # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
+        trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():
-        final = _merge_lora(trainer.accelerator.unwrap_model(trainer.model)) if model_args.use_lora else None
-        if final is not None:
-            final.save_pretrained(training_args.output_dir)
-        else:
-            trainer.save_model(training_args.output_dir)
         tokenizer.save_pretrained(training_args.output_dir)
         trainer.save_state()
         _write_json(
             os.path.join(training_args.output_dir, METRICS_FILE),
             {**metrics, "loss": training_args.loss, "dataset": data_args.dataset, "num_labels": len(names)},
         )
+    D.barrier()  # the encoder is on disk before any rank goes on (stage 2 loads it)
     return trainer, metrics
 
 
@@ -351,9 +354,9 @@ def train_probe(
         metrics.update(trainer.fit_logistic(ds["validation"]))
         val_scores, val_truth = trainer.logistic_validation_scores  # no second pass over validation
     else:
-        resume = probing_args.resume_from_checkpoint
-        if isinstance(resume, str) and resume.lower() in ("true", "false"):
-            resume = resume.lower() == "true" or None
+        resume = resolve_resume(
+            probing_args.resume_from_checkpoint, probing_args.output_dir, probing_args.process_index == 0
+        )
         metrics.update(trainer.train(resume_from_checkpoint=resume).metrics)
         val_scores, val_truth = trainer.predict_scores(ds["validation"])
     threshold = trainer.tune_threshold(val_scores, val_truth)
@@ -366,8 +369,8 @@ def train_probe(
     metrics["threshold_strategy"] = str(probing_args.threshold)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     unwrapped.config.decision_threshold = thr_value
+    trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
     if trainer.is_world_process_zero():
-        trainer.save_model(probing_args.output_dir)
         tokenizer.save_pretrained(probing_args.output_dir)
         if probing_args.probe != "logistic":
             trainer.save_state()
@@ -376,4 +379,5 @@ def train_probe(
             os.path.join(probing_args.output_dir, THRESHOLDS_FILE),
             {"strategy": str(probing_args.threshold), "threshold": thr_value, "label_names": names},
         )
+    D.barrier()
     return trainer, metrics

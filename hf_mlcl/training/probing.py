@@ -39,6 +39,7 @@ from ._common import (
     resolve_num_labels,
 )
 from .arguments import ProbingTrainingArguments
+from .checkpoints import CompleteCheckpointsMixin
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def fit_logistic_probe(
     return w, b, chosen
 
 
-class ProbingTrainer(KeepColumnsMixin, Trainer):
+class ProbingTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
     """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
 
     Args:
