@@ -275,6 +275,7 @@ def test_accelerate_configs_load_with_accelerates_config_class():
     fsdp = configs["fsdp_llama_lora.yaml"]
     assert fsdp.distributed_type == DistributedType.FSDP and fsdp.mixed_precision == "bf16"
     assert fsdp.fsdp_config["fsdp_use_orig_params"] is False
+    assert fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # the final save gathers
     assert fsdp.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
     ds = configs["deepspeed_zero3.yaml"]
