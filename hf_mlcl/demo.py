@@ -79,12 +79,6 @@ def run_demo(
     import torch
     from transformers import AutoTokenizer
 
-    from hf_mlcl.cli import (
-        format_table,
-        run_contrastive_stage,
-        run_probe_stage,
-        score_classifier,
-    )
     from hf_mlcl.data import train_frequency
     from hf_mlcl.data.tokenizer import train_tokenizer
     from hf_mlcl.evaluation import (
@@ -93,7 +87,8 @@ def run_demo(
         plot_embedding_projection,
         plot_f1_vs_frequency,
     )
-    from hf_mlcl.hub.model_card import atomic_write_text
+    from hf_mlcl.evaluation.tables import format_table
+    from hf_mlcl.files import atomic_write_text
     from hf_mlcl.losses import get_loss
     from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
     from hf_mlcl.training import (
@@ -103,6 +98,7 @@ def run_demo(
         ProbingTrainingArguments,
     )
     from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.pipeline import run_contrastive_stage, run_probe_stage, score_classifier
 
     start = _T0[0] = time.time()
     losses = list(losses)

@@ -239,22 +239,12 @@ def stage_output_dir(recipe: dict, stage: str, root: str | None = None) -> str:
     return os.path.join(base, STAGE_DIRS[stage])
 
 
-@functools.lru_cache(maxsize=None)
-def _fresh_parser_state(stage: str) -> tuple[Any, list[tuple[Any, Any, bool]]]:
+def _parser(stage: str) -> Any:
+    """A fresh ``HfArgumentParser`` over the stage's three dataclasses (a new one per parse, so the
+    recipe defaults set on it never leak into the next parse)."""
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(_arg_classes(stage))
-    # per action, not per dest: a bool field has two actions (--x / --no_x) sharing one dest
-    return parser, [(a, a.default, a.required) for a in parser._actions]
-
-
-def _parser(stage: str) -> Any:
-    """One HfArgumentParser per stage (building one costs ~10 ms), reset to the dataclass defaults."""
-    parser, pristine = _fresh_parser_state(stage)
-    parser._defaults.clear()
-    for action, default, required in pristine:
-        action.default, action.required = default, required
-    return parser
+    return HfArgumentParser(_arg_classes(stage))
 
 
 def parse_stage(
@@ -275,10 +265,7 @@ def parse_stage(
     defaults = {k: v for k, v in recipe.items() if k not in META_KEYS}
     defaults.update(recipe.get(stage) or {})
     defaults["output_dir"] = output_dir or stage_output_dir(recipe, stage, overrides.output_dir)
-    parser.set_defaults(**defaults)
-    for action in parser._actions:  # a value from the recipe satisfies a "required" option
-        if action.dest in defaults:
-            action.required = False
+    parser.set_defaults(**defaults)  # argparse's public API: recipe values become the option defaults
     tokens = [*overrides.common, *overrides.stage.get(stage, [])]
     try:
         return tuple(parser.parse_args_into_dataclasses(args=tokens, look_for_args_file=False))

@@ -1,4 +1,4 @@
-"""Small helpers shared across sub-packages."""
+"""Locating the offline all-MiniLM-L6-v2 checkpoint (``find_minilm``): the real pretrained encoder of slow tests."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ Data flow: ``load_mlc_dataset(name, data_dir)`` -> DatasetDict(text, labels=Sequ
 -> ``MultiLabelCollator`` (tokens + per-batch multi-hot labels) -> model.
 """
 
+from hf_mlcl.data import aapd, goemotions, mimic, rcv1, synthetic, uklex  # noqa: F401  (registers the loaders)
 from hf_mlcl.data.collator import MultiLabelCollator, tokenize_dataset
 from hf_mlcl.data.mimic import filter_by_hadm_ids, read_hadm_split_ids
 from hf_mlcl.data.registry import (

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hf_mlcl.data.multihot import multi_hot_tensor
+
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -129,24 +131,12 @@ class MultiLabelCollator:
     # -- labels -------------------------------------------------------------------------------
     def labels_to_tensor(self, label_lists: Sequence[Sequence[int]]) -> torch.Tensor:
         """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter)."""
-        arrays = [np.asarray(x, dtype=np.int64).reshape(-1) for x in label_lists]
-        lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=len(arrays))
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        if flat.size and (flat.min() < 0 or flat.max() >= self.num_labels):
-            bad = flat[(flat < 0) | (flat >= self.num_labels)]
-            raise ValueError(
-                f"label id {int(bad[0])} is outside [0, num_labels={self.num_labels}); pass the dataset's "
-                "num_labels (len(label_names(ds))) to MultiLabelCollator"
-            )
-        rows = torch.from_numpy(np.repeat(np.arange(len(label_lists)), lengths))
-        cols = torch.from_numpy(flat)
-        shape = (len(label_lists), self.num_labels)
-        if self.label_format == "sparse":
-            idx = torch.stack([rows, cols])
-            return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), shape, check_invariants=False).coalesce()
-        out = torch.zeros(shape, dtype=torch.float32)
-        out[rows, cols] = 1.0
-        return out
+        return multi_hot_tensor(
+            label_lists,
+            self.num_labels,
+            sparse=self.label_format == "sparse",
+            hint="; pass the dataset's num_labels (len(label_names(ds))) to MultiLabelCollator",
+        )
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:

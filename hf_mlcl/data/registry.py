@@ -17,9 +17,11 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets import Sequence as HFSequence
 
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
-_SPLIT_ALIASES = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation",
+SPLIT_ALIASES = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation",
                   "valid": "validation", "test": "test"}
 
+# Filled by the loader modules' @register_dataset decorators; the package ``hf_mlcl.data`` imports every
+# loader module, and Python runs it before this module, so the registry is complete whenever it is used.
 _REGISTRY: dict[str, Callable[..., DatasetDict]] = {}
 _ALIASES: dict[str, str] = {}
 
@@ -39,14 +41,8 @@ def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., Datase
     return deco
 
 
-def _ensure_loaded() -> None:
-    # Importing the family modules runs their @register_dataset decorators.
-    from hf_mlcl.data import aapd, goemotions, mimic, rcv1, synthetic, uklex  # noqa: F401
-
-
 def list_datasets() -> list[str]:
     """Canonical dataset names, sorted (aliases such as ``"mimic-iii"`` are accepted by the loader)."""
-    _ensure_loaded()
     return sorted(_REGISTRY)
 
 
@@ -58,7 +54,6 @@ def load_mlc_dataset(name: str, data_dir: str | os.PathLike | None = None, **opt
     docstring for the exact formats); ``options`` go to the loader (all accept ``splits=``).
     Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
     """
-    _ensure_loaded()
     if not isinstance(name, str):
         raise ValueError(f"dataset name must be a string, got {type(name).__name__}")
     key = name.lower().replace("-", "_")
@@ -115,7 +110,7 @@ def normalize_splits(splits: Iterable[str] | str | None) -> tuple[str, ...]:
         splits = (splits,)
     out = []
     for s in splits:
-        key = _SPLIT_ALIASES.get(str(s).lower())
+        key = SPLIT_ALIASES.get(str(s).lower())
         if key is None:
             raise ValueError(f"unknown split {s!r}; use any of {SPLITS} (aliases: val, dev)")
         if key not in out:

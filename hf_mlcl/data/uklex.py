@@ -24,7 +24,7 @@ from datasets import DatasetDict
 
 from hf_mlcl.data._io import iter_jsonl, split_labels
 from hf_mlcl.data.registry import (
-    _SPLIT_ALIASES,
+    SPLIT_ALIASES,
     build_split,
     encode_label_lists,
     names_from_lists,
@@ -87,7 +87,7 @@ def load_uklex(
     rows: dict[str, tuple[list[str], list[list[str]]]] = {s: ([], []) for s in ("train", "validation", "test")}
     for path in files:
         for rec in iter_jsonl(path):
-            dtype = _SPLIT_ALIASES.get(str(rec.get("data_type", "")).lower())
+            dtype = SPLIT_ALIASES.get(str(rec.get("data_type", "")).lower())
             if dtype is None:
                 raise ValueError(f"uklex: {path}: data_type {rec.get('data_type')!r} is not train/validation/test")
             parts = [str(rec.get(f) or "") for f in text_fields]

@@ -1,5 +1,10 @@
 """hf_mlcl.evaluation: multi-label metrics, threshold tuning, embedding-space quality and plots.
 
+One module per concept: ``inputs`` (checked arrays, sigmoid), ``metrics`` (the scores of a split),
+``ranking`` (AP / AUC / top-k engines), ``thresholds`` (tuning), ``trainer_metrics`` (the
+``compute_metrics`` adapter), ``knn`` (the kNN probe of an embedding space), ``embedding``
+(embedding-space quality), ``plots`` and ``tables`` (Markdown result tables).
+
 Metric key names and 0/0 conventions are documented in :mod:`hf_mlcl.evaluation.metrics`. The
 ``evaluate`` module lives in the folder ``METRIC_PATH``::
 
@@ -14,26 +19,28 @@ import importlib
 import os
 from typing import Any
 
+from hf_mlcl.evaluation.inputs import apply_threshold, predictions_to_scores, sigmoid
 from hf_mlcl.evaluation.metrics import (
     DEFAULT_KS,
     METRIC_KEYS,
-    apply_threshold,
     compute_multilabel_metrics,
-    make_compute_metrics,
     metric_keys,
     per_label_f1,
     per_label_scores,
-    predictions_to_scores,
-    sigmoid,
+)
+from hf_mlcl.evaluation.thresholds import (
     threshold_grid,
     tune_and_evaluate,
     tune_global_threshold,
     tune_per_label_thresholds,
 )
+from hf_mlcl.evaluation.trainer_metrics import make_compute_metrics
 
 METRIC_PATH: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multilabel_metric")
 
 _LAZY = {
+    "format_table": "hf_mlcl.evaluation.tables",
+    "knn_probe_metrics": "hf_mlcl.evaluation.knn",
     "embedding_quality": "hf_mlcl.evaluation.embedding",
     "label_combinations": "hf_mlcl.evaluation.embedding",
     "top_combination_clusters": "hf_mlcl.evaluation.embedding",

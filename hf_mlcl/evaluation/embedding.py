@@ -17,12 +17,20 @@ from typing import Any
 
 import numpy as np
 
-from hf_mlcl.evaluation.metrics import _to_numpy
+from hf_mlcl.data.multihot import label_coordinates
+from hf_mlcl.evaluation.inputs import to_numpy
 
-__all__ = ["embedding_quality", "label_combinations", "top_combination_clusters"]
+__all__ = [
+    "checked_embeddings_and_labels",
+    "embedding_quality",
+    "label_combinations",
+    "multi_hot_matrix",
+    "normalised_embeddings",
+    "top_combination_clusters",
+]
 
 
-def _multi_hot(labels: Any, num_rows: int | None = None) -> np.ndarray:
+def multi_hot_matrix(labels: Any, num_rows: int | None = None) -> np.ndarray:
     """(N, L) bool from a multi-hot matrix (numpy / torch / scipy sparse) or a list of label-id lists."""
     if isinstance(labels, (list, tuple)) and (len(labels) == 0 or not np.isscalar(labels[0])):
         try:
@@ -31,19 +39,11 @@ def _multi_hot(labels: Any, num_rows: int | None = None) -> np.ndarray:
             arr = None
         if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and arr.max() > 1):
             # label-id lists (ragged or not): scatter into a multi-hot matrix in one vectorised step
-            lengths = np.fromiter((len(x) for x in labels), dtype=np.int64, count=len(labels))
-            flat = (
-                np.concatenate([np.asarray(x, dtype=np.int64).ravel() for x in labels])
-                if lengths.sum()
-                else np.zeros(0, np.int64)
-            )
-            if flat.size and flat.min() < 0:
-                raise ValueError("label ids must be non-negative integers.")
-            num_labels = int(flat.max()) + 1 if flat.size else 1
+            rows, cols, num_labels = label_coordinates(labels, hint="; label ids must be non-negative integers")
             out = np.zeros((len(labels), num_labels), dtype=bool)
-            out[np.repeat(np.arange(len(labels)), lengths), flat] = True
+            out[rows, cols] = True
             return out
-    y = _to_numpy(labels, "labels")
+    y = to_numpy(labels, "labels")
     if y.ndim != 2:
         raise ValueError(
             f"labels must be an (N, L) multi-hot matrix or a list of label-id lists, got shape {y.shape}."
@@ -64,7 +64,7 @@ def label_combinations(labels: Any) -> tuple[np.ndarray, np.ndarray, list[np.nda
     decreasing frequency (ties: first appearance) and ``combinations[c]`` is the sorted array of label
     indices of combination ``c``. Rows are packed into bytes and uniqued in one vectorised call.
     """
-    y = _multi_hot(labels)
+    y = multi_hot_matrix(labels)
     packed = np.ascontiguousarray(np.packbits(y, axis=1))
     keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
     _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
@@ -105,8 +105,9 @@ def top_combination_clusters(
     return mask, mapped[mask], [combos[c] for c in allowed], counts[allowed]
 
 
-def _normalised(embeddings: Any) -> np.ndarray:
-    x = _to_numpy(embeddings, "embeddings")
+def normalised_embeddings(embeddings: Any) -> np.ndarray:
+    """(N, D) float64 embeddings scaled to unit L2 norm; ValueError for a wrong rank or NaN / inf values."""
+    x = to_numpy(embeddings, "embeddings")
     if x.ndim != 2:
         raise ValueError(f"embeddings must be a 2-D (N, D) array, got shape {x.shape}.")
     x = x.astype(np.float64)
@@ -114,6 +115,15 @@ def _normalised(embeddings: Any) -> np.ndarray:
         raise ValueError("embeddings contain NaN or infinite values.")
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.maximum(norms, 1e-12)
+
+
+def checked_embeddings_and_labels(embeddings: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(L2-normalised (N, D) float64 embeddings, (N, L) bool labels); ValueError when the rows differ."""
+    x = normalised_embeddings(embeddings)
+    y = multi_hot_matrix(labels, num_rows=x.shape[0])
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"labels have {y.shape[0]} rows but embeddings have {x.shape[0]}; they must match.")
+    return x, y
 
 
 def embedding_quality(
@@ -141,10 +151,7 @@ def embedding_quality(
 
     if metric not in ("cosine", "euclidean"):
         raise ValueError(f"metric must be 'cosine' or 'euclidean', got {metric!r}.")
-    x = _normalised(embeddings)
-    y = _multi_hot(labels, num_rows=x.shape[0])
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"labels have {y.shape[0]} rows but embeddings have {x.shape[0]}; they must match.")
+    x, y = checked_embeddings_and_labels(embeddings, labels)
     mask, cid, combos, _ = top_combination_clusters(y, top_k_combinations, include_empty)
     x = x[mask]
     if max_samples is not None and x.shape[0] > max_samples:

@@ -13,8 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from hf_mlcl.evaluation.embedding import _multi_hot, _normalised, top_combination_clusters
-from hf_mlcl.evaluation.metrics import _to_numpy
+from hf_mlcl.evaluation.embedding import (
+    checked_embeddings_and_labels,
+    multi_hot_matrix,
+    top_combination_clusters,
+)
+from hf_mlcl.evaluation.inputs import to_numpy
 
 __all__ = ["plot_embedding_projection", "plot_f1_vs_frequency"]
 
@@ -61,14 +65,14 @@ def plot_f1_vs_frequency(
     Labels never seen in training cannot sit on a log axis; they are left out and counted in a note.
     Returns the path written.
     """
-    freq = _to_numpy(train_frequency, "train_frequency")
+    freq = to_numpy(train_frequency, "train_frequency")
     if freq.ndim == 2:
-        freq = _multi_hot(freq).sum(axis=0)
+        freq = multi_hot_matrix(freq).sum(axis=0)
     freq = freq.astype(np.float64).ravel()
     series = dict(f1) if isinstance(f1, Mapping) else {None: f1}
     if not series:
         raise ValueError("f1 is an empty mapping; pass at least one (L,) array of per-label F1.")
-    series = {k: _to_numpy(v, "f1").astype(np.float64).ravel() for k, v in series.items()}
+    series = {k: to_numpy(v, "f1").astype(np.float64).ravel() for k, v in series.items()}
     for name, v in series.items():
         if v.shape != freq.shape:
             raise ValueError(
@@ -159,10 +163,7 @@ def plot_embedding_projection(
     """
     if method not in ("pca", "tsne"):
         raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}.")
-    x = _normalised(embeddings)
-    y = _multi_hot(labels, num_rows=x.shape[0])
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"labels have {y.shape[0]} rows but embeddings have {x.shape[0]}; they must match.")
+    x, y = checked_embeddings_and_labels(embeddings, labels)
     if label_names is not None and len(label_names) < y.shape[1]:
         raise ValueError(f"label_names has {len(label_names)} names but labels have {y.shape[1]} columns.")
     mask, cid, combos, counts = top_combination_clusters(y, top_k_combinations, include_empty)

@@ -1,8 +1,8 @@
-"""Model cards for hf_mlcl checkpoints: card data, loss citations, rendering and atomic writing.
+"""Model cards for hf_mlcl checkpoints: card data and rendering (the loss citations come from the losses).
 
 ``CardData`` holds what a card says (collected during a run by
 :class:`hf_mlcl.hub.card_callback.ModelCardCallback`); :func:`render_model_card` fills the Jinja
-template ``model_cards/{encoder,classifier}.md`` and the YAML front matter with huggingface_hub's
+template ``model_cards/{encoder,classifier}.md`` (package data of ``hf_mlcl.model_cards``) and the YAML front matter with huggingface_hub's
 ``ModelCardData`` / ``EvalResult`` (``model-index`` with the measured metrics); :func:`save_model_card`
 writes ``README.md`` atomically (temp file + ``os.replace``) next to ``card_data.json``, so an
 interrupted write never leaves a half card behind.
@@ -14,137 +14,69 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from typing import Any
+
+from hf_mlcl.files import atomic_write_json, atomic_write_text
 
 CARD_FILE = "README.md"
 CARD_DATA_FILE = "card_data.json"
 KINDS = ("encoder", "classifier")
-_REPO_TEMPLATES = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "model_cards"
-)
+TEMPLATE_PACKAGE = "hf_mlcl.model_cards"
 
 
-def _template_dir() -> str:
-    """The repository's model_cards/ (source checkout, editable install), else the copy a wheel installs
-    under ``<prefix>/share/hf_mlcl/model_cards`` (pyproject's data-files; prefix = the environment, or
-    the user base for ``pip install --user``)."""
-    import site
-    import sys
+def template_text(kind: str) -> str:
+    """The Jinja template of a card kind (``encoder`` / ``classifier``), read as package data of
+    ``hf_mlcl.model_cards`` with :mod:`importlib.resources` (the repository's top-level ``model_cards/``
+    folder, mapped to that package in pyproject.toml), so source checkouts, editable installs and wheels
+    read the same file."""
+    from importlib import resources
 
-    candidates = [_REPO_TEMPLATES]
-    for prefix in (sys.prefix, sys.base_prefix, getattr(site, "USER_BASE", None)):
-        if prefix:
-            candidates.append(os.path.join(prefix, "share", "hf_mlcl", "model_cards"))
-    for folder in candidates:
-        if os.path.isfile(os.path.join(folder, "encoder.md")):
-            return folder
-    return _REPO_TEMPLATES
+    if kind not in KINDS:
+        raise ValueError(f"unknown model card kind {kind!r}; expected one of {KINDS}")
+    resource = resources.files(TEMPLATE_PACKAGE).joinpath(f"{kind}.md")
+    if not resource.is_file():
+        raise FileNotFoundError(
+            f"model card template {kind}.md is missing from the package {TEMPLATE_PACKAGE} (the repository's "
+            "model_cards/ folder): reinstall hf_mlcl, or pass template_path="
+        )
+    return resource.read_text(encoding="utf-8")
 
 
-TEMPLATE_DIR = _template_dir()
 
-# name -> (display name, citation line, BibTeX). Canonical loss names of hf_mlcl.losses.
-LOSS_PAPERS: dict[str, dict[str, str]] = {
-    "all": {
-        "display": "ALL (exact label-set match)",
-        "cite": "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024 (baseline strategy)",
-        "bibtex": (
-            "@inproceedings{zhang2024mulsupcon,\n  title={Multi-Label Supervised Contrastive Learning},\n"
-            "  author={Zhang, Pingyue and Wu, Mengyue},\n  booktitle={Proceedings of the AAAI Conference on "
-            "Artificial Intelligence},\n  volume={38},\n  number={15},\n  pages={16786--16793},\n  year={2024}\n}"
-        ),
-    },
-    "any": {
-        "display": "ANY (shared label)",
-        "cite": "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024 (baseline strategy)",
-        "bibtex": "",  # filled below: same paper as "all"
-    },
-    "mulsupcon": {
-        "display": "MulSupCon",
-        "cite": "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024",
-        "bibtex": "",
-    },
-    "similarity_dissimilarity": {
-        "display": "Similarity-Dissimilarity loss",
-        "cite": (
-            "Huang, Long, Luo & Liu, Similarity-Dissimilarity Loss with Supervised Contrastive Learning for "
-            "Multi-label Classification, arXiv:2410.13439"
-        ),
-        "bibtex": (
-            "@article{huang2024similarity,\n  title={Similarity-Dissimilarity Loss with Supervised Contrastive "
-            "Learning for Multi-label Classification},\n  author={Huang, Guangming and Long, Yunfei and Luo, "
-            "Cunjin and Liu, Sheng},\n  journal={arXiv preprint arXiv:2410.13439},\n  year={2024}\n}"
-        ),
-    },
-    "jaccard": {
-        "display": "L_Base (Jaccard-weighted SupCon)",
-        "cite": (
-            "Audibert, Gauffre & Amini, Exploring Contrastive Learning for Long-Tailed Multi-Label Text "
-            "Classification, ECML-PKDD 2024"
-        ),
-        "bibtex": (
-            "@inproceedings{audibert2024exploring,\n  title={Exploring Contrastive Learning for Long-Tailed "
-            "Multi-Label Text Classification},\n  author={Audibert, Alexandre and Gauffre, Aur{\\'e}lien and "
-            "Amini, Massih-Reza},\n  booktitle={Joint European Conference on Machine Learning and Knowledge "
-            "Discovery in Databases},\n  pages={245--261},\n  year={2024},\n  publisher={Springer}\n}"
-        ),
-    },
-    "msc": {
-        "display": "MSC / ABALONE",
-        "cite": (
-            "Audibert, Gauffre & Amini, Exploring Contrastive Learning for Long-Tailed Multi-Label Text "
-            "Classification, ECML-PKDD 2024"
-        ),
-        "bibtex": "",
-    },
-    "ws_mulsupcon": {
-        "display": "ws-MulSupCon (weighted stratification)",
-        "cite": (
-            "Lin & Chen, Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed Medical "
-            "Image Classification"
-        ),
-        "bibtex": (
-            "@misc{lin2025wsmulsupcon,\n  title={Weighted Stratification in Multi-Label Contrastive Learning "
-            "for Long-Tailed Medical Image Classification},\n  author={Lin, Ying-Chih and Chen, Yong-Sheng},\n"
-            "  year={2025}\n}"
-        ),
-    },
-    "hbl": {
-        "display": "HBL (hierarchical boundary learning)",
-        "cite": (
-            "Chen, Lyu, Wang & Tang, Learning Semantic Boundaries: An Adaptive Structural Loss for Multi-Label "
-            "Contrastive Learning"
-        ),
-        "bibtex": (
-            "@misc{chen2025hbl,\n  title={Learning Semantic Boundaries: An Adaptive Structural Loss for "
-            "Multi-Label Contrastive Learning},\n  author={Chen, Ning and Lyu, Shen-Huan and Wang, Yanyan and "
-            "Tang, Bin},\n  year={2025}\n}"
-        ),
-    },
-    "bce": {"display": "binary cross-entropy", "cite": "standard multi-label BCE", "bibtex": ""},
-    "focal": {
-        "display": "focal loss",
-        "cite": "Lin, Goyal, Girshick, He & Dollar, Focal Loss for Dense Object Detection, ICCV 2017",
-        "bibtex": (
-            "@inproceedings{lin2017focal,\n  title={Focal Loss for Dense Object Detection},\n  author={Lin, "
-            "Tsung-Yi and Goyal, Priya and Girshick, Ross and He, Kaiming and Doll{\\'a}r, Piotr},\n"
-            "  booktitle={ICCV},\n  year={2017}\n}"
-        ),
-    },
-    "asymmetric": {
-        "display": "asymmetric loss",
-        "cite": "Ridnik et al., Asymmetric Loss for Multi-Label Classification, ICCV 2021",
-        "bibtex": (
-            "@inproceedings{ridnik2021asymmetric,\n  title={Asymmetric Loss for Multi-Label Classification},\n"
-            "  author={Ridnik, Tal and Ben-Baruch, Emanuel and Zamir, Nadav and Noy, Asaf and Friedman, Itamar "
-            "and Protter, Matan and Zelnik-Manor, Lihi},\n  booktitle={ICCV},\n  year={2021}\n}"
-        ),
-    },
-}
-for _same, _src in (("any", "all"), ("mulsupcon", "all"), ("msc", "jaccard")):
-    LOSS_PAPERS[_same]["bibtex"] = LOSS_PAPERS[_src]["bibtex"]
-LOSS_ALIASES = {"sd": "similarity_dissimilarity"}
+def loss_paper(name: str | None) -> dict[str, str]:
+    """Display name, one-line reference and BibTeX of a loss, read from the registered loss class's
+    ``display_name`` / ``reference`` / ``citation`` attributes (names and aliases resolve through
+    :func:`hf_mlcl.losses.registry.resolve_loss_name`; unknown names get an empty citation)."""
+    from hf_mlcl.losses import get_loss_class
+
+    try:
+        cls = get_loss_class(str(name))
+    except ValueError:
+        return {"display": str(name), "cite": "", "bibtex": ""}
+    return {
+        "display": getattr(cls, "display_name", cls.loss_name),
+        "cite": getattr(cls, "reference", ""),
+        "bibtex": getattr(cls, "citation", ""),
+    }
+
+
+def _canonical_loss(name: str) -> str:
+    """The registry's canonical name of a loss (``"sd"`` -> ``"similarity_dissimilarity"``), else ``name``."""
+    from hf_mlcl.losses.registry import resolve_loss_name
+
+    try:
+        return resolve_loss_name(name)
+    except ValueError:
+        return name
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LOSS_PAPERS":  # canonical name -> loss_paper(name), built from the registry on access
+        from hf_mlcl.losses import list_losses
+
+        return {loss: loss_paper(loss) for loss in list_losses()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # metrics shown in model-index (key in the metrics dict -> (metric type, display name))
 _INDEX_METRICS = {
@@ -159,12 +91,6 @@ _INDEX_METRICS = {
     "knn_micro_f1": ("f1", "kNN micro-F1"),
     "knn_macro_f1": ("f1", "kNN macro-F1"),
 }
-
-
-def loss_paper(name: str | None) -> dict[str, str]:
-    """Display name, one-line citation and BibTeX of a loss (unknown names get an empty citation)."""
-    key = LOSS_ALIASES.get(str(name), str(name))
-    return LOSS_PAPERS.get(key, {"display": str(name), "cite": "", "bibtex": ""})
 
 
 @dataclasses.dataclass
@@ -266,13 +192,9 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     """A ``huggingface_hub.ModelCard``: YAML metadata (model-index with ``eval_results``) + Markdown body."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    template_path = template_path or os.path.join(TEMPLATE_DIR, f"{card.kind}.md")
-    if not os.path.isfile(template_path):
-        raise FileNotFoundError(
-            f"model card template {template_path} is missing; it ships in the repository's model_cards/ folder "
-            "and a wheel installs it under <prefix>/share/hf_mlcl/model_cards: reinstall hf_mlcl, or pass "
-            "template_path="
-        )
+    if template_path is not None and not os.path.isfile(template_path):
+        raise FileNotFoundError(f"model card template {template_path} does not exist: pass an existing file")
+    template_str = None if template_path is not None else template_text(card.kind)
     results = eval_results(card)
     name = card.model_name or f"hf-mlcl-{card.kind}"
     meta = ModelCardData(
@@ -281,8 +203,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         library_name="transformers",
         pipeline_tag="text-classification" if card.kind == "classifier" else "feature-extraction",
         tags=["hf_mlcl", "multi-label", "contrastive-learning", card.kind]
-        + ([LOSS_ALIASES.get(str(card.contrastive_loss or card.loss), str(card.contrastive_loss or card.loss))]
-           if (card.contrastive_loss or card.loss) else []),
+        + ([_canonical_loss(str(card.contrastive_loss or card.loss))] if (card.contrastive_loss or card.loss) else []),
         datasets=[card.dataset] if card.dataset else None,
         base_model=card.base_model if _is_hub_id(card.base_model) else None,
         model_name=name,
@@ -292,6 +213,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     return ModelCard.from_template(
         meta,
         template_path=template_path,
+        template_str=template_str,
         card=card,
         name=name,
         loss_info=loss_paper(stage1) if stage1 else None,
@@ -302,36 +224,10 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     )
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_model_card(card: CardData, folder: str, template_path: str | None = None) -> str:
     """Render and write ``README.md`` + ``card_data.json`` into ``folder`` atomically; returns the card path."""
     text = str(render_model_card(card, template_path))
-    atomic_write_text(
-        os.path.join(folder, CARD_DATA_FILE), json.dumps(card.to_dict(), indent=2, sort_keys=True, default=str)
-    )
+    atomic_write_json(os.path.join(folder, CARD_DATA_FILE), card.to_dict(), default=str)
     path = os.path.join(folder, CARD_FILE)
     atomic_write_text(path, text)
     return path

@@ -2,7 +2,9 @@
 
 ``get_loss(name, **kwargs)`` builds a registered loss; ``list_losses()`` lists canonical names.
 Contrastive losses share one engine (:mod:`hf_mlcl.losses.core`) and label-relation helpers
-(:mod:`hf_mlcl.losses.relations`); see ``LOSSES.md`` for the exact contract of each.
+(:mod:`hf_mlcl.losses.relations`); ``docs/losses.md`` of the repository states the contract of each
+(contrast set, positives, weights, normaliser, the choices made where a paper is ambiguous), and each
+loss module cites its paper and equations.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (1) (posit
 from __future__ import annotations
 
 from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .mulsupcon import MULSUPCON_CITATION
 from .registry import register_loss
 
 
@@ -23,7 +24,19 @@ class AllLoss(ContrastiveLoss):
     Args:
         temperature: tau (default 0.07, the SD paper's value).
         normalize: L2-normalise embeddings inside the loss.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import AllLoss
+        >>> same_sets = torch.tensor([[1, 0, 1], [1, 0, 1], [0, 1, 0], [0, 1, 0]])  # rows 0-1 and 2-3 positives
+        >>> AllLoss(temperature=0.1)(torch.randn(4, 8), same_sets).shape
+        torch.Size([])
     """
+
+    display_name = "ALL (exact label-set match)"
+    reference = "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024 (baseline strategy)"
+    citation = MULSUPCON_CITATION
 
     default_temperature = 0.07
 

@@ -12,6 +12,7 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (2) (posit
 from __future__ import annotations
 
 from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .mulsupcon import MULSUPCON_CITATION
 from .registry import register_loss
 
 
@@ -22,7 +23,19 @@ class AnyLoss(ContrastiveLoss):
     Args:
         temperature: tau (default 0.07, the SD paper's value).
         normalize: L2-normalise embeddings inside the loss.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import AnyLoss
+        >>> shared = torch.tensor([[1, 1], [1, 0], [0, 1]])  # row 0 shares a label with rows 1 and 2
+        >>> AnyLoss()(torch.randn(3, 16), shared).ndim
+        0
     """
+
+    display_name = "ANY (shared label)"
+    reference = "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024 (baseline strategy)"
+    citation = MULSUPCON_CITATION
 
     default_temperature = 0.07
 

@@ -1,12 +1,15 @@
 """The shared engine of every contrastive loss: a masked, weighted, numerically stable log-softmax.
 
-Every loss in the implemented papers has the form (see ``/work/shared/LOSSES.md`` and ``DESIGN.md``)::
+Every loss in the implemented papers has the form (the loss table in ``docs/losses.md`` of the repository;
+the papers are cited in each loss module)::
 
     loss_i = - [ sum_p W_ip * logp_ip  + c_i ] / norm_i
     logp_ia = s_ia - log sum_{a in contrast(i)} d_ia * exp(s_ia),     s_ia = z_i . c_a / tau
 
 with candidates c = [in-batch embeddings; key embeddings]. The anchor itself is excluded from its own
-contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). A loss module
+contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). With
+``anchors_in_candidates=False`` the candidates are the keys only (c = keys; no anchor-anchor pair):
+the ``"keys"`` contrast set of MulSupCon / ws-MulSupCon / HBL (see :mod:`hf_mlcl.training.candidates`). A loss module
 only builds :class:`LossTerms` — the positive weights ``W`` (N, M), optional denominator weights
 ``d`` (passed as ``log d``), the per-anchor normaliser and (rarely) a constant ``c`` and a global
 reduction denominator — from the label relations in :class:`ContrastContext`
@@ -145,11 +148,14 @@ class ContrastContext:
 
     Attributes:
         anchors: (N, D) anchor embeddings in ``dtype`` (L2-normalised when the loss normalises).
-        candidates: (M, D) = [anchors; keys], M = N + K.
+        candidates: (M, D) = [anchors; keys], M = N + K, or the keys alone (M = K) when
+            ``anchors_in_candidates`` is False.
+        anchors_in_candidates: whether the anchors are (self-excluded) candidates of each other.
         anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
         num_anchors, num_keys, temperature, dtype.
         logits: (N, M) = anchors @ candidates^T / temperature.
-        self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column).
+        self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the
+            anchors are not candidates).
         contrast_mask: (N, M) bool = ~self_mask.
     Cached relations (exact integer counts, returned in ``dtype`` so float64 stays exact):
     ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
@@ -163,20 +169,25 @@ class ContrastContext:
         keys: Tensor | None,
         key_labels: Tensor | None,
         temperature: float,
+        anchors_in_candidates: bool = True,
     ) -> None:
         self.anchors = anchors
+        self.anchors_in_candidates = bool(anchors_in_candidates)
         self.keys = keys
         self.dtype = anchors.dtype
         self.temperature = temperature
         self.num_anchors = anchors.shape[0]
         self.num_keys = 0 if keys is None else keys.shape[0]
-        self.candidates = anchors if keys is None else torch.cat([anchors, keys], dim=0)
         self.anchor_labels = anchor_labels
         self.key_labels = key_labels
-        self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
+        if self.anchors_in_candidates:
+            self.candidates = anchors if keys is None else torch.cat([anchors, keys], dim=0)
+            self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
+        else:
+            self.candidates, self.candidate_labels = keys, key_labels
         n, m = self.num_anchors, self.candidates.shape[0]
         self.self_mask = torch.zeros(n, m, dtype=torch.bool, device=anchors.device)
-        if n:
+        if n and self.anchors_in_candidates:
             self.self_mask[:, :n] = torch.eye(n, dtype=torch.bool, device=anchors.device)
         self.contrast_mask = ~self.self_mask
 
@@ -252,6 +263,11 @@ class ContrastiveLoss(nn.Module):
     is_contrastive = True
     supports_keys = True
     default_temperature = 0.07
+    # MoCo mode (queue_size > 0): the paper's contrast set and whether the queue waits until it has
+    # been filled once (hf_mlcl.training.candidates). Losses without a MoCo setting of their own (all,
+    # any, sd, jaccard) follow the SupCon / MulSupCon code they are compared with: keys, warm-up.
+    default_contrast_set = "keys"
+    default_queue_warmup = True
 
     def __init__(self, temperature: float | None = None, normalize: bool = True) -> None:
         super().__init__()
@@ -278,8 +294,11 @@ class ContrastiveLoss(nn.Module):
         labels: Tensor,
         key_embeddings: Tensor | None = None,
         key_labels: Tensor | None = None,
+        anchors_in_candidates: bool = True,
     ) -> ContrastContext:
-        """Validate inputs (ValueError naming the problem), upcast, normalise, build the context."""
+        """Validate inputs (ValueError naming the problem), upcast, normalise, build the context.
+
+        ``anchors_in_candidates=False`` makes the keys the only candidates (needs keys)."""
         _check_embeddings(embeddings, "embeddings")
         if (key_embeddings is None) != (key_labels is None):
             raise ValueError("key_embeddings and key_labels must be given together (or both left None)")
@@ -318,7 +337,12 @@ class ContrastiveLoss(nn.Module):
         if self.normalize:
             z = F.normalize(z, dim=-1)
             k = None if k is None else F.normalize(k, dim=-1)
-        return ContrastContext(z, y, k, yk, self.temperature)
+        if not anchors_in_candidates and k is None:
+            raise ValueError(
+                "anchors_in_candidates=False (the 'keys' contrast set) needs key_embeddings / key_labels: "
+                "the candidates are then the keys only"
+            )
+        return ContrastContext(z, y, k, yk, self.temperature, anchors_in_candidates=anchors_in_candidates)
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
@@ -348,15 +372,19 @@ class ContrastiveLoss(nn.Module):
         labels: Tensor,
         key_embeddings: Tensor | None = None,
         key_labels: Tensor | None = None,
+        anchors_in_candidates: bool = True,
     ) -> Tensor:
         """Scalar loss for anchors ``embeddings`` (N, D) with multi-hot ``labels`` (N, L).
 
         Optional ``key_embeddings`` (K, D) / ``key_labels`` (K, L) (MoCo queue or momentum keys) are
-        extra candidates that are never excluded from the contrast set.
+        extra candidates that are never excluded from the contrast set. ``anchors_in_candidates=False``
+        drops the anchor-anchor pairs: the keys are then the whole contrast set (MulSupCon's
+        ``scores = q . [k_batch ; queue]``).
         """
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
         with torch.autocast(device_type=device_type, enabled=False):
-            return self.compute_and_record(self.prepare(embeddings, labels, key_embeddings, key_labels))
+            ctx = self.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
+            return self.compute_and_record(ctx)
 
     def compute_and_record(self, ctx: ContrastContext) -> Tensor:
         """The loss on a prepared context; stores its parts in ``self.components`` for logging.

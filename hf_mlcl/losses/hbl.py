@@ -14,6 +14,30 @@ Multi-Label Contrastive Learning", Section III-D, eqs. (3)-(7). For anchor i, ov
   else 0 (the reliability gate);
 * eq. (7): L_total = base + lambda * (1/N) sum_i L_HBL_i (mean over all N anchors).
 
+The reliability gate (a documented choice): the text opens it when "the total number of positive
+samples abs(P(i)) exceeds k_min", eq. (6) as printed tests abs(P_s(i)) >= k_min and, in its second
+line, abs(P_s) > 0 and abs(P_h) > 0. We gate on **abs(P(i)) >= k_min** (the quantity the text names,
+with the printed ">=") **and** P_s, P_h both non-empty (without both there is no L_rel). Since the
+positives are candidates, an anchor can open the gate only when its contrast set holds at least k_min
+candidates: with the default k_min = 128 and no queue, a batch of 128 or fewer never opens it and HBL
+adds exactly zero — the ContrastiveTrainer warns once at construction when batch + queue cannot reach
+k_min (:func:`hf_mlcl.training.candidates.max_candidates`).
+
+Weight of the structural term against the base (``lambda_scaling``; eq. 7 vs the code it builds on):
+eq. (7) adds lambda * L_HBL_i to L_Con_i averaged over the N anchors, where L_Con_i (MulSupCon) *sums*
+over the anchor's labels. Our ``mulsupcon`` base averages over (anchor, label) pairs (its official
+code's reduction), so the same lambda weighs HBL about mean abs(y) times more than eq. (7) does.
+
+* ``"base"`` (default): total = base + lambda * mean_i L_HBL_i, lambda relative to the base loss as
+  the base reports it. Default because HBL "is implemented as an auxiliary structural loss built upon
+  MulSupCon" (Sec. IV-A 4): added to the MulSupCon code's loss, whose reduction is per (anchor, label)
+  pair, which is the loss the paper's lambda search space {0.001, ..., 1.0} was tuned against; it also
+  keeps earlier results (docs/RESULTS.md) reproducible.
+* ``"eq7"``: eq. (7)'s balance, at the base loss's scale: total = base + lambda * (N / P) * mean_i L_HBL_i,
+  with P the base's reduction denominator (``label_pairs``: (anchor, label) pairs, or sum_i abs(y_i)),
+  i.e. eq. (7) multiplied by the per-batch constant P / N. Only bases that average over (anchor,
+  label) pairs expose ``label_pairs`` (``mulsupcon``); for any other base both settings are identical.
+
 sim is the cosine similarity (embeddings L2-normalised for this term whatever ``normalize`` says).
 Defaults are from the paper's search space: lambda 0.01, gamma 0.8, m_rel 0.1, m_abs 0.3, k_min 128.
 
@@ -39,6 +63,8 @@ from .core import ContrastContext, ContrastiveLoss
 from .registry import get_loss_class, register_loss, resolve_loss_name
 
 __all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor"]
+
+LAMBDA_SCALINGS = ("base", "eq7")
 
 
 def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]:
@@ -132,13 +158,40 @@ class HBLLoss(ContrastiveLoss):
             ``num_labels`` / ``embedding_dim`` given to HBL are forwarded when the base accepts them
             and ``base_kwargs`` does not set them).
         lambda_: weight of the structural term. gamma: weight of L_abs inside L_HBL.
-        m_rel, m_abs: margins of eqs. (4) and (5). k_min: reliability gate (minimum positives).
+        m_rel, m_abs: margins of eqs. (4) and (5). k_min: reliability gate (minimum positives,
+            abs(P) >= k_min; see the module docstring).
+        lambda_scaling: ``"base"`` (default) or ``"eq7"``: how lambda_ weighs HBL against a base that
+            averages over (anchor, label) pairs (module docstring).
 
-    ``components``: "loss" (= base + lambda_ * hbl), "base", "hbl" (the unweighted mean L_HBL) and the
-    base loss's own components prefixed with "base/".
+    ``components``: "loss" (= base + lambda_ * scale * hbl), "base", "hbl" (the unweighted mean L_HBL),
+    "gate_open" (share of anchors whose gate is open) and the base loss's own components prefixed
+    with "base/".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import HBLLoss
+        >>> hbl = HBLLoss(base="mulsupcon", k_min=2)  # any registered contrastive loss as the base
+        >>> value = hbl(torch.randn(4, 8), torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]]))
+        >>> sorted(k for k in hbl.components if "/" not in k)
+        ['base', 'gate_open', 'hbl', 'loss']
     """
 
+    display_name = "HBL (hierarchical boundary learning)"
+    reference = (
+        "Chen, Lyu, Wang & Tang, Learning Semantic Boundaries: An Adaptive Structural Loss for Multi-Label "
+        "Contrastive Learning"
+    )
+    citation = (
+        "@misc{chen2025hbl,\n  title={Learning Semantic Boundaries: An Adaptive Structural Loss for "
+        "Multi-Label Contrastive Learning},\n  author={Chen, Ning and Lyu, Shen-Huan and Wang, Yanyan and "
+        "Tang, Bin},\n  year={2025}\n}"
+    )
+
     supports_keys = True
+    # HBL is built on MulSupCon (positives "within the current queue"): its MoCo set and warm-up
+    default_contrast_set = "keys"
+    default_queue_warmup = True
 
     def __init__(
         self,
@@ -153,7 +206,13 @@ class HBLLoss(ContrastiveLoss):
         normalize: bool = True,
         num_labels: int | None = None,
         embedding_dim: int | None = None,
+        lambda_scaling: str = "base",
     ) -> None:
+        if lambda_scaling not in LAMBDA_SCALINGS:
+            raise ValueError(
+                f"hbl lambda_scaling must be one of {LAMBDA_SCALINGS} ('base': lambda against the base loss as "
+                f"reported, 'eq7': eq. 7's balance with a per-label base); got {lambda_scaling!r}"
+            )
         for name, value in (("lambda_", lambda_), ("gamma", gamma), ("m_rel", m_rel), ("m_abs", m_abs)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value) >= 0:
                 raise ValueError(f"hbl {name} must be a non-negative float, got {value!r}")
@@ -202,13 +261,14 @@ class HBLLoss(ContrastiveLoss):
         self.m_rel = float(m_rel)
         self.m_abs = float(m_abs)
         self.k_min = int(k_min)
+        self.lambda_scaling = lambda_scaling
         self.supports_keys = bool(getattr(base_module, "supports_keys", True))
         self.requires_label_statistics = bool(getattr(base_module, "requires_label_statistics", False))
 
     def extra_repr(self) -> str:
         return (
             f"lambda_={self.lambda_}, gamma={self.gamma}, m_rel={self.m_rel}, m_abs={self.m_abs}, "
-            f"k_min={self.k_min}"
+            f"k_min={self.k_min}, lambda_scaling={self.lambda_scaling!r}"
         )
 
     def set_label_statistics(self, train_labels: Tensor) -> None:
@@ -223,37 +283,53 @@ class HBLLoss(ContrastiveLoss):
         labels: Tensor,
         key_embeddings: Tensor | None = None,
         key_labels: Tensor | None = None,
+        anchors_in_candidates: bool = True,
     ) -> Tensor:
-        """base(embeddings, labels, keys) + lambda_ * mean_i L_HBL_i."""
+        """base(embeddings, labels, keys) + lambda_ * scale * mean_i L_HBL_i (scale 1 unless ``"eq7"``)."""
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
         base = self.base
         shared = isinstance(base, ContrastiveLoss) and type(base).forward is ContrastiveLoss.forward
+        keys = (key_embeddings, key_labels)
         with torch.autocast(device_type=device_type, enabled=False):
             if shared:
                 # one context for both terms: labels validated / intersected once, logits reused
-                ctx = base.prepare(embeddings, labels, key_embeddings, key_labels)
+                ctx = base.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
                 base_loss = base.compute_and_record(ctx)
                 base_comps = base.components
                 sim = None
                 if base.normalize and "logits" in ctx.__dict__:
                     sim = ctx.__dict__["logits"].detach() * ctx.temperature
             else:
-                base_loss = base(embeddings, labels, key_embeddings, key_labels)
+                if anchors_in_candidates:
+                    base_loss = base(embeddings, labels, *keys)
+                else:
+                    base_loss = base(embeddings, labels, *keys, anchors_in_candidates=False)
                 base_comps = dict(getattr(base, "components", {}) or {"loss": float(base_loss.detach())})
-                ctx = self.prepare(embeddings, labels, key_embeddings, key_labels)
+                ctx = self.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
                 sim = None
             if ctx.num_anchors == 0:
-                hbl = ctx.zero()
+                hbl, gate_open = ctx.zero(), 0.0
             else:
-                per_anchor, _ = self._per_anchor(ctx, sim)
-                hbl = per_anchor.mean()
-            loss = base_loss + self.lambda_ * hbl.to(base_loss.dtype)
-        comps = {"loss": float(loss.detach()), "base": float(base_loss.detach()), "hbl": float(hbl.detach())}
+                per_anchor, gated = self._per_anchor(ctx, sim)
+                hbl, gate_open = per_anchor.mean(), float(gated.float().mean())
+            scale = self._lambda_scale(ctx)
+            loss = base_loss + (self.lambda_ * scale) * hbl.to(base_loss.dtype)
+        comps = {"loss": float(loss.detach()), "base": float(base_loss.detach()), "hbl": float(hbl.detach()),
+                 "gate_open": gate_open}  # fmt: skip
         for name, value in base_comps.items():
             if name != "loss":
                 comps[f"base/{name}"] = value
         self.components = comps
         return loss
+
+    def _lambda_scale(self, ctx: ContrastContext) -> float:
+        """1 (``"base"``), or N / P for eq. 7's balance against a base averaged over label pairs."""
+        label_pairs = getattr(self.base, "label_pairs", None)
+        if self.lambda_scaling == "base" or label_pairs is None or ctx.num_anchors == 0:
+            return 1.0
+        with torch.no_grad():
+            pairs = float(label_pairs(ctx))
+        return ctx.num_anchors / pairs if pairs > 0 else 1.0
 
     def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
         return hbl_per_anchor(

@@ -8,7 +8,7 @@ Registered as ``"jaccard"``.
 * weight W_ip = abs(S & T) / abs(S | T) (Jaccard similarity), outside the log;
 * per-anchor normaliser: N(i) = sum_p W_ip;
 * reduction: mean over anchors with at least one positive (the paper divides by abs(B); anchors without
-  positives contribute 0 there, we do not count them — LOSSES.md).
+  positives contribute 0 there, we do not count them — docs/losses.md).
 """
 
 from __future__ import annotations
@@ -18,6 +18,18 @@ import torch
 from .core import ContrastContext, ContrastiveLoss, LossTerms
 from .registry import register_loss
 
+AUDIBERT_CITATION = (
+    "@inproceedings{audibert2024exploring,\n  title={Exploring Contrastive Learning for Long-Tailed "
+    "Multi-Label Text Classification},\n  author={Audibert, Alexandre and Gauffre, Aur{\\'e}lien and "
+    "Amini, Massih-Reza},\n  booktitle={Joint European Conference on Machine Learning and Knowledge "
+    "Discovery in Databases},\n  pages={245--261},\n  year={2024},\n  publisher={Springer}\n}"
+)
+
+AUDIBERT_REFERENCE = (
+    "Audibert, Gauffre & Amini, Exploring Contrastive Learning for Long-Tailed Multi-Label Text "
+    "Classification, ECML-PKDD 2024"
+)
+
 
 @register_loss("jaccard")
 class JaccardLoss(ContrastiveLoss):
@@ -26,7 +38,19 @@ class JaccardLoss(ContrastiveLoss):
     Args:
         temperature: tau (default 0.1, the value the paper adopts for all its experiments).
         normalize: L2-normalise embeddings inside the loss.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import JaccardLoss
+        >>> z = torch.nn.functional.normalize(torch.randn(4, 8), dim=-1)
+        >>> JaccardLoss(temperature=0.1)(z, torch.tensor([[1, 1], [1, 0], [0, 1], [1, 1]])).item() > 0
+        True
     """
+
+    display_name = "L_Base (Jaccard-weighted SupCon)"
+    reference = AUDIBERT_REFERENCE
+    citation = AUDIBERT_CITATION
 
     default_temperature = 0.1
 

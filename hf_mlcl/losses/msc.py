@@ -6,7 +6,9 @@ Section 3.3, eqs. (1)-(5). For anchor i with label set S = Delta(z_i) (eq. 3)::
     l(z_i) = -1/abs(S) sum_{j in S} 1/N(i,j) sum_{z_l in P(j,i) u {c_j}} f(z_i,z_l) log p_il
     p_il   = exp(z_i.z_l/tau) / sum_{z_k in H u C minus z_i} g_i(z_k, beta) exp(z_i.z_k/tau)
 
-* H = in-batch samples (self excluded) + keys / queue (never excluded), C = the L prototypes c_j,
+* H = in-batch samples (self excluded) + the queue of keys from *previous* batches (never excluded);
+  in MoCo mode the trainer's default ``contrast_set="queries+queue"`` passes only the queue as keys
+  (the current batch's keys are not candidates); C = the L prototypes c_j,
   nn.Parameter (L, D) L2-normalised before use;
 * g (eq. 1) = 1 for prototypes, beta (default 0.1) for every sample;
 * f (eq. 4) = 1 for the prototype, 1/abs(S or T) for a sample; N(i,j) (eq. 5) = 1 + sum of f over
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .core import ContrastContext, ContrastiveLoss
+from .jaccard import AUDIBERT_CITATION, AUDIBERT_REFERENCE
 from .label_statistics import PairLabelView
 from .registry import register_loss
 
@@ -47,7 +50,8 @@ class MSCLoss(ContrastiveLoss):
     Args:
         num_labels: L, number of labels (one prototype per label).
         embedding_dim: D, dimension of the embeddings the prototypes live with.
-        beta: denominator weight g of every sample candidate (eq. 1), 0 < beta; prototypes have 1.
+        beta: denominator weight g of every sample candidate (eq. 1), 0 < beta < 1 (ValueError
+            otherwise); prototypes have 1.
         temperature: tau (paper: 0.1).
         normalize: L2-normalise embeddings and keys (the prototypes are always normalised).
 
@@ -56,10 +60,24 @@ class MSCLoss(ContrastiveLoss):
 
     The prototypes ``self.prototypes`` are an ordinary ``nn.Parameter``: put the loss module's
     parameters in the optimizer and save its ``state_dict`` with the model.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import MSCLoss
+        >>> msc = MSCLoss(num_labels=3, embedding_dim=8)  # learnable prototypes: give them to the optimizer
+        >>> msc.prototypes.shape, msc(torch.randn(4, 8), torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 1, 1]])).ndim
+        (torch.Size([3, 8]), 0)
     """
+
+    display_name = "MSC / ABALONE"
+    reference = AUDIBERT_REFERENCE
+    citation = AUDIBERT_CITATION
 
     default_temperature = 0.1
     supports_keys = True
+    default_contrast_set = "queries+queue"  # sec. 3: H = I u Q, Q = keys of the preceding instances
+    default_queue_warmup = False  # the paper uses the queue from the first step
 
     def __init__(
         self,
@@ -73,8 +91,11 @@ class MSCLoss(ContrastiveLoss):
         for name, value in (("num_labels", num_labels), ("embedding_dim", embedding_dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"msc needs a positive integer {name}, got {value!r}")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0 < float(beta) < math.inf):
-            raise ValueError(f"beta must be a positive float (paper: 0.1, 0 < beta < 1), got {beta!r}")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0 < float(beta) < 1):
+            raise ValueError(
+                f"msc beta must be a float with 0 < beta < 1 (eq. 1: samples weigh less than the prototypes, "
+                f"which have weight 1; paper default 0.1), got {beta!r}"
+            )
         self.num_labels = num_labels
         self.embedding_dim = embedding_dim
         self.beta = float(beta)

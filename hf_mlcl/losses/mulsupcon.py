@@ -5,21 +5,42 @@ of the Similarity-Dissimilarity paper. Registered as ``"mulsupcon"``.
 
 For each anchor i and each label l in S_i the positive set is P_l(i) = {p in contrast(i): l in T_p}
 with n_l(i) = abs(P_l(i)); the (i, l) term is -1/n_l(i) sum_{p in P_l(i)} log p_ip with the ordinary
-softmax denominator over the whole contrast set. The loss is the total over (anchor, label) pairs with
-n_l(i) >= 1 divided by the number of such pairs (LOSSES.md).
+softmax denominator over the whole contrast set.
+
+Normaliser (``normalizer``; the paper and the official code differ):
+
+* ``"pairs"`` (default): the total over (anchor, label) pairs divided by the number of pairs with
+  n_l(i) >= 1 — the official code (``codes/losses.py`` of williamzhangsjtu/MulSupCon averages the
+  rows of its (anchor, label) matrix that have a positive) and docs/losses.md: a pair that
+  cannot contribute does not dilute the loss;
+* ``"labels"``: eq. (7) as printed, the total divided by sum_i abs(y_i) over all anchors (pairs
+  without a positive count in the denominator and contribute 0).
+
+The two agree whenever every (anchor, label) pair has a positive — always in the paper's MoCo
+setting (``contrast_set="keys"``), where the anchor's own momentum key carries every label of the
+anchor — and differ in batch mode, where a label carried by no other in-batch sample has no positive.
 
 Vectorised without an (N, M, L) tensor: sum_l sum_{p in P_l(i)} log p_ip / n_l(i) = sum_p W_ip log p_ip
 with W_ip = sum_{l in S_i & T_p} 1/n_l(i) = ((Y_i * 1/n(i)) @ Y_c^T)_ip, n(i) = Y_i * (colsum(Y_c) - Y_i)
-(self excluded); see :func:`hf_mlcl.losses.relations.inverse_count_weights`. Sparse labels stay sparse.
-
-* weight W_ip as above; per-anchor normaliser 1; reduction: sum over anchors / number of pairs.
+(self excluded when the anchors are candidates); see
+:func:`hf_mlcl.losses.relations.inverse_count_weights`. Sparse labels stay sparse.
 """
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from .core import ContrastContext, ContrastiveLoss, LossTerms
 from .registry import register_loss
-from .relations import inverse_count_weights
+from .relations import inverse_count_weights, label_sizes
+
+NORMALIZERS = ("pairs", "labels")
+
+MULSUPCON_CITATION = (
+    "@inproceedings{zhang2024mulsupcon,\n  title={Multi-Label Supervised Contrastive Learning},\n"
+    "  author={Zhang, Pingyue and Wu, Mengyue},\n  booktitle={Proceedings of the AAAI Conference on "
+    "Artificial Intelligence},\n  volume={38},\n  number={15},\n  pages={16786--16793},\n  year={2024}\n}"
+)
 
 
 @register_loss("mulsupcon")
@@ -29,17 +50,61 @@ class MulSupConLoss(ContrastiveLoss):
     Args:
         temperature: tau (default 0.1, the paper's value).
         normalize: L2-normalise embeddings inside the loss.
+        normalizer: ``"pairs"`` (default, official code: (anchor, label) pairs with a positive) or
+            ``"labels"`` (eq. 7: sum_i abs(y_i)); see the module docstring.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import MulSupConLoss
+        >>> y = torch.tensor([[1, 0, 1], [1, 0, 0], [0, 0, 1]])  # row 0 has one positive set per label
+        >>> bool(MulSupConLoss()(torch.randn(3, 8), y) > 0)
+        True
     """
 
+    display_name = "MulSupCon"
+    reference = "Zhang & Wu, Multi-Label Supervised Contrastive Learning, AAAI 2024"
+    citation = MULSUPCON_CITATION
+
     default_temperature = 0.1
+    default_contrast_set = "keys"  # official code: scores = q . [k_batch ; queue]
+    default_queue_warmup = True  # official code: the queue joins once it has been filled
+
+    def __init__(self, temperature: float | None = None, normalize: bool = True, normalizer: str = "pairs"):
+        super().__init__(temperature=temperature, normalize=normalize)
+        if normalizer not in NORMALIZERS:
+            raise ValueError(
+                f"mulsupcon normalizer must be one of {NORMALIZERS} ('pairs': official code, 'labels': eq. 7); "
+                f"got {normalizer!r}"
+            )
+        self.normalizer = normalizer
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", normalizer={self.normalizer!r}"
+
+    def _weights_and_pairs(self, ctx: ContrastContext) -> tuple[Tensor, Tensor]:
+        return inverse_count_weights(
+            ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=ctx.anchors_in_candidates,
+            dtype=ctx.dtype,
+        )  # fmt: skip
+
+    def _denominator(self, ctx: ContrastContext, pairs: Tensor | None) -> Tensor:
+        if self.normalizer == "labels":
+            return label_sizes(ctx.anchor_labels).to(ctx.dtype).sum()
+        return pairs.sum()
+
+    def label_pairs(self, ctx: ContrastContext) -> Tensor:
+        """The reduction denominator: (anchor, label) pairs with a positive, or sum_i abs(y_i) (eq. 7).
+
+        HBL's eq.-7 scaling reads it (:class:`hf_mlcl.losses.hbl.HBLLoss`)."""
+        pairs = None if self.normalizer == "labels" else self._weights_and_pairs(ctx)[1]
+        return self._denominator(ctx, pairs)
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w, pairs = inverse_count_weights(
-            ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=True, dtype=ctx.dtype
-        )
+        w, pairs = self._weights_and_pairs(ctx)
         w = w.to(ctx.dtype) * ctx.contrast_mask
         return LossTerms(
             weights=w,
             normalizer=(pairs > 0).to(ctx.dtype),
-            reduction_denominator=pairs.sum(),
+            reduction_denominator=self._denominator(ctx, pairs),
         )

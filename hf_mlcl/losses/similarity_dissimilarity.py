@@ -49,7 +49,26 @@ class SimilarityDissimilarityLoss(ContrastiveLoss):
         normalize: L2-normalise embeddings inside the loss.
         weight_in_log: False -> K^s K^d multiplies log p (default); True -> eq. 13 literally,
             -(log(K^s K^d) + log p), whose gradient equals ANY's.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import get_loss
+        >>> sd = get_loss("sd")  # the registry alias
+        >>> type(sd).__name__, sd(torch.randn(4, 8), torch.eye(4)[[0, 0, 1, 1]] + torch.eye(4)[[2, 2, 2, 3]]).ndim
+        ('SimilarityDissimilarityLoss', 0)
     """
+
+    display_name = "Similarity-Dissimilarity loss"
+    reference = (
+        "Huang, Long, Luo & Liu, Similarity-Dissimilarity Loss with Supervised Contrastive Learning for "
+        "Multi-label Classification, arXiv:2410.13439"
+    )
+    citation = (
+        "@article{huang2024similarity,\n  title={Similarity-Dissimilarity Loss with Supervised Contrastive "
+        "Learning for Multi-label Classification},\n  author={Huang, Guangming and Long, Yunfei and Luo, "
+        "Cunjin and Liu, Sheng},\n  journal={arXiv preprint arXiv:2410.13439},\n  year={2024}\n}"
+    )
 
     default_temperature = 0.07
 

@@ -81,7 +81,19 @@ class BCELoss(SupervisedLoss):
     Args:
         pos_weight: optional (L,) weight of the positive term (as ``BCEWithLogitsLoss``).
         reduction: "mean" | "sum" | "none".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import BCELoss
+        >>> logits, y = torch.randn(2, 3), torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+        >>> torch.allclose(BCELoss()(logits, y), torch.nn.functional.binary_cross_entropy_with_logits(logits, y))
+        True
     """
+
+    display_name = "binary cross-entropy"
+    reference = "standard multi-label BCE"
+    citation = ""
 
     def __init__(self, pos_weight: Tensor | None = None, reduction: str = "mean") -> None:
         super().__init__(reduction=reduction)
@@ -101,7 +113,23 @@ class FocalLoss(SupervisedLoss):
         gamma: focusing parameter (default 2, the ABALONE setting).
         alpha: optional weight of positives in [0, 1] (negatives get 1 - alpha); None = unweighted.
         reduction: "mean" | "sum" | "none".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import BCELoss, FocalLoss
+        >>> logits, y = torch.randn(2, 3), torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+        >>> torch.allclose(FocalLoss(gamma=0.0)(logits, y), BCELoss()(logits, y))  # gamma 0 is BCE
+        True
     """
+
+    display_name = "focal loss"
+    reference = "Lin, Goyal, Girshick, He & Dollar, Focal Loss for Dense Object Detection, ICCV 2017"
+    citation = (
+        "@inproceedings{lin2017focal,\n  title={Focal Loss for Dense Object Detection},\n  author={Lin, "
+        "Tsung-Yi and Goyal, Priya and Girshick, Ross and He, Kaiming and Doll{\\'a}r, Piotr},\n"
+        "  booktitle={ICCV},\n  year={2017}\n}"
+    )
 
     def __init__(self, gamma: float = 2.0, alpha: float | None = None, reduction: str = "mean") -> None:
         super().__init__(reduction=reduction)
@@ -135,7 +163,23 @@ class AsymmetricLoss(SupervisedLoss):
         gamma_neg: negative focusing (default 3, the ABALONE setting; Ridnik et al. use 4).
         clip: probability margin m (default 0.3, the ABALONE setting; Ridnik et al. use 0.05).
         reduction: "mean" | "sum" | "none".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import AsymmetricLoss
+        >>> asl = AsymmetricLoss()  # ABALONE's gamma_pos=0, gamma_neg=3, clip=0.3
+        >>> asl(torch.randn(2, 3), torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])).shape
+        torch.Size([])
     """
+
+    display_name = "asymmetric loss"
+    reference = "Ridnik et al., Asymmetric Loss for Multi-Label Classification, ICCV 2021"
+    citation = (
+        "@inproceedings{ridnik2021asymmetric,\n  title={Asymmetric Loss for Multi-Label Classification},\n"
+        "  author={Ridnik, Tal and Ben-Baruch, Emanuel and Zamir, Nadav and Noy, Asaf and Friedman, Itamar "
+        "and Protter, Matan and Zelnik-Manor, Lihi},\n  booktitle={ICCV},\n  year={2021}\n}"
+    )
 
     def __init__(
         self, gamma_pos: float = 0.0, gamma_neg: float = 3.0, clip: float = 0.3, reduction: str = "mean"

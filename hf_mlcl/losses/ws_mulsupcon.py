@@ -13,6 +13,17 @@ logp_ia = s_ia - log sum_{a in contrast(i)} exp(s_ia) and the IoU weight W_ia = 
 * eq. (8)  L_h  = 1/abs(H) sum_{i healthy} -1/abs(P_h) sum_{a healthy, a != i} logp_ia
 * eq. (9)  L = (1 - lambda)(L_ws + L_wm) + lambda L_h,  lambda = 0.7 (paper, CXR-14).
 
+Eq. (9) is applied literally in every batch: in a batch without a (valid) healthy anchor L_h = 0 and
+the whole disease loss is still scaled by 1 - lambda (0.3 with the default), so such batches take
+steps 1 - lambda times smaller than the plain disease loss would. The authors' public code sums the
+disease terms plainly in those batches (``authors_code=True`` below). We keep the equation as the
+default: it keeps the loss one function of the batch (no jump of 1/(1 - lambda) in scale when a
+healthy anchor appears); with an adaptive optimiser the constant factor matters little.
+
+In MoCo mode the trainer's default contrast set is ``"keys"`` (eq. 1: A = f_m(B) u Q, s = z_q . z_k):
+the anchors are the online queries and the candidates the current momentum keys (an anchor's own key
+is a positive) plus the queue, with no query-query pairs (:mod:`hf_mlcl.training.candidates`).
+
 Class weights D̄_j = (D - d_j)/D and C̄_j = M_j / C_j come from the *training set*
 (:func:`hf_mlcl.losses.label_statistics.ws_class_weights`): call :meth:`set_label_statistics` once
 before training (the trainer does it when ``requires_label_statistics`` is True).
@@ -79,7 +90,27 @@ class WSMulSupConLoss(ContrastiveLoss):
     ``set_label_statistics(train_labels)`` must be called before the first forward when
     ``class_weights`` is True (else ``ValueError``); train_labels is the dense or torch-sparse (N, L)
     multi-hot matrix of the training set.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import WSMulSupConLoss
+        >>> ws = WSMulSupConLoss()
+        >>> ws.set_label_statistics(torch.tensor([[1, 0], [1, 1], [1, 0], [0, 1]]))  # training-set labels
+        >>> ws(torch.randn(3, 8), torch.tensor([[1, 0], [1, 1], [0, 1]])).ndim
+        0
     """
+
+    display_name = "ws-MulSupCon (weighted stratification)"
+    reference = (
+        "Lin & Chen, Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed Medical "
+        "Image Classification"
+    )
+    citation = (
+        "@misc{lin2025wsmulsupcon,\n  title={Weighted Stratification in Multi-Label Contrastive Learning "
+        "for Long-Tailed Medical Image Classification},\n  author={Lin, Ying-Chih and Chen, Yong-Sheng},\n"
+        "  year={2025}\n}"
+    )
 
     default_temperature = 0.1
     supports_keys = True
@@ -163,8 +194,9 @@ class WSMulSupConLoss(ContrastiveLoss):
             cw = self._class_weights(cols, single_pair, ctx.anchor_labels.shape[1], dtype)
             # positives per (anchor, label) pair and candidate stratum; the anchor itself (in-batch
             # column i, same stratum as the anchor, carries j) is not in its contrast set
-            n_s = view.candidate_counts(single_c.to(dtype)) - single_pair.to(dtype)
-            n_m = view.candidate_counts(multi_c.to(dtype)) - multi_a[rows].to(dtype)
+            own = 1.0 if ctx.anchors_in_candidates else 0.0  # keys-only contrast set: no own column
+            n_s = view.candidate_counts(single_c.to(dtype)) - own * single_pair.to(dtype)
+            n_m = view.candidate_counts(multi_c.to(dtype)) - own * multi_a[rows].to(dtype)
             zero = torch.zeros((), dtype=dtype, device=device)
             q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
             q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)

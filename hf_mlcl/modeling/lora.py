@@ -1,4 +1,7 @@
-"""LoRA for decoder backbones (Llama-3.1-8B) with peft: adapters + trainable heads.
+"""LoRA for decoder backbones (Llama-3.1-8B) with peft: adapters + trainable heads, and their pad token.
+
+``ensure_pad_token`` is the one pad-token policy of hf_mlcl (decoder tokenizers have none); the stage
+entry points call it for every tokenizer.
 
 ``apply_lora`` follows the recipe of the design: LoRA r=16, alpha=32, dropout=0.1 on the attention and
 MLP projections (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + (alpha / r) B A x), bf16 backbone when the

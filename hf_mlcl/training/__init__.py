@@ -3,13 +3,18 @@
 * :class:`ContrastiveTrainer` (stage 1) and :class:`ProbingTrainer` (stage 2), both
   ``transformers.Trainer`` subclasses;
 * :func:`train_contrastive` / :func:`train_probe`: dataset -> tokenizer -> model -> trainer -> train ->
-  evaluate -> save, used by the CLI;
+  evaluate -> save; :mod:`hf_mlcl.training.pipeline` runs them with model cards for the CLI and demo;
+* :mod:`hf_mlcl.training.checkpoint_state`: the trainer's extra checkpoint state as safetensors;
+* :mod:`hf_mlcl.training.checkpoints` (complete-or-absent checkpoints, which one a resume takes) and
+  :mod:`hf_mlcl.training.run_guard` (launch and output-folder checks before any work);
 * :mod:`hf_mlcl.training.distributed` (candidate gathering with gradient) and
   :mod:`hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
 """
 
+from hf_mlcl.evaluation.knn import knn_probe_metrics  # lives in hf_mlcl.evaluation.knn; kept importable here
+
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
-from .contrastive import ContrastiveTrainer, build_contrastive_loss, knn_probe_metrics
+from .contrastive import ContrastiveTrainer, build_contrastive_loss
 from .entry import train_contrastive, train_probe
 from .gradcache import gradcache_backward
 from .probing import ProbingTrainer, fit_logistic_probe

@@ -1,4 +1,4 @@
-"""Helpers shared by the two trainers: label-space checks, batch slicing, column handling."""
+"""Batch and label-space plumbing shared by the two trainers: label-count checks, label pop, row slicing."""
 
 from __future__ import annotations
 
@@ -141,6 +141,16 @@ def slice_batch(batch: dict[str, Any], start: int, stop: int, n: int) -> dict[st
     }
 
 
+def pop_labels(inputs: dict[str, Any], label_column: str = "labels") -> tuple[dict[str, Any], torch.Tensor]:
+    """(model inputs, labels): a copy of the batch without its label entry (``label_column``, else
+    ``"labels"``); ValueError when the batch has none."""
+    inputs = dict(inputs)
+    labels = inputs.pop(label_column if label_column in inputs else "labels", None)
+    if labels is None:
+        raise ValueError(f"the batch has no {label_column!r}; the collator must return multi-hot labels")
+    return inputs, labels
+
+
 def labels_to_dense_float(labels: torch.Tensor) -> torch.Tensor:
     if labels.layout != torch.strided:
         labels = labels.to_dense()
@@ -154,33 +164,11 @@ def batch_rows(batch: dict[str, Any]) -> int:
     return int(ref.shape[0])
 
 
-class KeepColumnsMixin:
-    """Never drop dataset columns: our collators need ``text`` and ``labels`` that ``forward`` lacks.
-
-    ``Trainer`` removes columns absent from ``model.forward``'s signature when
-    ``remove_unused_columns=True`` (its default), which would strip the raw text and label ids.
-    """
-
-    def _remove_unused_columns(self, dataset, description=None):  # noqa: D401
-        return dataset
-
-    def _get_collator_with_removed_columns(self, data_collator, description=None):
-        return data_collator
-
-
 def label_matrix(dataset: Any, label_column: str, num_labels: int) -> torch.Tensor:
     """The (N, L) multi-hot label matrix of a dataset's label-id lists as a torch sparse COO tensor."""
+    from hf_mlcl.data.multihot import multi_hot_tensor
+
     lists = (
         dataset[label_column] if hasattr(dataset, "column_names") else [ex[label_column] for ex in dataset]
     )
-    lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
-    cols = torch.tensor([int(i) for x in lists for i in x], dtype=torch.long)
-    rows = torch.repeat_interleave(torch.arange(len(lists)), lengths)
-    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= num_labels):
-        raise ValueError(
-            f"label ids must lie in [0, {num_labels}); the {label_column!r} column has {int(cols.max())}"
-        )
-    values = torch.ones(cols.numel())
-    return torch.sparse_coo_tensor(
-        torch.stack([rows, cols]), values, (len(lists), num_labels), check_invariants=True
-    ).coalesce()
+    return multi_hot_tensor(lists, num_labels, sparse=True, hint=f" in the {label_column!r} column")

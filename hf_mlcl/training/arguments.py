@@ -8,16 +8,34 @@ so every Trainer knob (``learning_rate``, ``bf16``, ``eval_strategy`` ...) sits 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 
-POOLINGS = ("cls", "mean", "last_token")
-HEADS = ("linear", "label_attention")
+from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
+
+logger = logging.getLogger(__name__)
+
 PROBES = ("linear", "finetune", "logistic")
 PROBE_LOSSES = ("bce", "focal", "asymmetric")
 THRESHOLDS = ("global", "per_label")
+
+_KEEP_COLUMNS_HELP = (
+    "Always False here: hf_mlcl collators tokenize the raw `text` column and build multi-hot labels from "
+    "`labels`, which Trainer would drop as unused by model.forward (True is reset to False with a warning)."
+)
+
+
+def _keep_columns(args: TrainingArguments) -> None:
+    """``remove_unused_columns`` must stay False (the collators need ``text`` and ``labels``)."""
+    if args.remove_unused_columns:
+        logger.warning(
+            "remove_unused_columns=True would drop the text and label columns the hf_mlcl collators need; "
+            "using remove_unused_columns=False"
+        )
+        args.remove_unused_columns = False
 
 
 def _as_dict(value: Any, name: str) -> dict | None:
@@ -138,6 +156,20 @@ class ContrastiveTrainingArguments(TrainingArguments):
     queue_size: int = field(
         default=0, metadata={"help": "MoCo queue length K; 0 = in-batch candidates only."}
     )
+    contrast_set: str | None = field(
+        default=None,
+        metadata={
+            "help": "With a queue: 'keys' (current keys + queue, no query-query pairs), 'queries+queue' "
+            "(other in-batch + queue) or 'queries+keys' (both); default: the loss paper's (docs/losses.md)."
+        },
+    )
+    queue_warmup: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Leave the queue out of the contrast set until it has been filled once (MulSupCon code); "
+            "default: the loss's (True except msc)."
+        },
+    )
     momentum: float = field(default=0.999, metadata={"help": "EMA factor of the momentum (key) encoder."})
     gather_across_devices: bool = field(
         default=True,
@@ -160,13 +192,18 @@ class ContrastiveTrainingArguments(TrainingArguments):
             "help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."
         },
     )
+    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
 
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        _keep_columns(self)
         if self.n_views not in (1, 2):
             raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
+        from .candidates import check_contrast_set
+
+        check_contrast_set(self.contrast_set, self.queue_size)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1); got {self.momentum}")
         if self.gradcache_chunk_size < 0:
@@ -201,9 +238,11 @@ class ProbingTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
     )
+    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
 
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        _keep_columns(self)
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         if self.loss not in PROBE_LOSSES:

@@ -1,7 +1,8 @@
 """Complete-or-absent Trainer checkpoints, and which one ``resume_from_checkpoint`` picks.
 
 ``transformers.Trainer`` writes ``checkpoint-<step>`` in place (weights, optimizer, scheduler, RNG,
-``trainer_state.json``) and our trainers add their own files after it (``mlcl_trainer_state.pt``). A
+``trainer_state.json``) and our trainers add their own files after it (the contrastive trainer's
+safetensors state ``mlcl_trainer_state.safetensors``, :mod:`hf_mlcl.training.checkpoint_state`). A
 process killed half-way (``kill -9``, OOM, pre-emption) leaves a folder that *looks* like the newest
 checkpoint, and ``resume_from_checkpoint=True`` (``transformers.trainer_utils.get_last_checkpoint``)
 would pick it and fail, or worse resume from half-written state.
@@ -26,6 +27,8 @@ import re
 import shutil
 from typing import Any
 
+from hf_mlcl.files import TMP_PREFIX
+
 from . import distributed as D
 
 logger = logging.getLogger(__name__)
@@ -36,13 +39,14 @@ __all__ = [
     "checkpoint_folders",
     "is_complete_checkpoint",
     "last_complete_checkpoint",
+    "parse_resume",
     "remove_incomplete_checkpoints",
     "resolve_resume",
+    "wants_resume",
 ]
 
 SAVING_MARKER = ".saving"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-_TMP_PREFIX = ".tmp-"  # hf_mlcl.hub.model_card.atomic_write_text's temp files
 TRAINER_STATE = "trainer_state.json"
 
 
@@ -81,12 +85,28 @@ def remove_incomplete_checkpoints(output_dir: str) -> list[str]:
     if os.path.isdir(output_dir):
         for name in os.listdir(output_dir):
             path = os.path.join(output_dir, name)
-            if name.startswith(_TMP_PREFIX) and os.path.isfile(path):
+            if name.startswith(TMP_PREFIX) and os.path.isfile(path):
                 os.unlink(path)
                 removed.append(path)
     for path in removed:
         logger.warning(f"removed {path}: left over by an interrupted save")
     return removed
+
+
+def parse_resume(value: Any) -> bool | str:
+    """``resume_from_checkpoint`` as given (YAML, command line, Python) read in one place: ``False`` (start
+    fresh: None, False, "false", ""), ``True`` (the last complete checkpoint: True, "true") or a path."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("true", "false", ""):
+            return text.lower() == "true"
+        return text
+    return bool(value) if value is None or isinstance(value, bool) else str(value)
+
+
+def wants_resume(value: Any) -> bool:
+    """True for a ``resume_from_checkpoint`` that asks to resume (True, "true" or a path)."""
+    return parse_resume(value) is not False
 
 
 def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) -> str | None:
@@ -96,9 +116,8 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
     in ``output_dir`` after removing incomplete ones (main process only; every rank waits for it), or
     ``None`` (start fresh) when there is none yet. A path: that folder, which must be complete.
     """
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", ""):
-        value = value.strip().lower() == "true"
-    if value is None or value is False:
+    value = parse_resume(value)
+    if value is False:
         return None
     if value is True:
         if is_main_process:
@@ -108,7 +127,7 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         if last is None:
             logger.warning(f"no complete checkpoint in {output_dir}: starting this stage from the beginning")
         return last
-    path = str(value)
+    path = value
     if not is_complete_checkpoint(path):
         why = f"is interrupted (it holds {SAVING_MARKER})" if os.path.isdir(path) else "does not exist"
         raise ValueError(

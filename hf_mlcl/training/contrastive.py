@@ -7,12 +7,15 @@ What one training micro-batch does (``compute_loss``):
    are anchors and candidates (SupCon's two-crop batch, Khosla et al. 2020, eq. 2).
 2. with ``queue_size > 0`` (MoCo, He et al. 2020): the momentum encoder encodes the key view (view 2
    when ``n_views=2``, else the same inputs; only view 1 is then encoded by the online encoder) under
-   no_grad; the keys of *all* processes are gathered (no gradient) and, together with the queue, are
-   extra candidates that are never excluded (an anchor's own key is a positive).
-3. under data parallelism the other processes' embeddings are gathered **with gradient** and appended
-   as candidates; anchors stay local (see :mod:`hf_mlcl.training.distributed`). A loss that cannot
-   take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors (identical
-   loss on every rank; the gradient algebra is the same, see ``_loss_from_embeddings``).
+   no_grad, and the keys of *all* processes are gathered (no gradient).
+3. :class:`~hf_mlcl.training.candidates.CandidateBuilder` builds the step's anchors and candidates:
+   in batch mode the other in-batch samples; with a queue the loss's contrast set (``contrast_set``:
+   ``"keys"`` — current keys + queue, no query-query pairs (MulSupCon, ws-MulSupCon, HBL and the
+   SupCon-family losses); ``"queries+queue"`` — other in-batch embeddings + queue of previous batches
+   (msc / ABALONE); ``"queries+keys"`` — the union), with the queue left out until filled once when
+   ``queue_warmup`` is on. Under data parallelism the other processes' embeddings are gathered **with
+   gradient** as candidates; anchors stay local (:mod:`hf_mlcl.training.distributed`). A loss that
+   cannot take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors.
 4. the loss (``get_loss(args.loss, temperature=..., **args.loss_kwargs)``) is computed fully here and
    its ``components`` are logged (``loss_<name>`` keys, averaged over the logging window).
 5. after the loss, the gathered keys are enqueued (training only), so every process's queue is the
@@ -43,50 +46,50 @@ Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.trainin
   micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
   used as candidates of its own micro-batch).
 
-Checkpoints: ``<checkpoint>/mlcl_trainer_state.pt`` holds the loss state_dict (prototypes), the
-momentum encoder and the queue; ``resume_from_checkpoint`` restores them together with the
-optimizer (which contains the loss parameters), the scheduler and the RNG states, so the next step
-is identical to the uninterrupted run.
+Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
+the momentum encoder and the queue (safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`);
+``resume_from_checkpoint`` restores them together with the optimizer (which contains the loss
+parameters), the scheduler and the RNG states, so the next step is identical to the uninterrupted run.
 
 Evaluation: the eval loss (in-batch only, no queue) plus a representation-quality probe on the eval
-set — leave-one-out cosine kNN (k = ``args.knn_k``): each eval text's label scores are the label
-frequencies among its k nearest eval neighbours, thresholded at 0.5 (majority vote), reported as
-``eval_knn_micro_f1``, ``eval_knn_macro_f1``, ``eval_knn_p@1`` (usable as ``metric_for_best_model``).
+set (:func:`hf_mlcl.evaluation.knn.knn_probe_metrics`) — leave-one-out cosine kNN (k = ``args.knn_k``):
+each eval text's label scores are the label frequencies among its k nearest eval neighbours,
+thresholded at 0.5 (majority vote), reported as ``eval_knn_micro_f1``, ``eval_knn_macro_f1``, ``eval_knn_p@1`` (usable as ``metric_for_best_model``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
 
 from . import distributed as D
 from ._common import (
-    KeepColumnsMixin,
     accepted_kwargs,
     batch_rows,
     check_label_column,
     label_matrix,
     labels_to_dense_float,
+    pop_labels,
     resolve_num_labels,
     slice_batch,
     slice_rows,
 )
 from .arguments import ContrastiveTrainingArguments
+from .candidates import CandidateBuilder, max_candidates, resolve_contrast_set, resolve_queue_warmup
+from .checkpoint_state import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
 from .checkpoints import CompleteCheckpointsMixin
 from .gradcache import gradcache_backward
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "mlcl_trainer_state.pt"
-
-__all__ = ["ContrastiveTrainer", "build_contrastive_loss", "knn_probe_metrics", "STATE_FILE"]
+__all__ = ["ContrastiveTrainer", "build_contrastive_loss", "STATE_FILE"]
 
 
 def build_contrastive_loss(
@@ -123,47 +126,6 @@ def build_contrastive_loss(
         raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
 
 
-def _f1_scores(y_true: np.ndarray, y_pred: np.ndarray) -> tuple[float, float]:
-    tp = (y_true & y_pred).sum(0)
-    pred = y_pred.sum(0)
-    true = y_true.sum(0)
-    micro = 2 * tp.sum() / max(pred.sum() + true.sum(), 1)
-    per_label = np.where(pred + true > 0, 2 * tp / np.maximum(pred + true, 1), 0.0)
-    return float(micro), float(per_label.mean())
-
-
-def knn_probe_metrics(
-    embeddings: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, k: int = 10, block: int = 1024
-) -> dict[str, float]:
-    """Leave-one-out cosine kNN probe of an embedding space (cheap representation-quality signal).
-
-    Scores of sample i = mean multi-hot label vector of its k nearest neighbours (cosine, i itself
-    excluded); prediction = score >= 0.5 (majority vote). Returns ``knn_micro_f1``, ``knn_macro_f1``
-    (mean per-label F1, labels never true nor predicted count 0) and ``knn_p@1`` (precision of the
-    top-scored label). Similarities are computed in row blocks (memory O(block * N)).
-    """
-    z = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
-    y = torch.as_tensor(np.asarray(labels)) > 0.5
-    n = z.shape[0]
-    if n < 2:
-        return {}
-    k = max(1, min(int(k), n - 1))
-    z = torch.nn.functional.normalize(z, dim=-1)
-    yf = y.float()
-    scores = torch.empty(n, y.shape[1])
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        sim = z[start:stop] @ z.T
-        sim[torch.arange(stop - start), torch.arange(start, stop)] = float("-inf")
-        idx = sim.topk(k, dim=1).indices
-        scores[start:stop] = yf[idx].mean(dim=1)
-    pred = scores >= 0.5
-    micro, macro = _f1_scores(y.numpy(), pred.numpy())
-    top = scores.argmax(dim=1)
-    p1 = float(y[torch.arange(n), top].float().mean())
-    return {"knn_micro_f1": micro, "knn_macro_f1": macro, "knn_p@1": p1}
-
-
 class _StepCallback(TrainerCallback):
     """Once per optimizer step: EMA update of the momentum encoder; zero the loss parameters' grads."""
 
@@ -179,13 +141,13 @@ class _StepCallback(TrainerCallback):
         return control
 
 
-class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
+class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
     Args:
         model: an encoder whose forward returns an object with ``embeddings`` (e.g. ``MLCLEncoder``).
         args: ``ContrastiveTrainingArguments`` (loss, loss_kwargs, temperature, n_views, queue_size,
-            momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
+            contrast_set, queue_warmup, momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
         data_collator: default ``MultiLabelCollator(processing_class, num_labels, n_views=args.n_views)``.
         loss_fn: a ready ``ContrastiveLoss`` (default: built from ``args``).
         num_labels: the label count (default: read from the dataset's ClassLabel feature).
@@ -194,7 +156,7 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
         Other keywords go to ``transformers.Trainer``.
 
     Raises ValueError at construction for: an unknown or supervised loss, a queue with a loss that
-    cannot take keys, ``n_views`` not in {1, 2} (or a collator with another ``n_views``), a dataset
+    cannot take keys, a ``contrast_set`` without a queue or that the loss cannot take, ``n_views`` not in {1, 2} (or a collator with another ``n_views``), a dataset
     without the label column, and a label count that differs between dataset / model / loss / queue.
     """
 
@@ -257,6 +219,8 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
                 f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
             )
         resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
+        contrast_set = resolve_contrast_set(loss_fn, args.contrast_set, args.queue_size)
+        self._warn_if_gate_cannot_open(loss_fn, args, contrast_set)
         if getattr(loss_fn, "requires_label_statistics", False):
             if train_dataset is None:
                 raise ValueError(
@@ -314,8 +278,35 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
             for obj in (self.momentum_encoder, self.queue):
                 if hasattr(obj, "to"):
                     obj.to(self.args.device)
+        self.candidates = CandidateBuilder(
+            contrast_set,
+            queue=self.queue,
+            queue_warmup=resolve_queue_warmup(loss_fn, args.queue_warmup),
+            gather=args.gather_across_devices,
+            supports_keys=getattr(loss_fn, "supports_keys", False),
+        )
         if self.momentum_encoder is not None or self._loss_parameters():
             self.add_callback(_StepCallback(self))
+
+    @staticmethod
+    def _warn_if_gate_cannot_open(loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set) -> None:
+        """One warning when HBL's reliability gate (abs(P) >= k_min) can never open: fewer candidates
+        than k_min per anchor in batch + queue, so the structural term is exactly zero."""
+        k_min = getattr(loss_fn, "k_min", None)
+        if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
+            return
+        reach = max_candidates(
+            args.per_device_train_batch_size, max(1, args.world_size), args.n_views, args.queue_size, contrast_set
+        )
+        if reach < k_min:
+            warnings.warn(
+                f"{type(loss_fn).__name__}: k_min={k_min} but an anchor has at most {reach} candidates per step "
+                f"(batch {args.per_device_train_batch_size} x {max(1, args.world_size)} processes, "
+                f"queue_size={args.queue_size}, contrast set {contrast_set or 'in-batch'}): the reliability gate "
+                "never opens and the HBL term adds exactly 0; raise queue_size / the batch size or lower k_min",
+                UserWarning,
+                stacklevel=3,
+            )
 
     # ------------------------------------------------------------------ parameters / optimizer
     def _loss_parameters(self) -> list[nn.Parameter]:
@@ -349,55 +340,19 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
         return self._embeddings(model(**batch))
 
     def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
-        inputs = dict(inputs)
-        labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
-        if labels is None:
-            raise ValueError(
-                f"the batch has no {self.label_column!r}; the collator must return multi-hot labels"
-            )
-        return inputs, labels
+        return pop_labels(inputs, self.label_column)
 
     def _loss_from_embeddings(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        key_labels: torch.Tensor | None = None,
+        self, embeddings: torch.Tensor, labels: torch.Tensor, batch_keys: tuple | None = None
     ) -> torch.Tensor:
-        """Loss of local anchors against local + (gathered) remote candidates + keys.
+        """The loss of local anchors against this step's candidates (:class:`CandidateBuilder`)."""
+        return self.candidates.step(embeddings, labels, batch_keys).loss(self.loss_fn)
 
-        With keys-capable losses the other ranks' embeddings (gathered with gradient) are appended to
-        the keys, so the contrast set of an anchor is the global batch minus itself. Otherwise the
-        gathered global batch is the anchor set on every rank (same loss everywhere); the gather's
-        sum-backward then hands rank r ``W dL/dz_r`` and DDP's 1/W average restores ``dL/dtheta``.
-        """
-        if self.args.gather_across_devices and D.is_distributed():
-            if getattr(self.loss_fn, "supports_keys", False):
-                other, other_labels = D.gather_candidates(embeddings, labels)
-                keys = other if keys is None else torch.cat([other, keys.to(other.dtype)])
-                key_labels = other_labels if key_labels is None else torch.cat([other_labels, key_labels])
-            else:
-                embeddings = torch.cat(D.all_gather_with_grad(embeddings))
-                labels = torch.cat(D.all_gather_no_grad(D.to_dense_bool(labels)))
-        if keys is None:
-            return self.loss_fn(embeddings, labels)
-        return self.loss_fn(embeddings, labels, keys, key_labels)
-
-    def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor):
-        """Momentum-encoded keys of all processes (no gradient) plus the queue; returns what to enqueue."""
+    def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor) -> tuple:
+        """This step's momentum keys of all processes (no gradient) and their labels."""
         with torch.no_grad():
-            keys = self._embeddings(self.momentum_encoder(**key_inputs)).detach()
-            key_labels = D.to_dense_bool(key_labels)
-            if D.is_distributed():
-                keys = torch.cat(D.all_gather_no_grad(keys))
-                key_labels = torch.cat(D.all_gather_no_grad(key_labels))
-        new = (keys, key_labels)
-        if len(self.queue) > 0:
-            q_emb = self.queue.embeddings.to(device=keys.device, dtype=keys.dtype)
-            q_lab = D.to_dense_bool(self.queue.labels.to(keys.device))
-            keys = torch.cat([keys, q_emb])
-            key_labels = torch.cat([key_labels, q_lab])
-        return keys, key_labels, new
+            keys = self._embeddings(self.momentum_encoder(**key_inputs))
+        return self.candidates.gather_keys(keys, key_labels)
 
     def _prepare_views(self, model: nn.Module, model_inputs: dict[str, Any], labels: torch.Tensor):
         """(anchor inputs, anchor labels, key inputs, key labels) for this micro-batch."""
@@ -434,15 +389,12 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
         anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
             model, model_inputs, labels
         )
-        keys = keys_labels = to_enqueue = None
-        if key_inputs is not None:
-            keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
+        batch_keys = None if key_inputs is None else self._momentum_keys(key_inputs, key_labels)
         embeddings = self._encode(model, anchor_inputs)
-        loss = self._loss_from_embeddings(embeddings, anchor_labels, keys, keys_labels)
+        loss = self._loss_from_embeddings(embeddings, anchor_labels, batch_keys)
         if model.training:
             self._record_components()
-            if to_enqueue is not None:
-                self.queue.enqueue(*to_enqueue)
+            self.candidates.enqueue(batch_keys)
         return (loss, embeddings) if return_outputs else loss
 
     # ------------------------------------------------------------------ training step (GradCache)
@@ -471,13 +423,11 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
         anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
             model, model_inputs, labels
         )
-        keys = keys_labels = to_enqueue = None
-        if key_inputs is not None:
-            keys, keys_labels, to_enqueue = self._momentum_keys(key_inputs, key_labels)
+        batch_keys = None if key_inputs is None else self._momentum_keys(key_inputs, key_labels)
         scale = 1.0 / self.current_gradient_accumulation_steps
 
         def loss_fn(emb: torch.Tensor) -> torch.Tensor:
-            return self._loss_from_embeddings(emb, anchor_labels, keys, keys_labels)
+            return self._loss_from_embeddings(emb, anchor_labels, batch_keys)
 
         def encode(chunk: dict[str, Any]) -> torch.Tensor:
             with self.compute_loss_context_manager():
@@ -493,8 +443,7 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
             no_sync=lambda: self.accelerator.no_sync(model),
         )
         self._record_components()
-        if to_enqueue is not None:
-            self.queue.enqueue(*to_enqueue)
+        self.candidates.enqueue(batch_keys)
         return loss * scale
 
     # ------------------------------------------------------------------ evaluation
@@ -511,6 +460,8 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
         return loss, embeddings[:n].detach().float(), labels_to_dense_float(slice_rows(labels, 0, n))
 
     def _knn_metrics(self, eval_pred) -> dict[str, float]:
+        from hf_mlcl.evaluation.knn import knn_probe_metrics
+
         return knn_probe_metrics(eval_pred.predictions, eval_pred.label_ids, k=self.args.knn_k)
 
     # ------------------------------------------------------------------ logging
@@ -543,13 +494,17 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
             obj.load_state_dict(state[key])
 
     def save_extra_checkpoint_files(self, folder: str) -> None:
-        """The loss / queue / momentum state, written before the checkpoint counts as complete."""
-        torch.save(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
+        """The loss / queue / momentum state (safetensors), written while the checkpoint is still marked
+        incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`)."""
+        save_state_file(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = os.path.join(resume_from_checkpoint, STATE_FILE)
+        legacy = os.path.join(resume_from_checkpoint, LEGACY_STATE_FILE)
+        if not os.path.isfile(path) and os.path.isfile(legacy):
+            path = legacy  # written before the safetensors format: read with weights_only=True
         if os.path.isfile(path):
-            self.load_extra_state_dict(torch.load(path, map_location=self.args.device, weights_only=False))
+            self.load_extra_state_dict(load_state_file(path, device=self.args.device))
         elif self.queue is not None or self._loss_parameters():
             logger.warning(f"{path} is missing: the queue / momentum encoder / loss parameters start fresh")

@@ -1,4 +1,4 @@
-"""High-level entry points used by the CLI: `train_contrastive` (stage 1) and `train_probe` (stage 2).
+"""The two stage entry points, `train_contrastive` (stage 1) and `train_probe` (stage 2): data to saved model.
 
 Both load the dataset with ``hf_mlcl.data.load_mlc_dataset``, build the tokenizer (from the model path,
 or ``train_tokenizer`` on the training texts when the backbone is built from ``backbone_config``), the
@@ -8,7 +8,7 @@ model, the collator and the trainer, then train, evaluate and save into ``traini
     the encoder (``config.json`` + weights + remote-code files; ``MLCLEncoder.from_pretrained`` /
     ``AutoModel.from_pretrained(..., trust_remote_code=True)``), the tokenizer files, ``metrics.json``
     (train_* and eval_* metrics: eval_loss, eval_knn_micro_f1 ...), ``trainer_state.json`` and the
-    Trainer's ``checkpoint-*`` folders (with ``mlcl_trainer_state.pt``).
+    Trainer's ``checkpoint-*`` folders (with ``mlcl_trainer_state.safetensors``).
 ``train_probe`` writes
     the classifier (``MLCLForMultiLabelClassification``: ``config.json`` with ``id2label`` /
     ``label2id`` / ``problem_type`` and ``decision_threshold``, weights, remote-code files), the
@@ -25,6 +25,8 @@ import os
 from typing import Any
 
 import numpy as np
+
+from hf_mlcl.files import atomic_write_json
 
 from . import distributed as D
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
@@ -170,15 +172,12 @@ def build_tokenizer_and_encoder(
         raise ValueError(
             "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"
         )
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise ValueError(
-                "the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first"
-            )
-        tokenizer.pad_token = tokenizer.eos_token
+    from hf_mlcl.modeling.lora import ensure_pad_token
+
+    ensure_pad_token(tokenizer)  # the one pad-token policy (Llama-3 reserved pad, else EOS)
     backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
     if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:
-        backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama: no pad token by default (DESIGN trap)
+        backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama has no pad token by default
     return tokenizer, encoder
 
 
@@ -187,18 +186,17 @@ def _set_labels(config, names: list[str]) -> None:
     config.label2id = {n: i for i, n in enumerate(names)}
 
 
-def _write_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(
-            data,
-            fh,
-            indent=2,
-            sort_keys=True,
-            default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o),
-        )
-    os.replace(tmp, path)
+def _trainer_data(ds, names: list[str], collator, tokenizer, callbacks: list | None) -> dict[str, Any]:
+    """The keywords both stages hand their trainer: train / validation splits, collator, tokenizer,
+    label count and callbacks."""
+    return {
+        "data_collator": collator,
+        "train_dataset": ds["train"],
+        "eval_dataset": ds["validation"],
+        "processing_class": tokenizer,
+        "num_labels": len(names),
+        "callbacks": callbacks,
+    }
 
 
 def segment_multiple(model) -> int | None:
@@ -262,14 +260,7 @@ def train_contrastive(
         pad_to_multiple_of=segment_multiple(encoder),
     )
     trainer = ContrastiveTrainer(
-        model=encoder,
-        args=training_args,
-        data_collator=collator,
-        train_dataset=ds["train"],
-        eval_dataset=ds["validation"],
-        processing_class=tokenizer,
-        num_labels=len(names),
-        callbacks=callbacks,
+        model=encoder, args=training_args, **_trainer_data(ds, names, collator, tokenizer, callbacks)
     )
     resume = resolve_resume(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.process_index == 0
@@ -285,7 +276,7 @@ def train_contrastive(
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(training_args.output_dir)
         trainer.save_state()
-        _write_json(
+        atomic_write_json(
             os.path.join(training_args.output_dir, METRICS_FILE),
             {**metrics, "loss": training_args.loss, "dataset": data_args.dataset, "num_labels": len(names)},
         )
@@ -335,16 +326,7 @@ def train_probe(
     collator = MultiLabelCollator(
         tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=segment_multiple(model)
     )
-    trainer = ProbingTrainer(
-        model=model,
-        args=probing_args,
-        data_collator=collator,
-        train_dataset=ds["train"],
-        eval_dataset=ds["validation"],
-        processing_class=tokenizer,
-        num_labels=len(names),
-        callbacks=callbacks,
-    )
+    trainer = ProbingTrainer(model=model, args=probing_args, **_trainer_data(ds, names, collator, tokenizer, callbacks))
     metrics: dict[str, Any] = {
         "probe": probing_args.probe,
         "loss": probing_args.loss,
@@ -374,8 +356,8 @@ def train_probe(
         tokenizer.save_pretrained(probing_args.output_dir)
         if probing_args.probe != "logistic":
             trainer.save_state()
-        _write_json(os.path.join(probing_args.output_dir, METRICS_FILE), metrics)
-        _write_json(
+        atomic_write_json(os.path.join(probing_args.output_dir, METRICS_FILE), metrics)
+        atomic_write_json(
             os.path.join(probing_args.output_dir, THRESHOLDS_FILE),
             {"strategy": str(probing_args.threshold), "threshold": thr_value, "label_names": names},
         )

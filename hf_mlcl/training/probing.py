@@ -32,10 +32,12 @@ import torch
 import torch.nn as nn
 from transformers import Trainer
 
+from hf_mlcl.evaluation.inputs import sigmoid
+
 from ._common import (
-    KeepColumnsMixin,
     check_label_column,
     labels_to_dense_float,
+    pop_labels,
     resolve_num_labels,
 )
 from .arguments import ProbingTrainingArguments
@@ -44,10 +46,6 @@ from .checkpoints import CompleteCheckpointsMixin
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProbingTrainer", "fit_logistic_probe"]
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -60, 60)))
 
 
 def _fit_one_label(
@@ -114,7 +112,7 @@ def fit_logistic_probe(
     return w, b, chosen
 
 
-class ProbingTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
+class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
     """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
 
     Args:
@@ -204,13 +202,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
 
     # ------------------------------------------------------------------ loss
     def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
-        inputs = dict(inputs)
-        labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
-        if labels is None:
-            raise ValueError(
-                f"the batch has no {self.label_column!r}; the collator must return multi-hot labels"
-            )
-        return inputs, labels
+        return pop_labels(inputs, self.label_column)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """``loss_fn(logits, labels)`` of one micro-batch (Trainer divides by the accumulation steps)."""
@@ -233,7 +225,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
     def _metrics(self, eval_pred) -> dict[str, float]:
         from hf_mlcl.evaluation.metrics import compute_multilabel_metrics
 
-        scores = _sigmoid(np.asarray(eval_pred.predictions, dtype=np.float64))
+        scores = sigmoid(np.asarray(eval_pred.predictions, dtype=np.float64))
         result = compute_multilabel_metrics(
             np.asarray(eval_pred.label_ids) > 0.5, scores, threshold=self.threshold
         )
@@ -243,11 +235,11 @@ class ProbingTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
     def predict_scores(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
         """(probabilities (N, L), multi-hot truth (N, L)) of a dataset with the current model."""
         out = self.predict(dataset, metric_key_prefix="predict")
-        return _sigmoid(np.asarray(out.predictions, dtype=np.float64)), np.asarray(out.label_ids) > 0.5
+        return sigmoid(np.asarray(out.predictions, dtype=np.float64)), np.asarray(out.label_ids) > 0.5
 
     def tune_threshold(self, scores: np.ndarray, truth: np.ndarray) -> float | np.ndarray:
         """Set and return ``self.threshold`` per ``args.threshold`` from validation scores."""
-        from hf_mlcl.evaluation.metrics import tune_global_threshold, tune_per_label_thresholds
+        from hf_mlcl.evaluation.thresholds import tune_global_threshold, tune_per_label_thresholds
 
         if self.args.fixed_threshold is not None:
             self.threshold = float(self.args.fixed_threshold)
@@ -321,5 +313,5 @@ class ProbingTrainer(CompleteCheckpointsMixin, KeepColumnsMixin, Trainer):
             if x_va is not None:  # the fitted head on the cached features = what predict() would return
                 feats = torch.as_tensor(x_va, dtype=head.weight.dtype, device=head.weight.device)
                 logits = head(feats).float().cpu().numpy()
-                self.logistic_validation_scores = (_sigmoid(logits.astype(np.float64)), y_va)
+                self.logistic_validation_scores = (sigmoid(logits.astype(np.float64)), y_va)
         return {"logistic_num_train": int(x_tr.shape[0]), "logistic_median_C": float(np.nanmedian(chosen))}

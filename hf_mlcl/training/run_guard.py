@@ -17,21 +17,14 @@ import shutil
 from typing import Any
 
 from . import distributed as D
-from .checkpoints import checkpoint_folders
+from .checkpoints import checkpoint_folders, wants_resume
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_launch", "check_output_dir", "stage_finished", "wants_resume", "FINISHED_FILES"]
+__all__ = ["check_launch", "check_output_dir", "stage_finished", "FINISHED_FILES"]
 
 # written last by a stage (metrics by hf_mlcl.training.entry, the card data by the CLI's stage runner)
 FINISHED_FILES = ("metrics.json", "card_data.json")
-
-
-def wants_resume(value: Any) -> bool:
-    """True for a ``resume_from_checkpoint`` that asks to resume (True, "true" or a path)."""
-    if isinstance(value, str):
-        return value.strip().lower() not in ("", "false")
-    return bool(value)
 
 
 def check_launch(args: Any) -> None:

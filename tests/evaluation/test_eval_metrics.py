@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn import metrics as skm
 
-import hf_mlcl.evaluation.metrics as mm
+import hf_mlcl.evaluation.inputs as inp
+import hf_mlcl.evaluation.ranking as rk
 from hf_mlcl.evaluation import (
     METRIC_KEYS,
     apply_threshold,
@@ -225,7 +226,7 @@ def test_perfect_scores():
 def test_chunked_paths_equal_unchunked(monkeypatch):
     y, s = _data(n=37, num_labels=23, seed=4, ties=True)
     full = compute_multilabel_metrics(y, s)
-    monkeypatch.setattr(mm, "_CHUNK_CELLS", 50)
+    monkeypatch.setattr(inp, "CHUNK_CELLS", 50)
     chunked = compute_multilabel_metrics(y, s)
     for key in full:
         assert chunked[key] == pytest.approx(full[key], abs=1e-12, nan_ok=True), key
@@ -310,12 +311,12 @@ def test_sort_free_ap_auc_equals_argsort_path(seed):
         s = (np.round(s * 2) / 2).astype(np.float32)  # ties, zeros and negative values
     for rows in (True, False):
         a, b = (s, y) if rows else (np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
-        fast_ap, fast_auc = mm._grouped_ap_auc(s, y, groups_are_rows=rows)
-        slow_ap, slow_auc = mm._rowwise_ap_auc(a, b)
+        fast_ap, fast_auc = rk.grouped_ap_auc(s, y, groups_are_rows=rows)
+        slow_ap, slow_auc = rk.rowwise_ap_auc(a, b)
         np.testing.assert_allclose(fast_ap, slow_ap, atol=1e-12)
         np.testing.assert_allclose(fast_auc, slow_auc, atol=1e-12)
     s64 = s.astype(np.float64) + 1e-12 * rng.random(s.shape)  # not float32-exact -> argsort path
-    assert not mm._float32_exact(s64)
+    assert not rk.float32_exact(s64)
     out32 = compute_multilabel_metrics(y, s)
     out64 = compute_multilabel_metrics(y, s64)
     if seed % 2 == 0:  # without ties the tiny jitter changes no ranking

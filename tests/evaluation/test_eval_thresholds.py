@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-import hf_mlcl.evaluation.metrics as mm
+import hf_mlcl.evaluation.inputs as inp
+import hf_mlcl.evaluation.thresholds as th
 from hf_mlcl.evaluation import (
     compute_multilabel_metrics,
     per_label_f1,
@@ -56,7 +57,7 @@ def test_global_threshold_is_brute_force_argmax(decimals):
 def test_global_threshold_chunked_and_custom_grid(monkeypatch):
     y, s = _val(seed=3)
     ref = tune_global_threshold(y, s)
-    monkeypatch.setattr(mm, "_CHUNK_CELLS", 17)
+    monkeypatch.setattr(inp, "CHUNK_CELLS", 17)
     assert tune_global_threshold(y, s) == ref
     assert tune_global_threshold(y, s, grid=[0.2, 0.4, 0.6]) in (0.2, 0.4, 0.6)
     with pytest.raises(ValueError, match="increasing"):
@@ -93,7 +94,7 @@ def test_per_label_threshold_is_a_midpoint_between_scores():
 def test_per_label_chunking_equal(monkeypatch):
     y, s = _val(seed=2, decimals=1)
     ref = tune_per_label_thresholds(y, s)
-    monkeypatch.setattr(mm, "_CHUNK_CELLS", 100)
+    monkeypatch.setattr(inp, "CHUNK_CELLS", 100)
     np.testing.assert_array_equal(tune_per_label_thresholds(y, s), ref)
 
 
@@ -124,7 +125,7 @@ def test_sort_free_cuts_equal_argsort_cuts(seed):
     s = rng.normal(size=(31, 13)).astype(np.float32)
     if seed % 2:
         s = (np.round(s * 2) / 2).astype(np.float32)  # ties, zeros, negative scores
-    fast = mm._best_cuts_keys(s, y)
-    slow = mm._best_cuts_argsort(np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
+    fast = th._best_cuts_keys(s, y)
+    slow = th._best_cuts_argsort(np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
     has = y.any(axis=0)
     np.testing.assert_array_equal(fast[has], slow[has])

@@ -31,10 +31,12 @@ def random_batch(n=14, k=20, num_labels=5, dim=6, seed=0, keys=True):
     return z, y, kz, yk
 
 
-def hbl_reference(z, y, kz, yk, gamma, m_rel, m_abs, k_min):
+def hbl_reference(z, y, kz, yk, gamma, m_rel, m_abs, k_min, anchors_in_candidates=True):
     """mean_i L_HBL_i with loops and numpy.median (eqs. 3-6)."""
     z = F.normalize(z.double(), dim=1)
+    # the anchors are candidates of each other (self excluded), or (the "keys" set) only the keys are
     cands = [(a, z[a], set(torch.nonzero(y[a]).flatten().tolist())) for a in range(len(z))]
+    cands = cands if anchors_in_candidates else []
     if kz is not None:
         kzn = F.normalize(kz.double(), dim=1)
         cands += [(len(z) + b, kzn[b], set(torch.nonzero(yk[b]).flatten().tolist())) for b in range(len(kz))]

@@ -30,11 +30,13 @@ def random_batch(n=10, k=7, num_labels=6, dim=8, seed=0, keys=True):
     return z, y, kz, yk
 
 
-def msc_reference(z, y, kz, yk, protos, beta, tau):
+def msc_reference(z, y, kz, yk, protos, beta, tau, anchors_in_candidates=True):
     """Eq. (2)-(5) with plain Python loops (float64)."""
     z = F.normalize(z.double(), dim=1)
     c = F.normalize(protos.detach().double(), dim=1)
+    # the anchors are candidates of each other (self excluded), or (the "keys" set) only the keys are
     cands = [(a, z[a], set(torch.nonzero(y[a]).flatten().tolist())) for a in range(len(z))]
+    cands = cands if anchors_in_candidates else []
     if kz is not None:
         kzn = F.normalize(kz.double(), dim=1)
         cands += [(len(z) + b, kzn[b], set(torch.nonzero(yk[b]).flatten().tolist())) for b in range(len(kz))]

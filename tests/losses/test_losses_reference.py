@@ -23,22 +23,28 @@ def _sets(y: torch.Tensor) -> list[frozenset[int]]:
     return [frozenset(int(j) for j in torch.nonzero(row).flatten().tolist()) for row in y]
 
 
-def reference_loss(name, z, y, zk=None, yk=None, temperature=0.1, normalize=True, weight_in_log=False):
-    """Plain-loop reference of LOSSES.md / the papers' equations."""
+def reference_loss(name, z, y, zk=None, yk=None, temperature=0.1, normalize=True, weight_in_log=False,
+                   anchors_in_candidates=True, mulsupcon_normalizer="pairs"):  # fmt: skip
+    """Plain-loop reference of docs/losses.md / the papers' equations.
+
+    ``anchors_in_candidates=False``: the contrast set of every anchor is the keys alone (the ``"keys"``
+    MoCo set); ``mulsupcon_normalizer="labels"``: MulSupCon eq. (7), divide by sum_i abs(y_i)."""
     anchors = [[float(v) for v in row] for row in z]
     keys = [] if zk is None else [[float(v) for v in row] for row in zk]
     if normalize:
         anchors = [[v / max(math.sqrt(sum(u * u for u in r)), 1e-12) for v in r] for r in anchors]
         keys = [[v / max(math.sqrt(sum(u * u for u in r)), 1e-12) for v in r] for r in keys]
     S_all = _sets(y)
-    T_all = S_all + ([] if yk is None else _sets(yk))
-    cands = anchors + keys
+    key_sets = [] if yk is None else _sets(yk)
+    T_all = (S_all if anchors_in_candidates else []) + key_sets
+    cands = (anchors if anchors_in_candidates else []) + keys
     n = len(anchors)
     total, count = 0.0, 0
     pair_total, pair_count = 0.0, 0
     for i in range(n):
         S = S_all[i]
-        A = [a for a in range(len(cands)) if a != i]  # A(i) = I \ {i}; keys never excluded
+        # A(i) = I \ {i} + keys (keys never excluded), or the keys alone
+        A = [a for a in range(len(cands)) if a != i or not anchors_in_candidates]
         if not A:
             continue
         s = {a: sum(p * q for p, q in zip(anchors[i], cands[a])) / temperature for a in A}
@@ -84,6 +90,8 @@ def reference_loss(name, z, y, zk=None, yk=None, temperature=0.1, normalize=True
         total += li
         count += 1
     if name == "mulsupcon":
+        if mulsupcon_normalizer == "labels":  # eq. (7): every (anchor, label) pair counts
+            pair_count = sum(len(S) for S in S_all)
         return pair_total / pair_count if pair_count else 0.0
     return total / count if count else 0.0
 

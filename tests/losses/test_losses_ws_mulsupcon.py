@@ -39,18 +39,20 @@ def random_batch(n=12, k=9, num_labels=5, dim=6, seed=0, keys=True):
     return z, y, kz, yk
 
 
-def _prepare(z, y, kz, yk):
+def _prepare(z, y, kz, yk, anchors_in_candidates=True):
     z = F.normalize(z.double(), dim=1)
+    # the anchors are candidates of each other (self excluded), or (the "keys" set) only the keys are
     cands = [(a, z[a], set(torch.nonzero(y[a]).flatten().tolist())) for a in range(len(z))]
+    cands = cands if anchors_in_candidates else []
     if kz is not None:
         kzn = F.normalize(kz.double(), dim=1)
         cands += [(len(z) + b, kzn[b], set(torch.nonzero(yk[b]).flatten().tolist())) for b in range(len(kz))]
     return z, cands
 
 
-def ws_paper_reference(z, y, kz, yk, dbar, cbar, lam, tau):
+def ws_paper_reference(z, y, kz, yk, dbar, cbar, lam, tau, anchors_in_candidates=True):
     """Eqs. (6)-(9) with loops: one softmax over the whole contrast set."""
-    z, cands = _prepare(z, y, kz, yk)
+    z, cands = _prepare(z, y, kz, yk, anchors_in_candidates)
     ws_total, ws_pairs, wm_total, wm_pairs, h_total, h_count = 0.0, 0, 0.0, 0, 0.0, 0
     for i in range(len(z)):
         s_set = set(torch.nonzero(y[i]).flatten().tolist())

@@ -1,7 +1,8 @@
 """Worker of test_training_ddp.py, launched by `torchrun --nproc_per_node 2` (gloo, CPU).
 
-Each rank trains one step on its 4 rows of an 8-row batch; rank 0 saves the logged loss (mean over
-ranks) and the DDP-averaged parameter gradients (plus loss-parameter gradients) for each configuration.
+Each rank trains on its 4 rows of every 8-row batch (one step, or two for the queue configurations);
+rank 0 saves the last step's logged loss (mean over ranks) and DDP-averaged parameter gradients (plus
+loss-parameter gradients) for each configuration.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def configs():
 
     return {
         "sd": dict(loss="sd"),
-        "msc_queue": dict(loss="msc", queue_size=16),
+        # two steps: the queue (filled by step 1's gathered keys) is a candidate set at step 2
+        "msc_queue": dict(loss="msc", queue_size=8, max_steps=2),  # queries+queue
+        "mulsupcon_keys_queue": dict(loss="mulsupcon", queue_size=8, max_steps=2),  # keys, warm-up
+        "sd_union_queue": dict(loss="sd", queue_size=8, max_steps=2, contrast_set="queries+keys"),
         "nokeys": dict(loss="sd", loss_fn=NoKeysSD()),
         "sd_views_gradcache": dict(loss="sd", n_views=2, gradcache_chunk_size=3),
     }
@@ -60,12 +64,14 @@ def run(root: str, name: str, kw: dict, per_device: int):
     ref: list = []
     cap = Capture(ref)
     args = base_args(os.path.join(root, f"run-{name}"), per_device_train_batch_size=per_device, knn_k=0, **kw)
-    tr = ContrastiveTrainer(model=model, args=args, train_dataset=tiny_split(8), data_collator=collator(tok, n_views),
+    rows = 8 * kw.get("max_steps", 1)
+    tr = ContrastiveTrainer(model=model, args=args, train_dataset=tiny_split(rows), data_collator=collator(tok, n_views),
                             loss_fn=loss_fn, callbacks=[cap])  # fmt: skip
     ref.append(tr)
     tr.train()
-    loss = [h["loss"] for h in tr.state.log_history if "loss" in h][0]
-    return {"loss": loss, "grads": cap.grads, "world": D.world_size()}
+    loss = [h["loss"] for h in tr.state.log_history if "loss" in h][-1]
+    queue = None if tr.queue is None else tr.queue.embeddings.clone()
+    return {"loss": loss, "grads": cap.grads, "world": D.world_size(), "queue": queue}
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ from _training_helpers import (
     tiny_tokenizer,
 )
 
+from hf_mlcl.evaluation.knn import knn_probe_metrics
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
-from hf_mlcl.training.contrastive import STATE_FILE, knn_probe_metrics
+from hf_mlcl.training.checkpoint_state import STATE_FILE
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +202,51 @@ def test_two_view_moco_keys_come_from_view_two_and_hbl_wraps_msc(tmp_path, tok):
     assert seen == [4, 4, 4] and len(tr.queue) == 12
     assert not torch.equal(protos, tr.loss_fn.base.prototypes)
     assert all(h["queue_fill"] in (4.0, 8.0, 12.0) for h in tr.state.log_history if "queue_fill" in h)
+
+
+@pytest.mark.parametrize(
+    "loss, kw, want",
+    [
+        # keys, warm-up: the queue (8) joins at step 3, once filled by steps 1-2; anchors are not candidates
+        ("mulsupcon", {}, [(4, False), (4, False), (12, False)]),
+        # queries+queue, no warm-up: no keys at step 1, then the queue of the previous batches
+        ("msc", {}, [(None, True), (4, True), (8, True)]),
+        ("sd", {"contrast_set": "queries+keys", "queue_warmup": False}, [(4, True), (8, True), (12, True)]),
+    ],
+)
+def test_moco_contrast_set_per_loss(tmp_path, tok, loss, kw, want):
+    """What the trainer hands the loss in MoCo mode: each loss's paper contrast set and queue warm-up."""
+    args = base_args(tmp_path, loss=loss, queue_size=8, max_steps=3, knn_k=0, **kw)
+    tr = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16), data_collator=collator(tok))
+    seen = []
+    forward = tr.loss_fn.forward
+
+    def spy(z, y, keys=None, key_labels=None, anchors_in_candidates=True):
+        seen.append((None if keys is None else keys.shape[0], anchors_in_candidates))
+        return forward(z, y, keys, key_labels, anchors_in_candidates=anchors_in_candidates)
+
+    tr.loss_fn.forward = spy
+    tr.train()
+    assert seen == want
+    assert all(math.isfinite(v) for v in _losses(tr).values())
+
+
+def test_hbl_gate_warning_and_contrast_set_errors(tmp_path, tok):
+    ds = tiny_split(8)
+
+    def make(**kw):
+        return ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(tmp_path, knn_k=0, **kw), train_dataset=ds,
+                                  data_collator=collator(tok))  # fmt: skip
+
+    with pytest.warns(UserWarning, match="k_min=128 but an anchor has at most 3 candidates"):
+        make(loss="hbl")
+    with pytest.warns(UserWarning, match="at most 68 candidates"):  # keys: 4 current keys + queue 64
+        make(loss="hbl", queue_size=64)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        make(loss="hbl", loss_kwargs={"k_min": 3})  # 3 in-batch candidates can reach k_min = 3
+        make(loss="hbl", queue_size=124)  # 4 + 124 = 128
+    with pytest.raises(ValueError, match="needs queue_size > 0"):
+        base_args(tmp_path, contrast_set="keys")

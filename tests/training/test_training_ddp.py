@@ -1,4 +1,6 @@
-"""Two processes (torchrun, gloo on CPU) == one process on the concatenated batch: loss and gradients."""
+"""Two processes (torchrun, gloo on CPU) == one process on the concatenated batch: loss and gradients,
+for the in-batch contrast set and every MoCo contrast set (keys / queries+queue / queries+keys) with a
+queue that joins at the second step."""
 
 from __future__ import annotations
 
@@ -43,3 +45,6 @@ def test_two_processes_match_one_process_on_concatenated_batch(tmp_path):
         assert one["world"] == 1
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-6), name
         assert max_rel_diff(two["grads"], one["grads"]) < 1e-6, name
+        if one["queue"] is not None:  # every rank's queue holds the keys of both processes, in rank order
+            assert two["queue"].shape[0] == one["queue"].shape[0] == 8
+            assert torch.allclose(two["queue"], one["queue"], rtol=1e-6, atol=1e-9), name

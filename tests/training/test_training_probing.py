@@ -22,6 +22,7 @@ from hf_mlcl.training import (
     train_contrastive,
     train_probe,
 )
+from hf_mlcl.training.checkpoint_state import STATE_FILE
 
 
 def _args(tmp_path, **kw):
@@ -164,7 +165,7 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
     assert {"train_loss", "eval_loss", "eval_knn_micro_f1"} <= set(metrics)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json", "trainer_state.json"):
         assert os.path.isfile(enc_dir / name), name
-    assert os.path.isfile(enc_dir / "checkpoint-3" / "mlcl_trainer_state.pt")
+    assert os.path.isfile(enc_dir / "checkpoint-3" / STATE_FILE)  # the trainer's extra state (safetensors)
     saved = json.loads((enc_dir / "config.json").read_text())
     assert saved["model_type"] == "mlcl" and len(saved["id2label"]) == 6
 

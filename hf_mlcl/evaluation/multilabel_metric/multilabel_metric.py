@@ -15,7 +15,8 @@ import datasets
 import evaluate
 import numpy as np
 
-from hf_mlcl.evaluation.metrics import DEFAULT_KS, compute_multilabel_metrics, predictions_to_scores
+from hf_mlcl.evaluation.inputs import predictions_to_scores
+from hf_mlcl.evaluation.metrics import DEFAULT_KS, compute_multilabel_metrics
 
 _CITATION = """\
 @inproceedings{mullenbach2018caml, title={Explainable Prediction of Medical Codes from Clinical Text},

@@ -1,0 +1,82 @@
+"""The contrastive trainer's extra checkpoint state (loss parameters, momentum encoder, queue) as safetensors.
+
+Stored without pickle, so resuming from a checkpoint someone else wrote never runs their code.
+
+A state is a nested dict of tensors and plain JSON values (``{"loss": {...}, "queue": {"ptr": 3,
+"embeddings": tensor, ...}}``). :func:`save_state_file` writes every tensor into one safetensors file
+under its path joined with ``/`` and keeps the tree (with the plain values) as JSON in the file's
+metadata; :func:`load_state_file` rebuilds the same dict. Checkpoints written before this format
+(``mlcl_trainer_state.pt``) are still read, with ``torch.load(weights_only=True)`` (tensors and
+primitive containers only, no arbitrary objects).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["LEGACY_STATE_FILE", "STATE_FILE", "load_state_file", "save_state_file"]
+
+STATE_FILE = "mlcl_trainer_state.safetensors"
+LEGACY_STATE_FILE = "mlcl_trainer_state.pt"
+_TREE_KEY = "hf_mlcl_state"
+_TENSOR = "__tensor__"
+
+
+def _flatten(node: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(node, torch.Tensor):
+        if node.layout != torch.strided:
+            raise ValueError(f"checkpoint state {path!r} is a sparse tensor; store it dense or as indices")
+        tensors[path] = node.detach().to("cpu").contiguous().clone()
+        return {_TENSOR: path}
+    if isinstance(node, Mapping):
+        out = {}
+        for key, value in node.items():
+            if not isinstance(key, str) or "/" in key:
+                raise ValueError(f"checkpoint state keys must be strings without '/'; got {key!r} under {path!r}")
+            out[key] = _flatten(value, f"{path}/{key}" if path else key, tensors)
+        return out
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    raise ValueError(
+        f"checkpoint state {path!r} holds a {type(node).__name__}; only tensors, dicts and plain values "
+        "(int, float, str, bool, None) are stored"
+    )
+
+
+def _rebuild(node: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(node, dict):
+        if set(node) == {_TENSOR}:
+            return tensors[node[_TENSOR]]
+        return {key: _rebuild(value, tensors) for key, value in node.items()}
+    return node
+
+
+def save_state_file(state: Mapping[str, Any], path: str) -> None:
+    """Write ``state`` (nested dicts of tensors and plain values) to ``path`` as safetensors, atomically."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _flatten(state, "", tensors)
+    tmp = f"{path}.tmp"
+    save_file(tensors, tmp, metadata={_TREE_KEY: json.dumps(tree)})
+    os.replace(tmp, path)
+
+
+def load_state_file(path: str, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The state dict written by :func:`save_state_file` (tensors on ``device``); a legacy ``.pt`` file is
+    read with ``torch.load(weights_only=True)``. ValueError when the file is not an hf_mlcl state."""
+    if path.endswith(".pt"):
+        return torch.load(path, map_location=device, weights_only=True)
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(path, framework="pt") as fh:
+        meta = fh.metadata() or {}
+    if _TREE_KEY not in meta:
+        raise ValueError(f"{path} is not an hf_mlcl trainer state (no {_TREE_KEY!r} metadata)")
+    return _rebuild(json.loads(meta[_TREE_KEY]), load_file(path, device=str(torch.device(device))))

@@ -1,0 +1,132 @@
+"""hf_mlcl.analysis (``hf-mlcl inspect``): relation shares, positives, wasted anchors and HBL's gate against a
+brute-force count over Python sets on small sampled batches; the CLI writes the table, JSON and PNGs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from hf_mlcl.analysis import batch_pair_statistics, inspect_labels
+from hf_mlcl.cli import main
+
+
+def random_labels(n: int, num_labels: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    protos = [sorted(rng.sample(range(num_labels), rng.randint(1, 3))) for _ in range(4)]
+    rows = []
+    for _ in range(n):
+        u = rng.random()
+        if u < 0.1:
+            rows.append([])
+        elif u < 0.5:
+            rows.append(list(rng.choice(protos)))
+        elif u < 0.75:
+            rows.append([rng.randrange(num_labels)])
+        else:
+            rows.append(sorted(rng.sample(range(num_labels), rng.randint(1, 4))))
+    return rows
+
+
+def relation(s: set, t: set) -> str:
+    if not s & t:
+        return "R1"
+    if s == t:
+        return "R2"
+    if t < s:
+        return "R4"
+    if s < t:
+        return "R5"
+    return "R3"
+
+
+def brute_force(rows, batch, queue, k_min):
+    """Loops over (anchor, candidate) pairs with Python sets: the numbers `at_queue_size` must hold."""
+    counts = {r: 0 for r in ("R1", "R2", "R3", "R4", "R5")}
+    labelled = pos_all = pos_any = wasted_all = wasted_any = gate = pairs = pairs_wasted = 0
+    cands = list(batch) + list(queue)
+    for pos_i, i in enumerate(batch):
+        s = set(rows[i])
+        others = [set(rows[a]) for pos_a, a in enumerate(cands) if pos_a != pos_i]
+        for lab in s:
+            pairs += 1
+            pairs_wasted += not any(lab in t for t in others)
+        if not s:
+            continue
+        labelled += 1
+        for t in others:
+            counts[relation(s, t)] += 1
+        p_all = sum(t == s for t in others)
+        positives = [len(s & t) / len(s | t) for t in others if s & t]
+        pos_all += p_all
+        pos_any += len(positives)
+        wasted_all += p_all == 0
+        wasted_any += not positives
+        if len(positives) >= k_min:
+            theta = float(np.median(positives))
+            gate += any(j < theta for j in positives)
+    total = sum(counts.values())
+    return {
+        "relations": {r: c / total for r, c in counts.items()},
+        "pos_all": pos_all / labelled, "pos_any": pos_any / labelled,
+        "wasted_all": wasted_all / labelled, "wasted_any": wasted_any / labelled,
+        "gate": gate / labelled, "pairs_wasted": pairs_wasted / pairs,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("queue", [0, 9])
+def test_report_matches_brute_force_count(seed, queue):
+    n, num_labels, batch, k_min = 40, 7, 12, 4
+    rows = random_labels(n, num_labels, seed)
+    rep = inspect_labels(rows, num_labels, batch_size=batch, queue_size=queue, n_batches=1, k_min=k_min, seed=seed,
+                         queue_grid=(0, 8))  # fmt: skip
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()  # the report's sampling
+    want = brute_force(rows, order[:batch], order[n - queue:] if queue else [], k_min)
+    got = rep["at_queue_size"]
+    assert got["queue_size"] == queue
+    for r, share in want["relations"].items():
+        assert got["relation_shares"][r] == pytest.approx(share, abs=1e-12), r
+    assert got["positives_per_anchor"]["all"] == pytest.approx(want["pos_all"])
+    assert got["positives_per_anchor"]["any"] == pytest.approx(want["pos_any"])
+    assert got["wasted_anchors"]["all"] == pytest.approx(want["wasted_all"])
+    assert got["wasted_anchors"]["any"] == pytest.approx(want["wasted_any"])
+    assert got["wasted_anchors"]["mulsupcon_pairs"] == pytest.approx(want["pairs_wasted"])
+    assert got["hbl_gate_open"] == pytest.approx(want["gate"])
+    assert 0 < want["gate"] or queue == 0  # the gate check is not vacuous with a queue
+
+
+def test_label_summary_and_recommendation():
+    rows = [[0], [0], [0, 1], [2], [1, 2], [1]] * 10 + [[3]]
+    rep = inspect_labels(rows, 5, batch_size=8, n_batches=5, k_min=2, queue_grid=(0, 16, 40))
+    assert rep["cardinality"]["mean"] == pytest.approx(sum(map(len, rows)) / len(rows))
+    assert rep["label_sets"] == {"distinct": 6, "unique_sample_share": pytest.approx(1 / 61)}
+    assert rep["label_frequency"]["sorted_counts"][:2] == [30, 30] and rep["label_frequency"]["labels_never_seen"] == 1
+    assert [s["queue_size"] for s in rep["queue_sweep"]] == [0, 16, 40]
+    assert rep["recommendation"]["queue_size"] in (16, 40)
+    with pytest.raises(ValueError, match="outside"):
+        inspect_labels([[0], [7]], 3, batch_size=1)
+
+
+def test_pair_statistics_excludes_self_and_counts_empty_candidates_as_r1():
+    y = torch.tensor([[1, 0], [1, 0], [0, 0]], dtype=torch.bool)
+    st = batch_pair_statistics(y, y, self_index=True, k_min=1)
+    assert st["R2"].tolist() == [1, 1, 0] and st["R1"].tolist() == [1, 1, 2]
+    assert st["healthy_positives"].tolist() == [1, 1, 0]
+
+
+def test_cli_inspect_writes_table_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "insp"
+    rc = main(["inspect", "synthetic", "--option", "num_train=120", "--option", "num_labels=12", "--batch-size", "8",
+               "--batches", "3", "--output-dir", str(out)])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| all |" in printed and "recommended queue size" in printed
+    report = json.loads((out / "synthetic.json").read_text())
+    assert report["settings"]["batch_size"] == 8 and report["dataset"]["splits"] == ["train"]
+    for name in ("synthetic_label_frequency.png", "synthetic_relations.png", "synthetic_queue_sweep.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert main(["inspect", "synthetic", "--option", "oops"]) == 2
