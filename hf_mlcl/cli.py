@@ -30,6 +30,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hf_mlcl.training import distributed as D
+
 logger = logging.getLogger("hf_mlcl.cli")
 
 
@@ -46,10 +48,11 @@ def _load(recipe_path: str | None, overrides: Sequence[str], stages: Sequence[st
 
 def cmd_train(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
-    from hf_mlcl.training.pipeline import run_contrastive_stage
+    from hf_mlcl.training.pipeline import check_stage, run_contrastive_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
+    check_stage(args)
     _, metrics = run_contrastive_stage(model_args, data_args, args)
     print(f"encoder saved to {args.output_dir}")
     return metrics
@@ -57,10 +60,11 @@ def cmd_train(ns, overrides) -> dict:
 
 def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage, stage_output_dir
-    from hf_mlcl.training.pipeline import encoder_loss, run_probe_stage
+    from hf_mlcl.training.pipeline import check_stage, encoder_loss, run_probe_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["probe"])
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
+    check_stage(args)
     encoder = ns.encoder_path
     if encoder is None and "contrastive" in recipe.get("stages", ["contrastive"]):
         default = stage_output_dir(recipe, "contrastive")
@@ -76,7 +80,13 @@ def cmd_run(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.files import atomic_write_json
     from hf_mlcl.recipes import STAGES, parse_stage, stage_output_dir
-    from hf_mlcl.training.pipeline import evaluate_checkpoint, run_contrastive_stage, run_probe_stage
+    from hf_mlcl.training.pipeline import (
+        check_stage,
+        evaluate_checkpoint,
+        finished_stage_metrics,
+        run_contrastive_stage,
+        run_probe_stage,
+    )
 
     recipe, _ = _load(ns.recipe, [], STAGES)
     stages = recipe.get("stages", list(STAGES))
@@ -84,15 +94,23 @@ def cmd_run(ns, overrides) -> dict:
     root = ov.output_dir
     results: dict[str, Any] = {}
     encoder_path, contrastive_loss = None, None
+    parsed = {s: parse_stage(recipe, s, ov) for s in stages if s == "contrastive"}
+    parsed["probe"] = parse_stage(recipe, "probe", ov)
+    for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
+        check_stage(stage_args)
     if "contrastive" in stages:
-        model_args, data_args, args = parse_stage(recipe, "contrastive", ov)
-        _, metrics = run_contrastive_stage(model_args, data_args, args)
+        model_args, data_args, args = parsed["contrastive"]
+        metrics = finished_stage_metrics(args)
+        if metrics is None:
+            _, metrics = run_contrastive_stage(model_args, data_args, args)
         encoder_path, contrastive_loss = args.output_dir, args.loss
         results["contrastive"] = metrics
-    model_args, data_args, pargs = parse_stage(recipe, "probe", ov)
-    trainer, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
+    model_args, data_args, pargs = parsed["probe"]
+    metrics = finished_stage_metrics(pargs)
+    if metrics is None:
+        _, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
     results["probe"] = metrics
-    if trainer.is_world_process_zero():
+    if pargs.process_index == 0:
         if not ns.no_plots:
             evaluate_checkpoint(pargs.output_dir, data_args, split="test" if _has_test(metrics) else "validation")
         summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
@@ -278,13 +296,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     try:
         COMMANDS[ns.command](ns, rest)
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
+        return 130
     except (RecipeError, ValueError, FileNotFoundError) as err:
         print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
         return 2
     except PushError as err:
         print(f"hf-mlcl {ns.command}: {err}", file=sys.stderr)
         return 1
+    D.shutdown()  # a clean end of a multi-process run (see hf_mlcl.training.distributed.shutdown)
     return 0
+
+
+def _resume_hint(command: str, argv: Sequence[str]) -> str:
+    """One line telling how to continue an interrupted command from its last complete checkpoint."""
+    import shlex
+
+    if command not in ("train", "probe", "run"):
+        return "Nothing to resume."
+    kept, skip_value = [], False
+    for arg in argv:  # any earlier --resume_from_checkpoint (and its value) is replaced
+        if skip_value:
+            skip_value = False
+        elif arg == "--resume_from_checkpoint":
+            skip_value = True
+        elif not arg.startswith("--resume_from_checkpoint="):
+            kept.append(arg)
+    return "Resume with: hf-mlcl " + shlex.join([*kept, "--resume_from_checkpoint", "true"])
 
 
 if __name__ == "__main__":

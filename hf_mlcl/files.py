@@ -13,19 +13,29 @@ import os
 import tempfile
 from typing import Any
 
-__all__ = ["atomic_write_json", "atomic_write_text", "json_default"]
+__all__ = ["TMP_PREFIX", "atomic_write_json", "atomic_write_text", "json_default"]
+
+TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``."""
+    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``; the file gets
+    the permissions of any other output (``0666 & ~umask``), not ``mkstemp``'s 0600."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=os.path.basename(path))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

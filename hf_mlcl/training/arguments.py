@@ -262,6 +262,10 @@ class ContrastiveTrainingArguments(TrainingArguments):
             "help": "Drop the last incomplete batch: equal per-process contrast sets (DDP gather); default True."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
+    )
     knn_k: int = field(
         default=10,
         metadata={
@@ -310,6 +314,10 @@ class ProbingTrainingArguments(TrainingArguments):
         },
     )
     logistic_max_iter: int = field(default=1000, metadata={"help": "probe='logistic': lbfgs iterations."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
+    )
     remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
 
     def __post_init__(self) -> None:

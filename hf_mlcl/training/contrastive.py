@@ -68,7 +68,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from . import distributed as D
 from ._common import (
@@ -85,6 +84,7 @@ from ._common import (
 from .arguments import ContrastiveTrainingArguments
 from .candidates import CandidateBuilder, max_candidates, resolve_contrast_set, resolve_queue_warmup
 from .checkpoint_state import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
+from .checkpoints import CompleteCheckpointsMixin
 from .gradcache import gradcache_backward
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class _StepCallback(TrainerCallback):
         return control
 
 
-class ContrastiveTrainer(Trainer):
+class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
     Args:
@@ -493,14 +493,10 @@ class ContrastiveTrainer(Trainer):
                 raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
             obj.load_state_dict(state[key])
 
-    def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            if os.path.isdir(folder):
-                save_state_file(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
+    def save_extra_checkpoint_files(self, folder: str) -> None:
+        """The loss / queue / momentum state (safetensors), written while the checkpoint is still marked
+        incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`)."""
+        save_state_file(self.extra_state_dict(), os.path.join(folder, STATE_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)

@@ -33,6 +33,8 @@ __all__ = [
     "all_gather_no_grad",
     "gather_candidates",
     "all_reduce_mean_",
+    "barrier",
+    "shutdown",
 ]
 
 
@@ -131,3 +133,24 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t.div_(ws)
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (no-op outside a multi-process group)."""
+    if is_distributed():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    """End a multi-process run cleanly: a barrier, then ``destroy_process_group``.
+
+    A process that leaves the interpreter with its gloo process group still alive aborts now and then
+    with "terminate called without an active exception" (SIGABRT): the group's communication threads
+    are still joinable when the C++ static destructors run. The barrier keeps any rank from tearing its
+    group down while a peer still talks to it; destroying the group joins those threads before exit.
+    Call it once, at the very end of a program that initialised a process group. Safe to call always.
+    """
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -28,7 +28,9 @@ import numpy as np
 
 from hf_mlcl.files import atomic_write_json
 
+from . import distributed as D
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
+from .checkpoints import resolve_resume
 
 logger = logging.getLogger(__name__)
 
@@ -206,14 +208,6 @@ def _trainer_data(ds, names: list[str], collator, tokenizer, callbacks: list | N
     }
 
 
-def _resume_arg(value: Any) -> Any:
-    """``resume_from_checkpoint`` as ``Trainer.train`` takes it: the strings "true" / "false" (from YAML or
-    the command line) become True / None; a path (or None / a bool) passes through."""
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true" or None
-    return value
-
-
 def segment_multiple(model) -> int | None:
     """The multiple token sequences must be padded to for ``model``: its chunk size when it reads long
     documents as fixed-size segments (PLM-ICD, Huang et al. 2022, sec. 3.1), else None."""
@@ -277,21 +271,25 @@ def train_contrastive(
     trainer = ContrastiveTrainer(
         model=encoder, args=training_args, **_trainer_data(ds, names, collator, tokenizer, callbacks)
     )
-    train_out = trainer.train(resume_from_checkpoint=_resume_arg(training_args.resume_from_checkpoint))
+    resume = resolve_resume(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.process_index == 0
+    )
+    train_out = trainer.train(resume_from_checkpoint=resume)
     metrics: dict[str, Any] = dict(train_out.metrics)
     metrics.update(trainer.evaluate())
+    if model_args.use_lora:
+        if trainer.is_world_process_zero():
+            _merge_lora(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(training_args.output_dir)
+    else:  # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
+        trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():
-        final = _merge_lora(trainer.accelerator.unwrap_model(trainer.model)) if model_args.use_lora else None
-        if final is not None:
-            final.save_pretrained(training_args.output_dir)
-        else:
-            trainer.save_model(training_args.output_dir)
         tokenizer.save_pretrained(training_args.output_dir)
         trainer.save_state()
         atomic_write_json(
             os.path.join(training_args.output_dir, METRICS_FILE),
             {**metrics, "loss": training_args.loss, "dataset": data_args.dataset, "num_labels": len(names)},
         )
+    D.barrier()  # the encoder is on disk before any rank goes on (stage 2 loads it)
     return trainer, metrics
 
 
@@ -347,7 +345,10 @@ def train_probe(
         metrics.update(trainer.fit_logistic(ds["validation"]))
         val_scores, val_truth = trainer.logistic_validation_scores  # no second pass over validation
     else:
-        metrics.update(trainer.train(resume_from_checkpoint=_resume_arg(probing_args.resume_from_checkpoint)).metrics)
+        resume = resolve_resume(
+            probing_args.resume_from_checkpoint, probing_args.output_dir, probing_args.process_index == 0
+        )
+        metrics.update(trainer.train(resume_from_checkpoint=resume).metrics)
         val_scores, val_truth = trainer.predict_scores(ds["validation"])
     threshold = trainer.tune_threshold(val_scores, val_truth)
     metrics.update(trainer.split_metrics(val_scores, val_truth, "validation"))
@@ -359,8 +360,8 @@ def train_probe(
     metrics["threshold_strategy"] = str(probing_args.threshold)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     unwrapped.config.decision_threshold = thr_value
+    trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
     if trainer.is_world_process_zero():
-        trainer.save_model(probing_args.output_dir)
         tokenizer.save_pretrained(probing_args.output_dir)
         if probing_args.probe != "logistic":
             trainer.save_state()
@@ -369,4 +370,5 @@ def train_probe(
             os.path.join(probing_args.output_dir, THRESHOLDS_FILE),
             {"strategy": str(probing_args.threshold), "threshold": thr_value, "label_names": names},
         )
+    D.barrier()
     return trainer, metrics

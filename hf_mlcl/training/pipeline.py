@@ -5,11 +5,14 @@ both stay thin callers and library code never imports the command line:
 
 * :func:`run_contrastive_stage` / :func:`run_probe_stage`: :func:`~hf_mlcl.training.train_contrastive`
   / :func:`~hf_mlcl.training.train_probe` with a :class:`~hf_mlcl.hub.ModelCardCallback` attached, the
-  card written into the stage's ``output_dir``;
+  card written into the stage's ``output_dir`` by the main process, then a barrier, so no rank reads a
+  stage's folder before it is complete (every rank calls these under ``accelerate launch``);
 * :func:`score_classifier`: sigmoid scores and multi-hot truth of a dataset under a saved classifier;
 * :func:`evaluate_checkpoint`: a saved classifier scored on a split at its stored decision threshold,
   with ``eval_<split>.json`` and the per-label F1 plot;
-* :func:`encoder_loss`: the contrastive loss an encoder folder was trained with.
+* :func:`encoder_loss`: the contrastive loss an encoder folder was trained with;
+* :func:`check_stage` / :func:`finished_stage_metrics`: before any work, the launch and output-folder
+  checks of :mod:`hf_mlcl.training.run_guard`; on resume, a finished stage's metrics instead of a rerun.
 """
 
 from __future__ import annotations
@@ -18,8 +21,12 @@ import json
 import os
 from typing import Any
 
+from . import distributed as D
+
 __all__ = [
     "PLOTS_DIR",
+    "check_stage",
+    "finished_stage_metrics",
     "encoder_loss",
     "evaluate_checkpoint",
     "run_contrastive_stage",
@@ -44,6 +51,30 @@ def _label_names(trainer) -> list[str] | None:
     return [str(id2label[i]) for i in sorted(id2label, key=int)] if id2label else None
 
 
+def check_stage(args) -> None:
+    """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
+    holds another run (:func:`~hf_mlcl.training.run_guard.check_launch`,
+    :func:`~hf_mlcl.training.run_guard.check_output_dir`)."""
+    from .run_guard import check_launch, check_output_dir
+
+    check_launch(args)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, args.process_index == 0)
+
+
+def finished_stage_metrics(args) -> dict | None:
+    """When resuming and the stage's folder already holds its finished output: its saved metrics (the stage
+    is not redone). Otherwise None."""
+    from .checkpoints import wants_resume
+    from .entry import METRICS_FILE
+    from .run_guard import stage_finished
+
+    if not (wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir)):
+        return None
+    print(f"{args.output_dir} is finished; resuming after it")
+    with open(os.path.join(args.output_dir, METRICS_FILE), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
 def run_contrastive_stage(model_args, data_args, training_args) -> tuple[Any, dict]:
     """Stage 1 via ``hf_mlcl.training.train_contrastive``; writes the encoder card into output_dir."""
     from hf_mlcl.hub import ModelCardCallback
@@ -57,6 +88,7 @@ def run_contrastive_stage(model_args, data_args, training_args) -> tuple[Any, di
         if names and not card_cb.card.label_names:
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
         card_cb.save(training_args.output_dir, model_name=training_args.hub_model_id)
+    D.barrier()  # stage 2 (on any rank) starts only once the encoder, its metrics and card are written
     return trainer, metrics
 
 
@@ -82,6 +114,7 @@ def run_probe_stage(
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
         card_cb.card.hyperparameters["threshold"] = str(probing_args.threshold)
         card_cb.save(probing_args.output_dir, model_name=probing_args.hub_model_id)
+    D.barrier()  # no rank reads the classifier folder (evaluation, push) before its card is written
     return trainer, metrics
 
 

@@ -41,6 +41,7 @@ from ._common import (
     resolve_num_labels,
 )
 from .arguments import ProbingTrainingArguments
+from .checkpoints import CompleteCheckpointsMixin
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def fit_logistic_probe(
     return w, b, chosen
 
 
-class ProbingTrainer(Trainer):
+class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
     """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
 
     Args:

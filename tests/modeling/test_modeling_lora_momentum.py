@@ -292,3 +292,21 @@ def test_queue_state_dict_resume():
         q.enqueue(torch.randn(2, 2), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="embeddings must be"):
         q.enqueue(torch.randn(2, 3), torch.zeros(2, 5))
+
+
+def test_lora_encoder_gets_peft_fsdp_wrap_policy(tiny_llama_config):
+    """FSDP + LoRA: the trained model is a PeftModel, so Trainer installs PEFT's auto-wrap policy (every
+    decoder layer and every trainable LoRA leaf in its own FSDP unit) before accelerator.prepare."""
+    from peft.utils.other import fsdp_auto_wrap_policy
+    from transformers.trainer import _is_peft_model
+
+    encoder = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token", projection_dim=16)
+    model = apply_lora(encoder, bf16=False, gradient_checkpointing=False)
+    assert _is_peft_model(model)
+    policy = fsdp_auto_wrap_policy(model)
+    layer = model.base_model.model.backbone.layers[0]
+    lora_leaf = layer.self_attn.q_proj.lora_A["default"]
+    assert policy(module=layer, recurse=False, nonwrapped_numel=0)
+    assert policy(module=lora_leaf, recurse=False, nonwrapped_numel=0)
+    frozen = layer.input_layernorm
+    assert not policy(module=frozen, recurse=False, nonwrapped_numel=0)

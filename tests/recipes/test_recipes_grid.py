@@ -267,10 +267,15 @@ def test_accelerate_configs_load_with_accelerates_config_class():
             assert key in launch_dests, key
     assert configs["single_gpu.yaml"].distributed_type == DistributedType.NO and configs["single_gpu.yaml"].num_processes == 1
     assert configs["multi_gpu.yaml"].distributed_type == DistributedType.MULTI_GPU
-    assert configs["cpu.yaml"].use_cpu is True and configs["cpu.yaml"].mixed_precision == "no"
+    # cpu.yaml: the torchrun launcher (MULTI_GPU type, use_cpu false) so --num_processes N starts N
+    # processes; `use_cpu: true` would make `accelerate launch` start one. The recipe's --use_cpu picks gloo.
+    cpu = configs["cpu.yaml"]
+    assert cpu.distributed_type == DistributedType.MULTI_GPU and cpu.use_cpu is False and cpu.num_processes == 2
+    assert cpu.mixed_precision == "no"
     fsdp = configs["fsdp_llama_lora.yaml"]
     assert fsdp.distributed_type == DistributedType.FSDP and fsdp.mixed_precision == "bf16"
     assert fsdp.fsdp_config["fsdp_use_orig_params"] is False
+    assert fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # the final save gathers
     assert fsdp.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
     ds = configs["deepspeed_zero3.yaml"]

@@ -1,0 +1,63 @@
+"""Checks that run before any long work: a sane launch, and an output folder that is never mixed.
+
+* :func:`check_launch`: several processes (``WORLD_SIZE > 1``, e.g. ``accelerate launch`` with the
+  multi-GPU config) on a machine without a GPU need ``--use_cpu true``; without it the Trainer would
+  train every rank on the whole data outside the process group. The error names the flag.
+* :func:`check_output_dir`: a new run into a folder that already holds files stops with a clear error
+  unless the user passes ``--overwrite_output_dir true`` (then the old run's checkpoints are removed,
+  so a later resume can never pick them) or resumes (``--resume_from_checkpoint``).
+* :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+from . import distributed as D
+from .checkpoints import checkpoint_folders, wants_resume
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_launch", "check_output_dir", "stage_finished", "FINISHED_FILES"]
+
+# written last by a stage (metrics by hf_mlcl.training.entry, the card data by the CLI's stage runner)
+FINISHED_FILES = ("metrics.json", "card_data.json")
+
+
+def check_launch(args: Any) -> None:
+    """Refuse a multi-process launch that would not form a working process group on this machine."""
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False):
+        raise ValueError(
+            f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
+            "--use_cpu true so the processes train together over gloo (or launch one process)"
+        )
+
+
+def check_output_dir(output_dir: str, overwrite: bool, resume: Any, is_main_process: bool = True) -> None:
+    """Stop a new run from writing into ``output_dir`` when it already holds files (see module doc)."""
+    if wants_resume(resume) or not os.path.isdir(output_dir) or not os.listdir(output_dir):
+        return
+    if not overwrite:
+        shown = sorted(os.listdir(output_dir))
+        more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+        raise ValueError(
+            f"output_dir {output_dir} already holds a run ({', '.join(shown[:5])}{more}); pass "
+            "--overwrite_output_dir true to replace it, --resume_from_checkpoint true to continue it, "
+            "or choose another --output_dir"
+        )
+    if is_main_process:
+        for path in checkpoint_folders(output_dir):
+            shutil.rmtree(path, ignore_errors=True)
+            logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
+    D.barrier()
+
+
+def stage_finished(output_dir: str) -> bool:
+    """True when a stage's folder holds its final model, metrics and card (``FINISHED_FILES``)."""
+    return all(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", *FINISHED_FILES))
