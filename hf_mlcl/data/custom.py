@@ -47,6 +47,7 @@ from hf_mlcl.data._io import check_utf8, split_labels
 from hf_mlcl.data.registry import (
     SPLIT_ALIASES,
     build_split,
+    carve_validation,
     normalize_splits,
     read_lines,
     register_source_loader,
@@ -350,12 +351,12 @@ def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int) -> Datase
             f"cannot carve a {new} split ({fraction:.0%}) from a train split of {len(train)} rows; "
             f"add a {new} file/split or more training rows"
         )
-    parts = train.train_test_split(test_size=n_new, seed=seed, shuffle=True)
+    keep, carved = carve_validation(len(train), n_new, seed, f"{new} split")  # the registry's seeded carve
     text = (f"{new}: carved from train ({n_new} of {len(train)} rows, {new}_fraction={fraction}, "
             f"seed={seed}); train keeps {len(train) - n_new} rows")
     logger.info("no %s split: %s", new, text)
     out = dict(dd)
-    out["train"], out[new] = parts["train"], parts["test"]
+    out["train"], out[new] = train.select(keep), train.select(carved)  # file order kept in both
     _note(out[new], text)
     _note(out["train"], text)
     return DatasetDict(out)
