@@ -99,8 +99,9 @@ def apply_lora(
     - ``gradient_checkpointing``: activation checkpointing with ``use_reentrant=False`` plus
       ``enable_input_require_grads`` (needed when the embeddings are frozen).
 
-    The returned ``PeftModel`` is called like the encoder. Save with ``peft_model.save_pretrained``
-    and reload with ``PeftModel.from_pretrained(base_model, dir)`` (adapters and heads round-trip).
+    The returned ``PeftModel`` is called like the encoder. Save it as an hf_mlcl adapter folder with
+    :func:`save_lora_adapter` (``MLCLEncoder.from_pretrained`` / ``AutoModel`` load it onto the base
+    model), or as a plain PEFT adapter with ``peft_model.save_pretrained``.
     Set the pad token first with :func:`ensure_pad_token`.
     """
     from peft import LoraConfig, get_peft_model
@@ -142,11 +143,89 @@ def trainable_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad]
 
 
+def save_lora_adapter(model: nn.Module, save_directory: str, base_model_name_or_path: str) -> None:
+    """Save a LoRA-trained hf_mlcl model (the ``PeftModel`` of :func:`apply_lora`) as an adapter folder.
+
+    Written: PEFT's ``adapter_config.json`` (``base_model_name_or_path`` = the base backbone's Hub id or
+    path, ``modules_to_save`` cleared) and ``adapter_model.safetensors`` with the backbone's LoRA
+    matrices (keys relative to the backbone, ``base_model.model.<module>.lora_A.weight``); then the
+    model's own ``save_pretrained`` with the heads only (projection head / classifier in
+    ``model.safetensors``), ``config.json`` and the remote code. The adapter files go first, so an
+    interrupted save never leaves a config with heads-only weights that loads as a full model.
+    ``MLCLEncoder`` / ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with
+    ``trust_remote_code=True`` load the base by that id and merge the adapter
+    (``hf_mlcl.modeling.modeling_mlcl.merge_lora_weights``; Hu et al., 2022, Eq. 3).
+    """
+    import copy
+    import os
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    from .modeling_mlcl import ADAPTER_WEIGHTS_NAME
+
+    if not hasattr(model, "peft_config"):
+        raise ValueError(f"save_lora_adapter expects the PeftModel of apply_lora; got {type(model).__name__}")
+    name = model.active_adapter
+    inner = model.base_model.model
+    prefix, backbone_prefix = "base_model.model.", "base_model.model.backbone."
+    adapter: dict[str, torch.Tensor] = {}
+    for key, value in get_peft_model_state_dict(model, adapter_name=name).items():
+        if "lora_" not in key:
+            continue  # the heads (modules_to_save) are saved below with the model
+        if not key.startswith(backbone_prefix):
+            raise ValueError(
+                f"LoRA weight {key} lies outside the backbone; adapter folders hold backbone adapters only "
+                "(use merge_lora: true)"
+            )
+        adapter[prefix + key[len(backbone_prefix) :]] = value.detach().to("cpu").contiguous()
+    heads: dict[str, torch.Tensor] = {}
+    for child_name, child in inner.named_children():
+        if child_name == "backbone":
+            continue
+        module = child.modules_to_save[name] if hasattr(child, "modules_to_save") else child
+        for key, value in module.state_dict().items():
+            heads[f"{child_name}.{key}"] = value.detach().to("cpu").contiguous()
+    config = copy.deepcopy(model.peft_config[name])
+    config.base_model_name_or_path = base_model_name_or_path
+    config.modules_to_save = None
+    config.inference_mode = True
+    os.makedirs(save_directory, exist_ok=True)
+    tmp = os.path.join(save_directory, f".{ADAPTER_WEIGHTS_NAME}.tmp")
+    save_file(adapter, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME))
+    config.save_pretrained(save_directory)
+    inner.save_pretrained(save_directory, state_dict=heads)
+
+
+
+def save_heads_with_adapter(model: nn.Module, save_directory: str, adapter_directory: str) -> None:
+    """Save a model whose backbone is the base model + an unchanged saved adapter (a frozen-encoder probe
+    on an adapter encoder) as an adapter folder too: the adapter files of ``adapter_directory`` are
+    copied, then ``model.save_pretrained`` writes the heads only (every weight outside the backbone),
+    ``config.json`` and the remote code. Loads like :func:`save_lora_adapter`'s folders."""
+    import os
+    import shutil
+
+    from .modeling_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+    os.makedirs(save_directory, exist_ok=True)
+    for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
+        tmp = os.path.join(save_directory, f".{name}.tmp")
+        shutil.copyfile(os.path.join(adapter_directory, name), tmp)
+        os.replace(tmp, os.path.join(save_directory, name))
+    prefix = f"{model.base_model_prefix}."
+    heads = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if not k.startswith(prefix)}
+    model.save_pretrained(save_directory, state_dict=heads)
+
+
 __all__ = [
     "DEFAULT_LORA_TARGETS",
     "LLAMA3_PAD_TOKEN",
     "apply_lora",
     "bf16_available",
     "ensure_pad_token",
+    "save_heads_with_adapter",
+    "save_lora_adapter",
     "trainable_parameter_names",
 ]

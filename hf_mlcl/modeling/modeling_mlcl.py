@@ -35,6 +35,12 @@ from transformers.utils import ModelOutput
 from .configuration_mlcl import MLCLConfig, backbone_config_to_dict
 
 _WEIGHT_FILE_PREFIXES = ("model", "pytorch_model")
+# A LoRA run saved as an adapter (hf_mlcl.modeling.lora.save_lora_adapter): PEFT's files for the backbone,
+# the heads alone in model.safetensors, the base model named by the adapter config.
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+HEADS_WEIGHTS_NAME = "model.safetensors"
+_PEFT_PREFIX = "base_model.model."
 
 
 @dataclass
@@ -146,6 +152,58 @@ def _normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] |
     if isinstance(id2label, Mapping):
         return {int(k): str(v) for k, v in id2label.items()}
     return {i: str(name) for i, name in enumerate(id2label)}
+
+
+def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]) -> int:
+    """Add a saved LoRA adapter into ``backbone``'s weights in place: W <- W + s B A for every adapted
+    linear layer (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + s B A x, s = lora_alpha / r, or
+    lora_alpha / sqrt(r) with rsLoRA). Keys are PEFT's (``base_model.model.<module>.lora_A.weight``).
+    Returns the number of merged layers; ValueError for adapter kinds this merge does not cover."""
+    import math
+
+    kind = adapter_config.get("peft_type", "LORA")
+    if kind != "LORA":
+        raise ValueError(f"only LoRA adapters are merged on load; this adapter is {kind}")
+    for option in ("use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern"):
+        if adapter_config.get(option):
+            raise ValueError(
+                f"adapter option {option} is not supported when loading without peft; load the backbone with "
+                "peft.PeftModel.from_pretrained instead"
+            )
+    r, alpha = int(adapter_config["r"]), float(adapter_config["lora_alpha"])
+    scale = alpha / (math.sqrt(r) if adapter_config.get("use_rslora") else r)
+    suffix_a, suffix_b = ".lora_A.weight", ".lora_B.weight"
+    merged = 0
+    with torch.no_grad():
+        for key in sorted(adapter_state):
+            if not key.endswith(suffix_a):
+                continue
+            path = key[: -len(suffix_a)]
+            path = path[len(_PEFT_PREFIX) :] if path.startswith(_PEFT_PREFIX) else path
+            down, up = adapter_state[key], adapter_state[key[: -len(suffix_a)] + suffix_b]
+            weight = backbone.get_submodule(path).weight
+            delta = (up.to(weight.device, torch.float32) @ down.to(weight.device, torch.float32)) * scale
+            weight.copy_((weight.float() + delta).to(weight.dtype))
+            merged += 1
+    if not merged:
+        raise ValueError("the adapter holds no LoRA weights (no '*.lora_A.weight' keys)")
+    return merged
+
+
+def _hub_file(path: str, filename: str, hub_kwargs: Mapping[str, Any]) -> str | None:
+    """``filename`` of a local folder or a Hub repo (downloaded to the cache), or None when absent."""
+    if os.path.isdir(path):
+        local = os.path.join(path, filename)
+        return local if os.path.isfile(local) else None
+    from transformers.utils import cached_file
+
+    return cached_file(
+        path,
+        filename,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **hub_kwargs,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -326,6 +384,53 @@ class MLCLPreTrainedModel(PreTrainedModel):
         device = next(backbone.parameters()).device
         if device.type != "meta":
             model.to(device)
+        return model
+
+    # -- loading --------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any):
+        """``PreTrainedModel.from_pretrained``, plus folders saved as a LoRA adapter: when the folder holds
+        ``adapter_config.json``, the base backbone is loaded by the id / path in it
+        (``base_model_name_or_path``), the adapter is merged into it (:func:`merge_lora_weights`) and the
+        heads are read from ``model.safetensors``. ``AutoModel*.from_pretrained(..., trust_remote_code=True)``
+        and ``pipeline(...)`` come through here as well."""
+        path = os.fspath(pretrained_model_name_or_path)
+        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
+        adapter_file = _hub_file(path, ADAPTER_CONFIG_NAME, hub)
+        if adapter_file is None:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        import json
+
+        from safetensors.torch import load_file
+
+        config = kwargs.get("config")
+        if not isinstance(config, MLCLConfig):
+            config = MLCLConfig.from_pretrained(path, **hub)
+        with open(adapter_file, encoding="utf-8") as fh:
+            adapter_config = json.load(fh)
+        base = adapter_config.get("base_model_name_or_path") or config.backbone_name_or_path
+        if not base:
+            raise ValueError(f"{path}/{ADAPTER_CONFIG_NAME} names no base model (base_model_name_or_path)")
+        base_kwargs = {k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
+        backbone = AutoModel.from_pretrained(base, **base_kwargs)
+        expected = (config.backbone_config or {}).get("vocab_size")
+        if expected is not None and backbone.get_input_embeddings().weight.shape[0] != int(expected):
+            raise ValueError(
+                f"base model {base} has {backbone.get_input_embeddings().weight.shape[0]} token embeddings but the "
+                f"adapter was trained with {expected}; load the base model it was trained on"
+            )
+        weights = _hub_file(path, ADAPTER_WEIGHTS_NAME, hub)
+        heads_file = _hub_file(path, HEADS_WEIGHTS_NAME, hub)
+        if weights is None or heads_file is None:
+            raise ValueError(f"{path} holds {ADAPTER_CONFIG_NAME} but not {ADAPTER_WEIGHTS_NAME} and {HEADS_WEIGHTS_NAME}")
+        merge_lora_weights(backbone, adapter_config, load_file(weights))
+        model = cls(config, backbone=backbone)
+        missing, unexpected = model.load_state_dict(load_file(heads_file), strict=False)
+        missing = [k for k in missing if not k.startswith(f"{cls.base_model_prefix}.")]
+        if missing or unexpected:
+            raise ValueError(f"{path}/{HEADS_WEIGHTS_NAME} does not fit {cls.__name__}: missing {missing}, unexpected {unexpected}")
+        model.to(next(backbone.parameters()).device)
+        model.eval()
         return model
 
     # -- saving ---------------------------------------------------------------------------------------
@@ -606,6 +711,9 @@ MLCLEncoder.register_for_auto_class("AutoModel")
 MLCLForMultiLabelClassification.register_for_auto_class("AutoModelForSequenceClassification")
 
 __all__ = [
+    "ADAPTER_CONFIG_NAME",
+    "ADAPTER_WEIGHTS_NAME",
+    "HEADS_WEIGHTS_NAME",
     "LabelAttentionHead",
     "MLCLEncoder",
     "MLCLEncoderOutput",
@@ -614,5 +722,6 @@ __all__ = [
     "ProjectionHead",
     "last_token_index",
     "masked_mean",
+    "merge_lora_weights",
     "pool_states",
 ]

@@ -84,6 +84,13 @@ class ModelArguments:
     use_lora: bool = field(
         default=False, metadata={"help": "Wrap a decoder backbone with LoRA adapters (peft)."}
     )
+    merge_lora: bool = field(
+        default=False,
+        metadata={
+            "help": "LoRA runs: save the merged full weights instead of the adapter folder (LoRA matrices + "
+            "heads, loaded onto the base model named in adapter_config.json)."
+        },
+    )
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.1

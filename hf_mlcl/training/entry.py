@@ -215,6 +215,30 @@ def segment_multiple(model) -> int | None:
     return int(cfg.chunk_size) if cfg is not None and getattr(cfg, "segmented", False) else None
 
 
+def _adapter_encoder(path: str | None) -> bool:
+    """True when ``path`` is an encoder folder saved as a LoRA adapter (``save_lora_adapter``)."""
+    from hf_mlcl.modeling.modeling_mlcl import ADAPTER_CONFIG_NAME
+
+    return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
+
+
+def _save_lora(model, output_dir: str, merge: bool) -> None:
+    """A LoRA run's final save: the adapter folder (``hf_mlcl.modeling.lora.save_lora_adapter``) onto the
+    base backbone it was trained from, or merged full weights with ``merge_lora`` (or when the backbone
+    was built from a config, so no base model exists to point an adapter at)."""
+    from hf_mlcl.modeling.lora import save_lora_adapter
+
+    inner = model.base_model.model if hasattr(model, "peft_config") else model
+    base = getattr(inner.config, "backbone_name_or_path", None)
+    if merge or not base or not hasattr(model, "peft_config"):
+        if not merge:
+            logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
+                           "saving the merged weights")
+        _merge_lora(model).save_pretrained(output_dir)
+    else:
+        save_lora_adapter(model, output_dir, base)
+
+
 def _merge_lora(model):
     """A LoRA-wrapped encoder with its adapters merged (the saved encoder is a plain MLCLEncoder)."""
     if hasattr(model, "merge_and_unload"):
@@ -279,7 +303,7 @@ def train_contrastive(
     metrics.update(trainer.evaluate())
     if model_args.use_lora:
         if trainer.is_world_process_zero():
-            _merge_lora(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(training_args.output_dir)
+            _save_lora(trainer.accelerator.unwrap_model(trainer.model), training_args.output_dir, model_args.merge_lora)
     else:  # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
         trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():
@@ -360,7 +384,13 @@ def train_probe(
     metrics["threshold_strategy"] = str(probing_args.threshold)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     unwrapped.config.decision_threshold = thr_value
-    trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
+    if _adapter_encoder(encoder_path) and probing_args.probe in ("linear", "logistic") and not model_args.merge_lora:
+        if trainer.is_world_process_zero():  # frozen base + adapter: the classifier is the same adapter + its head
+            from hf_mlcl.modeling.lora import save_heads_with_adapter
+
+            save_heads_with_adapter(unwrapped, probing_args.output_dir, encoder_path)
+    else:
+        trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(probing_args.output_dir)
         if probing_args.probe != "logistic":

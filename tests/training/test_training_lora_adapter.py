@@ -1,0 +1,143 @@
+"""LoRA runs save an adapter folder (LoRA matrices + heads + config + tokenizer + remote code) that
+reloads onto the base model named in adapter_config.json, with the same embeddings, at a fraction of the
+base model's size; ``merge_lora: true`` keeps the merged output; ``hf-mlcl push`` uploads the folder."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoModel, LlamaModel
+
+from hf_mlcl.hub.push import files_to_push
+from hf_mlcl.modeling import DEFAULT_LORA_TARGETS, MLCLEncoder
+from hf_mlcl.training import ContrastiveTrainingArguments, DataArguments, ModelArguments, train_contrastive
+
+R = 4
+TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]
+ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "model.safetensors", "config.json",
+                 "configuration_mlcl.py", "modeling_mlcl.py", "tokenizer_config.json"}  # fmt: skip
+
+
+@pytest.fixture
+def base_model(tmp_path, tiny_llama_config, llama_tokenizer) -> str:
+    """A tiny Llama built from a config and saved locally: the "base model id" of the adapter."""
+    torch.manual_seed(0)
+    path = tmp_path / "base"
+    LlamaModel(tiny_llama_config).save_pretrained(path)
+    llama_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _data_args() -> DataArguments:
+    opts = {"num_labels": 6, "num_train": 32, "num_validation": 16, "num_test": 16, "min_words": 4, "max_words": 12}
+    return DataArguments(dataset="synthetic", dataset_options=json.dumps(opts), max_length=16)
+
+
+def _train(base: str, out, **model_kw):
+    model_args = ModelArguments(model_name_or_path=base, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0,
+                                pooling="last_token", **model_kw)  # fmt: skip
+    args = ContrastiveTrainingArguments(
+        output_dir=str(out), loss="sd", projection_dim=8, per_device_train_batch_size=8, max_steps=2,
+        learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
+    )  # fmt: skip
+    return train_contrastive(model_args, _data_args(), args)
+
+
+def _embed(model, tokenizer) -> torch.Tensor:
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).embeddings
+
+
+def _tensor_bytes(path) -> int:
+    """The bytes of a safetensors file's tensors: its size less the 8-byte length and the JSON header."""
+    with open(path, "rb") as fh:
+        header = int.from_bytes(fh.read(8), "little")
+    return os.path.getsize(path) - 8 - header
+
+
+def test_lora_run_saves_an_adapter_that_reloads_to_the_same_embeddings(tmp_path, base_model, llama_tokenizer):
+    out = tmp_path / "encoder"
+    trainer, _ = _train(base_model, out)
+    assert ADAPTER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == base_model and adapter_config["r"] == R
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert all("lora_" in k for k in adapter) and any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
+    assert all(k.startswith(("projection_head.",)) for k in load_file(out / "model.safetensors"))
+
+    trained = _embed(trainer.accelerator.unwrap_model(trainer.model).eval(), llama_tokenizer)
+    for loaded in (MLCLEncoder.from_pretrained(out), AutoModel.from_pretrained(out, trust_remote_code=True)):
+        assert type(loaded).__name__ == "MLCLEncoder"
+        torch.testing.assert_close(_embed(loaded, llama_tokenizer), trained, rtol=1e-5, atol=1e-5)
+    plain = MLCLEncoder.from_backbone(base_model, pooling="last_token", projection_dim=8)
+    plain.load_state_dict(load_file(out / "model.safetensors"), strict=False)
+    assert not torch.allclose(_embed(plain.eval(), llama_tokenizer), trained, atol=1e-4)  # the adapter matters
+
+    # size: LoRA matrices r * (in + out) per adapted linear layer, plus the heads, against the base's
+    # weights; compared on the tensor bytes of the safetensors files (their JSON headers, a few hundred
+    # bytes per tensor, dominate files this tiny), everything float32
+    base = LlamaModel.from_pretrained(base_model)
+    lora = sum(R * (m.in_features + m.out_features) for n, m in base.named_modules()
+               if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGETS)  # fmt: skip
+    heads = sum(p.numel() for n, p in loaded.named_parameters() if not n.startswith("backbone."))
+    base_params = sum(p.numel() for p in base.parameters())
+    saved = [out / "adapter_model.safetensors", out / "model.safetensors"]
+    base_file = os.path.join(base_model, "model.safetensors")
+    assert sum(_tensor_bytes(p) for p in saved) == 4 * (lora + heads)
+    assert _tensor_bytes(base_file) == 4 * base_params
+    measured = sum(_tensor_bytes(p) for p in saved) / _tensor_bytes(base_file)
+    files = sum(os.path.getsize(p) for p in saved) / os.path.getsize(base_file)
+    print(f"adapter / base: tensor bytes {measured:.4f} (expected {(lora + heads) / base_params:.4f}), files {files:.4f}")
+    assert measured == pytest.approx((lora + heads) / base_params) and files < 0.25
+
+    assert ADAPTER_FILES <= set(files_to_push(str(out)))  # hf-mlcl push uploads the adapter folder as is
+
+
+def test_merge_lora_keeps_the_merged_output(tmp_path, base_model, llama_tokenizer):
+    out = tmp_path / "merged"
+    _train(base_model, out, merge_lora=True)
+    assert "adapter_config.json" not in os.listdir(out)
+    weights = load_file(out / "model.safetensors")
+    assert any(k.startswith("backbone.layers.") for k in weights) and not any("lora_" in k for k in weights)
+    assert _embed(MLCLEncoder.from_pretrained(out), llama_tokenizer).shape == (len(TEXTS), 8)
+
+
+def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(tmp_path, base_model, llama_tokenizer):
+    from transformers import pipeline
+
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.training import ProbingTrainingArguments, train_probe
+
+    encoder = tmp_path / "encoder"
+    _train(base_model, encoder)
+    clf = tmp_path / "classifier"
+    args = ProbingTrainingArguments(output_dir=str(clf), probe="linear", per_device_train_batch_size=8, max_steps=2,
+                                    learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)  # fmt: skip
+    trainer, _ = train_probe(ModelArguments(), _data_args(), args,
+                             encoder_path=str(encoder))  # fmt: skip
+    assert ADAPTER_FILES <= set(os.listdir(clf))
+    assert (clf / "adapter_model.safetensors").read_bytes() == (encoder / "adapter_model.safetensors").read_bytes()
+    assert all(k.startswith("classifier.") for k in load_file(clf / "model.safetensors"))
+
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        trained = trainer.accelerator.unwrap_model(trainer.model).eval()(**inputs).logits
+        loaded = MLCLForMultiLabelClassification.from_pretrained(clf)(**inputs).logits
+    torch.testing.assert_close(loaded, trained, rtol=1e-5, atol=1e-5)
+    tagger = pipeline("text-classification", model=str(clf), trust_remote_code=True, top_k=None)
+    scores = tagger(TEXTS[:1])[0]
+    by_label = {row["label"]: row["score"] for row in scores}
+    names = [tagger.model.config.id2label[i] for i in range(trained.shape[1])]
+    got = torch.tensor([by_label[n] for n in names])
+    single = llama_tokenizer(TEXTS[:1], return_tensors="pt")
+    with torch.no_grad():
+        want = torch.sigmoid(trainer.accelerator.unwrap_model(trainer.model)(
+            input_ids=single["input_ids"], attention_mask=single["attention_mask"]).logits[0])  # fmt: skip
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
