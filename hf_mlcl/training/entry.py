@@ -284,6 +284,8 @@ def train_contrastive(
             alpha=model_args.lora_alpha,
             dropout=model_args.lora_dropout,
             target_modules=model_args.lora_target_modules,
+            # the Trainer's own flag (activation_checkpointing, formerly gradient_checkpointing) decides
+            gradient_checkpointing=training_args.activation_checkpointing or training_args.gradient_checkpointing,
         )
     collator = MultiLabelCollator(
         tokenizer,

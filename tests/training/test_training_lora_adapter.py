@@ -141,3 +141,29 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(tmp_path
         want = torch.sigmoid(trainer.accelerator.unwrap_model(trainer.model)(
             input_ids=single["input_ids"], attention_mask=single["attention_mask"]).logits[0])  # fmt: skip
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _checkpointed_layers(model) -> int:
+    return sum(bool(getattr(m, "gradient_checkpointing", False)) for m in model.modules())
+
+
+def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losses(tmp_path, base_model):
+    """`activation_checkpointing: true` (the Llama recipe's) reaches the LoRA backbone, and with the momentum
+    encoder and queue (MoCo, mulsupcon's `keys` contrast set) the logged losses equal a run without it."""
+    losses = {}
+    for flag in (False, True):
+        model_args = ModelArguments(model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8,
+                                    lora_dropout=0.0, pooling="last_token")  # fmt: skip
+        args = ContrastiveTrainingArguments(
+            output_dir=str(tmp_path / f"gc{int(flag)}"), loss="mulsupcon", projection_dim=8, queue_size=16,
+            momentum=0.9, per_device_train_batch_size=8, max_steps=3, logging_steps=1, learning_rate=1e-2,
+            report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
+            activation_checkpointing=flag,
+        )  # fmt: skip
+        trainer, _ = train_contrastive(model_args, _data_args(), args)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        assert (_checkpointed_layers(model) > 0) is flag
+        assert len(trainer.queue) == 16  # the momentum keys were enqueued
+        losses[flag] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses[True]) == 3
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-6)
