@@ -3,7 +3,7 @@
 It drives the public entry points ``hf_mlcl.training.entry.train_contrastive`` / ``train_probe`` with the
 recipes of ``recipes/cpu/<dataset>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
 does), and additionally records what the CLI does not keep: the test per-label F1 (for the
-frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default /work/runs, outside
+frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the repository, outside
 the repository); only small files land in ``docs/results/<dataset>/<loss>_<probe>/seed<S>/``.
 
     python docs/results/run.py cell goemotions --loss sd --probe logistic --seed 1
@@ -40,7 +40,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RUNS = os.environ.get("MLCL_RUNS", "/work/runs")
+RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # beside the checkout
 RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(REPO, "docs", "results"))  # small per-cell outputs
 
 _captured: list = []

@@ -20,7 +20,7 @@
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
 # with OMP_NUM_THREADS=1 each.
-# Checkpoints: $MLCL_RUNS (default /work/runs); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
+# Checkpoints: $MLCL_RUNS (default ../runs beside the repository); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
 # Tables: python docs/results/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
 set -u
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
@@ -28,7 +28,7 @@ PY=${PY:-.venv/bin/python}
 R="$PY docs/results/run.py"
 LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
 cell() { echo "### $(date -u +%T) run.py cell $*"; $R cell "$@" || echo "FAILED: $*"; }
-RUNS=${MLCL_RUNS:-/work/runs}
+RUNS=${MLCL_RUNS:-$(cd "$(dirname "$0")/../../.." && pwd)/runs}  # default: ../runs beside the checkout
 # full-data cells: one log file per cell (appended across sessions), one line per cell in the main log
 fcell() {
   local study=$1; shift

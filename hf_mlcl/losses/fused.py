@@ -1,6 +1,6 @@
 """One fused autograd step for the weighted contrastive log-softmax: the engine's fast kernel.
 
-Every loss of the package reduces to (``/work/shared/LOSSES.md``, :mod:`hf_mlcl.losses.core`)::
+Every loss of the package reduces to (``docs/losses.md``, :mod:`hf_mlcl.losses.core`)::
 
     loss = sum_i coef_i * [ Wsum_i * LSE_i - sum_a W_ia s_ia ] + const
     s_ia = z_i . c_a / tau,   LSE_i = log sum_{a in contrast(i)} d_a exp(s_ia),   Wsum_i = sum_a W_ia

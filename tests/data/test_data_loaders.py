@@ -1,4 +1,4 @@
-"""Loaders on small fixture files written in the real formats, plus slow checks on /work/shared/data."""
+"""Loaders on small fixture files written in the real formats, plus slow checks on ../shared/data."""
 
 from __future__ import annotations
 
