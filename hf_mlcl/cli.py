@@ -78,21 +78,30 @@ def cmd_run(ns, overrides) -> dict:
     from hf_mlcl.recipes import STAGES, parse_stage, stage_output_dir
     from hf_mlcl.training.pipeline import evaluate_checkpoint, run_contrastive_stage, run_probe_stage
 
+    if ns.push_to:
+        from hf_mlcl.hub import check_repo_id
+
+        check_repo_id(ns.push_to)  # before any training: a typo here must not cost two stages
     recipe, _ = _load(ns.recipe, [], STAGES)
     stages = recipe.get("stages", list(STAGES))
     _, ov = _load(None, overrides, stages)
     root = ov.output_dir
     results: dict[str, Any] = {}
     encoder_path, contrastive_loss = None, None
+    n = len(stages)
     if "contrastive" in stages:
         model_args, data_args, args = parse_stage(recipe, "contrastive", ov)
+        _stage_header(1, n, f"contrastive training of the encoder (loss: {args.loss})", args.output_dir)
         _, metrics = run_contrastive_stage(model_args, data_args, args)
         encoder_path, contrastive_loss = args.output_dir, args.loss
         results["contrastive"] = metrics
+        _say(f"encoder saved to {args.output_dir}")
     model_args, data_args, pargs = parse_stage(recipe, "probe", ov)
+    _stage_header(n, n, "multi-label head on the encoder", pargs.output_dir)
     trainer, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
     results["probe"] = metrics
     if trainer.is_world_process_zero():
+        print(f"classifier saved to {pargs.output_dir}", flush=True)
         if not ns.no_plots:
             evaluate_checkpoint(pargs.output_dir, data_args, split="test" if _has_test(metrics) else "validation")
         summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
@@ -100,6 +109,8 @@ def cmd_run(ns, overrides) -> dict:
         os.makedirs(run_root, exist_ok=True)
         atomic_write_json(os.path.join(run_root, "results.json"), results, default=str)
         print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}]))
+        print(f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
+              f"{pargs.output_dir}", flush=True)
         if ns.push_to:
             from hf_mlcl.hub import push_folder
 
@@ -108,6 +119,17 @@ def cmd_run(ns, overrides) -> dict:
                 push_folder(encoder_path, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
     return results
+
+
+def _say(msg: str) -> None:
+    """Print on the main process only (``accelerate launch`` sets RANK on every process)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def _stage_header(i: int, n: int, what: str, output_dir: str) -> None:
+    """One visible line per stage of ``hf-mlcl run``."""
+    _say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {output_dir}")
 
 
 def _has_test(metrics: dict) -> bool:

@@ -15,7 +15,7 @@ from .model_card import (
     render_model_card,
     save_model_card,
 )
-from .push import PushError, check_pushable, files_to_push, push_folder
+from .push import PushError, check_pushable, check_repo_id, files_to_push, push_folder
 
 __all__ = [
     "CARD_DATA_FILE",
@@ -24,6 +24,7 @@ __all__ = [
     "CardData",
     "ModelCardCallback",
     "PushError",
+    "check_repo_id",
     "check_pushable",
     "files_to_push",
     "framework_versions",
