@@ -44,12 +44,24 @@ def _load(recipe_path: str | None, overrides: Sequence[str], stages: Sequence[st
     return recipe, split_overrides(overrides, stages)
 
 
+def _check_models(model_args, **folders: str | None) -> None:
+    """Before any training: each model / tokenizer / folder named exists locally or on a reachable Hub."""
+    from hf_mlcl.hub import check_model_source
+
+    if model_args is not None:
+        check_model_source(model_args.model_name_or_path, "--model_name_or_path")
+        check_model_source(model_args.tokenizer_name_or_path, "--tokenizer_name_or_path")
+    for flag, name in folders.items():
+        check_model_source(name, f"--{flag}")
+
+
 def cmd_train(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training.pipeline import run_contrastive_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
+    _check_models(model_args)
     _, metrics = run_contrastive_stage(model_args, data_args, args)
     print(f"encoder saved to {args.output_dir}")
     return metrics
@@ -66,6 +78,7 @@ def cmd_probe(ns, overrides) -> dict:
         default = stage_output_dir(recipe, "contrastive")
         if os.path.isfile(os.path.join(default, "config.json")):
             encoder = default
+    _check_models(model_args, encoder_path=encoder)
     _, metrics = run_probe_stage(model_args, data_args, args, encoder, encoder_loss(encoder))
     print(f"classifier saved to {args.output_dir}")
     return metrics
@@ -91,12 +104,15 @@ def cmd_run(ns, overrides) -> dict:
     n = len(stages)
     if "contrastive" in stages:
         model_args, data_args, args = parse_stage(recipe, "contrastive", ov)
+        _check_models(model_args)
         _stage_header(1, n, f"contrastive training of the encoder (loss: {args.loss})", args.output_dir)
         _, metrics = run_contrastive_stage(model_args, data_args, args)
         encoder_path, contrastive_loss = args.output_dir, args.loss
         results["contrastive"] = metrics
         _say(f"encoder saved to {args.output_dir}")
     model_args, data_args, pargs = parse_stage(recipe, "probe", ov)
+    if encoder_path is None:
+        _check_models(model_args)
     _stage_header(n, n, "multi-label head on the encoder", pargs.output_dir)
     trainer, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
     results["probe"] = metrics
@@ -141,6 +157,7 @@ def cmd_evaluate(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training.pipeline import evaluate_checkpoint
 
+    _check_models(None, checkpoint=ns.checkpoint)
     recipe, ov = _load(ns.recipe, overrides, [])
     recipe = {k: v for k, v in recipe.items() if k not in ("contrastive", "probe", "stages")}
     recipe["probe"] = {}  # only the data arguments matter here
@@ -300,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     try:
         COMMANDS[ns.command](ns, rest)
-    except (RecipeError, ValueError, FileNotFoundError) as err:
+    except (RecipeError, ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
         return 2
     except PushError as err:

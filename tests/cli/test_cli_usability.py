@@ -69,3 +69,57 @@ def test_check_repo_id_accepts_valid_ids():
     assert check_repo_id("name") == "name"
     with pytest.raises(ValueError, match="empty Hub repo_id"):
         check_repo_id("")
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+@pytest.mark.parametrize("name", ["./no_such_model", "outputs/x/encoder", "/nonexistent/model"])
+def test_missing_local_model_path_is_one_line_no_such_folder(monkeypatch, capsys, command, name):
+    import hf_mlcl.hub.locate as locate
+
+    _no_training(monkeypatch)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: pytest.fail("a path must not ask the Hub"))
+    rc = main([command, RECIPE, "--model_name_or_path", name])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--model_name_or_path {name!r}: no such folder" in err
+
+
+def test_missing_encoder_path_and_checkpoint_are_no_such_folder(monkeypatch, capsys):
+    _no_training(monkeypatch)
+    assert main(["probe", RECIPE, "--encoder-path", "runs/none/encoder"]) == 2
+    assert "--encoder_path 'runs/none/encoder': no such folder" in capsys.readouterr().err
+    assert main(["evaluate", "./no_classifier", RECIPE]) == 2
+    assert "--checkpoint './no_classifier': no such folder" in capsys.readouterr().err
+
+
+def test_unreachable_hub_is_one_line(monkeypatch, capsys):
+    import hf_mlcl.hub.locate as locate
+
+    _no_training(monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: False)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: False)
+    assert main(["train", RECIPE, "--model_name_or_path", "someone/some-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the Hub is unreachable" in err and "'someone/some-model'" in err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["train", RECIPE, "--model_name_or_path", "someone/some-model"]) == 2
+    assert "HF_HUB_OFFLINE=1" in capsys.readouterr().err
+
+
+def test_existing_folder_and_cached_or_reachable_hub_id_pass(monkeypatch, tmp_path):
+    import hf_mlcl.hub.locate as locate
+
+    locate.check_model_source(str(tmp_path))
+    locate.check_model_source(None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: False)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: True)
+    locate.check_model_source("someone/some-model")
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: True)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: False)
+    locate.check_model_source("someone/some-model")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        locate.check_model_source(str(tmp_path / "weights.bin"))
