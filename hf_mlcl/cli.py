@@ -6,6 +6,7 @@ Sub-commands::
     hf-mlcl probe    RECIPE [--encoder-path DIR] [--key ...] stage 2: multi-label head (linear probe / fine-tune)
     hf-mlcl run      RECIPE [--push-to REPO] [--key ...]    both stages + test evaluation + model cards
     hf-mlcl evaluate CHECKPOINT [RECIPE] [--split test] [--key ...]   score a classifier, write metrics + plots
+                     (no RECIPE: the data arguments stored in the checkpoint's card_data.json)
     hf-mlcl push     FOLDER --repo-id USER/NAME [--private]  upload model, tokenizer, card and metrics
     hf-mlcl demo     [--output-dir DIR] [--dataset goemotions --data-dir DIR --model PATH]
     hf-mlcl inspect  DATASET [--data-dir DIR] [--splits train] [--batch-size 32] [--queue-size 0] ...
@@ -160,6 +161,8 @@ def cmd_evaluate(ns, overrides) -> dict:
     _check_models(None, checkpoint=ns.checkpoint)
     recipe, ov = _load(ns.recipe, overrides, [])
     recipe = {k: v for k, v in recipe.items() if k not in ("contrastive", "probe", "stages")}
+    if ns.recipe is None:
+        recipe = _data_recipe_of(ns.checkpoint, user_dataset="--dataset" in ov.common)
     recipe["probe"] = {}  # only the data arguments matter here
     _, data_args, _ = parse_stage(recipe, "probe", ov, output_dir=ns.checkpoint)
     metrics = evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
@@ -167,6 +170,26 @@ def cmd_evaluate(ns, overrides) -> dict:
     print(format_table([{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
                        keys=TABLE_KEYS, prefix=f"{ns.split}_"))
     return metrics
+
+
+def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
+    """The data keys a checkpoint was trained with, from its card_data.json: dataset, its loader options
+    and max_length (a user's ``--dataset`` drops the stored dataset and its options, not max_length)."""
+    from hf_mlcl.hub import CARD_DATA_FILE, CardData
+
+    if not os.path.isfile(os.path.join(checkpoint, CARD_DATA_FILE)):
+        logger.warning("%s has no %s: evaluating with the default data arguments", checkpoint, CARD_DATA_FILE)
+        return {}
+    card = CardData.load(checkpoint)
+    recipe: dict[str, Any] = {}
+    if card.dataset and not user_dataset:
+        recipe["dataset"] = card.dataset
+        if card.dataset_options:
+            recipe["dataset_options"] = dict(card.dataset_options)
+    if card.hyperparameters.get("max_length") is not None:
+        recipe["max_length"] = int(card.hyperparameters["max_length"])
+    _say(f"evaluate: data arguments from {os.path.join(checkpoint, CARD_DATA_FILE)}: {recipe}")
+    return recipe
 
 
 def cmd_push(ns, overrides) -> dict:
@@ -229,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p = add("evaluate", "score a trained classifier on a split (metrics JSON + per-label F1 plot)")
     p.add_argument("checkpoint", help="classifier folder written by `probe` / `run`")
-    p.add_argument("recipe", nargs="?", default=None, help="recipe naming the dataset (or use --dataset ...)")
+    p.add_argument("recipe", nargs="?", default=None, help="recipe naming the dataset (default: the dataset, its options and max_length stored in "
+                        "the checkpoint's card_data.json; --dataset ... overrides)")
     p.add_argument("--split", default="test")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--output-dir", default=None, help="where metrics and plots go (default: the checkpoint)")

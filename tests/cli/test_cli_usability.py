@@ -123,3 +123,50 @@ def test_existing_folder_and_cached_or_reachable_hub_id_pass(monkeypatch, tmp_pa
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="is a file"):
         locate.check_model_source(str(tmp_path / "weights.bin"))
+
+
+def _fake_classifier(folder, **card):
+    import json
+
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "card_data.json").write_text(json.dumps({"kind": "classifier", **card}))
+    return str(folder)
+
+
+def _capture_evaluate(monkeypatch):
+    import hf_mlcl.training.pipeline as pipeline
+
+    seen = {}
+
+    def fake(checkpoint, data_args, split="test", **kw):
+        seen.update(checkpoint=checkpoint, data_args=data_args, split=split)
+        return {f"{split}_micro_f1": 0.5}
+
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", fake)
+    return seen
+
+
+def test_evaluate_without_recipe_uses_the_checkpoint_data_arguments(monkeypatch, tmp_path, capsys):
+    options = {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32}
+    ckpt = _fake_classifier(tmp_path / "clf", dataset="synthetic", dataset_options=options,
+                            hyperparameters={"max_length": 112})
+    seen = _capture_evaluate(monkeypatch)
+    assert main(["evaluate", ckpt, "--split", "validation"]) == 0
+    data_args = seen["data_args"]
+    assert (data_args.dataset, data_args.max_length, seen["split"]) == ("synthetic", 112, "validation")
+    assert data_args.loader_options() == options
+    assert "card_data.json" in capsys.readouterr().out
+    # command-line keys still win; a user's --dataset drops the stored dataset options, not max_length
+    assert main(["evaluate", ckpt, "--max_length", "64"]) == 0
+    assert seen["data_args"].max_length == 64 and seen["data_args"].loader_options() == options
+    assert main(["evaluate", ckpt, "--dataset", "goemotions"]) == 0
+    assert seen["data_args"].dataset == "goemotions" and seen["data_args"].loader_options() == {}
+    assert seen["data_args"].max_length == 112
+
+
+def test_evaluate_with_a_recipe_uses_the_recipe(monkeypatch, tmp_path):
+    ckpt = _fake_classifier(tmp_path / "clf", dataset="goemotions", hyperparameters={"max_length": 112})
+    seen = _capture_evaluate(monkeypatch)
+    assert main(["evaluate", ckpt, RECIPE]) == 0
+    assert (seen["data_args"].dataset, seen["data_args"].max_length) == ("synthetic", 48)
