@@ -225,6 +225,69 @@ def cmd_demo(ns, overrides) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # argument parsing
 # ----------------------------------------------------------------------------------------------------
+# The keys a `--help` lists (a test checks each is a real field); all of them: docs/usage.md.
+HELP_MODEL_DATA_KEYS = (
+    "model_name_or_path", "tokenizer_name_or_path", "pooling", "dataset", "data_dir", "dataset_options",
+    "data_files", "text_column", "label_column", "label_format", "max_length", "max_train_samples",
+    "max_eval_samples",
+)  # fmt: skip
+HELP_TRAINING_KEYS = {
+    "contrastive": ("loss", "temperature", "projection_dim", "queue_size", "learning_rate", "num_train_epochs",
+                    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "bf16",
+                    "use_cpu", "report_to"),
+    "probe": ("probe", "loss", "threshold", "learning_rate", "num_train_epochs", "max_steps",
+              "per_device_train_batch_size", "seed", "report_to"),
+}  # fmt: skip
+
+
+def override_keys_help(stages: Sequence[str]) -> str:
+    """The ``--help`` section listing the common keys a command accepts, with each field's own help."""
+    import dataclasses
+
+    from hf_mlcl.recipes import argument_classes as _arg_classes
+
+    def lines(classes, keys):
+        fields = {f.name: f for cls in classes for f in dataclasses.fields(cls)}
+        out = []
+        for key in keys:
+            text = " ".join(str(fields[key].metadata.get("help", "")).split())
+            text = text if len(text) <= 64 else text[:61] + "..."
+            out.append(f"  --{key:<30} {text}".rstrip())
+        return out
+
+    model_cls, data_cls, _ = _arg_classes("probe")
+    parts = ["recipe keys (override any of them: --key value; a recipe holds the same keys):",
+             "model and data:", *lines((model_cls, data_cls), HELP_MODEL_DATA_KEYS)]
+    for stage in stages:
+        prefix = f"--{stage}.key or " if len(stages) > 1 else ""
+        parts += [f"{stage} stage training ({prefix}--key):",
+                  *lines((_arg_classes(stage)[2],), HELP_TRAINING_KEYS[stage])]
+    if stages:
+        parts.append("  --output_dir                     the run's root folder (run) or the stage's folder (train, probe)")
+    parts += [
+        "",
+        "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments and",
+        "ProbingTrainingArguments in hf_mlcl.training.arguments (the last two subclass",
+        "transformers.TrainingArguments, so all of its fields work too); see docs/usage.md (Recipes, Data).",
+        "Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails with the nearest",
+        "valid name.",
+    ]
+    return "\n".join(parts)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A sub-command parser whose ``--help`` ends with the recipe keys it accepts (built only when asked,
+    so that plain commands do not import transformers to print help)."""
+
+    override_stages: tuple[str, ...] = ()
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if self.override_stages or self.prog.endswith(" evaluate"):
+            text += "\n" + override_keys_help(self.override_stages) + "\n"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-mlcl",
@@ -233,19 +296,22 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
 
-    def add(name, help_text):
-        return sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+    def add(name, help_text, stages=()):
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.override_stages = tuple(stages)
+        return p
 
-    p = add("train", "stage 1: contrastive training of the encoder")
+    p = add("train", "stage 1: contrastive training of the encoder", ["contrastive"])
     p.add_argument("recipe", help="recipe YAML (recipes/<dataset>/<encoder>/<loss>.yaml)")
-    p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder")
+    p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder", ["probe"])
     p.add_argument("recipe")
     p.add_argument("--encoder-path", default=None,
                    help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
                         "recipe's model: the supervised baseline)")
-    p = add("run", "both stages, test evaluation with plots, and model cards")
+    p = add("run", "both stages, test evaluation with plots, and model cards", ["contrastive", "probe"])
     p.add_argument("recipe")
     p.add_argument("--push-to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)")
     p.add_argument("--private", action="store_true")

@@ -170,3 +170,36 @@ def test_evaluate_with_a_recipe_uses_the_recipe(monkeypatch, tmp_path):
     seen = _capture_evaluate(monkeypatch)
     assert main(["evaluate", ckpt, RECIPE]) == 0
     assert (seen["data_args"].dataset, seen["data_args"].max_length) == ("synthetic", 48)
+
+
+def _help(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("command", "stages"), [("train", ["contrastive"]), ("probe", ["probe"]),
+                                                 ("run", ["contrastive", "probe"]), ("evaluate", [])])
+def test_subcommand_help_lists_the_overridable_keys(capsys, command, stages):
+    from hf_mlcl.cli import HELP_MODEL_DATA_KEYS, HELP_TRAINING_KEYS
+    from hf_mlcl.recipes import common_keys, stage_keys
+
+    out = _help(capsys, command)
+    assert set(HELP_MODEL_DATA_KEYS) <= common_keys()
+    for key in ("model_name_or_path", "dataset", "dataset_options", "text_column", "label_column", "max_length"):
+        assert f"  --{key} " in out, key
+    for stage in stages:
+        assert set(HELP_TRAINING_KEYS[stage]) <= stage_keys(stage)
+        assert f"{stage} stage training" in out
+        for key in HELP_TRAINING_KEYS[stage]:
+            assert f"  --{key} " in out, key
+    if "contrastive" not in stages:
+        assert "  --queue_size " not in out
+    assert "All keys" in out and "docs/usage.md" in out and "transformers.TrainingArguments" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_top_level_help_is_unchanged_by_the_key_list(capsys):
+    out = _help(capsys)
+    assert "COMMAND" in out and "recipe keys" not in out
