@@ -3,18 +3,20 @@
 Sub-commands::
 
     hf-mlcl train    RECIPE [--key value ...]               stage 1: contrastive training of the encoder
-    hf-mlcl probe    RECIPE [--encoder-path DIR] [--key ...] stage 2: multi-label head (linear probe / fine-tune)
-    hf-mlcl run      RECIPE [--push-to REPO] [--key ...]    both stages + test evaluation + model cards
+    hf-mlcl probe    RECIPE [--encoder_path DIR] [--key ...] stage 2: multi-label head (linear probe / fine-tune)
+    hf-mlcl run      RECIPE [--push_to REPO] [--key ...]    both stages + test evaluation + model cards
     hf-mlcl evaluate CHECKPOINT [RECIPE] [--split test] [--key ...]   score a classifier, write metrics + plots
                      (no RECIPE: the data arguments stored in the checkpoint's card_data.json)
-    hf-mlcl push     FOLDER --repo-id USER/NAME [--private]  upload model, tokenizer, card and metrics
-    hf-mlcl demo     [--output-dir DIR] [--dataset goemotions --data-dir DIR --model PATH]
-    hf-mlcl inspect  DATASET [--data-dir DIR] [--splits train] [--batch-size 32] [--queue-size 0] ...
+    hf-mlcl push     FOLDER --repo_id USER/NAME [--private]  upload model, tokenizer, card and metrics
+    hf-mlcl demo     [--output_dir DIR] [--dataset goemotions --data_dir DIR --model PATH]
+    hf-mlcl inspect  DATASET [--data_dir DIR] [--splits train] [--batch_size 32] [--queue_size 0] ...
                      how each loss sees the data (relations, positives, HBL gate, queue advice)
 
 A RECIPE is a YAML file (see ``recipes/`` and :mod:`hf_mlcl.recipes`); ``--key value`` overrides any
 ModelArguments / DataArguments / TrainingArguments field, ``--contrastive.key`` / ``--probe.key`` one stage
-only, ``--output_dir`` the run's root folder. Typos fail with the nearest valid name.
+only, ``--output_dir`` the run's root folder. Typos fail with the nearest valid name. Options and keys
+are spelt with underscores, as the dataclass fields and transformers' scripts are (``--encoder_path``);
+the dashed spelling (``--encoder-path``) is accepted everywhere too.
 
 This module only parses arguments and prints: the stages, scoring and evaluation it runs live in the
 library (:mod:`hf_mlcl.training.pipeline`, :mod:`hf_mlcl.evaluation.tables`); nothing in the library
@@ -275,11 +277,41 @@ def override_keys_help(stages: Sequence[str]) -> str:
     return "\n".join(parts)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows only the documented spelling of an option (``--encoder_path``), not its dashed alias."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if action.option_strings and action.nargs != 0:
+            return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+        if action.option_strings:
+            return action.option_strings[0] if action.option_strings[0] != "-h" else ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
 class _CommandParser(argparse.ArgumentParser):
-    """A sub-command parser whose ``--help`` ends with the recipe keys it accepts (built only when asked,
-    so that plain commands do not import transformers to print help)."""
+    """``hf-mlcl``'s parsers: every ``--multi_word`` option also answers to ``--multi-word`` (the keys
+    are dataclass fields, so the underscore spelling is the documented one), and a sub-command's
+    ``--help`` ends with the recipe keys it accepts (built only when asked, so that plain commands do not
+    import transformers to print help)."""
 
     override_stages: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
+        spellings: list[str] = []
+        for name in names:
+            if name.startswith("--"):
+                documented = "--" + name[2:].replace("-", "_")
+                spellings += [documented] + ([name] if name != documented else [])
+                if name[2:].count("_"):
+                    spellings.append("--" + name[2:].replace("_", "-"))
+            else:
+                spellings.append(name)
+        return super().add_argument(*dict.fromkeys(spellings), **kwargs)
 
     def format_help(self) -> str:
         text = super().format_help()
@@ -289,18 +321,17 @@ class _CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _CommandParser(
         prog="hf-mlcl",
         description="Multi-label supervised contrastive learning on the HuggingFace Trainer.",
         epilog="Recipe overrides: --key value (any argument field), --contrastive.key / --probe.key for one stage.",
         allow_abbrev=False,
     )
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log_level", default="warning", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
 
     def add(name, help_text, stages=()):
-        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         p.override_stages = tuple(stages)
         return p
 
@@ -308,54 +339,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help="recipe YAML (recipes/<dataset>/<encoder>/<loss>.yaml)")
     p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder", ["probe"])
     p.add_argument("recipe")
-    p.add_argument("--encoder-path", default=None,
+    p.add_argument("--encoder_path", default=None,
                    help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
                         "recipe's model: the supervised baseline)")
     p = add("run", "both stages, test evaluation with plots, and model cards", ["contrastive", "probe"])
     p.add_argument("recipe")
-    p.add_argument("--push-to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)")
+    p.add_argument("--push_to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)")
     p.add_argument("--private", action="store_true")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no_plots", action="store_true")
     p = add("evaluate", "score a trained classifier on a split (metrics JSON + per-label F1 plot)")
     p.add_argument("checkpoint", help="classifier folder written by `probe` / `run`")
     p.add_argument("recipe", nargs="?", default=None, help="recipe naming the dataset (default: the dataset, its options and max_length stored in "
                         "the checkpoint's card_data.json; --dataset ... overrides)")
     p.add_argument("--split", default="test")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--output-dir", default=None, help="where metrics and plots go (default: the checkpoint)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--output_dir", default=None, help="where metrics and plots go (default: the checkpoint)")
+    p.add_argument("--no_plots", action="store_true")
     p = add("push", "upload a trained folder (model, tokenizer, card, metrics) to the Hub")
     p.add_argument("folder")
-    p.add_argument("--repo-id", required=True)
+    p.add_argument("--repo_id", required=True)
     p.add_argument("--private", action="store_true")
     p.add_argument("--token", default=None, help="default: the cached `huggingface-cli login` token / HF_TOKEN")
     p.add_argument("--revision", default=None)
     p = add("demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots")
-    p.add_argument("--output-dir", default="./hf_mlcl_demo")
+    p.add_argument("--output_dir", default="./hf_mlcl_demo")
     p.add_argument("--dataset", default="synthetic", help="synthetic (default) or a registry name, e.g. goemotions")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data_dir", default=None)
     p.add_argument("--model", default=None, help="pretrained encoder path/id (default: a tiny random BERT)")
     p.add_argument("--losses", default="sd,mulsupcon,all", help="comma-separated contrastive losses")
     p.add_argument("--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)")
     p.add_argument("--probe", default="logistic", choices=["logistic", "linear"],
                    help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head")
-    p.add_argument("--max-train-samples", type=int, default=None)
-    p.add_argument("--max-eval-samples", type=int, default=None,
+    p.add_argument("--max_train_samples", type=int, default=None)
+    p.add_argument("--max_eval_samples", type=int, default=None,
                    help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)")
-    p.add_argument("--max-length", type=int, default=None)
+    p.add_argument("--max_length", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
     p = add("inspect", "how each loss sees a dataset: relations R1-R5, positives, wasted anchors, HBL gate, queue advice")
     p.add_argument("dataset", help="a registry name (hf_mlcl.data.list_datasets())")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data_dir", default=None)
     p.add_argument("--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)")
     p.add_argument("--option", action="append", default=[], help="loader keyword as key=value (repeatable)")
-    p.add_argument("--batch-size", type=int, default=32, help="per-process batch size")
-    p.add_argument("--queue-size", type=int, default=0)
-    p.add_argument("--num-processes", type=int, default=1)
-    p.add_argument("--k-min", type=int, default=128, help="HBL's reliability gate")
+    p.add_argument("--batch_size", type=int, default=32, help="per-process batch size")
+    p.add_argument("--queue_size", type=int, default=0)
+    p.add_argument("--num_processes", type=int, default=1)
+    p.add_argument("--k_min", type=int, default=128, help="HBL's reliability gate")
     p.add_argument("--batches", type=int, default=50, help="sampled batches per queue size")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="./hf_mlcl_inspect")
+    p.add_argument("--output_dir", default="./hf_mlcl_inspect")
     p.add_argument("--prefix", default=None, help="file-name prefix (default: the dataset name)")
     return parser
 

@@ -66,7 +66,7 @@ def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
 def check_repo_id(repo_id: str | None) -> str:
     """Return ``repo_id`` or raise ValueError unless it is a valid Hub model id ('user/name' or 'name').
 
-    No network call: used to reject a bad ``--push-to`` before any training starts.
+    No network call: used to reject a bad ``--push_to`` before any training starts.
     """
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 

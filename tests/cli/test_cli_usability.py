@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from hf_mlcl import cli
 from hf_mlcl.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -203,3 +204,52 @@ def test_subcommand_help_lists_the_overridable_keys(capsys, command, stages):
 def test_top_level_help_is_unchanged_by_the_key_list(capsys):
     out = _help(capsys)
     assert "COMMAND" in out and "recipe keys" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value"),
+    [
+        (["probe", "r.yaml", "--encoder-path", "E"], "encoder_path", "E"),
+        (["probe", "r.yaml", "--encoder_path", "E"], "encoder_path", "E"),
+        (["run", "r.yaml", "--push-to", "u/m"], "push_to", "u/m"),
+        (["run", "r.yaml", "--push_to", "u/m"], "push_to", "u/m"),
+        (["run", "r.yaml", "--no_plots"], "no_plots", True),
+        (["evaluate", "c", "--output-dir", "D"], "output_dir", "D"),
+        (["evaluate", "c", "--output_dir", "D"], "output_dir", "D"),
+        (["evaluate", "c", "--batch_size", "8"], "batch_size", 8),
+        (["push", "f", "--repo_id", "u/m"], "repo_id", "u/m"),
+        (["demo", "--data_dir", "D"], "data_dir", "D"),
+        (["demo", "--max-train-samples", "5"], "max_train_samples", 5),
+        (["inspect", "aapd", "--queue_size", "64"], "queue_size", 64),
+        (["--log_level", "error", "demo"], "log_level", "error"),
+        (["--log-level", "error", "demo"], "log_level", "error"),
+    ],
+)
+def test_both_flag_spellings_are_accepted(argv, dest, value):
+    ns, rest = cli.build_parser().parse_known_args(argv)
+    assert getattr(ns, dest) == value and rest == []
+
+
+def test_help_documents_the_underscore_spelling(capsys):
+    out = _help(capsys, "probe")
+    assert "--encoder_path ENCODER_PATH" in out and "--encoder-path" not in out
+    out = _help(capsys, "evaluate")
+    assert "--output_dir OUTPUT_DIR" in out and "--output-dir" not in out and "--no_plots" in out
+
+
+def test_overrides_accept_dashed_keys(monkeypatch, tmp_path):
+    import hf_mlcl.training.pipeline as pipeline
+
+    seen = {}
+
+    def contrastive(model_args, data_args, args):
+        seen.update(args=args, data_args=data_args)
+        return None, {}
+
+    monkeypatch.setattr(pipeline, "run_contrastive_stage", contrastive)
+    rc = main(["train", RECIPE, "--output-dir", str(tmp_path / "enc"), "--learning-rate", "0.5",
+               "--max_steps", "2", "--max-length", "16"])
+    assert rc == 0
+    args = seen["args"]
+    assert (args.output_dir, args.learning_rate, args.max_steps) == (str(tmp_path / "enc"), 0.5, 2)
+    assert seen["data_args"].max_length == 16
