@@ -416,6 +416,27 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
     print("wrote " + ", ".join(paths.values()))
 
 
+def configure_logging(level_name: str) -> None:
+    """One ``--log_level`` for everything a command prints besides its own results: hf_mlcl's loggers,
+    transformers' and datasets' (pad-token and similar warnings), Python warnings (torch's pin_memory
+    UserWarning) through the ``py.warnings`` logger, and the "Loading weights" / dataset ``map`` bars,
+    which show only at ``info`` and ``debug``. Training progress follows ``--disable_tqdm``."""
+    level = getattr(logging, level_name.upper())
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity(level)
+    datasets.utils.logging.set_verbosity(level)
+    if level <= logging.INFO:
+        transformers.utils.logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+    else:
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+
+
 COMMANDS = {
     "train": cmd_train,
     "probe": cmd_probe,
@@ -435,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     ns, rest = parser.parse_known_args(argv)
-    logging.basicConfig(level=getattr(logging, ns.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(ns.log_level)
     try:
         COMMANDS[ns.command](ns, rest)
     except (RecipeError, ValueError, FileNotFoundError, ConnectionError) as err:

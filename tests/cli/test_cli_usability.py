@@ -253,3 +253,66 @@ def test_overrides_accept_dashed_keys(monkeypatch, tmp_path):
     args = seen["args"]
     assert (args.output_dir, args.learning_rate, args.max_steps) == (str(tmp_path / "enc"), 0.5, 2)
     assert seen["data_args"].max_length == 16
+
+
+@pytest.fixture
+def restore_logging():
+    import logging
+
+    import datasets
+    import transformers
+
+    root = logging.getLogger()
+    saved = (root.level, transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity(),
+             transformers.utils.logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    yield
+    logging.captureWarnings(False)
+    root.setLevel(saved[0])
+    transformers.utils.logging.set_verbosity(saved[1])
+    datasets.utils.logging.set_verbosity(saved[2])
+    (transformers.utils.logging.enable_progress_bar if saved[3] else transformers.utils.logging.disable_progress_bar)()
+    (datasets.enable_progress_bars if saved[4] else datasets.disable_progress_bars)()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_log_level_routes_transformers_warnings_python_warnings_and_loading_bars(capsys):
+    import logging
+    import warnings
+
+    import datasets
+    import transformers
+
+    cli.configure_logging("error")
+    assert transformers.utils.logging.get_verbosity() == logging.ERROR
+    assert datasets.utils.logging.get_verbosity() == logging.ERROR
+    assert not transformers.utils.logging.is_progress_bar_enabled()  # the "Loading weights" bar
+    assert not datasets.is_progress_bar_enabled()
+    logging.getLogger().setLevel(logging.ERROR)  # basicConfig leaves pytest's root logger alone
+    assert not logging.getLogger("transformers.trainer").isEnabledFor(logging.WARNING)  # pad-token warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        logging.captureWarnings(True)  # catch_warnings reset it: the CLI sets it once per process
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found", UserWarning, stacklevel=1)
+    assert "pin_memory" not in capsys.readouterr().err
+    cli.configure_logging("info")
+    assert transformers.utils.logging.get_verbosity() == logging.INFO
+    assert transformers.utils.logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+
+
+def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
+    """At the default level this run prints transformers' PAD/BOS/EOS tokenizer warning and torch's
+    pin_memory UserWarning (no GPU); --log_level error must silence both, and the stdout keeps the results."""
+    import json
+    import subprocess
+    import sys
+
+    tiny = json.dumps({"num_labels": 4, "num_train": 32, "num_validation": 16, "num_test": 16,
+                       "min_words": 5, "max_words": 10})
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_mlcl.cli", "--log_level", "error", "run", RECIPE, "--max_steps", "1",
+         "--output_dir", str(tmp_path), "--no_plots", "--disable_tqdm", "true", "--dataset_options", tiny],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.strip() == ""
+    assert "stage 2/2" in proc.stdout and "results:" in proc.stdout
