@@ -139,7 +139,7 @@ def test_module_entry_point_for_accelerate_launch():
     env = {**os.environ, "PYTHONPATH": ROOT}
     out = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "run", "--help"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
-    assert out.returncode == 0 and "--push-to" in out.stdout
+    assert out.returncode == 0 and "--push_to" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "nonsense"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
