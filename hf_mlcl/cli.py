@@ -3,17 +3,20 @@
 Sub-commands::
 
     hf-mlcl train    RECIPE [--key value ...]               stage 1: contrastive training of the encoder
-    hf-mlcl probe    RECIPE [--encoder-path DIR] [--key ...] stage 2: multi-label head (linear probe / fine-tune)
-    hf-mlcl run      RECIPE [--push-to REPO] [--key ...]    both stages + test evaluation + model cards
+    hf-mlcl probe    RECIPE [--encoder_path DIR] [--key ...] stage 2: multi-label head (linear probe / fine-tune)
+    hf-mlcl run      RECIPE [--push_to REPO] [--key ...]    both stages + test evaluation + model cards
     hf-mlcl evaluate CHECKPOINT [RECIPE] [--split test] [--key ...]   score a classifier, write metrics + plots
-    hf-mlcl push     FOLDER --repo-id USER/NAME [--private]  upload model, tokenizer, card and metrics
-    hf-mlcl demo     [--output-dir DIR] [--dataset goemotions --data-dir DIR --model PATH]
-    hf-mlcl inspect  DATASET [--data-dir DIR] [--splits train] [--batch-size 32] [--queue-size 0] ...
+                     (no RECIPE: the data arguments stored in the checkpoint's card_data.json)
+    hf-mlcl push     FOLDER --repo_id USER/NAME [--private]  upload model, tokenizer, card and metrics
+    hf-mlcl demo     [--output_dir DIR] [--dataset goemotions --data_dir DIR --model PATH]
+    hf-mlcl inspect  DATASET [--data_dir DIR] [--splits train] [--batch_size 32] [--queue_size 0] ...
                      how each loss sees the data (relations, positives, HBL gate, queue advice)
 
 A RECIPE is a YAML file (see ``recipes/`` and :mod:`hf_mlcl.recipes`); ``--key value`` overrides any
 ModelArguments / DataArguments / TrainingArguments field, ``--contrastive.key`` / ``--probe.key`` one stage
-only, ``--output_dir`` the run's root folder. Typos fail with the nearest valid name.
+only, ``--output_dir`` the run's root folder. Typos fail with the nearest valid name. Options and keys
+are spelt with underscores, as the dataclass fields and transformers' scripts are (``--encoder_path``);
+the dashed spelling (``--encoder-path``) is accepted everywhere too.
 
 This module only parses arguments and prints: the stages, scoring and evaluation it runs live in the
 library (:mod:`hf_mlcl.training.pipeline`, :mod:`hf_mlcl.evaluation.tables`); nothing in the library
@@ -46,6 +49,17 @@ def _load(recipe_path: str | None, overrides: Sequence[str], stages: Sequence[st
     return recipe, split_overrides(overrides, stages)
 
 
+def _check_models(model_args, **folders: str | None) -> None:
+    """Before any training: each model / tokenizer / folder named exists locally or on a reachable Hub."""
+    from hf_mlcl.hub import check_model_source
+
+    if model_args is not None:
+        check_model_source(model_args.model_name_or_path, "--model_name_or_path")
+        check_model_source(model_args.tokenizer_name_or_path, "--tokenizer_name_or_path")
+    for flag, name in folders.items():
+        check_model_source(name, f"--{flag}")
+
+
 def cmd_train(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training.pipeline import check_stage, run_contrastive_stage
@@ -53,6 +67,7 @@ def cmd_train(ns, overrides) -> dict:
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
     check_stage(args)
+    _check_models(model_args)
     _, metrics = run_contrastive_stage(model_args, data_args, args)
     print(f"encoder saved to {args.output_dir}")
     return metrics
@@ -70,6 +85,7 @@ def cmd_probe(ns, overrides) -> dict:
         default = stage_output_dir(recipe, "contrastive")
         if os.path.isfile(os.path.join(default, "config.json")):
             encoder = default
+    _check_models(model_args, encoder_path=encoder)
     _, metrics = run_probe_stage(model_args, data_args, args, encoder, encoder_loss(encoder))
     print(f"classifier saved to {args.output_dir}")
     return metrics
@@ -88,29 +104,39 @@ def cmd_run(ns, overrides) -> dict:
         run_probe_stage,
     )
 
+    if ns.push_to:
+        from hf_mlcl.hub import check_repo_id
+
+        check_repo_id(ns.push_to)  # before any training: a typo here must not cost two stages
     recipe, _ = _load(ns.recipe, [], STAGES)
     stages = recipe.get("stages", list(STAGES))
     _, ov = _load(None, overrides, stages)
     root = ov.output_dir
     results: dict[str, Any] = {}
     encoder_path, contrastive_loss = None, None
+    n = len(stages)
     parsed = {s: parse_stage(recipe, s, ov) for s in stages if s == "contrastive"}
     parsed["probe"] = parse_stage(recipe, "probe", ov)
     for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
         check_stage(stage_args)
+    _check_models(parsed["contrastive" if "contrastive" in parsed else "probe"][0])  # and the models
     if "contrastive" in stages:
         model_args, data_args, args = parsed["contrastive"]
+        _stage_header(1, n, f"contrastive training of the encoder (loss: {args.loss})", args.output_dir)
         metrics = finished_stage_metrics(args)
         if metrics is None:
             _, metrics = run_contrastive_stage(model_args, data_args, args)
         encoder_path, contrastive_loss = args.output_dir, args.loss
         results["contrastive"] = metrics
+        _say(f"encoder saved to {args.output_dir}")
     model_args, data_args, pargs = parsed["probe"]
+    _stage_header(n, n, "multi-label head on the encoder", pargs.output_dir)
     metrics = finished_stage_metrics(pargs)
     if metrics is None:
         _, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
     results["probe"] = metrics
     if pargs.process_index == 0:
+        print(f"classifier saved to {pargs.output_dir}", flush=True)
         if not ns.no_plots:
             evaluate_checkpoint(pargs.output_dir, data_args, split="test" if _has_test(metrics) else "validation")
         summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
@@ -118,6 +144,8 @@ def cmd_run(ns, overrides) -> dict:
         os.makedirs(run_root, exist_ok=True)
         atomic_write_json(os.path.join(run_root, "results.json"), results, default=str)
         print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}]))
+        print(f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
+              f"{pargs.output_dir}", flush=True)
         if ns.push_to:
             from hf_mlcl.hub import push_folder
 
@@ -126,6 +154,17 @@ def cmd_run(ns, overrides) -> dict:
                 push_folder(encoder_path, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
     return results
+
+
+def _say(msg: str) -> None:
+    """Print on the main process only (``accelerate launch`` sets RANK on every process)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(msg, flush=True)
+
+
+def _stage_header(i: int, n: int, what: str, output_dir: str) -> None:
+    """One visible line per stage of ``hf-mlcl run``."""
+    _say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {output_dir}")
 
 
 def _has_test(metrics: dict) -> bool:
@@ -137,8 +176,11 @@ def cmd_evaluate(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training.pipeline import evaluate_checkpoint
 
+    _check_models(None, checkpoint=ns.checkpoint)
     recipe, ov = _load(ns.recipe, overrides, [])
     recipe = {k: v for k, v in recipe.items() if k not in ("contrastive", "probe", "stages")}
+    if ns.recipe is None:
+        recipe = _data_recipe_of(ns.checkpoint, user_dataset="--dataset" in ov.common)
     recipe["probe"] = {}  # only the data arguments matter here
     _, data_args, _ = parse_stage(recipe, "probe", ov, output_dir=ns.checkpoint)
     metrics = evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
@@ -146,6 +188,26 @@ def cmd_evaluate(ns, overrides) -> dict:
     print(format_table([{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
                        keys=TABLE_KEYS, prefix=f"{ns.split}_"))
     return metrics
+
+
+def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
+    """The data keys a checkpoint was trained with, from its card_data.json: dataset, its loader options
+    and max_length (a user's ``--dataset`` drops the stored dataset and its options, not max_length)."""
+    from hf_mlcl.hub import CARD_DATA_FILE, CardData
+
+    if not os.path.isfile(os.path.join(checkpoint, CARD_DATA_FILE)):
+        logger.warning("%s has no %s: evaluating with the default data arguments", checkpoint, CARD_DATA_FILE)
+        return {}
+    card = CardData.load(checkpoint)
+    recipe: dict[str, Any] = {}
+    if card.dataset and not user_dataset:
+        recipe["dataset"] = card.dataset
+        if card.dataset_options:
+            recipe["dataset_options"] = dict(card.dataset_options)
+    if card.hyperparameters.get("max_length") is not None:
+        recipe["max_length"] = int(card.hyperparameters["max_length"])
+    _say(f"evaluate: data arguments from {os.path.join(checkpoint, CARD_DATA_FILE)}: {recipe}")
+    return recipe
 
 
 def cmd_push(ns, overrides) -> dict:
@@ -181,70 +243,166 @@ def cmd_demo(ns, overrides) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # argument parsing
 # ----------------------------------------------------------------------------------------------------
+# The keys a `--help` lists (a test checks each is a real field); all of them: docs/usage.md.
+HELP_MODEL_DATA_KEYS = (
+    "model_name_or_path", "tokenizer_name_or_path", "pooling", "dataset", "data_dir", "dataset_options",
+    "data_files", "text_column", "label_column", "label_format", "max_length", "max_train_samples",
+    "max_eval_samples",
+)  # fmt: skip
+HELP_TRAINING_KEYS = {
+    "contrastive": ("loss", "temperature", "projection_dim", "queue_size", "learning_rate", "num_train_epochs",
+                    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "bf16",
+                    "use_cpu", "report_to"),
+    "probe": ("probe", "loss", "threshold", "learning_rate", "num_train_epochs", "max_steps",
+              "per_device_train_batch_size", "seed", "report_to"),
+}  # fmt: skip
+
+
+def override_keys_help(stages: Sequence[str]) -> str:
+    """The ``--help`` section listing the common keys a command accepts, with each field's own help."""
+    import dataclasses
+
+    from hf_mlcl.recipes import argument_classes as _arg_classes
+
+    def lines(classes, keys):
+        fields = {f.name: f for cls in classes for f in dataclasses.fields(cls)}
+        out = []
+        for key in keys:
+            text = " ".join(str(fields[key].metadata.get("help", "")).split())
+            text = text if len(text) <= 64 else text[:61] + "..."
+            out.append(f"  --{key:<30} {text}".rstrip())
+        return out
+
+    model_cls, data_cls, _ = _arg_classes("probe")
+    parts = ["recipe keys (override any of them: --key value; a recipe holds the same keys):",
+             "model and data:", *lines((model_cls, data_cls), HELP_MODEL_DATA_KEYS)]
+    for stage in stages:
+        prefix = f"--{stage}.key or " if len(stages) > 1 else ""
+        parts += [f"{stage} stage training ({prefix}--key):",
+                  *lines((_arg_classes(stage)[2],), HELP_TRAINING_KEYS[stage])]
+    if stages:
+        parts.append("  --output_dir                     the run's root folder (run) or the stage's folder (train, probe)")
+    parts += [
+        "",
+        "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments and",
+        "ProbingTrainingArguments in hf_mlcl.training.arguments (the last two subclass",
+        "transformers.TrainingArguments, so all of its fields work too); see docs/usage.md (Recipes, Data).",
+        "Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails with the nearest",
+        "valid name.",
+    ]
+    return "\n".join(parts)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows only the documented spelling of an option (``--encoder_path``), not its dashed alias."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if action.option_strings and action.nargs != 0:
+            return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+        if action.option_strings:
+            return action.option_strings[0] if action.option_strings[0] != "-h" else ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """``hf-mlcl``'s parsers: every ``--multi_word`` option also answers to ``--multi-word`` (the keys
+    are dataclass fields, so the underscore spelling is the documented one), and a sub-command's
+    ``--help`` ends with the recipe keys it accepts (built only when asked, so that plain commands do not
+    import transformers to print help)."""
+
+    override_stages: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
+        spellings: list[str] = []
+        for name in names:
+            if name.startswith("--"):
+                documented = "--" + name[2:].replace("-", "_")
+                spellings += [documented] + ([name] if name != documented else [])
+                if name[2:].count("_"):
+                    spellings.append("--" + name[2:].replace("_", "-"))
+            else:
+                spellings.append(name)
+        return super().add_argument(*dict.fromkeys(spellings), **kwargs)
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if self.override_stages or self.prog.endswith(" evaluate"):
+            text += "\n" + override_keys_help(self.override_stages) + "\n"
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _CommandParser(
         prog="hf-mlcl",
         description="Multi-label supervised contrastive learning on the HuggingFace Trainer.",
         epilog="Recipe overrides: --key value (any argument field), --contrastive.key / --probe.key for one stage.",
         allow_abbrev=False,
     )
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--log_level", default="warning", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
 
-    def add(name, help_text):
-        return sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+    def add(name, help_text, stages=()):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.override_stages = tuple(stages)
+        return p
 
-    p = add("train", "stage 1: contrastive training of the encoder")
+    p = add("train", "stage 1: contrastive training of the encoder", ["contrastive"])
     p.add_argument("recipe", help="recipe YAML (recipes/<dataset>/<encoder>/<loss>.yaml)")
-    p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder")
+    p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder", ["probe"])
     p.add_argument("recipe")
-    p.add_argument("--encoder-path", default=None,
+    p.add_argument("--encoder_path", default=None,
                    help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
                         "recipe's model: the supervised baseline)")
-    p = add("run", "both stages, test evaluation with plots, and model cards")
+    p = add("run", "both stages, test evaluation with plots, and model cards", ["contrastive", "probe"])
     p.add_argument("recipe")
-    p.add_argument("--push-to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)")
+    p.add_argument("--push_to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)")
     p.add_argument("--private", action="store_true")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no_plots", action="store_true")
     p = add("evaluate", "score a trained classifier on a split (metrics JSON + per-label F1 plot)")
     p.add_argument("checkpoint", help="classifier folder written by `probe` / `run`")
-    p.add_argument("recipe", nargs="?", default=None, help="recipe naming the dataset (or use --dataset ...)")
+    p.add_argument("recipe", nargs="?", default=None, help="recipe naming the dataset (default: the dataset, its options and max_length stored in "
+                        "the checkpoint's card_data.json; --dataset ... overrides)")
     p.add_argument("--split", default="test")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--output-dir", default=None, help="where metrics and plots go (default: the checkpoint)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--output_dir", default=None, help="where metrics and plots go (default: the checkpoint)")
+    p.add_argument("--no_plots", action="store_true")
     p = add("push", "upload a trained folder (model, tokenizer, card, metrics) to the Hub")
     p.add_argument("folder")
-    p.add_argument("--repo-id", required=True)
+    p.add_argument("--repo_id", required=True)
     p.add_argument("--private", action="store_true")
     p.add_argument("--token", default=None, help="default: the cached `huggingface-cli login` token / HF_TOKEN")
     p.add_argument("--revision", default=None)
     p = add("demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots")
-    p.add_argument("--output-dir", default="./hf_mlcl_demo")
+    p.add_argument("--output_dir", default="./hf_mlcl_demo")
     p.add_argument("--dataset", default="synthetic", help="synthetic (default) or a registry name, e.g. goemotions")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data_dir", default=None)
     p.add_argument("--model", default=None, help="pretrained encoder path/id (default: a tiny random BERT)")
     p.add_argument("--losses", default="sd,mulsupcon,all", help="comma-separated contrastive losses")
     p.add_argument("--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)")
     p.add_argument("--probe", default="logistic", choices=["logistic", "linear"],
                    help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head")
-    p.add_argument("--max-train-samples", type=int, default=None)
-    p.add_argument("--max-eval-samples", type=int, default=None,
+    p.add_argument("--max_train_samples", type=int, default=None)
+    p.add_argument("--max_eval_samples", type=int, default=None,
                    help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)")
-    p.add_argument("--max-length", type=int, default=None)
+    p.add_argument("--max_length", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
     p = add("inspect", "how each loss sees a dataset: relations R1-R5, positives, wasted anchors, HBL gate, queue advice")
     p.add_argument("dataset", help="a registry name (hf_mlcl.data.list_datasets())")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--data_dir", default=None)
     p.add_argument("--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)")
     p.add_argument("--option", action="append", default=[], help="loader keyword as key=value (repeatable)")
-    p.add_argument("--batch-size", type=int, default=32, help="per-process batch size")
-    p.add_argument("--queue-size", type=int, default=0)
-    p.add_argument("--num-processes", type=int, default=1)
-    p.add_argument("--k-min", type=int, default=128, help="HBL's reliability gate")
+    p.add_argument("--batch_size", type=int, default=32, help="per-process batch size")
+    p.add_argument("--queue_size", type=int, default=0)
+    p.add_argument("--num_processes", type=int, default=1)
+    p.add_argument("--k_min", type=int, default=128, help="HBL's reliability gate")
     p.add_argument("--batches", type=int, default=50, help="sampled batches per queue size")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="./hf_mlcl_inspect")
+    p.add_argument("--output_dir", default="./hf_mlcl_inspect")
     p.add_argument("--prefix", default=None, help="file-name prefix (default: the dataset name)")
     return parser
 
@@ -274,6 +432,27 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
     print("wrote " + ", ".join(paths.values()))
 
 
+def configure_logging(level_name: str) -> None:
+    """One ``--log_level`` for everything a command prints besides its own results: hf_mlcl's loggers,
+    transformers' and datasets' (pad-token and similar warnings), Python warnings (torch's pin_memory
+    UserWarning) through the ``py.warnings`` logger, and the "Loading weights" / dataset ``map`` bars,
+    which show only at ``info`` and ``debug``. Training progress follows ``--disable_tqdm``."""
+    level = getattr(logging, level_name.upper())
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity(level)
+    datasets.utils.logging.set_verbosity(level)
+    if level <= logging.INFO:
+        transformers.utils.logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+    else:
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
+
+
 COMMANDS = {
     "train": cmd_train,
     "probe": cmd_probe,
@@ -293,14 +472,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     ns, rest = parser.parse_known_args(argv)
-    logging.basicConfig(level=getattr(logging, ns.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(ns.log_level)
     try:
         COMMANDS[ns.command](ns, rest)
     except KeyboardInterrupt:
         if os.environ.get("RANK", "0") == "0":
             print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
         return 130
-    except (RecipeError, ValueError, FileNotFoundError) as err:
+    except (RecipeError, ValueError, FileNotFoundError, ConnectionError) as err:
         print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
         return 2
     except PushError as err:

@@ -1,7 +1,7 @@
 """``hf-mlcl demo``: the whole pipeline, offline, on a laptop CPU in a few minutes.
 
 1. a seeded synthetic multi-label corpus (``make_synthetic_corpus``: 20 Zipf-distributed labels with
-   topic co-occurrence) -- or a real dataset with ``--dataset goemotions --data-dir DIR``;
+   topic co-occurrence) -- or a real dataset with ``--dataset goemotions --data_dir DIR``;
 2. a WordPiece tokenizer trained on it (``train_tokenizer``) and a tiny random BERT -- or a pretrained
    encoder with ``--model PATH``;
 3. stage 1 (contrastive, ``train_contrastive``) with each loss, then stage 2 (``train_probe``) on the
@@ -11,7 +11,7 @@
    embeddings) and plots: per-label F1 against training frequency for every method, and a 2-D
    projection of each encoder's embedding space.
 
-Everything lands under ``--output-dir`` (default ``./hf_mlcl_demo``): one folder per method with the
+Everything lands under ``--output_dir`` (default ``./hf_mlcl_demo``): one folder per method with the
 encoder / classifier checkpoints and their model cards, ``plots/``, ``results.md`` and ``results.json``.
 """
 

@@ -124,6 +124,11 @@ def _arg_classes(stage: str) -> tuple[type, type, type]:
     raise RecipeError(f"unknown stage {stage!r}; choose one of {STAGES}")
 
 
+def argument_classes(stage: str) -> tuple[type, type, type]:
+    """``(ModelArguments, DataArguments, <Stage>TrainingArguments)`` of ``stage`` ("contrastive" / "probe")."""
+    return _arg_classes(stage)
+
+
 def _init_fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.init}
 

@@ -2,10 +2,12 @@
 
 * :class:`ModelCardCallback` (a ``TrainerCallback``) collects hyperparameters and metrics during a run;
 * :class:`CardData`, :func:`render_model_card`, :func:`save_model_card` (atomic README.md);
+* :func:`check_model_source` says in one line why a model name cannot load (no such folder, Hub unreachable);
 * :func:`push_folder` uploads a trained folder with ``HfApi.create_repo`` + ``upload_folder``.
 """
 
 from .card_callback import ModelCardCallback, framework_versions
+from .locate import check_model_source, hub_reachable
 from .model_card import (
     CARD_DATA_FILE,
     CARD_FILE,
@@ -15,7 +17,7 @@ from .model_card import (
     render_model_card,
     save_model_card,
 )
-from .push import PushError, check_pushable, files_to_push, push_folder
+from .push import PushError, check_pushable, check_repo_id, files_to_push, push_folder
 
 __all__ = [
     "CARD_DATA_FILE",
@@ -24,9 +26,12 @@ __all__ = [
     "CardData",
     "ModelCardCallback",
     "PushError",
+    "check_model_source",
+    "check_repo_id",
     "check_pushable",
     "files_to_push",
     "framework_versions",
+    "hub_reachable",
     "loss_paper",
     "push_folder",
     "render_model_card",

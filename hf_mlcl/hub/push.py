@@ -63,6 +63,23 @@ def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
     return files
 
 
+def check_repo_id(repo_id: str | None) -> str:
+    """Return ``repo_id`` or raise ValueError unless it is a valid Hub model id ('user/name' or 'name').
+
+    No network call: used to reject a bad ``--push_to`` before any training starts.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    hint = "use 'user/name' or 'name' (letters, digits, '-', '_', '.'; no spaces; at most 96 characters)"
+    if not repo_id:
+        raise ValueError(f"empty Hub repo_id: {hint}")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"invalid Hub repo_id {repo_id!r}: {hint}") from err
+    return repo_id
+
+
 def push_folder(
     folder: str,
     repo_id: str,
@@ -78,8 +95,7 @@ def push_folder(
     Returns the ``CommitInfo`` of ``upload_folder``. Raises ValueError for an incomplete folder (before
     any network call) and :class:`PushError` when the Hub call fails; neither touches the folder.
     """
-    if not repo_id or repo_id.count("/") > 1:
-        raise ValueError(f"repo_id must look like 'user/name' or 'name'; got {repo_id!r}")
+    check_repo_id(repo_id)
     files = check_pushable(folder)
     if api is None:
         from huggingface_hub import HfApi

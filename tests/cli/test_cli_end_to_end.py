@@ -70,6 +70,15 @@ def test_evaluate_command_on_the_validation_split(run_dir, tmp_path, capsys):
     assert "| classifier |" in capsys.readouterr().out
 
 
+def test_evaluate_without_a_recipe_reads_the_data_arguments_from_the_checkpoint(run_dir, tmp_path):
+    # the run used TINY_DATA (6 labels), not the recipe's 10-label corpus: the card says so
+    rc = main(["evaluate", os.path.join(run_dir, "classifier"), "--output-dir", str(tmp_path), "--no-plots"])
+    assert rc == 0
+    metrics = json.load(open(tmp_path / "eval_test.json"))
+    results = json.load(open(os.path.join(run_dir, "results.json")))
+    assert metrics["test_micro_f1"] == pytest.approx(results["probe"]["test_micro_f1"], abs=1e-6)
+
+
 def test_evaluate_refuses_a_different_label_space(run_dir, capsys):
     other = json.dumps({**json.loads(TINY_DATA), "num_labels": 7})
     rc = main(["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--dataset_options", other, "--no-plots"])
@@ -130,7 +139,7 @@ def test_module_entry_point_for_accelerate_launch():
     env = {**os.environ, "PYTHONPATH": ROOT}
     out = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "run", "--help"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
-    assert out.returncode == 0 and "--push-to" in out.stdout
+    assert out.returncode == 0 and "--push_to" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "nonsense"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr

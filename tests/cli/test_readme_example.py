@@ -31,3 +31,20 @@ def test_readme_commands_point_at_existing_recipes_and_configs():
     missing = [p for p in paths if not os.path.isfile(os.path.join(ROOT, p))]
     assert not missing, missing
     assert "make demo" in README and "make test" in README and "docs/RESULTS.md" in README
+
+
+def test_readme_bare_commands_come_after_activating_the_venv():
+    """A new user copies a block into a fresh shell: bare `hf-mlcl` / `accelerate` only resolve once
+    `.venv` is active, so every block that uses them activates it first (or calls `.venv/bin/...`)."""
+    blocks = _blocks("bash")
+    checked = 0
+    for block in blocks:
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        bare = [i for i, line in enumerate(lines) if re.match(r"(hf-mlcl|accelerate)\s", line)]
+        if not bare:
+            continue
+        checked += 1
+        activate = [i for i, line in enumerate(lines) if line.startswith("source .venv/bin/activate")]
+        assert activate and activate[0] < bare[0], block
+    assert checked >= 2
+    assert ".venv/bin/hf-mlcl" in README and ".venv/bin/accelerate" in README

@@ -1,0 +1,318 @@
+"""`hf-mlcl` as a new user meets it (issue 12 part 4): argument parsing and error paths, no training."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+from hf_mlcl import cli
+from hf_mlcl.cli import main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+
+
+def _no_training(monkeypatch):
+    import hf_mlcl.training.pipeline as pipeline
+
+    def boom(*a, **k):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(pipeline, "run_contrastive_stage", boom)
+    monkeypatch.setattr(pipeline, "run_probe_stage", boom)
+
+
+@pytest.mark.parametrize("repo_id", ["bad id", "a/b/c", "user/name-"])
+def test_run_rejects_a_bad_push_to_before_training(monkeypatch, capsys, tmp_path, repo_id):
+    _no_training(monkeypatch)
+    rc = main(["run", RECIPE, "--push-to", repo_id, "--output_dir", str(tmp_path)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"invalid Hub repo_id {repo_id!r}" in err and "user/name" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_run_prints_stage_headers_and_output_paths(monkeypatch, capsys, tmp_path):
+    import hf_mlcl.training.pipeline as pipeline
+
+    calls = []
+
+    def contrastive(model_args, data_args, args):
+        calls.append("contrastive")
+        return None, {"train_loss": 1.0}
+
+    def probe(model_args, data_args, args, encoder, loss):
+        calls.append(("probe", encoder, loss))
+        trainer = types.SimpleNamespace(is_world_process_zero=lambda: True)
+        return trainer, {"test_micro_f1": 0.5, "test_macro_f1": 0.4}
+
+    monkeypatch.setattr(pipeline, "run_contrastive_stage", contrastive)
+    monkeypatch.setattr(pipeline, "run_probe_stage", probe)
+    rc = main(["run", RECIPE, "--output_dir", str(tmp_path), "--no-plots"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    enc, clf = os.path.join(str(tmp_path), "encoder"), os.path.join(str(tmp_path), "classifier")
+    assert calls == ["contrastive", ("probe", enc, calls[1][2])]
+    assert f"stage 1/2: contrastive training of the encoder (loss: {calls[1][2]}) -> {enc}" in out
+    assert f"stage 2/2: multi-label head on the encoder -> {clf}" in out
+    assert out.index("stage 1/2") < out.index(f"encoder saved to {enc}") < out.index("stage 2/2")
+    assert f"classifier saved to {clf}" in out
+    assert f"results: {os.path.join(str(tmp_path), 'results.json')}" in out
+    assert os.path.isfile(os.path.join(str(tmp_path), "results.json"))
+
+
+def test_check_repo_id_accepts_valid_ids():
+    from hf_mlcl.hub import check_repo_id
+
+    assert check_repo_id("user/my-model_1.0") == "user/my-model_1.0"
+    assert check_repo_id("name") == "name"
+    with pytest.raises(ValueError, match="empty Hub repo_id"):
+        check_repo_id("")
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+@pytest.mark.parametrize("name", ["./no_such_model", "outputs/x/encoder", "/nonexistent/model"])
+def test_missing_local_model_path_is_one_line_no_such_folder(monkeypatch, capsys, command, name):
+    import hf_mlcl.hub.locate as locate
+
+    _no_training(monkeypatch)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: pytest.fail("a path must not ask the Hub"))
+    rc = main([command, RECIPE, "--model_name_or_path", name])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--model_name_or_path {name!r}: no such folder" in err
+
+
+def test_missing_encoder_path_and_checkpoint_are_no_such_folder(monkeypatch, capsys):
+    _no_training(monkeypatch)
+    assert main(["probe", RECIPE, "--encoder-path", "runs/none/encoder"]) == 2
+    assert "--encoder_path 'runs/none/encoder': no such folder" in capsys.readouterr().err
+    assert main(["evaluate", "./no_classifier", RECIPE]) == 2
+    assert "--checkpoint './no_classifier': no such folder" in capsys.readouterr().err
+
+
+def test_unreachable_hub_is_one_line(monkeypatch, capsys):
+    import hf_mlcl.hub.locate as locate
+
+    _no_training(monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: False)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: False)
+    assert main(["train", RECIPE, "--model_name_or_path", "someone/some-model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the Hub is unreachable" in err and "'someone/some-model'" in err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["train", RECIPE, "--model_name_or_path", "someone/some-model"]) == 2
+    assert "HF_HUB_OFFLINE=1" in capsys.readouterr().err
+
+
+def test_existing_folder_and_cached_or_reachable_hub_id_pass(monkeypatch, tmp_path):
+    import hf_mlcl.hub.locate as locate
+
+    locate.check_model_source(str(tmp_path))
+    locate.check_model_source(None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: False)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: True)
+    locate.check_model_source("someone/some-model")
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: True)
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: False)
+    locate.check_model_source("someone/some-model")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        locate.check_model_source(str(tmp_path / "weights.bin"))
+
+
+def _fake_classifier(folder, **card):
+    import json
+
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "card_data.json").write_text(json.dumps({"kind": "classifier", **card}))
+    return str(folder)
+
+
+def _capture_evaluate(monkeypatch):
+    import hf_mlcl.training.pipeline as pipeline
+
+    seen = {}
+
+    def fake(checkpoint, data_args, split="test", **kw):
+        seen.update(checkpoint=checkpoint, data_args=data_args, split=split)
+        return {f"{split}_micro_f1": 0.5}
+
+    monkeypatch.setattr(pipeline, "evaluate_checkpoint", fake)
+    return seen
+
+
+def test_evaluate_without_recipe_uses_the_checkpoint_data_arguments(monkeypatch, tmp_path, capsys):
+    options = {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32}
+    ckpt = _fake_classifier(tmp_path / "clf", dataset="synthetic", dataset_options=options,
+                            hyperparameters={"max_length": 112})
+    seen = _capture_evaluate(monkeypatch)
+    assert main(["evaluate", ckpt, "--split", "validation"]) == 0
+    data_args = seen["data_args"]
+    assert (data_args.dataset, data_args.max_length, seen["split"]) == ("synthetic", 112, "validation")
+    assert data_args.loader_options() == options
+    assert "card_data.json" in capsys.readouterr().out
+    # command-line keys still win; a user's --dataset drops the stored dataset options, not max_length
+    assert main(["evaluate", ckpt, "--max_length", "64"]) == 0
+    assert seen["data_args"].max_length == 64 and seen["data_args"].loader_options() == options
+    assert main(["evaluate", ckpt, "--dataset", "goemotions"]) == 0
+    assert seen["data_args"].dataset == "goemotions" and seen["data_args"].loader_options() == {}
+    assert seen["data_args"].max_length == 112
+
+
+def test_evaluate_with_a_recipe_uses_the_recipe(monkeypatch, tmp_path):
+    ckpt = _fake_classifier(tmp_path / "clf", dataset="goemotions", hyperparameters={"max_length": 112})
+    seen = _capture_evaluate(monkeypatch)
+    assert main(["evaluate", ckpt, RECIPE]) == 0
+    assert (seen["data_args"].dataset, seen["data_args"].max_length) == ("synthetic", 48)
+
+
+def _help(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("command", "stages"), [("train", ["contrastive"]), ("probe", ["probe"]),
+                                                 ("run", ["contrastive", "probe"]), ("evaluate", [])])
+def test_subcommand_help_lists_the_overridable_keys(capsys, command, stages):
+    from hf_mlcl.cli import HELP_MODEL_DATA_KEYS, HELP_TRAINING_KEYS
+    from hf_mlcl.recipes import common_keys, stage_keys
+
+    out = _help(capsys, command)
+    assert set(HELP_MODEL_DATA_KEYS) <= common_keys()
+    for key in ("model_name_or_path", "dataset", "dataset_options", "text_column", "label_column", "max_length"):
+        assert f"  --{key} " in out, key
+    for stage in stages:
+        assert set(HELP_TRAINING_KEYS[stage]) <= stage_keys(stage)
+        assert f"{stage} stage training" in out
+        for key in HELP_TRAINING_KEYS[stage]:
+            assert f"  --{key} " in out, key
+    if "contrastive" not in stages:
+        assert "  --queue_size " not in out
+    assert "All keys" in out and "docs/usage.md" in out and "transformers.TrainingArguments" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_top_level_help_is_unchanged_by_the_key_list(capsys):
+    out = _help(capsys)
+    assert "COMMAND" in out and "recipe keys" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "dest", "value"),
+    [
+        (["probe", "r.yaml", "--encoder-path", "E"], "encoder_path", "E"),
+        (["probe", "r.yaml", "--encoder_path", "E"], "encoder_path", "E"),
+        (["run", "r.yaml", "--push-to", "u/m"], "push_to", "u/m"),
+        (["run", "r.yaml", "--push_to", "u/m"], "push_to", "u/m"),
+        (["run", "r.yaml", "--no_plots"], "no_plots", True),
+        (["evaluate", "c", "--output-dir", "D"], "output_dir", "D"),
+        (["evaluate", "c", "--output_dir", "D"], "output_dir", "D"),
+        (["evaluate", "c", "--batch_size", "8"], "batch_size", 8),
+        (["push", "f", "--repo_id", "u/m"], "repo_id", "u/m"),
+        (["demo", "--data_dir", "D"], "data_dir", "D"),
+        (["demo", "--max-train-samples", "5"], "max_train_samples", 5),
+        (["inspect", "aapd", "--queue_size", "64"], "queue_size", 64),
+        (["--log_level", "error", "demo"], "log_level", "error"),
+        (["--log-level", "error", "demo"], "log_level", "error"),
+    ],
+)
+def test_both_flag_spellings_are_accepted(argv, dest, value):
+    ns, rest = cli.build_parser().parse_known_args(argv)
+    assert getattr(ns, dest) == value and rest == []
+
+
+def test_help_documents_the_underscore_spelling(capsys):
+    out = _help(capsys, "probe")
+    assert "--encoder_path ENCODER_PATH" in out and "--encoder-path" not in out
+    out = _help(capsys, "evaluate")
+    assert "--output_dir OUTPUT_DIR" in out and "--output-dir" not in out and "--no_plots" in out
+
+
+def test_overrides_accept_dashed_keys(monkeypatch, tmp_path):
+    import hf_mlcl.training.pipeline as pipeline
+
+    seen = {}
+
+    def contrastive(model_args, data_args, args):
+        seen.update(args=args, data_args=data_args)
+        return None, {}
+
+    monkeypatch.setattr(pipeline, "run_contrastive_stage", contrastive)
+    rc = main(["train", RECIPE, "--output-dir", str(tmp_path / "enc"), "--learning-rate", "0.5",
+               "--max_steps", "2", "--max-length", "16"])
+    assert rc == 0
+    args = seen["args"]
+    assert (args.output_dir, args.learning_rate, args.max_steps) == (str(tmp_path / "enc"), 0.5, 2)
+    assert seen["data_args"].max_length == 16
+
+
+@pytest.fixture
+def restore_logging():
+    import logging
+
+    import datasets
+    import transformers
+
+    root = logging.getLogger()
+    saved = (root.level, transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity(),
+             transformers.utils.logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    yield
+    logging.captureWarnings(False)
+    root.setLevel(saved[0])
+    transformers.utils.logging.set_verbosity(saved[1])
+    datasets.utils.logging.set_verbosity(saved[2])
+    (transformers.utils.logging.enable_progress_bar if saved[3] else transformers.utils.logging.disable_progress_bar)()
+    (datasets.enable_progress_bars if saved[4] else datasets.disable_progress_bars)()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_log_level_routes_transformers_warnings_python_warnings_and_loading_bars(capsys):
+    import logging
+    import warnings
+
+    import datasets
+    import transformers
+
+    cli.configure_logging("error")
+    assert transformers.utils.logging.get_verbosity() == logging.ERROR
+    assert datasets.utils.logging.get_verbosity() == logging.ERROR
+    assert not transformers.utils.logging.is_progress_bar_enabled()  # the "Loading weights" bar
+    assert not datasets.is_progress_bar_enabled()
+    logging.getLogger().setLevel(logging.ERROR)  # basicConfig leaves pytest's root logger alone
+    assert not logging.getLogger("transformers.trainer").isEnabledFor(logging.WARNING)  # pad-token warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        logging.captureWarnings(True)  # catch_warnings reset it: the CLI sets it once per process
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found", UserWarning, stacklevel=1)
+    assert "pin_memory" not in capsys.readouterr().err
+    cli.configure_logging("info")
+    assert transformers.utils.logging.get_verbosity() == logging.INFO
+    assert transformers.utils.logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled()
+
+
+def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
+    """At the default level this run prints transformers' PAD/BOS/EOS tokenizer warning and torch's
+    pin_memory UserWarning (no GPU); --log_level error must silence both, and the stdout keeps the results."""
+    import json
+    import subprocess
+    import sys
+
+    tiny = json.dumps({"num_labels": 4, "num_train": 32, "num_validation": 16, "num_test": 16,
+                       "min_words": 5, "max_words": 10})
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_mlcl.cli", "--log_level", "error", "run", RECIPE, "--max_steps", "1",
+         "--output_dir", str(tmp_path), "--no_plots", "--disable_tqdm", "true", "--dataset_options", tiny],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.strip() == ""
+    assert "stage 2/2" in proc.stdout and "results:" in proc.stdout
