@@ -180,9 +180,6 @@ def eval_results(card: CardData) -> list[Any]:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-_DATA_FILE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", ".arrow")
-
-
 def _is_hub_id(name: str | None) -> bool:
     """A Hub model id (``org/name``), not a local folder or a description such as "random-init bert"."""
     return bool(name) and bool(_HUB_ID.match(name)) and not os.path.exists(name)
@@ -191,7 +188,9 @@ def _is_hub_id(name: str | None) -> bool:
 def _is_dataset_id(name: str | None) -> bool:
     """A dataset name for the card's ``datasets:`` metadata: a Hub id or a registered name, not a local
     data file (``my_data.csv``) or folder, which mean nothing on the Hub (the body still names them)."""
-    return _is_hub_id(name) and not str(name).lower().endswith(_DATA_FILE_SUFFIXES)
+    from hf_mlcl.data.custom import FILE_FORMATS  # the suffixes the own-data loader reads
+
+    return _is_hub_id(name) and not str(name).lower().endswith((*FILE_FORMATS, ".txt", ".arrow"))
 
 
 def _metric_table(metrics: dict[str, float]) -> list[tuple[str, str]]:
