@@ -45,6 +45,7 @@ from torch import Tensor
 
 from . import relations as R
 from .fused import fused_contrastive_loss
+from .intra_op import small_step_threads
 
 __all__ = [
     "ContrastContext",
@@ -509,7 +510,10 @@ class ContrastiveLoss(nn.Module):
         ``scores = q . [k_batch ; queue]``).
         """
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
-        with torch.autocast(device_type=device_type, enabled=False):
+        with (
+            torch.autocast(device_type=device_type, enabled=False),
+            small_step_threads(embeddings, key_embeddings),
+        ):
             ctx = self.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
             return self.compute_and_record(ctx)
 

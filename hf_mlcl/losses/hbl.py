@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .core import ContrastContext, ContrastiveLoss
+from .intra_op import small_step_threads
 from .registry import get_loss_class, register_loss, resolve_loss_name
 
 __all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor"]
@@ -310,7 +311,10 @@ class HBLLoss(ContrastiveLoss):
         base = self.base
         shared = isinstance(base, ContrastiveLoss) and type(base).forward is ContrastiveLoss.forward
         keys = (key_embeddings, key_labels)
-        with torch.autocast(device_type=device_type, enabled=False):
+        with (
+            torch.autocast(device_type=device_type, enabled=False),
+            small_step_threads(embeddings, key_embeddings),
+        ):
             if shared:
                 # one context for both terms: labels validated / intersected once, logits reused
                 ctx = base.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
