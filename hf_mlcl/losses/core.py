@@ -197,6 +197,10 @@ class ContrastContext:
         self.normalize = bool(normalize)
         self.checked = bool(checked)
         self.fused_used = False
+        # keep_scores: the fused kernel also keeps its (N, M) sample scores in ``scores`` (a per-row
+        # shift of logits, for callers that select candidates by similarity, e.g. HBL)
+        self.keep_scores = False
+        self.scores: Tensor | None = None
         self.dtype = anchors.dtype
         self.temperature = temperature
         self.num_anchors = anchors.shape[0]
@@ -236,10 +240,14 @@ class ContrastContext:
         (normalised inside the kernel); ``kwargs`` as there. Marks the result as fused (the
         finiteness check moves to the scalar, see the class docstring)."""
         self.fused_used = True
-        return fused_contrastive_loss(
+        out = fused_contrastive_loss(
             self.embeddings, self.key_embeddings, weights, coef, self.temperature,
-            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates, **kwargs,
+            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates,
+            keep_scores=self.keep_scores, **kwargs,
         )  # fmt: skip
+        if self.keep_scores:
+            self.scores = out[2]
+        return out[0], out[1]
 
     @property
     def num_candidates(self) -> int:

@@ -79,7 +79,8 @@ class _FusedContrastive(torch.autograd.Function):
         normalize: bool,
         extra_unit: bool,
         self_in_candidates: bool,
-    ) -> tuple[Tensor, Tensor]:
+        keep_scores: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         n = anchors.shape[0]
         a_inv = a_act = k_inv = k_act = None
         if normalize:
@@ -112,6 +113,9 @@ class _FusedContrastive(torch.autograd.Function):
             rmax = s.amax(dim=1, keepdim=True).clamp_min_(torch.finfo(dtype).min)  # empty set: -inf
             s.sub_(rmax)
             num = num - wsum * rmax.squeeze(1)
+        # the sample scores s - C (a per-row shift of the similarities: same order within a row), kept
+        # on request for callers that select candidates by similarity (HBL's hardest pairs)
+        scores = s_samples.clone() if keep_scores else s.new_empty(0)
         e = s.exp_()  # exp(s - C), 0 on the diagonal; s is not needed any more
         total = e.sum(dim=1)
         if e.shape[1] == 1:  # a lone anchor without keys: empty contrast set, no weight
@@ -126,12 +130,12 @@ class _FusedContrastive(torch.autograd.Function):
         )  # fmt: skip
         ctx.inv_tau = inv_tau
         ctx.n = n if self_in_candidates else 0
-        ctx.mark_non_differentiable(bracket)
-        return loss, bracket
+        ctx.mark_non_differentiable(bracket, scores)
+        return loss, bracket, scores
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None):  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None, _grad_scores: Tensor | None):  # type: ignore[override]
         saved = ctx.saved_tensors
         with small_step_threads(saved[0], saved[9].shape[1]):  # anchors (N, D), e (N, M + P)
             return _closed_form_backward(ctx, grad_loss, *saved)
@@ -173,7 +177,24 @@ def _closed_form_backward(ctx, grad_loss, anchors, keys, extra, weights, e_rows,
             grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
         if grad_k is not None:
             grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
-    return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None, None, None
+    return (
+        grad_a,
+        grad_k,
+        grad_e,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def fused_contrastive_loss(
@@ -190,7 +211,8 @@ def fused_contrastive_loss(
     weight_sums: Tensor | None = None,
     extra_unit: bool = False,
     self_in_candidates: bool = True,
-) -> tuple[Tensor, Tensor]:
+    keep_scores: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` with a closed-form backward.
 
     Args:
@@ -210,8 +232,12 @@ def fused_contrastive_loss(
         extra_unit: the rows of ``extra`` have unit norm (lets the kernel skip the row-max pass).
         self_in_candidates: False for the keys-only contrast set: the candidates are the keys alone
             (needs keys; ``weights`` is then (N, K) and nothing is excluded).
+        keep_scores: also return the detached (N, M) sample scores ``s_ia + log_d - C_i`` (the
+            similarities over tau, shifted by a per-row constant, -inf at the anchor's own column):
+            within a row they order the candidates exactly as the similarities do.
     Returns ``(loss, bracket)``: the scalar loss and the detached (N,) per-anchor bracket
-    ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components).
+    ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components); with ``keep_scores``,
+    ``(loss, bracket, scores)``.
     """
     rows = cols = vals = None
     dtype = anchors.dtype
@@ -224,7 +250,8 @@ def fused_contrastive_loss(
         wsum = wsum.index_add(0, rows, vals)
     if keys is not None:
         keys = cast(keys, dtype)
-    return _FusedContrastive.apply(
+    loss, bracket, scores = _FusedContrastive.apply(
         anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
-        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates),
+        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates), bool(keep_scores),
     )  # fmt: skip
+    return (loss, bracket, scores) if keep_scores else (loss, bracket)
