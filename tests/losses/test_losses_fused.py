@@ -380,3 +380,27 @@ def test_plain_supcon_peer_of_the_benchmark_matches_all_on_single_labels():
     torch.testing.assert_close(
         mod.plain_supcon(z, y, single=False), get_loss("any")(z, y), rtol=1e-5, atol=1e-6
     )
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_kept_scores_order_candidates_like_the_similarities(keys):
+    """keep_scores: the (N, M) scores are cos / tau shifted by a per-row constant, -inf at (i, i)."""
+    from hf_mlcl.losses.fused import fused_contrastive_loss
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    k = torch.randn(4, 5, generator=g, dtype=torch.float64) if keys else None
+    m = 6 + (4 if keys else 0)
+    w = torch.rand(6, m, generator=g, dtype=torch.float64)
+    w[range(6), range(6)] = 0
+    coef = torch.full((6,), 1 / 6, dtype=torch.float64)
+    loss, _, scores = fused_contrastive_loss(z, k, w, coef, 0.1, normalize=True, keep_scores=True)
+    plain, _ = fused_contrastive_loss(z, k, w, coef, 0.1, normalize=True)
+    assert loss.item() == plain.item()
+    cands = z if k is None else torch.cat([z, k])
+    cos = F.normalize(z, dim=-1) @ F.normalize(cands, dim=-1).T / 0.1
+    assert torch.isneginf(scores.diagonal()).all()
+    off = ~torch.eye(6, m, dtype=torch.bool)
+    shift = (scores - cos)[off].view(6, m - 1)
+    torch.testing.assert_close(shift, shift[:, :1].expand_as(shift))  # one constant per row
+    assert not scores.requires_grad
