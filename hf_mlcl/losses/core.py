@@ -141,6 +141,10 @@ class LossTerms:
         logits / contrast_mask: optional overrides when the loss extends the candidate set (e.g. with
             learnable prototypes appended as extra columns).
         components: extra named parts reported in ``loss.components`` (floats or 0-d tensors).
+        weight_sums: optional (N,) ``weights.sum(dim=1)`` when the loss computed it anyway (e.g. as its
+            normaliser), so the engine does not sum again.
+        zero_diagonal: the loss guarantees W = 0 at each anchor's own column (it built W through
+            ``contrast_mask`` or ``shares_label``), so the engine skips its check for it.
     """
 
     weights: Tensor
@@ -152,6 +156,8 @@ class LossTerms:
     logits: Tensor | None = None
     contrast_mask: Tensor | None = None
     components: dict = field(default_factory=dict)
+    weight_sums: Tensor | None = None
+    zero_diagonal: bool = False
 
 
 class ContrastContext:
@@ -330,10 +336,13 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     """
     dtype = ctx.dtype
     w = R.cast(terms.weights, dtype)
-    if ctx.anchors_in_candidates and bool(w.diagonal().any()):  # own column: outside the contrast set
-        w = w.clone()
+    wsum = None if terms.weight_sums is None else R.cast(terms.weight_sums, dtype)
+    if ctx.anchors_in_candidates and not terms.zero_diagonal and bool(w.diagonal().any()):
+        w = w.clone()  # the anchor's own column is outside its contrast set
         w.diagonal().zero_()
-    wsum = w.sum(dim=1)
+        wsum = None
+    if wsum is None:
+        wsum = w.sum(dim=1)
     norm = R.cast(terms.normalizer, dtype)
     valid = torch.minimum(wsum, norm) > 0  # has a positive (W >= 0) and a positive normaliser
     if terms.anchor_valid is not None:

@@ -404,3 +404,22 @@ def test_kept_scores_order_candidates_like_the_similarities(keys):
     shift = (scores - cos)[off].view(6, m - 1)
     torch.testing.assert_close(shift, shift[:, :1].expand_as(shift))  # one constant per row
     assert not scores.requires_grad
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [("all", {}), ("any", {}), ("jaccard", {}), ("similarity_dissimilarity", {}),
+     ("similarity_dissimilarity", {"weight_in_log": True}), ("mulsupcon", {})],
+)  # fmt: skip
+def test_terms_that_skip_the_diagonal_check_have_a_zero_diagonal(name, kwargs):
+    """LossTerms.zero_diagonal is a promise the engine relies on: check it, and the given weight sums."""
+    g = torch.Generator().manual_seed(5)
+    y = (torch.rand(12, 4, generator=g) < 0.5).float()
+    y[0] = y[1]  # an exact duplicate set, so ALL has positives
+    loss = get_loss(name, **kwargs)
+    ctx = loss.prepare(torch.randn(12, 6, generator=g), y)
+    terms = loss.build_terms(ctx)
+    assert terms.zero_diagonal
+    assert (terms.weights.diagonal() == 0).all()
+    if terms.weight_sums is not None:
+        torch.testing.assert_close(terms.weight_sums, terms.weights.sum(dim=1))
