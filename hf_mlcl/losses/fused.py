@@ -80,13 +80,17 @@ class _FusedContrastive(torch.autograd.Function):
         extra_unit: bool,
         self_in_candidates: bool,
         keep_scores: bool,
+        normalize_extra: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
         n = anchors.shape[0]
-        a_inv = a_act = k_inv = k_act = None
+        a_inv = a_act = k_inv = k_act = e_inv = e_act = None
         if normalize:
             anchors, a_inv, a_act = _normalize(anchors)
             if keys is not None:
                 keys, k_inv, k_act = _normalize(keys)
+        if normalize_extra and extra is not None:
+            extra, e_inv, e_act = _normalize(extra)
+            extra_unit = True
         # every candidate block in one matrix: [anchors (self_in_candidates); keys; extra], so that the
         # similarities, the shift and the exponentials are one product and one pass each
         blocks = [b for b in ((anchors if self_in_candidates else None), keys, extra) if b is not None]
@@ -126,7 +130,7 @@ class _FusedContrastive(torch.autograd.Function):
             loss = loss + const
         ctx.save_for_backward(
             anchors, keys, extra, weights, extra_rows, extra_cols, extra_vals, coef, wsum, e, total,
-            a_inv, a_act, k_inv, k_act,
+            a_inv, a_act, k_inv, k_act, e_inv, e_act,
         )  # fmt: skip
         ctx.inv_tau = inv_tau
         ctx.n = n if self_in_candidates else 0
@@ -142,7 +146,7 @@ class _FusedContrastive(torch.autograd.Function):
 
 
 def _closed_form_backward(ctx, grad_loss, anchors, keys, extra, weights, e_rows, e_cols, e_vals, coef, wsum,
-                          e, total, a_inv, a_act, k_inv, k_act):  # fmt: skip
+                          e, total, a_inv, a_act, k_inv, k_act, e_inv, e_act):  # fmt: skip
     """Gradients of :class:`_FusedContrastive` (see the module docstring) from its saved tensors."""
     n = ctx.n
     m = weights.shape[1]
@@ -177,24 +181,10 @@ def _closed_form_backward(ctx, grad_loss, anchors, keys, extra, weights, e_rows,
             grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
         if grad_k is not None:
             grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
-    return (
-        grad_a,
-        grad_k,
-        grad_e,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+    if e_inv is not None and grad_e is not None:
+        grad_e = _normalize_backward(grad_e, extra, e_inv, e_act)
+    # one gradient per input of _FusedContrastive.forward: the three embedding blocks, then 14 non-tensors
+    return (grad_a, grad_k, grad_e) + (None,) * 14
 
 
 def fused_contrastive_loss(
@@ -212,6 +202,7 @@ def fused_contrastive_loss(
     extra_unit: bool = False,
     self_in_candidates: bool = True,
     keep_scores: bool = False,
+    normalize_extra: bool = False,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` with a closed-form backward.
 
@@ -232,6 +223,8 @@ def fused_contrastive_loss(
         extra_unit: the rows of ``extra`` have unit norm (lets the kernel skip the row-max pass).
         self_in_candidates: False for the keys-only contrast set: the candidates are the keys alone
             (needs keys; ``weights`` is then (N, K) and nothing is excluded).
+        normalize_extra: L2-normalise the rows of ``extra`` here (as ``F.normalize``, with the
+            closed-form backward) instead of taking them as given.
         keep_scores: also return the detached (N, M) sample scores ``s_ia + log_d - C_i`` (the
             similarities over tau, shifted by a per-row constant, -inf at the anchor's own column):
             within a row they order the candidates exactly as the similarities do.
@@ -252,6 +245,6 @@ def fused_contrastive_loss(
         keys = cast(keys, dtype)
     loss, bracket, scores = _FusedContrastive.apply(
         anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
-        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates), bool(keep_scores),
+        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates), bool(keep_scores), bool(normalize_extra),
     )  # fmt: skip
     return (loss, bracket, scores) if keep_scores else (loss, bracket)
