@@ -189,7 +189,15 @@ class WSMulSupConLoss(ContrastiveLoss):
             return torch.ones(cols.shape, dtype=dtype, device=cols.device)
         return torch.where(single_pair, weights[0][cols], weights[1][cols])
 
-    def _paper_weights_dense(self, ctx: ContrastContext, iou: Tensor) -> tuple[Tensor, Tensor]:
+    def _paper_weights_dense(
+        self,
+        ctx: ContrastContext,
+        iou: Tensor,
+        single_a: Tensor,
+        multi_a: Tensor,
+        single_c: Tensor,
+        multi_c: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         """W_s + W_m (N, M) and the per-anchor count of pairs with a positive, in dense (N, L) algebra.
 
         The small-label-space form of the pair computation in :meth:`compute` (same values): for an
@@ -201,25 +209,18 @@ class WSMulSupConLoss(ContrastiveLoss):
         dtype = ctx.dtype
         ya = R.cast(ctx.anchor_labels, dtype)
         yc = R.cast(ctx.candidate_labels, dtype)
-        size_a, size_c = ctx.anchor_sizes, ctx.candidate_sizes
-        single_a = (size_a == 1)[:, None]
-        strata_c = torch.stack([size_c == 1, size_c >= 2]).to(dtype)  # (2, M) single / multi candidates
-        counts = strata_c @ yc  # (2, L): candidates of each stratum carrying label j
+        strata_c = torch.stack([single_c, multi_c]).to(dtype)  # (2, M) single / multi candidates
+        counts = (strata_c @ yc).reshape(1, -1)  # (1, 2L): candidates of each stratum carrying label j
         own = 1.0 if ctx.anchors_in_candidates else 0.0  # keys-only contrast set: no own column
-        n_s = counts[0] - own * single_a.to(dtype)
-        n_m = counts[1] - own * (size_a >= 2)[:, None].to(dtype)
+        own_a = torch.stack([single_a, multi_a], dim=1).to(dtype).repeat_interleave(ya.shape[1], dim=1)
+        n = counts - own * own_a  # (N, 2L) = [n_s | n_m] on the anchors' labels
         weights = self._label_weights(ya.shape[1], dtype, ya.device)
-        cw = ya if weights is None else torch.where(single_a, weights[0], weights[1]) * ya
-        q = torch.cat(
-            [
-                torch.where(n_s > 0, cw / n_s.clamp_min(1), 0.0),
-                torch.where(n_m > 0, cw / n_m.clamp_min(1), 0.0),
-            ],
-            dim=1,
-        )
+        cw = ya if weights is None else torch.where(single_a[:, None], weights[0], weights[1]) * ya
+        q = torch.where(n > 0, cw.repeat(1, 2) / n.clamp_min(1), 0.0)  # [q_s | q_m]
         stratified = torch.cat([yc * strata_c[0][:, None], yc * strata_c[1][:, None]], dim=1)  # (M, 2L)
         w_sm = (q @ stratified.T).mul_(iou)
-        pairs = (((n_s + n_m) > 0) & (ya > 0)).sum(dim=1).to(dtype)
+        width = ya.shape[1]
+        pairs = (((n[:, :width] + n[:, width:]) > 0) & (ya > 0)).sum(dim=1).to(dtype)
         return w_sm, pairs
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
@@ -234,7 +235,9 @@ class WSMulSupConLoss(ContrastiveLoss):
 
             iou = ctx.jaccard.to(dtype) * contrast
             if not self.authors_code and dense_label_products(ctx.anchor_labels, ctx.candidate_labels):
-                w_sm, pairs_per_anchor = self._paper_weights_dense(ctx, iou)
+                w_sm, pairs_per_anchor = self._paper_weights_dense(
+                    ctx, iou, single_a, multi_a, single_c, multi_c
+                )
             else:
                 view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
                 rows, cols = view.rows, view.cols
@@ -286,7 +289,9 @@ class WSMulSupConLoss(ContrastiveLoss):
                 coef = per_count @ strata
             loss, bracket = ctx.fused(w_sm if w_h is None else w_sm + w_h, coef)
             sums = strata @ bracket
-            parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0)))
+            parts = dict(
+                zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).tolist())
+            )
             return loss, parts
 
         s = ctx.logits
