@@ -510,9 +510,18 @@ def small_batch_table(args, names) -> None:
         "# small in-batch steps (no keys, dense labels, D=128): forward+backward, each loss timed in rounds"
     )
     print(
-        "# alternating with its peer; ratio = median cpu(loss) / median cpu(peer); goal <= 1.0 (hbl <= 1.5)"
+        "# alternating with its peer; ratio = median cpu(loss) / median cpu(peer), and the same from wall time"
     )
-    header = f"{'loss':<26}{'N':>5}{'single/plain':>14}{'single/PML':>12}{'multi/plain':>13}  goal"
+    print(
+        "# (the losses run small steps on one intra-op thread, which saves more CPU than wall time); the goal"
+    )
+    print(
+        "# (<= 1.0, hbl <= 1.5) is checked on the larger of the cpu and wall ratios against the plain SupCon"
+    )
+    header = (
+        f"{'loss':<26}{'N':>5}{'single/plain':>14}{'single/PML':>12}{'multi/plain':>13}"
+        f"{'wall single':>13}{'wall multi':>12}  goal"
+    )
     print(header)
     print("-" * len(header))
     sizes = (32,) if args.quick else (64, 256)
@@ -536,7 +545,7 @@ def small_batch_table(args, names) -> None:
         for single, (z, lab_peer, _) in batches.items():
             base[single] = step(lambda e, lb, s=single: plain_supcon(e, lb, single=s), z, lab_peer)
         for name in names:
-            cells = []
+            cells, walls = [], []
             for single, (z, lab_peer, y) in batches.items():
                 kwargs = dict(LOSS_KWARGS.get(name, {}))
                 if name == "msc":
@@ -546,6 +555,7 @@ def small_batch_table(args, names) -> None:
                     loss.set_label_statistics(y)
                 r = time_pair_batched(step(loss, z, y), base[single], repeats, inner)
                 cells.append(r["cpu"] / r["cpu_ref"])
+                walls.append(r["wall"] / r["wall_ref"])
                 if single:
                     if pml is None:
                         cells.append(float("nan"))
@@ -553,9 +563,9 @@ def small_batch_table(args, names) -> None:
                         rp = time_pair_batched(step(loss, z, y), step(pml, z, lab_peer), repeats, inner)
                         cells.append(rp["cpu"] / rp["cpu_ref"])
             goal = 1.5 if name == "hbl" else 1.0
-            worst = max(cells[0], cells[2])
+            worst = max(cells[0], cells[2], *walls)
             print(
-                f"{name:<26}{n:>5}{cells[0]:>14.2f}{cells[1]:>12.2f}{cells[2]:>13.2f}  "
+                f"{name:<26}{n:>5}{cells[0]:>14.2f}{cells[1]:>12.2f}{cells[2]:>13.2f}{walls[0]:>13.2f}{walls[1]:>12.2f}  "
                 f"<= {goal} {'ok' if worst <= goal else 'MISS'}"
             )
     print()
@@ -569,7 +579,19 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
         "label matrices vs sparse COO;"
     )
     print("# ratio = median cpu(dense) / median cpu(sparse), alternating rounds; goal <= 1.3")
-    header = f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}  goal"
+
+    def read_once():  # one pass over both dense matrices: the least any loss must spend on them
+        y_dense.sum()
+        yk_dense.sum()
+
+    read = time_pair(read_once, read_once, args.repeats, args.warmup)
+    read_cpu = (read["cpu"] + read["cpu_ref"]) / 2
+    print(
+        f"# reading the dense labels once ({(y_dense.numel() + yk_dense.numel()) * 4 / 2**20:.0f} MiB, a sum): "
+        f"cpu {read_cpu * 1e3:.1f} ms, wall {(read['wall'] + read['wall_ref']) / 2 * 1e3:.1f} ms; "
+        "'after read' = (dense - read) / sparse, the part of the gap the engine controls"
+    )
+    header = f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}  goal"
     print(header)
     print("-" * len(header))
     for name in names:
@@ -585,8 +607,9 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
             args.warmup,
         )
         ratio = r["cpu"] / r["cpu_ref"]
+        after = (r["cpu"] - read_cpu) / r["cpu_ref"]
         print(
-            f"{name:<26}{r['cpu'] * 1e3:>10.1f}{r['cpu_ref'] * 1e3:>11.1f}{ratio:>7.2f}  <= 1.3 "
+            f"{name:<26}{r['cpu'] * 1e3:>10.1f}{r['cpu_ref'] * 1e3:>11.1f}{ratio:>7.2f}{after:>12.2f}  <= 1.3 "
             f"{'ok' if ratio <= 1.3 else 'MISS'}{'' if same else f'  VALUES DIFFER ({a} vs {b})'}"
         )
     print()

@@ -43,4 +43,5 @@ class AllLoss(ContrastiveLoss):
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
         positive = ctx.equal & (ctx.anchor_sizes > 0)[:, None] & ctx.contrast_mask
         w = positive.to(ctx.dtype)
-        return LossTerms(weights=w, normalizer=w.sum(dim=1))
+        wsum = w.sum(dim=1)
+        return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from . import relations as R
 from .fused import fused_contrastive_loss
+from .intra_op import small_step_threads
 
 __all__ = [
     "ContrastContext",
@@ -140,6 +141,10 @@ class LossTerms:
         logits / contrast_mask: optional overrides when the loss extends the candidate set (e.g. with
             learnable prototypes appended as extra columns).
         components: extra named parts reported in ``loss.components`` (floats or 0-d tensors).
+        weight_sums: optional (N,) ``weights.sum(dim=1)`` when the loss computed it anyway (e.g. as its
+            normaliser), so the engine does not sum again.
+        zero_diagonal: the loss guarantees W = 0 at each anchor's own column (it built W through
+            ``contrast_mask`` or ``shares_label``), so the engine skips its check for it.
     """
 
     weights: Tensor
@@ -151,6 +156,8 @@ class LossTerms:
     logits: Tensor | None = None
     contrast_mask: Tensor | None = None
     components: dict = field(default_factory=dict)
+    weight_sums: Tensor | None = None
+    zero_diagonal: bool = False
 
 
 class ContrastContext:
@@ -196,6 +203,10 @@ class ContrastContext:
         self.normalize = bool(normalize)
         self.checked = bool(checked)
         self.fused_used = False
+        # keep_scores: the fused kernel also keeps its (N, M) sample scores in ``scores`` (a per-row
+        # shift of logits, for callers that select candidates by similarity, e.g. HBL)
+        self.keep_scores = False
+        self.scores: Tensor | None = None
         self.dtype = anchors.dtype
         self.temperature = temperature
         self.num_anchors = anchors.shape[0]
@@ -235,10 +246,14 @@ class ContrastContext:
         (normalised inside the kernel); ``kwargs`` as there. Marks the result as fused (the
         finiteness check moves to the scalar, see the class docstring)."""
         self.fused_used = True
-        return fused_contrastive_loss(
+        out = fused_contrastive_loss(
             self.embeddings, self.key_embeddings, weights, coef, self.temperature,
-            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates, **kwargs,
+            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates,
+            keep_scores=self.keep_scores, **kwargs,
         )  # fmt: skip
+        if self.keep_scores:
+            self.scores = out[2]
+        return out[0], out[1]
 
     @property
     def num_candidates(self) -> int:
@@ -321,10 +336,13 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     """
     dtype = ctx.dtype
     w = R.cast(terms.weights, dtype)
-    if ctx.anchors_in_candidates and bool(w.diagonal().any()):  # own column: outside the contrast set
-        w = w.clone()
+    wsum = None if terms.weight_sums is None else R.cast(terms.weight_sums, dtype)
+    if ctx.anchors_in_candidates and not terms.zero_diagonal and bool(w.diagonal().any()):
+        w = w.clone()  # the anchor's own column is outside its contrast set
         w.diagonal().zero_()
-    wsum = w.sum(dim=1)
+        wsum = None
+    if wsum is None:
+        wsum = w.sum(dim=1)
     norm = R.cast(terms.normalizer, dtype)
     valid = torch.minimum(wsum, norm) > 0  # has a positive (W >= 0) and a positive normaliser
     if terms.anchor_valid is not None:
@@ -509,7 +527,10 @@ class ContrastiveLoss(nn.Module):
         ``scores = q . [k_batch ; queue]``).
         """
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
-        with torch.autocast(device_type=device_type, enabled=False):
+        with (
+            torch.autocast(device_type=device_type, enabled=False),
+            small_step_threads(embeddings, key_embeddings),
+        ):
             ctx = self.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
             return self.compute_and_record(ctx)
 

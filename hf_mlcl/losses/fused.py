@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .intra_op import small_step_threads
 from .relations import cast
 
 __all__ = ["fused_contrastive_loss"]
@@ -78,17 +79,23 @@ class _FusedContrastive(torch.autograd.Function):
         normalize: bool,
         extra_unit: bool,
         self_in_candidates: bool,
-    ) -> tuple[Tensor, Tensor]:
+        keep_scores: bool,
+        normalize_extra: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         n = anchors.shape[0]
-        a_inv = a_act = k_inv = k_act = None
+        a_inv = a_act = k_inv = k_act = e_inv = e_act = None
         if normalize:
             anchors, a_inv, a_act = _normalize(anchors)
             if keys is not None:
                 keys, k_inv, k_act = _normalize(keys)
-        if not self_in_candidates:
-            cands = keys  # the keys-only contrast set: no anchor-anchor pair, nothing excluded
-        else:
-            cands = anchors if keys is None else torch.cat([anchors, keys], dim=0)
+        if normalize_extra and extra is not None:
+            extra, e_inv, e_act = _normalize(extra)
+            extra_unit = True
+        # every candidate block in one matrix: [anchors (self_in_candidates); keys; extra], so that the
+        # similarities, the shift and the exponentials are one product and one pass each
+        blocks = [b for b in ((anchors if self_in_candidates else None), keys, extra) if b is not None]
+        cands = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=0)
+        m = weights.shape[1]  # sample candidates; columns m.. are the extra candidates
         dtype = anchors.dtype
         # Scores are shifted by a per-row constant C_i before exp (the usual max-subtraction); the
         # shift cancels exactly in Wsum_i (log sum exp(s - C) + C) - sum_a W_ia s_ia, so the bracket
@@ -97,89 +104,87 @@ class _FusedContrastive(torch.autograd.Function):
         floor = 2.0 * inv_tau - min(0.0, log_d or 0.0)  # lowest shifted exponent
         bound = normalize and (extra is None or extra_unit) and floor < _SAFE_EXP.get(dtype, 0.0)
         shift = anchors.new_full((), -inv_tau) if bound else anchors.new_zeros(())
-        s = torch.addmm(shift, anchors, cands.T, alpha=inv_tau)  # (N, M) = s - C
-        num = torch.linalg.vecdot(weights, s)  # W is 0 on the diagonal, where s is still finite
+        s = torch.addmm(shift, anchors, cands.T, alpha=inv_tau)  # (N, M + P) = s - C
+        s_samples = s[:, :m] if extra is not None else s
+        num = torch.linalg.vecdot(weights, s_samples)  # W is 0 on the diagonal, where s is still finite
+        if extra is not None and extra_vals is not None and extra_vals.numel():
+            num = num.index_add(0, extra_rows, s[extra_rows, extra_cols + m] * extra_vals)
         if self_in_candidates:
             s.diagonal().fill_(-math.inf)  # the anchor's own column leaves the contrast set
         if log_d is not None:
-            s.add_(log_d)
-        sp = ep = rmax = None
-        if extra is not None:
-            sp = torch.addmm(shift, anchors, extra.T, alpha=inv_tau)  # (N, P) extra candidates, d = 1
-            if extra_vals is not None and extra_vals.numel():
-                num = num.index_add(0, extra_rows, sp[extra_rows, extra_cols] * extra_vals)
+            s_samples.add_(log_d)  # the samples' denominator weight d; the extra candidates keep 1
         if not bound:
-            rmax = s.amax(dim=1, keepdim=True)
-            if sp is not None:
-                rmax = torch.maximum(rmax, sp.amax(dim=1, keepdim=True))
-            rmax = rmax.clamp_min_(torch.finfo(dtype).min)  # an empty contrast set has max -inf
+            rmax = s.amax(dim=1, keepdim=True).clamp_min_(torch.finfo(dtype).min)  # empty set: -inf
             s.sub_(rmax)
-            if sp is not None:
-                sp.sub_(rmax)
             num = num - wsum * rmax.squeeze(1)
+        # the sample scores s - C (a per-row shift of the similarities: same order within a row), kept
+        # on request for callers that select candidates by similarity (HBL's hardest pairs)
+        scores = s_samples.clone() if keep_scores else s.new_empty(0)
         e = s.exp_()  # exp(s - C), 0 on the diagonal; s is not needed any more
         total = e.sum(dim=1)
-        if sp is not None:
-            ep = sp.exp_()
-            total = total + ep.sum(dim=1)
-        if e.shape[1] == 1 and ep is None:  # a lone anchor without keys: empty contrast set, no weight
+        if e.shape[1] == 1:  # a lone anchor without keys: empty contrast set, no weight
             total = total.clamp_min(torch.finfo(dtype).tiny)
         bracket = torch.addcmul(-num, wsum, total.log())  # (N,) [Wsum LSE - sum W s], C cancelled
         loss = torch.dot(coef, bracket)
         if const is not None:
             loss = loss + const
         ctx.save_for_backward(
-            anchors, keys, extra, weights, extra_rows, extra_cols, extra_vals, coef, wsum, e, ep, total,
-            a_inv, a_act, k_inv, k_act,
+            anchors, keys, extra, weights, extra_rows, extra_cols, extra_vals, coef, wsum, e, total,
+            a_inv, a_act, k_inv, k_act, e_inv, e_act,
         )  # fmt: skip
         ctx.inv_tau = inv_tau
         ctx.n = n if self_in_candidates else 0
-        ctx.mark_non_differentiable(bracket)
-        return loss, bracket
+        ctx.mark_non_differentiable(bracket, scores)
+        return loss, bracket, scores
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None):  # type: ignore[override]
-        (anchors, keys, extra, weights, e_rows, e_cols, e_vals, coef, wsum, e, ep, total,
-         a_inv, a_act, k_inv, k_act) = ctx.saved_tensors  # fmt: skip
-        n = ctx.n
-        b = coef * (grad_loss * ctx.inv_tau)  # d loss / d bracket_i, times 1/tau (for d s / d z)
-        a = (b * wsum / total)[:, None]
-        g = e * a  # Wsum_i P_ia (P = 0 on the diagonal)
-        g.addcmul_(weights, b[:, None], value=-1.0)  # - W_ia (0 on the diagonal, like P)
-        need_a, need_k, need_e = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        grad_a = grad_k = grad_e = None
-        if keys is None:
-            if need_a:
-                grad_a = g @ anchors
-                grad_a.addmm_(g.T, anchors)
-        elif n == 0:  # keys-only contrast set
-            if need_a:
-                grad_a = g @ keys
-            if need_k:
-                grad_k = g.T @ anchors
-        else:
+    def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None, _grad_scores: Tensor | None):  # type: ignore[override]
+        saved = ctx.saved_tensors
+        with small_step_threads(saved[0], saved[9].shape[1]):  # anchors (N, D), e (N, M + P)
+            return _closed_form_backward(ctx, grad_loss, *saved)
+
+
+def _closed_form_backward(ctx, grad_loss, anchors, keys, extra, weights, e_rows, e_cols, e_vals, coef, wsum,
+                          e, total, a_inv, a_act, k_inv, k_act, e_inv, e_act):  # fmt: skip
+    """Gradients of :class:`_FusedContrastive` (see the module docstring) from its saved tensors."""
+    n = ctx.n
+    m = weights.shape[1]
+    b = coef * (grad_loss * ctx.inv_tau)  # d loss / d bracket_i, times 1/tau (for d s / d z)
+    g = e * (b * wsum / total)[:, None]  # Wsum_i P_ia (P = 0 on the diagonal)
+    g_samples = g[:, :m] if extra is not None else g
+    g_samples.addcmul_(weights, b[:, None], value=-1.0)  # - W_ia (0 on the diagonal, like P)
+    if extra is not None and e_vals is not None and e_vals.numel():
+        g.index_put_((e_rows, e_cols + m), -(b[e_rows] * e_vals), accumulate=True)
+    need_a, need_k, need_e = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    grad_a = grad_k = grad_e = None
+    # s_ia = z_i . c_a: the anchors get g @ C as queries and, being the first n candidates,
+    # g[:, :n]^T @ Z as candidates: one product with (g[:, :n] + g[:, :n]^T)
+    g_k = g[:, n:m] if keys is not None else None
+    g_e = g[:, m:] if extra is not None else None
+    if need_a:
+        if n:
             ga = g[:, :n]
-            if need_a:
-                grad_a = ga @ anchors
-                grad_a.addmm_(g[:, n:], keys)
-                grad_a.addmm_(ga.T, anchors)
-            if need_k:
-                grad_k = g[:, n:].T @ anchors
-        if extra is not None:
-            gp = ep * a
-            if e_vals is not None and e_vals.numel():
-                gp.index_put_((e_rows, e_cols), -(b[e_rows] * e_vals), accumulate=True)
-            if need_a:
-                grad_a.addmm_(gp, extra)
-            if need_e:
-                grad_e = gp.T @ anchors
-        if a_inv is not None:
-            if grad_a is not None:
-                grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
-            if grad_k is not None:
-                grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
-        return grad_a, grad_k, grad_e, None, None, None, None, None, None, None, None, None, None, None, None
+            grad_a = (ga + ga.T) @ anchors
+            if g_k is not None:
+                grad_a.addmm_(g_k, keys)
+        else:
+            grad_a = g_k @ keys
+        if g_e is not None:
+            grad_a.addmm_(g_e, extra)
+    if need_k and g_k is not None:
+        grad_k = g_k.T @ anchors
+    if need_e and g_e is not None:
+        grad_e = g_e.T @ anchors
+    if a_inv is not None:
+        if grad_a is not None:
+            grad_a = _normalize_backward(grad_a, anchors, a_inv, a_act)
+        if grad_k is not None:
+            grad_k = _normalize_backward(grad_k, keys, k_inv, k_act)
+    if e_inv is not None and grad_e is not None:
+        grad_e = _normalize_backward(grad_e, extra, e_inv, e_act)
+    # one gradient per input of _FusedContrastive.forward: the three embedding blocks, then 14 non-tensors
+    return (grad_a, grad_k, grad_e) + (None,) * 14
 
 
 def fused_contrastive_loss(
@@ -196,7 +201,9 @@ def fused_contrastive_loss(
     weight_sums: Tensor | None = None,
     extra_unit: bool = False,
     self_in_candidates: bool = True,
-) -> tuple[Tensor, Tensor]:
+    keep_scores: bool = False,
+    normalize_extra: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` with a closed-form backward.
 
     Args:
@@ -216,8 +223,14 @@ def fused_contrastive_loss(
         extra_unit: the rows of ``extra`` have unit norm (lets the kernel skip the row-max pass).
         self_in_candidates: False for the keys-only contrast set: the candidates are the keys alone
             (needs keys; ``weights`` is then (N, K) and nothing is excluded).
+        normalize_extra: L2-normalise the rows of ``extra`` here (as ``F.normalize``, with the
+            closed-form backward) instead of taking them as given.
+        keep_scores: also return the detached (N, M) sample scores ``s_ia + log_d - C_i`` (the
+            similarities over tau, shifted by a per-row constant, -inf at the anchor's own column):
+            within a row they order the candidates exactly as the similarities do.
     Returns ``(loss, bracket)``: the scalar loss and the detached (N,) per-anchor bracket
-    ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components).
+    ``Wsum_i LSE_i - sum_a W_ia s_ia`` (for logging per-part components); with ``keep_scores``,
+    ``(loss, bracket, scores)``.
     """
     rows = cols = vals = None
     dtype = anchors.dtype
@@ -230,7 +243,8 @@ def fused_contrastive_loss(
         wsum = wsum.index_add(0, rows, vals)
     if keys is not None:
         keys = cast(keys, dtype)
-    return _FusedContrastive.apply(
+    loss, bracket, scores = _FusedContrastive.apply(
         anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
-        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates),
+        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates), bool(keep_scores), bool(normalize_extra),
     )  # fmt: skip
+    return (loss, bracket, scores) if keep_scores else (loss, bracket)

@@ -60,11 +60,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .core import ContrastContext, ContrastiveLoss
+from .intra_op import small_step_threads
 from .registry import get_loss_class, register_loss, resolve_loss_name
 
 __all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor"]
 
 LAMBDA_SCALINGS = ("base", "eq7")
+
+
+# integer types whose order on the bit patterns of non-negative floats is the float order
+_ORDERED_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
 def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]:
@@ -84,10 +89,22 @@ def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Te
         return torch.full_like(n_pos, float("inf"), dtype=jaccard.dtype), n_pos
     k = (m - 1) // 2
     below = k - (n_pos - 1).clamp_min(0) // 2  # non-positives sent to -inf in each row
-    rank = torch.cumsum(~positive, dim=1)  # 1-based rank of each non-positive within its row
+    rank = torch.cumsum(~positive, dim=1, dtype=torch.int32)  # 1-based rank of each non-positive in its row
     inf = torch.tensor(float("inf"), dtype=jaccard.dtype, device=jaccard.device)
-    fill = torch.where(rank <= below[:, None], -inf, inf)
-    x_lo = torch.where(positive, jaccard, fill).kthvalue(k + 1, dim=1).values
+    bits = _ORDERED_BITS.get(jaccard.dtype)
+    if bits is None:
+        fill = torch.where(rank <= below[:, None], -inf, inf)
+        x_lo = torch.where(positive, jaccard, fill).kthvalue(k + 1, dim=1).values
+    else:
+        # Jaccard values are >= +0.0, and the bit patterns of non-negative IEEE floats order like the
+        # floats themselves: the selection runs on integers (faster on CPU), with the integer
+        # extremes standing in for -inf / +inf
+        info = torch.iinfo(bits)
+        low = torch.tensor(info.min, dtype=bits, device=jaccard.device)
+        high = torch.tensor(info.max, dtype=bits, device=jaccard.device)
+        fill = torch.where(rank <= below[:, None], low, high)
+        keyed = torch.where(positive, jaccard.view(bits), fill)
+        x_lo = keyed.kthvalue(k + 1, dim=1).values.view(jaccard.dtype)  # a positive's value (n_pos > 0)
     greater = positive & (jaccard > x_lo[:, None])
     x_above = torch.where(greater, jaccard, inf).amin(dim=1)
     x_hi = torch.where(n_pos - greater.sum(dim=1) >= n_pos // 2 + 1, x_lo, x_above)
@@ -107,6 +124,7 @@ def hbl_per_anchor(
     m_abs: float,
     k_min: int,
     similarity: Tensor | None = None,
+    positive: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """L_HBL_i for every anchor (eqs. 3-6) and the gate mask.
 
@@ -114,7 +132,10 @@ def hbl_per_anchor(
         anchors / candidates: (N, D) / (M, D) embeddings (normalised here for the cosine similarity).
         inter, jaccard: (N, M) label intersections and Jaccard similarities.
         contrast_mask: (N, M) bool contrast set (self excluded).
-        similarity: optional precomputed (N, M) cosine similarities (used only to *select* pairs).
+        similarity: optional precomputed (N, M) cosine similarities, or any transform of them that
+            is increasing within each row (they are used only to *select* pairs; the loss itself is
+            recomputed from the embeddings at the selected pairs).
+        positive: optional precomputed ``(inter > 0) & contrast_mask``.
     Returns ``(per_anchor (N,), gated (N,) bool)``; per_anchor is 0 where the gate is closed.
     """
     zn = F.normalize(anchors, dim=-1)
@@ -122,7 +143,8 @@ def hbl_per_anchor(
     n = zn.shape[0]
     zero = torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum()
     with torch.no_grad():
-        positive = (inter > 0) & contrast_mask
+        if positive is None:
+            positive = (inter > 0) & contrast_mask
         n_pos_all = positive.sum(dim=1)
         # only anchors that can pass the reliability gate are partitioned (the selection is the costly part)
         rows = (n_pos_all >= k_min).nonzero().squeeze(1)
@@ -132,10 +154,11 @@ def hbl_per_anchor(
         if rows.numel() < n:  # (N, M) row copies only when some anchor is gated out
             sub_jac, sub_mask, positive = jaccard[rows], contrast_mask[rows], positive[rows]
         negative = sub_mask & ~positive  # inter == 0 within the contrast set (counts are >= 0)
-        theta, _ = hbl_median_thresholds(sub_jac, positive)
+        theta, n_sel = hbl_median_thresholds(sub_jac, positive)
         soft = positive & (sub_jac >= theta[:, None])
         hard = positive & ~soft
-        ok = soft.any(dim=1) & hard.any(dim=1)
+        # a row with a positive always has a soft one (its largest value is >= the median theta)
+        ok = (n_sel > 0) & hard.any(dim=1)
         gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
         gated[rows[ok]] = True
         if not bool(ok.any()):
@@ -150,11 +173,12 @@ def hbl_per_anchor(
         sim = sim.to(zn.dtype)
         neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
         pos_inf = torch.tensor(float("inf"), dtype=sim.dtype, device=sim.device)
-        i_hard_max = torch.where(hard, sim, neg_inf).argmax(dim=1)
-        i_hard_min = torch.where(hard, sim, pos_inf).argmin(dim=1)
-        i_soft_min = torch.where(soft, sim, pos_inf).argmin(dim=1)
-        i_neg_max = torch.where(negative, sim, neg_inf).argmax(dim=1)
-        has_neg = negative.any(dim=1)
+        # max / min(dim).indices: the same first-occurrence index as argmax / argmin, faster on CPU
+        i_hard_max = torch.where(hard, sim, neg_inf).max(dim=1).indices
+        i_hard_min = torch.where(hard, sim, pos_inf).min(dim=1).indices
+        i_soft_min = torch.where(soft, sim, pos_inf).min(dim=1).indices
+        i_neg_max = torch.where(negative, sim, neg_inf).max(dim=1).indices
+        has_neg = negative.sum(dim=1) > 0
     z_sel = zn[rows]
 
     def pair_sim(idx: Tensor) -> Tensor:
@@ -310,14 +334,20 @@ class HBLLoss(ContrastiveLoss):
         base = self.base
         shared = isinstance(base, ContrastiveLoss) and type(base).forward is ContrastiveLoss.forward
         keys = (key_embeddings, key_labels)
-        with torch.autocast(device_type=device_type, enabled=False):
+        with (
+            torch.autocast(device_type=device_type, enabled=False),
+            small_step_threads(embeddings, key_embeddings),
+        ):
             if shared:
                 # one context for both terms: labels validated / intersected once, logits reused
                 ctx = base.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
+                ctx.keep_scores = base.normalize  # the fused kernel's scores order the pairs by cosine
                 base_loss = base.compute_and_record(ctx)
                 base_comps = base.components
                 sim = None
-                if base.normalize and "logits" in ctx.__dict__:
+                if base.normalize and ctx.scores is not None:
+                    sim = ctx.scores  # per-row shifted cosine / tau: only used to select pairs
+                elif base.normalize and "logits" in ctx.__dict__:
                     sim = ctx.__dict__["logits"].detach() * ctx.temperature
             else:
                 if anchors_in_candidates:
@@ -368,4 +398,5 @@ class HBLLoss(ContrastiveLoss):
             m_abs=self.m_abs,
             k_min=self.k_min,
             similarity=sim,
+            positive=ctx.shares_label,  # (inter > 0) off the anchor's own column = inside the contrast set
         )

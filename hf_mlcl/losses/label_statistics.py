@@ -30,10 +30,20 @@ from torch import Tensor
 
 from . import relations as R
 
-__all__ = ["ws_class_weights", "PairLabelView"]
+__all__ = ["ws_class_weights", "PairLabelView", "dense_label_products"]
 
 # dense (N, M, L)-flop products are used instead of sparse ones up to this much work
 _DENSE_MAX_WORK = 2**25
+
+
+def dense_label_products(anchor_labels: Tensor, candidate_labels: Tensor) -> bool:
+    """Whether per-(anchor, label) products run densely over all L columns: both matrices dense and
+    N * M * L at most ``_DENSE_MAX_WORK`` (a small label space; sparse products cost more there)."""
+    return (
+        not R.is_sparse(anchor_labels)
+        and not R.is_sparse(candidate_labels)
+        and anchor_labels.shape[0] * candidate_labels.shape[0] * anchor_labels.shape[1] <= _DENSE_MAX_WORK
+    )
 
 
 def _nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -127,11 +137,7 @@ class PairLabelView:
         self.rows, self.cols = _nonzero_pairs(anchor_labels)
         n_labels = anchor_labels.shape[1]
         self._dense: Tensor | None = None
-        if (
-            not R.is_sparse(anchor_labels)
-            and not R.is_sparse(candidate_labels)
-            and self.num_anchors * self.num_candidates * n_labels <= _DENSE_MAX_WORK
-        ):
+        if dense_label_products(anchor_labels, candidate_labels):
             # small label space: dense products over all L columns beat building sparse matrices
             self._dense = candidate_labels
             self.ucol = self.cols

@@ -125,7 +125,7 @@ class MSCLoss(ContrastiveLoss):
                 f"D={ctx.embeddings.shape[1]}; construct it with the projection dimension"
             )
         dtype = ctx.dtype
-        protos = self.normalized_prototypes(dtype).to(ctx.device)
+        protos = self.prototypes.to(device=ctx.device, dtype=dtype)  # normalised inside the kernel
 
         # ---- label-only weights (no gradient)
         with torch.no_grad():
@@ -141,6 +141,6 @@ class MSCLoss(ContrastiveLoss):
         # ---- one fused pass: samples with d = beta, prototypes with d = 1 and weights R_ij
         loss, _ = ctx.fused(
             w, coef, log_d=math.log(self.beta), extra=protos,
-            extra_weights=(view.rows, view.cols, r), extra_unit=True,
+            extra_weights=(view.rows, view.cols, r), normalize_extra=True,
         )  # fmt: skip
         return loss, {}

@@ -107,4 +107,5 @@ class MulSupConLoss(ContrastiveLoss):
             weights=w,
             normalizer=(pairs > 0).to(ctx.dtype),
             reduction_denominator=self._denominator(ctx, pairs),
+            zero_diagonal=True,
         )

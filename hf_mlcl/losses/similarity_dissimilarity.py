@@ -85,8 +85,11 @@ class SimilarityDissimilarityLoss(ContrastiveLoss):
         k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
         count = positive.to(ctx.dtype)
         if not self.weight_in_log:
-            return LossTerms(weights=k, normalizer=count.sum(dim=1))
+            return LossTerms(weights=k, normalizer=count.sum(dim=1), zero_diagonal=True)
         log_k = torch.where(
             positive, torch.log(k.clamp_min(torch.finfo(ctx.dtype).tiny)), torch.zeros_like(k)
         )
-        return LossTerms(weights=count, normalizer=count.sum(dim=1), constant=log_k.sum(dim=1))
+        wsum = count.sum(dim=1)
+        return LossTerms(
+            weights=count, normalizer=wsum, constant=log_k.sum(dim=1), weight_sums=wsum, zero_diagonal=True
+        )

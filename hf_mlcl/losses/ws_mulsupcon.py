@@ -56,8 +56,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import relations as R
 from .core import ContrastContext, ContrastiveLoss
-from .label_statistics import PairLabelView, ws_class_weights
+from .label_statistics import PairLabelView, dense_label_products, ws_class_weights
 from .registry import register_loss
 
 __all__ = ["WSMulSupConLoss"]
@@ -156,11 +157,12 @@ class WSMulSupConLoss(ContrastiveLoss):
     def has_label_statistics(self) -> bool:
         return self.single_weights is not None
 
-    def _class_weights(
-        self, cols: Tensor, single_pair: Tensor, num_labels: int, dtype: torch.dtype
-    ) -> Tensor:
+    def _label_weights(
+        self, num_labels: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[Tensor, Tensor] | None:
+        """(D̄, C̄) as (L,) vectors, or None without class weights; ValueError when they cannot apply."""
         if not self.class_weights:
-            return torch.ones(cols.shape, dtype=dtype, device=cols.device)
+            return None
         if self.single_weights is None:
             raise ValueError(
                 "ws_mulsupcon needs training-set label statistics for its class weights D̄_j, C̄_j: call "
@@ -174,9 +176,52 @@ class WSMulSupConLoss(ContrastiveLoss):
                 f"labels have {num_labels} columns; call set_label_statistics with the training labels of "
                 "the same label space"
             )
-        sw = self.single_weights.to(device=cols.device, dtype=dtype)[cols]
-        mw = self.multi_weights.to(device=cols.device, dtype=dtype)[cols]
-        return torch.where(single_pair, sw, mw)
+        return (
+            self.single_weights.to(device=device, dtype=dtype),
+            self.multi_weights.to(device=device, dtype=dtype),
+        )
+
+    def _class_weights(
+        self, cols: Tensor, single_pair: Tensor, num_labels: int, dtype: torch.dtype
+    ) -> Tensor:
+        weights = self._label_weights(num_labels, dtype, cols.device)
+        if weights is None:
+            return torch.ones(cols.shape, dtype=dtype, device=cols.device)
+        return torch.where(single_pair, weights[0][cols], weights[1][cols])
+
+    def _paper_weights_dense(
+        self,
+        ctx: ContrastContext,
+        iou: Tensor,
+        single_a: Tensor,
+        multi_a: Tensor,
+        single_c: Tensor,
+        multi_c: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """W_s + W_m (N, M) and the per-anchor count of pairs with a positive, in dense (N, L) algebra.
+
+        The small-label-space form of the pair computation in :meth:`compute` (same values): for an
+        anchor i carrying j, n_s(i, j) = #single-label candidates carrying j minus the anchor itself
+        when it is a single-label candidate of its own row, likewise n_m; q = class weight / n on
+        the anchor's labels; W_ia = IoU_ia * sum_j q_(stratum of a)(i, j) [j in T_a]. One product
+        per quantity instead of per-pair gathers (fewer, larger ops: the cost of a small in-batch step).
+        """
+        dtype = ctx.dtype
+        ya = R.cast(ctx.anchor_labels, dtype)
+        yc = R.cast(ctx.candidate_labels, dtype)
+        strata_c = torch.stack([single_c, multi_c]).to(dtype)  # (2, M) single / multi candidates
+        counts = (strata_c @ yc).reshape(1, -1)  # (1, 2L): candidates of each stratum carrying label j
+        own = 1.0 if ctx.anchors_in_candidates else 0.0  # keys-only contrast set: no own column
+        own_a = torch.stack([single_a, multi_a], dim=1).to(dtype).repeat_interleave(ya.shape[1], dim=1)
+        n = counts - own * own_a  # (N, 2L) = [n_s | n_m] on the anchors' labels
+        weights = self._label_weights(ya.shape[1], dtype, ya.device)
+        cw = ya if weights is None else torch.where(single_a[:, None], weights[0], weights[1]) * ya
+        q = torch.where(n > 0, cw.repeat(1, 2) / n.clamp_min(1), 0.0)  # [q_s | q_m]
+        stratified = torch.cat([yc * strata_c[0][:, None], yc * strata_c[1][:, None]], dim=1)  # (M, 2L)
+        w_sm = (q @ stratified.T).mul_(iou)
+        width = ya.shape[1]
+        pairs = (((n[:, :width] + n[:, width:]) > 0) & (ya > 0)).sum(dim=1).to(dtype)
+        return w_sm, pairs
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
         dtype = ctx.dtype
@@ -188,55 +233,65 @@ class WSMulSupConLoss(ContrastiveLoss):
             single_a, multi_a, healthy_a = size_a == 1, size_a >= 2, size_a == 0
             single_c, multi_c, healthy_c = size_c == 1, size_c >= 2, size_c == 0
 
-            view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
-            rows, cols = view.rows, view.cols
-            single_pair = single_a[rows]
-            cw = self._class_weights(cols, single_pair, ctx.anchor_labels.shape[1], dtype)
-            # positives per (anchor, label) pair and candidate stratum; the anchor itself (in-batch
-            # column i, same stratum as the anchor, carries j) is not in its contrast set
-            own = 1.0 if ctx.anchors_in_candidates else 0.0  # keys-only contrast set: no own column
-            n_s = view.candidate_counts(single_c.to(dtype)) - own * single_pair.to(dtype)
-            n_m = view.candidate_counts(multi_c.to(dtype)) - own * multi_a[rows].to(dtype)
-            zero = torch.zeros((), dtype=dtype, device=device)
-            q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
-            q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
             iou = ctx.jaccard.to(dtype) * contrast
-            if self.authors_code:
-                w_s = iou * single_c[None, :] * view.spread(q_s)  # positives in P_s, weighted
-                w_m = iou * multi_c[None, :] * view.spread(q_m)  # positives in P_m, weighted
+            if not self.authors_code and dense_label_products(ctx.anchor_labels, ctx.candidate_labels):
+                w_sm, pairs_per_anchor = self._paper_weights_dense(
+                    ctx, iou, single_a, multi_a, single_c, multi_c
+                )
             else:
-                # w_s + w_m in one product: a candidate is in P_s or P_m by its own stratum (healthy
-                # candidates carry no label, so their entries are 0 either way)
-                w_sm = iou * view.spread_by_candidate(q_s, q_m, multi_c)
+                view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
+                rows, cols = view.rows, view.cols
+                single_pair = single_a[rows]
+                cw = self._class_weights(cols, single_pair, ctx.anchor_labels.shape[1], dtype)
+                # positives per (anchor, label) pair and candidate stratum; the anchor itself (in-batch
+                # column i, same stratum as the anchor, carries j) is not in its contrast set
+                own = 1.0 if ctx.anchors_in_candidates else 0.0  # keys-only contrast set: no own column
+                n_s = view.candidate_counts(single_c.to(dtype)) - own * single_pair.to(dtype)
+                n_m = view.candidate_counts(multi_c.to(dtype)) - own * multi_a[rows].to(dtype)
+                zero = torch.zeros((), dtype=dtype, device=device)
+                q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
+                q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
+                if self.authors_code:
+                    w_s = iou * single_c[None, :] * view.spread(q_s)  # positives in P_s, weighted
+                    w_m = iou * multi_c[None, :] * view.spread(q_m)  # positives in P_m, weighted
+                else:
+                    # w_s + w_m in one product: a candidate is in P_s or P_m by its own stratum (healthy
+                    # candidates carry no label, so their entries are 0 either way)
+                    w_sm = iou * view.spread_by_candidate(q_s, q_m, multi_c)
+                    pair_ok = ((n_s + n_m) > 0).to(dtype)
+                    pairs_per_anchor = torch.zeros(ctx.num_anchors, dtype=dtype, device=device)
+                    pairs_per_anchor.index_add_(0, rows, pair_ok)
 
-            def pair_count(pair_ok: Tensor, anchor_mask: Tensor) -> Tensor:
-                return (pair_ok & anchor_mask[rows]).sum().to(dtype)
+                def pair_count(pair_ok: Tensor, anchor_mask: Tensor) -> Tensor:
+                    return (pair_ok & anchor_mask[rows]).sum().to(dtype)
 
-            healthy_pos = contrast & healthy_c[None, :]
-            n_h = healthy_pos.sum(dim=1).to(dtype)
-            valid_h = healthy_a & (n_h > 0)
-            w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], zero)
+            if bool(healthy_c.any()):  # eq. (8): healthy positives of healthy anchors
+                healthy_pos = contrast & healthy_c[None, :]
+                n_h = healthy_pos.sum(dim=1).to(dtype)
+                valid_h = healthy_a & (n_h > 0)
+                w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], 0.0)
+            else:  # no healthy candidate: L_h = 0 (and no (N, M) pass for it)
+                valid_h, w_h = torch.zeros_like(healthy_a), None
             num_h = valid_h.sum().to(dtype)
 
         if not self.authors_code:
             # one fused pass: the strata's rows are disjoint (healthy anchors carry no pair, diseased
             # ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
             # term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H)
-            pairs_ok = (n_s + n_m) > 0
-            counts = {
-                "ws": (single_a, float(pair_count(pairs_ok, single_a)), 1.0 - self.lambda_),
-                "wm": (multi_a, float(pair_count(pairs_ok, multi_a)), 1.0 - self.lambda_),
-                "h": (valid_h, float(num_h), self.lambda_),
-            }
-            coef = torch.zeros(ctx.num_anchors, dtype=dtype, device=device)
-            for rows_of, count, factor in counts.values():
-                if count > 0:
-                    coef = torch.where(rows_of, factor / count, coef)
-            loss, bracket = ctx.fused(w_sm + w_h, coef)
-            parts = {
-                name: (bracket[rows_of].sum() / count if count > 0 else 0.0)
-                for name, (rows_of, count, _) in counts.items()
-            }
+            with torch.no_grad():
+                # (3, N) stratum indicator: single / multi anchors, healthy anchors with a positive
+                strata = torch.stack([single_a, multi_a, valid_h]).to(dtype)
+                counts = strata @ (pairs_per_anchor + strata[2])  # pairs with a positive; healthy anchors
+                factors = torch.tensor(
+                    [1.0 - self.lambda_, 1.0 - self.lambda_, self.lambda_], dtype=dtype, device=device
+                )
+                per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
+                coef = per_count @ strata
+            loss, bracket = ctx.fused(w_sm if w_h is None else w_sm + w_h, coef)
+            sums = strata @ bracket
+            parts = dict(
+                zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).tolist())
+            )
             return loss, parts
 
         s = ctx.logits

@@ -39,7 +39,9 @@ def test_paper_defaults_and_warmup():
     for name, want in PAPER_SETS.items():
         cls = get_loss_class(name)
         assert cls.default_contrast_set == want, name
-        assert cls.default_queue_warmup is (name != "msc"), name  # MulSupCon code family waits for a full queue
+        assert cls.default_queue_warmup is (name != "msc"), (
+            name
+        )  # MulSupCon code family waits for a full queue
     loss = get_loss("mulsupcon")
     assert resolve_contrast_set(loss, None, 0) is None  # batch mode
     assert resolve_contrast_set(loss, None, 16) == "keys"
@@ -95,7 +97,9 @@ def test_supcon_family_matches_reference_with_keys_and_queue(name, contrast_set,
     assert step.anchors_in_candidates is aic
     assert got.item() == pytest.approx(want, rel=1e-9)
     if contrast_set == PAPER_SETS[name]:  # the default differs from the other sets on this batch
-        others = [built_loss(loss_fn, s, z, y, k, queue)[1].item() for s in CONTRAST_SETS if s != contrast_set]
+        others = [
+            built_loss(loss_fn, s, z, y, k, queue)[1].item() for s in CONTRAST_SETS if s != contrast_set
+        ]
         assert all(abs(o - got.item()) > 1e-6 for o in others)
 
 
@@ -207,7 +211,9 @@ def test_hbl_eq7_scaling(seed):
     hbl = hbl_reference(z, y, keys, key_labels, 0.8, 0.1, 0.3, 3, anchors_in_candidates=False)
     n = z.shape[0]
     key_sets = [set(torch.nonzero(r).flatten().tolist()) for r in key_labels]
-    pairs = sum(1 for r in y for lab in torch.nonzero(r).flatten().tolist() if any(lab in t for t in key_sets))
+    pairs = sum(
+        1 for r in y for lab in torch.nonzero(r).flatten().tolist() if any(lab in t for t in key_sets)
+    )
     assert got_base == pytest.approx(base + lam * hbl, rel=1e-9)
     assert got == pytest.approx(base + lam * n / pairs * hbl, rel=1e-9)
     literal = base * pairs / n + lam * hbl  # eq. (7) with sum_l over the anchor's labels

@@ -380,3 +380,46 @@ def test_plain_supcon_peer_of_the_benchmark_matches_all_on_single_labels():
     torch.testing.assert_close(
         mod.plain_supcon(z, y, single=False), get_loss("any")(z, y), rtol=1e-5, atol=1e-6
     )
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_kept_scores_order_candidates_like_the_similarities(keys):
+    """keep_scores: the (N, M) scores are cos / tau shifted by a per-row constant, -inf at (i, i)."""
+    from hf_mlcl.losses.fused import fused_contrastive_loss
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    k = torch.randn(4, 5, generator=g, dtype=torch.float64) if keys else None
+    m = 6 + (4 if keys else 0)
+    w = torch.rand(6, m, generator=g, dtype=torch.float64)
+    w[range(6), range(6)] = 0
+    coef = torch.full((6,), 1 / 6, dtype=torch.float64)
+    loss, _, scores = fused_contrastive_loss(z, k, w, coef, 0.1, normalize=True, keep_scores=True)
+    plain, _ = fused_contrastive_loss(z, k, w, coef, 0.1, normalize=True)
+    assert loss.item() == plain.item()
+    cands = z if k is None else torch.cat([z, k])
+    cos = F.normalize(z, dim=-1) @ F.normalize(cands, dim=-1).T / 0.1
+    assert torch.isneginf(scores.diagonal()).all()
+    off = ~torch.eye(6, m, dtype=torch.bool)
+    shift = (scores - cos)[off].view(6, m - 1)
+    torch.testing.assert_close(shift, shift[:, :1].expand_as(shift))  # one constant per row
+    assert not scores.requires_grad
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [("all", {}), ("any", {}), ("jaccard", {}), ("similarity_dissimilarity", {}),
+     ("similarity_dissimilarity", {"weight_in_log": True}), ("mulsupcon", {})],
+)  # fmt: skip
+def test_terms_that_skip_the_diagonal_check_have_a_zero_diagonal(name, kwargs):
+    """LossTerms.zero_diagonal is a promise the engine relies on: check it, and the given weight sums."""
+    g = torch.Generator().manual_seed(5)
+    y = (torch.rand(12, 4, generator=g) < 0.5).float()
+    y[0] = y[1]  # an exact duplicate set, so ALL has positives
+    loss = get_loss(name, **kwargs)
+    ctx = loss.prepare(torch.randn(12, 6, generator=g), y)
+    terms = loss.build_terms(ctx)
+    assert terms.zero_diagonal
+    assert (terms.weights.diagonal() == 0).all()
+    if terms.weight_sums is not None:
+        torch.testing.assert_close(terms.weight_sums, terms.weights.sum(dim=1))
