@@ -597,6 +597,17 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             self.backbone.requires_grad_(False)
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any):
+        """``MLCLPreTrainedModel.from_pretrained``, with a frozen encoder (``config.freeze_encoder``) frozen
+        again: transformers' weight loading hands back every loaded parameter with ``requires_grad=True``,
+        so a reloaded linear probe would otherwise train its encoder."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True
+        if model.config.freeze_encoder:
+            model.backbone.requires_grad_(False)
+        return loaded
+
     def train(self, mode: bool = True) -> MLCLForMultiLabelClassification:
         """Like ``nn.Module.train``, but a frozen encoder (linear probing) stays in eval mode (no dropout)."""
         super().train(mode)

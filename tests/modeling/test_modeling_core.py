@@ -365,6 +365,11 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
 
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf").eval()
     assert type(loaded) is MLCLForMultiLabelClassification
+    # a frozen encoder stays frozen on reload (transformers' loading makes loaded parameters trainable)
+    assert loaded.config.freeze_encoder and not any(p.requires_grad for p in loaded.backbone.parameters())
+    assert all(p.requires_grad for p in loaded.classifier.parameters())
+    direct, info = MLCLForMultiLabelClassification.from_pretrained(tmp_path / "clf", output_loading_info=True)
+    assert not info["missing_keys"] and not any(p.requires_grad for p in direct.backbone.parameters())
     assert loaded.config.id2label == model.config.id2label and loaded.config.chunk_size == 8
     batch = _batch(bert_tokenizer)
     with torch.no_grad():
