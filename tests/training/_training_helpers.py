@@ -89,6 +89,17 @@ def base_args(tmp_path, **kw):
     return ContrastiveTrainingArguments(**defaults)
 
 
+def probe_args(tmp_path, **kw):
+    """ProbingTrainingArguments of the probing tests: 4 steps of 8 rows on CPU, no saving, no reports."""
+    from hf_mlcl.training import ProbingTrainingArguments
+
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=16, max_steps=4,
+                learning_rate=5e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+                disable_tqdm=True, seed=0)  # fmt: skip
+    base.update(kw)
+    return ProbingTrainingArguments(**base)
+
+
 class GradCapture:
     """TrainerCallback that snapshots every parameter gradient right before each optimizer step."""
 
