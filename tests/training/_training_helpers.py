@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 
 import torch
 from transformers import BertConfig
@@ -87,6 +88,13 @@ def base_args(tmp_path, **kw):
     )
     defaults.update(kw)
     return ContrastiveTrainingArguments(**defaults)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a torchrun rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def probe_args(tmp_path, **kw):
