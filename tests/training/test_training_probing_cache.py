@@ -79,7 +79,6 @@ def _evals(tr) -> list[dict]:
 
 
 CONFIGS = {
-    "plain": dict(),
     # classifier dropout draws a mask per micro-batch; 2 micro-batches per optimizer step; evaluations
     # between steps (each iterates a DataLoader, which draws a seed from the global generator)
     "dropout_accumulation": dict(dropout=0.3, gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2),
@@ -90,23 +89,32 @@ CONFIGS = {
 }  # fmt: skip
 
 
-def _pair(tmp_path, tok, data, cfg: dict):
-    runs = {}
-    for cache in (True, False):
-        kw = dict(cfg)
-        patience = kw.pop("early_stopping", None)
-        cbs = [EarlyStoppingCallback(early_stopping_patience=patience)] if patience else None
-        tr, counter = _trainer(tmp_path / f"cache-{cache}", tok, data, cache, callbacks=cbs, **kw)
-        assert tr.cache_features is cache
-        init = _head(tr)
-        tr.train()
-        runs[cache] = (tr, counter, init)
-    return runs
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory, tok, data):
+    """``pairs(name)``: {cache: (trainer, row counter, initial head)} of CONFIGS[name], trained once per module."""
+    done: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in done:
+            root = tmp_path_factory.mktemp(name)
+            done[name] = {}
+            for cache in (True, False):
+                kw = dict(CONFIGS[name])
+                patience = kw.pop("early_stopping", None)
+                cbs = [EarlyStoppingCallback(early_stopping_patience=patience)] if patience else None
+                tr, counter = _trainer(root / f"cache-{cache}", tok, data, cache, callbacks=cbs, **kw)
+                assert tr.cache_features is cache
+                init = _head(tr)
+                tr.train()
+                done[name][cache] = (tr, counter, init)
+        return done[name]
+
+    return get
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_cached_probe_trains_the_same_head_as_the_text_path(tmp_path, tok, data, name):
-    runs = _pair(tmp_path, tok, data, CONFIGS[name])
+def test_cached_probe_trains_the_same_head_as_the_text_path(pairs, name):
+    runs = pairs(name)
     (cached, c_rows, c_init), (texts, t_rows, t_init) = runs[True], runs[False]
     assert all(torch.equal(c_init[k], t_init[k]) for k in c_init)
     head_c, head_t = _head(cached), _head(texts)
@@ -125,8 +133,8 @@ def test_cached_probe_trains_the_same_head_as_the_text_path(tmp_path, tok, data,
         assert texts.state.global_step < 6 * N_TRAIN // 4  # stopped early, so the callback was exercised
 
 
-def test_cached_evaluation_and_scores_equal_the_text_path(tmp_path, tok, data):
-    runs = _pair(tmp_path, tok, data, CONFIGS["dropout_accumulation"])
+def test_cached_evaluation_and_scores_equal_the_text_path(pairs, data):
+    runs = pairs("dropout_accumulation")
     cached, texts = runs[True][0], runs[False][0]
     ev_c, ev_t = _evals(cached), _evals(texts)
     assert len(ev_c) == len(ev_t) >= 3
