@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import subprocess
+import sys
 
 import torch
 from transformers import BertConfig
@@ -95,6 +98,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> None:
+    """``torchrun --nproc_per_node 2`` (gloo on CPU, one thread each) of ``worker``; AssertionError with
+    the end of stderr when it fails."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([here, os.getcwd()])}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), worker, *worker_args]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def probe_args(tmp_path, **kw):

@@ -5,13 +5,12 @@ concatenated batches and the two-process head trained on the texts (no duplicate
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from _training_helpers import free_port, tiny_encoder, tiny_tokenizer
+from _training_helpers import run_two_processes, tiny_encoder, tiny_tokenizer
 
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
 
@@ -26,12 +25,7 @@ def test_two_process_cached_probe_shards_rows_and_matches_one_process(tmp_path):
     torch.manual_seed(0)
     clf = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=True)
     clf.save_pretrained(tmp_path / "init")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, os.getcwd()])}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), WORKER, str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_two_processes(WORKER, str(tmp_path), timeout=280)
     sys.path.insert(0, HERE)
     from _ddp_probe_worker import N_TRAIN, run
 
