@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -397,61 +398,49 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         self._feature_cache[id(dataset)] = (dataset, backbone, features)
         return features
 
-    def _features_dataloader(self, features: PooledFeatureDataset, **kwargs: Any):
-        """Trainer's own dataloader (sampler, sharding across processes, workers) over cached features,
-        batched by the feature collator instead of the text collator."""
-        text_collator = self.data_collator
+    @contextmanager
+    def _serving_features(self, train: PooledFeatureDataset | None = None) -> Iterator[None]:
+        """While Trainer's public ``get_*_dataloader`` builds a loader: the feature collator (and, for
+        training, the cached train features) in place of the text ones, so the sampler, batch size,
+        sharding across processes and workers are Trainer's own."""
+        text_collator, text_train = self.data_collator, self.train_dataset
         self.data_collator = self._feature_collator
+        if train is not None:
+            self.train_dataset = train
         try:
-            return self._get_dataloader(dataset=features, **kwargs)
+            yield
         finally:
-            self.data_collator = text_collator
+            self.data_collator, self.train_dataset = text_collator, text_train
 
     def get_train_dataloader(self):
         """The texts, or their cached pooled features (``cache_features``), batched as Trainer would."""
         features = self.cached_features(self.train_dataset, "train")
         if features is None:
             return super().get_train_dataloader()
-        return self._features_dataloader(
-            features,
-            description="Training",
-            batch_size=self._train_batch_size,
-            sampler_fn=self._get_train_sampler,
-            is_training=True,
-        )
+        with self._serving_features(train=features):
+            return super().get_train_dataloader()
 
     def get_eval_dataloader(self, eval_dataset: Any = None):
         """As ``Trainer.get_eval_dataloader`` (a name of a dict of eval datasets, a dataset, or None), over
         cached features when ``cache_features``."""
         if not self.cache_features:
             return super().get_eval_dataloader(eval_dataset)
-        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
-        if self.args.dataloader_persistent_workers and key in getattr(self, "_eval_dataloaders", {}):
-            return self._eval_dataloaders[key]
-        dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else eval_dataset
+        name = eval_dataset if isinstance(eval_dataset, str) else None
+        dataset = self.eval_dataset[eval_dataset] if name is not None else eval_dataset
         dataset = self.eval_dataset if dataset is None else dataset
-        features = self.cached_features(dataset, "eval" if key == "eval" else f"eval {key}")
+        features = self.cached_features(dataset, "eval" if name is None else f"eval {name}")
         if features is None:
             return super().get_eval_dataloader(eval_dataset)
-        return self._features_dataloader(
-            features,
-            description="Evaluation",
-            batch_size=self.args.eval_batch_size,
-            sampler_fn=self._get_eval_sampler,
-            dataloader_key=key,
-        )
+        with self._serving_features():
+            return super().get_eval_dataloader(features)
 
     def get_test_dataloader(self, test_dataset: Any):
         """As ``Trainer.get_test_dataloader``, over cached features when ``cache_features``."""
         features = self.cached_features(test_dataset, "test")
         if features is None:
             return super().get_test_dataloader(test_dataset)
-        return self._features_dataloader(
-            features,
-            description="test",
-            batch_size=self.args.eval_batch_size,
-            sampler_fn=self._get_eval_sampler,
-        )
+        with self._serving_features():
+            return super().get_test_dataloader(features)
 
     # ------------------------------------------------------------------ logistic probe
     def fit_logistic(self, validation_dataset: Any | None = None) -> dict[str, Any]:
