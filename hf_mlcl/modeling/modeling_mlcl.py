@@ -597,6 +597,17 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             self.backbone.requires_grad_(False)
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any):
+        """``MLCLPreTrainedModel.from_pretrained``, with a frozen encoder (``config.freeze_encoder``) frozen
+        again: transformers' weight loading hands back every loaded parameter with ``requires_grad=True``,
+        so a reloaded linear probe would otherwise train its encoder."""
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True
+        if model.config.freeze_encoder:
+            model.backbone.requires_grad_(False)
+        return loaded
+
     def train(self, mode: bool = True) -> MLCLForMultiLabelClassification:
         """Like ``nn.Module.train``, but a frozen encoder (linear probing) stays in eval mode (no dropout)."""
         super().train(mode)
@@ -607,6 +618,19 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
     def _backbone_trainable(self) -> bool:
         return any(p.requires_grad for p in self.backbone.parameters())
 
+    def logits_from_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The linear head on pooled representations (B, hidden): ``classifier(dropout(pooled))``.
+
+        Exactly what ``forward`` does after pooling, so a linear probe can be trained on pooled features
+        computed once by the frozen encoder (``ProbingTrainer`` with ``cache_features``). The
+        ``label_attention`` head reads token states, not a pooled vector: ValueError.
+        """
+        if self.config.head != "linear":
+            raise ValueError(
+                f"head={self.config.head!r} attends over token states; only head='linear' classifies pooled features"
+            )
+        return self.classifier(self.dropout(pooled.to(self.classifier.weight.dtype)))
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -614,16 +638,23 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         labels: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         return_dict: bool | None = True,
+        pooled_features: torch.Tensor | None = None,
     ) -> SequenceClassifierOutput | tuple:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):
-            states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
-        if self.config.head == "linear":
-            head_dtype = self.classifier.weight.dtype
-            pooled = pool_states(states, mask, self.config.pooling, segment).to(head_dtype)
-            logits = self.classifier(self.dropout(pooled))
+        """Logits (and the BCE loss when ``labels`` is given) of tokenized documents, or of
+        ``pooled_features`` (B, hidden) already pooled by this encoder (linear head only; then no
+        ``input_ids``): the encoder is skipped and only :meth:`logits_from_pooled` runs."""
+        if pooled_features is not None:
+            if input_ids is not None:
+                raise ValueError("pass input_ids or pooled_features, not both")
+            logits = self.logits_from_pooled(pooled_features)
         else:
-            head_dtype = self.classifier.third_linear.weight.dtype
-            logits = self.classifier(states.to(head_dtype), mask)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):
+                states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
+            if self.config.head == "linear":
+                logits = self.logits_from_pooled(pool_states(states, mask, self.config.pooling, segment))
+            else:
+                head_dtype = self.classifier.third_linear.weight.dtype
+                logits = self.classifier(states.to(head_dtype), mask)
         loss = None
         if labels is not None:
             if labels.is_sparse or labels.layout != torch.strided:

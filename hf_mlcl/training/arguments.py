@@ -321,6 +321,15 @@ class ProbingTrainingArguments(TrainingArguments):
         },
     )
     logistic_max_iter: int = field(default=1000, metadata={"help": "probe='logistic': lbfgs iterations."})
+    cache_features: bool | None = field(
+        default=None,
+        metadata={
+            "help": "probe='linear': encode every train / eval text once with the frozen encoder and train the "
+            "head on the cached pooled features (the encoder's outputs never change). None (default): cache "
+            "where possible, else train on the texts with an info message; True: cache or stop with an error "
+            "naming why not (label_attention head, FSDP / DeepSpeed, group_by_length ...); False: off."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
@@ -334,6 +343,11 @@ class ProbingTrainingArguments(TrainingArguments):
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         if self.loss not in PROBE_LOSSES:
             raise ValueError(f"unknown probing loss {self.loss!r}; choose one of {PROBE_LOSSES}")
+        if self.cache_features and self.probe == "finetune":
+            raise ValueError(
+                "cache_features=True needs a frozen encoder: probe='finetune' trains it, so its features change "
+                "every step; use probe='linear' or leave cache_features unset"
+            )
         if str(self.threshold) not in THRESHOLDS:
             try:
                 value = float(self.threshold)

@@ -3,7 +3,12 @@
 Protocol (Khosla et al. 2020; the SD-loss and ABALONE papers): drop the projection head of the
 contrastive encoder, put a linear multi-label head on the pooled representation and
 
-* ``probe="linear"``: freeze the encoder (it also stays in eval mode: no dropout) and train the head;
+* ``probe="linear"``: freeze the encoder (it also stays in eval mode: no dropout) and train the head.
+  Its outputs then never change, so by default (``cache_features``) every train / eval text is encoded
+  once and the head is trained and evaluated on the cached pooled features through the usual Trainer
+  loop (optimizer, scheduler, accumulation, evaluation, early stopping, checkpoints; the features are
+  recomputed on resume, never saved) — the same head and metrics as encoding every epoch, at the cost
+  of one encoder pass per dataset. The ``label_attention`` head needs token states and is never cached;
 * ``probe="finetune"``: train encoder and head together (also the plain BCE baseline on a raw
   backbone, without any contrastive stage);
 * ``probe="logistic"``: cache the frozen pooled embeddings once and fit scikit-learn logistic
@@ -24,7 +29,9 @@ of ``hf_mlcl.evaluation.compute_multilabel_metrics`` are reported with it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -42,6 +49,7 @@ from ._common import (
 )
 from .arguments import ProbingTrainingArguments
 from .checkpoints import CompleteCheckpointsMixin
+from .feature_cache import PooledFeatureCollator, PooledFeatureDataset
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +131,16 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         num_labels / label_column: as for ``ContrastiveTrainer``.
 
     ``evaluate()`` reports the metrics at threshold 0.5 (or the fixed / tuned threshold once
-    :meth:`tune_threshold` ran); :meth:`tune_threshold` and :meth:`evaluate_split` implement the
+    :meth:`tune_threshold` ran); :meth:`tune_threshold` and :meth:`split_metrics` implement the
     validation-tuned test protocol; :meth:`fit_logistic` is the ``logistic`` probe.
+
+    With ``probe="linear"`` and ``args.cache_features`` not False, ``self.cache_features`` is True when
+    the run allows it (linear head; no FSDP / DeepSpeed; no length-grouped sampling; no token counting):
+    the train / eval / test dataloaders then batch :meth:`cached_features` (the frozen encoder's pooled
+    features, computed once per dataset and process; under DDP every process holds all rows and
+    Trainer's dataloader shards them like the texts) and the model runs ``forward(pooled_features=...)``.
+    ``cache_features=True`` that cannot apply is a ValueError here; left unset, the run falls back to the
+    texts with an info message.
     """
 
     loss_is_scaled_for_ga = False
@@ -199,6 +215,29 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         if compute_metrics is None:
             self.compute_metrics = self._metrics
         self.loss_fn.to(self.args.device)
+        self._feature_cache: dict[int, tuple[Any, nn.Module, PooledFeatureDataset]] = {}
+        labels_to_tensor = getattr(data_collator, "labels_to_tensor", None)
+        if labels_to_tensor is None:
+            from hf_mlcl.data.multihot import multi_hot_tensor
+
+            def labels_to_tensor(lists):
+                return multi_hot_tensor(lists, n_labels)
+
+        self._feature_collator = PooledFeatureCollator(labels_to_tensor)
+        self.cache_features = False
+        if args.probe == "linear" and args.cache_features is not False:
+            why = self._feature_cache_blocker()
+            if why is None:
+                self.cache_features = True
+            elif args.cache_features:
+                raise ValueError(
+                    f"cache_features=True cannot apply here: {why}; leave cache_features unset (the probe then "
+                    "encodes the texts every epoch) or set it to false"
+                )
+            else:
+                logger.info(
+                    f"linear probe without cached features (the texts are encoded every epoch): {why}"
+                )
 
     # ------------------------------------------------------------------ loss
     def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
@@ -255,33 +294,155 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         result = compute_multilabel_metrics(truth, scores, threshold=self.threshold)
         return {f"{prefix}_{k}": float(v) for k, v in result.items() if not np.isnan(v)}
 
-    # ------------------------------------------------------------------ logistic probe
-    @torch.no_grad()
-    def pooled_features(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Frozen pooled representations (the head's input) and multi-hot labels, computed once."""
-        model = self.accelerator.unwrap_model(self.model)
-        model.eval()
+    # ------------------------------------------------------------------ frozen pooled features
+    def _pooled_batches(
+        self, dataset: Any, desc: str = "Encoding"
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(pooled (b, H) float32, multi-hot (b, L) bool)`` of every batch of ``dataset``, in dataset order,
+        from the text dataloader, in eval mode without gradient. Under several processes every process
+        gets every row (``gather_for_metrics`` drops the duplicated tail samples). The pass leaves the
+        random-number streams as they were (``fork_rng``: iterating a DataLoader draws a seed), so a run
+        with cached features draws the same dropout masks as one without."""
+        from tqdm.auto import tqdm
+
         from hf_mlcl.modeling.modeling_mlcl import pool_states
 
-        feats, labels = [], []
-        for batch in self.get_test_dataloader(dataset):
-            batch = self._prepare_inputs(batch)
-            model_inputs, y = self._split(batch)
-            with self.compute_loss_context_manager():
-                states, mask, segment = model.encode_tokens(
-                    model_inputs["input_ids"],
-                    model_inputs.get("attention_mask"),
-                    model_inputs.get("token_type_ids"),
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        bar = None
+        try:
+            with torch.random.fork_rng(devices=[]):
+                loader = super().get_test_dataloader(dataset)  # the texts, never the cache
+                bar = tqdm(
+                    loader, desc=desc, disable=self.args.disable_tqdm or not self.is_local_process_zero()
                 )
-                pooled = pool_states(states, mask, model.config.pooling, segment)
-            # gather_for_metrics: every process fits on the whole split (duplicated tail samples dropped)
-            pooled, y = self.accelerator.gather_for_metrics(
-                (pooled.float().contiguous(), labels_to_dense_float(y))
-            )
-            feats.append(pooled.cpu().numpy())
-            labels.append(y.cpu().numpy() > 0.5)
+                for batch in bar:
+                    batch = self._prepare_inputs(batch)
+                    model_inputs, y = self._split(batch)
+                    with torch.no_grad(), self.compute_loss_context_manager():
+                        states, mask, segment = model.encode_tokens(
+                            model_inputs["input_ids"],
+                            model_inputs.get("attention_mask"),
+                            model_inputs.get("token_type_ids"),
+                        )
+                        pooled = pool_states(states, mask, model.config.pooling, segment)
+                    pooled, y = self.accelerator.gather_for_metrics(
+                        (pooled.float().contiguous(), labels_to_dense_float(y))
+                    )
+                    yield pooled.cpu(), y.cpu() > 0.5
+        finally:
+            if bar is not None:
+                bar.close()
+            model.train(was_training)
+
+    def pooled_features(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Frozen pooled representations (the head's input) and multi-hot labels of a whole dataset."""
+        feats, labels = [], []
+        for pooled, y in self._pooled_batches(dataset):
+            feats.append(pooled.numpy())
+            labels.append(y.numpy())
         return np.concatenate(feats), np.concatenate(labels)
 
+    # ------------------------------------------------------------------ cached linear probe
+    def _feature_cache_blocker(self) -> str | None:
+        """Why this run cannot train the linear head on cached features, or None when it can."""
+        model = self.accelerator.unwrap_model(self.model)
+        args = self.args
+        if getattr(model.config, "head", "linear") != "linear" or not hasattr(model, "logits_from_pooled"):
+            return (
+                f"head={getattr(model.config, 'head', None)!r} reads token states, not a pooled vector "
+                "(only head='linear' can be trained on cached features)"
+            )
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return "FSDP / DeepSpeed shard the encoder's weights across processes"
+        if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+            return (
+                f"train_sampling_strategy={args.train_sampling_strategy!r} orders the batches by text length"
+            )
+        if "inputs" in (args.include_for_metrics or []):
+            return "include_for_metrics=['inputs'] hands the token ids to compute_metrics"
+        if args.include_num_input_tokens_seen not in ("no", False, None):
+            return "include_num_input_tokens_seen counts the tokens of every training batch"
+        return None
+
+    def cached_features(self, dataset: Any, name: str = "dataset") -> PooledFeatureDataset | None:
+        """The :class:`~hf_mlcl.training.feature_cache.PooledFeatureDataset` of ``dataset``: computed by the
+        frozen encoder on first use, then reused for as long as this trainer lives (the encoder is frozen
+        and in eval mode, so its outputs never change; features are not written to checkpoints and a
+        resumed run computes them again). None when this trainer does not cache (``self.cache_features``)."""
+        if not self.cache_features or dataset is None:
+            return None
+        if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+            if self.args.cache_features:
+                raise ValueError(
+                    f"cache_features=True needs a map-style {name} dataset (with len()); got "
+                    f"{type(dataset).__name__}: leave cache_features unset or set it to false"
+                )
+            logger.info(
+                f"{name}: an iterable dataset is encoded every epoch (features are cached for map-style ones)"
+            )
+            return None
+        backbone = self.accelerator.unwrap_model(self.model).backbone
+        entry = self._feature_cache.get(id(dataset))
+        if entry is not None and entry[0] is dataset and entry[1] is backbone:
+            return entry[2]
+        start = time.perf_counter()
+        features = PooledFeatureDataset.from_batches(
+            self._pooled_batches(dataset, f"Encoding {name} features")
+        )
+        logger.info(
+            f"linear probe: cached the frozen features of {len(features)} {name} rows "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
+        self._feature_cache[id(dataset)] = (dataset, backbone, features)
+        return features
+
+    @contextmanager
+    def _serving_features(self, train: PooledFeatureDataset | None = None) -> Iterator[None]:
+        """While Trainer's public ``get_*_dataloader`` builds a loader: the feature collator (and, for
+        training, the cached train features) in place of the text ones, so the sampler, batch size,
+        sharding across processes and workers are Trainer's own."""
+        text_collator, text_train = self.data_collator, self.train_dataset
+        self.data_collator = self._feature_collator
+        if train is not None:
+            self.train_dataset = train
+        try:
+            yield
+        finally:
+            self.data_collator, self.train_dataset = text_collator, text_train
+
+    def get_train_dataloader(self):
+        """The texts, or their cached pooled features (``cache_features``), batched as Trainer would."""
+        features = self.cached_features(self.train_dataset, "train")
+        if features is None:
+            return super().get_train_dataloader()
+        with self._serving_features(train=features):
+            return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset: Any = None):
+        """As ``Trainer.get_eval_dataloader`` (a name of a dict of eval datasets, a dataset, or None), over
+        cached features when ``cache_features``."""
+        if not self.cache_features:
+            return super().get_eval_dataloader(eval_dataset)
+        name = eval_dataset if isinstance(eval_dataset, str) else None
+        dataset = self.eval_dataset[eval_dataset] if name is not None else eval_dataset
+        dataset = self.eval_dataset if dataset is None else dataset
+        features = self.cached_features(dataset, "eval" if name is None else f"eval {name}")
+        if features is None:
+            return super().get_eval_dataloader(eval_dataset)
+        with self._serving_features():
+            return super().get_eval_dataloader(features)
+
+    def get_test_dataloader(self, test_dataset: Any):
+        """As ``Trainer.get_test_dataloader``, over cached features when ``cache_features``."""
+        features = self.cached_features(test_dataset, "test")
+        if features is None:
+            return super().get_test_dataloader(test_dataset)
+        with self._serving_features():
+            return super().get_test_dataloader(features)
+
+    # ------------------------------------------------------------------ logistic probe
     def fit_logistic(self, validation_dataset: Any | None = None) -> dict[str, Any]:
         """The ``logistic`` probe: per-label scikit-learn logistic regressions on cached embeddings.
 

@@ -317,6 +317,21 @@ def test_linear_probe_from_encoder(tiny_bert_config, bert_tokenizer):
     with torch.no_grad():
         pooled = encoder(**batch).pooled
         torch.testing.assert_close(model(**batch).logits, model.classifier(pooled), atol=1e-5, rtol=1e-5)
+        # the head alone on pooled features (a cached linear probe) is the forward after pooling
+        from_pooled = model(pooled_features=pooled, labels=labels)
+        torch.testing.assert_close(from_pooled.logits, model(**batch).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(from_pooled.logits, model.logits_from_pooled(pooled))
+        torch.testing.assert_close(from_pooled.loss, model(**batch, labels=labels).loss, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="input_ids or pooled_features"):
+        model(**batch, pooled_features=pooled)
+    # classifier dropout applies to pooled features in training mode, exactly as in forward
+    dropped = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=names, classifier_dropout=0.5).train()
+    torch.manual_seed(3)
+    a = dropped(pooled_features=pooled).logits
+    torch.manual_seed(3)
+    b = dropped(**batch).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a, dropped.classifier(pooled), atol=1e-3)
     # sparse labels give the same loss
     sparse = model(**batch, labels=labels.to_sparse()).loss
     torch.testing.assert_close(sparse, model(**batch, labels=labels).loss)
@@ -344,6 +359,9 @@ def test_classifier_errors(tiny_bert_config, bert_tokenizer):
         )
     with pytest.raises(ValueError, match="unknown head"):
         MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, head="mlp")
+    attention = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2, head="label_attention")
+    with pytest.raises(ValueError, match="only head='linear' classifies pooled features"):
+        attention(pooled_features=torch.zeros(3, 32))
     model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=2)
     with pytest.raises(ValueError, match="num_labels=2"):
         model(**_batch(bert_tokenizer), labels=torch.ones(3, 5))
@@ -365,6 +383,11 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
 
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf").eval()
     assert type(loaded) is MLCLForMultiLabelClassification
+    # a frozen encoder stays frozen on reload (transformers' loading makes loaded parameters trainable)
+    assert loaded.config.freeze_encoder and not any(p.requires_grad for p in loaded.backbone.parameters())
+    assert all(p.requires_grad for p in loaded.classifier.parameters())
+    direct, info = MLCLForMultiLabelClassification.from_pretrained(tmp_path / "clf", output_loading_info=True)
+    assert not info["missing_keys"] and not any(p.requires_grad for p in direct.backbone.parameters())
     assert loaded.config.id2label == model.config.id2label and loaded.config.chunk_size == 8
     batch = _batch(bert_tokenizer)
     with torch.no_grad():

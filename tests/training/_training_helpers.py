@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
 
 import torch
 from transformers import BertConfig
@@ -87,6 +91,36 @@ def base_args(tmp_path, **kw):
     )
     defaults.update(kw)
     return ContrastiveTrainingArguments(**defaults)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for a torchrun rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> None:
+    """``torchrun --nproc_per_node 2`` (gloo on CPU, one thread each) of ``worker``; AssertionError with
+    the end of stderr when it fails."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([here, os.getcwd()])}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), worker, *worker_args]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def probe_args(tmp_path, **kw):
+    """ProbingTrainingArguments of the probing tests: 4 steps of 8 rows on CPU, no saving, no reports."""
+    from hf_mlcl.training import ProbingTrainingArguments
+
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=16, max_steps=4,
+                learning_rate=5e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+                disable_tqdm=True, seed=0)  # fmt: skip
+    base.update(kw)
+    return ProbingTrainingArguments(**base)
 
 
 class GradCapture:

@@ -5,22 +5,14 @@ queue that joins at the second step."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 import torch
-from _training_helpers import max_rel_diff, tiny_encoder, tiny_tokenizer
+from _training_helpers import max_rel_diff, run_two_processes, tiny_encoder, tiny_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_ddp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(240)
@@ -28,12 +20,7 @@ def test_two_processes_match_one_process_on_concatenated_batch(tmp_path):
     tok = tiny_tokenizer()
     tok.save_pretrained(tmp_path / "tok")
     tiny_encoder(tok, dropout=0.0).save_pretrained(tmp_path / "init")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, os.getcwd()])}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), WORKER, str(tmp_path), "4"]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=220)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_two_processes(WORKER, str(tmp_path), "4", timeout=220)
     # the single-process reference: same init, same 8 rows in one batch
     sys.path.insert(0, HERE)
     from _ddp_worker import configs, run

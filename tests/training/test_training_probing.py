@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from _training_helpers import collator, tiny_encoder, tiny_split, tiny_tokenizer
+from _training_helpers import collator, probe_args, tiny_encoder, tiny_split, tiny_tokenizer
 from transformers import TrainerCallback
 
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
@@ -17,20 +17,11 @@ from hf_mlcl.training import (
     DataArguments,
     ModelArguments,
     ProbingTrainer,
-    ProbingTrainingArguments,
     fit_logistic_probe,
     train_contrastive,
     train_probe,
 )
 from hf_mlcl.training.checkpoint_state import STATE_FILE
-
-
-def _args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=16, max_steps=4,
-                learning_rate=5e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
-                disable_tqdm=True, seed=0)  # fmt: skip
-    base.update(kw)
-    return ProbingTrainingArguments(**base)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +35,7 @@ def test_probe_trains_head_and_respects_freezing(tmp_path, tok, probe, loss):
         tiny_encoder(tok), num_labels=4, freeze_encoder=probe == "linear"
     )
     before = {n: p.detach().clone() for n, p in clf.named_parameters()}
-    tr = ProbingTrainer(model=clf, args=_args(tmp_path, probe=probe, loss=loss), train_dataset=tiny_split(32),
+    tr = ProbingTrainer(model=clf, args=probe_args(tmp_path, probe=probe, loss=loss), train_dataset=tiny_split(32),
                         eval_dataset=tiny_split(16, 1), data_collator=collator(tok))  # fmt: skip
     tr.train()
     changed = {n for n, p in clf.named_parameters() if not torch.equal(p, before[n])}
@@ -74,7 +65,7 @@ def test_fit_logistic_probe_folds_standardisation_like_sklearn():
 def test_logistic_probe_validation_scores_equal_predict(tmp_path, tok):
     """The validation scores kept by fit_logistic (from cached features) are what predict() gives."""
     clf = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=True)
-    tr = ProbingTrainer(model=clf, args=_args(tmp_path, probe="logistic"), train_dataset=tiny_split(32),
+    tr = ProbingTrainer(model=clf, args=probe_args(tmp_path, probe="logistic"), train_dataset=tiny_split(32),
                         eval_dataset=tiny_split(16, 1), data_collator=collator(tok))  # fmt: skip
     val = tiny_split(16, 1)
     tr.fit_logistic(val)
@@ -92,24 +83,27 @@ def test_probing_bad_configurations(tmp_path, tok):
     with pytest.raises(ValueError, match="needs a frozen encoder"):
         ProbingTrainer(
             model=unfrozen,
-            args=_args(tmp_path, probe="linear"),
+            args=probe_args(tmp_path, probe="linear"),
             train_dataset=ds,
             data_collator=collator(tok),
         )
     from hf_mlcl.losses import get_loss
 
     with pytest.raises(ValueError, match="contrastive loss"):
-        ProbingTrainer(model=unfrozen, args=_args(tmp_path, probe="finetune"), train_dataset=ds,
+        ProbingTrainer(model=unfrozen, args=probe_args(tmp_path, probe="finetune"), train_dataset=ds,
                        data_collator=collator(tok), loss_fn=get_loss("sd"))  # fmt: skip
     with pytest.raises(ValueError, match="label-count mismatch"):
         five = MLCLForMultiLabelClassification.from_encoder(
             tiny_encoder(tok), num_labels=5, freeze_encoder=False
         )
         ProbingTrainer(
-            model=five, args=_args(tmp_path, probe="finetune"), train_dataset=ds, data_collator=collator(tok)
+            model=five,
+            args=probe_args(tmp_path, probe="finetune"),
+            train_dataset=ds,
+            data_collator=collator(tok),
         )
     with pytest.raises(ValueError, match="unknown probing loss"):
-        _args(tmp_path, loss="sd")
+        probe_args(tmp_path, loss="sd")
 
 
 # ------------------------------------------------------------------------------------ entry points
@@ -171,7 +165,7 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
 
     for probe, threshold in (("linear", "global"), ("logistic", "per_label")):
         out = tmp_path / f"probe-{probe}"
-        pargs = _args(out, probe=probe, threshold=threshold, max_steps=3)
+        pargs = probe_args(out, probe=probe, threshold=threshold, max_steps=3)
         ptrainer, pmetrics = train_probe(ModelArguments(), _data_args(), pargs, encoder_path=str(enc_dir))
         assert {"validation_micro_f1", "test_micro_f1", "test_macro_f1", "test_p@1", "threshold"} <= set(
             pmetrics
@@ -202,7 +196,7 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
 def test_bce_baseline_finetunes_raw_backbone(tmp_path):
     out = tmp_path / "bce"
     _, metrics = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
-                             _args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
+                             probe_args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
     assert metrics["threshold"] == 0.4 and metrics["probe"] == "finetune"
     assert "test_micro_f1" in metrics and os.path.isfile(out / "tokenizer.json")
 
@@ -246,7 +240,7 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
     def stage2(name):
-        _, metrics = train_probe(ModelArguments(), _data_args(), _args(tmp_path / name, probe="finetune", max_steps=2),
+        _, metrics = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / name, probe="finetune", max_steps=2),
                                  encoder_path=str(tmp_path / "a"))  # fmt: skip
         return metrics, load_file(str(tmp_path / name / "model.safetensors"))
 
@@ -269,7 +263,7 @@ def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
 
     rec2 = _Recorder()
     ptrainer, _ = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
-                              _args(tmp_path / "bce", probe="finetune", loss="bce", max_steps=3),
+                              probe_args(tmp_path / "bce", probe="finetune", loss="bce", max_steps=3),
                               callbacks=[rec2])  # fmt: skip
     assert rec2 in ptrainer.callback_handler.callbacks
     assert rec2.events == ["train_begin", "step", "step", "step", "train_end"]
@@ -289,6 +283,6 @@ def test_lora_encoder_round_trip(tmp_path):
     assert all("lora_" in n for n in trainer.momentum_encoder.trainable_names if "backbone" in n)
     assert os.path.isfile(enc_dir / "checkpoint-2" / "adapter_model.safetensors")
     assert json.loads((enc_dir / "config.json").read_text())["model_type"] == "mlcl"
-    _, metrics = train_probe(ModelArguments(), _data_args(), _args(tmp_path / "p", probe="linear", max_steps=1),
+    _, metrics = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / "p", probe="linear", max_steps=1),
                              encoder_path=str(enc_dir))  # fmt: skip
     assert 0.0 <= metrics["test_micro_f1"] <= 1.0
