@@ -39,17 +39,20 @@ fcell() {
     && grep -h "^RESULT\|^SKIP" "$log" | tail -1 || echo "FAILED: $study $* (see $log)"
 }
 LRS="5e-5 1e-4 2e-5"
+# linear probe: the encoder is frozen and encoded once (cache_features), so its epochs cost seconds:
+# up to 50 epochs at the recipe's lr 1e-2, early stopping after 5 evaluations without improvement
+LINEAR="--probe.num_train_epochs 50 --patience 5"
 base_cells() {  # frozen pretrained MiniLM (both probes), then BCE fine-tuning at each learning rate
   local study=$1 pat=$2
   fcell "$study" --loss pretrained --probe logistic --seed 1
-  fcell "$study" --loss pretrained --probe linear --seed 1 --patience "$pat"
+  fcell "$study" --loss pretrained --probe linear --seed 1 $LINEAR
   for LR in $LRS; do fcell "$study" --loss bce --probe finetune --lr "$LR" --seed 1 --patience "$pat"; done
 }
 loss_cells() {  # stage 1 with each loss, then both probes and a fine-tune at the BCE learning rate
   local study=$1 pat=$2 seed=$3; shift 3
   for L in "$@"; do
     fcell "$study" --loss "$L" --probe logistic --seed "$seed"
-    fcell "$study" --loss "$L" --probe linear --seed "$seed" --patience "$pat"
+    fcell "$study" --loss "$L" --probe linear --seed "$seed" $LINEAR
     fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"
   done
 }

@@ -308,8 +308,8 @@ def equality(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
 
 def jaccard(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
     """abs(S & T) / abs(S | T), (N, M); defined as 0 when both sets are empty."""
-    uni = unions(sizes_a, sizes_c, inter)
-    return torch.where(uni > 0, inter / uni.clamp_min(1), torch.zeros_like(inter))
+    # union >= intersection >= 0, and an empty union has an empty intersection: 0 / max(union, 1) = 0
+    return inter / unions(sizes_a, sizes_c, inter).clamp_min_(1)
 
 
 def candidate_label_counts(

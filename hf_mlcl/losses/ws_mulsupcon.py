@@ -219,6 +219,8 @@ class WSMulSupConLoss(ContrastiveLoss):
         q = torch.where(n > 0, cw.repeat(1, 2) / n.clamp_min(1), 0.0)  # [q_s | q_m]
         stratified = torch.cat([yc * strata_c[0][:, None], yc * strata_c[1][:, None]], dim=1)  # (M, 2L)
         w_sm = (q @ stratified.T).mul_(iou)
+        if ctx.anchors_in_candidates:  # the anchor's own column is outside its contrast set
+            w_sm.diagonal().zero_()
         width = ya.shape[1]
         pairs = (((n[:, :width] + n[:, width:]) > 0) & (ya > 0)).sum(dim=1).to(dtype)
         return w_sm, pairs
@@ -226,19 +228,19 @@ class WSMulSupConLoss(ContrastiveLoss):
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
         dtype = ctx.dtype
         device = ctx.device
-        contrast = ctx.contrast_mask
         with torch.no_grad():
             size_a = ctx.anchor_sizes
             size_c = ctx.candidate_sizes
             single_a, multi_a, healthy_a = size_a == 1, size_a >= 2, size_a == 0
             single_c, multi_c, healthy_c = size_c == 1, size_c >= 2, size_c == 0
 
-            iou = ctx.jaccard.to(dtype) * contrast
             if not self.authors_code and dense_label_products(ctx.anchor_labels, ctx.candidate_labels):
+                iou = ctx.jaccard.to(dtype)  # the own column is zeroed in the product
                 w_sm, pairs_per_anchor = self._paper_weights_dense(
                     ctx, iou, single_a, multi_a, single_c, multi_c
                 )
             else:
+                iou = ctx.jaccard.to(dtype) * ctx.contrast_mask
                 view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
                 rows, cols = view.rows, view.cols
                 single_pair = single_a[rows]
@@ -266,7 +268,7 @@ class WSMulSupConLoss(ContrastiveLoss):
                     return (pair_ok & anchor_mask[rows]).sum().to(dtype)
 
             if bool(healthy_c.any()):  # eq. (8): healthy positives of healthy anchors
-                healthy_pos = contrast & healthy_c[None, :]
+                healthy_pos = ctx.contrast_mask & healthy_c[None, :]
                 n_h = healthy_pos.sum(dim=1).to(dtype)
                 valid_h = healthy_a & (n_h > 0)
                 w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], 0.0)
@@ -301,6 +303,7 @@ class WSMulSupConLoss(ContrastiveLoss):
             return total / count if float(count) > 0 else zero_loss
 
         # ---- authors' public code: one softmax per candidate stratum
+        contrast = ctx.contrast_mask
         lse_s = _masked_lse(s, contrast & (size_c <= 1)[None, :])
         lse_m = _masked_lse(s, contrast & (multi_c | healthy_c)[None, :])
         lse_all = _masked_lse(s, contrast)
