@@ -195,9 +195,15 @@ def as_multihot(
         idx = labels.indices()
         v = cast(labels.values(), LABEL_DTYPE)
         keep = v != 0  # drop explicit zeros so nnz == number of (row, label) memberships
+        # a subset of coalesced (sorted, unique) indices is still coalesced: no second sort
         return torch.sparse_coo_tensor(
-            idx[:, keep], v[keep], labels.shape, device=labels.device, check_invariants=False
-        ).coalesce()
+            idx[:, keep],
+            v[keep],
+            labels.shape,
+            device=labels.device,
+            check_invariants=False,
+            is_coalesced=True,
+        )
     return cast(labels, LABEL_DTYPE)
 
 
@@ -206,9 +212,16 @@ def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
     if second is None:
         return first
     if is_sparse(first) or is_sparse(second):
-        a = first if is_sparse(first) else first.to_sparse()
-        b = second if is_sparse(second) else second.to_sparse()
-        return torch.cat([a, b], dim=0).coalesce()
+        a = (first if is_sparse(first) else first.to_sparse()).coalesce()
+        b = (second if is_sparse(second) else second.to_sparse()).coalesce()
+        # rows of b after those of a: the concatenated (row, col) indices stay sorted and unique
+        shift = torch.tensor([[a.shape[0]], [0]], dtype=b.indices().dtype, device=b.device)
+        return torch.sparse_coo_tensor(
+            torch.cat([a.indices(), b.indices() + shift], dim=1),
+            torch.cat([a.values(), b.values()]),
+            (a.shape[0] + b.shape[0], *a.shape[1:]),
+            device=a.device, check_invariants=False, is_coalesced=True,
+        )  # fmt: skip
     return torch.cat([first, second], dim=0)
 
 
