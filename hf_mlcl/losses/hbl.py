@@ -139,7 +139,6 @@ def hbl_per_anchor(
     Returns ``(per_anchor (N,), gated (N,) bool)``; per_anchor is 0 where the gate is closed.
     """
     zn = F.normalize(anchors, dim=-1)
-    cn = F.normalize(candidates, dim=-1)
     n = zn.shape[0]
     zero = torch.zeros(n, dtype=zn.dtype, device=zn.device) + 0.0 * zn.sum()
     with torch.no_grad():
@@ -167,7 +166,7 @@ def hbl_per_anchor(
             rows, soft, hard, negative = rows[ok], soft[ok], hard[ok], negative[ok]
         every = rows.numel() == n
         if similarity is None:
-            sim = (zn if every else zn[rows]) @ cn.T
+            sim = (zn if every else zn[rows]) @ F.normalize(candidates, dim=-1).T
         else:
             sim = similarity if every else similarity[rows]
         sim = sim.to(zn.dtype)
@@ -179,13 +178,13 @@ def hbl_per_anchor(
         i_soft_min = torch.where(soft, sim, pos_inf).min(dim=1).indices
         i_neg_max = torch.where(negative, sim, neg_inf).max(dim=1).indices
         has_neg = negative.sum(dim=1) > 0
+    # the four selected candidates of every kept anchor, gathered in one index and normalised there
+    # (not all M candidates): one (M, D) scatter in the backward instead of four
     z_sel = zn[rows]
-
-    def pair_sim(idx: Tensor) -> Tensor:
-        return (z_sel * cn[idx]).sum(dim=-1)
-
-    l_rel = torch.relu(pair_sim(i_hard_max) - pair_sim(i_soft_min) + m_rel)
-    l_abs = torch.relu(pair_sim(i_neg_max) - pair_sim(i_hard_min) + m_abs)
+    picked = F.normalize(candidates[torch.cat([i_hard_max, i_soft_min, i_neg_max, i_hard_min])], dim=-1)
+    s_hard_max, s_soft_min, s_neg_max, s_hard_min = (picked.view(4, *z_sel.shape) * z_sel).sum(dim=-1)
+    l_rel = torch.relu(s_hard_max - s_soft_min + m_rel)
+    l_abs = torch.relu(s_neg_max - s_hard_min + m_abs)
     l_abs = torch.where(has_neg, l_abs, torch.zeros_like(l_abs))
     per_anchor = zero.index_add(0, rows, l_rel + gamma * l_abs)
     return per_anchor, gated
@@ -387,9 +386,16 @@ class HBLLoss(ContrastiveLoss):
             # (the total stays connected to the graph through the base loss)
             zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
             return zero, zero.bool()
+        # the raw (upcast) embeddings: hbl_per_anchor normalises the anchors and the selected candidates
+        # itself, so the M candidates are not normalised as a whole
+        raw = ctx.embeddings
+        if not ctx.anchors_in_candidates:
+            raw = ctx.key_embeddings
+        elif ctx.key_embeddings is not None:
+            raw = torch.cat([ctx.embeddings, ctx.key_embeddings], dim=0)
         return hbl_per_anchor(
-            ctx.anchors,
-            ctx.candidates,
+            ctx.embeddings,
+            raw,
             ctx.inter,
             ctx.jaccard,
             ctx.contrast_mask,

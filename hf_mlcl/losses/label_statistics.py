@@ -46,6 +46,18 @@ def dense_label_products(anchor_labels: Tensor, candidate_labels: Tensor) -> boo
     )
 
 
+def _csr_of_ones(rows: Tensor, cols: Tensor, shape: tuple[int, int], dtype: torch.dtype) -> Tensor:
+    """Sparse CSR matrix with 1 at the (unique) positions (rows, cols), columns sorted within each row —
+    what ``sparse_coo_tensor(...).coalesce().to_sparse_csr()`` builds, with one sort instead of a
+    coalesce (sort, deduplication, reduction) and a conversion."""
+    n_rows, n_cols = shape
+    order = torch.argsort(rows * n_cols + cols)
+    crow = torch.zeros(n_rows + 1, dtype=torch.long, device=rows.device)
+    torch.cumsum(torch.bincount(rows, minlength=n_rows), dim=0, out=crow[1:])
+    ones = torch.ones(rows.numel(), dtype=dtype, device=rows.device)
+    return torch.sparse_csr_tensor(crow, cols[order], ones, shape, check_invariants=False)
+
+
 def _nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
     """(row, col) int64 index vectors of the non-zeros of a dense or sparse (N, L) multi-hot matrix."""
     if R.is_sparse(labels):
@@ -158,22 +170,15 @@ class PairLabelView:
     # sparse (M, U) and (U, M) candidate matrices, built lazily (CSR: fast sparse x dense on CPU/GPU)
     def _cand(self, dtype: torch.dtype) -> Tensor:
         if self._yc_u is None or self._yc_u.dtype != dtype:
-            idx = torch.stack([self.cand_rows, self.cand_ucols])
-            vals = torch.ones(idx.shape[1], dtype=dtype, device=self.device)
-            coo = torch.sparse_coo_tensor(
-                idx, vals, (self.num_candidates, self.num_active), check_invariants=False
-            ).coalesce()
-            self._yc_u = coo.to_sparse_csr()
+            self._yc_u = _csr_of_ones(
+                self.cand_rows, self.cand_ucols, (self.num_candidates, self.num_active), dtype
+            )
         return self._yc_u
 
     def _cand_t(self, dtype: torch.dtype) -> Tensor:
         if self._yc_u_t is None or self._yc_u_t.dtype != dtype:
-            idx = torch.stack([self.cand_ucols, self.cand_rows])
-            vals = torch.ones(idx.shape[1], dtype=dtype, device=self.device)
-            coo = torch.sparse_coo_tensor(
-                idx, vals, (self.num_active, self.num_candidates), check_invariants=False
-            ).coalesce()
-            self._yc_u_t = coo.to_sparse_csr()
+            shape = (self.num_active, self.num_candidates)
+            self._yc_u_t = _csr_of_ones(self.cand_ucols, self.cand_rows, shape, dtype)
         return self._yc_u_t
 
     def dense_pairs(self, values: Tensor) -> Tensor:
@@ -205,15 +210,13 @@ class PairLabelView:
             return torch.where(use_b[None, :], self.spread(values_b), self.spread(values))
         u = self.num_active
         shift = use_b[self.cand_rows].long() * u
-        idx = torch.stack([self.cand_rows, self.cand_ucols + shift])
-        vals = torch.ones(idx.shape[1], dtype=values.dtype, device=self.device)
-        cand = torch.sparse_coo_tensor(
-            idx, vals, (self.num_candidates, 2 * u), check_invariants=False
-        ).coalesce()
+        cand = _csr_of_ones(
+            self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), values.dtype
+        )
         q = torch.cat([self.dense_pairs(values), self.dense_pairs(values_b)], dim=1)  # (N, 2U)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
-            out = torch.sparse.mm(cand.to_sparse_csr(), q.T.contiguous())  # (M, N)
+            out = torch.sparse.mm(cand, q.T.contiguous())  # (M, N)
         return out.T
 
     def collect(self, weights: Tensor) -> Tensor:

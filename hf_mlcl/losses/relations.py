@@ -70,6 +70,9 @@ def _raise_non_binary(name: str, vals: Tensor) -> None:
         )
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
     """Validate a large dense multi-hot matrix in one pass and return it as float32 COO if sparse.
 
@@ -87,9 +90,17 @@ def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
     head = nb * per_block
     blocks = flat[:head].view(nb, per_block)
     hit = torch.nonzero(blocks.view(torch.uint8).amax(dim=1)).squeeze(1)
-    loc = torch.nonzero(blocks.index_select(0, hit))
-    elems = torch.cat([hit[loc[:, 0]] * per_block + loc[:, 1], head + torch.nonzero(flat[head:]).squeeze(1)])
-    vals = flat[elems]  # non-zero entries only (-0.0 compares equal to 0 and is not among them)
+    # the flagged blocks' set bits, found on their integer view (a flat nonzero over integers is
+    # several times faster than a 2-D one over floats); -0.0 has a set bit and is dropped below
+    bits = blocks.index_select(0, hit).view(-1).view(_SAME_SIZE_INT[flat.element_size()])
+    loc = torch.nonzero(bits).squeeze(1)
+    elems = torch.cat(
+        [hit[loc // per_block] * per_block + loc % per_block, head + torch.nonzero(flat[head:]).squeeze(1)]
+    )
+    vals = flat[elems]
+    keep = vals != 0  # -0.0 is a zero label
+    if not bool(keep.all()):
+        elems, vals = elems[keep], vals[keep]
     if vals.dtype != torch.bool and bool((vals != 1).any()):
         _raise_non_binary(name, vals)
     if elems.numel() * 32 > n:
@@ -195,9 +206,15 @@ def as_multihot(
         idx = labels.indices()
         v = cast(labels.values(), LABEL_DTYPE)
         keep = v != 0  # drop explicit zeros so nnz == number of (row, label) memberships
+        # a subset of coalesced (sorted, unique) indices is still coalesced: no second sort
         return torch.sparse_coo_tensor(
-            idx[:, keep], v[keep], labels.shape, device=labels.device, check_invariants=False
-        ).coalesce()
+            idx[:, keep],
+            v[keep],
+            labels.shape,
+            device=labels.device,
+            check_invariants=False,
+            is_coalesced=True,
+        )
     return cast(labels, LABEL_DTYPE)
 
 
@@ -206,9 +223,16 @@ def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
     if second is None:
         return first
     if is_sparse(first) or is_sparse(second):
-        a = first if is_sparse(first) else first.to_sparse()
-        b = second if is_sparse(second) else second.to_sparse()
-        return torch.cat([a, b], dim=0).coalesce()
+        a = (first if is_sparse(first) else first.to_sparse()).coalesce()
+        b = (second if is_sparse(second) else second.to_sparse()).coalesce()
+        # rows of b after those of a: the concatenated (row, col) indices stay sorted and unique
+        shift = torch.tensor([[a.shape[0]], [0]], dtype=b.indices().dtype, device=b.device)
+        return torch.sparse_coo_tensor(
+            torch.cat([a.indices(), b.indices() + shift], dim=1),
+            torch.cat([a.values(), b.values()]),
+            (a.shape[0] + b.shape[0], *a.shape[1:]),
+            device=a.device, check_invariants=False, is_coalesced=True,
+        )  # fmt: skip
     return torch.cat([first, second], dim=0)
 
 

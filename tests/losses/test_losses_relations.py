@@ -171,3 +171,35 @@ def test_sparse_sparse_product_matches_dense_float64(n, m, n_labels, p):
     got = R._matmul_t(w.to_sparse(), b.to_sparse())
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, w @ b.T, rtol=1e-15, atol=1e-15)
+
+
+def test_csr_of_ones_equals_coalesced_coo_conversion():
+    """The one-sort CSR builder gives exactly what coalesce() + to_sparse_csr() give (row order, sorted
+    columns within rows), for unsorted input pairs."""
+    from hf_mlcl.losses.label_statistics import _csr_of_ones
+
+    g = torch.Generator().manual_seed(0)
+    flat = torch.randperm(40 * 30, generator=g)[:200]  # unique positions in random order
+    rows, cols = flat // 30, flat % 30
+    got = _csr_of_ones(rows, cols, (40, 30), torch.float64)
+    want = (
+        torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.ones(200, dtype=torch.float64), (40, 30))
+        .coalesce()
+        .to_sparse_csr()
+    )
+    assert torch.equal(got.crow_indices(), want.crow_indices())
+    assert torch.equal(got.col_indices(), want.col_indices())
+    assert torch.equal(got.to_dense(), want.to_dense())
+
+
+def test_cat_labels_of_sparse_matrices_is_coalesced_and_exact():
+    """cat_labels builds the stacked COO without a second coalesce: it must still be sorted and exact."""
+    a = R.as_multihot(torch.tensor([[0, 1, 1], [1, 0, 0]]).to_sparse(), allow_sparse=True)
+    b = R.as_multihot(torch.tensor([[1, 0, 1], [0, 0, 0], [0, 1, 0]]).to_sparse(), allow_sparse=True)
+    both = R.cat_labels(a, b)
+    assert both.is_coalesced()
+    assert torch.equal(both.to_dense(), torch.cat([a.to_dense(), b.to_dense()]))
+    resorted = torch.sparse_coo_tensor(both.indices(), both.values(), both.shape).coalesce()  # a real sort
+    assert torch.equal(both.indices(), resorted.indices())
+    mixed = R.cat_labels(R.as_multihot(torch.tensor([[1.0, 0, 0]])), b)  # dense + sparse
+    assert torch.equal(mixed.to_dense(), torch.cat([torch.tensor([[1.0, 0, 0]]), b.to_dense()]))
