@@ -270,14 +270,16 @@ class WSMulSupConLoss(ContrastiveLoss):
                 def pair_count(pair_ok: Tensor, anchor_mask: Tensor) -> Tensor:
                     return (pair_ok & anchor_mask[rows]).sum().to(dtype)
 
-            if bool(healthy_c.any()):  # eq. (8): healthy positives of healthy anchors
-                healthy_pos = ctx.contrast_mask & healthy_c[None, :]
-                n_h = healthy_pos.sum(dim=1).to(dtype)
-                valid_h = healthy_a & (n_h > 0)
-                w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], 0.0)
-            else:  # no healthy candidate: L_h = 0 (and no (N, M) pass for it)
-                valid_h, w_h = torch.zeros_like(healthy_a), None
+            # eq. (8): a healthy anchor's positives are the healthy candidates of its contrast set, as
+            # many as there are healthy candidates, less itself when it is one (in-batch)
+            own_column = 1.0 if ctx.anchors_in_candidates else 0.0
+            n_h = healthy_c.sum().to(dtype) - own_column * healthy_a.to(dtype)
+            valid_h = healthy_a & (n_h > 0)
             num_h = valid_h.sum().to(dtype)
+            w_h = None
+            if self.authors_code and float(num_h) > 0:
+                healthy_pos = ctx.contrast_mask & healthy_c[None, :]
+                w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], 0.0)
 
         if not self.authors_code:
             # one fused pass: the strata's rows are disjoint (healthy anchors carry no pair, diseased
@@ -292,7 +294,14 @@ class WSMulSupConLoss(ContrastiveLoss):
                 )
                 per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
                 coef = per_count @ strata
-            loss, bracket = ctx.fused(w_sm if w_h is None else w_sm + w_h, coef)
+                if (
+                    float(num_h) > 0
+                ):  # 1 / n_h on the healthy anchors' healthy columns (rows of W_sm are 0 there)
+                    rows_h, cols_h = valid_h.nonzero().squeeze(1), healthy_c.nonzero().squeeze(1)
+                    w_sm[rows_h[:, None], cols_h[None, :]] = n_h[rows_h].reciprocal()[:, None]
+                    if ctx.anchors_in_candidates:  # not the anchor's own column
+                        w_sm.diagonal().zero_()
+            loss, bracket = ctx.fused(w_sm, coef)
             sums = strata @ bracket
             parts = dict(
                 zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).tolist())
