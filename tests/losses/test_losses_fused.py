@@ -423,3 +423,26 @@ def test_terms_that_skip_the_diagonal_check_have_a_zero_diagonal(name, kwargs):
     assert (terms.weights.diagonal() == 0).all()
     if terms.weight_sums is not None:
         torch.testing.assert_close(terms.weight_sums, terms.weights.sum(dim=1))
+
+
+def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
+    """benchmarks/loss_speed.py --quick runs end to end: the small-step table with wall ratios, the dense vs
+    sparse table with its read floor, the MIMIC-scale table, and the Python-loop versions give the same
+    values as the engine (each check the script prints must hold)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "loss_speed.py"), "--quick", "--no-memory"],
+        capture_output=True, text=True, timeout=240, cwd=root,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "wall single" in out and "after read" in out and "floor+protos" in out
+    assert "VALUES DIFFER" not in out  # dense and sparse labels give the same loss
+    loops = [line for line in out.splitlines() if "(loop)" in line]
+    assert len(loops) == 3 and all(" True (" in line for line in loops), loops
