@@ -294,9 +294,8 @@ class WSMulSupConLoss(ContrastiveLoss):
                 )
                 per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
                 coef = per_count @ strata
-                if (
-                    float(num_h) > 0
-                ):  # 1 / n_h on the healthy anchors' healthy columns (rows of W_sm are 0 there)
+                # 1 / n_h on the healthy anchors' healthy columns (their rows of W_sm are 0)
+                if float(num_h) > 0:
                     rows_h, cols_h = valid_h.nonzero().squeeze(1), healthy_c.nonzero().squeeze(1)
                     w_sm[rows_h[:, None], cols_h[None, :]] = n_h[rows_h].reciprocal()[:, None]
                     if ctx.anchors_in_candidates:  # not the anchor's own column
