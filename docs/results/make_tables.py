@@ -237,7 +237,11 @@ def full_table(study: str) -> str:
                 continue  # that is the BCE row
             if probe == "finetune":
                 runs = _lr_runs(tagged, loss).get(lr, []) if lr else []
-                label = f"fine-tune, lr {lr} (chosen on validation)" if lr else "fine-tune"
+                label = "fine-tune"
+                if lr:
+                    done = len(_lr_runs(tagged, "bce"))
+                    label = (f"fine-tune, lr {lr} (chosen on validation)" if done >= len(LRS)
+                             else f"fine-tune, lr {lr} (best on validation of {done} of {len(LRS)} learning rates so far)")  # fmt: skip
             else:
                 runs, label = plain.get((loss, probe), []), FULL_PROBES[probe]
             name = NAMES.get(loss, loss) if loss != "bce" else "none (BCE fine-tuning baseline)"
@@ -261,7 +265,10 @@ def full_table(study: str) -> str:
     return "\n".join(rows)
 
 
-def lr_table(study: str, lrs: tuple[str, ...] = ("5e-5", "1e-4", "2e-5")) -> str:
+LRS = ("5e-5", "1e-4", "2e-5")  # the BCE learning rates of docs/results/run_all.sh
+
+
+def lr_table(study: str, lrs: tuple[str, ...] = LRS) -> str:
     """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown."""
     runs = _lr_runs(load(study, tagged=True), "bce")
     rows = ["| learning rate | validation macro-F1 | validation micro-F1 | best / last epoch | s per epoch |",
