@@ -221,7 +221,8 @@ def run_cell(
     wall["probe_s"] = round(time.time() - t0, 1)  # this session's part when the stage was resumed
     if probe != "logistic":
         result["epochs"] = _epochs(probe_dir)
-        result["best_checkpoint"] = trainer.state.best_model_checkpoint
+        best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths
+        result["best_checkpoint"] = None if best is None else os.path.relpath(best, RUNS)
         result["best_metric"] = trainer.state.best_metric
     result["probe_args"] = {
         k: getattr(p_args, k)
