@@ -22,6 +22,9 @@ from collections import defaultdict
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lr_grid  # noqa: E402  (docs/results/lr_grid.py: the BCE learning-rate grid)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_MD = os.path.join(os.path.dirname(HERE), "RESULTS.md")
 ORDER = ["bce", "pretrained", "all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl"]
@@ -239,9 +242,9 @@ def full_table(study: str) -> str:
                 runs = _lr_runs(tagged, loss).get(lr, []) if lr else []
                 label = "fine-tune"
                 if lr:
-                    done = len(_lr_runs(tagged, "bce"))
-                    label = (f"fine-tune, lr {lr} (chosen on validation)" if done >= len(LRS)
-                             else f"fine-tune, lr {lr} (best on validation of {done} of {len(LRS)} learning rates so far)")  # fmt: skip
+                    done, planned = len(_lr_runs(tagged, "bce")), 1 + len(lr_grid.FIRST)
+                    label = (f"fine-tune, lr {lr} (chosen on validation)" if done >= planned
+                             else f"fine-tune, lr {lr} (best on validation of {done} of {planned} learning rates so far)")  # fmt: skip
             else:
                 runs, label = plain.get((loss, probe), []), FULL_PROBES[probe]
             name = NAMES.get(loss, loss) if loss != "bce" else "none (BCE fine-tuning baseline)"
@@ -265,12 +268,12 @@ def full_table(study: str) -> str:
     return "\n".join(rows)
 
 
-LRS = ("5e-5", "1e-4", "2e-5")  # the BCE learning rates of docs/results/run_all.sh
-
-
-def lr_table(study: str, lrs: tuple[str, ...] = LRS) -> str:
-    """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown."""
+def lr_table(study: str) -> str:
+    """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown. The
+    grid is lr_grid.py's: two fixed points and a third chosen on validation from them."""
     runs = _lr_runs(load(study, tagged=True), "bce")
+    seed1 = {lr: r["metrics"]["validation_macro_f1"] for lr, rs in runs.items() for r in rs if r["seed"] == 1}
+    lrs = lr_grid.planned_lrs(seed1)
     rows = ["| learning rate | validation macro-F1 | validation micro-F1 | best / last epoch | s per epoch |",
             "|---|---|---|---|---|"]  # fmt: skip
     for lr in list(lrs) + sorted(set(runs) - set(lrs)):
@@ -280,6 +283,9 @@ def lr_table(study: str, lrs: tuple[str, ...] = LRS) -> str:
             continue
         rows.append(f"| {lr} | {_metric(rs, 'validation_macro_f1')} | {_metric(rs, 'validation_micro_f1')} "
                     f"| {_best_epoch(rs)} | {_per_epoch(rs)} |")  # fmt: skip
+    if len(lrs) == len(lr_grid.FIRST):
+        rows.append(f"| third: {lr_grid.ABOVE} or {lr_grid.BELOW}, chosen on validation once "
+                    f"{' and '.join(lr_grid.FIRST)} have run | {NOT_RUN} | | | |")  # fmt: skip
     return "\n".join(rows)
 
 

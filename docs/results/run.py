@@ -13,7 +13,8 @@ the repository); only small files land in ``docs/results/<dataset>/<loss>_<probe
 
 Full-data studies (``recipes/cpu/<study>/``: goemotions_full, reuters21578) add the SD paper's ``linear``
 probe and fine-tuning with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
-rate with the highest validation macro-F1 among the study's finished seed-1 cells):
+rate with the highest validation macro-F1 among the study's finished seed-1 cells; ``--lr extend`` the
+third point of the BCE grid, chosen on validation from the first two, see ``lr_grid.py``):
 
     python docs/results/run.py cell reuters21578 --loss bce --probe finetune --lr 5e-5 --seed 1
     python docs/results/run.py cell reuters21578 --loss pretrained --probe linear --seed 1
@@ -106,22 +107,42 @@ def _epochs(folder: str) -> dict:
     return epoch_summary(os.path.join(folder, "timeline.jsonl"))
 
 
-def best_bce_lr(dataset: str) -> str:
-    """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` cell of ``dataset`` (seed 1)
-    with the highest validation macro-F1. ValueError when none has finished yet."""
+def bce_validation_scores(dataset: str) -> dict[str, float]:
+    """Validation macro-F1 of each finished ``bce_finetune-lr*`` seed-1 cell of ``dataset``, by learning rate."""
     import glob
 
-    scored = []
+    scores = {}
     for path in glob.glob(os.path.join(RESULTS, dataset, "bce_finetune-lr*", "seed1", "metrics.json")):
         with open(path, encoding="utf-8") as fh:
             r = json.load(fh)
-        scored.append((float(r["metrics"]["validation_macro_f1"]), r["tag"][len("lr"):]))
-    if not scored:
+        scores[r["tag"][len("lr") :]] = float(r["metrics"]["validation_macro_f1"])
+    return scores
+
+
+def best_bce_lr(dataset: str) -> str:
+    """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` cell of ``dataset`` (seed 1)
+    with the highest validation macro-F1. ValueError when none has finished yet."""
+    scores = bce_validation_scores(dataset)
+    if not scores:
         raise ValueError(
             f"--lr best: no finished bce_finetune-lr* seed-1 cell under {os.path.join(RESULTS, dataset)}; "
             "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base)"
         )
-    return max(scored)[1]
+    return max((score, lr) for lr, score in scores.items())[1]
+
+
+def extended_bce_lr(dataset: str) -> str:
+    """The grid's third learning rate, chosen on validation from the first two (docs/results/lr_grid.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from lr_grid import FIRST, third_lr
+
+    third = third_lr(bce_validation_scores(dataset))
+    if third is None:
+        raise ValueError(
+            f"--lr extend: the BCE cells at learning rates {' and '.join(FIRST)} (seed 1) must finish first; "
+            f"run them with --lr {FIRST[0]} / --lr {FIRST[1]}"
+        )
+    return third
 
 
 def _recipe_path(dataset: str, loss: str) -> str:
@@ -157,7 +178,7 @@ def run_cell(
     if lr is not None:  # the fine-tuning learning rate under test; names the cell
         if probe != "finetune":
             raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
-        lr = best_bce_lr(dataset) if lr == "best" else lr
+        lr = {"best": best_bce_lr, "extend": extended_bce_lr}.get(lr, lambda _: lr)(dataset)
         float(lr)  # a number, or a clear error before any work
         tag = tag or f"lr{lr}"
         extra = [*extra, "--probe.learning_rate", lr]
@@ -300,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loss", required=True)
     ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
     ap.add_argument("--lr", default=None, help="cell, --probe finetune: learning rate under test (names the cell "
-                    "lr<value>), or 'best' for the BCE one with the highest validation macro-F1 (seed 1)")
+                    "lr<value>), 'best' for the BCE one with the highest validation macro-F1 (seed 1), or 'extend' "
+                    "for the BCE grid's third point, chosen on validation from the first two (lr_grid.py)")
     ap.add_argument("--patience", type=int, default=2, help="cell: early stopping after this many evaluations "
                     "without improvement (stages that evaluate during training)")
     ap.add_argument("--seed", type=int, default=1)

@@ -11,7 +11,7 @@
 # order of the most informative rows first; every cell is skipped once its metrics.json exists, so
 # rerunning a phase resumes it (a half-trained stage resumes from its last checkpoint):
 #   bash docs/results/run_all.sh full       # all the phases below, in order
-#   bash docs/results/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / 2e-5
+#   bash docs/results/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / a third on validation
 #   bash docs/results/run_all.sh full-goemotions-base  # GoEmotions: the same
 #   bash docs/results/run_all.sh full-reuters-losses   # Reuters: every loss -> logistic, linear, fine-tune
 #   bash docs/results/run_all.sh full-goemotions-losses "jaccard hbl"  # the best losses on GoEmotions
@@ -38,7 +38,10 @@ fcell() {
   { echo "### $(date -u +%F\ %T) start, commit $(git rev-parse --short HEAD)"; $R cell "$study" "$@"; } >> "$log" 2>&1 \
     && grep -h "^RESULT\|^SKIP" "$log" | tail -1 || echo "FAILED: $study $* (see $log)"
 }
-LRS="5e-5 1e-4 2e-5"
+# BCE learning rates: 5e-5 and 1e-4, then a third chosen on validation from those two ("extend": 2e-4 if
+# 1e-4 is the better, else 2e-5; docs/results/lr_grid.py). It replaced a fixed third point of 2e-5 in session 5,
+# when Reuters at 5e-5 ended its 5 epochs still improving: a grid must be able to grow past its better edge.
+LRS="5e-5 1e-4 extend"
 # linear probe: the encoder is frozen and encoded once (cache_features), so its epochs cost seconds:
 # up to 50 epochs at the recipe's lr 1e-2, early stopping after 5 evaluations without improvement
 LINEAR="--probe.num_train_epochs 50 --patience 5"

@@ -96,11 +96,26 @@ def test_full_study_tables_choose_the_lr_on_validation(tables, tmp_path):
     assert "not yet run" in linear
     assert sum("not yet run" in line for line in full) == 1 + 3 * 8  # pretrained linear + every loss x 3
     lr = tables.lr_table("reuters21578")
-    assert "| 1e-4 | 0.500 (n=1) | 0.800 (n=1) | 1/2 | 110 |" in lr and "| 2e-5 | not yet run |" in lr
+    # the third point extends the grid past the better of the first two on validation: 1e-4 -> 2e-4
+    assert "| 1e-4 | 0.500 (n=1) | 0.800 (n=1) | 1/2 | 110 |" in lr and "| 2e-4 | not yet run |" in lr
+    assert "2e-5" not in lr and "third:" not in lr
     assert "0.050" not in lr  # test numbers are not part of the learning-rate choice
-    _full_run(tmp_path, "bce", "finetune", 1, 0.45, 0.30, tag="lr2e-5", epochs=curve, best=0.3)
+    _full_run(tmp_path, "bce", "finetune", 1, 0.45, 0.30, tag="lr2e-4", epochs=curve, best=0.3)
     bce = next(line for line in tables.full_table("reuters21578").splitlines() if line.startswith("| none (BCE"))
     assert "lr 1e-4 (chosen on validation)" in bce  # all three have run: the choice is final
+
+
+def test_lr_grid_third_point_is_chosen_on_validation(tables, tmp_path):
+    """lr_grid: the third learning rate lies beyond the better of 5e-5 / 1e-4 (validation macro-F1), and
+    the lr table announces it as undecided until both have run."""
+    grid = tables.lr_grid
+    assert grid.third_lr({"5e-5": 0.2}) is None and grid.planned_lrs({}) == ("5e-5", "1e-4")
+    assert grid.third_lr({"5e-5": 0.2, "1e-4": 0.3}) == "2e-4"
+    assert grid.third_lr({"5e-5": 0.3, "1e-4": 0.2}) == "2e-5"
+    curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
+    _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.10, tag="lr5e-5", epochs=curve, best=0.3)
+    lr = tables.lr_table("reuters21578")
+    assert "| 1e-4 | not yet run |" in lr and "| third: 2e-4 or 2e-5, chosen on validation once 5e-5 and 1e-4 have run |" in lr
 
 
 def test_timeline_keeps_the_latest_record_of_each_epoch(tmp_path):
@@ -146,3 +161,17 @@ def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
     summary = mod.epoch_summary(str(tmp_path / "t" / "timeline.jsonl"))
     assert summary["epoch_s"] == [17.0]
     assert [(e["global_step"], e["eval_s"], e["eval_macro_f1"]) for e in summary["evaluations"]] == [(5, 4.0, 0.2), (10, 7.0, 0.3)]
+
+
+def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatch):
+    """run.py --lr extend / best read the finished BCE cells' validation macro-F1 only."""
+    monkeypatch.setenv("MLCL_RESULTS", str(tmp_path))
+    spec = importlib.util.spec_from_file_location("study_run", os.path.join(ROOT, "docs", "results", "run.py"))
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    with pytest.raises(ValueError, match="must finish first"):
+        run.extended_bce_lr("reuters21578")
+    _full_run(tmp_path, "bce", "finetune", 1, 0.30, 0.50, tag="lr5e-5")  # the better test score: ignored
+    _full_run(tmp_path, "bce", "finetune", 1, 0.20, 0.10, tag="lr1e-4")
+    assert run.extended_bce_lr("reuters21578") == "2e-5"  # 5e-5 is better on validation: extend below
+    assert run.best_bce_lr("reuters21578") == "5e-5"
