@@ -492,16 +492,11 @@ class HBLLoss(ContrastiveLoss):
             # (the total stays connected to the graph through the base loss)
             zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
             return zero, zero.bool()
-        # the raw (upcast) embeddings: hbl_per_anchor normalises the anchors and the selected candidates
-        # itself, so the M candidates are not normalised as a whole
-        raw = ctx.embeddings
-        if not ctx.anchors_in_candidates:
-            raw = ctx.key_embeddings
-        elif ctx.key_embeddings is not None:
-            raw = torch.cat([ctx.embeddings, ctx.key_embeddings], dim=0)
+        # the raw (upcast) candidates: hbl_per_anchor normalises the anchors and the few selected
+        # candidates itself, so the M candidates are not normalised as a whole
         return hbl_per_anchor(
             ctx.embeddings,
-            raw,
+            ctx.raw_candidates,
             ctx.inter,
             None,  # the Jaccard matrix is formed from the counts only if the fraction histogram is not used
             ctx.contrast_mask,
