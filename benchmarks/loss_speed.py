@@ -23,7 +23,9 @@ Two more measurements run in the same process and print ratios (issue 16):
   single-label rows (10 classes; the peers get class indices, hf_mlcl one-hot rows) and once with
   multi-label rows (50 labels, ~3 per row; the plain peer's positives are Y Y^T > 0, the ANY rule);
 * dense vs sparse labels at the MIMIC scale above: the same loss fed float32 dense (N, L) / (K, L)
-  label matrices (what ``MultiLabelCollator(label_format="dense")`` gives) against sparse COO ones.
+  label matrices (what ``MultiLabelCollator(label_format="dense")`` gives) against sparse COO ones,
+  and ("queue keys") dense batch labels with the keys' labels as an ``EmbeddingQueue`` with its
+  default label format hands them over (what ``ContrastiveTrainer`` passes the loss).
 
 Run:  python benchmarks/loss_speed.py            (full scale, ~5-10 minutes on 2 cores)
       python benchmarks/loss_speed.py --quick    (tiny sizes, seconds)
@@ -53,6 +55,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hf_mlcl.losses import get_loss  # noqa: E402
 from hf_mlcl.losses import relations as R  # noqa: E402
 from hf_mlcl.losses.registry import list_contrastive_losses  # noqa: E402
+from hf_mlcl.modeling import EmbeddingQueue  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -591,7 +594,16 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
         f"cpu {read_cpu * 1e3:.1f} ms, wall {(read['wall'] + read['wall_ref']) / 2 * 1e3:.1f} ms; "
         "'after read' = (dense - read) / sparse, the part of the gap the engine controls"
     )
-    header = f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}  goal"
+    # what ContrastiveTrainer hands the loss: the collator's dense batch labels, the keys' labels from
+    # an EmbeddingQueue with its default ("auto") label format
+    queue = EmbeddingQueue(args.k, args.dim, args.labels)
+    queue.enqueue(k, yk)
+    yk_queue = queue.labels
+    print(
+        f"# 'queue keys' = cpu(dense (N, L) batch labels, keys' labels from EmbeddingQueue (label_format "
+        f"auto -> {queue.label_format!r})) / cpu(sparse): what ContrastiveTrainer passes"
+    )
+    header = f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}{'queue keys':>12}  goal"
     print(header)
     print("-" * len(header))
     for name in names:
@@ -606,10 +618,17 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
             args.repeats,
             args.warmup,
         )
+        rq = time_pair(
+            lambda loss=loss: loss_step(loss, z, y_dense, k, yk_queue),
+            lambda loss=loss: loss_step(loss, z, y, k, yk),
+            args.repeats,
+            args.warmup,
+        )
         ratio = r["cpu"] / r["cpu_ref"]
         after = (r["cpu"] - read_cpu) / r["cpu_ref"]
         print(
-            f"{name:<26}{r['cpu'] * 1e3:>10.1f}{r['cpu_ref'] * 1e3:>11.1f}{ratio:>7.2f}{after:>12.2f}  <= 1.3 "
+            f"{name:<26}{r['cpu'] * 1e3:>10.1f}{r['cpu_ref'] * 1e3:>11.1f}{ratio:>7.2f}{after:>12.2f}"
+            f"{rq['cpu'] / rq['cpu_ref']:>12.2f}  <= 1.3 "
             f"{'ok' if ratio <= 1.3 else 'MISS'}{'' if same else f'  VALUES DIFFER ({a} vs {b})'}"
         )
     print()

@@ -168,7 +168,7 @@ class ContrastContext:
         anchors: (N, D) anchor embeddings in ``dtype`` (L2-normalised when the loss normalises).
         keys: (K, D) key embeddings, likewise, or None.
         candidates: (M, D) = [anchors; keys], M = N + K, or the keys alone (M = K) when
-            ``anchors_in_candidates`` is False.
+            ``anchors_in_candidates`` is False; ``raw_candidates`` the same rows before normalisation.
         anchors_in_candidates: whether the anchors are (self-excluded) candidates of each other.
         anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
         num_anchors, num_keys, temperature, dtype, normalize.
@@ -273,13 +273,24 @@ class ContrastContext:
         are not candidates)."""
         return ~self.contrast_mask
 
+    def _as_candidates(self, anchors: Tensor, keys: Tensor | None) -> Tensor:
+        """The contrast set's rule: [anchors; keys], the anchors alone without keys, the keys alone
+        when the anchors are not candidates."""
+        if not self.anchors_in_candidates:
+            return keys
+        return anchors if keys is None else torch.cat([anchors, keys], dim=0)
+
     @cached_property
     def candidates(self) -> Tensor:
         """(M, D) = [anchors; keys] (the anchors themselves when there are no keys, the keys alone
         when the anchors are not candidates)."""
-        if not self.anchors_in_candidates:
-            return self.keys
-        return self.anchors if self.keys is None else torch.cat([self.anchors, self.keys], dim=0)
+        return self._as_candidates(self.anchors, self.keys)
+
+    @cached_property
+    def raw_candidates(self) -> Tensor:
+        """(M, D): :attr:`candidates` before normalisation (from ``embeddings`` / ``key_embeddings``),
+        for terms that normalise only the few candidates they pick."""
+        return self._as_candidates(self.embeddings, self.key_embeddings)
 
     @cached_property
     def logits(self) -> Tensor:

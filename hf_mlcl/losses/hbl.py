@@ -41,8 +41,10 @@ code's reduction), so the same lambda weighs HBL about mean abs(y) times more th
 sim is the cosine similarity (embeddings L2-normalised for this term whatever ``normalize`` says).
 Defaults are from the paper's search space: lambda 0.01, gamma 0.8, m_rel 0.1, m_abs 0.3, k_min 128.
 
-Vectorised: the medians of the variable-size positive sets come from one row-wise ``kthvalue``
-selection with a common rank (:func:`hbl_median_thresholds`), not a sort; the four extreme
+Vectorised: the medians of the variable-size positive sets come, on CPU when the label sets are
+small, from one histogram of the exact Jaccard fractions per row (:func:`hbl_soft_positives`),
+otherwise from one row-wise ``kthvalue`` selection with a common rank
+(:func:`hbl_median_thresholds`); never a sort. The four extreme
 similarities are masked max / min over the (N, M) similarity matrix. The arg-extremes are found without autograd
 and only the <= 4 selected pairs per gated anchor are re-evaluated with gradient (the same
 sub-gradient as differentiating through max / min), so HBL adds no (N, M) backward pass. When the
@@ -52,6 +54,7 @@ context is reused (one label-intersection product, one similarity product for bo
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -59,11 +62,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import relations as R
 from .core import ContrastContext, ContrastiveLoss
 from .intra_op import small_step_threads
 from .registry import get_loss_class, register_loss, resolve_loss_name
 
-__all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor"]
+__all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor", "hbl_soft_positives"]
 
 LAMBDA_SCALINGS = ("base", "eq7")
 
@@ -113,11 +117,98 @@ def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Te
     return theta, n_pos
 
 
+@functools.lru_cache(maxsize=16)
+def _fraction_ranks(max_union: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Every code p * (U + 1) + q (0 <= p, q <= U, U = ``max_union``) -> the rank of p / max(q, 1) among
+    the distinct values of all codes, and those distinct values in increasing order.
+
+    The values are computed by the division :func:`~hf_mlcl.losses.relations.jaccard` performs, in the
+    same dtype, so they are bit-identical to the Jaccard matrix's entries; impossible codes (p > q)
+    are +inf and rank last.
+    """
+    u1 = max_union + 1
+    codes = torch.arange(u1 * u1, device=device)
+    p, q = codes.div(u1, rounding_mode="floor"), codes.remainder(u1)
+    values = (p.to(dtype) / q.to(dtype).clamp_min(1)).masked_fill(p > q, float("inf"))
+    distinct, rank = torch.unique(values, sorted=True, return_inverse=True)
+    return rank, distinct
+
+
+def _counted_soft_positives(
+    inter: Tensor, anchor_sizes: Tensor, candidate_sizes: Tensor, positive: Tensor
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(soft, theta, n_pos) from a per-row histogram of the positives' exact Jaccard fractions, or None
+    when that histogram would not be cheaper than a selection over the (N, M) matrix.
+
+    Every Jaccard value is a fraction inter / union of small integers, so a positive is fully described
+    by its code inter * (U + 1) + union (U bounds the union). One ``bincount`` of the codes gives each
+    row's histogram; its cumulative counts give the two middle order statistics exactly, and a
+    per-row table of codes at or above theta gives the soft set, with no sort or selection of the
+    (N, M) matrix. Used on CPU (measured faster there; a selection is kept on other devices).
+    """
+    n, m = inter.shape
+    if inter.device.type != "cpu" or inter.dtype not in _ORDERED_BITS or n == 0 or m == 0:
+        return None
+    max_union = int(anchor_sizes.max()) + int(candidate_sizes.max()) - 1  # a positive shares >= 1 label
+    n_codes = (max_union + 1) ** 2
+    if max_union < 1 or n_codes > 4 * m:
+        return None
+    device = inter.device
+    # inter * (U + 1) + union = inter * U + abs(S) + abs(T), exact in floating point at these sizes;
+    # the non-positives get code 0 (the value 0, which no positive has)
+    # (a bool operand takes a slow path on CPU; its uint8 view multiplies like a float)
+    code = (anchor_sizes[:, None] + candidate_sizes[None, :]).add_(inter, alpha=max_union)
+    code.mul_(positive.view(torch.uint8))
+    index_dtype = torch.int32 if n * n_codes < 2**31 else torch.int64
+    flat = code.to(index_dtype).add_(
+        torch.arange(0, n * n_codes, n_codes, device=device, dtype=index_dtype)[:, None]
+    )
+    counts = torch.bincount(flat.view(-1), minlength=n * n_codes).view(n, n_codes)
+    rank, values = _fraction_ranks(max_union, inter.dtype, device)
+    hist = torch.zeros(n, values.numel(), dtype=counts.dtype, device=device).index_add_(1, rank, counts)
+    hist[:, 0] = 0  # the value 0: the non-positives
+    cum = hist.cumsum(dim=1)
+    n_pos = cum[:, -1]
+    middle = torch.stack([(n_pos - 1).clamp_min(0) // 2, n_pos // 2], dim=1)  # 0-based middle ranks
+    x = values[torch.searchsorted(cum, middle, right=True).clamp_max_(values.numel() - 1)]
+    inf = torch.tensor(float("inf"), dtype=inter.dtype, device=device)
+    theta = torch.where(n_pos > 0, (x[:, 0] + x[:, 1]) / 2, inf)
+    # codes whose value is >= theta (rank at or above the first such distinct value), per row
+    soft_codes = rank[None, :] >= torch.searchsorted(values, theta)[:, None]
+    return soft_codes.view(-1)[flat], theta, n_pos
+
+
+def hbl_soft_positives(
+    positive: Tensor,
+    jaccard: Tensor | None = None,
+    inter: Tensor | None = None,
+    label_sizes: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Soft positives P_s = {a in P : J_ia >= theta_i} of eq. (3), with theta_i and abs(P_i).
+
+    Returns ``(soft (N, M) bool, theta (N,), n_pos (N,))``; theta is +inf for a row without positives.
+    With ``inter`` and ``label_sizes`` = (abs(S_i), abs(T_a)) the exact fraction histogram is used
+    where it is cheaper (CPU, small label sets); otherwise the selection of
+    :func:`hbl_median_thresholds` on ``jaccard`` (computed from the counts when not given). Both give
+    bit-identical results.
+    """
+    if inter is not None and label_sizes is not None:
+        counted = _counted_soft_positives(inter, *label_sizes, positive)
+        if counted is not None:
+            return counted
+        if jaccard is None:
+            jaccard = R.jaccard(*label_sizes, inter)
+    if jaccard is None:
+        raise ValueError("hbl_soft_positives needs jaccard, or inter with label_sizes")
+    theta, n_pos = hbl_median_thresholds(jaccard, positive)
+    return positive & (jaccard >= theta[:, None]), theta, n_pos
+
+
 def hbl_per_anchor(
     anchors: Tensor,
     candidates: Tensor,
     inter: Tensor,
-    jaccard: Tensor,
+    jaccard: Tensor | None,
     contrast_mask: Tensor,
     gamma: float,
     m_rel: float,
@@ -125,17 +216,23 @@ def hbl_per_anchor(
     k_min: int,
     similarity: Tensor | None = None,
     positive: Tensor | None = None,
+    label_sizes: tuple[Tensor, Tensor] | None = None,
+    n_positives: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """L_HBL_i for every anchor (eqs. 3-6) and the gate mask.
 
     Args:
         anchors / candidates: (N, D) / (M, D) embeddings (normalised here for the cosine similarity).
-        inter, jaccard: (N, M) label intersections and Jaccard similarities.
+        inter, jaccard: (N, M) label intersections and Jaccard similarities (``jaccard`` may be None
+            when ``label_sizes`` is given).
         contrast_mask: (N, M) bool contrast set (self excluded).
         similarity: optional precomputed (N, M) cosine similarities, or any transform of them that
             is increasing within each row (they are used only to *select* pairs; the loss itself is
             recomputed from the embeddings at the selected pairs).
         positive: optional precomputed ``(inter > 0) & contrast_mask``.
+        label_sizes: optional (abs(S_i) (N,), abs(T_a) (M,)) label counts: the soft / hard split then
+            comes from the exact fraction histogram of :func:`hbl_soft_positives` where cheaper.
+        n_positives: optional precomputed ``positive.sum(dim=1)`` (abs(P_i), the gate's count).
     Returns ``(per_anchor (N,), gated (N,) bool)``; per_anchor is 0 where the gate is closed.
     """
     zn = F.normalize(anchors, dim=-1)
@@ -144,18 +241,20 @@ def hbl_per_anchor(
     with torch.no_grad():
         if positive is None:
             positive = (inter > 0) & contrast_mask
-        n_pos_all = positive.sum(dim=1)
+        n_pos_all = positive.sum(dim=1) if n_positives is None else n_positives
         # only anchors that can pass the reliability gate are partitioned (the selection is the costly part)
         rows = (n_pos_all >= k_min).nonzero().squeeze(1)
         if rows.numel() == 0:
             return zero, torch.zeros(n, dtype=torch.bool, device=zn.device)
-        sub_jac, sub_mask = jaccard, contrast_mask
+        sub_jac, sub_inter, sub_mask, sizes = jaccard, inter, contrast_mask, label_sizes
         if rows.numel() < n:  # (N, M) row copies only when some anchor is gated out
-            sub_jac, sub_mask, positive = jaccard[rows], contrast_mask[rows], positive[rows]
-        negative = sub_mask & ~positive  # inter == 0 within the contrast set (counts are >= 0)
-        theta, n_sel = hbl_median_thresholds(sub_jac, positive)
-        soft = positive & (sub_jac >= theta[:, None])
-        hard = positive & ~soft
+            sub_mask, positive, sub_inter = contrast_mask[rows], positive[rows], inter[rows]
+            sub_jac = None if jaccard is None else jaccard[rows]
+            sizes = None if label_sizes is None else (label_sizes[0][rows], label_sizes[1])
+        # inter == 0 within the contrast set: P is a subset of it, so the exclusive or (one pass) is the difference
+        negative = sub_mask ^ positive
+        soft, _, n_sel = hbl_soft_positives(positive, sub_jac, sub_inter, sizes)
+        hard = positive ^ soft  # P_h = P minus P_s (P_s is a subset of P)
         # a row with a positive always has a soft one (its largest value is >= the median theta)
         ok = (n_sel > 0) & hard.any(dim=1)
         gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
@@ -170,17 +269,23 @@ def hbl_per_anchor(
         else:
             sim = similarity if every else similarity[rows]
         sim = sim.to(zn.dtype)
-        neg_inf = torch.tensor(float("-inf"), dtype=sim.dtype, device=sim.device)
-        pos_inf = torch.tensor(float("inf"), dtype=sim.dtype, device=sim.device)
-        # max / min(dim).indices: the same first-occurrence index as argmax / argmin, faster on CPU
-        i_hard_max = torch.where(hard, sim, neg_inf).max(dim=1).indices
-        i_hard_min = torch.where(hard, sim, pos_inf).min(dim=1).indices
-        i_soft_min = torch.where(soft, sim, pos_inf).min(dim=1).indices
-        i_neg_max = torch.where(negative, sim, neg_inf).max(dim=1).indices
-        has_neg = negative.sum(dim=1) > 0
+        # Masked extremes: sim -/+ big outside the set (big = the dtype's largest finite value) leaves
+        # the members' values exact and puts every non-member below / above them (sim is first
+        # clamped to +-big / 2: the kept scores are -inf at the anchor's own column); the outside masks
+        # enter as uint8 (a bool mask or a where takes a slow path on CPU) and the four masked copies
+        # share one buffer. max / min(dim).indices: argmax / argmin's first-occurrence index.
+        big = torch.finfo(sim.dtype).max
+        sim = sim.clamp(-big / 2, big / 2)
+        buf = torch.empty_like(sim)
+        out_hard, out_soft, out_neg = ((~mask).view(torch.uint8) for mask in (hard, soft, negative))
+        i_hard_max = torch.add(sim, out_hard, alpha=-big, out=buf).max(dim=1).indices
+        i_hard_min = torch.add(sim, out_hard, alpha=big, out=buf).min(dim=1).indices
+        i_soft_min = torch.add(sim, out_soft, alpha=big, out=buf).min(dim=1).indices
+        i_neg_max = torch.add(sim, out_neg, alpha=-big, out=buf).max(dim=1).indices
+        has_neg = negative.any(dim=1)
     # the four selected candidates of every kept anchor, gathered in one index and normalised there
     # (not all M candidates): one (M, D) scatter in the backward instead of four
-    z_sel = zn[rows]
+    z_sel = zn if every else zn[rows]  # (an index of every row would cost an (N, D) scatter in the backward)
     picked = F.normalize(candidates[torch.cat([i_hard_max, i_soft_min, i_neg_max, i_hard_min])], dim=-1)
     s_hard_max, s_soft_min, s_neg_max, s_hard_min = (picked.view(4, *z_sel.shape) * z_sel).sum(dim=-1)
     l_rel = torch.relu(s_hard_max - s_soft_min + m_rel)
@@ -381,23 +486,19 @@ class HBLLoss(ContrastiveLoss):
         return ctx.num_anchors / pairs if pairs > 0 else 1.0
 
     def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
-        if not bool((ctx.shares_label.sum(dim=1) >= self.k_min).any()):
+        n_positives = ctx.shares_label.sum(dim=1)
+        if not bool((n_positives >= self.k_min).any()):
             # no anchor can pass the reliability gate: L_HBL = 0 without touching the embeddings
             # (the total stays connected to the graph through the base loss)
             zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
             return zero, zero.bool()
-        # the raw (upcast) embeddings: hbl_per_anchor normalises the anchors and the selected candidates
-        # itself, so the M candidates are not normalised as a whole
-        raw = ctx.embeddings
-        if not ctx.anchors_in_candidates:
-            raw = ctx.key_embeddings
-        elif ctx.key_embeddings is not None:
-            raw = torch.cat([ctx.embeddings, ctx.key_embeddings], dim=0)
+        # the raw (upcast) candidates: hbl_per_anchor normalises the anchors and the few selected
+        # candidates itself, so the M candidates are not normalised as a whole
         return hbl_per_anchor(
             ctx.embeddings,
-            raw,
+            ctx.raw_candidates,
             ctx.inter,
-            ctx.jaccard,
+            None,  # the Jaccard matrix is formed from the counts only if the fraction histogram is not used
             ctx.contrast_mask,
             gamma=self.gamma,
             m_rel=self.m_rel,
@@ -405,4 +506,6 @@ class HBLLoss(ContrastiveLoss):
             k_min=self.k_min,
             similarity=sim,
             positive=ctx.shares_label,  # (inter > 0) off the anchor's own column = inside the contrast set
+            label_sizes=(ctx.anchor_sizes, ctx.candidate_sizes),
+            n_positives=n_positives,
         )

@@ -146,12 +146,20 @@ class MomentumEncoder:
             self._key[name].copy_(value)
 
 
+# on CPU, label spaces wider than this are queued as label rows ("auto"; EmbeddingQueue docstring)
+CPU_SPARSE_LABELS = 256
+
+
 class EmbeddingQueue:
     """Ring buffer of the last K key embeddings (K, D) and their labels (MoCo queue, He et al. 2020).
 
     Labels are kept as a (K, L) bool matrix (``label_format="bool"``) or as padded label-index rows
     (``"sparse"``; ``.labels`` then returns a torch sparse COO (n, L) bool tensor). ``"auto"`` picks
-    bool when K * L <= 2**27 (128 MB), else sparse.
+    sparse when K * L > 2**27 (128 MB), and on a CPU queue also when L > 256: the loss reads the
+    queue's labels every step, and on CPU a (K, L) bool matrix costs more than the label rows from
+    about 200 labels on (measured with ``benchmarks/loss_speed.py``'s inputs at K = 4,096: the same
+    loss step 0.9x at L = 160, 1.1x at 256, 1.4x at 512, 1.3-2.0x at 1,000-25,230). A state saved with
+    the other format is adopted by an ``"auto"`` queue on :meth:`load_state_dict`.
     """
 
     def __init__(
@@ -167,8 +175,11 @@ class EmbeddingQueue:
             raise ValueError(
                 f"size, dim and num_labels must be positive; got size={size}, dim={dim}, num_labels={num_labels}"
             )
+        self._auto_format = label_format == "auto"
         if label_format == "auto":
-            label_format = "bool" if size * num_labels <= 2**27 else "sparse"
+            on_cpu = torch.device(device if device is not None else "cpu").type == "cpu"
+            dense = size * num_labels <= 2**27 and not (on_cpu and num_labels > CPU_SPARSE_LABELS)
+            label_format = "bool" if dense else "sparse"
         if label_format not in ("bool", "sparse"):
             raise ValueError(f"label_format must be 'auto', 'bool' or 'sparse'; got {label_format!r}")
         self.size, self.dim, self.num_labels, self.label_format = (
@@ -298,9 +309,12 @@ class EmbeddingQueue:
                     "build the queue with the saved sizes"
                 )
         if state["label_format"] != self.label_format:
-            raise ValueError(
-                f"queue state stores labels as {state['label_format']!r}, this queue as {self.label_format!r}"
-            )
+            if not self._auto_format:
+                raise ValueError(
+                    f"queue state stores labels as {state['label_format']!r}, this queue as "
+                    f"{self.label_format!r}; build it with label_format='auto' or {state['label_format']!r}"
+                )
+            self.label_format = state["label_format"]  # "auto": resume in the format the state was saved in
         self._emb = state["embeddings"].to(self.device, self._emb.dtype).clone()
         self._lab = state["labels"].to(self.device).clone()
         self.ptr = int(state["ptr"])

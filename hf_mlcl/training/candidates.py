@@ -135,8 +135,12 @@ def _cat(parts: list[tuple[Tensor, Tensor] | None], dtype: torch.dtype) -> tuple
     if not parts:
         return None, None
     emb = torch.cat([e.to(dtype) for e, _ in parts])
-    lab = torch.cat([D.to_dense_bool(lab).to(emb.device) for _, lab in parts])
-    return emb, lab
+    labels = [lab for _, lab in parts]
+    if all(lab.layout == torch.strided for lab in labels):
+        return emb, torch.cat([D.to_dense_bool(lab).to(emb.device) for lab in labels])
+    # a queue that keeps label rows (a wide label space) stays sparse: the loss then never reads a
+    # dense (K, L) matrix (hf_mlcl.modeling.momentum.EmbeddingQueue)
+    return emb, torch.cat([D.to_sparse_bool(lab).to(emb.device) for lab in labels]).coalesce()
 
 
 class CandidateBuilder:

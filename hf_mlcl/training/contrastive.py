@@ -274,7 +274,8 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
             if self.momentum_encoder is None:
                 self.momentum_encoder = MomentumEncoder(self.model, momentum=args.momentum)
             if self.queue is None:
-                self.queue = EmbeddingQueue(args.queue_size, embedding_dim, n_labels)
+                # built on the training device: the label format it picks depends on it
+                self.queue = EmbeddingQueue(args.queue_size, embedding_dim, n_labels, device=self.args.device)
             for obj in (self.momentum_encoder, self.queue):
                 if hasattr(obj, "to"):
                     obj.to(self.args.device)

@@ -58,6 +58,20 @@ def to_dense_bool(labels: torch.Tensor) -> torch.Tensor:
     return labels if labels.dtype == torch.bool else labels != 0
 
 
+def to_sparse_bool(labels: torch.Tensor) -> torch.Tensor:
+    """A multi-hot (N, L) matrix (dense, or torch sparse COO/CSR) as a coalesced sparse COO bool tensor."""
+    if labels.layout == torch.strided:
+        return (labels if labels.dtype == torch.bool else labels != 0).to_sparse()
+    coo = labels.to_sparse_coo().coalesce()
+    keep = coo.values() != 0
+    return torch.sparse_coo_tensor(
+        coo.indices()[:, keep],
+        torch.ones(int(keep.sum()), dtype=torch.bool, device=coo.device),
+        coo.shape,
+        is_coalesced=True,
+    )
+
+
 def _gather_sizes(n: int, device: torch.device) -> list[int]:
     size = torch.tensor([n], device=device, dtype=torch.long)
     sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]

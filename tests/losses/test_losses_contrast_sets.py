@@ -103,6 +103,24 @@ def test_supcon_family_matches_reference_with_keys_and_queue(name, contrast_set,
         assert all(abs(o - got.item()) > 1e-6 for o in others)
 
 
+@pytest.mark.parametrize("name", ["mulsupcon", "any", "hbl"])
+@pytest.mark.parametrize("contrast_set", CONTRAST_SETS)
+def test_queue_of_label_rows_gives_sparse_keys_and_the_same_loss(name, contrast_set):
+    """A queue that keeps label rows (label_format="sparse", the CPU default for wide label spaces) hands
+    the loss sparse key labels, never a dense (K, L) matrix, and the loss is the same as with a bool queue."""
+    z, y, k, zq, yq, bool_queue = moco_step(3)
+    rows_queue = EmbeddingQueue(12, DIM, N_LABELS, dtype=torch.float64, label_format="sparse")
+    rows_queue.enqueue(zq, yq.float().to_sparse())
+    kwargs = {"k_min": 2} if name == "hbl" else {}
+    loss_fn = get_loss(name, temperature=0.2, **kwargs)
+    step, got = built_loss(loss_fn, contrast_set, z, y, k, rows_queue)
+    dense_step, want = built_loss(loss_fn, contrast_set, z, y, k, bool_queue)
+    assert step.key_labels.is_sparse and step.key_labels.dtype == torch.bool
+    assert not dense_step.key_labels.is_sparse
+    assert torch.equal(step.key_labels.to_dense(), dense_step.key_labels)
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_msc_default_queries_plus_queue_matches_reference(seed):
     z, y, k, zq, yq, queue = moco_step(seed)

@@ -446,3 +446,18 @@ def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
     assert "VALUES DIFFER" not in out  # dense and sparse labels give the same loss
     loops = [line for line in out.splitlines() if "(loop)" in line]
     assert len(loops) == 3 and all(" True (" in line for line in loops), loops
+
+
+@pytest.mark.parametrize(
+    "keys, anchors_in_candidates", [(False, True), (True, True), (True, False)]
+)  # fmt: skip
+def test_raw_candidates_follow_the_candidates_rule_unnormalised(keys, anchors_in_candidates):
+    """ContrastContext.raw_candidates: the rows of ``candidates`` before normalisation, in the same order."""
+    z, y = _batch(7, 5, 4, 0)
+    zk, yk = _batch(5, 5, 4, 1) if keys else (None, None)
+    loss = get_loss("mulsupcon")  # normalize=True
+    ctx = loss.prepare(z, y, zk, yk, anchors_in_candidates=anchors_in_candidates)
+    expected = zk if not anchors_in_candidates else (torch.cat([z, zk]) if keys else z)
+    assert torch.equal(ctx.raw_candidates, expected)
+    assert torch.allclose(F.normalize(ctx.raw_candidates, dim=-1), ctx.candidates, atol=1e-12)
+    assert not torch.allclose(ctx.raw_candidates, ctx.candidates)  # the inputs are not unit-norm

@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import hf_mlcl.losses.hbl as hbl_module
 from hf_mlcl.losses import get_loss
-from hf_mlcl.losses.hbl import HBLLoss, hbl_median_thresholds
+from hf_mlcl.losses import relations as R
+from hf_mlcl.losses.hbl import HBLLoss, hbl_median_thresholds, hbl_soft_positives
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -107,6 +109,85 @@ def test_median_thresholds_selection_equals_sorted_middle_values(dtype):
                     assert theta[i] == float("inf")
                 else:
                     assert theta[i] == (vals[(n - 1) // 2] + vals[n // 2]) / 2, (width, density, i)
+
+
+def _label_counts(n, m, num_labels, density, g, dtype):
+    """inter, sizes and positives of random multi-hot rows (many ties, empty rows, self columns)."""
+    ya = (torch.rand(n, num_labels, generator=g) < density).to(dtype)
+    yc = torch.cat([ya, (torch.rand(m - n, num_labels, generator=g) < density).to(dtype)])
+    ya[0] = 0  # an anchor without labels: no positive
+    inter = ya @ yc.T
+    positive = inter > 0
+    positive.diagonal().fill_(False)  # the anchor's own column is outside the contrast set
+    return inter, (ya.sum(dim=1), yc.sum(dim=1)), positive
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(3, 40, 4), (12, 60, 6), (25, 300, 9)])
+@pytest.mark.parametrize("density", [0.15, 0.5, 0.9])
+def test_fraction_histogram_equals_the_selection(dtype, shape, density):
+    """The exact-fraction histogram gives bit-identical theta, abs(P) and soft sets to the kthvalue
+    selection over the Jaccard matrix (which test_median_thresholds_* checks against numpy)."""
+    n, m, num_labels = shape
+    g = torch.Generator().manual_seed(n * 100 + int(density * 10))
+    inter, sizes, positive = _label_counts(n, m, num_labels, density, g, dtype)
+    counted = hbl_module._counted_soft_positives(inter, *sizes, positive)
+    assert counted is not None  # these label sets are small enough for the histogram
+    jac = R.jaccard(*sizes, inter)
+    theta, n_pos = hbl_median_thresholds(jac, positive)
+    soft = positive & (jac >= theta[:, None])
+    assert counted[1].dtype == dtype
+    assert torch.equal(counted[1], theta) and torch.equal(counted[2], n_pos)
+    assert torch.equal(counted[0], soft)
+    assert bool((n_pos == 0).any())  # the row without labels is covered
+    # the public entry point takes the same route and agrees with the Jaccard-only call
+    for got in (
+        hbl_soft_positives(positive, inter=inter, label_sizes=sizes),
+        hbl_soft_positives(positive, jac),
+    ):
+        assert torch.equal(got[0], soft) and torch.equal(got[1], theta)
+
+
+def test_fraction_histogram_declined_for_large_label_sets():
+    """A histogram larger than four times the row width falls back to the selection (same result)."""
+    g = torch.Generator().manual_seed(5)
+    inter, sizes, positive = _label_counts(6, 20, 40, 0.6, g, torch.float32)
+    assert (int(sizes[0].max()) + int(sizes[1].max())) ** 2 > 4 * 20
+    assert hbl_module._counted_soft_positives(inter, *sizes, positive) is None
+    soft, theta, _ = hbl_soft_positives(positive, inter=inter, label_sizes=sizes)
+    jac = R.jaccard(*sizes, inter)
+    assert torch.equal(theta, hbl_median_thresholds(jac, positive)[0])
+    assert torch.equal(soft, positive & (jac >= theta[:, None]))
+    with pytest.raises(ValueError, match="needs jaccard"):
+        hbl_soft_positives(positive)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_hbl_loss_same_with_and_without_fraction_histogram(monkeypatch, keys):
+    """The loss and its gradient are bit-identical whichever route splits soft / hard positives."""
+    z, y, kz, yk = random_batch(n=24, k=60, num_labels=5, seed=4, keys=keys)
+    loss_fn = get_loss("hbl", base="mulsupcon", lambda_=0.5, k_min=3)
+    used = []
+    counted = hbl_module._counted_soft_positives
+
+    def spy(*args):
+        out = counted(*args)
+        used.append(out is not None)
+        return out
+
+    def run():
+        zz = z.clone().requires_grad_(True)
+        out = loss_fn(zz, y, kz, yk)
+        out.backward()
+        return out.detach(), zz.grad, loss_fn.components["hbl"]
+
+    monkeypatch.setattr(hbl_module, "_counted_soft_positives", spy)
+    with_hist = run()
+    monkeypatch.setattr(hbl_module, "_counted_soft_positives", lambda *args: None)
+    without = run()
+    assert used == [True]
+    assert with_hist[2] > 0  # the structural term is active
+    assert torch.equal(with_hist[0], without[0]) and torch.equal(with_hist[1], without[1])
 
 
 @pytest.mark.parametrize("keys", [False, True])

@@ -273,6 +273,35 @@ def test_queue_large_label_space_is_compact():
     assert torch.equal(got.to_dense(), lab)
 
 
+def test_queue_auto_format_follows_the_label_space_and_device():
+    """"auto": label rows on CPU beyond 256 labels (the loss reads them faster) or beyond 128 MB of bool;
+    explicit formats are kept."""
+    assert EmbeddingQueue(4096, 8, 90).label_format == "bool"  # Reuters R90, GoEmotions, AAPD ...
+    assert EmbeddingQueue(4096, 8, 256).label_format == "bool"
+    assert EmbeddingQueue(4096, 8, 257).label_format == "sparse"
+    assert EmbeddingQueue(4096, 8, 8929, device="cpu").label_format == "sparse"
+    assert EmbeddingQueue(4096, 8, 8929, device="meta").label_format == "bool"  # not CPU: size rule only
+    assert EmbeddingQueue(65536, 8, 8929, device="meta").label_format == "sparse"  # 585 M bools > 2**27
+    assert EmbeddingQueue(16, 8, 1000, label_format="bool").label_format == "bool"
+
+
+def test_queue_auto_resumes_a_state_saved_in_the_other_format():
+    """A checkpoint written when "auto" picked the other format resumes in that format; an explicit
+    format that differs from the state still raises."""
+    saved = EmbeddingQueue(6, 2, 300, label_format="bool")
+    lab = torch.rand(4, 300) < 0.05
+    saved.enqueue(torch.randn(4, 2), lab)
+    state = saved.state_dict()
+    auto = EmbeddingQueue(6, 2, 300)
+    assert auto.label_format == "sparse"
+    auto.load_state_dict(state)
+    assert auto.label_format == "bool" and torch.equal(auto.labels, lab)
+    auto.enqueue(torch.randn(1, 2), lab[:1])
+    assert len(auto) == 5
+    with pytest.raises(ValueError, match="label_format='auto'"):
+        EmbeddingQueue(6, 2, 300, label_format="sparse").load_state_dict(state)
+
+
 def test_queue_state_dict_resume():
     q = EmbeddingQueue(6, 2, 5, label_format="sparse")
     for _ in range(3):
