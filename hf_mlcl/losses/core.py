@@ -207,6 +207,9 @@ class ContrastContext:
         # shift of logits, for callers that select candidates by similarity, e.g. HBL)
         self.keep_scores = False
         self.scores: Tensor | None = None
+        # share_intersections: a loss that computes the label intersections as a by-product of its own
+        # product hands them to ``inter`` (provide_intersections), for a caller that reads both (HBL)
+        self.share_intersections = False
         self.dtype = anchors.dtype
         self.temperature = temperature
         self.num_anchors = anchors.shape[0]
@@ -299,6 +302,14 @@ class ContrastContext:
     @cached_property
     def inter(self) -> Tensor:
         return R.cast(R.intersections(self.anchor_labels, self.candidate_labels), self.dtype)
+
+    def provide_intersections(self, inter: Tensor) -> None:
+        """Set ``inter`` (N, M) from exact counts computed elsewhere (e.g. beside MulSupCon's weights)."""
+        if tuple(inter.shape) != (self.num_anchors, self.num_candidates):
+            raise ValueError(
+                f"intersections must be ({self.num_anchors}, {self.num_candidates}); got {tuple(inter.shape)}"
+            )
+        self.__dict__["inter"] = R.cast(inter, self.dtype)  # the cached_property's own slot
 
     @cached_property
     def anchor_sizes(self) -> Tensor:

@@ -446,6 +446,7 @@ class HBLLoss(ContrastiveLoss):
                 # one context for both terms: labels validated / intersected once, logits reused
                 ctx = base.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
                 ctx.keep_scores = base.normalize  # the fused kernel's scores order the pairs by cosine
+                ctx.share_intersections = True  # a base that computes them anyway (mulsupcon) hands them over
                 base_loss = base.compute_and_record(ctx)
                 base_comps = base.components
                 sim = None

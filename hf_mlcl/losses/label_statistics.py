@@ -219,6 +219,35 @@ class PairLabelView:
             out = torch.sparse.mm(cand, q.T.contiguous())  # (M, N)
         return out.T
 
+    def spread_by_candidate_and_intersections(
+        self, values: Tensor, values_b: Tensor, use_b: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(spread_by_candidate(values, values_b, use_b), intersections)`` from one sparse product.
+
+        The intersections abs(S_i & T_a) (N, M) are ``spread`` of ones: the sparse (M, 2U) candidate
+        matrix of :meth:`spread_by_candidate` times the dense (2U, 2N) matrix [[q^T, Y^T], [q_b^T, Y^T]]
+        (Y: the anchors' compact labels, in both halves since a candidate sits in one of them) gives
+        both, sharing the candidate matrix and one pass over it instead of a second compaction and
+        product for the intersections. Exact counts (sums of ones), no grad.
+        """
+        if self._dense is not None or self.num_active == 0 or values.numel() == 0:
+            ones = torch.ones_like(values)
+            return self.spread_by_candidate(values, values_b, use_b), self.spread(ones)
+        u, n = self.num_active, self.num_anchors
+        shift = use_b[self.cand_rows].long() * u
+        cand = _csr_of_ones(
+            self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), values.dtype
+        )
+        rhs = torch.zeros(2 * u, 2 * n, dtype=values.dtype, device=self.device)
+        rhs[self.ucol, self.rows] = values
+        rhs[self.ucol + u, self.rows] = values_b
+        rhs[self.ucol, self.rows + n] = 1.0
+        rhs[self.ucol + u, self.rows + n] = 1.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
+            out = torch.sparse.mm(cand, rhs)  # (M, 2N)
+        return out[:, :n].T, out[:, n:].T
+
     def collect(self, weights: Tensor) -> Tensor:
         """Per-pair values ``sum_a F_ia [j in T_a]`` (P,) for an (N, M) matrix F (no grad)."""
         if self._dense is not None:

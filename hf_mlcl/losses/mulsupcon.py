@@ -83,10 +83,14 @@ class MulSupConLoss(ContrastiveLoss):
         return super().extra_repr() + f", normalizer={self.normalizer!r}"
 
     def _weights_and_pairs(self, ctx: ContrastContext) -> tuple[Tensor, Tensor]:
-        return inverse_count_weights(
+        share = ctx.share_intersections and "inter" not in ctx.__dict__
+        out = inverse_count_weights(
             ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=ctx.anchors_in_candidates,
-            dtype=ctx.dtype,
+            dtype=ctx.dtype, with_intersections=share,
         )  # fmt: skip
+        if share:  # the intersections came out of the same product: the context keeps them (HBL reads them)
+            ctx.provide_intersections(out[2])
+        return out[0], out[1]
 
     def _denominator(self, ctx: ContrastContext, pairs: Tensor | None) -> Tensor:
         if self.normalizer == "labels":

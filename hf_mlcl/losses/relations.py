@@ -277,7 +277,7 @@ def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
     return _sparse_sparse_matmul_t(a, b)
 
 
-def _sparse_sparse_matmul_t(a: Tensor, b: Tensor) -> Tensor:
+def _sparse_sparse_matmul_t(a: Tensor, b: Tensor, *more: Tensor) -> Tensor | tuple[Tensor, ...]:
     """Dense (N, M) = a @ b^T for two sparse COO matrices, as one sparse @ dense product.
 
     torch's sparse @ sparse product builds a sparse (N, M) result (hash accumulation, then
@@ -285,7 +285,9 @@ def _sparse_sparse_matmul_t(a: Tensor, b: Tensor) -> Tensor:
     scattered into a small dense (U, N) matrix, b's entries in those columns are re-indexed into a
     sparse (M, U) matrix (its other entries dropped) and the result is (b_U @ a_U^T)^T: O(nnz(b) N)
     work with no sparse output. Integer counts are exact; weighted products only change the
-    summation order.
+    summation order. Further sparse (N, L) matrices ``more`` (entries only in the columns ``a``
+    carries) share the same product: their transposes stand beside a^T, and the call returns
+    ``(a @ b^T, *(m @ b^T for m in more))``.
     """
     a, b = a.coalesce(), b.coalesce()
     ai, bi = a.indices(), b.indices()
@@ -295,8 +297,12 @@ def _sparse_sparse_matmul_t(a: Tensor, b: Tensor) -> Tensor:
     cols = torch.nonzero(used).squeeze(1)
     remap = torch.full((a.shape[1],), -1, dtype=torch.long, device=device)
     remap[cols] = torch.arange(cols.numel(), device=device)
-    a_t = torch.zeros(cols.numel(), a.shape[0], dtype=a.dtype, device=device)
-    a_t.index_put_((remap[ai[1]], ai[0]), a.values(), accumulate=True)
+    n = a.shape[0]
+    a_t = torch.zeros(cols.numel(), n * (1 + len(more)), dtype=a.dtype, device=device)
+    for k, m in enumerate((a, *more)):
+        m = m.coalesce()
+        mi = m.indices()
+        a_t.index_put_((remap[mi[1]], mi[0] + k * n), m.values().to(a.dtype), accumulate=True)
     b_col = remap[bi[1]]
     keep = b_col >= 0
     # remap is increasing on the kept columns, so the filtered entries stay sorted and unique
@@ -307,7 +313,10 @@ def _sparse_sparse_matmul_t(a: Tensor, b: Tensor) -> Tensor:
         check_invariants=False,
         is_coalesced=True,
     )
-    return torch.sparse.mm(b_u, a_t).T
+    out = torch.sparse.mm(b_u, a_t).T
+    if not more:
+        return out
+    return tuple(out[k * n : (k + 1) * n] for k in range(1 + len(more)))
 
 
 def intersections(anchor_labels: Tensor, candidate_labels: Tensor) -> Tensor:
@@ -367,7 +376,8 @@ def inverse_count_weights(
     candidate_labels: Tensor,
     anchors_in_candidates: bool,
     dtype: torch.dtype = LABEL_DTYPE,
-) -> tuple[Tensor, Tensor]:
+    with_intersections: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """MulSupCon weights: W_ia = sum_{l in S_i & T_a} 1 / n_l(i), and the number of (i, l) pairs.
 
     Vectorised as W = (Y_i * 1/n(i)) @ Y_c^T with n(i) from :func:`candidate_label_counts` (entries
@@ -376,6 +386,8 @@ def inverse_count_weights(
     least one positive. W is dense (N, M). Note W also has non-zero entries at the anchor's
     own column when the anchor is a candidate; the caller masks the contrast set. ``dtype`` is the
     dtype of the reciprocals and of W (float64 keeps 1/n exact to double precision).
+    ``with_intersections``: also return abs(S_i & T_a) (N, M) in ``dtype`` (exact counts), from the
+    same product when the labels are sparse (a caller that needs both, e.g. HBL on MulSupCon).
     """
     counts = cast(candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates), dtype)
     if is_sparse(counts):
@@ -392,4 +404,11 @@ def inverse_count_weights(
         inv = torch.where(pos, 1.0 / counts.clamp_min(1), torch.zeros_like(counts))
         pairs = pos.to(dtype).sum(dim=1)
     yc = cast(candidate_labels, dtype)
-    return _matmul_t(inv, yc), pairs
+    if not with_intersections:
+        return _matmul_t(inv, yc), pairs
+    ya = cast(anchor_labels, dtype)
+    if is_sparse(inv) and is_sparse(ya) and is_sparse(yc):
+        # inv has the anchors' pattern: both products share one pass over the candidates
+        inter, w = _sparse_sparse_matmul_t(ya, yc, inv)
+        return w, pairs, inter
+    return _matmul_t(inv, yc), pairs, _matmul_t(ya, yc)

@@ -240,7 +240,6 @@ class WSMulSupConLoss(ContrastiveLoss):
                     ctx, iou, single_a, multi_a, single_c, multi_c
                 )
             else:
-                iou = ctx.jaccard.to(dtype)
                 view = PairLabelView(ctx.anchor_labels, ctx.candidate_labels)
                 rows, cols = view.rows, view.cols
                 single_pair = single_a[rows]
@@ -254,13 +253,15 @@ class WSMulSupConLoss(ContrastiveLoss):
                 q_s = torch.where(n_s > 0, cw / n_s.clamp_min(1), zero)
                 q_m = torch.where(n_m > 0, cw / n_m.clamp_min(1), zero)
                 if self.authors_code:
-                    iou = iou * ctx.contrast_mask
+                    iou = ctx.jaccard.to(dtype) * ctx.contrast_mask
                     w_s = iou * single_c[None, :] * view.spread(q_s)  # positives in P_s, weighted
                     w_m = iou * multi_c[None, :] * view.spread(q_m)  # positives in P_m, weighted
                 else:
                     # w_s + w_m in one product: a candidate is in P_s or P_m by its own stratum (healthy
                     # candidates carry no label, so their entries are 0 either way)
-                    w_sm = view.spread_by_candidate(q_s, q_m, multi_c).mul_(iou)
+                    # the intersections for the IoU come out of the same sparse product
+                    w_sm, inter = view.spread_by_candidate_and_intersections(q_s, q_m, multi_c)
+                    w_sm.mul_(R.jaccard(size_a, size_c, inter).to(dtype))
                     if ctx.anchors_in_candidates:  # the anchor's own column is outside its contrast set
                         w_sm.diagonal().zero_()
                     pair_ok = ((n_s + n_m) > 0).to(dtype)

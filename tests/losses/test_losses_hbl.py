@@ -191,6 +191,37 @@ def test_hbl_loss_same_with_and_without_fraction_histogram(monkeypatch, keys):
 
 
 @pytest.mark.parametrize("keys", [False, True])
+def test_hbl_reads_the_intersections_mulsupcon_computed(monkeypatch, keys):
+    """With sparse labels the MulSupCon base hands its by-product intersections to the shared context:
+    no separate intersection product, and the loss and gradient are the same bits as without sharing."""
+    z, y, kz, yk = random_batch(n=20, k=30, num_labels=6, seed=7, keys=keys)
+    ys, yks = y.to_sparse(), None if yk is None else yk.to_sparse()
+    loss_fn = get_loss("hbl", base="mulsupcon", lambda_=0.5, k_min=3)
+    calls = []
+    separate = R.intersections
+
+    def counted(*args):
+        calls.append(1)
+        return separate(*args)
+
+    monkeypatch.setattr(R, "intersections", counted)
+
+    def run():
+        zz = z.clone().requires_grad_(True)
+        out = loss_fn(zz, ys, kz, yks)
+        out.backward()
+        return out.detach(), zz.grad, loss_fn.components["hbl"]
+
+    shared = run()
+    assert calls == []  # the intersections came with the base's weights
+    monkeypatch.setattr(hbl_module.ContrastContext, "provide_intersections", lambda self, inter: None)
+    alone = run()
+    assert len(calls) == 1  # without sharing the context computes them itself
+    assert shared[2] > 0
+    assert torch.equal(shared[0], alone[0]) and torch.equal(shared[1], alone[1])
+
+
+@pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("layout", ["dense", "coo", "csr"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_hbl_matches_loop_reference(keys, layout, seed):

@@ -76,6 +76,21 @@ def test_mulsupcon_inverse_count_weights_match_loop(sparse, with_keys):
             assert w[i, a].item() == pytest.approx(want, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_inverse_count_weights_with_intersections_share_the_product(sparse):
+    """with_intersections: the same W bit for bit, plus exact abs(S & T) counts (one product when sparse)."""
+    y, yk = _labels(9, 7, 3, p=0.4), _labels(6, 7, 4, p=0.4)
+    ya = R.as_multihot(y.to_sparse() if sparse else y)
+    yc = R.cat_labels(ya, R.as_multihot(yk.to_sparse() if sparse else yk))
+    for dtype in (torch.float32, torch.float64):
+        w, pairs = R.inverse_count_weights(ya, yc, anchors_in_candidates=True, dtype=dtype)
+        w2, pairs2, inter = R.inverse_count_weights(
+            ya, yc, anchors_in_candidates=True, dtype=dtype, with_intersections=True
+        )
+        assert torch.equal(w2, w) and torch.equal(pairs2, pairs) and inter.dtype == dtype
+        assert torch.equal(inter, (y.double() @ torch.cat([y, yk]).double().T).to(dtype))
+
+
 def test_as_multihot_validation_messages():
     with pytest.raises(ValueError, match="2-D"):
         R.as_multihot(torch.ones(3))

@@ -255,6 +255,11 @@ def test_spread_by_candidate_equals_two_spreads_exactly(sparse):
     use_b = R.label_sizes(conv(yc)) >= 2
     expected = torch.where(use_b[None, :], view.spread(qb), view.spread(qa))
     assert torch.equal(view.spread_by_candidate(qa, qb, use_b), expected)
+    # the same product also yields the exact label intersections abs(S_i & T_a)
+    spread, inter = view.spread_by_candidate_and_intersections(qa, qb, use_b)
+    assert torch.equal(spread, expected)
+    assert torch.equal(inter, R.intersections(conv(ya), conv(yc)).to(inter.dtype))
+    assert torch.equal(inter, ya @ yc.T)
 
 
 @pytest.mark.parametrize("keys", [False, True])
