@@ -30,6 +30,8 @@ Two more measurements run in the same process and print ratios (issue 16):
 Run:  python benchmarks/loss_speed.py            (full scale, ~5-10 minutes on 2 cores)
       python benchmarks/loss_speed.py --quick    (tiny sizes, seconds)
       python benchmarks/loss_speed.py --no-memory --no-loops   (ratios only)
+      python benchmarks/loss_speed.py --no-loops --no-memory --no-small --no-dense --no-mimic \
+          --queue-formats 28:1.2,90:1.3,160:2,256:3,512:3,1000:4,8929:12,25230:16   (queue label format)
 """
 
 from __future__ import annotations
@@ -376,6 +378,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-dense", action="store_true", help="skip the dense-vs-sparse label comparison")
     p.add_argument("--no-mimic", action="store_true", help="skip the MIMIC-scale floor table")
     p.add_argument("--small-repeats", type=int, default=15, help="samples per small-batch timing")
+    p.add_argument(
+        "--queue-formats", default=None, metavar="L:PER_ROW,...",
+        help="also time one loss step with the keys' labels as an EmbeddingQueue holds them, a (K, L) bool "
+        "matrix vs label rows, for each label-space size L (e.g. 90:1.3,256:3,1000:4,25230:16)",
+    )  # fmt: skip
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     raw = sys.argv[1:] if argv is None else argv
     args = p.parse_args(raw)
@@ -415,6 +422,8 @@ def main(argv: list[str] | None = None) -> None:
         small_batch_table(args, names)
     if not args.no_dense:
         dense_vs_sparse_table(args, names, z, y, k, yk, y_all)
+    if args.queue_formats:
+        queue_format_table(args, [n for n in ("mulsupcon", "any") if n in names] or names[:1])
     if args.no_mimic:
         return
     fl = time_pair(floor_p_fn, floor_fn, args.repeats, args.warmup)
@@ -631,6 +640,42 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
             f"{rq['cpu'] / rq['cpu_ref']:>12.2f}  <= 1.3 "
             f"{'ok' if ratio <= 1.3 else 'MISS'}{'' if same else f'  VALUES DIFFER ({a} vs {b})'}"
         )
+    print()
+
+
+def queue_format_table(args, names) -> None:
+    """One loss step (dense float batch labels, K keys from an EmbeddingQueue) with the queue's labels as a
+    (K, L) bool matrix against label rows, for each L of ``--queue-formats``: where EmbeddingQueue's
+    ``label_format="auto"`` should switch to label rows on this device."""
+    print(
+        f"# queue label format at N={args.n} K={args.k}: cpu(step, keys' labels a (K, L) bool matrix) / "
+        "cpu(step, label rows -> sparse COO); above 1 the rows are faster; auto = what EmbeddingQueue picks"
+    )
+    header = f"{'L':>7}{'labels/row':>11}  " + "".join(f"{n + ' bool/rows':>22}" for n in names) + "  auto"
+    print(header)
+    print("-" * len(header))
+    for spec in args.queue_formats.split(","):
+        num_labels, per_row = int(spec.split(":")[0]), float(spec.split(":")[1])
+        sized = argparse.Namespace(**{**vars(args), "labels": num_labels, "per_row": per_row})
+        z, y, k, yk, y_all = make_inputs(sized)
+        queues = {}
+        for fmt in ("bool", "sparse"):
+            queues[fmt] = EmbeddingQueue(args.k, args.dim, num_labels, label_format=fmt)
+            queues[fmt].enqueue(k, yk)
+        y_dense, cells = y.to_dense(), []
+        for name in names:
+            loss = build_loss(name, sized, y_all)
+            as_bool = (z, y_dense, queues["bool"].embeddings, queues["bool"].labels)
+            as_rows = (z, y_dense, queues["sparse"].embeddings, queues["sparse"].labels)
+            r = time_pair(
+                lambda loss=loss, a=as_bool: loss_step(loss, *a),
+                lambda loss=loss, a=as_rows: loss_step(loss, *a),
+                args.repeats,
+                args.warmup,
+            )
+            cells.append(f"{r['cpu'] / r['cpu_ref']:>22.2f}")
+        auto = EmbeddingQueue(args.k, args.dim, num_labels).label_format
+        print(f"{num_labels:>7}{per_row:>11.1f}  " + "".join(cells) + f"  {auto}")
     print()
 
 

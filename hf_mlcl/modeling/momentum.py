@@ -157,9 +157,10 @@ class EmbeddingQueue:
     (``"sparse"``; ``.labels`` then returns a torch sparse COO (n, L) bool tensor). ``"auto"`` picks
     sparse when K * L > 2**27 (128 MB), and on a CPU queue also when L > 256: the loss reads the
     queue's labels every step, and on CPU a (K, L) bool matrix costs more than the label rows from
-    about 200 labels on (measured with ``benchmarks/loss_speed.py``'s inputs at K = 4,096: the same
-    loss step 0.9x at L = 160, 1.1x at 256, 1.4x at 512, 1.3-2.0x at 1,000-25,230). A state saved with
-    the other format is adopted by an ``"auto"`` queue on :meth:`load_state_dict`.
+    about 200 labels on (``benchmarks/loss_speed.py --queue-formats``, K = 4,096, mulsupcon / any, step
+    time with the bool matrix over step time with the rows: 0.80-0.97 at L = 28-160, 1.03-1.07 at
+    256, 1.29-1.33 at 512, 1.45-1.76 at 1,000-25,230). A state saved with the other format is adopted
+    by an ``"auto"`` queue on :meth:`load_state_dict`.
     """
 
     def __init__(

@@ -436,13 +436,17 @@ def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
 
     root = pathlib.Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "loss_speed.py"), "--quick", "--no-memory"],
+        [sys.executable, str(root / "benchmarks" / "loss_speed.py"), "--quick", "--no-memory",
+         "--queue-formats", "20:2,300:3"],
         capture_output=True, text=True, timeout=240, cwd=root,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    assert "wall single" in out and "after read" in out and "floor+protos" in out
+    assert "wall single" in out and "after read" in out and "floor+protos" in out and "queue keys" in out
+    # the queue-format table: one row per label-space size, with the format "auto" picks there
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("20 ", "300 "))]
+    assert [(r[0], r[-1]) for r in rows] == [("20", "bool"), ("300", "sparse")], rows
     assert "VALUES DIFFER" not in out  # dense and sparse labels give the same loss
     loops = [line for line in out.splitlines() if "(loop)" in line]
     assert len(loops) == 3 and all(" True (" in line for line in loops), loops
