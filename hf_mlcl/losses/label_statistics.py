@@ -208,16 +208,18 @@ class PairLabelView:
         """
         if self._dense is not None or self.num_active == 0 or values.numel() == 0:
             return torch.where(use_b[None, :], self.spread(values_b), self.spread(values))
+        q = torch.cat([self.dense_pairs(values), self.dense_pairs(values_b)], dim=1)  # (N, 2U)
+        return self._by_candidate_product(use_b, q.T.contiguous()).T
+
+    def _by_candidate_product(self, use_b: Tensor, rhs: Tensor) -> Tensor:
+        """(M, C) = sparse (M, 2U) candidate matrix @ ``rhs`` (2U, C): a candidate's entries sit in the
+        first U columns, or in the last U when ``use_b``, so it meets the matching half of ``rhs``."""
         u = self.num_active
         shift = use_b[self.cand_rows].long() * u
-        cand = _csr_of_ones(
-            self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), values.dtype
-        )
-        q = torch.cat([self.dense_pairs(values), self.dense_pairs(values_b)], dim=1)  # (N, 2U)
+        cand = _csr_of_ones(self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), rhs.dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
-            out = torch.sparse.mm(cand, q.T.contiguous())  # (M, N)
-        return out.T
+            return torch.sparse.mm(cand, rhs)
 
     def spread_by_candidate_and_intersections(
         self, values: Tensor, values_b: Tensor, use_b: Tensor
@@ -234,18 +236,12 @@ class PairLabelView:
             ones = torch.ones_like(values)
             return self.spread_by_candidate(values, values_b, use_b), self.spread(ones)
         u, n = self.num_active, self.num_anchors
-        shift = use_b[self.cand_rows].long() * u
-        cand = _csr_of_ones(
-            self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), values.dtype
-        )
         rhs = torch.zeros(2 * u, 2 * n, dtype=values.dtype, device=self.device)
         rhs[self.ucol, self.rows] = values
         rhs[self.ucol + u, self.rows] = values_b
         rhs[self.ucol, self.rows + n] = 1.0
         rhs[self.ucol + u, self.rows + n] = 1.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
-            out = torch.sparse.mm(cand, rhs)  # (M, 2N)
+        out = self._by_candidate_product(use_b, rhs)  # (M, 2N)
         return out[:, :n].T, out[:, n:].T
 
     def collect(self, weights: Tensor) -> Tensor:
