@@ -58,18 +58,6 @@ def _csr_of_ones(rows: Tensor, cols: Tensor, shape: tuple[int, int], dtype: torc
     return torch.sparse_csr_tensor(crow, cols[order], ones, shape, check_invariants=False)
 
 
-def _nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
-    """(row, col) int64 index vectors of the non-zeros of a dense or sparse (N, L) multi-hot matrix."""
-    if R.is_sparse(labels):
-        lab = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
-        lab = lab.coalesce()
-        idx = lab.indices()
-        keep = lab.values() != 0
-        return idx[0][keep], idx[1][keep]
-    nz = (labels != 0).nonzero()
-    return nz[:, 0], nz[:, 1]
-
-
 def ws_class_weights(train_labels: Tensor, authors_code: bool = False) -> tuple[Tensor, Tensor]:
     """Class weights of ws-MulSupCon from training-set label statistics (Lin & Chen, eqs. 6 and 7).
 
@@ -97,7 +85,7 @@ def ws_class_weights(train_labels: Tensor, authors_code: bool = False) -> tuple[
     """
     labels = R.as_multihot(train_labels, "train_labels")
     n_rows, n_labels = labels.shape
-    rows, cols = _nonzero_pairs(labels)
+    rows, cols = R.nonzero_pairs(labels)
     f32 = torch.float32
     d = torch.zeros(n_labels, dtype=f32, device=labels.device).index_add_(
         0, cols, torch.ones_like(cols, dtype=f32)
@@ -146,7 +134,7 @@ class PairLabelView:
         self.num_anchors = anchor_labels.shape[0]
         self.num_candidates = candidate_labels.shape[0]
         self.device = anchor_labels.device
-        self.rows, self.cols = _nonzero_pairs(anchor_labels)
+        self.rows, self.cols = R.nonzero_pairs(anchor_labels)
         n_labels = anchor_labels.shape[1]
         self._dense: Tensor | None = None
         if dense_label_products(anchor_labels, candidate_labels):
@@ -159,7 +147,7 @@ class PairLabelView:
         self.num_active = int(active.numel())
         lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
         lut[active] = torch.arange(self.num_active, device=self.device)
-        crow, ccol = _nonzero_pairs(candidate_labels)
+        crow, ccol = R.nonzero_pairs(candidate_labels)
         cu = lut[ccol]
         keep = cu >= 0
         self.cand_rows = crow[keep]
