@@ -303,6 +303,11 @@ class ContrastContext:
     def inter(self) -> Tensor:
         return R.cast(R.intersections(self.anchor_labels, self.candidate_labels), self.dtype)
 
+    @property
+    def intersections_wanted(self) -> bool:
+        """True when a caller asked for ``inter`` to be shared (``share_intersections``) and it is not known yet."""
+        return self.share_intersections and "inter" not in self.__dict__
+
     def provide_intersections(self, inter: Tensor) -> None:
         """Set ``inter`` (N, M) from exact counts computed elsewhere (e.g. beside MulSupCon's weights)."""
         if tuple(inter.shape) != (self.num_anchors, self.num_candidates):

@@ -58,18 +58,6 @@ def _csr_of_ones(rows: Tensor, cols: Tensor, shape: tuple[int, int], dtype: torc
     return torch.sparse_csr_tensor(crow, cols[order], ones, shape, check_invariants=False)
 
 
-def _nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
-    """(row, col) int64 index vectors of the non-zeros of a dense or sparse (N, L) multi-hot matrix."""
-    if R.is_sparse(labels):
-        lab = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
-        lab = lab.coalesce()
-        idx = lab.indices()
-        keep = lab.values() != 0
-        return idx[0][keep], idx[1][keep]
-    nz = (labels != 0).nonzero()
-    return nz[:, 0], nz[:, 1]
-
-
 def ws_class_weights(train_labels: Tensor, authors_code: bool = False) -> tuple[Tensor, Tensor]:
     """Class weights of ws-MulSupCon from training-set label statistics (Lin & Chen, eqs. 6 and 7).
 
@@ -97,7 +85,7 @@ def ws_class_weights(train_labels: Tensor, authors_code: bool = False) -> tuple[
     """
     labels = R.as_multihot(train_labels, "train_labels")
     n_rows, n_labels = labels.shape
-    rows, cols = _nonzero_pairs(labels)
+    rows, cols = R.nonzero_pairs(labels)
     f32 = torch.float32
     d = torch.zeros(n_labels, dtype=f32, device=labels.device).index_add_(
         0, cols, torch.ones_like(cols, dtype=f32)
@@ -146,7 +134,7 @@ class PairLabelView:
         self.num_anchors = anchor_labels.shape[0]
         self.num_candidates = candidate_labels.shape[0]
         self.device = anchor_labels.device
-        self.rows, self.cols = _nonzero_pairs(anchor_labels)
+        self.rows, self.cols = R.nonzero_pairs(anchor_labels)
         n_labels = anchor_labels.shape[1]
         self._dense: Tensor | None = None
         if dense_label_products(anchor_labels, candidate_labels):
@@ -159,7 +147,7 @@ class PairLabelView:
         self.num_active = int(active.numel())
         lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
         lut[active] = torch.arange(self.num_active, device=self.device)
-        crow, ccol = _nonzero_pairs(candidate_labels)
+        crow, ccol = R.nonzero_pairs(candidate_labels)
         cu = lut[ccol]
         keep = cu >= 0
         self.cand_rows = crow[keep]
@@ -208,16 +196,18 @@ class PairLabelView:
         """
         if self._dense is not None or self.num_active == 0 or values.numel() == 0:
             return torch.where(use_b[None, :], self.spread(values_b), self.spread(values))
+        q = torch.cat([self.dense_pairs(values), self.dense_pairs(values_b)], dim=1)  # (N, 2U)
+        return self._by_candidate_product(use_b, q.T.contiguous()).T
+
+    def _by_candidate_product(self, use_b: Tensor, rhs: Tensor) -> Tensor:
+        """(M, C) = sparse (M, 2U) candidate matrix @ ``rhs`` (2U, C): a candidate's entries sit in the
+        first U columns, or in the last U when ``use_b``, so it meets the matching half of ``rhs``."""
         u = self.num_active
         shift = use_b[self.cand_rows].long() * u
-        cand = _csr_of_ones(
-            self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), values.dtype
-        )
-        q = torch.cat([self.dense_pairs(values), self.dense_pairs(values_b)], dim=1)  # (N, 2U)
+        cand = _csr_of_ones(self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), rhs.dtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
-            out = torch.sparse.mm(cand, q.T.contiguous())  # (M, N)
-        return out.T
+            return torch.sparse.mm(cand, rhs)
 
     def spread_by_candidate_and_intersections(
         self, values: Tensor, values_b: Tensor, use_b: Tensor
@@ -234,18 +224,12 @@ class PairLabelView:
             ones = torch.ones_like(values)
             return self.spread_by_candidate(values, values_b, use_b), self.spread(ones)
         u, n = self.num_active, self.num_anchors
-        shift = use_b[self.cand_rows].long() * u
-        cand = _csr_of_ones(
-            self.cand_rows, self.cand_ucols + shift, (self.num_candidates, 2 * u), values.dtype
-        )
         rhs = torch.zeros(2 * u, 2 * n, dtype=values.dtype, device=self.device)
         rhs[self.ucol, self.rows] = values
         rhs[self.ucol + u, self.rows] = values_b
         rhs[self.ucol, self.rows + n] = 1.0
         rhs[self.ucol + u, self.rows + n] = 1.0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # sparse CSR beta-support warnings
-            out = torch.sparse.mm(cand, rhs)  # (M, 2N)
+        out = self._by_candidate_product(use_b, rhs)  # (M, 2N)
         return out[:, :n].T, out[:, n:].T
 
     def collect(self, weights: Tensor) -> Tensor:

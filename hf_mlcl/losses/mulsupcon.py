@@ -83,7 +83,7 @@ class MulSupConLoss(ContrastiveLoss):
         return super().extra_repr() + f", normalizer={self.normalizer!r}"
 
     def _weights_and_pairs(self, ctx: ContrastContext) -> tuple[Tensor, Tensor]:
-        share = ctx.share_intersections and "inter" not in ctx.__dict__
+        share = ctx.intersections_wanted
         out = inverse_count_weights(
             ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=ctx.anchors_in_candidates,
             dtype=ctx.dtype, with_intersections=share,

@@ -25,6 +25,7 @@ from torch import Tensor
 __all__ = [
     "cast",
     "is_sparse",
+    "nonzero_pairs",
     "as_multihot",
     "cat_labels",
     "label_sizes",
@@ -51,6 +52,19 @@ def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
 def is_sparse(labels: Tensor) -> bool:
     """True for torch-sparse layouts (COO, CSR, CSC, BSR, BSC)."""
     return labels.layout != torch.strided
+
+
+def nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(row, col) int64 index vectors of the non-zeros of a dense or sparse (N, L) multi-hot matrix,
+    in row-major order (explicit zeros of a sparse matrix are skipped)."""
+    if is_sparse(labels):
+        lab = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
+        lab = lab.coalesce()
+        idx = lab.indices()
+        keep = lab.values() != 0
+        return idx[0][keep], idx[1][keep]
+    nz = (labels != 0).nonzero()
+    return nz[:, 0], nz[:, 1]
 
 
 def _values(labels: Tensor) -> Tensor:

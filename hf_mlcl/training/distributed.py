@@ -60,14 +60,13 @@ def to_dense_bool(labels: torch.Tensor) -> torch.Tensor:
 
 def to_sparse_bool(labels: torch.Tensor) -> torch.Tensor:
     """A multi-hot (N, L) matrix (dense, or torch sparse COO/CSR) as a coalesced sparse COO bool tensor."""
-    if labels.layout == torch.strided:
-        return (labels if labels.dtype == torch.bool else labels != 0).to_sparse()
-    coo = labels.to_sparse_coo().coalesce()
-    keep = coo.values() != 0
+    from hf_mlcl.losses.relations import nonzero_pairs
+
+    rows, cols = nonzero_pairs(labels)
     return torch.sparse_coo_tensor(
-        coo.indices()[:, keep],
-        torch.ones(int(keep.sum()), dtype=torch.bool, device=coo.device),
-        coo.shape,
+        torch.stack([rows, cols]),
+        torch.ones(rows.numel(), dtype=torch.bool, device=labels.device),
+        tuple(labels.shape),
         is_coalesced=True,
     )
 
