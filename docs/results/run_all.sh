@@ -13,7 +13,7 @@
 #   bash docs/results/run_all.sh full       # all the phases below, in order
 #   bash docs/results/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / a third on validation
 #   bash docs/results/run_all.sh full-goemotions-base  # GoEmotions: the same
-#   bash docs/results/run_all.sh full-reuters-losses   # Reuters: every loss -> logistic, linear, fine-tune
+#   bash docs/results/run_all.sh full-reuters-losses   # Reuters: every loss -> logistic, linear; then each fine-tune
 #   bash docs/results/run_all.sh full-goemotions-losses "jaccard hbl"  # the best losses on GoEmotions
 #   bash docs/results/run_all.sh full-seeds reuters21578 "jaccard hbl" # seeds 2-3: BCE + the named losses
 # Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
@@ -51,13 +51,15 @@ base_cells() {  # frozen pretrained MiniLM (both probes), then BCE fine-tuning a
   fcell "$study" --loss pretrained --probe linear --seed 1 $LINEAR
   for LR in $LRS; do fcell "$study" --loss bce --probe finetune --lr "$LR" --seed 1 --patience "$pat"; done
 }
-loss_cells() {  # stage 1 with each loss, then both probes and a fine-tune at the BCE learning rate
+loss_cells() {  # stage 1 with each loss and both probes on it (minutes each), then a fine-tune from each
+  # stage-1 encoder at the BCE learning rate (1-2 h each on Reuters): every loss gets its probe rows
+  # before the first long fine-tune starts
   local study=$1 pat=$2 seed=$3; shift 3
   for L in "$@"; do
     fcell "$study" --loss "$L" --probe logistic --seed "$seed"
     fcell "$study" --loss "$L" --probe linear --seed "$seed" $LINEAR
-    fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"
   done
+  for L in "$@"; do fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"; done
 }
 
 case "${1:-}" in
