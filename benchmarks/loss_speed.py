@@ -24,7 +24,7 @@ Two more measurements run in the same process and print ratios (issue 16):
   multi-label rows (50 labels, ~3 per row; the plain peer's positives are Y Y^T > 0, the ANY rule);
 * dense vs sparse labels at the MIMIC scale above: the same loss fed float32 dense (N, L) / (K, L)
   label matrices (what ``MultiLabelCollator(label_format="dense")`` gives) against sparse COO ones,
-  and ("queue keys") dense batch labels with the keys' labels as an ``EmbeddingQueue`` with its
+  the same with bool dense matrices (a quarter of the bytes to read), and ("queue keys") dense batch labels with the keys' labels as an ``EmbeddingQueue`` with its
   default label format hands them over (what ``ContrastiveTrainer`` passes the loss).
 
 Run:  python benchmarks/loss_speed.py            (full scale, ~5-10 minutes on 2 cores)
@@ -584,8 +584,9 @@ def small_batch_table(args, names) -> None:
 
 
 def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
-    """The same loss with float32 dense labels vs sparse COO labels, same inputs (cpu-time ratios)."""
+    """The same loss with float32 (and bool) dense labels vs sparse COO labels, same inputs (cpu-time ratios)."""
     y_dense, yk_dense = y.to_dense(), yk.to_dense()
+    y_bool, yk_bool = y_dense.bool(), yk_dense.bool()
     print(
         f"# dense vs sparse labels at N={args.n} K={args.k} L={args.labels}: float32 dense (N, L) and (K, L) "
         "label matrices vs sparse COO;"
@@ -601,7 +602,8 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
     print(
         f"# reading the dense labels once ({(y_dense.numel() + yk_dense.numel()) * 4 / 2**20:.0f} MiB, a sum): "
         f"cpu {read_cpu * 1e3:.1f} ms, wall {(read['wall'] + read['wall_ref']) / 2 * 1e3:.1f} ms; "
-        "'after read' = (dense - read) / sparse, the part of the gap the engine controls"
+        "'after read' = (dense - read) / sparse, the part of the gap the engine controls; 'bool' = "
+        "cpu(bool dense (N, L) and (K, L)) / cpu(sparse)"
     )
     # what ContrastiveTrainer hands the loss: the collator's dense batch labels, the keys' labels from
     # an EmbeddingQueue with its default ("auto") label format
@@ -612,7 +614,9 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
         f"# 'queue keys' = cpu(dense (N, L) batch labels, keys' labels from EmbeddingQueue (label_format "
         f"auto -> {queue.label_format!r})) / cpu(sparse): what ContrastiveTrainer passes"
     )
-    header = f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}{'queue keys':>12}  goal"
+    header = (
+        f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}{'bool':>7}{'queue keys':>12}  goal"
+    )
     print(header)
     print("-" * len(header))
     for name in names:
@@ -620,9 +624,16 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
         with torch.no_grad():
             a = float(loss(z, y_dense, k, yk_dense))
             b = float(loss(z, y, k, yk))
-        same = abs(a - b) <= 1e-4 * max(1.0, abs(b))
+            a_bool = float(loss(z, y_bool, k, yk_bool))
+        same = all(abs(v - b) <= 1e-4 * max(1.0, abs(b)) for v in (a, a_bool))
         r = time_pair(
             lambda loss=loss: loss_step(loss, z, y_dense, k, yk_dense),
+            lambda loss=loss: loss_step(loss, z, y, k, yk),
+            args.repeats,
+            args.warmup,
+        )
+        rb = time_pair(
+            lambda loss=loss: loss_step(loss, z, y_bool, k, yk_bool),
             lambda loss=loss: loss_step(loss, z, y, k, yk),
             args.repeats,
             args.warmup,
@@ -637,8 +648,8 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
         after = (r["cpu"] - read_cpu) / r["cpu_ref"]
         print(
             f"{name:<26}{r['cpu'] * 1e3:>10.1f}{r['cpu_ref'] * 1e3:>11.1f}{ratio:>7.2f}{after:>12.2f}"
-            f"{rq['cpu'] / rq['cpu_ref']:>12.2f}  <= 1.3 "
-            f"{'ok' if ratio <= 1.3 else 'MISS'}{'' if same else f'  VALUES DIFFER ({a} vs {b})'}"
+            f"{rb['cpu'] / rb['cpu_ref']:>7.2f}{rq['cpu'] / rq['cpu_ref']:>12.2f}  <= 1.3 "
+            f"{'ok' if ratio <= 1.3 else 'MISS'}{'' if same else f'  VALUES DIFFER ({a}, bool {a_bool} vs {b})'}"
         )
     print()
 

@@ -277,7 +277,11 @@ def _large_dense(n, n_labels, seed, per_row=4):
     "dtype", [torch.float32, torch.float64, torch.float16, torch.bool, torch.uint8, torch.int64]
 )
 def test_large_dense_labels_are_scanned_to_sparse_exactly(dtype):
-    y = _large_dense(300, 4001, 0).to(dtype)  # 1.2M entries, L > 1024: scanned
+    y = _large_dense(300, 4001, 0)  # 1.2M entries, L > 1024: scanned
+    # a run of labels: several set elements per 8-byte word, across a 256-byte block boundary (flat
+    # index 3 * 4001 + 285 = 48 * 256) whatever the element size
+    y[3, 270:300] = 1
+    y = y.to(dtype)
     out = R.as_multihot(y, allow_sparse=True)
     assert R.is_sparse(out) and out.is_coalesced()
     torch.testing.assert_close(out.to_dense(), y.float())
@@ -444,10 +448,11 @@ def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "wall single" in out and "after read" in out and "floor+protos" in out and "queue keys" in out
+    assert "bool dense (N, L)" in out
     # the queue-format table: one row per label-space size, with the format "auto" picks there
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("20 ", "300 "))]
     assert [(r[0], r[-1]) for r in rows] == [("20", "bool"), ("300", "sparse")], rows
-    assert "VALUES DIFFER" not in out  # dense and sparse labels give the same loss
+    assert "VALUES DIFFER" not in out  # dense (float32 or bool) and sparse labels give the same loss
     loops = [line for line in out.splitlines() if "(loop)" in line]
     assert len(loops) == 3 and all(" True (" in line for line in loops), loops
 
