@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import subprocess
 import sys
 
@@ -93,21 +92,17 @@ def base_args(tmp_path, **kw):
     return ContrastiveTrainingArguments(**defaults)
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for a torchrun rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> None:
     """``torchrun --nproc_per_node 2`` (gloo on CPU, one thread each) of ``worker``; AssertionError with
     the end of stderr when it fails."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([here, os.getcwd()])}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), worker, *worker_args]  # fmt: skip
+    # --standalone: torchrun binds its rendezvous store to a port of the kernel's choosing and hands that
+    # store to the workers. A port picked here and closed before torchrun binds it can be taken in between
+    # (by any socket, e.g. an outgoing gloo connection of a concurrent run), failing the launch.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
+           *worker_args]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
