@@ -19,7 +19,8 @@
 # Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
-# with OMP_NUM_THREADS=1 each.
+# with OMP_NUM_THREADS=1 each, session 6 full-goemotions-base and full-reuters-losses (two studies never
+# share a cell; one MiniLM step took 1,225 ms per process that way against 693 ms on two threads alone).
 # Checkpoints: $MLCL_RUNS (default ../runs beside the repository); small outputs: docs/results/<dataset>/<loss>_<probe>/seed<S>/.
 # Tables: python docs/results/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
 set -u
