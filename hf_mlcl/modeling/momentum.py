@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hf_mlcl.losses.relations import nonzero_pairs
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -213,15 +215,7 @@ class EmbeddingQueue:
     def _label_indices(self, labels: torch.Tensor) -> torch.Tensor:
         """(B, L) dense or sparse multi-hot -> (B, M) int32 label ids padded with -1 (vectorised)."""
         batch = labels.shape[0]
-        if labels.layout != torch.strided:
-            coo = labels.to_sparse_coo().coalesce()
-            rows, cols = coo.indices()
-            keep = coo.values() != 0
-            rows, cols = rows[keep], cols[keep]
-        else:
-            rows, cols = (labels != 0).nonzero(as_tuple=True)
-        order = torch.argsort(rows * self.num_labels + cols)
-        rows, cols = rows[order], cols[order]
+        rows, cols = nonzero_pairs(labels)  # row-major: each row's ids in ascending order
         counts = torch.bincount(rows, minlength=batch)
         width = max(1, int(counts.max()) if counts.numel() else 1)
         starts = torch.cumsum(counts, 0) - counts
