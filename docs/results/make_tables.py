@@ -8,7 +8,8 @@ Cells with 3 seeds show mean ± sample standard deviation (ddof = 1); others sho
 
 The full-data studies (FULL_STUDIES) get their own tables: ``<study>-full`` (every planned row, the ones
 without a metrics.json marked "not yet run"; fine-tuning rows at the learning rate chosen on validation)
-and ``<study>-lr`` (the BCE learning-rate choice, validation numbers only).
+``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
+contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation).
 """
 
 from __future__ import annotations
@@ -268,6 +269,66 @@ def full_table(study: str) -> str:
     return "\n".join(rows)
 
 
+
+def _full_runs(study: str, loss: str, probe: str) -> list[dict]:
+    """The runs of one full-study row: the probes' cells, or the fine-tune at the chosen BCE learning rate."""
+    if probe != "finetune":
+        return load(study).get((loss, probe), [])
+    lr = chosen_lr(study)
+    return _lr_runs(load(study, tagged=True), loss).get(lr, []) if lr else []
+
+
+def _delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str] | None:
+    """(mean difference, verdict) of ``key`` between two groups of seeds; the verdict says whether the
+    difference exceeds the seed spread, the sum of the two sample standard deviations (ddof 1), and is
+    only given when both groups have at least two seeds."""
+    a = [float(r["metrics"][key]) for r in runs if key in r["metrics"]]
+    b = [float(r["metrics"][key]) for r in ref if key in r["metrics"]]
+    if not a or not b:
+        return None
+    d = float(np.mean(a) - np.mean(b))
+    if min(len(a), len(b)) < 2:
+        return d, f"undecided: seeds {len(a)} vs {len(b)}"
+    spread = float(np.std(a, ddof=1) + np.std(b, ddof=1))
+    return d, (f"yes: {abs(d):.3f} > {spread:.3f}" if abs(d) > spread else f"no: {abs(d):.3f} <= {spread:.3f}")
+
+
+def comparison_table(study: str) -> str:
+    """Every finished contrastive row of a full study against the BCE baseline (chosen learning rate) and, for
+    the probes, against the frozen pretrained MiniLM with the same probe: mean test differences (positive:
+    the contrastive row is better), with the seed-spread verdict of :func:`_delta` on macro-F1 vs BCE; then
+    the losses ranked by their best validation macro-F1 (seed 1), which picks the losses that get 3 seeds."""
+    bce = _full_runs(study, "bce", "finetune")
+    rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
+            "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    best: dict[str, tuple[float, str]] = {}
+    for loss in CONTRASTIVE:
+        for probe in ("logistic", "linear", "finetune"):
+            runs = _full_runs(study, loss, probe)
+            if not runs:
+                continue
+            macro, micro = _delta(runs, bce, "test_macro_f1"), _delta(runs, bce, "test_micro_f1")
+            frozen = None if probe == "finetune" else _delta(runs, load(study).get(("pretrained", probe), []),
+                                                             "test_macro_f1")  # fmt: skip
+            rows.append(
+                f"| {NAMES.get(loss, loss)} | {FULL_PROBES[probe]} | {_metric(runs, 'validation_macro_f1')} "
+                f"| {f'{macro[0]:+.3f}' if macro else '—'} | {f'{micro[0]:+.3f}' if micro else '—'} "
+                f"| {macro[1] if macro else 'no BCE baseline yet'} "
+                f"| {f'{frozen[0]:+.3f}' if frozen else '—'} |"
+            )
+            seed1 = [float(r["metrics"]["validation_macro_f1"]) for r in runs if r["seed"] == 1]
+            if seed1 and (loss not in best or seed1[0] > best[loss][0]):
+                best[loss] = (seed1[0], FULL_PROBES[probe])
+    if len(rows) == 2:
+        return "No contrastive row has finished yet."
+    ranked = sorted(best.items(), key=lambda kv: -kv[1][0])
+    ranking = ", ".join(f"{NAMES.get(loss, loss)} {v:.3f} ({probe})" for loss, (v, probe) in ranked)
+    done = len(best)
+    return "\n".join(rows) + (
+        f"\n\nLosses by their best validation macro-F1, seed 1 ({done} of {len(CONTRASTIVE)} losses have a row): {ranking}."
+    )
+
 def lr_table(study: str) -> str:
     """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown. The
     grid is lr_grid.py's: two fixed points and a third chosen on validation from them."""
@@ -321,6 +382,7 @@ def main(argv: list[str]) -> None:
     tables.update({f"{d}-variants": variants_table(d) for d in datasets if load(d, tagged=True)})
     tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
     if "--print" in argv:
         for d, t in tables.items():
             print(f"## {d}\n{t}\n")

@@ -175,3 +175,24 @@ def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatc
     _full_run(tmp_path, "bce", "finetune", 1, 0.20, 0.10, tag="lr1e-4")
     assert run.extended_bce_lr("reuters21578") == "2e-5"  # 5e-5 is better on validation: extend below
     assert run.best_bce_lr("reuters21578") == "5e-5"
+
+
+def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tables, tmp_path):
+    assert tables.comparison_table("reuters21578") == "No contrastive row has finished yet."
+    curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
+    for lr, val in (("5e-5", 0.40), ("1e-4", 0.45), ("2e-4", 0.42)):  # 1e-4 chosen on validation
+        _full_run(tmp_path, "bce", "finetune", 1, val, 0.30, tag=f"lr{lr}", epochs=curve, best=0.3)
+    _full_run(tmp_path, "bce", "finetune", 2, 0.44, 0.32, tag="lr1e-4", epochs=curve, best=0.3)  # mean 0.31
+    _full_run(tmp_path, "bce", "finetune", 2, 0.99, 0.99, tag="lr5e-5", epochs=curve, best=0.3)  # not the chosen lr
+    _full_run(tmp_path, "pretrained", "logistic", 1, 0.30, 0.25)
+    _full_run(tmp_path, "jaccard", "logistic", 1, 0.50, 0.40)
+    _full_run(tmp_path, "jaccard", "logistic", 2, 0.48, 0.42)  # mean 0.41: +0.100 vs BCE, spread 0.014 + 0.014
+    _full_run(tmp_path, "hbl", "linear", 1, 0.47, 0.30)  # one seed: no verdict
+    table = tables.comparison_table("reuters21578")
+    jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
+    assert "| 0.490 ± 0.014 (n=2) | +0.100 | +0.000 | yes: 0.100 > 0.028 | +0.160 |" in jac
+    hbl = next(line for line in table.splitlines() if line.startswith("| mulsupcon + hbl | linear"))
+    assert "| -0.010 | +0.000 | undecided: seeds 1 vs 2 | — |" in hbl  # no frozen linear-probe row yet
+    # ranked on seed-1 validation macro-F1 (never on test)
+    assert table.endswith("(2 of 8 losses have a row): jaccard 0.500 (logistic probe (ABALONE)), "
+                          "mulsupcon + hbl 0.470 (linear probe (SD paper)).")  # fmt: skip
