@@ -9,7 +9,8 @@ Cells with 3 seeds show mean ± sample standard deviation (ddof = 1); others sho
 The full-data studies (FULL_STUDIES) get their own tables: ``<study>-full`` (every planned row, the ones
 without a metrics.json marked "not yet run"; fine-tuning rows at the learning rate chosen on validation)
 ``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
-contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation).
+contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation) and
+``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell).
 """
 
 from __future__ import annotations
@@ -350,11 +351,9 @@ def lr_table(study: str) -> str:
     return "\n".join(rows)
 
 
-def full_f1_plot(study: str) -> str | None:
-    """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr) vs the contrastive cell with the
-    highest validation macro-F1 (seed 1)."""
-    from hf_mlcl.evaluation import plot_f1_vs_frequency
-
+def _bce_and_best(study: str) -> tuple[dict, dict, str] | None:
+    """Per-label results (per_label_f1.json, seed 1) of the BCE fine-tune at the chosen learning rate and of
+    the contrastive cell with the highest validation macro-F1, and that cell's label; None until both exist."""
     lr, tagged, plain = chosen_lr(study), load(study, tagged=True), load(study)
     if lr is None:
         return None
@@ -368,12 +367,45 @@ def full_f1_plot(study: str) -> str | None:
         a = json.load(fh)
     with open(os.path.join(HERE, study, folder, "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
         b = json.load(fh)
+    return a, b, label
+
+
+def full_f1_plot(study: str) -> str | None:
+    """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr) vs the contrastive cell with the
+    highest validation macro-F1 (seed 1)."""
+    from hf_mlcl.evaluation import plot_f1_vs_frequency
+
+    pair = _bce_and_best(study)
+    if pair is None:
+        return None
+    a, b, label = pair
     out = os.path.join(HERE, study, "plots", "f1_vs_frequency.png")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     plot_f1_vs_frequency({"BCE fine-tuning": np.asarray(a["test_f1"]), label: np.asarray(b["test_f1"])},
                          np.asarray(a["train_count"]), out,
                          title=f"{study}: per-label test F1 vs training frequency (seed 1)")  # fmt: skip
     return out
+
+
+def tail_table(study: str) -> str:
+    """The plot's binned means as a table: mean per-label test F1 of BCE and of the best contrastive cell in
+    each log-spaced bin of training frequency (seed 1)."""
+    from hf_mlcl.evaluation import f1_by_frequency_bin
+
+    pair = _bce_and_best(study)
+    if pair is None:
+        return "Written once the BCE baseline and a contrastive row have finished."
+    a, b, label = pair
+    bins = f1_by_frequency_bin({"bce": np.asarray(a["test_f1"]), "best": np.asarray(b["test_f1"])},
+                               np.asarray(a["train_count"]))  # fmt: skip
+    rows = [f"| training documents per label (bin) | labels | BCE fine-tuning | {label} | difference |", "|---|---|---|---|---|"]
+    for x in bins:
+        bce, best = x["mean_f1"]["bce"], x["mean_f1"]["best"]
+        rows.append(f"| {x['low']:.3g}-{x['high']:.3g} | {x['n_labels']} | {bce:.2f} | {best:.2f} | {best - bce:+.2f} |")
+    unseen = int(sum(c == 0 for c in a["train_count"]))
+    if unseen:
+        rows.append(f"| 0 (unseen in training, not in the plot) | {unseen} | | | |")
+    return "\n".join(rows)
 
 
 def main(argv: list[str]) -> None:
@@ -383,6 +415,7 @@ def main(argv: list[str]) -> None:
     tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-tail": tail_table(d) for d in FULL_STUDIES})
     if "--print" in argv:
         for d, t in tables.items():
             print(f"## {d}\n{t}\n")

@@ -45,6 +45,7 @@ _LAZY = {
     "label_combinations": "hf_mlcl.evaluation.embedding",
     "top_combination_clusters": "hf_mlcl.evaluation.embedding",
     "plot_f1_vs_frequency": "hf_mlcl.evaluation.plots",
+    "f1_by_frequency_bin": "hf_mlcl.evaluation.plots",
     "plot_embedding_projection": "hf_mlcl.evaluation.plots",
 }
 

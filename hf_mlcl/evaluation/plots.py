@@ -20,7 +20,7 @@ from hf_mlcl.evaluation.embedding import (
 )
 from hf_mlcl.evaluation.inputs import to_numpy
 
-__all__ = ["plot_embedding_projection", "plot_f1_vs_frequency"]
+__all__ = ["f1_by_frequency_bin", "plot_embedding_projection", "plot_f1_vs_frequency"]
 
 
 def _new_figure(figsize: tuple[float, float]):
@@ -38,6 +38,61 @@ def _save(fig, path: str | os.PathLike, dpi: int) -> str:
     os.makedirs(parent, exist_ok=True)
     fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
     return path
+
+
+def _per_label_series(
+    f1: np.ndarray | Mapping[str, np.ndarray], train_frequency: np.ndarray
+) -> tuple[np.ndarray, dict[Any, np.ndarray]]:
+    """(L,) float64 training counts and ``{name: (L,) F1}`` (name None for a single array), checked."""
+    freq = to_numpy(train_frequency, "train_frequency")
+    if freq.ndim == 2:
+        freq = multi_hot_matrix(freq).sum(axis=0)
+    freq = freq.astype(np.float64).ravel()
+    series = dict(f1) if isinstance(f1, Mapping) else {None: f1}
+    if not series:
+        raise ValueError("f1 is an empty mapping; pass at least one (L,) array of per-label F1.")
+    series = {k: to_numpy(v, "f1").astype(np.float64).ravel() for k, v in series.items()}
+    for name, v in series.items():
+        if v.shape != freq.shape:
+            raise ValueError(
+                f"f1{'' if name is None else f'[{name!r}]'} has {v.size} labels but train_frequency has "
+                f"{freq.size}; both must be per-label arrays of the same length."
+            )
+    return freq, series
+
+
+def f1_by_frequency_bin(
+    f1: np.ndarray | Mapping[str, np.ndarray], train_frequency: np.ndarray, n_bins: int = 8
+) -> list[dict[str, Any]]:
+    """Mean per-label F1 in log-spaced bins of training frequency: the binned line of
+    :func:`plot_f1_vs_frequency`, as numbers.
+
+    Args:
+        f1: (L,) per-label F1, or ``{method name: (L,) F1}``.
+        train_frequency: (L,) training examples per label, or the (N, L) training multi-hot matrix.
+        n_bins: number of log-spaced bins between the rarest and the most frequent label seen in training.
+
+    Returns one dict per non-empty bin, rarest first: ``low`` / ``high`` (the bin's edges in training
+    examples; a label with count c is in the bin with low <= c < high, the last bin includes its high),
+    ``n_labels``, and ``mean_f1`` (``{name: mean F1 of the bin's labels}``; name None for a single
+    array). Labels never seen in training are in no bin.
+    """
+    freq, series = _per_label_series(f1, train_frequency)
+    if n_bins < 1:
+        raise ValueError("n_bins must be >= 1.")
+    seen = freq > 0
+    if not seen.any():
+        return []
+    lo, hi = freq[seen].min(), freq[seen].max()
+    edges = np.geomspace(lo, hi * (1 + 1e-9), n_bins + 1) if hi > lo else np.array([lo, lo * (1 + 1e-9)])
+    which = np.clip(np.digitize(freq[seen], edges) - 1, 0, edges.size - 2)
+    n_in_bin = np.bincount(which, minlength=edges.size - 1)
+    means = {name: np.bincount(which, weights=v[seen], minlength=edges.size - 1) for name, v in series.items()}
+    return [
+        {"low": float(edges[b]), "high": float(edges[b + 1]), "n_labels": int(n_in_bin[b]),
+         "mean_f1": {name: float(sums[b] / n_in_bin[b]) for name, sums in means.items()}}
+        for b in range(edges.size - 1) if n_in_bin[b]
+    ]  # fmt: skip
 
 
 def plot_f1_vs_frequency(
@@ -65,54 +120,35 @@ def plot_f1_vs_frequency(
     Labels never seen in training cannot sit on a log axis; they are left out and counted in a note.
     Returns the path written.
     """
-    freq = to_numpy(train_frequency, "train_frequency")
-    if freq.ndim == 2:
-        freq = multi_hot_matrix(freq).sum(axis=0)
-    freq = freq.astype(np.float64).ravel()
-    series = dict(f1) if isinstance(f1, Mapping) else {None: f1}
-    if not series:
-        raise ValueError("f1 is an empty mapping; pass at least one (L,) array of per-label F1.")
-    series = {k: to_numpy(v, "f1").astype(np.float64).ravel() for k, v in series.items()}
-    for name, v in series.items():
-        if v.shape != freq.shape:
-            raise ValueError(
-                f"f1{'' if name is None else f'[{name!r}]'} has {v.size} labels but train_frequency has "
-                f"{freq.size}; both must be per-label arrays of the same length."
-            )
-    if n_bins < 1:
-        raise ValueError("n_bins must be >= 1.")
+    freq, series = _per_label_series(f1, train_frequency)
+    bins = f1_by_frequency_bin(series, freq, n_bins)  # checks n_bins
     seen = freq > 0
     fig = _new_figure(figsize)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
     colors = [f"C{i % 10}" for i in range(len(series))]
-    if seen.any():
-        lo, hi = freq[seen].min(), freq[seen].max()
-        edges = np.geomspace(lo, hi * (1 + 1e-9), n_bins + 1) if hi > lo else np.array([lo, lo * (1 + 1e-9)])
-        which = np.clip(np.digitize(freq[seen], edges) - 1, 0, edges.size - 2)
-        n_in_bin = np.bincount(which, minlength=edges.size - 1)
-        centres = np.sqrt(edges[:-1] * edges[1:])
-        for (name, v), color in zip(series.items(), colors):
-            ax.scatter(
-                freq[seen],
-                v[seen],
-                s=10,
-                alpha=alpha,
-                color=color,
-                edgecolors="none",
-                label=None if name is None else str(name),
-            )
-            sums = np.bincount(which, weights=v[seen], minlength=edges.size - 1)
-            nz = n_in_bin > 0
-            ax.plot(
-                centres[nz],
-                sums[nz] / n_in_bin[nz],
-                "-o",
-                color=color,
-                lw=2,
-                ms=4,
-                label="binned mean" if name is None else f"{name} (binned mean)",
-            )
+    centres = [np.sqrt(b["low"] * b["high"]) for b in bins]
+    for (name, v), color in zip(series.items(), colors):
+        if not bins:
+            break
+        ax.scatter(
+            freq[seen],
+            v[seen],
+            s=10,
+            alpha=alpha,
+            color=color,
+            edgecolors="none",
+            label=None if name is None else str(name),
+        )
+        ax.plot(
+            centres,
+            [b["mean_f1"][name] for b in bins],
+            "-o",
+            color=color,
+            lw=2,
+            ms=4,
+            label="binned mean" if name is None else f"{name} (binned mean)",
+        )
     unseen = int((~seen).sum())
     if unseen:
         ax.text(

@@ -196,3 +196,27 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
     # ranked on seed-1 validation macro-F1 (never on test)
     assert table.endswith("(2 of 8 losses have a row): jaccard 0.500 (logistic probe (ABALONE)), "
                           "mulsupcon + hbl 0.470 (linear probe (SD paper)).")  # fmt: skip
+
+
+def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tables, tmp_path):
+    assert tables.tail_table("reuters21578").startswith("Written once")
+    curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
+    counts = [1, 3, 5, 7, 0, 3]
+
+    def per_label(cell, f1):
+        (tmp_path / "reuters21578" / cell / "seed1" / "per_label_f1.json").write_text(
+            json.dumps({"test_f1": f1, "train_count": counts})
+        )
+
+    _full_run(tmp_path, "bce", "finetune", 1, 0.45, 0.30, tag="lr1e-4", epochs=curve, best=0.3)
+    per_label("bce_finetune-lr1e-4", [0.1, 0.2, 0.3, 0.4, 0.9, 0.6])
+    _full_run(tmp_path, "jaccard", "logistic", 1, 0.50, 0.10)  # best on validation, worse on test
+    per_label("jaccard_logistic", [0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    _full_run(tmp_path, "sd", "linear", 1, 0.40, 0.90)
+    per_label("sd_linear", [1.0] * 6)
+    rows = tables.tail_table("reuters21578").splitlines()
+    assert "jaccard + logistic" in rows[0]  # chosen on validation, not on test
+    # the bins of hf_mlcl.evaluation.f1_by_frequency_bin: 8 log-spaced edges from 1 to 7, 4 bins non-empty
+    assert rows[2:] == ["| 1-1.28 | 1 | 0.10 | 0.50 | +0.40 |", "| 2.65-3.37 | 2 | 0.40 | 0.50 | +0.10 |",
+                        "| 4.3-5.49 | 1 | 0.30 | 0.50 | +0.20 |", "| 5.49-7 | 1 | 0.40 | 0.50 | +0.10 |",
+                        "| 0 (unseen in training, not in the plot) | 1 | | | |"]  # fmt: skip

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 from sklearn.metrics import davies_bouldin_score, silhouette_score
 
-from hf_mlcl.evaluation import embedding_quality, plot_embedding_projection, plot_f1_vs_frequency
+from hf_mlcl.evaluation import (
+    embedding_quality,
+    f1_by_frequency_bin,
+    plot_embedding_projection,
+    plot_f1_vs_frequency,
+)
 from hf_mlcl.evaluation.embedding import label_combinations, top_combination_clusters
 
 COMBOS = [[0], [1, 2], [3], [4, 5], [0, 3], [2]]
@@ -119,6 +124,21 @@ def test_plot_f1_vs_frequency_single_and_overlay(tmp_path):
     _check_png(plot_f1_vs_frequency(f1, train_matrix, tmp_path / "f1_m.png"))
     with pytest.raises(ValueError, match="same length"):
         plot_f1_vs_frequency(f1[:5], freq, tmp_path / "bad.png")
+
+
+def test_f1_by_frequency_bin_gives_the_plots_binned_means():
+    freq = np.array([1, 3, 5, 7, 0, 3])
+    f1 = np.array([0.1, 0.2, 0.3, 0.4, 0.9, 0.6])
+    # edges 1, 7^(1/3), 7^(2/3), 7 (log-spaced, 3 bins): [1, 1.91) {0.1}, [1.91, 3.66) {0.2, 0.6},
+    # [3.66, 7] {0.3, 0.4}; label 4 is unseen in training
+    bins = f1_by_frequency_bin({"BCE": f1, "MSC": 1 - f1}, freq, n_bins=3)
+    assert [(b["n_labels"], round(b["low"], 3)) for b in bins] == [(1, 1.0), (2, 1.913), (2, 3.659)]
+    assert [b["mean_f1"]["BCE"] for b in bins] == pytest.approx([0.1, 0.4, 0.35])
+    assert [b["mean_f1"]["MSC"] for b in bins] == pytest.approx([0.9, 0.6, 0.65])
+    assert f1_by_frequency_bin(f1, freq, n_bins=8)[0]["mean_f1"] == {None: pytest.approx(0.1)}
+    assert f1_by_frequency_bin(f1, np.zeros(6)) == []
+    with pytest.raises(ValueError, match="n_bins"):
+        f1_by_frequency_bin(f1, freq, n_bins=0)
 
 
 @pytest.mark.parametrize("method", ["pca", "tsne"])
