@@ -387,6 +387,11 @@ def full_f1_plot(study: str) -> str | None:
     return out
 
 
+def _edge(v: float) -> str:
+    """A bin edge in training documents: three significant digits, no exponent."""
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
 def tail_table(study: str) -> str:
     """The plot's binned means as a table: mean per-label test F1 of BCE and of the best contrastive cell in
     each log-spaced bin of training frequency (seed 1)."""
@@ -401,7 +406,7 @@ def tail_table(study: str) -> str:
     rows = [f"| training documents per label (bin) | labels | BCE fine-tuning | {label} | difference |", "|---|---|---|---|---|"]
     for x in bins:
         bce, best = x["mean_f1"]["bce"], x["mean_f1"]["best"]
-        rows.append(f"| {x['low']:.3g}-{x['high']:.3g} | {x['n_labels']} | {bce:.2f} | {best:.2f} | {best - bce:+.2f} |")
+        rows.append(f"| {_edge(x['low'])}-{_edge(x['high'])} | {x['n_labels']} | {bce:.2f} | {best:.2f} | {best - bce:+.2f} |")
     unseen = int(sum(c == 0 for c in a["train_count"]))
     if unseen:
         rows.append(f"| 0 (unseen in training, not in the plot) | {unseen} | | | |")
