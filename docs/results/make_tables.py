@@ -229,6 +229,14 @@ def _best_epoch(runs: list[dict]) -> str:
     return ", ".join(out) or "—"
 
 
+def _full_runs(plain, tagged, lr: str | None, loss: str, probe: str) -> list[dict]:
+    """The runs of one full-study row (``plain`` / ``tagged``: :func:`load` of the study): the probes' cells,
+    or the fine-tune at ``lr``, the learning rate BCE chose (:func:`chosen_lr`)."""
+    if probe != "finetune":
+        return plain.get((loss, probe), [])
+    return _lr_runs(tagged, loss).get(lr, []) if lr else []
+
+
 def full_table(study: str) -> str:
     """Every planned row of a full-data study; rows without a metrics.json say "not yet run"."""
     plain, tagged = load(study), load(study, tagged=True)
@@ -240,15 +248,15 @@ def full_table(study: str) -> str:
         for probe in (("finetune",) if loss == "bce" else ("logistic", "linear", "finetune")):
             if loss == "pretrained" and probe == "finetune":
                 continue  # that is the BCE row
+            runs = _full_runs(plain, tagged, lr, loss, probe)
             if probe == "finetune":
-                runs = _lr_runs(tagged, loss).get(lr, []) if lr else []
                 label = "fine-tune"
                 if lr:
                     done, planned = len(_lr_runs(tagged, "bce")), 1 + len(lr_grid.FIRST)
                     label = (f"fine-tune, lr {lr} (chosen on validation)" if done >= planned
                              else f"fine-tune, lr {lr} (best on validation of {done} of {planned} learning rates so far)")  # fmt: skip
             else:
-                runs, label = plain.get((loss, probe), []), FULL_PROBES[probe]
+                label = FULL_PROBES[probe]
             name = NAMES.get(loss, loss) if loss != "bce" else "none (BCE fine-tuning baseline)"
             if loss == "pretrained":
                 name = "none: pretrained MiniLM, frozen"
@@ -268,15 +276,6 @@ def full_table(study: str) -> str:
                 f"| {','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} |"
             )
     return "\n".join(rows)
-
-
-
-def _full_runs(study: str, loss: str, probe: str) -> list[dict]:
-    """The runs of one full-study row: the probes' cells, or the fine-tune at the chosen BCE learning rate."""
-    if probe != "finetune":
-        return load(study).get((loss, probe), [])
-    lr = chosen_lr(study)
-    return _lr_runs(load(study, tagged=True), loss).get(lr, []) if lr else []
 
 
 def _delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str] | None:
@@ -299,19 +298,19 @@ def comparison_table(study: str) -> str:
     the probes, against the frozen pretrained MiniLM with the same probe: mean test differences (positive:
     the contrastive row is better), with the seed-spread verdict of :func:`_delta` on macro-F1 vs BCE; then
     the losses ranked by their best validation macro-F1 (seed 1), which picks the losses that get 3 seeds."""
-    bce = _full_runs(study, "bce", "finetune")
+    plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
+    bce = _full_runs(plain, tagged, lr, "bce", "finetune")
     rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
             "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
     best: dict[str, tuple[float, str]] = {}
     for loss in CONTRASTIVE:
         for probe in ("logistic", "linear", "finetune"):
-            runs = _full_runs(study, loss, probe)
+            runs = _full_runs(plain, tagged, lr, loss, probe)
             if not runs:
                 continue
             macro, micro = _delta(runs, bce, "test_macro_f1"), _delta(runs, bce, "test_micro_f1")
-            frozen = None if probe == "finetune" else _delta(runs, load(study).get(("pretrained", probe), []),
-                                                             "test_macro_f1")  # fmt: skip
+            frozen = None if probe == "finetune" else _delta(runs, plain.get(("pretrained", probe), []), "test_macro_f1")
             rows.append(
                 f"| {NAMES.get(loss, loss)} | {FULL_PROBES[probe]} | {_metric(runs, 'validation_macro_f1')} "
                 f"| {f'{macro[0]:+.3f}' if macro else '—'} | {f'{micro[0]:+.3f}' if micro else '—'} "
@@ -329,6 +328,7 @@ def comparison_table(study: str) -> str:
     return "\n".join(rows) + (
         f"\n\nLosses by their best validation macro-F1, seed 1 ({done} of {len(CONTRASTIVE)} losses have a row): {ranking}."
     )
+
 
 def lr_table(study: str) -> str:
     """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown. The

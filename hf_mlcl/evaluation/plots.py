@@ -77,7 +77,11 @@ def f1_by_frequency_bin(
     ``n_labels``, and ``mean_f1`` (``{name: mean F1 of the bin's labels}``; name None for a single
     array). Labels never seen in training are in no bin.
     """
-    freq, series = _per_label_series(f1, train_frequency)
+    return _binned_means(*_per_label_series(f1, train_frequency), n_bins)
+
+
+def _binned_means(freq: np.ndarray, series: dict[Any, np.ndarray], n_bins: int) -> list[dict[str, Any]]:
+    """:func:`f1_by_frequency_bin` on inputs already checked by :func:`_per_label_series`."""
     if n_bins < 1:
         raise ValueError("n_bins must be >= 1.")
     seen = freq > 0
@@ -121,16 +125,14 @@ def plot_f1_vs_frequency(
     Returns the path written.
     """
     freq, series = _per_label_series(f1, train_frequency)
-    bins = f1_by_frequency_bin(series, freq, n_bins)  # checks n_bins
+    bins = _binned_means(freq, series, n_bins)  # empty when no label was seen in training
     seen = freq > 0
     fig = _new_figure(figsize)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
     colors = [f"C{i % 10}" for i in range(len(series))]
     centres = [np.sqrt(b["low"] * b["high"]) for b in bins]
-    for (name, v), color in zip(series.items(), colors):
-        if not bins:
-            break
+    for (name, v), color in zip(series.items() if bins else (), colors):
         ax.scatter(
             freq[seen],
             v[seen],

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hf_mlcl.losses.relations import nonzero_pairs
+
 __all__ = [
     "is_distributed",
     "world_size",
@@ -60,8 +62,6 @@ def to_dense_bool(labels: torch.Tensor) -> torch.Tensor:
 
 def to_sparse_bool(labels: torch.Tensor) -> torch.Tensor:
     """A multi-hot (N, L) matrix (dense, or torch sparse COO/CSR) as a coalesced sparse COO bool tensor."""
-    from hf_mlcl.losses.relations import nonzero_pairs
-
     rows, cols = nonzero_pairs(labels)
     return torch.sparse_coo_tensor(
         torch.stack([rows, cols]),
