@@ -26,7 +26,9 @@ Stage-1 encoders are reused by later probes of the same (dataset, loss, seed); a
 ``metrics.json`` already exists is skipped unless ``--force`` is given. Trained stages whose recipe
 evaluates during training (eval_strategy != "no") stop early on the recipe's metric_for_best_model
 (``--patience`` evaluations without improvement) and keep the best checkpoint; a stage that left a
-``checkpoint-*`` behind (a killed session) resumes from it. Per-epoch wall times and the validation
+``checkpoint-*`` behind (a killed session) resumes from it. The frozen probes share one feature store per
+dataset (``$MLCL_RUNS/<dataset>/features``, ``ProbingTrainingArguments.feature_cache_dir``): the linear probe
+of an encoder loads the features its logistic probe saved instead of running the encoder again. Per-epoch wall times and the validation
 curve go to ``timeline.jsonl`` next to the checkpoints and into the cell's ``metrics.json``.
 """
 
@@ -232,6 +234,8 @@ def run_cell(
     m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=probe_dir)
     if loss == "bce":
         p_args.loss = "bce"
+    if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
+        p_args.feature_cache_dir = os.path.join(RUNS, dataset, "features")
     if probe != "logistic" and _has_checkpoint(probe_dir):
         p_args.resume_from_checkpoint = True
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)

@@ -43,7 +43,9 @@ fcell() {
 # 1e-4 is the better, else 2e-5; docs/results/lr_grid.py). It replaced a fixed third point of 2e-5 in session 5,
 # when Reuters at 5e-5 ended its 5 epochs still improving: a grid must be able to grow past its better edge.
 LRS="5e-5 1e-4 extend"
-# linear probe: the encoder is frozen and encoded once (cache_features), so its epochs cost seconds:
+# linear probe: the encoder is frozen and encoded once (cache_features; run.py keeps the features of both
+# probes in $MLCL_RUNS/<study>/features, so the linear probe loads what the logistic one encoded), so its
+# epochs cost seconds:
 # up to 50 epochs at the recipe's lr 1e-2, early stopping after 5 evaluations without improvement
 LINEAR="--probe.num_train_epochs 50 --patience 5"
 base_cells() {  # frozen pretrained MiniLM (both probes), then BCE fine-tuning at each learning rate

@@ -324,10 +324,19 @@ class ProbingTrainingArguments(TrainingArguments):
     cache_features: bool | None = field(
         default=None,
         metadata={
-            "help": "probe='linear': encode every train / eval text once with the frozen encoder and train the "
+            "help": "probe='linear' / 'logistic': encode every train / eval text once with the frozen encoder and train the "
             "head on the cached pooled features (the encoder's outputs never change). None (default): cache "
             "where possible, else train on the texts with an info message; True: cache or stop with an error "
-            "naming why not (label_attention head, FSDP / DeepSpeed, group_by_length ...); False: off."
+            "naming why not (label_attention head, FSDP / DeepSpeed, group_by_length ...); False: off. "
+            "probe='logistic' fits on the same cached features."
+        },
+    )
+    feature_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "probe='linear' / 'logistic' with cached features: also save each split's features in this "
+            "folder and load them in later runs whose encoder weights, pooling, precision, token ids and labels "
+            "are the same (e.g. both probes of one stage-1 encoder). Keyed by a hash of those, never by a path."
         },
     )
     overwrite_output_dir: bool = field(
@@ -348,6 +357,17 @@ class ProbingTrainingArguments(TrainingArguments):
                 "cache_features=True needs a frozen encoder: probe='finetune' trains it, so its features change "
                 "every step; use probe='linear' or leave cache_features unset"
             )
+        if self.feature_cache_dir is not None:
+            if self.probe == "finetune":
+                raise ValueError(
+                    "feature_cache_dir stores a frozen encoder's features: probe='finetune' trains the encoder; "
+                    "use probe='linear' / 'logistic' or leave feature_cache_dir unset"
+                )
+            if self.cache_features is False:
+                raise ValueError(
+                    "feature_cache_dir saves the cached features, but cache_features=False turns them off: "
+                    "leave cache_features unset (or true), or leave feature_cache_dir unset"
+                )
         if str(self.threshold) not in THRESHOLDS:
             try:
                 value = float(self.threshold)

@@ -55,6 +55,12 @@ class PooledFeatureDataset(torch.utils.data.Dataset):
         indptr = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
         return cls(torch.cat(feats), indptr, np.concatenate(indices))
 
+    def multi_hot(self, num_labels: int) -> np.ndarray:
+        """The rows' labels as an (N, num_labels) bool matrix."""
+        out = np.zeros((len(self), num_labels), dtype=bool)
+        out[np.repeat(np.arange(len(self)), np.diff(self.indptr)), self.indices] = True
+        return out
+
     def __len__(self) -> int:
         return int(self.features.shape[0])
 

@@ -50,6 +50,7 @@ from ._common import (
 from .arguments import ProbingTrainingArguments
 from .checkpoints import CompleteCheckpointsMixin
 from .feature_cache import PooledFeatureCollator, PooledFeatureDataset
+from .feature_store import FeatureStore
 
 logger = logging.getLogger(__name__)
 
@@ -134,13 +135,16 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
     :meth:`tune_threshold` ran); :meth:`tune_threshold` and :meth:`split_metrics` implement the
     validation-tuned test protocol; :meth:`fit_logistic` is the ``logistic`` probe.
 
-    With ``probe="linear"`` and ``args.cache_features`` not False, ``self.cache_features`` is True when
-    the run allows it (linear head; no FSDP / DeepSpeed; no length-grouped sampling; no token counting):
-    the train / eval / test dataloaders then batch :meth:`cached_features` (the frozen encoder's pooled
-    features, computed once per dataset and process; under DDP every process holds all rows and
-    Trainer's dataloader shards them like the texts) and the model runs ``forward(pooled_features=...)``.
-    ``cache_features=True`` that cannot apply is a ValueError here; left unset, the run falls back to the
-    texts with an info message.
+    With ``probe="linear"`` or ``"logistic"`` and ``args.cache_features`` not False, ``self.cache_features``
+    is True when the run allows it (linear head; no FSDP / DeepSpeed; no length-grouped sampling; no token
+    counting): the train / eval / test dataloaders then batch :meth:`cached_features` (the frozen encoder's
+    pooled features, computed once per dataset and process; under DDP every process holds all rows and
+    Trainer's dataloader shards them like the texts), the model runs ``forward(pooled_features=...)`` and
+    the logistic probe fits on the same features. ``cache_features=True`` that cannot apply is a
+    ValueError here; left unset, the run falls back to the texts with an info message. With
+    ``args.feature_cache_dir`` the cached features are also saved to / loaded from that folder
+    (:class:`~hf_mlcl.training.feature_store.FeatureStore`), so a later probe of the same encoder on the
+    same tokenised data runs no encoder pass at all.
     """
 
     loss_is_scaled_for_ga = False
@@ -225,19 +229,23 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
 
         self._feature_collator = PooledFeatureCollator(labels_to_tensor)
         self.cache_features = False
-        if args.probe == "linear" and args.cache_features is not False:
+        self._feature_store: FeatureStore | None = None
+        if args.probe in ("linear", "logistic") and args.cache_features is not False:
             why = self._feature_cache_blocker()
             if why is None:
                 self.cache_features = True
-            elif args.cache_features:
+            elif args.cache_features or args.feature_cache_dir is not None:
+                asked = "cache_features=True" if args.cache_features else "feature_cache_dir"
                 raise ValueError(
-                    f"cache_features=True cannot apply here: {why}; leave cache_features unset (the probe then "
-                    "encodes the texts every epoch) or set it to false"
+                    f"{asked} cannot apply here: {why}; leave cache_features and feature_cache_dir unset (the "
+                    "probe then encodes the texts every epoch) or set cache_features to false"
                 )
             else:
                 logger.info(
-                    f"linear probe without cached features (the texts are encoded every epoch): {why}"
+                    f"{args.probe} probe without cached features (the texts are encoded as they are read): {why}"
                 )
+        if self.cache_features and args.feature_cache_dir is not None:
+            self._feature_store = FeatureStore(args.feature_cache_dir)
 
     # ------------------------------------------------------------------ loss
     def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
@@ -336,8 +344,12 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
                 bar.close()
             model.train(was_training)
 
-    def pooled_features(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Frozen pooled representations (the head's input) and multi-hot labels of a whole dataset."""
+    def pooled_features(self, dataset: Any, name: str = "dataset") -> tuple[np.ndarray, np.ndarray]:
+        """Frozen pooled representations (the head's input) and multi-hot labels of a whole dataset: the
+        :meth:`cached_features` when this trainer caches, else one encoder pass."""
+        cached = self.cached_features(dataset, name)
+        if cached is not None:
+            return cached.features.numpy(), cached.multi_hot(self.num_labels)
         feats, labels = [], []
         for pooled, y in self._pooled_batches(dataset):
             feats.append(pooled.numpy())
@@ -387,16 +399,51 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         entry = self._feature_cache.get(id(dataset))
         if entry is not None and entry[0] is dataset and entry[1] is backbone:
             return entry[2]
-        start = time.perf_counter()
-        features = PooledFeatureDataset.from_batches(
-            self._pooled_batches(dataset, f"Encoding {name} features")
-        )
-        logger.info(
-            f"linear probe: cached the frozen features of {len(features)} {name} rows "
-            f"in {time.perf_counter() - start:.1f} s"
-        )
+        features = self._encoded_or_stored(dataset, name)
         self._feature_cache[id(dataset)] = (dataset, backbone, features)
         return features
+
+    def _encoded_or_stored(self, dataset: Any, name: str) -> PooledFeatureDataset:
+        """One encoder pass over ``dataset``, or, with ``feature_cache_dir``, the features a run with the same
+        encoder and tokenised rows saved there (:class:`~hf_mlcl.training.feature_store.FeatureStore`)."""
+        start = time.perf_counter()
+        store, key = self._feature_store, None
+        if store is not None:
+            key, rows = self._feature_key(dataset)
+            stored = store.load(key, rows)
+            # every process must take the same branch: the encoder pass gathers across processes
+            if self._on_every_process(stored is not None):
+                logger.info(f"{self.args.probe} probe: loaded the {name} features from {store.path(key)}")
+                return stored
+        features = PooledFeatureDataset.from_batches(self._pooled_batches(dataset, f"Encoding {name} features"))
+        logger.info(
+            f"{self.args.probe} probe: cached the frozen features of {len(features)} {name} rows "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
+        if store is not None and self.is_local_process_zero():
+            logger.info(f"{self.args.probe} probe: saved the {name} features to {store.save(key, features)}")
+        return features
+
+    def _feature_key(self, dataset: Any) -> tuple[str, int]:
+        """:meth:`FeatureStore.key` of ``dataset`` as this trainer would encode it: the collator over the rows in
+        order (not sharded across processes, so every process and world size gets the same key)."""
+        model = self.accelerator.unwrap_model(self.model)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False, collate_fn=self.data_collator
+        )
+        settings = {"pooling": model.config.pooling, "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16)}
+
+        def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
+            return labels_to_dense_float(self._split(batch)[1]).nonzero()
+
+        return FeatureStore.key(model.backbone, loader, settings, label_pairs)
+
+    def _on_every_process(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every process (``flag`` itself with one process)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        flags = self.accelerator.gather(torch.tensor([int(flag)], device=self.args.device))
+        return bool(flags.min().item())
 
     @contextmanager
     def _serving_features(self, train: PooledFeatureDataset | None = None) -> Iterator[None]:
@@ -454,11 +501,11 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         model = self.accelerator.unwrap_model(self.model)
         if getattr(model.config, "head", "linear") != "linear":
             raise ValueError("the logistic probe needs head='linear'")
-        x_tr, y_tr = self.pooled_features(self.train_dataset)
+        x_tr, y_tr = self.pooled_features(self.train_dataset, "train")
         x_va = y_va = None
         self.logistic_validation_scores = None  # never left over from an earlier fit
         if validation_dataset is not None:
-            x_va, y_va = self.pooled_features(validation_dataset)
+            x_va, y_va = self.pooled_features(validation_dataset, "validation")
         w, b, chosen = fit_logistic_probe(
             x_tr,
             y_tr,

@@ -2,7 +2,8 @@
 
 Trains the linear probe saved in ``<root>/init`` with and without cached features (sequential batches
 of ``per_device`` rows per process) and saves, per process, the trained head, the pooled-feature rows
-each training batch held (cached run), the evaluation metrics and the test scores.
+each training batch held (cached run), the evaluation metrics, the test scores and the rows the encoder
+ran on; then twice more with a ``feature_cache_dir`` (the first run writes it, the second reads it).
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ class RecordingTrainer(ProbingTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
-def run(root: str, cache: bool, per_device: int) -> dict:
+def run(root: str, cache: bool, per_device: int, store: str | None = None, name: str = "") -> dict:
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "tok"))
     model = MLCLForMultiLabelClassification.from_pretrained(os.path.join(root, "init"))
-    args = probe_args(os.path.join(root, f"run-{cache}-{D.world_size()}"), cache_features=cache,
+    encoded = []
+    model.backbone.register_forward_hook(lambda m, a, kw, out: encoded.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    args = probe_args(os.path.join(root, f"run-{cache}-{D.world_size()}{name}"), cache_features=cache,
+                      feature_cache_dir=store,
                       per_device_train_batch_size=per_device, per_device_eval_batch_size=8, max_steps=3,
                       learning_rate=5e-2, train_sampling_strategy="sequential", eval_strategy="steps", eval_steps=3)  # fmt: skip
     tr = RecordingTrainer(model=model, args=args, train_dataset=tiny_split(N_TRAIN), eval_dataset=tiny_split(N_EVAL, 1),
@@ -52,7 +56,7 @@ def run(root: str, cache: bool, per_device: int) -> dict:
         for k, v in tr.accelerator.unwrap_model(tr.model).classifier.state_dict().items()
     }
     return {"head": head, "seen": tr.seen, "eval": evals[-1], "scores": scores, "truth": truth,
-            "cached": tr.cache_features, "world": D.world_size()}  # fmt: skip
+            "cached": tr.cache_features, "world": D.world_size(), "encoded_rows": sum(encoded)}  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -60,4 +64,8 @@ if __name__ == "__main__":
     for cache in (True, False):
         res = run(root, cache, per_device=4)
         torch.save(res, os.path.join(root, f"cache-{cache}-rank{os.environ.get('RANK', '0')}.pt"))
+    # features on disk: the first run encodes and saves them (process 0 writes), the second loads them
+    for name in ("write", "read"):
+        res = run(root, True, per_device=4, store=os.path.join(root, "features"), name=name)
+        torch.save(res, os.path.join(root, f"store-{name}-rank{os.environ.get('RANK', '0')}.pt"))
     D.shutdown()  # see _ddp_worker.py: leave with the gloo group shut down

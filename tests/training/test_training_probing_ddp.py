@@ -1,6 +1,7 @@
 """Cached linear probe under two processes (torchrun, gloo on CPU): every process trains on its own shard
 of the cached features (no row twice, none missing), and the head equals the one-process head on the
-concatenated batches and the two-process head trained on the texts (no duplicated gradient)."""
+concatenated batches and the two-process head trained on the texts (no duplicated gradient); features
+saved to a feature_cache_dir by two processes are read back by two processes and by one."""
 
 from __future__ import annotations
 
@@ -58,3 +59,17 @@ def test_two_process_cached_probe_shards_rows_and_matches_one_process(tmp_path):
             assert got["eval"]["eval_loss"] == pytest.approx(two[(False, 0)]["eval"]["eval_loss"], rel=1e-5)
             np.testing.assert_allclose(got["scores"], one["scores"], rtol=1e-5, atol=1e-6)
             assert np.array_equal(got["truth"], one["truth"])
+    # features on disk: two processes write one file per split, then read every split back; a one-process
+    # run finds the same keys (the key does not depend on the sharding) and trains the same head
+    store = tmp_path / "features"
+    assert len(os.listdir(store)) == 3
+    for r in (0, 1):
+        written = torch.load(tmp_path / f"store-write-rank{r}.pt", weights_only=False)
+        read = torch.load(tmp_path / f"store-read-rank{r}.pt", weights_only=False)
+        assert written["encoded_rows"] > 0 and read["encoded_rows"] == 0
+        for key, value in one["head"].items():
+            torch.testing.assert_close(read["head"][key], value, rtol=1e-5, atol=1e-6)
+    solo = run(str(tmp_path), True, per_device=8, store=str(store), name="solo")
+    assert solo["encoded_rows"] == 0 and len(os.listdir(store)) == 3
+    for key, value in one["head"].items():
+        torch.testing.assert_close(solo["head"][key], value, rtol=1e-5, atol=1e-6)
