@@ -25,6 +25,7 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loss_choice  # noqa: E402  (docs/results/loss_choice.py: the losses that get GoEmotions runs and seeds)
 import lr_grid  # noqa: E402  (docs/results/lr_grid.py: the BCE learning-rate grid)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -297,13 +298,13 @@ def comparison_table(study: str) -> str:
     """Every finished contrastive row of a full study against the BCE baseline (chosen learning rate) and, for
     the probes, against the frozen pretrained MiniLM with the same probe: mean test differences (positive:
     the contrastive row is better), with the seed-spread verdict of :func:`_delta` on macro-F1 vs BCE; then
-    the losses ranked by their best validation macro-F1 (seed 1), which picks the losses that get 3 seeds."""
+    the losses ranked by the rule of ``loss_choice.py`` (best seed-1 validation macro-F1 of a frozen probe),
+    which picks the losses that run on GoEmotions and get 3 seeds."""
     plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
     bce = _full_runs(plain, tagged, lr, "bce", "finetune")
     rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
             "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |",
             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    best: dict[str, tuple[float, str]] = {}
     for loss in CONTRASTIVE:
         for probe in ("logistic", "linear", "finetune"):
             runs = _full_runs(plain, tagged, lr, loss, probe)
@@ -317,16 +318,13 @@ def comparison_table(study: str) -> str:
                 f"| {macro[1] if macro else 'no BCE baseline yet'} "
                 f"| {f'{frozen[0]:+.3f}' if frozen else '—'} |"
             )
-            seed1 = [float(r["metrics"]["validation_macro_f1"]) for r in runs if r["seed"] == 1]
-            if seed1 and (loss not in best or seed1[0] > best[loss][0]):
-                best[loss] = (seed1[0], FULL_PROBES[probe])
     if len(rows) == 2:
         return "No contrastive row has finished yet."
-    ranked = sorted(best.items(), key=lambda kv: -kv[1][0])
-    ranking = ", ".join(f"{NAMES.get(loss, loss)} {v:.3f} ({probe})" for loss, (v, probe) in ranked)
-    done = len(best)
+    ranked = loss_choice.ranked(study, HERE)
+    ranking = ", ".join(f"{NAMES.get(loss, loss)} {v:.3f} ({FULL_PROBES[probe]})" for loss, v, probe in ranked)
     return "\n".join(rows) + (
-        f"\n\nLosses by their best validation macro-F1, seed 1 ({done} of {len(CONTRASTIVE)} losses have a row): {ranking}."
+        f"\n\nLosses by their best validation macro-F1 of a frozen probe, seed 1 (`loss_choice.py`; "
+        f"{len(ranked)} of {len(loss_choice.LOSSES)} losses have a probe row): {ranking or '—'}."
     )
 
 

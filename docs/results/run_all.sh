@@ -14,8 +14,11 @@
 #   bash docs/results/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / a third on validation
 #   bash docs/results/run_all.sh full-goemotions-base  # GoEmotions: the same
 #   bash docs/results/run_all.sh full-reuters-losses   # Reuters: every loss -> logistic, linear; then each fine-tune
-#   bash docs/results/run_all.sh full-goemotions-losses "jaccard hbl"  # the best losses on GoEmotions
-#   bash docs/results/run_all.sh full-seeds reuters21578 "jaccard hbl" # seeds 2-3: BCE + the named losses
+#   bash docs/results/run_all.sh full-goemotions-losses ["jaccard hbl"]  # the two best losses on GoEmotions
+#   bash docs/results/run_all.sh full-seeds reuters21578 ["jaccard hbl"] # seeds 2-3: BCE + the two best losses
+#     (without a list, docs/results/loss_choice.py names the two best on Reuters validation: frozen probes, seed 1)
+#   bash docs/results/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): every
+#   bash docs/results/run_all.sh full-goemotions  # Reuters cell, resp. every GoEmotions cell, seeds included
 # Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
@@ -54,15 +57,34 @@ base_cells() {  # frozen pretrained MiniLM (both probes), then BCE fine-tuning a
   fcell "$study" --loss pretrained --probe linear --seed 1 $LINEAR
   for LR in $LRS; do fcell "$study" --loss bce --probe finetune --lr "$LR" --seed 1 --patience "$pat"; done
 }
-loss_cells() {  # stage 1 with each loss and both probes on it (minutes each), then a fine-tune from each
-  # stage-1 encoder at the BCE learning rate (1-2 h each on Reuters): every loss gets its probe rows
-  # before the first long fine-tune starts
-  local study=$1 pat=$2 seed=$3; shift 3
+probe_cells() {  # stage 1 with each loss and both frozen probes on it (minutes each)
+  local study=$1 seed=$2; shift 2
   for L in "$@"; do
     fcell "$study" --loss "$L" --probe logistic --seed "$seed"
     fcell "$study" --loss "$L" --probe linear --seed "$seed" $LINEAR
   done
+}
+finetune_cells() {  # a fine-tune from each loss's stage-1 encoder at the BCE learning rate (1-2 h each on Reuters)
+  local study=$1 pat=$2 seed=$3; shift 3
   for L in "$@"; do fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"; done
+}
+loss_cells() {  # every loss gets its probe rows before the first long fine-tune starts
+  probe_cells "$1" "$3" "${@:4}"
+  finetune_cells "$@"
+}
+# the two losses that run on GoEmotions and get seeds 2-3: named, or chosen by docs/results/loss_choice.py
+# (best seed-1 validation macro-F1 of a frozen probe on Reuters, once every loss has one)
+pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY docs/results/loss_choice.py reuters21578 2; fi; }
+seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes first (minutes each), then the
+  # BCE baseline at its chosen learning rate, then the losses' fine-tunes (hours each)
+  local study=$1 pat=$2; shift 2
+  for S in 2 3; do
+    fcell "$study" --loss pretrained --probe logistic --seed "$S"
+    fcell "$study" --loss pretrained --probe linear --seed "$S" $LINEAR
+    probe_cells "$study" "$S" "$@"
+  done
+  for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat"; done
+  for S in 2 3; do finetune_cells "$study" "$pat" "$S" "$@"; done
 }
 
 case "${1:-}" in
@@ -105,19 +127,32 @@ aapd-budget)  # AAPD fine-tuning with 10 epochs (320 steps): BCE and the best lo
 full-reuters-base) base_cells reuters21578 2 ;;
 full-goemotions-base) base_cells goemotions_full 3 ;;
 full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
-full-goemotions-losses) loss_cells goemotions_full 3 1 ${2:?"name the losses, e.g. \"jaccard hbl\""} ;;
-full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the named losses (the two best on validation)
+full-goemotions-losses) L2=$(pick "${2:-}") || exit 1; loss_cells goemotions_full 3 1 $L2 ;;
+full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (named, or by loss_choice.py)
   study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
-  for S in 2 3; do
-    fcell "$study" --loss pretrained --probe logistic --seed "$S"
-    fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat"
-    loss_cells "$study" "$pat" "$S" ${3:?"name the two best losses, e.g. \"jaccard hbl\""}
-  done
+  L2=$(pick "${3:-}") || exit 1
+  seed_cells "$study" "$pat" $L2
   ;;
-full)     # the issue's order: BCE + frozen probes on both datasets, every loss on Reuters
+full-reuters)     # one queue's whole Reuters share: every loss (probes, then fine-tunes), then seeds 2-3
+  loss_cells reuters21578 2 1 $LOSSES
+  L2=$(pick "") || exit 1
+  seed_cells reuters21578 2 $L2
+  ;;
+full-goemotions)  # the other queue's GoEmotions share: base rows, the two best losses, then seeds 2-3
+  base_cells goemotions_full 3
+  L2=$(pick "") || exit 1
+  loss_cells goemotions_full 3 1 $L2
+  seed_cells goemotions_full 3 $L2
+  ;;
+full)     # the issue's order: BCE + frozen probes on both datasets, every loss on Reuters, the two best
+  # losses on GoEmotions, then seeds 2-3 (one queue; full-reuters + full-goemotions split it in two)
   base_cells reuters21578 2
   base_cells goemotions_full 3
   loss_cells reuters21578 2 1 $LOSSES
+  L2=$(pick "") || exit 1
+  loss_cells goemotions_full 3 1 $L2
+  seed_cells reuters21578 2 $L2
+  seed_cells goemotions_full 3 $L2
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds" ; exit 2 ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds" ; exit 2 ;;
 esac

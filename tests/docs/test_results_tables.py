@@ -193,9 +193,71 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
     assert "| 0.490 ± 0.014 (n=2) | +0.100 | +0.000 | yes: 0.100 > 0.028 | +0.160 |" in jac
     hbl = next(line for line in table.splitlines() if line.startswith("| mulsupcon + hbl | linear"))
     assert "| -0.010 | +0.000 | undecided: seeds 1 vs 2 | — |" in hbl  # no frozen linear-probe row yet
-    # ranked on seed-1 validation macro-F1 (never on test)
-    assert table.endswith("(2 of 8 losses have a row): jaccard 0.500 (logistic probe (ABALONE)), "
-                          "mulsupcon + hbl 0.470 (linear probe (SD paper)).")  # fmt: skip
+    # ranked on the frozen probes' seed-1 validation macro-F1 (never on test), as loss_choice.py ranks them
+    assert table.endswith("(`loss_choice.py`; 2 of 8 losses have a probe row): jaccard 0.500 (logistic probe "
+                          "(ABALONE)), mulsupcon + hbl 0.470 (linear probe (SD paper)).")  # fmt: skip
+
+
+def _loss_choice():
+    spec = importlib.util.spec_from_file_location("loss_choice", os.path.join(ROOT, "docs", "results", "loss_choice.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _probe_rows(root, scores: dict[str, float]) -> None:
+    """A seed-1 logistic probe row per loss with the given validation macro-F1 (test inverted)."""
+    for loss, val in scores.items():
+        _full_run(root, loss, "logistic", 1, val, 1.0 - val)
+
+
+SCORES = {"all": 0.41, "any": 0.47, "mulsupcon": 0.43, "sd": 0.40, "jaccard": 0.39, "msc": 0.30, "ws_mulsupcon": 0.44}
+
+
+def test_loss_choice_ranks_frozen_probes_on_validation_once_every_loss_has_one(tmp_path):
+    choice = _loss_choice()
+    results = str(tmp_path)
+    _probe_rows(tmp_path, SCORES)
+    with pytest.raises(ValueError, match="no seed-1 logistic / linear probe row yet for hbl"):
+        choice.best_losses("reuters21578", 2, results)
+    _full_run(tmp_path, "hbl", "logistic", 1, 0.42, 0.9)
+    _full_run(tmp_path, "hbl", "linear", 1, 0.46, 0.2)  # a loss counts with its better probe
+    _full_run(tmp_path, "msc", "finetune", 1, 0.99, 0.99, tag="lr2e-4")  # fine-tunes do not count
+    _full_run(tmp_path, "jaccard", "linear", 2, 0.99, 0.99)  # nor do other seeds
+    assert choice.best_losses("reuters21578", 2, results) == ["any", "hbl"]
+    assert choice.best_losses("reuters21578", 3, results) == ["any", "hbl", "ws_mulsupcon"]
+    assert choice.ranked("reuters21578", results)[1] == ("hbl", 0.46, "linear")
+
+
+def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
+    """run_all.sh full-seeds without names: loss_choice.py names the losses, then seeds 2-3 run probes, BCE, fine-tunes."""
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"  # records the runner's cells, runs everything else (loss_choice.py) for real
+    fake.write_text(f'#!/bin/sh\ncase "$1" in *run.py) echo "$@" >> {calls}; echo "RESULT $*";; '
+                    f'*) exec {sys.executable} "$@";; esac\n')  # fmt: skip
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
+    script = os.path.join(ROOT, "docs", "results", "run_all.sh")
+    _probe_rows(tmp_path, SCORES)  # hbl has no probe row yet: nothing may run
+    proc = subprocess.run(["bash", script, "full-seeds", "reuters21578"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 1 and "no seed-1 logistic / linear probe row yet for hbl" in proc.stderr
+    assert not calls.exists()
+    _full_run(tmp_path, "hbl", "logistic", 1, 0.45, 0.5)
+    proc = subprocess.run(["bash", script, "full-seeds", "reuters21578"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    cells = [" ".join(line.split()[3:]) for line in calls.read_text().splitlines()]  # after "run.py cell <study>"
+    lin = "--probe.num_train_epochs 50 --patience 5"
+    expected = []
+    for s in (2, 3):
+        expected += [f"--loss pretrained --probe logistic --seed {s}", f"--loss pretrained --probe linear --seed {s} {lin}"]
+        for loss in ("any", "hbl"):
+            expected += [f"--loss {loss} --probe logistic --seed {s}", f"--loss {loss} --probe linear --seed {s} {lin}"]
+    expected += [f"--loss bce --probe finetune --lr best --seed {s} --patience 2" for s in (2, 3)]
+    expected += [f"--loss {loss} --probe finetune --lr best --seed {s} --patience 2" for s in (2, 3) for loss in ("any", "hbl")]
+    assert cells == expected
 
 
 def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tables, tmp_path):
