@@ -182,7 +182,7 @@ def run_cell(
             raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
         lr = {"best": best_bce_lr, "extend": extended_bce_lr}.get(lr, lambda _: lr)(dataset)
         float(lr)  # a number, or a clear error before any work
-        tag = tag or f"lr{lr}"
+        tag = f"lr{lr}" if tag is None else f"{tag}-lr{lr}"  # e.g. finetune-long-lr2e-4: never read as an lr
         extra = [*extra, "--probe.learning_rate", lr]
     minilm = find_minilm()
     run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
@@ -330,8 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--patience", type=int, default=2, help="cell: early stopping after this many evaluations "
                     "without improvement (stages that evaluate during training)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow); "
-                    "the stage-1 encoder of the (dataset, loss, seed) is shared")
+    ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow; "
+                    "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
+                    "loss, seed) is shared")
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
     ap.add_argument("--n", type=int, default=2000, help="embed: number of test examples plotted")
     args, extra = ap.parse_known_args(argv)

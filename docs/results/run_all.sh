@@ -72,6 +72,10 @@ loss_cells() {  # every loss gets its probe rows before the first long fine-tune
   probe_cells "$1" "$3" "${@:4}"
   finetune_cells "$@"
 }
+# Reuters' chosen BCE run (2e-4) ended its 5 epochs still improving on validation (0.284, 0.324, 0.364):
+# the same fine-tune with up to 20 epochs (patience 3) says whether the comparisons survive a converged
+# baseline (cell bce_finetune-long-lr<lr>; make_tables.py LONG_BCE)
+long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed 1 --patience 3 --tag long --probe.num_train_epochs 20; }
 # the two losses that run on GoEmotions and get seeds 2-3: named, or chosen by docs/results/loss_choice.py
 # (best seed-1 validation macro-F1 of a frozen probe on Reuters, once every loss has one)
 pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY docs/results/loss_choice.py reuters21578 2; fi; }
@@ -134,7 +138,9 @@ full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (
   seed_cells "$study" "$pat" $L2
   ;;
 full-reuters)     # one queue's whole Reuters share: every loss (probes, then fine-tunes), then seeds 2-3
-  loss_cells reuters21578 2 1 $LOSSES
+  probe_cells reuters21578 1 $LOSSES
+  long_bce reuters21578
+  finetune_cells reuters21578 2 1 $LOSSES
   L2=$(pick "") || exit 1
   seed_cells reuters21578 2 $L2
   ;;
@@ -148,7 +154,9 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
   # losses on GoEmotions, then seeds 2-3 (one queue; full-reuters + full-goemotions split it in two)
   base_cells reuters21578 2
   base_cells goemotions_full 3
-  loss_cells reuters21578 2 1 $LOSSES
+  probe_cells reuters21578 1 $LOSSES
+  long_bce reuters21578
+  finetune_cells reuters21578 2 1 $LOSSES
   L2=$(pick "") || exit 1
   loss_cells goemotions_full 3 1 $L2
   seed_cells reuters21578 2 $L2

@@ -94,7 +94,8 @@ def test_full_study_tables_choose_the_lr_on_validation(tables, tmp_path):
     assert "| 0.300 (n=1) |" in logistic and "50 (total)" in logistic
     linear = next(line for line in full if "pretrained" in line and "linear probe" in line)
     assert "not yet run" in linear
-    assert sum("not yet run" in line for line in full) == 1 + 3 * 8  # pretrained linear + every loss x 3
+    # pretrained linear, BCE with the longer budget (Reuters) and every loss x 3
+    assert sum("not yet run" in line for line in full) == 2 + 3 * 8
     lr = tables.lr_table("reuters21578")
     # the third point extends the grid past the better of the first two on validation: 1e-4 -> 2e-4
     assert "| 1e-4 | 0.500 (n=1) | 0.800 (n=1) | 1/2 | 110 |" in lr and "| 2e-4 | not yet run |" in lr
@@ -175,6 +176,8 @@ def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatc
     _full_run(tmp_path, "bce", "finetune", 1, 0.20, 0.10, tag="lr1e-4")
     assert run.extended_bce_lr("reuters21578") == "2e-5"  # 5e-5 is better on validation: extend below
     assert run.best_bce_lr("reuters21578") == "5e-5"
+    _full_run(tmp_path, "bce", "finetune", 1, 0.90, 0.90, tag="long-lr5e-5")  # a budget variant, not an lr
+    assert run.best_bce_lr("reuters21578") == "5e-5"
 
 
 def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tables, tmp_path):
@@ -189,8 +192,15 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
     _full_run(tmp_path, "jaccard", "logistic", 2, 0.48, 0.42)  # mean 0.41: +0.100 vs BCE, spread 0.014 + 0.014
     _full_run(tmp_path, "hbl", "linear", 1, 0.47, 0.30)  # one seed: no verdict
     table = tables.comparison_table("reuters21578")
+    assert "| +0.160 | not yet run |" in table  # no longer-budget BCE row yet
+    _full_run(tmp_path, "bce", "finetune", 1, 0.47, 0.37, tag="long-lr1e-4", epochs=curve, best=0.3)
+    _full_run(tmp_path, "bce", "finetune", 1, 0.99, 0.99, tag="long-lr5e-5", epochs=curve, best=0.3)  # not the chosen lr
+    assert tables.chosen_lr("reuters21578") == "1e-4"  # the longer budget is no learning rate of the grid
+    full = tables.full_table("reuters21578")
+    assert "| fine-tune, lr 1e-4, up to 20 epochs (patience 3) | 0.470 (n=1) | 0.900 (n=1) | 0.370 (n=1) |" in full
+    table = tables.comparison_table("reuters21578")
     jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
-    assert "| 0.490 ± 0.014 (n=2) | +0.100 | +0.000 | yes: 0.100 > 0.028 | +0.160 |" in jac
+    assert "| 0.490 ± 0.014 (n=2) | +0.100 | +0.000 | yes: 0.100 > 0.028 | +0.160 | +0.040 |" in jac
     hbl = next(line for line in table.splitlines() if line.startswith("| mulsupcon + hbl | linear"))
     assert "| -0.010 | +0.000 | undecided: seeds 1 vs 2 | — |" in hbl  # no frozen linear-probe row yet
     # ranked on the frozen probes' seed-1 validation macro-F1 (never on test), as loss_choice.py ranks them
@@ -227,6 +237,14 @@ def test_loss_choice_ranks_frozen_probes_on_validation_once_every_loss_has_one(t
     assert choice.best_losses("reuters21578", 2, results) == ["any", "hbl"]
     assert choice.best_losses("reuters21578", 3, results) == ["any", "hbl", "ws_mulsupcon"]
     assert choice.ranked("reuters21578", results)[1] == ("hbl", 0.46, "linear")
+    assert sorted(choice.LOSSES) == sorted(choice_order())  # the losses run_all.sh runs
+
+
+def choice_order() -> list[str]:
+    """run_all.sh's LOSSES, in its order."""
+    with open(os.path.join(ROOT, "docs", "results", "run_all.sh"), encoding="utf-8") as fh:
+        line = next(x for x in fh if x.startswith("LOSSES="))
+    return line.split("=", 1)[1].strip().strip('"').split()
 
 
 def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
@@ -258,6 +276,17 @@ def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
     expected += [f"--loss bce --probe finetune --lr best --seed {s} --patience 2" for s in (2, 3)]
     expected += [f"--loss {loss} --probe finetune --lr best --seed {s} --patience 2" for s in (2, 3) for loss in ("any", "hbl")]
     assert cells == expected
+    # the Reuters queue: every loss's probes, the longer-budget BCE, every fine-tune, then the same seeds
+    calls.unlink()
+    proc = subprocess.run(["bash", script, "full-reuters"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    cells = [" ".join(line.split()[3:]) for line in calls.read_text().splitlines()]
+    long = "--loss bce --probe finetune --lr best --seed 1 --patience 3 --tag long --probe.num_train_epochs 20"
+    assert cells[:16:2] == [f"--loss {loss} --probe logistic --seed 1" for loss in choice_order()]
+    assert cells[16] == long and cells[17:25] == [
+        f"--loss {loss} --probe finetune --lr best --seed 1 --patience 2" for loss in choice_order()
+    ]
+    assert cells[25:] == expected
 
 
 def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tables, tmp_path):
