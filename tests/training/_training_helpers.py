@@ -141,3 +141,17 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     num = max(float((a[k] - b[k]).abs().max()) for k in a)
     den = max(float(b[k].abs().max()) for k in b)
     return num / max(den, 1e-12)
+
+
+class RowCounter:
+    """Forward hook on a backbone: the rows it encoded, and how many calls ran in training mode."""
+
+    def __init__(self, backbone: torch.nn.Module) -> None:
+        self.rows = 0
+        self.training_calls = 0
+        backbone.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs, output):
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        self.rows += int(ids.shape[0])
+        self.training_calls += int(module.training)

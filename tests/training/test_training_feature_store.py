@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from _training_helpers import collator, probe_args, tiny_encoder, tiny_split, tiny_tokenizer
+from _training_helpers import RowCounter, collator, probe_args, tiny_encoder, tiny_split, tiny_tokenizer
 
 from hf_mlcl.data import MultiLabelCollator
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
@@ -29,18 +29,6 @@ def tok():
 @pytest.fixture(scope="module")
 def data():
     return {"train": tiny_split(N_TRAIN), "eval": tiny_split(N_EVAL, 1), "test": tiny_split(N_TEST, 2)}
-
-
-class RowCounter:
-    """Forward hook on the backbone: how many rows the encoder ran on."""
-
-    def __init__(self, backbone: torch.nn.Module) -> None:
-        self.rows = 0
-        backbone.register_forward_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, module, args, kwargs, output):
-        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-        self.rows += int(ids.shape[0])
 
 
 def _trainer(out, tok, data, probe="linear", store=None, weight_seed=0, head="linear", **kw):

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from _training_helpers import collator, probe_args, tiny_encoder, tiny_split, tiny_tokenizer
+from _training_helpers import RowCounter, collator, probe_args, tiny_encoder, tiny_split, tiny_tokenizer
 from transformers import EarlyStoppingCallback
 
 from hf_mlcl.data import MultiLabelCollator
@@ -28,20 +28,6 @@ def tok():
 @pytest.fixture(scope="module")
 def data():
     return {"train": tiny_split(N_TRAIN), "eval": tiny_split(N_EVAL, 1), "test": tiny_split(8, 2)}
-
-
-class RowCounter:
-    """Forward hook on the backbone: rows encoded, and whether the backbone was ever in training mode."""
-
-    def __init__(self, backbone: torch.nn.Module) -> None:
-        self.rows = 0
-        self.training_calls = 0
-        backbone.register_forward_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, module, args, kwargs, output):
-        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
-        self.rows += int(ids.shape[0])
-        self.training_calls += int(module.training)
 
 
 def _classifier(tok, head: str = "linear", dropout: float = 0.0) -> MLCLForMultiLabelClassification:
