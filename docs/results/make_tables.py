@@ -208,15 +208,23 @@ def chosen_lr(study: str) -> str | None:
     return max(seed1)[1] if seed1 else None
 
 
+def _epoch_times(epoch_records: list[dict]) -> str:
+    """Mean wall time per epoch (seconds) over the runs' recorded epochs; an epoch a resumed run timed only
+    in part counts by its whole-epoch estimate (``timeline.epoch_summary``) and marks the value "≈"."""
+    v, scaled = [], False
+    for e in epoch_records:
+        v += e.get("whole_epoch_s") or e.get("epoch_s", [])
+        scaled |= bool(e.get("resumed_epochs"))
+    return f"{'≈' if scaled else ''}{np.mean(v):.0f}" if v else "—"
+
+
 def _per_epoch(runs: list[dict]) -> str:
-    """Mean training wall time per epoch of stage 2 (seconds), over every recorded epoch of the runs."""
-    v = [s for r in runs for s in (r.get("epochs") or {}).get("epoch_s", [])]
-    return f"{np.mean(v):.0f}" if v else "—"
+    """Mean training wall time per epoch of stage 2 (seconds)."""
+    return _epoch_times([r.get("epochs") or {} for r in runs])
 
 
 def _stage1_per_epoch(runs: list[dict]) -> str:
-    v = [s for r in runs for s in ((r.get("stage1") or {}).get("epochs") or {}).get("epoch_s", [])]
-    return f"{np.mean(v):.0f}" if v else "—"
+    return _epoch_times([(r.get("stage1") or {}).get("epochs") or {} for r in runs])
 
 
 def _metric(runs: list[dict], key: str) -> str:

@@ -3,7 +3,10 @@ appending one JSON line per finished epoch and per evaluation to ``<output_dir>/
 
 The file survives a resumed run (``resume_from_checkpoint``), so the per-epoch wall times of a cell that
 spans several sessions are all kept; :func:`epoch_summary` keeps the latest record of each epoch (an
-epoch redone after a resume replaces the interrupted one).
+epoch redone after a resume replaces the interrupted one). An epoch record also says how many optimizer
+steps it timed and how many a whole epoch has: a run resumed from a mid-epoch checkpoint times only the
+rest of that epoch (the killed process never wrote its part), and the summary scales such an epoch to a
+whole one from its time per step, naming it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class TimelineCallback(TrainerCallback):
         self.path = path
         self.run_start = time.time()
         self._epoch_t0: float | None = None
+        self._epoch_step0 = 0
         self._eval_in_epoch = 0.0
         self._step_t0: float | None = None
 
@@ -33,6 +37,7 @@ class TimelineCallback(TrainerCallback):
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_t0, self._eval_in_epoch = time.time(), 0.0
+        self._epoch_step0 = state.global_step  # > epoch start when resumed from a mid-epoch checkpoint
 
     def on_step_end(self, args, state, control, **kwargs):
         self._step_t0 = time.time()  # an evaluation at this step starts now
@@ -49,8 +54,18 @@ class TimelineCallback(TrainerCallback):
             return
         epoch_s = time.time() - self._epoch_t0 - self._eval_in_epoch
         self._append({"event": "epoch", "epoch": round(float(state.epoch or 0.0), 4), "global_step": state.global_step,
-                      "epoch_s": round(epoch_s, 1)})  # fmt: skip
+                      "epoch_s": round(epoch_s, 1), "steps": state.global_step - self._epoch_step0,
+                      "epoch_steps": _steps_per_epoch(args, state)})  # fmt: skip
         self._epoch_t0 = None
+
+
+def _steps_per_epoch(args, state) -> int | None:
+    """Optimizer steps of a whole epoch: Trainer sets ``max_steps`` = epochs x steps per epoch when the run is
+    sized in epochs (``args.max_steps`` <= 0); None when it is sized in steps."""
+    epochs = getattr(args, "num_train_epochs", None)
+    if not epochs or getattr(args, "max_steps", -1) > 0 or not getattr(state, "max_steps", 0):
+        return None
+    return round(state.max_steps / epochs)
 
 
 def read_timeline(path: str) -> list[dict]:
@@ -62,7 +77,10 @@ def read_timeline(path: str) -> list[dict]:
 
 
 def epoch_summary(path: str) -> dict:
-    """``{"epoch_s": [...], "evaluations": [...]}``: the latest record per epoch / per evaluation step."""
+    """``{"epoch_s": [...], "whole_epoch_s": [...], "resumed_epochs": [...], "evaluations": [...]}``: the latest
+    record per epoch / per evaluation step. ``epoch_s`` is as timed; ``whole_epoch_s`` scales an epoch that
+    timed fewer steps than a whole one (resumed mid-epoch) by its time per step; ``resumed_epochs`` names
+    those epochs."""
     epochs: dict[float, dict] = {}
     evals: dict[int, dict] = {}
     for rec in read_timeline(path):
@@ -70,8 +88,19 @@ def epoch_summary(path: str) -> dict:
             epochs[round(rec["epoch"])] = rec
         elif rec["event"] == "evaluate":
             evals[int(rec["global_step"])] = rec
+    whole, resumed = [], []
+    for k in sorted(epochs):
+        rec = epochs[k]
+        steps, full = rec.get("steps"), rec.get("epoch_steps")
+        if steps and full and steps < full:
+            whole.append(round(rec["epoch_s"] * full / steps, 1))
+            resumed.append(k)
+        else:
+            whole.append(rec["epoch_s"])
     return {
         "epoch_s": [epochs[k]["epoch_s"] for k in sorted(epochs)],
+        "whole_epoch_s": whole,
+        "resumed_epochs": resumed,
         "evaluations": [
             {"epoch": r["epoch"], "global_step": s, "eval_s": None if r["eval_s"] is None else round(r["eval_s"], 1),
              **{k: r["metrics"][k] for k in ("eval_micro_f1", "eval_macro_f1", "eval_loss") if k in r["metrics"]}}

@@ -136,10 +136,18 @@ def test_timeline_keeps_the_latest_record_of_each_epoch(tmp_path):
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     summary = mod.epoch_summary(str(path))
-    assert summary["epoch_s"] == [100.0, 95.0]
+    assert summary["epoch_s"] == summary["whole_epoch_s"] == [100.0, 95.0] and summary["resumed_epochs"] == []
     assert summary["evaluations"] == [{"epoch": 1.0, "global_step": 10, "eval_s": 5.0, "eval_macro_f1": 0.3},
                                       {"epoch": 2.0, "global_step": 20, "eval_s": 6.0, "eval_macro_f1": 0.4}]
-    assert mod.epoch_summary(str(tmp_path / "absent.jsonl")) == {"epoch_s": [], "evaluations": []}
+    assert mod.epoch_summary(str(tmp_path / "absent.jsonl")) == {"epoch_s": [], "whole_epoch_s": [],
+                                                                 "resumed_epochs": [], "evaluations": []}
+    # killed in epoch 3 after its step-24 checkpoint: the resumed run times steps 25-30 only
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"run_start": 20, "time": 21, "event": "epoch", "epoch": 3.0, "global_step": 30,
+                             "epoch_s": 60.0, "steps": 6, "epoch_steps": 10}) + "\n")  # fmt: skip
+    summary = mod.epoch_summary(str(path))
+    assert summary["epoch_s"] == [100.0, 95.0, 60.0] and summary["whole_epoch_s"] == [100.0, 95.0, 100.0]
+    assert summary["resumed_epochs"] == [3]
 
 
 def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
@@ -151,16 +159,18 @@ def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
     clock = iter([0.0, 0.0, 10.0, 14.0, 20.0, 21.0, 30.0, 31.0, 38.0, 39.0])  # time.time() calls, in order
     monkeypatch.setattr(mod.time, "time", lambda: next(clock))
     cb = mod.TimelineCallback(str(tmp_path / "t" / "timeline.jsonl"))  # run_start = 0
-    st = SimpleNamespace(epoch=0.5, global_step=5)
-    cb.on_epoch_begin(None, st, None)  # t0 = 0
-    cb.on_step_end(None, st, None)  # eval starts at 10
-    cb.on_evaluate(None, st, None, metrics={"eval_macro_f1": 0.2})  # ends at 14 (4 s), record stamped 20
+    args = SimpleNamespace(num_train_epochs=2, max_steps=-1)  # sized in epochs: 2 x 10 steps
+    st = SimpleNamespace(epoch=0.5, global_step=5, max_steps=20)  # resumed from the step-5 checkpoint
+    cb.on_epoch_begin(args, st, None)  # t0 = 0
+    cb.on_step_end(args, st, None)  # eval starts at 10
+    cb.on_evaluate(args, st, None, metrics={"eval_macro_f1": 0.2})  # ends at 14 (4 s), record stamped 20
     st.epoch, st.global_step = 1.0, 10
-    cb.on_epoch_end(None, st, None)  # 21 - 0 - 4 = 17 s of training, record stamped 30
-    cb.on_step_end(None, st, None)  # 31: an epoch-end evaluation, outside the epoch
-    cb.on_evaluate(None, st, None, metrics={"eval_macro_f1": 0.3})  # 38 - 31 = 7 s
+    cb.on_epoch_end(args, st, None)  # 21 - 0 - 4 = 17 s of training for steps 6-10, record stamped 30
+    cb.on_step_end(args, st, None)  # 31: an epoch-end evaluation, outside the epoch
+    cb.on_evaluate(args, st, None, metrics={"eval_macro_f1": 0.3})  # 38 - 31 = 7 s
     summary = mod.epoch_summary(str(tmp_path / "t" / "timeline.jsonl"))
-    assert summary["epoch_s"] == [17.0]
+    assert summary["epoch_s"] == [17.0] and summary["whole_epoch_s"] == [34.0] and summary["resumed_epochs"] == [1]
+    assert mod._steps_per_epoch(SimpleNamespace(num_train_epochs=2, max_steps=7), st) is None  # sized in steps
     assert [(e["global_step"], e["eval_s"], e["eval_macro_f1"]) for e in summary["evaluations"]] == [(5, 4.0, 0.2), (10, 7.0, 0.3)]
 
 
@@ -311,3 +321,11 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     assert rows[2:] == ["| 1-1.28 | 1 | 0.10 | 0.50 | +0.40 |", "| 2.65-3.37 | 2 | 0.40 | 0.50 | +0.10 |",
                         "| 4.3-5.49 | 1 | 0.30 | 0.50 | +0.20 |", "| 5.49-7 | 1 | 0.40 | 0.50 | +0.10 |",
                         "| 0 (unseen in training, not in the plot) | 1 | | | |"]  # fmt: skip
+
+
+def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate(tables):
+    resumed = {"epochs": {"epoch_s": [50.0, 90.0], "whole_epoch_s": [100.0, 90.0], "resumed_epochs": [1]}}
+    assert tables._per_epoch([resumed]) == "≈95"
+    assert tables._per_epoch([{"epochs": {"epoch_s": [80.0, 90.0]}}]) == "85"  # records from before the field
+    assert tables._stage1_per_epoch([{"stage1": {"epochs": resumed["epochs"]}}]) == "≈95"
+    assert tables._per_epoch([{}]) == "—"
