@@ -381,9 +381,15 @@ def lr_table(study: str) -> str:
     return "\n".join(rows)
 
 
-def _bce_and_best(study: str) -> tuple[dict, dict, str] | None:
-    """Per-label results (per_label_f1.json, seed 1) of the BCE fine-tune at the chosen learning rate and of
-    the contrastive cell with the highest validation macro-F1, and that cell's label; None until both exist."""
+def _per_label(study: str, cell: str) -> dict:
+    with open(os.path.join(HERE, study, cell, "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _tail_series(study: str) -> list[tuple[str, dict]] | None:
+    """Per-label results (per_label_f1.json, seed 1), in plotting order: the BCE fine-tune at the chosen learning
+    rate, the same with the longer budget once it has run (LONG_BCE), and the contrastive cell with the highest
+    validation macro-F1 (labelled ``<loss> + <probe>``); None until BCE and a contrastive cell exist."""
     lr, tagged, plain = chosen_lr(study), load(study, tagged=True), load(study)
     if lr is None:
         return None
@@ -393,26 +399,24 @@ def _bce_and_best(study: str) -> tuple[dict, dict, str] | None:
     if not scored:
         return None
     _, folder, label = max(scored)
-    with open(os.path.join(HERE, study, f"bce_finetune-lr{lr}", "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
-        a = json.load(fh)
-    with open(os.path.join(HERE, study, folder, "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
-        b = json.load(fh)
-    return a, b, label
+    series = [("BCE fine-tuning", _per_label(study, f"bce_finetune-lr{lr}"))]
+    if any(r["seed"] == 1 for r in long_bce_runs(study, tagged, lr)):
+        series.append((f"BCE fine-tuning, {LONG_BCE[study]}", _per_label(study, f"bce_finetune-{LONG_BCE_TAG}-lr{lr}")))
+    return [*series, (label, _per_label(study, folder))]
 
 
 def full_f1_plot(study: str) -> str | None:
-    """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr) vs the contrastive cell with the
-    highest validation macro-F1 (seed 1)."""
+    """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr; also the longer budget once it
+    has run) vs the contrastive cell with the highest validation macro-F1 (seed 1)."""
     from hf_mlcl.evaluation import plot_f1_vs_frequency
 
-    pair = _bce_and_best(study)
-    if pair is None:
+    series = _tail_series(study)
+    if series is None:
         return None
-    a, b, label = pair
     out = os.path.join(HERE, study, "plots", "f1_vs_frequency.png")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    plot_f1_vs_frequency({"BCE fine-tuning": np.asarray(a["test_f1"]), label: np.asarray(b["test_f1"])},
-                         np.asarray(a["train_count"]), out,
+    plot_f1_vs_frequency({label: np.asarray(r["test_f1"]) for label, r in series},
+                         np.asarray(series[0][1]["train_count"]), out,
                          title=f"{study}: per-label test F1 vs training frequency (seed 1)")  # fmt: skip
     return out
 
@@ -423,23 +427,28 @@ def _edge(v: float) -> str:
 
 
 def tail_table(study: str) -> str:
-    """The plot's binned means as a table: mean per-label test F1 of BCE and of the best contrastive cell in
-    each log-spaced bin of training frequency (seed 1)."""
+    """The plot's binned means as a table: mean per-label test F1 of BCE (and of BCE with the longer budget, once
+    it has run) and of the best contrastive cell in each log-spaced bin of training frequency (seed 1), with
+    the best cell's difference to each BCE run."""
     from hf_mlcl.evaluation import f1_by_frequency_bin
 
-    pair = _bce_and_best(study)
-    if pair is None:
+    series = _tail_series(study)
+    if series is None:
         return "Written once the BCE baseline and a contrastive row have finished."
-    a, b, label = pair
-    bins = f1_by_frequency_bin({"bce": np.asarray(a["test_f1"]), "best": np.asarray(b["test_f1"])},
-                               np.asarray(a["train_count"]))  # fmt: skip
-    rows = [f"| training documents per label (bin) | labels | BCE fine-tuning | {label} | difference |", "|---|---|---|---|---|"]
+    (best_label, _), bces = series[-1], series[:-1]
+    counts = series[0][1]["train_count"]
+    bins = f1_by_frequency_bin({label: np.asarray(r["test_f1"]) for label, r in series}, np.asarray(counts))
+    diffs = ["difference"] + [f"difference to {label}" for label, _ in bces[1:]]
+    rows = [f"| training documents per label (bin) | labels | {' | '.join(label for label, _ in series)} | {' | '.join(diffs)} |",
+            "|---|---|" + "---|" * (len(series) + len(bces))]  # fmt: skip
     for x in bins:
-        bce, best = x["mean_f1"]["bce"], x["mean_f1"]["best"]
-        rows.append(f"| {_edge(x['low'])}-{_edge(x['high'])} | {x['n_labels']} | {bce:.2f} | {best:.2f} | {best - bce:+.2f} |")
-    unseen = int(sum(c == 0 for c in a["train_count"]))
+        means = x["mean_f1"]
+        cells = [f"{means[label]:.2f}" for label, _ in series]
+        cells += [f"{means[best_label] - means[label]:+.2f}" for label, _ in bces]
+        rows.append(f"| {_edge(x['low'])}-{_edge(x['high'])} | {x['n_labels']} | {' | '.join(cells)} |")
+    unseen = int(sum(c == 0 for c in counts))
     if unseen:
-        rows.append(f"| 0 (unseen in training, not in the plot) | {unseen} | | | |")
+        rows.append(f"| 0 (unseen in training, not in the plot) | {unseen} |" + " |" * (len(series) + len(bces)))
     return "\n".join(rows)
 
 
