@@ -4,7 +4,7 @@ A loss is scored by the best seed-1 validation macro-F1 of its frozen probes (AB
 regressions, the SD paper's linear layer) on the Reuters study: those rows measure the representation
 stage 1 produced, and every loss has them within an hour of its stage 1, while a fine-tune re-trains
 the encoder with BCE and takes 1-2 h per loss. The choice waits until every contrastive loss has a
-probe row; test numbers are never read. ``run_all.sh`` calls it to name the losses that run on
+probe row of both kinds; test numbers are never read. ``run_all.sh`` calls it to name the losses that run on
 GoEmotions and get seeds 2-3, and ``make_tables.py`` prints the same ranking.
 
     python docs/results/loss_choice.py reuters21578 2     # prints the two names, e.g. "mulsupcon any"
@@ -44,12 +44,14 @@ def ranked(study: str, results: str = RESULTS) -> list[tuple[str, float, str]]:
 
 
 def best_losses(study: str, k: int = 2, results: str = RESULTS) -> list[str]:
-    """The ``k`` losses with the best frozen-probe validation macro-F1; ValueError while a loss has no probe row."""
-    missing = [loss for loss in LOSSES if loss not in probe_scores(study, results)]
+    """The ``k`` losses with the best frozen-probe validation macro-F1; ValueError until every loss has both
+    probe rows (so two queues asking at different times get the same answer)."""
+    missing = [f"{loss} {probe}" for loss in LOSSES for probe in PROBES
+               if not os.path.isfile(os.path.join(results, study, f"{loss}_{probe}", "seed1", "metrics.json"))]  # fmt: skip
     if missing:
         raise ValueError(
-            f"{study}: no seed-1 logistic / linear probe row yet for {', '.join(missing)}; the best losses are "
-            f"chosen once every loss has one (run_all.sh full-reuters-losses runs them first)"
+            f"{study}: no seed-1 probe row yet for {', '.join(missing)}; the best losses are chosen once every "
+            f"loss has both (run_all.sh full-reuters runs them first)"
         )
     return [loss for loss, _, _ in ranked(study, results)[:k]]
 

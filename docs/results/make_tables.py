@@ -259,10 +259,12 @@ def long_bce_runs(study: str, tagged, lr: str | None) -> list[dict]:
 def _full_row(name: str, label: str, runs: list[dict], probe: str) -> str:
     if not runs:
         return f"| {name} | {label} | {NOT_RUN} | | | | | | | |"
+    # the frozen probes' totals hold the encoding pass, unless every split came from the feature store
+    loaded = ", features loaded" if all(set((r.get("features") or {}).values()) == {"loaded"} for r in runs) else ""
     if probe == "logistic":
-        wall2 = _mean_wall(runs, "probe_s") + " (total)"
-    elif probe == "linear":  # epochs on cached features: the encoding pass is in the total
-        wall2 = f"{_per_epoch(runs)} ({_mean_wall(runs, 'probe_s')} total)"
+        wall2 = _mean_wall(runs, "probe_s") + f" (total{loaded})"
+    elif probe == "linear":  # epochs on cached features
+        wall2 = f"{_per_epoch(runs)} ({_mean_wall(runs, 'probe_s')} total{loaded})"
     else:
         wall2 = _per_epoch(runs)
     return (

@@ -229,13 +229,13 @@ def run_cell(
 
     _patch_predict_scores()
     _captured.clear()
+    if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
+        tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(RUNS, dataset, "features")]
     ov = split_overrides(tokens, ["probe"])
     probe_dir = os.path.join(run_dir, probe + (f"-{tag}" if tag else ""))
     m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=probe_dir)
     if loss == "bce":
         p_args.loss = "bce"
-    if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
-        p_args.feature_cache_dir = os.path.join(RUNS, dataset, "features")
     if probe != "logistic" and _has_checkpoint(probe_dir):
         p_args.resume_from_checkpoint = True
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
@@ -244,6 +244,8 @@ def run_cell(
         m_args, d_args, p_args, encoder_path=encoder_path, callbacks=_callbacks(p_args, probe_dir, patience)
     )
     wall["probe_s"] = round(time.time() - t0, 1)  # this session's part when the stage was resumed
+    if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
+        result["features"] = dict(trainer.feature_sources)
     if probe != "logistic":
         result["epochs"] = _epochs(probe_dir)
         best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths

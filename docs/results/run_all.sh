@@ -17,8 +17,9 @@
 #   bash docs/results/run_all.sh full-goemotions-losses ["jaccard hbl"]  # the two best losses on GoEmotions
 #   bash docs/results/run_all.sh full-seeds reuters21578 ["jaccard hbl"] # seeds 2-3: BCE + the two best losses
 #     (without a list, docs/results/loss_choice.py names the two best on Reuters validation: frozen probes, seed 1)
-#   bash docs/results/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): every
-#   bash docs/results/run_all.sh full-goemotions  # Reuters cell, resp. every GoEmotions cell, seeds included
+#   bash docs/results/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): the
+#   bash docs/results/run_all.sh full-goemotions  # Reuters losses, 20-epoch BCE and seeds, resp. every GoEmotions
+#     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
 # Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
@@ -79,6 +80,8 @@ long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed 1 --patienc
 # the two losses that run on GoEmotions and get seeds 2-3: named, or chosen by docs/results/loss_choice.py
 # (best seed-1 validation macro-F1 of a frozen probe on Reuters, once every loss has one)
 pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY docs/results/loss_choice.py reuters21578 2; fi; }
+# the same in a queue that runs beside full-reuters: wait (logging why) until every Reuters probe row is there
+wait_pick() { local L; until L=$(pick ""); do sleep "${PICK_POLL_S:-600}"; done; echo "$L"; }
 seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes first (minutes each), then the
   # BCE baseline at its chosen learning rate, then the losses' fine-tunes (hours each)
   local study=$1 pat=$2; shift 2
@@ -146,7 +149,7 @@ full-reuters)     # one queue's whole Reuters share: every loss (probes, then fi
   ;;
 full-goemotions)  # the other queue's GoEmotions share: base rows, the two best losses, then seeds 2-3
   base_cells goemotions_full 3
-  L2=$(pick "") || exit 1
+  L2=$(wait_pick)
   loss_cells goemotions_full 3 1 $L2
   seed_cells goemotions_full 3 $L2
   ;;

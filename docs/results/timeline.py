@@ -54,8 +54,8 @@ class TimelineCallback(TrainerCallback):
             return
         epoch_s = time.time() - self._epoch_t0 - self._eval_in_epoch
         self._append({"event": "epoch", "epoch": round(float(state.epoch or 0.0), 4), "global_step": state.global_step,
-                      "epoch_s": round(epoch_s, 1), "steps": state.global_step - self._epoch_step0,
-                      "epoch_steps": _steps_per_epoch(args, state)})  # fmt: skip
+                      "epoch_s": round(epoch_s, 1), "start_step": self._epoch_step0,
+                      "steps": state.global_step - self._epoch_step0, "epoch_steps": _steps_per_epoch(args, state)})  # fmt: skip
         self._epoch_t0 = None
 
 
@@ -78,9 +78,9 @@ def read_timeline(path: str) -> list[dict]:
 
 def epoch_summary(path: str) -> dict:
     """``{"epoch_s": [...], "whole_epoch_s": [...], "resumed_epochs": [...], "evaluations": [...]}``: the latest
-    record per epoch / per evaluation step. ``epoch_s`` is as timed; ``whole_epoch_s`` scales an epoch that
-    timed fewer steps than a whole one (resumed mid-epoch) by its time per step; ``resumed_epochs`` names
-    those epochs."""
+    record per epoch / per evaluation step. ``epoch_s`` is as timed; ``whole_epoch_s`` scales an epoch whose
+    timing began inside it (resumed from a mid-epoch checkpoint) to a whole epoch by its time per step;
+    ``resumed_epochs`` names those epochs."""
     epochs: dict[float, dict] = {}
     evals: dict[int, dict] = {}
     for rec in read_timeline(path):
@@ -91,8 +91,10 @@ def epoch_summary(path: str) -> dict:
     whole, resumed = [], []
     for k in sorted(epochs):
         rec = epochs[k]
-        steps, full = rec.get("steps"), rec.get("epoch_steps")
-        if steps and full and steps < full:
+        steps, full, start = rec.get("steps"), rec.get("epoch_steps"), rec.get("start_step")
+        # resumed: the timed part began inside the epoch (an early stop or a fractional last epoch begins at
+        # an epoch boundary and is kept as timed)
+        if steps and full and start is not None and start % full and steps < full:
             whole.append(round(rec["epoch_s"] * full / steps, 1))
             resumed.append(k)
         else:

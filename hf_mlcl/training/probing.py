@@ -230,6 +230,8 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         self._feature_collator = PooledFeatureCollator(labels_to_tensor)
         self.cache_features = False
         self._feature_store: FeatureStore | None = None
+        self._encoder_digest: tuple[nn.Module, str] | None = None
+        self.feature_sources: dict[str, str] = {}  # split name -> "encoded" / "loaded" (feature_cache_dir)
         if args.probe in ("linear", "logistic") and args.cache_features is not False:
             why = self._feature_cache_blocker()
             if why is None:
@@ -376,6 +378,8 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
             return "include_for_metrics=['inputs'] hands the token ids to compute_metrics"
         if args.include_num_input_tokens_seen not in ("no", False, None):
             return "include_num_input_tokens_seen counts the tokens of every training batch"
+        if args.dataloader_drop_last:
+            return "dataloader_drop_last would drop the last rows of every split's encoding pass"
         return None
 
     def cached_features(self, dataset: Any, name: str = "dataset") -> PooledFeatureDataset | None:
@@ -414,29 +418,42 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
             # every process must take the same branch: the encoder pass gathers across processes
             if self._on_every_process(stored is not None):
                 logger.info(f"{self.args.probe} probe: loaded the {name} features from {store.path(key)}")
+                self.feature_sources[name] = "loaded"
                 return stored
         features = PooledFeatureDataset.from_batches(self._pooled_batches(dataset, f"Encoding {name} features"))
         logger.info(
             f"{self.args.probe} probe: cached the frozen features of {len(features)} {name} rows "
             f"in {time.perf_counter() - start:.1f} s"
         )
+        self.feature_sources[name] = "encoded"
         if store is not None and self.is_local_process_zero():
-            logger.info(f"{self.args.probe} probe: saved the {name} features to {store.save(key, features)}")
+            saved = store.save(key, features)
+            if saved is not None:
+                logger.info(f"{self.args.probe} probe: saved the {name} features to {saved}")
         return features
 
     def _feature_key(self, dataset: Any) -> tuple[str, int]:
         """:meth:`FeatureStore.key` of ``dataset`` as this trainer would encode it: the collator over the rows in
         order (not sharded across processes, so every process and world size gets the same key)."""
         model = self.accelerator.unwrap_model(self.model)
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False, collate_fn=self.data_collator
-        )
-        settings = {"pooling": model.config.pooling, "bf16": bool(self.args.bf16), "fp16": bool(self.args.fp16)}
+        cached = self._encoder_digest
+        if cached is None or cached[0] is not model.backbone:  # the frozen weights are hashed once per trainer
+            cached = self._encoder_digest = (model.backbone, FeatureStore.encoder_digest(model.backbone))
+        config = model.config
+        settings = {"pooling": config.pooling, "segmented": getattr(config, "segmented", None),
+                    "chunk_size": getattr(config, "chunk_size", None), "bf16": bool(self.args.bf16),
+                    "fp16": bool(self.args.fp16)}  # fmt: skip
 
         def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
             return labels_to_dense_float(self._split(batch)[1]).nonzero()
 
-        return FeatureStore.key(model.backbone, loader, settings, label_pairs)
+        # iterating a DataLoader draws a seed from the global generator: keep the run's random streams as
+        # they are, so dropout masks do not depend on whether a store is used
+        with torch.random.fork_rng(devices=[]):
+            loader = torch.utils.data.DataLoader(
+                dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False, collate_fn=self.data_collator
+            )
+            return FeatureStore.key(cached[1], loader, settings, label_pairs)
 
     def _on_every_process(self, flag: bool) -> bool:
         """True when ``flag`` holds on every process (``flag`` itself with one process)."""

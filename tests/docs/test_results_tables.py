@@ -144,10 +144,13 @@ def test_timeline_keeps_the_latest_record_of_each_epoch(tmp_path):
     # killed in epoch 3 after its step-24 checkpoint: the resumed run times steps 25-30 only
     with open(path, "a") as fh:
         fh.write(json.dumps({"run_start": 20, "time": 21, "event": "epoch", "epoch": 3.0, "global_step": 30,
-                             "epoch_s": 60.0, "steps": 6, "epoch_steps": 10}) + "\n")  # fmt: skip
+                             "epoch_s": 60.0, "start_step": 24, "steps": 6, "epoch_steps": 10}) + "\n")
+        # an early stop in epoch 4 (it began at its boundary): kept as timed
+        fh.write(json.dumps({"run_start": 20, "time": 22, "event": "epoch", "epoch": 3.5, "global_step": 35,
+                             "epoch_s": 40.0, "start_step": 30, "steps": 5, "epoch_steps": 10}) + "\n")  # fmt: skip
     summary = mod.epoch_summary(str(path))
-    assert summary["epoch_s"] == [100.0, 95.0, 60.0] and summary["whole_epoch_s"] == [100.0, 95.0, 100.0]
-    assert summary["resumed_epochs"] == [3]
+    assert summary["epoch_s"] == [100.0, 95.0, 60.0, 40.0]
+    assert summary["whole_epoch_s"] == [100.0, 95.0, 100.0, 40.0] and summary["resumed_epochs"] == [3]
 
 
 def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
@@ -238,9 +241,13 @@ def test_loss_choice_ranks_frozen_probes_on_validation_once_every_loss_has_one(t
     choice = _loss_choice()
     results = str(tmp_path)
     _probe_rows(tmp_path, SCORES)
-    with pytest.raises(ValueError, match="no seed-1 logistic / linear probe row yet for hbl"):
+    with pytest.raises(ValueError, match="no seed-1 probe row yet for all linear, any linear"):
         choice.best_losses("reuters21578", 2, results)
+    for loss, val in SCORES.items():
+        _full_run(tmp_path, loss, "linear", 1, val - 0.05, 0.9)
     _full_run(tmp_path, "hbl", "logistic", 1, 0.42, 0.9)
+    with pytest.raises(ValueError, match="no seed-1 probe row yet for hbl linear;"):  # both kinds, every loss
+        choice.best_losses("reuters21578", 2, results)
     _full_run(tmp_path, "hbl", "linear", 1, 0.46, 0.2)  # a loss counts with its better probe
     _full_run(tmp_path, "msc", "finetune", 1, 0.99, 0.99, tag="lr2e-4")  # fine-tunes do not count
     _full_run(tmp_path, "jaccard", "linear", 2, 0.99, 0.99)  # nor do other seeds
@@ -269,11 +276,14 @@ def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
     fake.chmod(0o755)
     env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
     script = os.path.join(ROOT, "docs", "results", "run_all.sh")
-    _probe_rows(tmp_path, SCORES)  # hbl has no probe row yet: nothing may run
+    _probe_rows(tmp_path, SCORES)
+    for loss, val in SCORES.items():
+        _full_run(tmp_path, loss, "linear", 1, val - 0.05, 0.5)
+    _full_run(tmp_path, "hbl", "logistic", 1, 0.45, 0.5)  # hbl has no linear row yet: nothing may run
     proc = subprocess.run(["bash", script, "full-seeds", "reuters21578"], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert proc.returncode == 1 and "no seed-1 logistic / linear probe row yet for hbl" in proc.stderr
+    assert proc.returncode == 1 and "no seed-1 probe row yet for hbl linear" in proc.stderr
     assert not calls.exists()
-    _full_run(tmp_path, "hbl", "logistic", 1, 0.45, 0.5)
+    _full_run(tmp_path, "hbl", "linear", 1, 0.40, 0.5)
     proc = subprocess.run(["bash", script, "full-seeds", "reuters21578"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     cells = [" ".join(line.split()[3:]) for line in calls.read_text().splitlines()]  # after "run.py cell <study>"
@@ -341,3 +351,38 @@ def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate(tables):
     assert tables._per_epoch([{"epochs": {"epoch_s": [80.0, 90.0]}}]) == "85"  # records from before the field
     assert tables._stage1_per_epoch([{"stage1": {"epochs": resumed["epochs"]}}]) == "≈95"
     assert tables._per_epoch([{}]) == "—"
+
+
+def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
+    """full-goemotions runs beside full-reuters: it polls loss_choice.py until every Reuters probe row exists."""
+    import subprocess
+    import sys
+    import time
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\ncase "$1" in *run.py) echo "$@" >> {calls}; echo "RESULT $*";; '
+                    f'*) exec {sys.executable} "$@";; esac\n')  # fmt: skip
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs"),
+           "PICK_POLL_S": "0.2"}  # fmt: skip
+    _probe_rows(tmp_path, SCORES)
+    for loss, val in SCORES.items():
+        _full_run(tmp_path, loss, "linear", 1, val - 0.05, 0.5)
+    script = os.path.join(ROOT, "docs", "results", "run_all.sh")
+    proc = subprocess.Popen(["bash", script, "full-goemotions"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 60
+    while (not calls.exists() or len(calls.read_text().splitlines()) < 5) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # five polls
+    assert proc.poll() is None  # still waiting: hbl has no probe row, so nothing past the base rows can run
+    cells = [" ".join(line.split()[2:]) for line in calls.read_text().splitlines()]
+    assert all("--loss bce" in c or "--loss pretrained" in c for c in cells) and len(cells) == 5  # the base rows
+    _full_run(tmp_path, "hbl", "logistic", 1, 0.45, 0.5)
+    _full_run(tmp_path, "hbl", "linear", 1, 0.40, 0.5)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    cells = [" ".join(line.split()[2:]) for line in calls.read_text().splitlines()]
+    assert cells[5] == "goemotions_full --loss any --probe logistic --seed 1"  # the two best on Reuters validation
+    assert cells[7] == "goemotions_full --loss hbl --probe logistic --seed 1"

@@ -6,6 +6,7 @@ settings that cannot use a store are refused before any work."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -31,12 +32,13 @@ def data():
     return {"train": tiny_split(N_TRAIN), "eval": tiny_split(N_EVAL, 1), "test": tiny_split(N_TEST, 2)}
 
 
-def _trainer(out, tok, data, probe="linear", store=None, weight_seed=0, head="linear", **kw):
+def _trainer(out, tok, data, probe="linear", store=None, weight_seed=0, head="linear", dropout=0.0, **kw):
     torch.manual_seed(weight_seed)
     enc = tiny_encoder(tok, dropout=0.1, seed=weight_seed)
     torch.manual_seed(1)
     extra = {"chunk_size": 16} if head == "label_attention" else {}
-    clf = MLCLForMultiLabelClassification.from_encoder(enc, num_labels=4, freeze_encoder=True, head=head, **extra)
+    clf = MLCLForMultiLabelClassification.from_encoder(enc, num_labels=4, freeze_encoder=True, head=head,
+                                                       classifier_dropout=dropout, **extra)  # fmt: skip
     counter = RowCounter(clf.backbone)
     args = dict(probe=probe, per_device_train_batch_size=4, learning_rate=5e-2, max_steps=-1, num_train_epochs=2,
                 eval_strategy="epoch", feature_cache_dir=None if store is None else str(store))  # fmt: skip
@@ -62,16 +64,19 @@ def test_a_second_probe_of_the_same_encoder_runs_no_encoder_pass(tmp_path, tok, 
     logistic.predict_scores(data["test"])
     assert rows.rows == N_TRAIN + N_EVAL + N_TEST
     assert len(_files(store)) == 3 and all(f.endswith(".safetensors") for f in _files(store))
+    assert logistic.feature_sources == {"train": "encoded", "validation": "encoded", "test": "encoded"}
 
     # then the SD paper's linear probe on the same encoder: every split comes from the store
-    linear, rows = _trainer(tmp_path / "linear", tok, data, store=store)
+    # (classifier dropout on: computing the keys must not move the random streams the masks come from)
+    linear, rows = _trainer(tmp_path / "linear", tok, data, store=store, dropout=0.2)
     linear.train()
     scores, _ = linear.predict_scores(data["test"])
     assert rows.rows == 0
     assert len(_files(store)) == 3
+    assert set(linear.feature_sources.values()) == {"loaded"}
 
     # ... and trains exactly the head a run with its own encoder pass trains
-    fresh, rows = _trainer(tmp_path / "fresh", tok, data)
+    fresh, rows = _trainer(tmp_path / "fresh", tok, data, dropout=0.2)
     fresh.train()
     fresh_scores, _ = fresh.predict_scores(data["test"])
     assert rows.rows == N_TRAIN + N_EVAL + N_TEST
@@ -100,7 +105,7 @@ def _key(tok, dataset, encoder=None, batch_size=8, **collator_kw):
     def pairs(batch):
         return batch["labels"].to_dense().nonzero() if batch["labels"].is_sparse else batch["labels"].nonzero()
 
-    return FeatureStore.key(encoder, loader, {"pooling": "mean"}, pairs)
+    return FeatureStore.key(FeatureStore.encoder_digest(encoder), loader, {"pooling": "mean"}, pairs)
 
 
 def test_the_key_follows_weights_tokens_and_labels_not_padding(tok, data):
@@ -119,9 +124,17 @@ def test_the_key_follows_weights_tokens_and_labels_not_padding(tok, data):
     relabelled = split.map(lambda row: {"labels": [(row["labels"][0] + 1) % 4]})
     assert _key(tok, relabelled)[0] != base
     assert _key(tok, split.select(range(N_EVAL - 1)))[0] != base
-    assert FeatureStore.key(tiny_encoder(tok, seed=0).backbone, [], {"pooling": "cls"}, None)[0] != FeatureStore.key(
-        tiny_encoder(tok, seed=0).backbone, [], {"pooling": "mean"}, None
-    )[0]
+    digest = FeatureStore.encoder_digest(tiny_encoder(tok, seed=0).backbone)
+    assert FeatureStore.key(digest, [], {"pooling": "cls"}, None)[0] != FeatureStore.key(digest, [], {"pooling": "mean"}, None)[0]
+    # the same weight names and values under another architecture or config: another encoder
+    same = tiny_encoder(tok, seed=0).backbone
+    assert FeatureStore.encoder_digest(same) == digest
+    same.config.layer_norm_eps = 1e-3
+    assert FeatureStore.encoder_digest(same) != digest
+    # left padding moves the position ids: the rows' starts are part of the key
+    tok_left = copy.deepcopy(tok)
+    tok_left.padding_side = "left"
+    assert _key(tok_left, split)[0] != base
 
 
 def test_a_damaged_file_is_encoded_again_and_replaced(tmp_path, tok, data, caplog):
@@ -167,4 +180,26 @@ def test_settings_that_cannot_use_a_store_are_refused(tmp_path, tok, data):
     (tmp_path / "a_file").write_text("user data")
     with pytest.raises(ValueError, match="is a file, not a folder"):
         _trainer(tmp_path / "x", tok, data, store=tmp_path / "a_file")
+    with pytest.raises(ValueError, match="cannot be created"):
+        _trainer(tmp_path / "y", tok, data, store=tmp_path / "a_file" / "sub")
     assert (tmp_path / "a_file").read_text() == "user data"
+    # drop_last would cut the last rows of every encoding pass
+    with pytest.raises(ValueError, match="dataloader_drop_last"):
+        _trainer(tmp_path / "z", tok, data, store=tmp_path / "f", dataloader_drop_last=True)
+
+
+def test_a_file_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, tok, data, caplog, monkeypatch):
+    import safetensors.torch
+
+    def full_disk(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    store = tmp_path / "features"
+    tr, rows = _trainer(tmp_path / "a", tok, data, store=store)
+    with caplog.at_level("WARNING", logger="hf_mlcl.training.feature_store"):
+        tr.train()  # the run goes on with its features in memory
+    assert caplog.text.count("No space left on device") == 2 and rows.rows == N_TRAIN + N_EVAL
+    assert os.listdir(store) == []  # no temporary file left behind
