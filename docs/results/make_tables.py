@@ -212,8 +212,8 @@ def _epoch_times(epoch_records: list[dict]) -> str:
     """Mean wall time per epoch (seconds) over the runs' recorded epochs; an epoch a resumed run timed only
     in part counts by its whole-epoch estimate (``timeline.epoch_summary``) and marks the value "≈"."""
     v, scaled = [], False
-    for e in epoch_records:
-        v += e.get("whole_epoch_s") or e.get("epoch_s", [])
+    for e in epoch_records:  # an epoch cut by early stopping (None) is no measure of a whole one
+        v += [x for x in (e.get("whole_epoch_s") or e.get("epoch_s", [])) if x is not None]
         scaled |= bool(e.get("resumed_epochs"))
     return f"{'≈' if scaled else ''}{np.mean(v):.0f}" if v else "—"
 

@@ -12,6 +12,7 @@ whole one from its time per step, naming it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -80,21 +81,24 @@ def epoch_summary(path: str) -> dict:
     """``{"epoch_s": [...], "whole_epoch_s": [...], "resumed_epochs": [...], "evaluations": [...]}``: the latest
     record per epoch / per evaluation step. ``epoch_s`` is as timed; ``whole_epoch_s`` scales an epoch whose
     timing began inside it (resumed from a mid-epoch checkpoint) to a whole epoch by its time per step;
-    ``resumed_epochs`` names those epochs."""
+    ``resumed_epochs`` names those epochs; an epoch that ended inside itself (early stopping between epoch
+    ends) has ``None`` there and is named in ``stopped_epochs``."""
     epochs: dict[float, dict] = {}
     evals: dict[int, dict] = {}
     for rec in read_timeline(path):
-        if rec["event"] == "epoch":
-            epochs[round(rec["epoch"])] = rec
+        if rec["event"] == "epoch":  # epoch 4.33 (an early stop a third into epoch 5) is epoch 5, not 4
+            epochs[math.ceil(rec["epoch"] - 1e-6)] = rec
         elif rec["event"] == "evaluate":
             evals[int(rec["global_step"])] = rec
-    whole, resumed = [], []
+    whole, resumed, stopped = [], [], []
     for k in sorted(epochs):
         rec = epochs[k]
         steps, full, start = rec.get("steps"), rec.get("epoch_steps"), rec.get("start_step")
-        # resumed: the timed part began inside the epoch (an early stop or a fractional last epoch begins at
-        # an epoch boundary and is kept as timed)
-        if steps and full and start is not None and start % full and steps < full:
+        if abs(rec["epoch"] - round(rec["epoch"])) > 1e-3:  # ended inside the epoch (early stop): no whole epoch
+            whole.append(None)
+            stopped.append(k)
+        elif steps and full and start is not None and start % full and steps < full:
+            # resumed: the timed part began inside the epoch
             whole.append(round(rec["epoch_s"] * full / steps, 1))
             resumed.append(k)
         else:
@@ -103,6 +107,7 @@ def epoch_summary(path: str) -> dict:
         "epoch_s": [epochs[k]["epoch_s"] for k in sorted(epochs)],
         "whole_epoch_s": whole,
         "resumed_epochs": resumed,
+        "stopped_epochs": stopped,
         "evaluations": [
             {"epoch": r["epoch"], "global_step": s, "eval_s": None if r["eval_s"] is None else round(r["eval_s"], 1),
              **{k: r["metrics"][k] for k in ("eval_micro_f1", "eval_macro_f1", "eval_loss") if k in r["metrics"]}}

@@ -139,18 +139,25 @@ def test_timeline_keeps_the_latest_record_of_each_epoch(tmp_path):
     assert summary["epoch_s"] == summary["whole_epoch_s"] == [100.0, 95.0] and summary["resumed_epochs"] == []
     assert summary["evaluations"] == [{"epoch": 1.0, "global_step": 10, "eval_s": 5.0, "eval_macro_f1": 0.3},
                                       {"epoch": 2.0, "global_step": 20, "eval_s": 6.0, "eval_macro_f1": 0.4}]
-    assert mod.epoch_summary(str(tmp_path / "absent.jsonl")) == {"epoch_s": [], "whole_epoch_s": [],
-                                                                 "resumed_epochs": [], "evaluations": []}
+    assert mod.epoch_summary(str(tmp_path / "absent.jsonl")) == {"epoch_s": [], "whole_epoch_s": [], "resumed_epochs": [],
+                                                                 "stopped_epochs": [], "evaluations": []}
     # killed in epoch 3 after its step-24 checkpoint: the resumed run times steps 25-30 only
     with open(path, "a") as fh:
         fh.write(json.dumps({"run_start": 20, "time": 21, "event": "epoch", "epoch": 3.0, "global_step": 30,
                              "epoch_s": 60.0, "start_step": 24, "steps": 6, "epoch_steps": 10}) + "\n")
-        # an early stop in epoch 4 (it began at its boundary): kept as timed
+        # an early stop half-way through epoch 4 (epoch 3.5): its own epoch, no measure of a whole one
         fh.write(json.dumps({"run_start": 20, "time": 22, "event": "epoch", "epoch": 3.5, "global_step": 35,
                              "epoch_s": 40.0, "start_step": 30, "steps": 5, "epoch_steps": 10}) + "\n")  # fmt: skip
     summary = mod.epoch_summary(str(path))
     assert summary["epoch_s"] == [100.0, 95.0, 60.0, 40.0]
-    assert summary["whole_epoch_s"] == [100.0, 95.0, 100.0, 40.0] and summary["resumed_epochs"] == [3]
+    assert summary["whole_epoch_s"] == [100.0, 95.0, 100.0, None] and summary["resumed_epochs"] == [3]
+    assert summary["stopped_epochs"] == [4]
+    # the same early stop a third into epoch 5 must not replace epoch 4's record (round(4.33) == 4)
+    lines = [{"run_start": 1, "time": 1, "event": "epoch", "epoch": 4.0, "global_step": 40, "epoch_s": 90.0},
+             {"run_start": 1, "time": 2, "event": "epoch", "epoch": 4.3301, "global_step": 43, "epoch_s": 30.0}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = mod.epoch_summary(str(path))
+    assert summary["epoch_s"] == [90.0, 30.0] and summary["whole_epoch_s"] == [90.0, None]
 
 
 def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
@@ -351,6 +358,7 @@ def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate(tables):
     assert tables._per_epoch([{"epochs": {"epoch_s": [80.0, 90.0]}}]) == "85"  # records from before the field
     assert tables._stage1_per_epoch([{"stage1": {"epochs": resumed["epochs"]}}]) == "≈95"
     assert tables._per_epoch([{}]) == "—"
+    assert tables._per_epoch([{"epochs": {"epoch_s": [80.0, 20.0], "whole_epoch_s": [80.0, None]}}]) == "80"
 
 
 def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
