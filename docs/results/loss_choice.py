@@ -22,12 +22,17 @@ LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hb
 PROBES = ("logistic", "linear")  # the frozen probes
 
 
+def _seed1_metrics(results: str, study: str, loss: str, probe: str) -> str:
+    """Path of a probe cell's seed-1 metrics.json (written by run.py)."""
+    return os.path.join(results, study, f"{loss}_{probe}", "seed1", "metrics.json")
+
+
 def probe_scores(study: str, results: str = RESULTS) -> dict[str, tuple[float, str]]:
     """{loss: (best seed-1 validation macro-F1 over the frozen probes, that probe)} of the finished cells."""
     best: dict[str, tuple[float, str]] = {}
     for loss in LOSSES:
         for probe in PROBES:
-            path = os.path.join(results, study, f"{loss}_{probe}", "seed1", "metrics.json")
+            path = _seed1_metrics(results, study, loss, probe)
             if not os.path.isfile(path):
                 continue
             with open(path, encoding="utf-8") as fh:
@@ -47,7 +52,7 @@ def best_losses(study: str, k: int = 2, results: str = RESULTS) -> list[str]:
     """The ``k`` losses with the best frozen-probe validation macro-F1; ValueError until every loss has both
     probe rows (so two queues asking at different times get the same answer)."""
     missing = [f"{loss} {probe}" for loss in LOSSES for probe in PROBES
-               if not os.path.isfile(os.path.join(results, study, f"{loss}_{probe}", "seed1", "metrics.json"))]  # fmt: skip
+               if not os.path.isfile(_seed1_metrics(results, study, loss, probe))]  # fmt: skip
     if missing:
         raise ValueError(
             f"{study}: no seed-1 probe row yet for {', '.join(missing)}; the best losses are chosen once every "

@@ -347,9 +347,9 @@ def comparison_table(study: str) -> str:
             frozen = None if probe == "finetune" else _delta(runs, plain.get(("pretrained", probe), []), "test_macro_f1")
             rows.append(
                 f"| {NAMES.get(loss, loss)} | {FULL_PROBES[probe]} | {_metric(runs, 'validation_macro_f1')} "
-                f"| {f'{macro[0]:+.3f}' if macro else '—'} | {f'{micro[0]:+.3f}' if micro else '—'} "
+                f"| {_signed(macro)} | {_signed(micro)} "
                 f"| {macro[1] if macro else 'no BCE baseline yet'} "
-                f"| {f'{frozen[0]:+.3f}' if frozen else '—'} |"
+                f"| {_signed(frozen)} |"
                 + (f" {_signed(_delta(runs, long_bce, 'test_macro_f1'), NOT_RUN)} |" if long else "")
             )
     if len(rows) == 2:

@@ -82,6 +82,11 @@ long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed 1 --patienc
 pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY docs/results/loss_choice.py reuters21578 2; fi; }
 # the same in a queue that runs beside full-reuters: wait (logging why) until every Reuters probe row is there
 wait_pick() { local L; until L=$(pick ""); do sleep "${PICK_POLL_S:-600}"; done; echo "$L"; }
+reuters_loss_cells() {  # every loss's probes, the 20-epoch BCE run, then every loss's fine-tune (seed 1)
+  probe_cells reuters21578 1 $LOSSES
+  long_bce reuters21578
+  finetune_cells reuters21578 2 1 $LOSSES
+}
 seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes first (minutes each), then the
   # BCE baseline at its chosen learning rate, then the losses' fine-tunes (hours each)
   local study=$1 pat=$2; shift 2
@@ -141,9 +146,7 @@ full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (
   seed_cells "$study" "$pat" $L2
   ;;
 full-reuters)     # one queue's whole Reuters share: every loss (probes, then fine-tunes), then seeds 2-3
-  probe_cells reuters21578 1 $LOSSES
-  long_bce reuters21578
-  finetune_cells reuters21578 2 1 $LOSSES
+  reuters_loss_cells
   L2=$(pick "") || exit 1
   seed_cells reuters21578 2 $L2
   ;;
@@ -157,9 +160,7 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
   # losses on GoEmotions, then seeds 2-3 (one queue; full-reuters + full-goemotions split it in two)
   base_cells reuters21578 2
   base_cells goemotions_full 3
-  probe_cells reuters21578 1 $LOSSES
-  long_bce reuters21578
-  finetune_cells reuters21578 2 1 $LOSSES
+  reuters_loss_cells
   L2=$(pick "") || exit 1
   loss_cells goemotions_full 3 1 $L2
   seed_cells reuters21578 2 $L2

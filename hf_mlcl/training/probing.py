@@ -40,6 +40,7 @@ import torch.nn as nn
 from transformers import Trainer
 
 from hf_mlcl.evaluation.inputs import sigmoid
+from hf_mlcl.losses.relations import nonzero_pairs
 
 from ._common import (
     check_label_column,
@@ -411,7 +412,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         """One encoder pass over ``dataset``, or, with ``feature_cache_dir``, the features a run with the same
         encoder and tokenised rows saved there (:class:`~hf_mlcl.training.feature_store.FeatureStore`)."""
         start = time.perf_counter()
-        store, key = self._feature_store, None
+        store = self._feature_store
         if store is not None:
             key, rows = self._feature_key(dataset)
             stored = store.load(key, rows)
@@ -445,7 +446,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
                     "fp16": bool(self.args.fp16)}  # fmt: skip
 
         def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
-            return labels_to_dense_float(self._split(batch)[1]).nonzero()
+            return torch.stack(nonzero_pairs(self._split(batch)[1]), dim=1)  # dense or sparse, never densified
 
         # iterating a DataLoader draws a seed from the global generator: keep the run's random streams as
         # they are, so dropout masks do not depend on whether a store is used
