@@ -25,8 +25,11 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bce_choice  # noqa: E402  (docs/results/bce_choice.py: the BCE baseline's learning rate and budget)
 import loss_choice  # noqa: E402  (docs/results/loss_choice.py: the losses that get GoEmotions runs and seeds)
 import lr_grid  # noqa: E402  (docs/results/lr_grid.py: the BCE learning-rate grid)
+from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with a longer-budget BCE run)
+from bce_choice import LONG_TAG as LONG_BCE_TAG  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_MD = os.path.join(os.path.dirname(HERE), "RESULTS.md")
@@ -41,10 +44,6 @@ CONTRASTIVE = [x for x in ORDER if x not in ("bce", "pretrained")]
 FULL_STUDIES = ("reuters21578", "goemotions_full")
 FULL_PROBES = {"logistic": "logistic probe (ABALONE)", "linear": "linear probe (SD paper)", "finetune": "fine-tune"}
 NOT_RUN = "not yet run"
-# The BCE baseline with a longer budget, where the chosen BCE run ended its 5 epochs still improving on
-# validation (run_all.sh runs it as run.py --tag long: cell bce_finetune-long-lr<lr>)
-LONG_BCE_TAG = "long"
-LONG_BCE = {"reuters21578": "up to 20 epochs (patience 3)"}
 # published figures and the issue's goals, printed above the measured rows of each full-data table
 ANCHORS = {
     "reuters21578": [
@@ -202,10 +201,11 @@ def _lr_runs(cells, loss: str) -> dict[str, list[dict]]:
 
 
 def chosen_lr(study: str) -> str | None:
-    """The BCE fine-tuning learning rate with the highest seed-1 validation macro-F1 (run.py ``--lr best``)."""
-    seed1 = [(r["metrics"]["validation_macro_f1"], lr) for lr, rs in _lr_runs(load(study, tagged=True), "bce").items()
-             for r in rs if r["seed"] == 1]  # fmt: skip
-    return max(seed1)[1] if seed1 else None
+    """The BCE fine-tuning learning rate chosen on validation (run.py ``--lr best``), None before any has run."""
+    try:
+        return bce_choice.best_bce_lr(study, HERE)
+    except ValueError:
+        return None
 
 
 def _epoch_times(epoch_records: list[dict]) -> str:
@@ -324,10 +324,16 @@ def _signed(delta: tuple[float, str] | None, missing: str = "—") -> str:
     return f"{delta[0]:+.3f}" if delta else missing
 
 
+def _vs_long(delta: tuple[float, str] | None) -> str:
+    """The two comparison cells against the longer-budget BCE run: difference, seed-spread verdict."""
+    return f" {_signed(delta, NOT_RUN)} | {delta[1] if delta else NOT_RUN} |"
+
+
 def comparison_table(study: str) -> str:
     """Every finished contrastive row of a full study against the BCE baseline (chosen learning rate) and, for
     the probes, against the frozen pretrained MiniLM with the same probe: mean test differences (positive:
-    the contrastive row is better), with the seed-spread verdict of :func:`_delta` on macro-F1 vs BCE; then
+    the contrastive row is better), with the seed-spread verdict of :func:`_delta` on macro-F1 vs BCE and, in a
+    study with a longer-budget BCE run (``bce_choice.LONG_BUDGET``), the difference and verdict against it; then
     the losses ranked by the rule of ``loss_choice.py`` (best seed-1 validation macro-F1 of a frozen probe),
     which picks the losses that run on GoEmotions and get 3 seeds."""
     plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
@@ -336,8 +342,9 @@ def comparison_table(study: str) -> str:
     long_bce = long_bce_runs(study, tagged, lr)
     rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
             "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |"
-            + (f" test macro-F1 − BCE {LONG_BCE[study]} |" if long else ""),
-            "|---|---|---|---|---|---|---|" + ("---|" if long else "")]  # fmt: skip
+            + (f" test macro-F1 − BCE {LONG_BCE[study]} | beyond the seed spread (vs BCE {LONG_BCE[study]})? |"
+               if long else ""),
+            "|---|---|---|---|---|---|---|" + ("---|---|" if long else "")]  # fmt: skip
     for loss in CONTRASTIVE:
         for probe in ("logistic", "linear", "finetune"):
             runs = _full_runs(plain, tagged, lr, loss, probe)
@@ -350,7 +357,7 @@ def comparison_table(study: str) -> str:
                 f"| {_signed(macro)} | {_signed(micro)} "
                 f"| {macro[1] if macro else 'no BCE baseline yet'} "
                 f"| {_signed(frozen)} |"
-                + (f" {_signed(_delta(runs, long_bce, 'test_macro_f1'), NOT_RUN)} |" if long else "")
+                + (_vs_long(_delta(runs, long_bce, "test_macro_f1")) if long else "")
             )
     if len(rows) == 2:
         return "No contrastive row has finished yet."

@@ -109,36 +109,22 @@ def _epochs(folder: str) -> dict:
     return epoch_summary(os.path.join(folder, "timeline.jsonl"))
 
 
-def bce_validation_scores(dataset: str) -> dict[str, float]:
-    """Validation macro-F1 of each finished ``bce_finetune-lr*`` seed-1 cell of ``dataset``, by learning rate."""
-    import glob
-
-    scores = {}
-    for path in glob.glob(os.path.join(RESULTS, dataset, "bce_finetune-lr*", "seed1", "metrics.json")):
-        with open(path, encoding="utf-8") as fh:
-            r = json.load(fh)
-        scores[r["tag"][len("lr") :]] = float(r["metrics"]["validation_macro_f1"])
-    return scores
-
-
 def best_bce_lr(dataset: str) -> str:
-    """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` cell of ``dataset`` (seed 1)
-    with the highest validation macro-F1. ValueError when none has finished yet."""
-    scores = bce_validation_scores(dataset)
-    if not scores:
-        raise ValueError(
-            f"--lr best: no finished bce_finetune-lr* seed-1 cell under {os.path.join(RESULTS, dataset)}; "
-            "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base)"
-        )
-    return max((score, lr) for lr, score in scores.items())[1]
+    """The fine-tuning learning rate chosen on validation (``bce_choice.best_bce_lr``; ValueError until a
+    BCE learning-rate cell has finished)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bce_choice
+
+    return bce_choice.best_bce_lr(dataset, RESULTS)
 
 
 def extended_bce_lr(dataset: str) -> str:
     """The grid's third learning rate, chosen on validation from the first two (docs/results/lr_grid.py)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bce_choice import bce_validation_scores
     from lr_grid import FIRST, third_lr
 
-    third = third_lr(bce_validation_scores(dataset))
+    third = third_lr(bce_validation_scores(dataset, RESULTS))
     if third is None:
         raise ValueError(
             f"--lr extend: the BCE cells at learning rates {' and '.join(FIRST)} (seed 1) must finish first; "

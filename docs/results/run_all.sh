@@ -76,7 +76,9 @@ loss_cells() {  # every loss gets its probe rows before the first long fine-tune
 # Reuters' chosen BCE run (2e-4) ended its 5 epochs still improving on validation (0.284, 0.324, 0.364):
 # the same fine-tune with up to 20 epochs (patience 3) says whether the comparisons survive a converged
 # baseline (cell bce_finetune-long-lr<lr>; make_tables.py LONG_BCE)
-long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed 1 --patience 3 --tag long --probe.num_train_epochs 20; }
+long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed "${2:-1}" --patience 3 --tag long --probe.num_train_epochs 20; }
+# the bar's budget, chosen on validation (docs/results/bce_choice.py): "long" when that run beat the 5 epochs
+bce_budget() { $PY docs/results/bce_choice.py "$1" || echo "FAILED: bce_choice.py $1 (no seeds 2-3 of the longer BCE run)" >&2; }
 # the two losses that run on GoEmotions and get seeds 2-3: named, or chosen by docs/results/loss_choice.py
 # (best seed-1 validation macro-F1 of a frozen probe on Reuters, once every loss has one)
 pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY docs/results/loss_choice.py reuters21578 2; fi; }
@@ -88,14 +90,16 @@ reuters_loss_cells() {  # every loss's probes, the 20-epoch BCE run, then every 
   finetune_cells reuters21578 2 1 $LOSSES
 }
 seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes first (minutes each), then the
-  # BCE baseline at its chosen learning rate, then the losses' fine-tunes (hours each)
-  local study=$1 pat=$2; shift 2
+  # BCE baseline at its chosen learning rate (5 epochs, and the longer budget where bce_choice.py chose it),
+  # then the losses' fine-tunes (hours each)
+  local study=$1 pat=$2 S; shift 2
   for S in 2 3; do
     fcell "$study" --loss pretrained --probe logistic --seed "$S"
     fcell "$study" --loss pretrained --probe linear --seed "$S" $LINEAR
     probe_cells "$study" "$S" "$@"
   done
   for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat"; done
+  if [ "$(bce_budget "$study")" = long ]; then for S in 2 3; do long_bce "$study" "$S"; done; fi
   for S in 2 3; do finetune_cells "$study" "$pat" "$S" "$@"; done
 }
 
