@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
 LONG_TAG = "long"
 # studies whose chosen BCE run ended its 5 epochs still improving, and the longer budget run_all.sh gives them
+# (run_all.sh's long_bce() runs exactly this budget, for the studies listed here: keep the two in step)
 LONG_BUDGET = {"reuters21578": "up to 20 epochs (patience 3)"}
 
 
@@ -54,20 +55,28 @@ def best_bce_lr(study: str, results: str = RESULTS) -> str:
     return max((score, lr) for lr, score in scores.items())[1]
 
 
+def long_cell(lr: str) -> str:
+    """The cell folder of the longer-budget BCE run at learning rate ``lr`` (``run.py --tag long --lr <lr>``)."""
+    return f"bce_finetune-{LONG_TAG}-lr{lr}"
+
+
 def bce_budget(study: str, results: str = RESULTS) -> str:
     """``"long"`` when the longer-budget BCE run of ``study`` beats the 5-epoch run at the chosen learning rate
     on seed-1 validation macro-F1, else ``"base"`` (always ``"base"`` for a study without a longer run).
-    ValueError while a run the choice needs has not finished."""
+    ValueError for a study without results, or while a run the choice needs has not finished."""
+    if not os.path.isdir(os.path.join(results, study)):
+        raise ValueError(f"no study {study!r} under {results} (the full-data studies: reuters21578, goemotions_full)")
     if study not in LONG_BUDGET:
         return "base"
+    scores = bce_validation_scores(study, results)
     lr = best_bce_lr(study, results)
-    long = os.path.join(results, study, f"bce_finetune-{LONG_TAG}-lr{lr}", "seed1", "metrics.json")
+    long = os.path.join(results, study, long_cell(lr), "seed1", "metrics.json")
     if not os.path.isfile(long):
         raise ValueError(
             f"{study}: the BCE run with {LONG_BUDGET[study]} at lr {lr} (seed 1) has not finished, so the "
             "budget of the BCE baseline is not chosen yet (run_all.sh full-reuters runs it before the seeds)"
         )
-    return "long" if _validation_macro_f1(long) > bce_validation_scores(study, results)[lr] else "base"
+    return "long" if _validation_macro_f1(long) > scores[lr] else "base"
 
 
 if __name__ == "__main__":

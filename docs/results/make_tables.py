@@ -29,7 +29,6 @@ import bce_choice  # noqa: E402  (docs/results/bce_choice.py: the BCE baseline's
 import loss_choice  # noqa: E402  (docs/results/loss_choice.py: the losses that get GoEmotions runs and seeds)
 import lr_grid  # noqa: E402  (docs/results/lr_grid.py: the BCE learning-rate grid)
 from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with a longer-budget BCE run)
-from bce_choice import LONG_TAG as LONG_BCE_TAG  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_MD = os.path.join(os.path.dirname(HERE), "RESULTS.md")
@@ -253,7 +252,7 @@ def _full_runs(plain, tagged, lr: str | None, loss: str, probe: str) -> list[dic
 def long_bce_runs(study: str, tagged, lr: str | None) -> list[dict]:
     """The BCE fine-tune at the chosen learning rate with the longer budget (``run_all.sh``: studies in
     LONG_BCE, whose chosen BCE run was still improving at the end of its 5 epochs)."""
-    return tagged.get(("bce", f"finetune-{LONG_BCE_TAG}-lr{lr}"), []) if lr and study in LONG_BCE else []
+    return tagged.get(("bce", bce_choice.long_cell(lr)[len("bce_") :]), []) if lr and study in LONG_BCE else []
 
 
 def _full_row(name: str, label: str, runs: list[dict], probe: str) -> str:
@@ -324,9 +323,24 @@ def _signed(delta: tuple[float, str] | None, missing: str = "—") -> str:
     return f"{delta[0]:+.3f}" if delta else missing
 
 
-def _vs_long(delta: tuple[float, str] | None) -> str:
-    """The two comparison cells against the longer-budget BCE run: difference, seed-spread verdict."""
-    return f" {_signed(delta, NOT_RUN)} | {delta[1] if delta else NOT_RUN} |"
+def _vs_long(delta: tuple[float, str] | None, budget: str | None) -> str:
+    """The two comparison cells against the longer-budget BCE run: difference, seed-spread verdict (none
+    where ``bce_choice.py`` kept the 5-epoch run as the bar)."""
+    verdict = "not the bar (lower on validation)" if budget == "base" else delta[1] if delta else NOT_RUN
+    return f" {_signed(delta, NOT_RUN)} | {verdict} |"
+
+
+def _bar_note(study: str, budget: str | None, bce: list[dict], long_bce: list[dict]) -> str:
+    """Which BCE run is the bar of a study with a longer-budget run (``budget``: ``bce_choice.bce_budget``, None
+    before it can be chosen), with the two validation scores it was chosen on."""
+    if budget is None:
+        return (f"The bar: the 5-epoch BCE run until the run with {LONG_BCE[study]} has finished; then the one "
+                "with the higher seed-1 validation macro-F1 (`bce_choice.py`).")  # fmt: skip
+    bar = f"BCE with {LONG_BCE[study]}" if budget == "long" else "BCE with 5 epochs"
+    base, long = ([r for r in runs if r["seed"] == 1] for runs in (bce, long_bce))
+    return (f"The bar (`bce_choice.py`; seed-1 validation macro-F1 {_metric(base, 'validation_macro_f1')} with 5 "
+            f"epochs, {_metric(long, 'validation_macro_f1')} with {LONG_BCE[study]}): **{bar}**; a loss helps where "
+            "its seed-spread verdict against that run says yes.")  # fmt: skip
 
 
 def comparison_table(study: str) -> str:
@@ -340,6 +354,10 @@ def comparison_table(study: str) -> str:
     bce = _full_runs(plain, tagged, lr, "bce", "finetune")
     long = study in LONG_BCE
     long_bce = long_bce_runs(study, tagged, lr)
+    try:
+        budget = bce_choice.bce_budget(study, HERE)
+    except ValueError:
+        budget = None
     rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
             "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |"
             + (f" test macro-F1 − BCE {LONG_BCE[study]} | beyond the seed spread (vs BCE {LONG_BCE[study]})? |"
@@ -357,13 +375,13 @@ def comparison_table(study: str) -> str:
                 f"| {_signed(macro)} | {_signed(micro)} "
                 f"| {macro[1] if macro else 'no BCE baseline yet'} "
                 f"| {_signed(frozen)} |"
-                + (_vs_long(_delta(runs, long_bce, "test_macro_f1")) if long else "")
+                + (_vs_long(_delta(runs, long_bce, "test_macro_f1"), budget) if long else "")
             )
     if len(rows) == 2:
         return "No contrastive row has finished yet."
     ranked = loss_choice.ranked(study, HERE)
     ranking = ", ".join(f"{NAMES.get(loss, loss)} {v:.3f} ({FULL_PROBES[probe]})" for loss, v, probe in ranked)
-    return "\n".join(rows) + (
+    return "\n".join(rows) + (f"\n\n{_bar_note(study, budget, bce, long_bce)}" if long else "") + (
         f"\n\nLosses by their best validation macro-F1 of a frozen probe, seed 1 (`loss_choice.py`; "
         f"{len(ranked)} of {len(loss_choice.LOSSES)} losses have a probe row): {ranking or '—'}."
     )
@@ -410,7 +428,7 @@ def _tail_series(study: str) -> list[tuple[str, dict]] | None:
     _, folder, label = max(scored)
     series = [("BCE fine-tuning", _per_label(study, f"bce_finetune-lr{lr}"))]
     if any(r["seed"] == 1 for r in long_bce_runs(study, tagged, lr)):
-        series.append((f"BCE fine-tuning, {LONG_BCE[study]}", _per_label(study, f"bce_finetune-{LONG_BCE_TAG}-lr{lr}")))
+        series.append((f"BCE fine-tuning, {LONG_BCE[study]}", _per_label(study, bce_choice.long_cell(lr))))
     return [*series, (label, _per_label(study, folder))]
 
 

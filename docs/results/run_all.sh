@@ -75,10 +75,13 @@ loss_cells() {  # every loss gets its probe rows before the first long fine-tune
 }
 # Reuters' chosen BCE run (2e-4) ended its 5 epochs still improving on validation (0.284, 0.324, 0.364):
 # the same fine-tune with up to 20 epochs (patience 3) says whether the comparisons survive a converged
-# baseline (cell bce_finetune-long-lr<lr>; make_tables.py LONG_BCE)
+# baseline (cell bce_finetune-long-lr<lr>; docs/results/bce_choice.py LONG_BUDGET lists the studies that have it)
 long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed "${2:-1}" --patience 3 --tag long --probe.num_train_epochs 20; }
 # the bar's budget, chosen on validation (docs/results/bce_choice.py): "long" when that run beat the 5 epochs
-bce_budget() { $PY docs/results/bce_choice.py "$1" || echo "FAILED: bce_choice.py $1 (no seeds 2-3 of the longer BCE run)" >&2; }
+bce_budget() {
+  local b; b=$($PY docs/results/bce_choice.py "$1") || { echo "FAILED: bce_choice.py $1 (no seeds 2-3 of the longer BCE run)" >&2; return; }
+  echo "### BCE budget of $1 chosen on validation: $b" >&2; echo "$b"
+}
 # the two losses that run on GoEmotions and get seeds 2-3: named, or chosen by docs/results/loss_choice.py
 # (best seed-1 validation macro-F1 of a frozen probe on Reuters, once every loss has one)
 pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY docs/results/loss_choice.py reuters21578 2; fi; }

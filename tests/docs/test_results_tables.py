@@ -66,10 +66,10 @@ def test_main_rewrites_only_the_marked_blocks(tables, tmp_path, monkeypatch):
     assert (tmp_path / "ds" / "runs.md").read_text().count("| mulsupcon + hbl | logistic | 1 |") == 1
 
 
-def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=None, best=None):
+def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=None, best=None, replace=False):
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")
     folder = root / "reuters21578" / cell / f"seed{seed}"
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=replace)
     record = {"loss": loss, "probe": probe, "seed": seed, "tag": tag, "overrides": [], "wall_s": {"probe_s": 50.0},
               "metrics": {"validation_macro_f1": val_macro, "validation_micro_f1": 0.8, "test_micro_f1": 0.9,
                           "test_macro_f1": test_macro, "test_p@1": 0.95},
@@ -196,7 +196,7 @@ def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatc
     _full_run(tmp_path, "bce", "finetune", 1, 0.20, 0.10, tag="lr1e-4")
     assert run.extended_bce_lr("reuters21578") == "2e-5"  # 5e-5 is better on validation: extend below
     assert run.best_bce_lr("reuters21578") == "5e-5"
-    _full_run(tmp_path, "bce", "finetune", 1, 0.90, 0.90, tag="long-lr5e-5")  # a budget variant, not an lr
+    _full_run(tmp_path, "bce", "finetune", 1, 0.90, 0.90, tag="long-lr1e-4")  # a budget variant, not an lr
     assert run.best_bce_lr("reuters21578") == "5e-5"
 
 
@@ -227,6 +227,13 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
     table = tables.comparison_table("reuters21578")
     jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
     assert "| +0.160 | +0.030 | yes: 0.030 > 0.028 |" in jac  # 0.41 vs 0.38 (0.014 + 0.014)
+    assert ("The bar (`bce_choice.py`; seed-1 validation macro-F1 0.450 (n=1) with 5 epochs, 0.470 (n=1) with up to "
+            "20 epochs (patience 3)): **BCE with up to 20 epochs (patience 3)**;") in table  # fmt: skip
+    _full_run(tmp_path, "bce", "finetune", 1, 0.44, 0.37, tag="long-lr1e-4", epochs=curve, best=0.3, replace=True)
+    table = tables.comparison_table("reuters21578")  # the longer run lost on validation: the 5 epochs stay the bar
+    jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
+    assert jac.endswith("| +0.160 | +0.030 | not the bar (lower on validation) |")
+    assert "**BCE with 5 epochs**" in table
     # ranked on the frozen probes' seed-1 validation macro-F1 (never on test), as loss_choice.py ranks them
     assert table.endswith("(`loss_choice.py`; 2 of 8 losses have a probe row): jaccard 0.500 (logistic probe "
                           "(ABALONE)), mulsupcon + hbl 0.470 (linear probe (SD paper)).")  # fmt: skip
@@ -284,7 +291,11 @@ def _bce_choice():
 
 def test_bce_choice_takes_the_longer_budget_only_when_it_wins_on_validation(tmp_path):
     choice, results = _bce_choice(), str(tmp_path)
+    with pytest.raises(ValueError, match="no study 'reuters' under"):  # a typo is no study without a longer run
+        choice.bce_budget("reuters", results)
+    (tmp_path / "goemotions_full").mkdir()
     assert choice.bce_budget("goemotions_full", results) == "base"  # no longer run planned there
+    (tmp_path / "reuters21578").mkdir()
     with pytest.raises(ValueError, match="no finished bce_finetune-lr"):
         choice.bce_budget("reuters21578", results)
     _full_run(tmp_path, "bce", "finetune", 1, 0.30, 0.10, tag="lr1e-4")
@@ -295,10 +306,10 @@ def test_bce_choice_takes_the_longer_budget_only_when_it_wins_on_validation(tmp_
         choice.bce_budget("reuters21578", results)
     _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.99, tag="long-lr2e-4")  # a tie on validation: test is not read
     assert choice.bce_budget("reuters21578", results) == "base"
-    _full_run(tmp_path, "bce", "finetune", 2, 0.10, 0.10, tag="lr2e-4")  # other seeds do not count
-    (tmp_path / "reuters21578" / "bce_finetune-long-lr2e-4" / "seed1" / "metrics.json").unlink()
-    (tmp_path / "reuters21578" / "bce_finetune-long-lr2e-4" / "seed1").rmdir()
-    _full_run(tmp_path, "bce", "finetune", 1, 0.41, 0.0, tag="long-lr2e-4")
+    _full_run(tmp_path, "bce", "finetune", 1, 0.41, 0.0, tag="long-lr2e-4", replace=True)
+    assert choice.bce_budget("reuters21578", results) == "long"
+    _full_run(tmp_path, "bce", "finetune", 2, 0.50, 0.10, tag="lr2e-4")  # other seeds do not count
+    _full_run(tmp_path, "bce", "finetune", 2, 0.10, 0.10, tag="long-lr2e-4")
     assert choice.bce_budget("reuters21578", results) == "long"
 
 
@@ -355,6 +366,13 @@ def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
     cells = [" ".join(line.split()[3:]) for line in calls.read_text().splitlines()]
     n_bce = expected.index("--loss any --probe finetune --lr best --seed 2 --patience 2")
     assert cells == expected[:n_bce] + [long.replace("--seed 1", f"--seed {s}") for s in (2, 3)] + expected[n_bce:]
+    assert "### BCE budget of reuters21578 chosen on validation: long" in proc.stderr  # the queue log records it
+    # the longer budget lost on validation: the 5-epoch run stays the bar, and no longer-budget seeds run
+    _full_run(tmp_path, "bce", "finetune", 1, 0.29, 0.1, tag="long-lr2e-4", replace=True)
+    calls.unlink()
+    proc = subprocess.run(["bash", script, "full-seeds", "reuters21578"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "chosen on validation: base" in proc.stderr, proc.stderr
+    assert [" ".join(line.split()[3:]) for line in calls.read_text().splitlines()] == expected
 
 
 def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tables, tmp_path):
