@@ -413,14 +413,20 @@ def _per_label(study: str, cell: str) -> dict:
         return json.load(fh)
 
 
+def _cell_label(loss: str, probe: str) -> str:
+    """A contrastive cell in words: ``jaccard stage 1 + logistic probe (ABALONE)``, ``... + fine-tune, lr 1e-4``."""
+    kind, _, lr = probe.partition("-lr")
+    return f"{NAMES.get(loss, loss)} stage 1 + {FULL_PROBES[kind]}" + (f", lr {lr}" if lr else "")
+
+
 def _tail_series(study: str) -> list[tuple[str, dict]] | None:
     """Per-label results (per_label_f1.json, seed 1), in plotting order: the BCE fine-tune at the chosen learning
     rate, the same with the longer budget once it has run (LONG_BCE), and the contrastive cell with the highest
-    validation macro-F1 (labelled ``<loss> + <probe>``); None until BCE and a contrastive cell exist."""
+    validation macro-F1 (labelled by ``_cell_label``); None until BCE and a contrastive cell exist."""
     lr, tagged, plain = chosen_lr(study), load(study, tagged=True), load(study)
     if lr is None:
         return None
-    scored = [(r["metrics"]["validation_macro_f1"], f"{loss}_{probe}", f"{loss} + {probe}")
+    scored = [(r["metrics"]["validation_macro_f1"], f"{loss}_{probe}", _cell_label(loss, probe))
               for (loss, probe), rs in {**plain, **tagged}.items() for r in rs
               if loss in CONTRASTIVE and r["seed"] == 1 and (not probe.startswith("finetune") or probe == f"finetune-lr{lr}")]
     if not scored:
@@ -465,7 +471,7 @@ def tail_table(study: str) -> str:
     (best_label, _), bces = series[-1], series[:-1]
     counts = series[0][1]["train_count"]
     bins = f1_by_frequency_bin({label: np.asarray(r["test_f1"]) for label, r in series}, np.asarray(counts))
-    diffs = ["difference"] + [f"difference to {label}" for label, _ in bces[1:]]
+    diffs = [f"difference to {label}" for label, _ in bces]
     rows = [f"| training documents per label (bin) | labels | {' | '.join(label for label, _ in series)} | {' | '.join(diffs)} |",
             "|---|---|" + "---|" * (len(series) + len(bces))]  # fmt: skip
     for x in bins:

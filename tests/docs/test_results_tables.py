@@ -392,7 +392,8 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     _full_run(tmp_path, "sd", "linear", 1, 0.40, 0.90)
     per_label("sd_linear", [1.0] * 6)
     rows = tables.tail_table("reuters21578").splitlines()
-    assert "jaccard + logistic" in rows[0]  # chosen on validation, not on test
+    assert rows[0] == ("| training documents per label (bin) | labels | BCE fine-tuning | jaccard stage 1 + logistic probe "
+                       "(ABALONE) | difference to BCE fine-tuning |")  # chosen on validation, not on test
     # the bins of hf_mlcl.evaluation.f1_by_frequency_bin: 8 log-spaced edges from 1 to 7, 4 bins non-empty
     assert rows[2:] == ["| 1-1.28 | 1 | 0.10 | 0.50 | +0.40 |", "| 2.65-3.37 | 2 | 0.40 | 0.50 | +0.10 |",
                         "| 4.3-5.49 | 1 | 0.30 | 0.50 | +0.20 |", "| 5.49-7 | 1 | 0.40 | 0.50 | +0.10 |",
@@ -402,13 +403,16 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     per_label("bce_finetune-long-lr1e-4", [0.3, 0.6, 0.3, 0.2, 0.9, 0.6])
     rows = tables.tail_table("reuters21578").splitlines()
     assert rows[0] == ("| training documents per label (bin) | labels | BCE fine-tuning | BCE fine-tuning, up to 20 epochs "
-                       "(patience 3) | jaccard + logistic | difference | difference to BCE fine-tuning, up to 20 epochs "
+                       "(patience 3) | jaccard stage 1 + logistic probe (ABALONE) | difference to BCE fine-tuning | difference to BCE "
+                       "fine-tuning, up to 20 epochs "
                        "(patience 3) |")  # fmt: skip
     assert rows[2:4] == ["| 1-1.28 | 1 | 0.10 | 0.30 | 0.50 | +0.40 | +0.20 |",
                          "| 2.65-3.37 | 2 | 0.40 | 0.60 | 0.50 | +0.10 | -0.10 |"]  # fmt: skip
     assert rows[-1] == "| 0 (unseen in training, not in the plot) | 1 | | | | | |"
     plot = tables.full_f1_plot("reuters21578")
     assert plot is not None and os.path.getsize(plot) > 0
+    # a fine-tune cell is named by its stage 1 and learning rate, not by its folder
+    assert tables._cell_label("hbl", "finetune-lr1e-4") == "mulsupcon + hbl stage 1 + fine-tune, lr 1e-4"
 
 
 def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate(tables):
