@@ -168,7 +168,8 @@ def plot_f1_vs_frequency(
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(title or "Per-label F1 vs. training frequency")
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes: inside them, the legend of several methods hides the long tail's points
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=8, frameon=False)
     return _save(fig, path, dpi)
 
 
