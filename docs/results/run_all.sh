@@ -20,6 +20,9 @@
 #   bash docs/results/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): the
 #   bash docs/results/run_all.sh full-goemotions  # Reuters losses, 20-epoch BCE and seeds, resp. every GoEmotions
 #     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
+#   bash docs/results/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 \
+#     --patience 3 --tag long --probe.num_train_epochs 20   # one cell, logged like the phases' cells (used in
+#     session 10 to run the 20-epoch BCE seed 2 alone on both cores: it does not fit a session beside a second queue)
 # Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
@@ -147,6 +150,7 @@ full-reuters-base) base_cells reuters21578 2 ;;
 full-goemotions-base) base_cells goemotions_full 3 ;;
 full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
 full-goemotions-losses) L2=$(pick "${2:-}") || exit 1; loss_cells goemotions_full 3 1 $L2 ;;
+full-cell) shift; fcell "$@" ;;
 full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (named, or by loss_choice.py)
   study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
   L2=$(pick "${3:-}") || exit 1
@@ -173,5 +177,5 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
   seed_cells reuters21578 2 $L2
   seed_cells goemotions_full 3 $L2
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds" ; exit 2 ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell" ; exit 2 ;;
 esac
