@@ -20,9 +20,9 @@
 #   bash docs/results/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): the
 #   bash docs/results/run_all.sh full-goemotions  # Reuters losses, 20-epoch BCE and seeds, resp. every GoEmotions
 #     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
-#   bash docs/results/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 \
-#     --patience 3 --tag long --probe.num_train_epochs 20   # one cell, logged like the phases' cells (used in
-#     session 10 to run the 20-epoch BCE seed 2 alone on both cores: it does not fit a session beside a second queue)
+#   bash docs/results/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2
+#     # one cell, logged like the phases' cells: a session picks the seed cells that fit in what is left of it
+#     # (checkpoints do not survive a change of machine, so a cell must finish in the session that starts it)
 # Long runs: nohup nice -n 19 bash docs/results/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
