@@ -88,9 +88,27 @@ def _f1_cells(cells, loss: str, probe: str) -> str:
     )
 
 
+def stage2_seconds(run: dict) -> tuple[float | None, bool]:
+    """(stage-2 wall seconds, whether they are a lower bound). ``wall_s["probe_s"]`` times the session that
+    finished the stage only; the epoch records (``timeline.jsonl``, kept across sessions) time every finished
+    epoch and evaluation. When they add up to more, the stage was resumed and their sum is reported as a lower
+    bound (the killed part of an epoch, model loading and the final test pass are not in it)."""
+    probe_s = run["wall_s"].get("probe_s")
+    ep = run.get("epochs") or {}
+    timed = sum(ep.get("epoch_s") or []) + sum(e.get("eval_s") or 0.0 for e in ep.get("evaluations") or [])
+    if probe_s is None or timed > probe_s:
+        return (round(timed, 1), True) if timed else (probe_s, False)
+    return probe_s, False
+
+
+def _wall(run: dict, key: str) -> tuple[float | None, bool]:
+    return stage2_seconds(run) if key == "probe_s" else (run["wall_s"].get(key), False)
+
+
 def _mean_wall(runs: list[dict], key: str) -> str:
-    v = [r["wall_s"].get(key) for r in runs if r["wall_s"].get(key) is not None]
-    return f"{np.mean(v):.0f}" if v else "—"
+    walls = [_wall(r, key) for r in runs]
+    v = [s for s, _ in walls if s is not None]
+    return ("≥" if any(low for s, low in walls if s is not None) else "") + f"{np.mean(v):.0f}" if v else "—"
 
 
 def table(dataset: str) -> str:
@@ -139,12 +157,13 @@ def runs_table(dataset: str) -> str:
         for probe in sorted({p for (lo, p) in cells if lo == loss}, key=lambda p: (p != "logistic", p)):
             for r in sorted(cells.get((loss, probe), []), key=lambda r: r["seed"]):
                 m, w = r["metrics"], r["wall_s"]
+                probe_s, low = stage2_seconds(r)
                 thr = m.get("threshold")
                 rows.append(
                     f"| {NAMES.get(loss, loss)} | {probe} | {r['seed']} | {m['test_micro_f1']:.4f} "
                     f"| {m['test_macro_f1']:.4f} | {m.get('validation_micro_f1', float('nan')):.4f} "
                     f"| {thr if isinstance(thr, (int, float)) else 'per label'} "
-                    f"| {w.get('stage1_s') or '—'} | {w.get('probe_s') or '—'} |"
+                    f"| {w.get('stage1_s') or '—'} | {('≥' if low else '') + str(probe_s) if probe_s else '—'} |"
                 )
     return "\n".join(rows) + "\n"
 

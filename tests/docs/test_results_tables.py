@@ -457,3 +457,18 @@ def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
     cells = [" ".join(line.split()[2:]) for line in calls.read_text().splitlines()]
     assert cells[5] == "goemotions_full --loss any --probe logistic --seed 1"  # the two best on Reuters validation
     assert cells[7] == "goemotions_full --loss hbl --probe logistic --seed 1"
+
+
+def test_a_stage_resumed_across_sessions_reports_its_epoch_records_as_a_lower_bound(tables, tmp_path):
+    ev = [{"epoch": 1.0, "eval_s": 5.0}, {"epoch": 2.0, "eval_s": 5.0}, {"epoch": 3.0, "eval_s": None}]
+    resumed = {"wall_s": {"probe_s": 150.0}, "epochs": {"epoch_s": [800.0, 900.0, 1000.0], "evaluations": ev}}
+    whole = {"wall_s": {"probe_s": 2800.0}, "epochs": {"epoch_s": [800.0, 900.0, 1000.0], "evaluations": ev}}
+    assert tables.stage2_seconds(resumed) == (2710.0, True)  # the last session timed only the test pass
+    assert tables.stage2_seconds(whole) == (2800.0, False)
+    assert tables.stage2_seconds({"wall_s": {"probe_s": 40.0}}) == (40.0, False)  # logistic probe: no epochs
+    assert tables._mean_wall([resumed, whole], "probe_s") == "≥2755"
+    assert tables._mean_wall([whole], "probe_s") == "2800"
+    _run(tmp_path, "bce", "finetune", 1, 0.5, 0.4, probe_s=150.0)
+    path = tmp_path / "ds" / "bce_finetune" / "seed1" / "metrics.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": resumed["epochs"]}))
+    assert tables.runs_table("ds").splitlines()[-1].endswith("| — | ≥2710.0 |")
