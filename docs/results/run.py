@@ -237,6 +237,8 @@ def run_cell(
         best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths
         result["best_checkpoint"] = None if best is None else os.path.relpath(best, RUNS)
         result["best_metric"] = trainer.state.best_metric
+        if any(type(cb).__name__ == "EarlyStoppingCallback" for cb in trainer.callback_handler.callbacks):
+            result["early_stopping_patience"] = patience  # checked against the evaluations (tests/docs)
     result["probe_args"] = {
         k: getattr(p_args, k)
         for k in ("probe", "loss", "threshold", "learning_rate", "num_train_epochs",

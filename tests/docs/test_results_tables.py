@@ -472,3 +472,42 @@ def test_a_stage_resumed_across_sessions_reports_its_epoch_records_as_a_lower_bo
     path = tmp_path / "ds" / "bce_finetune" / "seed1" / "metrics.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": resumed["epochs"]}))
     assert tables.runs_table("ds").splitlines()[-1].endswith("| — | ≥2710.0 |")
+
+
+def _stop_index(scores: list[float], patience: int) -> int:
+    """Index of the evaluation after which EarlyStoppingCallback (greater is better, threshold 0) stops."""
+    best, waited = None, 0
+    for i, score in enumerate(scores):
+        if best is None or score > best:
+            best, waited = score, 0
+        else:
+            waited += 1
+            if waited >= patience:
+                return i
+    return len(scores) - 1
+
+
+def _run_all_patience(study: str, record: dict) -> int:
+    """The patience run_all.sh gave the full-study cells written before run.py recorded it (session 14)."""
+    if record["probe"] == "linear":
+        return 5  # LINEAR
+    return 3 if study == "goemotions_full" or str(record.get("tag") or "").startswith("long") else 2
+
+
+@pytest.mark.parametrize("study", ["reuters21578", "goemotions_full"])
+def test_no_finished_cell_trained_past_its_early_stopping(study):
+    """Every cell stopped at the evaluation where early stopping stops an uninterrupted run, or ran out of
+    budget before it (a resume that forgets the patience count trains on: restore_callback_states_from_checkpoint)."""
+    assert _stop_index([0.1, 0.3, 0.2, 0.25, 0.2], 3) == 4 and _stop_index([0.1, 0.3, 0.2, 0.2, 0.4, 0.1], 2) == 3
+    checked = 0
+    for root, _, files in os.walk(os.path.join(ROOT, "docs", "results", study)):
+        if "metrics.json" not in files:
+            continue
+        with open(os.path.join(root, "metrics.json"), encoding="utf-8") as fh:
+            record = json.load(fh)
+        evals = [e["eval_macro_f1"] for e in (record.get("epochs") or {}).get("evaluations") or []]
+        if evals:  # the logistic probe has no evaluations
+            patience = record.get("early_stopping_patience") or _run_all_patience(study, record)
+            assert _stop_index(evals, patience) == len(evals) - 1, (root, patience, evals)
+            checked += 1
+    assert checked >= 10  # the study's linear probes and fine-tunes, not an empty walk
