@@ -20,6 +20,8 @@ them unconditionally.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -155,15 +157,23 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    """End a multi-process run cleanly: a barrier, then ``destroy_process_group``.
+    """End a multi-process run cleanly: a barrier, ``destroy_process_group``, then a garbage collection.
 
     A process that leaves the interpreter with its gloo process group still alive aborts now and then
     with "terminate called without an active exception" (SIGABRT): the group's communication threads
-    are still joinable when the C++ static destructors run. The barrier keeps any rank from tearing its
-    group down while a peer still talks to it; destroying the group joins those threads before exit.
+    (``pt_gloo_runloop``, ``gloo_tcp_loop``) are still running when the C++ static destructors run. The
+    barrier keeps any rank from tearing its group down while a peer still talks to it.
+    ``destroy_process_group`` only drops torch.distributed's own references: the group, and with it its
+    threads, lives on while anything else holds it, and a finished ``Trainer`` does: its
+    ``DistributedDataParallel`` wrapper keeps the group, and a trainer caught in a reference cycle (a
+    callback that points back at it, say) is freed only by the cycle collector, at the latest during
+    interpreter shutdown, where the race is. ``gc.collect()`` frees such trainers here, so the group's
+    destructor joins its threads while the interpreter is whole. A trainer still referenced by a live
+    variable keeps the group alive; call this after the code that used it has returned.
     Call it once, at the very end of a program that initialised a process group. Safe to call always.
     """
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
         dist.destroy_process_group()
+        gc.collect()

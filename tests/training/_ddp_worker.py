@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _training_helpers import base_args, collator, tiny_split  # noqa: E402
+from _training_helpers import base_args, collator, gloo_threads, tiny_split  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 
 from hf_mlcl.modeling import MLCLEncoder  # noqa: E402
@@ -82,5 +82,10 @@ if __name__ == "__main__":
         if int(os.environ.get("RANK", "0")) == 0:
             torch.save(res, os.path.join(root, f"{name}-{res['world']}.pt"))
     # without this, rank 1 aborted about 1 run in 5 ("terminate called without an active exception"):
-    # leaving the interpreter with a live gloo group races its threads against the static destructors
+    # leaving the interpreter with a live gloo group races its threads against the static destructors.
+    # The trainers above are still alive here (each Capture points back at its trainer, a cycle), and
+    # their DDP wrappers keep the group: before shutdown() collected them, its threads outlived
+    # destroy_process_group and rank 1 still aborted now and then. The check below fails if they do again.
     D.shutdown()
+    if gloo_threads():
+        sys.exit(f"gloo threads still running after D.shutdown(): {gloo_threads()}")

@@ -92,6 +92,23 @@ def base_args(tmp_path, **kw):
     return ContrastiveTrainingArguments(**defaults)
 
 
+def gloo_threads() -> list[str]:
+    """Names of this process's gloo threads still running (Linux: /proc/self/task; [] elsewhere). After
+    ``hf_mlcl.training.distributed.shutdown()`` there must be none: a gloo thread alive at interpreter exit
+    is what made a worker abort now and then (SIGABRT, "terminate called without an active exception")."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return []
+    names = []
+    for tid in os.listdir(tasks):
+        try:
+            with open(os.path.join(tasks, tid, "comm")) as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(n for n in names if "gloo" in n)
+
+
 def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> None:
     """``torchrun --nproc_per_node 2`` (gloo on CPU, one thread each) of ``worker``; AssertionError with
     the end of stderr when it fails."""
