@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _training_helpers import collator, gloo_threads, probe_args, tiny_split  # noqa: E402
+from _training_helpers import collator, exit_if_gloo_threads, probe_args, tiny_split  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from hf_mlcl.modeling import MLCLForMultiLabelClassification  # noqa: E402
@@ -69,5 +69,4 @@ if __name__ == "__main__":
         res = run(root, True, per_device=4, store=os.path.join(root, "features"), name=name)
         torch.save(res, os.path.join(root, f"store-{name}-rank{os.environ.get('RANK', '0')}.pt"))
     D.shutdown()  # see _ddp_worker.py: leave with the gloo group shut down
-    if gloo_threads():
-        sys.exit(f"gloo threads still running after D.shutdown(): {gloo_threads()}")
+    exit_if_gloo_threads()

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _training_helpers import base_args, collator, gloo_threads, tiny_split  # noqa: E402
+from _training_helpers import base_args, collator, exit_if_gloo_threads, tiny_split  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 
 from hf_mlcl.modeling import MLCLEncoder  # noqa: E402
@@ -87,5 +87,4 @@ if __name__ == "__main__":
     # their DDP wrappers keep the group: before shutdown() collected them, its threads outlived
     # destroy_process_group and rank 1 still aborted now and then. The check below fails if they do again.
     D.shutdown()
-    if gloo_threads():
-        sys.exit(f"gloo threads still running after D.shutdown(): {gloo_threads()}")
+    exit_if_gloo_threads()

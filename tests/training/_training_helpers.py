@@ -109,6 +109,13 @@ def gloo_threads() -> list[str]:
     return sorted(n for n in names if "gloo" in n)
 
 
+def exit_if_gloo_threads() -> None:
+    """End a DDP test worker with an error naming the gloo threads that outlived ``shutdown()``."""
+    left = gloo_threads()
+    if left:
+        sys.exit(f"gloo threads still running after D.shutdown(): {left}")
+
+
 def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> None:
     """``torchrun --nproc_per_node 2`` (gloo on CPU, one thread each) of ``worker``; AssertionError with
     the end of stderr when it fails."""
