@@ -67,14 +67,22 @@ def _patch_predict_scores() -> None:
 
 
 def _git_commit() -> str | None:
-    """The repository commit the cell ran with (None outside a git checkout)."""
+    """The repository commit the cell ran with: ``git rev-parse HEAD``, or outside a git checkout (a copy of
+    the working tree on another machine) the commit named by ``$MLCL_GIT_COMMIT``, else None."""
     import subprocess
 
     try:
         out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("MLCL_GIT_COMMIT")
     return out.stdout.strip()
+
+
+def _device() -> str:
+    """What the cell ran on: the CUDA device's name, or "cpu" (the study's CPU rows, fp32)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 def _write(path: str, data) -> None:
@@ -180,7 +188,7 @@ def run_cell(
             return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
     result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra, "tag": tag,
-                    "git_commit": _git_commit()}
+                    "git_commit": _git_commit(), "device": _device()}
     wall: dict[str, float] = {}
 
     encoder_path = None
