@@ -11,10 +11,16 @@ without a metrics.json marked "not yet run"; fine-tuning rows at the learning ra
 ``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
 contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation) and
 ``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell).
+
+The same study run on one GPU in bf16 (``run_gpu.sh``, outputs in ``docs/results/gpu_bf16/<study>/``) gets
+``gpu-<study>-full``, ``gpu-<study>-lr`` and ``gpu-<study>-vs-bce`` (the same tables, read from that tree with
+:func:`results_root`) and ``gpu-vs-cpu`` (each row run on both: test macro-F1 and wall time per epoch side by
+side).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -32,6 +38,7 @@ from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_MD = os.path.join(os.path.dirname(HERE), "RESULTS.md")
+GPU_DIR = "gpu_bf16"  # run_gpu.sh's results tree inside this folder (the study on one GPU, bf16)
 ORDER = ["bce", "pretrained", "all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl"]
 NAMES = {
     "bce": "BCE fine-tuning (no stage 1)",
@@ -504,14 +511,86 @@ def tail_table(study: str) -> str:
     return "\n".join(rows)
 
 
+@contextlib.contextmanager
+def results_root(root: str):
+    """Read another results tree with every table function (``run_gpu.sh``'s ``gpu_bf16``): the functions of
+    this module and the choice rules they call (``bce_choice``, ``loss_choice``) read the folder ``HERE``."""
+    global HERE
+    saved, HERE = HERE, root
+    try:
+        yield
+    finally:
+        HERE = saved
+
+
+def _row_runs(study: str) -> dict[tuple[str, str], list[dict]]:
+    """Every full-table row's runs by (loss, probe) in the current results tree (fine-tunes at the tree's own
+    chosen learning rate; ``("bce", "finetune-long")`` the longer-budget BCE run)."""
+    plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
+    rows = {(loss, probe): _full_runs(plain, tagged, lr, loss, probe)
+            for loss in ORDER for probe in ("logistic", "linear", "finetune")}
+    rows[("bce", "finetune-long")] = long_bce_runs(study, tagged, lr)
+    return {k: v for k, v in rows.items() if v}
+
+
+def _lr_of(runs: list[dict]) -> str:
+    """The fine-tuning learning rate of a row's cells, from their tags (``lr2e-4``, ``long-lr2e-4``)."""
+    return "/".join(sorted({str(r.get("tag") or "").rpartition("lr")[2] for r in runs}))
+
+
+def gpu_vs_cpu_table() -> str:
+    """Each row run both on the CPU (fp32) and on the GPU (bf16, ``run_gpu.sh``): test macro-F1 over the seeds
+    each has, and wall seconds per epoch of stage 1 and of stage 2 (the logistic probe: its total)."""
+    gpu_root = os.path.join(HERE, GPU_DIR)
+    rows = ["| study | stage 1 | stage 2 | test macro-F1, CPU fp32 | test macro-F1, GPU bf16 | s per epoch stage 1, "
+            "CPU / GPU | s per epoch stage 2 (logistic: total), CPU / GPU | GPU device |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for study in FULL_STUDIES:
+        cpu = _row_runs(study)
+        with results_root(gpu_root):
+            gpu = _row_runs(study)
+        for key in [k for k in cpu if k in gpu]:
+            loss, probe = key
+            c, g = cpu[key], gpu[key]
+            wall = (lambda rs: _mean_wall(rs, "probe_s")) if probe == "logistic" else _per_epoch
+            stage1 = "—" if loss in ("bce", "pretrained") else f"{_stage1_per_epoch(c)} / {_stage1_per_epoch(g)}"
+            kind = FULL_PROBES[probe.split("-")[0]] + (f", {LONG_BCE[study]}" if probe.endswith("long") else "")
+            if probe.startswith("finetune"):
+                kind += f", lr {_lr_of(c)} (CPU) / {_lr_of(g)} (GPU)"
+            devices = ", ".join(sorted({r.get("device", "?") for r in g}))
+            rows.append(f"| {study} | {NAMES.get(loss, loss)} | {kind} "
+                        f"| {_metric(c, 'test_macro_f1')} | {_metric(g, 'test_macro_f1')} | {stage1} "
+                        f"| {wall(c)} / {wall(g)} | {devices} |")  # fmt: skip
+    return "\n".join(rows) if len(rows) > 2 else "No row has run on a GPU yet."
+
+
+def gpu_tables() -> dict[str, str]:
+    """The tables of the GPU study (``docs/results/gpu_bf16``), none where that tree is absent."""
+    root = os.path.join(HERE, GPU_DIR)
+    if not os.path.isdir(root):
+        return {}
+    tables = {"gpu-vs-cpu": gpu_vs_cpu_table()}
+    with results_root(root):
+        for d in FULL_STUDIES:
+            tables.update({f"gpu-{d}-full": full_table(d), f"gpu-{d}-lr": lr_table(d),
+                           f"gpu-{d}-vs-bce": comparison_table(d)})
+    return tables
+
+
+def small_datasets() -> list[str]:
+    """The small-subset studies (Appendix A): every folder here but the full-data studies and the GPU tree."""
+    return sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)) and d not in (*FULL_STUDIES, GPU_DIR))
+
+
 def main(argv: list[str]) -> None:
-    datasets = sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)) and d not in FULL_STUDIES)
+    datasets = small_datasets()
     tables = {d: table(d) for d in datasets}
     tables.update({f"{d}-variants": variants_table(d) for d in datasets if load(d, tagged=True)})
     tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-tail": tail_table(d) for d in FULL_STUDIES})
+    tables.update(gpu_tables())
     if "--print" in argv:
         for d, t in tables.items():
             print(f"## {d}\n{t}\n")

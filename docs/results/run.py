@@ -67,14 +67,17 @@ def _patch_predict_scores() -> None:
 
 
 def _git_commit() -> str | None:
-    """The repository commit the cell ran with: ``git rev-parse HEAD``, or outside a git checkout (a copy of
-    the working tree on another machine) the commit named by ``$MLCL_GIT_COMMIT``, else None."""
+    """The repository commit the cell ran with: ``$MLCL_GIT_COMMIT`` where set (a copy of the working tree on
+    another machine, whose ``.git`` may not be that tree's: the GPU study's copies reported the session's
+    first commit), else ``git rev-parse HEAD``, None outside a git checkout."""
     import subprocess
 
+    if os.environ.get("MLCL_GIT_COMMIT"):
+        return os.environ["MLCL_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("MLCL_GIT_COMMIT")
+        return None
     return out.stdout.strip()
 
 
