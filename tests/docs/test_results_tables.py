@@ -543,3 +543,53 @@ def test_no_finished_cell_trained_past_its_early_stopping(study, at_least):
             assert _stop_index(evals, patience) == len(evals) - 1, (root, patience, evals)
             checked += 1
     assert checked >= at_least  # the study's linear probes and fine-tunes, not an empty walk
+
+
+def test_run_gpu_runs_every_cell_in_bf16_with_the_alone_cells_first(tmp_path):
+    """run_gpu.sh: the cells of run_all.sh's Reuters queue with --bf16 true, into its own results tree; the timed
+    cells run alone before the side-by-side ones, the grid's third point after its first two, the fine-tunes
+    last; goemotions_full names the two best losses from the GPU tree's Reuters rows."""
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"  # records the runner's cells (appends are atomic: the queues run side by side)
+    fake.write_text(f'#!/bin/sh\ncase "$1" in *run.py) echo "$@" >> {calls}; echo "RESULT $*";; '
+                    f'*) exec {sys.executable} "$@";; esac\n')  # fmt: skip
+    fake.chmod(0o755)
+    gpu = tmp_path / "gpu"
+    env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(gpu), "MLCL_RUNS": str(tmp_path / "runs")}
+    script = os.path.join(ROOT, "docs", "results", "run_gpu.sh")
+    proc = subprocess.run(["bash", script, "reuters21578"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    cells = [line.split()[3:] for line in calls.read_text().splitlines()]  # after "run.py cell reuters21578"
+    assert all(c[-2:] == ["--bf16", "true"] for c in cells)
+    cells = [" ".join(c[:-2]) for c in cells]
+    lin = "--probe.num_train_epochs 50 --patience 5"
+    assert cells[:2] == ["--loss bce --probe finetune --lr 5e-5 --seed 1 --patience 2",
+                         f"--loss mulsupcon --probe linear --seed 1 {lin}"]  # fmt: skip
+    side = {"--loss pretrained --probe linear --seed 1 " + lin, "--loss pretrained --probe logistic --seed 1",
+            "--loss bce --probe finetune --lr 1e-4 --seed 1 --patience 2", "--loss mulsupcon --probe logistic --seed 1"}
+    side |= {f"--loss {loss} --probe {p} --seed 1" + (f" {lin}" if p == "linear" else "")
+             for loss in choice_order() if loss != "mulsupcon" for p in ("linear", "logistic")}
+    assert set(cells[2:2 + len(side)]) == side and len(side) == 2 + 2 + 2 * 7
+    n = 2 + len(side)
+    assert cells[n] == "--loss bce --probe finetune --lr extend --seed 1 --patience 2"
+    finetunes = {f"--loss {loss} --probe finetune --lr best --seed 1 --patience 2" for loss in choice_order()}
+    finetunes.add("--loss bce --probe finetune --lr best --seed 1 --patience 3 --tag long --probe.num_train_epochs 20")
+    assert set(cells[n + 1:]) == finetunes and len(cells) == n + 1 + 9
+    # every linear probe before its loss's logistic one (the linear probe caches the features)
+    for loss in choice_order():
+        assert cells.index(f"--loss {loss} --probe linear --seed 1 {lin}") < cells.index(f"--loss {loss} --probe logistic --seed 1")
+    # GoEmotions: the two best losses on the GPU tree's Reuters validation rows (the CPU tree is not read)
+    _probe_rows(gpu, {**SCORES, "hbl": 0.45})
+    for loss, val in {**SCORES, "hbl": 0.45}.items():
+        _full_run(gpu, loss, "linear", 1, val - 0.05, 0.5)
+    calls.unlink()
+    proc = subprocess.run(["bash", script, "goemotions_full"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "the two best losses on the GPU study's Reuters validation rows: any hbl" in proc.stdout
+    cells = [" ".join(line.split()[3:-2]) for line in calls.read_text().splitlines()]
+    assert cells[0] == "--loss bce --probe finetune --lr 5e-5 --seed 1 --patience 3"
+    assert cells[-2:] in (
+        [f"--loss {a} --probe finetune --lr best --seed 1 --patience 3" for a in order] for order in (("any", "hbl"), ("hbl", "any"))
+    )
