@@ -18,7 +18,6 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 export MLCL_RESULTS=${MLCL_RESULTS:-$HERE/gpu_bf16} PY=${PY:-python3} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 LINEAR="--probe.num_train_epochs 50 --patience 5"  # as in run_all.sh
-LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
 study=${2:-$1}
 pat=2; [ "$study" = goemotions_full ] && pat=3  # as in run_all.sh
 c() { bash "$HERE/run_all.sh" full-cell "$study" "$@" --bf16 true; }  # one cell, logged like run_all.sh's
