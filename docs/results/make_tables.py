@@ -538,10 +538,10 @@ def _lr_of(runs: list[dict]) -> str:
     return "/".join(sorted({str(r.get("tag") or "").rpartition("lr")[2] for r in runs}))
 
 
-def gpu_vs_cpu_table() -> str:
-    """Each row run both on the CPU (fp32) and on the GPU (bf16, ``run_gpu.sh``): test macro-F1 over the seeds
-    each has, and wall seconds per epoch of stage 1 and of stage 2 (the logistic probe: its total)."""
-    gpu_root = os.path.join(HERE, GPU_DIR)
+def gpu_vs_cpu_table(gpu_root: str) -> str:
+    """Each row run both on the CPU (fp32, this tree) and on the GPU (bf16, ``run_gpu.sh``'s tree ``gpu_root``):
+    test macro-F1 over the seeds each has, and wall seconds per epoch of stage 1 and of stage 2 (the logistic
+    probe: its total)."""
     rows = ["| study | stage 1 | stage 2 | test macro-F1, CPU fp32 | test macro-F1, GPU bf16 | s per epoch stage 1, "
             "CPU / GPU | s per epoch stage 2 (logistic: total), CPU / GPU | GPU device |",
             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -569,7 +569,7 @@ def gpu_tables() -> dict[str, str]:
     root = os.path.join(HERE, GPU_DIR)
     if not os.path.isdir(root):
         return {}
-    tables = {"gpu-vs-cpu": gpu_vs_cpu_table()}
+    tables = {"gpu-vs-cpu": gpu_vs_cpu_table(root)}
     with results_root(root):
         for d in FULL_STUDIES:
             tables.update({f"gpu-{d}-full": full_table(d), f"gpu-{d}-lr": lr_table(d),
