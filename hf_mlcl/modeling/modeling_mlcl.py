@@ -132,6 +132,14 @@ class LabelAttentionHead(nn.Module):
         return torch.einsum("blh,lh->bl", label_states, self.third_linear.weight) + self.third_linear.bias
 
 
+# the keywords of ``from_backbone`` that configure the wrapper: MLCLConfig's own fields and the label
+# fields; every other keyword (``dtype``, ``device_map``, ``attn_implementation`` ...) goes to the backbone
+# loader, also those PreTrainedConfig shares with the loader (``dtype``)
+_MLCL_CONFIG_KEYS = (
+    {f.name for f in dataclasses.fields(MLCLConfig)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
+) | {"num_labels", "id2label", "label2id", "problem_type"}
+
+
 def _build_backbone(config: MLCLConfig) -> PreTrainedModel:
     """Random-init backbone from the stored backbone config dict (offline; never downloads).
 
@@ -339,7 +347,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
         ``num_labels``, ``id2label`` ...) go to the config, the rest (``dtype``, ``attn_implementation``,
         ``trust_remote_code``, ``revision`` ...) to the backbone loader.
         """
-        config_keys = {f.name for f in dataclasses.fields(MLCLConfig)} | {"num_labels"}
+        config_keys = _MLCL_CONFIG_KEYS
         config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in config_keys}
         source = name_or_path_or_config
         if isinstance(source, Mapping):

@@ -397,3 +397,18 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
     probe = MLCLForMultiLabelClassification.from_encoder(str(tmp_path / "enc"), num_labels=2)
     for key, value in encoder.backbone.state_dict().items():
         assert torch.equal(value, probe.backbone.state_dict()[key])
+
+
+def test_from_backbone_hands_dtype_to_the_backbone_loader(tmp_path, tiny_llama_config):
+    """``dtype`` is a PreTrainedConfig field too: it must reach AutoModel (both a config and a saved
+    folder), never end up in the MLCLConfig with the backbone left in the checkpoint's dtype."""
+    from transformers import AutoModel
+
+    AutoModel.from_config(tiny_llama_config, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    loaded = MLCLEncoder.from_backbone(str(tmp_path / "bf16"), pooling="last_token", dtype=torch.float32)
+    assert {p.dtype for p in loaded.backbone.parameters()} == {torch.float32}
+    built = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token", dtype=torch.bfloat16)
+    assert {p.dtype for p in built.backbone.parameters()} == {torch.bfloat16}
+    kept = MLCLEncoder.from_backbone(str(tmp_path / "bf16"), pooling="last_token")
+    assert {p.dtype for p in kept.backbone.parameters()} == {torch.bfloat16}  # the checkpoint's own dtype
+    assert kept.projection_head.dense.weight.dtype == torch.float32  # heads stay fp32
