@@ -1,0 +1,275 @@
+"""The GPU suite: every figure of the mission's scale in one command, most valuable first.
+
+    python benchmarks/gpu_suite.py                 # every measurement not yet measured on this GPU
+    python benchmarks/gpu_suite.py --list          # the measurements and their cells, in priority order
+    python benchmarks/gpu_suite.py --only llama_lora[,throughput] [--force]
+    python benchmarks/gpu_suite.py --only llama_lora --cells '*-plain*'   # some cells (shell patterns)
+    python benchmarks/gpu_suite.py --tiny          # every measurement at toy sizes on the CPU (a check)
+
+Measurements (priority order; each lives in ``benchmarks/measurements/<name>.py`` with its docstring):
+
+1. ``llama_lora``  Llama-3.1-8B + LoRA (AAPD recipes) under a plain process, FSDP and ZeRO-3
+2. ``throughput``  stage-1 samples/s: ContrastiveTrainer vs Trainer + BCE vs SentenceTransformerTrainer
+                   (MiniLM-L6 and RoBERTa-base shapes), and the host syncs of one training step
+3. ``plm_icd``     PLM-ICD with label attention at MIMIC-IV ICD-10 full (25,230 labels, 3,072 tokens)
+4. ``losses``      benchmarks/loss_speed.py's tables on the device, fp32 and bf16 inputs
+5. ``gradcache``   MiniLM stage 1 with a 4,096 contrast set through GradCache vs the largest plain batch
+
+Each measurement writes ``benchmarks/results/<device>/<name>.json`` (``<device>`` is the GPU's name in
+lower case, or ``cpu-tiny``): the device, the versions, the git commit, the command, and one entry per
+cell with its figures, or its error. Every cell runs in its own process (its own peak memory, and a
+crash or out-of-memory stops that cell only), under its launcher: ``python`` or ``accelerate launch
+--config_file recipes/accelerate/<launcher>.yaml --num_processes 1``. A cell already measured is
+skipped (``--force`` measures it again), so a run that was cut off resumes where it stopped; a failed
+cell is tried again. The exit status is 1 when any cell failed. docs/PERFORMANCE.md is generated from
+these files (``python benchmarks/performance_doc.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)
+
+MEASUREMENTS = ("llama_lora",)
+RESULTS = os.path.join(HERE, "results")
+
+
+def measurement(name: str):
+    """The module of one measurement (``benchmarks/measurements/<name>.py``)."""
+    if name not in MEASUREMENTS:
+        raise SystemExit(f"unknown measurement {name!r}; choose from {', '.join(MEASUREMENTS)} (see --list)")
+    return importlib.import_module(f"measurements.{name}")
+
+
+def git_commit() -> str | None:
+    """The commit measured: ``MLCL_GIT_COMMIT`` when set (a copy of the tree without its .git), else git's."""
+    if os.environ.get("MLCL_GIT_COMMIT"):
+        return os.environ["MLCL_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cell_command(name: str, cell, tiny: bool, result: str, cache_dir: str) -> list[str]:
+    """The command that runs one cell under its launcher."""
+    own = [os.path.join(HERE, "gpu_suite.py"), "--cell", f"{name}/{cell.name}", "--result", result,
+           "--cache-dir", cache_dir] + (["--tiny"] if tiny else [])  # fmt: skip
+    if cell.launcher == "plain":
+        return [sys.executable, *own]
+    config = os.path.join(REPO, "recipes", "accelerate", {"fsdp": "fsdp_llama_lora.yaml",
+                                                          "deepspeed": "deepspeed_zero3.yaml"}[cell.launcher])  # fmt: skip
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "1",
+              "--main_process_port", str(free_port())]  # fmt: skip
+    if tiny:
+        launch += ["--mixed_precision", "no"]
+    return [*launch, *own]
+
+
+def child_env(tiny: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    if tiny:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # --tiny always runs on the CPU
+    return env
+
+
+_ERROR = re.compile(r"\b([A-Za-z_.]*(Error|Exception)|Killed|OutOfMemory\w*)\b:?")
+
+
+def first_error(lines: list[str]) -> str:
+    """The line of a failed cell's log that names its error: the first exception raised by the cell
+    itself (the launcher's own ChildFailedError comes after it), else the last line."""
+    for line in lines:
+        if _ERROR.search(line) and "ChildFailedError" not in line and "elastic" not in line:
+            return line.removeprefix("[rank0]: ")
+    return lines[-1] if lines else ""
+
+
+def load_results(path: str) -> dict[str, Any]:
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    return {}
+
+
+def write_results(path: str, data: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def header(name: str, module, tiny: bool, command: str) -> dict[str, Any]:
+    from measurements.common import device_info, versions
+
+    if tiny:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return {
+        "measurement": name,
+        "description": module.DESCRIPTION,
+        "tiny": tiny,
+        "device": device_info(),
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "command": command,
+    }
+
+
+def run_measurement(
+    name: str, tiny: bool, force: bool, out_dir: str, cache_dir: str, command: str, patterns: list[str] | None = None
+) -> bool:
+    """Run the pending cells of one measurement (those matching ``patterns``, when given); True when every
+    cell that ran was measured."""
+    module = measurement(name)
+    path = os.path.join(out_dir, f"{name}.json")
+    data = load_results(path)
+    data.update(header(name, module, tiny, command))
+    cells = data.setdefault("cells", {})
+    plan = module.cells(tiny)
+    on_cpu = data["device"]["kind"] == "cpu"
+    for cell in plan:
+        if patterns and not any(fnmatch.fnmatchcase(cell.name, p) for p in patterns):
+            continue
+        done = cells.get(cell.name, {})
+        if done.get("status") == "ok" and not force:
+            print(f"[{name}/{cell.name}] measured already (--force to measure again)", flush=True)
+            continue
+        if on_cpu and cell.cpu_reason:
+            cells[cell.name] = {"status": "not_run", "launcher": cell.launcher, "reason": cell.cpu_reason}
+            print(f"[{name}/{cell.name}] not run on the CPU: {cell.cpu_reason}", flush=True)
+            write_results(path, data)
+            continue
+        fd, result = tempfile.mkstemp(prefix=f"{name}-{cell.name}-", suffix=".json")
+        os.close(fd)
+        cmd = cell_command(name, cell, tiny, result, cache_dir)
+        print(f"[{name}/{cell.name}] {' '.join(cmd)}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=child_env(tiny), capture_output=True, text=True, timeout=cell.timeout,
+                                  cwd=REPO)  # fmt: skip
+            rc, log = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as err:
+            rc = "timeout"
+            log = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+        seconds = time.perf_counter() - t0
+        entry: dict[str, Any] = {"launcher": cell.launcher, "params": cell.params, "seconds": round(seconds, 1),
+                                 "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
+                                                     for c in cmd if not c.startswith(tempfile.gettempdir()))}  # fmt: skip
+        figures = load_results(result) if os.path.getsize(result) else {}
+        os.remove(result)
+        if rc == 0 and figures:
+            entry.update(status="ok", figures=figures)
+            print(f"[{name}/{cell.name}] ok in {seconds:.0f} s", flush=True)
+        else:
+            lines = [line for line in log.splitlines() if line.strip()]
+            tail = lines[-40:]
+            error = first_error(lines)
+            entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=tail)
+            print(f"[{name}/{cell.name}] FAILED ({rc}) in {seconds:.0f} s: {entry['error']}", flush=True)
+        cells[cell.name] = entry
+        data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
+        write_results(path, data)
+    data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
+    write_results(path, data)
+    ran = [c for c in plan if not patterns or any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+    return all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in ran)
+
+
+def run_cell(spec: str, tiny: bool, result: str, cache_dir: str) -> None:
+    """Child process: run one cell and write its figures (main process only)."""
+    name, _, cell_name = spec.partition("/")
+    module = measurement(name)
+    cell = next((c for c in module.cells(tiny) if c.name == cell_name), None)
+    if cell is None:
+        raise SystemExit(f"{name} has no cell {cell_name!r}")
+    figures = module.run(cell, tiny, cache_dir)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_results(result, figures)
+    try:
+        from hf_mlcl.training import distributed as D
+
+        D.shutdown()
+    except Exception:  # noqa: BLE001 - a child that never started a process group has nothing to end
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--list", action="store_true", help="print the measurements and cells in priority order")
+    ap.add_argument("--only", help="comma-separated measurement names")
+    ap.add_argument("--cells", help="comma-separated shell patterns of cell names to run (default: all)")
+    ap.add_argument("--force", action="store_true", help="measure again what is already measured")
+    ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU (a check of the whole suite)")
+    ap.add_argument("--out", help="results folder (default benchmarks/results/<device>)")
+    ap.add_argument("--cache-dir", help="folder for generated base models (default: a temporary folder)")
+    ap.add_argument("--cell", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    opts = ap.parse_args(argv)
+    names = list(MEASUREMENTS) if not opts.only else [n.strip() for n in opts.only.split(",") if n.strip()]
+    for n in names:
+        measurement(n)
+    cache_dir = opts.cache_dir or os.path.join(tempfile.gettempdir(), "hf_mlcl_gpu_suite")
+    os.makedirs(cache_dir, exist_ok=True)
+    if opts.cell:
+        run_cell(opts.cell, opts.tiny, opts.result, cache_dir)
+        return 0
+    if opts.list:
+        for i, n in enumerate(names, 1):
+            module = measurement(n)
+            print(f"{i}. {n}: {module.DESCRIPTION}")
+            for cell in module.cells(opts.tiny):
+                print(f"     {cell.name} ({cell.launcher})")
+        return 0
+    if opts.tiny:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import torch
+
+    from measurements.common import device_info, device_slug
+
+    if not opts.tiny and not torch.cuda.is_available():
+        print("no CUDA device: the suite's sizes need a GPU; `--tiny` runs every measurement at toy sizes on the CPU",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    out_dir = opts.out or os.path.join(RESULTS, device_slug(device_info(), opts.tiny))
+    command = "python benchmarks/gpu_suite.py" + (f" --only {','.join(names)}" if opts.only else "") + (
+        f" --cells '{opts.cells}'" if opts.cells else "") + (" --tiny" if opts.tiny else "")  # fmt: skip
+    ok = True
+    for n in names:
+        print(f"== {n}", flush=True)
+        patterns = [p.strip() for p in opts.cells.split(",")] if opts.cells else None
+        ok = run_measurement(n, opts.tiny, opts.force, out_dir, cache_dir, command, patterns) and ok
+    print(f"results in {os.path.relpath(out_dir, REPO) if out_dir.startswith(REPO) else out_dir}"
+          + ("" if ok else " (some cells failed)"), flush=True)  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

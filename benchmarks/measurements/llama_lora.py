@@ -1,0 +1,314 @@
+"""``llama_lora``: Llama-3.1-8B + LoRA at the AAPD recipe's shapes, under three launchers.
+
+The backbone is the Llama-3.1-8B architecture (:data:`common.LLAMA_31_8B`) with random weights made in
+bf16 on the device and saved once to a local folder (``--cache-dir``), which every cell then loads the
+way a user loads ``meta-llama/Llama-3.1-8B`` (``from_pretrained`` of a folder; under ZeRO-3 inside
+``deepspeed.zero.Init``). Time and memory need no trained weights.
+
+Each cell reads its recipe (``recipes/aapd/llama-3.1-8b-lora/{sd,msc,bce}.yaml``: LoRA r 16 on the seven
+projections, activation checkpointing, 512 tokens, per-device batch 32, the recipe's GradCache chunk)
+and trains ``warmup + steps`` optimizer steps on rows of exactly 512 random tokens with random AAPD-sized
+multi-hot labels (54 labels): stage 1 with ``sd`` (in-batch), stage 1 with ``msc`` (momentum encoder and a
+4,096 queue, the issue's size; the recipe's is 512), or the BCE LoRA fine-tune of the classifier. Then it
+computes the outputs of 4 rows in eval mode, saves the adapter folder, loads it back with the library's
+``from_pretrained`` (base from the folder, adapter merged, heads) and compares: the reload must match the
+trained model far better than the untrained model does.
+
+Model FLOPs per token (:func:`flops_per_token`, the convention of PaLM, Chowdhery et al. 2022, App. B,
+adapted to a frozen base): forward ``2 N + 4 n_layers s d`` (N the non-embedding matmul weights, the
+attention products counted in full); backward of the frozen base computes input gradients only, as many
+FLOPs as the forward; the LoRA matrices cost ``6 N_lora``; ``msc``'s momentum encoder adds one more
+forward of the same tokens. Recomputation (activation checkpointing) and GradCache's extra no-grad
+forward are not model FLOPs. MFU = model FLOPs/s over the device's bf16 dense peak.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from .common import LLAMA_31_8B, LLAMA_TINY, Cell
+
+DESCRIPTION = (
+    "Llama-3.1-8B + LoRA (AAPD recipes): stage 1 sd, stage 1 msc with momentum encoder and 4,096 queue, "
+    "BCE LoRA fine-tune; plain process, accelerate FSDP (fsdp_llama_lora.yaml), DeepSpeed ZeRO-3 "
+    "(deepspeed_zero3.yaml); one process each"
+)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECIPE_DIR = os.path.join("recipes", "aapd", "llama-3.1-8b-lora")
+NUM_LABELS = 54  # AAPD
+QUEUE = 4096
+LAUNCHER_CONFIGS = {
+    "fsdp": os.path.join("recipes", "accelerate", "fsdp_llama_lora.yaml"),
+    "deepspeed": os.path.join("recipes", "accelerate", "deepspeed_zero3.yaml"),
+}
+_FSDP_ON_CPU = (
+    "accelerate applies FSDP only on accelerator devices (AcceleratorState keeps MULTI_CPU for CPU "
+    "processes), so on a CPU-only machine this cell would silently train without FSDP"
+)
+
+
+def cells(tiny: bool) -> list[Cell]:
+    """Priority order: the plain-process cells (the MFU goal), then FSDP, then ZeRO-3."""
+    plan = [
+        ("msc", "plain", None), ("msc", "plain", 0), ("sd", "plain", None), ("sd", "plain", 0),
+        ("bce", "plain", None),
+        ("sd", "fsdp", None), ("msc", "fsdp", None), ("bce", "fsdp", None),
+        ("sd", "deepspeed", None), ("msc", "deepspeed", None), ("bce", "deepspeed", None),
+    ]  # fmt: skip
+    out = []
+    for run, launcher, gradcache in plan:
+        name = f"{run}-{launcher}" + ("-direct" if gradcache == 0 else "")
+        params: dict[str, Any] = {"run": run}
+        if gradcache is not None:
+            params["gradcache_chunk_size"] = gradcache
+        out.append(Cell(name, launcher, params, timeout=300 if tiny else 900,
+                        cpu_reason=_FSDP_ON_CPU if launcher == "fsdp" else None))  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+def lora_parameters(shape: dict[str, Any], r: int, targets: list[str]) -> int:
+    """Parameters of rank-``r`` LoRA pairs (A: r x in, B: out x r) on the named Llama projections."""
+    h, inter = shape["hidden_size"], shape["intermediate_size"]
+    kv = shape["num_key_value_heads"] * (h // shape["num_attention_heads"])
+    dims = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}  # fmt: skip
+    return shape["num_hidden_layers"] * sum(r * (dims[t][0] + dims[t][1]) for t in targets)
+
+
+def flops_per_token(shape: dict[str, Any], seq: int, r: int, targets: list[str], key_forward: bool) -> dict[str, Any]:
+    """Model FLOPs per trained token (module docstring); returns the total and its parts."""
+    h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = shape["num_key_value_heads"] * (h // shape["num_attention_heads"])
+    dense = layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
+    n_lora = lora_parameters(shape, r, targets)
+    forward = 2 * dense + 4 * layers * seq * h + 2 * n_lora
+    total = 2 * forward + 2 * n_lora + (forward if key_forward else 0)
+    return {
+        "flops_per_token": total,
+        "matmul_parameters": dense,
+        "lora_parameters": n_lora,
+        "forward_flops_per_token": forward,
+        "formula": "2*(2N + 4*layers*seq*d + 2*N_lora) + 2*N_lora" + (" + forward (momentum keys)" if key_forward else ""),
+    }
+
+
+# ------------------------------------------------------------------------------------- the base model
+def base_folder(cache_dir: str, tiny: bool) -> str:
+    """A folder with the random-init Llama backbone in bf16 (made once per cache folder)."""
+    import torch
+    from transformers import AutoModel, LlamaConfig
+
+    from .common import device
+
+    folder = os.path.join(cache_dir, "llama-tiny" if tiny else "llama-3.1-8b-random-bf16")
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    torch.manual_seed(0)
+    config = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_31_8B))
+    with torch.device(device()):
+        model = AutoModel.from_config(config, dtype=torch.bfloat16)
+    tmp = tempfile.mkdtemp(prefix=".llama-", dir=cache_dir)
+    model.save_pretrained(tmp)
+    os.replace(tmp, folder)
+    del model
+    gc.collect()
+    return folder
+
+
+# ----------------------------------------------------------------------------------------- one cell
+def _wrapper_check(trainer, launcher: str) -> str:
+    name = type(trainer.model_wrapped).__name__
+    expected = {"fsdp": ("FullyShardedDataParallel", "FSDP"), "deepspeed": ("DeepSpeedEngine",)}.get(launcher)
+    if expected is not None and not any(e in name for e in expected):
+        raise RuntimeError(f"launcher {launcher} was asked for but the trained model is a {name}")
+    if launcher == "plain" and any(e in name for e in ("FullyShardedDataParallel", "DeepSpeedEngine")):
+        raise RuntimeError(f"plain launcher but the model is a {name}")
+    return name
+
+
+def _outputs(model, batch: dict, run: str, bf16: bool):
+    import torch
+
+    from .common import autocast
+
+    model.eval()
+    with torch.no_grad(), autocast(bf16):
+        out = model(**batch)
+    value = out["logits"] if run == "bce" else out["embeddings"]
+    return value.float().cpu()
+
+
+def _distance(a, b) -> dict[str, float]:
+    import torch.nn.functional as F
+
+    return {
+        "max_abs_diff": float((a - b).abs().max()),
+        "min_cosine": float(F.cosine_similarity(a, b, dim=-1).min()),
+    }
+
+
+def _save_adapter(trainer, folder: str, base: str) -> None:
+    """The adapter folder of a LoRA stage, as ``train_contrastive`` / ``train_probe`` write it."""
+    from hf_mlcl.modeling.lora import save_lora_adapter
+
+    if trainer.is_world_process_zero():
+        save_lora_adapter(trainer.accelerator.unwrap_model(trainer.model), folder, base)
+
+
+def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
+    import torch
+    from transformers import set_seed
+
+    from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+    from hf_mlcl.training import ContrastiveTrainer, ProbingTrainer
+
+    from .common import StepProbe, device, peak_memory, random_token_rows, reset_peak_memory, stack_rows, summary
+
+    run_name, launcher = cell.params["run"], cell.launcher
+    recipe_path = os.path.join(RECIPE_DIR, f"{run_name}.yaml")
+    recipe = load_recipe(os.path.join(REPO, recipe_path))
+    stage = "probe" if run_name == "bce" else "contrastive"
+    section = recipe[stage]
+    shape = LLAMA_TINY if tiny else LLAMA_31_8B
+    warmup, steps = (1, 2) if tiny else (3, 5)
+    batch = 4 if tiny else int(section["per_device_train_batch_size"])
+    seq = 32 if tiny else int(recipe["max_length"])
+    recipe_gradcache = int(section.get("gradcache_chunk_size", 0) or 0)
+    gradcache = int(cell.params.get("gradcache_chunk_size", recipe_gradcache))
+    notes: list[str] = []
+    if tiny and gradcache:
+        gradcache = 2
+    if stage == "contrastive" and launcher == "deepspeed" and gradcache:
+        notes.append("GradCache is not available under DeepSpeed: the batch runs in one pass")
+        gradcache = 0
+    bf16 = bool(section.get("bf16", True)) and device().type == "cuda"
+    base = base_folder(cache_dir, tiny)
+    out_root = tempfile.mkdtemp(prefix=f"{cell.name}-", dir=cache_dir)
+    tokens = ["--output_dir", out_root, "--model_name_or_path", base, "--max_length", str(seq)]
+    for key, value in {
+        "max_steps": warmup + steps, "per_device_train_batch_size": batch, "save_strategy": "no",
+        "logging_strategy": "no", "eval_strategy": "no", "report_to": "none", "disable_tqdm": "true",
+        "dataloader_num_workers": 0, "seed": 0, "bf16": str(bf16).lower(),
+    }.items():  # fmt: skip
+        tokens += [f"--{stage}.{key}", str(value)]
+    if stage == "contrastive":
+        tokens += ["--contrastive.knn_k", "0", "--contrastive.gradcache_chunk_size", str(gradcache)]
+        if run_name == "msc":
+            tokens += ["--contrastive.queue_size", str(16 if tiny else QUEUE)]
+    else:
+        tokens += ["--probe.load_best_model_at_end", "false"]
+    model_args, _data_args, targs = parse_stage(recipe, stage, split_overrides(tokens, [stage]))
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    load_kwargs: dict[str, Any] = {"dtype": dtype}
+    if launcher == "plain" and device().type == "cuda":
+        load_kwargs["device_map"] = {"": torch.cuda.current_device()}
+    set_seed(0)
+    t0 = time.perf_counter()
+    encoder = MLCLEncoder.from_backbone(base, pooling=model_args.pooling, projection_dim=256, **load_kwargs)
+    model = encoder
+    if run_name == "bce":
+        model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=NUM_LABELS, freeze_encoder=False)
+    checkpointing = bool(targs.activation_checkpointing)
+    model = apply_lora(model, r=model_args.lora_r, alpha=model_args.lora_alpha, dropout=model_args.lora_dropout,
+                       target_modules=model_args.lora_target_modules, gradient_checkpointing=checkpointing,
+                       bf16=bf16)  # fmt: skip
+    load_s = time.perf_counter() - t0
+    n_total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    n_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    rows = random_token_rows(batch * (warmup + steps), seq, shape["vocab_size"], NUM_LABELS, shape["bos_token_id"])
+    probe_batch = {k: v[:4].to(device()) for k, v in stack_rows(rows[:4]).items() if k != "labels"}
+    step_probe = StepProbe(count_from=warmup)
+    trainer_cls = ProbingTrainer if run_name == "bce" else ContrastiveTrainer
+    trainer = trainer_cls(model=model, args=targs, train_dataset=rows, data_collator=stack_rows,
+                          num_labels=NUM_LABELS, callbacks=[step_probe])  # fmt: skip
+    reset_peak_memory()
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    memory = peak_memory()
+    wrapper = _wrapper_check(trainer, launcher)
+    reference = _outputs(trainer.model_wrapped, probe_batch, run_name, bf16)
+    folder = os.path.join(out_root, "adapter")
+    t0 = time.perf_counter()
+    _save_adapter(trainer, folder, base)
+    save_s = time.perf_counter() - t0
+    adapter_bytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    del trainer, model, encoder
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if launcher == "deepspeed":
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()  # the reload is a plain load, as a user's next process does
+    t0 = time.perf_counter()
+    loader = MLCLForMultiLabelClassification if run_name == "bce" else MLCLEncoder
+    reloaded = loader.from_pretrained(folder, dtype=dtype).to(device())
+    reload_s = time.perf_counter() - t0
+    after = _outputs(reloaded, probe_batch, run_name, bf16)
+    del reloaded
+    gc.collect()
+    set_seed(0)  # the untrained model: base + the heads as initialised before training (LoRA B = 0)
+    untrained = MLCLEncoder.from_backbone(base, pooling=model_args.pooling, projection_dim=256, dtype=dtype)
+    if run_name == "bce":
+        untrained = MLCLForMultiLabelClassification.from_encoder(untrained, num_labels=NUM_LABELS, freeze_encoder=False)
+    before = _outputs(untrained.to(device()), probe_batch, run_name, bf16)
+    reload = _distance(after, reference)
+    drift = _distance(before, reference)
+    reload["trained_vs_untrained_max_abs_diff"] = drift["max_abs_diff"]
+    reload["same"] = bool(reload["max_abs_diff"] <= 0.1 * drift["max_abs_diff"] and reload["min_cosine"] >= 0.999)
+    if not reload["same"]:
+        raise RuntimeError(f"the reloaded adapter does not give the trained outputs: {json.dumps(reload)}")
+
+    times = step_probe.times[warmup:]
+    median = summary(times)["median"]
+    key_forward = run_name == "msc"
+    flops = flops_per_token(shape, seq, model_args.lora_r, list(model_args.lora_target_modules), key_forward)
+    tokens_per_s = batch * seq / median
+    from .common import device_info
+
+    peak = device_info()["bf16_dense_peak_tflops"]
+    achieved = flops["flops_per_token"] * tokens_per_s / 1e12
+    return {
+        "run": run_name,
+        "launcher": launcher,
+        "wrapper": wrapper,
+        "recipe": recipe_path,
+        "model": ("tiny Llama" if tiny else "Llama-3.1-8B architecture") + f", random init, {'bf16' if bf16 else 'fp32'}",
+        "parameters": n_total,
+        "trainable_parameters": n_trainable,
+        "per_device_batch": batch,
+        "seq_len": seq,
+        "num_labels": NUM_LABELS,
+        "gradcache_chunk_size": gradcache,
+        "queue_size": int(getattr(targs, "queue_size", 0) or 0),
+        "activation_checkpointing": checkpointing,
+        "lora": {"r": model_args.lora_r, "alpha": model_args.lora_alpha, "dropout": model_args.lora_dropout,
+                 "targets": list(model_args.lora_target_modules)},  # fmt: skip
+        "warmup_steps": warmup,
+        "step_time_s": summary(times),
+        "samples_per_s": batch / median,
+        "tokens_per_s": tokens_per_s,
+        **flops,
+        "achieved_tflops": achieved,
+        "peak_tflops": peak,
+        "mfu": achieved / peak if peak else None,
+        "peak_memory": memory,
+        "syncs_per_step": step_probe.syncs,
+        "sync_sites": step_probe.sync_sites[:8],
+        "load_s": load_s,
+        "train_s": train_s,
+        "save_s": save_s,
+        "adapter_bytes": adapter_bytes,
+        "reload_s": reload_s,
+        "reload": reload,
+        "notes": notes,
+    }

@@ -1,0 +1,84 @@
+"""Prepare ``.device/``: what ``benchmarks/gpu_suite.py`` needs on a GPU machine that has no internet.
+
+Run it in the project's environment (``.venv/bin/python benchmarks/prepare_device.py``) on a machine with
+PyPI access. It writes, into ``.device/`` (git-ignored, about 25 MB):
+
+* ``wheels/``: wheels for CPython 3.12 on x86-64 Linux of the exact versions installed here of the
+  packages the suite imports beyond a stock CUDA PyTorch image (transformers, peft, datasets,
+  sentence-transformers, pytorch-metric-learning, deepspeed and what they need), so the GPU runs the
+  versions the tests ran. DeepSpeed is published as source only: its wheel is built here without
+  compiled ops (``DS_BUILD_OPS=0``; ops are compiled just in time where used).
+* ``data/mimic3_full_codes.txt``: the MIMIC-III full ICD-9 code list of ``../shared/data/mimic_splits``
+  (8,921 codes, PLM-ICD's ``ALL_CODES.txt``), for the ``plm_icd`` measurement's MIMIC-III cell.
+
+On the GPU machine, ``bash benchmarks/device_run.sh [gpu_suite.py options]`` installs the wheels into a
+private folder and runs the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = (
+    "transformers", "peft", "accelerate", "datasets", "dill", "multiprocess", "evaluate", "sentence-transformers",
+    "pytorch-metric-learning", "hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+)  # fmt: skip
+SOURCE_ONLY = ("deepspeed",)
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")  # fmt: skip
+MIMIC_CODES = os.path.join("data", "mimic_splits", "mimic3_caml", "ALL_CODES_plmicd.txt")
+
+
+def installed(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise SystemExit(f"{name} is not installed in this environment; run `make install` (and "
+                         f"`.venv/bin/pip install 'hf_mlcl[deepspeed]'`) first, then this script with .venv/bin/python") from err  # fmt: skip
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(REPO, ".device"))
+    ap.add_argument("--shared", default=os.path.join(os.path.dirname(REPO), "shared"))
+    ap.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
+    opts = ap.parse_args(argv)
+    wheels = os.path.join(opts.out, "wheels")
+    shutil.rmtree(wheels, ignore_errors=True)
+    os.makedirs(wheels)
+    platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    for name in PACKAGES:
+        pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", opts.python_version,
+            "--implementation", "cp", *platform_args, "-d", wheels, f"{name}=={installed(name)}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in SOURCE_ONLY:
+            pip("download", "--quiet", "--no-deps", "--no-binary=:all:", "-d", tmp, f"{name}=={installed(name)}")
+            sdist = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith(name))
+            env = {**os.environ, "DS_BUILD_OPS": "0"}
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "-w", wheels, sdist], check=True, env=env)  # fmt: skip
+    data = os.path.join(opts.out, "data")
+    os.makedirs(data, exist_ok=True)
+    codes = os.path.join(opts.shared, MIMIC_CODES)
+    if os.path.isfile(codes):
+        shutil.copyfile(codes, os.path.join(data, "mimic3_full_codes.txt"))
+    else:
+        print(f"{codes} not found: the plm_icd measurement's MIMIC-III cell will say so", file=sys.stderr)
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(opts.out) for f in fs)
+    print(f"{opts.out}: {len(os.listdir(wheels))} wheels, {size / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
