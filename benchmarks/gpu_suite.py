@@ -99,7 +99,7 @@ def child_env(tiny: bool) -> dict[str, str]:
     return env
 
 
-_ERROR = re.compile(r"\b([A-Za-z_.]*(Error|Exception)|Killed|OutOfMemory\w*)\b:?")
+_ERROR = re.compile(r"^(\[rank\d+\]: )?([A-Za-z_.]*(Error|Exception)|Killed)\b")
 
 
 def first_error(lines: list[str]) -> str:
@@ -185,9 +185,13 @@ def run_measurement(
                                                      for c in cmd if not c.startswith(tempfile.gettempdir()))}  # fmt: skip
         figures = load_results(result) if os.path.getsize(result) else {}
         os.remove(result)
-        if rc == 0 and figures:
+        failed_checks = [k for k, v in figures.get("checks", {}).items() if not v]
+        if rc == 0 and figures and not failed_checks:
             entry.update(status="ok", figures=figures)
             print(f"[{name}/{cell.name}] ok in {seconds:.0f} s", flush=True)
+        elif rc == 0 and figures:
+            entry.update(status="failed", error=f"check failed: {', '.join(failed_checks)}", figures=figures)
+            print(f"[{name}/{cell.name}] FAILED check {', '.join(failed_checks)} in {seconds:.0f} s", flush=True)
         else:
             lines = [line for line in log.splitlines() if line.strip()]
             tail = lines[-40:]
