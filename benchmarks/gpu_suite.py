@@ -45,7 +45,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(1, REPO)
 
-MEASUREMENTS = ("llama_lora",)
+MEASUREMENTS = ("llama_lora", "throughput", "plm_icd", "losses", "gradcache")
 RESULTS = os.path.join(HERE, "results")
 
 
@@ -255,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
     if opts.tiny:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
-
     from measurements.common import device_info, device_slug
 
     if not opts.tiny and not torch.cuda.is_available():

@@ -171,6 +171,8 @@ class StepProbe(TrainerCallback):
 
     def __init__(self, count_from: int | None = None) -> None:
         self.times: list[float] = []
+        self.begins: list[float] = []
+        self.ends: list[float] = []
         self.syncs: list[int] = []
         self.sync_sites: list[str] = []
         self.count_from = count_from
@@ -182,7 +184,7 @@ class StepProbe(TrainerCallback):
 
     def _record(self, message, category, filename, lineno, file=None, line=None):  # warnings.showwarning
         text = str(message)
-        if "synchroniz" in text.lower():
+        if "synchroniz" in text.lower() and "prototype" not in text:  # not the mode's own notice
             self.syncs[-1] += 1
             if len(self.sync_sites) < 20:
                 frames = [f for f in traceback.extract_stack()[:-2] if "warnings" not in f.filename]
@@ -207,6 +209,7 @@ class StepProbe(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         synchronize()
         self._t0 = time.perf_counter()
+        self.begins.append(self._t0)
         if self.count_from is not None and torch.cuda.is_available() and self._step >= self.count_from:
             self._arm()
 
@@ -214,7 +217,9 @@ class StepProbe(TrainerCallback):
         if self._armed:
             self._disarm()
         synchronize()
-        self.times.append(time.perf_counter() - self._t0)
+        end = time.perf_counter()
+        self.ends.append(end)
+        self.times.append(end - self._t0)
         self._step += 1
 
 
@@ -246,3 +251,27 @@ def autocast(enabled: bool):
 
         return contextlib.nullcontext()
     return torch.autocast(device_type=device().type, dtype=torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------ recipes
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def recipe_stage(recipe_path: str, stage: str, top: dict[str, Any], training: dict[str, Any], out_root: str):
+    """A recipe's ``(ModelArguments, DataArguments, TrainingArguments)`` for ``stage`` as ``hf-mlcl run``
+    parses them, with ``top`` (model / data keys) and ``training`` (the stage's keys) as command-line
+    overrides. Also returns the merged recipe dict."""
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+
+    recipe = load_recipe(os.path.join(REPO, recipe_path))
+    tokens = ["--output_dir", out_root]
+    for key, value in top.items():
+        tokens += [f"--{key}", str(value)]
+    for key, value in training.items():
+        tokens += [f"--{stage}.{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return recipe, parse_stage(recipe, stage, split_overrides(tokens, [stage]))
+
+
+# the settings of a timed run: a fixed number of steps, nothing logged, saved or evaluated on the way
+TIMED_RUN = {"save_strategy": "no", "logging_strategy": "no", "eval_strategy": "no", "report_to": "none",
+             "disable_tqdm": True, "dataloader_num_workers": 0, "seed": 0}  # fmt: skip

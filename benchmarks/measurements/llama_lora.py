@@ -26,20 +26,18 @@ forward are not model FLOPs. MFU = model FLOPs/s over the device's bf16 dense pe
 from __future__ import annotations
 
 import gc
-import json
 import os
 import tempfile
 import time
 from typing import Any
 
-from .common import LLAMA_31_8B, LLAMA_TINY, Cell
+from .common import LLAMA_31_8B, LLAMA_TINY, REPO, Cell
 
 DESCRIPTION = (
     "Llama-3.1-8B + LoRA (AAPD recipes): stage 1 sd, stage 1 msc with momentum encoder and 4,096 queue, "
     "BCE LoRA fine-tune; plain process, accelerate FSDP (fsdp_llama_lora.yaml), DeepSpeed ZeRO-3 "
     "(deepspeed_zero3.yaml); one process each"
 )
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE_DIR = os.path.join("recipes", "aapd", "llama-3.1-8b-lora")
 NUM_LABELS = 54  # AAPD
 QUEUE = 4096
@@ -210,15 +208,25 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     from transformers import set_seed
 
     from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora
-    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+    from hf_mlcl.recipes import load_recipe
     from hf_mlcl.training import ContrastiveTrainer, ProbingTrainer
 
-    from .common import StepProbe, device, peak_memory, random_token_rows, reset_peak_memory, stack_rows, summary
+    from .common import (
+        TIMED_RUN,
+        StepProbe,
+        device,
+        peak_memory,
+        random_token_rows,
+        recipe_stage,
+        reset_peak_memory,
+        stack_rows,  # fmt: skip
+        summary,
+    )
 
     run_name, launcher = cell.params["run"], cell.launcher
     recipe_path = os.path.join(RECIPE_DIR, f"{run_name}.yaml")
-    recipe = load_recipe(os.path.join(REPO, recipe_path))
     stage = "probe" if run_name == "bce" else "contrastive"
+    recipe = load_recipe(os.path.join(REPO, recipe_path))
     section = recipe[stage]
     shape = LLAMA_TINY if tiny else LLAMA_31_8B
     warmup, steps = (1, 2) if tiny else (3, 5)
@@ -235,20 +243,16 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     bf16 = bool(section.get("bf16", True)) and device().type == "cuda"
     base = base_folder(cache_dir, tiny)
     out_root = tempfile.mkdtemp(prefix=f"{cell.name}-", dir=cache_dir)
-    tokens = ["--output_dir", out_root, "--model_name_or_path", base, "--max_length", str(seq)]
-    for key, value in {
-        "max_steps": warmup + steps, "per_device_train_batch_size": batch, "save_strategy": "no",
-        "logging_strategy": "no", "eval_strategy": "no", "report_to": "none", "disable_tqdm": "true",
-        "dataloader_num_workers": 0, "seed": 0, "bf16": str(bf16).lower(),
-    }.items():  # fmt: skip
-        tokens += [f"--{stage}.{key}", str(value)]
+    training: dict[str, Any] = {**TIMED_RUN, "max_steps": warmup + steps, "per_device_train_batch_size": batch,
+                                "bf16": bf16}  # fmt: skip
     if stage == "contrastive":
-        tokens += ["--contrastive.knn_k", "0", "--contrastive.gradcache_chunk_size", str(gradcache)]
+        training.update(knn_k=0, gradcache_chunk_size=gradcache)
         if run_name == "msc":
-            tokens += ["--contrastive.queue_size", str(16 if tiny else QUEUE)]
+            training["queue_size"] = 16 if tiny else QUEUE
     else:
-        tokens += ["--probe.load_best_model_at_end", "false"]
-    model_args, _data_args, targs = parse_stage(recipe, stage, split_overrides(tokens, [stage]))
+        training["load_best_model_at_end"] = False
+    _, (model_args, _data_args, targs) = recipe_stage(
+        recipe_path, stage, {"model_name_or_path": base, "max_length": seq}, training, out_root)
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     load_kwargs: dict[str, Any] = {"dtype": dtype}

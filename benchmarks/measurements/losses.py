@@ -1,0 +1,155 @@
+"""``losses``: the contrastive losses' forward + backward on the device, against the floors a user knows.
+
+Two tables (``benchmarks/loss_speed.py``'s, measured on the device), each with fp32 and with bf16
+embeddings (the losses compute their softmax in fp32 either way):
+
+* ``in-batch``: N = 64 and 256 anchors, D = 128, no keys, dense labels. Every loss against the plain
+  dense-mask SupCon of ``loss_speed.plain_supcon`` (positives: a shared label) on multi-label rows
+  (54 labels, about 2.4 per row, AAPD's size), and against pytorch-metric-learning's ``SupConLoss`` on
+  single-label rows (10 classes; PML takes class ids). Ratio = median time of the loss / median time
+  of the peer, timed in alternating rounds.
+* ``keys``: N = 64 and 256, K = 4,096 queued keys (no gradient), D = 256, L = 54 / 8,929 / 25,230 with
+  ~2.4 / 16 / 16 labels per row (Zipf frequencies, ``loss_speed.zipf_labels``), labels as dense fp32
+  matrices and as sparse COO; ratio dense / sparse per loss; the floor (similarities, masked logsumexp,
+  backward, and the label-intersection product) for scale.
+
+Times are CUDA-synchronised wall times of one forward + backward (median of ``repeats`` after warm-up).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from .common import Cell
+
+DESCRIPTION = (
+    "every contrastive loss's forward + backward on the device, fp32 and bf16 embeddings: in-batch N 64 / 256 "
+    "against the plain dense-mask SupCon and PML SupConLoss; with K 4,096 keys at L 54 / 8,929 / 25,230, "
+    "dense against sparse labels"
+)
+
+
+def cells(tiny: bool) -> list[Cell]:
+    return [Cell(f"{table}-{dtype}", params={"table": table, "dtype": dtype}, timeout=900)
+            for table in ("in-batch", "keys") for dtype in ("fp32", "bf16")]  # fmt: skip
+
+
+def _timer(repeats: int, warmup: int):
+    from .common import synchronize
+
+    def time_pair(fn, ref) -> tuple[float, float]:
+        for _ in range(warmup):
+            fn()
+            ref()
+        a, b = [], []
+        for _ in range(repeats):
+            synchronize()
+            t0 = time.perf_counter()
+            fn()
+            synchronize()
+            a.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ref()
+            synchronize()
+            b.append(time.perf_counter() - t0)
+        return statistics.median(a), statistics.median(b)
+
+    return time_pair
+
+
+def _step(fn, z, *labels):
+    def run():
+        zz = z.detach().requires_grad_(True)
+        for p in getattr(fn, "parameters", lambda: [])():
+            p.grad = None
+        fn(zz, *labels).backward()
+
+    return run
+
+
+def _bind(fn, *args):
+    def run():
+        fn(*args)
+
+    return run
+
+
+def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
+    import loss_speed as LS
+    import torch
+    import torch.nn.functional as F
+    from pytorch_metric_learning.losses import SupConLoss
+
+    from hf_mlcl.losses import get_loss
+    from hf_mlcl.losses.registry import list_contrastive_losses
+
+    from .common import device
+
+    dev = device()
+    dtype = torch.bfloat16 if cell.params["dtype"] == "bf16" else torch.float32
+    repeats, warmup = (3, 1) if tiny else (15, 3)
+    time_pair = _timer(repeats, warmup)
+    names = list_contrastive_losses()
+    rows: list[dict[str, Any]] = []
+    if cell.params["table"] == "in-batch":
+        dim, labels = (16, 10) if tiny else (128, 54)
+        pml = SupConLoss(temperature=0.07)
+        for n in (16, 32) if tiny else (64, 256):
+            gen = torch.Generator().manual_seed(n)
+            z = torch.randn(n, dim, generator=gen).to(dev, dtype)
+            y = (torch.rand(n, labels, generator=gen) < 1.4 / labels).float()
+            y[torch.arange(n), torch.randint(0, labels, (n,), generator=gen)] = 1.0
+            y = y.to(dev)
+            classes = torch.randint(0, 10, (n,), generator=gen).to(dev)
+            onehot = F.one_hot(classes, 10).float()
+            plain_multi = _step(lambda e, lb: LS.plain_supcon(e, lb, single=False), z, y)
+            plain_single = _step(lambda e, lb: LS.plain_supcon(e, lb, single=True), z, classes)
+            for name in names:
+                kwargs = dict(LS.LOSS_KWARGS.get(name, {}))
+                multi = get_loss(name, **({**kwargs, "num_labels": labels, "embedding_dim": dim} if name == "msc" else kwargs)).to(dev)
+                single = get_loss(name, **({**kwargs, "num_labels": 10, "embedding_dim": dim} if name == "msc" else kwargs)).to(dev)
+                for loss, lab in ((multi, y), (single, onehot)):
+                    if getattr(loss, "requires_label_statistics", False):
+                        loss.set_label_statistics(lab)
+                t_multi, t_plain = time_pair(_step(multi, z, y), plain_multi)
+                t_single, t_plain_single = time_pair(_step(single, z, onehot), plain_single)
+                t_single_pml, t_pml = time_pair(_step(single, z, onehot), _step(pml, z, classes))
+                rows.append({
+                    "loss": name, "n": n, "dim": dim, "labels": labels,
+                    "ms": t_multi * 1e3, "plain_ms": t_plain * 1e3, "over_plain": t_multi / t_plain,
+                    "single_over_plain": t_single / t_plain_single, "single_over_pml": t_single_pml / t_pml,
+                    "pml_ms": t_pml * 1e3,
+                })  # fmt: skip
+        worst = max(max(r["over_plain"], r["single_over_plain"]) for r in rows)
+        return {"table": "in-batch", "dtype": cell.params["dtype"], "repeats": repeats, "rows": rows,
+                "worst_over_plain": worst, "checks": {}}  # fmt: skip
+    dim, k = (16, 64) if tiny else (256, 4096)
+    spaces = ((10, 2.4), (100, 4.0), (300, 4.0)) if tiny else ((54, 2.4), (8929, 16.0), (25230, 16.0))
+
+    class Args:  # the fields loss_speed.make_inputs / build_loss read
+        pass
+
+    for n in (16, 32) if tiny else (64, 256):
+        for labels, per_row in spaces:
+            args = Args()
+            args.n, args.k, args.dim, args.labels, args.per_row, args.zipf, args.seed = n, k, dim, labels, per_row, 1.0, 0
+            z, y, keys, yk, y_all = LS.make_inputs(args)
+            z, keys = z.to(dev, dtype), keys.to(dev, dtype)
+            y, yk = y.to(dev), yk.to(dev)
+            y_dense, yk_dense = y.to_dense(), yk.to_dense()
+            floor = _bind(LS.floor_step, z, y, keys, yk)
+            for name in names:
+                loss = LS.build_loss(name, args, y_all.to(dev)).to(dev)
+                sparse_step = _bind(LS.loss_step, loss, z, y, keys, yk)
+                dense_step = _bind(LS.loss_step, loss, z, y_dense, keys, yk_dense)
+                t_dense, t_sparse = time_pair(dense_step, sparse_step)
+                t_loss, t_floor = time_pair(sparse_step, floor)
+                rows.append({"loss": name, "n": n, "k": k, "dim": dim, "labels": labels, "labels_per_row": per_row,
+                             "dense_ms": t_dense * 1e3, "sparse_ms": t_sparse * 1e3, "dense_over_sparse": t_dense / t_sparse,
+                             "floor_ms": t_floor * 1e3, "sparse_over_floor": t_loss / t_floor})  # fmt: skip
+    top = max(s[0] for s in spaces)
+    worst = max(r["dense_over_sparse"] for r in rows if r["labels"] == top)
+    return {"table": "keys", "dtype": cell.params["dtype"], "repeats": repeats, "rows": rows,
+            "worst_dense_over_sparse_at_max_labels": worst, "checks": {}}  # fmt: skip
