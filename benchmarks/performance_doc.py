@@ -1,0 +1,262 @@
+"""Write docs/PERFORMANCE.md from the GPU suite's results (``benchmarks/results/<device>/<measurement>.json``).
+
+    python benchmarks/performance_doc.py            # rewrite docs/PERFORMANCE.md
+    python benchmarks/performance_doc.py --check    # exit 1 when the committed file differs
+
+One section per measurement of ``benchmarks/gpu_suite.py`` (in its priority order), one table per device
+that measured it, with the device, the versions, the commit and the exact command. GPU rows are absolute
+figures; rows of the CPU check (``--tiny``, toy sizes on two shared cores) show only ratios and the
+checks, since their absolute times say nothing about the product. A cell without a result says "not yet
+measured"; a failed cell shows its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+DOC = os.path.join(REPO, "docs", "PERFORMANCE.md")
+
+
+def load() -> dict[str, dict[str, dict[str, Any]]]:
+    """{measurement: {device folder: results}}."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "results", "*", "*.json"))):
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        out.setdefault(data["measurement"], {})[os.path.basename(os.path.dirname(path))] = data
+    return out
+
+
+def f(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def gib(memory: dict[str, float] | None) -> str:
+    if not memory:
+        return "–"
+    if "allocated_gib" in memory:
+        return f"{memory['allocated_gib']:.1f} / {memory['reserved_gib']:.1f}"
+    return "–"
+
+
+def syncs(values: list[int] | None) -> str:
+    if not values:
+        return "–"
+    return f"{min(values)}–{max(values)}" if min(values) != max(values) else str(values[0])
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def status(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "not yet measured"
+    if cell["status"] == "ok":
+        return "ok"
+    if cell["status"] == "not_run":
+        return f"not run: {cell['reason']}"
+    return f"**failed**: `{cell.get('error', '')[:160]}`"
+
+
+def provenance(data: dict[str, Any], folder: str) -> list[str]:
+    dev, v = data["device"], data["versions"]
+    name = dev["name"] if dev["kind"] == "cuda" else "CPU check (`--tiny`: toy sizes, 2 shared cores; ratios only)"
+    peak = f", bf16 dense peak {dev['bf16_dense_peak_tflops']} TFLOP/s" if dev.get("bf16_dense_peak_tflops") else ""
+    versions = ", ".join(f"{k} {val}" for k, val in v.items() if val)
+    return [f"*{name}{peak}. {versions}. Commit `{(data.get('git_commit') or '?')[:10]}`. Last command: "
+            f"`{data['command']}` (each cell's own command: `benchmarks/results/{folder}/{data['measurement']}.json`).*",
+            ""]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------- per measurement
+def llama_lora(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    rows = []
+    for cell in cells:
+        c = data["cells"].get(cell.name)
+        fig = (c or {}).get("figures")
+        if not fig:
+            rows.append([cell.name, cell.launcher, status(c)] + ["–"] * (8 if gpu else 2))
+            continue
+        reload = fig["reload"]
+        rel = f"{reload['max_abs_diff']:.2g} / {reload['min_cosine']:.5f}"
+        if gpu:
+            rows.append([cell.name, fig["wrapper"], status(c), f(fig["gradcache_chunk_size"], 0),
+                         f"{fig['step_time_s']['median']:.2f}", f"{fig['tokens_per_s']:.0f}",
+                         f"{fig['achieved_tflops']:.0f}", f"{100 * fig['mfu']:.1f} %" if fig.get("mfu") else "–",
+                         gib(fig["peak_memory"]), syncs(fig.get("syncs_per_step")), rel])  # fmt: skip
+        else:
+            rows.append([cell.name, fig["wrapper"], status(c), rel])
+    head = ["cell", "model wrapped as", "status"]
+    head += (["GradCache chunk", "step s", "tokens/s", "model TFLOP/s", "MFU", "peak GiB (alloc / reserved)",
+              "host syncs / step", "reload max abs diff / min cosine"] if gpu else ["reload max abs diff / min cosine"])  # fmt: skip
+    out = table(head, rows)
+    first = next((c["figures"] for c in data["cells"].values() if c.get("figures") and c["figures"]["run"] != "msc"),
+                 None)  # fmt: skip
+    if first and gpu:
+        out += ["", f"Batch {first['per_device_batch']} x {first['seq_len']} tokens per step, LoRA r {first['lora']['r']} "
+                f"(alpha {first['lora']['alpha']}, dropout {first['lora']['dropout']}) on {', '.join(first['lora']['targets'])}; "
+                f"{first['trainable_parameters'] / 1e6:.1f} M trainable of {first['parameters'] / 1e9:.2f} B parameters; "
+                f"msc: queue {QUEUE_NOTE}. Model FLOPs per token: `{first['formula']}` "
+                f"(N = {first['matmul_parameters'] / 1e9:.2f} B matmul weights, N_lora = {first['lora_parameters'] / 1e6:.1f} M; "
+                f"{first['flops_per_token'] / 1e9:.1f} GFLOP per token for sd and BCE; msc adds the momentum "
+                f"encoder's forward of the same tokens)."]  # fmt: skip
+        merged = [f"{n}: {c['figures']['reload']['merged_load']['min_cosine']:.3f}" for n, c in data["cells"].items()
+                  if c.get("figures")]  # fmt: skip
+        out += ["", "The library's `from_pretrained` of the same folders merges the adapter into the bf16 base "
+                f"weights; minimum cosine to the trained outputs: {', '.join(merged)}."]  # fmt: skip
+    return out
+
+
+QUEUE_NOTE = "4,096 keys"
+
+
+def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    out: list[str] = []
+    for cell in cells:
+        c = data["cells"].get(cell.name)
+        fig = (c or {}).get("figures")
+        out += [f"**{cell.name}** ({status(c)})", ""]
+        if not fig:
+            continue
+        rows = []
+        for row, r in fig["rows"].items():
+            base = [row, f"{r['samples_per_s'] / fig['rows']['contrastive']['samples_per_s']:.2f}"]
+            if gpu:
+                base += [f"{r['samples_per_s']:.0f}", f"{r['wall_samples_per_s']:.0f}",
+                         f"{1e3 * r['step_time_s']['median']:.1f}", gib(r["peak_memory"]), syncs(r["syncs_per_step"])]  # fmt: skip
+            rows.append(base)
+        head = ["trainer", "samples/s relative to contrastive"]
+        if gpu:
+            head += ["samples/s (step)", "samples/s (wall, with data)", "step ms", "peak GiB", "host syncs / step"]
+        out += table(head, rows)
+        ratio = fig["ratios"]
+        out += ["", f"ContrastiveTrainer / Trainer + BCE = {ratio['contrastive_over_trainer_bce']:.2f}; "
+                f"/ SentenceTransformerTrainer (same loss) = {ratio['contrastive_over_st_mlcl']:.2f}; "
+                f"/ MultipleNegativesRankingLoss = {ratio['contrastive_over_st_mnrl']:.2f} "
+                f"(batch {fig['batch']} x {fig['seq_len']} tokens, {fig['rounds']} rounds x {fig['measured_steps_per_run']} steps).", ""]  # fmt: skip
+    return out
+
+
+def plm_icd(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    rows = []
+    for cell in cells:
+        c = data["cells"].get(cell.name)
+        fig = (c or {}).get("figures")
+        if not fig:
+            rows.append([cell.name, status(c)] + ["–"] * (7 if gpu else 1))
+            continue
+        if gpu:
+            rows.append([cell.name, status(c), f(fig["num_labels"]), f"{fig['per_device_batch']} x {fig['seq_len']}",
+                         f(fig["gradcache_chunk_size"]), f"{fig['step_time_s']['median']:.2f}", f"{fig['documents_per_s']:.1f}",
+                         gib(fig["peak_memory"]), f(fig["fits"])])  # fmt: skip
+        else:
+            rows.append([cell.name, status(c), f"{fig['per_device_batch']} x {fig['seq_len']}"])
+    head = ["cell", "status"] + (["labels", "batch x tokens", "GradCache chunk", "step s", "documents/s",
+                                  "peak GiB (alloc / reserved)", "fits"] if gpu else ["batch x tokens (toy)"])  # fmt: skip
+    return table(head, rows)
+
+
+def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    out: list[str] = []
+    for cell in cells:
+        c = data["cells"].get(cell.name)
+        fig = (c or {}).get("figures")
+        out += [f"**{cell.name}** ({status(c)})", ""]
+        if not fig:
+            continue
+        if fig["table"] == "in-batch":
+            rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",
+                     f"{r['single_over_pml']:.2f}"] + ([f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}"] if gpu else [])
+                    for r in fig["rows"]]  # fmt: skip
+            head = ["loss", "N", "multi-label / plain SupCon", "single-label / plain SupCon", "single-label / PML SupConLoss"]
+            out += table(head + (["loss ms", "plain ms"] if gpu else []), rows)
+            out += ["", f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
+        else:
+            rows = [[r["loss"], str(r["n"]), str(r["labels"]), f"{r['dense_over_sparse']:.2f}", f"{r['sparse_over_floor']:.2f}"]
+                    + ([f"{r['sparse_ms']:.2f}", f"{r['dense_ms']:.2f}"] if gpu else []) for r in fig["rows"]]  # fmt: skip
+            head = ["loss", "N", "L", "dense / sparse", "sparse / floor"]
+            out += table(head + (["sparse ms", "dense ms"] if gpu else []), rows)
+            out += ["", f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.", ""]
+    return out
+
+
+def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    rows = []
+    for cell in cells:
+        c = data["cells"].get(cell.name)
+        fig = (c or {}).get("figures")
+        if not fig:
+            rows.append([cell.name, status(c)] + ["–"] * 5)
+            continue
+        plain, cached = fig["largest_plain"], fig["gradcache"]
+        if gpu:
+            rows.append([cell.name, status(c), f"{plain['batch']} ({plain['samples_per_s']:.0f} samples/s, {gib(plain['peak_memory'])} GiB)",
+                         f"{fig['contrast_set']} in chunks of {fig['chunk']} ({cached['samples_per_s']:.0f} samples/s, {gib(cached['peak_memory'])} GiB)",
+                         f"{fig['memory_ratio']:.2f}", f"{fig['speed_ratio']:.2f}", f(fig["same_loss"]["same"])])  # fmt: skip
+        else:
+            rows.append([cell.name, status(c), str(plain["batch"]), str(fig["contrast_set"]), "–", f"{fig['speed_ratio']:.2f}",
+                         f(fig["same_loss"]["same"])])  # fmt: skip
+    return table(["cell", "status", "largest plain batch", "GradCache", "memory GradCache / plain",
+                  "samples/s GradCache / plain", "same loss"], rows)  # fmt: skip
+
+
+def render() -> str:
+    import gpu_suite
+
+    results = load()
+    lines = ["# Performance", "",
+             "Measured by `benchmarks/gpu_suite.py` and written by `benchmarks/performance_doc.py` from "
+             "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "
+             "`python benchmarks/gpu_suite.py` (on a machine without internet: `benchmarks/prepare_device.py` "
+             "here, then `bash benchmarks/device_run.sh` there), then `python benchmarks/performance_doc.py`.", ""]  # fmt: skip
+    renderers = {"llama_lora": llama_lora, "throughput": throughput, "plm_icd": plm_icd, "losses": losses,
+                 "gradcache": gradcache}  # fmt: skip
+    for i, name in enumerate(gpu_suite.MEASUREMENTS, 1):
+        module = gpu_suite.measurement(name)
+        lines += [f"## {i}. `{name}`", "", (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "), ""]
+        devices = results.get(name, {})
+        gpu_devices = [d for d, data in devices.items() if data["device"]["kind"] == "cuda"]
+        if not gpu_devices:
+            lines += ["**GPU: not yet measured.**", ""]
+        for folder in sorted(devices, key=lambda d: devices[d]["device"]["kind"] != "cuda"):
+            data = devices[folder]
+            gpu = data["device"]["kind"] == "cuda"
+            lines += provenance(data, folder)
+            lines += renderers[name](data, module.cells(data["tiny"]), gpu) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true")
+    opts = ap.parse_args(argv)
+    text = render()
+    if opts.check:
+        current = open(DOC, encoding="utf-8").read() if os.path.isfile(DOC) else ""
+        if current != text:
+            print(f"{DOC} is out of date: run python benchmarks/performance_doc.py", file=sys.stderr)
+            return 1
+        return 0
+    with open(DOC, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"wrote {os.path.relpath(DOC, REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
