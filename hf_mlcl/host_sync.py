@@ -49,7 +49,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 # SyncCountingCallback is defined on first access (module __getattr__): transformers is imported then
-__all__ = ["HostSyncCounter", "SyncCountingCallback", "host_reads_are_free", "SYNCING_CALLS"]  # noqa: F822
+__all__ = [  # noqa: F822
+    "HostSyncCounter",
+    "SyncCountingCallback",
+    "host_reads_are_free",
+    "SYNCING_CALLS",
+    "TRANSFORMERS_MASK_PREPARATION",
+]
 
 _T = torch.Tensor
 
@@ -104,6 +110,12 @@ SYNCING_CALLS = tuple(
          "where (one argument)"}
     )
 )  # fmt: skip
+
+#: Where transformers prepares a backbone's attention mask (``masking_utils.py``): given a 2-D padding
+#: mask it checks ``padding_mask.all()`` on the host, to run the attention without a mask when nothing
+#: is padded (transformers 5, e.g. SDPA and eager attention of BERT-style encoders): one host read per
+#: backbone forward, made by transformers, not by hf_mlcl.
+TRANSFORMERS_MASK_PREPARATION = os.path.join("transformers", "masking_utils.py")
 
 _SIMULATED_ACCELERATOR = 0  # > 0 while a HostSyncCounter with simulate_accelerator=True is active
 
@@ -163,9 +175,15 @@ class HostSyncCounter(TorchFunctionMode):
         """How many syncing calls each ``(call name, call site)`` made."""
         return collections.Counter(self.events)
 
-    def report(self) -> str:
-        """One line per call site, most frequent first (empty when nothing was counted)."""
-        return "\n".join(f"{n} x {name} at {site}" for (name, site), n in self.sites().most_common())
+    def report(self, events: list[tuple[str, str]] | None = None) -> str:
+        """One line per call site of ``events`` (default: all), most frequent first ('' for none)."""
+        counts = collections.Counter(self.events if events is None else events)
+        return "\n".join(f"{n} x {name} at {site}" for (name, site), n in counts.most_common())
+
+    def events_outside(self, *path_parts: str) -> list[tuple[str, str]]:
+        """The events whose call site's path contains none of ``path_parts`` (e.g.
+        :data:`TRANSFORMERS_MASK_PREPARATION`, to look past the backbone's own host read)."""
+        return [e for e in self.events if not any(part in e[1] for part in path_parts)]
 
     def __enter__(self) -> HostSyncCounter:
         global _SIMULATED_ACCELERATOR
