@@ -57,8 +57,10 @@ raises the ValueError at the next logging step or checkpoint save, before a chec
 corrupted weights is written. ``logging_nan_inf_filter`` defaults to False for the same reason
 (:class:`~hf_mlcl.training.arguments.ContrastiveTrainingArguments`). What still reads the host:
 label matrices so wide that they go sparse (the sparse products need data-dependent shapes), the
-size exchange of uneven per-process batches, and the backbone itself (transformers' attention-mask
-preparation checks whether the batch is padded).
+exchange of per-process batch sizes before each gather under data parallelism
+(:mod:`hf_mlcl.training.distributed`), a segmented encoder (PLM-ICD: the non-empty segments are
+selected) and the backbone itself (transformers' attention-mask preparation checks whether the batch
+is padded).
 
 Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
 the momentum encoder and the queue (safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`);
