@@ -5,10 +5,13 @@ On an accelerator, any Python-level use of a tensor's *value* — ``float(t)``, 
 on the values (``nonzero``, ``unique``, ``masked_select``, boolean-mask indexing, ``bincount``,
 one-argument ``torch.where``, ``repeat_interleave`` with tensor repeats, sparse ``coalesce``) makes
 the host wait for the device, and so does a tensor built from host data on a device
-(``torch.tensor(x, device=...)``: a blocking host-to-device copy) (``torch.cuda.set_sync_debug_mode("warn")`` reports them on CUDA). Those
-are exactly the calls that cost nothing on a CPU tensor, so a CPU run cannot time them; but they are
-the same Python calls on every device, and :class:`HostSyncCounter` counts them on any device by
-intercepting them (a ``TorchFunctionMode``): a CPU test proves that a code path would make no
+(``torch.tensor(x, device=...)``: a blocking host-to-device copy); ``torch.cuda.set_sync_debug_mode``
+reports them on CUDA. Those are exactly the calls that cost nothing on a CPU tensor, so a CPU run
+cannot time them; but they are the same calls on every device, and :class:`HostSyncCounter` counts
+them on any device by intercepting them: the Python-level calls (a ``TorchFunctionMode``) and, below
+them, the ATen operators that read values or make value-dependent shapes (a ``TorchDispatchMode``,
+which also sees the backward pass, custom ``autograd.Function`` backwards included, and operators
+reached through calls it does not know). A CPU test proves that a code path would make no
 synchronisation on a GPU.
 
 What counts is the *call*, wherever the tensor lives: ``float(cpu_tensor)`` is counted too. Code that
@@ -47,6 +50,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # SyncCountingCallback is defined on first access (module __getattr__): transformers is imported then
 __all__ = [  # noqa: F822
@@ -69,6 +73,8 @@ _VALUE_READS = {
     _T.__complex__: "__complex__",
     _T.tolist: "tolist",
     _T.numpy: "numpy",
+    _T.__array__: "__array__",
+    _T.__contains__: "__contains__",
     _T.cpu: "cpu",
     _T.__repr__: "__repr__",
     _T.__format__: "__format__",
@@ -102,6 +108,23 @@ _WHERE = {torch.where: "where", _T.where: "where"}
 # a tensor made from host data for a device is a host-to-device copy, which the default (blocking) copy
 # follows with a stream synchronisation; counted whenever a device is named (it may be an accelerator)
 _FROM_HOST = {torch.tensor: "tensor", torch.as_tensor: "as_tensor"}
+
+# ATen operators that read a value on the host or whose output shape depends on the values
+_ATEN = torch.ops.aten
+_VALUE_OPS = {
+    _ATEN._local_scalar_dense.default: "_local_scalar_dense",  # item(), float(), int(), bool()
+    _ATEN.nonzero.default: "nonzero",
+    _ATEN.argwhere.default: "argwhere",
+    _ATEN.masked_select.default: "masked_select",
+    _ATEN._unique2.default: "unique",
+    _ATEN.unique_dim.default: "unique",
+    _ATEN.unique_consecutive.default: "unique_consecutive",
+    _ATEN.bincount.default: "bincount",
+    _ATEN._coalesce.default: "coalesce",
+    _ATEN.equal.default: "equal",
+    _ATEN.is_nonzero.default: "is_nonzero",
+}
+_INDEX_OPS = {_ATEN.index.Tensor, _ATEN.index_put.default, _ATEN.index_put_.default, _ATEN._index_put_impl_.default}
 
 #: The names of the intercepted calls (see the module docstring for when each one synchronises).
 SYNCING_CALLS = tuple(
@@ -150,6 +173,28 @@ def _call_site() -> str:
     return "<torch>"
 
 
+class _OperatorCounter(TorchDispatchMode):
+    """The ATen layer of :class:`HostSyncCounter`: records a value-reading operator unless the Python call
+    that led to it was recorded already (``counter.recording``)."""
+
+    def __init__(self, counter: HostSyncCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None):
+        kwargs = kwargs or {}
+        if not self.counter.recording:
+            name = _VALUE_OPS.get(func)
+            if name is None and func in _INDEX_OPS:
+                index = args[1] if len(args) > 1 else kwargs.get("indices")
+                name = "index (bool mask)" if _has_bool_index(index) else None
+            if name is None and func is _ATEN.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+                name = "repeat_interleave (tensor repeats)"
+            if name is not None:
+                self.counter.events.append(("aten." + name, _call_site()))
+        return func(*args, **kwargs)
+
+
 class HostSyncCounter(TorchFunctionMode):
     """Counts the calls that read tensor values on the host while it is active (a context manager).
 
@@ -166,6 +211,8 @@ class HostSyncCounter(TorchFunctionMode):
         super().__init__()
         self.simulate_accelerator = bool(simulate_accelerator)
         self.events: list[tuple[str, str]] = []
+        self.recording = False  # inside a Python call counted already: its operators are not counted again
+        self._operators = _OperatorCounter(self)
 
     @property
     def count(self) -> int:
@@ -189,11 +236,14 @@ class HostSyncCounter(TorchFunctionMode):
         global _SIMULATED_ACCELERATOR
         if self.simulate_accelerator:
             _SIMULATED_ACCELERATOR += 1
-        return super().__enter__()
+        super().__enter__()
+        self._operators.__enter__()
+        return self
 
     def __exit__(self, *exc: Any) -> None:
         global _SIMULATED_ACCELERATOR
         try:
+            self._operators.__exit__(*exc)
             super().__exit__(*exc)
         finally:
             if self.simulate_accelerator:
@@ -224,9 +274,14 @@ class HostSyncCounter(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None):
         kwargs = kwargs or {}
         name = self._syncing_call(func, args, kwargs)
-        if name is not None:
-            self.events.append((name, _call_site()))
-        return func(*args, **kwargs)
+        if name is None or self.recording:
+            return func(*args, **kwargs)
+        self.events.append((name, _call_site()))
+        self.recording = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.recording = False
 
 
 @functools.lru_cache(maxsize=1)

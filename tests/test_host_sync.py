@@ -24,6 +24,7 @@ def test_every_kind_of_host_read_is_counted_with_its_call_site():
         "__int__": lambda: int(mask.sum()),
         "tolist": lambda: x.tolist(),
         "numpy": lambda: x.numpy(),
+        "__contains__": lambda: 2.0 in x,
         "cpu": lambda: x.cpu(),
         "nonzero": lambda: mask.nonzero(),
         "unique": lambda: torch.unique(x),
@@ -98,3 +99,26 @@ def test_callback_counts_only_the_chosen_steps_and_disarms_on_exit():
         fresh.on_step_begin(None, state, control)  # a step that raises never reaches on_step_end
         assert torch._C._is_torch_function_mode_enabled()
     assert not torch._C._is_torch_function_mode_enabled()  # leaving the block disarmed it
+
+
+def test_reads_in_a_backward_pass_are_counted_at_the_operator_level():
+    """The backward runs outside the Python-call layer; the ATen layer sees its reads (once each)."""
+
+    class ReadsInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            float(grad.sum())
+            return grad[grad > 0].sum() + grad * 2
+
+    x = torch.randn(3, requires_grad=True)
+    with HostSyncCounter() as counter:
+        ReadsInBackward.apply(x).sum().backward()
+    assert [name for name, _ in counter.events] == ["aten._local_scalar_dense", "aten.index (bool mask)"]
+    assert all("(backward)" in site for _, site in counter.events)
+    with HostSyncCounter() as counter:
+        float(x.detach().sum())  # a counted Python call: its operator is not counted again
+    assert [name for name, _ in counter.events] == ["__float__"]
