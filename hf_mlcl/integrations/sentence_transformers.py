@@ -16,7 +16,11 @@ collator turns into a tensor): a multi-hot row per text, or label-id lists padde
 embeds the texts (``sentence_embedding``), turns the labels into a multi-hot matrix and calls the hf_mlcl
 loss (:func:`hf_mlcl.losses.get_loss`; the equations are in ``LOSSES.md`` and each loss's module), with
 the candidates of every process gathered across devices when ``gather_across_devices``
-(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). :class:`CachedMultiLabelContrastiveLoss`
+(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
+label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
+on the host (:mod:`hf_mlcl.integrations._batches`), so with ``logging_nan_inf_filter=False`` in the
+training arguments (Trainer's filter reads every step's loss) a step makes no device-to-host
+synchronisation outside the model. :class:`CachedMultiLabelContrastiveLoss`
 is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
 embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
 ``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
@@ -42,8 +46,9 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.losses.registry import resolve_loss_name
 from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
-from hf_mlcl.training.candidates import CandidateBuilder
 from hf_mlcl.training.contrastive import build_contrastive_loss
+
+from ._batches import BatchLoss
 
 __all__ = ["MultiLabelContrastiveLoss", "CachedMultiLabelContrastiveLoss", "to_sentence_transformers_dataset"]
 
@@ -106,9 +111,7 @@ class MultiLabelContrastiveLoss(nn.Module):
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=_embedding_dim(model)
         )
         # batch mode (no queue): the other processes' embeddings join as candidates when gathering
-        self._candidates = CandidateBuilder(
-            None, gather=self.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False)
-        )
+        self._batch_loss = BatchLoss(self.loss_fn, num_labels, label_format, self.gather_across_devices)
 
     # ------------------------------------------------------------------------------------------ labels
     def multi_hot(self, labels: Tensor) -> Tensor:
@@ -127,9 +130,9 @@ class MultiLabelContrastiveLoss(nn.Module):
         return features
 
     def compute_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
-        """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids)."""
-        y = self.multi_hot(labels.to(embeddings.device))
-        return self._candidates.step(embeddings, y).loss(self.loss_fn)
+        """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids); the values
+        are checked on the first call only (module docstring)."""
+        return self._batch_loss(embeddings, labels)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         (features,) = self._single_column(sentence_features)

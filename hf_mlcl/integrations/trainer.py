@@ -18,7 +18,11 @@ num_items_in_batch=...)``. :class:`ContrastiveLossFunc` reads the embeddings fro
 ``pooled``; or the key you name), turns the labels (multi-hot or -1-padded id lists) into a multi-hot
 matrix and returns the loss of :func:`hf_mlcl.losses.get_loss` — the papers' equations, see
 ``LOSSES.md`` — with every process's candidates when ``gather_across_devices``
-(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``).
+(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
+label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
+on the host (:mod:`hf_mlcl.integrations._batches`), so with ``TrainingArguments(logging_nan_inf_filter=False)``
+(Trainer's filter reads every step's loss on the host) a step makes no device-to-host synchronisation
+outside the model.
 
 Gradient accumulation: with a ``compute_loss_func`` Trainer does *not* divide the loss by the
 accumulation steps (it expects a loss normalised by ``num_items_in_batch``). A contrastive loss is a
@@ -43,9 +47,10 @@ import torch
 from torch import Tensor
 
 from hf_mlcl.losses.registry import resolve_loss_name
-from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, labels_to_multihot
-from hf_mlcl.training.candidates import CandidateBuilder
+from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS
 from hf_mlcl.training.contrastive import build_contrastive_loss
+
+from ._batches import BatchLoss
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +98,7 @@ class ContrastiveLossFunc:
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=embedding_dim
         )
         # batch mode (no queue): the other processes' embeddings join as candidates when gathering
-        self._candidates = CandidateBuilder(
-            None, gather=self.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False)
-        )
+        self._batch_loss = BatchLoss(self.loss_fn, num_labels, label_format, self.gather_across_devices)
         if any(True for _ in self.loss_fn.parameters()):
             logger.warning(
                 "loss %r has learnable parameters: add ContrastiveLossFunc.parameters() to the optimizer "
@@ -134,8 +137,7 @@ class ContrastiveLossFunc:
                 "pool it first or name a pooled field with embeddings_key="
             )
         self.loss_fn.to(emb.device)
-        y = labels_to_multihot(labels.to(emb.device), self.num_labels, self.label_format)
-        loss = self._candidates.step(emb, y).loss(self.loss_fn)
+        loss = self._batch_loss(emb, labels)
         if num_items_in_batch is not None:  # see the module docstring: Trainer's accumulation contract
             counted = torch.as_tensor(num_items_in_batch, dtype=loss.dtype, device=loss.device).reshape(-1)[0]
             loss = loss * (labels.shape[0] * labels.shape[1]) / counted.clamp_min(1)

@@ -30,11 +30,20 @@ coefficient (:func:`terms_loss`); :func:`weighted_contrastive_loss` remains the 
 the reference the tests compare the kernel with). The contrast masks, the normalised embeddings and
 the logits are built only when a loss asks for them, and the NaN / inf check of the embeddings moves
 to the kernel's scalar result (see :class:`ContrastContext`).
+
+Host reads: a forward reads no tensor value on the host (no device-to-host synchronisation on an
+accelerator) except for its input checks — label values 0/1 and finite embeddings — which
+``check_inputs`` turns off for inputs validated elsewhere (the trainers check the first batch, and
+the collator builds 0/1 labels). The named parts of a call (``components``) stay on the device as
+detached 0-d tensors; a caller converts them to floats when it logs. ``hf_mlcl.host_sync`` counts
+the host reads of a block of code (the tests hold every loss to zero with ``check_inputs`` off).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -54,6 +63,8 @@ __all__ = [
     "masked_log_softmax",
     "weighted_contrastive_loss",
     "compute_dtype_for",
+    "set_input_checks",
+    "FirstCallChecks",
 ]
 
 
@@ -140,7 +151,7 @@ class LossTerms:
         anchor_valid: optional (N,) bool mask of anchors allowed to contribute.
         logits / contrast_mask: optional overrides when the loss extends the candidate set (e.g. with
             learnable prototypes appended as extra columns).
-        components: extra named parts reported in ``loss.components`` (floats or 0-d tensors).
+        components: extra named parts reported in ``loss.components`` (0-d tensors, or floats).
         weight_sums: optional (N,) ``weights.sum(dim=1)`` when the loss computed it anyway (e.g. as its
             normaliser), so the engine does not sum again.
         zero_diagonal: the loss guarantees W = 0 at each anchor's own column (it built W through
@@ -364,7 +375,7 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     dtype = ctx.dtype
     w = R.cast(terms.weights, dtype)
     wsum = None if terms.weight_sums is None else R.cast(terms.weight_sums, dtype)
-    if ctx.anchors_in_candidates and not terms.zero_diagonal and bool(w.diagonal().any()):
+    if ctx.anchors_in_candidates and not terms.zero_diagonal:
         w = w.clone()  # the anchor's own column is outside its contrast set
         w.diagonal().zero_()
         wsum = None
@@ -375,7 +386,7 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     if terms.anchor_valid is not None:
         valid = valid & terms.anchor_valid
     if terms.reduction_denominator is None:
-        scale = 1.0 / max(int(valid.sum()), 1)
+        scale = mean_scale(valid, dtype)
     else:
         denom = torch.as_tensor(terms.reduction_denominator, dtype=dtype, device=ctx.device)
         scale = torch.where(denom > 0, denom, torch.ones_like(denom)).reciprocal()
@@ -383,6 +394,15 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     coef = torch.where(valid, norm, math.inf).reciprocal_().mul_(scale)
     const = None if terms.constant is None else -torch.dot(coef, R.cast(terms.constant, dtype))
     return ctx.fused(w, coef, const=const, weight_sums=wsum)[0]
+
+
+def mean_scale(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """1 / max(number of True in ``valid``, 1) as a 0-d ``dtype`` tensor, on the device (no host read).
+
+    Computed in float64 and rounded once to ``dtype``: the value of the Python float
+    ``1.0 / max(int(valid.sum()), 1)`` that a product with a ``dtype`` tensor would use.
+    """
+    return valid.sum().clamp_min(1).to(torch.float64).reciprocal().to(dtype)
 
 
 def _check_finite(x: Tensor, name: str) -> None:
@@ -410,11 +430,17 @@ class ContrastiveLoss(nn.Module):
 
     Subclasses implement :meth:`build_terms` (and optionally override :meth:`compute` for losses that
     combine several engine calls). ``forward(embeddings, labels, key_embeddings=None, key_labels=None)``
-    returns a scalar; ``self.components`` holds the named parts of the last call (always ``"loss"``).
+    returns a scalar; ``self.components`` holds the named parts of the last call (always ``"loss"``) as
+    detached 0-d tensors on the loss's device (``float(v)`` when logging).
 
     Args:
         temperature: tau > 0 (default: the paper's value, ``default_temperature``).
         normalize: L2-normalise embeddings (and keys) inside the loss.
+
+    Attribute ``check_inputs`` (default True): check that the labels are 0/1 and the embeddings finite
+    (ValueError naming the problem) on every call. Both checks read values on the host, a
+    synchronisation on an accelerator; with False (:func:`set_input_checks`) a call reads nothing on
+    the host, labels are taken as valid and non-finite embeddings give a non-finite loss.
     """
 
     is_contrastive = True
@@ -439,7 +465,8 @@ class ContrastiveLoss(nn.Module):
             )
         self.temperature = temperature
         self.normalize = bool(normalize)
-        self.components: dict[str, float] = {}
+        self.check_inputs = True
+        self.components: dict[str, Tensor] = {}
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, normalize={self.normalize}"
@@ -457,7 +484,8 @@ class ContrastiveLoss(nn.Module):
 
         ``anchors_in_candidates=False`` makes the keys the only candidates (needs keys).
         Normalisation and the NaN / inf check of the embeddings are deferred to the context (see
-        :class:`ContrastContext`); every check raises before the loss is returned.
+        :class:`ContrastContext`); every check raises before the loss is returned. The checks of
+        values (labels 0/1, finite embeddings) run only with ``check_inputs``.
         """
         _check_embeddings(embeddings, "embeddings", finite=False)
         if not anchors_in_candidates and key_embeddings is None:
@@ -471,7 +499,8 @@ class ContrastiveLoss(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)"
             )
-        y = R.as_multihot(labels, "labels", device=embeddings.device, allow_sparse=True)
+        check = self.check_inputs
+        y = R.as_multihot(labels, "labels", device=embeddings.device, allow_sparse=True, check_values=check)
         if y.shape[0] != embeddings.shape[0]:
             raise ValueError(
                 f"row-count mismatch: embeddings has {embeddings.shape[0]} rows but labels has {y.shape[0]}; "
@@ -485,7 +514,9 @@ class ContrastiveLoss(nn.Module):
                     f"embedding dim differs: embeddings have D={embeddings.shape[1]} but key_embeddings "
                     f"D={key_embeddings.shape[1]}"
                 )
-            yk = R.as_multihot(key_labels, "key_labels", device=embeddings.device, allow_sparse=True)
+            yk = R.as_multihot(
+                key_labels, "key_labels", device=embeddings.device, allow_sparse=True, check_values=check
+            )
             if yk.shape[0] != key_embeddings.shape[0]:
                 raise ValueError(
                     f"row-count mismatch: key_embeddings has {key_embeddings.shape[0]} rows but key_labels "
@@ -506,7 +537,7 @@ class ContrastiveLoss(nn.Module):
         # normalisation and the NaN / inf check happen on first use (ContrastContext)
         return ContrastContext(
             z, y, k, yk, self.temperature, anchors_in_candidates=anchors_in_candidates,
-            normalize=self.normalize, checked=False,
+            normalize=self.normalize, checked=not check,
         )  # fmt: skip
 
     # ---------------------------------------------------------------- computation
@@ -564,17 +595,67 @@ class ContrastiveLoss(nn.Module):
     def compute_and_record(self, ctx: ContrastContext) -> Tensor:
         """The loss on a prepared context; stores its parts in ``self.components`` for logging.
 
-        Shared by :meth:`forward` and by wrappers (hbl) that reuse the base loss's context.
+        Shared by :meth:`forward` and by wrappers (hbl) that reuse the base loss's context. The parts
+        are detached 0-d tensors (no host read); with ``check_inputs`` a non-finite fused result runs
+        the full finiteness check, which raises.
         """
         if ctx.num_anchors == 0:
             loss, parts = ctx.zero(), {}
         else:
             loss, parts = self.compute(ctx)
-        value = float(loss.detach())
-        if not (ctx.fused_used and math.isfinite(value)):
+        if not ctx.checked and not (ctx.fused_used and bool(torch.isfinite(loss.detach()))):
             ctx.check_finite()  # raises the named error when the inputs were not finite
-        comps = {"loss": value}
-        for name, value in parts.items():
-            comps[name] = float(value.detach()) if isinstance(value, Tensor) else float(value)
-        self.components = comps
+        self.components = record_components(loss, parts)
         return loss
+
+
+def record_components(loss: Tensor, parts: dict) -> dict[str, Tensor]:
+    """``{"loss": loss, **parts}`` as detached 0-d tensors on the loss's device (no host read).
+
+    A part given as a Python number becomes a tensor of the loss's dtype (a fill on the device).
+    """
+    comps = {"loss": loss.detach()}
+    for name, value in parts.items():
+        if isinstance(value, Tensor):
+            comps[name] = value.detach()
+        else:
+            comps[name] = torch.full((), float(value), dtype=loss.dtype, device=loss.device)
+    return comps
+
+
+def set_input_checks(module: nn.Module, enabled: bool) -> None:
+    """Set ``check_inputs`` on ``module`` and on every loss inside it (e.g. the base loss of hbl).
+
+    Trainers validate the labels once and turn the per-call checks off, so that a training step reads
+    no value on the host (see :class:`ContrastiveLoss`).
+    """
+    for sub in module.modules():
+        if hasattr(sub, "check_inputs"):
+            sub.check_inputs = bool(enabled)
+
+
+class FirstCallChecks:
+    """A loss's input checks on the first call made through this object only (trainers, integrations).
+
+    Construction turns ``check_inputs`` off (:func:`set_input_checks`); ``with checks(): loss(...)``
+    turns it on for the block until one block has run without raising, so the first batch is
+    validated (labels 0/1, finite embeddings: ValueError naming the problem) and later batches cost
+    no host read. ``pending`` tells whether the next block still checks.
+    """
+
+    def __init__(self, loss: nn.Module) -> None:
+        self.loss = loss
+        self.pending = True
+        set_input_checks(loss, False)
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        if not self.pending:
+            yield
+            return
+        set_input_checks(self.loss, True)
+        try:
+            yield
+            self.pending = False
+        finally:
+            set_input_checks(self.loss, False)

@@ -62,8 +62,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..host_sync import host_reads_are_free
 from . import relations as R
-from .core import ContrastContext, ContrastiveLoss
+from .core import ContrastContext, ContrastiveLoss, record_components
 from .intra_op import small_step_threads
 from .registry import get_loss_class, register_loss, resolve_loss_name
 
@@ -94,7 +95,7 @@ def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Te
     k = (m - 1) // 2
     below = k - (n_pos - 1).clamp_min(0) // 2  # non-positives sent to -inf in each row
     rank = torch.cumsum(~positive, dim=1, dtype=torch.int32)  # 1-based rank of each non-positive in its row
-    inf = torch.tensor(float("inf"), dtype=jaccard.dtype, device=jaccard.device)
+    inf = torch.full((), float("inf"), dtype=jaccard.dtype, device=jaccard.device)  # a fill, not a host copy
     bits = _ORDERED_BITS.get(jaccard.dtype)
     if bits is None:
         fill = torch.where(rank <= below[:, None], -inf, inf)
@@ -104,8 +105,8 @@ def hbl_median_thresholds(jaccard: Tensor, positive: Tensor) -> tuple[Tensor, Te
         # floats themselves: the selection runs on integers (faster on CPU), with the integer
         # extremes standing in for -inf / +inf
         info = torch.iinfo(bits)
-        low = torch.tensor(info.min, dtype=bits, device=jaccard.device)
-        high = torch.tensor(info.max, dtype=bits, device=jaccard.device)
+        low = torch.full((), info.min, dtype=bits, device=jaccard.device)
+        high = torch.full((), info.max, dtype=bits, device=jaccard.device)
         fill = torch.where(rank <= below[:, None], low, high)
         keyed = torch.where(positive, jaccard.view(bits), fill)
         x_lo = keyed.kthvalue(k + 1, dim=1).values.view(jaccard.dtype)  # a positive's value (n_pos > 0)
@@ -147,7 +148,7 @@ def _counted_soft_positives(
     (N, M) matrix. Used on CPU (measured faster there; a selection is kept on other devices).
     """
     n, m = inter.shape
-    if inter.device.type != "cpu" or inter.dtype not in _ORDERED_BITS or n == 0 or m == 0:
+    if not host_reads_are_free(inter) or inter.dtype not in _ORDERED_BITS or n == 0 or m == 0:
         return None
     max_union = int(anchor_sizes.max()) + int(candidate_sizes.max()) - 1  # a positive shares >= 1 label
     n_codes = (max_union + 1) ** 2
@@ -171,7 +172,7 @@ def _counted_soft_positives(
     n_pos = cum[:, -1]
     middle = torch.stack([(n_pos - 1).clamp_min(0) // 2, n_pos // 2], dim=1)  # 0-based middle ranks
     x = values[torch.searchsorted(cum, middle, right=True).clamp_max_(values.numel() - 1)]
-    inf = torch.tensor(float("inf"), dtype=inter.dtype, device=device)
+    inf = torch.full((), float("inf"), dtype=inter.dtype, device=device)
     theta = torch.where(n_pos > 0, (x[:, 0] + x[:, 1]) / 2, inf)
     # codes whose value is >= theta (rank at or above the first such distinct value), per row
     soft_codes = rank[None, :] >= torch.searchsorted(values, theta)[:, None]
@@ -242,12 +243,17 @@ def hbl_per_anchor(
         if positive is None:
             positive = (inter > 0) & contrast_mask
         n_pos_all = positive.sum(dim=1) if n_positives is None else n_positives
-        # only anchors that can pass the reliability gate are partitioned (the selection is the costly part)
-        rows = (n_pos_all >= k_min).nonzero().squeeze(1)
-        if rows.numel() == 0:
+        reliable = n_pos_all >= k_min
+        # On the host (CPU tensors) the anchors that cannot pass the reliability gate are dropped before
+        # the partition, the costly part; elsewhere that selection would read the gate on the host (a
+        # synchronisation), so every row is partitioned and the gate masks the result.
+        rows = reliable.nonzero().squeeze(1) if host_reads_are_free(reliable) else None
+        if rows is not None and rows.numel() == 0:
             return zero, torch.zeros(n, dtype=torch.bool, device=zn.device)
+        if rows is not None and rows.numel() == n:
+            rows = None  # every anchor: no row copies
         sub_jac, sub_inter, sub_mask, sizes = jaccard, inter, contrast_mask, label_sizes
-        if rows.numel() < n:  # (N, M) row copies only when some anchor is gated out
+        if rows is not None:  # (N, M) row copies only when some anchor is gated out
             sub_mask, positive, sub_inter = contrast_mask[rows], positive[rows], inter[rows]
             sub_jac = None if jaccard is None else jaccard[rows]
             sizes = None if label_sizes is None else (label_sizes[0][rows], label_sizes[1])
@@ -257,13 +263,17 @@ def hbl_per_anchor(
         hard = positive ^ soft  # P_h = P minus P_s (P_s is a subset of P)
         # a row with a positive always has a soft one (its largest value is >= the median theta)
         ok = (n_sel > 0) & hard.any(dim=1)
-        gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
-        gated[rows[ok]] = True
-        if not bool(ok.any()):
-            return zero, gated
-        if not bool(ok.all()):
-            rows, soft, hard, negative = rows[ok], soft[ok], hard[ok], negative[ok]
-        every = rows.numel() == n
+        if rows is None:
+            ok = ok & reliable
+            gated = ok
+        else:
+            gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
+            gated[rows[ok]] = True
+            if not bool(ok.any()):
+                return zero, gated
+            if not bool(ok.all()):
+                rows, soft, hard, negative = rows[ok], soft[ok], hard[ok], negative[ok]
+        every = rows is None
         if similarity is None:
             sim = (zn if every else zn[rows]) @ F.normalize(candidates, dim=-1).T
         else:
@@ -273,7 +283,8 @@ def hbl_per_anchor(
         # the members' values exact and puts every non-member below / above them (sim is first
         # clamped to +-big / 2: the kept scores are -inf at the anchor's own column); the outside masks
         # enter as uint8 (a bool mask or a where takes a slow path on CPU) and the four masked copies
-        # share one buffer. max / min(dim).indices: argmax / argmin's first-occurrence index.
+        # share one buffer. max / min(dim).indices: argmax / argmin's first-occurrence index. A row
+        # whose set is empty (only when every row is kept) gets some index; the gate zeroes its term.
         big = torch.finfo(sim.dtype).max
         sim = sim.clamp(-big / 2, big / 2)
         buf = torch.empty_like(sim)
@@ -291,7 +302,10 @@ def hbl_per_anchor(
     l_rel = torch.relu(s_hard_max - s_soft_min + m_rel)
     l_abs = torch.relu(s_neg_max - s_hard_min + m_abs)
     l_abs = torch.where(has_neg, l_abs, torch.zeros_like(l_abs))
-    per_anchor = zero.index_add(0, rows, l_rel + gamma * l_abs)
+    term = l_rel + gamma * l_abs
+    if every:  # the anchors whose gate is closed contribute 0 (and no gradient)
+        return zero + torch.where(gated, term, torch.zeros_like(term)), gated
+    per_anchor = zero.index_add(0, rows, term)
     return per_anchor, gated
 
 
@@ -459,36 +473,35 @@ class HBLLoss(ContrastiveLoss):
                     base_loss = base(embeddings, labels, *keys)
                 else:
                     base_loss = base(embeddings, labels, *keys, anchors_in_candidates=False)
-                base_comps = dict(getattr(base, "components", {}) or {"loss": float(base_loss.detach())})
+                base_comps = dict(getattr(base, "components", {}) or {"loss": base_loss.detach()})
                 ctx = self.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
                 sim = None
             if ctx.num_anchors == 0:
                 hbl, gate_open = ctx.zero(), 0.0
             else:
                 per_anchor, gated = self._per_anchor(ctx, sim)
-                hbl, gate_open = per_anchor.mean(), float(gated.float().mean())
-            scale = self._lambda_scale(ctx)
-            loss = base_loss + (self.lambda_ * scale) * hbl.to(base_loss.dtype)
-        comps = {"loss": float(loss.detach()), "base": float(base_loss.detach()), "hbl": float(hbl.detach()),
-                 "gate_open": gate_open}  # fmt: skip
-        for name, value in base_comps.items():
-            if name != "loss":
-                comps[f"base/{name}"] = value
-        self.components = comps
+                hbl, gate_open = per_anchor.mean(), gated.float().mean()
+            loss = base_loss + self._lambda_factor(ctx, base_loss.dtype) * hbl.to(base_loss.dtype)
+        parts = {"base": base_loss, "hbl": hbl, "gate_open": gate_open}
+        parts.update((f"base/{name}", value) for name, value in base_comps.items() if name != "loss")
+        self.components = record_components(loss, parts)
         return loss
 
-    def _lambda_scale(self, ctx: ContrastContext) -> float:
-        """1 (``"base"``), or N / P for eq. 7's balance against a base averaged over label pairs."""
+    def _lambda_factor(self, ctx: ContrastContext, dtype: torch.dtype) -> float | Tensor:
+        """lambda_ times 1 (``"base"``), or times N / P for eq. 7's balance against a base averaged over
+        label pairs (a 0-d tensor: P stays on the device; computed in float64, rounded once to ``dtype``)."""
         label_pairs = getattr(self.base, "label_pairs", None)
         if self.lambda_scaling == "base" or label_pairs is None or ctx.num_anchors == 0:
-            return 1.0
+            return self.lambda_
         with torch.no_grad():
-            pairs = float(label_pairs(ctx))
-        return ctx.num_anchors / pairs if pairs > 0 else 1.0
+            pairs = label_pairs(ctx).to(torch.float64)
+            scale = torch.where(pairs > 0, torch.full_like(pairs, ctx.num_anchors) / pairs, 1.0)
+            return (self.lambda_ * scale).to(dtype)
 
     def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
         n_positives = ctx.shares_label.sum(dim=1)
-        if not bool((n_positives >= self.k_min).any()):
+        # reading the gate is free on the host only (elsewhere hbl_per_anchor masks the closed gates)
+        if host_reads_are_free(n_positives) and not bool((n_positives >= self.k_min).any()):
             # no anchor can pass the reliability gate: L_HBL = 0 without touching the embeddings
             # (the total stays connected to the graph through the base loss)
             zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)

@@ -18,7 +18,9 @@ Two kinds of helpers live here:
 
   Memory: O(N * M + N * U + nnz). When both matrices are dense and N * M * L is small (an in-batch
   step in a label space of tens or hundreds of labels) the same products run densely over all L
-  columns instead: same values, without the fixed cost of building sparse matrices.
+  columns instead: same values, without the fixed cost of building sparse matrices. The pairs are
+  then every (i, j) cell of the (N, L) grid, with a value of 0 off the anchors' labels (a fixed shape:
+  no ``nonzero``, so no host synchronisation on an accelerator).
 """
 
 from __future__ import annotations
@@ -124,7 +126,10 @@ class PairLabelView:
         candidate_labels: (M, L) same label space.
 
     Attributes:
-        rows, cols: (P,) int64, the anchor non-zeros (pair p = (anchor rows[p], label cols[p])).
+        rows, cols: (P,) int64, the anchor non-zeros (pair p = (anchor rows[p], label cols[p])); with
+            dense products every cell of the (N, L) grid in row-major order, ``pair_mask`` marking the
+            anchors' labels (the other cells get the value 0 from every method; see :meth:`on_pairs`).
+        pair_mask: (P,) bool, or None when every pair is a non-zero (sparse products).
         ucol: (P,) int64, the compact column (0..U-1) of each pair's label.
         num_active: U, number of distinct labels carried by the anchors.
         cand_rows, cand_ucols: candidate non-zeros restricted to the U active labels.
@@ -134,15 +139,20 @@ class PairLabelView:
         self.num_anchors = anchor_labels.shape[0]
         self.num_candidates = candidate_labels.shape[0]
         self.device = anchor_labels.device
-        self.rows, self.cols = R.nonzero_pairs(anchor_labels)
         n_labels = anchor_labels.shape[1]
         self._dense: Tensor | None = None
+        self.pair_mask: Tensor | None = None
         if dense_label_products(anchor_labels, candidate_labels):
-            # small label space: dense products over all L columns beat building sparse matrices
+            # small label space: dense products over all L columns beat building sparse matrices; the
+            # pairs are the whole (N, L) grid (row-major, the order of the non-zeros within each row)
             self._dense = candidate_labels
+            grid = torch.arange(self.num_anchors * n_labels, device=self.device)
+            self.rows, self.cols = grid.div(n_labels, rounding_mode="floor"), grid.remainder(n_labels)
+            self.pair_mask = (anchor_labels != 0).reshape(-1)
             self.ucol = self.cols
             self.num_active = n_labels
             return
+        self.rows, self.cols = R.nonzero_pairs(anchor_labels)
         active, self.ucol = torch.unique(self.cols, return_inverse=True)
         self.num_active = int(active.numel())
         lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
@@ -169,8 +179,17 @@ class PairLabelView:
             self._yc_u_t = _csr_of_ones(self.cand_ucols, self.cand_rows, shape, dtype)
         return self._yc_u_t
 
+    def on_pairs(self, values: Tensor) -> Tensor:
+        """Per-pair ``values`` (P,) with 0 at the grid cells off the anchors' labels (dense products);
+        unchanged with sparse products, whose pairs are all non-zeros."""
+        if self.pair_mask is None:
+            return values
+        return torch.where(self.pair_mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
     def dense_pairs(self, values: Tensor) -> Tensor:
         """Scatter per-pair values (P,) into a dense (N, U) matrix (0 off the anchors' pattern)."""
+        if self.pair_mask is not None:
+            return self.on_pairs(values).view(self.num_anchors, self.num_active)
         out = torch.zeros(self.num_anchors, self.num_active, dtype=values.dtype, device=self.device)
         out[self.rows, self.ucol] = values
         return out
@@ -235,7 +254,7 @@ class PairLabelView:
     def collect(self, weights: Tensor) -> Tensor:
         """Per-pair values ``sum_a F_ia [j in T_a]`` (P,) for an (N, M) matrix F (no grad)."""
         if self._dense is not None:
-            return (weights @ R.cast(self._dense, weights.dtype))[self.rows, self.cols]
+            return self.on_pairs((weights @ R.cast(self._dense, weights.dtype)).reshape(-1))
         if self.num_active == 0 or self.rows.numel() == 0:
             return torch.zeros(self.rows.numel(), dtype=weights.dtype, device=self.device)
         with warnings.catch_warnings():
@@ -249,7 +268,7 @@ class PairLabelView:
         if self._dense is not None:
             yc = R.cast(self._dense, dtype)
             per_label = yc.sum(dim=0) if row_weights is None else row_weights @ yc
-            return per_label[self.cols]
+            return self.on_pairs(per_label[self.cols])
         w = (
             torch.ones(self.cand_rows.numel(), dtype=dtype, device=self.device)
             if row_weights is None

@@ -132,11 +132,12 @@ class MSCLoss(ContrastiveLoss):
             view = PairLabelView(y, ctx.candidate_labels)
             sizes = ctx.anchor_sizes.to(dtype)
             f = torch.where(ctx.shares_label, ctx.union.to(dtype).clamp_min(1).reciprocal(), 0.0)
-            r = (1.0 + view.collect(f)).reciprocal()  # eq. (5): R_ij = 1 / N(i,j), N = 1 + samples
+            # eq. (5): R_ij = 1 / N(i,j), N = 1 + samples (0 at the view's cells off the anchors' labels)
+            r = view.on_pairs((1.0 + view.collect(f)).reciprocal())
             w = f * view.spread(r)  # W_il = f_il * sum_{j in S_i & T_l} 1/N(i,j)
             valid = sizes > 0
             # l(z_i) / abs(S_i), averaged over the anchors with a label (eq. 2)
-            coef = torch.where(valid, sizes, math.inf).reciprocal_() / max(int(valid.sum()), 1)
+            coef = torch.where(valid, sizes, math.inf).reciprocal_() / valid.sum().clamp_min(1).to(dtype)
 
         # ---- one fused pass: samples with d = beta, prototypes with d = 1 and weights R_ij
         loss, _ = ctx.fused(

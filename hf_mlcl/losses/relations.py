@@ -27,6 +27,9 @@ __all__ = [
     "is_sparse",
     "nonzero_pairs",
     "as_multihot",
+    "ids_to_multihot",
+    "labels_to_multihot",
+    "resolve_label_format",
     "cat_labels",
     "label_sizes",
     "label_counts",
@@ -132,10 +135,12 @@ def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
     return torch.sparse_coo_tensor(idx, ones, labels.shape, check_invariants=False, is_coalesced=True)
 
 
-def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1) -> Tensor:
+def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values: bool = True) -> Tensor:
     """(N, K) label-id lists padded with ``pad_id`` -> (N, ``num_labels``) float32 multi-hot (one scatter).
 
-    ValueError naming the offending id when one lies outside ``[0, num_labels)``.
+    ValueError naming the offending id when one lies outside ``[0, num_labels)``. That check reads the
+    ids on the host (a synchronisation on an accelerator); ``check_values=False`` skips it, and an id
+    outside the range then still fails, in the scatter (an index error), instead of being dropped.
     """
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(
@@ -143,22 +148,27 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1) -> Tensor:
             f"{getattr(ids, 'dtype', type(ids).__name__)} of shape {tuple(getattr(ids, 'shape', ()))}"
         )
     valid = ids != pad_id
-    bad = valid & ((ids < 0) | (ids >= num_labels))
-    if bool(bad.any()):
-        raise ValueError(f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})")
+    if check_values:
+        bad = valid & ((ids < 0) | (ids >= num_labels))
+        if bool(bad.any()):
+            raise ValueError(f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})")
+    # padding goes to the extra column num_labels, dropped below; an id >= num_labels is moved past it
+    # (out of range for the scatter) so that an unchecked bad id can never pass for padding
+    index = torch.where(valid, ids + (ids >= num_labels).to(ids.dtype), torch.full_like(ids, num_labels))
     out = torch.zeros(ids.shape[0], num_labels + 1, dtype=LABEL_DTYPE, device=ids.device)
-    out.scatter_(1, torch.where(valid, ids, torch.full_like(ids, num_labels)).long(), 1.0)
+    out.scatter_(1, index.long(), 1.0)
     return out[:, :num_labels]
 
 
 LABEL_INPUT_FORMATS = ("auto", "multi_hot", "ids")
 
 
-def labels_to_multihot(labels: Tensor, num_labels: int | None = None, label_format: str = "auto") -> Tensor:
-    """A batch's labels as (B, L) float32 multi-hot: ``"multi_hot"`` rows pass through, ``"ids"`` ((B, K)
-    label ids padded with -1) are scattered (:func:`ids_to_multihot`, needs ``num_labels``). ``"auto"``:
-    float / bool tensors are multi-hot; integer tensors are ids unless they hold only 0/1 and are exactly
-    ``num_labels`` wide (name the format where that could be ambiguous). ValueError naming the problem.
+def resolve_label_format(labels: Tensor, num_labels: int | None = None, label_format: str = "auto") -> str:
+    """``"multi_hot"`` or ``"ids"`` for a batch of labels (the rule of :func:`labels_to_multihot`).
+
+    ``"auto"`` reads the values of an integer tensor exactly ``num_labels`` wide (are they all 0/1?): a
+    host synchronisation on an accelerator, so callers that see many batches of one dataset resolve
+    the format once per (dtype, width).
     """
     if label_format not in LABEL_INPUT_FORMATS:
         raise ValueError(f"label_format must be one of {LABEL_INPUT_FORMATS}; got {label_format!r}")
@@ -167,20 +177,33 @@ def labels_to_multihot(labels: Tensor, num_labels: int | None = None, label_form
             "labels must be a (batch, L) multi-hot or (batch, K) -1-padded label-id tensor; got "
             f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}"
         )
-    fmt = label_format
-    if fmt == "auto":
-        if labels.is_floating_point() or labels.dtype == torch.bool or is_sparse(labels):
-            fmt = "multi_hot"
-        else:
-            binary = bool(((labels == 0) | (labels == 1)).all())
-            fmt = "multi_hot" if binary and labels.shape[1] == num_labels else "ids"
+    if label_format != "auto":
+        return label_format
+    if labels.is_floating_point() or labels.dtype == torch.bool or is_sparse(labels):
+        return "multi_hot"
+    if labels.shape[1] != num_labels:  # decided by the width: no value read
+        return "ids"
+    return "multi_hot" if bool(((labels == 0) | (labels == 1)).all()) else "ids"
+
+
+def labels_to_multihot(
+    labels: Tensor, num_labels: int | None = None, label_format: str = "auto", check_values: bool = True
+) -> Tensor:
+    """A batch's labels as (B, L) float32 multi-hot: ``"multi_hot"`` rows pass through, ``"ids"`` ((B, K)
+    label ids padded with -1) are scattered (:func:`ids_to_multihot`, needs ``num_labels``). ``"auto"``:
+    float / bool tensors are multi-hot; integer tensors are ids unless they hold only 0/1 and are exactly
+    ``num_labels`` wide (name the format where that could be ambiguous; :func:`resolve_label_format`).
+    ValueError naming the problem. ``check_values=False`` skips the id-range check (see
+    :func:`ids_to_multihot`); with ``"auto"`` the values are still read to pick the format.
+    """
+    fmt = resolve_label_format(labels, num_labels, label_format)
     if fmt == "multi_hot":
         if num_labels is not None and labels.shape[1] != num_labels:
             raise ValueError(f"multi-hot labels are {labels.shape[1]} wide but num_labels={num_labels}")
         return labels if is_sparse(labels) else labels.to(LABEL_DTYPE)
     if num_labels is None:
         raise ValueError("label-id lists need num_labels= (the size of the label space)")
-    return ids_to_multihot(labels, num_labels)
+    return ids_to_multihot(labels, num_labels, check_values=check_values)
 
 
 def as_multihot(
@@ -188,12 +211,18 @@ def as_multihot(
     name: str = "labels",
     device: torch.device | None = None,
     allow_sparse: bool = False,
+    check_values: bool = True,
 ) -> Tensor:
     """Validate a multi-hot (N, L) matrix and return it as float32 (dense) or coalesced float32 COO.
 
     Accepts bool / integer / floating dense tensors and torch-sparse COO / CSR / CSC tensors.
     Raises ``ValueError`` naming the problem for: non-tensors, wrong rank, NaN / non-binary values
     (duplicate COO entries that sum to 2 count as non-binary).
+
+    ``check_values=False`` skips the value check, the one part that reads the labels on the host (a
+    synchronisation on an accelerator): for labels already validated, e.g. once before training or on
+    the host by the collator that built them. A dense matrix then costs no host read at all (sparse
+    layouts and the sparse scan below need data-dependent shapes whatever this says).
 
     ``allow_sparse``: a large dense matrix (more than ``_COMPACT_MIN_LABELS`` labels, at least
     2**20 entries) that is at most 1/32 non-zero is returned as sparse COO, validated in the same
@@ -221,7 +250,7 @@ def as_multihot(
     vals = _values(labels)
     # v (v - 1) is 0 exactly for v in {0, 1}: NaN, +-inf and every other value give a non-zero
     # (for integers too: v (v - 1) = 0 mod 2^bits only for v = 0 or 1, one factor being odd)
-    if vals.dtype != torch.bool and bool((vals * (vals - 1)).any()):
+    if check_values and vals.dtype != torch.bool and bool((vals * (vals - 1)).any()):
         _raise_non_binary(name, vals)
     if is_sparse(labels):
         idx = labels.indices()
@@ -247,7 +276,8 @@ def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
         a = (first if is_sparse(first) else first.to_sparse()).coalesce()
         b = (second if is_sparse(second) else second.to_sparse()).coalesce()
         # rows of b after those of a: the concatenated (row, col) indices stay sorted and unique
-        shift = torch.tensor([[a.shape[0]], [0]], dtype=b.indices().dtype, device=b.device)
+        shift = torch.zeros(2, 1, dtype=b.indices().dtype, device=b.device)
+        shift[0] = a.shape[0]  # a fill on the device, not a host copy
         return torch.sparse_coo_tensor(
             torch.cat([a.indices(), b.indices() + shift], dim=1),
             torch.cat([a.values(), b.values()]),

@@ -27,7 +27,9 @@ class SupervisedLoss(nn.Module):
     """Base class of supervised multi-label losses: ``forward(logits, labels) -> scalar``.
 
     Subclasses implement :meth:`elementwise` (the (N, L) per-entry loss). ``self.components`` holds
-    ``{"loss": value}`` of the last call, like contrastive losses.
+    ``{"loss": value}`` of the last call as a detached 0-d tensor, and ``check_inputs`` (default True)
+    checks the label values and the finiteness of the logits on every call (host reads), like
+    contrastive losses (:class:`hf_mlcl.losses.core.ContrastiveLoss`).
 
     Args:
         reduction: "mean" (over all N x L entries), "sum", or "none" (the (N, L) matrix).
@@ -41,7 +43,8 @@ class SupervisedLoss(nn.Module):
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         self.reduction = reduction
-        self.components: dict[str, float] = {}
+        self.check_inputs = True
+        self.components: dict[str, Tensor] = {}
 
     def elementwise(self, logits: Tensor, targets: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -53,13 +56,13 @@ class SupervisedLoss(nn.Module):
         if logits.dim() != 2:
             raise ValueError(f"logits must be 2-D (N, L), got shape {tuple(logits.shape)}")
         with torch.autocast(device_type=logits.device.type, enabled=False):
-            y = as_multihot(labels, "labels", device=logits.device)
+            y = as_multihot(labels, "labels", device=logits.device, check_values=self.check_inputs)
             if tuple(y.shape) != tuple(logits.shape):
                 raise ValueError(
                     f"shape mismatch: logits {tuple(logits.shape)} vs labels {tuple(y.shape)}; "
                     "labels must be multi-hot with one column per output logit"
                 )
-            if logits.numel() and not bool(torch.isfinite(logits).all()):
+            if self.check_inputs and logits.numel() and not bool(torch.isfinite(logits).all()):
                 raise ValueError("logits contain NaN or inf values; check the model output / learning rate")
             dtype = compute_dtype_for(logits)
             x = logits.to(dtype)
@@ -70,7 +73,7 @@ class SupervisedLoss(nn.Module):
             elif self.reduction == "sum":
                 loss = loss.sum()
         if loss.dim() == 0:
-            self.components = {"loss": float(loss.detach())}
+            self.components = {"loss": loss.detach()}
         return loss
 
 

@@ -277,10 +277,7 @@ class WSMulSupConLoss(ContrastiveLoss):
             n_h = healthy_c.sum().to(dtype) - own_column * healthy_a.to(dtype)
             valid_h = healthy_a & (n_h > 0)
             num_h = valid_h.sum().to(dtype)
-            w_h = None
-            if self.authors_code and float(num_h) > 0:
-                healthy_pos = ctx.contrast_mask & healthy_c[None, :]
-                w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], 0.0)
+            has_h = num_h > 0  # stays on the device: the branches below are tensor algebra
 
         if not self.authors_code:
             # one fused pass: the strata's rows are disjoint (healthy anchors carry no pair, diseased
@@ -290,29 +287,30 @@ class WSMulSupConLoss(ContrastiveLoss):
                 # (3, N) stratum indicator: single / multi anchors, healthy anchors with a positive
                 strata = torch.stack([single_a, multi_a, valid_h]).to(dtype)
                 counts = strata @ (pairs_per_anchor + strata[2])  # pairs with a positive; healthy anchors
-                factors = torch.tensor(
-                    [1.0 - self.lambda_, 1.0 - self.lambda_, self.lambda_], dtype=dtype, device=device
-                )
+                factors = torch.full((3,), 1.0 - self.lambda_, dtype=dtype, device=device)
+                factors[2] = self.lambda_
                 per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
                 coef = per_count @ strata
-                # 1 / n_h on the healthy anchors' healthy columns (their rows of W_sm are 0)
-                if float(num_h) > 0:
-                    rows_h, cols_h = valid_h.nonzero().squeeze(1), healthy_c.nonzero().squeeze(1)
-                    w_sm[rows_h[:, None], cols_h[None, :]] = n_h[rows_h].reciprocal()[:, None]
-                    if ctx.anchors_in_candidates:  # not the anchor's own column
-                        w_sm.diagonal().zero_()
+                # 1 / n_h on the valid healthy anchors' healthy columns (their rows of W_sm are 0)
+                healthy_pos = valid_h[:, None] & healthy_c[None, :]
+                w_sm = torch.where(healthy_pos, n_h.reciprocal()[:, None], w_sm)
+                if ctx.anchors_in_candidates:  # not the anchor's own column
+                    w_sm.diagonal().zero_()
             loss, bracket = ctx.fused(w_sm, coef)
             sums = strata @ bracket
-            parts = dict(
-                zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).tolist())
-            )
+            parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind()))
             return loss, parts
 
         s = ctx.logits
         zero_loss = ctx.zero()
 
         def safe_div(total: Tensor, count: Tensor) -> Tensor:
-            return total / count if float(count) > 0 else zero_loss
+            """total / count, or the connected zero when count is 0 (tensor algebra, no host read)."""
+            return torch.where(count > 0, total / count.clamp_min(1), zero_loss)
+
+        with torch.no_grad():
+            healthy_pos = ctx.contrast_mask & healthy_c[None, :]
+            w_h = torch.where(valid_h[:, None] & healthy_pos, 1.0 / n_h.clamp_min(1)[:, None], 0.0)
 
         # ---- authors' public code: one softmax per candidate stratum
         contrast = ctx.contrast_mask
@@ -326,11 +324,8 @@ class WSMulSupConLoss(ContrastiveLoss):
         m2s = safe_div(torch.where(multi_a, term_s, zero).sum(), pair_count(n_s > 0, multi_a))
         m2m = safe_div(torch.where(multi_a, term_m, zero).sum(), pair_count(n_m > 0, multi_a))
         disease = s2s + s2m + m2s + m2m
-        if float(num_h) > 0:
-            l_h = -_weighted_logp_sum(w_h, s, lse_all).sum() / num_h
-            loss = (1.0 - self.lambda_) * disease + self.lambda_ * l_h
-        else:
-            l_h = zero_loss
-            loss = disease
+        # eq. (9) when the batch has a valid healthy anchor, else the plain disease sum (authors' code)
+        l_h = safe_div(-_weighted_logp_sum(w_h, s, lse_all).sum(), num_h)
+        loss = torch.where(has_h, (1.0 - self.lambda_) * disease + self.lambda_ * l_h, disease)
         parts = {"ws": s2s + s2m, "wm": m2s + m2m, "h": l_h, "s2s": s2s, "s2m": s2m, "m2s": m2s, "m2m": m2m}
         return loss, parts

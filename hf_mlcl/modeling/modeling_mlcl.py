@@ -294,6 +294,12 @@ class MLCLPreTrainedModel(PreTrainedModel):
         (B * S, chunk_size) rows, the rows holding at least one real token are encoded as one backbone
         batch, and the states are concatenated back to (B, S * chunk_size, H) (empty rows are zeros
         and masked out).
+
+        Host reads: the unsegmented path reads no tensor value. The segmented path reads the segment
+        mask once per forward (whether every segment holds a token, and which do): the backbone batch
+        is the set of non-empty segments, a data-dependent shape. Encoding every segment instead would
+        spend the backbone on padding (documents of a batch differ in length by many segments) and
+        change which dropout masks the real segments draw, so the read stays.
         """
         if input_ids is None:
             raise ValueError("input_ids is required (tokenize the texts first)")

@@ -163,6 +163,10 @@ class EmbeddingQueue:
     time with the bool matrix over step time with the rows: 0.80-0.97 at L = 28-160, 1.03-1.07 at
     256, 1.29-1.33 at 512, 1.45-1.76 at 1,000-25,230). A state saved with the other format is adopted
     by an ``"auto"`` queue on :meth:`load_state_dict`.
+
+    Host reads: :meth:`enqueue` and the queue's tensors read no value on the host with ``"bool"``
+    labels (the pointer and fill count are Python integers); ``"sparse"`` labels need data-dependent
+    shapes (the label rows' non-zeros), read at each enqueue and each ``labels`` access.
     """
 
     def __init__(

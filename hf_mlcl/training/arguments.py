@@ -30,6 +30,13 @@ _RESTORE_CALLBACKS_HELP = (
     "checkpoint on resume, so a resumed run stops where the uninterrupted one would; default True (transformers: "
     "False). The checkpoint's callback arguments (e.g. the patience) replace those passed to the Trainer."
 )
+_NAN_INF_FILTER_HELP = (
+    "Trainer's filter of NaN / inf step losses out of the logged loss; default False here (transformers: "
+    "True). The filter reads every micro-batch's loss on the host, a device-to-host synchronisation that "
+    "stalls the accelerator each step; hf_mlcl losses are never NaN for degenerate batches (no positive, "
+    "empty label sets), and a non-finite loss (NaN / inf embeddings) stops ContrastiveTrainer with a "
+    "ValueError at the next logging step or checkpoint instead of being hidden from the log."
+)
 _KEEP_COLUMNS_HELP = (
     "Always False here: hf_mlcl collators tokenize the raw `text` column and build multi-hot labels from "
     "`labels`, which Trainer would drop as unused by model.forward (True is reset to False with a warning)."
@@ -288,6 +295,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
         },
     )
     remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
+    logging_nan_inf_filter: bool = field(default=False, metadata={"help": _NAN_INF_FILTER_HELP})
     restore_callback_states_from_checkpoint: bool = field(
         default=True, metadata={"help": _RESTORE_CALLBACKS_HELP}
     )

@@ -46,6 +46,22 @@ Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.trainin
   micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
   used as candidates of its own micro-batch).
 
+Host synchronisation: a training step that does not log reads no tensor value on the host, so it
+never waits for the accelerator (``hf_mlcl.host_sync`` counts such reads; the tests hold every loss,
+the queue and GradCache to zero). The loss's components stay on the device and are summed there
+(float64); they become Python floats in :meth:`ContrastiveTrainer.log`. The input checks that read
+values run on the first batch only: its labels must be 0/1 and its embeddings finite (the loss's
+``check_inputs``; ``MultiLabelCollator`` builds 0/1 labels on the host for every batch). Afterwards a
+non-finite loss (non-finite embeddings: a diverging run, fp16 overflow) is counted on the device and
+raises the ValueError at the next logging step or checkpoint save, before a checkpoint of the
+corrupted weights is written. ``logging_nan_inf_filter`` defaults to False for the same reason
+(:class:`~hf_mlcl.training.arguments.ContrastiveTrainingArguments`). What still reads the host:
+label matrices so wide that they go sparse (the sparse products need data-dependent shapes), the
+exchange of per-process batch sizes before each gather under data parallelism
+(:mod:`hf_mlcl.training.distributed`), a segmented encoder (PLM-ICD: the non-empty segments are
+selected) and the backbone itself (transformers' attention-mask preparation checks whether the batch
+is padded).
+
 Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
 the momentum encoder and the queue (safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`);
 ``resume_from_checkpoint`` restores them together with the optimizer (which contains the loss
@@ -68,6 +84,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
+
+from hf_mlcl.losses.core import FirstCallChecks
 
 from . import distributed as D
 from ._common import (
@@ -124,6 +142,11 @@ def build_contrastive_loss(
         return get_loss(name, **kwargs)
     except TypeError as err:
         raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
+
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the on-device sums of logged values (float32 where the device has no float64: mps)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 class _StepCallback(TrainerCallback):
@@ -249,8 +272,12 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         self.loss_fn = loss_fn
         self.num_labels = n_labels
         self.label_column = label_column
-        self._component_sums: dict[str, float] = {}
+        # the first batch is checked (labels 0/1, finite embeddings), later ones are not: no host reads
+        self._input_checks = FirstCallChecks(loss_fn)
+        # on the device until a logging step: component sums (float64), non-finite training losses
+        self._component_sums: dict[str, torch.Tensor | float] = {}
         self._component_count = 0
+        self._nonfinite_losses: torch.Tensor | None = None
         user_metrics = compute_metrics
         super().__init__(
             model=model,
@@ -346,8 +373,11 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     def _loss_from_embeddings(
         self, embeddings: torch.Tensor, labels: torch.Tensor, batch_keys: tuple | None = None
     ) -> torch.Tensor:
-        """The loss of local anchors against this step's candidates (:class:`CandidateBuilder`)."""
-        return self.candidates.step(embeddings, labels, batch_keys).loss(self.loss_fn)
+        """The loss of local anchors against this step's candidates (:class:`CandidateBuilder`); the
+        first call runs the loss's input checks (labels 0/1, finite embeddings), later calls do not."""
+        step = self.candidates.step(embeddings, labels, batch_keys)
+        with self._input_checks():
+            return step.loss(self.loss_fn)
 
     def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor) -> tuple:
         """This step's momentum keys of all processes (no gradient) and their labels."""
@@ -370,13 +400,33 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
             )
         return model_inputs, labels, model_inputs, labels
 
-    def _record_components(self) -> None:
+    def _record_components(self, loss: torch.Tensor) -> None:
+        """Add this micro-batch's loss components to the window's sums and count a non-finite loss, on
+        the device (float64 sums: the values Python floats summed in the same order would give)."""
         comps = getattr(self.loss_fn, "components", None) or {}
         for name, value in comps.items():
             if name == "loss":
                 continue
-            self._component_sums[name] = self._component_sums.get(name, 0.0) + float(value)
+            if isinstance(value, torch.Tensor):
+                value = value.detach().to(_sum_dtype(value.device))
+            total = self._component_sums.get(name)
+            self._component_sums[name] = value if total is None else total + value
         self._component_count += 1
+        bad = torch.isfinite(loss.detach()).logical_not_().long()
+        self._nonfinite_losses = bad if self._nonfinite_losses is None else self._nonfinite_losses + bad
+
+    def _raise_if_loss_was_not_finite(self) -> None:
+        """ValueError when a training loss since the last check was NaN or inf (one host read: called at
+        logging steps and before a checkpoint is written)."""
+        if self._nonfinite_losses is None:
+            return
+        bad, self._nonfinite_losses = int(self._nonfinite_losses), None
+        if bad:
+            raise ValueError(
+                f"the contrastive loss was NaN or inf in {bad} training micro-batch(es) since the last logging "
+                "step or checkpoint: the embeddings contain NaN or inf values; check the encoder output (learning "
+                "rate, fp16 overflow). Training stops here, before a checkpoint of these weights is written."
+            )
 
     def compute_loss(
         self,
@@ -394,7 +444,7 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         embeddings = self._encode(model, anchor_inputs)
         loss = self._loss_from_embeddings(embeddings, anchor_labels, batch_keys)
         if model.training:
-            self._record_components()
+            self._record_components(loss)
             self.candidates.enqueue(batch_keys)
         return (loss, embeddings) if return_outputs else loss
 
@@ -443,7 +493,7 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
             backward_loss=lambda value: self.accelerator.backward(value * scale),
             no_sync=lambda: self.accelerator.no_sync(model),
         )
-        self._record_components()
+        self._record_components(loss)
         self.candidates.enqueue(batch_keys)
         return loss * scale
 
@@ -467,9 +517,12 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
 
     # ------------------------------------------------------------------ logging
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Trainer's log plus ``loss_<component>`` (window averages, read from the device here) and
+        ``queue_fill``; raises the ValueError of a non-finite training loss since the last log."""
+        self._raise_if_loss_was_not_finite()
         if "loss" in logs and self._component_count:
             for name, total in self._component_sums.items():
-                logs[f"loss_{name}"] = total / self._component_count
+                logs[f"loss_{name}"] = float(total) / self._component_count
             self._component_sums, self._component_count = {}, 0
         if self.queue is not None and "loss" in logs:
             logs["queue_fill"] = float(len(self.queue))
@@ -493,6 +546,10 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
             if key not in state:
                 raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
             obj.load_state_dict(state[key])
+
+    def _save_checkpoint(self, model, trial) -> None:
+        self._raise_if_loss_was_not_finite()  # never a checkpoint of weights a NaN step has touched
+        super()._save_checkpoint(model, trial)
 
     def save_extra_checkpoint_files(self, folder: str) -> None:
         """The loss / queue / momentum state (safetensors), written while the checkpoint is still marked

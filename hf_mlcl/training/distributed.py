@@ -12,7 +12,9 @@ all-gathered, and bool keeps the (N, L) matrix at one byte per entry).
 
 Per-rank batches may differ in size (an uneven last batch when ``dataloader_drop_last`` is off): the
 sizes are exchanged first and the tensors padded to the largest, then trimmed after the gather. With
-equal batches (the recommended ``dataloader_drop_last=True``) this costs one tiny extra collective.
+equal batches (the recommended ``dataloader_drop_last=True``) this costs one tiny extra collective and
+one read of the sizes on the host (a device-to-host synchronisation per gather on GPUs: the slicing
+needs Python integers).
 
 Outside an initialised process group every function is the identity, so single-process code calls
 them unconditionally.

@@ -167,6 +167,40 @@ def test_sentence_transformer_trainer_trains_and_the_card_cites_the_paper(tiny_s
     assert '"loss": "mulsupcon"' in card  # get_config_dict
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_trainer_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tiny_st, tmp_path, cached):
+    """With logging_nan_inf_filter=False (Trainer's filter reads every step's loss), a non-logging
+    SentenceTransformerTrainer step makes no host read outside the backbone's own mask check: the loss
+    checked the labels (ids and values) and the embeddings on the first batch only. The cached variant
+    adds sentence-transformers' own reads: its mini-batches are cut to their longest text by reading the
+    attention mask (``_create_minibatch``), none of them hf_mlcl's."""
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from hf_mlcl.host_sync import TRANSFORMERS_MASK_PREPARATION, SyncCountingCallback
+
+    train = to_sentence_transformers_dataset(_split(32, seed=1))
+    kw = dict(mini_batch_size=4) if cached else {}
+    loss = (CachedMultiLabelContrastiveLoss if cached else MultiLabelContrastiveLoss)(
+        tiny_st, "mulsupcon", num_labels=len(NAMES), **kw)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=3, learning_rate=1e-3,
+        report_to="none", save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True,
+        logging_nan_inf_filter=False,
+    )
+    callback = SyncCountingCallback(steps=[2])
+    trainer = SentenceTransformerTrainer(model=tiny_st, args=args, train_dataset=train, loss=loss, callbacks=[callback])
+    with callback:
+        trainer.train()
+    counter = callback.counters[2]
+    if cached:
+        outside = counter.events_outside(TRANSFORMERS_MASK_PREPARATION, "sentence_transformers/base/losses/gradcache.py")
+        assert outside == [] and counter.count > 0, counter.report()
+    else:
+        outside = counter.events_outside(TRANSFORMERS_MASK_PREPARATION)
+        assert outside == [] and counter.count == 1, counter.report()
+    assert not loss._batch_loss.checks.pending
+
+
 # ------------------------------------------------------------------------------------------ real model
 def _embed(model, texts):
     emb = model.encode(texts, batch_size=128, convert_to_numpy=True, normalize_embeddings=True)

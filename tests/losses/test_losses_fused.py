@@ -157,7 +157,7 @@ def _msc_reference(loss, z, y, zk, yk):
         sizes = ctx.anchor_sizes
         positive = (ctx.inter > 0) & ctx.contrast_mask
         f = torch.where(positive, 1.0 / ctx.union.clamp_min(1), torch.zeros((), dtype=dtype))
-        r = 1.0 / (1.0 + view.collect(f))
+        r = view.on_pairs(1.0 / (1.0 + view.collect(f)))  # 0 at grid cells off the anchors' labels
         w = f * view.spread(r)
         valid = sizes > 0
     s = ctx.logits

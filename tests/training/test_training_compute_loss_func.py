@@ -98,3 +98,25 @@ def test_errors_name_the_problem():
     emb, y = torch.randn(4, 8), torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 1], [0, 0, 1]]).float()
     full = func({"embeddings": emb}, y)
     assert func({"embeddings": emb}, y, num_items_in_batch=torch.tensor(24)).item() == pytest.approx(full.item() / 2)
+
+
+def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
+    """With logging_nan_inf_filter=False (Trainer's filter reads every step's loss), a non-logging step of a
+    plain Trainer with ContrastiveLossFunc makes no host read outside the backbone's own mask check; the
+    label ids and values were checked on the first batch."""
+    from hf_mlcl.host_sync import TRANSFORMERS_MASK_PREPARATION, SyncCountingCallback
+
+    tok = tiny_tokenizer()
+    for loss in ("sd", "msc"):
+        args = _plain_args(tmp_path / loss, max_steps=3, logging_steps=100)
+        args.logging_nan_inf_filter = False
+        func = ContrastiveLossFunc(loss, num_labels=4, embedding_dim=16)
+        callback = SyncCountingCallback(steps=[2])
+        trainer = Trainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(32),
+                          data_collator=collator(tok), compute_loss_func=func, callbacks=[callback])
+        with callback:
+            trainer.train()
+        counter = callback.counters[2]
+        outside = counter.events_outside(TRANSFORMERS_MASK_PREPARATION)
+        assert outside == [] and counter.count == 1, counter.report()
+        assert not func._batch_loss.checks.pending  # the first batch was checked

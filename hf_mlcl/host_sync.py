@@ -1,0 +1,353 @@
+"""Counting the host reads of tensor values (device-to-host synchronisations) made by a block of code.
+
+On an accelerator, any Python-level use of a tensor's *value* — ``float(t)``, ``t.item()``, ``if t:``,
+``t.tolist()``, ``t.numpy()``, ``t.cpu()``, printing — and any operation whose output *shape* depends
+on the values (``nonzero``, ``unique``, ``masked_select``, boolean-mask indexing, ``bincount``,
+one-argument ``torch.where``, ``repeat_interleave`` with tensor repeats, sparse ``coalesce``) makes
+the host wait for the device, and so does a tensor built from host data on a device
+(``torch.tensor(x, device=...)``: a blocking host-to-device copy); ``torch.cuda.set_sync_debug_mode``
+reports them on CUDA. Those are exactly the calls that cost nothing on a CPU tensor, so a CPU run
+cannot time them; but they are the same calls on every device, and :class:`HostSyncCounter` counts
+them on any device by intercepting them: the Python-level calls (a ``TorchFunctionMode``) and, below
+them, the ATen operators that read values or make value-dependent shapes (a ``TorchDispatchMode``,
+which also sees the backward pass, custom ``autograd.Function`` backwards included, and operators
+reached through calls it does not know). A CPU test proves that a code path would make no
+synchronisation on a GPU.
+
+What counts is the *call*, wherever the tensor lives: ``float(cpu_tensor)`` is counted too. Code that
+reads values only for CPU tensors (a shortcut that costs nothing there) asks
+:func:`host_reads_are_free`, and :class:`HostSyncCounter` (``simulate_accelerator=True``, the
+default) makes that answer False while it counts, so the count is that of the accelerator path.
+
+Use::
+
+    from hf_mlcl.host_sync import HostSyncCounter, SyncCountingCallback
+
+    with HostSyncCounter() as counter:
+        loss = loss_fn(z, labels)
+    assert counter.count == 0, counter.report()
+
+    callback = SyncCountingCallback(steps=[2])  # count inside the 2nd optimizer step only
+    trainer.add_callback(callback)
+    with callback:  # disarms on error
+        trainer.train()
+    assert callback.counts[2] == 0, callback.report()
+
+``SyncCountingCallback`` arms a counter at Trainer's ``on_step_begin`` and disarms it at
+``on_step_end``: the forward, backward, optimizer step and scheduler step of one optimizer step,
+not the batch fetch before it nor the logging after it (the window
+``torch.cuda.set_sync_debug_mode`` is asked to cover in ``benchmarks/``).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# SyncCountingCallback is defined on first access (module __getattr__): transformers is imported then
+__all__ = [  # noqa: F822
+    "HostSyncCounter",
+    "SyncCountingCallback",
+    "host_reads_are_free",
+    "SYNCING_CALLS",
+    "TRANSFORMERS_MASK_PREPARATION",
+]
+
+_T = torch.Tensor
+
+# calls that read a value on the host (a synchronisation on an accelerator) whatever their arguments
+_VALUE_READS = {
+    _T.item: "item",
+    _T.__bool__: "__bool__",
+    _T.__float__: "__float__",
+    _T.__int__: "__int__",
+    _T.__index__: "__index__",
+    _T.__complex__: "__complex__",
+    _T.tolist: "tolist",
+    _T.numpy: "numpy",
+    _T.__array__: "__array__",
+    _T.__contains__: "__contains__",
+    _T.cpu: "cpu",
+    _T.__repr__: "__repr__",
+    _T.__format__: "__format__",
+    _T.nonzero: "nonzero",
+    torch.nonzero: "nonzero",
+    _T.argwhere: "argwhere",
+    torch.argwhere: "argwhere",
+    _T.masked_select: "masked_select",
+    torch.masked_select: "masked_select",
+    _T.unique: "unique",
+    torch.unique: "unique",
+    _T.unique_consecutive: "unique_consecutive",
+    torch.unique_consecutive: "unique_consecutive",
+    _T.bincount: "bincount",
+    torch.bincount: "bincount",
+    _T.coalesce: "coalesce",
+    _T.to_sparse: "to_sparse",
+    _T.to_sparse_coo: "to_sparse_coo",
+    _T.to_sparse_csr: "to_sparse_csr",
+    torch.equal: "equal",
+    _T.equal: "equal",
+    torch.allclose: "allclose",
+    _T.allclose: "allclose",
+    torch.is_nonzero: "is_nonzero",
+    _T.is_nonzero: "is_nonzero",
+}
+_INDEXING = {_T.__getitem__: "__getitem__", _T.__setitem__: "__setitem__", _T.index_put_: "index_put_",
+             _T.index_put: "index_put", torch.index_put: "index_put"}  # fmt: skip
+_REPEATS = {_T.repeat_interleave: "repeat_interleave", torch.repeat_interleave: "repeat_interleave"}
+_WHERE = {torch.where: "where", _T.where: "where"}
+# a tensor made from host data for a device is a host-to-device copy, which the default (blocking) copy
+# follows with a stream synchronisation; counted whenever a device is named (it may be an accelerator)
+_FROM_HOST = {torch.tensor: "tensor", torch.as_tensor: "as_tensor"}
+
+# ATen operators that read a value on the host or whose output shape depends on the values
+_ATEN = torch.ops.aten
+_VALUE_OPS = {
+    _ATEN._local_scalar_dense.default: "_local_scalar_dense",  # item(), float(), int(), bool()
+    _ATEN.nonzero.default: "nonzero",
+    _ATEN.argwhere.default: "argwhere",
+    _ATEN.masked_select.default: "masked_select",
+    _ATEN._unique2.default: "unique",
+    _ATEN.unique_dim.default: "unique",
+    _ATEN.unique_consecutive.default: "unique_consecutive",
+    _ATEN.bincount.default: "bincount",
+    _ATEN._coalesce.default: "coalesce",
+    _ATEN.equal.default: "equal",
+    _ATEN.is_nonzero.default: "is_nonzero",
+}
+_INDEX_OPS = {_ATEN.index.Tensor, _ATEN.index_put.default, _ATEN.index_put_.default, _ATEN._index_put_impl_.default}
+
+#: The names of the intercepted calls (see the module docstring for when each one synchronises).
+SYNCING_CALLS = tuple(
+    sorted(
+        {*_VALUE_READS.values(), *_INDEXING.values(), *_REPEATS.values(), *_FROM_HOST.values(),
+         "where (one argument)"}
+    )
+)  # fmt: skip
+
+#: Where transformers prepares a backbone's attention mask (``masking_utils.py``): given a 2-D padding
+#: mask it checks ``padding_mask.all()`` on the host, to run the attention without a mask when nothing
+#: is padded (transformers 5, e.g. SDPA and eager attention of BERT-style encoders): one host read per
+#: backbone forward, made by transformers, not by hf_mlcl.
+TRANSFORMERS_MASK_PREPARATION = os.path.join("transformers", "masking_utils.py")
+
+_SIMULATED_ACCELERATOR = 0  # > 0 while a HostSyncCounter with simulate_accelerator=True is active
+
+
+def host_reads_are_free(tensor: torch.Tensor) -> bool:
+    """True when reading ``tensor``'s values on the host costs no synchronisation (a CPU tensor).
+
+    Code may take a value-dependent shortcut when this holds (it never runs for accelerator
+    tensors). Inside a :class:`HostSyncCounter` with ``simulate_accelerator=True`` it returns False,
+    so that a CPU test counts the accelerator path.
+    """
+    return tensor.device.type == "cpu" and _SIMULATED_ACCELERATOR == 0
+
+
+def _has_bool_index(index: Any) -> bool:
+    items = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_HERE = os.path.abspath(__file__)
+
+
+def _call_site() -> str:
+    """``path:line (function)`` of the first frame outside torch's own Python package and this module."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_TORCH_DIR) and os.path.abspath(path) != _HERE:
+            return f"{path}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "<torch>"
+
+
+class _OperatorCounter(TorchDispatchMode):
+    """The ATen layer of :class:`HostSyncCounter`: records a value-reading operator unless the Python call
+    that led to it was recorded already (``counter.recording``)."""
+
+    def __init__(self, counter: HostSyncCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None):
+        kwargs = kwargs or {}
+        if not self.counter.recording:
+            name = _VALUE_OPS.get(func)
+            if name is None and func in _INDEX_OPS:
+                index = args[1] if len(args) > 1 else kwargs.get("indices")
+                name = "index (bool mask)" if _has_bool_index(index) else None
+            if name is None and func is _ATEN.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+                name = "repeat_interleave (tensor repeats)"
+            if name is not None:
+                self.counter.events.append(("aten." + name, _call_site()))
+        return func(*args, **kwargs)
+
+
+class HostSyncCounter(TorchFunctionMode):
+    """Counts the calls that read tensor values on the host while it is active (a context manager).
+
+    Args:
+        simulate_accelerator: make :func:`host_reads_are_free` answer False while counting, so that
+            value-dependent CPU shortcuts give way to the accelerator path (default True).
+
+    Attributes:
+        count: number of syncing calls seen.
+        events: ``(call name, call site)`` of each, in order; :meth:`report` summarises them.
+    """
+
+    def __init__(self, simulate_accelerator: bool = True) -> None:
+        super().__init__()
+        self.simulate_accelerator = bool(simulate_accelerator)
+        self.events: list[tuple[str, str]] = []
+        self.recording = False  # inside a Python call counted already: its operators are not counted again
+        self._operators = _OperatorCounter(self)
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    def sites(self) -> collections.Counter:
+        """How many syncing calls each ``(call name, call site)`` made."""
+        return collections.Counter(self.events)
+
+    def report(self, events: list[tuple[str, str]] | None = None) -> str:
+        """One line per call site of ``events`` (default: all), most frequent first ('' for none)."""
+        counts = collections.Counter(self.events if events is None else events)
+        return "\n".join(f"{n} x {name} at {site}" for (name, site), n in counts.most_common())
+
+    def events_outside(self, *path_parts: str) -> list[tuple[str, str]]:
+        """The events whose call site's path contains none of ``path_parts`` (e.g.
+        :data:`TRANSFORMERS_MASK_PREPARATION`, to look past the backbone's own host read)."""
+        return [e for e in self.events if not any(part in e[1] for part in path_parts)]
+
+    def __enter__(self) -> HostSyncCounter:
+        global _SIMULATED_ACCELERATOR
+        if self.simulate_accelerator:
+            _SIMULATED_ACCELERATOR += 1
+        super().__enter__()
+        self._operators.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _SIMULATED_ACCELERATOR
+        try:
+            self._operators.__exit__(*exc)
+            super().__exit__(*exc)
+        finally:
+            if self.simulate_accelerator:
+                _SIMULATED_ACCELERATOR -= 1
+
+    def _syncing_call(self, func: Any, args: tuple, kwargs: dict) -> str | None:
+        name = _VALUE_READS.get(func)
+        if name is not None:
+            return name
+        name = _INDEXING.get(func)
+        if name is not None:
+            index = args[1] if len(args) > 1 else kwargs.get("indices")
+            return name + " (bool mask)" if _has_bool_index(index) else None
+        name = _REPEATS.get(func)
+        if name is not None:
+            repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
+            if isinstance(repeats, torch.Tensor) and repeats.numel() > 1 and kwargs.get("output_size") is None:
+                return name + " (tensor repeats)"
+            return None
+        if func in _WHERE and len(args) + len(kwargs) == 1:
+            return "where (one argument)"
+        name = _FROM_HOST.get(func)
+        if name is not None and kwargs.get("device") is not None:
+            data = args[0] if args else kwargs.get("data")
+            return None if isinstance(data, torch.Tensor) else name + " (host data to a device)"
+        return None
+
+    def __torch_function__(self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None):
+        kwargs = kwargs or {}
+        name = self._syncing_call(func, args, kwargs)
+        if name is None or self.recording:
+            return func(*args, **kwargs)
+        self.events.append((name, _call_site()))
+        self.recording = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.recording = False
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_counting_callback() -> type:
+    """Defines :class:`SyncCountingCallback` on first use (transformers is imported only then: the
+    losses import :func:`host_reads_are_free` from this module and stay free of transformers)."""
+    from transformers import TrainerCallback
+
+    class SyncCountingCallback(TrainerCallback):
+        """A ``transformers.TrainerCallback`` counting syncing calls inside chosen optimizer steps.
+
+        Args:
+            steps: the 1-based optimizer steps to count (``state.global_step + 1`` at ``on_step_begin``);
+                None counts every step.
+            simulate_accelerator: as in :class:`HostSyncCounter`.
+
+        Attributes:
+            counts: ``{step: number of syncing calls}``; ``counters`` the :class:`HostSyncCounter` of each.
+
+        Use it as a context manager around ``trainer.train()``: a step that raises never reaches
+        ``on_step_end``, and leaving the block disarms the counter.
+        """
+
+        def __init__(self, steps: Iterable[int] | None = None, simulate_accelerator: bool = True) -> None:
+            self.steps = None if steps is None else {int(s) for s in steps}
+            self.simulate_accelerator = simulate_accelerator
+            self.counters: dict[int, HostSyncCounter] = {}
+            self._active: HostSyncCounter | None = None
+
+        @property
+        def counts(self) -> dict[int, int]:
+            return {step: c.count for step, c in self.counters.items()}
+
+        def report(self) -> str:
+            return "\n".join(f"step {s}: {c.count} syncing calls\n{c.report()}" for s, c in self.counters.items())
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            step = state.global_step + 1
+            if self._active is None and (self.steps is None or step in self.steps):
+                counter = HostSyncCounter(self.simulate_accelerator)
+                self.counters[step] = counter
+                self._active = counter.__enter__()
+            return control
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.disarm()
+            return control
+
+        def disarm(self) -> None:
+            """Stop counting (no-op when no counter is active)."""
+            if self._active is not None:
+                active, self._active = self._active, None
+                active.__exit__(None, None, None)
+
+        def __enter__(self) -> SyncCountingCallback:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.disarm()
+
+    SyncCountingCallback.__module__ = __name__
+    SyncCountingCallback.__qualname__ = "SyncCountingCallback"
+    return SyncCountingCallback
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SyncCountingCallback":
+        return _sync_counting_callback()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
