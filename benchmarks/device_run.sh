@@ -19,7 +19,7 @@ python3 -c "import torch, transformers, peft, deepspeed, sentence_transformers, 
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, \
 'deepspeed', deepspeed.__version__, torch.cuda.get_device_name(0))" || exit 1
 log=${OUT:-/tmp}/suite.log
-python3 benchmarks/gpu_suite.py "$@" 2>&1 | tee "$log"
+python3 benchmarks/gpu_suite.py "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/results.tgz" benchmarks/results; fi
 exit "$rc"
