@@ -4,7 +4,7 @@
 #   bash benchmarks/device_run.sh [gpu_suite.py options, e.g. --only llama_lora]
 # The wheels go into a private folder put first on PYTHONPATH (the machine's own packages stay as they
 # are); the project itself is read from the tree. With $OUT set, the results folder and the log are
-# also written there (results.tgz, suite.log).
+# also written there: each measurement's file as soon as a cell finishes, then results.tgz and suite.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${MLCL_DEVICE_SITE:-/tmp/hf_mlcl_site}
@@ -19,6 +19,7 @@ python3 -c "import torch, transformers, peft, deepspeed, sentence_transformers, 
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, \
 'deepspeed', deepspeed.__version__, torch.cuda.get_device_name(0))" || exit 1
 log=${OUT:-/tmp}/suite.log
+[ -n "${OUT:-}" ] && export MLCL_SUITE_MIRROR="$OUT"   # every finished cell lands in $OUT at once
 python3 benchmarks/gpu_suite.py "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/results.tgz" benchmarks/results; fi

@@ -127,6 +127,17 @@ def write_results(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def save(path: str, data: dict[str, Any]) -> None:
+    """Write a measurement's results; with ``MLCL_SUITE_MIRROR`` set, also a flat copy there
+    (``<device>-<measurement>.json``), so a run stopped from outside still leaves every finished cell
+    where it is collected (benchmarks/device_run.sh points it at the device tool's output folder)."""
+    write_results(path, data)
+    mirror = os.environ.get("MLCL_SUITE_MIRROR")
+    if mirror:
+        name = f"{os.path.basename(os.path.dirname(path))}-{os.path.basename(path)}"
+        write_results(os.path.join(mirror, name), data)
+
+
 def header(name: str, module, tiny: bool, command: str) -> dict[str, Any]:
     from measurements.common import device_info, versions
 
@@ -165,7 +176,7 @@ def run_measurement(
         if on_cpu and cell.cpu_reason:
             cells[cell.name] = {"status": "not_run", "launcher": cell.launcher, "reason": cell.cpu_reason}
             print(f"[{name}/{cell.name}] not run on the CPU: {cell.cpu_reason}", flush=True)
-            write_results(path, data)
+            save(path, data)
             continue
         fd, result = tempfile.mkstemp(prefix=f"{name}-{cell.name}-", suffix=".json")
         os.close(fd)
@@ -200,9 +211,9 @@ def run_measurement(
             print(f"[{name}/{cell.name}] FAILED ({rc}) in {seconds:.0f} s: {entry['error']}", flush=True)
         cells[cell.name] = entry
         data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
-        write_results(path, data)
+        save(path, data)
     data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
-    write_results(path, data)
+    save(path, data)
     ran = [c for c in plan if not patterns or any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
     return all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in ran)
 
