@@ -21,6 +21,8 @@ them unconditionally.
 from __future__ import annotations
 
 import gc
+import inspect
+import sys
 
 import torch
 import torch.distributed as dist
@@ -169,11 +171,36 @@ def shutdown() -> None:
     callback that points back at it, say) is freed only by the cycle collector, at the latest during
     interpreter shutdown, where the race is. ``gc.collect()`` frees such trainers here, so the group's
     destructor joins its threads while the interpreter is whole. A trainer still referenced by a live
-    variable keeps the group alive; call this after the code that used it has returned.
+    variable keeps the group alive; call this after the code that used it has returned. DeepSpeed, when
+    installed, holds the group too (:func:`_release_deepspeed_group_defaults`); that reference is dropped
+    here first.
     Call it once, at the very end of a program that initialised a process group. Safe to call always.
     """
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
+        _release_deepspeed_group_defaults()
         dist.destroy_process_group()
         gc.collect()
+
+
+def _release_deepspeed_group_defaults() -> None:
+    """Drop the world group that ``deepspeed.comm.torch`` binds as a default argument.
+
+    ``TorchBackend.barrier`` and ``monitored_barrier`` (deepspeed 0.19) take
+    ``group=torch.distributed.GroupMember.WORLD`` as their default, evaluated when the module is imported.
+    accelerate imports deepspeed whenever it is installed (``extract_model_from_parallel``, called by every
+    ``Trainer``), after the process group exists, so that default is the live world group, and it keeps the
+    group and its gloo threads (``gloo_tcp_loop``, ``pt_gloo_runloop``) alive after
+    ``destroy_process_group``. Both functions read ``None`` as the world group, so ``None`` is the same
+    default without the reference. Nothing is imported: without deepspeed loaded this does nothing.
+    """
+    backend = getattr(sys.modules.get("deepspeed.comm.torch"), "TorchBackend", None)
+    for name in ("barrier", "monitored_barrier"):
+        method = getattr(backend, name, None)
+        if method is None:
+            continue
+        fn = inspect.unwrap(method)
+        defaults = fn.__defaults__
+        if defaults and isinstance(defaults[0], dist.ProcessGroup):
+            fn.__defaults__ = (None, *defaults[1:])
