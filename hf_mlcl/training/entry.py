@@ -222,33 +222,6 @@ def _adapter_encoder(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
 
 
-def _save_lora(model, output_dir: str, merge: bool) -> None:
-    """A LoRA run's final save: the adapter folder (``hf_mlcl.modeling.lora.save_lora_adapter``) onto the
-    base backbone it was trained from, or merged full weights with ``merge_lora`` (or when the backbone
-    was built from a config, so no base model exists to point an adapter at)."""
-    from hf_mlcl.modeling.lora import save_lora_adapter
-
-    inner = model.base_model.model if hasattr(model, "peft_config") else model
-    base = getattr(inner.config, "backbone_name_or_path", None)
-    if merge or not base or not hasattr(model, "peft_config"):
-        if not merge:
-            logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
-                           "saving the merged weights")
-        _merge_lora(model).save_pretrained(output_dir)
-    else:
-        save_lora_adapter(model, output_dir, base)
-
-
-def _merge_lora(model):
-    """A LoRA-wrapped encoder with its adapters merged (the saved encoder is a plain MLCLEncoder)."""
-    if hasattr(model, "merge_and_unload"):
-        return model.merge_and_unload()
-    backbone = getattr(model, "backbone", None)
-    if backbone is not None and hasattr(backbone, "merge_and_unload"):
-        model.backbone = backbone.merge_and_unload()
-    return model
-
-
 def train_contrastive(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -266,6 +239,7 @@ def train_contrastive(
     from transformers import set_seed
 
     from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.modeling.lora import save_lora_model
 
     from .contrastive import ContrastiveTrainer
 
@@ -303,10 +277,11 @@ def train_contrastive(
     train_out = trainer.train(resume_from_checkpoint=resume)
     metrics: dict[str, Any] = dict(train_out.metrics)
     metrics.update(trainer.evaluate())
+    # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
     if model_args.use_lora:
-        if trainer.is_world_process_zero():
-            _save_lora(trainer.accelerator.unwrap_model(trainer.model), training_args.output_dir, model_args.merge_lora)
-    else:  # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
+        save_lora_model(trainer.model_wrapped, training_args.output_dir, merge=model_args.merge_lora,
+                        accelerator=trainer.accelerator)  # fmt: skip
+    else:
         trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(training_args.output_dir)
@@ -340,6 +315,7 @@ def train_probe(
     from transformers import set_seed
 
     from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.modeling.lora import merge_lora
     from hf_mlcl.modeling.modeling_mlcl import MLCLForMultiLabelClassification
 
     from .probing import ProbingTrainer
@@ -350,7 +326,7 @@ def train_probe(
     if hasattr(encoder, "merge_and_unload") or hasattr(
         getattr(encoder, "backbone", None), "merge_and_unload"
     ):
-        encoder = _merge_lora(encoder)
+        encoder = merge_lora(encoder)
     model = MLCLForMultiLabelClassification.from_encoder(
         encoder,
         id2label=names,

@@ -1,0 +1,118 @@
+"""Full values of parameters that DeepSpeed ZeRO-3 or FSDP shard across processes.
+
+Under ZeRO-3 a parameter's ``.data`` is empty outside its module's forward (each process holds a
+partition in ``param.ds_tensor``); under FSDP1 the parameters live flattened in per-unit flat
+parameters, each process holding a shard; under FSDP2 every parameter is a ``DTensor`` sharded on its
+first dimension. :func:`full_parameters` gives the full tensors of a chosen set of parameters, by the
+names they have in the unwrapped model, and writes changes back to the shards when asked; every process
+must enter it together (it communicates). Plain, DDP and ZeRO-1/2 models hold full parameters already:
+it then hands out the parameters themselves.
+
+Costs: ZeRO-3 and FSDP2 gather only the named parameters (a LoRA adapter: cheap); FSDP1 can only
+unshard whole units, so it gathers the whole model once per call.
+deepspeed is imported only when the model holds ZeRO-3 parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+__all__ = ["full_parameters", "is_zero3_parameter", "sharding_kind", "unwrap_engine"]
+
+
+def is_zero3_parameter(param: torch.Tensor) -> bool:
+    """True for a parameter partitioned by DeepSpeed ZeRO-3 (it carries a ``ds_id``)."""
+    return hasattr(param, "ds_id")
+
+
+def _is_dtensor(param: torch.Tensor) -> bool:
+    return type(param).__name__ == "DTensor" or type(getattr(param, "data", None)).__name__ == "DTensor"
+
+
+def _is_fsdp1(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def unwrap_engine(model: nn.Module) -> nn.Module:
+    """The model inside DDP / DataParallel / DeepSpeedEngine wrappers (an FSDP1 root is kept: its
+    parameters can only be unsharded through it)."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) or (
+        type(model).__name__ == "DeepSpeedEngine" and hasattr(model, "module")
+    ):
+        model = model.module
+    return model
+
+
+def sharding_kind(model: nn.Module) -> str | None:
+    """``"zero3"``, ``"fsdp1"``, ``"fsdp2"`` or None (the parameters are whole on every process)."""
+    model = unwrap_engine(model)
+    if _is_fsdp1(model):
+        return "fsdp1"
+    for param in model.parameters():
+        if is_zero3_parameter(param):
+            return "zero3"
+        if _is_dtensor(param):
+            return "fsdp2"
+    return None
+
+
+def _select(named: Iterator[tuple[str, torch.Tensor]], names: Collection[str]) -> dict[str, torch.Tensor]:
+    wanted = set(names)
+    found = {name: param for name, param in named if name in wanted}
+    missing = wanted - set(found)
+    if missing:
+        raise ValueError(f"the model has no parameters {sorted(missing)[:3]} ({len(missing)} missing)")
+    return found
+
+
+@contextmanager
+def full_parameters(
+    model: nn.Module, names: Collection[str], writeback: bool = False
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield ``{name: full tensor}`` for the parameters ``names`` (their names in the unwrapped model).
+
+    ``model`` is the model as prepared for training (a DeepSpeedEngine, an FSDP root, DDP, or the model
+    itself). With ``writeback=True`` in-place changes to the yielded tensors reach the model (ZeRO-3:
+    broadcast from rank 0, so every rank must make the same change; FSDP: each rank keeps its shard of
+    the new values); without it, changes may be lost. Every process must call this together.
+    """
+    kind = sharding_kind(model)
+    inner = unwrap_engine(model)
+    if kind == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(inner, recurse=True, writeback=writeback):
+            yield _select(inner.named_parameters(), names)
+        return
+    params = _select(inner.named_parameters(), names)
+    if kind == "zero3":
+        import deepspeed
+
+        ordered = list(params.values())
+        with deepspeed.zero.GatheredParameters(ordered, modifier_rank=0 if writeback else None):
+            yield {name: param.data for name, param in params.items()}
+        return
+    if kind == "fsdp2":
+        full = {
+            name: (p.full_tensor() if _is_dtensor(p) else p.detach()) for name, p in params.items()
+        }
+        yield full
+        if writeback:
+            from torch.distributed.tensor import distribute_tensor
+
+            with torch.no_grad():
+                for name, param in params.items():
+                    if _is_dtensor(param):  # every rank holds the full value: no communication
+                        local = distribute_tensor(
+                            full[name], param.device_mesh, param.placements, src_data_rank=None
+                        )
+                        param.to_local().copy_(local.to_local())
+        return
+    with torch.no_grad():
+        yield {name: param.data for name, param in params.items()}
