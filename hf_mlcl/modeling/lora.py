@@ -274,26 +274,15 @@ def save_lora_model(
     import shutil
     import tempfile
 
-    import torch.distributed as dist
-
-    from .sharded import full_parameters, sharding_kind, unwrap_engine
+    from .sharded import is_main_process, readable_state, sharding_kind, unwrap_model, wait_for_everyone
 
     kind = sharding_kind(model)
-    peft_model = unwrap_engine(model)
-    if kind == "fsdp1":
-        peft_model = peft_model.module
+    peft_model = unwrap_model(model)
     if not hasattr(peft_model, "peft_config"):
         raise ValueError(f"save_lora_model expects a model wrapped by apply_lora; got {type(peft_model).__name__}")
     inner = peft_model.base_model.model
     base = base_model_name_or_path or getattr(inner.config, "backbone_name_or_path", None)
-    distributed = dist.is_available() and dist.is_initialized()
-    if accelerator is not None:
-        is_main = accelerator.is_main_process
-    else:
-        is_main = not distributed or dist.get_rank() == 0
-    if kind in ("fsdp1", "fsdp2") and accelerator is None:
-        raise ValueError("save_lora_model under FSDP gathers the full state dict through the accelerator: pass "
-                         "accelerator=trainer.accelerator")  # fmt: skip
+    is_main = is_main_process(accelerator)
     if not base and kind is not None:
         raise ValueError(
             "a LoRA model whose backbone was built from a config has no base model to save an adapter for, and "
@@ -309,46 +298,52 @@ def save_lora_model(
         target = save_directory
         if merge and is_main:  # the adapter goes to a temporary folder, reloaded merged below
             target = tempfile.mkdtemp(prefix=".adapter-", dir=os.path.dirname(os.path.abspath(save_directory)))
-        if kind in ("fsdp1", "fsdp2"):
-            state = accelerator.get_state_dict(model)  # every process; the full dict on the main one
+        adapter = peft_model.active_adapter
+        names = [n for n, _ in peft_model.named_parameters()
+                 if not n.startswith(_BACKBONE_PREFIX) or adapter in n.split(".")]  # fmt: skip
+        with readable_state(model, names, accelerator) as state:
             if is_main:
                 save_lora_adapter(peft_model, target, base, state_dict=state)
-        else:
-            adapter = peft_model.active_adapter
-            names = [
-                n for n, _ in peft_model.named_parameters()
-                if not n.startswith(_BACKBONE_PREFIX) or adapter in n.split(".")
-            ]  # fmt: skip
-            with full_parameters(model, names):
-                if is_main:
-                    save_lora_adapter(peft_model, target, base)
         if merge and is_main:
             try:
                 type(inner).from_pretrained(target).save_pretrained(save_directory)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
-    if distributed and dist.get_world_size() > 1:
-        dist.barrier()
+    wait_for_everyone()
 
 
-def save_heads_with_adapter(model: nn.Module, save_directory: str, adapter_directory: str) -> None:
+def save_heads_with_adapter(
+    model: nn.Module, save_directory: str, adapter_directory: str, accelerator: Any = None
+) -> None:
     """Save a model whose backbone is the base model + an unchanged saved adapter (a frozen-encoder probe
     on an adapter encoder) as an adapter folder too: the adapter files of ``adapter_directory`` are
     copied, then ``model.save_pretrained`` writes the heads only (every weight outside the backbone),
-    ``config.json`` and the remote code. Loads like :func:`save_lora_adapter`'s folders."""
+    ``config.json`` and the remote code. Loads like :func:`save_lora_adapter`'s folders.
+
+    ``model`` may be the model as prepared for training (DeepSpeedEngine, FSDP root, DDP); then EVERY
+    process calls this (the heads are gathered as in :func:`save_lora_model`, ``accelerator`` needed under
+    FSDP) and the main process writes. Returns when the folder is complete on every process.
+    """
     import os
     import shutil
 
     from .modeling_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+    from .sharded import is_main_process, readable_state, unwrap_model, wait_for_everyone
 
-    os.makedirs(save_directory, exist_ok=True)
-    for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
-        tmp = os.path.join(save_directory, f".{name}.tmp")
-        shutil.copyfile(os.path.join(adapter_directory, name), tmp)
-        os.replace(tmp, os.path.join(save_directory, name))
-    prefix = f"{model.base_model_prefix}."
-    heads = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if not k.startswith(prefix)}
-    model.save_pretrained(save_directory, state_dict=heads)
+    inner = unwrap_model(model)
+    prefix = f"{inner.base_model_prefix}."
+    names = [n for n, _ in inner.named_parameters() if not n.startswith(prefix)]
+    with readable_state(model, names, accelerator) as state:
+        if is_main_process(accelerator):
+            os.makedirs(save_directory, exist_ok=True)
+            for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
+                tmp = os.path.join(save_directory, f".{name}.tmp")
+                shutil.copyfile(os.path.join(adapter_directory, name), tmp)
+                os.replace(tmp, os.path.join(save_directory, name))
+            state = inner.state_dict() if state is None else state
+            heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
+            inner.save_pretrained(save_directory, state_dict=heads)
+    wait_for_everyone()
 
 
 __all__ = [

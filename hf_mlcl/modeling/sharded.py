@@ -15,13 +15,23 @@ deepspeed is imported only when the model holds ZeRO-3 parameters.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["full_parameters", "is_zero3_parameter", "sharding_kind", "unwrap_engine"]
+__all__ = [
+    "full_parameters",
+    "is_main_process",
+    "is_zero3_parameter",
+    "readable_state",
+    "sharding_kind",
+    "unwrap_engine",
+    "unwrap_model",
+    "wait_for_everyone",
+]
 
 
 def is_zero3_parameter(param: torch.Tensor) -> bool:
@@ -47,6 +57,29 @@ def unwrap_engine(model: nn.Module) -> nn.Module:
     ):
         model = model.module
     return model
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside every training wrapper, an FSDP1 root included."""
+    model = unwrap_engine(model)
+    return model.module if _is_fsdp1(model) else model
+
+
+def is_main_process(accelerator: Any = None) -> bool:
+    """The accelerator's main process, or rank 0 of the process group (True without one)."""
+    import torch.distributed as dist
+
+    if accelerator is not None:
+        return bool(accelerator.is_main_process)
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def wait_for_everyone() -> None:
+    """A barrier over the process group (nothing without one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def sharding_kind(model: nn.Module) -> str | None:
@@ -116,3 +149,24 @@ def full_parameters(
         return
     with torch.no_grad():
         yield {name: param.data for name, param in params.items()}
+
+
+@contextmanager
+def readable_state(
+    model: nn.Module, names: Collection[str], accelerator: Any = None
+) -> Iterator[Mapping[str, torch.Tensor] | None]:
+    """Make the parameters ``names`` readable for a save, on every process together.
+
+    Yields None when the live (unwrapped) model can be read: plain / DDP / ZeRO-1/2 models as they are,
+    ZeRO-3 with ``names`` gathered for the duration (:func:`full_parameters`); under FSDP yields the full
+    state dict that ``accelerator.get_state_dict`` gathers (complete on the main process).
+    """
+    kind = sharding_kind(model)
+    if kind in ("fsdp1", "fsdp2"):
+        if accelerator is None:
+            raise ValueError("under FSDP the full state dict is gathered through the accelerator: pass "
+                             "accelerator=trainer.accelerator")  # fmt: skip
+        yield accelerator.get_state_dict(model)
+        return
+    with full_parameters(model, names):
+        yield None

@@ -52,6 +52,7 @@ from .arguments import ProbingTrainingArguments
 from .checkpoints import CompleteCheckpointsMixin
 from .feature_cache import PooledFeatureCollator, PooledFeatureDataset
 from .feature_store import FeatureStore
+from .sharding import EngineCheckCallback, check_engine_applied
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +220,8 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         )
         if compute_metrics is None:
             self.compute_metrics = self._metrics
+        check_engine_applied(self)
+        self.add_callback(EngineCheckCallback(self))
         self.loss_fn.to(self.args.device)
         self._feature_cache: dict[int, tuple[Any, nn.Module, PooledFeatureDataset]] = {}
         labels_to_tensor = getattr(data_collator, "labels_to_tensor", None)

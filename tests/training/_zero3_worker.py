@@ -1,10 +1,12 @@
 """Worker of test_training_zero3.py, launched by `accelerate launch` with recipes/accelerate/deepspeed_zero3.yaml
 (DeepSpeed's CPU accelerator, ZeRO-3 over gloo, one or two processes).
 
-A tiny Llama + LoRA encoder trains 3 steps of msc (learnable label prototypes, momentum encoder, queue) on
-8-row global batches; then every process computes the trained model's embeddings of fixed texts and calls
-save_lora_model. The main process writes what the test compares with a plain one-process run (``run``, also
-called by the test): logged losses, prototypes, momentum state, queue, embeddings, and the adapter folder.
+``msc``: a tiny Llama + LoRA encoder trains 3 steps of msc (learnable label prototypes, momentum encoder, queue)
+on 8-row global batches; then every process computes the trained model's embeddings of fixed texts and calls
+save_lora_model. ``bce``: the LoRA BCE fine-tune of a classifier on the same base (adapters + head), then its
+logits and save_lora_model. The main process writes what the test compares with a plain one-process run
+(``run`` / ``run_bce``, also called by the test): logged losses, the trained model's outputs, the loss, momentum
+and queue states, and the adapter folder.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _training_helpers import base_args, collator, exit_if_gloo_threads, tiny_split  # noqa: E402
+from _training_helpers import LABELS, base_args, collator, exit_if_gloo_threads, probe_args, tiny_split  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from hf_mlcl.modeling import MLCLEncoder, apply_lora  # noqa: E402
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora  # noqa: E402
 from hf_mlcl.modeling.lora import save_lora_model  # noqa: E402
-from hf_mlcl.training import ContrastiveTrainer  # noqa: E402
+from hf_mlcl.training import ContrastiveTrainer, ProbingTrainer  # noqa: E402
 from hf_mlcl.training import distributed as D  # noqa: E402
 
 TEXTS = ["heart cardiac pulse of the", "graph network node with", "quantum photon spin field and renal"]
@@ -37,15 +39,30 @@ def encoder(root: str):
     return apply_lora(model, r=4, alpha=8, dropout=0.0, bf16=False, gradient_checkpointing=False)
 
 
-def embed(model, tok) -> torch.Tensor:
-    """The model's embeddings of TEXTS (eval mode, no gradient; under ZeRO-3 every process calls it)."""
+def classifier(root: str):
+    """A classifier on the tiny Llama base with the test's head, and LoRA (seeded): the LoRA BCE fine-tune."""
+    encoder = MLCLEncoder.from_backbone(os.path.join(root, "base"), pooling="last_token", projection_dim=8)
+    model = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=LABELS, freeze_encoder=False,
+                                                         classifier_dropout=0.0)  # fmt: skip
+    model.classifier.load_state_dict(load_file(os.path.join(root, "classifier.safetensors")))
+    torch.manual_seed(0)
+    return apply_lora(model, r=4, alpha=8, dropout=0.0, bf16=False, gradient_checkpointing=False)
+
+
+def outputs(model, tok, field: str = "embeddings") -> torch.Tensor:
+    """The model's ``field`` (embeddings / logits) of TEXTS (eval mode, no gradient; under ZeRO-3 every process
+    calls it)."""
     batch = tok(TEXTS, padding=True, return_tensors="pt")
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).embeddings
+        out = getattr(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]), field)
     model.train(was_training)
     return out.detach().float().cpu()
+
+
+def embed(model, tok) -> torch.Tensor:
+    return outputs(model, tok, "embeddings")
 
 
 def run(root: str, tag: str, per_device: int, **engine_args) -> dict:
@@ -72,9 +89,29 @@ def run(root: str, tag: str, per_device: int, **engine_args) -> dict:
     return result
 
 
+def run_bce(root: str, tag: str, per_device: int, **engine_args) -> dict:
+    tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
+    args = probe_args(os.path.join(root, f"bce-run-{tag}"), probe="finetune", loss="bce",
+                      per_device_train_batch_size=per_device, max_steps=STEPS, learning_rate=1e-2, max_grad_norm=1.0,
+                      train_sampling_strategy="sequential", **engine_args)  # fmt: skip
+    tr = ProbingTrainer(model=classifier(root), args=args, train_dataset=tiny_split(8 * STEPS),
+                        data_collator=collator(tok))  # fmt: skip
+    tr.train()
+    model = tr.accelerator.unwrap_model(tr.model)
+    result = {
+        "world": D.world_size(),
+        "engine": type(tr.model_wrapped).__name__,
+        "losses": [h["loss"] for h in tr.state.log_history if "loss" in h],
+        "trainable": sorted(n for n, p in model.named_parameters() if p.requires_grad),
+        "logits": outputs(tr.model_wrapped, tok, "logits"),
+    }
+    save_lora_model(tr.model_wrapped, os.path.join(root, f"bce-adapter-{tag}"), accelerator=tr.accelerator)
+    return result
+
+
 if __name__ == "__main__":
-    root, tag, per_device = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    res = run(root, tag, per_device, use_cpu=False, ddp_backend="gloo")
+    root, mode, tag, per_device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    res = (run if mode == "msc" else run_bce)(root, tag, per_device, use_cpu=False, ddp_backend="gloo")
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(res, os.path.join(root, f"{tag}.pt"))
     D.shutdown()

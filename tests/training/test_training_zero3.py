@@ -16,8 +16,8 @@ import sys
 
 import pytest
 import torch
-from _training_helpers import tiny_tokenizer
-from _zero3_worker import embed, run
+from _training_helpers import LABELS, tiny_tokenizer
+from _zero3_worker import embed, outputs, run, run_bce
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoTokenizer, LlamaConfig, LlamaModel
 
@@ -49,19 +49,21 @@ def setup(tmp_path_factory):
     tok.save_pretrained(root / "base")
     head = MLCLEncoder.from_backbone(str(root / "base"), pooling="last_token", projection_dim=8).projection_head
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "head.safetensors"))
+    classifier = torch.nn.Linear(cfg.hidden_size, len(LABELS))
+    save_file({k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors"))
     return root, run(str(root), "plain", per_device=8)
 
 
-def _launch(root, processes: int) -> dict:
+def _launch(root, processes: int, mode: str = "msc") -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, ROOT])}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", "deepspeed_zero3.yaml"),
            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_port()),
-           WORKER, str(root), f"zero3-{processes}", str(8 // processes)]  # fmt: skip
+           WORKER, str(root), mode, f"zero3-{processes}", str(8 // processes)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
-    return torch.load(root / f"zero3-{processes}.pt", weights_only=False)
+    return torch.load(root / f"zero3-{processes}.pt", weights_only=False)  # written by the main process
 
 
 @pytest.mark.timeout(240)
@@ -94,3 +96,29 @@ def test_msc_under_zero3_matches_the_plain_run_and_its_adapter_reloads(setup, pr
     untrained = MLCLEncoder.from_backbone(str(root / "base"), pooling="last_token", projection_dim=8)
     untrained.projection_head.load_state_dict(load_file(root / "head.safetensors"))
     assert not torch.allclose(embed(untrained, tok), got["embeddings"], atol=1e-3)  # training changed the model
+
+
+@pytest.mark.timeout(240)
+def test_lora_bce_finetune_under_zero3_matches_the_plain_run_and_its_adapter_reloads(setup):
+    """The Llama bce.yaml recipe's stage: a classifier with LoRA adapters + its head, fine-tuned with BCE on two
+    ZeRO-3 processes, trains what one plain process trains, and its adapter folder reloads to the same logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+
+    root, _ = setup
+    plain = run_bce(str(root), "plain", per_device=8)
+    got = _launch(root, 2, mode="bce")
+    assert got["world"] == 2 and got["engine"] == "DeepSpeedEngine"
+    assert got["trainable"] == plain["trainable"]
+    assert all("lora_" in n or ".classifier.modules_to_save." in n for n in got["trainable"])
+    assert got["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    torch.testing.assert_close(got["logits"], plain["logits"], rtol=1e-4, atol=1e-5)
+    tok = AutoTokenizer.from_pretrained(root / "base")
+    folder = root / "bce-adapter-zero3-2"
+    assert sorted(load_file(folder / "model.safetensors")) == ["classifier.bias", "classifier.weight"]
+    adapter = load_file(folder / "adapter_model.safetensors")
+    assert any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)  # the adapters trained (B starts at 0)
+    for loaded in (MLCLForMultiLabelClassification.from_pretrained(folder),
+                   AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)):  # fmt: skip
+        torch.testing.assert_close(outputs(loaded, tok, "logits"), got["logits"], rtol=1e-5, atol=1e-5)
