@@ -234,6 +234,18 @@ class AdapterMomentumEncoder:
         return list(self._names)
 
     @contextmanager
+    def hidden_from_saves(self) -> Iterator[None]:
+        """The momentum adapter left out of ``PeftModel.save_pretrained`` (which saves every configured
+        adapter): Trainer checkpoints hold the trained adapter only; the momentum weights are restored from
+        :meth:`state_dict` (under ZeRO-3 the Trainer gathers trainable parameters only, so they would be
+        missing anyway)."""
+        config = self._peft.peft_config.pop(MOMENTUM_ADAPTER)
+        try:
+            yield
+        finally:
+            self._peft.peft_config[MOMENTUM_ADAPTER] = config
+
+    @contextmanager
     def _keys_active(self) -> Iterator[None]:
         """The momentum adapter active in every adapter layer and head (no change to ``requires_grad``)."""
         before = [layer._active_adapter for layer in self._layers]

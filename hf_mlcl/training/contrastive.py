@@ -572,6 +572,14 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
                 raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
             obj.load_state_dict(state[key])
 
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """Trainer's save; with the adapter momentum encoder, of the trained adapter only."""
+        hide = getattr(self.momentum_encoder, "hidden_from_saves", None)
+        if hide is None:
+            return super()._save(output_dir, state_dict)
+        with hide():
+            return super()._save(output_dir, state_dict)
+
     def save_extra_checkpoint_files(self, folder: str) -> None:
         """The loss / queue / momentum state (safetensors), written while the checkpoint is still marked
         incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`)."""

@@ -3,7 +3,8 @@
 
 ``msc``: a tiny Llama + LoRA encoder trains 3 steps of msc (learnable label prototypes, momentum encoder, queue)
 on 8-row global batches; then every process computes the trained model's embeddings of fixed texts and calls
-save_lora_model. ``bce``: the LoRA BCE fine-tune of a classifier on the same base (adapters + head), then its
+save_lora_model. ``resume``: the same run with a checkpoint at step 2, and a run resumed from it. ``bce``: the
+LoRA BCE fine-tune of a classifier on the same base (adapters + head), then its
 logits and save_lora_model. The main process writes what the test compares with a plain one-process run
 (``run`` / ``run_bce``, also called by the test): logged losses, the trained model's outputs, the loss, momentum
 and queue states, and the adapter folder.
@@ -65,18 +66,19 @@ def embed(model, tok) -> torch.Tensor:
     return outputs(model, tok, "embeddings")
 
 
-def run(root: str, tag: str, per_device: int, **engine_args) -> dict:
+def contrastive_trainer(root: str, output_dir: str, per_device: int, **args) -> ContrastiveTrainer:
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
     # the arguments first, as train_contrastive does: under ZeRO-3 the backbone then loads partitioned
-    args = base_args(os.path.join(root, f"run-{tag}"), per_device_train_batch_size=per_device, loss="msc",
-                     queue_size=8, momentum=0.9, max_steps=STEPS, learning_rate=1e-2, lr_scheduler_type="cosine",
-                     warmup_steps=1, max_grad_norm=1.0, knn_k=0, **engine_args)  # fmt: skip
-    tr = ContrastiveTrainer(model=encoder(root), args=args, train_dataset=tiny_split(8 * STEPS),
-                            data_collator=collator(tok))  # fmt: skip
-    initial_prototypes = tr.loss_fn.prototypes.detach().cpu().clone()
-    tr.train()
-    result = {
-        "initial_prototypes": initial_prototypes,
+    args = base_args(output_dir, per_device_train_batch_size=per_device, loss="msc", queue_size=8, momentum=0.9,
+                     max_steps=STEPS, learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=1, max_grad_norm=1.0,
+                     knn_k=0, **args)  # fmt: skip
+    return ContrastiveTrainer(model=encoder(root), args=args, train_dataset=tiny_split(8 * STEPS),
+                              data_collator=collator(tok))  # fmt: skip
+
+
+def state(tr: ContrastiveTrainer, tok) -> dict:
+    """What a contrastive run ends with (every process calls it: the embeddings are a ZeRO-3 forward)."""
+    return {
         "world": D.world_size(),
         "engine": type(tr.model_wrapped).__name__,
         "losses": [h["loss"] for h in tr.state.log_history if "loss" in h],
@@ -85,8 +87,27 @@ def run(root: str, tag: str, per_device: int, **engine_args) -> dict:
         "queue": tr.queue.embeddings.cpu().clone(),
         "embeddings": embed(tr.model_wrapped, tok),
     }
+
+
+def run(root: str, tag: str, per_device: int, **engine_args) -> dict:
+    tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
+    tr = contrastive_trainer(root, os.path.join(root, f"run-{tag}"), per_device, **engine_args)
+    initial_prototypes = tr.loss_fn.prototypes.detach().cpu().clone()
+    tr.train()
+    result = {"initial_prototypes": initial_prototypes, **state(tr, tok)}
     save_lora_model(tr.model_wrapped, os.path.join(root, f"adapter-{tag}"), accelerator=tr.accelerator)
     return result
+
+
+def run_resumed(root: str, tag: str, per_device: int, **engine_args) -> dict:
+    """The msc run with a checkpoint at step 2, and a second run resumed from it: both final states."""
+    tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
+    full = contrastive_trainer(root, os.path.join(root, f"full-{tag}"), per_device, save_strategy="steps",
+                               save_steps=2, **engine_args)  # fmt: skip
+    full.train()
+    resumed = contrastive_trainer(root, os.path.join(root, f"resumed-{tag}"), per_device, **engine_args)
+    resumed.train(resume_from_checkpoint=os.path.join(root, f"full-{tag}", "checkpoint-2"))
+    return {"full": state(full, tok), "resumed": state(resumed, tok)}
 
 
 def run_bce(root: str, tag: str, per_device: int, **engine_args) -> dict:
@@ -111,7 +132,8 @@ def run_bce(root: str, tag: str, per_device: int, **engine_args) -> dict:
 
 if __name__ == "__main__":
     root, mode, tag, per_device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    res = (run if mode == "msc" else run_bce)(root, tag, per_device, use_cpu=False, ddp_backend="gloo")
+    res = {"msc": run, "bce": run_bce, "resume": run_resumed}[mode](root, tag, per_device, use_cpu=False,
+                                                                    ddp_backend="gloo")  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(res, os.path.join(root, f"{tag}.pt"))
     D.shutdown()

@@ -122,3 +122,19 @@ def test_lora_bce_finetune_under_zero3_matches_the_plain_run_and_its_adapter_rel
     for loaded in (MLCLForMultiLabelClassification.from_pretrained(folder),
                    AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)):  # fmt: skip
         torch.testing.assert_close(outputs(loaded, tok, "logits"), got["logits"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_zero3_resume_restores_prototypes_momentum_and_queue(setup):
+    """A two-process ZeRO-3 run resumed from its step-2 checkpoint (the engine's checkpoint plus
+    mlcl_trainer_state: prototypes and their optimizer, momentum masters, queue) ends where the uninterrupted
+    run ends."""
+    root, _ = setup
+    got = _launch(root, 2, mode="resume")
+    full, resumed = got["full"], got["resumed"]
+    assert full["world"] == 2 and len(full["losses"]) == len(resumed["losses"]) == 3
+    assert resumed["losses"][-1] == pytest.approx(full["losses"][-1], rel=1e-6)
+    for key in ("prototypes", "queue", "embeddings"):
+        torch.testing.assert_close(resumed[key], full[key], rtol=1e-6, atol=1e-7)
+    for name, value in full["momentum"].items():
+        torch.testing.assert_close(resumed["momentum"][name], value, rtol=1e-6, atol=1e-7)
