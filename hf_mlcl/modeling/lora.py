@@ -274,7 +274,14 @@ def save_lora_model(
     import shutil
     import tempfile
 
-    from .sharded import is_main_process, readable_state, sharding_kind, unwrap_model, wait_for_everyone
+    from .sharded import (
+        is_main_process,
+        loading_whole_models,
+        readable_state,
+        sharding_kind,
+        unwrap_model,
+        wait_for_everyone,
+    )
 
     kind = sharding_kind(model)
     peft_model = unwrap_model(model)
@@ -306,7 +313,8 @@ def save_lora_model(
                 save_lora_adapter(peft_model, target, base, state_dict=state)
         if merge and is_main:
             try:
-                type(inner).from_pretrained(target).save_pretrained(save_directory)
+                with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
+                    type(inner).from_pretrained(target).save_pretrained(save_directory)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
     wait_for_everyone()

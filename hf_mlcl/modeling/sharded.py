@@ -15,6 +15,7 @@ deepspeed is imported only when the model holds ZeRO-3 parameters.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -25,6 +26,7 @@ from torch import nn
 __all__ = [
     "full_parameters",
     "is_main_process",
+    "loading_whole_models",
     "is_zero3_parameter",
     "readable_state",
     "sharding_kind",
@@ -170,3 +172,27 @@ def readable_state(
         return
     with full_parameters(model, names):
         yield None
+
+
+@contextmanager
+def loading_whole_models() -> Iterator[None]:
+    """Models built or loaded inside are whole, not ZeRO-3 partitioned: for loads on ONE process of a
+    DeepSpeed run (scoring a saved classifier, merging a saved adapter on the main process).
+
+    While the run's ``TrainingArguments`` ask for ZeRO-3, transformers builds every model under
+    ``deepspeed.zero.Init`` (``transformers.integrations.deepspeed.is_deepspeed_zero3_enabled``), which
+    partitions it across the processes and communicates: a load on one process then waits forever for
+    the others. The ZeRO-3 configuration is unset for the duration and restored after. Nothing happens
+    outside a ZeRO-3 run.
+    """
+    ds = sys.modules.get("transformers.integrations.deepspeed")
+    ref = getattr(ds, "_hf_deepspeed_config_weak_ref", None)
+    config = ref() if ref is not None else None
+    if config is None:
+        yield
+        return
+    ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        ds.set_hf_deepspeed_config(config)

@@ -101,7 +101,13 @@ from .checkpoint_state import (
 )
 from .checkpoints import CompleteCheckpointsMixin
 from .gradcache import gradcache_backward
-from .sharding import EngineCheckCallback, check_engine_applied, launch_problem, shards_parameters
+from .sharding import (
+    EngineCheckCallback,
+    check_engine_applied,
+    clear_previous_deepspeed_state,
+    launch_problem,
+    shards_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +269,7 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         problem = launch_problem(args)
         if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
             raise ValueError(problem)
+        clear_previous_deepspeed_state(args)
         self.loss_fn = loss_fn
         self.num_labels = n_labels
         self.label_column = label_column

@@ -52,7 +52,7 @@ from .arguments import ProbingTrainingArguments
 from .checkpoints import CompleteCheckpointsMixin
 from .feature_cache import PooledFeatureCollator, PooledFeatureDataset
 from .feature_store import FeatureStore
-from .sharding import EngineCheckCallback, check_engine_applied
+from .sharding import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +208,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         self.num_labels = n_labels
         self.label_column = label_column
         self.threshold: float | np.ndarray = args.fixed_threshold if args.fixed_threshold is not None else 0.5
+        clear_previous_deepspeed_state(args)
         super().__init__(
             model=model,
             args=args,

@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 __all__ = [
     "EngineCheckCallback",
     "check_engine_applied",
+    "clear_previous_deepspeed_state",
     "launch_problem",
     "requested_engine",
     "shards_parameters",
@@ -93,6 +94,23 @@ def launch_problem(args: Any, cuda_available: bool | None = None) -> str | None:
             "with recipes/accelerate/fsdp_llama_lora.yaml"
         )
     return None
+
+
+def clear_previous_deepspeed_state(args: Any) -> None:
+    """Let a second trainer of the same process run under DeepSpeed (stage 2 after stage 1 in ``hf-mlcl run``).
+
+    accelerate keeps one ``AcceleratorState`` per process and refuses a second ``Accelerator`` that brings its
+    own DeepSpeed plugin (every ``Trainer`` does) while the first one's state is set. The shared state is
+    cleared (the process group stays), as ``TrainingArguments`` itself does when it sets up its devices; the
+    finished trainer keeps its own engine.
+    """
+    if requested_engine(args) != "deepspeed":
+        return
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    if AcceleratorState._shared_state and AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def shards_parameters(trainer: Any) -> bool:
