@@ -154,15 +154,17 @@ def _adapter_and_heads(
     model: nn.Module, state: Mapping[str, torch.Tensor] | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(backbone LoRA matrices with PEFT's adapter keys, heads keyed as in the hf_mlcl model) of the active
-    adapter, read from ``state`` (a full state dict of the PeftModel) or from the live model."""
-    from peft import get_peft_model_state_dict
-
+    adapter, read from ``state`` (a full state dict of the PeftModel) or from the live model. Only the
+    state dict is read (peft's ``get_peft_model_state_dict`` reads the live heads, which under FSDP would
+    gather on one process alone)."""
     name = model.active_adapter
     state = model.state_dict() if state is None else state
     adapter: dict[str, torch.Tensor] = {}
-    for key, value in get_peft_model_state_dict(model, state_dict=dict(state), adapter_name=name).items():
-        if "lora_" not in key:
-            continue  # the heads (modules_to_save) are saved with the model
+    for full_key, value in state.items():
+        parts = full_key.split(".")
+        if name not in parts or not any(part.startswith("lora_") for part in parts):
+            continue  # not this adapter's LoRA matrices (the heads are saved below with the model)
+        key = ".".join(part for part in parts if part != name)  # PEFT's adapter keys carry no adapter name
         if not key.startswith(_BACKBONE_PREFIX):
             raise ValueError(
                 f"LoRA weight {key} lies outside the backbone; adapter folders hold backbone adapters only "

@@ -119,37 +119,32 @@ def full_parameters(
     """
     kind = sharding_kind(model)
     inner = unwrap_engine(model)
-    if kind == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel
+    with torch.no_grad():
+        if kind == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel
 
-        with FullyShardedDataParallel.summon_full_params(inner, recurse=True, writeback=writeback):
-            yield _select(inner.named_parameters(), names)
-        return
-    params = _select(inner.named_parameters(), names)
-    if kind == "zero3":
-        import deepspeed
+            with FullyShardedDataParallel.summon_full_params(inner, recurse=True, writeback=writeback):
+                yield {name: p.data for name, p in _select(inner.named_parameters(), names).items()}
+            return
+        params = _select(inner.named_parameters(), names)
+        if kind == "zero3":
+            import deepspeed
 
-        ordered = list(params.values())
-        with deepspeed.zero.GatheredParameters(ordered, modifier_rank=0 if writeback else None):
-            yield {name: param.data for name, param in params.items()}
-        return
-    if kind == "fsdp2":
-        full = {
-            name: (p.full_tensor() if _is_dtensor(p) else p.detach()) for name, p in params.items()
-        }
-        yield full
-        if writeback:
-            from torch.distributed.tensor import distribute_tensor
+            ordered = list(params.values())
+            with deepspeed.zero.GatheredParameters(ordered, modifier_rank=0 if writeback else None):
+                yield {name: param.data for name, param in params.items()}
+            return
+        if kind == "fsdp2":
+            full = {name: (p.data.full_tensor() if _is_dtensor(p) else p.data) for name, p in params.items()}
+            yield full
+            if writeback:
+                from torch.distributed.tensor import distribute_tensor
 
-            with torch.no_grad():
                 for name, param in params.items():
                     if _is_dtensor(param):  # every rank holds the full value: no communication
-                        local = distribute_tensor(
-                            full[name], param.device_mesh, param.placements, src_data_rank=None
-                        )
-                        param.to_local().copy_(local.to_local())
-        return
-    with torch.no_grad():
+                        local = distribute_tensor(full[name], param.device_mesh, param.placements, src_data_rank=None)
+                        param.data.to_local().copy_(local.to_local())
+            return
         yield {name: param.data for name, param in params.items()}
 
 
