@@ -65,3 +65,26 @@ def test_check_launch_lets_several_deepspeed_cpu_processes_through(env):
     check_launch(_args(ddp_backend="gloo"))  # ZeRO-3 over gloo needs no use_cpu
     with pytest.raises(ValueError, match="--ddp_backend gloo"):
         check_launch(_args())
+
+
+def test_a_trainer_without_the_requested_engine_stops(env):
+    """After preparation (EngineCheckCallback) and when built (check_engine_applied): the requested engine or a
+    one-line error naming the cause."""
+    from accelerate.utils import DistributedType
+
+    from hf_mlcl.training.sharding import EngineCheckCallback, check_engine_applied
+
+    env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    trainer = SimpleNamespace(
+        args=_args(), model_wrapped=torch.nn.Linear(2, 2),  # what a DDP-less CPU run leaves
+        is_deepspeed_enabled=False, is_fsdp_enabled=False,
+        accelerator=SimpleNamespace(distributed_type=DistributedType.MULTI_CPU),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"asks for DeepSpeed \(ACCELERATE_USE_DEEPSPEED=true\) but accelerate set up MULTI_CPU"):
+        check_engine_applied(trainer)
+    with pytest.raises(ValueError, match="the prepared model is a Linear"):
+        EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control")
+    trainer.model_wrapped = type("DeepSpeedEngine", (torch.nn.Module,), {})()
+    trainer.is_deepspeed_enabled = True
+    check_engine_applied(trainer)
+    assert EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control") == "control"
