@@ -11,6 +11,10 @@ it then hands out the parameters themselves.
 Costs: ZeRO-3 and FSDP2 gather only the named parameters (a LoRA adapter: cheap); FSDP1 can only
 unshard whole units, so it gathers the whole model once per call.
 deepspeed is imported only when the model holds ZeRO-3 parameters.
+
+For saves: :func:`readable_state` (the live model with the saved parameters gathered, or under FSDP the
+accelerator's full state dict), :func:`is_main_process` / :func:`wait_for_everyone`, and
+:func:`loading_whole_models` for a load on one process of a ZeRO-3 run.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from torch import nn
 __all__ = [
     "full_parameters",
     "is_main_process",
-    "loading_whole_models",
     "is_zero3_parameter",
+    "loading_whole_models",
     "readable_state",
     "sharding_kind",
     "unwrap_engine",
