@@ -1,5 +1,6 @@
 """hf_mlcl.modeling: encoder (backbone + pooling + projection head), multi-label classifiers (linear
-probe, PLM-ICD label attention), LoRA helpers, momentum encoder and embedding queue.
+probe, PLM-ICD label attention), LoRA helpers, momentum encoder and embedding queue; ``sharded`` reads and
+writes parameters that DeepSpeed ZeRO-3 / FSDP shard.
 
 ``configuration_mlcl`` and ``modeling_mlcl`` are self-contained (they are copied beside saved weights
 for ``trust_remote_code`` loading); everything else imports from them.
@@ -8,7 +9,15 @@ for ``trust_remote_code`` loading); everything else imports from them.
 from __future__ import annotations
 
 from .configuration_mlcl import HEADS, POOLINGS, MLCLConfig, backbone_config_to_dict
-from .lora import DEFAULT_LORA_TARGETS, LLAMA3_PAD_TOKEN, apply_lora, bf16_available, ensure_pad_token
+from .lora import (
+    DEFAULT_LORA_TARGETS,
+    LLAMA3_PAD_TOKEN,
+    apply_lora,
+    bf16_available,
+    ensure_pad_token,
+    merge_lora,
+    save_lora_model,
+)
 from .modeling_mlcl import (
     LabelAttentionHead,
     MLCLEncoder,
@@ -18,7 +27,7 @@ from .modeling_mlcl import (
     ProjectionHead,
     pool_states,
 )
-from .momentum import EmbeddingQueue, MomentumEncoder
+from .momentum import AdapterMomentumEncoder, EmbeddingQueue, MomentumEncoder
 
 
 def _register_local_auto_classes() -> None:
@@ -34,6 +43,7 @@ def _register_local_auto_classes() -> None:
 _register_local_auto_classes()
 
 __all__ = [
+    "AdapterMomentumEncoder",
     "DEFAULT_LORA_TARGETS",
     "HEADS",
     "LLAMA3_PAD_TOKEN",
@@ -51,5 +61,7 @@ __all__ = [
     "backbone_config_to_dict",
     "bf16_available",
     "ensure_pad_token",
+    "merge_lora",
     "pool_states",
+    "save_lora_model",
 ]

@@ -11,7 +11,8 @@ classifier) in ``modules_to_save`` so they train and are saved with the adapter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
 )
 LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 HEAD_MODULES: tuple[str, ...] = ("projection_head", "classifier")
+
+logger = logging.getLogger(__name__)
 
 
 def bf16_available() -> bool:
@@ -143,7 +146,53 @@ def trainable_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad]
 
 
-def save_lora_adapter(model: nn.Module, save_directory: str, base_model_name_or_path: str) -> None:
+_PEFT_PREFIX = "base_model.model."
+_BACKBONE_PREFIX = "base_model.model.backbone."
+
+
+def _adapter_and_heads(
+    model: nn.Module, state: Mapping[str, torch.Tensor] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(backbone LoRA matrices with PEFT's adapter keys, heads keyed as in the hf_mlcl model) of the active
+    adapter, read from ``state`` (a full state dict of the PeftModel) or from the live model. Only the
+    state dict is read (peft's ``get_peft_model_state_dict`` reads the live heads, which under FSDP would
+    gather on one process alone)."""
+    name = model.active_adapter
+    state = model.state_dict() if state is None else state
+    adapter: dict[str, torch.Tensor] = {}
+    for full_key, value in state.items():
+        parts = full_key.split(".")
+        if name not in parts or not any(part.startswith("lora_") for part in parts):
+            continue  # not this adapter's LoRA matrices (the heads are saved below with the model)
+        key = ".".join(part for part in parts if part != name)  # PEFT's adapter keys carry no adapter name
+        if not key.startswith(_BACKBONE_PREFIX):
+            raise ValueError(
+                f"LoRA weight {key} lies outside the backbone; adapter folders hold backbone adapters only "
+                "(use merge_lora: true)"
+            )
+        adapter[_PEFT_PREFIX + key[len(_BACKBONE_PREFIX) :]] = value.detach().to("cpu").contiguous()
+    inner = model.base_model.model
+    wrapped = {child for child, module in inner.named_children() if hasattr(module, "modules_to_save")}
+    own = f"modules_to_save.{name}."
+    heads: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if not key.startswith(_PEFT_PREFIX) or key.startswith(_BACKBONE_PREFIX):
+            continue
+        child, _, rest = key[len(_PEFT_PREFIX) :].partition(".")
+        if child in wrapped:
+            if not rest.startswith(own):
+                continue  # the wrapper's original module and other adapters' copies
+            rest = rest[len(own) :]
+        heads[f"{child}.{rest}"] = value.detach().to("cpu").contiguous()
+    return adapter, heads
+
+
+def save_lora_adapter(
+    model: nn.Module,
+    save_directory: str,
+    base_model_name_or_path: str,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> None:
     """Save a LoRA-trained hf_mlcl model (the ``PeftModel`` of :func:`apply_lora`) as an adapter folder.
 
     Written: PEFT's ``adapter_config.json`` (``base_model_name_or_path`` = the base backbone's Hub id or
@@ -155,38 +204,22 @@ def save_lora_adapter(model: nn.Module, save_directory: str, base_model_name_or_
     ``MLCLEncoder`` / ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with
     ``trust_remote_code=True`` load the base by that id and merge the adapter
     (``hf_mlcl.modeling.modeling_mlcl.merge_lora_weights``; Hu et al., 2022, Eq. 3).
+
+    The weights are read from the live model, or from ``state_dict`` (a full state dict of the
+    ``PeftModel``, e.g. gathered from FSDP shards). One process writes; for a model that DeepSpeed or FSDP
+    shards, every process calls :func:`save_lora_model` instead.
     """
     import copy
     import os
 
-    from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     from .modeling_mlcl import ADAPTER_WEIGHTS_NAME
 
     if not hasattr(model, "peft_config"):
         raise ValueError(f"save_lora_adapter expects the PeftModel of apply_lora; got {type(model).__name__}")
-    name = model.active_adapter
-    inner = model.base_model.model
-    prefix, backbone_prefix = "base_model.model.", "base_model.model.backbone."
-    adapter: dict[str, torch.Tensor] = {}
-    for key, value in get_peft_model_state_dict(model, adapter_name=name).items():
-        if "lora_" not in key:
-            continue  # the heads (modules_to_save) are saved below with the model
-        if not key.startswith(backbone_prefix):
-            raise ValueError(
-                f"LoRA weight {key} lies outside the backbone; adapter folders hold backbone adapters only "
-                "(use merge_lora: true)"
-            )
-        adapter[prefix + key[len(backbone_prefix) :]] = value.detach().to("cpu").contiguous()
-    heads: dict[str, torch.Tensor] = {}
-    for child_name, child in inner.named_children():
-        if child_name == "backbone":
-            continue
-        module = child.modules_to_save[name] if hasattr(child, "modules_to_save") else child
-        for key, value in module.state_dict().items():
-            heads[f"{child_name}.{key}"] = value.detach().to("cpu").contiguous()
-    config = copy.deepcopy(model.peft_config[name])
+    adapter, heads = _adapter_and_heads(model, state_dict)
+    config = copy.deepcopy(model.peft_config[model.active_adapter])
     config.base_model_name_or_path = base_model_name_or_path
     config.modules_to_save = None
     config.inference_mode = True
@@ -195,28 +228,132 @@ def save_lora_adapter(model: nn.Module, save_directory: str, base_model_name_or_
     save_file(adapter, tmp, metadata={"format": "pt"})
     os.replace(tmp, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME))
     config.save_pretrained(save_directory)
-    inner.save_pretrained(save_directory, state_dict=heads)
+    model.base_model.model.save_pretrained(save_directory, state_dict=heads)
 
 
+def merge_lora(model: nn.Module) -> nn.Module:
+    """A LoRA-wrapped hf_mlcl model with its adapters merged into the base weights (peft's
+    ``merge_and_unload``): a plain ``MLCLEncoder`` / classifier. Also accepts a model whose backbone alone
+    is a ``PeftModel``; a model without adapters is returned as is."""
+    if hasattr(model, "merge_and_unload"):
+        return model.merge_and_unload()
+    backbone = getattr(model, "backbone", None)
+    if backbone is not None and hasattr(backbone, "merge_and_unload"):
+        model.backbone = backbone.merge_and_unload()
+    return model
 
-def save_heads_with_adapter(model: nn.Module, save_directory: str, adapter_directory: str) -> None:
+
+def save_lora_model(
+    model: nn.Module,
+    save_directory: str,
+    base_model_name_or_path: str | None = None,
+    merge: bool = False,
+    accelerator: Any = None,
+) -> None:
+    """Save the model of a finished LoRA stage; EVERY process of the run calls it, the main one writes.
+
+    Args:
+        model: the model as prepared for training (``Trainer.model_wrapped``: a ``DeepSpeedEngine``, an
+            FSDP root, DDP) or the ``PeftModel`` of :func:`apply_lora` itself.
+        save_directory: the folder to write.
+        base_model_name_or_path: the base backbone the adapter loads onto (default: the model's
+            ``config.backbone_name_or_path``).
+        merge: write merged full weights (a plain hf_mlcl model) instead of an adapter folder.
+        accelerator: the run's ``accelerate.Accelerator`` (``trainer.accelerator``); needed under FSDP.
+
+    The trainable weights are gathered as the engine requires: DeepSpeed ZeRO-3 gathers the adapter and
+    head parameters only (``deepspeed.zero.GatheredParameters``, cheap); FSDP gathers the full state dict
+    the accelerator gives (``accelerator.get_state_dict``); plain, DDP and ZeRO-1/2 models are read as
+    they are. The main process then writes the adapter folder of :func:`save_lora_adapter` (it loads
+    with ``MLCLEncoder`` / ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with
+    ``trust_remote_code=True``). Merged weights are written with ``merge=True``, or when the backbone was
+    built from a config (no base model to point an adapter at): from the live model when it is whole,
+    and for a sharded model by reloading the adapter folder onto its base on the main process (a sharded
+    model built from a config cannot be merged: ValueError). Returns when the folder is complete on
+    every process.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from .sharded import (
+        is_main_process,
+        loading_whole_models,
+        readable_state,
+        sharding_kind,
+        unwrap_model,
+        wait_for_everyone,
+    )
+
+    kind = sharding_kind(model)
+    peft_model = unwrap_model(model)
+    if not hasattr(peft_model, "peft_config"):
+        raise ValueError(f"save_lora_model expects a model wrapped by apply_lora; got {type(peft_model).__name__}")
+    inner = peft_model.base_model.model
+    base = base_model_name_or_path or getattr(inner.config, "backbone_name_or_path", None)
+    is_main = is_main_process(accelerator)
+    if not base and kind is not None:
+        raise ValueError(
+            "a LoRA model whose backbone was built from a config has no base model to save an adapter for, and "
+            f"its weights are sharded ({kind}): build the backbone from a saved model (model_name_or_path)"
+        )
+    if kind is None and (merge or not base):
+        if not merge:
+            logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
+                           "saving the merged weights")  # fmt: skip
+        if is_main:
+            merge_lora(peft_model).save_pretrained(save_directory)
+    else:
+        target = save_directory
+        if merge and is_main:  # the adapter goes to a temporary folder, reloaded merged below
+            target = tempfile.mkdtemp(prefix=".adapter-", dir=os.path.dirname(os.path.abspath(save_directory)))
+        adapter = peft_model.active_adapter
+        names = [n for n, _ in peft_model.named_parameters()
+                 if not n.startswith(_BACKBONE_PREFIX) or adapter in n.split(".")]  # fmt: skip
+        with readable_state(model, names, accelerator) as state:
+            if is_main:
+                save_lora_adapter(peft_model, target, base, state_dict=state)
+        if merge and is_main:
+            try:
+                with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
+                    type(inner).from_pretrained(target).save_pretrained(save_directory)
+            finally:
+                shutil.rmtree(target, ignore_errors=True)
+    wait_for_everyone()
+
+
+def save_heads_with_adapter(
+    model: nn.Module, save_directory: str, adapter_directory: str, accelerator: Any = None
+) -> None:
     """Save a model whose backbone is the base model + an unchanged saved adapter (a frozen-encoder probe
     on an adapter encoder) as an adapter folder too: the adapter files of ``adapter_directory`` are
     copied, then ``model.save_pretrained`` writes the heads only (every weight outside the backbone),
-    ``config.json`` and the remote code. Loads like :func:`save_lora_adapter`'s folders."""
+    ``config.json`` and the remote code. Loads like :func:`save_lora_adapter`'s folders.
+
+    ``model`` may be the model as prepared for training (DeepSpeedEngine, FSDP root, DDP); then EVERY
+    process calls this (the heads are gathered as in :func:`save_lora_model`, ``accelerator`` needed under
+    FSDP) and the main process writes. Returns when the folder is complete on every process.
+    """
     import os
     import shutil
 
     from .modeling_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+    from .sharded import is_main_process, readable_state, unwrap_model, wait_for_everyone
 
-    os.makedirs(save_directory, exist_ok=True)
-    for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
-        tmp = os.path.join(save_directory, f".{name}.tmp")
-        shutil.copyfile(os.path.join(adapter_directory, name), tmp)
-        os.replace(tmp, os.path.join(save_directory, name))
-    prefix = f"{model.base_model_prefix}."
-    heads = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if not k.startswith(prefix)}
-    model.save_pretrained(save_directory, state_dict=heads)
+    inner = unwrap_model(model)
+    prefix = f"{inner.base_model_prefix}."
+    names = [n for n, _ in inner.named_parameters() if not n.startswith(prefix)]
+    with readable_state(model, names, accelerator) as state:
+        if is_main_process(accelerator):
+            os.makedirs(save_directory, exist_ok=True)
+            for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
+                tmp = os.path.join(save_directory, f".{name}.tmp")
+                shutil.copyfile(os.path.join(adapter_directory, name), tmp)
+                os.replace(tmp, os.path.join(save_directory, name))
+            state = inner.state_dict() if state is None else state
+            heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
+            inner.save_pretrained(save_directory, state_dict=heads)
+    wait_for_everyone()
 
 
 __all__ = [
@@ -225,7 +362,9 @@ __all__ = [
     "apply_lora",
     "bf16_available",
     "ensure_pad_token",
+    "merge_lora",
     "save_heads_with_adapter",
     "save_lora_adapter",
+    "save_lora_model",
     "trainable_parameter_names",
 ]

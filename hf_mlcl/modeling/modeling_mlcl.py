@@ -15,6 +15,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -162,11 +163,23 @@ def _normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] |
     return {i: str(name) for i, name in enumerate(id2label)}
 
 
+def _whole(weight: torch.Tensor):
+    """A context in which ``weight`` is whole: a DeepSpeed ZeRO-3 partitioned parameter (a model loaded while
+    ZeRO-3 is configured) is gathered and its change broadcast from rank 0, so every process must enter it
+    together; any other tensor as it is. deepspeed is imported for partitioned parameters only."""
+    if not hasattr(weight, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([weight], modifier_rank=0)
+
+
 def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]) -> int:
     """Add a saved LoRA adapter into ``backbone``'s weights in place: W <- W + s B A for every adapted
     linear layer (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + s B A x, s = lora_alpha / r, or
     lora_alpha / sqrt(r) with rsLoRA). Keys are PEFT's (``base_model.model.<module>.lora_A.weight``).
-    Returns the number of merged layers; ValueError for adapter kinds this merge does not cover."""
+    Returns the number of merged layers; ValueError for adapter kinds this merge does not cover. Under
+    DeepSpeed ZeRO-3 (a backbone loaded partitioned) every process calls this together."""
     import math
 
     kind = adapter_config.get("peft_type", "LORA")
@@ -190,8 +203,9 @@ def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], a
             path = path[len(_PEFT_PREFIX) :] if path.startswith(_PEFT_PREFIX) else path
             down, up = adapter_state[key], adapter_state[key[: -len(suffix_a)] + suffix_b]
             weight = backbone.get_submodule(path).weight
-            delta = (up.to(weight.device, torch.float32) @ down.to(weight.device, torch.float32)) * scale
-            weight.copy_((weight.float() + delta).to(weight.dtype))
+            with _whole(weight):
+                delta = (up.to(weight.device, torch.float32) @ down.to(weight.device, torch.float32)) * scale
+                weight.copy_((weight.float() + delta).to(weight.dtype))
             merged += 1
     if not merged:
         raise ValueError("the adapter holds no LoRA weights (no '*.lora_A.weight' keys)")
@@ -428,10 +442,12 @@ class MLCLPreTrainedModel(PreTrainedModel):
         base_kwargs = {k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
         backbone = AutoModel.from_pretrained(base, **base_kwargs)
         expected = (config.backbone_config or {}).get("vocab_size")
-        if expected is not None and backbone.get_input_embeddings().weight.shape[0] != int(expected):
+        embeddings = backbone.get_input_embeddings().weight
+        rows = getattr(embeddings, "ds_shape", embeddings.shape)[0]  # ZeRO-3 keeps the full shape in ds_shape
+        if expected is not None and rows != int(expected):
             raise ValueError(
-                f"base model {base} has {backbone.get_input_embeddings().weight.shape[0]} token embeddings but the "
-                f"adapter was trained with {expected}; load the base model it was trained on"
+                f"base model {base} has {rows} token embeddings but the adapter was trained with {expected}; load "
+                "the base model it was trained on"
             )
         weights = _hub_file(path, ADAPTER_WEIGHTS_NAME, hub)
         heads_file = _hub_file(path, HEADS_WEIGHTS_NAME, hub)

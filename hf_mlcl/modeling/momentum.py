@@ -10,6 +10,8 @@ as padded label-index lists returned as a torch sparse COO matrix — never a K 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -27,6 +29,18 @@ def _unwrap(module: nn.Module) -> nn.Module:
     return module
 
 
+def _ema_(targets: list[torch.Tensor], sources: list[torch.Tensor], momentum: float) -> None:
+    """targets <- m * targets + (1 - m) * sources, in place (MoCo, He et al. 2020, Eq. 2)."""
+    torch._foreach_mul_(targets, momentum)
+    torch._foreach_add_(targets, sources, alpha=1.0 - momentum)
+
+
+def _check_momentum(momentum: float) -> float:
+    if not 0.0 <= float(momentum) < 1.0:
+        raise ValueError(f"momentum must be in [0, 1) (MoCo uses 0.999); got {momentum}")
+    return float(momentum)
+
+
 class MomentumEncoder:
     """Key encoder theta_k <- m * theta_k + (1 - m) * theta_q (MoCo, He et al. 2020, Eq. 2).
 
@@ -40,9 +54,7 @@ class MomentumEncoder:
     """
 
     def __init__(self, online: nn.Module, momentum: float = 0.999) -> None:
-        if not 0.0 <= float(momentum) < 1.0:
-            raise ValueError(f"momentum must be in [0, 1) (MoCo uses 0.999); got {momentum}")
-        self.momentum = float(momentum)
+        self.momentum = _check_momentum(momentum)
         online = _unwrap(online)
         memo: dict[int, Any] = {}
         for param in online.parameters():
@@ -88,7 +100,6 @@ class MomentumEncoder:
             raise ValueError(
                 f"online encoder has no parameter {err}; pass the same model the EMA was built from"
             ) from err
-        m = self.momentum
         fp32_targets, fp32_sources, low_names, low_sources = [], [], [], []
         for name, src in zip(self._names, sources):
             if name in self._master:
@@ -98,12 +109,10 @@ class MomentumEncoder:
                 fp32_targets.append(self._key[name])
                 fp32_sources.append(src.to(self._key[name].dtype))
         if fp32_targets:
-            torch._foreach_mul_(fp32_targets, m)
-            torch._foreach_add_(fp32_targets, fp32_sources, alpha=1.0 - m)
+            _ema_(fp32_targets, fp32_sources, self.momentum)
         if low_names:
             masters = [self._master[n] for n in low_names]
-            torch._foreach_mul_(masters, m)
-            torch._foreach_add_(masters, low_sources, alpha=1.0 - m)
+            _ema_(masters, low_sources, self.momentum)
             for name, master in zip(low_names, masters):
                 self._key[name].copy_(master)
 
@@ -146,6 +155,176 @@ class MomentumEncoder:
             if name in self._master:
                 self._master[name].copy_(value)
             self._key[name].copy_(value)
+
+
+MOMENTUM_ADAPTER = "momentum"
+
+
+class AdapterMomentumEncoder:
+    """The MoCo key encoder of a LoRA model as a second adapter of the same model (for DeepSpeed / FSDP).
+
+    :class:`MomentumEncoder` runs the key encoder as a separate module tree that shares the frozen base.
+    Under DeepSpeed ZeRO-3 or FSDP the base is sharded and only the training engine's own module tree
+    can gather it, so here the key weights are a second PEFT adapter (``"momentum"``: LoRA matrices and
+    copies of the ``modules_to_save`` heads) added to the ``PeftModel`` before the engine wraps it. It is
+    sharded like every other parameter and never trained (``requires_grad=False``); the frozen base is
+    not copied. Keys are computed by the prepared model itself with the momentum adapter active, in eval
+    mode and without gradient.
+
+    The EMA (MoCo, He et al. 2020, Eq. 2) runs on fp32 master copies of the averaged tensors, kept whole
+    on every process (one copy of the trainable parameters: cheap for LoRA); :meth:`update` gathers the
+    online adapter, updates the masters and writes them into the momentum adapter
+    (:func:`hf_mlcl.modeling.sharded.full_parameters`). Every process must call :meth:`update`,
+    :meth:`__call__` and :meth:`load_state_dict` together. :meth:`state_dict` needs no communication and
+    has the format of :class:`MomentumEncoder` (tensors keyed by the online parameters' names), so a
+    checkpoint resumes under either.
+
+    ``runner`` returns the model as prepared for training (the DeepSpeedEngine / FSDP root), which the
+    key forward and the gathers go through; by default the ``PeftModel`` itself.
+    """
+
+    def __init__(
+        self,
+        online: nn.Module,
+        momentum: float = 0.999,
+        runner: Callable[[], nn.Module] | None = None,
+    ) -> None:
+        from .sharded import full_parameters
+
+        self.momentum = _check_momentum(momentum)
+        peft_model = _unwrap(online)
+        if not hasattr(peft_model, "peft_config"):
+            raise ValueError(
+                f"AdapterMomentumEncoder needs the PeftModel of apply_lora; got {type(peft_model).__name__}"
+            )
+        self._peft = peft_model
+        self._runner = runner or (lambda: self._peft)
+        self.adapter = peft_model.active_adapter
+        trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+        if MOMENTUM_ADAPTER not in peft_model.peft_config:
+            peft_model.add_adapter(MOMENTUM_ADAPTER, copy.deepcopy(peft_model.peft_config[self.adapter]))
+        for name, param in peft_model.named_parameters():
+            if _adapter_of(name, (MOMENTUM_ADAPTER,)):
+                param.requires_grad_(False)
+        still = [n for n, p in peft_model.named_parameters() if p.requires_grad]
+        if still != trainable:
+            raise ValueError(
+                f"adding the momentum adapter changed the trainable parameters ({len(trainable)} -> {len(still)})"
+            )
+        self._names = trainable
+        self._key_names = {name: self._key_name(name) for name in trainable}
+        self._layers = _adapter_layers(peft_model)
+        with full_parameters(peft_model, [*trainable, *self._key_names.values()], writeback=True) as full:
+            self._master = {n: full[n].detach().float().clone() for n in trainable}
+            for name in trainable:
+                full[self._key_names[name]].copy_(full[name])
+
+    def _key_name(self, name: str) -> str:
+        parts = name.split(".")
+        if parts.count(self.adapter) != 1:
+            raise ValueError(
+                f"trainable parameter {name} is not a parameter of adapter {self.adapter!r}: only LoRA adapters and "
+                "modules_to_save heads can be averaged into the momentum adapter"
+            )
+        return ".".join(MOMENTUM_ADAPTER if part == self.adapter else part for part in parts)
+
+    @property
+    def trainable_names(self) -> list[str]:
+        """Names of the parameters that are averaged (the online encoder's trainable ones)."""
+        return list(self._names)
+
+    @contextmanager
+    def hidden_from_saves(self) -> Iterator[None]:
+        """The momentum adapter left out of ``PeftModel.save_pretrained`` (which saves every configured
+        adapter): Trainer checkpoints hold the trained adapter only; the momentum weights are restored from
+        :meth:`state_dict` (under ZeRO-3 the Trainer gathers trainable parameters only, so they would be
+        missing anyway)."""
+        config = self._peft.peft_config.pop(MOMENTUM_ADAPTER)
+        try:
+            yield
+        finally:
+            self._peft.peft_config[MOMENTUM_ADAPTER] = config
+
+    @contextmanager
+    def _keys_active(self) -> Iterator[None]:
+        """The momentum adapter active in every adapter layer and head (no change to ``requires_grad``)."""
+        before = [layer._active_adapter for layer in self._layers]
+        for layer, active in zip(self._layers, before):
+            layer._active_adapter = MOMENTUM_ADAPTER if isinstance(active, str) else [MOMENTUM_ADAPTER]
+        try:
+            yield
+        finally:
+            for layer, active in zip(self._layers, before):
+                layer._active_adapter = active
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The key encoder's output: the prepared model with the momentum adapter, eval mode, no gradient."""
+        model = self._runner()
+        was_training = model.training
+        model.train(False)
+        try:
+            with torch.no_grad(), self._keys_active():
+                return model(*args, **kwargs)
+        finally:
+            model.train(was_training)
+
+    def _write_masters(self, model: nn.Module, ema: bool) -> None:
+        """Write the masters into the momentum adapter; with ``ema`` first average the online adapter in."""
+        from .sharded import full_parameters
+
+        names = [*self._key_names.values(), *(self._names if ema else ())]
+        with torch.no_grad(), full_parameters(model, names, writeback=True) as full:
+            if ema:
+                masters = [self._master[n] for n in self._names]
+                _ema_(masters, [full[n].float() for n in self._names], self.momentum)
+            for name in self._names:
+                full[self._key_names[name]].copy_(self._master[name])
+
+    @torch.no_grad()
+    def update(self, online: nn.Module | None = None) -> None:
+        """EMA step: key = m * key + (1 - m) * online, over the trainable parameters. ``online``: the
+        prepared model (default: ``runner()``); every process must call this together."""
+        self._write_masters(online if online is not None else self._runner(), ema=True)
+
+    def to(self, *args: Any, **kwargs: Any) -> AdapterMomentumEncoder:
+        """Move the fp32 masters (the adapter itself moves with the model)."""
+        device = next((a for a in args if isinstance(a, (str, torch.device))), kwargs.get("device"))
+        if device is not None:
+            self._master = {n: t.to(device) for n, t in self._master.items()}
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fp32 masters keyed by the online parameters' names, and ``momentum``."""
+        return {"momentum": self.momentum, "params": {n: t.detach().clone() for n, t in self._master.items()}}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the masters and write them into the momentum adapter (every process together)."""
+        params = state["params"]
+        unknown = set(params) - set(self._names)
+        missing = set(self._names) - set(params)
+        if unknown or missing:
+            raise ValueError(
+                f"momentum state does not match this encoder: missing {sorted(missing)[:3]}, "
+                f"unexpected {sorted(unknown)[:3]}"
+            )
+        self.momentum = float(state.get("momentum", self.momentum))
+        for name, value in params.items():
+            self._master[name].copy_(value)
+        self._write_masters(self._runner(), ema=False)
+
+
+def _adapter_of(name: str, adapters: tuple[str, ...]) -> bool:
+    return any(part in adapters for part in name.split("."))
+
+
+def _adapter_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules whose active adapter decides the forward: PEFT tuner layers and ``modules_to_save``
+    wrappers."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    return [m for m in model.modules() if isinstance(m, (BaseTunerLayer, AuxiliaryTrainingWrapper))]
 
 
 # on CPU, label spaces wider than this are queued as label rows ("auto"; EmbeddingQueue docstring)
@@ -331,4 +510,4 @@ class EmbeddingQueue:
         )
 
 
-__all__ = ["EmbeddingQueue", "MomentumEncoder"]
+__all__ = ["MOMENTUM_ADAPTER", "AdapterMomentumEncoder", "EmbeddingQueue", "MomentumEncoder"]

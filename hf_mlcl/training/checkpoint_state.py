@@ -19,7 +19,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["LEGACY_STATE_FILE", "STATE_FILE", "load_state_file", "save_state_file"]
+__all__ = [
+    "LEGACY_STATE_FILE",
+    "STATE_FILE",
+    "load_state_file",
+    "optimizer_state_to_tree",
+    "save_state_file",
+    "tree_to_optimizer_state",
+]
 
 STATE_FILE = "mlcl_trainer_state.safetensors"
 LEGACY_STATE_FILE = "mlcl_trainer_state.pt"
@@ -80,3 +87,20 @@ def load_state_file(path: str, device: torch.device | str = "cpu") -> dict[str, 
     if _TREE_KEY not in meta:
         raise ValueError(f"{path} is not an hf_mlcl trainer state (no {_TREE_KEY!r} metadata)")
     return _rebuild(json.loads(meta[_TREE_KEY]), load_file(path, device=str(torch.device(device))))
+
+
+def optimizer_state_to_tree(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``torch.optim.Optimizer.state_dict()`` in the form :func:`save_state_file` stores: the per-parameter
+    state keyed by the parameter index as a string, the param groups (plain values) as JSON text."""
+    return {
+        "state": {str(index): dict(values) for index, values in state["state"].items()},
+        "param_groups": json.dumps(state["param_groups"]),
+    }
+
+
+def tree_to_optimizer_state(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`optimizer_state_to_tree`: a state dict for ``Optimizer.load_state_dict``."""
+    return {
+        "state": {int(index): dict(values) for index, values in tree["state"].items()},
+        "param_groups": json.loads(tree["param_groups"]),
+    }

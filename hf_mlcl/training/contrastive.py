@@ -41,10 +41,17 @@ Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.trainin
   ranks. ``average_tokens_across_devices`` has no effect (no ``num_items_in_batch`` scaling).
 * Learnable loss parameters (msc prototypes) are an extra optimizer param group (no weight decay).
   They are not inside the DDP module, so this trainer all-reduces (averages) their gradients at each
-  optimizer step and zeroes them after it. They are not part of ``max_grad_norm`` clipping.
+  optimizer step and zeroes them after it. They are not part of ``max_grad_norm`` clipping. Under
+  DeepSpeed or FSDP the engine's optimizer takes the model's parameters only: the loss parameters then
+  have their own optimizer of the same class and settings, stepped at each optimizer step with the
+  main optimizer's current learning rate (the same update as the extra param group).
 * The momentum encoder is updated once per optimizer step (``on_optimizer_step``), never per
   micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
-  used as candidates of its own micro-batch).
+  used as candidates of its own micro-batch). Under DeepSpeed or FSDP (LoRA models only) the key
+  encoder is a second adapter of the sharded model
+  (:class:`~hf_mlcl.modeling.momentum.AdapterMomentumEncoder`): same keys, same EMA.
+* GradCache does not run under DeepSpeed (the engine reduces gradients and steps inside every
+  backward): a launch asking for both stops at once (:func:`~hf_mlcl.training.sharding.launch_problem`).
 
 Host synchronisation: a training step that does not log reads no tensor value on the host, so it
 never waits for the accelerator (``hf_mlcl.host_sync`` counts such reads; the tests hold every loss,
@@ -63,9 +70,10 @@ selected) and the backbone itself (transformers' attention-mask preparation chec
 is padded).
 
 Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
-the momentum encoder and the queue (safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`);
-``resume_from_checkpoint`` restores them together with the optimizer (which contains the loss
-parameters), the scheduler and the RNG states, so the next step is identical to the uninterrupted run.
+the momentum encoder and the queue (and under DeepSpeed / FSDP the loss parameters' optimizer state;
+safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`); ``resume_from_checkpoint`` restores
+them together with the optimizer (which contains the loss parameters), the scheduler and the RNG
+states, so the next step is identical to the uninterrupted run.
 
 Evaluation: the eval loss (in-batch only, no queue) plus a representation-quality probe on the eval
 set (:func:`hf_mlcl.evaluation.knn.knn_probe_metrics`) — leave-one-out cosine kNN (k = ``args.knn_k``):
@@ -101,9 +109,23 @@ from ._common import (
 )
 from .arguments import ContrastiveTrainingArguments
 from .candidates import CandidateBuilder, max_candidates, resolve_contrast_set, resolve_queue_warmup
-from .checkpoint_state import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
+from .checkpoint_state import (
+    LEGACY_STATE_FILE,
+    STATE_FILE,
+    load_state_file,
+    optimizer_state_to_tree,
+    save_state_file,
+    tree_to_optimizer_state,
+)
 from .checkpoints import CompleteCheckpointsMixin
 from .gradcache import gradcache_backward
+from .sharding import (
+    EngineCheckCallback,
+    check_engine_applied,
+    clear_previous_deepspeed_state,
+    launch_problem,
+    shards_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +180,7 @@ class _StepCallback(TrainerCallback):
     def on_optimizer_step(self, args, state, control, **kwargs):
         tr = self.trainer
         if tr.momentum_encoder is not None:
-            tr.momentum_encoder.update(tr.accelerator.unwrap_model(tr.model))
+            tr.momentum_encoder.update(tr._momentum_source())
         for p in tr._loss_parameters():
             p.grad = None
         return control
@@ -267,8 +289,10 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
             raise ValueError(
                 f"label-count mismatch: the data collator has num_labels={coll_labels} but the dataset has {n_labels}"
             )
-        if args.gradcache_chunk_size > 0 and args.deepspeed:
-            raise ValueError("gradcache_chunk_size > 0 is not supported with DeepSpeed (it owns backward)")
+        problem = launch_problem(args)
+        if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
+            raise ValueError(problem)
+        clear_previous_deepspeed_state(args)
         self.loss_fn = loss_fn
         self.num_labels = n_labels
         self.label_column = label_column
@@ -292,14 +316,23 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         )
         if user_metrics is None and args.knn_k > 0:
             self.compute_metrics = self._knn_metrics
+        check_engine_applied(self)
+        self.add_callback(EngineCheckCallback(self))
+        self._sharded = shards_parameters(self)
+        if self._sharded and self._loss_parameters() and args.fp16 and self.is_deepspeed_enabled:
+            raise ValueError(
+                f"{type(loss_fn).__name__} has learnable parameters, which train outside DeepSpeed's engine, and "
+                "fp16 under DeepSpeed scales the loss inside the engine: pass --bf16 true --fp16 false (or fp32)"
+            )
+        self._loss_optimizer: torch.optim.Optimizer | None = None
         self.loss_fn.to(self.args.device)
         self.momentum_encoder = momentum_encoder
         self.queue = queue
         if args.queue_size > 0:
-            from hf_mlcl.modeling import EmbeddingQueue, MomentumEncoder
+            from hf_mlcl.modeling import EmbeddingQueue
 
             if self.momentum_encoder is None:
-                self.momentum_encoder = MomentumEncoder(self.model, momentum=args.momentum)
+                self.momentum_encoder = self._build_momentum_encoder()
             if self.queue is None:
                 # built on the training device: the label format it picks depends on it
                 self.queue = EmbeddingQueue(args.queue_size, embedding_dim, n_labels, device=self.args.device)
@@ -336,6 +369,31 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
                 stacklevel=3,
             )
 
+    # ------------------------------------------------------------------ momentum encoder
+    def _build_momentum_encoder(self):
+        """The MoCo key encoder: a copy sharing the frozen base (:class:`~hf_mlcl.modeling.MomentumEncoder`),
+        or under DeepSpeed / FSDP a second LoRA adapter of the model the engine wraps
+        (:class:`~hf_mlcl.modeling.momentum.AdapterMomentumEncoder`)."""
+        from hf_mlcl.modeling import MomentumEncoder
+        from hf_mlcl.modeling.momentum import AdapterMomentumEncoder
+
+        if not self._sharded:
+            return MomentumEncoder(self.model, momentum=self.args.momentum)
+        if not hasattr(self.accelerator.unwrap_model(self.model), "peft_config"):
+            raise ValueError(
+                f"queue_size={self.args.queue_size} under DeepSpeed / FSDP needs a LoRA model (use_lora: true): "
+                "the momentum encoder is then a second adapter inside the sharded model; for full fine-tuning "
+                "with a queue launch DDP (recipes/accelerate/multi_gpu.yaml) or set queue_size 0"
+            )
+        return AdapterMomentumEncoder(self.model, momentum=self.args.momentum, runner=lambda: self.model_wrapped)
+
+    def _momentum_source(self) -> nn.Module:
+        """What the momentum encoder averages from: the prepared model (collective gathers) for the adapter
+        encoder, the unwrapped model otherwise."""
+        if self._sharded:
+            return self.model_wrapped
+        return self.accelerator.unwrap_model(self.model)
+
     # ------------------------------------------------------------------ parameters / optimizer
     def _loss_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.loss_fn.parameters() if p.requires_grad]
@@ -343,12 +401,30 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
         params = self._loss_parameters()
-        if params:
+        if params and not self._sharded:
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             new = [p for p in params if id(p) not in held]
             if new:
                 optimizer.add_param_group({"params": new, "weight_decay": 0.0})
         return optimizer
+
+    def _loss_optimizer_for_sharded(self) -> torch.optim.Optimizer:
+        """Under DeepSpeed / FSDP the engine's optimizer takes only the model's parameters: the loss
+        parameters get their own optimizer of the same class and settings (no weight decay), stepped with
+        the main optimizer's learning rate (:meth:`_step_loss_parameters`)."""
+        if self._loss_optimizer is None:
+            cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.accelerator.unwrap_model(self.model))
+            self._loss_optimizer = cls([{"params": self._loss_parameters(), "weight_decay": 0.0}], **kwargs)
+        return self._loss_optimizer
+
+    def _learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _step_loss_parameters(self, lr: float) -> None:
+        optimizer = self._loss_optimizer_for_sharded()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
 
     # ------------------------------------------------------------------ encoding and loss
     @staticmethod
@@ -452,16 +528,21 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     def training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> torch.Tensor:
+        params = self._loss_parameters()
+        # read before backward: DeepSpeed steps its optimizer and scheduler inside it
+        lr = self._learning_rate() if params and self._sharded else None
         if self.args.gradcache_chunk_size > 0:
             loss = self._gradcache_training_step(model, inputs)
         else:
             loss = super().training_step(model, inputs, num_items_in_batch)
-        if self.accelerator.sync_gradients and D.is_distributed():
-            params = self._loss_parameters()
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            D.all_reduce_mean_([p.grad for p in params])
+        if self.accelerator.sync_gradients and params:
+            if D.is_distributed():
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                D.all_reduce_mean_([p.grad for p in params])
+            if lr is not None:
+                self._step_loss_parameters(lr)
         return loss
 
     def _gradcache_training_step(self, model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -532,6 +613,8 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     def extra_state_dict(self) -> dict[str, Any]:
         """Loss parameters, momentum encoder and queue: what a checkpoint needs beyond Trainer's files."""
         state: dict[str, Any] = {"loss": self.loss_fn.state_dict()}
+        if self._loss_optimizer is not None:
+            state["loss_optimizer"] = optimizer_state_to_tree(self._loss_optimizer.state_dict())
         if self.momentum_encoder is not None:
             state["momentum_encoder"] = self.momentum_encoder.state_dict()
         if self.queue is not None:
@@ -540,6 +623,8 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
 
     def load_extra_state_dict(self, state: dict[str, Any]) -> None:
         self.loss_fn.load_state_dict(state["loss"])
+        if self._sharded and self._loss_parameters() and "loss_optimizer" in state:
+            self._loss_optimizer_for_sharded().load_state_dict(tree_to_optimizer_state(state["loss_optimizer"]))
         for key, obj in (("momentum_encoder", self.momentum_encoder), ("queue", self.queue)):
             if obj is None:
                 continue
@@ -551,6 +636,14 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         self._raise_if_loss_was_not_finite()  # never a checkpoint of weights a NaN step has touched
         super()._save_checkpoint(model, trial)
 
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """Trainer's save; with the adapter momentum encoder, of the trained adapter only."""
+        hide = getattr(self.momentum_encoder, "hidden_from_saves", None)
+        if hide is None:
+            return super()._save(output_dir, state_dict)
+        with hide():
+            return super()._save(output_dir, state_dict)
+
     def save_extra_checkpoint_files(self, folder: str) -> None:
         """The loss / queue / momentum state (safetensors), written while the checkpoint is still marked
         incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`)."""
@@ -558,8 +651,18 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        path = os.path.join(resume_from_checkpoint, STATE_FILE)
-        legacy = os.path.join(resume_from_checkpoint, LEGACY_STATE_FILE)
+        self._load_extra_state_file(resume_from_checkpoint)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Trainer's optimizer and scheduler; under DeepSpeed, whose resume skips ``_load_from_checkpoint``,
+        also the loss / queue / momentum state (on every process, after the model is prepared)."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and self.is_deepspeed_enabled:
+            self._load_extra_state_file(checkpoint)
+
+    def _load_extra_state_file(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, STATE_FILE)
+        legacy = os.path.join(checkpoint, LEGACY_STATE_FILE)
         if not os.path.isfile(path) and os.path.isfile(legacy):
             path = legacy  # written before the safetensors format: read with weights_only=True
         if os.path.isfile(path):

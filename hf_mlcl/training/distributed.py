@@ -23,6 +23,8 @@ them unconditionally.
 from __future__ import annotations
 
 import gc
+import inspect
+import sys
 
 import torch
 import torch.distributed as dist
@@ -172,10 +174,93 @@ def shutdown() -> None:
     interpreter shutdown, where the race is. ``gc.collect()`` frees such trainers here, so the group's
     destructor joins its threads while the interpreter is whole. A trainer still referenced by a live
     variable keeps the group alive; call this after the code that used it has returned.
+
+    DeepSpeed (when installed) holds groups too: ``deepspeed.comm`` binds the world group as a default
+    argument (:func:`_release_deepspeed_group_defaults`), a DeepSpeed engine is never freed by itself and
+    its partitioned parameters hold the groups (:func:`_destroy_deepspeed_engines`: the engines are
+    unusable afterwards), and after a DeepSpeed run ``deepspeed.utils.groups`` caches its own groups, which
+    ``deepspeed.comm.destroy_process_group`` drops when it tears the groups down.
     Call it once, at the very end of a program that initialised a process group. Safe to call always.
     """
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
-        dist.destroy_process_group()
+        _release_deepspeed_group_defaults()
+        _destroy_deepspeed_engines()
+        ds_comm = sys.modules.get("deepspeed.comm.comm")
+        backend = getattr(ds_comm, "cdb", None)
+        if backend is not None and backend.is_initialized():
+            ds_comm.destroy_process_group()  # a DeepSpeed run: also drops DeepSpeed's cached groups
+        else:
+            dist.destroy_process_group()
         gc.collect()
+
+
+def _release_deepspeed_group_defaults() -> None:
+    """Drop the world group that ``deepspeed.comm.torch`` binds as a default argument.
+
+    ``TorchBackend.barrier`` and ``monitored_barrier`` (deepspeed 0.19) take
+    ``group=torch.distributed.GroupMember.WORLD`` as their default, evaluated when the module is imported.
+    accelerate imports deepspeed whenever it is installed (``extract_model_from_parallel``, called by every
+    ``Trainer``), after the process group exists, so that default is the live world group, and it keeps the
+    group and its gloo threads (``gloo_tcp_loop``, ``pt_gloo_runloop``) alive after
+    ``destroy_process_group``. Both functions read ``None`` as the world group, so ``None`` is the same
+    default without the reference. Nothing is imported: without deepspeed loaded this does nothing.
+    """
+    backend = getattr(sys.modules.get("deepspeed.comm.torch"), "TorchBackend", None)
+    for name in ("barrier", "monitored_barrier"):
+        method = getattr(backend, name, None)
+        if method is None:
+            continue
+        fn = inspect.unwrap(method)
+        defaults = fn.__defaults__
+        if defaults and isinstance(defaults[0], dist.ProcessGroup):
+            fn.__defaults__ = (None, *defaults[1:])
+
+
+def _destroy_deepspeed_engines() -> None:
+    """Make finished DeepSpeed engines collectable (their partitioned parameters hold the process groups).
+
+    A ``DeepSpeedEngine`` outlives every reference to it (deepspeed 0.19): ZeRO-3's
+    ``PartitionedParameterCoordinator.__params_to_release`` is a class-level ``functools.lru_cache``
+    whose keys are ``(coordinator, module, ...)``, and ZeRO-3 keeps the root module it wrapped on a
+    module-level stack (``deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK``); through them the
+    engine, the model and its partitioned parameters, which hold the groups, stay reachable forever.
+    Every engine is destroyed (``DeepSpeedEngine.destroy()``: its hooks removed), the cache cleared and
+    the stack emptied, so the next garbage collection frees them. For the very end of a run: the engines
+    are unusable after it. Nothing is imported: without deepspeed loaded this does nothing.
+    """
+    engine_cls = getattr(sys.modules.get("deepspeed"), "DeepSpeedEngine", None)
+    if engine_cls is None:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, engine_cls):
+            obj.destroy()
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if offload is not None:
+        offload.FWD_MODULE_STACK.clear()
+    coordinator = getattr(
+        sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator"), "PartitionedParameterCoordinator", None
+    )
+    for attr in vars(coordinator).values() if coordinator is not None else ():
+        _clear_lru_caches(attr)
+
+
+def _clear_lru_caches(fn: object, depth: int = 3) -> None:
+    """``cache_clear()`` on the ``functools.lru_cache`` wrappers in ``fn`` or in the closures of its
+    decorators (deepspeed's ``instrument_w_nvtx`` wraps without ``functools.wraps``)."""
+    if hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+        return
+    if depth == 0:
+        return
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is not None:
+        _clear_lru_caches(inner, depth - 1)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            content = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(content):
+            _clear_lru_caches(content, depth - 1)

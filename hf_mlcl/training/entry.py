@@ -6,12 +6,14 @@ model, the collator and the trainer, then train, evaluate and save into ``traini
 
 ``train_contrastive`` writes
     the encoder (``config.json`` + weights + remote-code files; ``MLCLEncoder.from_pretrained`` /
-    ``AutoModel.from_pretrained(..., trust_remote_code=True)``), the tokenizer files, ``metrics.json``
+    ``AutoModel.from_pretrained(..., trust_remote_code=True)``; a LoRA run writes an adapter folder,
+    ``hf_mlcl.modeling.lora.save_lora_model``), the tokenizer files, ``metrics.json``
     (train_* and eval_* metrics: eval_loss, eval_knn_micro_f1 ...), ``trainer_state.json`` and the
     Trainer's ``checkpoint-*`` folders (with ``mlcl_trainer_state.safetensors``).
 ``train_probe`` writes
     the classifier (``MLCLForMultiLabelClassification``: ``config.json`` with ``id2label`` /
-    ``label2id`` / ``problem_type`` and ``decision_threshold``, weights, remote-code files), the
+    ``label2id`` / ``problem_type`` and ``decision_threshold``, weights, remote-code files; a LoRA run
+    or a frozen probe on an adapter encoder writes an adapter folder instead), the
     tokenizer files, ``metrics.json`` (validation_* and test_* metrics at the tuned threshold, plus
     ``threshold`` and the probe settings), ``thresholds.json`` (the threshold, a float or a per-label
     list, with the label names) and, for trained probes, ``trainer_state.json``.
@@ -222,31 +224,40 @@ def _adapter_encoder(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
 
 
-def _save_lora(model, output_dir: str, merge: bool) -> None:
-    """A LoRA run's final save: the adapter folder (``hf_mlcl.modeling.lora.save_lora_adapter``) onto the
-    base backbone it was trained from, or merged full weights with ``merge_lora`` (or when the backbone
-    was built from a config, so no base model exists to point an adapter at)."""
-    from hf_mlcl.modeling.lora import save_lora_adapter
+def _with_lora(model, model_args: ModelArguments, training_args):
+    """``model`` wrapped by ``hf_mlcl.modeling.apply_lora`` with the recipe's LoRA settings (our heads in
+    ``modules_to_save``)."""
+    from hf_mlcl.modeling import apply_lora
 
-    inner = model.base_model.model if hasattr(model, "peft_config") else model
-    base = getattr(inner.config, "backbone_name_or_path", None)
-    if merge or not base or not hasattr(model, "peft_config"):
-        if not merge:
-            logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
-                           "saving the merged weights")
-        _merge_lora(model).save_pretrained(output_dir)
-    else:
-        save_lora_adapter(model, output_dir, base)
+    return apply_lora(
+        model,
+        r=model_args.lora_r,
+        alpha=model_args.lora_alpha,
+        dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules,
+        # the Trainer's own flag (activation_checkpointing, formerly gradient_checkpointing) decides
+        gradient_checkpointing=training_args.activation_checkpointing or training_args.gradient_checkpointing,
+    )
 
 
-def _merge_lora(model):
-    """A LoRA-wrapped encoder with its adapters merged (the saved encoder is a plain MLCLEncoder)."""
-    if hasattr(model, "merge_and_unload"):
-        return model.merge_and_unload()
-    backbone = getattr(model, "backbone", None)
-    if backbone is not None and hasattr(backbone, "merge_and_unload"):
-        model.backbone = backbone.merge_and_unload()
-    return model
+def _check_lora_save(model_args: ModelArguments, args, source: str | None, adapter_encoder: bool = False) -> None:
+    """Before any loading: a LoRA run under DeepSpeed / FSDP must be able to write its adapter at the end."""
+    from .sharding import requested_engine
+
+    engine = requested_engine(args)
+    if engine is None:
+        return
+    if not (source or model_args.model_name_or_path):
+        raise ValueError(
+            f"use_lora with a backbone built from backbone_config under {engine}: the sharded weights have no base "
+            "model to save an adapter for; build the backbone from a saved model (model_name_or_path)"
+        )
+    if adapter_encoder:
+        raise ValueError(
+            f"probe: finetune with use_lora on an encoder saved as a LoRA adapter under {engine}: the new adapter "
+            "applies to the merged encoder, not to the base model; save stage 1 with --merge_lora true or fine-tune "
+            "without DeepSpeed / FSDP (the merged weights are then saved)"
+        )
 
 
 def train_contrastive(
@@ -266,9 +277,12 @@ def train_contrastive(
     from transformers import set_seed
 
     from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.modeling.lora import save_lora_model
 
     from .contrastive import ContrastiveTrainer
 
+    if model_args.use_lora:
+        _check_lora_save(model_args, training_args, None)
     set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
     ds, names = load_data(data_args)
     tokenizer, encoder = build_tokenizer_and_encoder(
@@ -276,17 +290,7 @@ def train_contrastive(
     )
     _set_labels(encoder.config, names)
     if model_args.use_lora:
-        from hf_mlcl.modeling import apply_lora
-
-        encoder = apply_lora(
-            encoder,
-            r=model_args.lora_r,
-            alpha=model_args.lora_alpha,
-            dropout=model_args.lora_dropout,
-            target_modules=model_args.lora_target_modules,
-            # the Trainer's own flag (activation_checkpointing, formerly gradient_checkpointing) decides
-            gradient_checkpointing=training_args.activation_checkpointing or training_args.gradient_checkpointing,
-        )
+        encoder = _with_lora(encoder, model_args, training_args)
     collator = MultiLabelCollator(
         tokenizer,
         len(names),
@@ -303,10 +307,11 @@ def train_contrastive(
     train_out = trainer.train(resume_from_checkpoint=resume)
     metrics: dict[str, Any] = dict(train_out.metrics)
     metrics.update(trainer.evaluate())
+    # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
     if model_args.use_lora:
-        if trainer.is_world_process_zero():
-            _save_lora(trainer.accelerator.unwrap_model(trainer.model), training_args.output_dir, model_args.merge_lora)
-    else:  # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
+        save_lora_model(trainer.model_wrapped, training_args.output_dir, merge=model_args.merge_lora,
+                        accelerator=trainer.accelerator)  # fmt: skip
+    else:
         trainer.save_model(training_args.output_dir)
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(training_args.output_dir)
@@ -334,23 +339,30 @@ def train_probe(
     ``encoder_path``: a saved hf_mlcl encoder (the contrastive stage's output_dir), a plain backbone id
     / path (BCE baseline: ``probe="finetune"`` with ``loss="bce"``), or None to use ``model_args``
     (``model_name_or_path`` or ``backbone_config``). ``probe="linear"`` / ``"logistic"`` freeze the
-    encoder, ``"finetune"`` trains it. The threshold is tuned on validation per
+    encoder, ``"finetune"`` trains it; with ``model_args.use_lora`` a fine-tune trains LoRA adapters and
+    the classifier head only (``apply_lora``, the head in ``modules_to_save``) and saves an adapter folder
+    (``hf_mlcl.modeling.lora.save_lora_model``; merged weights with ``merge_lora``, or when the encoder
+    was itself saved as an adapter). The threshold is tuned on validation per
     ``probing_args.threshold`` and the test split (if any) is scored with it.
     """
     from transformers import set_seed
 
     from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.modeling.lora import merge_lora, save_heads_with_adapter, save_lora_model
     from hf_mlcl.modeling.modeling_mlcl import MLCLForMultiLabelClassification
 
     from .probing import ProbingTrainer
 
+    lora_finetune = model_args.use_lora and probing_args.probe == "finetune"
+    if lora_finetune:
+        _check_lora_save(model_args, probing_args, encoder_path, _adapter_encoder(encoder_path))
     set_seed(probing_args.seed)  # before the classifier head is initialised
     ds, names = load_data(data_args)
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], source=encoder_path)
     if hasattr(encoder, "merge_and_unload") or hasattr(
         getattr(encoder, "backbone", None), "merge_and_unload"
     ):
-        encoder = _merge_lora(encoder)
+        encoder = merge_lora(encoder)
     model = MLCLForMultiLabelClassification.from_encoder(
         encoder,
         id2label=names,
@@ -358,6 +370,8 @@ def train_probe(
         freeze_encoder=probing_args.probe in ("linear", "logistic"),
         chunk_size=model_args.chunk_size,
     )
+    if lora_finetune:  # adapters + classifier head train; the backbone stays frozen
+        model = _with_lora(model, model_args, probing_args)
     collator = MultiLabelCollator(
         tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=segment_multiple(model)
     )
@@ -386,11 +400,15 @@ def train_probe(
     metrics["threshold_strategy"] = str(probing_args.threshold)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     unwrapped.config.decision_threshold = thr_value
-    if _adapter_encoder(encoder_path) and probing_args.probe in ("linear", "logistic") and not model_args.merge_lora:
-        if trainer.is_world_process_zero():  # frozen base + adapter: the classifier is the same adapter + its head
-            from hf_mlcl.modeling.lora import save_heads_with_adapter
-
-            save_heads_with_adapter(unwrapped, probing_args.output_dir, encoder_path)
+    if lora_finetune:  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
+        # an encoder loaded from a stage-1 adapter is merged: the new adapter applies to it, not to the base
+        save_lora_model(trainer.model_wrapped, probing_args.output_dir,
+                        merge=model_args.merge_lora or _adapter_encoder(encoder_path),
+                        accelerator=trainer.accelerator)  # fmt: skip
+    elif _adapter_encoder(encoder_path) and probing_args.probe in ("linear", "logistic") and not model_args.merge_lora:
+        # frozen base + adapter: the classifier is the same adapter + its head (every rank: ZeRO-3 / FSDP gather)
+        save_heads_with_adapter(trainer.model_wrapped, probing_args.output_dir, encoder_path,
+                                accelerator=trainer.accelerator)  # fmt: skip
     else:
         trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
     if trainer.is_world_process_zero():

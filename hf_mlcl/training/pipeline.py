@@ -173,10 +173,12 @@ def evaluate_checkpoint(
     from hf_mlcl.evaluation import compute_multilabel_metrics, per_label_f1, plot_f1_vs_frequency
     from hf_mlcl.files import atomic_write_json
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.modeling.sharded import loading_whole_models
 
     from .entry import load_data
 
-    model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
+    with loading_whole_models():  # the main process alone scores the classifier, also in a ZeRO-3 run
+        model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     ds, names = load_data(data_args)
     if split not in ds:

@@ -52,6 +52,7 @@ from .arguments import ProbingTrainingArguments
 from .checkpoints import CompleteCheckpointsMixin
 from .feature_cache import PooledFeatureCollator, PooledFeatureDataset
 from .feature_store import FeatureStore
+from .sharding import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +208,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         self.num_labels = n_labels
         self.label_column = label_column
         self.threshold: float | np.ndarray = args.fixed_threshold if args.fixed_threshold is not None else 0.5
+        clear_previous_deepspeed_state(args)
         super().__init__(
             model=model,
             args=args,
@@ -219,6 +221,8 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         )
         if compute_metrics is None:
             self.compute_metrics = self._metrics
+        check_engine_applied(self)
+        self.add_callback(EngineCheckCallback(self))
         self.loss_fn.to(self.args.device)
         self._feature_cache: dict[int, tuple[Any, nn.Module, PooledFeatureDataset]] = {}
         labels_to_tensor = getattr(data_collator, "labels_to_tensor", None)

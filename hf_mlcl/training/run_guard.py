@@ -2,7 +2,10 @@
 
 * :func:`check_launch`: several processes (``WORLD_SIZE > 1``, e.g. ``accelerate launch`` with the
   multi-GPU config) on a machine without a GPU need ``--use_cpu true``; without it the Trainer would
-  train every rank on the whole data outside the process group. The error names the flag.
+  train every rank on the whole data outside the process group. The error names the flag. A launch that
+  asks for DeepSpeed or FSDP but would get something else (``use_cpu``, FSDP without GPU, several
+  DeepSpeed CPU processes without ``--ddp_backend gloo``, GradCache under DeepSpeed) stops with the
+  cause and the fix (:func:`hf_mlcl.training.sharding.launch_problem`).
 * :func:`check_output_dir`: a new run into a folder that already holds files stops with a clear error
   unless the user passes ``--overwrite_output_dir true`` (then the old run's checkpoints are removed,
   so a later resume can never pick them) or resumes (``--resume_from_checkpoint``).
@@ -28,11 +31,18 @@ FINISHED_FILES = ("metrics.json", "card_data.json")
 
 
 def check_launch(args: Any) -> None:
-    """Refuse a multi-process launch that would not form a working process group on this machine."""
+    """Refuse a launch that would not form a working process group on this machine, or would not train
+    with the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.training.sharding.launch_problem`)."""
     import torch
 
+    from .sharding import launch_problem, requested_engine
+
+    problem = launch_problem(args)
+    if problem:
+        raise ValueError(problem)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False):
+    deepspeed = requested_engine(args) == "deepspeed"  # runs on CPU processes over gloo by itself
+    if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False) and not deepspeed:
         raise ValueError(
             f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
             "--use_cpu true so the processes train together over gloo (or launch one process)"

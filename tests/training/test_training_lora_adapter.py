@@ -167,3 +167,48 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
         losses[flag] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses[True]) == 3
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-6)
+
+
+def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_classifier(tmp_path, base_model,
+                                                                                      llama_tokenizer):  # fmt: skip
+    """`use_lora` with `probe: finetune` (the Llama bce.yaml recipe): LoRA adapters + the classifier head train,
+    the base weights stay as loaded, and the adapter folder reloads to the same logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.training import ProbingTrainingArguments, train_probe
+
+    out = tmp_path / "bce"
+    model_args = ModelArguments(model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0,
+                                pooling="last_token")  # fmt: skip
+    args = ProbingTrainingArguments(output_dir=str(out), probe="finetune", loss="bce", per_device_train_batch_size=8,
+                                    max_steps=3, learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True,
+                                    save_strategy="no", seed=0)  # fmt: skip
+    trainer, metrics = train_probe(model_args, _data_args(), args)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or ".classifier.modules_to_save." in n for n in trainable), sorted(trainable)
+    assert sum("lora_A" in n for n in trainable) == 7 * 2 and any("classifier" in n for n in trainable)
+    # the frozen base is the loaded model, unchanged; the adapters moved
+    base = LlamaModel.from_pretrained(base_model).state_dict()
+    frozen = {n.removeprefix("base_model.model.backbone.").replace(".base_layer.", "."): p
+              for n, p in model.named_parameters() if n.startswith("base_model.model.backbone.") and n not in trainable}  # fmt: skip
+    assert frozen.keys() == base.keys()
+    assert all(torch.equal(frozen[k], base[k]) for k in base)
+    assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
+
+    assert ADAPTER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == base_model
+    assert sorted(load_file(out / "model.safetensors")) == ["classifier.bias", "classifier.weight"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["decision_threshold"] == metrics["threshold"] and len(config["id2label"]) == 6
+
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        trained = model.eval()(**inputs).logits
+        for cls in (MLCLForMultiLabelClassification, AutoModelForSequenceClassification):
+            kwargs = {"trust_remote_code": True} if cls is AutoModelForSequenceClassification else {}
+            loaded = cls.from_pretrained(out, **kwargs)
+            assert type(loaded).__name__ == "MLCLForMultiLabelClassification"
+            torch.testing.assert_close(loaded(**inputs).logits, trained, rtol=1e-5, atol=1e-5)

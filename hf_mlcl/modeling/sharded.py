@@ -1,0 +1,197 @@
+"""Full values of parameters that DeepSpeed ZeRO-3 or FSDP shard across processes.
+
+Under ZeRO-3 a parameter's ``.data`` is empty outside its module's forward (each process holds a
+partition in ``param.ds_tensor``); under FSDP1 the parameters live flattened in per-unit flat
+parameters, each process holding a shard; under FSDP2 every parameter is a ``DTensor`` sharded on its
+first dimension. :func:`full_parameters` gives the full tensors of a chosen set of parameters, by the
+names they have in the unwrapped model, and writes changes back to the shards when asked; every process
+must enter it together (it communicates). Plain, DDP and ZeRO-1/2 models hold full parameters already:
+it then hands out the parameters themselves.
+
+Costs: ZeRO-3 and FSDP2 gather only the named parameters (a LoRA adapter: cheap); FSDP1 can only
+unshard whole units, so it gathers the whole model once per call.
+deepspeed is imported only when the model holds ZeRO-3 parameters.
+
+For saves: :func:`readable_state` (the live model with the saved parameters gathered, or under FSDP the
+accelerator's full state dict), :func:`is_main_process` / :func:`wait_for_everyone`, and
+:func:`loading_whole_models` for a load on one process of a ZeRO-3 run.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "full_parameters",
+    "is_main_process",
+    "is_zero3_parameter",
+    "loading_whole_models",
+    "readable_state",
+    "sharding_kind",
+    "unwrap_engine",
+    "unwrap_model",
+    "wait_for_everyone",
+]
+
+
+def is_zero3_parameter(param: torch.Tensor) -> bool:
+    """True for a parameter partitioned by DeepSpeed ZeRO-3 (it carries a ``ds_id``)."""
+    return hasattr(param, "ds_id")
+
+
+def _is_dtensor(param: torch.Tensor) -> bool:
+    return type(param).__name__ == "DTensor" or type(getattr(param, "data", None)).__name__ == "DTensor"
+
+
+def _is_fsdp1(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def unwrap_engine(model: nn.Module) -> nn.Module:
+    """The model inside DDP / DataParallel / DeepSpeedEngine wrappers (an FSDP1 root is kept: its
+    parameters can only be unsharded through it)."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) or (
+        type(model).__name__ == "DeepSpeedEngine" and hasattr(model, "module")
+    ):
+        model = model.module
+    return model
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside every training wrapper, an FSDP1 root included."""
+    model = unwrap_engine(model)
+    return model.module if _is_fsdp1(model) else model
+
+
+def is_main_process(accelerator: Any = None) -> bool:
+    """The accelerator's main process, or rank 0 of the process group (True without one)."""
+    import torch.distributed as dist
+
+    if accelerator is not None:
+        return bool(accelerator.is_main_process)
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def wait_for_everyone() -> None:
+    """A barrier over the process group (nothing without one)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def sharding_kind(model: nn.Module) -> str | None:
+    """``"zero3"``, ``"fsdp1"``, ``"fsdp2"`` or None (the parameters are whole on every process)."""
+    model = unwrap_engine(model)
+    if _is_fsdp1(model):
+        return "fsdp1"
+    for param in model.parameters():
+        if is_zero3_parameter(param):
+            return "zero3"
+        if _is_dtensor(param):
+            return "fsdp2"
+    return None
+
+
+def _select(named: Iterator[tuple[str, torch.Tensor]], names: Collection[str]) -> dict[str, torch.Tensor]:
+    wanted = set(names)
+    found = {name: param for name, param in named if name in wanted}
+    missing = wanted - set(found)
+    if missing:
+        raise ValueError(f"the model has no parameters {sorted(missing)[:3]} ({len(missing)} missing)")
+    return found
+
+
+@contextmanager
+def full_parameters(
+    model: nn.Module, names: Collection[str], writeback: bool = False
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield ``{name: full tensor}`` for the parameters ``names`` (their names in the unwrapped model).
+
+    ``model`` is the model as prepared for training (a DeepSpeedEngine, an FSDP root, DDP, or the model
+    itself). With ``writeback=True`` in-place changes to the yielded tensors reach the model (ZeRO-3:
+    broadcast from rank 0, so every rank must make the same change; FSDP: each rank keeps its shard of
+    the new values); without it, changes may be lost. Every process must call this together.
+    """
+    kind = sharding_kind(model)
+    inner = unwrap_engine(model)
+    with torch.no_grad():
+        if kind == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            with FullyShardedDataParallel.summon_full_params(inner, recurse=True, writeback=writeback):
+                yield {name: p.data for name, p in _select(inner.named_parameters(), names).items()}
+            return
+        params = _select(inner.named_parameters(), names)
+        if kind == "zero3":
+            import deepspeed
+
+            ordered = list(params.values())
+            with deepspeed.zero.GatheredParameters(ordered, modifier_rank=0 if writeback else None):
+                yield {name: param.data for name, param in params.items()}
+            return
+        if kind == "fsdp2":
+            full = {name: (p.data.full_tensor() if _is_dtensor(p) else p.data) for name, p in params.items()}
+            yield full
+            if writeback:
+                from torch.distributed.tensor import distribute_tensor
+
+                for name, param in params.items():
+                    if _is_dtensor(param):  # every rank holds the full value: no communication
+                        local = distribute_tensor(full[name], param.device_mesh, param.placements, src_data_rank=None)
+                        param.data.to_local().copy_(local.to_local())
+            return
+        yield {name: param.data for name, param in params.items()}
+
+
+@contextmanager
+def readable_state(
+    model: nn.Module, names: Collection[str], accelerator: Any = None
+) -> Iterator[Mapping[str, torch.Tensor] | None]:
+    """Make the parameters ``names`` readable for a save, on every process together.
+
+    Yields None when the live (unwrapped) model can be read: plain / DDP / ZeRO-1/2 models as they are,
+    ZeRO-3 with ``names`` gathered for the duration (:func:`full_parameters`); under FSDP yields the full
+    state dict that ``accelerator.get_state_dict`` gathers (complete on the main process).
+    """
+    kind = sharding_kind(model)
+    if kind in ("fsdp1", "fsdp2"):
+        if accelerator is None:
+            raise ValueError("under FSDP the full state dict is gathered through the accelerator: pass "
+                             "accelerator=trainer.accelerator")  # fmt: skip
+        yield accelerator.get_state_dict(model)
+        return
+    with full_parameters(model, names):
+        yield None
+
+
+@contextmanager
+def loading_whole_models() -> Iterator[None]:
+    """Models built or loaded inside are whole, not ZeRO-3 partitioned: for loads on ONE process of a
+    DeepSpeed run (scoring a saved classifier, merging a saved adapter on the main process).
+
+    While the run's ``TrainingArguments`` ask for ZeRO-3, transformers builds every model under
+    ``deepspeed.zero.Init`` (``transformers.integrations.deepspeed.is_deepspeed_zero3_enabled``), which
+    partitions it across the processes and communicates: a load on one process then waits forever for
+    the others. The ZeRO-3 configuration is unset for the duration and restored after. Nothing happens
+    outside a ZeRO-3 run.
+    """
+    ds = sys.modules.get("transformers.integrations.deepspeed")
+    ref = getattr(ds, "_hf_deepspeed_config_weak_ref", None)
+    config = ref() if ref is not None else None
+    if config is None:
+        yield
+        return
+    ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        ds.set_hf_deepspeed_config(config)

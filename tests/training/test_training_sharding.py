@@ -1,0 +1,90 @@
+"""hf_mlcl.training.sharding.launch_problem: a launch that asks for DeepSpeed / FSDP but would train something else
+(or cannot run as asked) is named with its cause and fix, from the arguments and the environment alone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_mlcl.training.run_guard import check_launch
+from hf_mlcl.training.sharding import launch_problem, requested_engine
+
+
+def _args(**kw):
+    base = dict(use_cpu=False, ddp_backend=None, gradcache_chunk_size=0, deepspeed=None, fsdp=[])
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for name in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_no_engine_asked_no_problem(env):
+    assert requested_engine(_args()) is None
+    assert launch_problem(_args(use_cpu=True, gradcache_chunk_size=8), cuda_available=False) is None
+
+
+def test_deepspeed_requests(env):
+    env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert requested_engine(_args()) == "deepspeed"
+    assert launch_problem(_args(), cuda_available=False) is None  # one CPU process: DeepSpeed's CPU accelerator
+    problem = launch_problem(_args(use_cpu=True), cuda_available=False)
+    assert "use_cpu=True makes accelerate drop it" in problem and "remove --use_cpu true" in problem
+    env.setenv("WORLD_SIZE", "2")
+    assert "--ddp_backend gloo" in launch_problem(_args(), cuda_available=False)
+    assert launch_problem(_args(ddp_backend="gloo"), cuda_available=False) is None
+    assert launch_problem(_args(), cuda_available=True) is None  # GPUs: NCCL
+    problem = launch_problem(_args(ddp_backend="gloo", gradcache_chunk_size=8), cuda_available=False)
+    assert "gradcache_chunk_size=8" in problem and "--contrastive.gradcache_chunk_size 0" in problem
+    assert "\n" not in problem
+
+
+def test_fsdp_requests(env):
+    env.setenv("ACCELERATE_USE_FSDP", "true")
+    assert requested_engine(_args()) == "fsdp"
+    problem = launch_problem(_args(), cuda_available=False)
+    assert "no GPU" in problem and "plain DDP" in problem and "deepspeed_zero3.yaml" in problem
+    assert "use_cpu=True" in launch_problem(_args(use_cpu=True), cuda_available=True)
+    assert launch_problem(_args(gradcache_chunk_size=8), cuda_available=True) is None  # GradCache runs under FSDP
+    env.delenv("ACCELERATE_USE_FSDP")
+    assert "args.fsdp" in launch_problem(_args(fsdp=["full_shard"]), cuda_available=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-machine launch rules")
+def test_check_launch_lets_several_deepspeed_cpu_processes_through(env):
+    env.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--use_cpu true"):
+        check_launch(_args())  # plain multi-process launch on CPU: the existing check
+    env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    check_launch(_args(ddp_backend="gloo"))  # ZeRO-3 over gloo needs no use_cpu
+    with pytest.raises(ValueError, match="--ddp_backend gloo"):
+        check_launch(_args())
+
+
+def test_a_trainer_without_the_requested_engine_stops(env):
+    """After preparation (EngineCheckCallback) and when built (check_engine_applied): the requested engine or a
+    one-line error naming the cause."""
+    from accelerate.utils import DistributedType
+
+    from hf_mlcl.training.sharding import EngineCheckCallback, check_engine_applied
+
+    env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    trainer = SimpleNamespace(
+        args=_args(), model_wrapped=torch.nn.Linear(2, 2),  # what a DDP-less CPU run leaves
+        is_deepspeed_enabled=False, is_fsdp_enabled=False,
+        accelerator=SimpleNamespace(distributed_type=DistributedType.MULTI_CPU),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"asks for DeepSpeed \(ACCELERATE_USE_DEEPSPEED=true\) but accelerate set up MULTI_CPU"):
+        check_engine_applied(trainer)
+    with pytest.raises(ValueError, match="the prepared model is a Linear"):
+        EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control")
+    trainer.model_wrapped = type("DeepSpeedEngine", (torch.nn.Module,), {})()
+    trainer.is_deepspeed_enabled = True
+    check_engine_applied(trainer)
+    assert EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control") == "control"
