@@ -25,10 +25,10 @@ sys.path.insert(0, HERE)
 DOC = os.path.join(REPO, "docs", "PERFORMANCE.md")
 
 
-def load() -> dict[str, dict[str, dict[str, Any]]]:
-    """{measurement: {device folder: results}}."""
+def load(root: str = os.path.join(HERE, "results")) -> dict[str, dict[str, dict[str, Any]]]:
+    """{measurement: {device folder: results}} of every ``<root>/<device>/<measurement>.json``."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for path in sorted(glob.glob(os.path.join(HERE, "results", "*", "*.json"))):
+    for path in sorted(glob.glob(os.path.join(root, "*", "*.json"))):
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         out.setdefault(data["measurement"], {})[os.path.basename(os.path.dirname(path))] = data
@@ -215,10 +215,11 @@ def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
                   "samples/s GradCache / plain", "same loss"], rows)  # fmt: skip
 
 
-def render() -> str:
+def render(root: str = os.path.join(HERE, "results")) -> str:
+    """The whole of docs/PERFORMANCE.md from the results under ``root``."""
     import gpu_suite
 
-    results = load()
+    results = load(root)
     lines = ["# Performance", "",
              "Measured by `benchmarks/gpu_suite.py` and written by `benchmarks/performance_doc.py` from "
              "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "

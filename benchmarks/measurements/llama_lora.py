@@ -153,11 +153,11 @@ def _distance(a, b) -> dict[str, float]:
 
 
 def _save_adapter(trainer, folder: str, base: str) -> None:
-    """The adapter folder of a LoRA stage, as ``train_contrastive`` / ``train_probe`` write it."""
-    from hf_mlcl.modeling.lora import save_lora_adapter
+    """The adapter folder of a LoRA stage, through the library's save (every rank; gathers under
+    FSDP / ZeRO-3; the main process writes)."""
+    from hf_mlcl.modeling import save_lora_model
 
-    if trainer.is_world_process_zero():
-        save_lora_adapter(trainer.accelerator.unwrap_model(trainer.model), folder, base)
+    save_lora_model(trainer.model_wrapped, folder, base, accelerator=trainer.accelerator)
 
 
 def _reload_unmerged(folder: str, base: str, run_name: str, model_args, dtype, bf16: bool):
