@@ -179,13 +179,17 @@ def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
         out += [f"**{cell.name}** ({status(c)})", ""]
         if not fig:
             continue
-        if fig["table"] == "in-batch":
+        if fig["table"] == "in-batch" and not gpu:
+            out += [f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
+        elif fig["table"] == "in-batch":
             rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",
                      f"{r['single_over_pml']:.2f}"] + ([f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}"] if gpu else [])
                     for r in fig["rows"]]  # fmt: skip
             head = ["loss", "N", "multi-label / plain SupCon", "single-label / plain SupCon", "single-label / PML SupConLoss"]
             out += table(head + (["loss ms", "plain ms"] if gpu else []), rows)
             out += ["", f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
+        elif not gpu:
+            out += [f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.", ""]
         else:
             rows = [[r["loss"], str(r["n"]), str(r["labels"]), f"{r['dense_over_sparse']:.2f}", f"{r['sparse_over_floor']:.2f}"]
                     + ([f"{r['sparse_ms']:.2f}", f"{r['dense_ms']:.2f}"] if gpu else []) for r in fig["rows"]]  # fmt: skip
@@ -215,6 +219,58 @@ def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
                   "samples/s GradCache / plain", "same loss"], rows)  # fmt: skip
 
 
+def _gpu_cells(results, name):
+    """(device name, cell name, figures) of every measured GPU cell of a measurement."""
+    for data in results.get(name, {}).values():
+        if data["device"]["kind"] != "cuda":
+            continue
+        for cell, entry in data["cells"].items():
+            if entry.get("figures"):
+                yield data["device"], cell, entry["figures"]
+
+
+def goals(results) -> list[str]:
+    """The issue's goals against the GPU figures: met, not met, or not yet measured."""
+    rows = []
+
+    def row(goal, values, met):
+        verdict = "not yet measured" if not values else ("met" if met else "**not met**")
+        rows.append([goal, "; ".join(values) or "–", verdict])
+
+    msc = [(d, c, f) for d, c, f in _gpu_cells(results, "llama_lora") if f["run"] == "msc" and f["launcher"] == "plain"]
+    fit = [f"{c}: {f['peak_memory']['reserved_gib']:.1f} of {d['memory_gib']:.0f} GiB ({d['name']})" for d, c, f in msc]
+    row("Llama-3.1-8B + LoRA, msc with a 4,096 queue, fits one 80 GB GPU at the recipe's batch", fit,
+        all(f["peak_memory"]["reserved_gib"] < 80 for _, _, f in msc))  # fmt: skip
+    row("... and runs at >= 40 % MFU", [f"{c}: {100 * f['mfu']:.1f} %" for _, c, f in msc],
+        any(f["mfu"] >= 0.40 for _, _, f in msc))  # fmt: skip
+    sharded = {c: e for data in results.get("llama_lora", {}).values() if data["device"]["kind"] == "cuda"
+               for c, e in data["cells"].items() if e.get("launcher") in ("fsdp", "deepspeed")}  # fmt: skip
+    said = [f"{c}: " + ("reloads" if e.get("figures", {}).get("reload", {}).get("same") else
+                        f"failed ({e.get('error', '')[:70]})") for c, e in sharded.items()]  # fmt: skip
+    row("FSDP and ZeRO-3 save the adapter, and it reloads", said,
+        {e["launcher"] for e in sharded.values()} == {"fsdp", "deepspeed"}
+        and all(e.get("figures", {}).get("reload", {}).get("same") for e in sharded.values()))  # fmt: skip
+    tp = list(_gpu_cells(results, "throughput"))
+    row("ContrastiveTrainer >= 0.95x Trainer + BCE", [f"{c}: {f['ratios']['contrastive_over_trainer_bce']:.2f}" for _, c, f in tp],
+        all(f["ratios"]["contrastive_over_trainer_bce"] >= 0.95 for _, _, f in tp))  # fmt: skip
+    row(">= 1.0x SentenceTransformerTrainer with the same loss", [f"{c}: {f['ratios']['contrastive_over_st_mlcl']:.2f}" for _, c, f in tp],
+        all(f["ratios"]["contrastive_over_st_mlcl"] >= 1.0 for _, _, f in tp))  # fmt: skip
+    row("A non-logging training step makes zero device-to-host syncs",
+        [f"{c}: {max(f['rows']['contrastive']['syncs_per_step'])}" for _, c, f in tp],
+        all(max(f["rows"]["contrastive"]["syncs_per_step"]) == 0 for _, _, f in tp))  # fmt: skip
+    lb = [(c, f) for _, c, f in _gpu_cells(results, "losses") if f["table"] == "in-batch"]
+    row("Every loss <= 1.0x the plain dense-mask SupCon at N 64 and 256", [f"{c}: worst {f['worst_over_plain']:.2f}" for c, f in lb],
+        all(f["worst_over_plain"] <= 1.0 for _, f in lb))  # fmt: skip
+    lk = [(c, f) for _, c, f in _gpu_cells(results, "losses") if f["table"] == "keys"]
+    row("Dense labels <= 1.1x sparse at L 25,230", [f"{c}: worst {f['worst_dense_over_sparse_at_max_labels']:.2f}" for c, f in lk],
+        all(f["worst_dense_over_sparse_at_max_labels"] <= 1.1 for _, f in lk))  # fmt: skip
+    plm = [(d, c, f) for d, c, f in _gpu_cells(results, "plm_icd") if f["dataset"] == "mimic4_icd10_full"]
+    row("PLM-ICD at MIMIC-IV ICD-10 full fits one 80 GB GPU at the recipe's batch",
+        [f"{c}: {f['peak_memory']['reserved_gib']:.1f} GiB ({d['name']})" for d, c, f in plm],
+        all(f["peak_memory"]["reserved_gib"] < 80 for _, _, f in plm))  # fmt: skip
+    return ["## Goals", "", *table(["goal", "measured", "verdict"], rows), ""]
+
+
 def render(root: str = os.path.join(HERE, "results")) -> str:
     """The whole of docs/PERFORMANCE.md from the results under ``root``."""
     import gpu_suite
@@ -225,6 +281,7 @@ def render(root: str = os.path.join(HERE, "results")) -> str:
              "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "
              "`python benchmarks/gpu_suite.py` (on a machine without internet: `benchmarks/prepare_device.py` "
              "here, then `bash benchmarks/device_run.sh` there), then `python benchmarks/performance_doc.py`.", ""]  # fmt: skip
+    lines += goals(results)
     renderers = {"llama_lora": llama_lora, "throughput": throughput, "plm_icd": plm_icd, "losses": losses,
                  "gradcache": gradcache}  # fmt: skip
     for i, name in enumerate(gpu_suite.MEASUREMENTS, 1):
