@@ -260,6 +260,16 @@ def _check_lora_save(model_args: ModelArguments, args, source: str | None, adapt
         )
 
 
+def _replace_previous_run(args) -> None:
+    """``overwrite_output_dir``: remove the previous run's checkpoints now, after the stage's inputs (data,
+    model, batch size) have been checked and before training writes new ones
+    (:func:`hf_mlcl.training.run_guard.remove_previous_checkpoints`)."""
+    from .run_guard import remove_previous_checkpoints
+
+    remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint,
+                                args.process_index == 0)  # fmt: skip
+
+
 def train_contrastive(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -301,6 +311,7 @@ def train_contrastive(
     trainer = ContrastiveTrainer(
         model=encoder, args=training_args, **_trainer_data(ds, names, collator, tokenizer, callbacks)
     )
+    _replace_previous_run(training_args)  # the data and the model are loaded: the new run's inputs hold
     resume = resolve_resume(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.process_index == 0
     )
@@ -381,6 +392,7 @@ def train_probe(
         "loss": probing_args.loss,
         "dataset": data_args.dataset,
     }
+    _replace_previous_run(probing_args)  # the data and the model are loaded: the new run's inputs hold
     if probing_args.probe == "logistic":
         metrics.update(trainer.fit_logistic(ds["validation"]))
         val_scores, val_truth = trainer.logistic_validation_scores  # no second pass over validation

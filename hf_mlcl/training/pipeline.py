@@ -56,11 +56,12 @@ def _label_names(trainer) -> list[str] | None:
 def check_stage(args) -> None:
     """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
     holds another run (:func:`~hf_mlcl.training.run_guard.check_launch`,
-    :func:`~hf_mlcl.training.run_guard.check_output_dir`)."""
+    :func:`~hf_mlcl.training.run_guard.check_output_dir`). Deletes nothing: with ``overwrite_output_dir``
+    the old checkpoints go only once the stage's data and model have loaded (the stage entry points)."""
     from .run_guard import check_launch, check_output_dir
 
     check_launch(args)
-    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, args.process_index == 0)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
 
 
 def finished_stage_metrics(args) -> dict | None:
