@@ -74,7 +74,9 @@ _NOTE_PREFIX = "hf_mlcl: "
 _SEPARATORS = (";", "|", ",")
 _ID_SPLIT = re.compile(r"[;|,\s]+")  # a plain cell of label_format="ids": "8;20", "8, 20", "8 20"
 
-__all__ = ["load_custom_dataset", "is_custom_source", "data_notes", "LABEL_FORMATS", "check_splits"]
+__all__ = [
+    "load_custom_dataset", "is_custom_source", "data_notes", "LABEL_FORMATS", "check_splits", "superseded_label_keys",
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -387,6 +389,37 @@ def _row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[A
     return rows
 
 
+def _one_column_per_label(options: Mapping[str, Any]) -> bool:
+    return (options.get("label_format") == "columns" or bool(options.get("label_columns"))
+            or options.get("label_column") == "")  # fmt: skip
+
+
+def _one_label_column(options: Mapping[str, Any]) -> bool:
+    return (bool(options.get("label_column")) or bool(options.get("label_separator"))
+            or options.get("label_format") in ("names", "ids", "delimited"))  # fmt: skip
+
+
+def superseded_label_keys(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> set[str]:
+    """The label-layout keys of ``earlier`` (a recipe's, or a base recipe's) that ``later`` (the command
+    line, or the recipe built on the base) contradicts, so they must be dropped for ``later`` to win.
+
+    The layout is either one label column (``label_column``, ``label_separator``, ``label_format`` names /
+    ids / delimited) or one 0/1 column per label (``label_format: columns``, ``label_columns``, or
+    ``label_column: ""`` for "no label column"). A later choice of one drops the earlier keys of the other
+    (e.g. ``--label_format columns`` over a recipe's ``label_column: labels``); keys the later side sets
+    itself are replaced anyway, and compatible earlier keys stay."""
+    drop: set[str] = set()
+    if _one_column_per_label(later):
+        drop |= {"label_column", "label_separator"}
+        if earlier.get("label_format") not in (None, "auto", "columns"):
+            drop.add("label_format")
+    if _one_label_column(later):
+        drop.add("label_columns")
+        if earlier.get("label_format") == "columns":
+            drop.add("label_format")
+    return {k for k in drop if k in earlier and k not in later}
+
+
 def _names_from_file(path: str) -> list[str]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"label_names file {path!r} does not exist (one label name per line)")
@@ -497,7 +530,7 @@ def load_custom_dataset(
     """Load any multi-label text dataset into ``text`` + ``labels`` (``Sequence(ClassLabel)``) splits.
 
     See the module docstring for the sources, the label formats and the split rules. ``label_column``
-    defaults to ``"labels"`` or ``"label"`` (whichever exists; none -> one 0/1 column per label);
+    defaults to ``"labels"`` or ``"label"`` (whichever exists; none, or ``""`` -> one 0/1 column per label);
     ``label_columns`` may be a list or a comma-separated string. ``splits`` keeps only those splits
     (default: every split present, with validation carved when missing).
     """
@@ -524,6 +557,11 @@ def load_custom_dataset(
     elif label_names is not None:
         names, names_origin = [str(n) for n in label_names], "the given label_names"
 
+    if label_column == "":  # "no label column": one 0/1 column per label
+        if label_format not in ("auto", "columns"):
+            raise ValueError(f"label_column='' (no label column) reads one 0/1 column per label, but label_format is "
+                             f"{label_format!r}; pass label_format='columns' or name the label column")
+        label_column, label_format = None, "columns"
     if label_column is None and label_format != "columns" and not label_columns:
         label_column = next((c for c in ("labels", "label") if c in cols), None)
         if label_column is None and label_format not in ("auto", "columns"):
