@@ -14,6 +14,10 @@
   (:mod:`hf_mlcl.training.entry`) once the data, the model and the batch size have passed their checks,
   right before training starts, so a typo in the new run's inputs never costs the old run's checkpoints.
 * :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
+
+:class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
+(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once, on the main
+process, instead of once per process.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from .checkpoints import checkpoint_folders, wants_resume
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_launch", "check_output_dir", "remove_previous_checkpoints", "stage_finished", "FINISHED_FILES"]
+__all__ = [
+    "InputError", "check_launch", "check_output_dir", "remove_previous_checkpoints", "stage_finished", "FINISHED_FILES",
+]  # fmt: skip
+
+
+class InputError(ValueError):
+    """Bad input found alike by every process of a launch (see module doc): the command line prints it on
+    the main process only; every process exits with the same status."""
 
 # written last by a stage (metrics by hf_mlcl.training.entry, the card data by the CLI's stage runner)
 FINISHED_FILES = ("metrics.json", "card_data.json")
@@ -60,7 +71,7 @@ def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
         return
     shown = sorted(os.listdir(output_dir))
     more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
-    raise ValueError(
+    raise InputError(
         f"output_dir {output_dir} already holds a run ({', '.join(shown[:5])}{more}); pass "
         "--overwrite_output_dir true to replace it, --resume_from_checkpoint true to continue it, "
         "or choose another --output_dir"

@@ -341,3 +341,19 @@ def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == ""
     assert "stage 2/2" in proc.stdout and "results:" in proc.stdout
+
+
+def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys):
+    """Under a multi-process launch every rank runs the same input checks: the main process prints the
+    line, the others exit with the same status in silence; any other error is printed on every rank."""
+    from hf_mlcl.training.run_guard import InputError
+
+    for rank, error, printed in (("0", InputError, True), ("1", InputError, False), ("1", ValueError, True)):
+        def failing(ns, overrides, error=error):
+            raise error("the train split has 9 rows, fewer than one batch of 32")
+
+        monkeypatch.setitem(cli.COMMANDS, "train", failing)
+        monkeypatch.setenv("RANK", rank)
+        assert main(["train", RECIPE]) == 2
+        err = capsys.readouterr().err
+        assert (err == "hf-mlcl train: error: the train split has 9 rows, fewer than one batch of 32\n") is printed

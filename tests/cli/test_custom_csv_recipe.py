@@ -115,3 +115,46 @@ def test_a_one_column_per_label_csv_runs_through_the_readme_recipe(tmp_path):
     for stage in ("encoder", "classifier"):
         card = json.load(open(os.path.join(out, stage, "card_data.json")))
         assert card["label_names"] == ["politics", "science", "sports"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--contrastive.max_steps", "1"]])
+def test_a_dataset_smaller_than_one_batch_stops_before_training(tmp_path, capsys, extra):
+    """10 rows (9 after the validation carve) and stage 1's batch of 32 with drop_last: one line naming both,
+    before any model is built, and no folder at all (max_steps does not change that)."""
+    data = _tiny_csv(tmp_path / "ten.csv", n=10)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    rc = main(["run", _tiny_recipe(tmp_path), "--dataset", data, "--output_dir", str(out), "--disable_tqdm", "true",
+               *extra])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("hf-mlcl run: error: the train split has 9 rows, fewer than one batch of 32 ")
+    assert "per_device_train_batch_size 32" in err[0] and "dataloader_drop_last" in err[0]
+    assert "at most 9" in err[0]
+    assert not out.exists()
+
+
+def test_the_batch_check_counts_the_per_process_batch_of_every_process():
+    import types
+
+    from hf_mlcl.training.entry import check_train_batches
+
+    args = types.SimpleNamespace(dataloader_drop_last=True, train_batch_size=8, world_size=2)
+    check_train_batches(16, args, "stage 1")  # one batch of 8 on each of the 2 processes
+    with pytest.raises(ValueError, match=r"15 rows, fewer than one batch of 16 \(per_device_train_batch_size 8 x 2 "
+                                         r"processes\).*at most 7"):
+        check_train_batches(15, args, "stage 1")
+    with pytest.raises(ValueError, match="launch at most 1 process"):
+        check_train_batches(1, args, "stage 1")
+    args.dataloader_drop_last = False  # the probe stage: a short last batch still trains
+    check_train_batches(1, args, "stage 2")
+
+
+def test_a_stage_without_an_optimizer_step_saves_no_model(tmp_path, capsys):
+    data = _tiny_csv(tmp_path / "my_data.csv")
+    out = tmp_path / "run"
+    rc = main(["run", _tiny_recipe(tmp_path), "--dataset", data, "--output_dir", str(out), "--disable_tqdm", "true",
+               "--per_device_train_batch_size", "16", "--contrastive.num_train_epochs", "0"])  # fmt: skip
+    assert rc == 2
+    assert "stage 1 (contrastive) made no optimizer step" in capsys.readouterr().err
+    assert not out.exists()
