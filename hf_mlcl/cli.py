@@ -468,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit status."""
     from hf_mlcl.hub import PushError
     from hf_mlcl.recipes import RecipeError
+    from hf_mlcl.training.run_guard import InputError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -480,7 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
         return 130
     except (RecipeError, ValueError, FileNotFoundError, ConnectionError) as err:
-        print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
+        if not (isinstance(err, InputError) and os.environ.get("RANK", "0") != "0"):  # every rank found it: say it once
+            print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
         return 2
     except PushError as err:
         print(f"hf-mlcl {ns.command}: {err}", file=sys.stderr)

@@ -20,7 +20,10 @@ key's name and the closest valid spelling.
 
 Command-line overrides (``--learning_rate 3.0e-5``) are parsed by ``transformers.HfArgumentParser``
 with the recipe's values as defaults; ``--contrastive.KEY`` / ``--probe.KEY`` target one stage, an
-unprefixed training key applies to every stage the command runs.
+unprefixed training key applies to every stage the command runs. A label layout given later (on the
+command line, or in a recipe over its bases) replaces the contradicting layout keys given earlier:
+``--label_format columns`` drops a recipe's ``label_column: labels``
+(:func:`hf_mlcl.data.custom.superseded_label_keys`).
 """
 
 from __future__ import annotations
@@ -102,8 +105,30 @@ def load_recipe(path: str | os.PathLike, _chain: tuple[str, ...] = ()) -> dict:
     merged: dict = {}
     here = os.path.dirname(path)
     for base in bases:
-        merged = merge_recipes(merged, load_recipe(os.path.join(here, base), (*_chain, path)))
-    return merge_recipes(merged, data)
+        merged = _merge_layered(merged, load_recipe(os.path.join(here, base), (*_chain, path)))
+    return _merge_layered(merged, data)
+
+
+def _merge_layered(earlier: dict, later: dict) -> dict:
+    """``merge_recipes``, where a label layout in ``later`` also replaces the contradicting layout keys of
+    ``earlier`` (:func:`hf_mlcl.data.custom.superseded_label_keys`)."""
+    from hf_mlcl.data.custom import superseded_label_keys
+
+    dropped = superseded_label_keys(earlier, later)
+    return merge_recipes({k: v for k, v in earlier.items() if k not in dropped}, later)
+
+
+def _given_keys(tokens: Sequence[str]) -> dict[str, str]:
+    """``{key: first value}`` of ``--key value ...`` override tokens (``""`` for a key given no value)."""
+    given: dict[str, str] = {}
+    key = None
+    for tok in tokens:
+        if tok.startswith("--"):
+            key = tok[2:]
+            given[key] = ""
+        elif key is not None and given[key] == "":
+            given[key] = tok
+    return given
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,7 +292,11 @@ def parse_stage(
     validate_recipe(recipe)
     overrides = overrides or Overrides()
     parser = _parser(stage)
+    from hf_mlcl.data.custom import superseded_label_keys
+
     defaults = {k: v for k, v in recipe.items() if k not in META_KEYS}
+    for key in superseded_label_keys(defaults, _given_keys(overrides.common)):  # the command line's layout wins
+        del defaults[key]
     defaults.update(recipe.get(stage) or {})
     defaults["output_dir"] = output_dir or stage_output_dir(recipe, stage, overrides.output_dir)
     parser.set_defaults(**defaults)  # argparse's public API: recipe values become the option defaults

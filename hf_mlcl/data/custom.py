@@ -22,6 +22,13 @@ Label formats (``label_format``; ``"auto"`` detects them from the features and t
   ``label_names``, or every other integer column of the train split holding only 0 and 1; boolean
   columns — often flags such as GoEmotions' ``example_very_unclear`` — are taken only when named).
 
+A text cell written as a list — ``[8, 20]``, ``["sports", "politics"]`` (JSON) or ``['sports', 'politics']``
+(Python, as pandas writes lists into a CSV) — is read as that list in every format; ``"auto"`` reads a
+string column whose cells are all lists as ids (integer items) or names (string items). Where the train
+cells leave the format open (list and plain cells mixed, ids and names mixed, a ``[...]`` cell that is no
+list, two separators in one column, names that would carry brackets or quotes), ``"auto"`` stops with a
+ValueError naming the cell and the choices (:func:`_detect_format`, the one place the format is decided).
+
 Label names come from a ``ClassLabel`` feature, from ``label_names`` (a list or a file with one name per
 line), or are the sorted union of what the train split holds (for integer ids without names:
 ``"0" .. str(max id)``). A label seen only outside train — or outside the given names — is an error
@@ -35,8 +42,11 @@ non-UTF-8 text files are clear errors that name the split or the file and line.
 
 from __future__ import annotations
 
+import ast
+import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,8 +72,11 @@ _FORMAT_NAMES = {"csv", "tsv", "json", "jsonl", "parquet"}
 _TEXT_FILES = (".csv", ".tsv", ".json", ".jsonl", ".txt")
 _NOTE_PREFIX = "hf_mlcl: "
 _SEPARATORS = (";", "|", ",")
+_ID_SPLIT = re.compile(r"[;|,\s]+")  # a plain cell of label_format="ids": "8;20", "8, 20", "8 20"
 
-__all__ = ["load_custom_dataset", "is_custom_source", "data_notes", "LABEL_FORMATS", "check_splits"]
+__all__ = [
+    "load_custom_dataset", "is_custom_source", "data_notes", "LABEL_FORMATS", "check_splits", "superseded_label_keys",
+]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -246,35 +259,125 @@ def _is_int(token: Any) -> bool:
     return isinstance(token, str) and token.strip().lstrip("-").isdigit()
 
 
-def _detect_format(ds: Dataset, label_column: str | None, label_columns, label_names_given: bool) -> str:
-    if label_columns:
-        return "columns"
-    if label_column is None:
-        return "columns"
-    feat = ds.features[label_column]
-    if _classlabel_names(feat) is not None:
-        return "ids"
-    inner = _inner(feat)
-    if inner is not None:  # a list column
-        return "ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"
-    if isinstance(feat, Value) and feat.dtype.startswith(("int", "uint")):
-        return "ids"
-    return "delimited"
+def _looks_like_list(value: Any) -> bool:
+    """A string cell written as a list: ``[8, 20]``, ``["sports", "politics"]``, ``['a', 'b']``."""
+    return isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]")
 
 
-def _detect_separator(values: Sequence[Any]) -> str | None:
-    for sep in _SEPARATORS:
-        if any(isinstance(v, str) and sep in v for v in values):
-            return sep
+def _list_items(text: str) -> list[int | str] | None:
+    """The items of a list cell read as JSON or as a Python literal (what ``str(list)`` and pandas
+    write), or None when it is not a flat list of ids (int) and names (str)."""
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            items = parse(text.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        ok = isinstance(items, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in items)
+        return items if ok else None
     return None
 
 
+def _stray(name: str) -> bool:
+    """A label name that reads like a piece of a list or of a quoted string: a bracket, a leading or
+    trailing quote, or an unbalanced parenthesis ("(chronic)" and "children's" are fine)."""
+    return (
+        any(c in name for c in "[]{}")
+        or name[:1] in ("'", '"')
+        or name[-1:] in ("'", '"')
+        or name.count("(") != name.count(")")
+    )
+
+
+def _separators_in(cells) -> list[str]:
+    """The label separators (``;`` ``|`` ``,``, in that order of preference) that occur in ``cells``."""
+    cells = [c for c in cells if isinstance(c, str)]
+    return [s for s in _SEPARATORS if any(s in c for c in cells)]
+
+
+_CHOICES = ("label_format='names' (one label per cell), label_format='ids', or label_format='delimited' "
+            "with label_separator")
+
+
+def _detect_format(
+    ds: Dataset, label_column: str | None, label_columns, label_separator: str | None
+) -> tuple[str, str | None]:
+    """The label format of ``label_column`` (and the separator of ``delimited``), from its feature type and,
+    for a string column, its train cells: the one place ``label_format="auto"`` is decided.
+
+    A string column is either list cells (every non-empty cell ``[...]``: ``ids`` when the items are
+    integers, ``names`` when they are strings) or one delimited string per cell (the separator is the one
+    of ``;`` ``|`` ``,`` that occurs). Where that is ambiguous — list and plain cells mixed, ids and names
+    mixed, a ``[...]`` cell that is not a list, two separators in one column, or names that would carry
+    brackets or quotes — a ValueError names the cell and the choices."""
+    if label_columns or label_column is None:
+        return "columns", None
+    feat = ds.features[label_column]
+    if _classlabel_names(feat) is not None:
+        return "ids", None
+    inner = _inner(feat)
+    if inner is not None:  # a list column
+        return ("ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"), None
+    if isinstance(feat, Value) and feat.dtype.startswith(("int", "uint")):
+        return "ids", None
+    cells = _column(ds, label_column)
+    where = f"label column {label_column!r}"
+    listed = [i for i, v in enumerate(cells) if _looks_like_list(v)]
+    plain = [i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)]
+    if listed and plain:
+        i, j = listed[0], plain[0]
+        raise ValueError(
+            f"{where} mixes list cells such as {cells[i]!r} (row {i}) with plain cells such as {cells[j]!r} (row "
+            f"{j}); write every cell one way, or choose: label_format='ids' or label_format='names' (a list cell "
+            "is read as a list, a plain cell as one label), or label_format='delimited' with label_separator"
+        )
+    if listed:
+        kinds: set[str] = set()
+        for i in listed:
+            items = _list_items(cells[i])
+            if items is None:
+                raise ValueError(
+                    f"{where}: cell {cells[i]!r} (row {i}) looks like a list but is not a list of label names or "
+                    'ids; write it as JSON, e.g. ["cs.LG", "q-bio"] or [8, 20], or choose ' + _CHOICES
+                )
+            kinds.update("id" if isinstance(x, int) else "name" for x in items)
+        if len(kinds) > 1:
+            raise ValueError(
+                f"{where} mixes ids and names in its list cells; write one kind, or choose label_format='ids' "
+                "(names must then be integers) or label_format='names' (ids are read as names)"
+            )
+        return ("ids" if kinds == {"id"} else "names"), None
+    sep = label_separator
+    if sep is None:
+        seen = _separators_in(cells[i] for i in plain)
+        if len(seen) > 1:
+            examples = " and ".join(repr(next(cells[i] for i in plain if s in cells[i])) for s in seen[:2])
+            raise ValueError(
+                f"{where} holds both {seen[0]!r} and {seen[1]!r} (e.g. {examples}), so the label separator is "
+                "ambiguous; choose " + " or ".join(f"label_separator={s!r}" for s in seen)
+                + ", or label_format='names' (one label per cell)"
+            )
+        sep = seen[0] if seen else None
+    stray = sorted({t for r in _row_tokens(cells, "delimited", sep) for t in r if isinstance(t, str) and _stray(t)})
+    if stray:
+        raise ValueError(
+            f"{where}: reading it as delimited text gives label names such as {stray[0]!r} that carry quotes or "
+            'brackets; write list cells as JSON (["cs.LG", "q-bio"] or [8, 20]), or choose ' + _CHOICES
+        )
+    return "delimited", sep
+
+
 def _row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[Any]]:
-    """Per-row label tokens (names as str, ids as int) of one split's label column."""
+    """Per-row label tokens (names as str, ids as int) of one split's label column. A string cell
+    written as a list (``[8, 20]``, ``["a", "b"]``) is read as that list in every format."""
     rows: list[list[Any]] = []
     for v in values:
-        if fmt == "delimited":
+        items = _list_items(v) if _looks_like_list(v) else None
+        if items is not None:
+            toks = split_labels(items)
+        elif fmt == "delimited":
             toks = split_labels(v, sep) if sep is not None else split_labels([v] if isinstance(v, str) else v)
+        elif fmt == "ids" and isinstance(v, str):
+            toks = split_labels(v, sep) if sep is not None else [t for t in _ID_SPLIT.split(v) if t]
         else:
             toks = split_labels(v if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else [v])
         rows.append(toks)
@@ -284,6 +387,37 @@ def _row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[A
             raise ValueError(f"label_format='ids' but the label column holds non-integers such as {bad[:5]}")
         rows = [[int(t) for t in r] for r in rows]
     return rows
+
+
+def _one_column_per_label(options: Mapping[str, Any]) -> bool:
+    return (options.get("label_format") == "columns" or bool(options.get("label_columns"))
+            or options.get("label_column") == "")  # fmt: skip
+
+
+def _one_label_column(options: Mapping[str, Any]) -> bool:
+    return (bool(options.get("label_column")) or bool(options.get("label_separator"))
+            or options.get("label_format") in ("names", "ids", "delimited"))  # fmt: skip
+
+
+def superseded_label_keys(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> set[str]:
+    """The label-layout keys of ``earlier`` (a recipe's, or a base recipe's) that ``later`` (the command
+    line, or the recipe built on the base) contradicts, so they must be dropped for ``later`` to win.
+
+    The layout is either one label column (``label_column``, ``label_separator``, ``label_format`` names /
+    ids / delimited) or one 0/1 column per label (``label_format: columns``, ``label_columns``, or
+    ``label_column: ""`` for "no label column"). A later choice of one drops the earlier keys of the other
+    (e.g. ``--label_format columns`` over a recipe's ``label_column: labels``); keys the later side sets
+    itself are replaced anyway, and compatible earlier keys stay."""
+    drop: set[str] = set()
+    if _one_column_per_label(later):
+        drop |= {"label_column", "label_separator"}
+        if earlier.get("label_format") not in (None, "auto", "columns"):
+            drop.add("label_format")
+    if _one_label_column(later):
+        drop.add("label_columns")
+        if earlier.get("label_format") == "columns":
+            drop.add("label_format")
+    return {k for k in drop if k in earlier and k not in later}
 
 
 def _names_from_file(path: str) -> list[str]:
@@ -396,7 +530,7 @@ def load_custom_dataset(
     """Load any multi-label text dataset into ``text`` + ``labels`` (``Sequence(ClassLabel)``) splits.
 
     See the module docstring for the sources, the label formats and the split rules. ``label_column``
-    defaults to ``"labels"`` or ``"label"`` (whichever exists; none -> one 0/1 column per label);
+    defaults to ``"labels"`` or ``"label"`` (whichever exists; none, or ``""`` -> one 0/1 column per label);
     ``label_columns`` may be a list or a comma-separated string. ``splits`` keeps only those splits
     (default: every split present, with validation carved when missing).
     """
@@ -423,14 +557,22 @@ def load_custom_dataset(
     elif label_names is not None:
         names, names_origin = [str(n) for n in label_names], "the given label_names"
 
+    if label_column == "":  # "no label column": one 0/1 column per label
+        if label_format not in ("auto", "columns"):
+            raise ValueError(f"label_column='' (no label column) reads one 0/1 column per label, but label_format is "
+                             f"{label_format!r}; pass label_format='columns' or name the label column")
+        label_column, label_format = None, "columns"
     if label_column is None and label_format != "columns" and not label_columns:
         label_column = next((c for c in ("labels", "label") if c in cols), None)
         if label_column is None and label_format not in ("auto", "columns"):
             raise ValueError(f"{origin}: no 'labels'/'label' column (columns: {cols}); set label_column=")
     elif label_column is not None and label_column not in cols:
         raise ValueError(f"{origin}: no label column {label_column!r} (columns: {cols}); set label_column=")
-    fmt = label_format if label_format != "auto" else _detect_format(train, label_column, label_columns,
-                                                                      names is not None)
+    sep = label_separator
+    if label_format == "auto":
+        fmt, sep = _detect_format(train, label_column, label_columns, label_separator)
+    else:
+        fmt = label_format
     if fmt == "columns":
         if not label_columns:
             label_columns = list(names) if names is not None else _binary_columns(train, {text_column})
@@ -449,9 +591,8 @@ def load_custom_dataset(
         if names is not None:
             names_origin = f"the ClassLabel feature of {label_column!r}"
 
-    sep = label_separator
-    if fmt == "delimited" and sep is None:
-        sep = _detect_separator(_column(train, label_column))
+    if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
+        sep = next(iter(_separators_in(_column(train, label_column))), None)
 
     wanted = normalize_splits(splits) if splits is not None else None
     out: dict[str, Dataset] = {}

@@ -631,12 +631,30 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any):
         """``MLCLPreTrainedModel.from_pretrained``, with a frozen encoder (``config.freeze_encoder``) frozen
         again: transformers' weight loading hands back every loaded parameter with ``requires_grad=True``,
-        so a reloaded linear probe would otherwise train its encoder."""
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True
+        so a reloaded linear probe would otherwise train its encoder. A folder without the head's weights
+        (an encoder folder, a damaged classifier) is a ValueError naming them, never a random head."""
+        want_info = kwargs.pop("output_loading_info", False)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
+        if isinstance(loaded, tuple):
+            model, info = loaded
+        else:  # an adapter folder: its heads were checked while loading
+            model, info = loaded, {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}
+        missing = sorted(k for k in info["missing_keys"] if not k.startswith(f"{cls.base_model_prefix}."))
+        if missing:
+            path = os.fspath(pretrained_model_name_or_path)
+            if "MLCLEncoder" in (model.config.architectures or []):
+                raise ValueError(
+                    f"{path} is an encoder (MLCLEncoder): it has no classification head to load; build a classifier on "
+                    f"it with MLCLForMultiLabelClassification.from_encoder(path, id2label=...) and train its head "
+                    f"(hf-mlcl probe RECIPE --encoder_path {path})"
+                )
+            raise ValueError(
+                f"{path} holds no weights for {missing}: the classifier would score with a randomly initialised head; "
+                "load a complete classifier folder (the output of train_probe / hf-mlcl probe)"
+            )
         if model.config.freeze_encoder:
             model.backbone.requires_grad_(False)
-        return loaded
+        return (model, info) if want_info else model
 
     def train(self, mode: bool = True) -> MLCLForMultiLabelClassification:
         """Like ``nn.Module.train``, but a frozen encoder (linear probing) stays in eval mode (no dropout)."""

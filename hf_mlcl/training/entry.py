@@ -33,6 +33,7 @@ from hf_mlcl.files import atomic_write_json
 from . import distributed as D
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
 from .checkpoints import resolve_resume
+from .run_guard import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ __all__ = [
     "load_data",
     "build_tokenizer_and_encoder",
     "is_mlcl_checkpoint",
+    "check_train_batches",
 ]
 
 METRICS_FILE = "metrics.json"
@@ -260,6 +262,67 @@ def _check_lora_save(model_args: ModelArguments, args, source: str | None, adapt
         )
 
 
+def check_train_batches(n_rows: int, args, stage: str) -> None:
+    """:class:`~hf_mlcl.training.run_guard.InputError` (a ValueError, one line) when the train split cannot
+    fill one batch on every process and the stage
+    drops an incomplete last batch (``dataloader_drop_last``, stage 1's default): the stage would make no
+    optimizer step. Each process takes ``args.train_batch_size`` rows per batch, ``args.world_size``
+    processes share the split. Runs before any model is built or any folder is written."""
+    if not args.dataloader_drop_last:
+        return  # a short last batch still trains
+    processes = max(1, int(args.world_size))
+    per_process = int(args.train_batch_size)
+    if n_rows >= per_process * processes:
+        return
+    batch = f"per_device_train_batch_size {per_process}" + (f" x {processes} processes" if processes > 1 else "")
+    fit = n_rows // processes
+    fix = (f"lower per_device_train_batch_size to at most {fit}" if fit
+           else f"launch at most {n_rows} process{'es' if n_rows > 1 else ''}")  # fmt: skip
+    raise InputError(
+        f"the train split has {n_rows} rows, fewer than one batch of {per_process * processes} ({batch}), and "
+        f"{stage} drops an incomplete last batch (dataloader_drop_last true), so it would train no step; {fix}, "
+        "or add training rows"
+    )
+
+
+def _new_folders(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    out, path = [], os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
+
+
+def _require_a_step(trainer, new_folders: list[str], stage: str) -> None:
+    """:class:`~hf_mlcl.training.run_guard.InputError` (nothing saved) when the stage's training made no
+    optimizer step, e.g.
+    ``num_train_epochs 0``: its model would be the untrained one. The empty folders the stage created
+    (the Trainer makes ``output_dir``) are removed again."""
+    if trainer.state.global_step > 0:
+        return
+    D.barrier()
+    if trainer.is_world_process_zero():
+        for folder in new_folders:  # deepest first; only folders this stage created and left empty
+            if os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)
+    args = trainer.args
+    raise InputError(
+        f"{stage} made no optimizer step (num_train_epochs {args.num_train_epochs}, max_steps {args.max_steps}, "
+        f"{len(trainer.train_dataset)} train rows), so no model was saved; train at least one step"
+    )
+
+
+def _replace_previous_run(args) -> None:
+    """``overwrite_output_dir``: remove the previous run's checkpoints now, after the stage's inputs (data,
+    model, batch size) have been checked and before training writes new ones
+    (:func:`hf_mlcl.training.run_guard.remove_previous_checkpoints`)."""
+    from .run_guard import remove_previous_checkpoints
+
+    remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint,
+                                args.process_index == 0)  # fmt: skip
+
+
 def train_contrastive(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -284,7 +347,9 @@ def train_contrastive(
     if model_args.use_lora:
         _check_lora_save(model_args, training_args, None)
     set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
+    new_folders = _new_folders(training_args.output_dir)
     ds, names = load_data(data_args)
+    check_train_batches(len(ds["train"]), training_args, "stage 1 (contrastive)")
     tokenizer, encoder = build_tokenizer_and_encoder(
         model_args, ds["train"]["text"], training_args.projection_dim
     )
@@ -301,10 +366,12 @@ def train_contrastive(
     trainer = ContrastiveTrainer(
         model=encoder, args=training_args, **_trainer_data(ds, names, collator, tokenizer, callbacks)
     )
+    _replace_previous_run(training_args)  # the data and the model are loaded: the new run's inputs hold
     resume = resolve_resume(
         training_args.resume_from_checkpoint, training_args.output_dir, training_args.process_index == 0
     )
     train_out = trainer.train(resume_from_checkpoint=resume)
+    _require_a_step(trainer, new_folders, "stage 1 (contrastive)")
     metrics: dict[str, Any] = dict(train_out.metrics)
     metrics.update(trainer.evaluate())
     # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
@@ -357,7 +424,10 @@ def train_probe(
     if lora_finetune:
         _check_lora_save(model_args, probing_args, encoder_path, _adapter_encoder(encoder_path))
     set_seed(probing_args.seed)  # before the classifier head is initialised
+    new_folders = _new_folders(probing_args.output_dir)
     ds, names = load_data(data_args)
+    if probing_args.probe != "logistic":  # the logistic probe fits on all rows at once
+        check_train_batches(len(ds["train"]), probing_args, "stage 2 (probe)")
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, ds["train"]["text"], source=encoder_path)
     if hasattr(encoder, "merge_and_unload") or hasattr(
         getattr(encoder, "backbone", None), "merge_and_unload"
@@ -381,6 +451,7 @@ def train_probe(
         "loss": probing_args.loss,
         "dataset": data_args.dataset,
     }
+    _replace_previous_run(probing_args)  # the data and the model are loaded: the new run's inputs hold
     if probing_args.probe == "logistic":
         metrics.update(trainer.fit_logistic(ds["validation"]))
         val_scores, val_truth = trainer.logistic_validation_scores  # no second pass over validation
@@ -389,6 +460,7 @@ def train_probe(
             probing_args.resume_from_checkpoint, probing_args.output_dir, probing_args.process_index == 0
         )
         metrics.update(trainer.train(resume_from_checkpoint=resume).metrics)
+        _require_a_step(trainer, new_folders, "stage 2 (probe)")
         val_scores, val_truth = trainer.predict_scores(ds["validation"])
     threshold = trainer.tune_threshold(val_scores, val_truth)
     metrics.update(trainer.split_metrics(val_scores, val_truth, "validation"))

@@ -9,7 +9,8 @@ both stay thin callers and library code never imports the command line:
   stage's folder before it is complete (every rank calls these under ``accelerate launch``);
 * :func:`score_classifier`: sigmoid scores and multi-hot truth of a dataset under a saved classifier;
 * :func:`evaluate_checkpoint`: a saved classifier scored on a split at its stored decision threshold,
-  with ``eval_<split>.json`` and the per-label F1 plot;
+  with ``eval_<split>.json`` and the per-label F1 plot (:func:`require_classifier` first: an encoder
+  folder is refused before anything is loaded or written);
 * :func:`encoder_loss`: the contrastive loss an encoder folder was trained with;
 * :func:`check_stage` / :func:`finished_stage_metrics`: before any work, the launch and output-folder
   checks of :mod:`hf_mlcl.training.run_guard`; on resume, a finished stage's metrics instead of a rerun.
@@ -31,6 +32,7 @@ __all__ = [
     "evaluate_checkpoint",
     "run_contrastive_stage",
     "run_probe_stage",
+    "require_classifier",
     "score_classifier",
 ]
 
@@ -54,11 +56,12 @@ def _label_names(trainer) -> list[str] | None:
 def check_stage(args) -> None:
     """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
     holds another run (:func:`~hf_mlcl.training.run_guard.check_launch`,
-    :func:`~hf_mlcl.training.run_guard.check_output_dir`)."""
+    :func:`~hf_mlcl.training.run_guard.check_output_dir`). Deletes nothing: with ``overwrite_output_dir``
+    the old checkpoints go only once the stage's data and model have loaded (the stage entry points)."""
     from .run_guard import check_launch, check_output_dir
 
     check_launch(args)
-    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, args.process_index == 0)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
 
 
 def finished_stage_metrics(args) -> dict | None:
@@ -155,6 +158,22 @@ def score_classifier(model, tokenizer, dataset, num_labels: int, max_length: int
     return np.concatenate(scores), np.concatenate(truth) > 0.5
 
 
+def require_classifier(checkpoint: str) -> None:
+    """ValueError in one line when ``checkpoint`` is a stage-1 encoder folder, not a classifier: scoring it
+    would put a randomly initialised head on the encoder. Reads ``config.json`` only (before any loading)."""
+    path = os.path.join(checkpoint, "config.json")
+    if not os.path.isfile(path):
+        return  # a Hub id, or no model at all: from_pretrained says what is wrong
+    with open(path, encoding="utf-8") as fh:
+        architectures = json.load(fh).get("architectures") or []
+    if "MLCLEncoder" in architectures:
+        raise ValueError(
+            f"{checkpoint} is an encoder (stage 1), but evaluate needs a classifier: train a head on it with "
+            f"`hf-mlcl probe RECIPE --encoder_path {checkpoint}` (or `hf-mlcl run RECIPE`) and evaluate the "
+            "classifier folder it writes"
+        )
+
+
 def evaluate_checkpoint(
     checkpoint: str,
     data_args,
@@ -177,6 +196,7 @@ def evaluate_checkpoint(
 
     from .entry import load_data
 
+    require_classifier(checkpoint)
     with loading_whole_models():  # the main process alone scores the classifier, also in a ZeRO-3 run
         model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)

@@ -7,9 +7,17 @@
   DeepSpeed CPU processes without ``--ddp_backend gloo``, GradCache under DeepSpeed) stops with the
   cause and the fix (:func:`hf_mlcl.training.sharding.launch_problem`).
 * :func:`check_output_dir`: a new run into a folder that already holds files stops with a clear error
-  unless the user passes ``--overwrite_output_dir true`` (then the old run's checkpoints are removed,
-  so a later resume can never pick them) or resumes (``--resume_from_checkpoint``).
+  unless the user passes ``--overwrite_output_dir true`` or resumes (``--resume_from_checkpoint``). It
+  only checks: nothing is deleted before the new run's inputs are checked.
+* :func:`remove_previous_checkpoints`: with ``--overwrite_output_dir true``, the old run's checkpoints
+  are removed (so a later resume can never pick them) — called by the stage entry points
+  (:mod:`hf_mlcl.training.entry`) once the data, the model and the batch size have passed their checks,
+  right before training starts, so a typo in the new run's inputs never costs the old run's checkpoints.
 * :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
+
+:class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
+(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once, on the main
+process, instead of once per process.
 """
 
 from __future__ import annotations
@@ -24,7 +32,14 @@ from .checkpoints import checkpoint_folders, wants_resume
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_launch", "check_output_dir", "stage_finished", "FINISHED_FILES"]
+__all__ = [
+    "InputError", "check_launch", "check_output_dir", "remove_previous_checkpoints", "stage_finished", "FINISHED_FILES",
+]  # fmt: skip
+
+
+class InputError(ValueError):
+    """Bad input found alike by every process of a launch (see module doc): the command line prints it on
+    the main process only; every process exits with the same status."""
 
 # written last by a stage (metrics by hf_mlcl.training.entry, the card data by the CLI's stage runner)
 FINISHED_FILES = ("metrics.json", "card_data.json")
@@ -49,18 +64,26 @@ def check_launch(args: Any) -> None:
         )
 
 
-def check_output_dir(output_dir: str, overwrite: bool, resume: Any, is_main_process: bool = True) -> None:
-    """Stop a new run from writing into ``output_dir`` when it already holds files (see module doc)."""
-    if wants_resume(resume) or not os.path.isdir(output_dir) or not os.listdir(output_dir):
+def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
+    """Stop a new run from writing into ``output_dir`` when it already holds files and neither
+    ``overwrite`` nor ``resume`` is asked for (see module doc). Deletes nothing."""
+    if overwrite or wants_resume(resume) or not os.path.isdir(output_dir) or not os.listdir(output_dir):
         return
-    if not overwrite:
-        shown = sorted(os.listdir(output_dir))
-        more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
-        raise ValueError(
-            f"output_dir {output_dir} already holds a run ({', '.join(shown[:5])}{more}); pass "
-            "--overwrite_output_dir true to replace it, --resume_from_checkpoint true to continue it, "
-            "or choose another --output_dir"
-        )
+    shown = sorted(os.listdir(output_dir))
+    more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+    raise InputError(
+        f"output_dir {output_dir} already holds a run ({', '.join(shown[:5])}{more}); pass "
+        "--overwrite_output_dir true to replace it, --resume_from_checkpoint true to continue it, "
+        "or choose another --output_dir"
+    )
+
+
+def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, is_main_process: bool = True) -> None:
+    """With ``overwrite`` and no resume: delete the ``checkpoint-*`` folders an earlier run left in
+    ``output_dir`` (main process; every rank waits), so no later resume picks them. Call it only once the
+    new run's inputs have passed their checks, right before training."""
+    if not overwrite or wants_resume(resume):
+        return
     if is_main_process:
         for path in checkpoint_folders(output_dir):
             shutil.rmtree(path, ignore_errors=True)

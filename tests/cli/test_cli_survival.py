@@ -113,6 +113,41 @@ def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, cap
     assert not os.path.exists(os.path.join(enc, "checkpoint-1"))
 
 
+
+def _files(folder) -> dict[str, bytes]:
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, names in os.walk(folder) for f in names}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--dataset", "{tmp}/my_dta.csv", "--dataset_options", "{}"], "my_dta.csv' does not exist"),
+        (["--dataset", "{tmp}/no_labels.csv", "--dataset_options", "{}"], "found no label column"),  # while loading
+        (["--model_name_or_path", "{tmp}/no_model"], "no such folder"),
+        (["--push_to", "bad id"], "invalid Hub repo_id"),
+        (["--lerning_rate", "0.1"], "did you mean 'learning_rate'"),
+    ],
+)
+def test_overwrite_keeps_the_old_run_until_the_new_inputs_are_checked(tmp_path, capsys, bad, message):
+    """--overwrite_output_dir true with a typo in the data, model, recipe key or push target: the
+    interrupted run's resumable checkpoints (both stages) are all still there."""
+    out = tmp_path / "run"
+    for stage in ("encoder", "classifier"):
+        ckpt = out / stage / "checkpoint-4"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text('{"global_step": 4}')
+        (ckpt / "model.safetensors").write_bytes(b"weights of step 4")
+    (tmp_path / "no_labels.csv").write_text("text,source\nsome words,web\nmore words,news\n", encoding="utf-8")
+    before = _files(out)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in bad]
+    rc = main(["run", RECIPE, "--output_dir", str(out), "--overwrite_output_dir", "true", "--max_steps", "2",
+               "--disable_tqdm", "true", *args])  # fmt: skip
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert _files(out) == before
+
+
 def test_ctrl_c_prints_one_resume_line(monkeypatch, capsys):
     def interrupted(ns, overrides):
         raise KeyboardInterrupt

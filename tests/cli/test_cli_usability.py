@@ -173,6 +173,31 @@ def test_evaluate_with_a_recipe_uses_the_recipe(monkeypatch, tmp_path):
     assert (seen["data_args"].dataset, seen["data_args"].max_length) == ("synthetic", 48)
 
 
+
+def test_evaluate_on_an_encoder_folder_says_it_needs_a_classifier_and_writes_nothing(
+    tmp_path, capsys, tiny_bert_config, bert_tokenizer
+):
+    import json
+
+    from hf_mlcl.data import label_names, make_synthetic_corpus
+    from hf_mlcl.modeling import MLCLEncoder
+
+    options = {"num_labels": 6, "num_train": 32, "num_validation": 16, "num_test": 16}
+    names = label_names(make_synthetic_corpus(**options))  # the encoder knows the data's labels
+    enc = tmp_path / "encoder"
+    MLCLEncoder.from_backbone(tiny_bert_config, id2label=names).save_pretrained(enc)
+    bert_tokenizer.save_pretrained(enc)
+    before = sorted(os.listdir(enc))
+    capsys.readouterr()
+    rc = main(["evaluate", str(enc), "--dataset", "synthetic", "--dataset_options", json.dumps(options),
+               "--split", "validation"])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"{enc} is an encoder" in err and "needs a classifier" in err
+    assert f"hf-mlcl probe RECIPE --encoder_path {enc}" in err
+    assert sorted(os.listdir(enc)) == before  # no eval_*.json, no plots/
+
+
 def _help(capsys, *argv):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--help"])
@@ -316,3 +341,19 @@ def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == ""
     assert "stage 2/2" in proc.stdout and "results:" in proc.stdout
+
+
+def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys):
+    """Under a multi-process launch every rank runs the same input checks: the main process prints the
+    line, the others exit with the same status in silence; any other error is printed on every rank."""
+    from hf_mlcl.training.run_guard import InputError
+
+    for rank, error, printed in (("0", InputError, True), ("1", InputError, False), ("1", ValueError, True)):
+        def failing(ns, overrides, error=error):
+            raise error("the train split has 9 rows, fewer than one batch of 32")
+
+        monkeypatch.setitem(cli.COMMANDS, "train", failing)
+        monkeypatch.setenv("RANK", rank)
+        assert main(["train", RECIPE]) == 2
+        err = capsys.readouterr().err
+        assert (err == "hf-mlcl train: error: the train split has 9 rows, fewer than one batch of 32\n") is printed

@@ -220,6 +220,47 @@ def test_names_are_the_sorted_union_of_train_and_single_names_work(tmp_path):
     assert label_names(load_mlc_dataset(comma, label_format="delimited", label_separator=",")) == NAMES
 
 
+
+def test_list_cells_in_a_csv_are_read_as_lists_of_ids_or_names(tmp_path):
+    """``[8, 20]`` in a CSV cell is two ids (auto and label_format='ids' alike), ``['cs.LG', 'q-bio']``
+    (Python) or ``["cs.LG", "q-bio"]`` (JSON) two names: never names such as '[8' or "'q-bio'"."""
+    ids = _write_csv(tmp_path / "ids.csv", ROWS, label_fmt=lambda labs: str([NAMES.index(x) for x in labs]))
+    assert '"[1, 3]"' in open(ids, encoding="utf-8").read()  # what pandas / csv write for a list of ints
+    truth = {t: sorted(NAMES.index(x) for x in labs) for t, labs in ROWS}
+    for fmt in ("auto", "ids"):
+        dd = load_mlc_dataset(ids, label_format=fmt)
+        assert label_names(dd) == ["0", "1", "2", "3"], fmt
+        got = {t: row for s in dd for t, row in zip(list(dd[s]["text"]), list(dd[s]["labels"]))}
+        assert got == truth, fmt
+    # "8;20" under label_format='ids' is two ids as well
+    plain = _write_csv(tmp_path / "plain_ids.csv", ROWS, label_fmt=lambda labs: ";".join(str(NAMES.index(x)) for x in labs))
+    dd = load_mlc_dataset(plain, label_format="ids")
+    assert {t: row for s in dd for t, row in zip(list(dd[s]["text"]), list(dd[s]["labels"]))} == truth
+    for writer in (str, json.dumps):  # Python repr and JSON lists of names
+        path = _write_csv(tmp_path / "names.csv", ROWS, label_fmt=lambda labs, w=writer: w(list(labs)))
+        dd = load_mlc_dataset(path)
+        assert label_names(dd) == NAMES, writer
+        got = {t: row for s in dd for t, row in zip(list(dd[s]["text"]), _as_names(dd)[s])}
+        assert got == {t: sorted(labs) for t, labs in ROWS}, writer
+
+
+@pytest.mark.parametrize(
+    "cells, message",
+    [
+        (["cs.LG;q-bio", "cs.CL,cs.LG"], r"both ';' and ','.*label_separator=';'.*label_separator=','"),
+        (["[1, 3]", "cs.CL;cs.LG"], r"mixes list cells.*'\[1, 3\]'.*plain cells.*'cs.CL;cs.LG'.*label_format="),
+        (["[1, 'cs.CL']", "[2]"], r"mixes ids and names.*label_format='ids'.*label_format='names'"),
+        (["[cs.LG, q-bio]", "[cs.CL]"], r"'\[cs.LG, q-bio\]'.*not a list.*\[\"cs.LG\", \"q-bio\"\].*label_format="),
+        (["'cs.LG';'q-bio'", "'cs.CL'"], r"label names such as \"'cs.CL'\".*quotes or brackets.*label_format="),
+    ],
+)
+def test_ambiguous_label_cells_stop_and_name_the_choices(tmp_path, cells, message):
+    rows = [(text, [cells[i % len(cells)]]) for i, (text, _) in enumerate(ROWS)]
+    path = _write_csv(tmp_path / "odd.csv", rows, label_fmt=lambda labs: labs[0])
+    with pytest.raises(ValueError, match=message):
+        load_mlc_dataset(path)
+
+
 # ------------------------------------------------------------------------------------------ errors
 def test_empty_split_missing_columns_and_bad_options_fail_before_training(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ROWS)

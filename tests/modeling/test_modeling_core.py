@@ -399,6 +399,31 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
         assert torch.equal(value, probe.backbone.state_dict()[key])
 
 
+
+def test_a_classifier_without_head_weights_is_an_error_not_a_random_head(tmp_path, tiny_bert_config):
+    """An encoder folder, or a classifier folder whose head tensors are gone, does not load as a classifier
+    (directly or through AutoModelForSequenceClassification with the saved remote code)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    def auto(path):
+        return AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True)
+
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, id2label=["a", "b", "c"])
+    encoder.save_pretrained(tmp_path / "enc")
+    for load in (MLCLForMultiLabelClassification.from_pretrained, auto):
+        with pytest.raises(ValueError, match=r"enc is an encoder \(MLCLEncoder\).*no classification head.*from_encoder"):
+            load(tmp_path / "enc")
+    clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=["a", "b", "c"])
+    clf.save_pretrained(tmp_path / "clf")
+    weights = str(tmp_path / "clf" / "model.safetensors")
+    kept = {k: v for k, v in load_file(weights).items() if not k.startswith("classifier.")}
+    save_file(kept, weights, metadata={"format": "pt"})
+    for load in (MLCLForMultiLabelClassification.from_pretrained, auto):
+        with pytest.raises(ValueError, match=r"clf holds no weights for .*classifier\.bias.*classifier\.weight"):
+            load(tmp_path / "clf")
+
+
 def test_from_backbone_hands_dtype_to_the_backbone_loader(tmp_path, tiny_llama_config):
     """``dtype`` is a PreTrainedConfig field too: it must reach AutoModel (both a config and a saved
     folder), never end up in the MLCLConfig with the backbone left in the checkpoint's dtype."""
