@@ -88,3 +88,36 @@ def test_a_trainer_without_the_requested_engine_stops(env):
     trainer.is_deepspeed_enabled = True
     check_engine_applied(trainer)
     assert EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control") == "control"
+
+
+def test_shutdown_empties_the_dtensor_caches_and_skips_missing_ones(monkeypatch):
+    """After an FSDP2 run torch's DTensor caches hold the device mesh and its gloo groups (the end-to-end check is
+    the thread check of test_training_fsdp.py's worker). They are private torch APIs: the ones torch 2.13 has are
+    found, and a cache torch does not have is skipped."""
+    import sys
+    import types
+
+    import torch.distributed.tensor._collective_utils  # noqa: F401
+    import torch.distributed.tensor._redistribute  # noqa: F401
+
+    from hf_mlcl.training import distributed as D
+
+    for module_name, path, method in D._DTENSOR_CACHES:  # torch 2.13 has every one of them
+        obj = sys.modules[module_name]
+        for attr in path.split(".") if path else ():
+            obj = getattr(obj, attr)
+        assert callable(getattr(obj, method)), (module_name, path, method)
+    assert callable(torch._C._clear_DTensor_sharding_propagator_cache)
+
+    calls = []
+    fake = types.ModuleType("fake_dtensor_caches")
+    fake.cached = types.SimpleNamespace(cache_clear=lambda: calls.append("cached"))
+    monkeypatch.setitem(sys.modules, "fake_dtensor_caches", fake)
+    monkeypatch.setattr(D, "_DTENSOR_CACHES", (
+        ("fake_dtensor_caches", "cached", "cache_clear"),
+        ("fake_dtensor_caches", "gone.deeper", "cache_clear"),  # an attribute a later torch may not have
+        ("module_that_was_never_imported", "", "clear"),
+    ))  # fmt: skip
+    monkeypatch.delattr(torch._C, "_clear_DTensor_sharding_propagator_cache")
+    D._release_dtensor_caches()
+    assert calls == ["cached"]
