@@ -154,8 +154,8 @@ def _adapter_and_heads(
     model: nn.Module, state: Mapping[str, torch.Tensor] | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(backbone LoRA matrices with PEFT's adapter keys, heads keyed as in the hf_mlcl model) of the active
-    adapter, read from ``state`` (a full state dict of the PeftModel) or from the live model. Only the
-    state dict is read (peft's ``get_peft_model_state_dict`` reads the live heads, which under FSDP would
+    adapter, read from ``state`` (a state dict of the PeftModel holding at least its adapter and heads, e.g.
+    gathered from FSDP shards) or from the live model. Only the state dict is read (peft's ``get_peft_model_state_dict`` reads the live heads, which under FSDP would
     gather on one process alone)."""
     name = model.active_adapter
     state = model.state_dict() if state is None else state
@@ -205,8 +205,8 @@ def save_lora_adapter(
     ``trust_remote_code=True`` load the base by that id and merge the adapter
     (``hf_mlcl.modeling.modeling_mlcl.merge_lora_weights``; Hu et al., 2022, Eq. 3).
 
-    The weights are read from the live model, or from ``state_dict`` (a full state dict of the
-    ``PeftModel``, e.g. gathered from FSDP shards). One process writes; for a model that DeepSpeed or FSDP
+    The weights are read from the live model, or from ``state_dict`` (a state dict of the ``PeftModel``
+    holding at least its adapter and heads, e.g. gathered from FSDP shards). One process writes; for a model that DeepSpeed or FSDP
     shards, every process calls :func:`save_lora_model` instead.
     """
     import copy
@@ -259,14 +259,14 @@ def save_lora_model(
         base_model_name_or_path: the base backbone the adapter loads onto (default: the model's
             ``config.backbone_name_or_path``).
         merge: write merged full weights (a plain hf_mlcl model) instead of an adapter folder.
-        accelerator: the run's ``accelerate.Accelerator`` (``trainer.accelerator``); needed under FSDP.
+        accelerator: the run's ``accelerate.Accelerator`` (``trainer.accelerator``); needed under FSDP1.
 
-    The trainable weights are gathered as the engine requires: DeepSpeed ZeRO-3 gathers the adapter and
-    head parameters only (``deepspeed.zero.GatheredParameters``, cheap); FSDP gathers the full state dict
-    the accelerator gives (``accelerator.get_state_dict``); plain, DDP and ZeRO-1/2 models are read as
-    they are. The main process then writes the adapter folder of :func:`save_lora_adapter` (it loads
-    with ``MLCLEncoder`` / ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with
-    ``trust_remote_code=True``). Merged weights are written with ``merge=True``, or when the backbone was
+    The trainable weights are gathered as the engine requires: DeepSpeed ZeRO-3 and FSDP2 gather the
+    adapter and head parameters only (``deepspeed.zero.GatheredParameters``, ``DTensor.full_tensor``:
+    cheap, never the frozen base); FSDP1 gathers the full state dict the accelerator gives
+    (``accelerator.get_state_dict``); plain, DDP and ZeRO-1/2 models are read as they are. The main
+    process then writes the adapter folder of :func:`save_lora_adapter` (it loads with ``MLCLEncoder`` /
+    ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with ``trust_remote_code=True``). Merged weights are written with ``merge=True``, or when the backbone was
     built from a config (no base model to point an adapter at): from the live model when it is whole,
     and for a sharded model by reloading the adapter folder onto its base on the main process (a sharded
     model built from a config cannot be merged: ValueError). Returns when the folder is complete on
@@ -332,7 +332,7 @@ def save_heads_with_adapter(
 
     ``model`` may be the model as prepared for training (DeepSpeedEngine, FSDP root, DDP); then EVERY
     process calls this (the heads are gathered as in :func:`save_lora_model`, ``accelerator`` needed under
-    FSDP) and the main process writes. Returns when the folder is complete on every process.
+    FSDP1) and the main process writes. Returns when the folder is complete on every process.
     """
     import os
     import shutil

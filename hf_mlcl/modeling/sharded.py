@@ -12,9 +12,10 @@ Costs: ZeRO-3 and FSDP2 gather only the named parameters (a LoRA adapter: cheap)
 unshard whole units, so it gathers the whole model once per call.
 deepspeed is imported only when the model holds ZeRO-3 parameters.
 
-For saves: :func:`readable_state` (the live model with the saved parameters gathered, or under FSDP the
-accelerator's full state dict), :func:`is_main_process` / :func:`wait_for_everyone`, and
-:func:`loading_whole_models` for a load on one process of a ZeRO-3 run.
+For saves: :func:`readable_state` (the live model with the saved parameters gathered; under FSDP2 the
+gathered parameters as a state dict; under FSDP1 the accelerator's full state dict),
+:func:`is_main_process` / :func:`wait_for_everyone`, and :func:`loading_whole_models` for a load on one
+process of a ZeRO-3 run.
 """
 
 from __future__ import annotations
@@ -88,11 +89,22 @@ def wait_for_everyone() -> None:
         dist.barrier()
 
 
+def _fsdp2_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` that FSDP2's ``fully_shard`` made ``FSDPModule`` s ([] without FSDP2)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without FSDP2
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
 def sharding_kind(model: nn.Module) -> str | None:
     """``"zero3"``, ``"fsdp1"``, ``"fsdp2"`` or None (the parameters are whole on every process)."""
     model = unwrap_engine(model)
     if _is_fsdp1(model):
         return "fsdp1"
+    if _fsdp2_modules(model):  # also while FSDP2 holds some units unsharded (plain tensors) after a forward
+        return "fsdp2"
     for param in model.parameters():
         if is_zero3_parameter(param):
             return "zero3"
@@ -130,6 +142,11 @@ def full_parameters(
             with FullyShardedDataParallel.summon_full_params(inner, recurse=True, writeback=writeback):
                 yield {name: p.data for name, p in _select(inner.named_parameters(), names).items()}
             return
+        if kind == "fsdp2":
+            # the sharded DTensors are the parameters' values: a unit left unsharded by a forward (the root keeps
+            # its parameters gathered until the backward) registers plain tensors that a reshard would drop
+            for module in _fsdp2_modules(inner):
+                module.reshard()
         params = _select(inner.named_parameters(), names)
         if kind == "zero3":
             import deepspeed
@@ -159,15 +176,25 @@ def readable_state(
     """Make the parameters ``names`` readable for a save, on every process together.
 
     Yields None when the live (unwrapped) model can be read: plain / DDP / ZeRO-1/2 models as they are,
-    ZeRO-3 with ``names`` gathered for the duration (:func:`full_parameters`); under FSDP yields the full
-    state dict that ``accelerator.get_state_dict`` gathers (complete on the main process).
+    ZeRO-3 with ``names`` gathered for the duration (:func:`full_parameters`). Under FSDP2 yields a state
+    dict of the parameters ``names`` gathered whole (``DTensor.full_tensor``, on every process: a LoRA
+    adapter, never the frozen base) and the model's unsharded entries (buffers). Under FSDP1 yields the full
+    state dict that ``accelerator.get_state_dict`` gathers (complete on the main process; FSDP1 can only
+    unshard whole units).
     """
     kind = sharding_kind(model)
-    if kind in ("fsdp1", "fsdp2"):
+    if kind == "fsdp1":
         if accelerator is None:
-            raise ValueError("under FSDP the full state dict is gathered through the accelerator: pass "
+            raise ValueError("under FSDP1 the full state dict is gathered through the accelerator: pass "
                              "accelerator=trainer.accelerator")  # fmt: skip
         yield accelerator.get_state_dict(model)
+        return
+    if kind == "fsdp2":
+        with full_parameters(model, names) as full:
+            live = unwrap_engine(model).state_dict()  # sharded DTensors (FSDP2's save hook), buffers as they are
+            state = {key: value for key, value in live.items() if not _is_dtensor(value)}
+            state.update(full)
+            yield state
         return
     with full_parameters(model, names):
         yield None

@@ -179,12 +179,14 @@ def shutdown() -> None:
     argument (:func:`_release_deepspeed_group_defaults`), a DeepSpeed engine is never freed by itself and
     its partitioned parameters hold the groups (:func:`_destroy_deepspeed_engines`: the engines are
     unusable afterwards), and after a DeepSpeed run ``deepspeed.utils.groups`` caches its own groups, which
-    ``deepspeed.comm.destroy_process_group`` drops when it tears the groups down.
+    ``deepspeed.comm.destroy_process_group`` drops when it tears the groups down. After an FSDP2 run,
+    torch's DTensor caches keep the device mesh and with it the groups (:func:`_release_dtensor_caches`).
     Call it once, at the very end of a program that initialised a process group. Safe to call always.
     """
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
+        _release_dtensor_caches()
         _release_deepspeed_group_defaults()
         _destroy_deepspeed_engines()
         ds_comm = sys.modules.get("deepspeed.comm.comm")
@@ -194,6 +196,39 @@ def shutdown() -> None:
         else:
             dist.destroy_process_group()
         gc.collect()
+
+
+# torch's DTensor caches whose entries hold a DeviceMesh (torch 2.13): (module, object path, method)
+_DTENSOR_CACHES: tuple[tuple[str, str, str], ...] = (
+    ("torch.distributed.tensor._redistribute", "", "clear_redistribute_planner_cache"),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos", "cache_clear"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh", "cache_clear"),
+)
+
+
+def _release_dtensor_caches() -> None:
+    """Empty torch's DTensor caches, which keep the device mesh of an FSDP2 run and through it its process groups.
+
+    FSDP2 (``fully_shard``) holds parameters as ``DTensor``; the DTensor operations it runs (``full_tensor``,
+    ``distribute_tensor``, gradient clipping) fill caches keyed by their sharding specs, which point at the
+    ``DeviceMesh``, which holds the gloo / NCCL groups and their threads: the sharding propagation cache (C++,
+    ``torch._C._clear_DTensor_sharding_propagator_cache``), the redistribute planner cache and two
+    ``functools.lru_cache`` functions. They are private torch APIs (torch 2.13): each one is looked up and skipped
+    when absent (then the groups may outlive ``destroy_process_group`` as before). Nothing is imported: without
+    ``torch.distributed.tensor`` loaded this does nothing.
+    """
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+    for module_name, path, method in _DTENSOR_CACHES:
+        obj = sys.modules.get(module_name)
+        for attr in path.split(".") if path else ():
+            obj = getattr(obj, attr, None)
+        fn = getattr(obj, method, None)
+        if callable(fn):
+            fn()
 
 
 def _release_deepspeed_group_defaults() -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "EngineCheckCallback",
     "check_engine_applied",
     "clear_previous_deepspeed_state",
+    "fsdp_dtype_problem",
     "launch_problem",
     "requested_engine",
     "shards_parameters",
@@ -119,10 +120,38 @@ def shards_parameters(trainer: Any) -> bool:
     return bool(getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False))
 
 
+def fsdp_dtype_problem(trainer: Any) -> str | None:
+    """Why FSDP1 cannot wrap the trainer's model, as one line naming the fix; or None.
+
+    FSDP1 flattens the parameters of each wrapped unit into one flat parameter, which needs one dtype
+    (``ValueError: Must flatten tensors with uniform dtype``, raised when training starts). A LoRA model
+    whose backbone is bf16 (``apply_lora(bf16=True)``) keeps its adapters and heads in fp32: with the wrap
+    policies of accelerate and PEFT (transformer layers, trainable LoRA leaves) the root unit holds the bf16
+    embeddings and norm with the fp32 frozen copies of the heads (``modules_to_save``), and a second adapter's
+    frozen fp32 LoRA matrices share the bf16 decoder layers' units. FSDP2 shards every parameter on its own
+    and only needs the trainable ones to share a dtype. Reads the trainer's model and its accelerator's FSDP
+    plugin; None when FSDP is off, is FSDP2, or the model holds one floating dtype.
+    """
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return None
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if getattr(plugin, "fsdp_version", 1) != 1:
+        return None
+    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in trainer.model.parameters() if p.is_floating_point()})
+    if len(dtypes) < 2:
+        return None
+    return (
+        f"FSDP1 (fsdp_version: 1) flattens each wrapped unit's parameters into one tensor of one dtype, but the model "
+        f"holds {' and '.join(dtypes)} parameters (a bf16 backbone with fp32 LoRA adapters and heads): launch with "
+        "fsdp_version: 2 (recipes/accelerate/fsdp_llama_lora.yaml), which shards each parameter on its own"
+    )
+
+
 def check_engine_applied(trainer: Any) -> None:
     """ValueError (one line, naming the cause) when the launch asks for DeepSpeed / FSDP but the trainer's
-    accelerator did not set it up, or the launch cannot run as asked (:func:`launch_problem`)."""
-    problem = launch_problem(trainer.args)
+    accelerator did not set it up, the launch cannot run as asked (:func:`launch_problem`), or FSDP1 cannot
+    wrap the model (:func:`fsdp_dtype_problem`)."""
+    problem = launch_problem(trainer.args) or fsdp_dtype_problem(trainer)
     if problem:
         raise ValueError(problem)
     engine = requested_engine(trainer.args)

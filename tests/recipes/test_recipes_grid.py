@@ -274,7 +274,8 @@ def test_accelerate_configs_load_with_accelerates_config_class():
     assert cpu.mixed_precision == "no"
     fsdp = configs["fsdp_llama_lora.yaml"]
     assert fsdp.distributed_type == DistributedType.FSDP and fsdp.mixed_precision == "bf16"
-    assert fsdp.fsdp_config["fsdp_use_orig_params"] is False
+    # FSDP2: FSDP1's flat parameters cannot hold the bf16 backbone with the fp32 LoRA adapters and heads
+    assert fsdp.fsdp_config["fsdp_version"] == 2
     assert fsdp.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # the final save gathers
     assert fsdp.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
@@ -298,15 +299,14 @@ def test_fsdp_plugin_accepts_the_fsdp_settings(monkeypatch):
     for key, value in cfg.fsdp_config.items():  # what launch_command does with the config file
         setattr(args, key if "fsdp" in key else f"fsdp_{key}", value)
     env = prepare_multi_gpu_env(args)
-    assert env["FSDP_USE_ORIG_PARAMS"] == "false" and env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
+    assert env["FSDP_VERSION"] == "2" and env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
     for key, value in env.items():
         if key.startswith("FSDP_"):
             monkeypatch.setenv(key, value)
-    if not torch.cuda.is_available():  # syncing module states needs a device to broadcast from
-        monkeypatch.setenv("FSDP_SYNC_MODULE_STATES", "false")
-        monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
     plugin = FullyShardedDataParallelPlugin()
-    assert plugin.use_orig_params is False
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert plugin.use_orig_params is None and plugin.sync_module_states is None  # obsolete in FSDP2
+    assert plugin.cpu_ram_efficient_loading is True
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
 
 

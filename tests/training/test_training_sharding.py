@@ -88,3 +88,60 @@ def test_a_trainer_without_the_requested_engine_stops(env):
     trainer.is_deepspeed_enabled = True
     check_engine_applied(trainer)
     assert EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control") == "control"
+
+
+def _fsdp_trainer(version: int | None, model: torch.nn.Module):
+    plugin = None if version is None else SimpleNamespace(fsdp_version=version)
+    return SimpleNamespace(model=model, is_fsdp_enabled=plugin is not None,
+                           accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))  # fmt: skip
+
+
+def test_fsdp1_cannot_wrap_a_bf16_backbone_with_fp32_adapters(env):
+    """FSDP1's flat parameters need one dtype per unit: a LoRA model on a bf16 backbone stops with the fix named
+    when the trainer is built (check_engine_applied), not at wrapping; FSDP2 and uniform models pass."""
+    from hf_mlcl.training.sharding import check_engine_applied, fsdp_dtype_problem
+
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2).to(torch.bfloat16), torch.nn.Linear(2, 2))
+    problem = fsdp_dtype_problem(_fsdp_trainer(1, mixed))
+    assert "FSDP1 (fsdp_version: 1)" in problem and "bfloat16 and float32" in problem
+    assert "fsdp_version: 2 (recipes/accelerate/fsdp_llama_lora.yaml)" in problem and "\n" not in problem
+    trainer = _fsdp_trainer(1, mixed)
+    trainer.args = _args()
+    with pytest.raises(ValueError, match="flattens each wrapped unit's parameters"):
+        check_engine_applied(trainer)
+    assert fsdp_dtype_problem(_fsdp_trainer(2, mixed)) is None  # FSDP2 shards each parameter on its own
+    assert fsdp_dtype_problem(_fsdp_trainer(None, mixed)) is None  # no FSDP
+    assert fsdp_dtype_problem(_fsdp_trainer(1, mixed.to(torch.bfloat16))) is None  # one dtype: FSDP1 wraps it
+
+
+def test_shutdown_empties_the_dtensor_caches_and_skips_missing_ones(monkeypatch):
+    """After an FSDP2 run torch's DTensor caches hold the device mesh and its gloo groups (the end-to-end check is
+    the thread check of test_training_fsdp.py's worker). They are private torch APIs: the ones torch 2.13 has are
+    found, and a cache torch does not have is skipped."""
+    import sys
+    import types
+
+    import torch.distributed.tensor._collective_utils  # noqa: F401
+    import torch.distributed.tensor._redistribute  # noqa: F401
+
+    from hf_mlcl.training import distributed as D
+
+    for module_name, path, method in D._DTENSOR_CACHES:  # torch 2.13 has every one of them
+        obj = sys.modules[module_name]
+        for attr in path.split(".") if path else ():
+            obj = getattr(obj, attr)
+        assert callable(getattr(obj, method)), (module_name, path, method)
+    assert callable(torch._C._clear_DTensor_sharding_propagator_cache)
+
+    calls = []
+    fake = types.ModuleType("fake_dtensor_caches")
+    fake.cached = types.SimpleNamespace(cache_clear=lambda: calls.append("cached"))
+    monkeypatch.setitem(sys.modules, "fake_dtensor_caches", fake)
+    monkeypatch.setattr(D, "_DTENSOR_CACHES", (
+        ("fake_dtensor_caches", "cached", "cache_clear"),
+        ("fake_dtensor_caches", "gone.deeper", "cache_clear"),  # an attribute a later torch may not have
+        ("module_that_was_never_imported", "", "clear"),
+    ))  # fmt: skip
+    monkeypatch.delattr(torch._C, "_clear_DTensor_sharding_propagator_cache")
+    D._release_dtensor_caches()
+    assert calls == ["cached"]

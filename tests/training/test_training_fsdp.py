@@ -1,0 +1,146 @@
+"""FSDP with recipes/accelerate/fsdp_llama_lora.yaml's settings, on CPU: 2 gloo processes from `accelerate launch`.
+
+accelerate applies FSDP to GPU processes only, so the worker (``_fsdp_worker.py``, launched with
+recipes/accelerate/cpu.yaml) turns the processes' accelerator state into FSDP through a test-only Trainer
+subclass, with the FSDP plugin that `accelerate launch --config_file recipes/accelerate/fsdp_llama_lora.yaml` gives
+its processes; the wrapping, training steps, momentum adapter and saves are the library's and accelerate's code.
+On a tiny Llama + LoRA (adapters and heads fp32): stage 1 sd with the recipe's GradCache and activation
+checkpointing, msc with prototypes, momentum adapter and queue, sd on a bf16-stored backbone (what FSDP1 could not
+wrap on the GPU: "Must flatten tensors with uniform dtype"), the same under bf16 mixed precision, and the LoRA BCE
+fine-tune on the bf16 backbone. Each run's logged losses, gradient norms and outputs equal a plain one-process
+run on the same global batches; the adapter folder written by ``save_lora_model`` from the sharded model holds
+the plain run's adapter and reloads with ``from_pretrained`` onto the base saved on disk to its outputs; the
+frozen backbone keeps its bf16 storage. Not covered here (GPU only): NCCL, GPU kernels and device placement,
+memory and speed at the 8B scale, and transformers' FSDP-aware loading (it reads ``ACCELERATE_USE_FSDP``, which a
+launch with cpu.yaml does not set; accelerate's ``cpu_ram_efficient_loading`` itself runs: the model is sharded on
+the meta device and rank 0's weights are broadcast).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from _fsdp_worker import CASES, outputs, run
+from _training_helpers import LABELS, tiny_tokenizer
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaModel
+
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+WORKER = os.path.join(HERE, "_fsdp_worker.py")
+ACCELERATE = os.path.join(os.path.dirname(sys.executable), "accelerate")
+LAUNCH_TIMEOUT = 180
+
+
+def _launch(root, cases) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file recipes/accelerate/cpu.yaml --num_processes 2 _fsdp_worker.py ROOT CASES`."""
+    # PET_STANDALONE: torchrun binds its rendezvous store to a free port of the kernel's choosing (cpu.yaml's fixed
+    # default port would race with a concurrent launch)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PET_STANDALONE": "1", "PYTHONPATH": os.pathsep.join([HERE, ROOT])}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", "cpu.yaml"),
+           "--num_processes", "2", WORKER, str(root), *cases]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the launcher passes it on to its workers (SIGKILL would orphan them)
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"the FSDP launch ran past {LAUNCH_TIMEOUT} s:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """A tiny Llama base, its tokenizer, a projection head and a classifier head saved once; every case trained
+    under FSDP in one launch."""
+    root = tmp_path_factory.mktemp("fsdp")
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    LlamaModel(cfg).save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    head = MLCLEncoder.from_backbone(str(root / "base"), pooling="last_token", projection_dim=8).projection_head
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "head.safetensors"))
+    classifier = torch.nn.Linear(cfg.hidden_size, len(LABELS))
+    save_file({k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors"))
+    proc = _launch(root, list(CASES))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "terminate called" not in proc.stderr
+    return root
+
+
+# (losses / grad norms rel, outputs and adapter atol): the bf16 mixed-precision run rounds differently under FSDP2's
+# bf16 parameter casts and bf16 gradient reduction than under the plain run's autocast
+TOLERANCE = {"bf16_amp": (1e-2, 5e-2)}
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
+@pytest.mark.parametrize("case", list(CASES))
+def test_fsdp_run_matches_one_process_and_its_adapter_reloads(fsdp_runs, case):
+    root = fsdp_runs
+    got = torch.load(root / f"fsdp-{case}.pt", weights_only=False)
+    plain = run(str(root), case, per_device=8, fsdp=False)
+    assert got["world"] == 2 and plain["world"] == 1
+    assert got["wrapper"] == "FSDPPeftModel" and plain["wrapper"] == "PeftModel"  # fully_shard on the PeftModel
+    bf16_amp = CASES[case].get("bf16", False)
+    assert got["mixed_precision"] == plain["mixed_precision"] == ("bf16" if bf16_amp else "no")
+
+    # what trains, and the storage dtypes the engine holds: the frozen backbone stays bf16 where it was cast
+    assert got["trainable"] == plain["trainable"]
+    assert got["trainable"] and all("lora_" in n or ".modules_to_save.default." in n for n in got["trainable"])
+    assert all(got["dtypes"][n] == torch.float32 for n in got["trainable"])
+    frozen_base = [n for n in got["dtypes"] if ".base_layer." in n or n.endswith(("embed_tokens.weight", "norm.weight"))]
+    assert frozen_base and {got["dtypes"][n] for n in frozen_base} == (
+        {torch.bfloat16} if CASES[case].get("bf16_backbone") else {torch.float32}
+    )
+    # beside the plain run's parameters, msc's momentum adapter (the plain run's key encoder is a separate copy)
+    assert {n: d for n, d in got["dtypes"].items() if n in plain["dtypes"]} == plain["dtypes"]
+    assert all(".momentum." in n for n in set(got["dtypes"]) - set(plain["dtypes"]))
+    assert (set(got["dtypes"]) != set(plain["dtypes"])) == ("queue_size" in CASES[case])
+
+    rel, atol = TOLERANCE.get(case, (1e-6, 1e-5))
+    assert len(got["losses"]) == len(plain["losses"]) == 3
+    assert got["losses"] == pytest.approx(plain["losses"], rel=rel)
+    assert got["grad_norms"] == pytest.approx(plain["grad_norms"], rel=max(rel, 2e-6))
+    torch.testing.assert_close(got["outputs"], plain["outputs"], rtol=rel, atol=atol)
+    if "momentum" in plain:  # msc: the momentum adapter's EMA, the queue and the prototypes
+        assert got["momentum"].keys() == plain["momentum"].keys()
+        for name, value in plain["momentum"].items():
+            torch.testing.assert_close(got["momentum"][name], value, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["queue"], plain["queue"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["prototypes"], plain["prototypes"], rtol=1e-6, atol=1e-7)
+
+    # save_lora_model from the sharded model: the plain run's adapter, trained (B starts at 0), heads only beside it
+    folder = root / f"adapter-fsdp-{case}"
+    adapter = load_file(folder / "adapter_model.safetensors")
+    plain_adapter = load_file(root / f"adapter-plain-{case}" / "adapter_model.safetensors")
+    assert adapter.keys() == plain_adapter.keys() and adapter
+    assert all(t.dtype == torch.float32 for t in adapter.values())
+    assert any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
+    for key, value in plain_adapter.items():
+        torch.testing.assert_close(adapter[key], value, rtol=1e-3, atol=max(atol, 1e-4))  # Adam magnifies round-off
+    bce = CASES[case].get("bce", False)
+    heads = {"classifier"} if bce else {"projection_head"}
+    assert {key.split(".")[0] for key in load_file(folder / "model.safetensors")} == heads
+
+    # reloaded onto the base on disk (fp32, adapter merged): the trained model's outputs; a bf16-stored backbone
+    # computed in bf16, so there the reload agrees to bf16 rounding and equals the plain run's reload
+    tok = AutoTokenizer.from_pretrained(root / "base")
+    cls, auto, field = ((MLCLForMultiLabelClassification, AutoModelForSequenceClassification, "logits") if bce
+                        else (MLCLEncoder, AutoModel, "embeddings"))  # fmt: skip
+    reloaded = outputs(cls.from_pretrained(folder), tok, field)
+    torch.testing.assert_close(outputs(auto.from_pretrained(folder, trust_remote_code=True), tok, field), reloaded)
+    bf16_storage = CASES[case].get("bf16_backbone", False)
+    torch.testing.assert_close(reloaded, got["outputs"], rtol=0, atol=5e-2 if bf16_storage else 1e-5)
+    plain_reloaded = outputs(cls.from_pretrained(root / f"adapter-plain-{case}"), tok, field)
+    torch.testing.assert_close(reloaded, plain_reloaded, rtol=rel, atol=atol)
