@@ -84,65 +84,67 @@ def provenance(data: dict[str, Any], folder: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------- per measurement
-def llama_lora(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
-    rows = []
+def cell_entries(data: dict[str, Any], cells: list):
+    """(cell, its result entry or None, its figures or None), in the measurement's cell order."""
     for cell in cells:
-        c = data["cells"].get(cell.name)
-        fig = (c or {}).get("figures")
-        if not fig:
-            rows.append([cell.name, cell.launcher, status(c)] + ["–"] * (8 if gpu else 2))
-            continue
-        reload = fig["reload"]
-        rel = f"{reload['max_abs_diff']:.2g} / {reload['min_cosine']:.5f}"
-        if gpu:
-            rows.append([cell.name, fig["wrapper"], status(c), f(fig["gradcache_chunk_size"], 0),
-                         f"{fig['step_time_s']['median']:.2f}", f"{fig['tokens_per_s']:.0f}",
-                         f"{fig['achieved_tflops']:.0f}", f"{100 * fig['mfu']:.1f} %" if fig.get("mfu") else "–",
-                         gib(fig["peak_memory"]), syncs(fig.get("syncs_per_step")), rel])  # fmt: skip
-        else:
-            rows.append([cell.name, fig["wrapper"], status(c), rel])
+        entry = data["cells"].get(cell.name)
+        yield cell, entry, (entry or {}).get("figures")
+
+
+def unmeasured(head: list[str], first: list[str]) -> list[str]:
+    """The row of a cell without figures: its first columns, then dashes to the width of ``head``."""
+    return first + ["–"] * (len(head) - len(first))
+
+
+def llama_lora(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     head = ["cell", "model wrapped as", "status"]
     head += (["GradCache chunk", "step s", "tokens/s", "model TFLOP/s", "MFU", "peak GiB (alloc / reserved)",
-              "host syncs / step", "reload max abs diff / min cosine"] if gpu else ["reload max abs diff / min cosine"])  # fmt: skip
+              "host syncs / step"] if gpu else []) + ["reload max abs diff / min cosine"]  # fmt: skip
+    rows = []
+    for cell, entry, fig in cell_entries(data, cells):
+        if not fig:
+            rows.append(unmeasured(head, [cell.name, cell.launcher, status(entry)]))
+            continue
+        reload = fig["reload"]
+        measured = [f(fig["gradcache_chunk_size"], 0), f"{fig['step_time_s']['median']:.2f}", f"{fig['tokens_per_s']:.0f}",
+                    f"{fig['achieved_tflops']:.0f}", f"{100 * fig['mfu']:.1f} %" if fig.get("mfu") else "–",
+                    gib(fig["peak_memory"]), syncs(fig.get("syncs_per_step"))] if gpu else []  # fmt: skip
+        rows.append([cell.name, fig["wrapper"], status(entry), *measured,
+                     f"{reload['max_abs_diff']:.2g} / {reload['min_cosine']:.5f}"])  # fmt: skip
     out = table(head, rows)
-    first = next((c["figures"] for c in data["cells"].values() if c.get("figures") and c["figures"]["run"] != "msc"),
-                 None)  # fmt: skip
+    measured = [fig for _, _, fig in cell_entries(data, cells) if fig]
+    first = next((fig for fig in measured if fig["run"] != "msc"), None)
+    queue = next((fig["queue_size"] for fig in measured if fig["run"] == "msc"), None)
     if first and gpu:
         out += ["", f"Batch {first['per_device_batch']} x {first['seq_len']} tokens per step, LoRA r {first['lora']['r']} "
                 f"(alpha {first['lora']['alpha']}, dropout {first['lora']['dropout']}) on {', '.join(first['lora']['targets'])}; "
                 f"{first['trainable_parameters'] / 1e6:.1f} M trainable of {first['parameters'] / 1e9:.2f} B parameters; "
-                f"msc: queue {QUEUE_NOTE}. Model FLOPs per token: `{first['formula']}` "
+                f"msc: queue of {f'{queue:,}' if queue else '–'} keys. Model FLOPs per token: `{first['formula']}` "
                 f"(N = {first['matmul_parameters'] / 1e9:.2f} B matmul weights, N_lora = {first['lora_parameters'] / 1e6:.1f} M; "
                 f"{first['flops_per_token'] / 1e9:.1f} GFLOP per token for sd and BCE; msc adds the momentum "
                 f"encoder's forward of the same tokens)."]  # fmt: skip
-        merged = [f"{n}: {c['figures']['reload']['merged_load']['min_cosine']:.3f}" for n, c in data["cells"].items()
-                  if c.get("figures")]  # fmt: skip
+        merged = [f"{cell.name}: {fig['reload']['merged_load']['min_cosine']:.3f}"
+                  for cell, _, fig in cell_entries(data, cells) if fig]  # fmt: skip
         out += ["", "The library's `from_pretrained` of the same folders merges the adapter into the bf16 base "
                 f"weights; minimum cosine to the trained outputs: {', '.join(merged)}."]  # fmt: skip
     return out
 
 
-QUEUE_NOTE = "4,096 keys"
-
-
 def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     out: list[str] = []
-    for cell in cells:
-        c = data["cells"].get(cell.name)
-        fig = (c or {}).get("figures")
-        out += [f"**{cell.name}** ({status(c)})", ""]
+    head = ["trainer", "samples/s relative to contrastive"]
+    if gpu:
+        head += ["samples/s (step)", "samples/s (wall, with data)", "step ms", "peak GiB", "host syncs / step"]
+    for cell, entry, fig in cell_entries(data, cells):
+        out += [f"**{cell.name}** ({status(entry)})", ""]
         if not fig:
             continue
         rows = []
         for row, r in fig["rows"].items():
-            base = [row, f"{r['samples_per_s'] / fig['rows']['contrastive']['samples_per_s']:.2f}"]
-            if gpu:
-                base += [f"{r['samples_per_s']:.0f}", f"{r['wall_samples_per_s']:.0f}",
-                         f"{1e3 * r['step_time_s']['median']:.1f}", gib(r["peak_memory"]), syncs(r["syncs_per_step"])]  # fmt: skip
-            rows.append(base)
-        head = ["trainer", "samples/s relative to contrastive"]
-        if gpu:
-            head += ["samples/s (step)", "samples/s (wall, with data)", "step ms", "peak GiB", "host syncs / step"]
+            measured = [f"{r['samples_per_s']:.0f}", f"{r['wall_samples_per_s']:.0f}",
+                        f"{1e3 * r['step_time_s']['median']:.1f}", gib(r["peak_memory"]),
+                        syncs(r["syncs_per_step"])] if gpu else []  # fmt: skip
+            rows.append([row, f"{r['samples_per_s'] / fig['rows']['contrastive']['samples_per_s']:.2f}", *measured])
         out += table(head, rows)
         ratio = fig["ratios"]
         out += ["", f"ContrastiveTrainer / Trainer + BCE = {ratio['contrastive_over_trainer_bce']:.2f}; "
@@ -153,70 +155,62 @@ def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
 
 
 def plm_icd(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    head = ["cell", "status"] + (["labels", "batch x tokens", "GradCache chunk", "step s", "documents/s",
+                                  "peak GiB (alloc / reserved)", "fits"] if gpu else ["batch x tokens (toy)"])  # fmt: skip
     rows = []
-    for cell in cells:
-        c = data["cells"].get(cell.name)
-        fig = (c or {}).get("figures")
+    for cell, entry, fig in cell_entries(data, cells):
         if not fig:
-            rows.append([cell.name, status(c)] + ["–"] * (7 if gpu else 1))
-            continue
-        if gpu:
-            rows.append([cell.name, status(c), f(fig["num_labels"]), f"{fig['per_device_batch']} x {fig['seq_len']}",
+            rows.append(unmeasured(head, [cell.name, status(entry)]))
+        elif gpu:
+            rows.append([cell.name, status(entry), f(fig["num_labels"]), f"{fig['per_device_batch']} x {fig['seq_len']}",
                          f(fig["gradcache_chunk_size"]), f"{fig['step_time_s']['median']:.2f}", f"{fig['documents_per_s']:.1f}",
                          gib(fig["peak_memory"]), f(fig["fits"])])  # fmt: skip
         else:
-            rows.append([cell.name, status(c), f"{fig['per_device_batch']} x {fig['seq_len']}"])
-    head = ["cell", "status"] + (["labels", "batch x tokens", "GradCache chunk", "step s", "documents/s",
-                                  "peak GiB (alloc / reserved)", "fits"] if gpu else ["batch x tokens (toy)"])  # fmt: skip
+            rows.append([cell.name, status(entry), f"{fig['per_device_batch']} x {fig['seq_len']}"])
     return table(head, rows)
 
 
 def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    """GPU rows: every loss's table; CPU-check rows: the worst ratio alone."""
     out: list[str] = []
-    for cell in cells:
-        c = data["cells"].get(cell.name)
-        fig = (c or {}).get("figures")
-        out += [f"**{cell.name}** ({status(c)})", ""]
+    for cell, entry, fig in cell_entries(data, cells):
+        out += [f"**{cell.name}** ({status(entry)})", ""]
         if not fig:
             continue
-        if fig["table"] == "in-batch" and not gpu:
+        if fig["table"] == "in-batch":
+            if gpu:
+                rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",
+                         f"{r['single_over_pml']:.2f}", f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}"] for r in fig["rows"]]  # fmt: skip
+                out += table(["loss", "N", "multi-label / plain SupCon", "single-label / plain SupCon",
+                              "single-label / PML SupConLoss", "loss ms", "plain ms"], rows) + [""]  # fmt: skip
             out += [f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
-        elif fig["table"] == "in-batch":
-            rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",
-                     f"{r['single_over_pml']:.2f}"] + ([f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}"] if gpu else [])
-                    for r in fig["rows"]]  # fmt: skip
-            head = ["loss", "N", "multi-label / plain SupCon", "single-label / plain SupCon", "single-label / PML SupConLoss"]
-            out += table(head + (["loss ms", "plain ms"] if gpu else []), rows)
-            out += ["", f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
-        elif not gpu:
-            out += [f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.", ""]
         else:
-            rows = [[r["loss"], str(r["n"]), str(r["labels"]), f"{r['dense_over_sparse']:.2f}", f"{r['sparse_over_floor']:.2f}"]
-                    + ([f"{r['sparse_ms']:.2f}", f"{r['dense_ms']:.2f}"] if gpu else []) for r in fig["rows"]]  # fmt: skip
-            head = ["loss", "N", "L", "dense / sparse", "sparse / floor"]
-            out += table(head + (["sparse ms", "dense ms"] if gpu else []), rows)
-            out += ["", f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.", ""]
+            if gpu:
+                rows = [[r["loss"], str(r["n"]), str(r["labels"]), f"{r['dense_over_sparse']:.2f}",
+                         f"{r['sparse_over_floor']:.2f}", f"{r['sparse_ms']:.2f}", f"{r['dense_ms']:.2f}"]
+                        for r in fig["rows"]]  # fmt: skip
+                out += table(["loss", "N", "L", "dense / sparse", "sparse / floor", "sparse ms", "dense ms"], rows) + [""]
+            out += [f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.", ""]
     return out
 
 
 def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
+    head = ["cell", "status", "largest plain batch", "GradCache", "memory GradCache / plain",
+            "samples/s GradCache / plain", "same loss"]  # fmt: skip
     rows = []
-    for cell in cells:
-        c = data["cells"].get(cell.name)
-        fig = (c or {}).get("figures")
+    for cell, entry, fig in cell_entries(data, cells):
         if not fig:
-            rows.append([cell.name, status(c)] + ["–"] * 5)
+            rows.append(unmeasured(head, [cell.name, status(entry)]))
             continue
         plain, cached = fig["largest_plain"], fig["gradcache"]
         if gpu:
-            rows.append([cell.name, status(c), f"{plain['batch']} ({plain['samples_per_s']:.0f} samples/s, {gib(plain['peak_memory'])} GiB)",
+            rows.append([cell.name, status(entry), f"{plain['batch']} ({plain['samples_per_s']:.0f} samples/s, {gib(plain['peak_memory'])} GiB)",
                          f"{fig['contrast_set']} in chunks of {fig['chunk']} ({cached['samples_per_s']:.0f} samples/s, {gib(cached['peak_memory'])} GiB)",
                          f"{fig['memory_ratio']:.2f}", f"{fig['speed_ratio']:.2f}", f(fig["same_loss"]["same"])])  # fmt: skip
         else:
-            rows.append([cell.name, status(c), str(plain["batch"]), str(fig["contrast_set"]), "–", f"{fig['speed_ratio']:.2f}",
+            rows.append([cell.name, status(entry), str(plain["batch"]), str(fig["contrast_set"]), "–", f"{fig['speed_ratio']:.2f}",
                          f(fig["same_loss"]["same"])])  # fmt: skip
-    return table(["cell", "status", "largest plain batch", "GradCache", "memory GradCache / plain",
-                  "samples/s GradCache / plain", "same loss"], rows)  # fmt: skip
+    return table(head, rows)
 
 
 def _gpu_cells(results, name):
