@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hf_mlcl.files import atomic_path
+
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",
     "k_proj",
@@ -223,10 +225,8 @@ def save_lora_adapter(
     config.base_model_name_or_path = base_model_name_or_path
     config.modules_to_save = None
     config.inference_mode = True
-    os.makedirs(save_directory, exist_ok=True)
-    tmp = os.path.join(save_directory, f".{ADAPTER_WEIGHTS_NAME}.tmp")
-    save_file(adapter, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME))
+    with atomic_path(os.path.join(save_directory, ADAPTER_WEIGHTS_NAME)) as tmp:
+        save_file(adapter, tmp, metadata={"format": "pt"})
     config.save_pretrained(save_directory)
     model.base_model.model.save_pretrained(save_directory, state_dict=heads)
 
@@ -347,9 +347,8 @@ def save_heads_with_adapter(
         if is_main_process(accelerator):
             os.makedirs(save_directory, exist_ok=True)
             for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
-                tmp = os.path.join(save_directory, f".{name}.tmp")
-                shutil.copyfile(os.path.join(adapter_directory, name), tmp)
-                os.replace(tmp, os.path.join(save_directory, name))
+                with atomic_path(os.path.join(save_directory, name)) as tmp:
+                    shutil.copyfile(os.path.join(adapter_directory, name), tmp)
             state = inner.state_dict() if state is None else state
             heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
             inner.save_pretrained(save_directory, state_dict=heads)

@@ -13,11 +13,12 @@ primitive containers only, no arbitrary objects).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from hf_mlcl.files import atomic_path
 
 __all__ = [
     "LEGACY_STATE_FILE",
@@ -69,9 +70,8 @@ def save_state_file(state: Mapping[str, Any], path: str) -> None:
 
     tensors: dict[str, torch.Tensor] = {}
     tree = _flatten(state, "", tensors)
-    tmp = f"{path}.tmp"
-    save_file(tensors, tmp, metadata={_TREE_KEY: json.dumps(tree)})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata={_TREE_KEY: json.dumps(tree)})
 
 
 def load_state_file(path: str, device: torch.device | str = "cpu") -> dict[str, Any]:

@@ -33,13 +33,14 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
+
+from hf_mlcl.files import atomic_path
 
 from .feature_cache import PooledFeatureDataset
 
@@ -163,26 +164,18 @@ class FeatureStore:
         from safetensors.torch import save_file
 
         path = self.path(key)
-        tmp = None
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}-", suffix=".tmp")
-            os.close(fd)
-            save_file(
-                {
-                    "features": features.features.contiguous(),
-                    "indptr": torch.from_numpy(np.ascontiguousarray(features.indptr)),
-                    "indices": torch.from_numpy(np.ascontiguousarray(features.indices)),
-                },
-                tmp,
-                metadata={"format": _FORMAT, "rows": str(len(features))},
-            )
-            os.replace(tmp, path)
-            tmp = None
+            with atomic_path(path) as tmp:
+                save_file(
+                    {
+                        "features": features.features.contiguous(),
+                        "indptr": torch.from_numpy(np.ascontiguousarray(features.indptr)),
+                        "indices": torch.from_numpy(np.ascontiguousarray(features.indices)),
+                    },
+                    tmp,
+                    metadata={"format": _FORMAT, "rows": str(len(features))},
+                )
             return path
         except OSError as err:  # derived data: the run goes on with the features in memory
             logger.warning(f"feature cache: cannot write {path} ({err}); the features are not saved")
             return None
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.remove(tmp)
