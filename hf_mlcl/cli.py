@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit status."""
     from hf_mlcl.hub import PushError
     from hf_mlcl.recipes import RecipeError
-    from hf_mlcl.training.run_guard import InputError
+    from hf_mlcl.training.checkpoints import InputError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -60,7 +60,7 @@ def test_two_writers_get_two_temp_names(tmp_path):
 
 
 def test_the_trainer_state_file_is_written_through_the_helper(tmp_path, recorded):
-    from hf_mlcl.training.checkpoint_state import load_state_file, save_state_file
+    from hf_mlcl.training.checkpoints import load_state_file, save_state_file
 
     path = str(tmp_path / "state.safetensors")
     save_state_file({"queue": {"ptr": 3, "embeddings": torch.ones(2, 2)}}, path)
@@ -69,8 +69,7 @@ def test_the_trainer_state_file_is_written_through_the_helper(tmp_path, recorded
 
 
 def test_pooled_features_are_written_through_the_helper(tmp_path, recorded):
-    from hf_mlcl.training.feature_cache import PooledFeatureDataset
-    from hf_mlcl.training.feature_store import FeatureStore
+    from hf_mlcl.training.features import FeatureStore, PooledFeatureDataset
 
     store = FeatureStore(tmp_path / "features")
     features = PooledFeatureDataset(torch.ones(2, 3), np.array([0, 1, 2]), np.array([0, 1]))

@@ -170,7 +170,8 @@ def run_cell(
     from hf_mlcl.evaluation import per_label_f1
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
     from hf_mlcl.training.entry import train_contrastive, train_probe
-    from hf_mlcl.utils import find_minilm
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from minilm import find_minilm
 
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
     recipe = load_recipe(_recipe_path(dataset, loss))

@@ -11,10 +11,8 @@ from __future__ import annotations
 from .configuration_mlcl import HEADS, POOLINGS, MLCLConfig, backbone_config_to_dict
 from .lora import (
     DEFAULT_LORA_TARGETS,
-    LLAMA3_PAD_TOKEN,
     apply_lora,
     bf16_available,
-    ensure_pad_token,
     merge_lora,
     save_lora_model,
 )
@@ -46,7 +44,6 @@ __all__ = [
     "AdapterMomentumEncoder",
     "DEFAULT_LORA_TARGETS",
     "HEADS",
-    "LLAMA3_PAD_TOKEN",
     "POOLINGS",
     "EmbeddingQueue",
     "LabelAttentionHead",
@@ -60,7 +57,6 @@ __all__ = [
     "apply_lora",
     "backbone_config_to_dict",
     "bf16_available",
-    "ensure_pad_token",
     "merge_lora",
     "pool_states",
     "save_lora_model",

@@ -1,7 +1,4 @@
-"""LoRA for decoder backbones (Llama-3.1-8B) with peft: adapters + trainable heads, and their pad token.
-
-``ensure_pad_token`` is the one pad-token policy of hf_mlcl (decoder tokenizers have none); the stage
-entry points call it for every tokenizer.
+"""LoRA for decoder backbones (Llama-3.1-8B) with peft: adapters + trainable heads.
 
 ``apply_lora`` follows the recipe of the design: LoRA r=16, alpha=32, dropout=0.1 on the attention and
 MLP projections (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + (alpha / r) B A x), bf16 backbone when the
@@ -29,7 +26,6 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "up_proj",
     "down_proj",
 )
-LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 HEAD_MODULES: tuple[str, ...] = ("projection_head", "classifier")
 
 logger = logging.getLogger(__name__)
@@ -38,40 +34,6 @@ logger = logging.getLogger(__name__)
 def bf16_available() -> bool:
     """True on CUDA devices with bf16 support."""
     return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-
-
-def ensure_pad_token(tokenizer: Any, config: Any = None) -> int:
-    """Give ``tokenizer`` a pad token and write its id into ``config.pad_token_id``.
-
-    Uses Llama-3.1's reserved ``<|finetune_right_pad_id|>`` when the vocabulary has it, else the EOS
-    token (padding is masked, so the choice only has to be a valid id). ``config`` may be a backbone
-    config, an ``MLCLConfig`` (its ``backbone_config`` dict is updated as well) or a model (its
-    ``config`` and, for hf_mlcl models, its backbone's config are updated). Returns the pad id.
-    """
-    if tokenizer.pad_token is None:
-        vocab = tokenizer.get_vocab()
-        if LLAMA3_PAD_TOKEN in vocab:
-            tokenizer.pad_token = LLAMA3_PAD_TOKEN
-        elif tokenizer.eos_token is not None:
-            tokenizer.pad_token = tokenizer.eos_token
-        else:
-            raise ValueError(
-                "the tokenizer has no pad, no Llama-3 reserved pad and no EOS token; add one with "
-                "tokenizer.add_special_tokens({'pad_token': '<pad>'}) and resize the embeddings"
-            )
-    pad_id = int(tokenizer.pad_token_id)
-    if config is not None:
-        targets = [config]
-        if isinstance(config, nn.Module):
-            targets = [config.config]
-            backbone = getattr(config, "backbone", None)
-            if backbone is not None:
-                targets.append(backbone.config)
-        for cfg in targets:
-            cfg.pad_token_id = pad_id
-            if isinstance(getattr(cfg, "backbone_config", None), dict):
-                cfg.backbone_config["pad_token_id"] = pad_id
-    return pad_id
 
 
 def _enable_checkpointing(model: nn.Module) -> None:
@@ -107,7 +69,7 @@ def apply_lora(
     The returned ``PeftModel`` is called like the encoder. Save it as an hf_mlcl adapter folder with
     :func:`save_lora_adapter` (``MLCLEncoder.from_pretrained`` / ``AutoModel`` load it onto the base
     model), or as a plain PEFT adapter with ``peft_model.save_pretrained``.
-    Set the pad token first with :func:`ensure_pad_token`.
+    Set the pad token first with :func:`hf_mlcl.data.tokenizer.ensure_pad_token`.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -357,10 +319,8 @@ def save_heads_with_adapter(
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",
-    "LLAMA3_PAD_TOKEN",
     "apply_lora",
     "bf16_available",
-    "ensure_pad_token",
     "merge_lora",
     "save_heads_with_adapter",
     "save_lora_adapter",

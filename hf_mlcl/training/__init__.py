@@ -4,9 +4,9 @@
   ``transformers.Trainer`` subclasses;
 * :func:`train_contrastive` / :func:`train_probe`: dataset -> tokenizer -> model -> trainer -> train ->
   evaluate -> save; :mod:`hf_mlcl.training.pipeline` runs them with model cards for the CLI and demo;
-* :mod:`hf_mlcl.training.checkpoint_state`: the trainer's extra checkpoint state as safetensors;
-* :mod:`hf_mlcl.training.checkpoints` (complete-or-absent checkpoints, which one a resume takes) and
-  :mod:`hf_mlcl.training.run_guard` (launch and output-folder checks before any work);
+* :mod:`hf_mlcl.training.checkpoints`: launch and output-folder checks before any work,
+  complete-or-absent checkpoints, which one a resume takes, the trainer's extra state as safetensors;
+* :mod:`hf_mlcl.training.features`: frozen pooled features in memory and on disk (the linear probe);
 * :mod:`hf_mlcl.training.distributed` (candidate gathering with gradient) and
   :mod:`hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
 """

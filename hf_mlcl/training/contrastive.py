@@ -71,7 +71,7 @@ is padded).
 
 Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
 the momentum encoder and the queue (and under DeepSpeed / FSDP the loss parameters' optimizer state;
-safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`); ``resume_from_checkpoint`` restores
+safetensors, no pickle: :mod:`hf_mlcl.training.checkpoints`); ``resume_from_checkpoint`` restores
 them together with the optimizer (which contains the loss parameters), the scheduler and the RNG
 states, so the next step is identical to the uninterrupted run.
 
@@ -109,15 +109,15 @@ from ._common import (
 )
 from .arguments import ContrastiveTrainingArguments
 from .candidates import CandidateBuilder, max_candidates, resolve_contrast_set, resolve_queue_warmup
-from .checkpoint_state import (
+from .checkpoints import (
     LEGACY_STATE_FILE,
     STATE_FILE,
+    CompleteCheckpointsMixin,
     load_state_file,
     optimizer_state_to_tree,
     save_state_file,
     tree_to_optimizer_state,
 )
-from .checkpoints import CompleteCheckpointsMixin
 from .gradcache import gradcache_backward
 from .sharding import (
     EngineCheckCallback,

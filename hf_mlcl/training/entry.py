@@ -32,8 +32,7 @@ from hf_mlcl.files import atomic_write_json
 
 from . import distributed as D
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
-from .checkpoints import resolve_resume
-from .run_guard import InputError
+from .checkpoints import InputError, resolve_resume
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ def build_tokenizer_and_encoder(
         raise ValueError(
             "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"
         )
-    from hf_mlcl.modeling.lora import ensure_pad_token
+    from hf_mlcl.data.tokenizer import ensure_pad_token
 
     ensure_pad_token(tokenizer)  # the one pad-token policy (Llama-3 reserved pad, else EOS)
     backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
@@ -263,7 +262,7 @@ def _check_lora_save(model_args: ModelArguments, args, source: str | None, adapt
 
 
 def check_train_batches(n_rows: int, args, stage: str) -> None:
-    """:class:`~hf_mlcl.training.run_guard.InputError` (a ValueError, one line) when the train split cannot
+    """:class:`~hf_mlcl.training.checkpoints.InputError` (a ValueError, one line) when the train split cannot
     fill one batch on every process and the stage
     drops an incomplete last batch (``dataloader_drop_last``, stage 1's default): the stage would make no
     optimizer step. Each process takes ``args.train_batch_size`` rows per batch, ``args.world_size``
@@ -295,7 +294,7 @@ def _new_folders(path: str) -> list[str]:
 
 
 def _require_a_step(trainer, new_folders: list[str], stage: str) -> None:
-    """:class:`~hf_mlcl.training.run_guard.InputError` (nothing saved) when the stage's training made no
+    """:class:`~hf_mlcl.training.checkpoints.InputError` (nothing saved) when the stage's training made no
     optimizer step, e.g.
     ``num_train_epochs 0``: its model would be the untrained one. The empty folders the stage created
     (the Trainer makes ``output_dir``) are removed again."""
@@ -316,8 +315,8 @@ def _require_a_step(trainer, new_folders: list[str], stage: str) -> None:
 def _replace_previous_run(args) -> None:
     """``overwrite_output_dir``: remove the previous run's checkpoints now, after the stage's inputs (data,
     model, batch size) have been checked and before training writes new ones
-    (:func:`hf_mlcl.training.run_guard.remove_previous_checkpoints`)."""
-    from .run_guard import remove_previous_checkpoints
+    (:func:`hf_mlcl.training.checkpoints.remove_previous_checkpoints`)."""
+    from .checkpoints import remove_previous_checkpoints
 
     remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint,
                                 args.process_index == 0)  # fmt: skip

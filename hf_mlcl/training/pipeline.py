@@ -13,7 +13,7 @@ both stay thin callers and library code never imports the command line:
   folder is refused before anything is loaded or written);
 * :func:`encoder_loss`: the contrastive loss an encoder folder was trained with;
 * :func:`check_stage` / :func:`finished_stage_metrics`: before any work, the launch and output-folder
-  checks of :mod:`hf_mlcl.training.run_guard`; on resume, a finished stage's metrics instead of a rerun.
+  checks of :mod:`hf_mlcl.training.checkpoints`; on resume, a finished stage's metrics instead of a rerun.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ def _label_names(trainer) -> list[str] | None:
 
 def check_stage(args) -> None:
     """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
-    holds another run (:func:`~hf_mlcl.training.run_guard.check_launch`,
-    :func:`~hf_mlcl.training.run_guard.check_output_dir`). Deletes nothing: with ``overwrite_output_dir``
+    holds another run (:func:`~hf_mlcl.training.checkpoints.check_launch`,
+    :func:`~hf_mlcl.training.checkpoints.check_output_dir`). Deletes nothing: with ``overwrite_output_dir``
     the old checkpoints go only once the stage's data and model have loaded (the stage entry points)."""
-    from .run_guard import check_launch, check_output_dir
+    from .checkpoints import check_launch, check_output_dir
 
     check_launch(args)
     check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
@@ -67,9 +67,8 @@ def check_stage(args) -> None:
 def finished_stage_metrics(args) -> dict | None:
     """When resuming and the stage's folder already holds its finished output: its saved metrics (the stage
     is not redone). Otherwise None."""
-    from .checkpoints import wants_resume
+    from .checkpoints import stage_finished, wants_resume
     from .entry import METRICS_FILE
-    from .run_guard import stage_finished
 
     if not (wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir)):
         return None

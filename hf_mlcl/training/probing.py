@@ -50,8 +50,7 @@ from ._common import (
 )
 from .arguments import ProbingTrainingArguments
 from .checkpoints import CompleteCheckpointsMixin
-from .feature_cache import PooledFeatureCollator, PooledFeatureDataset
-from .feature_store import FeatureStore
+from .features import FeatureStore, PooledFeatureCollator, PooledFeatureDataset
 from .sharding import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
 
 logger = logging.getLogger(__name__)
@@ -145,7 +144,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
     the logistic probe fits on the same features. ``cache_features=True`` that cannot apply is a
     ValueError here; left unset, the run falls back to the texts with an info message. With
     ``args.feature_cache_dir`` the cached features are also saved to / loaded from that folder
-    (:class:`~hf_mlcl.training.feature_store.FeatureStore`), so a later probe of the same encoder on the
+    (:class:`~hf_mlcl.training.features.FeatureStore`), so a later probe of the same encoder on the
     same tokenised data runs no encoder pass at all.
     """
 
@@ -388,7 +387,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
         return None
 
     def cached_features(self, dataset: Any, name: str = "dataset") -> PooledFeatureDataset | None:
-        """The :class:`~hf_mlcl.training.feature_cache.PooledFeatureDataset` of ``dataset``: computed by the
+        """The :class:`~hf_mlcl.training.features.PooledFeatureDataset` of ``dataset``: computed by the
         frozen encoder on first use, then reused for as long as this trainer lives (the encoder is frozen
         and in eval mode, so its outputs never change; features are not written to checkpoints and a
         resumed run computes them again). None when this trainer does not cache (``self.cache_features``)."""
@@ -414,7 +413,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
 
     def _encoded_or_stored(self, dataset: Any, name: str) -> PooledFeatureDataset:
         """One encoder pass over ``dataset``, or, with ``feature_cache_dir``, the features a run with the same
-        encoder and tokenised rows saved there (:class:`~hf_mlcl.training.feature_store.FeatureStore`)."""
+        encoder and tokenised rows saved there (:class:`~hf_mlcl.training.features.FeatureStore`)."""
         start = time.perf_counter()
         store = self._feature_store
         if store is not None:

@@ -346,7 +346,7 @@ def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
 def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys):
     """Under a multi-process launch every rank runs the same input checks: the main process prints the
     line, the others exit with the same status in silence; any other error is printed on every rank."""
-    from hf_mlcl.training.run_guard import InputError
+    from hf_mlcl.training.checkpoints import InputError
 
     for rank, error, printed in (("0", InputError, True), ("1", InputError, False), ("1", ValueError, True)):
         def failing(ns, overrides, error=error):

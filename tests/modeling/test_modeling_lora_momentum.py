@@ -9,14 +9,13 @@ import pytest
 import torch
 from torch import nn
 
+from hf_mlcl.data.tokenizer import LLAMA3_PAD_TOKEN, ensure_pad_token
 from hf_mlcl.modeling import (
-    LLAMA3_PAD_TOKEN,
     EmbeddingQueue,
     MLCLEncoder,
     MLCLForMultiLabelClassification,
     MomentumEncoder,
     apply_lora,
-    ensure_pad_token,
 )
 
 TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]

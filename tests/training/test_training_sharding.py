@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_mlcl.training.run_guard import check_launch
+from hf_mlcl.training.checkpoints import check_launch
 from hf_mlcl.training.sharding import launch_problem, requested_engine
 
 

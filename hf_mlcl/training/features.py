@@ -1,12 +1,20 @@
-"""Frozen pooled features on disk: one file per (encoder, tokenised dataset), reused across runs.
+"""Frozen pooled features: held in memory for a cached linear probe, and kept on disk across runs.
 
-A frozen encoder in eval mode maps every text to the same pooled vector (Khosla et al. 2020, Sec. 4:
-the linear evaluation protocol trains only a head on it), so the features one probe computed are the
-features the next probe of the same encoder needs: ABALONE's per-label logistic regressions and the SD
-paper's linear layer on one stage-1 encoder, a C grid, a second learning rate of the head. With
-``ProbingTrainingArguments.feature_cache_dir`` the :class:`~hf_mlcl.training.ProbingTrainer` saves each
-split's :class:`~hf_mlcl.training.feature_cache.PooledFeatureDataset` here and later runs load it
-instead of running the encoder.
+**In memory.** A linear probe (Khosla et al. 2020, Sec. 4: the encoder frozen, a linear layer trained on
+its representation) never changes the encoder's outputs, and the frozen encoder runs in eval mode (no
+dropout), so every text's pooled representation is the same in every epoch. ``ProbingTrainer`` with
+``cache_features`` computes them once per dataset and hands Trainer a :class:`PooledFeatureDataset`
+instead of the texts; :class:`PooledFeatureCollator` batches its rows as ``{"pooled_features": (B, H),
+"labels": multi-hot (B, L)}``, which ``MLCLForMultiLabelClassification.forward(pooled_features=...)``
+turns into logits through the same dropout + linear head as the text path. Labels are kept as id lists
+(CSR arrays), so a large label space (MIMIC-IV: 25,230 codes) never becomes a documents x labels matrix.
+
+**On disk** (:class:`FeatureStore`): one file per (encoder, tokenised dataset), reused across runs. The
+features one probe computed are the features the next probe of the same encoder needs: ABALONE's
+per-label logistic regressions and the SD paper's linear layer on one stage-1 encoder, a C grid, a second
+learning rate of the head. With ``ProbingTrainingArguments.feature_cache_dir`` the
+:class:`~hf_mlcl.training.ProbingTrainer` saves each split's :class:`PooledFeatureDataset` there and later
+runs load it instead of running the encoder.
 
 The key is what the encoder computes from, never a name or a path (a re-trained encoder saved to the
 same folder must not hit): SHA-256 over
@@ -22,7 +30,7 @@ same folder must not hit): SHA-256 over
 Anything left out can only cost a miss, never a wrong hit, if it changes the token ids or the weights;
 the settings above are the known inputs of the pass that change neither. The token ids come from the
 trainer's own collator over the dataset in order, one cheap tokenisation pass, against an encoder pass
-on a miss. Files are written under a unique temporary name and renamed into place, so a killed run never
+on a miss. Files are written atomically (:func:`hf_mlcl.files.atomic_path`), so a killed run never
 leaves a partial file under a key; a file that cannot be read is reported and computed again, and a
 file that cannot be written is reported and skipped (the features are derived data).
 """
@@ -33,7 +41,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,14 +50,73 @@ import torch.nn as nn
 
 from hf_mlcl.files import atomic_path
 
-from .feature_cache import PooledFeatureDataset
-
 logger = logging.getLogger(__name__)
 
-__all__ = ["FeatureStore"]
+__all__ = ["POOLED_KEY", "FeatureStore", "PooledFeatureCollator", "PooledFeatureDataset"]
 
+POOLED_KEY = "pooled_features"  # the keyword of MLCLForMultiLabelClassification.forward
+_LABEL_IDS = "label_ids"
 _FORMAT = "hf_mlcl-pooled-features-v1"
 _CONFIG_NAMES = {"_name_or_path", "transformers_version", "id2label", "label2id"}  # names, not computation
+
+
+class PooledFeatureDataset(torch.utils.data.Dataset):
+    """Map-style dataset of pooled features (N, H) and each row's label ids (CSR: ``indptr``, ``indices``).
+
+    Row ``i`` is ``{"pooled_features": features[i], "label_ids": indices[indptr[i]:indptr[i + 1]]}``.
+    """
+
+    def __init__(self, features: torch.Tensor, indptr: np.ndarray, indices: np.ndarray) -> None:
+        if features.dim() != 2 or len(indptr) != features.shape[0] + 1:
+            raise ValueError(
+                f"features must be (N, H) with N + 1 row pointers; got {tuple(features.shape)} and {len(indptr)}"
+            )
+        self.features = features
+        self.indptr = np.asarray(indptr, dtype=np.int64)
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    @classmethod
+    def from_batches(cls, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> PooledFeatureDataset:
+        """Collect ``(pooled (b, H), multi-hot (b, L))`` batches, in dataset order, into one dataset."""
+        feats: list[torch.Tensor] = []
+        counts: list[np.ndarray] = []
+        indices: list[np.ndarray] = []
+        for pooled, multi_hot in batches:
+            rows, cols = (multi_hot > 0.5).nonzero(as_tuple=True)  # row-major: sorted by row
+            feats.append(pooled.detach().float().cpu())
+            counts.append(torch.bincount(rows, minlength=multi_hot.shape[0]).cpu().numpy())
+            indices.append(cols.cpu().numpy())
+        if not feats:
+            raise ValueError("cannot cache the features of an empty dataset")
+        indptr = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
+        return cls(torch.cat(feats), indptr, np.concatenate(indices))
+
+    def multi_hot(self, num_labels: int) -> np.ndarray:
+        """The rows' labels as an (N, num_labels) bool matrix."""
+        out = np.zeros((len(self), num_labels), dtype=bool)
+        out[np.repeat(np.arange(len(self)), np.diff(self.indptr)), self.indices] = True
+        return out
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {POOLED_KEY: self.features[i], _LABEL_IDS: self.indices[self.indptr[i] : self.indptr[i + 1]]}
+
+
+class PooledFeatureCollator:
+    """Stack :class:`PooledFeatureDataset` rows; ``labels_to_tensor`` (the text collator's, e.g.
+    ``MultiLabelCollator.labels_to_tensor``) builds the multi-hot labels, so both paths hand the loss
+    the same label tensor (dense or sparse)."""
+
+    def __init__(self, labels_to_tensor: Callable[[Sequence[Sequence[int]]], torch.Tensor]) -> None:
+        self.labels_to_tensor = labels_to_tensor
+
+    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return {
+            POOLED_KEY: torch.stack([r[POOLED_KEY] for r in rows]),
+            "labels": self.labels_to_tensor([r[_LABEL_IDS] for r in rows]),
+        }
 
 
 def _update_bytes(hasher: Any, t: torch.Tensor) -> None:
