@@ -1,9 +1,9 @@
 """Runner of the CPU study in docs/RESULTS.md: one (dataset, loss, probe, seed) cell per call.
 
-It drives the public entry points ``hf_mlcl.training.entry.train_contrastive`` / ``train_probe`` with the
+It drives the library's stages ``hf_mlcl.training.stages.train_contrastive`` / ``train_probe`` with the
 recipes of ``recipes/cpu/<dataset>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
 does), and additionally records what the CLI does not keep: the test per-label F1 (for the
-frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the repository, outside
+frequency plot, from the test scores the probe stage returns) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the repository, outside
 the repository); only small files land in ``docs/results/<dataset>/<loss>_<probe>/seed<S>/``.
 
     python docs/results/run.py cell goemotions --loss sd --probe logistic --seed 1
@@ -45,26 +45,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # beside the checkout
 RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(REPO, "docs", "results"))  # small per-cell outputs
-
-_captured: list = []
-
-
-def _patch_predict_scores() -> None:
-    """Keep every (scores, truth) pair train_probe computes (the last one is the test split)."""
-    from hf_mlcl.training import probing
-
-    orig = probing.ProbingTrainer.predict_scores
-    if getattr(orig, "_recorded", False):
-        return
-
-    def recorded(self, dataset):
-        scores, truth = orig(self, dataset)
-        _captured.append((scores, truth))
-        return scores, truth
-
-    recorded._recorded = True  # type: ignore[attr-defined]
-    probing.ProbingTrainer.predict_scores = recorded
-
 
 def _git_commit() -> str | None:
     """The repository commit the cell ran with: ``$MLCL_GIT_COMMIT`` where set (a copy of the working tree on
@@ -169,7 +149,7 @@ def run_cell(
     from hf_mlcl.data import label_names, train_frequency
     from hf_mlcl.evaluation import per_label_f1
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.entry import train_contrastive, train_probe
+    from hf_mlcl.training.stages import train_contrastive, train_probe
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from minilm import find_minilm
 
@@ -225,8 +205,6 @@ def run_cell(
     elif loss == "bce" and probe != "finetune":
         raise ValueError("--loss bce is the fine-tuning baseline: use --probe finetune")
 
-    _patch_predict_scores()
-    _captured.clear()
     if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
         tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(RUNS, dataset, "features")]
     ov = split_overrides(tokens, ["probe"])
@@ -238,9 +216,10 @@ def run_cell(
         p_args.resume_from_checkpoint = True
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
     t0 = time.time()
-    trainer, metrics = train_probe(
+    stage = train_probe(
         m_args, d_args, p_args, encoder_path=encoder_path, callbacks=_callbacks(p_args, probe_dir, patience)
     )
+    trainer, metrics = stage.trainer, stage.metrics
     wall["probe_s"] = round(time.time() - t0, 1)  # this session's part when the stage was resumed
     if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
         result["features"] = dict(trainer.feature_sources)
@@ -267,7 +246,7 @@ def run_cell(
     result["wall_s"] = wall
 
     # per-label F1 on test at the tuned threshold, with training-subset frequencies
-    scores, truth = _captured[-1]
+    scores, truth = stage.scores["test"]
     thr = np.asarray(metrics["threshold"], dtype=np.float64)
     f1 = per_label_f1(truth, scores >= thr)
     train_split = trainer.train_dataset
@@ -300,12 +279,13 @@ def run_embed(dataset: str, loss: str, seed: int, n: int) -> None:
     from hf_mlcl.evaluation import plot_embedding_projection
     from hf_mlcl.modeling import MLCLEncoder
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
     os.chdir(REPO)
     recipe = load_recipe(_recipe_path(dataset, loss))
     _, d_args, _ = parse_stage(recipe, "probe", split_overrides([], ["probe"]), output_dir="/tmp/unused")
-    ds, names = load_data(d_args)
+    data = load_run_data(d_args)
+    ds, names = data.dataset, data.label_names
     test = ds["test"].select(range(min(n, len(ds["test"]))))
     path = os.path.join(RUNS, dataset, loss, f"seed{seed}", "encoder")
     tok = AutoTokenizer.from_pretrained(path)

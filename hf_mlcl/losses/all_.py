@@ -12,6 +12,10 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (1) (posit
 
 from __future__ import annotations
 
+from torch import Tensor
+
+from hf_mlcl.labels.relations import PairRelations
+
 from .core import ContrastContext, ContrastiveLoss, LossTerms
 from .mulsupcon import MULSUPCON_CITATION
 from .registry import register_loss
@@ -40,8 +44,12 @@ class AllLoss(ContrastiveLoss):
 
     default_temperature = 0.07
 
+    @staticmethod
+    def positives(rel: PairRelations) -> Tensor:
+        """T == S with S non-empty, inside the contrast set (eq. 1)."""
+        return rel.equal & (rel.anchor_sizes > 0)[:, None] & rel.contrast_mask
+
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        positive = ctx.equal & (ctx.anchor_sizes > 0)[:, None] & ctx.contrast_mask
-        w = positive.to(ctx.dtype)
+        w = self.positives(ctx).to(ctx.dtype)
         wsum = w.sum(dim=1)
         return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)

@@ -40,6 +40,6 @@ class AnyLoss(ContrastiveLoss):
     default_temperature = 0.07
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w = ctx.shares_label.to(ctx.dtype)  # 0 at the anchor's own column
+        w = self.positives(ctx).to(ctx.dtype)  # S & T non-empty; 0 at the anchor's own column
         wsum = w.sum(dim=1)
         return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)

@@ -55,6 +55,6 @@ class JaccardLoss(ContrastiveLoss):
     default_temperature = 0.1
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w = torch.where(ctx.shares_label, ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
+        w = torch.where(self.positives(ctx), ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
         wsum = w.sum(dim=1)
         return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)

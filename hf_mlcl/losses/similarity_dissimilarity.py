@@ -80,7 +80,7 @@ class SimilarityDissimilarityLoss(ContrastiveLoss):
         return super().extra_repr() + f", weight_in_log={self.weight_in_log}"
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        positive = ctx.shares_label
+        positive = self.positives(ctx)
         k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
         k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
         count = positive.to(ctx.dtype)

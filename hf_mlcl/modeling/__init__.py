@@ -1,6 +1,7 @@
 """hf_mlcl.modeling: encoder (backbone + pooling + projection head), multi-label classifiers (linear
-probe, PLM-ICD label attention), LoRA helpers, momentum encoder and embedding queue; ``sharded`` reads and
-writes parameters that DeepSpeed ZeRO-3 / FSDP shard.
+probe, PLM-ICD label attention), LoRA helpers; ``sharded`` reads and writes parameters that DeepSpeed
+ZeRO-3 / FSDP shard. The MoCo key encoder and queue live with the training code
+(:mod:`hf_mlcl.training.momentum`, :mod:`hf_mlcl.training.memory`).
 
 ``configuration_mlcl`` and ``modeling_mlcl`` are self-contained (they are copied beside saved weights
 for ``trust_remote_code`` loading); everything else imports from them.
@@ -25,7 +26,6 @@ from .modeling_mlcl import (
     ProjectionHead,
     pool_states,
 )
-from .momentum import AdapterMomentumEncoder, EmbeddingQueue, MomentumEncoder
 
 
 def _register_local_auto_classes() -> None:
@@ -41,18 +41,15 @@ def _register_local_auto_classes() -> None:
 _register_local_auto_classes()
 
 __all__ = [
-    "AdapterMomentumEncoder",
     "DEFAULT_LORA_TARGETS",
     "HEADS",
     "POOLINGS",
-    "EmbeddingQueue",
     "LabelAttentionHead",
     "MLCLConfig",
     "MLCLEncoder",
     "MLCLEncoderOutput",
     "MLCLForMultiLabelClassification",
     "MLCLPreTrainedModel",
-    "MomentumEncoder",
     "ProjectionHead",
     "apply_lora",
     "backbone_config_to_dict",

@@ -201,8 +201,6 @@ class DataArguments:
         },
     )
 
-    data_notes: list[str] = field(default_factory=list, init=False, repr=False)  # filled by load_data
-
     def __post_init__(self) -> None:
         self.dataset_options = _as_dict(self.dataset_options, "dataset_options") or {}
         if isinstance(self.data_files, str) and self.data_files.lstrip().startswith("{"):
@@ -307,7 +305,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
-        from .candidates import check_contrast_set
+        from .memory import check_contrast_set
 
         check_contrast_set(self.contrast_set, self.queue_size)
         if not 0.0 <= self.momentum < 1.0:

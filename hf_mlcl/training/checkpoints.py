@@ -73,15 +73,21 @@ __all__ = [
     "CompleteCheckpointsMixin",
     "InputError",
     "check_launch",
+    "check_lora_save",
     "check_output_dir",
+    "check_stage",
+    "check_train_batches",
     "checkpoint_folders",
+    "finished_stage_metrics",
     "is_complete_checkpoint",
     "last_complete_checkpoint",
     "load_state_file",
+    "new_folders",
     "optimizer_state_to_tree",
     "parse_resume",
     "remove_incomplete_checkpoints",
     "remove_previous_checkpoints",
+    "require_a_step",
     "resolve_resume",
     "save_state_file",
     "stage_finished",
@@ -155,6 +161,96 @@ def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, i
 def stage_finished(output_dir: str) -> bool:
     """True when a stage's folder holds its final model, metrics and card (``FINISHED_FILES``)."""
     return all(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", *FINISHED_FILES))
+
+
+def check_stage(args: Any) -> None:
+    """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
+    holds another run (:func:`check_launch`, :func:`check_output_dir`). Deletes nothing: with
+    ``overwrite_output_dir`` the old checkpoints go only once the stage's data and model have loaded."""
+    check_launch(args)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+
+
+def finished_stage_metrics(args: Any) -> dict | None:
+    """When resuming and the stage's folder already holds its finished output (:func:`stage_finished`): its
+    saved metrics (the stage is not redone). Otherwise None."""
+    if not (wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir)):
+        return None
+    print(f"{args.output_dir} is finished; resuming after it")
+    with open(os.path.join(args.output_dir, FINISHED_FILES[0]), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def check_lora_save(model_args: Any, args: Any, source: str | None, adapter_encoder: bool = False) -> None:
+    """Before any loading: a LoRA run under DeepSpeed / FSDP must be able to write its adapter at the end
+    (ValueError naming the fix otherwise)."""
+    from .sharding import requested_engine
+
+    engine = requested_engine(args)
+    if engine is None:
+        return
+    if not (source or model_args.model_name_or_path):
+        raise ValueError(
+            f"use_lora with a backbone built from backbone_config under {engine}: the sharded weights have no base "
+            "model to save an adapter for; build the backbone from a saved model (model_name_or_path)"
+        )
+    if adapter_encoder:
+        raise ValueError(
+            f"probe: finetune with use_lora on an encoder saved as a LoRA adapter under {engine}: the new adapter "
+            "applies to the merged encoder, not to the base model; save stage 1 with --merge_lora true or fine-tune "
+            "without DeepSpeed / FSDP (the merged weights are then saved)"
+        )
+
+
+def check_train_batches(n_rows: int, args: Any, stage: str) -> None:
+    """:class:`InputError` (a ValueError, one line) when the train split cannot
+    fill one batch on every process and the stage
+    drops an incomplete last batch (``dataloader_drop_last``, stage 1's default): the stage would make no
+    optimizer step. Each process takes ``args.train_batch_size`` rows per batch, ``args.world_size``
+    processes share the split. Runs before any model is built or any folder is written."""
+    if not args.dataloader_drop_last:
+        return  # a short last batch still trains
+    processes = max(1, int(args.world_size))
+    per_process = int(args.train_batch_size)
+    if n_rows >= per_process * processes:
+        return
+    batch = f"per_device_train_batch_size {per_process}" + (f" x {processes} processes" if processes > 1 else "")
+    fit = n_rows // processes
+    fix = (f"lower per_device_train_batch_size to at most {fit}" if fit
+           else f"launch at most {n_rows} process{'es' if n_rows > 1 else ''}")  # fmt: skip
+    raise InputError(
+        f"the train split has {n_rows} rows, fewer than one batch of {per_process * processes} ({batch}), and "
+        f"{stage} drops an incomplete last batch (dataloader_drop_last true), so it would train no step; {fix}, "
+        "or add training rows"
+    )
+
+
+def new_folders(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    out, path = [], os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
+
+
+def require_a_step(trainer: Any, created: list[str], stage: str) -> None:
+    """:class:`InputError` (nothing saved) when the stage's training made no
+    optimizer step, e.g.
+    ``num_train_epochs 0``: its model would be the untrained one. The empty folders the stage created
+    (``created``, :func:`new_folders`; the Trainer makes ``output_dir``) are removed again."""
+    if trainer.state.global_step > 0:
+        return
+    D.barrier()
+    if trainer.is_world_process_zero():
+        for folder in created:  # deepest first; only folders this stage created and left empty
+            if os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)
+    args = trainer.args
+    raise InputError(
+        f"{stage} made no optimizer step (num_train_epochs {args.num_train_epochs}, max_steps {args.max_steps}, "
+        f"{len(trainer.train_dataset)} train rows), so no model was saved; train at least one step"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------

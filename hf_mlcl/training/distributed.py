@@ -30,13 +30,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hf_mlcl.losses.relations import nonzero_pairs
+from hf_mlcl.labels.multihot import to_dense_bool
 
 __all__ = [
     "is_distributed",
     "world_size",
     "rank",
-    "to_dense_bool",
     "all_gather_with_grad",
     "all_gather_no_grad",
     "gather_candidates",
@@ -57,24 +56,6 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
-
-
-def to_dense_bool(labels: torch.Tensor) -> torch.Tensor:
-    """A multi-hot (N, L) matrix (dense bool/int/float, or torch sparse COO/CSR) as a dense bool tensor."""
-    if labels.layout != torch.strided:
-        labels = labels.to_dense()
-    return labels if labels.dtype == torch.bool else labels != 0
-
-
-def to_sparse_bool(labels: torch.Tensor) -> torch.Tensor:
-    """A multi-hot (N, L) matrix (dense, or torch sparse COO/CSR) as a coalesced sparse COO bool tensor."""
-    rows, cols = nonzero_pairs(labels)
-    return torch.sparse_coo_tensor(
-        torch.stack([rows, cols]),
-        torch.ones(rows.numel(), dtype=torch.bool, device=labels.device),
-        tuple(labels.shape),
-        is_coalesced=True,
-    )
 
 
 def _gather_sizes(n: int, device: torch.device) -> list[int]:

@@ -1,4 +1,7 @@
-"""Frozen pooled features: held in memory for a cached linear probe, and kept on disk across runs.
+"""Frozen pooled features: computed once, held in memory for a cached linear probe, kept on disk across runs.
+
+:class:`FrozenFeatures` is the service a frozen-encoder probe uses: one encoder pass per dataset, or the
+file a run with the same encoder left (below).
 
 **In memory.** A linear probe (Khosla et al. 2020, Sec. 4: the encoder frozen, a linear layer trained on
 its representation) never changes the encoder's outputs, and the frozen encoder runs in eval mode (no
@@ -41,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +56,7 @@ from hf_mlcl.files import atomic_path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POOLED_KEY", "FeatureStore", "PooledFeatureCollator", "PooledFeatureDataset"]
+__all__ = ["POOLED_KEY", "FeatureStore", "FrozenFeatures", "PooledFeatureCollator", "PooledFeatureDataset"]
 
 POOLED_KEY = "pooled_features"  # the keyword of MLCLForMultiLabelClassification.forward
 _LABEL_IDS = "label_ids"
@@ -246,3 +250,153 @@ class FeatureStore:
         except OSError as err:  # derived data: the run goes on with the features in memory
             logger.warning(f"feature cache: cannot write {path} ({err}); the features are not saved")
             return None
+
+
+class FrozenFeatures:
+    """The pooled features of a frozen-encoder probe, one encoder pass per dataset (the service behind
+    ``ProbingTrainer(cache_features=...)``).
+
+    :meth:`of` returns a dataset's :class:`PooledFeatureDataset`: computed on first use through the
+    trainer's own text dataloader (in eval mode, without gradient; under several processes every process
+    gets every row, ``gather_for_metrics`` dropping the duplicated tail), or, with a :class:`FeatureStore`,
+    loaded from the file of the same encoder and tokenised rows; then reused for as long as the trainer
+    lives (the encoder is frozen and in eval mode, so its outputs never change; features are not written to
+    checkpoints and a resumed run computes them again). ``sources`` records, per split name, whether they
+    were ``"encoded"`` or ``"loaded"``. The passes leave the random-number streams as they were
+    (``fork_rng``: iterating a DataLoader draws a seed), so a run with cached features draws the same
+    dropout masks as one without.
+
+    ``trainer``: the ``ProbingTrainer`` (its model, arguments, accelerator, collator, label split and
+    ``text_test_dataloader``).
+    """
+
+    def __init__(self, trainer: Any, store: FeatureStore | None = None) -> None:
+        self.trainer = trainer
+        self.store = store
+        self.sources: dict[str, str] = {}
+        self._cache: dict[int, tuple[Any, nn.Module, PooledFeatureDataset]] = {}
+        self._digest: tuple[nn.Module, str] | None = None
+
+    @staticmethod
+    def blocker(trainer: Any) -> str | None:
+        """Why ``trainer`` cannot train its linear head on cached features, or None when it can."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        args = trainer.args
+        if getattr(model.config, "head", "linear") != "linear" or not hasattr(model, "logits_from_pooled"):
+            return (
+                f"head={getattr(model.config, 'head', None)!r} reads token states, not a pooled vector "
+                "(only head='linear' can be trained on cached features)"
+            )
+        if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+            return "FSDP / DeepSpeed shard the encoder's weights across processes"
+        if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+            return f"train_sampling_strategy={args.train_sampling_strategy!r} orders the batches by text length"
+        if "inputs" in (args.include_for_metrics or []):
+            return "include_for_metrics=['inputs'] hands the token ids to compute_metrics"
+        if args.include_num_input_tokens_seen not in ("no", False, None):
+            return "include_num_input_tokens_seen counts the tokens of every training batch"
+        if args.dataloader_drop_last:
+            return "dataloader_drop_last would drop the last rows of every split's encoding pass"
+        return None
+
+    def of(self, dataset: Any, name: str = "dataset") -> PooledFeatureDataset:
+        """The features of ``dataset`` (see the class docstring)."""
+        backbone = self.trainer.accelerator.unwrap_model(self.trainer.model).backbone
+        entry = self._cache.get(id(dataset))
+        if entry is not None and entry[0] is dataset and entry[1] is backbone:
+            return entry[2]
+        features = self._encoded_or_stored(dataset, name)
+        self._cache[id(dataset)] = (dataset, backbone, features)
+        return features
+
+    def batches(self, dataset: Any, desc: str = "Encoding") -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """``(pooled (b, H) float32, multi-hot (b, L) bool)`` of every batch of ``dataset``, in dataset order,
+        from one encoder pass (see the class docstring)."""
+        from tqdm.auto import tqdm
+
+        from hf_mlcl.labels.multihot import to_dense_float
+        from hf_mlcl.modeling.modeling_mlcl import pool_states
+
+        tr = self.trainer
+        model = tr.accelerator.unwrap_model(tr.model)
+        was_training = model.training
+        model.eval()
+        bar = None
+        try:
+            with torch.random.fork_rng(devices=[]):
+                loader = tr.text_test_dataloader(dataset)
+                bar = tqdm(loader, desc=desc, disable=tr.args.disable_tqdm or not tr.is_local_process_zero())
+                for batch in bar:
+                    model_inputs, y = tr.split_labels(tr._prepare_inputs(batch))
+                    with torch.no_grad(), tr.compute_loss_context_manager():
+                        states, mask, segment = model.encode_tokens(
+                            model_inputs["input_ids"],
+                            model_inputs.get("attention_mask"),
+                            model_inputs.get("token_type_ids"),
+                        )
+                        pooled = pool_states(states, mask, model.config.pooling, segment)
+                    pooled, y = tr.accelerator.gather_for_metrics((pooled.float().contiguous(), to_dense_float(y)))
+                    yield pooled.cpu(), y.cpu() > 0.5
+        finally:
+            if bar is not None:
+                bar.close()
+            model.train(was_training)
+
+    def _encoded_or_stored(self, dataset: Any, name: str) -> PooledFeatureDataset:
+        """One encoder pass over ``dataset``, or the features a run with the same encoder and tokenised rows
+        saved in the store."""
+        start = time.perf_counter()
+        tr, store = self.trainer, self.store
+        if store is not None:
+            key, rows = self._key(dataset)
+            stored = store.load(key, rows)
+            # every process must take the same branch: the encoder pass gathers across processes
+            if self._on_every_process(stored is not None):
+                logger.info(f"{tr.args.probe} probe: loaded the {name} features from {store.path(key)}")
+                self.sources[name] = "loaded"
+                return stored
+        features = PooledFeatureDataset.from_batches(self.batches(dataset, f"Encoding {name} features"))
+        logger.info(
+            f"{tr.args.probe} probe: cached the frozen features of {len(features)} {name} rows "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
+        self.sources[name] = "encoded"
+        if store is not None and tr.is_local_process_zero():
+            saved = store.save(key, features)
+            if saved is not None:
+                logger.info(f"{tr.args.probe} probe: saved the {name} features to {saved}")
+        return features
+
+    def _key(self, dataset: Any) -> tuple[str, int]:
+        """:meth:`FeatureStore.key` of ``dataset`` as the trainer would encode it: its collator over the rows in
+        order (not sharded across processes, so every process and world size gets the same key)."""
+        from hf_mlcl.labels.multihot import nonzero_pairs
+
+        tr = self.trainer
+        model = tr.accelerator.unwrap_model(tr.model)
+        cached = self._digest
+        if cached is None or cached[0] is not model.backbone:  # the frozen weights are hashed once
+            cached = self._digest = (model.backbone, FeatureStore.encoder_digest(model.backbone))
+        config = model.config
+        settings = {"pooling": config.pooling, "segmented": getattr(config, "segmented", None),
+                    "chunk_size": getattr(config, "chunk_size", None), "bf16": bool(tr.args.bf16),
+                    "fp16": bool(tr.args.fp16)}  # fmt: skip
+
+        def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
+            return torch.stack(nonzero_pairs(tr.split_labels(batch)[1]), dim=1)  # dense or sparse, never densified
+
+        # iterating a DataLoader draws a seed from the global generator: keep the run's random streams as
+        # they are, so dropout masks do not depend on whether a store is used
+        with torch.random.fork_rng(devices=[]):
+            loader = torch.utils.data.DataLoader(
+                dataset, batch_size=tr.args.per_device_eval_batch_size, shuffle=False, collate_fn=tr.data_collator
+            )
+            return FeatureStore.key(cached[1], loader, settings, label_pairs)
+
+    def _on_every_process(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every process (``flag`` itself with one process)."""
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes == 1:
+            return flag
+        flags = accelerator.gather(torch.tensor([int(flag)], device=self.trainer.args.device))
+        return bool(flags.min().item())

@@ -303,15 +303,16 @@ def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
 def test_data_arguments_carry_the_options_to_the_loader_and_the_card(tmp_path):
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training.arguments import DataArguments
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
     path = _write_csv(tmp_path / "my.csv", ROWS, label_fmt=lambda labs: "|".join(labs), header=("body", "tags"))
     assert DataArguments().loader_options() == {}  # a registered name gets nothing extra
     args = DataArguments(dataset=path, text_column="body", label_column="tags", validation_fraction=0.3)
     assert args.loader_options() == {"text_column": "body", "label_column": "tags", "validation_fraction": 0.3}
-    ds, names = load_data(args)
+    data = load_run_data(args)
+    ds, names = data.dataset, data.label_names
     assert names == NAMES and len(ds["validation"]) == 3 and "test" not in ds
-    assert args.data_notes and "validation_fraction=0.3" in args.data_notes[0]
+    assert data.notes and "validation_fraction=0.3" in data.notes[0]
     with pytest.raises(ValueError, match="unknown_labels must be one of"):
         DataArguments(dataset=path, unknown_labels="keep")
     with pytest.raises(ValueError, match="validation_fraction must lie in"):

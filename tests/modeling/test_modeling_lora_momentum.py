@@ -10,13 +10,9 @@ import torch
 from torch import nn
 
 from hf_mlcl.data.tokenizer import LLAMA3_PAD_TOKEN, ensure_pad_token
-from hf_mlcl.modeling import (
-    EmbeddingQueue,
-    MLCLEncoder,
-    MLCLForMultiLabelClassification,
-    MomentumEncoder,
-    apply_lora,
-)
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora
+from hf_mlcl.training.memory import EmbeddingQueue
+from hf_mlcl.training.momentum import MomentumEncoder
 
 TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]
 
