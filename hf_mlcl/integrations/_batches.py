@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from hf_mlcl.labels.multihot import labels_to_multihot, resolve_label_format
-from hf_mlcl.losses.core import FirstCallChecks
+from hf_mlcl.losses.input_checks import FirstCallChecks
 from hf_mlcl.training.memory import CandidateBuilder
 
 __all__ = ["BatchLoss"]

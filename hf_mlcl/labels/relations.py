@@ -66,22 +66,23 @@ def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
     return torch.cat([first, second], dim=0)
 
 
+def _sums(labels: Tensor, keep: int) -> Tensor:
+    """float32 sums of a (validated COO or dense) multi-hot matrix over the other axis, one per entry of
+    axis ``keep`` (0: per row, 1: per column)."""
+    if is_sparse(labels):
+        out = torch.zeros(labels.shape[keep], dtype=LABEL_DTYPE, device=labels.device)
+        return out.index_add_(0, labels.indices()[keep], cast(labels.values(), LABEL_DTYPE))
+    return cast(labels, LABEL_DTYPE).sum(dim=1 - keep)
+
+
 def label_sizes(labels: Tensor) -> Tensor:
     """Row sums abs(S) of a multi-hot matrix, (N,) float32."""
-    if is_sparse(labels):
-        n = labels.shape[0]
-        out = torch.zeros(n, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[0], cast(labels.values(), LABEL_DTYPE))
-    return cast(labels, LABEL_DTYPE).sum(dim=1)
+    return _sums(labels, 0)
 
 
 def label_counts(labels: Tensor) -> Tensor:
     """Column sums (how many rows carry each label), (L,) float32."""
-    if is_sparse(labels):
-        n_labels = labels.shape[1]
-        out = torch.zeros(n_labels, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[1], cast(labels.values(), LABEL_DTYPE))
-    return cast(labels, LABEL_DTYPE).sum(dim=0)
+    return _sums(labels, 1)
 
 
 def _matmul_t(a: Tensor, b: Tensor) -> Tensor:

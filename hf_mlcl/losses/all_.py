@@ -16,7 +16,7 @@ from torch import Tensor
 
 from hf_mlcl.labels.relations import PairRelations
 
-from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .core import ContrastiveLoss
 from .mulsupcon import MULSUPCON_CITATION
 from .registry import register_loss
 
@@ -46,10 +46,5 @@ class AllLoss(ContrastiveLoss):
 
     @staticmethod
     def positives(rel: PairRelations) -> Tensor:
-        """T == S with S non-empty, inside the contrast set (eq. 1)."""
+        """T == S with S non-empty, inside the contrast set (eq. 1); weighted by the base class's SupCon terms."""
         return rel.equal & (rel.anchor_sizes > 0)[:, None] & rel.contrast_mask
-
-    def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w = self.positives(ctx).to(ctx.dtype)
-        wsum = w.sum(dim=1)
-        return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)

@@ -42,8 +42,6 @@ the host reads of a block of code (the tests hold every loss to zero with ``chec
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -65,8 +63,6 @@ __all__ = [
     "masked_log_softmax",
     "weighted_contrastive_loss",
     "compute_dtype_for",
-    "set_input_checks",
-    "FirstCallChecks",
 ]
 
 
@@ -380,8 +376,9 @@ class ContrastiveLoss(nn.Module):
 
     Attribute ``check_inputs`` (default True): check that the labels are 0/1 and the embeddings finite
     (ValueError naming the problem) on every call. Both checks read values on the host, a
-    synchronisation on an accelerator; with False (:func:`set_input_checks`) a call reads nothing on
-    the host, labels are taken as valid and non-finite embeddings give a non-finite loss.
+    synchronisation on an accelerator; with False (:func:`hf_mlcl.losses.input_checks.set_input_checks`)
+    a call reads nothing on the host, labels are taken as valid and non-finite embeddings give a
+    non-finite loss.
     """
 
     is_contrastive = True
@@ -496,8 +493,12 @@ class ContrastiveLoss(nn.Module):
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        """Build W, d, normaliser for this loss (implemented by each loss module)."""
-        raise NotImplementedError
+        """W, d and the normaliser of this loss. Default: SupCon over the loss's :meth:`positives` (Khosla et al.
+        2020, eq. 2; the SD-loss paper's eq. 3): weight 1 on every positive, normalised by their number, the
+        mean over anchors with a positive (``all``, ``any``); the other losses build their own."""
+        w = self.positives(ctx).to(ctx.dtype)  # 0 at the anchor's own column (outside the contrast set)
+        wsum = w.sum(dim=1)
+        return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
         """Loss and extra components from a prepared context (default: one engine call).
@@ -555,8 +556,14 @@ class ContrastiveLoss(nn.Module):
             torch.autocast(device_type=device_type, enabled=False),
             small_step_threads(embeddings, key_embeddings),
         ):
-            ctx = self.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
+            ctx = self.context_owner.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
             return self.components_on(ctx)
+
+    @property
+    def context_owner(self) -> ContrastiveLoss:
+        """The loss whose :meth:`prepare` builds the context of a call: this one (a wrapper, hbl, lets its base
+        build it, so that both terms read one context)."""
+        return self
 
     def components_on(self, ctx: ContrastContext) -> dict[str, Tensor]:
         """:meth:`components` on a prepared context: shared by :meth:`components` and by wrappers (hbl) that
@@ -582,41 +589,3 @@ def loss_components(loss: Tensor, parts: dict) -> dict[str, Tensor]:
         else:
             comps[name] = torch.full((), float(value), dtype=loss.dtype, device=loss.device)
     return comps
-
-
-def set_input_checks(module: nn.Module, enabled: bool) -> None:
-    """Set ``check_inputs`` on ``module`` and on every loss inside it (e.g. the base loss of hbl).
-
-    Trainers validate the labels once and turn the per-call checks off, so that a training step reads
-    no value on the host (see :class:`ContrastiveLoss`).
-    """
-    for sub in module.modules():
-        if hasattr(sub, "check_inputs"):
-            sub.check_inputs = bool(enabled)
-
-
-class FirstCallChecks:
-    """A loss's input checks on the first call made through this object only (trainers, integrations).
-
-    Construction turns ``check_inputs`` off (:func:`set_input_checks`); ``with checks(): loss(...)``
-    turns it on for the block until one block has run without raising, so the first batch is
-    validated (labels 0/1, finite embeddings: ValueError naming the problem) and later batches cost
-    no host read. ``pending`` tells whether the next block still checks.
-    """
-
-    def __init__(self, loss: nn.Module) -> None:
-        self.loss = loss
-        self.pending = True
-        set_input_checks(loss, False)
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        if not self.pending:
-            yield
-            return
-        set_input_checks(self.loss, True)
-        try:
-            yield
-            self.pending = False
-        finally:
-            set_input_checks(self.loss, False)

@@ -66,7 +66,6 @@ from hf_mlcl.labels.relations import PairRelations
 
 from ..host_sync import host_reads_are_free
 from .core import ContrastContext, ContrastiveLoss, loss_components
-from .intra_op import small_step_threads
 from .registry import LossSettings, get_loss_class, register_loss, resolve_loss_name
 
 __all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_partition", "hbl_per_anchor", "hbl_soft_positives"]
@@ -446,52 +445,38 @@ class HBLLoss(ContrastiveLoss):
             raise ValueError(f"the base loss {type(self.base).__name__} takes no label statistics")
         self.base.set_label_statistics(train_labels)
 
-    def components(
-        self,
-        embeddings: Tensor,
-        labels: Tensor,
-        key_embeddings: Tensor | None = None,
-        key_labels: Tensor | None = None,
-        anchors_in_candidates: bool = True,
-    ) -> dict[str, Tensor]:
-        """base(embeddings, labels, keys) + lambda_ * scale * mean_i L_HBL_i (scale 1 unless ``"eq7"``), with
-        the parts of the class docstring."""
-        device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
-        with (
-            torch.autocast(device_type=device_type, enabled=False),
-            small_step_threads(embeddings, key_embeddings),
-        ):
-            ctx, base_comps = self._base_components(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
-            base_loss = base_comps["loss"]
-            if ctx.num_anchors == 0:
-                hbl, gate_open = ctx.zero(), 0.0
-            else:
-                per_anchor, gated = self._per_anchor(ctx, ctx.similarity_order())
-                hbl, gate_open = per_anchor.mean(), gated.float().mean()
-            loss = base_loss + self._lambda_factor(ctx, base_loss.dtype) * hbl.to(base_loss.dtype)
+    @property
+    def _shares_context(self) -> bool:
+        """The base is a :class:`ContrastiveLoss` computed the standard way: both terms read one context (labels
+        validated and intersected once, the base's similarity order reused)."""
+        return isinstance(self.base, ContrastiveLoss) and type(self.base).components is ContrastiveLoss.components
+
+    @property
+    def context_owner(self) -> ContrastiveLoss:
+        return self.base if self._shares_context else self
+
+    def components_on(self, ctx: ContrastContext) -> dict[str, Tensor]:
+        """base + lambda_ * scale * mean_i L_HBL_i (scale 1 unless ``"eq7"``), with the parts of the class
+        docstring, on the base's context (or HBL's own, for a base module of another kind)."""
+        if self._shares_context:
+            ctx.keep_scores = self.base.normalize  # the fused kernel's scores order the pairs by cosine
+            ctx.share_intersections = True  # a base that computes them anyway (mulsupcon) hands them over
+            base_comps = self.base.components_on(ctx)
+        else:
+            inputs = (ctx.embeddings, ctx.anchor_labels, ctx.key_embeddings, ctx.key_labels)
+            extra = {} if ctx.anchors_in_candidates else {"anchors_in_candidates": False}
+            parts = getattr(self.base, "components", None)
+            base_comps = parts(*inputs, **extra) if callable(parts) else {"loss": self.base(*inputs, **extra)}
+        base_loss = base_comps["loss"]
+        if ctx.num_anchors == 0:
+            hbl, gate_open = ctx.zero(), 0.0
+        else:
+            per_anchor, gated = self._per_anchor(ctx, ctx.similarity_order())
+            hbl, gate_open = per_anchor.mean(), gated.float().mean()
+        loss = base_loss + self._lambda_factor(ctx, base_loss.dtype) * hbl.to(base_loss.dtype)
         parts = {"base": base_loss, "hbl": hbl, "gate_open": gate_open}
         parts.update((f"base/{name}", value) for name, value in base_comps.items() if name != "loss")
         return loss_components(loss, parts)
-
-    def _base_components(
-        self, embeddings: Tensor, labels: Tensor, key_embeddings: Tensor | None, key_labels: Tensor | None,
-        anchors_in_candidates: bool,
-    ) -> tuple[ContrastContext, dict[str, Tensor]]:
-        """The base loss's components and the context HBL reads its pairs from: the base's own context when
-        the base is a :class:`ContrastiveLoss` computed the standard way (labels validated and intersected
-        once, the similarity order reused), else a context of HBL's."""
-        base, keys = self.base, (key_embeddings, key_labels)
-        if isinstance(base, ContrastiveLoss) and type(base).components is ContrastiveLoss.components:
-            ctx = base.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
-            ctx.keep_scores = base.normalize  # the fused kernel's scores order the pairs by cosine
-            ctx.share_intersections = True  # a base that computes them anyway (mulsupcon) hands them over
-            return ctx, base.components_on(ctx)
-        extra = {} if anchors_in_candidates else {"anchors_in_candidates": False}
-        if callable(getattr(base, "components", None)):
-            base_comps = base.components(embeddings, labels, *keys, **extra)
-        else:
-            base_comps = {"loss": base(embeddings, labels, *keys, **extra)}
-        return self.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates), base_comps
 
     @classmethod
     def gate_open(cls, rel: PairRelations, k_min: int) -> Tensor:

@@ -237,6 +237,32 @@ class WSMulSupConLoss(ContrastiveLoss):
         pairs = (((n[:, :width] + n[:, width:]) > 0) & (ya > 0)).sum(dim=1).to(dtype)
         return w_sm, pairs
 
+    def _paper_loss(self, ctx: ContrastContext, w_sm: Tensor, pairs_per_anchor: Tensor, strata_a: tuple[Tensor, ...],
+                    healthy_c: Tensor, n_h: Tensor) -> tuple[Tensor, dict]:  # fmt: skip
+        """Eq. (9) of the paper in one fused pass: the strata's rows are disjoint (healthy anchors carry no
+        pair, diseased ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
+        term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H).
+        ``strata_a``: the single-label, multi-label and valid healthy anchors (bool (N,) each)."""
+        dtype, device = ctx.dtype, ctx.device
+        valid_h = strata_a[2]
+        with torch.no_grad():
+            # (3, N) stratum indicator: single / multi anchors, healthy anchors with a positive
+            strata = torch.stack(strata_a).to(dtype)
+            counts = strata @ (pairs_per_anchor + strata[2])  # pairs with a positive; healthy anchors
+            factors = torch.full((3,), 1.0 - self.lambda_, dtype=dtype, device=device)
+            factors[2] = self.lambda_
+            per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
+            coef = per_count @ strata
+            # 1 / n_h on the valid healthy anchors' healthy columns (their rows of W_sm are 0)
+            healthy_pos = valid_h[:, None] & healthy_c[None, :]
+            w_sm = torch.where(healthy_pos, n_h.reciprocal()[:, None], w_sm)
+            if ctx.anchors_in_candidates:  # not the anchor's own column
+                w_sm.diagonal().zero_()
+        loss, bracket = ctx.fused(w_sm, coef)
+        sums = strata @ bracket
+        parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind()))
+        return loss, parts
+
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
         dtype = ctx.dtype
         device = ctx.device
@@ -289,26 +315,7 @@ class WSMulSupConLoss(ContrastiveLoss):
             has_h = num_h > 0  # stays on the device: the branches below are tensor algebra
 
         if not self.authors_code:
-            # one fused pass: the strata's rows are disjoint (healthy anchors carry no pair, diseased
-            # ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
-            # term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H)
-            with torch.no_grad():
-                # (3, N) stratum indicator: single / multi anchors, healthy anchors with a positive
-                strata = torch.stack([single_a, multi_a, valid_h]).to(dtype)
-                counts = strata @ (pairs_per_anchor + strata[2])  # pairs with a positive; healthy anchors
-                factors = torch.full((3,), 1.0 - self.lambda_, dtype=dtype, device=device)
-                factors[2] = self.lambda_
-                per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
-                coef = per_count @ strata
-                # 1 / n_h on the valid healthy anchors' healthy columns (their rows of W_sm are 0)
-                healthy_pos = valid_h[:, None] & healthy_c[None, :]
-                w_sm = torch.where(healthy_pos, n_h.reciprocal()[:, None], w_sm)
-                if ctx.anchors_in_candidates:  # not the anchor's own column
-                    w_sm.diagonal().zero_()
-            loss, bracket = ctx.fused(w_sm, coef)
-            sums = strata @ bracket
-            parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind()))
-            return loss, parts
+            return self._paper_loss(ctx, w_sm, pairs_per_anchor, (single_a, multi_a, valid_h), healthy_c, n_h)
 
         s = ctx.logits
         zero_loss = ctx.zero()

@@ -3,13 +3,15 @@ probe, PLM-ICD label attention), LoRA helpers; ``sharded`` reads and writes para
 ZeRO-3 / FSDP shard. The MoCo key encoder and queue live with the training code
 (:mod:`hf_mlcl.training.momentum`, :mod:`hf_mlcl.training.memory`).
 
-``configuration_mlcl`` and ``modeling_mlcl`` are self-contained (they are copied beside saved weights
-for ``trust_remote_code`` loading); everything else imports from them.
+``configuration_mlcl``, ``modeling_mlcl``, ``layers_mlcl`` and ``folders_mlcl`` are self-contained (they
+are copied beside saved weights for ``trust_remote_code`` loading); everything else imports from them.
+``builders`` makes a stage's tokenizer and model from its model settings.
 """
 
 from __future__ import annotations
 
 from .configuration_mlcl import HEADS, POOLINGS, MLCLConfig, backbone_config_to_dict
+from .layers_mlcl import LabelAttentionHead, ProjectionHead, pool_states
 from .lora import (
     DEFAULT_LORA_TARGETS,
     apply_lora,
@@ -18,13 +20,10 @@ from .lora import (
     save_lora_model,
 )
 from .modeling_mlcl import (
-    LabelAttentionHead,
     MLCLEncoder,
     MLCLEncoderOutput,
     MLCLForMultiLabelClassification,
     MLCLPreTrainedModel,
-    ProjectionHead,
-    pool_states,
 )
 
 

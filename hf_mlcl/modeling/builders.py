@@ -157,7 +157,7 @@ def segment_multiple(model) -> int | None:
 
 def adapter_encoder(path: str | None) -> bool:
     """True when ``path`` is an encoder folder saved as a LoRA adapter (``save_lora_adapter``)."""
-    from .modeling_mlcl import ADAPTER_CONFIG_NAME
+    from .folders_mlcl import ADAPTER_CONFIG_NAME
 
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
 

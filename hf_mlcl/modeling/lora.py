@@ -178,7 +178,7 @@ def save_lora_adapter(
 
     from safetensors.torch import save_file
 
-    from .modeling_mlcl import ADAPTER_WEIGHTS_NAME
+    from .folders_mlcl import ADAPTER_WEIGHTS_NAME
 
     if not hasattr(model, "peft_config"):
         raise ValueError(f"save_lora_adapter expects the PeftModel of apply_lora; got {type(model).__name__}")
@@ -299,7 +299,7 @@ def save_heads_with_adapter(
     import os
     import shutil
 
-    from .modeling_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+    from .folders_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
     from .sharded import is_main_process, readable_state, unwrap_model, wait_for_everyone
 
     inner = unwrap_model(model)

@@ -7,9 +7,8 @@ in common.
   label column, the model leaves the loss to the trainer (``accepts_loss_kwargs`` False:
   transformers#47688), the collator (a ``MultiLabelCollator`` by default) has the label count and the
   number of views;
-* after it (:meth:`MultiLabelTrainer.finish_setup`): the launch got the DeepSpeed / FSDP engine it asked
-  for (:mod:`hf_mlcl.training.sharding`), checked again when training starts, and the loss sits on the
-  training device;
+* after it: the launch got the DeepSpeed / FSDP engine it asked for (:mod:`hf_mlcl.training.sharding`),
+  checked again when training starts, and the loss sits on the training device;
 * checkpoints are complete or marked incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`);
 * ``compute_loss`` receives the batch and takes its labels out itself (:meth:`MultiLabelTrainer.split_labels`),
   and returns the per-micro-batch loss: ``loss_is_scaled_for_ga = False``, Trainer divides it by the
@@ -59,14 +58,66 @@ def check_label_column(dataset: Any, label_column: str, which: str) -> None:
 
 
 class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
-    """``transformers.Trainer`` with what both hf_mlcl trainers share (see the module docstring). Subclasses
-    set ``args_class`` (their ``TrainingArguments``), ``args_hint`` and ``model_hint`` (how to build them,
-    for the errors) and call :meth:`check_inputs` before, :meth:`finish_setup` after ``Trainer.__init__``."""
+    """``transformers.Trainer`` with what both hf_mlcl trainers share (see the module docstring).
+
+    Args (both trainers):
+        model / args / data_collator / train_dataset / eval_dataset / processing_class / compute_metrics:
+            as ``transformers.Trainer`` (``args`` of the stage's ``TrainingArguments`` subclass; the collator
+            defaults to a ``MultiLabelCollator`` of ``processing_class``).
+        loss_fn: a ready loss (default: built from ``args``).
+        num_labels: the label count (default: read from the dataset's ClassLabel feature).
+        label_column: the dataset column with label ids.
+        Other keywords go to ``transformers.Trainer``.
+
+    The construction is one template: :meth:`check_inputs`, the subclass's :meth:`stage_setup` (its loss,
+    label count and collator), ``Trainer.__init__``, the engine checks, the subclass's :meth:`after_setup`.
+    Subclasses set ``args_class`` (their ``TrainingArguments``), ``args_hint`` and ``model_hint`` (how to
+    build them, for the errors).
+    """
 
     loss_is_scaled_for_ga = False  # per-micro-batch loss; Trainer divides by the accumulation steps
     args_class: type = object
     args_hint = ""
     model_hint = ""
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: Any = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        loss_fn: nn.Module | None = None,
+        num_labels: int | None = None,
+        label_column: str = "labels",
+        compute_metrics: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.check_inputs(model, args, train_dataset, eval_dataset, label_column)
+        self.label_column = label_column
+        data_collator = self.stage_setup(model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels)
+        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class,
+                         compute_metrics=compute_metrics, **kwargs)  # fmt: skip
+        if compute_metrics is None:
+            self.compute_metrics = self.default_metrics()
+        check_engine_applied(self)
+        self.add_callback(EngineCheckCallback(self))
+        self.loss_fn.to(self.args.device)
+        self.after_setup()
+
+    def stage_setup(self, model: nn.Module, args: Any, train_dataset: Any, data_collator: Any, processing_class: Any,
+                    loss_fn: nn.Module | None, num_labels: int | None) -> Any:  # fmt: skip
+        """Before ``Trainer.__init__``: set ``self.loss_fn`` and ``self.num_labels``; return the collator."""
+        raise NotImplementedError
+
+    def default_metrics(self) -> Any:
+        """The ``compute_metrics`` used when none is given (None: Trainer's loss only)."""
+        return None
+
+    def after_setup(self) -> None:
+        """After ``Trainer.__init__`` and the engine checks (the prepared accelerator exists)."""
 
     @classmethod
     def check_inputs(cls, model: nn.Module | None, args: Any, train_dataset: Any, eval_dataset: Any,
@@ -114,13 +165,6 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
                 f"label-count mismatch: the data collator has num_labels={labels} but the dataset has {num_labels}"
             )
         return data_collator
-
-    def finish_setup(self, loss_fn: nn.Module) -> None:
-        """After ``Trainer.__init__``: the requested engine is set up (and checked again when training
-        starts); the loss sits on the training device."""
-        check_engine_applied(self)
-        self.add_callback(EngineCheckCallback(self))
-        loss_fn.to(self.args.device)
 
     def split_labels(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
         """(model inputs, labels): a copy of the batch without its label entry (``self.label_column``, else

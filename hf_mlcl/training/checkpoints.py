@@ -85,6 +85,7 @@ __all__ = [
     "new_folders",
     "optimizer_state_to_tree",
     "parse_resume",
+    "preflight",
     "remove_incomplete_checkpoints",
     "remove_previous_checkpoints",
     "require_a_step",
@@ -179,6 +180,22 @@ def finished_stage_metrics(args: Any) -> dict | None:
     print(f"{args.output_dir} is finished; resuming after it")
     with open(os.path.join(args.output_dir, FINISHED_FILES[0]), encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def preflight(args: Any, stage: str, train_rows: int | None, lora: tuple[Any, str | None, bool] | None = None) -> list[str]:
+    """The checks of a stage's inputs once its data are loaded and before its model is built; returns the
+    folders the stage will create (:func:`new_folders`, removed again by :func:`require_a_step`).
+
+    ``train_rows``: the train split must fill one batch (:func:`check_train_batches`; None skips it: the
+    logistic probe fits on all rows at once). ``lora``: ``(model_args, source, adapter_encoder)`` of a stage
+    that saves LoRA adapters: under DeepSpeed / FSDP it must be able to write them (:func:`check_lora_save`).
+    """
+    if train_rows is not None:
+        check_train_batches(train_rows, args, stage)
+    created = new_folders(args.output_dir)
+    if lora is not None:
+        check_lora_save(lora[0], args, lora[1], lora[2])
+    return created
 
 
 def check_lora_save(model_args: Any, args: Any, source: str | None, adapter_encoder: bool = False) -> None:

@@ -102,7 +102,7 @@ from transformers import Trainer, TrainerCallback
 
 from hf_mlcl.labels.multihot import dataset_label_matrix, to_dense_float
 from hf_mlcl.labels.statistics import resolve_num_labels
-from hf_mlcl.losses.core import FirstCallChecks
+from hf_mlcl.losses.input_checks import FirstCallChecks
 from hf_mlcl.losses.registry import build_contrastive_loss
 
 from . import distributed as D
@@ -136,15 +136,15 @@ __all__ = ["ContrastiveSetup", "ContrastiveTrainer", "STATE_FILE"]
 @dataclass
 class ContrastiveSetup:
     """What stage 1 trains with, built from its arguments before the Trainer exists (:meth:`from_args`); the
-    MoCo piece follows once the trainer knows whether an engine shards the model (:meth:`memory`).
+    MoCo piece and its contrast set follow once the trainer knows whether an engine shards the model
+    (:meth:`memory`).
 
-    Attributes: the loss, the label count (dataset, model, loss and queue agree on it), the contrast set
-    (None in batch mode), the collator, the embedding width, and ready MoCo parts given by the caller.
+    Attributes: the loss, the label count (dataset, model, loss and queue agree on it), the collator, the
+    embedding width, and ready MoCo parts given by the caller.
     """
 
     loss_fn: nn.Module
     num_labels: int
-    contrast_set: str | None
     data_collator: Any
     embedding_dim: int
     queue: EmbeddingQueue | None = None
@@ -164,14 +164,18 @@ class ContrastiveSetup:
         queue: EmbeddingQueue | None = None,
         momentum_encoder: Any = None,
     ) -> ContrastiveSetup:
-        """The setup of the arguments; ValueError (one line) for: ``n_views`` not in {1, 2}, an unknown or
-        supervised loss, a queue with a loss that cannot take keys, a ``contrast_set`` without a queue or
-        that the loss cannot take, a label count that differs between dataset / model / loss / queue /
-        collator, a collator with other views, and a launch that cannot run as asked."""
+        """The setup of the arguments; ValueError (one line) for: ``n_views`` not in {1, 2}, a launch that
+        cannot run as asked, a collator with other views, an unknown or supervised loss, a queue with a loss
+        that cannot take keys, and a label count that differs between dataset / model / loss / queue /
+        collator. The arguments' own checks come first, then the loss, then the label space."""
         if args.n_views not in (1, 2):
             raise ValueError(f"n_views must be 1 or 2 (two dropout views of every text); got {args.n_views}")
+        problem = launch_problem(args)
+        if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
+            raise ValueError(problem)
         embedding_dim = int(getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim)
         n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
+        collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
         if loss_fn is None:
             loss_fn = build_contrastive_loss(args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim)
         elif not getattr(loss_fn, "is_contrastive", False):
@@ -182,27 +186,23 @@ class ContrastiveSetup:
                 f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
             )
         resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
-        contrast_set = resolve_contrast_set(loss_fn, args.contrast_set, args.queue_size)
-        _warn_if_gate_cannot_open(loss_fn, args, contrast_set)
         if getattr(loss_fn, "requires_label_statistics", False):
             if train_dataset is None:
                 raise ValueError(f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset")
             loss_fn.set_label_statistics(dataset_label_matrix(train_dataset, label_column, n_labels))
-        collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
-        problem = launch_problem(args)
-        if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
-            raise ValueError(problem)
-        return cls(loss_fn, n_labels, contrast_set, collator, embedding_dim, queue, momentum_encoder)
+        return cls(loss_fn, n_labels, collator, embedding_dim, queue, momentum_encoder)
 
     def memory(self, args: ContrastiveTrainingArguments, model: nn.Module, sharded: bool, runner) -> MomentumContrast | None:
-        """The MoCo piece (``queue_size > 0``), on the training device: the key encoder (a copy sharing the
+        """The MoCo piece (``queue_size > 0``), on the training device: the loss paper's contrast set (or
+        ``args.contrast_set``: ValueError when the loss cannot take it), the key encoder (a copy sharing the
         frozen base, or under DeepSpeed / FSDP a second adapter of the prepared model ``runner()``) and the
         queue (built on the device: its label format depends on it); None in batch mode."""
         if args.queue_size <= 0:
             return None
+        resolve_contrast_set(self.loss_fn, args.contrast_set, args.queue_size)  # before the key encoder is built
         key_encoder = self.momentum_encoder or build_key_encoder(model, args.momentum, sharded, runner, args.queue_size)
         queue = self.queue or EmbeddingQueue(args.queue_size, self.embedding_dim, self.num_labels, device=args.device)
-        moco = MomentumContrast(self.loss_fn, key_encoder, queue, self.contrast_set, args.queue_warmup,
+        moco = MomentumContrast(self.loss_fn, key_encoder, queue, args.contrast_set, args.queue_warmup,
                                 gather=args.gather_across_devices)  # fmt: skip
         return moco.to(args.device)
 
@@ -222,7 +222,7 @@ def _warn_if_gate_cannot_open(loss_fn: nn.Module, args: ContrastiveTrainingArgum
             f"contrast set {contrast_set or 'in-batch'}): the reliability gate never opens and the HBL term "
             "adds exactly 0; raise queue_size / the batch size or lower k_min",
             UserWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
 
 
@@ -287,16 +287,13 @@ class _StepCallback(TrainerCallback):
 class ContrastiveTrainer(MultiLabelTrainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
-    Args:
+    Args: those of :class:`~hf_mlcl.training.base.MultiLabelTrainer`, with
         model: an encoder whose forward returns an object with ``embeddings`` (e.g. ``MLCLEncoder``).
         args: ``ContrastiveTrainingArguments`` (loss, loss_kwargs, temperature, n_views, queue_size,
             contrast_set, queue_warmup, momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
         data_collator: default ``MultiLabelCollator(processing_class, num_labels, n_views=args.n_views)``.
         loss_fn: a ready ``ContrastiveLoss`` (default: built from ``args``).
-        num_labels: the label count (default: read from the dataset's ClassLabel feature).
-        label_column: the dataset column with label ids.
-        momentum_encoder / queue: ready MoCo parts (default: built when ``args.queue_size > 0``).
-        Other keywords go to ``transformers.Trainer``.
+        momentum_encoder / queue (keywords): ready MoCo parts (default: built when ``args.queue_size > 0``).
 
     Raises ValueError at construction for what :meth:`MultiLabelTrainer.check_inputs` and
     :meth:`ContrastiveSetup.from_args` check. ``memory`` is the MoCo piece (None in batch mode);
@@ -308,36 +305,29 @@ class ContrastiveTrainer(MultiLabelTrainer):
                  "configure the contrastive stage)")  # fmt: skip
     model_hint = "e.g. MLCLEncoder.from_backbone(...)"
 
-    def __init__(
-        self,
-        model: nn.Module | None = None,
-        args: ContrastiveTrainingArguments | None = None,
-        data_collator: Any = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        loss_fn: nn.Module | None = None,
-        num_labels: int | None = None,
-        label_column: str = "labels",
-        momentum_encoder: Any = None,
-        queue: EmbeddingQueue | None = None,
-        compute_metrics: Any = None,
-        callbacks: list | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.check_inputs(model, args, train_dataset, eval_dataset, label_column)
-        setup = ContrastiveSetup.from_args(args, model, train_dataset, label_column, num_labels, loss_fn,
-                                           data_collator, processing_class, queue, momentum_encoder)  # fmt: skip
-        self.loss_fn, self.num_labels, self.label_column = setup.loss_fn, setup.num_labels, label_column
+    def __init__(self, *positional: Any, momentum_encoder: Any = None, queue: EmbeddingQueue | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        self._moco_parts = (momentum_encoder, queue)
+        super().__init__(*positional, **kwargs)
+
+    def stage_setup(self, model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels):
+        """The :class:`ContrastiveSetup` of the arguments: loss, label count, contrast set, collator."""
+        momentum_encoder, queue = self._moco_parts
+        self._setup = ContrastiveSetup.from_args(args, model, train_dataset, self.label_column, num_labels, loss_fn,
+                                                 data_collator, processing_class, queue, momentum_encoder)  # fmt: skip
+        self.loss_fn, self.num_labels = self._setup.loss_fn, self._setup.num_labels
         # the first batch is checked (labels 0/1, finite embeddings), later ones are not: no host reads
-        self._input_checks = FirstCallChecks(setup.loss_fn)
+        self._input_checks = FirstCallChecks(self.loss_fn)
         self._window = _LossWindow()  # on the device until a logging step
-        super().__init__(model=model, args=args, data_collator=setup.data_collator, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class,
-                         compute_metrics=compute_metrics, callbacks=callbacks, **kwargs)  # fmt: skip
-        if compute_metrics is None and args.knn_k > 0:
-            self.compute_metrics = self._knn_metrics
-        self.finish_setup(self.loss_fn)
+        return self._setup.data_collator
+
+    def default_metrics(self) -> Any:
+        return self._knn_metrics if self.args.knn_k > 0 else None
+
+    def after_setup(self) -> None:
+        """The parts that need the prepared accelerator: the loss parameters' optimizer under an engine and
+        the MoCo piece (its key encoder is a second adapter of a sharded model)."""
+        args = self.args
         self._sharded = shards_parameters(self)
         if self._sharded and self._loss_parameters() and args.fp16 and self.is_deepspeed_enabled:
             raise ValueError(
@@ -345,9 +335,10 @@ class ContrastiveTrainer(MultiLabelTrainer):
                 "and fp16 under DeepSpeed scales the loss inside the engine: pass --bf16 true --fp16 false (or fp32)"
             )
         self._loss_optimizer: torch.optim.Optimizer | None = None
-        self.memory = setup.memory(args, self.model, self._sharded, lambda: self.model_wrapped)
+        self.memory = self._setup.memory(args, self.model, self._sharded, lambda: self.model_wrapped)
         self.candidates = self.memory.candidates if self.memory is not None else CandidateBuilder(
             None, gather=args.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False))  # fmt: skip
+        _warn_if_gate_cannot_open(self.loss_fn, args, self.candidates.contrast_set)
         if self.memory is not None or self._loss_parameters():
             self.add_callback(_StepCallback(self))
 

@@ -315,7 +315,7 @@ class FrozenFeatures:
         from tqdm.auto import tqdm
 
         from hf_mlcl.labels.multihot import to_dense_float
-        from hf_mlcl.modeling.modeling_mlcl import pool_states
+        from hf_mlcl.modeling.layers_mlcl import pool_states
 
         tr = self.trainer
         model = tr.accelerator.unwrap_model(tr.model)

@@ -56,12 +56,11 @@ __all__ = ["ProbingTrainer"]
 class ProbingTrainer(MultiLabelTrainer):
     """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
 
-    Args:
+    Args: those of :class:`~hf_mlcl.training.base.MultiLabelTrainer`, with
         model: an ``MLCLForMultiLabelClassification`` (``from_encoder(..., freeze_encoder=probe ==
             "linear")``); its forward returns ``logits``.
         args: ``ProbingTrainingArguments`` (probe, loss, loss_kwargs, threshold, ...).
         loss_fn: a ready supervised loss (default ``get_loss(args.loss, **args.loss_kwargs)``).
-        num_labels / label_column: as for ``ContrastiveTrainer``.
 
     ``evaluate()`` reports the metrics at threshold 0.5 (or the fixed / tuned threshold once
     :meth:`tune_threshold` ran); :meth:`tune_threshold` and :meth:`split_metrics` implement the
@@ -84,39 +83,26 @@ class ProbingTrainer(MultiLabelTrainer):
     args_hint = "ProbingTrainingArguments(output_dir=..., probe=...)"
     model_hint = "MLCLForMultiLabelClassification.from_encoder(...)"
 
-    def __init__(
-        self,
-        model: nn.Module | None = None,
-        args: ProbingTrainingArguments | None = None,
-        data_collator: Any = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        loss_fn: nn.Module | None = None,
-        num_labels: int | None = None,
-        label_column: str = "labels",
-        compute_metrics: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        self.check_inputs(model, args, train_dataset, eval_dataset, label_column)
-        n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
+    def stage_setup(self, model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels):
+        """The probing loss (bce / focal / asymmetric), the label count and a one-view collator; the encoder
+        must be frozen for the linear probe and trainable for a fine-tune."""
+        self.num_labels = resolve_num_labels(train_dataset, num_labels, self.label_column, model=model)
         self.loss_fn = _probing_loss(args, loss_fn)
         freeze = getattr(getattr(model, "config", None), "freeze_encoder", None)
         if args.probe == "linear" and freeze is False:
             raise ValueError("probe='linear' needs a frozen encoder: from_encoder(..., freeze_encoder=True)")
         if args.probe == "finetune" and freeze is True:
             raise ValueError("probe='finetune' trains the encoder: from_encoder(..., freeze_encoder=False)")
-        data_collator = self.collator_for(data_collator, processing_class, n_labels, n_views=1)
-        self.num_labels = n_labels
-        self.label_column = label_column
         self.threshold: float | np.ndarray = args.fixed_threshold if args.fixed_threshold is not None else 0.5
-        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class,
-                         compute_metrics=compute_metrics, **kwargs)  # fmt: skip
-        if compute_metrics is None:
-            self.compute_metrics = self._metrics
-        self.finish_setup(self.loss_fn)
-        self._feature_collator = PooledFeatureCollator(_labels_to_tensor(data_collator, n_labels))
+        return self.collator_for(data_collator, processing_class, self.num_labels, n_views=1)
+
+    def default_metrics(self) -> Any:
+        return self._metrics
+
+    def after_setup(self) -> None:
+        """The frozen-feature service (the cache needs the prepared accelerator to know the engine)."""
+        args = self.args
+        self._feature_collator = PooledFeatureCollator(_labels_to_tensor(self.data_collator, self.num_labels))
         self.cache_features = self._caches_features(args)
         self.features = FrozenFeatures(self, FeatureStore(args.feature_cache_dir) if (
             self.cache_features and args.feature_cache_dir is not None) else None)  # fmt: skip

@@ -50,11 +50,9 @@ from hf_mlcl.modeling.builders import (
 
 from . import distributed as D
 from .checkpoints import (
-    check_lora_save,
     check_stage,
-    check_train_batches,
     finished_stage_metrics,
-    new_folders,
+    preflight,
     remove_previous_checkpoints,
     require_a_step,
     resolve_resume,
@@ -200,35 +198,41 @@ def train_contrastive(model_args: Any, data_args: Any, training_args: Any, callb
     """
     from transformers import set_seed
 
-    from hf_mlcl.modeling.lora import save_lora_model
-
     from .contrastive import ContrastiveTrainer
 
-    if model_args.use_lora:
-        check_lora_save(model_args, training_args, None)
     set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
-    created = new_folders(training_args.output_dir)
     data = data if data is not None else load_run_data(data_args)
-    check_train_batches(len(data.dataset["train"]), training_args, "stage 1 (contrastive)")
+    created = preflight(training_args, "stage 1 (contrastive)", len(data.dataset["train"]),
+                        (model_args, None, False) if model_args.use_lora else None)  # fmt: skip
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, data.dataset["train"]["text"],
                                                      training_args.projection_dim, label_names=data.label_names)
     if model_args.use_lora:
         encoder = with_lora(encoder, model_args, _checkpointing(training_args))
     collator = _collator(tokenizer, encoder, data, data_args, n_views=training_args.n_views)
     trainer = ContrastiveTrainer(model=encoder, args=training_args, **_trainer_data(data, collator, tokenizer, callbacks))
-    metrics = _fit(trainer, created, "stage 1 (contrastive)")
+    return _finish_contrastive(trainer, tokenizer, _fit(trainer, created, "stage 1 (contrastive)"), model_args,
+                               data_args, data)  # fmt: skip
+
+
+def _finish_contrastive(trainer: Any, tokenizer: Any, metrics: dict[str, Any], model_args: Any, data_args: Any,
+                        data: RunData) -> StageResult:  # fmt: skip
+    """After stage 1's training: its evaluation, the encoder (every rank: sharded weights are gathered
+    together; a LoRA run as an adapter folder), ``metrics.json``; the result."""
+    from hf_mlcl.modeling.lora import save_lora_model
+
     metrics.update(trainer.evaluate())
-    out = training_args.output_dir
+    args = trainer.args
 
     def save_model() -> None:
         if model_args.use_lora:
-            save_lora_model(trainer.model_wrapped, out, merge=model_args.merge_lora, accelerator=trainer.accelerator)
+            save_lora_model(trainer.model_wrapped, args.output_dir, merge=model_args.merge_lora,
+                            accelerator=trainer.accelerator)  # fmt: skip
         else:
-            trainer.save_model(out)
+            trainer.save_model(args.output_dir)
 
-    saved = {**metrics, "loss": training_args.loss, "dataset": data_args.dataset, "num_labels": len(data.label_names)}
+    saved = {**metrics, "loss": args.loss, "dataset": data_args.dataset, "num_labels": len(data.label_names)}
     _save_stage(trainer, tokenizer, {METRICS_FILE: saved}, save_model)
-    return StageResult(out, metrics, data.label_names, data.notes, trainer)
+    return StageResult(args.output_dir, metrics, data.label_names, data.notes, trainer)
 
 
 def _checkpointing(args: Any) -> bool:
@@ -253,14 +257,11 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     from .probing import ProbingTrainer
 
     lora_finetune = model_args.use_lora and probing_args.probe == "finetune"
-    on_adapter = adapter_encoder(encoder_path)
-    if lora_finetune:
-        check_lora_save(model_args, probing_args, encoder_path, on_adapter)
     set_seed(probing_args.seed)  # before the classifier head is initialised
-    created = new_folders(probing_args.output_dir)
     data = data if data is not None else load_run_data(data_args)
-    if probing_args.probe != "logistic":  # the logistic probe fits on all rows at once
-        check_train_batches(len(data.dataset["train"]), probing_args, "stage 2 (probe)")
+    train_rows = None if probing_args.probe == "logistic" else len(data.dataset["train"])  # logistic: all rows at once
+    created = preflight(probing_args, "stage 2 (probe)", train_rows,
+                        (model_args, encoder_path, adapter_encoder(encoder_path)) if lora_finetune else None)  # fmt: skip
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, data.dataset["train"]["text"], source=encoder_path)
     model = probe_model(encoder, model_args, data.label_names, probing_args.probe, _checkpointing(probing_args))
     collator = _collator(tokenizer, model, data, data_args)

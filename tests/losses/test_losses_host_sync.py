@@ -11,7 +11,7 @@ import torch
 from test_losses_robustness import batch, make_loss
 
 from hf_mlcl.host_sync import HostSyncCounter
-from hf_mlcl.losses.core import FirstCallChecks, set_input_checks
+from hf_mlcl.losses.input_checks import FirstCallChecks, set_input_checks
 from hf_mlcl.losses.registry import list_contrastive_losses
 
 L = 6
