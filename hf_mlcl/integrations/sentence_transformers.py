@@ -161,6 +161,13 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
     ``mini_batch_size`` at a time without a graph, the loss over the whole batch caches dL/dz, and each
     mini-batch is re-embedded with its replayed RNG state to push dL/dz into the model. Same gradients
     as the plain loss (dropout included), memory of one mini-batch. Other arguments as the plain loss.
+
+    A loss that owns parameters (``msc``'s label prototypes) has their gradient dL/dtheta computed in
+    the same pass as dL/dz, and cached too: it reaches the parameters through the returned loss tensor
+    (a zero-valued term ``theta . g - (theta . g).detach()``), so whatever the trainer does to the loss
+    before its backward — divide it by the gradient-accumulation steps, multiply it by the fp16 loss
+    scale — scales the parameters' gradient exactly as it scales the model's (GradCache's hook
+    multiplies dL/dz by the same incoming gradient).
     """
 
     def __init__(
@@ -180,14 +187,28 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ) -> Tensor:
+        """The loss of the whole batch from its mini-batch embeddings; with ``with_backward`` the
+        gradients wrt. the embeddings go to their ``.grad`` (GradCache's cache) and those wrt. the loss's
+        own parameters are kept for :meth:`forward`, none of them written to a parameter yet."""
         loss = self.compute_loss(torch.cat(reps[0]), labels)
-        if with_backward:
-            loss.backward()
-            loss = loss.detach()
-        return loss
+        if not with_backward:
+            return loss
+        params = [p for p in self.loss_fn.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, [*reps[0], *params], allow_unused=True)
+        for rep, grad in zip(reps[0], grads):
+            rep.grad = grad
+        self._parameter_grads = [(p, g) for p, g in zip(params, grads[len(reps[0]) :]) if g is not None]
+        return loss.detach()
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
-        return self.forward_cached(self._single_column(sentence_features), labels)
+        self._parameter_grads: list[tuple[Tensor, Tensor]] = []
+        loss = self.forward_cached(self._single_column(sentence_features), labels)
+        grads, self._parameter_grads = self._parameter_grads, []
+        if not grads:
+            return loss
+        # value 0, gradient g * (the gradient the trainer sends into the loss): accumulation and loss scaling
+        surrogate = torch.stack([torch.vdot(p.flatten(), g.flatten().to(p.dtype)) for p, g in grads]).sum()
+        return loss + (surrogate - surrogate.detach()).to(loss.dtype)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {**super().get_config_dict(), "mini_batch_size": self.mini_batch_size}

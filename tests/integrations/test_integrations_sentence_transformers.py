@@ -133,6 +133,81 @@ def test_cached_variant_gives_the_plain_gradients(tiny_st, train_mode):
         torch.testing.assert_close(cached[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def _msc_losses(model, mini_batch_size=4):
+    """The plain and the cached msc loss with the same prototypes."""
+    plain = MultiLabelContrastiveLoss(model, "msc", num_labels=len(NAMES))
+    cached = CachedMultiLabelContrastiveLoss(model, "msc", mini_batch_size=mini_batch_size, num_labels=len(NAMES))
+    cached.loss_fn.load_state_dict(plain.loss_fn.state_dict())
+    return plain, cached
+
+
+@pytest.mark.parametrize("scale", [0.5, 65536.0], ids=["accumulation_2", "fp16_loss_scale"])
+def test_cached_loss_parameters_get_the_plain_gradients_under_the_trainers_scaling(tiny_st, scale):
+    """The trainer scales the loss before its backward (1/2 under gradient accumulation 2, 2^16 under fp16
+    loss scaling): the cached loss's own parameters (msc's prototypes) get the plain loss's gradient times
+    that scale, as the model's parameters do (formerly: unscaled, 2x resp. 1/65536 of the plain one)."""
+    ds = _split(12)
+    labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
+    texts = list(ds["text"])
+    tiny_st.eval()
+    plain, cached = _msc_losses(tiny_st)
+
+    def grads(loss):
+        tiny_st.zero_grad()
+        loss.loss_fn.zero_grad()
+        value = loss(_features(tiny_st, texts), labels)
+        (value * scale).backward()
+        model = {n: p.grad.clone() for n, p in tiny_st.named_parameters() if p.grad is not None}
+        return value.item(), loss.loss_fn.prototypes.grad.clone(), model
+
+    v_plain, p_plain, m_plain = grads(plain)
+    v_cached, p_cached, m_cached = grads(cached)
+    assert v_cached == pytest.approx(v_plain, rel=1e-6)
+    assert p_plain.abs().max() > 0
+    torch.testing.assert_close(p_cached, p_plain, rtol=1e-4, atol=1e-7 * scale)
+    for name, g in m_plain.items():
+        torch.testing.assert_close(m_cached[name], g, rtol=1e-4, atol=1e-6 * scale, msg=name)
+
+
+def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation(tmp_path, bert_tokenizer,
+                                                                                tiny_bert_config):
+    """Three SentenceTransformerTrainer steps of two micro-batches each (SGD, dropout off): the cached and the
+    plain msc loss end with the same prototypes and the same model."""
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    BertModel(tiny_bert_config).save_pretrained(tmp_path / "bert")
+    bert_tokenizer.save_pretrained(tmp_path / "bert")
+
+    def run(cached: bool):
+        word = Transformer(str(tmp_path / "bert"), max_seq_length=32)
+        model = SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu")
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        torch.manual_seed(1)
+        plain, cached_loss = _msc_losses(model)
+        loss = cached_loss if cached else plain
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path / f"out{int(cached)}"), per_device_train_batch_size=8,
+            gradient_accumulation_steps=2, max_steps=3, learning_rate=0.5, optim="sgd", report_to="none",
+            save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True, seed=3,
+        )
+        start = loss.loss_fn.prototypes.detach().clone()
+        SentenceTransformerTrainer(model=model, args=args, train_dataset=to_sentence_transformers_dataset(
+            _split(48, seed=2)), loss=loss).train()
+        return start, loss.loss_fn.prototypes.detach().clone(), {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    start, protos_plain, model_plain = run(False)
+    start_cached, protos_cached, model_cached = run(True)
+    torch.testing.assert_close(start_cached, start)
+    assert (protos_plain - start).abs().max() > 1e-3  # the prototypes learned
+    torch.testing.assert_close(protos_cached, protos_plain, rtol=1e-4, atol=1e-6)
+    for name, p in model_plain.items():
+        torch.testing.assert_close(model_cached[name], p, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_gather_flag_is_the_plain_loss_in_one_process(tiny_st):
     ds = _split(8)
     labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
