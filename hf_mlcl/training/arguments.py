@@ -19,7 +19,7 @@ from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
 logger = logging.getLogger(__name__)
 
 PROBES = ("linear", "finetune", "logistic")
-PROBE_LOSSES = ("bce", "focal", "asymmetric")
+PROBE_LOSSES = ("bce", "focal", "asymmetric", "zlpr")
 THRESHOLDS = ("global", "per_label")
 
 # transformers defaults to False: a resumed run then restarts EarlyStoppingCallback's patience counter at 0
