@@ -68,6 +68,16 @@ def _embedding_dim(model: SentenceTransformer) -> int | None:
     return None
 
 
+def _printable(value: Any) -> Any:
+    """A loss keyword as the model card's JSON can hold it: a tensor (e.g. an (L, L) ``label_similarity``
+    matrix) by its shape, a function by its name."""
+    if isinstance(value, Tensor):
+        return f"tensor{tuple(value.shape)}"
+    if callable(value):
+        return getattr(value, "__name__", type(value).__name__)
+    return value
+
+
 class MultiLabelContrastiveLoss(nn.Module):
     """An hf_mlcl multi-label contrastive loss for ``SentenceTransformerTrainer``.
 
@@ -147,7 +157,7 @@ class MultiLabelContrastiveLoss(nn.Module):
             "num_labels": self.num_labels,
             "label_format": self.label_format,
             "gather_across_devices": self.gather_across_devices,
-            **self.loss_kwargs,
+            **{key: _printable(value) for key, value in self.loss_kwargs.items()},
         }
 
     @property

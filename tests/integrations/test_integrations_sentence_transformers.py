@@ -208,6 +208,24 @@ def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation
         torch.testing.assert_close(model_cached[name], p, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_label_similarity_reaches_the_loss_and_the_card_as_json(tiny_st):
+    import json
+
+    ds = _split(8)
+    labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
+    related = torch.eye(len(NAMES))
+    related[0, 1] = related[1, 0] = 0.5
+    loss = MultiLabelContrastiveLoss(tiny_st, "jaccard", num_labels=len(NAMES), label_similarity=related)
+    tiny_st.eval()
+    with torch.no_grad():
+        emb = tiny_st(_features(tiny_st, list(ds["text"]))[0])["sentence_embedding"]
+        value = loss(_features(tiny_st, list(ds["text"])), labels)
+    multi = torch.tensor(to_sentence_transformers_dataset(ds, "multi_hot")["label"]).float()
+    assert value.item() == pytest.approx(get_loss("jaccard", label_similarity=related)(emb, multi).item(), rel=1e-6)
+    config = json.loads(json.dumps(loss.get_config_dict()))
+    assert config["label_similarity"] == "tensor(5, 5)"
+
+
 def test_gather_flag_is_the_plain_loss_in_one_process(tiny_st):
     ds = _split(8)
     labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
