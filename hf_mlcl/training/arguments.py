@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from hf_mlcl.data.stratify import SPLIT_STRATEGIES
 from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,11 @@ class DataArguments:
         default=0.0, metadata={"help": "Share of train carved into a test split when there is none (0 = no test)."}
     )
     split_seed: int = field(default=42, metadata={"help": "Seed of the validation / test carving."})
+    split_strategy: str = field(
+        default="random",
+        metadata={"help": f"How a missing validation / test split is carved from train: one of {SPLIT_STRATEGIES} "
+                  "('stratified': iterative stratification, Sechidis et al. 2011, keeps rare labels in it)."},
+    )
     max_length: int = field(
         default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
     )
@@ -211,6 +217,8 @@ class DataArguments:
             raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {self.label_format!r}")
         if self.unknown_labels not in UNKNOWN_LABELS:
             raise ValueError(f"unknown_labels must be one of {UNKNOWN_LABELS}; got {self.unknown_labels!r}")
+        if self.split_strategy not in SPLIT_STRATEGIES:
+            raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {self.split_strategy!r}")
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in (0, 1); got {self.validation_fraction}")
         if not 0.0 <= self.test_fraction < 1.0 or self.validation_fraction + self.test_fraction >= 1.0:
@@ -233,7 +241,7 @@ class DataArguments:
             "label_column": "label_column", "label_columns": "label_columns", "label_format": "label_format",
             "label_separator": "label_separator", "label_names_file": "label_names",
             "unknown_labels": "unknown_labels", "validation_fraction": "validation_fraction",
-            "test_fraction": "test_fraction", "split_seed": "split_seed",
+            "test_fraction": "test_fraction", "split_seed": "split_seed", "split_strategy": "split_strategy",
         }  # fmt: skip
         defaults = {f.name: f.default for f in fields(self)}
         options = dict(self.dataset_options or {})
