@@ -24,6 +24,8 @@ synchronisation outside the model. :class:`CachedMultiLabelContrastiveLoss`
 is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
 embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
 ``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
+:func:`add_lora_adapter` trains a LoRA adapter instead of the whole model, on any encoder architecture
+(the default target modules per architecture of :mod:`hf_mlcl.modeling.lora`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ from hf_mlcl.training.contrastive import build_contrastive_loss
 
 from ._batches import BatchLoss
 
-__all__ = ["MultiLabelContrastiveLoss", "CachedMultiLabelContrastiveLoss", "to_sentence_transformers_dataset"]
+__all__ = [
+    "MultiLabelContrastiveLoss",
+    "CachedMultiLabelContrastiveLoss",
+    "add_lora_adapter",
+    "to_sentence_transformers_dataset",
+]
 
 _GRADCACHE_BIBTEX = """@inproceedings{gao2021scaling,
   title={Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup},
@@ -226,6 +233,37 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
     @property
     def citation(self) -> str:
         return super().citation + "\n\n" + _GRADCACHE_BIBTEX
+
+
+def add_lora_adapter(
+    model: SentenceTransformer,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.1,
+    target_modules: Sequence[str] | None = None,
+) -> SentenceTransformer:
+    """Give ``model``'s transformer a LoRA adapter (Hu et al. 2022) on its architecture's attention and
+    feed-forward projections (:func:`hf_mlcl.modeling.lora.default_lora_targets`: BERT / MiniLM, RoBERTa,
+    ModernBERT, MPNet, Llama ...; or ``target_modules``). Only the adapter trains. ``model.save(path)``
+    writes the adapter alone (``adapter_config.json`` naming the base model, ``adapter_model.safetensors``)
+    beside sentence-transformers' own files, and ``SentenceTransformer(path)`` loads the base with the
+    adapter, as for any PEFT model it reads. The transformer is wrapped in peft's ``PeftModel``
+    (``get_peft_model``): sentence-transformers' ``model.add_adapter`` goes through transformers' PEFT
+    integration, which transformers 5.24 allows only with peft >= 0.22. Returns ``model``."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_mlcl.modeling.lora import default_lora_targets
+
+    module = model[0] if len(model) else None
+    backbone = getattr(module, "model", None)
+    if backbone is None or not hasattr(backbone, "config"):
+        raise ValueError("add_lora_adapter needs a SentenceTransformer whose first module holds a transformers model")
+    if hasattr(backbone, "peft_config"):
+        raise ValueError("this SentenceTransformer's transformer already has an adapter")
+    targets = list(target_modules) if target_modules is not None else default_lora_targets(backbone)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+    module.model = get_peft_model(backbone, config)
+    return model
 
 
 def to_sentence_transformers_dataset(

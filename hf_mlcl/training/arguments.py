@@ -98,7 +98,7 @@ class ModelArguments:
         default=128, metadata={"help": "Segment length for the PLM-ICD label-attention path."}
     )
     use_lora: bool = field(
-        default=False, metadata={"help": "Wrap a decoder backbone with LoRA adapters (peft)."}
+        default=False, metadata={"help": "Wrap the backbone (any encoder or decoder) with LoRA adapters (peft)."}
     )
     merge_lora: bool = field(
         default=False,
@@ -111,7 +111,9 @@ class ModelArguments:
     lora_alpha: int = 32
     lora_dropout: float = 0.1
     lora_target_modules: list[str] | None = field(
-        default=None, metadata={"help": "Default: q, k, v, o, gate, up, down projections."}
+        default=None,
+        metadata={"help": "Default: the architecture's attention and feed-forward projections "
+                  "(hf_mlcl.modeling.lora.LORA_TARGETS_BY_MODEL_TYPE: Llama, BERT, RoBERTa, MiniLM, ModernBERT ...)."},
     )
     trust_remote_code: bool = False
 

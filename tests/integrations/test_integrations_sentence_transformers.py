@@ -20,6 +20,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 from hf_mlcl.integrations.sentence_transformers import (  # noqa: E402
     CachedMultiLabelContrastiveLoss,
     MultiLabelContrastiveLoss,
+    add_lora_adapter,
     to_sentence_transformers_dataset,
 )
 from hf_mlcl.losses import get_loss  # noqa: E402
@@ -224,6 +225,44 @@ def test_label_similarity_reaches_the_loss_and_the_card_as_json(tiny_st):
     assert value.item() == pytest.approx(get_loss("jaccard", label_similarity=related)(emb, multi).item(), rel=1e-6)
     config = json.loads(json.dumps(loss.get_config_dict()))
     assert config["label_similarity"] == "tensor(5, 5)"
+
+
+def test_lora_adapter_trained_with_an_hf_mlcl_loss_saves_and_reloads_as_sentence_transformers_expects(
+        tiny_st, tmp_path):
+    """add_lora_adapter on the tiny BERT (MiniLM's architecture) with its default targets: a
+    SentenceTransformerTrainer run with the SD loss moves the adapter only; model.save writes the adapter in
+    sentence-transformers' layout and SentenceTransformer(path) reloads base + adapter to the same embeddings."""
+    import json
+
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    add_lora_adapter(tiny_st, r=4, alpha=8, dropout=0.0)
+    before = {n: p.detach().clone() for n, p in tiny_st.named_parameters()}
+    trainable = {n for n, p in tiny_st.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=2, learning_rate=5e-2,
+        report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )
+    loss = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=len(NAMES))
+    SentenceTransformerTrainer(model=tiny_st, args=args, train_dataset=to_sentence_transformers_dataset(_split(16)),
+                               loss=loss).train()
+    moved = {n for n, p in tiny_st.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert moved and moved <= trainable and any("lora_B" in n for n in moved)
+    tiny_st.save(str(tmp_path / "saved"))
+    files = set(os.listdir(tmp_path / "saved"))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "model.safetensors" not in files
+    config = json.loads((tmp_path / "saved" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "bert") and config["r"] == 4
+    assert sorted(config["target_modules"]) == sorted(["query", "key", "value", "intermediate.dense", "output.dense"])
+    texts = list(_split(6, seed=3)["text"])
+    tiny_st.eval()
+    reloaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    torch.testing.assert_close(torch.as_tensor(reloaded.encode(texts)), torch.as_tensor(tiny_st.encode(texts)),
+                               rtol=1e-5, atol=1e-5)
+    base = SentenceTransformer(modules=[Transformer(str(tmp_path / "bert"), max_seq_length=32),
+                                        Pooling(32, "mean")], device="cpu")
+    assert not torch.allclose(torch.as_tensor(base.encode(texts)), torch.as_tensor(tiny_st.encode(texts)), atol=1e-4)
 
 
 def test_gather_flag_is_the_plain_loss_in_one_process(tiny_st):
