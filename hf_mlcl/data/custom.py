@@ -496,6 +496,11 @@ def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int, strategy:
         rows = train.with_format("arrow")["labels"].to_pylist()
         keep, carved = stratified_carve(rows, fraction, seed, len(train.features["labels"].feature.names))
         n_new = len(carved)
+        if n_new < 1 or len(keep) < 1:
+            raise ValueError(
+                f"the stratified carve of a {new} split ({fraction:.0%}) from {len(train)} train rows leaves one side "
+                f"empty; add a {new} file/split or more training rows, or use split_strategy='random'"
+            )
         how = ", stratified by label (iterative stratification)"
     else:
         keep, carved = carve_validation(len(train), n_new, seed, f"{new} split")  # the registry's seeded carve
