@@ -40,7 +40,8 @@ def _config(kind: str, tok):
                             sep_token_id=sep, **ids, **SIZES)  # fmt: skip
 
 
-@pytest.fixture(params=["bert", "roberta", "modernbert"])
+# RoBERTa's layers carry BERT's names (its default targets are checked in tests/modeling): end to end it is slow
+@pytest.fixture(params=["bert", pytest.param("roberta", marks=pytest.mark.slow), "modernbert"])
 def base(request, tmp_path, bert_tokenizer):
     """(kind, folder): a tiny backbone built from a config and saved locally, the adapters' base model."""
     torch.manual_seed(0)
