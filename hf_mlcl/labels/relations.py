@@ -10,6 +10,8 @@ anchor and the label set T of a candidate:
 * Jaccard            abs(S & T) / abs(S | T)   (0 when both sets are empty)
 * per-label candidate counts n_l(i) (MulSupCon): how many candidates of anchor i carry label l
 * the Similarity-Dissimilarity paper's relations R1-R5 (Huang et al., sec. 2.3, eqs. 8-12)
+* set similarities (Jaccard, Dice, overlap, cosine: :func:`set_similarity`) and the soft cosine under an
+  (L, L) label-similarity matrix (:func:`soft_cosine`), the weights of ``label_similarity``
 
 All of them are computed with matrix products / row & column sums of the (N, L) and (M, L) multi-hot
 matrices, never with an (N, M, L) tensor or a per-label Python loop, and they work with dense
@@ -41,10 +43,13 @@ __all__ = [
     "label_counts",
     "label_sizes",
     "relation_masks",
+    "set_similarity",
+    "soft_cosine",
     "unions",
 ]
 
 RELATIONS = ("R1", "R2", "R3", "R4", "R5")
+SET_SIMILARITIES = ("jaccard", "dice", "overlap", "cosine")
 
 
 def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
@@ -244,6 +249,50 @@ def inverse_count_weights(
         return w, pairs, inter
     return _matmul_t(inv, yc), pairs, _matmul_t(ya, yc)
 
+
+
+def set_similarity(kind: str, inter: Tensor, sizes_a: Tensor, sizes_c: Tensor) -> Tensor:
+    """(N, M) similarity of label sets from their intersection counts ``inter`` = abs(S & T) and sizes
+    abs(S) (N,), abs(T) (M,); 0 where the intersection is empty. ``kind`` in :data:`SET_SIMILARITIES`."""
+    if kind == "jaccard":
+        return jaccard(sizes_a, sizes_c, inter)
+    if kind == "dice":
+        denom = (sizes_a[:, None] + sizes_c[None, :]).clamp_min(1)
+        return 2 * inter / denom
+    if kind == "overlap":
+        denom = torch.minimum(sizes_a[:, None], sizes_c[None, :]).clamp_min(1)
+        return inter / denom
+    if kind == "cosine":
+        denom = (sizes_a[:, None] * sizes_c[None, :]).clamp_min(1).sqrt()
+        return inter / denom
+    raise ValueError(f"label_similarity must be one of {SET_SIMILARITIES}, a callable or an (L, L) matrix; got {kind!r}")
+
+
+def _quadratic_diagonal(labels: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """(Y A (N, L) dense, diag(Y A Y^T) (N,)) for a dense or sparse multi-hot Y."""
+    if is_sparse(labels):
+        ya = torch.sparse.mm(labels.to(matrix.dtype), matrix)
+        idx = labels.indices()
+        diag = torch.zeros(labels.shape[0], dtype=matrix.dtype, device=matrix.device)
+        diag.index_add_(0, idx[0], ya[idx[0], idx[1]] * labels.values().to(matrix.dtype))
+        return ya, diag
+    y = labels.to(matrix.dtype)
+    ya = y @ matrix
+    return ya, (ya * y).sum(dim=1)
+
+
+def soft_cosine(anchor_labels: Tensor, candidate_labels: Tensor, matrix: Tensor) -> Tensor:
+    """Soft cosine (Sidorov et al. 2014) of every (anchor, candidate) pair of multi-hot rows under the
+    (L, L) label-similarity matrix ``matrix``: (Y_a A Y_c^T)_ik / sqrt((Y_a A Y_a^T)_ii (Y_c A Y_c^T)_kk),
+    0 for an empty set. Dense or sparse label matrices; ``matrix`` dense, in the result's dtype."""
+    ya, diag_a = _quadratic_diagonal(anchor_labels, matrix)
+    if candidate_labels is anchor_labels:
+        diag_c = diag_a
+    else:
+        diag_c = _quadratic_diagonal(candidate_labels, matrix)[1]
+    soft = intersections(ya, candidate_labels)  # (Y_a A) @ Y_c^T, dense or sparse Y_c
+    norm = (diag_a[:, None] * diag_c[None, :]).sqrt()
+    return torch.where(norm > 0, soft / norm.clamp_min(torch.finfo(norm.dtype).tiny), torch.zeros_like(soft))
 
 class PairRelations:
     """The label relations of every (anchor, candidate) pair of one contrast set, each computed on first use.

@@ -37,7 +37,7 @@ from .registry import (
     register_loss,
 )
 from .similarity_dissimilarity import SimilarityDissimilarityLoss, similarity_dissimilarity_weights
-from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss
+from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss, ZLPRLoss
 from .ws_mulsupcon import WSMulSupConLoss
 
 __all__ = [
@@ -66,4 +66,5 @@ __all__ = [
     "BCELoss",
     "FocalLoss",
     "AsymmetricLoss",
+    "ZLPRLoss",
 ]

@@ -14,8 +14,10 @@ from .configuration_mlcl import HEADS, POOLINGS, MLCLConfig, backbone_config_to_
 from .layers_mlcl import LabelAttentionHead, ProjectionHead, pool_states
 from .lora import (
     DEFAULT_LORA_TARGETS,
+    LORA_TARGETS_BY_MODEL_TYPE,
     apply_lora,
     bf16_available,
+    default_lora_targets,
     merge_lora,
     save_lora_model,
 )
@@ -42,6 +44,7 @@ _register_local_auto_classes()
 __all__ = [
     "DEFAULT_LORA_TARGETS",
     "HEADS",
+    "LORA_TARGETS_BY_MODEL_TYPE",
     "POOLINGS",
     "LabelAttentionHead",
     "MLCLConfig",
@@ -53,6 +56,7 @@ __all__ = [
     "apply_lora",
     "backbone_config_to_dict",
     "bf16_available",
+    "default_lora_targets",
     "merge_lora",
     "pool_states",
     "save_lora_model",

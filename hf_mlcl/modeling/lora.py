@@ -1,9 +1,14 @@
-"""LoRA for decoder backbones (Llama-3.1-8B) with peft: adapters + trainable heads.
+"""LoRA for any backbone with peft (Llama-3.1-8B, BERT, RoBERTa, MiniLM, ModernBERT ...): adapters +
+trainable heads (their pad token: :func:`hf_mlcl.data.tokenizer.ensure_pad_token`).
 
 ``apply_lora`` follows the recipe of the design: LoRA r=16, alpha=32, dropout=0.1 on the attention and
 MLP projections (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + (alpha / r) B A x), bf16 backbone when the
 GPU supports it, activation checkpointing without re-entrancy, and our heads (projection head /
-classifier) in ``modules_to_save`` so they train and are saved with the adapter.
+classifier) in ``modules_to_save`` so they train and are saved with the adapter. The projections have
+other names in every architecture: :func:`default_lora_targets` picks them from the backbone's
+``model_type`` (:data:`LORA_TARGETS_BY_MODEL_TYPE`: the attention's query / key / value / output and the
+feed-forward layers, never a pooler or our heads), so ``use_lora`` needs no ``lora_target_modules`` for
+the architectures listed there.
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "up_proj",
     "down_proj",
 )
+# BERT-style layers: attention.self.{query,key,value}, attention.output.dense, intermediate.dense,
+# output.dense ("output.dense" matches both output layers; not the pooler's "pooler.dense" nor a head)
+_BERT_TARGETS: tuple[str, ...] = ("query", "key", "value", "intermediate.dense", "output.dense")
+LORA_TARGETS_BY_MODEL_TYPE: dict[str, tuple[str, ...]] = {
+    **{t: DEFAULT_LORA_TARGETS for t in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")},
+    **{t: _BERT_TARGETS for t in ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")},
+    "deberta-v2": ("query_proj", "key_proj", "value_proj", "intermediate.dense", "output.dense"),
+    "distilbert": ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"),
+    "mpnet": ("q", "k", "v", "o", "intermediate.dense", "output.dense"),
+    "modernbert": ("Wqkv", "Wo", "Wi"),  # attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo
+}
 HEAD_MODULES: tuple[str, ...] = ("projection_head", "classifier")
 
 logger = logging.getLogger(__name__)
@@ -46,6 +62,28 @@ def _enable_checkpointing(model: nn.Module) -> None:
         model.enable_input_require_grads()
 
 
+def _matches(name: str, target: str) -> bool:
+    """peft's rule for a ``target_modules`` entry: the module's full name, or its dotted suffix."""
+    return name == target or name.endswith("." + target)
+
+
+def default_lora_targets(model: nn.Module) -> list[str]:
+    """The LoRA target modules of ``model``'s backbone (an hf_mlcl model's ``backbone``, or a transformers
+    model), from its ``config.model_type`` (:data:`LORA_TARGETS_BY_MODEL_TYPE`); ValueError naming the
+    model type and its linear layers when the architecture is not listed."""
+    backbone = getattr(model, "backbone", model)
+    model_type = getattr(getattr(backbone, "config", None), "model_type", None)
+    targets = LORA_TARGETS_BY_MODEL_TYPE.get(str(model_type))
+    if targets is None:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in backbone.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"no default LoRA target modules for model type {model_type!r} (known: "
+            f"{sorted(LORA_TARGETS_BY_MODEL_TYPE)}); pass lora_target_modules / target_modules with the names of "
+            f"its attention and feed-forward layers (its linear layers: {linear[:12]})"
+        )
+    return list(targets)
+
+
 def apply_lora(
     encoder: nn.Module,
     r: int = 16,
@@ -58,7 +96,10 @@ def apply_lora(
 ) -> nn.Module:
     """Wrap an hf_mlcl model (``MLCLEncoder`` or classifier) with peft LoRA adapters.
 
-    - ``target_modules`` default: q, k, v, o, gate, up, down projections (Llama / Mistral / Qwen).
+    - ``target_modules`` default: the backbone's attention and feed-forward projections for its
+      architecture (:func:`default_lora_targets`; q, k, v, o, gate, up, down for Llama / Mistral / Qwen,
+      query, key, value and the dense output layers for BERT / RoBERTa / MiniLM, Wqkv / Wo / Wi for
+      ModernBERT).
     - ``modules_to_save`` default: our heads present in the model (``projection_head`` /
       ``classifier``), so they are trained and saved with the adapter.
     - ``bf16`` (default: CUDA with bf16 support) casts the backbone to bfloat16; heads stay fp32
@@ -78,12 +119,11 @@ def apply_lora(
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"LoRA dropout must be in [0, 1); got {dropout}")
     names = [name for name, _ in encoder.named_modules()]
-    leaves = {name.rsplit(".", 1)[-1] for name in names}
-    targets = list(target_modules) if target_modules is not None else list(DEFAULT_LORA_TARGETS)
-    if not any(t in leaves for t in targets):
+    targets = list(target_modules) if target_modules is not None else default_lora_targets(encoder)
+    if not any(_matches(name, t) for name in names for t in targets):
         raise ValueError(
             f"none of the LoRA target modules {targets} exists in this backbone; pass target_modules=... "
-            "(e.g. ['query', 'key', 'value', 'dense'] for BERT / RoBERTa)"
+            "(e.g. ['query', 'key', 'value'] for BERT / RoBERTa; leave it unset for the architecture's default)"
         )
     if modules_to_save is None:
         modules_to_save = [h for h in HEAD_MODULES if h in {n for n in names if "." not in n}]
@@ -319,8 +359,10 @@ def save_heads_with_adapter(
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",
+    "LORA_TARGETS_BY_MODEL_TYPE",
     "apply_lora",
     "bf16_available",
+    "default_lora_targets",
     "merge_lora",
     "save_heads_with_adapter",
     "save_lora_adapter",

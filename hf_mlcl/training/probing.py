@@ -16,7 +16,7 @@ contrastive encoder, put a linear multi-label head on the pooled representation 
   ABALONE, App. "Details evaluating representation space"). The fitted weights are folded into the
   linear head, so the saved classifier is the same Hub-loadable model as for the other probes.
 
-The head is trained with ``get_loss(args.loss, **args.loss_kwargs)`` (bce / focal / asymmetric),
+The head is trained with ``get_loss(args.loss, **args.loss_kwargs)`` (bce / focal / asymmetric / zlpr),
 fully computed in ``compute_loss`` (``accepts_loss_kwargs = False`` on the model and
 ``loss_is_scaled_for_ga = False`` here: the per-micro-batch mean is divided by the accumulation
 steps by Trainer, so accumulation averages micro-batch gradients — exact for these per-sample losses
@@ -84,7 +84,7 @@ class ProbingTrainer(MultiLabelTrainer):
     model_hint = "MLCLForMultiLabelClassification.from_encoder(...)"
 
     def stage_setup(self, model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels):
-        """The probing loss (bce / focal / asymmetric), the label count and a one-view collator; the encoder
+        """The probing loss (bce / focal / asymmetric / zlpr), the label count and a one-view collator; the encoder
         must be frozen for the linear probe and trainable for a fine-tune."""
         self.num_labels = resolve_num_labels(train_dataset, num_labels, self.label_column, model=model)
         self.loss_fn = _probing_loss(args, loss_fn)
@@ -298,7 +298,7 @@ def _probing_loss(args: ProbingTrainingArguments, loss_fn: nn.Module | None) -> 
             raise ValueError(f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}") from err
     if getattr(loss_fn, "is_contrastive", False):
         raise ValueError(
-            f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric"
+            f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric / zlpr"
         )
     return loss_fn
 
