@@ -388,7 +388,7 @@ def test_the_own_data_options_are_listed_once_and_every_reader_follows_the_list(
     fields = {f.name: f for f in dataclasses.fields(DataArguments)}
     changed = {"data_files": "a.csv", "dataset_config": "c", "text_column": "t", "label_column": "l",
                "label_columns": "a,b", "label_format": "ids", "label_separator": "|", "label_names_file": "n.txt",
-               "unknown_labels": "drop", "validation_fraction": 0.2, "test_fraction": 0.1, "split_seed": 7}  # fmt: skip
+               "unknown_labels": "drop", "validation_fraction": 0.2, "test_fraction": 0.1, "split_seed": 7, "split_strategy": "stratified"}  # fmt: skip
     assert set(changed) <= set(fields)
     options = DataArguments(**changed).loader_options()
     assert set(options) == set(CUSTOM_OPTIONS) - {"revision"}
