@@ -228,7 +228,7 @@ def save_lora_adapter(
     save_file(adapter, tmp, metadata={"format": "pt"})
     os.replace(tmp, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME))
     config.save_pretrained(save_directory)
-    model.base_model.model.save_pretrained(save_directory, state_dict=heads)
+    model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
@@ -299,7 +299,7 @@ def save_lora_model(
             logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
                            "saving the merged weights")  # fmt: skip
         if is_main:
-            merge_lora(peft_model).save_pretrained(save_directory)
+            merge_lora(peft_model).save_pretrained(save_directory, is_main_process=True)
     else:
         target = save_directory
         if merge and is_main:  # the adapter goes to a temporary folder, reloaded merged below
@@ -313,7 +313,7 @@ def save_lora_model(
         if merge and is_main:
             try:
                 with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
-                    type(inner).from_pretrained(target).save_pretrained(save_directory)
+                    type(inner).from_pretrained(target).save_pretrained(save_directory, is_main_process=True)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
     wait_for_everyone()
@@ -356,7 +356,7 @@ def save_heads_with_adapter(
                 os.replace(tmp, os.path.join(save_directory, name))
             state = inner.state_dict() if state is None else state
             heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
-            inner.save_pretrained(save_directory, state_dict=heads)
+            inner.save_pretrained(save_directory, state_dict=heads, is_main_process=True)
     wait_for_everyone()
 
 

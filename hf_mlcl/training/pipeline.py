@@ -67,12 +67,16 @@ def check_stage(args) -> None:
 
 def finished_stage_metrics(args) -> dict | None:
     """When resuming and the stage's folder already holds its finished output: its saved metrics (the stage
-    is not redone). Otherwise None."""
+    is not redone). Otherwise None. Under several processes the stage counts as finished only when it is
+    in every process's folder (node-local folders may differ), so every process takes the same path
+    (every process calls this)."""
     from .checkpoints import wants_resume
     from .entry import METRICS_FILE
     from .run_guard import stage_finished
 
-    if not (wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir)):
+    if not wants_resume(args.resume_from_checkpoint):
+        return None
+    if not all(D.all_gather_object(stage_finished(args.output_dir))):
         return None
     print(f"{args.output_dir} is finished; resuming after it")
     with open(os.path.join(args.output_dir, METRICS_FILE), encoding="utf-8") as fh:

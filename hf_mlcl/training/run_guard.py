@@ -16,8 +16,8 @@
 * :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
 
 :class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
-(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once, on the main
-process, instead of once per process.
+(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once per node, on the
+node's main process, instead of once per process.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
 
 class InputError(ValueError):
     """Bad input found alike by every process of a launch (see module doc): the command line prints it on
-    the main process only; every process exits with the same status."""
+    each node's main process only; every process exits with the same status."""
 
 # written last by a stage (metrics by hf_mlcl.training.entry, the card data by the CLI's stage runner)
 FINISHED_FILES = ("metrics.json", "card_data.json")

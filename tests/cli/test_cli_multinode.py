@@ -147,3 +147,140 @@ def test_two_nodes_write_a_shared_folder_once_and_match_one_process(tmp_path):
     two_losses = _logged_losses(os.path.join(shared, "out", "encoder"))
     assert len(two_losses) == 2
     assert two_losses == pytest.approx(_logged_losses(one), rel=1e-5)
+
+
+def _assert_both_stop_naming(nodes, cause: str) -> None:
+    """Both nodes ended (none killed at the deadline) with an error status; node 1 printed ``cause`` and the
+    main node printed it too, naming the process that failed."""
+    assert all(n.returncode not in (None, 0) for n in nodes), describe(nodes)
+    assert f"hf-mlcl run: error: {cause}" in nodes[1].stderr, describe(nodes)
+    assert f"hf-mlcl run: error: process 1 (machine_rank 1) failed: {cause}" in nodes[0].stderr, describe(nodes)
+
+
+@pytest.mark.timeout(600)
+def test_a_data_file_missing_on_one_node_stops_both_naming_it(tmp_path):
+    main_node = _workspace(tmp_path, "node0")
+    other = str(tmp_path / "node1")
+    os.makedirs(other)
+    with open(os.path.join(other, "recipe.yaml"), "w", encoding="utf-8") as fh:
+        fh.write(RECIPE)  # the same recipe, but this node has no data.csv
+    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (main_node, other),
+                             NODE_TIMEOUT, str(tmp_path / "logs"))  # fmt: skip
+    _assert_both_stop_naming(nodes, "data file 'data.csv' does not exist")
+    assert abs(nodes[0].seconds - nodes[1].seconds) < 30, describe(nodes)  # the main node did not wait it out
+    assert not os.path.exists(os.path.join(main_node, "out", "encoder", "model.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_recipe_missing_on_one_node_stops_both_before_the_process_group_forms(tmp_path):
+    """Node 1 fails before it joins the process group: without the launch's failure key the main node
+    would wait in init_process_group for its 30-minute timeout."""
+    main_node = _workspace(tmp_path, "node0")
+    other = str(tmp_path / "node1")
+    _write_data(other)  # the data, but no recipe
+    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (main_node, other),
+                             NODE_TIMEOUT, str(tmp_path / "logs"))  # fmt: skip
+    _assert_both_stop_naming(nodes, f"recipe file not found: {os.path.join(other, 'recipe.yaml')}")
+    assert abs(nodes[0].seconds - nodes[1].seconds) < 30, describe(nodes)
+
+
+def _interrupt_stage_1(out: str, incomplete_step: int | None) -> None:
+    """Leave ``out`` as a run killed in stage 1 leaves it: stage 1's checkpoints but not its final files, no
+    stage 2; with ``incomplete_step`` that checkpoint's save was cut short (its ``.saving`` marker)."""
+    import shutil
+
+    encoder = os.path.join(out, "encoder")
+    for name in os.listdir(encoder):
+        if not name.startswith("checkpoint-"):
+            os.remove(os.path.join(encoder, name))
+    shutil.rmtree(os.path.join(out, "classifier"))
+    if os.path.exists(os.path.join(out, "results.json")):
+        os.remove(os.path.join(out, "results.json"))
+    if incomplete_step is not None:
+        with open(os.path.join(encoder, f"checkpoint-{incomplete_step}", SAVING_MARKER), "w") as fh:
+            fh.write("interrupted\n")
+
+
+def _same_tensors(a: str, b: str) -> bool:
+    """Two safetensors files hold the same tensors (their headers may list them in another order)."""
+    import torch
+    from safetensors.torch import load_file
+
+    ta, tb = load_file(a), load_file(b)
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_nodes_with_node_local_folders_each_hold_the_run_and_resume_together(tmp_path):
+    """save_on_each_node: each node's main process writes its own folder (the same relative path on both
+    nodes); each holds the whole run, with the same weights and the same frozen-feature files (keyed by the
+    encoder's weights, the token ids and labels: the same tokenizer trained on the fly and the same carved
+    validation split on both nodes). Resume: node 1's newest checkpoint is half-written, so both nodes
+    resume from the newest checkpoint complete on both and end with the uninterrupted run's losses."""
+    folders = (_workspace(tmp_path, "node0"), _workspace(tmp_path, "node1"))
+    watches = [WriteWatch(f) for f in folders]
+    args = ["run", "recipe.yaml", "--output_dir", "out", "--save_on_each_node", "true", *COMMON]
+    nodes = launch_two_nodes(args, folders, NODE_TIMEOUT, str(tmp_path / "logs"))
+    writes = [w.stop() for w in watches]
+    assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
+    found = [{os.path.relpath(p, f) for p in w} for f, w in zip(folders, writes)]
+    expected = _with_feature_names(_expected_run_files(), found[0])
+    rng = {f"out/encoder/checkpoint-{s}/rng_state_{r}.pth" for s in (1, 2) for r in (0, 1)}
+    assert found[0] == expected - {f for f in rng if f.endswith("_1.pth")}
+    # the run's results table is the main node's: node 1 holds what it needs to resume, not results.json
+    assert found[1] == expected - {f for f in rng if f.endswith("_0.pth")} - {"out/results.json"}
+    for folder, counts in zip(folders, writes):
+        again = {os.path.relpath(p, folder): n for p, n in counts.items() if n != 1 and not p.endswith((".csv", ".yaml"))}
+        assert again == {}, f"written more than once (or never) in {folder}"
+    for name in sorted(found[1]):  # the same weights and frozen features on both nodes
+        if name.endswith(".safetensors"):
+            assert _same_tensors(os.path.join(folders[0], name), os.path.join(folders[1], name)), name
+    losses = _logged_losses(os.path.join(folders[0], "out", "encoder"))
+    assert len(losses) == 2 and _logged_losses(os.path.join(folders[1], "out", "encoder")) == losses
+
+    # both nodes killed in stage 1, node 1 in the middle of saving checkpoint-2
+    _interrupt_stage_1(os.path.join(folders[0], "out"), None)
+    _interrupt_stage_1(os.path.join(folders[1], "out"), 2)
+    nodes = launch_two_nodes([*args, "--resume_from_checkpoint", "true"], folders, NODE_TIMEOUT, str(tmp_path / "logs2"))
+    assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
+    for folder in folders:
+        encoder = os.path.join(folder, "out", "encoder")
+        assert is_complete_checkpoint(os.path.join(encoder, "checkpoint-2"))
+        # resumed at step 1 on both nodes: step 2 trained again, the same losses as the uninterrupted run
+        assert _logged_losses(encoder) == pytest.approx(losses, rel=1e-5)
+        assert os.path.isfile(os.path.join(folder, "out", "classifier", "model.safetensors"))
+    assert "newest complete on every node" in nodes[0].stderr + nodes[0].stdout, describe(nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_nodes_resume_in_a_shared_folder_and_match_one_node_of_two_processes(tmp_path):
+    """A shared folder: a run killed in the save of checkpoint-2 resumes from checkpoint-1 on both nodes and
+    ends with the uninterrupted losses, which equal one node of two processes on the same global batch."""
+    from _two_nodes import ACCELERATE, CPU_CONFIG, free_port
+
+    shared = _workspace(tmp_path, "shared")
+    args = ["run", "recipe.yaml", "--output_dir", "out", *COMMON]
+    nodes = launch_two_nodes(args, (shared, shared), NODE_TIMEOUT, str(tmp_path / "logs"))
+    assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
+    encoder = os.path.join(shared, "out", "encoder")
+    losses = _logged_losses(encoder)
+    _interrupt_stage_1(os.path.join(shared, "out"), 2)
+    nodes = launch_two_nodes([*args, "--resume_from_checkpoint", "true"], (shared, shared), NODE_TIMEOUT,
+                             str(tmp_path / "logs2"))  # fmt: skip
+    assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
+    assert is_complete_checkpoint(os.path.join(encoder, "checkpoint-2"))
+    assert _logged_losses(encoder) == pytest.approx(losses, rel=1e-5)
+    assert os.path.isfile(os.path.join(shared, "out", "classifier", "model.safetensors"))
+    # one node, two processes (the cpu.yaml launch the README shows)
+    import subprocess
+
+    one_node = subprocess.run([ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", "2",
+                               "--main_process_port", str(free_port()), "-m", "hf_mlcl.cli", "train", "recipe.yaml",
+                               "--output_dir", "one_node", "--save_strategy", "no", *COMMON[:-1]],
+                              cwd=shared, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                              timeout=NODE_TIMEOUT)  # fmt: skip
+    assert one_node.returncode == 0, one_node.stderr[-3000:]
+    assert _logged_losses(os.path.join(shared, "one_node")) == pytest.approx(losses, rel=1e-5)
