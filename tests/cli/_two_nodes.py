@@ -42,14 +42,17 @@ class Node:
     seconds: float
 
 
-def node_command(rank: int, port: int, cli_args: list[str], processes_per_node: int = 1) -> list[str]:
-    """``accelerate launch`` of ``hf_mlcl.cli`` as machine ``rank`` of two."""
+def node_command(rank: int, port: int, cli_args: list[str], launch_flags: tuple[str, ...] = ()) -> list[str]:
+    """``accelerate launch`` of ``hf_mlcl.cli`` as machine ``rank`` of two, one process each
+    (``launch_flags``: more ``accelerate launch`` options)."""
     return [ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_machines", "2", "--machine_rank", str(rank),
-            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-            "--num_processes", str(2 * processes_per_node), "-m", "hf_mlcl.cli", *cli_args]  # fmt: skip
+            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
+            *launch_flags, "-m", "hf_mlcl.cli", *cli_args]  # fmt: skip
 
 
-def launch_two_nodes(cli_args: list[str], cwds: tuple[str, str], timeout: float, logs: str) -> list[Node]:
+def launch_two_nodes(
+    cli_args: list[str], cwds: tuple[str, str], timeout: float, logs: str, launch_flags: tuple[str, ...] = ()
+) -> list[Node]:
     """Start both nodes of ``hf-mlcl <cli_args>`` (node i in ``cwds[i]``, umask ``NODE_UMASKS[i]``), wait
     until both have ended or ``timeout`` seconds have passed, kill the process group of any node still
     running, and return both nodes' results (stdout / stderr kept in ``logs``)."""
@@ -63,7 +66,7 @@ def launch_two_nodes(cli_args: list[str], cwds: tuple[str, str], timeout: float,
         out = open(os.path.join(logs, f"node{rank}.out"), "w+")
         err = open(os.path.join(logs, f"node{rank}.err"), "w+")
         files.append((out, err))
-        procs.append(subprocess.Popen(node_command(rank, port, cli_args), cwd=cwd, env=env, stdout=out, stderr=err,
+        procs.append(subprocess.Popen(node_command(rank, port, cli_args, launch_flags), cwd=cwd, env=env, stdout=out, stderr=err,
                                       start_new_session=True, umask=NODE_UMASKS[rank]))  # fmt: skip
     ended: list[float | None] = [None, None]
     while None in ended and time.monotonic() - start < timeout:

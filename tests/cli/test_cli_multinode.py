@@ -284,3 +284,17 @@ def test_two_nodes_resume_in_a_shared_folder_and_match_one_node_of_two_processes
                               timeout=NODE_TIMEOUT)  # fmt: skip
     assert one_node.returncode == 0, one_node.stderr[-3000:]
     assert _logged_losses(os.path.join(shared, "one_node")) == pytest.approx(losses, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_accelerate_launch_cpu_on_two_machines_stops_instead_of_training_twice(tmp_path):
+    """`accelerate launch --cpu` starts each machine's process alone (no torchrun, no process group): without
+    the check both would train their own model into the shared folder and exit 0."""
+    shared = _workspace(tmp_path, "shared")
+    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (shared, shared), NODE_TIMEOUT,
+                             str(tmp_path / "logs"), launch_flags=("--cpu",))  # fmt: skip
+    assert all(n.returncode not in (None, 0) for n in nodes), describe(nodes)
+    for node in nodes:
+        assert "accelerate launch started this process on its own" in node.stderr, describe(nodes)
+    assert not os.path.exists(os.path.join(shared, "out"))
