@@ -11,6 +11,7 @@ nodes have not both ended by the deadline: a hang fails the test instead of stal
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,9 +27,21 @@ NODE_UMASKS = (0o022, 0o002)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range. The port is closed again before the launchers bind it,
+    and a port the kernel handed out (port 0) could be taken meanwhile by any outgoing connection, e.g. a
+    concurrent run's gloo socket; ports outside that range are only ever taken by name."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]) if os.path.exists(
+        "/proc/sys/net/ipv4/ip_local_port_range") else 32768  # fmt: skip
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found below the ephemeral range")
 
 
 @dataclass
