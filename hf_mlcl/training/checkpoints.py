@@ -13,10 +13,11 @@ removes it only after every file (and every rank) is done, so
 * a checkpoint is *complete* when it has ``trainer_state.json`` and no ``.saving`` marker
   (checkpoints written before this marker existed count as complete when they hold
   ``trainer_state.json``, which the Trainer writes after the weights and optimizer);
-* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest complete checkpoint, removes the
-  incomplete ones (and temp files left by interrupted atomic writes) on the main process, and starts
-  fresh (``None``) when the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint
-  true`` can resume whichever stage was interrupted.
+* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest checkpoint complete on every process
+  (node-local folders of a multi-node run may differ), removes the incomplete ones (and temp files left
+  by interrupted atomic writes) on the process that writes the folder, and starts fresh (``None``) when
+  the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume
+  whichever stage was interrupted.
 """
 
 from __future__ import annotations
