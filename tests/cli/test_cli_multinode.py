@@ -4,7 +4,7 @@
 * A shared output folder: every file is written once (an inotify count of the completed writes), by the
   global main process (node 1's files would carry its umask), except each process's own RNG state; the
   checkpoints are complete; the stage-1 losses equal one process on the same global batch.
-* One node fails (its data file is missing): both nodes end, and the main node names the cause.
+* (slow) One node fails (its data file is missing): both nodes end, and the main node names the cause.
 * (slow) Node-local output folders (`save_on_each_node: true`): each node holds the whole run, the same
   frozen features (so the same tokenizer, carved validation split and encoder) and resumes from the newest
   checkpoint complete on both nodes; resume in a shared folder; the losses equal one node of two
@@ -157,6 +157,7 @@ def _assert_both_stop_naming(nodes, cause: str) -> None:
     assert f"hf-mlcl run: error: process 1 (machine_rank 1) failed: {cause}" in nodes[0].stderr, describe(nodes)
 
 
+@pytest.mark.slow  # the fast version: tests/training/test_training_launch_failures.py
 @pytest.mark.timeout(600)
 def test_a_data_file_missing_on_one_node_stops_both_naming_it(tmp_path):
     main_node = _workspace(tmp_path, "node0")
