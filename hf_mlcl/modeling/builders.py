@@ -81,7 +81,10 @@ def build_tokenizer_and_encoder(
     """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``.
 
     ``source`` overrides ``model_args.model_name_or_path`` (stage 2's ``encoder_path``); ``label_names``,
-    when given, become the encoder config's ``id2label`` / ``label2id``.
+    when given, become the encoder config's ``id2label`` / ``label2id``. A tokenizer trained on the fly
+    (``backbone_config`` without ``tokenizer_name_or_path``) is trained by the global main process and sent
+    to the others (:func:`~hf_mlcl.modeling.sharded.built_once`), so every process of a multi-process
+    launch calls this.
     """
     from transformers import AutoTokenizer
 
@@ -119,12 +122,15 @@ def build_tokenizer_and_encoder(
                 )
             from hf_mlcl.data import train_tokenizer
 
-            tokenizer = train_tokenizer(
+            from .sharded import built_once
+
+            # trained once for the launch (global main process) and sent to every process of every node
+            tokenizer = built_once(lambda: train_tokenizer(
                 train_texts,
                 vocab_size=int(cfg.get("vocab_size", 2000)),
                 style=_tokenizer_style(cfg["model_type"]),
                 model_max_length=int(cfg.get("max_position_embeddings", 512)),
-            )
+            ))  # fmt: skip
         cfg["vocab_size"] = len(tokenizer)
         cfg["pad_token_id"] = tokenizer.pad_token_id
         for name in ("bos_token_id", "eos_token_id"):

@@ -230,7 +230,7 @@ def save_lora_adapter(
     with atomic_path(os.path.join(save_directory, ADAPTER_WEIGHTS_NAME)) as tmp:
         save_file(adapter, tmp, metadata={"format": "pt"})
     config.save_pretrained(save_directory)
-    model.base_model.model.save_pretrained(save_directory, state_dict=heads)
+    model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
@@ -251,6 +251,7 @@ def save_lora_model(
     base_model_name_or_path: str | None = None,
     merge: bool = False,
     accelerator: Any = None,
+    is_main_process: bool | None = None,
 ) -> None:
     """Save the model of a finished LoRA stage; EVERY process of the run calls it, the main one writes.
 
@@ -262,6 +263,8 @@ def save_lora_model(
             ``config.backbone_name_or_path``).
         merge: write merged full weights (a plain hf_mlcl model) instead of an adapter folder.
         accelerator: the run's ``accelerate.Accelerator`` (``trainer.accelerator``); needed under FSDP1.
+        is_main_process: whether this process writes (``TrainingArguments.should_save``: the main process
+            of every node with ``save_on_each_node``); default: the global main process.
 
     The trainable weights are gathered as the engine requires: DeepSpeed ZeRO-3 and FSDP2 gather the
     adapter and head parameters only (``deepspeed.zero.GatheredParameters``, ``DTensor.full_tensor``:
@@ -278,14 +281,8 @@ def save_lora_model(
     import shutil
     import tempfile
 
-    from .sharded import (
-        is_main_process,
-        loading_whole_models,
-        readable_state,
-        sharding_kind,
-        unwrap_model,
-        wait_for_everyone,
-    )
+    from .sharded import is_main_process as _is_main_process
+    from .sharded import loading_whole_models, readable_state, sharding_kind, unwrap_model, wait_for_everyone
 
     kind = sharding_kind(model)
     peft_model = unwrap_model(model)
@@ -293,7 +290,7 @@ def save_lora_model(
         raise ValueError(f"save_lora_model expects a model wrapped by apply_lora; got {type(peft_model).__name__}")
     inner = peft_model.base_model.model
     base = base_model_name_or_path or getattr(inner.config, "backbone_name_or_path", None)
-    is_main = is_main_process(accelerator)
+    is_main = _is_main_process(accelerator) if is_main_process is None else bool(is_main_process)
     if not base and kind is not None:
         raise ValueError(
             "a LoRA model whose backbone was built from a config has no base model to save an adapter for, and "
@@ -304,7 +301,7 @@ def save_lora_model(
             logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
                            "saving the merged weights")  # fmt: skip
         if is_main:
-            merge_lora(peft_model).save_pretrained(save_directory)
+            merge_lora(peft_model).save_pretrained(save_directory, is_main_process=True)
     else:
         target = save_directory
         if merge and is_main:  # the adapter goes to a temporary folder, reloaded merged below
@@ -318,14 +315,18 @@ def save_lora_model(
         if merge and is_main:
             try:
                 with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
-                    type(inner).from_pretrained(target).save_pretrained(save_directory)
+                    type(inner).from_pretrained(target).save_pretrained(save_directory, is_main_process=True)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
     wait_for_everyone()
 
 
 def save_heads_with_adapter(
-    model: nn.Module, save_directory: str, adapter_directory: str, accelerator: Any = None
+    model: nn.Module,
+    save_directory: str,
+    adapter_directory: str,
+    accelerator: Any = None,
+    is_main_process: bool | None = None,
 ) -> None:
     """Save a model whose backbone is the base model + an unchanged saved adapter (a frozen-encoder probe
     on an adapter encoder) as an adapter folder too: the adapter files of ``adapter_directory`` are
@@ -334,26 +335,29 @@ def save_heads_with_adapter(
 
     ``model`` may be the model as prepared for training (DeepSpeedEngine, FSDP root, DDP); then EVERY
     process calls this (the heads are gathered as in :func:`save_lora_model`, ``accelerator`` needed under
-    FSDP1) and the main process writes. Returns when the folder is complete on every process.
+    FSDP1) and the main process writes (``is_main_process`` as in :func:`save_lora_model`). Returns when
+    the folder is complete on every process.
     """
     import os
     import shutil
 
     from .folders_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
-    from .sharded import is_main_process, readable_state, unwrap_model, wait_for_everyone
+    from .sharded import is_main_process as _is_main_process
+    from .sharded import readable_state, unwrap_model, wait_for_everyone
 
     inner = unwrap_model(model)
+    writes = _is_main_process(accelerator) if is_main_process is None else bool(is_main_process)
     prefix = f"{inner.base_model_prefix}."
     names = [n for n, _ in inner.named_parameters() if not n.startswith(prefix)]
     with readable_state(model, names, accelerator) as state:
-        if is_main_process(accelerator):
+        if writes:
             os.makedirs(save_directory, exist_ok=True)
             for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
                 with atomic_path(os.path.join(save_directory, name)) as tmp:
                     shutil.copyfile(os.path.join(adapter_directory, name), tmp)
             state = inner.state_dict() if state is None else state
             heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
-            inner.save_pretrained(save_directory, state_dict=heads)
+            inner.save_pretrained(save_directory, state_dict=heads, is_main_process=True)
     wait_for_everyone()
 
 

@@ -5,8 +5,9 @@ and the contrastive trainer's extra state file.
 
 * several processes (``WORLD_SIZE > 1``, e.g. ``accelerate launch`` with the multi-GPU config) on a
   machine without a GPU need ``--use_cpu true``; without it the Trainer would train every rank on the
-  whole data outside the process group. A launch that asks for DeepSpeed or FSDP but would get something
-  else (``use_cpu``, FSDP without GPU, several DeepSpeed CPU processes without ``--ddp_backend gloo``,
+  whole data outside the process group. A process that ``accelerate launch --cpu`` started alone although
+  it asked for several processes or machines stops too, naming the launch that works. A launch that asks
+  for DeepSpeed or FSDP but would get something else (``use_cpu``, FSDP without GPU, several DeepSpeed CPU processes without ``--ddp_backend gloo``,
   GradCache under DeepSpeed) stops with the cause and the fix
   (:func:`hf_mlcl.training.sharding.launch_problem`);
 * a new run into a folder that already holds files stops with a clear error unless the user passes
@@ -18,8 +19,8 @@ and the contrastive trainer's extra state file.
   all written.
 
 :class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
-(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once, on the main
-process, instead of once per process.
+(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once per node, on the
+node's main process, instead of once per process.
 
 **Complete-or-absent checkpoints.** ``transformers.Trainer`` writes ``checkpoint-<step>`` in place
 (weights, optimizer, scheduler, RNG, ``trainer_state.json``) and our trainers add their own files after
@@ -32,10 +33,11 @@ anything else and removes it only after every file (and every rank) is done, so
 * a checkpoint is *complete* when it has ``trainer_state.json`` and no ``.saving`` marker
   (checkpoints written before this marker existed count as complete when they hold
   ``trainer_state.json``, which the Trainer writes after the weights and optimizer);
-* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest complete checkpoint, removes the
-  incomplete ones (and temp files left by interrupted atomic writes) on the main process, and starts
-  fresh (``None``) when the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint
-  true`` can resume whichever stage was interrupted.
+* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest checkpoint complete on every process
+  (node-local folders of a multi-node run may differ), removes the incomplete ones (and temp files left
+  by interrupted atomic writes) on the process that writes the folder, and starts fresh (``None``) when
+  the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume
+  whichever stage was interrupted.
 
 **The contrastive trainer's extra state** (loss parameters, momentum encoder, queue) is stored as
 safetensors, without pickle, so resuming from a checkpoint someone else wrote never runs their code. A
@@ -109,7 +111,7 @@ FINISHED_FILES = ("metrics.json", "card_data.json")
 
 class InputError(ValueError):
     """Bad input found alike by every process of a launch (see module doc): the command line prints it on
-    the main process only; every process exits with the same status."""
+    each node's main process only; every process exits with the same status."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -123,6 +125,14 @@ def check_launch(args: Any) -> None:
     problem = launch_problem(args)
     if problem:
         raise ValueError(problem)
+    if _lone_process_of_a_cpu_launch():
+        raise InputError(
+            "accelerate launch started this process on its own: with --cpu (or use_cpu: true in the accelerate "
+            "config) it starts one process per machine and forms no process group, so every process or machine "
+            "would train its own model into the same output folder; launch with --config_file "
+            "recipes/accelerate/cpu.yaml and no --cpu, and pass --use_cpu true to hf-mlcl (for one process, "
+            "run hf-mlcl without accelerate launch or unset MASTER_ADDR)"
+        )
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     deepspeed = requested_engine(args) == "deepspeed"  # runs on CPU processes over gloo by itself
     if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False) and not deepspeed:
@@ -130,6 +140,20 @@ def check_launch(args: Any) -> None:
             f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
             "--use_cpu true so the processes train together over gloo (or launch one process)"
         )
+
+
+def _lone_process_of_a_cpu_launch() -> bool:
+    """True when ``accelerate launch --cpu`` asked for several processes or machines and got this one alone.
+
+    Its CPU launcher (accelerate 1.x ``simple_launcher``) runs the script once per machine, without torchrun
+    (without mpirun, too, unless given a hostfile); it sets ``ACCELERATE_USE_CPU`` and, for more than one
+    process or machine, ``MASTER_ADDR`` / ``MASTER_PORT``, but no ``WORLD_SIZE``, so accelerate sees one
+    process and the machines train side by side, each its own model, into the same folder."""
+    env = os.environ
+    if env.get("ACCELERATE_USE_CPU", "").lower() not in ("true", "1") or not env.get("MASTER_ADDR"):
+        return False
+    ranked = ("WORLD_SIZE", "RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    return not any(env.get(name) for name in ranked)
 
 
 def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
@@ -174,8 +198,12 @@ def check_stage(args: Any) -> None:
 
 def finished_stage_metrics(args: Any) -> dict | None:
     """When resuming and the stage's folder already holds its finished output (:func:`stage_finished`): its
-    saved metrics (the stage is not redone). Otherwise None."""
-    if not (wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir)):
+    saved metrics (the stage is not redone). Otherwise None. Under several processes the stage counts as
+    finished only when it is in every process's folder (node-local folders may differ), so every process
+    takes the same path (every process calls this)."""
+    if not wants_resume(args.resume_from_checkpoint):
+        return None
+    if not all(D.all_gather_object(stage_finished(args.output_dir))):
         return None
     print(f"{args.output_dir} is finished; resuming after it")
     with open(os.path.join(args.output_dir, FINISHED_FILES[0]), encoding="utf-8") as fh:
@@ -259,7 +287,7 @@ def require_a_step(trainer: Any, created: list[str], stage: str) -> None:
     if trainer.state.global_step > 0:
         return
     D.barrier()
-    if trainer.is_world_process_zero():
+    if trainer.args.should_save:  # the process that writes this folder (one per node with save_on_each_node)
         for folder in created:  # deepest first; only folders this stage created and left empty
             if os.path.isdir(folder) and not os.listdir(folder):
                 os.rmdir(folder)
@@ -335,9 +363,10 @@ def wants_resume(value: Any) -> bool:
 def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) -> str | None:
     """What to hand ``Trainer.train(resume_from_checkpoint=...)``.
 
-    ``None`` / ``False`` / ``"false"``: start fresh. ``True`` / ``"true"``: the newest complete checkpoint
-    in ``output_dir`` after removing incomplete ones (main process only; every rank waits for it), or
-    ``None`` (start fresh) when there is none yet. A path: that folder, which must be complete.
+    ``None`` / ``False`` / ``"false"``: start fresh. ``True`` / ``"true"``: the newest checkpoint complete
+    in the ``output_dir`` of every process (node-local folders may differ) after removing incomplete ones
+    (``is_main_process``: the process that writes the folder; every rank waits for it), or ``None``
+    (start fresh) when there is none yet. A path: that folder, which must be complete.
     """
     value = parse_resume(value)
     if value is False:
@@ -346,7 +375,7 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         if is_main_process:
             remove_incomplete_checkpoints(output_dir)
         D.barrier()
-        last = last_complete_checkpoint(output_dir)
+        last = _last_complete_on_every_process(output_dir, is_main_process)
         if last is None:
             logger.warning(f"no complete checkpoint in {output_dir}: starting this stage from the beginning")
         return last
@@ -358,6 +387,40 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
             "complete checkpoint of output_dir"
         )
     return path
+
+
+def _step(path: str) -> int:
+    return int(_CHECKPOINT_RE.match(os.path.basename(path)).group(1))
+
+
+def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> str | None:
+    """The newest checkpoint complete in the ``output_dir`` of every process, or None when no process has one.
+
+    Every process of a shared folder sees the same checkpoints. Node-local folders (``save_on_each_node``)
+    can differ: a node killed in the middle of a save has that checkpoint incomplete (removed by then),
+    the others complete; resuming each node from its own newest would start the processes at different
+    steps, which never meet in their collectives. So the processes agree on the newest step complete
+    everywhere, and the main process of a folder removes its checkpoints past that step (the resumed run
+    writes them again). ValueError when some node has checkpoints but none is complete on every node."""
+    steps = [_step(p) for p in checkpoint_folders(output_dir) if is_complete_checkpoint(p)]
+    every = D.all_gather_object(steps)
+    common = set(every[0]).intersection(*every[1:])
+    if not common:
+        if any(every):
+            held = "; ".join(f"process {r}: {', '.join(f'checkpoint-{s}' for s in st) or 'none'}" for r, st in enumerate(every))
+            raise ValueError(
+                f"resume_from_checkpoint: no checkpoint of {output_dir} is complete on every node ({held}); copy "
+                "one complete checkpoint folder to every node, or start without --resume_from_checkpoint"
+            )
+        return None
+    step = max(common)
+    if is_main_process:
+        for path in checkpoint_folders(output_dir):
+            if _step(path) > step:
+                shutil.rmtree(path, ignore_errors=True)
+                logger.warning(f"removed {path}: newer than checkpoint-{step}, the newest complete on every node")
+    D.barrier()
+    return os.path.join(output_dir, f"checkpoint-{step}")
 
 
 class CompleteCheckpointsMixin:
@@ -440,7 +503,10 @@ def load_state_file(path: str, device: torch.device | str = "cpu") -> dict[str, 
         meta = fh.metadata() or {}
     if _TREE_KEY not in meta:
         raise ValueError(f"{path} is not an hf_mlcl trainer state (no {_TREE_KEY!r} metadata)")
-    return _rebuild(json.loads(meta[_TREE_KEY]), load_file(path, device=str(torch.device(device))))
+    target = torch.device(device)
+    # safetensors names the CPU "cpu" only; a process of a multi-process CPU launch has the device cpu:0
+    where = "cpu" if target.type == "cpu" else str(target)
+    return _rebuild(json.loads(meta[_TREE_KEY]), load_file(path, device=where))
 
 
 def optimizer_state_to_tree(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ __all__ = [
     "gather_candidates",
     "all_reduce_mean_",
     "barrier",
+    "all_gather_object",
     "shutdown",
 ]
 
@@ -139,6 +140,16 @@ def barrier() -> None:
     """Wait until every rank gets here (no-op outside a multi-process group)."""
     if is_distributed():
         dist.barrier()
+
+
+def all_gather_object(obj: object) -> list:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` outside a multi-process group. For small
+    host-side facts the ranks must agree on before they act (which checkpoints a node's folder holds)."""
+    if not is_distributed():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def shutdown() -> None:

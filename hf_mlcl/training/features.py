@@ -361,7 +361,9 @@ class FrozenFeatures:
             f"in {time.perf_counter() - start:.1f} s"
         )
         self.sources[name] = "encoded"
-        if store is not None and tr.is_local_process_zero():
+        # one writer per copy of the store: the global main process (shared storage), or each node's main
+        # process with save_on_each_node (node-local storage), never one per node into a shared folder
+        if store is not None and tr.args.should_save:
             saved = store.save(key, features)
             if saved is not None:
                 logger.info(f"{tr.args.probe} probe: saved the {name} features to {saved}")

@@ -6,8 +6,10 @@
   train -> evaluate -> save into ``args.output_dir``, each returning a :class:`StageResult` (metrics,
   label names, data notes, the trainer and, for the probe, the validation / test scores it computed);
 * :func:`run_contrastive_stage` / :func:`run_probe_stage`: a stage with its model card
-  (:class:`~hf_mlcl.hub.ModelCardCallback`), written by the main process, then a barrier, so no rank reads
-  a stage's folder before it is complete (every rank calls these under ``accelerate launch``);
+  (:class:`~hf_mlcl.hub.ModelCardCallback`), written by the process that writes the stage's folder
+  (``TrainingArguments.should_save``: the global main process, or each node's main process with
+  ``save_on_each_node``), then a barrier, so no rank reads a stage's folder before it is complete (every
+  rank calls these under ``accelerate launch``);
 * :func:`run_stages`: the stages of a run in order with their cards, the run's data loaded once, a
   finished stage skipped on resume, and the classifier's evaluation files written from the probe's own
   scores (no split is scored twice);
@@ -164,27 +166,43 @@ def _fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:
     checkpoints were removed with ``overwrite_output_dir``: the stage's data and model have loaded, the
     new run's inputs hold); InputError when it made no optimizer step. Returns the train metrics."""
     args = trainer.args
-    main = args.process_index == 0
-    remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, main)
-    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, main)
+    writes = args.should_save  # the process that writes this folder (one per node with save_on_each_node)
+    remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, writes)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes)
     metrics = dict(trainer.train(resume_from_checkpoint=resume).metrics)
     require_a_step(trainer, created, stage)
     return metrics
 
 
-def _save_stage(trainer: Any, tokenizer: Any, files: Mapping[str, Any], save_model: Callable[[], None]) -> None:
-    """Every rank saves the model (``save_model``: under FSDP / ZeRO-3 the ranks gather the weights
-    together); the main process writes the tokenizer, the trainer state (trained stages) and ``files``
-    (name -> JSON data); a barrier: the folder is complete before any rank goes on."""
-    save_model()
-    if trainer.is_world_process_zero():
+def _save_stage(trainer: Any, tokenizer: Any, files: Mapping[str, Any], save_model: Callable[[], bool]) -> None:
+    """Every rank saves the model (``save_model``, True when it wrote the tokenizer too: under FSDP / ZeRO-3
+    the ranks gather the weights together); the process that writes the folder (``args.should_save``: the
+    global main process, or each node's main process with ``save_on_each_node``) writes the tokenizer (when
+    the model's save did not), ``trainer_state.json`` (trained stages) and ``files`` (name -> JSON data); a
+    barrier: the folder is complete before any rank goes on."""
+    wrote_tokenizer = save_model()
+    if trainer.args.should_save:
         out = trainer.args.output_dir
-        tokenizer.save_pretrained(out)
+        if not wrote_tokenizer:
+            tokenizer.save_pretrained(out)
         if trainer.state.global_step > 0:
-            trainer.save_state()
+            # Trainer.save_state writes on the global main process only: a node-local folder would lack it
+            trainer.state.save_to_json(os.path.join(out, "trainer_state.json"))
         for name, content in files.items():
             atomic_write_json(os.path.join(out, name), content)
     D.barrier()
+
+
+def _trainer_save(trainer: Any) -> bool:
+    """``trainer.save_model`` into ``output_dir``; True when it wrote the tokenizer (its ``processing_class``)
+    beside the weights: everywhere but FSDP without a full state dict, where transformers saves no model
+    files at all."""
+    trainer.save_model(trainer.args.output_dir)
+    if trainer.processing_class is None:
+        return False
+    if trainer.is_fsdp_enabled:
+        return "FULL_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+    return True
 
 
 def train_contrastive(model_args: Any, data_args: Any, training_args: Any, callbacks: list | None = None,
@@ -223,12 +241,12 @@ def _finish_contrastive(trainer: Any, tokenizer: Any, metrics: dict[str, Any], m
     metrics.update(trainer.evaluate())
     args = trainer.args
 
-    def save_model() -> None:
-        if model_args.use_lora:
-            save_lora_model(trainer.model_wrapped, args.output_dir, merge=model_args.merge_lora,
-                            accelerator=trainer.accelerator)  # fmt: skip
-        else:
-            trainer.save_model(args.output_dir)
+    def save_model() -> bool:
+        if not model_args.use_lora:
+            return _trainer_save(trainer)
+        save_lora_model(trainer.model_wrapped, args.output_dir, merge=model_args.merge_lora,
+                        accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
+        return False
 
     saved = {**metrics, "loss": args.loss, "dataset": data_args.dataset, "num_labels": len(data.label_names)}
     _save_stage(trainer, tokenizer, {METRICS_FILE: saved}, save_model)
@@ -269,7 +287,7 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     metrics: dict[str, Any] = {"probe": probing_args.probe, "loss": probing_args.loss, "dataset": data_args.dataset}
     if probing_args.probe == "logistic":
         remove_previous_checkpoints(probing_args.output_dir, probing_args.overwrite_output_dir,
-                                    probing_args.resume_from_checkpoint, probing_args.process_index == 0)  # fmt: skip
+                                    probing_args.resume_from_checkpoint, probing_args.should_save)  # fmt: skip
         metrics.update(trainer.fit_logistic(data.dataset["validation"]))
         scores = {"validation": trainer.logistic_validation_scores}  # no second pass over validation
     else:
@@ -290,20 +308,24 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     return StageResult(probing_args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold)
 
 
-def _save_classifier(trainer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool) -> None:
-    """Every rank (FSDP / ZeRO-3 gather); rank 0 writes: a LoRA fine-tune as an adapter folder (merged when the
-    encoder was itself an adapter: the new adapter applies to it, not to the base), a frozen probe on an
-    adapter encoder as that adapter + its head, anything else as a full model."""
+def _save_classifier(trainer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool) -> bool:
+    """Every rank (FSDP / ZeRO-3 gather); the process that writes the folder writes: a LoRA fine-tune as an
+    adapter folder (merged when the encoder was itself an adapter: the new adapter applies to it, not to the
+    base), a frozen probe on an adapter encoder as that adapter + its head, anything else as a full model.
+    True when the tokenizer was written with it (:func:`_trainer_save`)."""
     from hf_mlcl.modeling.lora import save_heads_with_adapter, save_lora_model
 
-    out, on_adapter = trainer.args.output_dir, adapter_encoder(encoder_path)
+    args = trainer.args
+    out, on_adapter = args.output_dir, adapter_encoder(encoder_path)
     if lora_finetune:
         save_lora_model(trainer.model_wrapped, out, merge=model_args.merge_lora or on_adapter,
-                        accelerator=trainer.accelerator)  # fmt: skip
-    elif on_adapter and trainer.args.probe in ("linear", "logistic") and not model_args.merge_lora:
-        save_heads_with_adapter(trainer.model_wrapped, out, encoder_path, accelerator=trainer.accelerator)
+                        accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
+    elif on_adapter and args.probe in ("linear", "logistic") and not model_args.merge_lora:
+        save_heads_with_adapter(trainer.model_wrapped, out, encoder_path, accelerator=trainer.accelerator,
+                                is_main_process=args.should_save)  # fmt: skip
     else:
-        trainer.save_model(out)
+        return _trainer_save(trainer)
+    return False
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -312,12 +334,13 @@ def _save_classifier(trainer: Any, model_args: Any, encoder_path: str | None, lo
 def _with_card(train: Callable[..., StageResult], card_cb: Any, args: Any, *stage_args: Any,
                data: RunData | None = None) -> StageResult:  # fmt: skip
     """Run a stage with the card callback attached, replay the finished trainer's data into it (the logistic
-    probe never calls ``Trainer.train``, so its hooks alone would miss it), write the card on the main
-    process, then a barrier: no rank reads the folder (stage 2, evaluation, push) before it is complete."""
+    probe never calls ``Trainer.train``, so its hooks alone would miss it), write the card on the process that
+    writes the folder (``args.should_save``: the main process, or each node's with ``save_on_each_node``), then
+    a barrier: no rank reads the folder (stage 2, evaluation, push) before it is complete."""
     result = train(*stage_args, callbacks=[card_cb], data=data)
     trainer = result.trainer
     card_cb.collect_from_trainer(trainer, result.metrics)
-    if trainer.is_world_process_zero():
+    if args.should_save:
         card = card_cb.card
         card.data_notes = list(result.data_notes)
         if result.label_names and (card.kind == "classifier" or not card.label_names):
