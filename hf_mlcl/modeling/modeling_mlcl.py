@@ -16,7 +16,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,13 @@ from transformers import initialization as init
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import ModelOutput
 
-from .configuration_mlcl import MLCLConfig, backbone_config_to_dict
+from .configuration_mlcl import (
+    MLCL_CONFIG_KEYS,
+    MLCLConfig,
+    backbone_config_to_dict,
+    build_backbone,
+    normalise_id2label,
+)
 from .folders_mlcl import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
@@ -56,36 +61,6 @@ class MLCLEncoderOutput(ModelOutput):
 
     embeddings: torch.FloatTensor | None = None
     pooled: torch.FloatTensor | None = None
-
-
-# the keywords of ``from_backbone`` that configure the wrapper: MLCLConfig's own fields and the label
-# fields; every other keyword (``dtype``, ``device_map``, ``attn_implementation`` ...) goes to the backbone
-# loader, also those PreTrainedConfig shares with the loader (``dtype``)
-_MLCL_CONFIG_KEYS = (
-    {f.name for f in dataclasses.fields(MLCLConfig)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
-) | {"num_labels", "id2label", "label2id", "problem_type"}
-
-
-def _build_backbone(config: MLCLConfig) -> PreTrainedModel:
-    """Random-init backbone from the stored backbone config dict (offline; never downloads).
-
-    An explicit attention implementation requested for the wrapper (``from_pretrained(dir,
-    attn_implementation="flash_attention_2")``) is handed to the backbone; the default (sdpa) is left
-    to the backbone's own choice.
-    """
-    kwargs = {}
-    attn = getattr(config, "_attn_implementation", None)
-    if isinstance(attn, str) and attn != "sdpa":
-        kwargs["attn_implementation"] = attn
-    return AutoModel.from_config(config.get_backbone_config(), **kwargs)
-
-
-def _normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | None:
-    if id2label is None:
-        return None
-    if isinstance(id2label, Mapping):
-        return {int(k): str(v) for k, v in id2label.items()}
-    return {i: str(name) for i, name in enumerate(id2label)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -227,7 +202,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
         ``num_labels``, ``id2label`` ...) go to the config, the rest (``dtype``, ``attn_implementation``,
         ``trust_remote_code``, ``revision`` ...) to the backbone loader.
         """
-        config_keys = _MLCL_CONFIG_KEYS
+        config_keys = MLCL_CONFIG_KEYS
         config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in config_keys}
         source = name_or_path_or_config
         if isinstance(source, Mapping):
@@ -259,7 +234,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
                 f"got {type(name_or_path_or_config).__name__}"
             )
         if "id2label" in config_kwargs:
-            config_kwargs["id2label"] = _normalise_id2label(config_kwargs["id2label"])
+            config_kwargs["id2label"] = normalise_id2label(config_kwargs["id2label"])
             config_kwargs.setdefault("label2id", {v: k for k, v in config_kwargs["id2label"].items()})
         config = MLCLConfig(
             backbone_name_or_path=name,
@@ -334,7 +309,7 @@ class MLCLEncoder(MLCLPreTrainedModel):
 
     def __init__(self, config: MLCLConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
-        self.backbone = backbone if backbone is not None else _build_backbone(config)
+        self.backbone = backbone if backbone is not None else build_backbone(config)
         hidden = self.backbone_hidden_size
         proj_hidden = int(config.projection_hidden_dim or hidden)
         self.projection_head = ProjectionHead(hidden, proj_hidden, int(config.projection_dim))
@@ -423,7 +398,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             raise ValueError(f"the classifier needs num_labels >= 1 (or id2label); got {config.num_labels}")
         if config.head == "label_attention" and not config.segmented:
             raise ValueError("head='label_attention' needs segmented=True (PLM-ICD segment encoding)")
-        self.backbone = backbone if backbone is not None else _build_backbone(config)
+        self.backbone = backbone if backbone is not None else build_backbone(config)
         hidden = self.backbone_hidden_size
         if config.head == "linear":
             self.dropout = nn.Dropout(float(config.classifier_dropout or 0.0))
@@ -556,7 +531,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             raise ValueError(
                 f"from_encoder expects an MLCLEncoder or a saved encoder folder; got {type(encoder).__name__}"
             )
-        id2label = _normalise_id2label(id2label)
+        id2label = normalise_id2label(id2label)
         if id2label is not None and num_labels is not None and len(id2label) != int(num_labels):
             raise ValueError(
                 f"label-count mismatch: num_labels={num_labels} but id2label has {len(id2label)} names; "
