@@ -56,8 +56,8 @@ probe:
 """
 # what every launch adds on the command line (the CPU flag, quiet logs)
 COMMON = ["--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "none", "--no_plots"]
-MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "training_args.bin"}  # fmt: skip
+MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py", "layers_mlcl.py", "folders_mlcl.py",
+               "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_args.bin"}  # fmt: skip
 STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}
 CHECKPOINT_FILES = MODEL_FILES | {"trainer_state.json", "optimizer.pt", "scheduler.pt", "mlcl_trainer_state.safetensors",
                                   "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
