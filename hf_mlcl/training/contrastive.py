@@ -100,6 +100,7 @@ import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
 
+from hf_mlcl.data.sampler import PositiveEnsuredSampler, positive_rule
 from hf_mlcl.labels.multihot import dataset_label_matrix, to_dense_float
 from hf_mlcl.labels.statistics import resolve_num_labels
 from hf_mlcl.losses.input_checks import FirstCallChecks
@@ -385,6 +386,16 @@ class ContrastiveTrainer(MultiLabelTrainer):
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
+
+    # ------------------------------------------------------------------ batches
+    def _get_train_sampler(self, train_dataset=None):
+        """``batch_sampler="positives"``: an epoch order in which every anchor of a batch has a positive
+        under the loss's rule (:class:`hf_mlcl.data.sampler.PositiveEnsuredSampler`); else Trainer's."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.args.batch_sampler != "positives" or dataset is None:
+            return super()._get_train_sampler(train_dataset)
+        return PositiveEnsuredSampler(dataset[self.label_column], self.args.per_device_train_batch_size,
+                                      positive_rule(self.args.loss), seed=self.args.seed)  # fmt: skip
 
     # ------------------------------------------------------------------ encoding and loss
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
