@@ -104,10 +104,6 @@ def cmd_run(ns, overrides) -> dict:
         run_probe_stage,
     )
 
-    if ns.push_to:
-        from hf_mlcl.hub import check_repo_id
-
-        check_repo_id(ns.push_to)  # before any training: a typo here must not cost two stages
     recipe, _ = _load(ns.recipe, [], STAGES)
     stages = recipe.get("stages", list(STAGES))
     _, ov = _load(None, overrides, stages)
@@ -117,6 +113,8 @@ def cmd_run(ns, overrides) -> dict:
     n = len(stages)
     parsed = {s: parse_stage(recipe, s, ov) for s in stages if s == "contrastive"}
     parsed["probe"] = parse_stage(recipe, "probe", ov)
+    if ns.push_to:  # before any training: a push that cannot work must not cost two stages
+        _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in stages else []))
     for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
         check_stage(stage_args)
     _check_models(parsed["contrastive" if "contrastive" in parsed else "probe"][0])  # and the models
@@ -154,6 +152,19 @@ def cmd_run(ns, overrides) -> dict:
                 push_folder(encoder_path, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
     return results
+
+
+def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
+    """:func:`hf_mlcl.hub.check_push_target` as an input error (every process of a launch finds it: said once)."""
+    from hf_mlcl.hub import check_push_target, check_repo_id
+    from hf_mlcl.training.run_guard import InputError
+
+    try:
+        for name in (repo_id, *more_ids):
+            check_repo_id(name)
+        check_push_target(repo_id, token=token)
+    except (ValueError, ConnectionError) as err:
+        raise InputError(str(err)) from err
 
 
 def _say(msg: str) -> None:
@@ -211,10 +222,12 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
 
 
 def cmd_push(ns, overrides) -> dict:
-    from hf_mlcl.hub import push_folder
+    from hf_mlcl.hub import check_pushable, push_folder
 
     if overrides:
         raise SystemExit(f"hf-mlcl push: unexpected arguments {overrides}")
+    check_pushable(ns.folder)  # what is wrong with the folder first, then with the Hub
+    _check_push(ns.repo_id, token=ns.token)
     info = push_folder(ns.folder, ns.repo_id, token=ns.token, private=ns.private, revision=ns.revision)
     print(f"pushed {ns.folder} to https://huggingface.co/{ns.repo_id} ({info})")
     return {}
@@ -375,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--repo_id", required=True)
     p.add_argument("--private", action="store_true")
-    p.add_argument("--token", default=None, help="default: the cached `huggingface-cli login` token / HF_TOKEN")
+    p.add_argument("--token", default=None, help="default: the token `hf auth login` saved, or HF_TOKEN")
     p.add_argument("--revision", default=None)
     p = add("demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots")
     p.add_argument("--output_dir", default="./hf_mlcl_demo")

@@ -80,6 +80,50 @@ def check_repo_id(repo_id: str | None) -> str:
     return repo_id
 
 
+_LOGIN = "run `hf auth login` (or set HF_TOKEN)"
+
+
+def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -> str:
+    """Before any training: raise ValueError / ConnectionError, in one line, when a push to ``repo_id`` cannot
+    work, so a run never trains for hours and then fails at its push. Checks, in this order (the first two
+    without any network call): the repo id's spelling; the Hub switched off (``HF_HUB_OFFLINE``); a token
+    (``token``, else ``HF_TOKEN`` or the one ``hf auth login`` saved); a TCP connection to the Hub; the
+    token itself (``HfApi.whoami``): valid, allowed to write, and its account or one of its organisations
+    owning the namespace of ``repo_id``. Returns ``repo_id``."""
+    from huggingface_hub import get_token
+
+    from .locate import _offline, hub_reachable
+
+    check_repo_id(repo_id)
+    where = f"cannot push to {repo_id!r}"
+    if _offline():
+        raise ConnectionError(f"{where}: the Hub is switched off (HF_HUB_OFFLINE=1); unset it, or train without "
+                              "--push_to and push later with `hf-mlcl push FOLDER --repo_id ...`")
+    token = token or get_token()
+    if not token:
+        raise ValueError(f"{where}: no Hugging Face token; {_LOGIN} with a token that can write")
+    if not hub_reachable():
+        raise ConnectionError(f"{where}: the Hub is unreachable (no network?); run where huggingface.co can be "
+                              "reached, or train without --push_to and push later")
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+    try:
+        me = api.whoami(token=token)
+    except Exception as err:  # noqa: BLE001 - an invalid token, or the network dropping now
+        raise ValueError(f"{where}: the Hub refused the token ({type(err).__name__}); {_LOGIN} again") from err
+    role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        raise ValueError(f"{where}: the token is read-only; {_LOGIN} with a token that can write")
+    owners = [me.get("name"), *[org.get("name") for org in me.get("orgs") or []]]
+    namespace = repo_id.split("/")[0] if "/" in repo_id else me.get("name")
+    if namespace not in owners:
+        raise ValueError(f"{where}: the token belongs to {me.get('name')!r}, who cannot create repositories under "
+                         f"{namespace!r} (yours: {', '.join(repr(o) for o in owners if o)}); use one of them")
+    return repo_id
+
+
 def push_folder(
     folder: str,
     repo_id: str,
