@@ -203,8 +203,9 @@ def cmd_evaluate(ns, overrides) -> dict:
 
 def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
     """The data keys a checkpoint was trained with, from its card_data.json: dataset, its loader options
-    and max_length (a user's ``--dataset`` drops the stored dataset and its options, not max_length)."""
-    from hf_mlcl.hub import CARD_DATA_FILE, CardData
+    and max_length (a user's ``--dataset`` drops the stored dataset and its options, not max_length). Local
+    data paths are found from any working directory (:func:`hf_mlcl.hub.resolve_local_data`)."""
+    from hf_mlcl.hub import CARD_DATA_FILE, CardData, resolve_local_data
 
     if not os.path.isfile(os.path.join(checkpoint, CARD_DATA_FILE)):
         logger.warning("%s has no %s: evaluating with the default data arguments", checkpoint, CARD_DATA_FILE)
@@ -212,9 +213,14 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
     card = CardData.load(checkpoint)
     recipe: dict[str, Any] = {}
     if card.dataset and not user_dataset:
-        recipe["dataset"] = card.dataset
+        local = resolve_local_data(card, checkpoint)
+        recipe["dataset"] = local.get("dataset", card.dataset)
+        if local.get("data_dir"):
+            recipe["data_dir"] = local["data_dir"]
         if card.dataset_options:
             recipe["dataset_options"] = dict(card.dataset_options)
+        if local.get("data_files"):
+            recipe.setdefault("dataset_options", {})["data_files"] = local["data_files"]
     if card.hyperparameters.get("max_length") is not None:
         recipe["max_length"] = int(card.hyperparameters["max_length"])
     _say(f"evaluate: data arguments from {os.path.join(checkpoint, CARD_DATA_FILE)}: {recipe}")
