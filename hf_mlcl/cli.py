@@ -74,6 +74,7 @@ def cmd_train(ns, overrides) -> dict:
 
 
 def cmd_probe(ns, overrides) -> dict:
+    from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.recipes import parse_stage, stage_output_dir
     from hf_mlcl.training.pipeline import check_stage, encoder_loss, run_probe_stage
 
@@ -87,7 +88,11 @@ def cmd_probe(ns, overrides) -> dict:
             encoder = default
     _check_models(model_args, encoder_path=encoder)
     _, metrics = run_probe_stage(model_args, data_args, args, encoder, encoder_loss(encoder))
-    print(f"classifier saved to {args.output_dir}")
+    if args.process_index == 0:
+        print(f"classifier saved to {args.output_dir}")
+        print(format_table([{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **metrics}],
+                           show_split=True))
+        _print_footprint(args.output_dir)
     return metrics
 
 
@@ -141,7 +146,7 @@ def cmd_run(ns, overrides) -> dict:
         run_root = root or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, "probe"))
         os.makedirs(run_root, exist_ok=True)
         atomic_write_json(os.path.join(run_root, "results.json"), results, default=str)
-        print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}]))
+        print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True))
         print(f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
               f"{pargs.output_dir}", flush=True)
         if ns.push_to:
@@ -151,7 +156,15 @@ def cmd_run(ns, overrides) -> dict:
             if encoder_path:
                 push_folder(encoder_path, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
+        _print_footprint(run_root)
     return results
+
+
+def _print_footprint(folder: str) -> None:
+    """One line with what a run leaves on disk: ``outputs/x: 12 MB``."""
+    from hf_mlcl.files import folder_size, format_size
+
+    print(f"{folder}: {format_size(folder_size(folder))}", flush=True)
 
 
 def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
@@ -197,7 +210,7 @@ def cmd_evaluate(ns, overrides) -> dict:
     metrics = evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
                                   plots=not ns.no_plots, output_dir=ns.output_dir)
     print(format_table([{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
-                       keys=TABLE_KEYS, prefix=f"{ns.split}_"))
+                       keys=TABLE_KEYS, prefix=f"{ns.split}_", show_split=True))
     return metrics
 
 

@@ -53,6 +53,16 @@ def _keep_columns(args: TrainingArguments) -> None:
         args.remove_unused_columns = False
 
 
+def _no_pinned_memory_without_accelerator(args: TrainingArguments) -> None:
+    """``dataloader_pin_memory`` off where nothing can be pinned (``use_cpu``, or no accelerator): torch would
+    warn at every DataLoader it builds (each epoch, each evaluation) that it cannot pin, and nothing is lost."""
+    import torch
+
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    if args.dataloader_pin_memory and (args.use_cpu or not has_accelerator):
+        args.dataloader_pin_memory = False
+
+
 def _as_dict(value: Any, name: str) -> dict | None:
     """Accept a dict (YAML) or a JSON string (command line) for a dict-valued argument."""
     if value is None or isinstance(value, dict):
@@ -288,6 +298,14 @@ class ContrastiveTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
     )
+    keep_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the checkpoint-* folders once the stage has finished (`hf-mlcl` commands); default "
+            "False: they only serve to resume an interrupted stage, so they are removed once its model, metrics "
+            "and card are saved."
+        },
+    )
     knn_k: int = field(
         default=10,
         metadata={
@@ -320,6 +338,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"projection_dim must be positive; got {self.projection_dim}")
         if self.knn_k < 0:
             raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
+        _no_pinned_memory_without_accelerator(self)
         super().__post_init__()
 
 
@@ -361,6 +380,14 @@ class ProbingTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
+    )
+    keep_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the checkpoint-* folders once the stage has finished (`hf-mlcl` commands); default "
+            "False: they only serve to resume an interrupted stage, so they are removed once its model, metrics "
+            "and card are saved."
+        },
     )
     remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
     restore_callback_states_from_checkpoint: bool = field(
@@ -407,6 +434,11 @@ class ProbingTrainingArguments(TrainingArguments):
             ) from err
         if not grid or any(c <= 0 for c in grid):
             raise ValueError(f"logistic_c_grid must hold positive floats; got {self.logistic_c_grid!r}")
+        _no_pinned_memory_without_accelerator(self)
+        if self.ddp_find_unused_parameters is None and self.probe in ("linear", "logistic"):
+            # the frozen encoder has no trainable parameter: every one of the head's is used in each step, so
+            # DDP's search for unused ones (transformers' default) finds none and warns about the extra pass
+            self.ddp_find_unused_parameters = False
         super().__post_init__()
 
     @property

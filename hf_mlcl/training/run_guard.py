@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from typing import Any
 
 from . import distributed as D
-from .checkpoints import checkpoint_folders, wants_resume
+from .checkpoints import remove_checkpoints, wants_resume
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +84,7 @@ def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, i
     if not overwrite or wants_resume(resume):
         return
     if is_main_process:
-        for path in checkpoint_folders(output_dir):
-            shutil.rmtree(path, ignore_errors=True)
+        for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
     D.barrier()
 

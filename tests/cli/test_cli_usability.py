@@ -464,3 +464,48 @@ def test_a_recipe_for_another_dataset_runs_on_a_csv_given_with_dataset(tmp_path)
     assert rc == 0
     card = json.load(open(out / "classifier" / "card_data.json"))
     assert card["label_names"] == ["a", "b", "c"] and card["dataset_options"] == {}
+
+
+def test_a_default_run_is_quiet_names_its_split_states_its_footprint_and_keeps_no_checkpoint(tmp_path):
+    """At the default log level a tiny real run (checkpoints every step, save_total_limit 1) prints no
+    library noise on stderr: no pin_memory warning (no GPU here), no PAD/BOS/EOS notice, no "mtime may not be
+    reliable" notice. Its checkpoints are gone once each stage has finished unless asked for (here: the
+    probe's), its safetensors follow the umask, and the run ends with the split its table reports and its
+    size on disk."""
+    import json
+    import stat
+    import subprocess
+    import sys
+
+    from hf_mlcl.files import folder_size, format_size
+
+    tiny = json.dumps({"num_labels": 4, "num_train": 64, "num_validation": 16, "num_test": 16,
+                       "min_words": 5, "max_words": 10})
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_mlcl.cli", "run", RECIPE, "--max_steps", "3", "--save_strategy", "steps",
+         "--save_steps", "1", "--save_total_limit", "1", "--probe.keep_checkpoints", "true", "--output_dir", str(out),
+         "--no_plots", "--disable_tqdm", "true", "--dataset_options", tiny],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "| run | split | micro_f1 | macro_f1 | p@1 | p@5 |" in lines and "| run | test |" in proc.stdout
+    assert lines[-1] == f"{out}: {format_size(folder_size(str(out)))}"
+    assert not [p for p in os.listdir(out / "encoder") if p.startswith("checkpoint-")]
+    assert sorted(p for p in os.listdir(out / "classifier") if p.startswith("checkpoint-")) == ["checkpoint-3"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [*out.glob("*/model.safetensors"), *out.glob("classifier/checkpoint-3/*.safetensors")]:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, path
+    assert not [p for p in os.listdir(out) if p.startswith(".")]
+
+
+def test_the_run_table_says_when_it_reports_validation():
+    from hf_mlcl.evaluation.tables import format_table
+
+    table = format_table([{"run": "a", "validation_micro_f1": 0.5}, {"run": "b", "test_micro_f1": 0.25}],
+                         keys=("micro_f1",), show_split=True)  # fmt: skip
+    assert table.splitlines() == ["| run | split | micro_f1 |", "|---|---|---|", "| a | validation | 0.5000 |",
+                                  "| b | test | 0.2500 |"]  # fmt: skip
