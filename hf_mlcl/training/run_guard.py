@@ -16,8 +16,8 @@
 * :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
 
 :class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
-(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once, on the main
-process, instead of once per process.
+(the launch itself, the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once,
+on the main process, instead of once per process.
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ def check_launch(args: Any) -> None:
 
     problem = launch_problem(args)
     if problem:
-        raise ValueError(problem)
+        raise InputError(problem)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     deepspeed = requested_engine(args) == "deepspeed"  # runs on CPU processes over gloo by itself
     if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False) and not deepspeed:
-        raise ValueError(
+        raise InputError(
             f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
             "--use_cpu true so the processes train together over gloo (or launch one process)"
         )
