@@ -10,9 +10,11 @@ self-contained).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["TMP_PREFIX", "atomic_write_json", "atomic_write_safetensors", "atomic_write_text", "folder_size",
@@ -33,23 +35,31 @@ def follow_umask(path: str) -> None:
     os.chmod(path, 0o666 & ~_umask())
 
 
-def atomic_write_safetensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
-    """``safetensors.torch.save_file`` through a unique temp file in the same folder and ``os.replace``, the
-    file given the usual permissions (:func:`follow_umask`) first."""
-    from safetensors.torch import save_file
-
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[tuple[int, str]]:
+    """A unique temp file beside ``path`` (its descriptor and name) that replaces ``path``, with the usual
+    permissions (:func:`follow_umask`), when the block ends; removed instead when the block raises."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=os.path.basename(path))
-    os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
-        follow_umask(tmp)
+        yield fd, tmp
+        follow_umask(tmp)  # mkstemp and safetensors create 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_safetensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` through a unique temp file in the same folder and ``os.replace``, the
+    file given the usual permissions (:func:`follow_umask`) first."""
+    from safetensors.torch import save_file
+
+    with _replacing(path) as (fd, tmp):
+        os.close(fd)
+        save_file(tensors, tmp, metadata=metadata)
 
 
 def folder_size(path: str) -> int:
@@ -76,20 +86,10 @@ def format_size(num_bytes: int) -> str:
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``; the file gets
     the permissions of any other output (``0666 & ~umask``), not ``mkstemp``'s 0600."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        follow_umask(tmp)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with _replacing(path) as (fd, _tmp), os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def json_default(obj: Any) -> Any:

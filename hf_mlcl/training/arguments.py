@@ -42,6 +42,11 @@ _KEEP_COLUMNS_HELP = (
     "`labels`, which Trainer would drop as unused by model.forward (True is reset to False with a warning)."
 )
 
+_KEEP_CHECKPOINTS_HELP = (
+    "Keep the checkpoint-* folders once the stage has finished (`hf-mlcl` commands); default False: they only "
+    "serve to resume an interrupted stage, so they are removed once its model, metrics and card are saved."
+)
+
 
 def _keep_columns(args: TrainingArguments) -> None:
     """``remove_unused_columns`` must stay False (the collators need ``text`` and ``labels``)."""
@@ -298,14 +303,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
     )
-    keep_checkpoints: bool = field(
-        default=False,
-        metadata={
-            "help": "Keep the checkpoint-* folders once the stage has finished (`hf-mlcl` commands); default "
-            "False: they only serve to resume an interrupted stage, so they are removed once its model, metrics "
-            "and card are saved."
-        },
-    )
+    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
     knn_k: int = field(
         default=10,
         metadata={
@@ -381,14 +379,7 @@ class ProbingTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
     )
-    keep_checkpoints: bool = field(
-        default=False,
-        metadata={
-            "help": "Keep the checkpoint-* folders once the stage has finished (`hf-mlcl` commands); default "
-            "False: they only serve to resume an interrupted stage, so they are removed once its model, metrics "
-            "and card are saved."
-        },
-    )
+    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
     remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
     restore_callback_states_from_checkpoint: bool = field(
         default=True, metadata={"help": _RESTORE_CALLBACKS_HELP}
