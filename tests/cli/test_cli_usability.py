@@ -509,3 +509,18 @@ def test_the_run_table_says_when_it_reports_validation():
                          keys=("micro_f1",), show_split=True)  # fmt: skip
     assert table.splitlines() == ["| run | split | micro_f1 |", "|---|---|---|", "| a | validation | 0.5000 |",
                                   "| b | test | 0.2500 |"]  # fmt: skip
+
+
+def test_probe_prints_its_metrics_and_footprint(tmp_path, capsys):
+    import json
+
+    tiny = json.dumps({"num_labels": 4, "num_train": 48, "num_validation": 16, "num_test": 16,
+                       "min_words": 5, "max_words": 10})
+    out = tmp_path / "clf"
+    assert main(["probe", RECIPE, "--output_dir", str(out), "--max_steps", "1", "--disable_tqdm", "true",
+                 "--dataset_options", tiny]) == 0  # fmt: skip
+    printed = capsys.readouterr().out.strip().splitlines()
+    metrics = json.load(open(out / "metrics.json"))
+    assert "| classifier | split | micro_f1 | macro_f1 | p@1 | p@5 |" in printed
+    assert f"| clf | test | {metrics['test_micro_f1']:.4f} | {metrics['test_macro_f1']:.4f} |" in "\n".join(printed)
+    assert printed[-1].startswith(f"{out}: ") and printed[-1].endswith("B")
