@@ -25,12 +25,16 @@ from __future__ import annotations
 import gc
 import inspect
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from hf_mlcl.losses.relations import nonzero_pairs
+
+T = TypeVar("T")
 
 __all__ = [
     "is_distributed",
@@ -41,7 +45,10 @@ __all__ = [
     "all_gather_no_grad",
     "gather_candidates",
     "all_reduce_mean_",
+    "mean_over_processes",
     "barrier",
+    "all_gather_object",
+    "built_once",
     "shutdown",
 ]
 
@@ -177,10 +184,49 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
         t.div_(ws)
 
 
+def mean_over_processes(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient hook (``parameter.register_hook``): ``grad`` averaged over the processes.
+
+    For parameters that no DDP / FSDP / DeepSpeed wrapper owns, such as a loss's prototypes trained through
+    ``SentenceTransformerTrainer`` or ``Trainer(compute_loss_func=...)``, whose wrappers hold the model only:
+    without it each process would step its own copy of them with its own batch's gradient, and the copies
+    would drift apart. The mean is the rule the wrappers apply to the model's gradients. Every process must
+    backpropagate into the parameter at every step (the hook is a collective), as a loss that uses it on
+    every batch does. Identity outside a multi-process group.
+    """
+    if not is_distributed():
+        return grad
+    grad = grad.clone()
+    all_reduce_mean_([grad])
+    return grad
+
+
 def barrier() -> None:
     """Wait until every rank gets here (no-op outside a multi-process group)."""
     if is_distributed():
         dist.barrier()
+
+
+def built_once(build: Callable[[], T]) -> T:
+    """``build()`` run by the global main process alone, its result (pickled) sent to every other process;
+    ``build()`` itself outside a multi-process group. For data preparation every process needs, built once
+    for the whole launch whatever the storage of the nodes (the tokenizer trained on the fly). Every
+    process calls it."""
+    if not is_distributed():
+        return build()
+    box = [build() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_object(obj: object) -> list:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` outside a multi-process group. For small
+    host-side facts the ranks must agree on before they act (which checkpoints a node's folder holds)."""
+    if not is_distributed():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def shutdown() -> None:
