@@ -92,6 +92,12 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     if key not in _REGISTRY:
         for accepts, loader in _SOURCE_LOADERS:
             if accepts(name, options.get("data_files")):
+                unknown = sorted(set(options) - set(CUSTOM_OPTIONS) - {"splits"})
+                if unknown:
+                    raise ValueError(
+                        f"{name}: options {unknown} do not apply to your own data (a file, folder, Hub id or Dataset), "
+                        f"which takes {list(CUSTOM_OPTIONS)}; remove them (e.g. --dataset_options '{{}}')"
+                    )
                 return loader(name, data_dir=data_dir, **options)
         if not isinstance(name, str):
             raise ValueError(

@@ -252,7 +252,7 @@ def save_lora_adapter(
     import copy
     import os
 
-    from safetensors.torch import save_file
+    from hf_mlcl.files import atomic_write_safetensors
 
     from .modeling_mlcl import ADAPTER_WEIGHTS_NAME
 
@@ -264,9 +264,7 @@ def save_lora_adapter(
     config.modules_to_save = None
     config.inference_mode = True
     os.makedirs(save_directory, exist_ok=True)
-    tmp = os.path.join(save_directory, f".{ADAPTER_WEIGHTS_NAME}.tmp")
-    save_file(adapter, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME))
+    atomic_write_safetensors(adapter, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
     config.save_pretrained(save_directory)
     model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
 

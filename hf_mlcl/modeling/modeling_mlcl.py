@@ -256,6 +256,12 @@ class MLCLPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
 
     # -- backbone delegation ------------------------------------------------------------------------
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """``is_activation_checkpointing`` under the name peft reads when it wraps a model (transformers 5.x
+        deprecates its own alias with a FutureWarning at every ``get_peft_model``)."""
+        return self.is_activation_checkpointing
+
     def get_input_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
 
@@ -508,6 +514,9 @@ class MLCLPreTrainedModel(PreTrainedModel):
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint folder gets the usual mode
         try:
             super().save_pretrained(tmp, *args, **kwargs)
+            for name in os.listdir(tmp):  # safetensors writes its files 0600: give them the folder's umask
+                if name.endswith(".safetensors"):
+                    os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
             if not os.path.isdir(target) or not os.listdir(target):
                 try:  # rename(2) replaces a missing or empty folder in one step
                     os.replace(tmp, target)

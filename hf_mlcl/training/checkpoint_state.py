@@ -13,7 +13,6 @@ primitive containers only, no arbitrary objects).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,13 +64,11 @@ def _rebuild(node: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
 
 def save_state_file(state: Mapping[str, Any], path: str) -> None:
     """Write ``state`` (nested dicts of tensors and plain values) to ``path`` as safetensors, atomically."""
-    from safetensors.torch import save_file
+    from hf_mlcl.files import atomic_write_safetensors
 
     tensors: dict[str, torch.Tensor] = {}
     tree = _flatten(state, "", tensors)
-    tmp = f"{path}.tmp"
-    save_file(tensors, tmp, metadata={_TREE_KEY: json.dumps(tree)})
-    os.replace(tmp, path)
+    atomic_write_safetensors(tensors, path, metadata={_TREE_KEY: json.dumps(tree)})
 
 
 def load_state_file(path: str, device: torch.device | str = "cpu") -> dict[str, Any]:

@@ -14,10 +14,13 @@ removes it only after every file (and every rank) is done, so
   (checkpoints written before this marker existed count as complete when they hold
   ``trainer_state.json``, which the Trainer writes after the weights and optimizer);
 * :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest checkpoint complete on every process
-  (node-local folders of a multi-node run may differ), removes the incomplete ones (and temp files left
-  by interrupted atomic writes) on the process that writes the folder, and starts fresh (``None``) when
-  the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume
-  whichever stage was interrupted.
+  (node-local folders of a multi-node run may differ), removes the incomplete ones (and the temp files and
+  ``.checkpoint-N.tmp-*`` folders left by interrupted atomic writes) on the process that writes the folder,
+  says which checkpoint it resumes from, and starts fresh (``None``) when the folder holds no checkpoint
+  yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume whichever stage was interrupted;
+* old checkpoints are rotated (``save_total_limit``) by step once the new one is complete, and the loss
+  is logged at every save, so a resumed run's ``train_loss`` covers every step of the run
+  (:func:`whole_run_train_loss`), not only those after the resume.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import os
 import re
 import shutil
 from typing import Any
+
+from transformers import TrainerCallback
 
 from hf_mlcl.files import TMP_PREFIX
 
@@ -41,9 +46,11 @@ __all__ = [
     "is_complete_checkpoint",
     "last_complete_checkpoint",
     "parse_resume",
+    "remove_checkpoints",
     "remove_incomplete_checkpoints",
     "resolve_resume",
     "wants_resume",
+    "whole_run_train_loss",
 ]
 
 SAVING_MARKER = ".saving"
@@ -78,17 +85,46 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return complete[-1] if complete else None
 
 
+def _interrupted_temp(name: str, folder_name: str | None = None) -> bool:
+    """A temp file or folder of an interrupted atomic write: ``.tmp-*`` (:mod:`hf_mlcl.files`), or the
+    ``.<target>.tmp-*`` folder a model save writes before renaming it into place (``.checkpoint-4.tmp-x``
+    inside ``output_dir``; ``.<folder_name>.tmp-x`` beside it for the stage's own final save)."""
+    if name.startswith(TMP_PREFIX):
+        return True
+    if folder_name is not None:
+        return name.startswith(f".{folder_name}.tmp-")
+    return name.startswith(".") and _CHECKPOINT_RE.match(name[1:].split(".tmp-", 1)[0]) is not None and ".tmp-" in name
+
+
+def remove_checkpoints(output_dir: str) -> list[str]:
+    """Delete every ``checkpoint-*`` folder of ``output_dir``; returns them."""
+    removed = checkpoint_folders(output_dir)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
 def remove_incomplete_checkpoints(output_dir: str) -> list[str]:
-    """Delete the incomplete ``checkpoint-*`` folders and ``.tmp-*`` files of ``output_dir``; returns them."""
+    """Delete the incomplete ``checkpoint-*`` folders of ``output_dir`` and the temp files and folders of
+    interrupted saves in it (and beside it, for its own final save); returns them."""
     removed = [p for p in checkpoint_folders(output_dir) if not is_complete_checkpoint(p)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
-    if os.path.isdir(output_dir):
-        for name in os.listdir(output_dir):
-            path = os.path.join(output_dir, name)
-            if name.startswith(TMP_PREFIX) and os.path.isfile(path):
+    output_dir = os.path.normpath(output_dir)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    places = [(output_dir, None), (parent, os.path.basename(os.path.abspath(output_dir)))]
+    for folder, target in places:
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if not _interrupted_temp(name, target):
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 os.unlink(path)
-                removed.append(path)
+            removed.append(path)
     for path in removed:
         logger.warning(f"removed {path}: left over by an interrupted save")
     return removed
@@ -128,6 +164,8 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         last = _last_complete_on_every_process(output_dir, is_main_process)
         if last is None:
             logger.warning(f"no complete checkpoint in {output_dir}: starting this stage from the beginning")
+        elif is_main_process:
+            print(f"resuming from {last}", flush=True)
         return last
     path = value
     if not is_complete_checkpoint(path):
@@ -136,7 +174,47 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
             f"resume_from_checkpoint={path} {why}; pass --resume_from_checkpoint true to take the last "
             "complete checkpoint of output_dir"
         )
+    if is_main_process:
+        print(f"resuming from {path}", flush=True)
     return path
+
+
+def whole_run_train_loss(log_history: list[dict], start_step: int, end_step: int, this_call: float) -> float:
+    """The mean training loss over every step of a run that resumed at ``start_step`` and ended at
+    ``end_step``. ``Trainer`` reports ``train_loss`` over the steps of its own ``train()`` call only
+    (``this_call``); the steps before the resume are read from the checkpoint's ``log_history``, whose
+    ``loss`` entries are each the mean over the steps since the entry before (:class:`CompleteCheckpointsMixin`
+    logs at every save, so they reach ``start_step``). Where they do not (a checkpoint of another writer),
+    ``this_call`` is returned unchanged."""
+    if start_step <= 0:
+        return this_call
+    total, covered = 0.0, 0
+    for entry in log_history:
+        if "loss" in entry and covered < entry.get("step", 0) <= start_step:
+            total += float(entry["loss"]) * (entry["step"] - covered)
+            covered = entry["step"]
+    if covered != start_step or end_step <= 0:
+        logger.warning("train_loss covers the steps after the resume only: the checkpoint's log does not reach "
+                       f"step {start_step}")
+        return this_call
+    return (total + this_call * max(end_step - start_step, 0)) / end_step
+
+
+class _LogAtEverySave(TrainerCallback):
+    """Log the training loss whenever a checkpoint is saved, so every checkpoint's ``log_history`` covers
+    every step before it (:func:`whole_run_train_loss`), and note the step ``train()`` started from."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.train_start_step = state.global_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            control.should_log = True
+
+    on_epoch_end = on_step_end
 
 
 def _step(path: str) -> int:
@@ -178,22 +256,47 @@ class CompleteCheckpointsMixin:
     marked. Subclasses add their own files in :meth:`save_extra_checkpoint_files`, which runs while
     the folder is still marked."""
 
+    train_start_step = 0  # the step the last train() call started from (> 0 after a resume)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(_LogAtEverySave(self))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log``, with the final ``train_loss`` of a resumed run over all its steps
+        (:func:`whole_run_train_loss`), not only the steps after the resume."""
+        if "train_loss" in logs and self.train_start_step > 0:
+            logs["train_loss"] = whole_run_train_loss(self.state.log_history, self.train_start_step,
+                                                      self.state.global_step, logs["train_loss"])  # fmt: skip
+        super().log(logs, start_time)
+
     def save_extra_checkpoint_files(self, folder: str) -> None:
         """Write files of this trainer beyond the Trainer's own into ``folder`` (main process)."""
 
     def _save_checkpoint(self, model, trial) -> None:
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         marker = os.path.join(folder, SAVING_MARKER)
         if self.args.should_save:
             os.makedirs(folder, exist_ok=True)
             with open(marker, "w", encoding="utf-8") as fh:
                 fh.write("a save is in progress; this checkpoint is incomplete until this file is gone\n")
         D.barrier()  # no rank writes into the folder before it is marked
-        super()._save_checkpoint(model, trial)
+        # Trainer rotates old checkpoints inside its save, ordered by modification time (and notices when two
+        # saves within a second make that unreliable); they are rotated below instead, by step, once the new
+        # checkpoint is complete, so the newest complete one never goes before its successor is finished
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         if self.args.should_save and os.path.isdir(folder):
             self.save_extra_checkpoint_files(folder)
         D.barrier()  # every rank's shards / optimizer states are on disk
         if self.args.should_save and os.path.exists(marker):
             os.unlink(marker)
+        if self.args.should_save:
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)  # fmt: skip

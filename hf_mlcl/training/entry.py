@@ -44,6 +44,7 @@ __all__ = [
     "build_tokenizer_and_encoder",
     "is_mlcl_checkpoint",
     "check_train_batches",
+    "align_special_tokens",
 ]
 
 METRICS_FILE = "metrics.json"
@@ -195,6 +196,19 @@ def build_tokenizer_and_encoder(
     if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:
         backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama has no pad token by default
     return tokenizer, encoder
+
+
+def align_special_tokens(model, tokenizer) -> None:
+    """The model config's pad / bos / eos ids set to the tokenizer's, where the tokenizer defines them,
+    before the Trainer is built: what ``Trainer`` otherwise aligns itself, with a notice in every stage
+    (transformers' ``align_special_tokens``; a config that lists several ids keeps them)."""
+    config = model.config.get_text_config()
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        current = getattr(config, name, None)
+        if value is None or value == current or (isinstance(current, list) and value in current):
+            continue
+        setattr(config, name, [value, *current] if isinstance(current, list) else value)
 
 
 def _set_labels(config, names: list[str]) -> None:
@@ -383,6 +397,7 @@ def train_contrastive(
         n_views=training_args.n_views,
         pad_to_multiple_of=segment_multiple(encoder),
     )
+    align_special_tokens(encoder, tokenizer)
     trainer = ContrastiveTrainer(
         model=encoder, args=training_args, **_trainer_data(ds, names, collator, tokenizer, callbacks)
     )
@@ -466,6 +481,7 @@ def train_probe(
     collator = MultiLabelCollator(
         tokenizer, len(names), max_length=data_args.max_length, pad_to_multiple_of=segment_multiple(model)
     )
+    align_special_tokens(model, tokenizer)
     trainer = ProbingTrainer(model=model, args=probing_args, **_trainer_data(ds, names, collator, tokenizer, callbacks))
     metrics: dict[str, Any] = {
         "probe": probing_args.probe,

@@ -33,7 +33,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -160,29 +159,17 @@ class FeatureStore:
     def save(self, key: str, features: PooledFeatureDataset) -> str | None:
         """Write ``features`` under ``key`` through a unique temporary file renamed into place; returns the
         path, or None (with a warning) when the file could not be written."""
-        from safetensors.torch import save_file
+        from hf_mlcl.files import atomic_write_safetensors
 
         path = self.path(key)
-        tmp = None
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}-", suffix=".tmp")
-            os.close(fd)
-            save_file(
-                {
-                    "features": features.features.contiguous(),
-                    "indptr": torch.from_numpy(np.ascontiguousarray(features.indptr)),
-                    "indices": torch.from_numpy(np.ascontiguousarray(features.indices)),
-                },
-                tmp,
-                metadata={"format": _FORMAT, "rows": str(len(features))},
-            )
-            os.replace(tmp, path)
-            tmp = None
+        tensors = {
+            "features": features.features.contiguous(),
+            "indptr": torch.from_numpy(np.ascontiguousarray(features.indptr)),
+            "indices": torch.from_numpy(np.ascontiguousarray(features.indices)),
+        }
+        try:  # a unique temporary file: two processes writing one key never mix their bytes
+            atomic_write_safetensors(tensors, path, metadata={"format": _FORMAT, "rows": str(len(features))})
             return path
         except OSError as err:  # derived data: the run goes on with the features in memory
             logger.warning(f"feature cache: cannot write {path} ({err}); the features are not saved")
             return None
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.remove(tmp)

@@ -6,8 +6,8 @@ both stay thin callers and library code never imports the command line:
 * :func:`run_contrastive_stage` / :func:`run_probe_stage`: :func:`~hf_mlcl.training.train_contrastive`
   / :func:`~hf_mlcl.training.train_probe` with a :class:`~hf_mlcl.hub.ModelCardCallback` attached, the
   card written into the stage's ``output_dir`` by the process that writes that folder (``should_save``),
-  then a barrier, so no rank reads a stage's folder before it is complete (every rank calls these under
-  ``accelerate launch``);
+  the stage's ``checkpoint-*`` folders removed then (unless ``keep_checkpoints``), then a barrier, so no
+  rank reads a stage's folder before it is complete (every rank calls these under ``accelerate launch``);
 * :func:`score_classifier`: sigmoid scores and multi-hot truth of a dataset under a saved classifier;
 * :func:`evaluate_checkpoint`: a saved classifier scored on a split at its stored decision threshold,
   with ``eval_<split>.json`` and the per-label F1 plot (:func:`require_classifier` first: an encoder
@@ -54,6 +54,15 @@ def _label_names(trainer) -> list[str] | None:
     return [str(id2label[i]) for i in sorted(id2label, key=int)] if id2label else None
 
 
+def _drop_checkpoints(args) -> None:
+    """Once a stage's model, metrics and card are saved (:func:`~hf_mlcl.training.run_guard.stage_finished`),
+    its ``checkpoint-*`` folders serve no resume any more: removed unless ``keep_checkpoints`` (called by the process that writes the folder)."""
+    from .checkpoints import remove_checkpoints
+
+    if not getattr(args, "keep_checkpoints", False):
+        remove_checkpoints(args.output_dir)
+
+
 def check_stage(args) -> None:
     """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
     holds another run (:func:`~hf_mlcl.training.run_guard.check_launch`,
@@ -96,6 +105,7 @@ def run_contrastive_stage(model_args, data_args, training_args) -> tuple[Any, di
         if names and not card_cb.card.label_names:
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
         card_cb.save(training_args.output_dir, model_name=training_args.hub_model_id)
+        _drop_checkpoints(training_args)
     D.barrier()  # stage 2 (on any rank) starts only once the encoder, its metrics and card are written
     return trainer, metrics
 
@@ -122,6 +132,7 @@ def run_probe_stage(
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
         card_cb.card.hyperparameters["threshold"] = str(probing_args.threshold)
         card_cb.save(probing_args.output_dir, model_name=probing_args.hub_model_id)
+        _drop_checkpoints(probing_args)
     D.barrier()  # no rank reads the classifier folder (evaluation, push) before its card is written
     return trainer, metrics
 

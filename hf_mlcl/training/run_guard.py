@@ -18,19 +18,18 @@
 * :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
 
 :class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
-(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once per node, on the
-node's main process, instead of once per process.
+(the launch itself, the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once
+per node, on the node's main process, instead of once per process.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from typing import Any
 
 from . import distributed as D
-from .checkpoints import checkpoint_folders, wants_resume
+from .checkpoints import remove_checkpoints, wants_resume
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ def check_launch(args: Any) -> None:
 
     problem = launch_problem(args)
     if problem:
-        raise ValueError(problem)
+        raise InputError(problem)
     if _lone_process_of_a_cpu_launch():
         raise InputError(
             "accelerate launch started this process on its own: with --cpu (or use_cpu: true in the accelerate "
@@ -68,7 +67,7 @@ def check_launch(args: Any) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     deepspeed = requested_engine(args) == "deepspeed"  # runs on CPU processes over gloo by itself
     if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False) and not deepspeed:
-        raise ValueError(
+        raise InputError(
             f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
             "--use_cpu true so the processes train together over gloo (or launch one process)"
         )
@@ -109,8 +108,7 @@ def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, i
     if not overwrite or wants_resume(resume):
         return
     if is_main_process:
-        for path in checkpoint_folders(output_dir):
-            shutil.rmtree(path, ignore_errors=True)
+        for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
     D.barrier()
 
