@@ -67,7 +67,7 @@ def _hand_written_recipes() -> list[str]:
 
 @pytest.mark.parametrize("rel", _hand_written_recipes())
 def test_every_hand_written_recipe_parses(rel):
-    """recipes/demo, recipes/cpu ...: the same real-dataclass parse as the grid (CPU: use_cpu)."""
+    """recipes/demo, studies/recipes ...: the same real-dataclass parse as the grid (CPU: use_cpu)."""
     recipe = load_recipe(os.path.join(RECIPES, rel))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)

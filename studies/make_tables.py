@@ -1,0 +1,619 @@
+"""Regenerate the tables (and the per-label F1 plots) of docs/RESULTS.md from the run outputs.
+
+    python studies/make_tables.py            # rewrites the blocks between <!-- TABLE:x --> markers
+    python studies/make_tables.py --print    # only print the tables
+
+Reads studies/results/<dataset>/<loss>_<probe>/seed<S>/metrics.json (written by studies/run.py).
+Cells with 3 seeds show mean ± sample standard deviation (ddof = 1); others show the value and n.
+
+The full-data studies (FULL_STUDIES) get their own tables: ``<study>-full`` (every planned row, the ones
+without a metrics.json marked "not yet run"; fine-tuning rows at the learning rate chosen on validation)
+``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
+contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation) and
+``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell).
+
+The same study run on one GPU in bf16 (``run_gpu.sh``, outputs in ``studies/results/gpu_bf16/<study>/``) gets
+``gpu-<study>-full``, ``gpu-<study>-lr`` and ``gpu-<study>-vs-bce`` (the same tables, read from that tree with
+:func:`results_root`) and ``gpu-vs-cpu`` (each row run on both: test macro-F1 and wall time per epoch side by
+side).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bce_choice  # noqa: E402  (studies/bce_choice.py: the BCE baseline's learning rate and budget)
+import loss_choice  # noqa: E402  (studies/loss_choice.py: the losses that get GoEmotions runs and seeds)
+import lr_grid  # noqa: E402  (studies/lr_grid.py: the BCE learning-rate grid)
+from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with a longer-budget BCE run)
+
+STUDIES = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(STUDIES)
+HERE = os.path.join(STUDIES, "results")  # the per-cell outputs (studies/results/<study>/<cell>/seed<S>/)
+RESULTS_MD = os.path.join(REPO, "docs", "RESULTS.md")
+FIGURES = os.path.join(REPO, "docs", "figures")  # the plots RESULTS.md shows
+GPU_DIR = "gpu_bf16"  # run_gpu.sh's results tree inside this folder (the study on one GPU, bf16)
+ORDER = ["bce", "pretrained", "all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl"]
+NAMES = {
+    "bce": "BCE fine-tuning (no stage 1)",
+    "pretrained": "none: pretrained MiniLM, frozen",
+    "hbl": "mulsupcon + hbl",
+    "sd": "sd (similarity-dissimilarity)",
+}
+CONTRASTIVE = [x for x in ORDER if x not in ("bce", "pretrained")]
+FULL_STUDIES = ("reuters21578", "goemotions_full")
+FULL_PROBES = {"logistic": "logistic probe (ABALONE)", "linear": "linear probe (SD paper)", "finetune": "fine-tune"}
+NOT_RUN = "not yet run"
+# published figures and the issue's goals, printed above the measured rows of each full-data table
+ANCHORS = {
+    "reuters21578": [
+        "| *published: KD-LSTM-reg distilled from BERT (Adhikari et al. 2019, DocBERT), ModApte R90* | | "
+        "| 0.889 | | | | | | |",
+        "| *goal: BCE fine-tuning baseline here* | | | >= 0.85 | reported | | | | | |",
+    ],
+    "goemotions_full": [
+        "| *published: BERT-base fine-tuned (Demszky et al. 2020), 28 labels* | | | | 0.46 | | | | | |",
+        "| *goal: BCE fine-tuning baseline here* | | | | >= 0.46 | | | | | |",
+    ],
+}
+
+
+def load(dataset: str, tagged: bool = False) -> dict[tuple[str, str], list[dict]]:
+    """Runs by (loss, probe): the main grid, or (``tagged``) the stage-2 variants by (loss, probe-tag)."""
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(HERE, dataset, "*", "seed*", "metrics.json"))):
+        with open(path, encoding="utf-8") as fh:
+            r = json.load(fh)
+        if bool(r.get("tag")) != tagged:
+            continue
+        cells[(r["loss"], r["probe"] + (f"-{r['tag']}" if tagged else ""))].append(r)
+    return cells
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.3f} (n=1)"
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f} (n={len(values)})"
+
+
+def summary(cells, loss: str, probe: str, key: str) -> list[float]:
+    return [float(r["metrics"][key]) for r in cells.get((loss, probe), []) if key in r["metrics"]]
+
+
+def _f1_cells(cells, loss: str, probe: str) -> str:
+    """The "micro-F1 | macro-F1" cells of one (loss, probe) over its seeds."""
+    return (
+        f"{_fmt(summary(cells, loss, probe, 'test_micro_f1'))} | {_fmt(summary(cells, loss, probe, 'test_macro_f1'))}"
+    )
+
+
+def stage2_seconds(run: dict) -> tuple[float | None, bool]:
+    """(stage-2 wall seconds, whether they are a lower bound). ``wall_s["probe_s"]`` times the session that
+    finished the stage only; the epoch records (``timeline.jsonl``, kept across sessions) time every finished
+    epoch and evaluation. When they add up to more, the stage was resumed and their sum is reported as a lower
+    bound (the killed part of an epoch, model loading and the final test pass are not in it)."""
+    probe_s = run["wall_s"].get("probe_s")
+    ep = run.get("epochs") or {}
+    timed = sum(ep.get("epoch_s") or []) + sum(e.get("eval_s") or 0.0 for e in ep.get("evaluations") or [])
+    if probe_s is None or timed > probe_s:
+        return (round(timed, 1), True) if timed else (probe_s, False)
+    return probe_s, False
+
+
+def _wall(run: dict, key: str) -> tuple[float | None, bool]:
+    return stage2_seconds(run) if key == "probe_s" else (run["wall_s"].get(key), False)
+
+
+def _mean_wall(runs: list[dict], key: str) -> str:
+    walls = [_wall(r, key) for r in runs]
+    v = [s for s, _ in walls if s is not None]
+    return ("≥" if any(low for s, low in walls if s is not None) else "") + f"{np.mean(v):.0f}" if v else "—"
+
+
+def table(dataset: str) -> str:
+    cells = load(dataset)
+    head = (
+        "| stage 1 loss | probe: micro-F1 | probe: macro-F1 | fine-tune: micro-F1 | fine-tune: macro-F1 "
+        "| stage 1 s | probe s | fine-tune s | seeds |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for loss in ORDER:
+        lp, ft = cells.get((loss, "logistic"), []), cells.get((loss, "finetune"), [])
+        if not lp and not ft:
+            continue
+        seeds = sorted({r["seed"] for r in lp + ft})
+        rows.append(
+            f"| {NAMES.get(loss, loss)} | {_f1_cells(cells, loss, 'logistic')} | {_f1_cells(cells, loss, 'finetune')} "
+            f"| {_mean_wall(lp + ft, 'stage1_s')} | {_mean_wall(lp, 'probe_s')} | {_mean_wall(ft, 'probe_s')} "
+            f"| {','.join(map(str, seeds))} |"
+        )
+    return "\n".join(rows)
+
+
+def variants_table(dataset: str) -> str:
+    """Stage-2 variants (``run.py cell --tag``): one row per (loss, variant), with their overrides."""
+    cells = load(dataset, tagged=True)
+    rows = ["| stage 1 loss | stage 2 variant | overrides | test micro-F1 | test macro-F1 | stage 2 s | seeds |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (loss, probe), rs in sorted(cells.items(), key=lambda kv: (ORDER.index(kv[0][0]), kv[0][1])):
+        rows.append(
+            f"| {NAMES.get(loss, loss)} | {probe} | `{' '.join(rs[0]['overrides'])}` | {_f1_cells(cells, loss, probe)} "
+            f"| {_mean_wall(rs, 'probe_s')} | {','.join(str(r['seed']) for r in sorted(rs, key=lambda r: r['seed']))} |"
+        )
+    return "\n".join(rows)
+
+
+def runs_table(dataset: str) -> str:
+    """Every run of a dataset, one row per (loss, probe, seed): the numbers behind the summary table."""
+    cells = {**load(dataset), **load(dataset, tagged=True)}
+    rows = [
+        f"# {dataset}: every run (generated by studies/make_tables.py from */seed*/metrics.json)\n",
+        "| stage 1 loss | stage 2 | seed | test micro-F1 | test macro-F1 | validation micro-F1 | threshold "
+        "| stage 1 s | stage 2 s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for loss in ORDER:
+        for probe in sorted({p for (lo, p) in cells if lo == loss}, key=lambda p: (p != "logistic", p)):
+            for r in sorted(cells.get((loss, probe), []), key=lambda r: r["seed"]):
+                m, w = r["metrics"], r["wall_s"]
+                probe_s, low = stage2_seconds(r)
+                thr = m.get("threshold")
+                rows.append(
+                    f"| {NAMES.get(loss, loss)} | {probe} | {r['seed']} | {m['test_micro_f1']:.4f} "
+                    f"| {m['test_macro_f1']:.4f} | {m.get('validation_micro_f1', float('nan')):.4f} "
+                    f"| {thr if isinstance(thr, (int, float)) else 'per label'} "
+                    f"| {w.get('stage1_s') or '—'} | {('≥' if low else '') + str(probe_s) if probe_s else '—'} |"
+                )
+    return "\n".join(rows) + "\n"
+
+
+def best_contrastive(dataset: str) -> tuple[str, str] | None:
+    """(loss, probe) of the contrastive cell with the highest mean test macro-F1."""
+    cells = load(dataset)
+    scored = [
+        (np.mean(summary(cells, loss, probe, "test_macro_f1")), loss, probe)
+        for (loss, probe) in cells
+        if loss in CONTRASTIVE and summary(cells, loss, probe, "test_macro_f1")
+    ]
+    return max(scored)[1:] if scored else None
+
+
+def f1_plot(dataset: str) -> str | None:
+    """Per-label test F1 against training frequency: BCE fine-tuning (2 and, if run, 10 epochs) vs the best
+    contrastive cell by mean test macro-F1 (seed 1)."""
+    from hf_mlcl.evaluation import plot_f1_vs_frequency
+
+    best = best_contrastive(dataset)
+    bce = os.path.join(HERE, dataset, "bce_finetune", "seed1", "per_label_f1.json")
+    if best is None or not os.path.isfile(bce):
+        return None
+    other = os.path.join(HERE, dataset, f"{best[0]}_{best[1]}", "seed1", "per_label_f1.json")
+    with open(bce, encoding="utf-8") as fh:
+        a = json.load(fh)
+    with open(other, encoding="utf-8") as fh:
+        b = json.load(fh)
+    curves = {"BCE fine-tuning": np.asarray(a["test_f1"]), f"{best[0]} + {best[1]}": np.asarray(b["test_f1"])}
+    longer = os.path.join(HERE, dataset, "bce_finetune-10ep", "seed1", "per_label_f1.json")
+    if os.path.isfile(longer):  # the 10-epoch fine-tuning variant, when it was run
+        with open(longer, encoding="utf-8") as fh:
+            curves["BCE fine-tuning, 10 epochs"] = np.asarray(json.load(fh)["test_f1"])
+    out = os.path.join(FIGURES, dataset, "f1_vs_frequency.png")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    plot_f1_vs_frequency(
+        curves,
+        np.asarray(a["train_count"]),
+        out,
+        title=f"{dataset}: per-label test F1 vs training-subset frequency (seed 1)",
+    )
+    return out
+
+
+def _lr_runs(cells, loss: str) -> dict[str, list[dict]]:
+    """Fine-tuning runs of ``loss`` grouped by learning rate (tags ``lr<value>``)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for (lo, probe), rs in cells.items():
+        if lo == loss and probe.startswith("finetune-lr"):
+            out[probe[len("finetune-lr"):]] += rs
+    return out
+
+
+def chosen_lr(study: str) -> str | None:
+    """The BCE fine-tuning learning rate chosen on validation (run.py ``--lr best``), None before any has run."""
+    try:
+        return bce_choice.best_bce_lr(study, HERE)
+    except ValueError:
+        return None
+
+
+def _epoch_times(epoch_records: list[dict]) -> str:
+    """Mean wall time per epoch (seconds) over the runs' recorded epochs; an epoch a resumed run timed only
+    in part counts by its whole-epoch estimate (``timeline.epoch_summary``) and marks the value "≈"."""
+    v, scaled = [], False
+    for e in epoch_records:  # an epoch cut by early stopping (None) is no measure of a whole one
+        v += [x for x in (e.get("whole_epoch_s") or e.get("epoch_s", [])) if x is not None]
+        scaled |= bool(e.get("resumed_epochs"))
+    return f"{'≈' if scaled else ''}{np.mean(v):.0f}" if v else "—"
+
+
+def _per_epoch(runs: list[dict]) -> str:
+    """Mean training wall time per epoch of stage 2 (seconds)."""
+    return _epoch_times([r.get("epochs") or {} for r in runs])
+
+
+def _stage1_per_epoch(runs: list[dict]) -> str:
+    return _epoch_times([(r.get("stage1") or {}).get("epochs") or {} for r in runs])
+
+
+def _metric(runs: list[dict], key: str) -> str:
+    return _fmt([float(r["metrics"][key]) for r in runs if key in r["metrics"]])
+
+
+def _best_epoch(runs: list[dict]) -> str:
+    """Best evaluation (epoch) / evaluations run, per seed."""
+    out = []
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        evals = (r.get("epochs") or {}).get("evaluations", [])
+        best = [e["epoch"] for e in evals if e.get("eval_macro_f1") == r.get("best_metric")]
+        if evals:
+            out.append(f"{best[0]:.2g}/{evals[-1]['epoch']:.2g}" if best else f"?/{evals[-1]['epoch']:.2g}")
+    return ", ".join(out) or "—"
+
+
+def _full_runs(plain, tagged, lr: str | None, loss: str, probe: str) -> list[dict]:
+    """The runs of one full-study row (``plain`` / ``tagged``: :func:`load` of the study): the probes' cells,
+    or the fine-tune at ``lr``, the learning rate BCE chose (:func:`chosen_lr`)."""
+    if probe != "finetune":
+        return plain.get((loss, probe), [])
+    return _lr_runs(tagged, loss).get(lr, []) if lr else []
+
+
+def long_bce_runs(study: str, tagged, lr: str | None) -> list[dict]:
+    """The BCE fine-tune at the chosen learning rate with the longer budget (``run_all.sh``: studies in
+    LONG_BCE, whose chosen BCE run was still improving at the end of its 5 epochs)."""
+    return tagged.get(("bce", bce_choice.long_cell(lr)[len("bce_") :]), []) if lr and study in LONG_BCE else []
+
+
+def _full_row(name: str, label: str, runs: list[dict], probe: str) -> str:
+    if not runs:
+        return f"| {name} | {label} | {NOT_RUN} | | | | | | | |"
+    # the frozen probes' totals hold the encoding pass, unless every split came from the feature store
+    loaded = ", features loaded" if all(set((r.get("features") or {}).values()) == {"loaded"} for r in runs) else ""
+    if probe == "logistic":
+        wall2 = _mean_wall(runs, "probe_s") + f" (total{loaded})"
+    elif probe == "linear":  # epochs on cached features
+        wall2 = f"{_per_epoch(runs)} ({_mean_wall(runs, 'probe_s')} total{loaded})"
+    else:
+        wall2 = _per_epoch(runs)
+    return (
+        f"| {name} | {label} | {_metric(runs, 'validation_macro_f1')} | {_metric(runs, 'test_micro_f1')} "
+        f"| {_metric(runs, 'test_macro_f1')} | {_metric(runs, 'test_p@1')} "
+        f"| {_best_epoch(runs) if probe != 'logistic' else '—'} | {_stage1_per_epoch(runs)} | {wall2} "
+        f"| {','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} |"
+    )
+
+
+def full_table(study: str) -> str:
+    """Every planned row of a full-data study; rows without a metrics.json say "not yet run"."""
+    plain, tagged = load(study), load(study, tagged=True)
+    lr = chosen_lr(study)
+    head = ("| stage 1 | stage 2 | validation macro-F1 | test micro-F1 | test macro-F1 | test P@1 | best / last epoch "
+            "| s per epoch, stage 1 | s per epoch (or total), stage 2 | seeds |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = [head, *ANCHORS.get(study, [])]
+    for loss in ORDER:
+        for probe in (("finetune",) if loss == "bce" else ("logistic", "linear", "finetune")):
+            if loss == "pretrained" and probe == "finetune":
+                continue  # that is the BCE row
+            runs = _full_runs(plain, tagged, lr, loss, probe)
+            if probe == "finetune":
+                label = "fine-tune"
+                if lr:
+                    done, planned = len(_lr_runs(tagged, "bce")), 1 + len(lr_grid.FIRST)
+                    label = (f"fine-tune, lr {lr} (chosen on validation)" if done >= planned
+                             else f"fine-tune, lr {lr} (best on validation of {done} of {planned} learning rates so far)")  # fmt: skip
+            else:
+                label = FULL_PROBES[probe]
+            name = NAMES.get(loss, loss) if loss != "bce" else "none (BCE fine-tuning baseline)"
+            if loss == "pretrained":
+                name = "none: pretrained MiniLM, frozen"
+            rows.append(_full_row(name, label, runs, probe))
+            if loss == "bce" and study in LONG_BCE:
+                label = f"fine-tune, lr {lr or '(chosen)'}, {LONG_BCE[study]}"
+                rows.append(_full_row(name, label, long_bce_runs(study, tagged, lr), probe))
+    return "\n".join(rows)
+
+
+def _delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str] | None:
+    """(mean difference, verdict) of ``key`` between two groups of seeds; the verdict says whether the
+    difference exceeds the seed spread, the sum of the two sample standard deviations (ddof 1), and is
+    only given when both groups have at least two seeds."""
+    a = [float(r["metrics"][key]) for r in runs if key in r["metrics"]]
+    b = [float(r["metrics"][key]) for r in ref if key in r["metrics"]]
+    if not a or not b:
+        return None
+    d = float(np.mean(a) - np.mean(b))
+    if min(len(a), len(b)) < 2:
+        return d, f"undecided: seeds {len(a)} vs {len(b)}"
+    spread = float(np.std(a, ddof=1) + np.std(b, ddof=1))
+    return d, (f"yes: {abs(d):.3f} > {spread:.3f}" if abs(d) > spread else f"no: {abs(d):.3f} <= {spread:.3f}")
+
+
+def _signed(delta: tuple[float, str] | None, missing: str = "—") -> str:
+    return f"{delta[0]:+.3f}" if delta else missing
+
+
+def _vs_long(delta: tuple[float, str] | None, budget: str | None) -> str:
+    """The two comparison cells against the longer-budget BCE run: difference, seed-spread verdict (none
+    where ``bce_choice.py`` kept the 5-epoch run as the bar)."""
+    verdict = "not the bar (lower on validation)" if budget == "base" else delta[1] if delta else NOT_RUN
+    return f" {_signed(delta, NOT_RUN)} | {verdict} |"
+
+
+def _bar_note(study: str, budget: str | None, bce: list[dict], long_bce: list[dict]) -> str:
+    """Which BCE run is the bar of a study with a longer-budget run (``budget``: ``bce_choice.bce_budget``, None
+    before it can be chosen), with the two validation scores it was chosen on."""
+    if budget is None:
+        return (f"The bar: the 5-epoch BCE run until the run with {LONG_BCE[study]} has finished; then the one "
+                "with the higher seed-1 validation macro-F1 (`bce_choice.py`).")  # fmt: skip
+    bar = f"BCE with {LONG_BCE[study]}" if budget == "long" else "BCE with 5 epochs"
+    base, long = ([r for r in runs if r["seed"] == 1] for runs in (bce, long_bce))
+    return (f"The bar (`bce_choice.py`; seed-1 validation macro-F1 {_metric(base, 'validation_macro_f1')} with 5 "
+            f"epochs, {_metric(long, 'validation_macro_f1')} with {LONG_BCE[study]}): **{bar}**; a loss helps where "
+            "its seed-spread verdict against that run says yes.")  # fmt: skip
+
+
+def comparison_table(study: str) -> str:
+    """Every finished contrastive row of a full study against the BCE baseline (chosen learning rate) and, for
+    the probes, against the frozen pretrained MiniLM with the same probe: mean test differences (positive:
+    the contrastive row is better), with the seed-spread verdict of :func:`_delta` on macro-F1 vs BCE and, in a
+    study with a longer-budget BCE run (``bce_choice.LONG_BUDGET``), the difference and verdict against it; then
+    the losses ranked by the rule of ``loss_choice.py`` (best seed-1 validation macro-F1 of a frozen probe),
+    which picks the losses that run on GoEmotions and get 3 seeds."""
+    plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
+    bce = _full_runs(plain, tagged, lr, "bce", "finetune")
+    long = study in LONG_BCE
+    long_bce = long_bce_runs(study, tagged, lr)
+    try:
+        budget = bce_choice.bce_budget(study, HERE)
+    except ValueError:
+        budget = None
+    rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
+            "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |"
+            + (f" test macro-F1 − BCE {LONG_BCE[study]} | beyond the seed spread (vs BCE {LONG_BCE[study]})? |"
+               if long else ""),
+            "|---|---|---|---|---|---|---|" + ("---|---|" if long else "")]  # fmt: skip
+    for loss in CONTRASTIVE:
+        for probe in ("logistic", "linear", "finetune"):
+            runs = _full_runs(plain, tagged, lr, loss, probe)
+            if not runs:
+                continue
+            macro, micro = _delta(runs, bce, "test_macro_f1"), _delta(runs, bce, "test_micro_f1")
+            frozen = None if probe == "finetune" else _delta(runs, plain.get(("pretrained", probe), []), "test_macro_f1")
+            rows.append(
+                f"| {NAMES.get(loss, loss)} | {FULL_PROBES[probe]} | {_metric(runs, 'validation_macro_f1')} "
+                f"| {_signed(macro)} | {_signed(micro)} "
+                f"| {macro[1] if macro else 'no BCE baseline yet'} "
+                f"| {_signed(frozen)} |"
+                + (_vs_long(_delta(runs, long_bce, "test_macro_f1"), budget) if long else "")
+            )
+    if len(rows) == 2:
+        return "No contrastive row has finished yet."
+    ranked = loss_choice.ranked(study, HERE)
+    ranking = ", ".join(f"{NAMES.get(loss, loss)} {v:.3f} ({FULL_PROBES[probe]})" for loss, v, probe in ranked)
+    return "\n".join(rows) + (f"\n\n{_bar_note(study, budget, bce, long_bce)}" if long else "") + (
+        f"\n\nLosses by their best validation macro-F1 of a frozen probe, seed 1 (`loss_choice.py`; "
+        f"{len(ranked)} of {len(loss_choice.LOSSES)} losses have a probe row): {ranking or '—'}."
+    )
+
+
+def lr_table(study: str) -> str:
+    """The BCE learning-rate choice: validation numbers of each candidate (seed 1); test is not shown. The
+    grid is lr_grid.py's: two fixed points and a third chosen on validation from them."""
+    runs = _lr_runs(load(study, tagged=True), "bce")
+    seed1 = {lr: r["metrics"]["validation_macro_f1"] for lr, rs in runs.items() for r in rs if r["seed"] == 1}
+    lrs = lr_grid.planned_lrs(seed1)
+    rows = ["| learning rate | validation macro-F1 | validation micro-F1 | best / last epoch | s per epoch |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for lr in list(lrs) + sorted(set(runs) - set(lrs)):
+        rs = [r for r in runs.get(lr, []) if r["seed"] == 1]
+        if not rs:
+            rows.append(f"| {lr} | {NOT_RUN} | | | |")
+            continue
+        rows.append(f"| {lr} | {_metric(rs, 'validation_macro_f1')} | {_metric(rs, 'validation_micro_f1')} "
+                    f"| {_best_epoch(rs)} | {_per_epoch(rs)} |")  # fmt: skip
+    if len(lrs) == len(lr_grid.FIRST):
+        rows.append(f"| third: {lr_grid.ABOVE} or {lr_grid.BELOW}, chosen on validation once "
+                    f"{' and '.join(lr_grid.FIRST)} have run | {NOT_RUN} | | | |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def _per_label(study: str, cell: str) -> dict:
+    with open(os.path.join(HERE, study, cell, "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _cell_label(loss: str, probe: str) -> str:
+    """A contrastive cell in words: ``jaccard stage 1 + logistic probe (ABALONE)``, ``... + fine-tune, lr 1e-4``."""
+    kind, _, lr = probe.partition("-lr")
+    return f"{NAMES.get(loss, loss)} stage 1 + {FULL_PROBES[kind]}" + (f", lr {lr}" if lr else "")
+
+
+def _tail_series(study: str) -> list[tuple[str, dict]] | None:
+    """Per-label results (per_label_f1.json, seed 1), in plotting order: the BCE fine-tune at the chosen learning
+    rate, the same with the longer budget once it has run (LONG_BCE), and the contrastive cell with the highest
+    validation macro-F1 (labelled by ``_cell_label``); None until BCE and a contrastive cell exist."""
+    lr, tagged, plain = chosen_lr(study), load(study, tagged=True), load(study)
+    if lr is None:
+        return None
+    scored = [(r["metrics"]["validation_macro_f1"], f"{loss}_{probe}", _cell_label(loss, probe))
+              for (loss, probe), rs in {**plain, **tagged}.items() for r in rs
+              if loss in CONTRASTIVE and r["seed"] == 1 and (not probe.startswith("finetune") or probe == f"finetune-lr{lr}")]
+    if not scored:
+        return None
+    _, folder, label = max(scored)
+    series = [("BCE fine-tuning", _per_label(study, f"bce_finetune-lr{lr}"))]
+    if any(r["seed"] == 1 for r in long_bce_runs(study, tagged, lr)):
+        series.append((f"BCE fine-tuning, {LONG_BCE[study]}", _per_label(study, bce_choice.long_cell(lr))))
+    return [*series, (label, _per_label(study, folder))]
+
+
+def full_f1_plot(study: str) -> str | None:
+    """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr; also the longer budget once it
+    has run) vs the contrastive cell with the highest validation macro-F1 (seed 1)."""
+    from hf_mlcl.evaluation import plot_f1_vs_frequency
+
+    series = _tail_series(study)
+    if series is None:
+        return None
+    out = os.path.join(FIGURES, study, "f1_vs_frequency.png")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    plot_f1_vs_frequency({label: np.asarray(r["test_f1"]) for label, r in series},
+                         np.asarray(series[0][1]["train_count"]), out,
+                         title=f"{study}: per-label test F1 vs training frequency (seed 1)")  # fmt: skip
+    return out
+
+
+def _edge(v: float) -> str:
+    """A bin edge in training documents: three significant digits, no exponent."""
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def tail_table(study: str) -> str:
+    """The plot's binned means as a table: mean per-label test F1 of BCE (and of BCE with the longer budget, once
+    it has run) and of the best contrastive cell in each log-spaced bin of training frequency (seed 1), with
+    the best cell's difference to each BCE run."""
+    from hf_mlcl.evaluation import f1_by_frequency_bin
+
+    series = _tail_series(study)
+    if series is None:
+        return "Written once the BCE baseline and a contrastive row have finished."
+    (best_label, _), bces = series[-1], series[:-1]
+    counts = series[0][1]["train_count"]
+    bins = f1_by_frequency_bin({label: np.asarray(r["test_f1"]) for label, r in series}, np.asarray(counts))
+    diffs = [f"difference to {label}" for label, _ in bces]
+    rows = [f"| training documents per label (bin) | labels | {' | '.join(label for label, _ in series)} | {' | '.join(diffs)} |",
+            "|---|---|" + "---|" * (len(series) + len(bces))]  # fmt: skip
+    for x in bins:
+        means = x["mean_f1"]
+        cells = [f"{means[label]:.2f}" for label, _ in series]
+        cells += [f"{means[best_label] - means[label]:+.2f}" for label, _ in bces]
+        rows.append(f"| {_edge(x['low'])}-{_edge(x['high'])} | {x['n_labels']} | {' | '.join(cells)} |")
+    unseen = int(sum(c == 0 for c in counts))
+    if unseen:
+        rows.append(f"| 0 (unseen in training, not in the plot) | {unseen} |" + " |" * (len(series) + len(bces)))
+    return "\n".join(rows)
+
+
+@contextlib.contextmanager
+def results_root(root: str):
+    """Read another results tree with every table function (``run_gpu.sh``'s ``gpu_bf16``): the functions of
+    this module and the choice rules they call (``bce_choice``, ``loss_choice``) read the folder ``HERE``."""
+    global HERE
+    saved, HERE = HERE, root
+    try:
+        yield
+    finally:
+        HERE = saved
+
+
+def _row_runs(study: str) -> dict[tuple[str, str], list[dict]]:
+    """Every full-table row's runs by (loss, probe) in the current results tree (fine-tunes at the tree's own
+    chosen learning rate; ``("bce", "finetune-long")`` the longer-budget BCE run)."""
+    plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
+    rows = {(loss, probe): _full_runs(plain, tagged, lr, loss, probe)
+            for loss in ORDER for probe in ("logistic", "linear", "finetune")}
+    rows[("bce", "finetune-long")] = long_bce_runs(study, tagged, lr)
+    return {k: v for k, v in rows.items() if v}
+
+
+def _lr_of(runs: list[dict]) -> str:
+    """The fine-tuning learning rate of a row's cells, from their tags (``lr2e-4``, ``long-lr2e-4``)."""
+    return "/".join(sorted({str(r.get("tag") or "").rpartition("lr")[2] for r in runs}))
+
+
+def gpu_vs_cpu_table(gpu_root: str) -> str:
+    """Each row run both on the CPU (fp32, this tree) and on the GPU (bf16, ``run_gpu.sh``'s tree ``gpu_root``):
+    test macro-F1 over the seeds each has, and wall seconds per epoch of stage 1 and of stage 2 (the logistic
+    probe: its total)."""
+    rows = ["| study | stage 1 | stage 2 | test macro-F1, CPU fp32 | test macro-F1, GPU bf16 | s per epoch stage 1, "
+            "CPU / GPU | s per epoch stage 2 (logistic: total), CPU / GPU | GPU device |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for study in FULL_STUDIES:
+        cpu = _row_runs(study)
+        with results_root(gpu_root):
+            gpu = _row_runs(study)
+        for key in [k for k in cpu if k in gpu]:
+            loss, probe = key
+            c, g = cpu[key], gpu[key]
+            wall = (lambda rs: _mean_wall(rs, "probe_s")) if probe == "logistic" else _per_epoch
+            stage1 = "—" if loss in ("bce", "pretrained") else f"{_stage1_per_epoch(c)} / {_stage1_per_epoch(g)}"
+            kind = FULL_PROBES[probe.split("-")[0]] + (f", {LONG_BCE[study]}" if probe.endswith("long") else "")
+            if probe.startswith("finetune"):
+                kind += f", lr {_lr_of(c)} (CPU) / {_lr_of(g)} (GPU)"
+            devices = ", ".join(sorted({r.get("device", "?") for r in g}))
+            rows.append(f"| {study} | {NAMES.get(loss, loss)} | {kind} "
+                        f"| {_metric(c, 'test_macro_f1')} | {_metric(g, 'test_macro_f1')} | {stage1} "
+                        f"| {wall(c)} / {wall(g)} | {devices} |")  # fmt: skip
+    return "\n".join(rows) if len(rows) > 2 else "No row has run on a GPU yet."
+
+
+def gpu_tables() -> dict[str, str]:
+    """The tables of the GPU study (``studies/results/gpu_bf16``), none where that tree is absent."""
+    root = os.path.join(HERE, GPU_DIR)
+    if not os.path.isdir(root):
+        return {}
+    tables = {"gpu-vs-cpu": gpu_vs_cpu_table(root)}
+    with results_root(root):
+        for d in FULL_STUDIES:
+            tables.update({f"gpu-{d}-full": full_table(d), f"gpu-{d}-lr": lr_table(d),
+                           f"gpu-{d}-vs-bce": comparison_table(d)})
+    return tables
+
+
+def small_datasets() -> list[str]:
+    """The small-subset studies (Appendix A): every folder here but the full-data studies and the GPU tree."""
+    return sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)) and d not in (*FULL_STUDIES, GPU_DIR))
+
+
+def main(argv: list[str]) -> None:
+    datasets = small_datasets()
+    tables = {d: table(d) for d in datasets}
+    tables.update({f"{d}-variants": variants_table(d) for d in datasets if load(d, tagged=True)})
+    tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-tail": tail_table(d) for d in FULL_STUDIES})
+    tables.update(gpu_tables())
+    if "--print" in argv:
+        for d, t in tables.items():
+            print(f"## {d}\n{t}\n")
+        return
+    for d in datasets:
+        print("plot:", f1_plot(d))
+        with open(os.path.join(HERE, d, "runs.md"), "w", encoding="utf-8") as fh:
+            fh.write(runs_table(d))
+    for d in FULL_STUDIES:
+        if os.path.isdir(os.path.join(HERE, d)):
+            print("plot:", full_f1_plot(d))
+    with open(RESULTS_MD, encoding="utf-8") as fh:
+        text = fh.read()
+    for d, t in tables.items():
+        pattern = re.compile(rf"(<!-- TABLE:{d} -->\n)(?:.*?\n)?(<!-- /TABLE:{d} -->)", re.S)
+        text = pattern.sub(lambda m, t=t: m.group(1) + t + "\n" + m.group(2), text)
+    with open(RESULTS_MD, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print("updated", RESULTS_MD)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
