@@ -20,6 +20,7 @@
 #   bash studies/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): the
 #   bash studies/run_all.sh full-goemotions  # Reuters losses, 20-epoch BCE and seeds, resp. every GoEmotions
 #     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
+#   bash studies/run_all.sh baselines   # TF-IDF (logistic regression, linear SVM) and SetFit on both studies
 #   bash studies/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2
 #     # one cell, logged like the phases' cells: a session picks the seed cells that fit in what is left of it
 #     # (checkpoints do not survive a change of machine, so a cell must finish in the session that starts it)
@@ -37,14 +38,22 @@ R="$PY studies/run.py"
 LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
 cell() { echo "### $(date -u +%T) run.py cell $*"; $R cell "$@" || echo "FAILED: $*"; }
 RUNS=${MLCL_RUNS:-$(cd "$(dirname "$0")/../.." && pwd)/runs}  # default: ../runs beside the checkout
-# full-data cells: one log file per cell (appended across sessions), one line per cell in the main log
-fcell() {
-  local study=$1; shift
-  local log="$RUNS/logs/$study/$(echo "$*" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//').log"
+# one logged cell: its own log file under $RUNS/logs/<study>/ (appended across sessions), one line in the main log
+logcell() {  # logcell STUDY NAME COMMAND...
+  local study=$1 name=$2; shift 2
+  local log="$RUNS/logs/$study/$(echo "$name" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//').log"
   mkdir -p "$(dirname "$log")"
-  echo "### $(date -u +%F\ %T) run.py cell $study $* (log: $log)"
-  { echo "### $(date -u +%F\ %T) start, commit $(git rev-parse --short HEAD)"; $R cell "$study" "$@"; } >> "$log" 2>&1 \
-    && grep -h "^RESULT\|^SKIP" "$log" | tail -1 || echo "FAILED: $study $* (see $log)"
+  echo "### $(date -u +%F\ %T) $name (log: $log)"
+  { echo "### $(date -u +%F\ %T) start, commit $(git rev-parse --short HEAD)"; "$@"; } >> "$log" 2>&1 \
+    && grep -h "^RESULT\|^SKIP" "$log" | tail -1 || echo "FAILED: $study $name (see $log)"
+}
+fcell() { local study=$1; shift; logcell "$study" "$*" $R cell "$study" "$@"; }  # a cell of run.py
+# a baseline cell (studies/baseline_tfidf.py, studies/baseline_setfit.py), its data folder named explicitly
+DATA=${DATA:-../shared/data}  # the recipes' data_dir root, relative to the repository root
+bcell() {
+  local kind=$1 study=$2 dir; shift 2
+  dir=$DATA/$([ "$study" = goemotions_full ] && echo goemotions || echo "$study")
+  logcell "$study" "baseline_$kind $*" $PY "studies/baseline_$kind.py" "$study" "$@" --data_dir "$dir"
 }
 # BCE learning rates: 5e-5 and 1e-4, then a third chosen on validation from those two ("extend": 2e-4 if
 # 1e-4 is the better, else 2e-5; studies/lr_grid.py). It replaced a fixed third point of 2e-5 in session 5,
@@ -150,6 +159,11 @@ full-reuters-base) base_cells reuters21578 2 ;;
 full-goemotions-base) base_cells goemotions_full 3 ;;
 full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
 full-goemotions-losses) L2=$(pick "${2:-}") || exit 1; loss_cells goemotions_full 3 1 $L2 ;;
+baselines)  # TF-IDF + logistic regression / linear SVM (no seed changes them: one run each), then SetFit's
+  # recipe, seed 1 on both studies before seeds 2 and 3 (about an hour of 2 cores per SetFit cell)
+  for study in reuters21578 goemotions_full; do for M in logreg svm; do bcell tfidf "$study" --model $M --seed 1; done; done
+  for S in 1 2 3; do for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed "$S"; done; done
+  ;;
 full-cell) shift; : "${1:?name the study and run.py cell arguments, e.g. full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2}"; fcell "$@" ;;
 full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (named, or by loss_choice.py)
   study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
@@ -177,5 +191,5 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
   seed_cells reuters21578 2 $L2
   seed_cells goemotions_full 3 $L2
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell" ; exit 2 ;;
+*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines" ; exit 2 ;;
 esac

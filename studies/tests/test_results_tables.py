@@ -594,3 +594,26 @@ def test_run_gpu_runs_every_cell_in_bf16_with_the_alone_cells_first(tmp_path):
     assert cells[-2:] in (
         [f"--loss {a} --probe finetune --lr best --seed 1 --patience 3" for a in order] for order in (("any", "hbl"), ("hbl", "any"))
     )
+
+
+def test_run_all_baselines_run_tfidf_once_then_setfit_seed_by_seed(tmp_path):
+    """run_all.sh baselines: both TF-IDF models on both studies (deterministic: seed 1 only), then SetFit seed 1
+    on both studies before seeds 2 and 3; every cell names its study's data folder under $DATA."""
+    import subprocess
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}; echo "RESULT $*"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "MLCL_RUNS": str(tmp_path / "runs"), "DATA": "/data"}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "studies", "run_all.sh"), "baselines"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout + proc.stderr
+    cells = [line.split() for line in calls.read_text().splitlines()]
+    assert [c[:2] for c in cells[:4]] == [["studies/baseline_tfidf.py", "reuters21578"]] * 2 + [
+        ["studies/baseline_tfidf.py", "goemotions_full"]] * 2  # fmt: skip
+    assert [(c[1], c[c.index("--seed") + 1]) for c in cells[4:]] == [
+        (s, str(seed)) for seed in (1, 2, 3) for s in ("reuters21578", "goemotions_full")]  # fmt: skip
+    assert all(c[-2:] == ["--data_dir", "/data/" + ("goemotions" if c[1] == "goemotions_full" else "reuters21578")]
+               for c in cells)  # fmt: skip
+    assert (tmp_path / "runs" / "logs" / "reuters21578").is_dir()  # one log per cell
