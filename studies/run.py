@@ -42,9 +42,12 @@ import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cell_io  # noqa: E402  (studies/cell_io.py: the cell files every runner of the study writes)
+
+REPO = cell_io.REPO
 RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # beside the checkout
-RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(REPO, "studies", "results"))  # small per-cell outputs
+RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(cell_io.STUDIES, "results"))  # small per-cell outputs
 
 _captured: list = []
 
@@ -64,35 +67,6 @@ def _patch_predict_scores() -> None:
 
     recorded._recorded = True  # type: ignore[attr-defined]
     probing.ProbingTrainer.predict_scores = recorded
-
-
-def _git_commit() -> str | None:
-    """The repository commit the cell ran with: ``$MLCL_GIT_COMMIT`` where set (a copy of the working tree on
-    another machine, whose ``.git`` may not be that tree's: the GPU study's copies reported the session's
-    first commit), else ``git rev-parse HEAD``, None outside a git checkout."""
-    import subprocess
-
-    if os.environ.get("MLCL_GIT_COMMIT"):
-        return os.environ["MLCL_GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
-
-
-def _device() -> str:
-    """What the cell ran on: the CUDA device's name, or "cpu" (the study's CPU rows, fp32)."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
-def _write(path: str, data) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True, default=float)
-        fh.write("\n")
 
 
 def _has_checkpoint(folder: str) -> bool:
@@ -191,7 +165,7 @@ def run_cell(
             return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
     result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra, "tag": tag,
-                    "git_commit": _git_commit(), "device": _device()}
+                    "git_commit": cell_io.git_commit(), "device": cell_io.device()}
     wall: dict[str, float] = {}
 
     encoder_path = None
@@ -217,7 +191,7 @@ def run_cell(
                 saved = json.load(fh)
             saved["wall_s"] = wall["stage1_s"]
             saved["epochs"] = _epochs(encoder_path)
-            _write(done, saved)
+            cell_io.write_json(done, saved)
         with open(done, encoding="utf-8") as fh:
             result["stage1"] = json.load(fh)
         wall["stage1_s"] = result["stage1"].get("wall_s")
@@ -272,7 +246,7 @@ def run_cell(
     train_split = trainer.train_dataset
     names = label_names(train_split)
     train_count = train_frequency(train_split, len(names))
-    _write(
+    cell_io.write_json(
         os.path.join(out_dir, "per_label_f1.json"),
         {
             "label_names": names,
@@ -281,7 +255,7 @@ def run_cell(
             "test_count": truth.sum(0).astype(int).tolist(),
         },
     )
-    _write(os.path.join(out_dir, "metrics.json"), result)
+    cell_io.write_json(os.path.join(out_dir, "metrics.json"), result)
     shutil.copy(os.path.join(probe_dir, "thresholds.json"), os.path.join(out_dir, "thresholds.json"))
     print(
         f"RESULT {dataset} {cell} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
