@@ -142,6 +142,8 @@ def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, m
         # stage1_s: the pair training; probe_s: the head (encoding every training text, then the fits)
         "wall_s": {"stage1_s": round(t1 - t0, 1), "probe_s": round(t2 - t1, 1), "scoring_s": round(time.time() - t2, 1)},
     }  # fmt: skip
+    cell_io.write_json(os.path.join(out, "per_label_f1.json"),
+                       cell_io.per_label_record(names, y["test"], scores["test"], metrics["threshold"], y["train"].sum(0)))
     cell_io.write_json(path, result)
     print(f"RESULT {study} setfit_logistic seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
           f"{metrics['test_macro_f1']:.4f}, pairs {t1 - t0:.0f} s, head {t2 - t1:.0f} s", flush=True)  # fmt: skip

@@ -122,7 +122,8 @@ def run_cell(study: str, model: str, seed: int, overrides: list[str], force: boo
     x_val, x_test = vec.transform(ds["validation"]["text"]), vec.transform(ds["test"]["text"])
     features_s = time.time() - t0
     c, clf, by_c, fit_s = choose_c(model, seed, x_train, y["train"], x_val, y["validation"])
-    metrics = cell_io.scored_metrics(y["validation"], label_scores(clf, x_val), y["test"], label_scores(clf, x_test))
+    test_scores = label_scores(clf, x_test)
+    metrics = cell_io.scored_metrics(y["validation"], label_scores(clf, x_val), y["test"], test_scores)
     result = {
         "dataset": study, "loss": "tfidf", "probe": model, "seed": seed, "tag": None, "overrides": overrides,
         "git_commit": cell_io.git_commit(), "device": "cpu",
@@ -136,6 +137,8 @@ def run_cell(study: str, model: str, seed: int, overrides: list[str], force: boo
         "wall_s": {"features_s": round(features_s, 1), "fit_s": round(fit_s, 1),
                    "probe_s": round(features_s + fit_s, 1)},
     }  # fmt: skip
+    cell_io.write_json(os.path.join(out, "per_label_f1.json"),
+                       cell_io.per_label_record(names, y["test"], test_scores, metrics["threshold"], y["train"].sum(0)))
     cell_io.write_json(path, result)
     print(f"RESULT {study} tfidf_{model} seed{seed}: C {c}, test micro-F1 {metrics['test_micro_f1']:.4f} "
           f"macro-F1 {metrics['test_macro_f1']:.4f}, {features_s + fit_s:.0f} s", flush=True)  # fmt: skip

@@ -100,3 +100,14 @@ def scored_metrics(val_true: np.ndarray, val_scores: np.ndarray, test_true: np.n
         m = compute_multilabel_metrics(truth, scores, threshold=thr)
         out.update({f"{prefix}_{k}": float(v) for k, v in m.items() if not np.isnan(v)})
     return out
+
+
+def per_label_record(names, test_true: np.ndarray, test_scores: np.ndarray, threshold, train_count) -> dict:
+    """What ``per_label_f1.json`` holds (the tail plot and table read it): each label's test F1 at the tuned
+    ``threshold`` (a float or per-label array), with its number of training and test texts."""
+    from hf_mlcl.evaluation import per_label_f1
+
+    f1 = per_label_f1(test_true, test_scores >= np.asarray(threshold, dtype=np.float64))
+    return {"label_names": list(names), "test_f1": [float(x) for x in f1],
+            "train_count": np.asarray(train_count).astype(int).tolist(),
+            "test_count": np.asarray(test_true).sum(0).astype(int).tolist()}  # fmt: skip

@@ -1,18 +1,13 @@
-"""Runner of the CPU study in docs/RESULTS.md: one (dataset, loss, probe, seed) cell per call.
+"""Runner of the study in docs/RESULTS.md: one (study, loss, probe, seed) cell per call.
 
 It drives the public entry points ``hf_mlcl.training.entry.train_contrastive`` / ``train_probe`` with the
-recipes of ``studies/recipes/<dataset>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
+recipes of ``studies/recipes/<study>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
 does), and additionally records what the CLI does not keep: the test per-label F1 (for the
-frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the repository, outside
-the repository); only small files land in ``studies/results/<dataset>/<loss>_<probe>/seed<S>/``.
+frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the
+repository); only ``metrics.json`` and ``per_label_f1.json`` land in ``studies/results/<study>/<cell>/seed<S>/``.
 
-    python studies/run.py cell goemotions --loss sd --probe logistic --seed 1
-    python studies/run.py cell goemotions --loss bce --probe finetune --seed 1
-    python studies/run.py cell goemotions --loss pretrained --probe logistic --seed 1
-    python studies/run.py embed goemotions --loss sd --seed 1      # 2-D projection PNG
-
-Full-data studies (``studies/recipes/<study>/``: goemotions_full, reuters21578) add the SD paper's ``linear``
-probe and fine-tuning with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
+The studies (``studies/recipes/<study>/``: reuters21578, goemotions_full) probe each stage-1 encoder with
+ABALONE's ``logistic`` probe and the SD paper's ``linear`` probe, and fine-tune with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
 rate with the highest validation macro-F1 among the study's finished seed-1 cells; ``--lr extend`` the
 third point of the BCE grid, chosen on validation from the first two, see ``lr_grid.py``):
 
@@ -26,7 +21,7 @@ Stage-1 encoders are reused by later probes of the same (dataset, loss, seed); a
 ``metrics.json`` already exists is skipped unless ``--force`` is given. Trained stages whose recipe
 evaluates during training (eval_strategy != "no") stop early on the recipe's metric_for_best_model
 (``--patience`` evaluations without improvement) and keep the best checkpoint; a stage that left a
-``checkpoint-*`` behind (a killed session) resumes from it. The frozen probes share one feature store per
+``checkpoint-*`` behind (a killed run) resumes from it. The frozen probes share one feature store per
 dataset (``$MLCL_RUNS/<dataset>/features``, ``ProbingTrainingArguments.feature_cache_dir``): the linear probe
 of an encoder loads the features its logistic probe saved instead of running the encoder again. Per-epoch wall times and the validation
 curve go to ``timeline.jsonl`` next to the checkpoints and into the cell's ``metrics.json``.
@@ -37,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -118,15 +112,6 @@ def extended_bce_lr(dataset: str) -> str:
     return third
 
 
-def _recipe_path(dataset: str, loss: str) -> str:
-    """studies/recipes/<dataset>/<loss>.yaml; ``pretrained`` (no stage 1) has its own file in the full-data
-    studies and reuses ``bce.yaml`` in the small-subset ones (their probe settings are the same)."""
-    folder = os.path.join(REPO, "studies", "recipes", dataset)
-    if loss == "pretrained" and not os.path.isfile(os.path.join(folder, "pretrained.yaml")):
-        loss = "bce"
-    return os.path.join(folder, f"{loss}.yaml")
-
-
 def run_cell(
     dataset: str,
     loss: str,
@@ -138,16 +123,14 @@ def run_cell(
     lr: str | None = None,
     patience: int = 2,
 ) -> dict:
-    import numpy as np
 
     from hf_mlcl.data import label_names, train_frequency
-    from hf_mlcl.evaluation import per_label_f1
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
     from hf_mlcl.training.entry import train_contrastive, train_probe
     from hf_mlcl.utils import find_minilm
 
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
-    recipe = load_recipe(_recipe_path(dataset, loss))
+    recipe = load_recipe(cell_io.recipe_path(dataset, loss))
     if lr is not None:  # the fine-tuning learning rate under test; names the cell
         if probe != "finetune":
             raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
@@ -241,22 +224,11 @@ def run_cell(
 
     # per-label F1 on test at the tuned threshold, with training-subset frequencies
     scores, truth = _captured[-1]
-    thr = np.asarray(metrics["threshold"], dtype=np.float64)
-    f1 = per_label_f1(truth, scores >= thr)
-    train_split = trainer.train_dataset
-    names = label_names(train_split)
-    train_count = train_frequency(train_split, len(names))
-    cell_io.write_json(
-        os.path.join(out_dir, "per_label_f1.json"),
-        {
-            "label_names": names,
-            "test_f1": [float(x) for x in f1],
-            "train_count": train_count.tolist(),
-            "test_count": truth.sum(0).astype(int).tolist(),
-        },
-    )
+    names = label_names(trainer.train_dataset)
+    train_count = train_frequency(trainer.train_dataset, len(names))
+    cell_io.write_json(os.path.join(out_dir, "per_label_f1.json"),
+                       cell_io.per_label_record(names, truth, scores, metrics["threshold"], train_count))  # fmt: skip
     cell_io.write_json(os.path.join(out_dir, "metrics.json"), result)
-    shutil.copy(os.path.join(probe_dir, "thresholds.json"), os.path.join(out_dir, "thresholds.json"))
     print(
         f"RESULT {dataset} {cell} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
         f"macro-F1 {metrics.get('test_macro_f1'):.4f} wall {wall}",
@@ -265,37 +237,9 @@ def run_cell(
     return result
 
 
-def run_embed(dataset: str, loss: str, seed: int, n: int) -> None:
-    """PNG of a 2-D projection of the test embeddings (projection-head output) of a stage-1 encoder."""
-    import numpy as np
-    from transformers import AutoTokenizer
-
-    from hf_mlcl.evaluation import plot_embedding_projection
-    from hf_mlcl.modeling import MLCLEncoder
-    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.entry import load_data
-
-    os.chdir(REPO)
-    recipe = load_recipe(_recipe_path(dataset, loss))
-    _, d_args, _ = parse_stage(recipe, "probe", split_overrides([], ["probe"]), output_dir="/tmp/unused")
-    ds, names = load_data(d_args)
-    test = ds["test"].select(range(min(n, len(ds["test"]))))
-    path = os.path.join(RUNS, dataset, loss, f"seed{seed}", "encoder")
-    tok = AutoTokenizer.from_pretrained(path)
-    enc = MLCLEncoder.from_pretrained(path).eval()
-    emb = enc.encode(list(test["text"]), tok, batch_size=128)
-    y = np.zeros((len(test), len(names)), dtype=bool)
-    for i, labs in enumerate(test["labels"]):
-        y[i, labs] = True
-    out = os.path.join(REPO, "docs", "figures", dataset, f"embeddings_{loss}_seed{seed}.png")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    plot_embedding_projection(np.asarray(emb), y, out, top_k_combinations=8, label_names=names)
-    print("wrote", out, flush=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["cell", "embed"])
+    ap.add_argument("command", choices=["cell"])
     ap.add_argument("dataset")
     ap.add_argument("--loss", required=True)
     ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
@@ -309,13 +253,9 @@ def main(argv: list[str] | None = None) -> None:
                     "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
                     "loss, seed) is shared")
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
-    ap.add_argument("--n", type=int, default=2000, help="embed: number of test examples plotted")
     args, extra = ap.parse_known_args(argv)
-    if args.command == "cell":
-        run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
-                 patience=args.patience)
-    else:
-        run_embed(args.dataset, args.loss, args.seed, args.n)
+    run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
+             patience=args.patience)
 
 
 if __name__ == "__main__":

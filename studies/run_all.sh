@@ -1,15 +1,7 @@
 #!/usr/bin/env bash
-# Exact commands behind docs/RESULTS.md (CPU, 2 shared cores). Run from the repository root:
-#   bash studies/run_all.sh phase1     # GoEmotions, seed 1, every loss + logistic probe, BCE fine-tune
-#   bash studies/run_all.sh phase2     # seeds 2-3 (BCE, jaccard, hbl), jaccard fine-tune
-#   bash studies/run_all.sh phase3     # GoEmotions: fine-tune after every loss, seeds 2-3 for every loss
-#   bash studies/run_all.sh aapd       # AAPD held-out split, seed 1: every loss + logistic probe and fine-tune
-#   bash studies/run_all.sh budget     # GoEmotions fine-tuning with 10 epochs instead of 2 (BCE, hbl)
-#   bash studies/run_all.sh aapd-budget  # AAPD fine-tuning with 10 epochs (BCE, jaccard)
-#   bash studies/run_all.sh plots      # embedding projections of the best / worst loss
-# Full-data studies (whole training sets; studies/recipes/reuters21578, studies/recipes/goemotions_full), in the
-# order of the most informative rows first; every cell is skipped once its metrics.json exists, so
-# rerunning a phase resumes it (a half-trained stage resumes from its last checkpoint):
+# The study of docs/RESULTS.md: Reuters-21578 R90 and GoEmotions, whole training sets, all-MiniLM-L6-v2.
+# Run from the repository root. Every cell is skipped once its metrics.json exists, so rerunning a phase
+# resumes it (a half-trained stage resumes from its last checkpoint in $MLCL_RUNS):
 #   bash studies/run_all.sh full       # all the phases below, in order
 #   bash studies/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / a third on validation
 #   bash studies/run_all.sh full-goemotions-base  # GoEmotions: the same
@@ -22,23 +14,20 @@
 #     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
 #   bash studies/run_all.sh baselines   # TF-IDF (logistic regression, linear SVM) and SetFit on both studies
 #   bash studies/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2
-#     # one cell, logged like the phases' cells: a session picks the seed cells that fit in what is left of it
-#     # (checkpoints do not survive a change of machine, so a cell must finish in the session that starts it)
+#     # one cell, logged like the phases' cells
 # Long runs: nohup nice -n 19 bash studies/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
-# OMP_NUM_THREADS defaults to 2 (one queue on the 2 cores); session 2 ran phase3 and aapd side by side
-# with OMP_NUM_THREADS=1 each, session 6 full-goemotions-base and full-reuters-losses (two studies never
-# share a cell; one MiniLM step took 1,225 ms per process that way against 693 ms on two threads alone).
-# Checkpoints: $MLCL_RUNS (default ../runs beside the repository); small outputs: studies/results/<dataset>/<loss>_<probe>/seed<S>/.
+# OMP_NUM_THREADS defaults to 2 (one queue on 2 cores); two queues of different studies side by side with
+# OMP_NUM_THREADS=1 each never share a cell.
+# Checkpoints: $MLCL_RUNS (default ../runs beside the repository); small outputs: studies/results/<study>/<cell>/seed<S>/.
 # Tables: python studies/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
 set -u
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 PY=${PY:-.venv/bin/python}
 R="$PY studies/run.py"
 LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
-cell() { echo "### $(date -u +%T) run.py cell $*"; $R cell "$@" || echo "FAILED: $*"; }
 RUNS=${MLCL_RUNS:-$(cd "$(dirname "$0")/../.." && pwd)/runs}  # default: ../runs beside the checkout
-# one logged cell: its own log file under $RUNS/logs/<study>/ (appended across sessions), one line in the main log
+# one logged cell: its own log file under $RUNS/logs/<study>/ (appended across runs), one line in the main log
 logcell() {  # logcell STUDY NAME COMMAND...
   local study=$1 name=$2; shift 2
   local log="$RUNS/logs/$study/$(echo "$name" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//').log"
@@ -56,8 +45,7 @@ bcell() {
   logcell "$study" "baseline_$kind $*" $PY "studies/baseline_$kind.py" "$study" "$@" --data_dir "$dir"
 }
 # BCE learning rates: 5e-5 and 1e-4, then a third chosen on validation from those two ("extend": 2e-4 if
-# 1e-4 is the better, else 2e-5; studies/lr_grid.py). It replaced a fixed third point of 2e-5 in session 5,
-# when Reuters at 5e-5 ended its 5 epochs still improving: a grid must be able to grow past its better edge.
+# 1e-4 is the better, else 2e-5; studies/lr_grid.py): a grid must be able to grow past its better edge.
 LRS="5e-5 1e-4 extend"
 # linear probe: the encoder is frozen and encoded once (cache_features; run.py keeps the features of both
 # probes in $MLCL_RUNS/<study>/features, so the linear probe loads what the logistic one encoded), so its
@@ -119,42 +107,6 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
 }
 
 case "${1:-}" in
-phase1)
-  cell goemotions --loss pretrained --probe logistic --seed 1
-  cell goemotions --loss bce --probe finetune --seed 1
-  for L in $LOSSES; do cell goemotions --loss $L --probe logistic --seed 1; done
-  ;;
-phase2)   # extra seeds for BCE and the two best losses of phase 1 (by test macro-F1), one fine-tune
-  for S in 2 3; do for L in jaccard hbl; do cell goemotions --loss $L --probe logistic --seed $S; done; done
-  for S in 2 3; do cell goemotions --loss bce --probe finetune --seed $S; done
-  cell goemotions --loss jaccard --probe finetune --seed 1
-  ;;
-plots)    # 2-D projections for the best / worst stage-1 loss by 3-seed mean probe macro-F1 (after phase3)
-  $R embed goemotions --loss hbl --seed 1 --n 1000   # best: mulsupcon + hbl, 0.185
-  $R embed goemotions --loss msc --seed 1 --n 1000   # worst: msc, 0.173
-  ;;
-phase3)   # GoEmotions: fine-tuning after every loss, seeds 2-3 for every loss (session 2)
-  for L in $LOSSES; do cell goemotions --loss $L --probe finetune --seed 1; done
-  for S in 2 3; do for L in $LOSSES; do
-    cell goemotions --loss $L --probe logistic --seed $S
-    cell goemotions --loss $L --probe finetune --seed $S
-  done; done
-  ;;
-aapd)     # AAPD held-out split (build it first: python studies/make_aapd_split.py ../shared/data/aapd outputs/data/aapd_heldout)
-  cell aapd --loss pretrained --probe logistic --seed 1
-  cell aapd --loss bce --probe finetune --seed 1
-  for L in $LOSSES; do cell aapd --loss $L --probe logistic --seed 1; done
-  for L in $LOSSES; do cell aapd --loss $L --probe finetune --seed 1; done
-  ;;
-budget)   # is the weak fine-tuning a budget artefact? 10 epochs (200 steps) instead of 2, same lr
-  for S in 1 2 3; do for L in bce hbl; do
-    cell goemotions --loss $L --probe finetune --seed $S --tag 10ep --probe.num_train_epochs 10
-  done; done
-  ;;
-aapd-budget)  # AAPD fine-tuning with 10 epochs (320 steps): BCE and the best loss by dev macro-F1 (jaccard)
-  cell aapd --loss bce --probe finetune --seed 1 --tag 10ep --probe.num_train_epochs 10
-  cell aapd --loss jaccard --probe finetune --seed 1 --tag 10ep --probe.num_train_epochs 10
-  ;;
 full-reuters-base) base_cells reuters21578 2 ;;
 full-goemotions-base) base_cells goemotions_full 3 ;;
 full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
@@ -191,5 +143,5 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
   seed_cells reuters21578 2 $L2
   seed_cells goemotions_full 3 $L2
   ;;
-*) echo "usage: $0 phase1|phase2|phase3|aapd|budget|aapd-budget|plots|full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines" ; exit 2 ;;
+*) echo "usage: $0 full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines" ; exit 2 ;;
 esac

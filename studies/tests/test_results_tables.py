@@ -21,50 +21,16 @@ def tables(tmp_path, monkeypatch):
     return mod
 
 
-def _run(root, loss, probe, seed, micro, macro, tag=None, stage1=None, probe_s=10.0):
-    cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")
-    folder = root / "ds" / cell / f"seed{seed}"
-    folder.mkdir(parents=True)
-    wall = {"probe_s": probe_s, **({"stage1_s": stage1} if stage1 else {})}
-    record = {"loss": loss, "probe": probe, "seed": seed, "tag": tag, "overrides": ["--probe.num_train_epochs", "10"] if tag else [],
-              "metrics": {"test_micro_f1": micro, "test_macro_f1": macro, "validation_micro_f1": 0.5, "threshold": 0.3},
-              "wall_s": wall}  # fmt: skip
-    (folder / "metrics.json").write_text(json.dumps(record))
-
-
-def test_summary_variants_and_runs_tables(tables, tmp_path):
-    for seed, (mi, ma) in enumerate([(0.30, 0.10), (0.32, 0.12), (0.34, 0.14)], start=1):
-        _run(tmp_path, "bce", "finetune", seed, mi, ma)
-    _run(tmp_path, "hbl", "logistic", 1, 0.40, 0.20, stage1=30.0)
-    _run(tmp_path, "bce", "finetune", 1, 0.50, 0.25, tag="10ep", probe_s=99.0)
-
-    summary = tables.table("ds")
-    bce_row = next(line for line in summary.splitlines() if line.startswith("| BCE"))
-    # mean ± sample std (ddof 1) of 0.30/0.32/0.34 and 0.10/0.12/0.14; the tagged run is not mixed in
-    assert "0.320 ± 0.020 (n=3)" in bce_row and "0.120 ± 0.020 (n=3)" in bce_row and "| 1,2,3 |" in bce_row
-    hbl_row = next(line for line in summary.splitlines() if line.startswith("| mulsupcon + hbl"))
-    assert "| 0.400 (n=1) | 0.200 (n=1) | — | — | 30 | 10 | — | 1 |" in hbl_row
-
-    variants = tables.variants_table("ds")
-    assert "finetune-10ep" in variants and "`--probe.num_train_epochs 10`" in variants and "0.500 (n=1)" in variants
-    assert len(variants.splitlines()) == 3  # header, rule, one variant
-
-    runs = tables.runs_table("ds")
-    assert runs.count("\n| BCE fine-tuning") == 4 and "| finetune-10ep | 1 | 0.5000 | 0.2500 |" in runs
-    assert tables.best_contrastive("ds") == ("hbl", "logistic")
-
-
 def test_main_rewrites_only_the_marked_blocks(tables, tmp_path, monkeypatch):
-    _run(tmp_path, "hbl", "logistic", 1, 0.40, 0.20, stage1=30.0)
+    _full_run(tmp_path, "pretrained", "logistic", 1, 0.30, 0.25)
     md = tmp_path / "RESULTS.md"
-    md.write_text("intro\n<!-- TABLE:ds -->\nold table\n<!-- /TABLE:ds -->\noutro\n")
+    md.write_text("intro\n<!-- TABLE:reuters21578-full -->\nold table\n<!-- /TABLE:reuters21578-full -->\noutro\n")
     monkeypatch.setattr(tables, "RESULTS_MD", str(md))
-    monkeypatch.setattr(tables, "f1_plot", lambda d: None)
     tables.main([])
     text = md.read_text()
-    assert text.startswith("intro\n<!-- TABLE:ds -->\n| stage 1 loss") and text.endswith("<!-- /TABLE:ds -->\noutro\n")
-    assert "old table" not in text and "0.400 (n=1)" in text
-    assert (tmp_path / "ds" / "runs.md").read_text().count("| mulsupcon + hbl | logistic | 1 |") == 1
+    assert text.startswith("intro\n<!-- TABLE:reuters21578-full -->\n| stage 1 | stage 2 |")
+    assert text.endswith("<!-- /TABLE:reuters21578-full -->\noutro\n")
+    assert "old table" not in text and "| 0.300 (n=1) |" in text
 
 
 def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=None, best=None, replace=False,
@@ -132,8 +98,6 @@ def test_gpu_study_gets_its_own_choices_and_a_row_beside_each_cpu_row(tables, tm
     jaccard_logistic = "| jaccard | logistic probe"
     assert jaccard_logistic in got["gpu-reuters21578-vs-bce"] and jaccard_logistic not in tables.comparison_table("reuters21578")
     assert "| 2e-4 | 0.450 (n=1) |" in got["gpu-reuters21578-lr"]
-    (tmp_path / "aapd").mkdir()
-    assert tables.small_datasets() == ["aapd"]  # neither the full-data studies nor the GPU tree
     (tmp_path / "gpu_bf16").rename(tmp_path / "elsewhere")
     assert tables.gpu_tables() == {}  # no GPU tree, no GPU tables
 
@@ -500,10 +464,6 @@ def test_a_stage_resumed_across_sessions_reports_its_epoch_records_as_a_lower_bo
     assert tables.stage2_seconds({"wall_s": {"probe_s": 40.0}}) == (40.0, False)  # logistic probe: no epochs
     assert tables._mean_wall([resumed, whole], "probe_s") == "≥2755"
     assert tables._mean_wall([whole], "probe_s") == "2800"
-    _run(tmp_path, "bce", "finetune", 1, 0.5, 0.4, probe_s=150.0)
-    path = tmp_path / "ds" / "bce_finetune" / "seed1" / "metrics.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "epochs": resumed["epochs"]}))
-    assert tables.runs_table("ds").splitlines()[-1].endswith("| — | ≥2710.0 |")
 
 
 def _stop_index(scores: list[float], patience: int) -> int:
