@@ -30,7 +30,9 @@ RUNS=${MLCL_RUNS:-$(cd "$(dirname "$0")/../.." && pwd)/runs}  # default: ../runs
 # one logged cell: its own log file under $RUNS/logs/<study>/ (appended across runs), one line in the main log
 logcell() {  # logcell STUDY NAME COMMAND...
   local study=$1 name=$2; shift 2
-  local log="$RUNS/logs/$study/$(echo "$name" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//').log"
+  local base; base=$(echo "$name" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//')
+  [ ${#base} -gt 200 ] && base="${base:0:160}_$(echo "$name" | md5sum | cut -c1-12)"  # a file name fits 255 bytes
+  local log="$RUNS/logs/$study/$base.log"
   mkdir -p "$(dirname "$log")"
   echo "### $(date -u +%F\ %T) $name (log: $log)"
   { echo "### $(date -u +%F\ %T) start, commit $(git rev-parse --short HEAD)"; "$@"; } >> "$log" 2>&1 \

@@ -577,3 +577,47 @@ def test_run_all_baselines_run_tfidf_once_then_setfit_seed_by_seed(tmp_path):
     assert all(c[-2:] == ["--data_dir", "/data/" + ("goemotions" if c[1] == "goemotions_full" else "reuters21578")]
                for c in cells)  # fmt: skip
     assert (tmp_path / "runs" / "logs" / "reuters21578").is_dir()  # one log per cell
+
+
+def test_run_gpu_papers_gives_each_loss_its_papers_stage1_budget(tmp_path, monkeypatch):
+    """run_gpu.sh papers: the study's base rows, then every loss's probes and fine-tune with the overrides of
+    paper_budgets.py, into its own results tree; the overrides parse with the real argument classes."""
+    import subprocess
+    import sys
+
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+
+    spec = importlib.util.spec_from_file_location("paper_budgets", os.path.join(ROOT, "studies", "paper_budgets.py"))
+    budgets = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "paper_budgets", budgets)  # its dataclass looks its module up
+    spec.loader.exec_module(budgets)
+    assert sorted(budgets.BUDGETS) == sorted(choice_order())  # every loss of the study has a budget
+    msc = budgets.BUDGETS["msc"]
+    assert (msc.epochs, msc.batch, msc.queue) == (80, 32, 512)  # ABALONE, App. B
+    ws = budgets.BUDGETS["ws_mulsupcon"]
+    assert (ws.epochs, ws.batch) == (100, 64)  # ws-MulSupCon's implementation details
+    recipe = load_recipe(os.path.join(ROOT, "studies", "recipes", "reuters21578", "hbl.yaml"))
+    _, _, args = parse_stage(recipe, "contrastive", split_overrides([*budgets.BUDGETS["hbl"].overrides(), "--use_cpu", "true"],
+                                                                    ["contrastive"]), output_dir=str(tmp_path / "x"))  # fmt: skip
+    assert (args.num_train_epochs, args.per_device_train_batch_size, args.queue_size) == (80, 128, 4096)
+    assert args.loss_kwargs == {"base": "mulsupcon", "k_min": 128}  # the paper's gate, with the paper's queue
+    assert "| msc | ABALONE | 80 | 32 | 512 |" in budgets.table()
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\ncase "$1" in *run.py) echo "$MLCL_RESULTS $@" >> {calls}; echo "RESULT $*";; '
+                    f'*) exec {sys.executable} "$@";; esac\n')  # fmt: skip
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "MLCL_RUNS": str(tmp_path / "runs")}
+    env.pop("MLCL_RESULTS", None)
+    proc = subprocess.run(["bash", os.path.join(ROOT, "studies", "run_gpu.sh"), "papers", "reuters21578"], cwd=ROOT,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = calls.read_text().splitlines()
+    assert all(line.split()[0].endswith(os.path.join("studies", "results", "gpu_papers")) for line in lines)
+    cells = [" ".join(line.split()[4:]) for line in lines]  # after "<tree> studies/run.py cell reuters21578"
+    for loss, budget in budgets.BUDGETS.items():
+        mine = [c for c in cells if c.startswith(f"--loss {loss} ")]
+        assert len(mine) == 3 and all(" ".join(budget.overrides()) in c for c in mine), (loss, mine)
+    bce = [c for c in cells if c.startswith("--loss bce")]
+    assert len(bce) == 4 and not any("--contrastive" in c for c in bce)  # the grid and the 20-epoch run
