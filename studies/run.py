@@ -88,6 +88,21 @@ def _epochs(folder: str) -> dict:
     return epoch_summary(os.path.join(folder, "timeline.jsonl"))
 
 
+def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
+    """The per-epoch test scoring of ``--test-each-epoch`` (epoch_test.py), for stages trained in epochs."""
+    if not wanted:
+        return []
+    if probe == "logistic":
+        raise ValueError("--test-each-epoch scores a stage trained in epochs: use --probe linear or finetune")
+    from epoch_test import EpochTestCallback
+
+    from hf_mlcl.training.entry import load_data
+
+    ds, names = load_data(d_args)
+    return [EpochTestCallback(ds["validation"], ds["test"], len(names), d_args.max_length,
+                              os.path.join(folder, "epoch_test.jsonl"))]  # fmt: skip
+
+
 def best_bce_lr(dataset: str) -> str:
     """The fine-tuning learning rate chosen on validation (``bce_choice.best_bce_lr``; ValueError until a
     BCE learning-rate cell has finished)."""
@@ -122,6 +137,7 @@ def run_cell(
     tag: str | None = None,
     lr: str | None = None,
     patience: int = 2,
+    test_each_epoch: bool = False,
 ) -> dict:
 
     from hf_mlcl.data import label_names, train_frequency
@@ -195,13 +211,18 @@ def run_cell(
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
     t0 = time.time()
     trainer, metrics = train_probe(
-        m_args, d_args, p_args, encoder_path=encoder_path, callbacks=_callbacks(p_args, probe_dir, patience)
+        m_args, d_args, p_args, encoder_path=encoder_path,
+        callbacks=_callbacks(p_args, probe_dir, patience) + _epoch_test(test_each_epoch, probe, d_args, probe_dir),
     )
     wall["probe_s"] = round(time.time() - t0, 1)  # this session's part when the stage was resumed
     if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
         result["features"] = dict(trainer.feature_sources)
     if probe != "logistic":
         result["epochs"] = _epochs(probe_dir)
+        if test_each_epoch:
+            from epoch_test import read_epoch_tests
+
+            result["epoch_test"] = read_epoch_tests(os.path.join(probe_dir, "epoch_test.jsonl"))
         best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths
         result["best_checkpoint"] = None if best is None else os.path.relpath(best, RUNS)
         result["best_metric"] = trainer.state.best_metric
@@ -253,9 +274,11 @@ def main(argv: list[str] | None = None) -> None:
                     "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
                     "loss, seed) is shared")
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
+    ap.add_argument("--test-each-epoch", action="store_true", help="also score test after every epoch (a tuned "
+                    "threshold each time; the points of the compute figure; no choice reads them)")
     args, extra = ap.parse_known_args(argv)
     run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
-             patience=args.patience)
+             patience=args.patience, test_each_epoch=args.test_each_epoch)
 
 
 if __name__ == "__main__":

@@ -169,3 +169,40 @@ def bert_tiny_st(tmp_path):
     st = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "mean")])
     st.save(str(tmp_path / "st"))
     return str(tmp_path / "st")
+
+
+def test_epoch_test_scores_validation_and_test_after_each_epoch(tmp_path):
+    """epoch_test.EpochTestCallback: every epoch end appends the protocol's numbers for the current model,
+    leaves the model in training mode, and a redone epoch replaces its record."""
+    from types import SimpleNamespace
+
+    import torch
+    from datasets import Dataset
+
+    from hf_mlcl.data.tokenizer import train_tokenizer
+
+    epoch_test = _module("epoch_test")
+    rng = random.Random(0)
+    val, test = Dataset.from_dict(_split(30, rng)), Dataset.from_dict(_split(20, rng))
+    tok = train_tokenizer(list(val["text"]) + list(test["text"]), vocab_size=80, style="bert")
+
+    class Constant(torch.nn.Module):  # ranks label 0 first for every text, whatever the input
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.tensor([2.0, -2.0, 0.0]))
+
+        def forward(self, input_ids=None, attention_mask=None, **kw):
+            return SimpleNamespace(logits=self.bias.expand(input_ids.shape[0], 3))
+
+    model = Constant().train()
+    path = tmp_path / "epoch_test.jsonl"
+    cb = epoch_test.EpochTestCallback(val, test, 3, 32, str(path), batch_size=7)
+    for epoch in (1.0, 2.0, 2.0):
+        cb.on_epoch_end(None, SimpleNamespace(epoch=epoch, global_step=int(epoch * 10), is_world_process_zero=True),
+                        None, model=model, processing_class=tok)  # fmt: skip
+    assert model.training
+    records = epoch_test.read_epoch_tests(str(path))
+    assert [r["epoch"] for r in records] == [1.0, 2.0] and len(path.read_text().splitlines()) == 3
+    has_label0 = np.mean([0 in labels for labels in test["labels"]])
+    assert records[0]["test_p@1"] == pytest.approx(has_label0)  # sigmoid of the logits, ranked per text
+    assert set(epoch_test.KEYS) <= set(records[0])
