@@ -41,6 +41,7 @@ REPO = os.path.dirname(STUDIES)
 HERE = os.path.join(STUDIES, "results")  # the per-cell outputs (studies/results/<study>/<cell>/seed<S>/)
 RESULTS_MD = os.path.join(REPO, "docs", "RESULTS.md")
 FIGURES = os.path.join(REPO, "docs", "figures")  # the plots RESULTS.md shows
+PERFORMANCE_MD = os.path.join(REPO, "docs", "PERFORMANCE.md")  # its last part: the cost of the study's cells
 GPU_DIR = "gpu_bf16"  # run_gpu.sh's results tree inside this folder (the study on one GPU, bf16)
 ORDER = ["bce", "pretrained", "all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl"]
 NAMES = {
@@ -463,7 +464,7 @@ def gpu_tables() -> dict[str, str]:
     root = os.path.join(HERE, GPU_DIR)
     if not os.path.isdir(root):
         return {}
-    tables = {"gpu-vs-cpu": gpu_vs_cpu_table(root)}
+    tables = {"gpu-vs-cpu": gpu_vs_cpu_table(root), "gpu-summary": gpu_summary_table(root)}
     with results_root(root):
         for d in FULL_STUDIES:
             tables.update({f"gpu-{d}-full": full_table(d), f"gpu-{d}-lr": lr_table(d),
@@ -471,8 +472,256 @@ def gpu_tables() -> dict[str, str]:
     return tables
 
 
+# ---------------------------------------------------------------- the summary, the compute figure, the cost
+BASELINES = {("tfidf", "logreg"): "TF-IDF 1-2 grams + logistic regression",
+             ("tfidf", "svm"): "TF-IDF 1-2 grams + linear SVM",
+             ("setfit", "logistic"): "SetFit: MiniLM on any-overlap pairs + logistic head"}  # fmt: skip
+CPU_DEVICE = "2-core AMD EPYC CPU (fp32)"  # the device of every CPU cell (metrics.json "device": "cpu")
+
+
+def features_loaded(run: dict) -> bool:
+    """True for a frozen probe that loaded every split's features from the store: its seconds hold no pass of
+    the encoder (the sibling probe that encoded them paid for it)."""
+    return set((run.get("features") or {}).values()) == {"loaded"}
+
+
+def train_seconds(run: dict) -> tuple[float | None, bool]:
+    """(training wall seconds of one run, whether a lower bound): stage 1's seconds, if it has one, plus stage
+    2's (:func:`stage2_seconds`; for the baselines their ``stage1_s`` / ``probe_s``). A lower bound: a stage
+    resumed across processes, or features loaded instead of encoded (:func:`features_loaded`)."""
+    s2, low = stage2_seconds(run)
+    if s2 is None:
+        return None, False
+    return ((run.get("wall_s") or {}).get("stage1_s") or 0.0) + s2, low or features_loaded(run)
+
+
+def _cost(runs: list[dict]) -> str:
+    """Mean training seconds of ``runs``: over the runs timed whole where there are any, else over the lower
+    bounds, marked "≥"."""
+    walls = [w for w in (train_seconds(r) for r in runs) if w[0] is not None]
+    whole = [s for s, low in walls if not low]
+    if whole:
+        return f"{np.mean(whole):,.0f}"
+    return f"≥{np.mean([s for s, _ in walls]):,.0f}" if walls else "—"
+
+
+def summary_losses() -> list[str]:
+    """The two losses chosen on Reuters validation (``loss_choice.py``), [] until every loss has its probes."""
+    try:
+        return loss_choice.best_losses("reuters21578", 2, HERE)
+    except ValueError:
+        return []
+
+
+def summary_rows(study: str) -> list[tuple[str, list[dict]]]:
+    """(method, runs) of the summary table for one study: the BCE baselines, the TF-IDF and SetFit baselines,
+    the frozen MiniLM's probes, and both probes and the fine-tune of the two losses chosen on validation."""
+    plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
+    rows = [(f"BCE fine-tune, lr {lr or '?'} (chosen on validation), up to 5 epochs",
+             _full_runs(plain, tagged, lr, "bce", "finetune"))]  # fmt: skip
+    if study in LONG_BCE:
+        rows.append((f"BCE fine-tune, lr {lr or '?'}, {LONG_BCE[study]}", long_bce_runs(study, tagged, lr)))
+    rows += [(label, plain.get(key, [])) for key, label in BASELINES.items()]
+    rows += [(f"frozen MiniLM + {FULL_PROBES[p]}", plain.get(("pretrained", p), [])) for p in ("logistic", "linear")]
+    for loss in summary_losses():
+        rows += [(f"{NAMES.get(loss, loss)} stage 1 + {FULL_PROBES[p]}", _full_runs(plain, tagged, lr, loss, p))
+                 for p in ("logistic", "linear", "finetune")]  # fmt: skip
+    return rows
+
+
+def summary_table() -> str:
+    """Dataset x method: test micro-F1, macro-F1 and P@1 (mean ± sd over the seeds, n shown) and the training
+    seconds of one run on the CPU; a method without a finished cell says "not yet run"."""
+    rows = [f"| dataset | method | test micro-F1 | test macro-F1 | test P@1 | training s, {CPU_DEVICE} |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for study in FULL_STUDIES:
+        for label, runs in summary_rows(study):
+            if not runs:
+                rows.append(f"| {study} | {label} | {NOT_RUN} | | | |")
+                continue
+            rows.append(f"| {study} | {label} | {_metric(runs, 'test_micro_f1')} | {_metric(runs, 'test_macro_f1')} "
+                        f"| {_metric(runs, 'test_p@1')} | {_cost(runs)} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def _loss_range(runs_by_loss: dict[str, list[dict]]) -> str:
+    """min-max over losses of each loss's mean test macro-F1, and how many losses."""
+    means = [np.mean([float(r["metrics"]["test_macro_f1"]) for r in rs]) for rs in runs_by_loss.values() if rs]
+    if not means:
+        return "—"
+    return f"{min(means):.3f}-{max(means):.3f} ({len(means)} losses)" if len(means) > 1 else f"{means[0]:.3f} (1 loss)"
+
+
+def gpu_summary_table(gpu_root: str) -> str:
+    """Test macro-F1 of the CPU study (fp32) and of the same cells on one GPU (bf16, ``gpu_root``): the baseline
+    rows over their seeds, the stage-1 rows as the range over the losses both devices ran."""
+    rows = ["| dataset | rows | test macro-F1, CPU fp32 | test macro-F1, GPU bf16 |", "|---|---|---|---|"]
+    for study in FULL_STUDIES:
+        cpu = _row_runs(study)
+        with results_root(gpu_root):
+            gpu = _row_runs(study)
+        for key, label in ((("bce", "finetune"), "BCE fine-tune, up to 5 epochs"),
+                           (("bce", "finetune-long"), f"BCE fine-tune, {LONG_BCE.get(study, '')}"),
+                           (("pretrained", "logistic"), "frozen MiniLM + logistic probe"),
+                           (("pretrained", "linear"), "frozen MiniLM + linear probe")):  # fmt: skip
+            if key in cpu and key in gpu:
+                rows.append(f"| {study} | {label} | {_metric(cpu[key], 'test_macro_f1')} "
+                            f"| {_metric(gpu[key], 'test_macro_f1')} |")  # fmt: skip
+        for probe in ("logistic", "linear", "finetune"):
+            both = [loss for loss in CONTRASTIVE if (loss, probe) in cpu and (loss, probe) in gpu]
+            if both:
+                rows.append(f"| {study} | stage 1 + {FULL_PROBES[probe]}, per loss (mean over its seeds) "
+                            f"| {_loss_range({lo: cpu[(lo, probe)] for lo in both})} "
+                            f"| {_loss_range({lo: gpu[(lo, probe)] for lo in both})} |")  # fmt: skip
+    return "\n".join(rows) if len(rows) > 2 else "No row has run on a GPU yet."
+
+
+def compute_points(study: str) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[list]]]:
+    """The compute figure's data for one study: {method: [(training seconds, test macro-F1) per run]} (probes
+    that loaded their features are left out: their seconds hold no encoder pass) and {method: [per run, [(cumulative training seconds, test macro-F1) per epoch]]} for runs scored after each
+    epoch (``run.py --test-each-epoch``)."""
+    plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
+    groups: dict[str, list[dict]] = {"BCE fine-tune, up to 5 epochs": _full_runs(plain, tagged, lr, "bce", "finetune"),
+                                     "BCE fine-tune, up to 20 epochs": long_bce_runs(study, tagged, lr)}  # fmt: skip
+    groups["frozen MiniLM + probe"] = plain.get(("pretrained", "logistic"), []) + plain.get(("pretrained", "linear"), [])
+    for probe in ("logistic", "linear", "finetune"):
+        groups[f"stage 1 + {probe.replace('finetune', 'fine-tune')}"] = [
+            r for loss in CONTRASTIVE for r in _full_runs(plain, tagged, lr, loss, probe)]  # fmt: skip
+    groups.update({label.split(":")[0].replace(" 1-2 grams", ""): plain.get(key, []) for key, label in BASELINES.items()})
+    points = {m: [(train_seconds(r)[0], float(r["metrics"]["test_macro_f1"])) for r in rs
+                  if train_seconds(r)[0] and not features_loaded(r)] for m, rs in groups.items()}  # fmt: skip
+    curves: dict[str, list[list]] = {}
+    for (loss, _probe), rs in tagged.items():
+        for r in rs:
+            if loss == "bce" and r.get("epoch_test"):
+                cum = np.cumsum((r.get("epochs") or {}).get("epoch_s") or [])
+                run = [(float(cum[int(round(e["epoch"])) - 1]), e["test_macro_f1"]) for e in r["epoch_test"]
+                       if 0 < int(round(e["epoch"])) <= len(cum)]  # fmt: skip
+                curves.setdefault("BCE fine-tune, test after each epoch", []).append(run)
+    return {m: p for m, p in points.items() if p}, curves
+
+
+def compute_figure() -> str | None:
+    """docs/figures/compute_vs_macro_f1.png from the CPU cells of both studies."""
+    from compute_figure import plot_compute
+
+    data = {s: compute_points(s) for s in FULL_STUDIES if os.path.isdir(os.path.join(HERE, s))}
+    if not data:
+        return None
+    return plot_compute({s: p for s, (p, _) in data.items()}, {s: c for s, (_, c) in data.items()},
+                        os.path.join(FIGURES, "compute_vs_macro_f1.png"), CPU_DEVICE)  # fmt: skip
+
+
+def _spread(values: list[float]) -> str:
+    """median (min-max; n) of seconds, or "—"."""
+    if not values:
+        return "—"
+    lo, hi = min(values), max(values)
+    rng = f"{lo:,.0f}-{hi:,.0f}; " if len(values) > 1 else ""
+    return f"{np.median(values):,.0f} ({rng}{len(values)})"
+
+
+def _whole_epochs(records: list[dict]) -> list[float]:
+    return [x for e in records for x in (e.get("whole_epoch_s") or e.get("epoch_s") or []) if x is not None]
+
+
+def cost_rows(study: str) -> list[tuple[str, list[float]]]:
+    """(what, seconds of every cell that measured it) in the current results tree: epochs of the fine-tunes,
+    of stage 1 (once per encoder) and of the linear probe on cached features, validation passes, the logistic
+    probe's whole run, and the baselines' training."""
+    runs = [r for cells in (load(study), load(study, tagged=True)) for rs in cells.values() for r in rs]
+    ft = [r for r in runs if r["probe"] == "finetune"]
+    stage1 = {(r["loss"], r["seed"]): (r.get("stage1") or {}).get("epochs") or {} for r in runs if r.get("stage1")}
+    logistic = [r for r in runs if r["probe"] == "logistic" and r["loss"] not in ("setfit",)]
+    by = {key: [r for r in runs if (r["loss"], r["probe"]) == key] for key in BASELINES}
+    return [
+        ("fine-tune (BCE, MiniLM + linear head), one epoch", _whole_epochs([r.get("epochs") or {} for r in ft])),
+        ("fine-tune, one validation pass", [e["eval_s"] for r in ft for e in (r.get("epochs") or {}).get("evaluations") or []
+                                            if e.get("eval_s")]),
+        ("stage 1 (contrastive, batch 64), one epoch", _whole_epochs(list(stage1.values()))),
+        ("linear probe on cached features, one epoch",
+         _whole_epochs([r.get("epochs") or {} for r in runs if r["probe"] == "linear"])),
+        ("logistic probe, whole: encoding train + validation + test, then the fits",
+         [r["wall_s"]["probe_s"] for r in logistic if not features_loaded(r) and r["wall_s"].get("probe_s")]),
+        ("logistic probe on stored features, whole: the fits",
+         [r["wall_s"]["probe_s"] for r in logistic if features_loaded(r) and r["wall_s"].get("probe_s")]),
+        ("TF-IDF + logistic regression, features and the C grid", [r["wall_s"]["probe_s"] for r in by[("tfidf", "logreg")]]),
+        ("TF-IDF + linear SVM, features and the C grid", [r["wall_s"]["probe_s"] for r in by[("tfidf", "svm")]]),
+        ("SetFit, pair training", [r["wall_s"]["stage1_s"] for r in by[("setfit", "logistic")]]),
+        ("SetFit, head (encoding the training set, then the fits)", [r["wall_s"]["probe_s"] for r in by[("setfit", "logistic")]]),
+    ]  # fmt: skip
+
+
+def cost_section() -> str:
+    """docs/PERFORMANCE.md's part on the results study: the seconds its cells recorded, on the CPU and on the
+    GPU, per kind of work."""
+    root = os.path.join(HERE, GPU_DIR)
+    gpu_devices = sorted({r.get("device", "?") for d in FULL_STUDIES for rs in load_tree(root, d).values()
+                          for r in rs}) if os.path.isdir(root) else []  # fmt: skip
+    gpu_name = ", ".join(gpu_devices) or "GPU"
+    lines = ["## Training cost of the results study", "",
+             "Wall seconds the cells of docs/RESULTS.md recorded (`studies/results/`), per kind of work: median "
+             "(min-max; number of measurements). Written by `python studies/make_tables.py`. "
+             f"**CPU**: {CPU_DEVICE}, torch CPU build; each cell ran with one thread beside a second cell or with "
+             "two threads alone, and the cores were shared with other jobs, so the spread is mostly load. "
+             f"**GPU**: {gpu_name} in bf16 (`studies/run_gpu.sh`); most GPU cells ran several at a time on the "
+             "one device, so their times include that sharing. MiniLM: all-MiniLM-L6-v2 (22.7 M parameters); "
+             "Reuters-21578: 6,993 training documents at 128 tokens, fine-tune batch 32 (219 steps per epoch); "
+             "GoEmotions: 43,410 comments at 64 tokens (1,357 steps).", ""]  # fmt: skip
+    for study in FULL_STUDIES:
+        cpu = cost_rows(study)
+        if os.path.isdir(os.path.join(root, study)):
+            with results_root(root):
+                gpu = dict(cost_rows(study))
+        else:
+            gpu = {}
+        lines += [f"### {study}", "", f"| work | s, {CPU_DEVICE} | s, {gpu_name} (bf16) |", "|---|---|---|"]
+        lines += [f"| {what} | {_spread(v)} | {_spread(gpu.get(what, []))} |" for what, v in cpu]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def load_tree(root: str, study: str) -> dict[tuple[str, str], list[dict]]:
+    """:func:`load` of ``study`` in another results tree."""
+    with results_root(root):
+        return load(study)
+
+
+def write_cost_section() -> str:
+    """Replace docs/PERFORMANCE.md's results-study part (from ``performance_doc.STUDY_MARK`` on) with
+    :func:`cost_section`, keeping the part benchmarks/performance_doc.py writes."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from performance_doc import STUDY_MARK, split_generated
+
+    with open(PERFORMANCE_MD, encoding="utf-8") as fh:
+        own, _ = split_generated(fh.read())
+    with open(PERFORMANCE_MD, "w", encoding="utf-8") as fh:
+        fh.write(own.rstrip("\n") + "\n\n" + STUDY_MARK + "\n\n" + cost_section())
+    return PERFORMANCE_MD
+
+
+PAPERS_DIR = "gpu_papers"  # run_gpu.sh papers: every loss at its paper's stage-1 budget
+
+
+def papers_table() -> str:
+    """Each loss's stage-1 budget from its paper (``paper_budgets.py``) and, per study, the test macro-F1 of its
+    logistic probe at that budget (``run_gpu.sh papers``), "not yet run" until the cell exists."""
+    import paper_budgets
+
+    root = os.path.join(HERE, PAPERS_DIR)
+    done = {d: load_tree(root, d) if os.path.isdir(os.path.join(root, d)) else {} for d in FULL_STUDIES}
+    rows = paper_budgets.table().splitlines()
+    rows[0] += "".join(f" {d}: stage 1 + logistic probe, test macro-F1 |" for d in FULL_STUDIES)
+    rows[1] += "---|" * len(FULL_STUDIES)
+    for i, loss in enumerate(paper_budgets.BUDGETS, start=2):
+        rows[i] += "".join(f" {_metric(done[d][(loss, 'logistic')], 'test_macro_f1') if (loss, 'logistic') in done[d] else NOT_RUN} |"
+                           for d in FULL_STUDIES)  # fmt: skip
+    return "\n".join(rows)
+
+
 def main(argv: list[str]) -> None:
-    tables = {f"{d}-full": full_table(d) for d in FULL_STUDIES}
+    tables = {"summary": summary_table(), "papers-budgets": papers_table()}
+    tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-tail": tail_table(d) for d in FULL_STUDIES})
@@ -480,10 +729,12 @@ def main(argv: list[str]) -> None:
     if "--print" in argv:
         for d, t in tables.items():
             print(f"## {d}\n{t}\n")
+        print(f"## cost (docs/PERFORMANCE.md)\n{cost_section()}")
         return
     for d in FULL_STUDIES:
         if os.path.isdir(os.path.join(HERE, d)):
             print("plot:", full_f1_plot(d))
+    print("plot:", compute_figure())
     with open(RESULTS_MD, encoding="utf-8") as fh:
         text = fh.read()
     for d, t in tables.items():
@@ -492,6 +743,7 @@ def main(argv: list[str]) -> None:
     with open(RESULTS_MD, "w", encoding="utf-8") as fh:
         fh.write(text)
     print("updated", RESULTS_MD)
+    print("updated", write_cost_section())
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ def tables(tmp_path, monkeypatch):
     spec.loader.exec_module(mod)
     monkeypatch.setattr(mod, "HERE", str(tmp_path))
     monkeypatch.setattr(mod, "FIGURES", str(tmp_path / "figures"))  # never the repository's docs/figures
+    (tmp_path / "PERFORMANCE.md").write_text("# Performance\n")
+    monkeypatch.setattr(mod, "PERFORMANCE_MD", str(tmp_path / "PERFORMANCE.md"))  # nor its docs/PERFORMANCE.md
     return mod
 
 
@@ -31,6 +33,10 @@ def test_main_rewrites_only_the_marked_blocks(tables, tmp_path, monkeypatch):
     assert text.startswith("intro\n<!-- TABLE:reuters21578-full -->\n| stage 1 | stage 2 |")
     assert text.endswith("<!-- /TABLE:reuters21578-full -->\noutro\n")
     assert "old table" not in text and "| 0.300 (n=1) |" in text
+    performance = (tmp_path / "PERFORMANCE.md").read_text()  # the cost of the cells follows the page's own part
+    assert performance.startswith("# Performance\n\n<!-- studies/make_tables.py writes the rest")
+    assert "## Training cost of the results study" in performance
+    assert (tmp_path / "figures" / "compute_vs_macro_f1.png").is_file()
 
 
 def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=None, best=None, replace=False,
@@ -38,7 +44,7 @@ def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=N
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")
     folder = root / "reuters21578" / cell / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=replace)
-    record = {"loss": loss, "probe": probe, "seed": seed, "tag": tag, "overrides": [], "wall_s": {"probe_s": 50.0},
+    record = {"loss": loss, "probe": probe, "seed": seed, "tag": tag, "overrides": [], "wall_s": extra.pop("wall_s", {"probe_s": 50.0}),
               "metrics": {"validation_macro_f1": val_macro, "validation_micro_f1": 0.8, "test_micro_f1": 0.9,
                           "test_macro_f1": test_macro, "test_p@1": 0.95},
               **({"epochs": epochs, "best_metric": best} if epochs else {}), **extra}  # fmt: skip
@@ -621,3 +627,33 @@ def test_run_gpu_papers_gives_each_loss_its_papers_stage1_budget(tmp_path, monke
         assert len(mine) == 3 and all(" ".join(budget.overrides()) in c for c in mine), (loss, mine)
     bce = [c for c in cells if c.startswith("--loss bce")]
     assert len(bce) == 4 and not any("--contrastive" in c for c in bce)  # the grid and the 20-epoch run
+
+
+def test_summary_compute_points_and_cost_read_every_kind_of_cell(tables, tmp_path):
+    """summary_table: a row per method, baselines included, "not yet run" where a cell is missing; the
+    training cost adds stage 1 to stage 2 and prefers runs that encoded their own features; compute_points
+    leaves out probes whose seconds hold no encoder pass; cost_rows counts a shared stage 1 once."""
+    curve = {"epoch_s": [100.0, 120.0], "whole_epoch_s": [100.0, 120.0],
+             "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3, "eval_s": 5.0}]}  # fmt: skip
+    _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.30, tag="lr1e-4", epochs=curve, best=0.3)
+    stage1 = {"epochs": {"epoch_s": [500.0]}}
+    _full_run(tmp_path, "jaccard", "logistic", 1, 0.50, 0.45, stage1=stage1, features={"train": "encoded"},
+              wall_s={"stage1_s": 500.0, "probe_s": 60.0})  # fmt: skip
+    _full_run(tmp_path, "jaccard", "linear", 1, 0.48, 0.44, stage1=stage1, features={"train": "loaded"},
+              wall_s={"stage1_s": 500.0, "probe_s": 10.0})  # fmt: skip
+    _full_run(tmp_path, "tfidf", "svm", 1, 0.42, 0.41, wall_s={"probe_s": 30.0})
+    summary = tables.summary_table()
+    bce = next(line for line in summary.splitlines() if "BCE fine-tune, lr 1e-4 (chosen on validation)" in line)
+    assert "| 0.900 (n=1) | 0.300 (n=1) | 0.950 (n=1) | ≥225 |" in bce  # epochs + evaluations > the process's 50 s
+    assert "| reuters21578 | TF-IDF 1-2 grams + linear SVM | 0.900 (n=1) | 0.410 (n=1) | 0.950 (n=1) | 30 |" in summary
+    assert "| reuters21578 | TF-IDF 1-2 grams + logistic regression | not yet run |" in summary
+    assert "| goemotions_full | SetFit: MiniLM on any-overlap pairs + logistic head | not yet run |" in summary
+    assert tables._cost([json.loads((tmp_path / "reuters21578" / "jaccard_linear" / "seed1" / "metrics.json").read_text())]) == "≥510"
+    points, curves = tables.compute_points("reuters21578")
+    assert points["stage 1 + logistic"] == [(560.0, 0.45)] and "stage 1 + linear" not in points  # loaded: left out
+    assert points["TF-IDF + linear SVM"] == [(30.0, 0.41)] and curves == {}
+    rows = dict(tables.cost_rows("reuters21578"))
+    assert rows["stage 1 (contrastive, batch 64), one epoch"] == [500.0]  # one encoder, two probe cells
+    assert rows["fine-tune (BCE, MiniLM + linear head), one epoch"] == [100.0, 120.0]
+    assert rows["logistic probe, whole: encoding train + validation + test, then the fits"] == [60.0]
+    assert tables._spread([100.0, 120.0, 500.0]) == "120 (100-500; 3)" and tables._spread([]) == "—"
