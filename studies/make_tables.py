@@ -359,6 +359,18 @@ def _tail_series(study: str) -> list[tuple[str, dict]] | None:
     return [*series, (label, _per_label(study, folder))]
 
 
+def _tail_baseline(study: str) -> tuple[str, dict] | None:
+    """(label, per-label results) of the baseline (TF-IDF, SetFit) with the highest seed-1 validation macro-F1
+    among those that wrote a per_label_f1.json; None before any has."""
+    plain = load(study)
+    scored = [(r["metrics"]["validation_macro_f1"], key) for key in BASELINES for r in plain.get(key, [])
+              if r["seed"] == 1 and os.path.isfile(os.path.join(HERE, study, f"{key[0]}_{key[1]}", "seed1", "per_label_f1.json"))]
+    if not scored:
+        return None
+    key = max(scored)[1]
+    return BASELINES[key], _per_label(study, f"{key[0]}_{key[1]}")
+
+
 def full_f1_plot(study: str) -> str | None:
     """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr; also the longer budget once it
     has run) vs the contrastive cell with the highest validation macro-F1 (seed 1)."""
@@ -367,6 +379,7 @@ def full_f1_plot(study: str) -> str | None:
     series = _tail_series(study)
     if series is None:
         return None
+    series += [x for x in (_tail_baseline(study),) if x]
     out = os.path.join(FIGURES, study, "f1_vs_frequency.png")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     plot_f1_vs_frequency({label: np.asarray(r["test_f1"]) for label, r in series},
@@ -382,14 +395,15 @@ def _edge(v: float) -> str:
 
 def tail_table(study: str) -> str:
     """The plot's binned means as a table: mean per-label test F1 of BCE (and of BCE with the longer budget, once
-    it has run) and of the best contrastive cell in each log-spaced bin of training frequency (seed 1), with
-    the best cell's difference to each BCE run."""
+    it has run), of the best contrastive cell and of the best baseline (:func:`_tail_baseline`) in each
+    log-spaced bin of training frequency (seed 1), with the best contrastive cell's difference to each BCE run."""
     from hf_mlcl.evaluation import f1_by_frequency_bin
 
     series = _tail_series(study)
     if series is None:
         return "Written once the BCE baseline and a contrastive row have finished."
     (best_label, _), bces = series[-1], series[:-1]
+    series += [x for x in (_tail_baseline(study),) if x]  # the best baseline on validation, for reference
     counts = series[0][1]["train_count"]
     bins = f1_by_frequency_bin({label: np.asarray(r["test_f1"]) for label, r in series}, np.asarray(counts))
     diffs = [f"difference to {label}" for label, _ in bces]

@@ -411,6 +411,14 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     assert rows[2:4] == ["| 1-1.28 | 1 | 0.10 | 0.30 | 0.50 | +0.40 | +0.20 |",
                          "| 2.65-3.37 | 2 | 0.40 | 0.60 | 0.50 | +0.10 | -0.10 |"]  # fmt: skip
     assert rows[-1] == "| 0 (unseen in training, not in the plot) | 1 | | | | | |"
+    # the baseline with the best validation macro-F1 joins as a reference column (no difference columns)
+    _full_run(tmp_path, "tfidf", "svm", 1, 0.44, 0.40)
+    per_label("tfidf_svm", [0.2, 0.2, 0.2, 0.2, 0.2, 0.2])
+    _full_run(tmp_path, "tfidf", "logreg", 1, 0.30, 0.99)  # higher test, lower validation: not shown
+    per_label("tfidf_logreg", [0.9] * 6)
+    rows = tables.tail_table("reuters21578").splitlines()
+    assert rows[0].split(" | ")[4:6] == ["jaccard stage 1 + logistic probe (ABALONE)", "TF-IDF 1-2 grams + linear SVM"]
+    assert rows[2] == "| 1-1.28 | 1 | 0.10 | 0.30 | 0.50 | 0.20 | +0.40 | +0.20 |"
     plot = tables.full_f1_plot("reuters21578")
     assert plot is not None and os.path.getsize(plot) > 0
     # a fine-tune cell is named by its stage 1 and learning rate, not by its folder
