@@ -214,7 +214,7 @@ def run_cell(
         m_args, d_args, p_args, encoder_path=encoder_path,
         callbacks=_callbacks(p_args, probe_dir, patience) + _epoch_test(test_each_epoch, probe, d_args, probe_dir),
     )
-    wall["probe_s"] = round(time.time() - t0, 1)  # this session's part when the stage was resumed
+    wall["probe_s"] = round(time.time() - t0, 1)  # this process's part when the stage was resumed
     if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
         result["features"] = dict(trainer.feature_sources)
     if probe != "logistic":

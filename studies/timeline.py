@@ -2,7 +2,7 @@
 appending one JSON line per finished epoch and per evaluation to ``<output_dir>/timeline.jsonl``.
 
 The file survives a resumed run (``resume_from_checkpoint``), so the per-epoch wall times of a cell that
-spans several sessions are all kept; :func:`epoch_summary` keeps the latest record of each epoch (an
+spans several processes are all kept; :func:`epoch_summary` keeps the latest record of each epoch (an
 epoch redone after a resume replaces the interrupted one). An epoch record also says how many optimizer
 steps it timed and how many a whole epoch has: a run resumed from a mid-epoch checkpoint times only the
 rest of that epoch (the killed process never wrote its part), and the summary scales such an epoch to a

@@ -469,11 +469,11 @@ def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
     assert cells[7] == "goemotions_full --loss hbl --probe logistic --seed 1"
 
 
-def test_a_stage_resumed_across_sessions_reports_its_epoch_records_as_a_lower_bound(tables, tmp_path):
+def test_a_stage_resumed_across_processes_reports_its_epoch_records_as_a_lower_bound(tables, tmp_path):
     ev = [{"epoch": 1.0, "eval_s": 5.0}, {"epoch": 2.0, "eval_s": 5.0}, {"epoch": 3.0, "eval_s": None}]
     resumed = {"wall_s": {"probe_s": 150.0}, "epochs": {"epoch_s": [800.0, 900.0, 1000.0], "evaluations": ev}}
     whole = {"wall_s": {"probe_s": 2800.0}, "epochs": {"epoch_s": [800.0, 900.0, 1000.0], "evaluations": ev}}
-    assert tables.stage2_seconds(resumed) == (2710.0, True)  # the last session timed only the test pass
+    assert tables.stage2_seconds(resumed) == (2710.0, True)  # the last process timed only the test pass
     assert tables.stage2_seconds(whole) == (2800.0, False)
     assert tables.stage2_seconds({"wall_s": {"probe_s": 40.0}}) == (40.0, False)  # logistic probe: no epochs
     assert tables._mean_wall([resumed, whole], "probe_s") == "≥2755"
@@ -494,7 +494,7 @@ def _stop_index(scores: list[float], patience: int) -> int:
 
 
 def _run_all_patience(study: str, record: dict) -> int:
-    """The patience run_all.sh gave the full-study cells written before run.py recorded it (session 14)."""
+    """The patience run_all.sh gave the full-study cells written before run.py recorded it."""
     if record["probe"] == "linear":
         return 5  # LINEAR
     return 3 if study == "goemotions_full" or str(record.get("tag") or "").startswith("long") else 2
