@@ -21,7 +21,9 @@ cell with its figures, or its error. Every cell runs in its own process (its own
 crash or out-of-memory stops that cell only), under its launcher: ``python`` or ``accelerate launch
 --config_file recipes/accelerate/<launcher>.yaml --num_processes 1``. A cell already measured is
 skipped (``--force`` measures it again), so a run that was cut off resumes where it stopped; a failed
-cell is tried again. The exit status is 1 when any cell failed. docs/PERFORMANCE.md is generated from
+cell is tried again. The exit status is 1 when any cell failed. Under ``--tiny`` the plain cells of a
+measurement share one process (the interpreter's start-up, not the toy work, is most of a CPU cell's time;
+their ``rss_gib`` is then the shared process's peak): a cell that raises still fails alone. docs/PERFORMANCE.md is generated from
 these files (``python benchmarks/performance_doc.py``).
 """
 
@@ -33,11 +35,13 @@ import importlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,10 +77,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cell_command(name: str, cell, tiny: bool, result: str, cache_dir: str) -> list[str]:
-    """The command that runs one cell under its launcher."""
-    own = [os.path.join(HERE, "gpu_suite.py"), "--cell", f"{name}/{cell.name}", "--result", result,
-           "--cache-dir", cache_dir] + (["--tiny"] if tiny else [])  # fmt: skip
+def launch_groups(cells: list, tiny: bool) -> list[list]:
+    """The cells that share a child process, in plan order: each cell alone on a GPU (its own peak memory,
+    and a crash or out-of-memory stops that cell only); under ``--tiny`` the plain cells together."""
+    if not tiny:
+        return [[c] for c in cells]
+    plain = [c for c in cells if c.launcher == "plain"]
+    return ([plain] if plain else []) + [[c] for c in cells if c.launcher != "plain"]
+
+
+def cell_command(name: str, cells: list, tiny: bool, result_dir: str, cache_dir: str) -> list[str]:
+    """The command that runs cells of one launcher in one child process, each writing
+    ``<result_dir>/<cell>.json``."""
+    cell = cells[0]
+    own = [os.path.join(HERE, "gpu_suite.py"), "--cell", f"{name}/{','.join(c.name for c in cells)}",
+           "--result", result_dir, "--cache-dir", cache_dir] + (["--tiny"] if tiny else [])  # fmt: skip
     if cell.launcher == "plain":
         return [sys.executable, *own]
     config = os.path.join(REPO, "recipes", "accelerate", {"fsdp": "fsdp_llama_lora.yaml",
@@ -154,6 +169,52 @@ def header(name: str, module, tiny: bool, command: str) -> dict[str, Any]:
     }
 
 
+def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[Any, dict[str, Any]]]:
+    """Run cells in one child process under their launcher; each cell's results entry: its figures, or the
+    check that failed, or its error and the log's tail."""
+    result_dir = tempfile.mkdtemp(prefix=f"{name}-")
+    cmd = cell_command(name, group, tiny, result_dir, cache_dir)
+    label = f"{name}/{','.join(c.name for c in group)}"
+    print(f"[{label}] {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=child_env(tiny), capture_output=True, text=True,
+                              timeout=sum(c.timeout for c in group), cwd=REPO)  # fmt: skip
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as err:
+        rc = "timeout"
+        log = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+    seconds = time.perf_counter() - t0
+    command = " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
+                       for c in cmd if not c.startswith(tempfile.gettempdir()))  # fmt: skip
+    entries = []
+    for cell in group:
+        result = os.path.join(result_dir, f"{cell.name}.json")
+        figures = load_results(result)
+        raised, own = figures.pop("_raised", None), figures.pop("_seconds", None)
+        entry: dict[str, Any] = {"launcher": cell.launcher, "params": cell.params, "command": command,
+                                 "seconds": round(seconds if len(group) == 1 or own is None else own, 1)}  # fmt: skip
+        if len(group) > 1:
+            entry["process"] = f"shared by {len(group)} cells (--tiny)"
+        # a cell alone needs its process to end cleanly; in a shared process, another cell's error is not its own
+        finished = figures and not raised and (rc == 0 or len(group) > 1)
+        failed_checks = [k for k, v in figures.get("checks", {}).items() if not v]
+        if finished and not failed_checks:
+            entry.update(status="ok", figures=figures)
+            print(f"[{name}/{cell.name}] ok in {entry['seconds']:.0f} s", flush=True)
+        elif finished:
+            entry.update(status="failed", error=f"check failed: {', '.join(failed_checks)}", figures=figures)
+            print(f"[{name}/{cell.name}] FAILED check {', '.join(failed_checks)}", flush=True)
+        else:
+            lines = [line for line in log.splitlines() if line.strip()]
+            error = raised or first_error(lines)
+            entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=lines[-40:])
+            print(f"[{name}/{cell.name}] FAILED ({rc}): {entry['error']}", flush=True)
+        entries.append((cell, entry))
+    shutil.rmtree(result_dir, ignore_errors=True)
+    return entries
+
+
 def run_measurement(
     name: str, tiny: bool, force: bool, out_dir: str, cache_dir: str, command: str, patterns: list[str] | None = None
 ) -> bool:
@@ -166,6 +227,7 @@ def run_measurement(
     cells = data.setdefault("cells", {})
     plan = module.cells(tiny)
     on_cpu = data["device"]["kind"] == "cpu"
+    pending = []
     for cell in plan:
         if patterns and not any(fnmatch.fnmatchcase(cell.name, p) for p in patterns):
             continue
@@ -178,38 +240,10 @@ def run_measurement(
             print(f"[{name}/{cell.name}] not run on the CPU: {cell.cpu_reason}", flush=True)
             save(path, data)
             continue
-        fd, result = tempfile.mkstemp(prefix=f"{name}-{cell.name}-", suffix=".json")
-        os.close(fd)
-        cmd = cell_command(name, cell, tiny, result, cache_dir)
-        print(f"[{name}/{cell.name}] {' '.join(cmd)}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=child_env(tiny), capture_output=True, text=True, timeout=cell.timeout,
-                                  cwd=REPO)  # fmt: skip
-            rc, log = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as err:
-            rc = "timeout"
-            log = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
-        seconds = time.perf_counter() - t0
-        entry: dict[str, Any] = {"launcher": cell.launcher, "params": cell.params, "seconds": round(seconds, 1),
-                                 "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
-                                                     for c in cmd if not c.startswith(tempfile.gettempdir()))}  # fmt: skip
-        figures = load_results(result) if os.path.getsize(result) else {}
-        os.remove(result)
-        failed_checks = [k for k, v in figures.get("checks", {}).items() if not v]
-        if rc == 0 and figures and not failed_checks:
-            entry.update(status="ok", figures=figures)
-            print(f"[{name}/{cell.name}] ok in {seconds:.0f} s", flush=True)
-        elif rc == 0 and figures:
-            entry.update(status="failed", error=f"check failed: {', '.join(failed_checks)}", figures=figures)
-            print(f"[{name}/{cell.name}] FAILED check {', '.join(failed_checks)} in {seconds:.0f} s", flush=True)
-        else:
-            lines = [line for line in log.splitlines() if line.strip()]
-            tail = lines[-40:]
-            error = first_error(lines)
-            entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=tail)
-            print(f"[{name}/{cell.name}] FAILED ({rc}) in {seconds:.0f} s: {entry['error']}", flush=True)
-        cells[cell.name] = entry
+        pending.append(cell)
+    for group in launch_groups(pending, tiny):
+        for cell, entry in run_group(name, group, tiny, cache_dir):
+            cells[cell.name] = entry
         data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
         save(path, data)
     data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
@@ -218,22 +252,34 @@ def run_measurement(
     return all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in ran)
 
 
-def run_cell(spec: str, tiny: bool, result: str, cache_dir: str) -> None:
-    """Child process: run one cell and write its figures (main process only)."""
-    name, _, cell_name = spec.partition("/")
+def run_cells(spec: str, tiny: bool, result_dir: str, cache_dir: str) -> int:
+    """Child process: run the cells ``name/cell[,cell...]`` one after the other and write each one's figures
+    to ``result_dir/<cell>.json`` (main process only). A cell that raises writes its error and the next one
+    runs; the exit status is 1 when any raised."""
+    name, _, cell_names = spec.partition("/")
     module = measurement(name)
-    cell = next((c for c in module.cells(tiny) if c.name == cell_name), None)
-    if cell is None:
-        raise SystemExit(f"{name} has no cell {cell_name!r}")
-    figures = module.run(cell, tiny, cache_dir)
-    if int(os.environ.get("RANK", "0")) == 0:
-        write_results(result, figures)
+    plan = {c.name: c for c in module.cells(tiny)}
+    unknown = [c for c in cell_names.split(",") if c not in plan]
+    if unknown:
+        raise SystemExit(f"{name} has no cell {unknown[0]!r}")
+    failed = 0
+    for cell_name in cell_names.split(","):
+        t0 = time.perf_counter()
+        try:
+            figures = module.run(plan[cell_name], tiny, cache_dir)
+        except Exception as err:  # noqa: BLE001 - reported as this cell's error; the next cell still runs
+            traceback.print_exc()
+            figures, failed = {"_raised": f"{type(err).__name__}: {err}"}, 1
+        figures["_seconds"] = time.perf_counter() - t0
+        if int(os.environ.get("RANK", "0")) == 0:
+            write_results(os.path.join(result_dir, f"{cell_name}.json"), figures)
     try:
         from hf_mlcl.training import distributed as D
 
         D.shutdown()
     except Exception:  # noqa: BLE001 - a child that never started a process group has nothing to end
         pass
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = opts.cache_dir or os.path.join(tempfile.gettempdir(), "hf_mlcl_gpu_suite")
     os.makedirs(cache_dir, exist_ok=True)
     if opts.cell:
-        run_cell(opts.cell, opts.tiny, opts.result, cache_dir)
-        return 0
+        return run_cells(opts.cell, opts.tiny, opts.result, cache_dir)
     if opts.list:
         for i, n in enumerate(names, 1):
             module = measurement(n)

@@ -119,3 +119,36 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
 def test_without_a_gpu_the_full_sizes_stop_with_the_way_out():
     proc = _suite("--only", "gradcache", timeout=120)
     assert proc.returncode == 2 and "--tiny" in proc.stderr
+
+
+def test_a_cell_that_raises_in_a_shared_tiny_process_fails_alone(tmp_path, monkeypatch):
+    """--tiny runs a measurement's plain cells in one process: a cell that raises is failed with its own
+    error, the cells beside it keep their figures, and the child's exit status says that one raised."""
+    from measurements.common import Cell
+
+    def run(cell, tiny, cache_dir):
+        if cell.name == "a":
+            raise ValueError("cell a broke")
+        return {"x": 1.0, "checks": {"fine": True}}
+
+    fake = type("Fake", (), {"cells": staticmethod(lambda tiny: [Cell("a"), Cell("b")]), "run": staticmethod(run)})
+    monkeypatch.setattr(gpu_suite, "measurement", lambda name: fake)
+    assert gpu_suite.run_cells("fake/a,b", True, str(tmp_path), str(tmp_path)) == 1
+    written = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert written["a.json"]["_raised"] == "ValueError: cell a broke"
+    assert written["b.json"]["x"] == 1.0 and written["b.json"]["_seconds"] >= 0
+
+    # the parent reads the shared process's files: b measured, a failed with its error, though the child exited 1
+    def replay(name, cells, tiny, result_dir, cache_dir):
+        copy = "import shutil, sys; [shutil.copy(p, sys.argv[2]) for p in sys.argv[1].split(',')]; sys.exit(1)"
+        return [sys.executable, "-c", copy, f"{tmp_path}/a.json,{tmp_path}/b.json", result_dir]
+
+    monkeypatch.setattr(gpu_suite, "cell_command", replay)
+    entries = dict((cell.name, entry) for cell, entry in gpu_suite.run_group("fake", fake.cells(True), True, "x"))
+    assert entries["b"]["status"] == "ok" and entries["b"]["figures"] == {"x": 1.0, "checks": {"fine": True}}
+    assert entries["a"]["status"] == "failed" and entries["a"]["error"] == "ValueError: cell a broke"
+    assert entries["a"]["process"] == entries["b"]["process"] == "shared by 2 cells (--tiny)"
+    # on a GPU every cell runs alone; --tiny groups the plain cells and keeps each launcher's cell apart
+    cells = [Cell("p1"), Cell("d", launcher="deepspeed"), Cell("p2")]
+    assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=False)] == [["p1"], ["d"], ["p2"]]
+    assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=True)] == [["p1", "p2"], ["d"]]
