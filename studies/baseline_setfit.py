@@ -26,7 +26,6 @@ Writes ``studies/results/<study>/setfit_logistic/seed<S>/metrics.json``; a finis
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -104,13 +103,10 @@ def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, m
 
     from hf_mlcl.utils import find_minilm
 
-    out = cell_io.cell_dir(study, "setfit_logistic", seed)
-    path = os.path.join(out, "metrics.json")
-    if not force and os.path.isfile(path):
-        print(f"SKIP {study} setfit_logistic seed{seed}: {path} exists (--force reruns)", flush=True)
+    if cell_io.skip_finished(study, "setfit_logistic", seed, force):
         return {}
-    ds, names, data_args = cell_io.study_data(study, overrides)
-    y = {s: cell_io.multi_hot(ds[s]["labels"], len(names)) for s in ("train", "validation", "test")}
+    data = cell_io.labelled_data(study, overrides)
+    ds, _, data_args, y = data
     steps = steps or len(ds["train"]) // STAGE1_BATCH
     model = SetFitModel.from_pretrained(model_path or find_minilm(), multi_target_strategy="one-vs-rest")
     model.model_body.max_seq_length = data_args.max_length
@@ -129,33 +125,18 @@ def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, m
     scores = {s: np.asarray(model.predict_proba(ds[s]["text"], as_numpy=True), dtype=np.float64)
               for s in ("validation", "test")}  # fmt: skip
     metrics = cell_io.scored_metrics(y["validation"], scores["validation"], y["test"], scores["test"])
-    result = {
-        "dataset": study, "loss": "setfit", "probe": "logistic", "seed": seed, "tag": None, "overrides": overrides,
-        "git_commit": cell_io.git_commit(), "device": cell_io.device(),
-        "baseline": {"setfit": setfit.__version__, "pairs": steps * PAIRS_PER_STEP, "steps": steps,
-                     "pairs_per_step": PAIRS_PER_STEP, "body_learning_rate": args.body_embedding_learning_rate,
-                     "warmup_proportion": args.warmup_proportion, "max_length": data_args.max_length,
-                     "head": "OneVsRestClassifier(LogisticRegression())"},
-        "data": {"data_dir": data_args.data_dir, "train": len(ds["train"]), "validation": len(ds["validation"]),
-                 "test": len(ds["test"])},
-        "metrics": metrics,
-        # stage1_s: the pair training; probe_s: the head (encoding every training text, then the fits)
-        "wall_s": {"stage1_s": round(t1 - t0, 1), "probe_s": round(t2 - t1, 1), "scoring_s": round(time.time() - t2, 1)},
-    }  # fmt: skip
-    cell_io.write_json(os.path.join(out, "per_label_f1.json"),
-                       cell_io.per_label_record(names, y["test"], scores["test"], metrics["threshold"], y["train"].sum(0)))
-    cell_io.write_json(path, result)
-    print(f"RESULT {study} setfit_logistic seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
-          f"{metrics['test_macro_f1']:.4f}, pairs {t1 - t0:.0f} s, head {t2 - t1:.0f} s", flush=True)  # fmt: skip
-    return result
+    settings = {"setfit": setfit.__version__, "pairs": steps * PAIRS_PER_STEP, "steps": steps,
+                "pairs_per_step": PAIRS_PER_STEP, "body_learning_rate": args.body_embedding_learning_rate,
+                "warmup_proportion": args.warmup_proportion, "max_length": data_args.max_length,
+                "head": "OneVsRestClassifier(LogisticRegression())"}  # fmt: skip
+    # stage1_s: the pair training; probe_s: the head (encoding every training text, then the fits)
+    wall = {"stage1_s": round(t1 - t0, 1), "probe_s": round(t2 - t1, 1), "scoring_s": round(time.time() - t2, 1)}
+    return cell_io.write_baseline(study, "setfit", "logistic", seed, overrides, data, scores["test"], metrics,
+                                  settings, wall)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("study", choices=("reuters21578", "goemotions_full"))
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--force", action="store_true", help="rerun a finished cell")
-    args, overrides = ap.parse_known_args(argv)
+    args, overrides = cell_io.baseline_parser(__doc__).parse_known_args(argv)
     run_cell(args.study, args.seed, overrides, force=args.force)
 
 

@@ -28,7 +28,6 @@ Writes ``studies/results/<study>/tfidf_<model>/seed<S>/metrics.json``; a finishe
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -108,14 +107,11 @@ def choose_c(model: str, seed: int, x_train, y_train: np.ndarray, x_val, y_val: 
 def run_cell(study: str, model: str, seed: int, overrides: list[str], force: bool = False) -> dict:
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    out = cell_io.cell_dir(study, f"tfidf_{model}", seed)
-    path = os.path.join(out, "metrics.json")
-    if not force and os.path.isfile(path):
-        print(f"SKIP {study} tfidf_{model} seed{seed}: {path} exists (--force reruns)", flush=True)
-        return {}
     classifier(model, 1.0, seed)  # an unknown --model stops here, before the data is read
-    ds, names, data_args = cell_io.study_data(study, overrides)
-    y = {s: cell_io.multi_hot(ds[s]["labels"], len(names)) for s in ("train", "validation", "test")}
+    if cell_io.skip_finished(study, f"tfidf_{model}", seed, force):
+        return {}
+    data = cell_io.labelled_data(study, overrides)
+    ds, _, _, y = data
     t0 = time.time()
     vec = TfidfVectorizer(**VECTORIZER)
     x_train = vec.fit_transform(ds["train"]["text"])
@@ -124,33 +120,16 @@ def run_cell(study: str, model: str, seed: int, overrides: list[str], force: boo
     c, clf, by_c, fit_s = choose_c(model, seed, x_train, y["train"], x_val, y["validation"])
     test_scores = label_scores(clf, x_test)
     metrics = cell_io.scored_metrics(y["validation"], label_scores(clf, x_val), y["test"], test_scores)
-    result = {
-        "dataset": study, "loss": "tfidf", "probe": model, "seed": seed, "tag": None, "overrides": overrides,
-        "git_commit": cell_io.git_commit(), "device": "cpu",
-        "baseline": {"vectorizer": {**VECTORIZER, "ngram_range": list(VECTORIZER["ngram_range"])},
-                     "vocabulary": len(vec.vocabulary_), "c_start": list(C_START), "c": c,
-                     "validation_macro_f1_by_c": by_c},
-        "data": {"data_dir": data_args.data_dir, "train": len(ds["train"]), "validation": len(ds["validation"]),
-                 "test": len(ds["test"])},
-        "metrics": metrics,
-        # probe_s: the whole training cost (features + every C of the grid), as the tables read it
-        "wall_s": {"features_s": round(features_s, 1), "fit_s": round(fit_s, 1),
-                   "probe_s": round(features_s + fit_s, 1)},
-    }  # fmt: skip
-    cell_io.write_json(os.path.join(out, "per_label_f1.json"),
-                       cell_io.per_label_record(names, y["test"], test_scores, metrics["threshold"], y["train"].sum(0)))
-    cell_io.write_json(path, result)
-    print(f"RESULT {study} tfidf_{model} seed{seed}: C {c}, test micro-F1 {metrics['test_micro_f1']:.4f} "
-          f"macro-F1 {metrics['test_macro_f1']:.4f}, {features_s + fit_s:.0f} s", flush=True)  # fmt: skip
-    return result
+    settings = {"vectorizer": {**VECTORIZER, "ngram_range": list(VECTORIZER["ngram_range"])},
+                "vocabulary": len(vec.vocabulary_), "c_start": list(C_START), "c": c, "validation_macro_f1_by_c": by_c}
+    # probe_s: the whole training cost (features + every C of the grid), as the tables read it
+    wall = {"features_s": round(features_s, 1), "fit_s": round(fit_s, 1), "probe_s": round(features_s + fit_s, 1)}
+    return cell_io.write_baseline(study, "tfidf", model, seed, overrides, data, test_scores, metrics, settings, wall)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("study", choices=("reuters21578", "goemotions_full"))
+    ap = cell_io.baseline_parser(__doc__)
     ap.add_argument("--model", required=True, choices=MODELS)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--force", action="store_true", help="rerun a finished cell")
     args, overrides = ap.parse_known_args(argv)
     run_cell(args.study, args.model, args.seed, overrides, force=args.force)
 

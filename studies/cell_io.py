@@ -111,3 +111,51 @@ def per_label_record(names, test_true: np.ndarray, test_scores: np.ndarray, thre
     return {"label_names": list(names), "test_f1": [float(x) for x in f1],
             "train_count": np.asarray(train_count).astype(int).tolist(),
             "test_count": np.asarray(test_true).sum(0).astype(int).tolist()}  # fmt: skip
+
+
+def skip_finished(study: str, cell: str, seed: int, force: bool) -> bool:
+    """True (and a SKIP line) when the cell's metrics.json exists and ``force`` is off."""
+    path = os.path.join(cell_dir(study, cell, seed), "metrics.json")
+    if force or not os.path.isfile(path):
+        return False
+    print(f"SKIP {study} {cell} seed{seed}: {path} exists (--force reruns)", flush=True)
+    return True
+
+
+def labelled_data(study: str, overrides: list[str]):
+    """:func:`study_data` plus the (N, L) multi-hot labels of each split: ``(ds, names, data_args, y)``."""
+    ds, names, data_args = study_data(study, overrides)
+    y = {s: multi_hot(ds[s]["labels"], len(names)) for s in ("train", "validation", "test")}
+    return ds, names, data_args, y
+
+
+def write_baseline(study: str, loss: str, probe: str, seed: int, overrides: list[str], data, test_scores: np.ndarray,
+                   metrics: dict, settings: dict, wall_s: dict) -> dict:  # fmt: skip
+    """Write a baseline cell (``<loss>_<probe>``): its per_label_f1.json and its metrics.json, in the trained
+    cells' layout (``data``: :func:`labelled_data`'s tuple; ``settings``: what the baseline chose and used;
+    ``wall_s``: its seconds, ``probe_s`` (+ ``stage1_s``) being what the tables count as training)."""
+    ds, names, data_args, y = data
+    out = cell_dir(study, f"{loss}_{probe}", seed)
+    result = {"dataset": study, "loss": loss, "probe": probe, "seed": seed, "tag": None, "overrides": overrides,
+              "git_commit": git_commit(), "device": device(), "baseline": settings,
+              "data": {"data_dir": data_args.data_dir, **{s: len(ds[s]) for s in ("train", "validation", "test")}},
+              "metrics": metrics, "wall_s": wall_s}  # fmt: skip
+    write_json(os.path.join(out, "per_label_f1.json"),
+               per_label_record(names, y["test"], test_scores, metrics["threshold"], y["train"].sum(0)))
+    write_json(os.path.join(out, "metrics.json"), result)
+    print(f"RESULT {study} {loss}_{probe} seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
+          f"{metrics['test_macro_f1']:.4f}, {sum(wall_s.get(k, 0.0) for k in ('stage1_s', 'probe_s')):.0f} s",
+          flush=True)  # fmt: skip
+    return result
+
+
+def baseline_parser(doc: str):
+    """The command line every baseline script shares: the study, ``--seed``, ``--force``; the rest are recipe
+    overrides (``--data_dir ...``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("study", choices=("reuters21578", "goemotions_full"))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--force", action="store_true", help="rerun a finished cell")
+    return ap
