@@ -14,8 +14,7 @@ contrastive row minus the BCE baseline, with a seed-spread verdict, and the loss
 
 The same study run on one GPU in bf16 (``run_gpu.sh``, outputs in ``studies/results/gpu_bf16/<study>/``) gets
 ``gpu-<study>-full``, ``gpu-<study>-lr`` and ``gpu-<study>-vs-bce`` (the same tables, read from that tree with
-:func:`results_root`) and ``gpu-vs-cpu`` (each row run on both: test macro-F1 and wall time per epoch side by
-side).
+:func:`results_root`) and ``gpu-summary`` (test macro-F1 of the rows both devices ran, side by side).
 """
 
 from __future__ import annotations
@@ -58,10 +57,10 @@ NOT_RUN = "not yet run"
 ANCHORS = {
     "reuters21578": [
         "| *published: KD-LSTM-reg distilled from BERT (Adhikari et al. 2019, DocBERT), ModApte R90* | | "
-        "| 0.889 | | | | | | |",
+        "| 0.889 | | | | |",
     ],
     "goemotions_full": [
-        "| *published: BERT-base fine-tuned (Demszky et al. 2020), 28 labels* | | | | 0.46 | | | | | |",
+        "| *published: BERT-base fine-tuned (Demszky et al. 2020), 28 labels* | | | | 0.46 | | | |",
     ],
 }
 
@@ -99,16 +98,6 @@ def stage2_seconds(run: dict) -> tuple[float | None, bool]:
     return probe_s, False
 
 
-def _wall(run: dict, key: str) -> tuple[float | None, bool]:
-    return stage2_seconds(run) if key == "probe_s" else (run["wall_s"].get(key), False)
-
-
-def _mean_wall(runs: list[dict], key: str) -> str:
-    walls = [_wall(r, key) for r in runs]
-    v = [s for s, _ in walls if s is not None]
-    return ("≥" if any(low for s, low in walls if s is not None) else "") + f"{np.mean(v):.0f}" if v else "—"
-
-
 def _lr_runs(cells, loss: str) -> dict[str, list[dict]]:
     """Fine-tuning runs of ``loss`` grouped by learning rate (tags ``lr<value>``)."""
     out: dict[str, list[dict]] = defaultdict(list)
@@ -141,10 +130,6 @@ def _per_epoch(runs: list[dict]) -> str:
     return _epoch_times([r.get("epochs") or {} for r in runs])
 
 
-def _stage1_per_epoch(runs: list[dict]) -> str:
-    return _epoch_times([(r.get("stage1") or {}).get("epochs") or {} for r in runs])
-
-
 def _metric(runs: list[dict], key: str) -> str:
     return _fmt([float(r["metrics"][key]) for r in runs if key in r["metrics"]])
 
@@ -175,20 +160,14 @@ def long_bce_runs(study: str, tagged, lr: str | None) -> list[dict]:
 
 
 def _full_row(name: str, label: str, runs: list[dict], probe: str) -> str:
+    """One row of a full table: validation and test metrics over the seeds, the best / last epoch of each seed,
+    the seeds (the seconds are docs/PERFORMANCE.md's: :func:`cost_section`)."""
     if not runs:
-        return f"| {name} | {label} | {NOT_RUN} | | | | | | | |"
-    # the frozen probes' totals hold the encoding pass, unless every split came from the feature store
-    loaded = ", features loaded" if all(set((r.get("features") or {}).values()) == {"loaded"} for r in runs) else ""
-    if probe == "logistic":
-        wall2 = _mean_wall(runs, "probe_s") + f" (total{loaded})"
-    elif probe == "linear":  # epochs on cached features
-        wall2 = f"{_per_epoch(runs)} ({_mean_wall(runs, 'probe_s')} total{loaded})"
-    else:
-        wall2 = _per_epoch(runs)
+        return f"| {name} | {label} | {NOT_RUN} | | | | | |"
     return (
         f"| {name} | {label} | {_metric(runs, 'validation_macro_f1')} | {_metric(runs, 'test_micro_f1')} "
         f"| {_metric(runs, 'test_macro_f1')} | {_metric(runs, 'test_p@1')} "
-        f"| {_best_epoch(runs) if probe != 'logistic' else '—'} | {_stage1_per_epoch(runs)} | {wall2} "
+        f"| {_best_epoch(runs) if probe != 'logistic' else '—'} "
         f"| {','.join(str(r['seed']) for r in sorted(runs, key=lambda r: r['seed']))} |"
     )
 
@@ -217,7 +196,7 @@ def full_table(study: str) -> str:
     lr = chosen_lr(study)
     planned = planned_losses(study, {**plain, **tagged})
     head = ("| stage 1 | stage 2 | validation macro-F1 | test micro-F1 | test macro-F1 | test P@1 | best / last epoch "
-            "| s per epoch, stage 1 | s per epoch (or total), stage 2 | seeds |\n|---|---|---|---|---|---|---|---|---|---|")
+            "| seeds |\n|---|---|---|---|---|---|---|---|")
     rows = [head, *ANCHORS.get(study, [])]
     for loss in [x for x in ORDER if x not in CONTRASTIVE or x in planned]:
         for probe in (("finetune",) if loss == "bce" else ("logistic", "linear", "finetune")):
@@ -464,38 +443,12 @@ def _lr_of(runs: list[dict]) -> str:
     return "/".join(sorted({str(r.get("tag") or "").rpartition("lr")[2] for r in runs}))
 
 
-def gpu_vs_cpu_table(gpu_root: str) -> str:
-    """Each row run both on the CPU (fp32, this tree) and on the GPU (bf16, ``run_gpu.sh``'s tree ``gpu_root``):
-    test macro-F1 over the seeds each has, and wall seconds per epoch of stage 1 and of stage 2 (the logistic
-    probe: its total)."""
-    rows = ["| study | stage 1 | stage 2 | test macro-F1, CPU fp32 | test macro-F1, GPU bf16 | s per epoch stage 1, "
-            "CPU / GPU | s per epoch stage 2 (logistic: total), CPU / GPU | GPU device |",
-            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for study in FULL_STUDIES:
-        cpu = _row_runs(study)
-        with results_root(gpu_root):
-            gpu = _row_runs(study)
-        for key in [k for k in cpu if k in gpu]:
-            loss, probe = key
-            c, g = cpu[key], gpu[key]
-            wall = (lambda rs: _mean_wall(rs, "probe_s")) if probe == "logistic" else _per_epoch
-            stage1 = "—" if loss in ("bce", "pretrained") else f"{_stage1_per_epoch(c)} / {_stage1_per_epoch(g)}"
-            kind = FULL_PROBES[probe.split("-")[0]] + (f", {LONG_BCE[study]}" if probe.endswith("long") else "")
-            if probe.startswith("finetune"):
-                kind += f", lr {_lr_of(c)} (CPU) / {_lr_of(g)} (GPU)"
-            devices = ", ".join(sorted({r.get("device", "?") for r in g}))
-            rows.append(f"| {study} | {NAMES.get(loss, loss)} | {kind} "
-                        f"| {_metric(c, 'test_macro_f1')} | {_metric(g, 'test_macro_f1')} | {stage1} "
-                        f"| {wall(c)} / {wall(g)} | {devices} |")  # fmt: skip
-    return "\n".join(rows) if len(rows) > 2 else "No row has run on a GPU yet."
-
-
 def gpu_tables() -> dict[str, str]:
     """The tables of the GPU study (``studies/results/gpu_bf16``), none where that tree is absent."""
     root = os.path.join(HERE, GPU_DIR)
     if not os.path.isdir(root):
         return {}
-    tables = {"gpu-vs-cpu": gpu_vs_cpu_table(root), "gpu-summary": gpu_summary_table(root)}
+    tables = {"gpu-summary": gpu_summary_table(root)}
     with results_root(root):
         for d in FULL_STUDIES:
             tables.update({f"gpu-{d}-full": full_table(d), f"gpu-{d}-lr": lr_table(d),
@@ -583,9 +536,9 @@ def gpu_summary_table(gpu_root: str) -> str:
         cpu = _row_runs(study)
         with results_root(gpu_root):
             gpu = _row_runs(study)
-        for key, label in ((("bce", "finetune"), "BCE fine-tune, up to 5 epochs"),
-                           (("bce", "finetune-long"), f"BCE fine-tune, {LONG_BCE.get(study, '')}")):  # fmt: skip
+        for key, budget in ((("bce", "finetune"), "up to 5 epochs"), (("bce", "finetune-long"), LONG_BCE.get(study))):
             if key in cpu and key in gpu:
+                label = f"BCE fine-tune, lr {_lr_of(cpu[key])} / {_lr_of(gpu[key])} (CPU / GPU), {budget}"
                 rows.append(f"| {study} | {label} | {_metric(cpu[key], 'test_macro_f1')} "
                             f"| {_metric(gpu[key], 'test_macro_f1')} |")  # fmt: skip
         for probe in ("logistic", "linear", "finetune"):
