@@ -641,7 +641,7 @@ def cost_section() -> str:
              f"**GPU**: {gpu_name} in bf16 (`studies/run_gpu.sh`); most GPU cells ran several at a time on the "
              "one device, so their times include that sharing. MiniLM: all-MiniLM-L6-v2 (22.7 M parameters); "
              "Reuters-21578: 6,993 training documents at 128 tokens, fine-tune batch 32 (219 steps per epoch); "
-             "GoEmotions: 43,410 comments at 64 tokens (1,357 steps).", ""]  # fmt: skip
+             "GoEmotions: 43,410 comments at 64 tokens (1,357 steps). —: not measured on that device.", ""]  # fmt: skip
     for study in FULL_STUDIES:
         cpu = cost_rows(study)
         if os.path.isdir(os.path.join(root, study)):
