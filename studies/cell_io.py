@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import numpy as np
 
@@ -139,7 +140,8 @@ def write_baseline(study: str, loss: str, probe: str, seed: int, overrides: list
     result = {"dataset": study, "loss": loss, "probe": probe, "seed": seed, "tag": None, "overrides": overrides,
               "git_commit": git_commit(), "device": device(), "baseline": settings,
               "data": {"data_dir": data_args.data_dir, **{s: len(ds[s]) for s in ("train", "validation", "test")}},
-              "metrics": metrics, "wall_s": wall_s}  # fmt: skip
+              "metrics": metrics, "wall_s": wall_s,
+              "process_cpu_s": round(time.process_time(), 1)}  # all threads, the whole process: load-independent
     write_json(os.path.join(out, "per_label_f1.json"),
                per_label_record(names, y["test"], test_scores, metrics["threshold"], y["train"].sum(0)))
     write_json(os.path.join(out, "metrics.json"), result)

@@ -86,6 +86,7 @@ def test_tfidf_chooses_c_on_validation_and_writes_the_cell(tiny_study):
         assert result["baseline"]["c"] == min(float(c) for c, v in by_c.items() if v == max(by_c.values()))
         saved = json.loads(open(os.path.join(cell_io.cell_dir("reuters21578", f"tfidf_{model}", 1), "metrics.json")).read())
         assert (saved["loss"], saved["probe"], saved["seed"]) == ("tfidf", model, 1) and saved["wall_s"]["probe_s"] > 0
+        assert saved["process_cpu_s"] > 0
         per_label = json.loads(open(os.path.join(cell_io.cell_dir("reuters21578", f"tfidf_{model}", 1), "per_label_f1.json")).read())
         assert per_label["label_names"] == ["grain", "oil", "gold"] and min(per_label["test_f1"]) > 0.8
         assert sum(per_label["train_count"]) == sum(len(x) for x in ds["train"]["labels"])  # the tail plot's x axis
