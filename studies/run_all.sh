@@ -113,10 +113,12 @@ full-reuters-base) base_cells reuters21578 2 ;;
 full-goemotions-base) base_cells goemotions_full 3 ;;
 full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
 full-goemotions-losses) L2=$(pick "${2:-}") || exit 1; loss_cells goemotions_full 3 1 $L2 ;;
-baselines)  # TF-IDF + logistic regression / linear SVM (no seed changes them: one run each), then SetFit's
-  # recipe, seed 1 on both studies before seeds 2 and 3 (about an hour of 2 cores per SetFit cell)
+baselines)  # TF-IDF + logistic regression (no seed changes it: one run) / linear SVM, then SetFit's recipe; seed 1
+  # of every row on both studies before seeds 2 and 3 (SetFit: about an hour of 2 cores per cell)
   for study in reuters21578 goemotions_full; do for M in logreg svm; do bcell tfidf "$study" --model $M --seed 1; done; done
-  for S in 1 2 3; do for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed "$S"; done; done
+  for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed 1; done
+  for S in 2 3; do for study in reuters21578 goemotions_full; do bcell tfidf "$study" --model svm --seed "$S"; done; done
+  for S in 2 3; do for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed "$S"; done; done
   ;;
 full-cell) shift; : "${1:?name the study and run.py cell arguments, e.g. full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2}"; fcell "$@" ;;
 full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (named, or by loss_choice.py)

@@ -570,8 +570,8 @@ def test_run_gpu_runs_every_cell_in_bf16_with_the_alone_cells_first(tmp_path):
 
 
 def test_run_all_baselines_run_tfidf_once_then_setfit_seed_by_seed(tmp_path):
-    """run_all.sh baselines: both TF-IDF models on both studies (deterministic: seed 1 only), then SetFit seed 1
-    on both studies before seeds 2 and 3; every cell names its study's data folder under $DATA."""
+    """run_all.sh baselines: seed 1 of every baseline on both studies before seeds 2 and 3 (the TF-IDF logistic
+    model draws no random numbers: seed 1 only); every cell names its study's data folder under $DATA."""
     import subprocess
 
     calls = tmp_path / "calls.txt"
@@ -585,8 +585,12 @@ def test_run_all_baselines_run_tfidf_once_then_setfit_seed_by_seed(tmp_path):
     cells = [line.split() for line in calls.read_text().splitlines()]
     assert [c[:2] for c in cells[:4]] == [["studies/baseline_tfidf.py", "reuters21578"]] * 2 + [
         ["studies/baseline_tfidf.py", "goemotions_full"]] * 2  # fmt: skip
-    assert [(c[1], c[c.index("--seed") + 1]) for c in cells[4:]] == [
-        (s, str(seed)) for seed in (1, 2, 3) for s in ("reuters21578", "goemotions_full")]  # fmt: skip
+    studies = ("reuters21578", "goemotions_full")
+    assert [(c[0], c[1], c[c.index("--seed") + 1]) for c in cells[4:]] == (
+        [("studies/baseline_setfit.py", s, "1") for s in studies]
+        + [("studies/baseline_tfidf.py", s, str(seed)) for seed in (2, 3) for s in studies]
+        + [("studies/baseline_setfit.py", s, str(seed)) for seed in (2, 3) for s in studies])  # fmt: skip
+    assert all("--model svm" in " ".join(c) for c in cells[6:10])  # only the SVM draws random numbers
     assert all(c[-2:] == ["--data_dir", "/data/" + ("goemotions" if c[1] == "goemotions_full" else "reuters21578")]
                for c in cells)  # fmt: skip
     assert (tmp_path / "runs" / "logs" / "reuters21578").is_dir()  # one log per cell
