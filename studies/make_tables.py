@@ -191,10 +191,12 @@ def _chosen_on_reuters() -> list[str]:
 
 def full_table(study: str) -> str:
     """Every planned row of a full-data study (:func:`planned_losses`); rows without a metrics.json say "not yet
-    run"."""
+    run". Outside Reuters only the two losses chosen there are fine-tuned (``run_all.sh``): another loss with
+    probe cells lists its fine-tune row once that has run."""
     plain, tagged = load(study), load(study, tagged=True)
     lr = chosen_lr(study)
     planned = planned_losses(study, {**plain, **tagged})
+    fine_tuned = set(CONTRASTIVE) if study == "reuters21578" else set(_chosen_on_reuters())
     head = ("| stage 1 | stage 2 | validation macro-F1 | test micro-F1 | test macro-F1 | test P@1 | best / last epoch "
             "| seeds |\n|---|---|---|---|---|---|---|---|")
     rows = [head, *ANCHORS.get(study, [])]
@@ -203,6 +205,8 @@ def full_table(study: str) -> str:
             if loss == "pretrained" and probe == "finetune":
                 continue  # that is the BCE row
             runs = _full_runs(plain, tagged, lr, loss, probe)
+            if probe == "finetune" and loss in CONTRASTIVE and loss not in fine_tuned and not runs:
+                continue  # not in the plan of this study
             if probe == "finetune":
                 label = "fine-tune"
                 if lr:
@@ -637,7 +641,7 @@ def cost_section() -> str:
              "Wall seconds the cells of docs/RESULTS.md recorded (`studies/results/`), per kind of work: median "
              "(min-max; number of measurements). Written by `python studies/make_tables.py`. "
              f"**CPU**: {CPU_DEVICE}, torch CPU build; each cell ran with one thread beside a second cell or with "
-             "two threads alone, and the cores were shared with other jobs, so the spread is mostly load. "
+             "two threads alone, on cores shared with other processes, so the spread is mostly contention. "
              f"**GPU**: {gpu_name} in bf16 (`studies/run_gpu.sh`); most GPU cells ran several at a time on the "
              "one device, so their times include that sharing. MiniLM: all-MiniLM-L6-v2 (22.7 M parameters); "
              "Reuters-21578: 6,993 training documents at 128 tokens, fine-tune batch 32 (219 steps per epoch); "

@@ -40,9 +40,9 @@ def test_main_rewrites_only_the_marked_blocks(tables, tmp_path, monkeypatch):
 
 
 def _full_run(root, loss, probe, seed, val_macro, test_macro, tag=None, epochs=None, best=None, replace=False,
-              **extra):
+              study="reuters21578", **extra):
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")
-    folder = root / "reuters21578" / cell / f"seed{seed}"
+    folder = root / study / cell / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=replace)
     record = {"loss": loss, "probe": probe, "seed": seed, "tag": tag, "overrides": [], "wall_s": extra.pop("wall_s", {"probe_s": 50.0}),
               "metrics": {"validation_macro_f1": val_macro, "validation_micro_f1": 0.8, "test_micro_f1": 0.9,
@@ -275,6 +275,27 @@ def test_loss_choice_ranks_frozen_probes_on_validation_once_every_loss_has_one(t
     assert choice.best_losses("reuters21578", 3, results) == ["any", "hbl", "ws_mulsupcon"]
     assert choice.ranked("reuters21578", results)[1] == ("hbl", 0.46, "linear")
     assert sorted(choice.LOSSES) == sorted(choice_order())  # the losses run_all.sh runs
+
+
+def test_goemotions_table_lists_fine_tunes_of_the_losses_chosen_on_reuters_only(tables, tmp_path):
+    """Outside Reuters only the two losses chosen there are fine-tuned: their missing fine-tune says "not yet
+    run"; another loss with probe rows gets no fine-tune row until one has run."""
+    for loss, val in {**SCORES, "hbl": 0.35}.items():
+        for probe in ("logistic", "linear"):
+            _full_run(tmp_path, loss, probe, 1, val, 0.5)
+    assert tables._chosen_on_reuters() == ["any", "ws_mulsupcon"]
+    for loss in ("any", "msc"):
+        _full_run(tmp_path, loss, "logistic", 1, 0.4, 0.3, study="goemotions_full")
+    rows = tables.full_table("goemotions_full").splitlines()
+    fine_tunes = [r.split(" | ")[0].lstrip("| ") for r in rows if "| fine-tune" in r and "BCE" not in r]
+    assert fine_tunes == ["any", "ws_mulsupcon"]
+    assert all("not yet run" in r for r in rows if r.startswith(("| any | fine-tune", "| ws_mulsupcon | fine-tune")))
+    assert any(r.startswith("| msc | logistic probe") for r in rows)
+    for lr, val in (("5e-5", 0.3), ("1e-4", 0.5)):
+        _full_run(tmp_path, "bce", "finetune", 1, val, 0.3, tag=f"lr{lr}", study="goemotions_full")
+    _full_run(tmp_path, "msc", "finetune", 1, 0.4, 0.3, tag="lr1e-4", study="goemotions_full")
+    msc = [r for r in tables.full_table("goemotions_full").splitlines() if r.startswith("| msc | fine-tune")]
+    assert len(msc) == 1 and "| 0.300 (n=1) |" in msc[0]  # a finished cell is always listed
 
 
 def choice_order() -> list[str]:
