@@ -468,25 +468,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit status."""
     from hf_mlcl.hub import PushError
     from hf_mlcl.recipes import RecipeError
+    from hf_mlcl.training.launch_failures import LaunchFailures
     from hf_mlcl.training.run_guard import InputError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     ns, rest = parser.parse_known_args(argv)
     configure_logging(ns.log_level)
+    # under a multi-process launch: a failure on any process (any node) stops every process, naming it
+    failures = LaunchFailures(f"hf-mlcl {ns.command}").start()
     try:
         COMMANDS[ns.command](ns, rest)
     except KeyboardInterrupt:
+        failures.announce("interrupted")
         if os.environ.get("RANK", "0") == "0":
             print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
         return 130
     except (RecipeError, ValueError, FileNotFoundError, ConnectionError) as err:
-        if not (isinstance(err, InputError) and os.environ.get("RANK", "0") != "0"):  # every rank found it: say it once
+        failures.announce(f"{err}")
+        # every process found it (the same inputs): say it once per node (node-local folders may differ)
+        if not (isinstance(err, InputError) and os.environ.get("LOCAL_RANK", "0") != "0"):
             print(f"hf-mlcl {ns.command}: error: {err}", file=sys.stderr)
         return 2
     except PushError as err:
+        failures.announce(f"{err}")
         print(f"hf-mlcl {ns.command}: {err}", file=sys.stderr)
         return 1
+    except BaseException as err:
+        failures.stop()
+        peer = failures.peer_failure()
+        if peer is not None:  # this error is the consequence (a lost connection): report the cause, once per node
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                print(f"hf-mlcl {ns.command}: error: {peer}", file=sys.stderr)
+            return 2
+        failures.announce(f"{type(err).__name__}: {err}")
+        raise
+    failures.stop()
     D.shutdown()  # a clean end of a multi-process run (see hf_mlcl.training.distributed.shutdown)
     return 0
 

@@ -27,7 +27,7 @@ MIMIC = (
     "mimic4_icd10_50",
 )
 DATASETS = GENERAL + MIMIC
-LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl", "bce")
+LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl", "bce", "zlpr")
 
 
 def encoders_for(dataset: str) -> tuple[str, ...]:

@@ -21,3 +21,14 @@ def test_stage1_throughput_benchmark_prints_its_figures():
     assert 0 < trainable < total  # LoRA: only adapters + projection head train
     assert float(re.search(r"throughput ([\d.]+) samples/s", text).group(1)) > 0
     assert re.search(r"peak (RSS|GPU memory).* [\d.]+ GiB", text)
+
+
+def test_carve_strata_prints_both_carves():
+    """benchmarks/carve_strata.py (the random vs stratified validation carve) on the offline synthetic corpus."""
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "carve_strata.py"), "--dataset", "synthetic",
+           "--data_dir", "", "--seeds", "2", "--rows", "3"]  # fmt: skip
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    random_row = re.search(r"random \(mean of seeds\)\s+([\d.]+)\s+([\d.]+)", text)
+    strat_row = re.search(r"stratified\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)", text)
+    assert random_row and strat_row, text
+    assert float(strat_row.group(2)) <= 1.0 < float(random_row.group(2))  # largest deviation from the share

@@ -36,7 +36,10 @@ that names it; ``unknown_labels="drop"`` drops it with a warning instead.
 
 A missing validation split is carved from train (``validation_fraction``, seeded by ``split_seed``),
 logged and recorded with the split (:func:`data_notes`) so the model card states it; a missing test
-split stays missing (no test metrics) unless ``test_fraction`` > 0 carves one too. Empty splits and
+split stays missing (no test metrics) unless ``test_fraction`` > 0 carves one too. ``split_strategy``
+chooses the carve: ``"random"`` (default, a seeded random share) or ``"stratified"`` (iterative
+stratification, Sechidis et al. 2011, :mod:`hf_mlcl.data.stratify`: every label, rare ones included,
+gets close to its share of rows in the carved split). Empty splits and
 non-UTF-8 text files are clear errors that name the split or the file and line.
 """
 
@@ -62,6 +65,7 @@ from hf_mlcl.data.registry import (
     read_lines,
     register_source_loader,
 )
+from hf_mlcl.data.stratify import SPLIT_STRATEGIES, stratified_carve
 
 logger = logging.getLogger(__name__)
 
@@ -474,8 +478,11 @@ def data_notes(dataset: DatasetDict | Dataset) -> list[str]:
     return notes
 
 
-def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int) -> DatasetDict:
-    """Move a seeded ``fraction`` of train into split ``new`` (logged and recorded with the split)."""
+def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int, strategy: str = "random") -> DatasetDict:
+    """Move a seeded ``fraction`` of train into split ``new`` (logged and recorded with the split): rows
+    drawn at random, or by iterative stratification of the labels (``strategy="stratified"``)."""
+    if strategy not in SPLIT_STRATEGIES:
+        raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {strategy!r}")
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"{new}_fraction must lie in (0, 1) to carve a {new} split from train; got {fraction}")
     train = dd["train"]
@@ -485,9 +492,21 @@ def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int) -> Datase
             f"cannot carve a {new} split ({fraction:.0%}) from a train split of {len(train)} rows; "
             f"add a {new} file/split or more training rows"
         )
-    keep, carved = carve_validation(len(train), n_new, seed, f"{new} split")  # the registry's seeded carve
+    if strategy == "stratified":
+        rows = train.with_format("arrow")["labels"].to_pylist()
+        keep, carved = stratified_carve(rows, fraction, seed, len(train.features["labels"].feature.names))
+        n_new = len(carved)
+        if n_new < 1 or len(keep) < 1:
+            raise ValueError(
+                f"the stratified carve of a {new} split ({fraction:.0%}) from {len(train)} train rows leaves one side "
+                f"empty; add a {new} file/split or more training rows, or use split_strategy='random'"
+            )
+        how = ", stratified by label (iterative stratification)"
+    else:
+        keep, carved = carve_validation(len(train), n_new, seed, f"{new} split")  # the registry's seeded carve
+        how = ""
     text = (f"{new}: carved from train ({n_new} of {len(train)} rows, {new}_fraction={fraction}, "
-            f"seed={seed}); train keeps {len(train) - n_new} rows")
+            f"seed={seed}{how}); train keeps {len(train) - n_new} rows")
     logger.info("no %s split: %s", new, text)
     out = dict(dd)
     out["train"], out[new] = train.select(keep), train.select(carved)  # file order kept in both
@@ -525,6 +544,7 @@ def load_custom_dataset(
     validation_fraction: float = 0.1,
     test_fraction: float = 0.0,
     split_seed: int = 42,
+    split_strategy: str = "random",
     splits: Sequence[str] | str | None = None,
 ) -> DatasetDict:
     """Load any multi-label text dataset into ``text`` + ``labels`` (``Sequence(ClassLabel)``) splits.
@@ -538,6 +558,8 @@ def load_custom_dataset(
         raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {label_format!r}")
     if unknown_labels not in UNKNOWN_LABELS:
         raise ValueError(f"unknown_labels must be one of {UNKNOWN_LABELS}; got {unknown_labels!r}")
+    if split_strategy not in SPLIT_STRATEGIES:
+        raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {split_strategy!r}")
     if isinstance(label_columns, str):
         label_columns = [c.strip() for c in label_columns.split(",") if c.strip()]
     data_dir = os.fspath(data_dir) if data_dir is not None else None
@@ -658,9 +680,9 @@ def load_custom_dataset(
                 {s: len(d) for s, d in dd.items()}, len(names), names_origin, fmt)
     check_splits(dd, origin)
     if "validation" not in dd and (wanted is None or "validation" in wanted):
-        dd = carve_split(dd, "validation", validation_fraction, split_seed)
+        dd = carve_split(dd, "validation", validation_fraction, split_seed, split_strategy)
     if "test" not in dd and test_fraction and (wanted is None or "test" in wanted):
-        dd = carve_split(dd, "test", test_fraction, split_seed)
+        dd = carve_split(dd, "test", test_fraction, split_seed, split_strategy)
     if wanted is not None:
         absent = [s for s in wanted if s not in dd]
         if absent:

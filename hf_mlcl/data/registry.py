@@ -68,6 +68,7 @@ def list_datasets() -> list[str]:
 CUSTOM_OPTIONS = (
     "data_files", "config_name", "revision", "text_column", "label_column", "label_columns", "label_format",
     "label_separator", "label_names", "unknown_labels", "validation_fraction", "test_fraction", "split_seed",
+    "split_strategy",
 )  # fmt: skip
 
 

@@ -108,7 +108,7 @@ class ModelCardCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self._collect_train_metrics(state)
-        if self.write_on_train_end and state.is_world_process_zero:
+        if self.write_on_train_end and args.should_save:  # the folder's writer (each node's with save_on_each_node)
             self.save(args.output_dir)
 
     # ----------------------------------------------------------------------------------- collection

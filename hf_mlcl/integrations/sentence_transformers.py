@@ -24,6 +24,8 @@ synchronisation outside the model. :class:`CachedMultiLabelContrastiveLoss`
 is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
 embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
 ``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
+:func:`add_lora_adapter` trains a LoRA adapter instead of the whole model, on any encoder architecture
+(the default target modules per architecture of :mod:`hf_mlcl.modeling.lora`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,12 @@ from hf_mlcl.training.contrastive import build_contrastive_loss
 
 from ._batches import BatchLoss
 
-__all__ = ["MultiLabelContrastiveLoss", "CachedMultiLabelContrastiveLoss", "to_sentence_transformers_dataset"]
+__all__ = [
+    "MultiLabelContrastiveLoss",
+    "CachedMultiLabelContrastiveLoss",
+    "add_lora_adapter",
+    "to_sentence_transformers_dataset",
+]
 
 _GRADCACHE_BIBTEX = """@inproceedings{gao2021scaling,
   title={Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup},
@@ -66,6 +73,16 @@ def _embedding_dim(model: SentenceTransformer) -> int | None:
         if callable(fn):
             return fn()
     return None
+
+
+def _printable(value: Any) -> Any:
+    """A loss keyword as the model card's JSON can hold it: a tensor (e.g. an (L, L) ``label_similarity``
+    matrix) by its shape, a function by its name."""
+    if isinstance(value, Tensor):
+        return f"tensor{tuple(value.shape)}"
+    if callable(value):
+        return getattr(value, "__name__", type(value).__name__)
+    return value
 
 
 class MultiLabelContrastiveLoss(nn.Module):
@@ -147,7 +164,7 @@ class MultiLabelContrastiveLoss(nn.Module):
             "num_labels": self.num_labels,
             "label_format": self.label_format,
             "gather_across_devices": self.gather_across_devices,
-            **self.loss_kwargs,
+            **{key: _printable(value) for key, value in self.loss_kwargs.items()},
         }
 
     @property
@@ -161,6 +178,13 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
     ``mini_batch_size`` at a time without a graph, the loss over the whole batch caches dL/dz, and each
     mini-batch is re-embedded with its replayed RNG state to push dL/dz into the model. Same gradients
     as the plain loss (dropout included), memory of one mini-batch. Other arguments as the plain loss.
+
+    A loss that owns parameters (``msc``'s label prototypes) has their gradient dL/dtheta computed in
+    the same pass as dL/dz, and cached too: it reaches the parameters through the returned loss tensor
+    (a zero-valued term ``theta . g - (theta . g).detach()``), so whatever the trainer does to the loss
+    before its backward — divide it by the gradient-accumulation steps, multiply it by the fp16 loss
+    scale — scales the parameters' gradient exactly as it scales the model's (GradCache's hook
+    multiplies dL/dz by the same incoming gradient).
     """
 
     def __init__(
@@ -180,14 +204,28 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
     def calculate_loss(
         self, reps: list[list[Tensor]], labels: Tensor | None = None, *, with_backward: bool = False
     ) -> Tensor:
+        """The loss of the whole batch from its mini-batch embeddings; with ``with_backward`` the
+        gradients wrt. the embeddings go to their ``.grad`` (GradCache's cache) and those wrt. the loss's
+        own parameters are kept for :meth:`forward`, none of them written to a parameter yet."""
         loss = self.compute_loss(torch.cat(reps[0]), labels)
-        if with_backward:
-            loss.backward()
-            loss = loss.detach()
-        return loss
+        if not with_backward:
+            return loss
+        params = [p for p in self.loss_fn.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, [*reps[0], *params], allow_unused=True)
+        for rep, grad in zip(reps[0], grads):
+            rep.grad = grad
+        self._parameter_grads = [(p, g) for p, g in zip(params, grads[len(reps[0]) :]) if g is not None]
+        return loss.detach()
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
-        return self.forward_cached(self._single_column(sentence_features), labels)
+        self._parameter_grads: list[tuple[Tensor, Tensor]] = []
+        loss = self.forward_cached(self._single_column(sentence_features), labels)
+        grads, self._parameter_grads = self._parameter_grads, []
+        if not grads:
+            return loss
+        # value 0, gradient g * (the gradient the trainer sends into the loss): accumulation and loss scaling
+        surrogate = torch.stack([torch.vdot(p.flatten(), g.flatten().to(p.dtype)) for p, g in grads]).sum()
+        return loss + (surrogate - surrogate.detach()).to(loss.dtype)
 
     def get_config_dict(self) -> dict[str, Any]:
         return {**super().get_config_dict(), "mini_batch_size": self.mini_batch_size}
@@ -195,6 +233,37 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
     @property
     def citation(self) -> str:
         return super().citation + "\n\n" + _GRADCACHE_BIBTEX
+
+
+def add_lora_adapter(
+    model: SentenceTransformer,
+    r: int = 16,
+    alpha: int = 32,
+    dropout: float = 0.1,
+    target_modules: Sequence[str] | None = None,
+) -> SentenceTransformer:
+    """Give ``model``'s transformer a LoRA adapter (Hu et al. 2022) on its architecture's attention and
+    feed-forward projections (:func:`hf_mlcl.modeling.lora.default_lora_targets`: BERT / MiniLM, RoBERTa,
+    ModernBERT, MPNet, Llama ...; or ``target_modules``). Only the adapter trains. ``model.save(path)``
+    writes the adapter alone (``adapter_config.json`` naming the base model, ``adapter_model.safetensors``)
+    beside sentence-transformers' own files, and ``SentenceTransformer(path)`` loads the base with the
+    adapter, as for any PEFT model it reads. The transformer is wrapped in peft's ``PeftModel``
+    (``get_peft_model``): sentence-transformers' ``model.add_adapter`` goes through transformers' PEFT
+    integration, which transformers 5.24 allows only with peft >= 0.22. Returns ``model``."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_mlcl.modeling.lora import default_lora_targets
+
+    module = model[0] if len(model) else None
+    backbone = getattr(module, "model", None)
+    if backbone is None or not hasattr(backbone, "config"):
+        raise ValueError("add_lora_adapter needs a SentenceTransformer whose first module holds a transformers model")
+    if hasattr(backbone, "peft_config"):
+        raise ValueError("this SentenceTransformer's transformer already has an adapter")
+    targets = list(target_modules) if target_modules is not None else default_lora_targets(backbone)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+    module.model = get_peft_model(backbone, config)
+    return model
 
 
 def to_sentence_transformers_dataset(

@@ -29,7 +29,7 @@ from .msc import MSCLoss
 from .mulsupcon import MulSupConLoss
 from .registry import get_loss, get_loss_class, list_contrastive_losses, list_losses, register_loss
 from .similarity_dissimilarity import SimilarityDissimilarityLoss, similarity_dissimilarity_weights
-from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss
+from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss, ZLPRLoss
 from .ws_mulsupcon import WSMulSupConLoss
 
 __all__ = [
@@ -56,4 +56,5 @@ __all__ = [
     "BCELoss",
     "FocalLoss",
     "AsymmetricLoss",
+    "ZLPRLoss",
 ]

@@ -34,9 +34,12 @@ code's reduction), so the same lambda weighs HBL about mean abs(y) times more th
   pair, which is the loss the paper's lambda search space {0.001, ..., 1.0} was tuned against; it also
   keeps earlier results (docs/RESULTS.md) reproducible.
 * ``"eq7"``: eq. (7)'s balance, at the base loss's scale: total = base + lambda * (N / P) * mean_i L_HBL_i,
-  with P the base's reduction denominator (``label_pairs``: (anchor, label) pairs, or sum_i abs(y_i)),
-  i.e. eq. (7) multiplied by the per-batch constant P / N. Only bases that average over (anchor,
-  label) pairs expose ``label_pairs`` (``mulsupcon``); for any other base both settings are identical.
+  with P the base's reduction denominator (``label_pairs``: (anchor, label) pairs, or sum_i abs(y_i)).
+  With base = (1/P) sum_i L_Con_i, eq. (7) reads (1/N) sum_i (L_Con_i + lambda L_HBL_i)
+  = (P / N) * base + lambda * mean_i L_HBL_i, so the value returned is **eq. (7) multiplied by N / P**
+  (equivalently, eq. (7) = returned value * P / N): eq. (7)'s balance between the two terms, kept on
+  the base loss's per-pair scale. Only bases that average over (anchor, label) pairs expose
+  ``label_pairs`` (``mulsupcon``); for any other base both settings are identical.
 
 sim is the cosine similarity (embeddings L2-normalised for this term whatever ``normalize`` says).
 Defaults are from the paper's search space: lambda 0.01, gamma 0.8, m_rel 0.1, m_abs 0.3, k_min 128.
@@ -323,7 +326,8 @@ class HBLLoss(ContrastiveLoss):
         m_rel, m_abs: margins of eqs. (4) and (5). k_min: reliability gate (minimum positives,
             abs(P) >= k_min; see the module docstring).
         lambda_scaling: ``"base"`` (default) or ``"eq7"``: how lambda_ weighs HBL against a base that
-            averages over (anchor, label) pairs (module docstring).
+            averages over (anchor, label) pairs (module docstring; ``"eq7"`` returns eq. (7) multiplied
+            by N / P).
 
     ``components``: "loss" (= base + lambda_ * scale * hbl), "base", "hbl" (the unweighted mean L_HBL),
     "gate_open" (share of anchors whose gate is open) and the base loss's own components prefixed

@@ -9,6 +9,10 @@ Registered as ``"jaccard"``.
 * per-anchor normaliser: N(i) = sum_p W_ip;
 * reduction: mean over anchors with at least one positive (the paper divides by abs(B); anchors without
   positives contribute 0 there, we do not count them — docs/losses.md).
+
+``label_similarity`` replaces the Jaccard weight by another label similarity (``"dice"``, ``"overlap"``,
+``"cosine"``, a callable or an (L, L) label-similarity matrix for soft positives through related labels,
+:mod:`hf_mlcl.losses.label_similarity`); the normaliser stays N(i) = sum_p W_ip.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .label_similarity import LabelSimilarityOption, LabelSimilaritySpec
 from .registry import register_loss
 
 AUDIBERT_CITATION = (
@@ -32,12 +37,15 @@ AUDIBERT_REFERENCE = (
 
 
 @register_loss("jaccard")
-class JaccardLoss(ContrastiveLoss):
+class JaccardLoss(LabelSimilarityOption, ContrastiveLoss):
     """L_Base (Audibert et al.): SupCon with Jaccard-similarity positive weights.
 
     Args:
         temperature: tau (default 0.1, the value the paper adopts for all its experiments).
         normalize: L2-normalise embeddings inside the loss.
+        label_similarity: the positive weight: ``"jaccard"`` (default, the paper's), ``"dice"``,
+            ``"overlap"``, ``"cosine"``, a callable ``(S, T) -> (N, M)`` on the label matrices, or an
+            (L, L) label-similarity matrix (soft cosine; :mod:`hf_mlcl.losses.label_similarity`).
 
     Example::
 
@@ -54,7 +62,19 @@ class JaccardLoss(ContrastiveLoss):
 
     default_temperature = 0.1
 
+    def __init__(
+        self, temperature: float | None = None, normalize: bool = True, label_similarity: LabelSimilaritySpec = "jaccard"
+    ) -> None:
+        super().__init__(temperature=temperature, normalize=normalize)
+        self.init_label_similarity(label_similarity)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", label_similarity={self.label_similarity_name}"
+
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w = torch.where(ctx.shares_label, ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
+        if self.label_similarity == "jaccard":
+            w = torch.where(ctx.shares_label, ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
+        else:
+            w = self.label_weights(ctx)[0]  # 0 at the own column
         wsum = w.sum(dim=1)
         return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)

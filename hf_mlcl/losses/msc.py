@@ -16,11 +16,24 @@ Section 3.3, eqs. (1)-(5). For anchor i with label set S = Delta(z_i) (eq. 3)::
 * L_MSC = mean of l(z_i) over anchors (eq. 2); anchors with an empty label set are skipped (they
   have no positive, not even a prototype).
 
+``alpha`` (the authors' released code, not in the paper): a factor on the sample positives'
+attraction. Their code builds the sample weights as alpha * f(z_i, z_l) and the normaliser from the
+same weights, N_alpha(i,j) = 1 + alpha * sum of f over the samples carrying j, so
+
+    l(z_i) = -1/abs(S) sum_{j in S} 1/N_alpha(i,j) [ sum_{z_l in P(j,i)} alpha f(z_i,z_l) log p_il + log p_ic_j ]
+
+with the denominator of p (samples with g = beta, prototypes with 1) unchanged. alpha = 1 is the
+paper's eq. (3)-(5) exactly (the default); alpha = 0 is prototype-only attraction (N = 1: each label
+of the anchor pulls it towards its prototype alone, the samples are only repelled), what the
+authors' released NLP configuration uses. In between, the samples' share of the attraction shrinks
+while each label's weights still sum to 1, so the per-anchor weights sum to abs(S) for every alpha.
+
 Vectorised: with R_ij = 1/N(i,j) on the anchors' label pattern, the sample weights are
 W_il = f_il * sum_{j in S_i & T_l} R_ij (one sparse x dense product, :class:`PairLabelView`), the
 prototype weights are R_ij themselves, and, since sum_l W_il + sum_j R_ij = abs(S_i),
 l(z_i) = [ abs(S_i) * LSE_i - sum_l W_il s_il - sum_j R_ij s_ij^proto ] / abs(S_i) with
-LSE_i = logaddexp(log beta + logsumexp_samples, logsumexp_prototypes). The weights depend only on
+LSE_i = logaddexp(log beta + logsumexp_samples, logsumexp_prototypes) (with ``alpha``, f is alpha * f
+throughout: R_ij = 1 / N_alpha(i,j) and the identity still holds). The weights depend only on
 labels (no gradient); gradients reach the embeddings, keys (if they require grad) and prototypes.
 Cost: the (N, M) sample product plus the (N, L) prototype product (the paper's denominator sums
 over all L prototypes — inherent to the loss, and dominant when L is in the tens of thousands).
@@ -52,6 +65,9 @@ class MSCLoss(ContrastiveLoss):
         embedding_dim: D, dimension of the embeddings the prototypes live with.
         beta: denominator weight g of every sample candidate (eq. 1), 0 < beta < 1 (ValueError
             otherwise); prototypes have 1.
+        alpha: weight of the sample positives' attraction, 0 <= alpha <= 1 (the authors' released
+            code; module docstring): 1 (default) is the paper's equation, 0 prototype-only attraction
+            (the authors' NLP configuration). It scales f in the numerator and in N(i,j).
         temperature: tau (paper: 0.1).
         normalize: L2-normalise embeddings and keys (the prototypes are always normalised).
 
@@ -86,6 +102,7 @@ class MSCLoss(ContrastiveLoss):
         beta: float = 0.1,
         temperature: float | None = None,
         normalize: bool = True,
+        alpha: float = 1.0,
     ) -> None:
         super().__init__(temperature=temperature, normalize=normalize)
         for name, value in (("num_labels", num_labels), ("embedding_dim", embedding_dim)):
@@ -96,14 +113,20 @@ class MSCLoss(ContrastiveLoss):
                 f"msc beta must be a float with 0 < beta < 1 (eq. 1: samples weigh less than the prototypes, "
                 f"which have weight 1; paper default 0.1), got {beta!r}"
             )
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 <= float(alpha) <= 1):
+            raise ValueError(
+                f"msc alpha must be a float with 0 <= alpha <= 1 (1: the paper's sample attraction, 0: prototypes "
+                f"only, as the authors' NLP configuration), got {alpha!r}"
+            )
         self.num_labels = num_labels
         self.embedding_dim = embedding_dim
         self.beta = float(beta)
+        self.alpha = float(alpha)
         self.prototypes = nn.Parameter(F.normalize(torch.randn(num_labels, embedding_dim), dim=-1))
 
     def extra_repr(self) -> str:
         return (
-            f"num_labels={self.num_labels}, embedding_dim={self.embedding_dim}, beta={self.beta}, "
+            f"num_labels={self.num_labels}, embedding_dim={self.embedding_dim}, beta={self.beta}, alpha={self.alpha}, "
             + super().extra_repr()
         )
 
@@ -132,6 +155,8 @@ class MSCLoss(ContrastiveLoss):
             view = PairLabelView(y, ctx.candidate_labels)
             sizes = ctx.anchor_sizes.to(dtype)
             f = torch.where(ctx.shares_label, ctx.union.to(dtype).clamp_min(1).reciprocal(), 0.0)
+            if self.alpha != 1.0:
+                f = f.mul_(self.alpha)  # the authors' code: alpha f in the numerator and in N(i,j)
             # eq. (5): R_ij = 1 / N(i,j), N = 1 + samples (0 at the view's cells off the anchors' labels)
             r = view.on_pairs((1.0 + view.collect(f)).reciprocal())
             w = f * view.spread(r)  # W_il = f_il * sum_{j in S_i & T_l} 1/N(i,j)

@@ -16,6 +16,11 @@ Theorems 1-5 (Section 2.6) on the factor K^s K^d. Registered as ``"similarity_di
   loss_i = -1/abs(P(i)) sum_p K^s K^d log p_ip (what the only public re-implementation does);
 * ``True``: eq. (13) literally, the factor inside the log: -1/abs(P(i)) sum_p [log(K^s K^d) + log p_ip].
   log(K^s K^d) depends only on labels, so the gradient equals ANY's exactly and only the value differs.
+
+``label_similarity`` (default ``"sd"``, the paper's K^s K^d) puts another label similarity in the
+factor's place: ``"jaccard"``, ``"dice"``, ``"overlap"``, ``"cosine"``, a callable or an (L, L)
+label-similarity matrix (:mod:`hf_mlcl.losses.label_similarity`); the positives are then the candidates
+with a non-zero weight and the normaliser their number.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .label_similarity import LabelSimilarityOption, LabelSimilaritySpec
 from .registry import register_loss
 
 
@@ -41,7 +47,7 @@ def similarity_dissimilarity_weights(inter: Tensor, anchor_sizes: Tensor, candid
 
 
 @register_loss("similarity_dissimilarity", "sd")
-class SimilarityDissimilarityLoss(ContrastiveLoss):
+class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
     """Similarity-Dissimilarity loss, eq. (13)-(15) of Huang et al.
 
     Args:
@@ -49,6 +55,8 @@ class SimilarityDissimilarityLoss(ContrastiveLoss):
         normalize: L2-normalise embeddings inside the loss.
         weight_in_log: False -> K^s K^d multiplies log p (default); True -> eq. 13 literally,
             -(log(K^s K^d) + log p), whose gradient equals ANY's.
+        label_similarity: ``"sd"`` (default: K^s K^d) or another weight in its place (``"jaccard"``,
+            ``"dice"``, ``"overlap"``, ``"cosine"``, a callable, an (L, L) matrix; module docstring).
 
     Example::
 
@@ -72,17 +80,29 @@ class SimilarityDissimilarityLoss(ContrastiveLoss):
 
     default_temperature = 0.07
 
-    def __init__(self, temperature: float | None = None, normalize: bool = True, weight_in_log: bool = False):
+    def __init__(
+        self,
+        temperature: float | None = None,
+        normalize: bool = True,
+        weight_in_log: bool = False,
+        label_similarity: LabelSimilaritySpec = "sd",
+    ):
         super().__init__(temperature=temperature, normalize=normalize)
         self.weight_in_log = bool(weight_in_log)
+        self.init_label_similarity(label_similarity, own=("sd",))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", weight_in_log={self.weight_in_log}"
+        return (
+            super().extra_repr() + f", weight_in_log={self.weight_in_log}, label_similarity={self.label_similarity_name}"
+        )
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        positive = ctx.shares_label
-        k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
-        k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
+        if self.label_similarity == "sd":
+            positive = ctx.shares_label
+            k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
+            k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
+        else:
+            k, positive = self.label_weights(ctx)
         count = positive.to(ctx.dtype)
         if not self.weight_in_log:
             return LossTerms(weights=k, normalizer=count.sum(dim=1), zero_diagonal=True)

@@ -1,10 +1,17 @@
-"""Supervised multi-label classification losses: BCE, focal, asymmetric (ASL).
+"""Supervised multi-label classification losses: BCE, focal, asymmetric (ASL), ZLPR.
 
 Used by the probing / fine-tuning stage and as baselines (ABALONE paper, Audibert et al., Section
-4.2.2: L_BCE, L_FCL with gamma = 2, L_ASY with gamma+ = 0, gamma- = 3, m = 0.3). All take raw logits
-(N, L) and multi-hot labels (dense bool/int/float or torch-sparse), compute in
-``max(float32, logits dtype)`` with autocast off, and by default average over all N x L entries
-(``reduction="mean"``, the ABALONE paper's 1/N 1/L; ``"sum"`` is Ridnik et al.'s official reduction).
+4.2.2: L_BCE, L_FCL with gamma = 2, L_ASY with gamma+ = 0, gamma- = 3, m = 0.3; their comprehensive
+study adds ZLPR, Su et al. 2022). All take raw logits (N, L) and multi-hot labels (dense
+bool/int/float or torch-sparse) and compute in ``max(float32, logits dtype)`` with autocast off. BCE,
+focal and ASL are sums of per-entry terms and by default average over all N x L entries
+(``reduction="mean"``, the ABALONE paper's 1/N 1/L; ``"sum"`` is Ridnik et al.'s official reduction);
+ZLPR is one term per sample and averages over the N samples.
+
+Every loss here scores a label by its logit s with the decision boundary s = 0 (sigmoid 0.5): BCE,
+focal and ASL through sigmoid(s), ZLPR by construction (its positives are pushed above 0 and its
+negatives below 0). So the scores the evaluation thresholds (sigmoid of the logits,
+untuned default 0.5, tuned grid 0.01..0.99) apply to all of them unchanged.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from .core import compute_dtype_for
 from .registry import register_loss
 from .relations import as_multihot, is_sparse
 
-__all__ = ["SupervisedLoss", "BCELoss", "FocalLoss", "AsymmetricLoss"]
+__all__ = ["SupervisedLoss", "BCELoss", "FocalLoss", "AsymmetricLoss", "ZLPRLoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -26,13 +33,15 @@ _REDUCTIONS = ("mean", "sum", "none")
 class SupervisedLoss(nn.Module):
     """Base class of supervised multi-label losses: ``forward(logits, labels) -> scalar``.
 
-    Subclasses implement :meth:`elementwise` (the (N, L) per-entry loss). ``self.components`` holds
+    Subclasses implement :meth:`elementwise`: the (N, L) per-entry loss, or the (N,) per-sample loss of
+    a loss that is not a sum over entries (ZLPR); ``"mean"`` averages over what it returns. ``self.components`` holds
     ``{"loss": value}`` of the last call as a detached 0-d tensor, and ``check_inputs`` (default True)
     checks the label values and the finiteness of the logits on every call (host reads), like
     contrastive losses (:class:`hf_mlcl.losses.core.ContrastiveLoss`).
 
     Args:
-        reduction: "mean" (over all N x L entries), "sum", or "none" (the (N, L) matrix).
+        reduction: "mean" (over all N x L entries, or the N samples of a per-sample loss), "sum", or
+            "none" (the (N, L) matrix, or the (N,) vector).
     """
 
     is_contrastive = False
@@ -208,3 +217,49 @@ class AsymmetricLoss(SupervisedLoss):
         pos = targets * (1 - p).pow(self.gamma_pos) * log_p
         neg = (1 - targets) * p_m.pow(self.gamma_neg) * log_q
         return -(pos + neg)
+
+
+@register_loss("zlpr")
+class ZLPRLoss(SupervisedLoss):
+    """ZLPR, the zero-bounded log-sum-exp & pairwise rank-based loss (Su et al. 2022), per sample:
+
+        log(1 + sum_{j in neg} e^{s_j}) + log(1 + sum_{i in pos} e^{-s_i})
+
+    i.e. the pairwise ranking loss log(1 + sum_{i in pos, j in neg} e^{s_j - s_i}) with a threshold
+    logit fixed at 0 added to both sides, so that the label count needs no tuning: a label is predicted
+    when its logit is above 0 (sigmoid > 0.5, the default threshold of the evaluation). A row with no
+    positive (or no negative) has an empty sum there: that log term is log 1 = 0. Computed with a
+    logsumexp over [0, scores] (no overflow); averaged over the N samples (``"mean"``, as the
+    comprehensive study's code), ``"sum"`` or ``"none"`` ((N,) per-sample losses).
+
+    Args:
+        reduction: "mean" | "sum" | "none".
+
+    Example::
+
+        >>> import torch
+        >>> from hf_mlcl.losses import ZLPRLoss
+        >>> logits, y = torch.tensor([[2.0, -1.0, 0.5]]), torch.tensor([[1.0, 0.0, 0.0]])
+        >>> manual = torch.log(1 + torch.exp(torch.tensor(-1.0)) + torch.exp(torch.tensor(0.5))) + torch.log(
+        ...     1 + torch.exp(torch.tensor(-2.0)))
+        >>> torch.allclose(ZLPRLoss()(logits, y), manual)
+        True
+    """
+
+    display_name = "ZLPR (zero-bounded log-sum-exp & pairwise rank-based loss)"
+    reference = (
+        "Su, Zhu, Murtadha, Pan, Wen & Liu, ZLPR: A Novel Loss for Multi-label Classification, arXiv:2208.02955"
+    )
+    citation = (
+        "@article{su2022zlpr,\n  title={ZLPR: A Novel Loss for Multi-label Classification},\n  author={Su, "
+        "Jianlin and Zhu, Mingren and Murtadha, Ahmed and Pan, Shengfeng and Wen, Bo and Liu, Yunfeng},\n"
+        "  journal={arXiv preprint arXiv:2208.02955},\n  year={2022}\n}"
+    )
+
+    def elementwise(self, logits: Tensor, targets: Tensor) -> Tensor:
+        positive = targets > 0
+        neg_scores = logits.masked_fill(positive, float("-inf"))  # s_j of the negatives
+        pos_scores = logits.neg().masked_fill(~positive, float("-inf"))  # -s_i of the positives
+        both = torch.stack([neg_scores, pos_scores])  # (2, N, L)
+        # the threshold's 0 joins each log-sum-exp: log(1 + sum e^x) = logsumexp([0, x])
+        return torch.logsumexp(F.pad(both, (1, 0), value=0.0), dim=-1).sum(dim=0)

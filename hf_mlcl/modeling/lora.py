@@ -1,4 +1,5 @@
-"""LoRA for decoder backbones (Llama-3.1-8B) with peft: adapters + trainable heads, and their pad token.
+"""LoRA for any backbone with peft (Llama-3.1-8B, BERT, RoBERTa, MiniLM, ModernBERT ...): adapters +
+trainable heads, and their pad token.
 
 ``ensure_pad_token`` is the one pad-token policy of hf_mlcl (decoder tokenizers have none); the stage
 entry points call it for every tokenizer.
@@ -6,7 +7,11 @@ entry points call it for every tokenizer.
 ``apply_lora`` follows the recipe of the design: LoRA r=16, alpha=32, dropout=0.1 on the attention and
 MLP projections (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + (alpha / r) B A x), bf16 backbone when the
 GPU supports it, activation checkpointing without re-entrancy, and our heads (projection head /
-classifier) in ``modules_to_save`` so they train and are saved with the adapter.
+classifier) in ``modules_to_save`` so they train and are saved with the adapter. The projections have
+other names in every architecture: :func:`default_lora_targets` picks them from the backbone's
+``model_type`` (:data:`LORA_TARGETS_BY_MODEL_TYPE`: the attention's query / key / value / output and the
+feed-forward layers, never a pooler or our heads), so ``use_lora`` needs no ``lora_target_modules`` for
+the architectures listed there.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "up_proj",
     "down_proj",
 )
+# BERT-style layers: attention.self.{query,key,value}, attention.output.dense, intermediate.dense,
+# output.dense ("output.dense" matches both output layers; not the pooler's "pooler.dense" nor a head)
+_BERT_TARGETS: tuple[str, ...] = ("query", "key", "value", "intermediate.dense", "output.dense")
+LORA_TARGETS_BY_MODEL_TYPE: dict[str, tuple[str, ...]] = {
+    **{t: DEFAULT_LORA_TARGETS for t in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")},
+    **{t: _BERT_TARGETS for t in ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")},
+    "deberta-v2": ("query_proj", "key_proj", "value_proj", "intermediate.dense", "output.dense"),
+    "distilbert": ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"),
+    "mpnet": ("q", "k", "v", "o", "intermediate.dense", "output.dense"),
+    "modernbert": ("Wqkv", "Wo", "Wi"),  # attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo
+}
 LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 HEAD_MODULES: tuple[str, ...] = ("projection_head", "classifier")
 
@@ -82,6 +98,28 @@ def _enable_checkpointing(model: nn.Module) -> None:
         model.enable_input_require_grads()
 
 
+def _matches(name: str, target: str) -> bool:
+    """peft's rule for a ``target_modules`` entry: the module's full name, or its dotted suffix."""
+    return name == target or name.endswith("." + target)
+
+
+def default_lora_targets(model: nn.Module) -> list[str]:
+    """The LoRA target modules of ``model``'s backbone (an hf_mlcl model's ``backbone``, or a transformers
+    model), from its ``config.model_type`` (:data:`LORA_TARGETS_BY_MODEL_TYPE`); ValueError naming the
+    model type and its linear layers when the architecture is not listed."""
+    backbone = getattr(model, "backbone", model)
+    model_type = getattr(getattr(backbone, "config", None), "model_type", None)
+    targets = LORA_TARGETS_BY_MODEL_TYPE.get(str(model_type))
+    if targets is None:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in backbone.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"no default LoRA target modules for model type {model_type!r} (known: "
+            f"{sorted(LORA_TARGETS_BY_MODEL_TYPE)}); pass lora_target_modules / target_modules with the names of "
+            f"its attention and feed-forward layers (its linear layers: {linear[:12]})"
+        )
+    return list(targets)
+
+
 def apply_lora(
     encoder: nn.Module,
     r: int = 16,
@@ -94,7 +132,10 @@ def apply_lora(
 ) -> nn.Module:
     """Wrap an hf_mlcl model (``MLCLEncoder`` or classifier) with peft LoRA adapters.
 
-    - ``target_modules`` default: q, k, v, o, gate, up, down projections (Llama / Mistral / Qwen).
+    - ``target_modules`` default: the backbone's attention and feed-forward projections for its
+      architecture (:func:`default_lora_targets`; q, k, v, o, gate, up, down for Llama / Mistral / Qwen,
+      query, key, value and the dense output layers for BERT / RoBERTa / MiniLM, Wqkv / Wo / Wi for
+      ModernBERT).
     - ``modules_to_save`` default: our heads present in the model (``projection_head`` /
       ``classifier``), so they are trained and saved with the adapter.
     - ``bf16`` (default: CUDA with bf16 support) casts the backbone to bfloat16; heads stay fp32
@@ -114,12 +155,11 @@ def apply_lora(
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"LoRA dropout must be in [0, 1); got {dropout}")
     names = [name for name, _ in encoder.named_modules()]
-    leaves = {name.rsplit(".", 1)[-1] for name in names}
-    targets = list(target_modules) if target_modules is not None else list(DEFAULT_LORA_TARGETS)
-    if not any(t in leaves for t in targets):
+    targets = list(target_modules) if target_modules is not None else default_lora_targets(encoder)
+    if not any(_matches(name, t) for name in names for t in targets):
         raise ValueError(
             f"none of the LoRA target modules {targets} exists in this backbone; pass target_modules=... "
-            "(e.g. ['query', 'key', 'value', 'dense'] for BERT / RoBERTa)"
+            "(e.g. ['query', 'key', 'value'] for BERT / RoBERTa; leave it unset for the architecture's default)"
         )
     if modules_to_save is None:
         modules_to_save = [h for h in HEAD_MODULES if h in {n for n in names if "." not in n}]
@@ -228,7 +268,7 @@ def save_lora_adapter(
     save_file(adapter, tmp, metadata={"format": "pt"})
     os.replace(tmp, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME))
     config.save_pretrained(save_directory)
-    model.base_model.model.save_pretrained(save_directory, state_dict=heads)
+    model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
@@ -249,6 +289,7 @@ def save_lora_model(
     base_model_name_or_path: str | None = None,
     merge: bool = False,
     accelerator: Any = None,
+    is_main_process: bool | None = None,
 ) -> None:
     """Save the model of a finished LoRA stage; EVERY process of the run calls it, the main one writes.
 
@@ -260,6 +301,8 @@ def save_lora_model(
             ``config.backbone_name_or_path``).
         merge: write merged full weights (a plain hf_mlcl model) instead of an adapter folder.
         accelerator: the run's ``accelerate.Accelerator`` (``trainer.accelerator``); needed under FSDP1.
+        is_main_process: whether this process writes (``TrainingArguments.should_save``: the main process
+            of every node with ``save_on_each_node``); default: the global main process.
 
     The trainable weights are gathered as the engine requires: DeepSpeed ZeRO-3 and FSDP2 gather the
     adapter and head parameters only (``deepspeed.zero.GatheredParameters``, ``DTensor.full_tensor``:
@@ -276,14 +319,8 @@ def save_lora_model(
     import shutil
     import tempfile
 
-    from .sharded import (
-        is_main_process,
-        loading_whole_models,
-        readable_state,
-        sharding_kind,
-        unwrap_model,
-        wait_for_everyone,
-    )
+    from .sharded import is_main_process as _is_main_process
+    from .sharded import loading_whole_models, readable_state, sharding_kind, unwrap_model, wait_for_everyone
 
     kind = sharding_kind(model)
     peft_model = unwrap_model(model)
@@ -291,7 +328,7 @@ def save_lora_model(
         raise ValueError(f"save_lora_model expects a model wrapped by apply_lora; got {type(peft_model).__name__}")
     inner = peft_model.base_model.model
     base = base_model_name_or_path or getattr(inner.config, "backbone_name_or_path", None)
-    is_main = is_main_process(accelerator)
+    is_main = _is_main_process(accelerator) if is_main_process is None else bool(is_main_process)
     if not base and kind is not None:
         raise ValueError(
             "a LoRA model whose backbone was built from a config has no base model to save an adapter for, and "
@@ -302,7 +339,7 @@ def save_lora_model(
             logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
                            "saving the merged weights")  # fmt: skip
         if is_main:
-            merge_lora(peft_model).save_pretrained(save_directory)
+            merge_lora(peft_model).save_pretrained(save_directory, is_main_process=True)
     else:
         target = save_directory
         if merge and is_main:  # the adapter goes to a temporary folder, reloaded merged below
@@ -316,14 +353,18 @@ def save_lora_model(
         if merge and is_main:
             try:
                 with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
-                    type(inner).from_pretrained(target).save_pretrained(save_directory)
+                    type(inner).from_pretrained(target).save_pretrained(save_directory, is_main_process=True)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
     wait_for_everyone()
 
 
 def save_heads_with_adapter(
-    model: nn.Module, save_directory: str, adapter_directory: str, accelerator: Any = None
+    model: nn.Module,
+    save_directory: str,
+    adapter_directory: str,
+    accelerator: Any = None,
+    is_main_process: bool | None = None,
 ) -> None:
     """Save a model whose backbone is the base model + an unchanged saved adapter (a frozen-encoder probe
     on an adapter encoder) as an adapter folder too: the adapter files of ``adapter_directory`` are
@@ -332,19 +373,22 @@ def save_heads_with_adapter(
 
     ``model`` may be the model as prepared for training (DeepSpeedEngine, FSDP root, DDP); then EVERY
     process calls this (the heads are gathered as in :func:`save_lora_model`, ``accelerator`` needed under
-    FSDP1) and the main process writes. Returns when the folder is complete on every process.
+    FSDP1) and the main process writes (``is_main_process`` as in :func:`save_lora_model`). Returns when
+    the folder is complete on every process.
     """
     import os
     import shutil
 
     from .modeling_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
-    from .sharded import is_main_process, readable_state, unwrap_model, wait_for_everyone
+    from .sharded import is_main_process as _is_main_process
+    from .sharded import readable_state, unwrap_model, wait_for_everyone
 
     inner = unwrap_model(model)
+    writes = _is_main_process(accelerator) if is_main_process is None else bool(is_main_process)
     prefix = f"{inner.base_model_prefix}."
     names = [n for n, _ in inner.named_parameters() if not n.startswith(prefix)]
     with readable_state(model, names, accelerator) as state:
-        if is_main_process(accelerator):
+        if writes:
             os.makedirs(save_directory, exist_ok=True)
             for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
                 tmp = os.path.join(save_directory, f".{name}.tmp")
@@ -352,15 +396,17 @@ def save_heads_with_adapter(
                 os.replace(tmp, os.path.join(save_directory, name))
             state = inner.state_dict() if state is None else state
             heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
-            inner.save_pretrained(save_directory, state_dict=heads)
+            inner.save_pretrained(save_directory, state_dict=heads, is_main_process=True)
     wait_for_everyone()
 
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",
     "LLAMA3_PAD_TOKEN",
+    "LORA_TARGETS_BY_MODEL_TYPE",
     "apply_lora",
     "bf16_available",
+    "default_lora_targets",
     "ensure_pad_token",
     "merge_lora",
     "save_heads_with_adapter",

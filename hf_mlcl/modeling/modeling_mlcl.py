@@ -473,11 +473,33 @@ class MLCLPreTrainedModel(PreTrainedModel):
         atomic ``os.replace``, and stale weight shards of an earlier save are removed. The backbone
         config dict is refreshed from the live backbone first (pad token, resized vocabulary).
         The code files (``configuration_mlcl.py``, ``modeling_mlcl.py``) are saved beside the weights.
+        An ``is_main_process`` given by the caller decides whether this process writes (see
+        :meth:`should_save_on_this_rank`).
         """
         self.config.backbone_config = backbone_config_to_dict(self.backbone.config)
         target = os.path.abspath(os.fspath(save_directory))
-        if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(target):
-            return super().save_pretrained(save_directory, *args, **kwargs)
+        self._writer_named = "is_main_process" in kwargs
+        try:
+            if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(target):
+                return super().save_pretrained(save_directory, *args, **kwargs)
+            return self._save_atomically(target, *args, **kwargs)
+        finally:
+            self._writer_named = False
+
+    def should_save_on_this_rank(self, is_main_process: bool) -> bool:
+        """Whether this process writes the files of ``save_pretrained`` (transformers 5 asks this).
+
+        transformers writes on global rank 0 only, whatever ``is_main_process`` says, so a ``Trainer`` with
+        ``save_on_each_node`` (``is_main_process=True`` on the main process of every node: node-local folders)
+        would leave every other node's folder without config and weights, unable to resume or load the model.
+        A caller that names the writer (passes ``is_main_process``) is followed; without it transformers' rule
+        stands, which keeps a ``save_pretrained`` called on every rank from writing one folder many times."""
+        if getattr(self, "_writer_named", False):
+            return bool(is_main_process)
+        return super().should_save_on_this_rank(is_main_process)
+
+    def _save_atomically(self, target: str, *args: Any, **kwargs: Any) -> None:
+        """``save_pretrained`` into a temporary folder, then moved into ``target`` (see :meth:`save_pretrained`)."""
         parent = os.path.dirname(target)
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)

@@ -14,12 +14,13 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from hf_mlcl.data.stratify import SPLIT_STRATEGIES
 from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
 
 logger = logging.getLogger(__name__)
 
 PROBES = ("linear", "finetune", "logistic")
-PROBE_LOSSES = ("bce", "focal", "asymmetric")
+PROBE_LOSSES = ("bce", "focal", "asymmetric", "zlpr")
 THRESHOLDS = ("global", "per_label")
 
 # transformers defaults to False: a resumed run then restarts EarlyStoppingCallback's patience counter at 0
@@ -97,7 +98,7 @@ class ModelArguments:
         default=128, metadata={"help": "Segment length for the PLM-ICD label-attention path."}
     )
     use_lora: bool = field(
-        default=False, metadata={"help": "Wrap a decoder backbone with LoRA adapters (peft)."}
+        default=False, metadata={"help": "Wrap the backbone (any encoder or decoder) with LoRA adapters (peft)."}
     )
     merge_lora: bool = field(
         default=False,
@@ -110,7 +111,9 @@ class ModelArguments:
     lora_alpha: int = 32
     lora_dropout: float = 0.1
     lora_target_modules: list[str] | None = field(
-        default=None, metadata={"help": "Default: q, k, v, o, gate, up, down projections."}
+        default=None,
+        metadata={"help": "Default: the architecture's attention and feed-forward projections "
+                  "(hf_mlcl.modeling.lora.LORA_TARGETS_BY_MODEL_TYPE: Llama, BERT, RoBERTa, MiniLM, ModernBERT ...)."},
     )
     trust_remote_code: bool = False
 
@@ -185,6 +188,11 @@ class DataArguments:
         default=0.0, metadata={"help": "Share of train carved into a test split when there is none (0 = no test)."}
     )
     split_seed: int = field(default=42, metadata={"help": "Seed of the validation / test carving."})
+    split_strategy: str = field(
+        default="random",
+        metadata={"help": f"How a missing validation / test split is carved from train: one of {SPLIT_STRATEGIES} "
+                  "('stratified': iterative stratification, Sechidis et al. 2011, keeps rare labels in it)."},
+    )
     max_length: int = field(
         default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
     )
@@ -211,6 +219,8 @@ class DataArguments:
             raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {self.label_format!r}")
         if self.unknown_labels not in UNKNOWN_LABELS:
             raise ValueError(f"unknown_labels must be one of {UNKNOWN_LABELS}; got {self.unknown_labels!r}")
+        if self.split_strategy not in SPLIT_STRATEGIES:
+            raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {self.split_strategy!r}")
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in (0, 1); got {self.validation_fraction}")
         if not 0.0 <= self.test_fraction < 1.0 or self.validation_fraction + self.test_fraction >= 1.0:
@@ -233,7 +243,7 @@ class DataArguments:
             "label_column": "label_column", "label_columns": "label_columns", "label_format": "label_format",
             "label_separator": "label_separator", "label_names_file": "label_names",
             "unknown_labels": "unknown_labels", "validation_fraction": "validation_fraction",
-            "test_fraction": "test_fraction", "split_seed": "split_seed",
+            "test_fraction": "test_fraction", "split_seed": "split_seed", "split_strategy": "split_strategy",
         }  # fmt: skip
         defaults = {f.name: f.default for f in fields(self)}
         options = dict(self.dataset_options or {})

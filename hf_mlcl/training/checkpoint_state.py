@@ -86,7 +86,10 @@ def load_state_file(path: str, device: torch.device | str = "cpu") -> dict[str, 
         meta = fh.metadata() or {}
     if _TREE_KEY not in meta:
         raise ValueError(f"{path} is not an hf_mlcl trainer state (no {_TREE_KEY!r} metadata)")
-    return _rebuild(json.loads(meta[_TREE_KEY]), load_file(path, device=str(torch.device(device))))
+    target = torch.device(device)
+    # safetensors names the CPU "cpu" only; a process of a multi-process CPU launch has the device cpu:0
+    where = "cpu" if target.type == "cpu" else str(target)
+    return _rebuild(json.loads(meta[_TREE_KEY]), load_file(path, device=where))
 
 
 def optimizer_state_to_tree(state: Mapping[str, Any]) -> dict[str, Any]:

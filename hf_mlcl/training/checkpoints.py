@@ -13,10 +13,11 @@ removes it only after every file (and every rank) is done, so
 * a checkpoint is *complete* when it has ``trainer_state.json`` and no ``.saving`` marker
   (checkpoints written before this marker existed count as complete when they hold
   ``trainer_state.json``, which the Trainer writes after the weights and optimizer);
-* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest complete checkpoint, removes the
-  incomplete ones (and temp files left by interrupted atomic writes) on the main process, and starts
-  fresh (``None``) when the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint
-  true`` can resume whichever stage was interrupted.
+* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest checkpoint complete on every process
+  (node-local folders of a multi-node run may differ), removes the incomplete ones (and temp files left
+  by interrupted atomic writes) on the process that writes the folder, and starts fresh (``None``) when
+  the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume
+  whichever stage was interrupted.
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def wants_resume(value: Any) -> bool:
 def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) -> str | None:
     """What to hand ``Trainer.train(resume_from_checkpoint=...)``.
 
-    ``None`` / ``False`` / ``"false"``: start fresh. ``True`` / ``"true"``: the newest complete checkpoint
-    in ``output_dir`` after removing incomplete ones (main process only; every rank waits for it), or
-    ``None`` (start fresh) when there is none yet. A path: that folder, which must be complete.
+    ``None`` / ``False`` / ``"false"``: start fresh. ``True`` / ``"true"``: the newest checkpoint complete
+    in the ``output_dir`` of every process (node-local folders may differ) after removing incomplete ones
+    (``is_main_process``: the process that writes the folder; every rank waits for it), or ``None``
+    (start fresh) when there is none yet. A path: that folder, which must be complete.
     """
     value = parse_resume(value)
     if value is False:
@@ -123,7 +125,7 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         if is_main_process:
             remove_incomplete_checkpoints(output_dir)
         D.barrier()
-        last = last_complete_checkpoint(output_dir)
+        last = _last_complete_on_every_process(output_dir, is_main_process)
         if last is None:
             logger.warning(f"no complete checkpoint in {output_dir}: starting this stage from the beginning")
         return last
@@ -135,6 +137,40 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
             "complete checkpoint of output_dir"
         )
     return path
+
+
+def _step(path: str) -> int:
+    return int(_CHECKPOINT_RE.match(os.path.basename(path)).group(1))
+
+
+def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> str | None:
+    """The newest checkpoint complete in the ``output_dir`` of every process, or None when no process has one.
+
+    Every process of a shared folder sees the same checkpoints. Node-local folders (``save_on_each_node``)
+    can differ: a node killed in the middle of a save has that checkpoint incomplete (removed by then),
+    the others complete; resuming each node from its own newest would start the processes at different
+    steps, which never meet in their collectives. So the processes agree on the newest step complete
+    everywhere, and the main process of a folder removes its checkpoints past that step (the resumed run
+    writes them again). ValueError when some node has checkpoints but none is complete on every node."""
+    steps = [_step(p) for p in checkpoint_folders(output_dir) if is_complete_checkpoint(p)]
+    every = D.all_gather_object(steps)
+    common = set(every[0]).intersection(*every[1:])
+    if not common:
+        if any(every):
+            held = "; ".join(f"process {r}: {', '.join(f'checkpoint-{s}' for s in st) or 'none'}" for r, st in enumerate(every))
+            raise ValueError(
+                f"resume_from_checkpoint: no checkpoint of {output_dir} is complete on every node ({held}); copy "
+                "one complete checkpoint folder to every node, or start without --resume_from_checkpoint"
+            )
+        return None
+    step = max(common)
+    if is_main_process:
+        for path in checkpoint_folders(output_dir):
+            if _step(path) > step:
+                shutil.rmtree(path, ignore_errors=True)
+                logger.warning(f"removed {path}: newer than checkpoint-{step}, the newest complete on every node")
+    D.barrier()
+    return os.path.join(output_dir, f"checkpoint-{step}")
 
 
 class CompleteCheckpointsMixin:

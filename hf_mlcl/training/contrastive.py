@@ -152,7 +152,7 @@ def build_contrastive_loss(
     if not getattr(cls, "is_contrastive", False):
         raise ValueError(
             f"loss {name!r} is a supervised loss (logits vs labels); the contrastive stage needs a contrastive "
-            "loss such as 'sd', 'mulsupcon', 'msc' — use ProbingTrainer / train_probe for bce/focal/asymmetric"
+            "loss such as 'sd', 'mulsupcon', 'msc' — use ProbingTrainer / train_probe for bce/focal/asymmetric/zlpr"
         )
     kwargs = dict(loss_kwargs or {})
     extra = {"num_labels": num_labels, "embedding_dim": embedding_dim}

@@ -25,12 +25,16 @@ from __future__ import annotations
 import gc
 import inspect
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from hf_mlcl.losses.relations import nonzero_pairs
+
+T = TypeVar("T")
 
 __all__ = [
     "is_distributed",
@@ -42,6 +46,8 @@ __all__ = [
     "gather_candidates",
     "all_reduce_mean_",
     "barrier",
+    "all_gather_object",
+    "built_once",
     "shutdown",
 ]
 
@@ -158,6 +164,28 @@ def barrier() -> None:
     """Wait until every rank gets here (no-op outside a multi-process group)."""
     if is_distributed():
         dist.barrier()
+
+
+def built_once(build: Callable[[], T]) -> T:
+    """``build()`` run by the global main process alone, its result (pickled) sent to every other process;
+    ``build()`` itself outside a multi-process group. For data preparation every process needs, built once
+    for the whole launch whatever the storage of the nodes (the tokenizer trained on the fly). Every
+    process calls it."""
+    if not is_distributed():
+        return build()
+    box = [build() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_object(obj: object) -> list:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` outside a multi-process group. For small
+    host-side facts the ranks must agree on before they act (which checkpoints a node's folder holds)."""
+    if not is_distributed():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def shutdown() -> None:

@@ -130,7 +130,9 @@ def build_tokenizer_and_encoder(
 ):
     """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``.
 
-    ``source`` overrides ``model_args.model_name_or_path`` (``train_probe``'s ``encoder_path``).
+    ``source`` overrides ``model_args.model_name_or_path`` (``train_probe``'s ``encoder_path``). A tokenizer
+    trained on the fly (``backbone_config`` without ``tokenizer_name_or_path``) is trained by the global main
+    process and sent to the others, so every process of a multi-process launch calls this.
     """
     from transformers import AutoTokenizer
 
@@ -168,12 +170,13 @@ def build_tokenizer_and_encoder(
                 )
             from hf_mlcl.data import train_tokenizer
 
-            tokenizer = train_tokenizer(
+            # trained once for the launch (global main process) and sent to every process of every node
+            tokenizer = D.built_once(lambda: train_tokenizer(
                 train_texts,
                 vocab_size=int(cfg.get("vocab_size", 2000)),
                 style=_tokenizer_style(cfg["model_type"]),
                 model_max_length=int(cfg.get("max_position_embeddings", 512)),
-            )
+            ))  # fmt: skip
         cfg["vocab_size"] = len(tokenizer)
         cfg["pad_token_id"] = tokenizer.pad_token_id
         for name in ("bos_token_id", "eos_token_id"):
@@ -302,7 +305,7 @@ def _require_a_step(trainer, new_folders: list[str], stage: str) -> None:
     if trainer.state.global_step > 0:
         return
     D.barrier()
-    if trainer.is_world_process_zero():
+    if trainer.args.should_save:  # the process that writes this folder (one per node with save_on_each_node)
         for folder in new_folders:  # deepest first; only folders this stage created and left empty
             if os.path.isdir(folder) and not os.listdir(folder):
                 os.rmdir(folder)
@@ -313,6 +316,23 @@ def _require_a_step(trainer, new_folders: list[str], stage: str) -> None:
     )
 
 
+def _trainer_saves_tokenizer(trainer) -> bool:
+    """True when ``trainer.save_model`` writes the tokenizer (its ``processing_class``) beside the weights:
+    everywhere but FSDP without a full state dict, where transformers saves no model files at all."""
+    if trainer.processing_class is None:
+        return False
+    if trainer.is_fsdp_enabled:
+        return "FULL_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+    return True
+
+
+def _save_trainer_state(trainer) -> None:
+    """``trainer_state.json`` into ``output_dir`` on the process that writes that folder (``args.should_save``:
+    the global main process, or each node's main process with ``save_on_each_node``); ``Trainer.save_state``
+    writes on the global main process only, which would leave a node-local folder without it."""
+    trainer.state.save_to_json(os.path.join(trainer.args.output_dir, "trainer_state.json"))
+
+
 def _replace_previous_run(args) -> None:
     """``overwrite_output_dir``: remove the previous run's checkpoints now, after the stage's inputs (data,
     model, batch size) have been checked and before training writes new ones
@@ -320,7 +340,7 @@ def _replace_previous_run(args) -> None:
     from .run_guard import remove_previous_checkpoints
 
     remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint,
-                                args.process_index == 0)  # fmt: skip
+                                args.should_save)  # fmt: skip
 
 
 def train_contrastive(
@@ -368,21 +388,22 @@ def train_contrastive(
     )
     _replace_previous_run(training_args)  # the data and the model are loaded: the new run's inputs hold
     resume = resolve_resume(
-        training_args.resume_from_checkpoint, training_args.output_dir, training_args.process_index == 0
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.should_save
     )
     train_out = trainer.train(resume_from_checkpoint=resume)
     _require_a_step(trainer, new_folders, "stage 1 (contrastive)")
     metrics: dict[str, Any] = dict(train_out.metrics)
     metrics.update(trainer.evaluate())
-    # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; rank 0 writes
+    # every rank: under FSDP / ZeRO-3 the ranks gather the weights together; the writing process writes
     if model_args.use_lora:
         save_lora_model(trainer.model_wrapped, training_args.output_dir, merge=model_args.merge_lora,
-                        accelerator=trainer.accelerator)  # fmt: skip
+                        accelerator=trainer.accelerator, is_main_process=training_args.should_save)  # fmt: skip
     else:
         trainer.save_model(training_args.output_dir)
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(training_args.output_dir)
-        trainer.save_state()
+    if training_args.should_save:
+        if model_args.use_lora or not _trainer_saves_tokenizer(trainer):
+            tokenizer.save_pretrained(training_args.output_dir)
+        _save_trainer_state(trainer)
         atomic_write_json(
             os.path.join(training_args.output_dir, METRICS_FILE),
             {**metrics, "loss": training_args.loss, "dataset": data_args.dataset, "num_labels": len(names)},
@@ -457,7 +478,7 @@ def train_probe(
         val_scores, val_truth = trainer.logistic_validation_scores  # no second pass over validation
     else:
         resume = resolve_resume(
-            probing_args.resume_from_checkpoint, probing_args.output_dir, probing_args.process_index == 0
+            probing_args.resume_from_checkpoint, probing_args.output_dir, probing_args.should_save
         )
         metrics.update(trainer.train(resume_from_checkpoint=resume).metrics)
         _require_a_step(trainer, new_folders, "stage 2 (probe)")
@@ -472,21 +493,24 @@ def train_probe(
     metrics["threshold_strategy"] = str(probing_args.threshold)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     unwrapped.config.decision_threshold = thr_value
-    if lora_finetune:  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
+    trainer_saves_tokenizer = False
+    if lora_finetune:  # every rank (FSDP / ZeRO-3 gather); the writing process writes
         # an encoder loaded from a stage-1 adapter is merged: the new adapter applies to it, not to the base
         save_lora_model(trainer.model_wrapped, probing_args.output_dir,
                         merge=model_args.merge_lora or _adapter_encoder(encoder_path),
-                        accelerator=trainer.accelerator)  # fmt: skip
+                        accelerator=trainer.accelerator, is_main_process=probing_args.should_save)  # fmt: skip
     elif _adapter_encoder(encoder_path) and probing_args.probe in ("linear", "logistic") and not model_args.merge_lora:
         # frozen base + adapter: the classifier is the same adapter + its head (every rank: ZeRO-3 / FSDP gather)
         save_heads_with_adapter(trainer.model_wrapped, probing_args.output_dir, encoder_path,
-                                accelerator=trainer.accelerator)  # fmt: skip
+                                accelerator=trainer.accelerator, is_main_process=probing_args.should_save)  # fmt: skip
     else:
-        trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); rank 0 writes
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(probing_args.output_dir)
+        trainer.save_model(probing_args.output_dir)  # every rank (FSDP / ZeRO-3 gather); the writing process writes
+        trainer_saves_tokenizer = _trainer_saves_tokenizer(trainer)
+    if probing_args.should_save:
+        if not trainer_saves_tokenizer:
+            tokenizer.save_pretrained(probing_args.output_dir)
         if probing_args.probe != "logistic":
-            trainer.save_state()
+            _save_trainer_state(trainer)
         atomic_write_json(os.path.join(probing_args.output_dir, METRICS_FILE), metrics)
         atomic_write_json(
             os.path.join(probing_args.output_dir, THRESHOLDS_FILE),

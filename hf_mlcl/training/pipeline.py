@@ -5,8 +5,9 @@ both stay thin callers and library code never imports the command line:
 
 * :func:`run_contrastive_stage` / :func:`run_probe_stage`: :func:`~hf_mlcl.training.train_contrastive`
   / :func:`~hf_mlcl.training.train_probe` with a :class:`~hf_mlcl.hub.ModelCardCallback` attached, the
-  card written into the stage's ``output_dir`` by the main process, then a barrier, so no rank reads a
-  stage's folder before it is complete (every rank calls these under ``accelerate launch``);
+  card written into the stage's ``output_dir`` by the process that writes that folder (``should_save``),
+  then a barrier, so no rank reads a stage's folder before it is complete (every rank calls these under
+  ``accelerate launch``);
 * :func:`score_classifier`: sigmoid scores and multi-hot truth of a dataset under a saved classifier;
 * :func:`evaluate_checkpoint`: a saved classifier scored on a split at its stored decision threshold,
   with ``eval_<split>.json`` and the per-label F1 plot (:func:`require_classifier` first: an encoder
@@ -66,12 +67,16 @@ def check_stage(args) -> None:
 
 def finished_stage_metrics(args) -> dict | None:
     """When resuming and the stage's folder already holds its finished output: its saved metrics (the stage
-    is not redone). Otherwise None."""
+    is not redone). Otherwise None. Under several processes the stage counts as finished only when it is
+    in every process's folder (node-local folders may differ), so every process takes the same path
+    (every process calls this)."""
     from .checkpoints import wants_resume
     from .entry import METRICS_FILE
     from .run_guard import stage_finished
 
-    if not (wants_resume(args.resume_from_checkpoint) and stage_finished(args.output_dir)):
+    if not wants_resume(args.resume_from_checkpoint):
+        return None
+    if not all(D.all_gather_object(stage_finished(args.output_dir))):
         return None
     print(f"{args.output_dir} is finished; resuming after it")
     with open(os.path.join(args.output_dir, METRICS_FILE), encoding="utf-8") as fh:
@@ -86,7 +91,7 @@ def run_contrastive_stage(model_args, data_args, training_args) -> tuple[Any, di
 
     card_cb = ModelCardCallback("encoder", model_args=model_args, data_args=data_args)
     trainer, metrics = _call_with_card(train_contrastive, card_cb, model_args, data_args, training_args)
-    if trainer.is_world_process_zero():
+    if training_args.should_save:  # the folder's writer: the main process, or each node's (save_on_each_node)
         names = _label_names(trainer)
         if names and not card_cb.card.label_names:
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)
@@ -111,7 +116,7 @@ def run_probe_stage(
         encoder_path=encoder_path,
     )
     trainer, metrics = _call_with_card(train_probe, card_cb, model_args, data_args, probing_args, encoder_path)
-    if trainer.is_world_process_zero():
+    if probing_args.should_save:  # the folder's writer: the main process, or each node's (save_on_each_node)
         names = _label_names(trainer)
         if names:
             card_cb.card.label_names, card_cb.card.num_labels = names, len(names)

@@ -17,7 +17,7 @@ contrastive encoder, put a linear multi-label head on the pooled representation 
   validation). The fitted weights are folded into the linear head, so the saved classifier is the
   same Hub-loadable model as for the other probes.
 
-The head is trained with ``get_loss(args.loss, **args.loss_kwargs)`` (bce / focal / asymmetric),
+The head is trained with ``get_loss(args.loss, **args.loss_kwargs)`` (bce / focal / asymmetric / zlpr),
 fully computed in ``compute_loss`` (``accepts_loss_kwargs = False`` on the model and
 ``loss_is_scaled_for_ga = False`` here: the per-micro-batch mean is divided by the accumulation
 steps by Trainer, so accumulation averages micro-batch gradients — exact for these per-sample losses
@@ -189,7 +189,7 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
                 ) from err
         if getattr(loss_fn, "is_contrastive", False):
             raise ValueError(
-                f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric"
+                f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric / zlpr"
             )
         freeze = getattr(getattr(model, "config", None), "freeze_encoder", None)
         if args.probe == "linear" and freeze is False:
@@ -431,7 +431,9 @@ class ProbingTrainer(CompleteCheckpointsMixin, Trainer):
             f"in {time.perf_counter() - start:.1f} s"
         )
         self.feature_sources[name] = "encoded"
-        if store is not None and self.is_local_process_zero():
+        # one writer per copy of the store: the global main process (shared storage), or each node's main
+        # process with save_on_each_node (node-local storage), never one per node into a shared folder
+        if store is not None and self.args.should_save:
             saved = store.save(key, features)
             if saved is not None:
                 logger.info(f"{self.args.probe} probe: saved the {name} features to {saved}")

@@ -2,7 +2,9 @@
 
 * :func:`check_launch`: several processes (``WORLD_SIZE > 1``, e.g. ``accelerate launch`` with the
   multi-GPU config) on a machine without a GPU need ``--use_cpu true``; without it the Trainer would
-  train every rank on the whole data outside the process group. The error names the flag. A launch that
+  train every rank on the whole data outside the process group. The error names the flag. A process that
+  ``accelerate launch --cpu`` started alone although it asked for several processes or machines stops
+  too, naming the launch that works. A launch that
   asks for DeepSpeed or FSDP but would get something else (``use_cpu``, FSDP without GPU, several
   DeepSpeed CPU processes without ``--ddp_backend gloo``, GradCache under DeepSpeed) stops with the
   cause and the fix (:func:`hf_mlcl.training.sharding.launch_problem`).
@@ -16,8 +18,8 @@
 * :func:`stage_finished`: a stage folder whose final save, metrics and card are all written.
 
 :class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
-(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once, on the main
-process, instead of once per process.
+(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once per node, on the
+node's main process, instead of once per process.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = [
 
 class InputError(ValueError):
     """Bad input found alike by every process of a launch (see module doc): the command line prints it on
-    the main process only; every process exits with the same status."""
+    each node's main process only; every process exits with the same status."""
 
 # written last by a stage (metrics by hf_mlcl.training.entry, the card data by the CLI's stage runner)
 FINISHED_FILES = ("metrics.json", "card_data.json")
@@ -55,6 +57,14 @@ def check_launch(args: Any) -> None:
     problem = launch_problem(args)
     if problem:
         raise ValueError(problem)
+    if _lone_process_of_a_cpu_launch():
+        raise InputError(
+            "accelerate launch started this process on its own: with --cpu (or use_cpu: true in the accelerate "
+            "config) it starts one process per machine and forms no process group, so every process or machine "
+            "would train its own model into the same output folder; launch with --config_file "
+            "recipes/accelerate/cpu.yaml and no --cpu, and pass --use_cpu true to hf-mlcl (for one process, "
+            "run hf-mlcl without accelerate launch or unset MASTER_ADDR)"
+        )
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     deepspeed = requested_engine(args) == "deepspeed"  # runs on CPU processes over gloo by itself
     if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False) and not deepspeed:
@@ -62,6 +72,20 @@ def check_launch(args: Any) -> None:
             f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
             "--use_cpu true so the processes train together over gloo (or launch one process)"
         )
+
+
+def _lone_process_of_a_cpu_launch() -> bool:
+    """True when ``accelerate launch --cpu`` asked for several processes or machines and got this one alone.
+
+    Its CPU launcher (accelerate 1.x ``simple_launcher``) runs the script once per machine, without torchrun
+    (without mpirun, too, unless given a hostfile); it sets ``ACCELERATE_USE_CPU`` and, for more than one
+    process or machine, ``MASTER_ADDR`` / ``MASTER_PORT``, but no ``WORLD_SIZE``, so accelerate sees one
+    process and the machines train side by side, each its own model, into the same folder."""
+    env = os.environ
+    if env.get("ACCELERATE_USE_CPU", "").lower() not in ("true", "1") or not env.get("MASTER_ADDR"):
+        return False
+    ranked = ("WORLD_SIZE", "RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    return not any(env.get(name) for name in ranked)
 
 
 def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:

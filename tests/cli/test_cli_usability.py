@@ -344,16 +344,20 @@ def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
 
 
 def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys):
-    """Under a multi-process launch every rank runs the same input checks: the main process prints the
-    line, the others exit with the same status in silence; any other error is printed on every rank."""
+    """Under a multi-process launch every rank runs the same input checks: the main process of each node
+    prints the line (node 1's main process is global rank 1, local rank 0), the others exit with the same
+    status in silence; any other error is printed on every rank."""
     from hf_mlcl.training.run_guard import InputError
 
-    for rank, error, printed in (("0", InputError, True), ("1", InputError, False), ("1", ValueError, True)):
+    cases = (("0", "0", InputError, True), ("1", "1", InputError, False), ("1", "0", InputError, True),
+             ("1", "1", ValueError, True))  # fmt: skip
+    for rank, local_rank, error, printed in cases:
         def failing(ns, overrides, error=error):
             raise error("the train split has 9 rows, fewer than one batch of 32")
 
         monkeypatch.setitem(cli.COMMANDS, "train", failing)
         monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
         assert main(["train", RECIPE]) == 2
         err = capsys.readouterr().err
         assert (err == "hf-mlcl train: error: the train split has 9 rows, fewer than one batch of 32\n") is printed

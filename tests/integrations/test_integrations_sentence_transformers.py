@@ -20,6 +20,7 @@ from sentence_transformers.sentence_transformer.modules import Pooling, Transfor
 from hf_mlcl.integrations.sentence_transformers import (  # noqa: E402
     CachedMultiLabelContrastiveLoss,
     MultiLabelContrastiveLoss,
+    add_lora_adapter,
     to_sentence_transformers_dataset,
 )
 from hf_mlcl.losses import get_loss  # noqa: E402
@@ -131,6 +132,137 @@ def test_cached_variant_gives_the_plain_gradients(tiny_st, train_mode):
     assert ref.keys() == cached.keys() and len(ref) > 10
     for name, g in ref.items():
         torch.testing.assert_close(cached[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _msc_losses(model, mini_batch_size=4):
+    """The plain and the cached msc loss with the same prototypes."""
+    plain = MultiLabelContrastiveLoss(model, "msc", num_labels=len(NAMES))
+    cached = CachedMultiLabelContrastiveLoss(model, "msc", mini_batch_size=mini_batch_size, num_labels=len(NAMES))
+    cached.loss_fn.load_state_dict(plain.loss_fn.state_dict())
+    return plain, cached
+
+
+@pytest.mark.parametrize("scale", [0.5, 65536.0], ids=["accumulation_2", "fp16_loss_scale"])
+def test_cached_loss_parameters_get_the_plain_gradients_under_the_trainers_scaling(tiny_st, scale):
+    """The trainer scales the loss before its backward (1/2 under gradient accumulation 2, 2^16 under fp16
+    loss scaling): the cached loss's own parameters (msc's prototypes) get the plain loss's gradient times
+    that scale, as the model's parameters do (formerly: unscaled, 2x resp. 1/65536 of the plain one)."""
+    ds = _split(12)
+    labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
+    texts = list(ds["text"])
+    tiny_st.eval()
+    plain, cached = _msc_losses(tiny_st)
+
+    def grads(loss):
+        tiny_st.zero_grad()
+        loss.loss_fn.zero_grad()
+        value = loss(_features(tiny_st, texts), labels)
+        (value * scale).backward()
+        model = {n: p.grad.clone() for n, p in tiny_st.named_parameters() if p.grad is not None}
+        return value.item(), loss.loss_fn.prototypes.grad.clone(), model
+
+    v_plain, p_plain, m_plain = grads(plain)
+    v_cached, p_cached, m_cached = grads(cached)
+    assert v_cached == pytest.approx(v_plain, rel=1e-6)
+    assert p_plain.abs().max() > 0
+    torch.testing.assert_close(p_cached, p_plain, rtol=1e-4, atol=1e-7 * scale)
+    for name, g in m_plain.items():
+        torch.testing.assert_close(m_cached[name], g, rtol=1e-4, atol=1e-6 * scale, msg=name)
+
+
+def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation(tmp_path, bert_tokenizer,
+                                                                                tiny_bert_config):
+    """Three SentenceTransformerTrainer steps of two micro-batches each (SGD, dropout off): the cached and the
+    plain msc loss end with the same prototypes and the same model."""
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    BertModel(tiny_bert_config).save_pretrained(tmp_path / "bert")
+    bert_tokenizer.save_pretrained(tmp_path / "bert")
+
+    def run(cached: bool):
+        word = Transformer(str(tmp_path / "bert"), max_seq_length=32)
+        model = SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu")
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        torch.manual_seed(1)
+        plain, cached_loss = _msc_losses(model)
+        loss = cached_loss if cached else plain
+        args = SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path / f"out{int(cached)}"), per_device_train_batch_size=8,
+            gradient_accumulation_steps=2, max_steps=3, learning_rate=0.5, optim="sgd", report_to="none",
+            save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True, seed=3,
+        )
+        start = loss.loss_fn.prototypes.detach().clone()
+        SentenceTransformerTrainer(model=model, args=args, train_dataset=to_sentence_transformers_dataset(
+            _split(48, seed=2)), loss=loss).train()
+        return start, loss.loss_fn.prototypes.detach().clone(), {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    start, protos_plain, model_plain = run(False)
+    start_cached, protos_cached, model_cached = run(True)
+    torch.testing.assert_close(start_cached, start)
+    assert (protos_plain - start).abs().max() > 1e-3  # the prototypes learned
+    torch.testing.assert_close(protos_cached, protos_plain, rtol=1e-4, atol=1e-6)
+    for name, p in model_plain.items():
+        torch.testing.assert_close(model_cached[name], p, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_label_similarity_reaches_the_loss_and_the_card_as_json(tiny_st):
+    import json
+
+    ds = _split(8)
+    labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
+    related = torch.eye(len(NAMES))
+    related[0, 1] = related[1, 0] = 0.5
+    loss = MultiLabelContrastiveLoss(tiny_st, "jaccard", num_labels=len(NAMES), label_similarity=related)
+    tiny_st.eval()
+    with torch.no_grad():
+        emb = tiny_st(_features(tiny_st, list(ds["text"]))[0])["sentence_embedding"]
+        value = loss(_features(tiny_st, list(ds["text"])), labels)
+    multi = torch.tensor(to_sentence_transformers_dataset(ds, "multi_hot")["label"]).float()
+    assert value.item() == pytest.approx(get_loss("jaccard", label_similarity=related)(emb, multi).item(), rel=1e-6)
+    config = json.loads(json.dumps(loss.get_config_dict()))
+    assert config["label_similarity"] == "tensor(5, 5)"
+
+
+def test_lora_adapter_trained_with_an_hf_mlcl_loss_saves_and_reloads_as_sentence_transformers_expects(
+        tiny_st, tmp_path):
+    """add_lora_adapter on the tiny BERT (MiniLM's architecture) with its default targets: a
+    SentenceTransformerTrainer run with the SD loss moves the adapter only; model.save writes the adapter in
+    sentence-transformers' layout and SentenceTransformer(path) reloads base + adapter to the same embeddings."""
+    import json
+
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    add_lora_adapter(tiny_st, r=4, alpha=8, dropout=0.0)
+    before = {n: p.detach().clone() for n, p in tiny_st.named_parameters()}
+    trainable = {n for n, p in tiny_st.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=2, learning_rate=5e-2,
+        report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )
+    loss = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=len(NAMES))
+    SentenceTransformerTrainer(model=tiny_st, args=args, train_dataset=to_sentence_transformers_dataset(_split(16)),
+                               loss=loss).train()
+    moved = {n for n, p in tiny_st.named_parameters() if not torch.equal(before[n], p.detach())}
+    assert moved and moved <= trainable and any("lora_B" in n for n in moved)
+    tiny_st.save(str(tmp_path / "saved"))
+    files = set(os.listdir(tmp_path / "saved"))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "model.safetensors" not in files
+    config = json.loads((tmp_path / "saved" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "bert") and config["r"] == 4
+    assert sorted(config["target_modules"]) == sorted(["query", "key", "value", "intermediate.dense", "output.dense"])
+    texts = list(_split(6, seed=3)["text"])
+    tiny_st.eval()
+    reloaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    torch.testing.assert_close(torch.as_tensor(reloaded.encode(texts)), torch.as_tensor(tiny_st.encode(texts)),
+                               rtol=1e-5, atol=1e-5)
+    base = SentenceTransformer(modules=[Transformer(str(tmp_path / "bert"), max_seq_length=32),
+                                        Pooling(32, "mean")], device="cpu")
+    assert not torch.allclose(torch.as_tensor(base.encode(texts)), torch.as_tensor(tiny_st.encode(texts)), atol=1e-4)
 
 
 def test_gather_flag_is_the_plain_loss_in_one_process(tiny_st):

@@ -217,7 +217,7 @@ def test_mulsupcon_normalizers_differ_in_batch_mode():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_hbl_eq7_scaling(seed):
     """'eq7': base + lambda (N / P) L_HBL, i.e. eq. 7 (1/N sum_i (L_Con_i + lambda L_HBL_i), L_Con_i summed
-    over the anchor's labels) times P / N."""
+    over the anchor's labels) multiplied by N / P (eq. 7 = the value times P / N)."""
     z, y, k, zq, yq, queue = moco_step(seed)
     keys, key_labels = torch.cat([k, zq]), torch.cat([y, yq])
     lam = 0.5
@@ -243,6 +243,24 @@ def test_hbl_eq7_scaling(seed):
     )
     with pytest.raises(ValueError, match="lambda_scaling"):
         get_loss("hbl", lambda_scaling="paper")
+
+
+def test_hbl_eq7_words_state_the_computed_factor():
+    """The docstring and docs/losses.md name the factor test_hbl_eq7_scaling measures (value = eq. 7 x N / P),
+    and nowhere the inverse or an undirected "up to" factor."""
+    import os
+    import re
+
+    import hf_mlcl.losses.hbl as hbl_module
+
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "losses.md")
+    with open(docs, encoding="utf-8") as f:
+        texts = {"hbl.py": hbl_module.__doc__, "docs/losses.md": f.read()}
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert re.search(r"eq\. \(?7\)? multiplied by N / P", flat), where
+        assert re.search(r"eq\. \(?7\)? = returned value (\*|x) P / N", flat), where
+        assert not re.search(r"multiplied by (the per-batch constant )?P / N|up to the per-batch factor", flat), where
 
 
 @pytest.mark.parametrize("beta", [1.0, 1.5])

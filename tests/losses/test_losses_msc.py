@@ -30,8 +30,9 @@ def random_batch(n=10, k=7, num_labels=6, dim=8, seed=0, keys=True):
     return z, y, kz, yk
 
 
-def msc_reference(z, y, kz, yk, protos, beta, tau, anchors_in_candidates=True):
-    """Eq. (2)-(5) with plain Python loops (float64)."""
+def msc_reference(z, y, kz, yk, protos, beta, tau, anchors_in_candidates=True, alpha=1.0):
+    """Eq. (2)-(5) with plain Python loops (float64); ``alpha`` as the authors' released code: alpha f in
+    the sample positives' numerator and in N(i,j) = 1 + alpha sum f (prototype term and denominator as is)."""
     z = F.normalize(z.double(), dim=1)
     c = F.normalize(protos.detach().double(), dim=1)
     # the anchors are candidates of each other (self excluded), or (the "keys" set) only the keys are
@@ -51,8 +52,8 @@ def msc_reference(z, y, kz, yk, protos, beta, tau, anchors_in_candidates=True):
         total = 0.0
         for j in sorted(s_set):
             pos = [(v, t) for (_, v, t) in others if j in t]
-            n_ij = 1.0 + sum(1.0 / len(s_set | t) for (_, t) in pos)
-            inner = sum((1.0 / len(s_set | t)) * (float(z[i] @ v) / tau - math.log(denom)) for (v, t) in pos)
+            n_ij = 1.0 + sum(alpha / len(s_set | t) for (_, t) in pos)
+            inner = sum((alpha / len(s_set | t)) * (float(z[i] @ v) / tau - math.log(denom)) for (v, t) in pos)
             inner += float(z[i] @ c[j]) / tau - math.log(denom)
             total += inner / n_ij
         losses.append(-total / len(s_set))
@@ -134,3 +135,93 @@ def test_msc_bad_sizes_raise():
         MSCLoss(num_labels=0, embedding_dim=3)
     with pytest.raises(ValueError, match="beta"):
         MSCLoss(num_labels=3, embedding_dim=3, beta=0.0)
+
+
+def _authors_alpha_reference(z, y, kz, yk, protos, alpha, beta, tau):
+    """A transcription of how the authors' released msc code builds its weights for one anchor set
+    (an (N, M, L) tensor, kept in the test only): per shared label c, alpha / |S u T| for every pair
+    including the anchor itself, the normaliser summed over the candidates and corrected by
+    1 - alpha / |S| (removes the anchor's own entry, adds the prototype's 1), the anchor's own column
+    masked out of both the weights and the denominator; then / |S| and the mean over anchors with a label."""
+    zn = F.normalize(z.double(), dim=1)
+    c = F.normalize(protos.detach().double(), dim=1)
+    yq = y.double()
+    cand_z = zn if kz is None else torch.cat([zn, F.normalize(kz.double(), dim=1)])
+    cand_y = yq if yk is None else torch.cat([yq, yk.double()])
+    n, m, L = len(zn), len(cand_z), y.shape[1]
+    union = (yq[:, None, :] + cand_y[None, :, :]).clamp_max(1).sum(-1).clamp_min(1)  # (N, M)
+    per_label = yq[:, None, :] * cand_y[None, :, :] / union[..., None] * alpha  # (N, M, L)
+    norm = per_label.sum(1) + (1 - alpha / yq.sum(1, keepdim=True).clamp_min(1)) * yq  # (N, L)
+    w_samples = (per_label / (norm[:, None, :] + (norm[:, None, :] == 0))).sum(-1)  # (N, M)
+    w_protos = yq / (norm + (norm == 0))
+    w = torch.cat([w_samples, w_protos], dim=1)
+    keep = torch.ones(n, m + L, dtype=torch.float64)
+    keep[torch.arange(n), torch.arange(n)] = 0
+    w = w * keep
+    logits = torch.cat([zn @ cand_z.T, zn @ c.T], dim=1) / tau
+    d = torch.cat([torch.full((m,), beta, dtype=torch.float64), torch.ones(L, dtype=torch.float64)])[None, :] * keep
+    logp = logits - torch.log((d * logits.exp()).sum(1, keepdim=True))
+    per_anchor = -(w * logp).sum(1) / yq.sum(1).clamp_min(1)
+    has = yq.sum(1) > 0
+    return float(per_anchor[has].mean())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("keys", [False, True])
+def test_msc_alpha_matches_the_loop_and_the_authors_weights(alpha, keys):
+    """alpha scales f in the sample positives' weights and in N(i,j): the plain loop, the authors' tensor
+    construction and the vectorised loss agree (values and prototype gradients); alpha 1 is the paper's
+    loss, alpha 0 attracts to the prototypes alone (the value depends on no positive sample's similarity)."""
+    z, y, kz, yk = random_batch(seed=3, keys=keys)
+    loss_fn = MSCLoss(num_labels=y.shape[1], embedding_dim=z.shape[1], alpha=alpha).double()
+    ref = msc_reference(z, y, kz, yk, loss_fn.prototypes, 0.1, 0.1, alpha=alpha)
+    authors = _authors_alpha_reference(z, y, kz, yk, loss_fn.prototypes, alpha, 0.1, 0.1)
+    assert ref == pytest.approx(authors, rel=1e-10)
+    zz = z.clone().requires_grad_()
+    out = loss_fn(zz, y, kz, yk)
+    assert out.item() == pytest.approx(ref, rel=1e-9)
+    out.backward()
+    protos = loss_fn.prototypes.detach().clone().requires_grad_()
+    zr = z.clone().requires_grad_()
+
+    def torch_reference():  # the loop's formula with autograd (float64) for the gradients
+        zn, c = F.normalize(zr, dim=1), F.normalize(protos, dim=1)
+        cand = zn if kz is None else torch.cat([zn, F.normalize(kz, dim=1)])
+        cy = y if yk is None else torch.cat([y, yk])
+        total, count = 0.0, 0
+        for i in range(len(zn)):
+            s_set = set(torch.nonzero(y[i]).flatten().tolist())
+            if not s_set:
+                continue
+            others = [a for a in range(len(cand)) if a != i]
+            sims = cand[others] @ zn[i] / 0.1
+            lse = torch.logsumexp(torch.cat([sims + math.log(0.1), c @ zn[i] / 0.1]), 0)
+            row = 0.0
+            for j in sorted(s_set):
+                pos = [(k, a) for k, a in enumerate(others) if cy[a, j] > 0]
+                f = [alpha / len(s_set | set(torch.nonzero(cy[a]).flatten().tolist())) for _, a in pos]
+                n_ij = 1.0 + sum(f)
+                inner = sum(fk * (sims[k] - lse) for fk, (k, _) in zip(f, pos)) + (c[j] @ zn[i] / 0.1 - lse)
+                row = row + inner / n_ij
+            total, count = total - row / len(s_set), count + 1
+        return total / count
+
+    torch_reference().backward()
+    torch.testing.assert_close(zz.grad, zr.grad, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(loss_fn.prototypes.grad, protos.grad, rtol=1e-9, atol=1e-12)
+    if alpha == 0.0:  # prototype-only attraction: -1/|S| sum_j log p(c_j), samples in the denominator only
+        with torch.no_grad():
+            zn, c = F.normalize(z, dim=1), F.normalize(loss_fn.prototypes, dim=1)
+            cand = zn if kz is None else torch.cat([zn, F.normalize(kz, dim=1)])
+            sims = zn @ cand.T / 0.1
+            sims[torch.arange(len(zn)), torch.arange(len(zn))] = -math.inf
+            lse = torch.logaddexp(torch.logsumexp(sims, 1) + math.log(0.1), torch.logsumexp(zn @ c.T / 0.1, 1))
+            per = -((zn @ c.T / 0.1 - lse[:, None]) * y).sum(1) / y.sum(1).clamp_min(1)
+        assert out.item() == pytest.approx(float(per[y.sum(1) > 0].mean()), rel=1e-9)
+
+
+def test_msc_alpha_default_is_the_paper_and_bad_values_fail():
+    assert MSCLoss(num_labels=3, embedding_dim=4).alpha == 1.0
+    for bad in (-0.1, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="0 <= alpha <= 1"):
+            MSCLoss(num_labels=3, embedding_dim=4, alpha=bad)

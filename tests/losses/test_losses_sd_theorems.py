@@ -205,6 +205,47 @@ def test_single_label_equals_pml_supcon(name, temperature):
     torch.testing.assert_close(e2.grad, e1.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["all", "any"])
+def test_a_batch_without_negatives_keeps_the_supcon_value_where_pml_returns_zero(name):
+    """The documented choice (docs/losses.md, ``all``'s docstring): one class only -> every candidate is a
+    positive; hf_mlcl gives SupContrast's LSE_i - mean_p s_ip (>= log(N - 1)) and its gradient,
+    pytorch-metric-learning 0; one row of another class and they agree again."""
+    pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
+    g = torch.Generator().manual_seed(5)
+    n, tau = 6, 0.1
+    z = torch.randn(n, 8, generator=g, dtype=torch.float64)
+    cls = torch.zeros(n, dtype=torch.long)
+    y = torch.ones(n, 1, dtype=torch.float64)
+    zn = torch.nn.functional.normalize(z, dim=1)
+    s = zn @ zn.T / tau
+    ref = []
+    for i in range(n):  # SupCon eq. 2, every other sample a positive
+        others = [a for a in range(n) if a != i]
+        lse = torch.logsumexp(s[i, others], 0)
+        ref.append(float(lse - s[i, others].mean()))
+    zz = z.clone().requires_grad_()
+    got = get_loss(name, temperature=tau)(zz, y)
+    assert got.item() == pytest.approx(sum(ref) / n, rel=1e-12)
+    assert got.item() >= torch.log(torch.tensor(n - 1.0)).item()
+    got.backward()
+    assert zz.grad.abs().max() > 0
+    assert pml_losses.SupConLoss(temperature=tau)(z, cls).item() == 0.0
+    cls2 = cls.clone()
+    cls2[-1] = 1  # one negative pair: both libraries compute the formula
+    y2 = torch.nn.functional.one_hot(cls2, 2).double()
+    assert get_loss(name, temperature=tau)(z, y2).item() == pytest.approx(
+        pml_losses.SupConLoss(temperature=tau)(z, cls2).item(), rel=1e-9
+    )
+    import os
+
+    import hf_mlcl.losses.all_ as all_module
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "losses.md"), encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    for text in (docs, " ".join(all_module.__doc__.split())):  # the choice is written where users look
+        assert "no negative pair" in text and "returns 0" in text and ">= log abs(P(i))" in text
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_theorems_exhaustive_over_five_labels(sparse):
     """All (S, T, T') over a 5-label universe, weights from ONE vectorised call (dense or sparse)."""

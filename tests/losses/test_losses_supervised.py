@@ -1,4 +1,4 @@
-"""Supervised multi-label losses (BCE, focal, asymmetric) vs torch / hand-written references."""
+"""Supervised multi-label losses (BCE, focal, asymmetric, ZLPR) vs torch / hand-written references."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_mlcl.losses import AsymmetricLoss, FocalLoss, SupervisedLoss, get_loss
+from hf_mlcl.losses import AsymmetricLoss, FocalLoss, SupervisedLoss, ZLPRLoss, get_loss
 
 
 def _data(seed=0, n=6, n_labels=5):
@@ -33,7 +33,8 @@ def ridnik_asl(x, y, gamma_neg=4.0, gamma_pos=1.0, clip=0.05, eps=1e-8):
 
 
 def test_registry_and_flags():
-    for name, cls_name in [("bce", "BCELoss"), ("focal", "FocalLoss"), ("asymmetric", "AsymmetricLoss")]:
+    for name, cls_name in [("bce", "BCELoss"), ("focal", "FocalLoss"), ("asymmetric", "AsymmetricLoss"),
+                           ("zlpr", "ZLPRLoss")]:
         loss = get_loss(name)
         assert type(loss).__name__ == cls_name
         assert isinstance(loss, SupervisedLoss)
@@ -90,7 +91,7 @@ def test_asymmetric_defaults_and_official_reference():
     )
 
 
-@pytest.mark.parametrize("name", ["bce", "focal", "asymmetric"])
+@pytest.mark.parametrize("name", ["bce", "focal", "asymmetric", "zlpr"])
 def test_extreme_logits_half_precision_and_gradcheck(name):
     x = torch.tensor([[80.0, -80.0, 0.0], [-30.0, 30.0, 1e-3]], requires_grad=True)
     y = torch.tensor([[1, 0, 1], [1, 0, 0]])
@@ -105,7 +106,7 @@ def test_extreme_logits_half_precision_and_gradcheck(name):
     assert torch.autograd.gradcheck(lambda v: get_loss(name)(v, y64), (x64,))
 
 
-@pytest.mark.parametrize("name", ["bce", "focal", "asymmetric"])
+@pytest.mark.parametrize("name", ["bce", "focal", "asymmetric", "zlpr"])
 def test_bad_inputs(name):
     x, y = _data()
     fn = get_loss(name)
@@ -119,3 +120,57 @@ def test_bad_inputs(name):
         fn(bad, y)
     with pytest.raises(ValueError, match="reduction"):
         get_loss(name, reduction="avg")
+
+
+def zlpr_loop(x, y):
+    """Su et al.'s ZLPR per sample, with plain loops: log(1 + sum_neg e^s) + log(1 + sum_pos e^-s)."""
+    out = []
+    for i in range(x.shape[0]):
+        neg = sum(math.exp(x[i, j].item()) for j in range(x.shape[1]) if y[i, j] == 0)
+        pos = sum(math.exp(-x[i, j].item()) for j in range(x.shape[1]) if y[i, j] != 0)
+        out.append(math.log(1 + neg) + math.log(1 + pos))
+    return out
+
+
+def test_zlpr_matches_the_plain_formula_and_reductions():
+    x, y = _data(4, n=7, n_labels=6)
+    y[0] = 0  # no positive: only the negatives' term
+    y[1] = 1  # no negative: only the positives' term
+    want = zlpr_loop(x.double(), y)
+    fn = get_loss("zlpr")
+    assert fn(x, y).item() == pytest.approx(sum(want) / len(want), rel=1e-6)  # mean over samples
+    for labels in (y.to_sparse(), y.bool()):
+        assert fn(x, labels).item() == pytest.approx(sum(want) / len(want), rel=1e-6)
+    assert ZLPRLoss(reduction="sum")(x, y).item() == pytest.approx(sum(want), rel=1e-6)
+    per = ZLPRLoss(reduction="none")(x.double(), y)
+    assert per.shape == (7,)
+    torch.testing.assert_close(per, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    # gradient of the formula: d/ds_j = softmax over [0, negatives] for a negative, -softmax over [0, -positives]
+    xd = x.double().requires_grad_(True)
+    ZLPRLoss(reduction="sum")(xd, y).backward()
+    pos = y > 0
+    neg_w = torch.where(pos, 0.0, x.double().exp())
+    pos_w = torch.where(pos, (-x.double()).exp(), 0.0)
+    want_grad = neg_w / (1 + neg_w.sum(1, keepdim=True)) - pos_w / (1 + pos_w.sum(1, keepdim=True))
+    torch.testing.assert_close(xd.grad, want_grad, rtol=1e-10, atol=1e-12)
+
+
+def test_zlpr_decision_boundary_is_the_evaluations_default_threshold():
+    """ZLPR's labels are the logits above 0: a linear head trained with it on separable features predicts
+    every label right at sigmoid >= 0.5, the evaluation's default threshold."""
+    from hf_mlcl.evaluation import compute_multilabel_metrics, sigmoid
+
+    g = torch.Generator().manual_seed(0)
+    y = (torch.rand(64, 5, generator=g) < 0.4).float()
+    x = y * 2 - 1 + 0.1 * torch.randn(64, 5, generator=g)
+    head = torch.nn.Linear(5, 5)
+    opt = torch.optim.SGD(head.parameters(), lr=1.0)
+    fn = ZLPRLoss()
+    for _ in range(40):
+        opt.zero_grad()
+        fn(head(x), y).backward()
+        opt.step()
+    logits = head(x).detach()
+    assert torch.equal(logits > 0, y > 0)
+    m = compute_multilabel_metrics(y.numpy().astype(bool), sigmoid(logits.numpy()), threshold=0.5)
+    assert m["micro_f1"] == 1.0 and m["macro_f1"] == 1.0

@@ -260,6 +260,26 @@ def _reference_plm_icd(model: MLCLForMultiLabelClassification, ids, mask, chunk)
     return logits
 
 
+def test_a_named_writer_saves_on_a_process_other_than_global_rank_0(tmp_path, tiny_bert_config, monkeypatch):
+    """transformers 5 writes model files on global rank 0 only, whatever ``is_main_process`` says; with
+    ``save_on_each_node`` the Trainer names each node's main process the writer (``is_main_process=True`` on
+    global rank 1 here), and that folder must get its config and weights. Without ``is_main_process``
+    transformers' rank-0 rule stands; ``is_main_process=False`` writes nothing."""
+    import transformers.distributed.mixin as mixin
+
+    model = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=16).eval()
+    monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)  # the main process of node 1
+    model.save_pretrained(tmp_path / "named", is_main_process=True)
+    assert {"config.json", "model.safetensors", "modeling_mlcl.py"} <= set(os.listdir(tmp_path / "named"))
+    loaded = MLCLEncoder.from_pretrained(tmp_path / "named").state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
+    for name, kwargs in (("unnamed", {}), ("not_main", {"is_main_process": False})):
+        model.save_pretrained(tmp_path / name, **kwargs)
+        assert not os.path.exists(tmp_path / name / "model.safetensors"), name
+    assert not getattr(model, "_writer_named", False)  # the flag lives for one call
+
+
 @pytest.mark.parametrize("arch", ["roberta", "bert"])
 def test_label_attention_matches_reference_and_is_padding_invariant(configs, bert_tokenizer, arch):
     encoder = MLCLEncoder.from_backbone(configs[arch], pooling="mean")

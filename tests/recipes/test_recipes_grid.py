@@ -43,8 +43,8 @@ def _cpu_overrides():
 
 def test_grid_is_complete_and_generated_files_are_current():
     assert GEN.main(["--check"]) == 0
-    # 3 general datasets x 2 encoders + 6 MIMIC settings x 3 encoders, each with 9 losses
-    assert len(CELLS) == (3 * 2 + 6 * 3) * 9 == 216
+    # 3 general datasets x 2 encoders + 6 MIMIC settings x 3 encoders, each with 10 losses
+    assert len(CELLS) == (3 * 2 + 6 * 3) * 10 == 240
     on_disk = set()
     for dataset in GEN.DATASETS:
         for dirpath, _dirs, files in os.walk(os.path.join(RECIPES, dataset)):
@@ -100,9 +100,12 @@ def test_every_recipe_parses_with_the_real_argument_classes():
                     assert args.projection_dim == 256
                     assert args.loss == {"sd": "similarity_dissimilarity"}.get(loss, loss)
                 else:
-                    assert args.loss == "bce"
-                    assert args.probe == ("finetune" if loss == "bce" else "linear")
-    assert n == 216 + 192  # the 24 BCE baselines have no contrastive stage
+                    assert args.loss == (loss if loss in SUPERVISED_BASELINES else "bce")
+                    assert args.probe == ("finetune" if loss in SUPERVISED_BASELINES else "linear")
+    assert n == 240 + 192  # the 24 BCE and 24 ZLPR baselines have no contrastive stage
+
+
+SUPERVISED_BASELINES = ("bce", "zlpr")
 
 
 GEN_STAGE_DIR = {"contrastive": "encoder", "probe": "classifier"}
@@ -140,11 +143,12 @@ def test_paper_hyperparameters_reach_the_arguments(rel, expect):
         assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
 
 
-def test_bce_baseline_skips_the_contrastive_stage():
-    recipe = load_recipe(os.path.join(RECIPES, "aapd/roberta-base/bce.yaml"))
+@pytest.mark.parametrize("loss", SUPERVISED_BASELINES)
+def test_supervised_baselines_skip_the_contrastive_stage(loss):
+    recipe = load_recipe(os.path.join(RECIPES, f"aapd/roberta-base/{loss}.yaml"))
     assert recipe["stages"] == ["probe"]
     _, _, args = parse_stage(recipe, "probe", _cpu_overrides())
-    assert args.probe == "finetune" and args.learning_rate == pytest.approx(2e-5)
+    assert args.probe == "finetune" and args.learning_rate == pytest.approx(2e-5) and args.loss == loss
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour of bf16")

@@ -36,6 +36,18 @@ def test_state_file_round_trips_nested_tensors_and_plain_values(tmp_path):
     assert "prototypes" in str(json.loads(raw[8 : 8 + n]))
 
 
+def test_state_file_loads_onto_an_indexed_cpu_device(tmp_path):
+    """A process of a multi-process CPU launch has ``args.device == cpu:0`` (accelerate's device of a CPU
+    process), which safetensors refuses ("device cpu:0 is invalid"): resuming such a run must still read
+    the trainer state."""
+    path = str(tmp_path / STATE_FILE)
+    save_state_file({"loss": {"prototypes": torch.arange(6.0).reshape(2, 3)}}, path)
+    for device in (torch.device("cpu", 0), "cpu:0", torch.device("cpu")):
+        back = load_state_file(path, device=device)
+        assert back["loss"]["prototypes"].device.type == "cpu"
+        assert torch.equal(back["loss"]["prototypes"], torch.arange(6.0).reshape(2, 3))
+
+
 def test_state_file_rejects_objects_and_foreign_files(tmp_path):
     with pytest.raises(ValueError, match="only tensors, dicts and plain values"):
         save_state_file({"loss": {"fn": object()}}, str(tmp_path / "x.safetensors"))

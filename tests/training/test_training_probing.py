@@ -29,7 +29,7 @@ def tok():
     return tiny_tokenizer()
 
 
-@pytest.mark.parametrize("probe,loss", [("linear", "bce"), ("finetune", "focal")])
+@pytest.mark.parametrize("probe,loss", [("linear", "bce"), ("finetune", "focal"), ("linear", "zlpr")])
 def test_probe_trains_head_and_respects_freezing(tmp_path, tok, probe, loss):
     clf = MLCLForMultiLabelClassification.from_encoder(
         tiny_encoder(tok), num_labels=4, freeze_encoder=probe == "linear"

@@ -67,6 +67,25 @@ def test_check_launch_lets_several_deepspeed_cpu_processes_through(env):
         check_launch(_args())
 
 
+def test_a_process_that_accelerate_launch_cpu_started_alone_stops(env):
+    """`accelerate launch --cpu --num_processes 2` (or --num_machines 2) runs the script once per machine
+    with MASTER_ADDR but no WORLD_SIZE: each process would train alone into the same folder."""
+    from hf_mlcl.training.run_guard import InputError
+
+    for name in ("RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MASTER_ADDR"):
+        env.delenv(name, raising=False)
+    env.setenv("ACCELERATE_USE_CPU", "True")
+    check_launch(_args(use_cpu=True))  # `accelerate launch --cpu` of one process: fine
+    env.setenv("MASTER_ADDR", "127.0.0.1")
+    env.setenv("MASTER_PORT", "29500")
+    with pytest.raises(InputError, match="started this process on its own") as err:
+        check_launch(_args(use_cpu=True))
+    assert "recipes/accelerate/cpu.yaml" in str(err.value) and "\n" not in str(err.value)
+    env.setenv("WORLD_SIZE", "2")  # torchrun (cpu.yaml) or mpirun gave the process its rank: a real group
+    env.setenv("RANK", "1")
+    check_launch(_args(use_cpu=True))
+
+
 def test_a_trainer_without_the_requested_engine_stops(env):
     """After preparation (EngineCheckCallback) and when built (check_engine_applied): the requested engine or a
     one-line error naming the cause."""

@@ -1,0 +1,225 @@
+"""Label similarity between an anchor's label set S and a candidate's T: the positive weights W of the
+weighted SupCon family (``jaccard`` / L_Base and ``sd``), chosen with their ``label_similarity`` option.
+
+Choices (all built from the (N, L) and (M, L) multi-hot matrices by matrix products, dense or sparse,
+never an (N, M, L) tensor; 0 for an empty set):
+
+* ``"jaccard"``: abs(S & T) / abs(S | T) (Jaccard 1912). The weight of L_Base (Audibert et al.,
+  ECML-PKDD 2024, sec. 3.1) and of Lin et al.'s JSCL (2023); HBL splits its positives by it.
+* ``"dice"``: 2 abs(S & T) / (abs(S) + abs(T)) (Sorensen-Dice; Dice 1945, Sorensen 1948). A monotone
+  function of Jaccard (D = 2J / (1 + J)) that weighs partial overlaps more.
+* ``"overlap"``: abs(S & T) / min(abs(S), abs(T)) (Szymkiewicz-Simpson overlap coefficient, Simpson
+  1943): 1 whenever one label set contains the other, so a document tagged with a subset of the
+  anchor's labels is a full positive.
+* ``"cosine"``: abs(S & T) / sqrt(abs(S) abs(T)) (Ochiai 1957), the cosine of the two multi-hot vectors:
+  the label-space twin of the embeddings' cosine similarity.
+* a callable ``fn(S, T) -> (N, M)``: any vectorised similarity of the anchors' label matrix S (N, L) and
+  the candidates' T (M, L), as the loss holds them (float32 dense, or torch-sparse COO for large
+  sparse label spaces); it must return non-negative finite weights.
+* an (L, L) label-similarity matrix A (a tensor or array, or the path of a ``.npy`` / ``.safetensors``
+  file holding one): the soft cosine measure (Sidorov et al., "Soft Similarity and Soft Cosine Measure",
+  Computacion y Sistemas 2014)
+  W = y_S^T A y_T / sqrt((y_S^T A y_S)(y_T^T A y_T)), computed as the products Y_a A Y_c^T, so related
+  labels (A_lm > 0 for l != m: siblings of a hierarchy, label names with close embeddings) make soft
+  positives of candidates that share no label with the anchor. A must be non-negative, symmetric,
+  with a unit diagonal; A = I gives ``"cosine"``. W <= 1 when A is positive semi-definite (a Gram
+  matrix of unit label-name embeddings, say); otherwise it may exceed 1, which the losses accept.
+
+With a set similarity the positives are the candidates sharing a label (W > 0 exactly there); with a
+callable or a matrix they are the candidates with W > 0. The anchor's own column is never a positive.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Union
+
+import torch
+from torch import Tensor, nn
+
+from . import relations as R
+
+__all__ = [
+    "SET_SIMILARITIES",
+    "LabelSimilaritySpec",
+    "set_similarity",
+    "soft_cosine",
+    "resolve_label_similarity",
+    "label_similarity_weights",
+    "describe_label_similarity",
+    "LabelSimilarityOption",
+]
+
+SET_SIMILARITIES = ("jaccard", "dice", "overlap", "cosine")
+
+LabelSimilaritySpec = Union[str, Callable[[Tensor, Tensor], Tensor], Tensor, Any]
+
+
+def set_similarity(kind: str, inter: Tensor, sizes_a: Tensor, sizes_c: Tensor) -> Tensor:
+    """(N, M) similarity of label sets from their intersection counts ``inter`` = abs(S & T) and sizes
+    abs(S) (N,), abs(T) (M,); 0 where the intersection is empty. ``kind`` in :data:`SET_SIMILARITIES`."""
+    if kind == "jaccard":
+        return R.jaccard(sizes_a, sizes_c, inter)
+    if kind == "dice":
+        denom = (sizes_a[:, None] + sizes_c[None, :]).clamp_min(1)
+        return 2 * inter / denom
+    if kind == "overlap":
+        denom = torch.minimum(sizes_a[:, None], sizes_c[None, :]).clamp_min(1)
+        return inter / denom
+    if kind == "cosine":
+        denom = (sizes_a[:, None] * sizes_c[None, :]).clamp_min(1).sqrt()
+        return inter / denom
+    raise ValueError(f"label_similarity must be one of {SET_SIMILARITIES}, a callable or an (L, L) matrix; got {kind!r}")
+
+
+def _quadratic_diagonal(labels: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """(Y A (N, L) dense, diag(Y A Y^T) (N,)) for a dense or sparse multi-hot Y."""
+    if R.is_sparse(labels):
+        ya = torch.sparse.mm(labels.to(matrix.dtype), matrix)
+        idx = labels.indices()
+        diag = torch.zeros(labels.shape[0], dtype=matrix.dtype, device=matrix.device)
+        diag.index_add_(0, idx[0], ya[idx[0], idx[1]] * labels.values().to(matrix.dtype))
+        return ya, diag
+    y = labels.to(matrix.dtype)
+    ya = y @ matrix
+    return ya, (ya * y).sum(dim=1)
+
+
+def soft_cosine(anchor_labels: Tensor, candidate_labels: Tensor, matrix: Tensor) -> Tensor:
+    """Soft cosine (Sidorov et al. 2014) of every (anchor, candidate) pair of multi-hot rows under the
+    (L, L) label-similarity matrix ``matrix``: (Y_a A Y_c^T)_ik / sqrt((Y_a A Y_a^T)_ii (Y_c A Y_c^T)_kk),
+    0 for an empty set. Dense or sparse label matrices; ``matrix`` dense, in the result's dtype."""
+    ya, diag_a = _quadratic_diagonal(anchor_labels, matrix)
+    if candidate_labels is anchor_labels:
+        diag_c = diag_a
+    else:
+        diag_c = _quadratic_diagonal(candidate_labels, matrix)[1]
+    soft = R.intersections(ya, candidate_labels)  # (Y_a A) @ Y_c^T, dense or sparse Y_c
+    norm = (diag_a[:, None] * diag_c[None, :]).sqrt()
+    return torch.where(norm > 0, soft / norm.clamp_min(torch.finfo(norm.dtype).tiny), torch.zeros_like(soft))
+
+
+def _load_matrix(path: str) -> Tensor:
+    if path.endswith(".npy"):
+        import numpy as np
+
+        return torch.from_numpy(np.load(path, allow_pickle=False))
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        tensors = load_file(path)
+        if len(tensors) != 1:
+            raise ValueError(f"{path} holds {len(tensors)} tensors ({sorted(tensors)}); save the (L, L) matrix alone")
+        return next(iter(tensors.values()))
+    raise ValueError(f"label_similarity file {path!r}: give a .npy or .safetensors file holding the (L, L) matrix")
+
+
+def resolve_label_similarity(
+    spec: LabelSimilaritySpec, allowed: tuple[str, ...] = SET_SIMILARITIES
+) -> str | Callable[[Tensor, Tensor], Tensor] | Tensor:
+    """The ``label_similarity`` option checked (ValueError naming the problem): a name of ``allowed``, a
+    callable, or an (L, L) matrix returned as a float32 tensor (a path to a .npy / .safetensors file is
+    read). A matrix must be square, finite, non-negative, symmetric and have a unit diagonal."""
+    if isinstance(spec, (str, os.PathLike)) and (os.fspath(spec).endswith((".npy", ".safetensors"))):
+        path = os.fspath(spec)
+        if not os.path.isfile(path):
+            raise ValueError(f"label_similarity file {path!r} does not exist")
+        spec = _load_matrix(path)
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        if key not in allowed:
+            raise ValueError(
+                f"label_similarity must be one of {allowed}, a callable (S, T) -> (N, M) weights, or an (L, L) "
+                f"label-similarity matrix (or a .npy / .safetensors file of one); got {spec!r}"
+            )
+        return key
+    if callable(spec) and not isinstance(spec, Tensor):
+        return spec
+    if not isinstance(spec, Tensor):
+        try:
+            spec = torch.as_tensor(spec)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(
+                f"label_similarity must be a name, a callable or an (L, L) matrix; got {type(spec).__name__}"
+            ) from err
+    matrix = spec.to_dense() if R.is_sparse(spec) else spec
+    if matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"a label_similarity matrix must be square (L, L); got shape {tuple(matrix.shape)}")
+    if not matrix.is_floating_point():
+        matrix = matrix.to(torch.float32)
+    matrix = matrix.detach().to(torch.promote_types(matrix.dtype, torch.float32))
+    if not bool(torch.isfinite(matrix).all()) or bool((matrix < 0).any()):
+        raise ValueError("a label_similarity matrix must hold finite, non-negative similarities")
+    if not torch.allclose(matrix, matrix.T, rtol=1e-5, atol=1e-6):
+        raise ValueError("a label_similarity matrix must be symmetric (sim(l, m) == sim(m, l)); use (A + A.T) / 2")
+    if not torch.allclose(matrix.diagonal(), torch.ones_like(matrix.diagonal())):
+        raise ValueError("a label_similarity matrix must have a unit diagonal (every label is fully similar to itself)")
+    return matrix
+
+
+def describe_label_similarity(spec: Any) -> str:
+    """A short printable name of a resolved choice (for reprs and model cards)."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, Tensor):
+        return f"matrix({spec.shape[0]}x{spec.shape[1]})"
+    return getattr(spec, "__name__", type(spec).__name__)
+
+
+def label_similarity_weights(spec: Any, ctx: Any, check: bool = False) -> tuple[Tensor, Tensor]:
+    """(W, positive): the (N, M) weights of a resolved ``label_similarity`` choice on a
+    :class:`~hf_mlcl.losses.core.ContrastContext` and the bool mask of its positives (W > 0), both 0 /
+    False at each anchor's own column. ``check``: validate a callable's output values (a host read)."""
+    dtype = ctx.dtype
+    if isinstance(spec, str):
+        positive = ctx.shares_label
+        w = set_similarity(spec, ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
+        return torch.where(positive, w, torch.zeros((), dtype=w.dtype, device=w.device)).to(dtype), positive
+    if isinstance(spec, Tensor):
+        if spec.shape[0] != ctx.anchor_labels.shape[1]:
+            raise ValueError(
+                f"the label_similarity matrix is {spec.shape[0]} x {spec.shape[1]} but the labels have "
+                f"{ctx.anchor_labels.shape[1]} columns; give one row and column per label"
+            )
+        w = soft_cosine(ctx.anchor_labels, ctx.candidate_labels, spec.to(device=ctx.device, dtype=dtype))
+    else:
+        w = spec(ctx.anchor_labels, ctx.candidate_labels)
+        shape = (ctx.num_anchors, ctx.num_candidates)
+        if not isinstance(w, Tensor) or tuple(w.shape) != shape:
+            raise ValueError(
+                f"the label_similarity callable must return an (N, M) = {shape} tensor of weights; got "
+                f"{tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}"
+            )
+        w = R.cast(w.detach().to(ctx.device), dtype)
+        if check and (not bool(torch.isfinite(w).all()) or bool((w < 0).any())):
+            raise ValueError("the label_similarity callable returned negative or non-finite weights; return W >= 0")
+        w = w.clone()
+    if ctx.anchors_in_candidates:
+        w.diagonal().zero_()
+    return w, w > 0
+
+
+class LabelSimilarityOption(nn.Module):
+    """The ``label_similarity`` option of a loss (mixed into ``jaccard`` and ``sd``): the resolved choice,
+    an (L, L) matrix kept as a non-persistent buffer (it follows ``.to(device)``, stays out of checkpoints),
+    and the weights on a context."""
+
+    def init_label_similarity(self, spec: LabelSimilaritySpec, own: tuple[str, ...] = ()) -> None:
+        """Resolve ``spec`` against the set similarities plus the loss's ``own`` names (e.g. ``"sd"``)."""
+        resolved = resolve_label_similarity(spec, allowed=own + SET_SIMILARITIES)
+        matrix = resolved if isinstance(resolved, Tensor) else None
+        self.register_buffer("label_similarity_matrix", matrix, persistent=False)
+        self.label_similarity = "matrix" if matrix is not None else resolved
+
+    @property
+    def label_similarity_name(self) -> str:
+        """The choice as printed in reprs and model cards."""
+        if self.label_similarity_matrix is not None:
+            return describe_label_similarity(self.label_similarity_matrix)
+        return describe_label_similarity(self.label_similarity)
+
+    def label_weights(self, ctx: Any) -> tuple[Tensor, Tensor]:
+        """(W, positive) of the chosen similarity on ``ctx`` (:func:`label_similarity_weights`)."""
+        spec = self.label_similarity_matrix if self.label_similarity_matrix is not None else self.label_similarity
+        return label_similarity_weights(spec, ctx, check=getattr(self, "check_inputs", False))

@@ -1,0 +1,105 @@
+"""How many times each file under a folder was written while a command ran, seen by the kernel (inotify).
+
+A file counts one write each time it is closed after being opened for writing (``IN_CLOSE_WRITE``) or
+moved into place under its name (``IN_MOVED_TO``: the temp-file-and-rename of an atomic write); a folder
+moved into place (``save_pretrained``'s atomic folder) counts one write for every file it holds. Any
+writer counts (Python, the Rust writers of safetensors and tokenizers, torch.save), in any process, so two
+processes writing one file show as 2. Folders created during the run are watched as they appear; a file
+already in such a folder when its watch starts is counted once, merged with the event of that write if
+it comes later (so a count is never inflated by the watch starting late; at worst a second write in
+that instant goes uncounted).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import select
+import struct
+import threading
+from collections import Counter
+
+IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
+IN_ISDIR, IN_Q_OVERFLOW, IN_IGNORED = 0x40000000, 0x4000, 0x8000
+_IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
+
+
+class WriteWatch:
+    """Start with ``WriteWatch(folder)``; :meth:`stop` returns ``{path: writes}`` of the files that exist
+    under ``folder`` at the end. ``OSError`` when the kernel offers no inotify."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self._fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        self._folders: dict[int, str] = {}
+        self._writes: Counter[str] = Counter()
+        self._scanned: set[str] = set()  # counted by a scan; their event, if it still comes, is the same write
+        self.overflow = False  # the kernel queue overflowed: counts are incomplete
+        self._stop = threading.Event()
+        self._watch_tree(self.root, count=None)
+        self._thread = threading.Thread(target=self._run, name="write-watch", daemon=True)
+        self._thread.start()
+
+    def _watch_tree(self, path: str, count: str | None) -> None:
+        """Watch ``path`` and its sub-folders; ``count``: None (files there before the run), "scanned" (a
+        new folder: files may still be written) or "moved" (a folder moved into place: files are done)."""
+        for folder, _, files in os.walk(path):
+            wd = self._libc.inotify_add_watch(self._fd, os.fsencode(folder), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
+            if wd >= 0:
+                self._folders[wd] = folder
+            for name in files if count else ():
+                file = os.path.join(folder, name)
+                self._writes[file] += 1
+                if count == "scanned":
+                    self._scanned.add(file)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if select.select([self._fd], [], [], 0.05)[0]:
+                self._drain()
+        self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return
+            offset = 0
+            while offset < len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                start = offset + _EVENT.size
+                name = data[start : start + length].rstrip(b"\0").decode()
+                offset = start + length
+                if mask & IN_Q_OVERFLOW:
+                    self.overflow = True
+                folder = self._folders.get(wd)
+                if folder is None or mask & (IN_IGNORED | IN_Q_OVERFLOW):
+                    continue
+                path = os.path.join(folder, name)
+                if mask & IN_ISDIR:
+                    if mask & (IN_CREATE | IN_MOVED_TO):
+                        self._watch_tree(path, "moved" if mask & IN_MOVED_TO else "scanned")
+                elif mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+                    if path in self._scanned:
+                        self._scanned.discard(path)
+                    else:
+                        self._writes[path] += 1
+
+    def stop(self) -> dict[str, int]:
+        """Stop watching; the write count of every file under the folder now (0: never written while watched)."""
+        self._stop.set()
+        self._thread.join()
+        os.close(self._fd)
+        found = {}
+        for folder, _, files in os.walk(self.root):
+            for name in files:
+                path = os.path.join(folder, name)
+                found[path] = self._writes.get(path, 0)
+        return found
