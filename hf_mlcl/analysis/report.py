@@ -12,6 +12,9 @@ queue the K rows before it, wrapping around), it reports
   they add nothing to the loss): all, any (= sd, jaccard), mulsupcon (per (anchor, label) pair), msc
   (samples only — its label prototypes give every labelled anchor a positive), the ws-MulSupCon
   strata (single / multi / healthy), and HBL's gate-open rate for ``k_min``;
+* the wasted anchors of ``all`` and ``any`` when the batches come from the positives sampler
+  (``batch_sampler="positives"``, :class:`hf_mlcl.data.sampler.PositiveEnsuredSampler`, batches of
+  ``batch_size`` rows per process) instead of a random order;
 * a recommendation: the smallest queue size of a grid at which >= 95 % of the labelled anchors have
   an ``all`` positive and HBL's gate opens for a majority (> 50 %) of them.
 
@@ -31,6 +34,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
+
+from hf_mlcl.data.sampler import PositiveEnsuredSampler
 
 from .pair_statistics import RELATIONS, batch_pair_statistics
 
@@ -49,10 +55,14 @@ def _multi_hot(rows: Sequence[Sequence[int]], num_labels: int) -> torch.Tensor:
     return y
 
 
-def _sample(y: torch.Tensor, batch: int, queue: int, n_batches: int, k_min: int, seed: int) -> dict[str, float]:
-    """Statistics of ``n_batches`` sampled steps with a ``queue``-row queue (means over labelled anchors)."""
+def _sample(
+    y: torch.Tensor, batch: int, queue: int, n_batches: int, k_min: int, seed: int, order: Tensor | None = None
+) -> dict[str, float]:
+    """Statistics of ``n_batches`` sampled steps with a ``queue``-row queue (means over labelled anchors), the
+    rows in a seeded random ``order`` unless one is given."""
     n = y.shape[0]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    if order is None:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     sums: Counter = Counter()
     for b in range(n_batches):
         start = (b * batch) % n
@@ -143,6 +153,11 @@ def inspect_labels(
     torch.set_num_threads(1)  # (B, B + K) products are small: extra threads only contend (20x slower measured)
     try:
         current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
+        with_sampler = {}
+        for loss, rule in (("all", "same_label_set"), ("any", "shared_label")):
+            order = torch.tensor(PositiveEnsuredSampler(labels, batch_size, rule, seed=seed).order())
+            step = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed, order=order)
+            with_sampler[loss] = step["wasted_anchors"][loss]
         grid = sorted({min(q, max_queue) for q in queue_grid})
         sweep = [_sample(y, b, q, n_batches, k_min, seed) for q in grid]
     finally:
@@ -170,6 +185,7 @@ def inspect_labels(
         },
         "label_sets": {"distinct": len(sets), "unique_sample_share": unique_rows / n},
         "at_queue_size": current,
+        "wasted_anchors_with_positives_sampler": with_sampler,
         "queue_sweep": sweep,
         "recommendation": {
             "queue_size": rec,
@@ -232,6 +248,10 @@ def format_report(report: dict[str, Any]) -> str:
     for name, pos, wasted in rows:
         lines.append(f"| {name} | {'-' if pos is None else f'{pos:.2f}'} | {pct(wasted)} |")
     lines.append(f"| hbl gate open (k_min={s['k_min']}) | - | {pct(1 - cur['hbl_gate_open'])} closed |")
+    ws = report["wasted_anchors_with_positives_sampler"]
+    lines += ["", "wasted anchors with batch_sampler=positives (each loss's rule): "
+                  f"all {pct(ws['all'])} (random {pct(w['all'])}), any / sd / jaccard {pct(ws['any'])} "
+                  f"(random {pct(w['any'])})"]  # fmt: skip
     lines += ["", "| queue | all: anchors with a positive | any: positives / anchor | hbl gate open |", "|---|---|---|---|"]
     for sw in report["queue_sweep"]:
         lines.append(f"| {sw['queue_size']} | {1 - sw['wasted_anchors']['all']:.1%} | "

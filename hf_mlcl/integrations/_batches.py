@@ -8,6 +8,11 @@ label format under ``"auto"`` (are integer labels 0/1?), the id range, labels 0/
 (the loss's ``check_inputs``) — run on the first batch (the format once per label dtype and width); later
 batches read nothing on the host, so a training step does not wait for the accelerator. An id out of
 range in a later batch still fails (an index error of the scatter).
+
+A loss's own parameters (``msc``'s prototypes) are outside the model that the trainer wraps for several
+processes, so nothing would average their gradients: each process would train its own copy. Their
+gradients are averaged over the processes by a hook (:func:`hf_mlcl.training.distributed.mean_over_processes`),
+as ``ContrastiveTrainer`` does for them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from torch import Tensor, nn
 
 from hf_mlcl.losses.core import FirstCallChecks
 from hf_mlcl.losses.relations import labels_to_multihot, resolve_label_format
+from hf_mlcl.training import distributed as D
 from hf_mlcl.training.candidates import CandidateBuilder
 
 __all__ = ["BatchLoss"]
@@ -42,6 +48,9 @@ class BatchLoss:
             None, gather=gather_across_devices, supports_keys=getattr(loss_fn, "supports_keys", False)
         )
         self._formats: dict[tuple, str] = {}
+        for parameter in loss_fn.parameters():
+            if parameter.requires_grad:
+                parameter.register_hook(D.mean_over_processes)
 
     def multi_hot(self, labels: Tensor, check_values: bool = True) -> Tensor:
         """The batch's labels as a (B, L) float32 multi-hot matrix; ``"auto"`` is resolved once per label

@@ -34,7 +34,9 @@ Use dense labels (``MultiLabelCollator``'s default) so Trainer can count them.
 
 Losses with learnable parameters (``msc``'s prototypes) need those parameters in the optimizer: pass
 ``optimizers=(torch.optim.AdamW([*model.parameters(), *loss_func.parameters()]), None)``, or use
-``hf_mlcl.ContrastiveTrainer``, which also adds MoCo queues, two-view training and GradCache.
+``hf_mlcl.ContrastiveTrainer``, which also adds MoCo queues, two-view training and GradCache. Under
+several processes their gradients are averaged over the processes (Trainer's DDP / FSDP / DeepSpeed
+wrapper owns the model only), so every process keeps the same parameters.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 PROBES = ("linear", "finetune", "logistic")
 PROBE_LOSSES = ("bce", "focal", "asymmetric", "zlpr")
 THRESHOLDS = ("global", "per_label")
+BATCH_SAMPLERS = ("random", "positives")
 
 # transformers defaults to False: a resumed run then restarts EarlyStoppingCallback's patience counter at 0
 # and trains on past the evaluation where the uninterrupted run stops (seen in studies/results: a BCE run on
@@ -288,6 +289,13 @@ class ContrastiveTrainingArguments(TrainingArguments):
         metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."},
     )
     gradcache_chunk_size: int = field(default=0, metadata={"help": "GradCache sub-batch size; 0 = off."})
+    batch_sampler: str = field(
+        default="random",
+        metadata={
+            "help": "'random', or 'positives': batches in which every anchor has a positive under the loss's "
+            "rule as far as the data allows (hf_mlcl.data.sampler; `hf-mlcl inspect` shows the effect)."
+        },
+    )
     dataloader_drop_last: bool = field(
         default=True,
         metadata={
@@ -330,6 +338,8 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"projection_dim must be positive; got {self.projection_dim}")
         if self.knn_k < 0:
             raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
+        if self.batch_sampler not in BATCH_SAMPLERS:
+            raise ValueError(f"batch_sampler must be one of {BATCH_SAMPLERS}; got {self.batch_sampler!r}")
         super().__post_init__()
 
 

@@ -93,6 +93,7 @@ import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
 
+from hf_mlcl.data.sampler import PositiveEnsuredSampler, positive_rule
 from hf_mlcl.losses.core import FirstCallChecks
 
 from . import distributed as D
@@ -425,6 +426,16 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.step()
+
+    # ------------------------------------------------------------------ batches
+    def _get_train_sampler(self, train_dataset=None):
+        """``batch_sampler="positives"``: an epoch order in which every anchor of a batch has a positive
+        under the loss's rule (:class:`hf_mlcl.data.sampler.PositiveEnsuredSampler`); else Trainer's."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.args.batch_sampler != "positives" or dataset is None:
+            return super()._get_train_sampler(train_dataset)
+        return PositiveEnsuredSampler(dataset[self.label_column], self.args.per_device_train_batch_size,
+                                      positive_rule(self.args.loss), seed=self.args.seed)  # fmt: skip
 
     # ------------------------------------------------------------------ encoding and loss
     @staticmethod

@@ -45,6 +45,7 @@ __all__ = [
     "all_gather_no_grad",
     "gather_candidates",
     "all_reduce_mean_",
+    "mean_over_processes",
     "barrier",
     "all_gather_object",
     "built_once",
@@ -158,6 +159,23 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t.div_(ws)
+
+
+def mean_over_processes(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient hook (``parameter.register_hook``): ``grad`` averaged over the processes.
+
+    For parameters that no DDP / FSDP / DeepSpeed wrapper owns, such as a loss's prototypes trained through
+    ``SentenceTransformerTrainer`` or ``Trainer(compute_loss_func=...)``, whose wrappers hold the model only:
+    without it each process would step its own copy of them with its own batch's gradient, and the copies
+    would drift apart. The mean is the rule the wrappers apply to the model's gradients. Every process must
+    backpropagate into the parameter at every step (the hook is a collective), as a loss that uses it on
+    every batch does. Identity outside a multi-process group.
+    """
+    if not is_distributed():
+        return grad
+    grad = grad.clone()
+    all_reduce_mean_([grad])
+    return grad
 
 
 def barrier() -> None:

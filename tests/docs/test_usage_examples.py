@@ -20,15 +20,16 @@ def _blocks() -> list[str]:
 
 
 def test_the_section_has_its_examples():
-    assert len(_blocks()) == 4
+    assert len(_blocks()) == 5
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_usage_example_runs(index, tmp_path, monkeypatch, capsys):
     script = tmp_path / f"usage_example_{index}.py"
     script.write_text(_blocks()[index])
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(script), run_name="__main__")
     out = capsys.readouterr().out
-    expected = ["soft positives", "zlpr", "same embeddings: True", "{'train': 3, 'validation': 1}"][index]
+    expected = ["soft positives", "zlpr", "[[[0, 1], [0], [0], [1]], [[1, 2], [1], [2], [2]]]", "same embeddings: True",
+                "{'train': 3, 'validation': 1}"][index]  # fmt: skip
     assert expected in out, out

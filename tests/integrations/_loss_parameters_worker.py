@@ -1,0 +1,67 @@
+"""One of two gloo processes of tests/integrations/test_integrations_loss_parameters_ddp.py.
+
+Usage: python _loss_parameters_worker.py RANK WORLD_SIZE FOLDER. FOLDER holds the SentenceTransformer
+(``st``), the texts and labels of each rank (``batches.pt``) and the process group's file store. The process
+computes the msc loss of its own batch with the sentence-transformers loss (plain and GradCache) and with
+``ContrastiveLossFunc``, backpropagates, and writes the prototypes' gradients to ``FOLDER/grads<RANK>.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from sentence_transformers import SentenceTransformer
+
+from hf_mlcl.integrations.sentence_transformers import (
+    CachedMultiLabelContrastiveLoss,
+    MultiLabelContrastiveLoss,
+)
+from hf_mlcl.integrations.trainer import ContrastiveLossFunc
+
+
+def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The prototypes' gradient of each integration's msc loss on one batch, the prototypes starting equal."""
+    num_labels = labels.shape[1]
+    torch.manual_seed(0)  # the same prototypes in every process (as Trainer's seed gives them)
+    losses = {
+        "sentence_transformers": MultiLabelContrastiveLoss(model, "msc", num_labels=num_labels),
+        "sentence_transformers_cached": CachedMultiLabelContrastiveLoss(
+            model, "msc", mini_batch_size=3, num_labels=num_labels
+        ),
+        "compute_loss_func": ContrastiveLossFunc(
+            "msc", num_labels=num_labels, embedding_dim=model.get_embedding_dimension(), gather_across_devices=False
+        ),
+    }
+    start = losses["sentence_transformers"].loss_fn.state_dict()
+    grads = {}
+    for name, loss in losses.items():
+        loss.loss_fn.load_state_dict(start)
+        features = [model.preprocess(texts)]
+        if name == "compute_loss_func":
+            value = loss(model(features[0])["sentence_embedding"], labels)
+        else:
+            value = loss(features, labels)
+        value.backward()
+        grads[name] = loss.loss_fn.prototypes.grad.clone()
+    return grads
+
+
+def main() -> None:
+    rank, world_size, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    if world_size > 1:
+        store = f"file://{os.path.join(folder, 'store')}"
+        dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
+    model = SentenceTransformer(os.path.join(folder, "st"), device="cpu")
+    model.eval()  # no dropout: the single-process reference sees the same embeddings
+    batches = torch.load(os.path.join(folder, "batches.pt"))
+    texts, labels = batches[rank]
+    torch.save(prototype_gradients(model, texts, labels), os.path.join(folder, f"grads{rank}.pt"))
+    if world_size > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
