@@ -35,7 +35,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check hf_mlcl tests benchmarks examples
+	$(VENV)/bin/ruff check hf_mlcl tests benchmarks examples studies
 
 demo: $(STAMP)
 	$(VENV)/bin/hf-mlcl demo

@@ -25,7 +25,7 @@ THRESHOLDS = ("global", "per_label")
 BATCH_SAMPLERS = ("random", "positives")
 
 # transformers defaults to False: a resumed run then restarts EarlyStoppingCallback's patience counter at 0
-# and trains on past the evaluation where the uninterrupted run stops (seen in docs/results: a BCE run on
+# and trains on past the evaluation where the uninterrupted run stops (seen in studies/results: a BCE run on
 # Reuters with patience 3, resumed at epoch 17 after 2 epochs without improvement, went on past epoch 18).
 _RESTORE_CALLBACKS_HELP = (
     "Restore the stateful callbacks (EarlyStoppingCallback's patience counter, the TrainerControl) from the "
