@@ -21,6 +21,9 @@ $(STAMP): $(PY) pyproject.toml
 	    $(PY) -m pip install --quiet "torch==2.13.0"; \
 	fi
 	$(PY) -m pip install --quiet -e ".[dev]"
+	@# DeepSpeed's CPU shared-memory op, built once into the environment's own folder (tests/conftest.py)
+	-TORCH_EXTENSIONS_DIR="$$($(PY) -c 'import sys; print(sys.prefix)')/torch_extensions" $(PY) -c \
+	    "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -32,7 +35,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check hf_mlcl tests benchmarks examples
+	$(VENV)/bin/ruff check hf_mlcl tests benchmarks examples studies
 
 demo: $(STAMP)
 	$(VENV)/bin/hf-mlcl demo

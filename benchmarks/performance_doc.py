@@ -23,6 +23,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 DOC = os.path.join(REPO, "docs", "PERFORMANCE.md")
+# Where this generator's part of docs/PERFORMANCE.md ends: studies/make_tables.py writes what follows (the
+# training cost of the results study, from its cells' records); --check compares the part before it only.
+STUDY_MARK = "<!-- studies/make_tables.py writes the rest of this file: the training cost of the results study -->"
+
+
+def split_generated(text: str) -> tuple[str, str]:
+    """(this generator's part, the results study's part starting at ``STUDY_MARK``, or "")."""
+    i = text.find(STUDY_MARK)
+    return (text, "") if i < 0 else (text[:i], text[i:])
 
 
 def load(root: str = os.path.join(HERE, "results")) -> dict[str, dict[str, dict[str, Any]]]:
@@ -298,14 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true")
     opts = ap.parse_args(argv)
     text = render()
+    current = open(DOC, encoding="utf-8").read() if os.path.isfile(DOC) else ""
+    own, study = split_generated(current)
     if opts.check:
-        current = open(DOC, encoding="utf-8").read() if os.path.isfile(DOC) else ""
-        if current != text:
+        if own.rstrip("\n") != text.rstrip("\n"):
             print(f"{DOC} is out of date: run python benchmarks/performance_doc.py", file=sys.stderr)
             return 1
         return 0
     with open(DOC, "w", encoding="utf-8") as fh:
-        fh.write(text)
+        fh.write(text + ("\n" + study if study else ""))  # the results study's part is kept as it is
     print(f"wrote {os.path.relpath(DOC, REPO)}")
     return 0
 

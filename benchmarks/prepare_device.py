@@ -41,7 +41,7 @@ def installed(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError as err:
         raise SystemExit(f"{name} is not installed in this environment; run `make install` (and "
-                         f"`.venv/bin/pip install 'hf_mlcl[deepspeed]'`) first, then this script with .venv/bin/python") from err  # fmt: skip
+                         f"`.venv/bin/pip install -e '.[deepspeed]'`) first, then this script with .venv/bin/python") from err  # fmt: skip
 
 
 def pip(*args: str) -> None:

@@ -6,7 +6,7 @@ Loads the data with ``hf_mlcl.load_mlc_dataset`` (a CSV, any file, a Hub id or a
 turns it into sentence-transformers' shape (``text`` + a ``label`` column of -1-padded label ids), and
 trains with ``SentenceTransformerTrainer`` and ``MultiLabelContrastiveLoss`` (``--cached`` for the
 GradCache variant). The saved model's card cites the loss's paper. ``--tiny`` builds a tiny random BERT
-sentence encoder instead of ``--model`` (offline smoke runs). Needs ``pip install hf_mlcl[sentence-transformers]``.
+sentence encoder instead of ``--model`` (offline smoke runs). Needs ``pip install -e ".[sentence-transformers]"`` in the repository.
 """
 
 from __future__ import annotations

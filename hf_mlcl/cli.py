@@ -75,6 +75,7 @@ def cmd_train(ns, overrides) -> dict:
 
 
 def cmd_probe(ns, overrides) -> dict:
+    from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.recipes import parse_stage, stage_output_dir
     from hf_mlcl.training import stages
     from hf_mlcl.training.checkpoints import check_stage
@@ -89,7 +90,11 @@ def cmd_probe(ns, overrides) -> dict:
             encoder = default
     _check_models(model_args, encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
-    print(f"classifier saved to {args.output_dir}")
+    if args.process_index == 0:
+        print(f"classifier saved to {args.output_dir}")
+        print(format_table([{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **result.metrics}],
+                           show_split=True))
+        _print_footprint(args.output_dir)
     return result.metrics
 
 
@@ -101,15 +106,13 @@ def cmd_run(ns, overrides) -> dict:
     from hf_mlcl.training import stages as S
     from hf_mlcl.training.checkpoints import check_stage
 
-    if ns.push_to:
-        from hf_mlcl.hub import check_repo_id
-
-        check_repo_id(ns.push_to)  # before any training: a typo here must not cost two stages
     recipe, _ = _load(ns.recipe, [], STAGES)
     names = recipe.get("stages", list(STAGES))
     _, ov = _load(None, overrides, names)
     parsed = {s: parse_stage(recipe, s, ov) for s in names if s == "contrastive"}
     parsed["probe"] = parse_stage(recipe, "probe", ov)
+    if ns.push_to:  # before any training: a push that cannot work must not cost two stages
+        _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in names else []))
     for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
         check_stage(stage_args)
     model_args, data_args, pargs = parsed["probe"]
@@ -123,7 +126,7 @@ def cmd_run(ns, overrides) -> dict:
         os.makedirs(run_root, exist_ok=True)
         atomic_write_json(os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()},
                           default=str)  # fmt: skip
-        print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}]))
+        print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True))
         print(f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
               f"{pargs.output_dir}", flush=True)
         if ns.push_to:
@@ -133,7 +136,28 @@ def cmd_run(ns, overrides) -> dict:
             if "contrastive" in results:
                 push_folder(results["contrastive"].output_dir, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
+        _print_footprint(run_root)
     return {k: r.metrics for k, r in results.items()}
+
+
+def _print_footprint(folder: str) -> None:
+    """One line with what a run leaves on disk: ``outputs/x: 12 MB``."""
+    from hf_mlcl.files import folder_size, format_size
+
+    print(f"{folder}: {format_size(folder_size(folder))}", flush=True)
+
+
+def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
+    """:func:`hf_mlcl.hub.check_push_target` as an input error (every process of a launch finds it: said once)."""
+    from hf_mlcl.hub import check_push_target, check_repo_id
+    from hf_mlcl.training.checkpoints import InputError
+
+    try:
+        for name in (repo_id, *more_ids):
+            check_repo_id(name)
+        check_push_target(repo_id, token=token)
+    except (ValueError, ConnectionError) as err:
+        raise InputError(str(err)) from err
 
 
 def _say(msg: str) -> None:
@@ -167,14 +191,15 @@ def cmd_evaluate(ns, overrides) -> dict:
     metrics = stages.evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
                                   plots=not ns.no_plots, output_dir=ns.output_dir)
     print(format_table([{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
-                       keys=TABLE_KEYS, prefix=f"{ns.split}_"))
+                       keys=TABLE_KEYS, prefix=f"{ns.split}_", show_split=True))
     return metrics
 
 
 def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
     """The data keys a checkpoint was trained with, from its card_data.json: dataset, its loader options
-    and max_length (a user's ``--dataset`` drops the stored dataset and its options, not max_length)."""
-    from hf_mlcl.hub import CARD_DATA_FILE, CardData
+    and max_length (a user's ``--dataset`` drops the stored dataset and its options, not max_length). Local
+    data paths are found from any working directory (:func:`hf_mlcl.hub.resolve_local_data`)."""
+    from hf_mlcl.hub import CARD_DATA_FILE, CardData, resolve_local_data
 
     if not os.path.isfile(os.path.join(checkpoint, CARD_DATA_FILE)):
         logger.warning("%s has no %s: evaluating with the default data arguments", checkpoint, CARD_DATA_FILE)
@@ -182,9 +207,14 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
     card = CardData.load(checkpoint)
     recipe: dict[str, Any] = {}
     if card.dataset and not user_dataset:
-        recipe["dataset"] = card.dataset
+        local = resolve_local_data(card, checkpoint)
+        recipe["dataset"] = local.get("dataset", card.dataset)
+        if local.get("data_dir"):
+            recipe["data_dir"] = local["data_dir"]
         if card.dataset_options:
             recipe["dataset_options"] = dict(card.dataset_options)
+        if local.get("data_files"):
+            recipe.setdefault("dataset_options", {})["data_files"] = local["data_files"]
     if card.hyperparameters.get("max_length") is not None:
         recipe["max_length"] = int(card.hyperparameters["max_length"])
     _say(f"evaluate: data arguments from {os.path.join(checkpoint, CARD_DATA_FILE)}: {recipe}")
@@ -192,10 +222,12 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
 
 
 def cmd_push(ns, overrides) -> dict:
-    from hf_mlcl.hub import push_folder
+    from hf_mlcl.hub import check_pushable, push_folder
 
     if overrides:
         raise SystemExit(f"hf-mlcl push: unexpected arguments {overrides}")
+    check_pushable(ns.folder)  # what is wrong with the folder first, then with the Hub
+    _check_push(ns.repo_id, token=ns.token)
     info = push_folder(ns.folder, ns.repo_id, token=ns.token, private=ns.private, revision=ns.revision)
     print(f"pushed {ns.folder} to https://huggingface.co/{ns.repo_id} ({info})")
     return {}
@@ -356,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--repo_id", required=True)
     p.add_argument("--private", action="store_true")
-    p.add_argument("--token", default=None, help="default: the cached `huggingface-cli login` token / HF_TOKEN")
+    p.add_argument("--token", default=None, help="default: the token `hf auth login` saved, or HF_TOKEN")
     p.add_argument("--revision", default=None)
     p = add("demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots")
     p.add_argument("--output_dir", default="./hf_mlcl_demo")

@@ -47,6 +47,31 @@ TINY_BERT = dict(
 )
 
 
+TINY_LLAMA = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+    max_position_embeddings=128,
+)  # fmt: skip
+
+
+def save_tiny_llama(folder: str, seed: int = 0) -> str:
+    """Write a tiny random Llama (``TINY_LLAMA``) and a byte-level BPE tokenizer trained on the synthetic
+    corpus into ``folder``: a saved base for the LoRA path on a CPU (``recipes/demo/tiny_llama_lora.yaml``),
+    which the Llama-3.1-8B recipes take from the Hub. Returns ``folder``."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    from hf_mlcl.data import make_synthetic_corpus, train_tokenizer
+
+    texts = make_synthetic_corpus(num_labels=10, num_train=256, num_validation=8, num_test=8, seed=seed)["train"]["text"]
+    tokenizer = train_tokenizer(texts, vocab_size=500, style="llama", model_max_length=TINY_LLAMA["max_position_embeddings"])
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **TINY_LLAMA)  # fmt: skip
+    LlamaModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 _T0 = [time.time()]
 
 

@@ -1,9 +1,11 @@
-"""Atomic file writes: a reader (or a crash) never sees a half-written file.
+"""Atomic file writes: a reader (or a crash) never sees a half-written file; and a folder's footprint.
 
 The one home of "write to a unique temp file in the same folder, fsync, ``os.replace``" for every file
 hf_mlcl writes itself: metrics, thresholds, results tables and model cards (:func:`atomic_write_text`,
-:func:`atomic_write_json`), and the files other libraries write to a path we name (safetensors states and
-adapters, pooled features, copied adapter files: :func:`atomic_path`). Model folders are made atomic by
+:func:`atomic_write_json`), its own safetensors files (trainer state, cached features, LoRA adapters:
+:func:`atomic_write_safetensors`), and the files other libraries write to a path we name (copied adapter
+files: :func:`atomic_path`), each given the permissions the umask asks for (:func:`follow_umask`). A
+folder's footprint: :func:`folder_size`, :func:`format_size`. Model folders are made atomic by
 ``MLCLPreTrainedModel.save_pretrained`` itself (that module ships as Hub remote code and must stay
 self-contained).
 """
@@ -17,7 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["TMP_PREFIX", "atomic_path", "atomic_write_json", "atomic_write_text", "json_default"]
+__all__ = ["TMP_PREFIX", "atomic_path", "atomic_write_json", "atomic_write_safetensors", "atomic_write_text",
+           "folder_size", "follow_umask", "format_size", "json_default"]  # fmt: skip
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
 
@@ -36,12 +39,18 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+def follow_umask(path: str) -> None:
+    """Give ``path`` the permissions of any other output, ``0666 & ~umask`` (``mkstemp`` and safetensors'
+    writer create files 0600, readable by their owner only)."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """A unique temporary path beside ``path`` to write to; when the block ends without an error the file is
-    flushed to disk (``fsync``), given the permissions of any other output (``0666 & ~umask``, not
-    ``mkstemp``'s 0600) and renamed onto ``path`` in one ``os.replace``. On an error the temporary file is
-    removed and ``path`` is left as it was.
+    flushed to disk (``fsync``), given the permissions of any other output (:func:`follow_umask`) and
+    renamed onto ``path`` in one ``os.replace``. On an error the temporary file is removed and ``path`` is
+    left as it was.
 
     Example::
 
@@ -60,7 +69,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     try:
         yield tmp
         _fsync(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -68,10 +77,39 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
         raise
 
 
+def atomic_write_safetensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` of ``tensors`` to ``path`` atomically (:func:`atomic_path`)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
+
+
+def folder_size(path: str) -> int:
+    """Bytes of the files under ``path`` (links not followed; 0 for a missing path)."""
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(folder, name)
+            if not os.path.islink(full):
+                total += os.path.getsize(full)
+    return total
+
+
+def format_size(num_bytes: int) -> str:
+    """``12 MB``-style size (decimal units, as ``du --si`` and the Hub show them)."""
+    size = float(num_bytes)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" or size >= 10 else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"
 
 
 def json_default(obj: Any) -> Any:

@@ -23,7 +23,9 @@ with the recipe's values as defaults; ``--contrastive.KEY`` / ``--probe.KEY`` ta
 unprefixed training key applies to every stage the command runs. A label layout given later (on the
 command line, or in a recipe over its bases) replaces the contradicting layout keys given earlier:
 ``--label_format columns`` drops a recipe's ``label_column: labels``
-(:func:`hf_mlcl.data.custom.superseded_label_keys`).
+(:func:`hf_mlcl.data.custom.superseded_label_keys`), and ``--dataset my.csv`` over a recipe for another
+dataset drops that dataset's ``dataset_options``, ``data_dir``, ``data_files`` and ``dataset_config``
+(:func:`superseded_keys`).
 """
 
 from __future__ import annotations
@@ -109,12 +111,29 @@ def load_recipe(path: str | os.PathLike, _chain: tuple[str, ...] = ()) -> dict:
     return _merge_layered(merged, data)
 
 
-def _merge_layered(earlier: dict, later: dict) -> dict:
-    """``merge_recipes``, where a label layout in ``later`` also replaces the contradicting layout keys of
-    ``earlier`` (:func:`hf_mlcl.data.custom.superseded_label_keys`)."""
+# Keys that belong to one dataset: a later ``dataset`` naming another one drops them (the synthetic corpus's
+# ``dataset_options: {num_labels: 10, ...}`` mean nothing to a CSV, a registered dataset's ``data_dir`` would
+# be searched for the CSV, and ``data_files`` would replace it).
+DATASET_BOUND_KEYS = ("dataset_options", "data_dir", "data_files", "dataset_config")
+
+
+def superseded_keys(earlier: dict, later: dict) -> set[str]:
+    """The top-level keys of ``earlier`` (a base recipe, or the recipe under the command line) that ``later``
+    replaces without naming them: the contradicting label layout
+    (:func:`hf_mlcl.data.custom.superseded_label_keys`) and, when ``later`` names another ``dataset``, the
+    old dataset's ``DATASET_BOUND_KEYS`` that ``later`` does not set itself."""
     from hf_mlcl.data.custom import superseded_label_keys
 
-    dropped = superseded_label_keys(earlier, later)
+    drop = superseded_label_keys(earlier, later)
+    if "dataset" in later and str(later["dataset"]) != str(earlier.get("dataset")):
+        drop |= {k for k in DATASET_BOUND_KEYS if k in earlier and k not in later}
+    return drop
+
+
+def _merge_layered(earlier: dict, later: dict) -> dict:
+    """``merge_recipes``, where ``later`` also drops the keys of ``earlier`` it supersedes
+    (:func:`superseded_keys`)."""
+    dropped = superseded_keys(earlier, later)
     return merge_recipes({k: v for k, v in earlier.items() if k not in dropped}, later)
 
 
@@ -292,10 +311,8 @@ def parse_stage(
     validate_recipe(recipe)
     overrides = overrides or Overrides()
     parser = _parser(stage)
-    from hf_mlcl.data.custom import superseded_label_keys
-
     defaults = {k: v for k, v in recipe.items() if k not in META_KEYS}
-    for key in superseded_label_keys(defaults, _given_keys(overrides.common)):  # the command line's layout wins
+    for key in superseded_keys(defaults, _given_keys(overrides.common)):  # the command line's layout / dataset win
         del defaults[key]
     defaults.update(recipe.get(stage) or {})
     defaults["output_dir"] = output_dir or stage_output_dir(recipe, stage, overrides.output_dir)

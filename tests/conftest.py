@@ -10,6 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+# DeepSpeed builds its CPU shared-memory op on first use (torch's JIT extensions, TORCH_EXTENSIONS_DIR). One
+# folder per virtual environment (`make install` builds it there): a folder shared by several environments is
+# rebuilt whenever another one used it last (minutes on 2 cores, inside a test's time limit), and a build
+# killed half-way leaves its lock file behind, on which every later DeepSpeed launch waits forever.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

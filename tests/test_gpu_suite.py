@@ -47,6 +47,22 @@ def test_the_committed_performance_page_is_generated_from_the_committed_results(
     assert performance_doc.main(["--check"]) == 0
 
 
+def test_the_performance_page_keeps_the_results_study_part_that_follows_its_mark(tmp_path, monkeypatch):
+    """performance_doc owns the page up to STUDY_MARK; studies/make_tables.py writes the rest (the training
+    cost of the results study): --check reads the first part only, and a rewrite keeps the second."""
+    doc = tmp_path / "PERFORMANCE.md"
+    monkeypatch.setattr(performance_doc, "DOC", str(doc))
+    study = f"{performance_doc.STUDY_MARK}\n\n## Training cost\n\n| a | b |\n"
+    doc.write_text(performance_doc.render() + "\n" + study)
+    assert performance_doc.main(["--check"]) == 0
+    doc.write_text("# stale\n\n" + study)
+    assert performance_doc.main(["--check"]) == 1
+    assert performance_doc.main([]) == 0
+    text = doc.read_text()
+    assert text.endswith(study) and text.startswith(performance_doc.render())
+    assert performance_doc.main(["--check"]) == 0
+
+
 @pytest.mark.timeout(420)
 def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tmp_path):
     out, cache = tmp_path / "results" / "cpu-tiny", tmp_path / "cache"

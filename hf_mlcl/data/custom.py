@@ -25,8 +25,10 @@ logged and recorded with the split (:func:`data_notes`) so the model card states
 split stays missing (no test metrics) unless ``test_fraction`` > 0 carves one too. ``split_strategy``
 chooses the carve: ``"random"`` (default, a seeded random share) or ``"stratified"`` (iterative
 stratification, Sechidis et al. 2011, :mod:`hf_mlcl.data.stratify`: every label, rare ones included,
-gets close to its share of rows in the carved split). Empty splits and
-non-UTF-8 text files are clear errors that name the split or the file and line.
+gets close to its share of rows in the carved split). Empty splits and non-UTF-8 text files are clear
+errors that name the split or the file and line; so are a zero-byte file and a file the reader cannot
+parse. Rows whose text is empty or blank are dropped, with one warning that counts them per split
+(:func:`_drop_empty_texts`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 from datasets import Dataset, DatasetDict
+from datasets.exceptions import DatasetGenerationError
 
 from hf_mlcl.data._io import check_utf8
 from hf_mlcl.data.label_formats import (
@@ -139,6 +142,9 @@ def _load_files(files: Mapping[str, str | Sequence[str]], base: str | None) -> D
         for path in paths:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"data file {path!r} for split {split!r} does not exist")
+            if os.path.getsize(path) == 0:
+                raise ValueError(f"data file {path!r} for split {split!r} is empty (0 bytes); write a header row "
+                                 "(e.g. text,labels) and at least one data row")
             builders.append(_file_builder(path))
             if path.lower().endswith(_TEXT_FILES):
                 check_utf8(path)
@@ -154,6 +160,10 @@ def _load_files(files: Mapping[str, str | Sequence[str]], base: str | None) -> D
                 f"data_files: split(s) [{split!r}] are empty ({paths} hold no rows); fix the files, or drop the "
                 "split so it is carved from train (validation) or skipped (test)"
             ) from err
+        except DatasetGenerationError as err:  # the reader's own error (a malformed row ...), in one line
+            cause = err.__cause__ or err
+            reason = " ".join(str(cause).split()) or type(cause).__name__
+            raise ValueError(f"could not read {paths} ({split!r} split) as {builder}: {reason}") from err
     return _normalise_dict(out, "data_files")
 
 
@@ -213,6 +223,37 @@ def _read_source(source, data_files, config_name, revision, data_dir) -> tuple[D
 
 
 # ---------------------------------------------------------------------------------------------- labels
+def _drop_empty_texts(raw: DatasetDict, text_column: str, origin: str) -> DatasetDict:
+    """The splits without the rows whose text is empty or blank (``""``, spaces, a missing cell): such a row
+    gives the encoder nothing but its special tokens, so it is dropped, with one warning that counts the rows
+    of every split (before any label is read, so a label seen only on such rows never enters the label space)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out, dropped = {}, {}
+    for split, ds in raw.items():
+        if text_column not in ds.column_names or not len(ds):
+            out[split] = ds
+            continue
+        col = ds.with_format("arrow")[text_column]
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
+            out[split] = ds  # not text at all: the check below names the row
+            continue
+        blank = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True) if not pa.types.is_null(col.type) \
+            else pa.array([True] * len(col))
+        empty = np.flatnonzero(np.asarray(blank.to_numpy(zero_copy_only=False), dtype=bool))
+        if len(empty):
+            dropped[split] = len(empty)
+            out[split] = ds.select(np.setdiff1d(np.arange(len(ds)), empty))
+        else:
+            out[split] = ds
+    if dropped:
+        counts = ", ".join(f"{split} {n}" for split, n in dropped.items())
+        logger.warning("%s: dropped %d row(s) with empty text (%s); fill in their text to keep them",
+                       origin, sum(dropped.values()), counts)
+    return DatasetDict(out)
+
+
 # ---------------------------------------------------------------------------------------------- splits
 def _note(ds: Dataset, text: str) -> None:
     ds.info.description = (ds.info.description or "") + _NOTE_PREFIX + text + "\n"
@@ -343,6 +384,7 @@ def load_custom_dataset(
     cols = list(raw["train"].column_names)
     if text_column not in cols:
         raise ValueError(f"{origin}: no text column {text_column!r} (columns: {cols}); set text_column=")
+    raw = _drop_empty_texts(raw, text_column, origin)
     layout = _label_layout(raw["train"], origin, text_column, label_column, label_columns, label_format,
                            label_separator, label_names)  # fmt: skip
     order = ["train"] + [s for s in ("validation", "test") if s in raw]

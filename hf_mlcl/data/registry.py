@@ -46,7 +46,7 @@ def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., Datase
 # hf_mlcl.data.custom with @register_source_loader, so this module imports no loader; with the options the
 # loader takes (which a registered name refuses).
 _SOURCE_LOADERS: list[tuple[Callable[..., bool], Callable[..., DatasetDict]]] = []
-_SOURCE_OPTIONS: set[str] = set()
+_SOURCE_OPTIONS: list[str] = []  # in the loader's order
 
 
 def register_source_loader(
@@ -59,7 +59,7 @@ def register_source_loader(
     def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
         if all(fn is not f for _, f in _SOURCE_LOADERS):
             _SOURCE_LOADERS.append((accepts, fn))
-            _SOURCE_OPTIONS.update(options)
+            _SOURCE_OPTIONS.extend(o for o in options if o not in _SOURCE_OPTIONS)
         return fn
 
     return deco
@@ -90,6 +90,12 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     if key not in _REGISTRY:
         for accepts, loader in _SOURCE_LOADERS:
             if accepts(name, options.get("data_files")):
+                unknown = sorted(set(options) - set(_SOURCE_OPTIONS) - {"splits"})
+                if unknown:
+                    raise ValueError(
+                        f"{name}: options {unknown} do not apply to your own data (a file, folder, Hub id or Dataset), "
+                        f"which takes {_SOURCE_OPTIONS}; remove them (e.g. --dataset_options '{{}}')"
+                    )
                 return loader(name, data_dir=data_dir, **options)
         if not isinstance(name, str):
             raise ValueError(

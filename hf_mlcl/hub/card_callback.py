@@ -127,8 +127,9 @@ class ModelCardCallback(TrainerCallback):
         self.card.loss_kwargs = dict(getattr(args, "loss_kwargs", None) or {})
         if self.card.kind == "classifier":
             self.card.probe = getattr(args, "probe", None)
-        if not self.card.model_name and getattr(args, "hub_model_id", None):
-            self.card.model_name = args.hub_model_id
+        if getattr(args, "hub_model_id", None):
+            self.card.model_name = self.card.model_name or args.hub_model_id
+            self.card.repo_id = args.hub_model_id
 
     def _collect_model(self, model) -> None:
         if model is None:
@@ -172,10 +173,39 @@ class ModelCardCallback(TrainerCallback):
         return self.card
 
     def save(self, folder: str, model_name: str | None = None) -> str:
-        """Render the card into ``folder`` (README.md + card_data.json, atomically)."""
+        """Render the card into ``folder`` (README.md + card_data.json, atomically). The card's "How to use"
+        code loads the model from its Hub repo (``hub_model_id``) or, without one, from ``folder`` as given."""
         if model_name:
             self.card.model_name = model_name
         if not self.card.model_name:
             parts = os.path.normpath(os.path.abspath(folder)).split(os.sep)[-2:]
             self.card.model_name = "-".join(p for p in parts if p) or f"hf-mlcl-{self.card.kind}"
+        self.card.folder = os.path.normpath(folder)
+        self.card.local_data = local_data_paths(self._data_args, folder)
         return save_model_card(self.card, folder)
+
+
+def local_data_paths(data_args: Any, folder: str) -> dict[str, Any]:
+    """The run's local data paths (``dataset`` when it is a file or folder, ``data_dir``, the ``data_files``
+    of its loader options) relative to ``folder``, for :attr:`CardData.local_data`: the card's folder can
+    then find its data from any working directory (:func:`hf_mlcl.hub.model_card.resolve_local_data`)."""
+    if data_args is None:
+        return {}
+
+    def rel(path: Any) -> Any:
+        if isinstance(path, (list, tuple)):
+            return [rel(p) for p in path]
+        if isinstance(path, str) and os.path.exists(path):
+            return os.path.relpath(os.path.abspath(path), os.path.abspath(folder))
+        return path
+
+    out: dict[str, Any] = {}
+    for key in ("dataset", "data_dir"):
+        value = getattr(data_args, key, None)
+        if isinstance(value, str) and os.path.exists(value):
+            out[key] = rel(value)
+    options = data_args.loader_options() if hasattr(data_args, "loader_options") else {}
+    files = options.get("data_files")
+    if files:
+        out["data_files"] = {k: rel(v) for k, v in files.items()} if isinstance(files, dict) else rel(files)
+    return out

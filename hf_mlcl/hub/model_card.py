@@ -117,10 +117,26 @@ class CardData:
     framework_versions: dict[str, str] = dataclasses.field(default_factory=dict)
     license: str = "apache-2.0"
     language: str = "en"
+    # where the model can be loaded from: its Hub repository, else the folder it was saved into (as the run
+    # named it); the "How to use" code names the first one set
+    repo_id: str | None = None
+    folder: str | None = None
+    # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
+    # `hf-mlcl evaluate` finds the data from any working directory; never pushed (:meth:`for_hub`)
+    local_data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"card kind must be one of {KINDS}; got {self.kind!r}")
+
+    @property
+    def location(self) -> str:
+        """What ``from_pretrained`` takes to load this model: the Hub repo id, else the saved folder."""
+        return self.repo_id or self.folder or self.model_name or f"hf-mlcl-{self.kind}"
+
+    def for_hub(self, repo_id: str) -> CardData:
+        """A copy of the card as published to ``repo_id``: the repo named, this machine's paths left out."""
+        return dataclasses.replace(self, repo_id=repo_id, model_name=repo_id, folder=None, local_data={})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -134,6 +150,24 @@ class CardData:
     def load(cls, folder: str) -> CardData:
         with open(os.path.join(folder, CARD_DATA_FILE), encoding="utf-8") as fh:
             return cls.from_dict(json.load(fh))
+
+
+def resolve_local_data(card: CardData, folder: str) -> dict[str, Any]:
+    """The card's :attr:`~CardData.local_data` as paths that work from the current directory: each one
+    joined to ``folder`` (the folder the card was read from) where that exists, else left as stored."""
+
+    def here(path: Any) -> Any:
+        if isinstance(path, (list, tuple)):
+            return [here(p) for p in path]
+        if isinstance(path, str) and not os.path.isabs(path):
+            joined = os.path.normpath(os.path.join(folder, path))
+            return joined if os.path.exists(joined) else path
+        return path
+
+    out = {}
+    for key, value in (card.local_data or {}).items():
+        out[key] = {k: here(v) for k, v in value.items()} if isinstance(value, dict) else here(value)
+    return out
 
 
 def _metric_value(metrics: dict[str, float], key: str) -> tuple[str, float] | None:
@@ -233,6 +267,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         name=name,
         loss_info=loss_paper(stage1) if stage1 else None,
         probe_loss_info=loss_paper(card.loss) if card.kind == "classifier" else None,
+        location=card.location,
         metric_rows=_metric_table(card.metrics),
         hyperparameters=sorted(card.hyperparameters.items()),
         shown_labels=card.label_names[:20],

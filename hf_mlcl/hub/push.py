@@ -1,14 +1,16 @@
 """Upload a trained hf_mlcl folder (model, tokenizer, card, metrics, plots) to the Hugging Face Hub.
 
 The push only reads the folder: it lists the files worth publishing (:func:`files_to_push`), creates the
-repository (``HfApi.create_repo(exist_ok=True)``) and uploads exactly those files with
-``HfApi.upload_folder(allow_patterns=[...])``. A failure (network, permissions, quota) raises
+repository (``HfApi.create_repo(exist_ok=True)``) and uploads exactly those files in one
+``HfApi.create_commit``, with the model card re-rendered for the repository (its "How to use" code names
+the repo id, not the local folder). A failure (network, permissions, quota) raises
 :class:`PushError` and leaves the local checkpoint byte-for-byte as it was.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 from typing import Any
 
@@ -41,6 +43,23 @@ def files_to_push(folder: str) -> list[str]:
                 rel = os.path.relpath(os.path.join(dirpath, name), folder)
                 out.append(rel.replace(os.sep, "/"))
     return sorted(out)
+
+
+def _commit_operations(folder: str, files: list[str], repo_id: str) -> list[Any]:
+    """One ``CommitOperationAdd`` per file, the card re-rendered for ``repo_id`` on the way: its "How to use"
+    code then loads ``repo_id`` instead of the local folder, and ``card_data.json`` loses this machine's
+    paths (:meth:`CardData.for_hub`). The local files are only read."""
+    from huggingface_hub import CommitOperationAdd
+
+    from .model_card import CardData, render_model_card
+
+    rendered: dict[str, bytes] = {}
+    if CARD_DATA_FILE in files:
+        card = CardData.load(folder).for_hub(repo_id)
+        rendered[CARD_FILE] = str(render_model_card(card)).encode("utf-8")
+        rendered[CARD_DATA_FILE] = json.dumps(card.to_dict(), indent=2, sort_keys=True, default=str).encode("utf-8")
+    return [CommitOperationAdd(path_in_repo=f, path_or_fileobj=rendered.get(f, os.path.join(folder, f)))
+            for f in files]
 
 
 def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
@@ -80,6 +99,50 @@ def check_repo_id(repo_id: str | None) -> str:
     return repo_id
 
 
+_LOGIN = "run `hf auth login` (or set HF_TOKEN)"
+
+
+def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -> str:
+    """Before any training: raise ValueError / ConnectionError, in one line, when a push to ``repo_id`` cannot
+    work, so a run never trains for hours and then fails at its push. Checks, in this order (the first two
+    without any network call): the repo id's spelling; the Hub switched off (``HF_HUB_OFFLINE``); a token
+    (``token``, else ``HF_TOKEN`` or the one ``hf auth login`` saved); a TCP connection to the Hub; the
+    token itself (``HfApi.whoami``): valid, allowed to write, and its account or one of its organisations
+    owning the namespace of ``repo_id``. Returns ``repo_id``."""
+    from huggingface_hub import get_token
+
+    from .locate import _offline, hub_reachable
+
+    check_repo_id(repo_id)
+    where = f"cannot push to {repo_id!r}"
+    if _offline():
+        raise ConnectionError(f"{where}: the Hub is switched off (HF_HUB_OFFLINE=1); unset it, or train without "
+                              "--push_to and push later with `hf-mlcl push FOLDER --repo_id ...`")
+    token = token or get_token()
+    if not token:
+        raise ValueError(f"{where}: no Hugging Face token; {_LOGIN} with a token that can write")
+    if not hub_reachable():
+        raise ConnectionError(f"{where}: the Hub is unreachable (no network?); run where huggingface.co can be "
+                              "reached, or train without --push_to and push later")
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+    try:
+        me = api.whoami(token=token)
+    except Exception as err:  # noqa: BLE001 - an invalid token, or the network dropping now
+        raise ValueError(f"{where}: the Hub refused the token ({type(err).__name__}); {_LOGIN} again") from err
+    role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        raise ValueError(f"{where}: the token is read-only; {_LOGIN} with a token that can write")
+    owners = [me.get("name"), *[org.get("name") for org in me.get("orgs") or []]]
+    namespace = repo_id.split("/")[0] if "/" in repo_id else me.get("name")
+    if namespace not in owners:
+        raise ValueError(f"{where}: the token belongs to {me.get('name')!r}, who cannot create repositories under "
+                         f"{namespace!r} (yours: {', '.join(repr(o) for o in owners if o)}); use one of them")
+    return repo_id
+
+
 def push_folder(
     folder: str,
     repo_id: str,
@@ -92,23 +155,23 @@ def push_folder(
 ) -> Any:
     """Create ``repo_id`` (if needed) and upload the publishable files of ``folder``.
 
-    Returns the ``CommitInfo`` of ``upload_folder``. Raises ValueError for an incomplete folder (before
+    Returns the ``CommitInfo`` of ``create_commit``. Raises ValueError for an incomplete folder (before
     any network call) and :class:`PushError` when the Hub call fails; neither touches the folder.
     """
     check_repo_id(repo_id)
     files = check_pushable(folder)
+    operations = _commit_operations(folder, files, repo_id)
     if api is None:
         from huggingface_hub import HfApi
 
         api = HfApi(token=token)
     try:
         api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True, token=token)
-        return api.upload_folder(
-            folder_path=folder,
+        return api.create_commit(
             repo_id=repo_id,
             repo_type="model",
+            operations=operations,
             revision=revision,
-            allow_patterns=files,
             commit_message=commit_message or f"Upload hf_mlcl model ({len(files)} files)",
             token=token,
         )

@@ -42,7 +42,7 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "hf_mlcl.integrations.sentence_transformers needs sentence-transformers: "
-        "pip install 'hf_mlcl[sentence-transformers]'"
+        "pip install -e '.[sentence-transformers]' in the hf_mlcl repository"
     ) from err
 
 from hf_mlcl.hub.model_card import loss_paper

@@ -7,6 +7,8 @@
 * :func:`probe_model`: the classifier of stage 2 on that encoder (a LoRA encoder merged first; the
   encoder frozen for the linear / logistic probes), LoRA-wrapped for a LoRA fine-tune;
 * :func:`with_lora`: ``apply_lora`` with the settings' rank, alpha, dropout and targets;
+* :func:`align_special_tokens`: the model config's pad / bos / eos ids set to the tokenizer's before a
+  Trainer is built;
 * :func:`segment_multiple` (PLM-ICD's segment length, the collator's padding multiple) and
   :func:`adapter_encoder` (a folder saved as a LoRA adapter).
 
@@ -23,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "adapter_encoder",
+    "align_special_tokens",
     "build_tokenizer_and_encoder",
     "is_mlcl_checkpoint",
     "probe_model",
@@ -199,3 +202,16 @@ def probe_model(encoder: Any, model_args: Any, label_names: Sequence[str], probe
     if model_args.use_lora and probe == "finetune":  # adapters + classifier head train; the backbone stays frozen
         model = with_lora(model, model_args, activation_checkpointing)
     return model
+
+
+def align_special_tokens(model: Any, tokenizer: Any) -> None:
+    """The model config's pad / bos / eos ids set to the tokenizer's, where the tokenizer defines them,
+    before the Trainer is built: what ``Trainer`` otherwise aligns itself, with a notice in every stage
+    (transformers' ``align_special_tokens``; a config that lists several ids keeps them)."""
+    config = model.config.get_text_config()
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        current = getattr(config, name, None)
+        if value is None or value == current or (isinstance(current, list) and value in current):
+            continue
+        setattr(config, name, [value, *current] if isinstance(current, list) else value)

@@ -56,6 +56,9 @@ def save_folder_atomically(target: str, save: Callable[[str], Any]) -> None:
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint folder gets the usual mode
     try:
         save(tmp)
+        for name in os.listdir(tmp):  # safetensors writes its files 0600: give them the folder's umask
+            if name.endswith(".safetensors"):
+                os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
         if not os.path.isdir(target) or not os.listdir(target):
             try:  # rename(2) replaces a missing or empty folder in one step
                 os.replace(tmp, target)

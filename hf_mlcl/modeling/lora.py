@@ -216,7 +216,7 @@ def save_lora_adapter(
     import copy
     import os
 
-    from safetensors.torch import save_file
+    from hf_mlcl.files import atomic_write_safetensors
 
     from .folders_mlcl import ADAPTER_WEIGHTS_NAME
 
@@ -227,8 +227,7 @@ def save_lora_adapter(
     config.base_model_name_or_path = base_model_name_or_path
     config.modules_to_save = None
     config.inference_mode = True
-    with atomic_path(os.path.join(save_directory, ADAPTER_WEIGHTS_NAME)) as tmp:
-        save_file(adapter, tmp, metadata={"format": "pt"})
+    atomic_write_safetensors(adapter, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
     config.save_pretrained(save_directory)
     model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
 

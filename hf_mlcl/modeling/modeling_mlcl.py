@@ -91,6 +91,12 @@ class MLCLPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
 
     # -- backbone delegation ------------------------------------------------------------------------
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """``is_activation_checkpointing`` under the name peft reads when it wraps a model (transformers 5.x
+        deprecates its own alias with a FutureWarning at every ``get_peft_model``)."""
+        return self.is_activation_checkpointing
+
     def get_input_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
 

@@ -26,7 +26,7 @@ THRESHOLDS = ("global", "per_label")
 BATCH_SAMPLERS = ("random", "positives")
 
 # transformers defaults to False: a resumed run then restarts EarlyStoppingCallback's patience counter at 0
-# and trains on past the evaluation where the uninterrupted run stops (seen in docs/results: a BCE run on
+# and trains on past the evaluation where the uninterrupted run stops (seen in studies/results: a BCE run on
 # Reuters with patience 3, resumed at epoch 17 after 2 epochs without improvement, went on past epoch 18).
 _RESTORE_CALLBACKS_HELP = (
     "Restore the stateful callbacks (EarlyStoppingCallback's patience counter, the TrainerControl) from the "
@@ -45,6 +45,11 @@ _KEEP_COLUMNS_HELP = (
     "`labels`, which Trainer would drop as unused by model.forward (True is reset to False with a warning)."
 )
 
+_KEEP_CHECKPOINTS_HELP = (
+    "Keep the checkpoint-* folders once the stage has finished (`hf-mlcl` commands); default False: they only "
+    "serve to resume an interrupted stage, so they are removed once its model, metrics and card are saved."
+)
+
 
 def _keep_columns(args: TrainingArguments) -> None:
     """``remove_unused_columns`` must stay False (the collators need ``text`` and ``labels``)."""
@@ -54,6 +59,16 @@ def _keep_columns(args: TrainingArguments) -> None:
             "using remove_unused_columns=False"
         )
         args.remove_unused_columns = False
+
+
+def _no_pinned_memory_without_accelerator(args: TrainingArguments) -> None:
+    """``dataloader_pin_memory`` off where nothing can be pinned (``use_cpu``, or no accelerator): torch would
+    warn at every DataLoader it builds (each epoch, each evaluation) that it cannot pin, and nothing is lost."""
+    import torch
+
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    if args.dataloader_pin_memory and (args.use_cpu or not has_accelerator):
+        args.dataloader_pin_memory = False
 
 
 def _as_dict(value: Any, name: str) -> dict | None:
@@ -300,6 +315,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
     )
+    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
     knn_k: int = field(
         default=10,
         metadata={
@@ -334,6 +350,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
         if self.batch_sampler not in BATCH_SAMPLERS:
             raise ValueError(f"batch_sampler must be one of {BATCH_SAMPLERS}; got {self.batch_sampler!r}")
+        _no_pinned_memory_without_accelerator(self)
         super().__post_init__()
 
 
@@ -376,6 +393,7 @@ class ProbingTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
     )
+    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
     remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
     restore_callback_states_from_checkpoint: bool = field(
         default=True, metadata={"help": _RESTORE_CALLBACKS_HELP}
@@ -421,6 +439,11 @@ class ProbingTrainingArguments(TrainingArguments):
             ) from err
         if not grid or any(c <= 0 for c in grid):
             raise ValueError(f"logistic_c_grid must hold positive floats; got {self.logistic_c_grid!r}")
+        _no_pinned_memory_without_accelerator(self)
+        if self.ddp_find_unused_parameters is None and self.probe in ("linear", "logistic"):
+            # the frozen encoder has no trainable parameter: every one of the head's is used in each step, so
+            # DDP's search for unused ones (transformers' default) finds none and warns about the extra pass
+            self.ddp_find_unused_parameters = False
         super().__post_init__()
 
     @property

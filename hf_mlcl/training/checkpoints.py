@@ -1,22 +1,14 @@
 """The output folder of a stage: checks before a run writes, complete-or-absent checkpoints, the resume choice,
 and the contrastive trainer's extra state file.
 
-**Before any long work** (:func:`check_launch`, :func:`check_output_dir`):
-
-* several processes (``WORLD_SIZE > 1``, e.g. ``accelerate launch`` with the multi-GPU config) on a
-  machine without a GPU need ``--use_cpu true``; without it the Trainer would train every rank on the
-  whole data outside the process group. A process that ``accelerate launch --cpu`` started alone although
-  it asked for several processes or machines stops too, naming the launch that works. A launch that asks
-  for DeepSpeed or FSDP but would get something else (``use_cpu``, FSDP without GPU, several DeepSpeed CPU processes without ``--ddp_backend gloo``,
-  GradCache under DeepSpeed) stops with the cause and the fix
-  (:func:`hf_mlcl.training.sharding.launch_problem`);
-* a new run into a folder that already holds files stops with a clear error unless the user passes
-  ``--overwrite_output_dir true`` or resumes (``--resume_from_checkpoint``). It only checks: with
-  ``--overwrite_output_dir true`` the old run's checkpoints go in :func:`remove_previous_checkpoints`,
-  called by the stages (:mod:`hf_mlcl.training.stages`) once the data, the model and the batch size have
-  passed their checks, right before training starts, so a typo in the new run's inputs never costs the
-  old run's checkpoints. :func:`stage_finished`: a stage folder whose final save, metrics and card are
-  all written.
+**Before any long work**: :func:`check_launch` refuses a launch that would not form a working process group
+(several CPU processes without ``--use_cpu true``, a process ``accelerate launch --cpu`` started alone) or
+would not get the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.training.sharding.launch_problem`);
+:func:`check_output_dir` stops a new run into a folder that holds files unless it overwrites or resumes.
+It only checks: the old run's checkpoints go in :func:`remove_previous_checkpoints`, called by the stages
+(:mod:`hf_mlcl.training.stages`) once the data, the model and the batch size have passed their checks, so a
+typo in the new run's inputs never costs the old run's checkpoints. :func:`stage_finished`: a stage folder
+whose final save, metrics and card are all written.
 
 :class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
 (the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once per node, on the
@@ -34,10 +26,13 @@ anything else and removes it only after every file (and every rank) is done, so
   (checkpoints written before this marker existed count as complete when they hold
   ``trainer_state.json``, which the Trainer writes after the weights and optimizer);
 * :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest checkpoint complete on every process
-  (node-local folders of a multi-node run may differ), removes the incomplete ones (and temp files left
-  by interrupted atomic writes) on the process that writes the folder, and starts fresh (``None``) when
-  the folder holds no checkpoint yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume
-  whichever stage was interrupted.
+  (node-local folders of a multi-node run may differ), removes the incomplete ones (and the temp files and
+  ``.checkpoint-N.tmp-*`` folders left by interrupted atomic writes) on the process that writes the folder,
+  says which checkpoint it resumes from, and starts fresh (``None``) when the folder holds no checkpoint
+  yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume whichever stage was interrupted;
+* old checkpoints are rotated (``save_total_limit``) by step once the new one is complete, and the loss
+  is logged at every save, so a resumed run's ``train_loss`` covers every step of the run
+  (:func:`whole_run_train_loss`), not only those after the resume.
 
 **The contrastive trainer's extra state** (loss parameters, momentum encoder, queue) is stored as
 safetensors, without pickle, so resuming from a checkpoint someone else wrote never runs their code. A
@@ -60,6 +55,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from hf_mlcl.files import TMP_PREFIX, atomic_path
 
@@ -68,35 +64,13 @@ from . import distributed as D
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "FINISHED_FILES",
-    "LEGACY_STATE_FILE",
-    "SAVING_MARKER",
-    "STATE_FILE",
-    "CompleteCheckpointsMixin",
-    "InputError",
-    "check_launch",
-    "check_lora_save",
-    "check_output_dir",
-    "check_stage",
-    "check_train_batches",
-    "checkpoint_folders",
-    "finished_stage_metrics",
-    "is_complete_checkpoint",
-    "last_complete_checkpoint",
-    "load_state_file",
-    "new_folders",
-    "optimizer_state_to_tree",
-    "parse_resume",
-    "preflight",
-    "remove_incomplete_checkpoints",
-    "remove_previous_checkpoints",
-    "require_a_step",
-    "resolve_resume",
-    "save_state_file",
-    "stage_finished",
-    "tree_to_optimizer_state",
-    "wants_resume",
-]
+    "FINISHED_FILES", "LEGACY_STATE_FILE", "SAVING_MARKER", "STATE_FILE", "CompleteCheckpointsMixin", "InputError",
+    "check_launch", "check_lora_save", "check_output_dir", "check_stage", "check_train_batches",
+    "checkpoint_folders", "finished_stage_metrics", "is_complete_checkpoint", "last_complete_checkpoint",
+    "load_state_file", "new_folders", "optimizer_state_to_tree", "parse_resume", "preflight", "remove_checkpoints",
+    "remove_incomplete_checkpoints", "remove_previous_checkpoints", "require_a_step", "resolve_resume",
+    "save_state_file", "stage_finished", "tree_to_optimizer_state", "wants_resume", "whole_run_train_loss"
+]  # fmt: skip
 
 SAVING_MARKER = ".saving"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -124,7 +98,7 @@ def check_launch(args: Any) -> None:
 
     problem = launch_problem(args)
     if problem:
-        raise ValueError(problem)
+        raise InputError(problem)
     if _lone_process_of_a_cpu_launch():
         raise InputError(
             "accelerate launch started this process on its own: with --cpu (or use_cpu: true in the accelerate "
@@ -136,7 +110,7 @@ def check_launch(args: Any) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     deepspeed = requested_engine(args) == "deepspeed"  # runs on CPU processes over gloo by itself
     if world > 1 and not torch.cuda.is_available() and not getattr(args, "use_cpu", False) and not deepspeed:
-        raise ValueError(
+        raise InputError(
             f"launched as {world} processes (WORLD_SIZE={world}) on a machine without a GPU: add "
             "--use_cpu true so the processes train together over gloo (or launch one process)"
         )
@@ -177,8 +151,7 @@ def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, i
     if not overwrite or wants_resume(resume):
         return
     if is_main_process:
-        for path in checkpoint_folders(output_dir):
-            shutil.rmtree(path, ignore_errors=True)
+        for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
     D.barrier()
 
@@ -328,17 +301,46 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return complete[-1] if complete else None
 
 
+def _interrupted_temp(name: str, folder_name: str | None = None) -> bool:
+    """A temp file or folder of an interrupted atomic write: ``.tmp-*`` (:mod:`hf_mlcl.files`), or the
+    ``.<target>.tmp-*`` folder a model save writes before renaming it into place (``.checkpoint-4.tmp-x``
+    inside ``output_dir``; ``.<folder_name>.tmp-x`` beside it for the stage's own final save)."""
+    if name.startswith(TMP_PREFIX):
+        return True
+    if folder_name is not None:
+        return name.startswith(f".{folder_name}.tmp-")
+    return name.startswith(".") and _CHECKPOINT_RE.match(name[1:].split(".tmp-", 1)[0]) is not None and ".tmp-" in name
+
+
+def remove_checkpoints(output_dir: str) -> list[str]:
+    """Delete every ``checkpoint-*`` folder of ``output_dir``; returns them."""
+    removed = checkpoint_folders(output_dir)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
 def remove_incomplete_checkpoints(output_dir: str) -> list[str]:
-    """Delete the incomplete ``checkpoint-*`` folders and ``.tmp-*`` files of ``output_dir``; returns them."""
+    """Delete the incomplete ``checkpoint-*`` folders of ``output_dir`` and the temp files and folders of
+    interrupted saves in it (and beside it, for its own final save); returns them."""
     removed = [p for p in checkpoint_folders(output_dir) if not is_complete_checkpoint(p)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
-    if os.path.isdir(output_dir):
-        for name in os.listdir(output_dir):
-            path = os.path.join(output_dir, name)
-            if name.startswith(TMP_PREFIX) and os.path.isfile(path):
+    output_dir = os.path.normpath(output_dir)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    places = [(output_dir, None), (parent, os.path.basename(os.path.abspath(output_dir)))]
+    for folder, target in places:
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if not _interrupted_temp(name, target):
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 os.unlink(path)
-                removed.append(path)
+            removed.append(path)
     for path in removed:
         logger.warning(f"removed {path}: left over by an interrupted save")
     return removed
@@ -378,6 +380,8 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         last = _last_complete_on_every_process(output_dir, is_main_process)
         if last is None:
             logger.warning(f"no complete checkpoint in {output_dir}: starting this stage from the beginning")
+        elif is_main_process:
+            print(f"resuming from {last}", flush=True)
         return last
     path = value
     if not is_complete_checkpoint(path):
@@ -386,7 +390,47 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
             f"resume_from_checkpoint={path} {why}; pass --resume_from_checkpoint true to take the last "
             "complete checkpoint of output_dir"
         )
+    if is_main_process:
+        print(f"resuming from {path}", flush=True)
     return path
+
+
+def whole_run_train_loss(log_history: list[dict], start_step: int, end_step: int, this_call: float) -> float:
+    """The mean training loss over every step of a run that resumed at ``start_step`` and ended at
+    ``end_step``. ``Trainer`` reports ``train_loss`` over the steps of its own ``train()`` call only
+    (``this_call``); the steps before the resume are read from the checkpoint's ``log_history``, whose
+    ``loss`` entries are each the mean over the steps since the entry before (:class:`CompleteCheckpointsMixin`
+    logs at every save, so they reach ``start_step``). Where they do not (a checkpoint of another writer),
+    ``this_call`` is returned unchanged."""
+    if start_step <= 0:
+        return this_call
+    total, covered = 0.0, 0
+    for entry in log_history:
+        if "loss" in entry and covered < entry.get("step", 0) <= start_step:
+            total += float(entry["loss"]) * (entry["step"] - covered)
+            covered = entry["step"]
+    if covered != start_step or end_step <= 0:
+        logger.warning("train_loss covers the steps after the resume only: the checkpoint's log does not reach "
+                       f"step {start_step}")
+        return this_call
+    return (total + this_call * max(end_step - start_step, 0)) / end_step
+
+
+class _LogAtEverySave(TrainerCallback):
+    """Log the training loss whenever a checkpoint is saved, so every checkpoint's ``log_history`` covers
+    every step before it (:func:`whole_run_train_loss`), and note the step ``train()`` started from."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.train_start_step = state.global_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            control.should_log = True
+
+    on_epoch_end = on_step_end
 
 
 def _step(path: str) -> int:
@@ -428,25 +472,50 @@ class CompleteCheckpointsMixin:
     marked. Subclasses add their own files in :meth:`save_extra_checkpoint_files`, which runs while
     the folder is still marked."""
 
+    train_start_step = 0  # the step the last train() call started from (> 0 after a resume)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(_LogAtEverySave(self))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log``, with the final ``train_loss`` of a resumed run over all its steps
+        (:func:`whole_run_train_loss`), not only the steps after the resume."""
+        if "train_loss" in logs and self.train_start_step > 0:
+            logs["train_loss"] = whole_run_train_loss(self.state.log_history, self.train_start_step,
+                                                      self.state.global_step, logs["train_loss"])  # fmt: skip
+        super().log(logs, start_time)
+
     def save_extra_checkpoint_files(self, folder: str) -> None:
         """Write files of this trainer beyond the Trainer's own into ``folder`` (main process)."""
 
     def _save_checkpoint(self, model, trial) -> None:
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         marker = os.path.join(folder, SAVING_MARKER)
         if self.args.should_save:
             os.makedirs(folder, exist_ok=True)
             with open(marker, "w", encoding="utf-8") as fh:
                 fh.write("a save is in progress; this checkpoint is incomplete until this file is gone\n")
         D.barrier()  # no rank writes into the folder before it is marked
-        super()._save_checkpoint(model, trial)
+        # Trainer rotates old checkpoints inside its save, ordered by modification time (and notices when two
+        # saves within a second make that unreliable); they are rotated below instead, by step, once the new
+        # checkpoint is complete, so the newest complete one never goes before its successor is finished
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         if self.args.should_save and os.path.isdir(folder):
             self.save_extra_checkpoint_files(folder)
         D.barrier()  # every rank's shards / optimizer states are on disk
         if self.args.should_save and os.path.exists(marker):
             os.unlink(marker)
+        if self.args.should_save:
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------

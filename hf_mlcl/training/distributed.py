@@ -1,7 +1,7 @@
 """Cross-process gathering for contrastive losses under data parallelism (DDP / FSDP via accelerate).
 
 A contrastive loss needs every process's samples as *candidates* while each process keeps its own
-*anchors*. The candidate embeddings are gathered **with gradient** (``torch.distributed.nn``), so the
+*anchors*. The candidate embeddings are gathered **with gradient** (:class:`_AllGatherWithGrad`), so the
 gradient of a process's loss with respect to another process's embeddings travels back to that
 process: the backward of ``all_gather`` is a reduce-scatter with SUM, hence rank r receives
 ``sum_s d L_s / d z_r``. DDP then *averages* parameter gradients over the W ranks, so the optimised
@@ -74,22 +74,45 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return F.pad(tensor, pad)
 
 
+class _AllGatherWithGrad(torch.autograd.Function):
+    """``all_gather`` whose backward sums every rank's gradient for this rank's rows (a reduce-scatter with
+    SUM): what ``torch.distributed.nn.functional.all_gather`` computes, which torch 2.13 deprecates (with a
+    FutureWarning at every run) in favour of a private module. Public collectives only: NCCL / XCCL
+    reduce-scatter; backends without reduce-scatter (gloo) all-reduce the stacked gradients and keep this
+    rank's slice (the embeddings are small, B x D per rank)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: D102
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor)
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        grads = tuple(g.contiguous() for g in grads)
+        if dist.get_backend() in ("nccl", "xccl"):
+            out = torch.empty_like(grads[0])
+            dist.reduce_scatter(out, list(grads), op=dist.ReduceOp.SUM)
+            return out
+        total = torch.stack(grads)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total[dist.get_rank()]
+
+
 def all_gather_with_grad(tensor: torch.Tensor, sizes: list[int] | None = None) -> list[torch.Tensor]:
     """All-gather ``tensor`` (N_r, ...) from every rank, differentiable; returns the per-rank list.
 
-    Uses ``torch.distributed.nn.functional.all_gather`` whose backward sums the incoming gradients
-    (reduce-scatter), so ``loss.backward()`` on every rank delivers to rank r the gradient of the sum
-    of all ranks' losses with respect to its own rows. ``sizes`` (the rows of each rank) may be given
-    to skip the size exchange; uneven sizes are padded and trimmed.
+    The backward sums the incoming gradients (reduce-scatter, :class:`_AllGatherWithGrad`), so
+    ``loss.backward()`` on every rank delivers to rank r the gradient of the sum of all ranks' losses with
+    respect to its own rows. ``sizes`` (the rows of each rank) may be given to skip the size exchange;
+    uneven sizes are padded and trimmed.
     """
     if not is_distributed():
         return [tensor]
-    from torch.distributed.nn.functional import all_gather as _differentiable_all_gather
-
     if sizes is None:
         sizes = _gather_sizes(tensor.shape[0], tensor.device)
     rows = max(sizes)
-    parts = _differentiable_all_gather(_pad_rows(tensor.contiguous(), rows))
+    parts = _AllGatherWithGrad.apply(_pad_rows(tensor.contiguous(), rows))
     return [part[:n] for part, n in zip(parts, sizes)]
 
 
@@ -279,7 +302,7 @@ def _destroy_deepspeed_engines() -> None:
     if engine_cls is None:
         return
     for obj in gc.get_objects():
-        if isinstance(obj, engine_cls):
+        if issubclass(type(obj), engine_cls):  # type(), not isinstance: no deprecated module attribute is touched
             obj.destroy()
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
     if offload is not None:

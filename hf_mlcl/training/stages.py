@@ -8,8 +8,9 @@
 * :func:`run_contrastive_stage` / :func:`run_probe_stage`: a stage with its model card
   (:class:`~hf_mlcl.hub.ModelCardCallback`), written by the process that writes the stage's folder
   (``TrainingArguments.should_save``: the global main process, or each node's main process with
-  ``save_on_each_node``), then a barrier, so no rank reads a stage's folder before it is complete (every
-  rank calls these under ``accelerate launch``);
+  ``save_on_each_node``), the stage's ``checkpoint-*`` folders removed then (unless ``keep_checkpoints``),
+  then a barrier, so no rank reads a stage's folder before it is complete (every rank calls these under
+  ``accelerate launch``);
 * :func:`run_stages`: the stages of a run in order with their cards, the run's data loaded once, a
   finished stage skipped on resume, and the classifier's evaluation files written from the probe's own
   scores (no split is scored twice);
@@ -44,6 +45,7 @@ import numpy as np
 from hf_mlcl.files import atomic_write_json
 from hf_mlcl.modeling.builders import (
     adapter_encoder,
+    align_special_tokens,
     build_tokenizer_and_encoder,
     probe_model,
     segment_multiple,
@@ -55,6 +57,7 @@ from .checkpoints import (
     check_stage,
     finished_stage_metrics,
     preflight,
+    remove_checkpoints,
     remove_previous_checkpoints,
     require_a_step,
     resolve_resume,
@@ -227,6 +230,7 @@ def train_contrastive(model_args: Any, data_args: Any, training_args: Any, callb
     if model_args.use_lora:
         encoder = with_lora(encoder, model_args, _checkpointing(training_args))
     collator = _collator(tokenizer, encoder, data, data_args, n_views=training_args.n_views)
+    align_special_tokens(encoder, tokenizer)
     trainer = ContrastiveTrainer(model=encoder, args=training_args, **_trainer_data(data, collator, tokenizer, callbacks))
     return _finish_contrastive(trainer, tokenizer, _fit(trainer, created, "stage 1 (contrastive)"), model_args,
                                data_args, data)  # fmt: skip
@@ -283,6 +287,7 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     tokenizer, encoder = build_tokenizer_and_encoder(model_args, data.dataset["train"]["text"], source=encoder_path)
     model = probe_model(encoder, model_args, data.label_names, probing_args.probe, _checkpointing(probing_args))
     collator = _collator(tokenizer, model, data, data_args)
+    align_special_tokens(model, tokenizer)
     trainer = ProbingTrainer(model=model, args=probing_args, **_trainer_data(data, collator, tokenizer, callbacks))
     metrics: dict[str, Any] = {"probe": probing_args.probe, "loss": probing_args.loss, "dataset": data_args.dataset}
     if probing_args.probe == "logistic":
@@ -348,6 +353,8 @@ def _with_card(train: Callable[..., StageResult], card_cb: Any, args: Any, *stag
         if card.kind == "classifier":
             card.hyperparameters["threshold"] = str(args.threshold)
         card_cb.save(args.output_dir, model_name=args.hub_model_id)
+        if not getattr(args, "keep_checkpoints", False):  # finished: its checkpoints serve no resume any more
+            remove_checkpoints(args.output_dir)
     D.barrier()
     return result
 

@@ -88,27 +88,36 @@ def test_evaluate_refuses_a_different_label_space(run_dir, capsys):
 def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
     import huggingface_hub
 
+    import hf_mlcl.hub.locate as locate
+
     calls = {}
 
     class FakeApi:
         def __init__(self, token=None):
             calls["token"] = token
 
+        def whoami(self, token=None):
+            return {"name": "me", "orgs": [], "auth": {"accessToken": {"role": "write"}}}
+
         def create_repo(self, **kw):
             calls["create_repo"] = kw
 
-        def upload_folder(self, **kw):
-            calls["upload_folder"] = kw
+        def create_commit(self, **kw):
+            calls["create_commit"] = kw
             return "https://huggingface.co/me/tiny/commit/abc"
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the push checks: a token, the Hub reachable
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: True)
     clf = os.path.join(run_dir, "classifier")
     assert main(["push", clf, "--repo-id", "me/tiny", "--private"]) == 0
     assert calls["create_repo"]["repo_id"] == "me/tiny" and calls["create_repo"]["private"] is True
-    uploaded = calls["upload_folder"]["allow_patterns"]
+    operations = {op.path_in_repo: op for op in calls["create_commit"]["operations"]}
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json",
-            "modeling_mlcl.py", "plots/f1_vs_frequency_test.png"} <= set(uploaded)
-    assert "training_args.bin" not in uploaded
+            "modeling_mlcl.py", "plots/f1_vs_frequency_test.png"} <= set(operations)
+    assert "training_args.bin" not in operations
+    assert b'model="me/tiny"' in operations["README.md"].path_or_fileobj  # the card names the repo it goes to
     assert "pushed" in capsys.readouterr().out
 
 

@@ -55,7 +55,10 @@ probe:
   feature_cache_dir: features
 """
 # what every launch adds on the command line (the CPU flag, quiet logs)
-COMMON = ["--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "none", "--no_plots"]
+# keep_checkpoints: these tests look into stage 1's checkpoints (who wrote them, complete on which node) after
+# the run, which drops them once a stage has finished unless asked to keep them
+COMMON = ["--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "none", "--keep_checkpoints", "true",
+          "--no_plots"]  # fmt: skip
 MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py", "layers_mlcl.py", "folders_mlcl.py",
                "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_args.bin"}  # fmt: skip
 STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}

@@ -54,6 +54,9 @@ def test_two_process_run_saves_once_and_matches_one_process(tmp_path):
                                 "--probe.per_device_train_batch_size", "16", *COMMON])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
+    # quiet by default: none of the notices the library used to cause, on either process
+    for noise in ("find_unused_parameters", "FutureWarning", "PAD/BOS/EOS", "pin_memory", "mtime may not"):
+        assert noise not in proc.stderr, (noise, proc.stderr[-3000:])
     # only the main process prints the results table
     assert proc.stdout.count("| two |") == 1, proc.stdout[-2000:]
     enc, clf = os.path.join(two, "encoder"), os.path.join(two, "classifier")
@@ -83,4 +86,5 @@ def test_multi_gpu_config_on_a_cpu_machine_names_the_missing_flag(tmp_path):
     proc = _launch("multi_gpu.yaml", args, timeout=280)
     assert proc.returncode != 0
     assert "--use_cpu true" in proc.stderr and "without a GPU" in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("hf-mlcl train: error:") == 1, proc.stderr[-3000:]  # said once, by the main process
     assert not os.path.exists(tmp_path / "out" / "model.safetensors")

@@ -22,7 +22,8 @@ TINY_DATA = json.dumps(
     {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
 )
 TRAIN = ["train", RECIPE, "--dataset_options", TINY_DATA, "--max_steps", "6", "--save_strategy", "steps",
-         "--save_steps", "2", "--per_device_train_batch_size", "16", "--disable_tqdm", "true"]  # fmt: skip
+         "--save_steps", "2", "--per_device_train_batch_size", "16", "--disable_tqdm", "true",
+         "--keep_checkpoints", "true"]  # fmt: skip
 
 # the child trains, and SIGKILLs itself inside the save of checkpoint-4: after the weights and the
 # optimizer are written, before the RNG state and trainer_state.json
@@ -47,7 +48,7 @@ def _weights(folder: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(600)
-def test_resume_after_kill_9_mid_save_takes_the_last_complete_checkpoint(tmp_path):
+def test_resume_after_kill_9_mid_save_takes_the_last_complete_checkpoint(tmp_path, capsys):
     from transformers.trainer_utils import get_last_checkpoint
 
     out = str(tmp_path / "killed")
@@ -58,18 +59,29 @@ def test_resume_after_kill_9_mid_save_takes_the_last_complete_checkpoint(tmp_pat
     assert os.path.isfile(os.path.join(half, SAVING_MARKER)) and not is_complete_checkpoint(half)
     assert get_last_checkpoint(out) == half  # what the Trainer alone would have resumed from
     assert last_complete_checkpoint(out) == os.path.join(out, "checkpoint-2")
+    # what a kill inside a model save leaves: its hidden temp folder, inside output_dir (a checkpoint's) or
+    # beside it (the stage's final save)
+    leftovers = [os.path.join(out, ".checkpoint-4.tmp-k1ll3d"), str(tmp_path / ".killed.tmp-k1ll3d")]
+    for folder in leftovers:
+        os.makedirs(folder)
+        open(os.path.join(folder, "model.safetensors"), "wb").write(b"half")
+    capsys.readouterr()
 
     assert main([*TRAIN, "--output_dir", out, "--resume_from_checkpoint", "true"]) == 0
+    assert f"resuming from {os.path.join(out, 'checkpoint-2')}" in capsys.readouterr().out
+    assert not any(os.path.exists(folder) for folder in leftovers)
     for step in (2, 4, 6):
         assert is_complete_checkpoint(os.path.join(out, f"checkpoint-{step}")), step
     assert json.load(open(os.path.join(out, "trainer_state.json")))["global_step"] == 6
-    # the resumed run ends where an uninterrupted one does
+    # the resumed run ends where an uninterrupted one does, and its train_loss is over all 6 steps
     ref = str(tmp_path / "uninterrupted")
     assert main([*TRAIN, "--output_dir", ref]) == 0
     resumed, straight = _weights(out), _weights(ref)
     assert resumed.keys() == straight.keys()
     for name in straight:
         torch.testing.assert_close(resumed[name], straight[name], rtol=0, atol=1e-6, msg=name)
+    losses = [json.load(open(os.path.join(folder, "metrics.json")))["train_loss"] for folder in (out, ref)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
 def _mode(path: str) -> int:

@@ -362,3 +362,170 @@ def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys)
         assert main(["train", RECIPE]) == 2
         err = capsys.readouterr().err
         assert (err == "hf-mlcl train: error: the train split has 9 rows, fewer than one batch of 32\n") is printed
+
+
+@pytest.fixture
+def no_saved_token(monkeypatch, tmp_path):
+    """No HF_TOKEN and no token file: what a user who never ran `hf auth login` has."""
+    import huggingface_hub.constants as constants
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+
+
+def _whoami(name="me", orgs=("lab",), role="write"):
+    return lambda self, token=None: {"name": name, "orgs": [{"name": o} for o in orgs],
+                                     "auth": {"accessToken": {"role": role}}}
+
+
+@pytest.mark.usefixtures("no_saved_token")
+def test_a_push_to_that_cannot_work_stops_in_one_line_before_training(monkeypatch, capsys, tmp_path):
+    """--push_to is checked before any training: the Hub switched off, no token, no connection, a token the Hub
+    refuses, a read-only token, a namespace the token cannot write to. No network call is made here: the
+    connection and whoami are replaced, and each earlier check must stop before them."""
+    import huggingface_hub
+
+    import hf_mlcl.hub.locate as locate
+
+    _no_training(monkeypatch)
+    out = tmp_path / "run"
+
+    def run_err(repo="you/model"):
+        rc = main(["run", RECIPE, "--push_to", repo, "--output_dir", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert not out.exists()
+        return err
+
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: pytest.fail("checked the network too early"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", lambda self, token=None: pytest.fail("whoami too early"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "the Hub is switched off (HF_HUB_OFFLINE=1)" in run_err()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    err = run_err()
+    assert "cannot push to 'you/model': no Hugging Face token" in err and "`hf auth login`" in err
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: False)
+    assert "the Hub is unreachable" in run_err()
+    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: True)
+
+    def refused(self, token=None):
+        from httpx2 import Request, Response
+        from huggingface_hub.errors import HfHubHTTPError
+
+        response = Response(401, request=Request("GET", "https://huggingface.co/api/whoami-v2"))
+        raise HfHubHTTPError("401 Client Error: Unauthorized", response=response)
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", refused)
+    assert "the Hub refused the token (HfHubHTTPError)" in run_err()
+    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", _whoami(role="read"))
+    assert "the token is read-only" in run_err(repo="me/model")
+    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", _whoami())
+    err = run_err(repo="you/model")
+    assert "the token belongs to 'me', who cannot create repositories under 'you'" in err and "'lab'" in err
+    for repo in ("me/model", "lab/model", "model"):  # a push that can work: training starts
+        with pytest.raises(AssertionError, match="training started"):
+            main(["run", RECIPE, "--push_to", repo, "--output_dir", str(out)])
+
+
+@pytest.mark.usefixtures("no_saved_token")
+def test_push_command_checks_the_folder_then_the_token(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert main(["push", str(tmp_path), "--repo_id", "me/model"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "README.md").write_text("card")
+    assert main(["push", str(tmp_path), "--repo_id", "me/model"]) == 2
+    assert "no Hugging Face token" in capsys.readouterr().err
+
+
+def test_a_recipe_for_another_dataset_runs_on_a_csv_given_with_dataset(tmp_path):
+    """The tiny synthetic recipe's dataset_options ({num_labels: 10, ...}) belong to the synthetic corpus: a
+    --dataset CSV on the command line replaces them (and data_dir / data_files) instead of reaching the CSV
+    loader as unknown keywords."""
+    import csv
+    import json
+
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+
+    data = tmp_path / "my.csv"
+    with open(data, "w", encoding="utf-8", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "labels"])
+        for i in range(48):
+            w.writerow([f"word{i % 7} word{i % 5} text", ["a", "b;c", "c"][i % 3]])
+    recipe = load_recipe(RECIPE)
+    recipe["data_dir"] = "data/synthetic"  # a registered dataset's folder must not be searched for the CSV
+    ov = split_overrides(["--dataset", str(data)], ["contrastive"])
+    _, data_args, _ = parse_stage(recipe, "contrastive", ov)
+    assert data_args.loader_options() == {} and data_args.data_dir is None
+    ov = split_overrides(["--dataset", "synthetic"], ["contrastive"])  # the same dataset keeps its options
+    assert parse_stage(recipe, "contrastive", ov)[1].loader_options()["num_labels"] == 10
+    out = tmp_path / "run"
+    rc = main(["run", RECIPE, "--dataset", str(data), "--output_dir", str(out), "--max_steps", "1",
+               "--disable_tqdm", "true", "--no_plots"])  # fmt: skip
+    assert rc == 0
+    card = json.load(open(out / "classifier" / "card_data.json"))
+    assert card["label_names"] == ["a", "b", "c"] and card["dataset_options"] == {}
+
+
+def test_a_default_run_is_quiet_names_its_split_states_its_footprint_and_keeps_no_checkpoint(tmp_path):
+    """At the default log level a tiny real run (checkpoints every step, save_total_limit 1) prints no
+    library noise on stderr: no pin_memory warning (no GPU here), no PAD/BOS/EOS notice, no "mtime may not be
+    reliable" notice. Its checkpoints are gone once each stage has finished unless asked for (here: the
+    probe's), its safetensors follow the umask, and the run ends with the split its table reports and its
+    size on disk."""
+    import json
+    import stat
+    import subprocess
+    import sys
+
+    from hf_mlcl.files import folder_size, format_size
+
+    tiny = json.dumps({"num_labels": 4, "num_train": 64, "num_validation": 16, "num_test": 16,
+                       "min_words": 5, "max_words": 10})
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_mlcl.cli", "run", RECIPE, "--max_steps", "3", "--save_strategy", "steps",
+         "--save_steps", "1", "--save_total_limit", "1", "--probe.keep_checkpoints", "true", "--output_dir", str(out),
+         "--no_plots", "--disable_tqdm", "true", "--dataset_options", tiny],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "| run | split | micro_f1 | macro_f1 | p@1 | p@5 |" in lines and "| run | test |" in proc.stdout
+    assert lines[-1] == f"{out}: {format_size(folder_size(str(out)))}"
+    assert not [p for p in os.listdir(out / "encoder") if p.startswith("checkpoint-")]
+    assert sorted(p for p in os.listdir(out / "classifier") if p.startswith("checkpoint-")) == ["checkpoint-3"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [*out.glob("*/model.safetensors"), *out.glob("classifier/checkpoint-3/*.safetensors")]:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, path
+    assert not [p for p in os.listdir(out) if p.startswith(".")]
+
+
+def test_the_run_table_says_when_it_reports_validation():
+    from hf_mlcl.evaluation.tables import format_table
+
+    table = format_table([{"run": "a", "validation_micro_f1": 0.5}, {"run": "b", "test_micro_f1": 0.25}],
+                         keys=("micro_f1",), show_split=True)  # fmt: skip
+    assert table.splitlines() == ["| run | split | micro_f1 |", "|---|---|---|", "| a | validation | 0.5000 |",
+                                  "| b | test | 0.2500 |"]  # fmt: skip
+
+
+def test_probe_prints_its_metrics_and_footprint(tmp_path, capsys):
+    import json
+
+    tiny = json.dumps({"num_labels": 4, "num_train": 48, "num_validation": 16, "num_test": 16,
+                       "min_words": 5, "max_words": 10})
+    out = tmp_path / "clf"
+    assert main(["probe", RECIPE, "--output_dir", str(out), "--max_steps", "1", "--disable_tqdm", "true",
+                 "--dataset_options", tiny]) == 0  # fmt: skip
+    printed = capsys.readouterr().out.strip().splitlines()
+    metrics = json.load(open(out / "metrics.json"))
+    assert "| classifier | split | micro_f1 | macro_f1 | p@1 | p@5 |" in printed
+    assert f"| clf | test | {metrics['test_micro_f1']:.4f} | {metrics['test_macro_f1']:.4f} |" in "\n".join(printed)
+    assert printed[-1].startswith(f"{out}: ") and printed[-1].endswith("B")

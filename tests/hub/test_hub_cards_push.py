@@ -8,7 +8,6 @@ import os
 
 import pytest
 from huggingface_hub import ModelCard
-from huggingface_hub.utils import filter_repo_objects
 
 from hf_mlcl.hub import (
     CARD_DATA_FILE,
@@ -192,7 +191,7 @@ EXPECTED = [
 
 
 class FakeHfApi:
-    """Records calls; resolves allow_patterns with huggingface_hub's own filter, as upload_folder does."""
+    """Records calls and the bytes each commit operation uploads."""
 
     def __init__(self, fail_on: str | None = None):
         self.fail_on = fail_on
@@ -205,18 +204,15 @@ class FakeHfApi:
             raise ConnectionError("Hub unreachable")
         return f"https://huggingface.co/{kw['repo_id']}"
 
-    def upload_folder(self, **kw):
-        self.calls.append(("upload_folder", kw))
-        root = kw["folder_path"]
-        listing = []
-        for dirpath, _dirs, files in os.walk(root):
-            listing += [os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/") for f in files]
-        chosen = list(filter_repo_objects(listing, allow_patterns=kw.get("allow_patterns"),
-                                          ignore_patterns=kw.get("ignore_patterns")))
-        for rel in chosen:
-            with open(os.path.join(root, rel), "rb") as fh:
-                self.uploaded[rel] = fh.read()
-        if self.fail_on == "upload_folder":
+    def create_commit(self, **kw):
+        self.calls.append(("create_commit", kw))
+        for op in kw["operations"]:
+            content = op.path_or_fileobj
+            if isinstance(content, str):
+                with open(content, "rb") as fh:
+                    content = fh.read()
+            self.uploaded[op.path_in_repo] = content
+        if self.fail_on == "create_commit":
             raise TimeoutError("connection reset during upload")
         return "commit-info"
 
@@ -235,7 +231,7 @@ def test_push_uploads_model_tokenizer_card_and_metrics_only(tmp_path):
     assert files_to_push(str(tmp_path)) == EXPECTED
     api = FakeHfApi()
     assert push_folder(str(tmp_path), "someone/aapd-sd", private=True, api=api) == "commit-info"
-    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"]
+    assert [c[0] for c in api.calls] == ["create_repo", "create_commit"]
     assert api.calls[0][1]["exist_ok"] is True and api.calls[0][1]["private"] is True
     assert api.calls[1][1]["repo_id"] == "someone/aapd-sd"
     assert sorted(api.uploaded) == EXPECTED
@@ -243,7 +239,7 @@ def test_push_uploads_model_tokenizer_card_and_metrics_only(tmp_path):
     assert json.loads(api.uploaded["card_data.json"])["dataset"] == "aapd"
 
 
-@pytest.mark.parametrize("fail_on", ["create_repo", "upload_folder"])
+@pytest.mark.parametrize("fail_on", ["create_repo", "create_commit"])
 def test_failed_push_leaves_the_checkpoint_byte_identical(tmp_path, fail_on):
     _fake_checkpoint(str(tmp_path))
     before = _snapshot(str(tmp_path))
@@ -268,3 +264,24 @@ def test_incomplete_folder_is_refused_before_any_hub_call(tmp_path, remove, matc
 def test_bad_repo_id_is_refused(tmp_path):
     with pytest.raises(ValueError, match="repo_id"):
         push_folder(str(tmp_path), "a/b/c", api=FakeHfApi())
+
+
+def test_the_pushed_card_names_the_repo_and_none_of_the_local_paths(tmp_path):
+    """A local card loads from its folder; the card the push uploads loads from the repo id and carries no
+    local path (folder, data paths) in README.md or card_data.json; the local files stay as they were."""
+    folder = tmp_path / "outputs" / "clf"
+    _fake_checkpoint(str(folder))
+    card = _classifier_card(model_name=None, folder="outputs/clf", dataset="my_data.csv",
+                            local_data={"dataset": "../../my_data.csv"})
+    save_model_card(card, str(folder))
+    local = (folder / CARD_FILE).read_text()
+    assert 'model="outputs/clf"' in local and 'AutoTokenizer.from_pretrained("outputs/clf", trust_remote_code=True)' in local
+    before = _snapshot(str(folder))
+    api = FakeHfApi()
+    push_folder(str(folder), "someone/my-clf", api=api)
+    pushed = api.uploaded[CARD_FILE].decode()
+    assert 'model="someone/my-clf"' in pushed and "outputs/clf" not in pushed and "../../" not in pushed
+    assert ModelCard(pushed).data.model_name == "someone/my-clf"
+    data = json.loads(api.uploaded[CARD_DATA_FILE])
+    assert data["repo_id"] == "someone/my-clf" and data["folder"] is None and data["local_data"] == {}
+    assert _snapshot(str(folder)) == before

@@ -54,21 +54,24 @@ def test_grid_is_complete_and_generated_files_are_current():
 
 
 def _hand_written_recipes() -> list[str]:
-    """Every recipe that is neither a base, an accelerate config, nor a generated grid cell."""
+    """Every recipe that is neither a base, an accelerate config, nor a generated grid cell, and every recipe of
+    the results study (studies/recipes), relative to the repository root."""
     out = []
     grid_dirs = set(GEN.DATASETS) | {"base", "accelerate"}
     for dirpath, _dirs, files in os.walk(RECIPES):
         rel = os.path.relpath(dirpath, RECIPES)
         if rel == "." or rel.split(os.sep)[0] in grid_dirs:
             continue
-        out += [os.path.join(rel, f) for f in files if f.endswith(".yaml")]
+        out += [os.path.join("recipes", rel, f) for f in files if f.endswith(".yaml")]
+    for dirpath, _dirs, files in os.walk(os.path.join(ROOT, "studies", "recipes")):
+        out += [os.path.relpath(os.path.join(dirpath, f), ROOT) for f in files if f.endswith(".yaml")]
     return sorted(out)
 
 
 @pytest.mark.parametrize("rel", _hand_written_recipes())
 def test_every_hand_written_recipe_parses(rel):
-    """recipes/demo, recipes/cpu ...: the same real-dataclass parse as the grid (CPU: use_cpu)."""
-    recipe = load_recipe(os.path.join(RECIPES, rel))
+    """recipes/demo, studies/recipes ...: the same real-dataclass parse as the grid (CPU: use_cpu)."""
+    recipe = load_recipe(os.path.join(ROOT, rel))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         for stage in recipe.get("stages", STAGES):

@@ -1,0 +1,88 @@
+"""How the full-data studies (docs/RESULTS.md) choose their BCE fine-tuning baseline, on validation only.
+
+* **Learning rate**: the ``bce_finetune-lr<lr>`` seed-1 cell with the highest validation macro-F1
+  (``run.py --lr best``; the grid itself is ``lr_grid.py``).
+* **Budget**: where the chosen run ended its 5 epochs still improving (``LONG_BUDGET``), the same fine-tune
+  also runs with a longer budget (``run.py --tag long``: cell ``bce_finetune-long-lr<lr>``). That run becomes
+  the bar when its seed-1 validation macro-F1 is higher than the 5-epoch run's (a tie keeps the cheaper
+  5 epochs), and then it also gets seeds 2-3, so that the seed-spread verdict can be read against it.
+  This rule was fixed before the longer run finished. The fine-tunes from the stage-1 encoders keep
+  the 5-epoch budget, so the 5-epoch BCE run stays their equal-budget comparison and gets seeds 2-3
+  in either case.
+
+    python studies/bce_choice.py reuters21578     # prints "long" or "base"
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # studies/results: the study's cells
+RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
+LONG_TAG = "long"
+# studies whose chosen BCE run ended its 5 epochs still improving, and the longer budget run_all.sh gives them
+# (run_all.sh's long_bce() runs exactly this budget, for the studies listed here: keep the two in step)
+LONG_BUDGET = {"reuters21578": "up to 20 epochs (patience 3)"}
+
+
+def _validation_macro_f1(path: str) -> float:
+    with open(path, encoding="utf-8") as fh:
+        return float(json.load(fh)["metrics"]["validation_macro_f1"])
+
+
+def bce_validation_scores(study: str, results: str = RESULTS) -> dict[str, float]:
+    """Validation macro-F1 of each finished ``bce_finetune-lr*`` seed-1 cell of ``study``, by learning rate
+    (budget variants such as ``bce_finetune-long-lr*`` are no points of the grid)."""
+    scores = {}
+    for path in glob.glob(os.path.join(results, study, "bce_finetune-lr*", "seed1", "metrics.json")):
+        cell = os.path.basename(os.path.dirname(os.path.dirname(path)))
+        scores[cell[len("bce_finetune-lr") :]] = _validation_macro_f1(path)
+    return scores
+
+
+def best_bce_lr(study: str, results: str = RESULTS) -> str:
+    """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` seed-1 cell of ``study``
+    with the highest validation macro-F1. ValueError when none has finished yet."""
+    scores = bce_validation_scores(study, results)
+    if not scores:
+        raise ValueError(
+            f"--lr best: no finished bce_finetune-lr* seed-1 cell under {os.path.join(results, study)}; "
+            "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base)"
+        )
+    return max((score, lr) for lr, score in scores.items())[1]
+
+
+def long_cell(lr: str) -> str:
+    """The cell folder of the longer-budget BCE run at learning rate ``lr`` (``run.py --tag long --lr <lr>``)."""
+    return f"bce_finetune-{LONG_TAG}-lr{lr}"
+
+
+def bce_budget(study: str, results: str = RESULTS) -> str:
+    """``"long"`` when the longer-budget BCE run of ``study`` beats the 5-epoch run at the chosen learning rate
+    on seed-1 validation macro-F1, else ``"base"`` (always ``"base"`` for a study without a longer run).
+    ValueError for a study without results, or while a run the choice needs has not finished."""
+    if not os.path.isdir(os.path.join(results, study)):
+        raise ValueError(f"no study {study!r} under {results} (the full-data studies: reuters21578, goemotions_full)")
+    if study not in LONG_BUDGET:
+        return "base"
+    scores = bce_validation_scores(study, results)
+    lr = best_bce_lr(study, results)
+    long = os.path.join(results, study, long_cell(lr), "seed1", "metrics.json")
+    if not os.path.isfile(long):
+        raise ValueError(
+            f"{study}: the BCE run with {LONG_BUDGET[study]} at lr {lr} (seed 1) has not finished, so the "
+            "budget of the BCE baseline is not chosen yet (run_all.sh full-reuters runs it before the seeds)"
+        )
+    return "long" if _validation_macro_f1(long) > scores[lr] else "base"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python studies/bce_choice.py <study>")
+    try:
+        print(bce_budget(sys.argv[1]))
+    except ValueError as err:
+        sys.exit(f"error: {err}")

@@ -1,0 +1,268 @@
+"""Runner of the study in docs/RESULTS.md: one (study, loss, probe, seed) cell per call.
+
+It drives the library's stages ``hf_mlcl.training.stages.train_contrastive`` / ``train_probe`` with the
+recipes of ``studies/recipes/<study>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
+does), and additionally records what the CLI does not keep: the test per-label F1 (for the
+frequency plot, from the test scores the probe stage returns) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the
+repository); only ``metrics.json`` and ``per_label_f1.json`` land in ``studies/results/<study>/<cell>/seed<S>/``.
+
+The studies (``studies/recipes/<study>/``: reuters21578, goemotions_full) probe each stage-1 encoder with
+ABALONE's ``logistic`` probe and the SD paper's ``linear`` probe, and fine-tune with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
+rate with the highest validation macro-F1 among the study's finished seed-1 cells; ``--lr extend`` the
+third point of the BCE grid, chosen on validation from the first two, see ``lr_grid.py``):
+
+    python studies/run.py cell reuters21578 --loss bce --probe finetune --lr 5e-5 --seed 1
+    python studies/run.py cell reuters21578 --loss pretrained --probe linear --seed 1
+    python studies/run.py cell reuters21578 --loss sd --probe finetune --lr best --seed 1
+
+``--loss bce``: no stage 1, the MiniLM encoder is fine-tuned with BCE. ``--loss pretrained``: no
+stage 1, the frozen pretrained MiniLM is probed (reference for what stage 1 adds).
+Stage-1 encoders are reused by later probes of the same (dataset, loss, seed); a cell whose
+``metrics.json`` already exists is skipped unless ``--force`` is given. Trained stages whose recipe
+evaluates during training (eval_strategy != "no") stop early on the recipe's metric_for_best_model
+(``--patience`` evaluations without improvement) and keep the best checkpoint; a stage that left a
+``checkpoint-*`` behind (a killed run) resumes from it. The frozen probes share one feature store per
+dataset (``$MLCL_RUNS/<dataset>/features``, ``ProbingTrainingArguments.feature_cache_dir``): the linear probe
+of an encoder loads the features its logistic probe saved instead of running the encoder again. Per-epoch wall times and the validation
+curve go to ``timeline.jsonl`` next to the checkpoints and into the cell's ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cell_io  # noqa: E402  (studies/cell_io.py: the cell files every runner of the study writes)
+
+REPO = cell_io.REPO
+RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # beside the checkout
+RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(cell_io.STUDIES, "results"))  # small per-cell outputs
+
+
+
+def _has_checkpoint(folder: str) -> bool:
+    """True when ``folder`` holds a Trainer ``checkpoint-*`` to resume from."""
+    return os.path.isdir(folder) and any(n.startswith("checkpoint-") for n in os.listdir(folder))
+
+
+def _callbacks(args, folder: str, patience: int) -> list:
+    """Timeline (always) and early stopping (when the stage evaluates and keeps the best model)."""
+    from transformers import EarlyStoppingCallback
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timeline import TimelineCallback
+
+    cbs = [TimelineCallback(os.path.join(folder, "timeline.jsonl"))]
+    if str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no" and args.load_best_model_at_end:
+        cbs.append(EarlyStoppingCallback(early_stopping_patience=patience))
+    return cbs
+
+
+def _epochs(folder: str) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timeline import epoch_summary
+
+    return epoch_summary(os.path.join(folder, "timeline.jsonl"))
+
+
+def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
+    """The per-epoch test scoring of ``--test-each-epoch`` (epoch_test.py), for stages trained in epochs."""
+    if not wanted:
+        return []
+    if probe == "logistic":
+        raise ValueError("--test-each-epoch scores a stage trained in epochs: use --probe linear or finetune")
+    from epoch_test import EpochTestCallback
+
+    from hf_mlcl.training.stages import load_run_data
+
+    data = load_run_data(d_args)
+    ds, names = data.dataset, data.label_names
+    return [EpochTestCallback(ds["validation"], ds["test"], len(names), d_args.max_length,
+                              os.path.join(folder, "epoch_test.jsonl"))]  # fmt: skip
+
+
+def best_bce_lr(dataset: str) -> str:
+    """The fine-tuning learning rate chosen on validation (``bce_choice.best_bce_lr``; ValueError until a
+    BCE learning-rate cell has finished)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bce_choice
+
+    return bce_choice.best_bce_lr(dataset, RESULTS)
+
+
+def extended_bce_lr(dataset: str) -> str:
+    """The grid's third learning rate, chosen on validation from the first two (studies/lr_grid.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bce_choice import bce_validation_scores
+    from lr_grid import FIRST, third_lr
+
+    third = third_lr(bce_validation_scores(dataset, RESULTS))
+    if third is None:
+        raise ValueError(
+            f"--lr extend: the BCE cells at learning rates {' and '.join(FIRST)} (seed 1) must finish first; "
+            f"run them with --lr {FIRST[0]} / --lr {FIRST[1]}"
+        )
+    return third
+
+
+def run_cell(
+    dataset: str,
+    loss: str,
+    probe: str,
+    seed: int,
+    extra: list[str],
+    force: bool = False,
+    tag: str | None = None,
+    lr: str | None = None,
+    patience: int = 2,
+    test_each_epoch: bool = False,
+) -> dict:
+
+    from hf_mlcl.data import label_names, train_frequency
+    from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
+    from hf_mlcl.training.stages import train_contrastive, train_probe
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from minilm import find_minilm
+
+    os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
+    recipe = load_recipe(cell_io.recipe_path(dataset, loss))
+    if lr is not None:  # the fine-tuning learning rate under test; names the cell
+        if probe != "finetune":
+            raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
+        lr = {"best": best_bce_lr, "extend": extended_bce_lr}.get(lr, lambda _: lr)(dataset)
+        float(lr)  # a number, or a clear error before any work
+        tag = f"lr{lr}" if tag is None else f"{tag}-lr{lr}"  # e.g. finetune-long-lr2e-4: never read as an lr
+        extra = [*extra, "--probe.learning_rate", lr]
+    minilm = find_minilm()
+    run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
+    cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
+    out_dir = os.path.join(RESULTS, dataset, cell, f"seed{seed}")
+    if not force and os.path.isfile(os.path.join(out_dir, "metrics.json")):
+        print(f"SKIP {dataset} {cell} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
+        with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+    tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
+    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra, "tag": tag,
+                    "git_commit": cell_io.git_commit(), "device": cell_io.device()}
+    wall: dict[str, float] = {}
+
+    encoder_path = None
+    if loss not in ("bce", "pretrained"):
+        encoder_path = os.path.join(run_dir, "encoder")
+        done = os.path.join(encoder_path, "metrics.json")
+        ov = split_overrides([*tokens, "--max_eval_samples", "256"], ["contrastive"])
+        _, _, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
+        result["contrastive_args"] = {
+            k: getattr(c_args, k)
+            for k in ("loss", "loss_kwargs", "temperature", "projection_dim", "learning_rate",
+                      "num_train_epochs", "per_device_train_batch_size", "queue_size", "n_views", "seed")
+        }
+        if not os.path.isfile(done):
+            m_args, d_args, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
+            if _has_checkpoint(encoder_path):
+                c_args.resume_from_checkpoint = True
+                print(f"RESUME stage 1 from the last checkpoint in {encoder_path}", flush=True)
+            t0 = time.time()
+            train_contrastive(m_args, d_args, c_args, callbacks=_callbacks(c_args, encoder_path, patience))
+            wall["stage1_s"] = round(time.time() - t0, 1)
+            with open(done, encoding="utf-8") as fh:
+                saved = json.load(fh)
+            saved["wall_s"] = wall["stage1_s"]
+            saved["epochs"] = _epochs(encoder_path)
+            cell_io.write_json(done, saved)
+        with open(done, encoding="utf-8") as fh:
+            result["stage1"] = json.load(fh)
+        wall["stage1_s"] = result["stage1"].get("wall_s")
+    elif loss == "bce" and probe != "finetune":
+        raise ValueError("--loss bce is the fine-tuning baseline: use --probe finetune")
+
+    if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
+        tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(RUNS, dataset, "features")]
+    ov = split_overrides(tokens, ["probe"])
+    probe_dir = os.path.join(run_dir, probe + (f"-{tag}" if tag else ""))
+    m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=probe_dir)
+    if loss == "bce":
+        p_args.loss = "bce"
+    if probe != "logistic" and _has_checkpoint(probe_dir):
+        p_args.resume_from_checkpoint = True
+        print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
+    t0 = time.time()
+    stage = train_probe(
+        m_args, d_args, p_args, encoder_path=encoder_path,
+        callbacks=_callbacks(p_args, probe_dir, patience) + _epoch_test(test_each_epoch, probe, d_args, probe_dir),
+    )
+    trainer, metrics = stage.trainer, stage.metrics
+    wall["probe_s"] = round(time.time() - t0, 1)  # this process's part when the stage was resumed
+    if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
+        result["features"] = dict(trainer.feature_sources)
+    if probe != "logistic":
+        result["epochs"] = _epochs(probe_dir)
+        if test_each_epoch:
+            from epoch_test import read_epoch_tests
+
+            result["epoch_test"] = read_epoch_tests(os.path.join(probe_dir, "epoch_test.jsonl"))
+        best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths
+        result["best_checkpoint"] = None if best is None else os.path.relpath(best, RUNS)
+        result["best_metric"] = trainer.state.best_metric
+        if any(type(cb).__name__ == "EarlyStoppingCallback" for cb in trainer.callback_handler.callbacks):
+            result["early_stopping_patience"] = patience  # checked against the evaluations (studies/tests)
+    result["probe_args"] = {
+        k: getattr(p_args, k)
+        for k in ("probe", "loss", "threshold", "learning_rate", "num_train_epochs",
+                  "per_device_train_batch_size", "logistic_c_grid", "seed")
+    }
+    result["data"] = {
+        "max_train_samples": d_args.max_train_samples,
+        "max_eval_samples": d_args.max_eval_samples,
+        "max_test_samples": d_args.max_test_samples,
+        "max_length": d_args.max_length,
+        "data_dir": d_args.data_dir,
+    }
+    result["metrics"] = metrics
+    result["wall_s"] = wall
+
+    # per-label F1 on test at the tuned threshold, with training-subset frequencies
+    scores, truth = stage.scores["test"]
+    names = label_names(trainer.train_dataset)
+    train_count = train_frequency(trainer.train_dataset, len(names))
+    cell_io.write_json(os.path.join(out_dir, "per_label_f1.json"),
+                       cell_io.per_label_record(names, truth, scores, metrics["threshold"], train_count))  # fmt: skip
+    cell_io.write_json(os.path.join(out_dir, "metrics.json"), result)
+    print(
+        f"RESULT {dataset} {cell} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
+        f"macro-F1 {metrics.get('test_macro_f1'):.4f} wall {wall}",
+        flush=True,
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["cell"])
+    ap.add_argument("dataset")
+    ap.add_argument("--loss", required=True)
+    ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
+    ap.add_argument("--lr", default=None, help="cell, --probe finetune: learning rate under test (names the cell "
+                    "lr<value>), 'best' for the BCE one with the highest validation macro-F1 (seed 1), or 'extend' "
+                    "for the BCE grid's third point, chosen on validation from the first two (lr_grid.py)")
+    ap.add_argument("--patience", type=int, default=2, help="cell: early stopping after this many evaluations "
+                    "without improvement (stages that evaluate during training)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow; "
+                    "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
+                    "loss, seed) is shared")
+    ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
+    ap.add_argument("--test-each-epoch", action="store_true", help="also score test after every epoch (a tuned "
+                    "threshold each time; the points of the compute figure; no choice reads them)")
+    args, extra = ap.parse_known_args(argv)
+    run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
+             patience=args.patience, test_each_epoch=args.test_each_epoch)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

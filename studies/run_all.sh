@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The study of docs/RESULTS.md: Reuters-21578 R90 and GoEmotions, whole training sets, all-MiniLM-L6-v2.
+# Run from the repository root. Every cell is skipped once its metrics.json exists, so rerunning a phase
+# resumes it (a half-trained stage resumes from its last checkpoint in $MLCL_RUNS):
+#   bash studies/run_all.sh full       # all the phases below, in order
+#   bash studies/run_all.sh full-reuters-base     # Reuters R90: frozen probes, BCE lr 5e-5 / 1e-4 / a third on validation
+#   bash studies/run_all.sh full-goemotions-base  # GoEmotions: the same
+#   bash studies/run_all.sh full-reuters-losses   # Reuters: every loss -> logistic, linear; then each fine-tune
+#   bash studies/run_all.sh full-goemotions-losses ["jaccard hbl"]  # the two best losses on GoEmotions
+#   bash studies/run_all.sh full-seeds reuters21578 ["jaccard hbl"] # seeds 2-3: BCE + the two best losses
+#     (without a list, studies/loss_choice.py names the two best on Reuters validation: frozen probes, seed 1)
+#   bash studies/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): the
+#   bash studies/run_all.sh full-goemotions  # Reuters losses, 20-epoch BCE and seeds, resp. every GoEmotions
+#     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
+#   bash studies/run_all.sh baselines   # TF-IDF (logistic regression, linear SVM) and SetFit on both studies
+#   bash studies/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2
+#     # one cell, logged like the phases' cells
+# Long runs: nohup nice -n 19 bash studies/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
+# (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
+# OMP_NUM_THREADS defaults to 2 (one queue on 2 cores); two queues of different studies side by side with
+# OMP_NUM_THREADS=1 each never share a cell.
+# Checkpoints: $MLCL_RUNS (default ../runs beside the repository); small outputs: studies/results/<study>/<cell>/seed<S>/.
+# Tables: python studies/make_tables.py (rewrites the tables between the markers in docs/RESULTS.md).
+set -u
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
+PY=${PY:-.venv/bin/python}
+R="$PY studies/run.py"
+LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
+RUNS=${MLCL_RUNS:-$(cd "$(dirname "$0")/../.." && pwd)/runs}  # default: ../runs beside the checkout
+# one logged cell: its own log file under $RUNS/logs/<study>/ (appended across runs), one line in the main log
+logcell() {  # logcell STUDY NAME COMMAND...
+  local study=$1 name=$2; shift 2
+  local base; base=$(echo "$name" | tr -c 'A-Za-z0-9.-' '_' | sed 's/_*$//')
+  [ ${#base} -gt 200 ] && base="${base:0:160}_$(echo "$name" | md5sum | cut -c1-12)"  # a file name fits 255 bytes
+  local log="$RUNS/logs/$study/$base.log"
+  mkdir -p "$(dirname "$log")"
+  echo "### $(date -u +%F\ %T) $name (log: $log)"
+  { echo "### $(date -u +%F\ %T) start, commit $(git rev-parse --short HEAD)"; "$@"; } >> "$log" 2>&1 \
+    && grep -h "^RESULT\|^SKIP" "$log" | tail -1 || echo "FAILED: $study $name (see $log)"
+}
+fcell() { local study=$1; shift; logcell "$study" "$*" $R cell "$study" "$@"; }  # a cell of run.py
+# a baseline cell (studies/baseline_tfidf.py, studies/baseline_setfit.py), its data folder named explicitly
+DATA=${DATA:-../shared/data}  # the recipes' data_dir root, relative to the repository root
+bcell() {
+  local kind=$1 study=$2 dir; shift 2
+  dir=$DATA/$([ "$study" = goemotions_full ] && echo goemotions || echo "$study")
+  logcell "$study" "baseline_$kind $*" $PY "studies/baseline_$kind.py" "$study" "$@" --data_dir "$dir"
+}
+# BCE learning rates: 5e-5 and 1e-4, then a third chosen on validation from those two ("extend": 2e-4 if
+# 1e-4 is the better, else 2e-5; studies/lr_grid.py): a grid must be able to grow past its better edge.
+LRS="5e-5 1e-4 extend"
+# linear probe: the encoder is frozen and encoded once (cache_features; run.py keeps the features of both
+# probes in $MLCL_RUNS/<study>/features, so the linear probe loads what the logistic one encoded), so its
+# epochs cost seconds:
+# up to 50 epochs at the recipe's lr 1e-2, early stopping after 5 evaluations without improvement
+LINEAR="--probe.num_train_epochs 50 --patience 5"
+base_cells() {  # frozen pretrained MiniLM (both probes), then BCE fine-tuning at each learning rate
+  local study=$1 pat=$2
+  fcell "$study" --loss pretrained --probe logistic --seed 1
+  fcell "$study" --loss pretrained --probe linear --seed 1 $LINEAR
+  for LR in $LRS; do fcell "$study" --loss bce --probe finetune --lr "$LR" --seed 1 --patience "$pat"; done
+}
+probe_cells() {  # stage 1 with each loss and both frozen probes on it (minutes each)
+  local study=$1 seed=$2; shift 2
+  for L in "$@"; do
+    fcell "$study" --loss "$L" --probe logistic --seed "$seed"
+    fcell "$study" --loss "$L" --probe linear --seed "$seed" $LINEAR
+  done
+}
+finetune_cells() {  # a fine-tune from each loss's stage-1 encoder at the BCE learning rate (1-2 h each on Reuters)
+  local study=$1 pat=$2 seed=$3; shift 3
+  for L in "$@"; do fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"; done
+}
+loss_cells() {  # every loss gets its probe rows before the first long fine-tune starts
+  probe_cells "$1" "$3" "${@:4}"
+  finetune_cells "$@"
+}
+# Reuters' chosen BCE run (2e-4) ended its 5 epochs still improving on validation (0.284, 0.324, 0.364):
+# the same fine-tune with up to 20 epochs (patience 3) says whether the comparisons survive a converged
+# baseline (cell bce_finetune-long-lr<lr>; studies/bce_choice.py LONG_BUDGET lists the studies that have it)
+long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed "${2:-1}" --patience 3 --tag long --probe.num_train_epochs 20; }
+# the bar's budget, chosen on validation (studies/bce_choice.py): "long" when that run beat the 5 epochs
+bce_budget() {
+  local b; b=$($PY studies/bce_choice.py "$1") || { echo "FAILED: bce_choice.py $1 (no seeds 2-3 of the longer BCE run)" >&2; return; }
+  echo "### BCE budget of $1 chosen on validation: $b" >&2; echo "$b"
+}
+# the two losses that run on GoEmotions and get seeds 2-3: named, or chosen by studies/loss_choice.py
+# (best seed-1 validation macro-F1 of a frozen probe on Reuters, once every loss has one)
+pick() { if [ -n "${1:-}" ]; then echo "$1"; else $PY studies/loss_choice.py reuters21578 2; fi; }
+# the same in a queue that runs beside full-reuters: wait (logging why) until every Reuters probe row is there
+wait_pick() { local L; until L=$(pick ""); do sleep "${PICK_POLL_S:-600}"; done; echo "$L"; }
+reuters_loss_cells() {  # every loss's probes, the 20-epoch BCE run, then every loss's fine-tune (seed 1)
+  probe_cells reuters21578 1 $LOSSES
+  long_bce reuters21578
+  finetune_cells reuters21578 2 1 $LOSSES
+}
+seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes first (minutes each), then the
+  # BCE baseline at its chosen learning rate (5 epochs, and the longer budget where bce_choice.py chose it),
+  # then the losses' fine-tunes (hours each)
+  local study=$1 pat=$2 S; shift 2
+  for S in 2 3; do
+    fcell "$study" --loss pretrained --probe logistic --seed "$S"
+    fcell "$study" --loss pretrained --probe linear --seed "$S" $LINEAR
+    probe_cells "$study" "$S" "$@"
+  done
+  for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat"; done
+  if [ "$(bce_budget "$study")" = long ]; then for S in 2 3; do long_bce "$study" "$S"; done; fi
+  for S in 2 3; do finetune_cells "$study" "$pat" "$S" "$@"; done
+}
+
+case "${1:-}" in
+full-reuters-base) base_cells reuters21578 2 ;;
+full-goemotions-base) base_cells goemotions_full 3 ;;
+full-reuters-losses) loss_cells reuters21578 2 1 $LOSSES ;;
+full-goemotions-losses) L2=$(pick "${2:-}") || exit 1; loss_cells goemotions_full 3 1 $L2 ;;
+baselines)  # TF-IDF + logistic regression (no seed changes it: one run) / linear SVM, then SetFit's recipe; seed 1
+  # of every row on both studies before seeds 2 and 3 (SetFit: about an hour of 2 cores per cell)
+  for study in reuters21578 goemotions_full; do for M in logreg svm; do bcell tfidf "$study" --model $M --seed 1; done; done
+  for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed 1; done
+  for S in 2 3; do for study in reuters21578 goemotions_full; do bcell tfidf "$study" --model svm --seed "$S"; done; done
+  for S in 2 3; do for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed "$S"; done; done
+  ;;
+full-cell) shift; : "${1:?name the study and run.py cell arguments, e.g. full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2}"; fcell "$@" ;;
+full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (named, or by loss_choice.py)
+  study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
+  L2=$(pick "${3:-}") || exit 1
+  seed_cells "$study" "$pat" $L2
+  ;;
+full-reuters)     # one queue's whole Reuters share: every loss (probes, then fine-tunes), then seeds 2-3
+  reuters_loss_cells
+  L2=$(pick "") || exit 1
+  seed_cells reuters21578 2 $L2
+  ;;
+full-goemotions)  # the other queue's GoEmotions share: base rows, the two best losses, then seeds 2-3
+  base_cells goemotions_full 3
+  L2=$(wait_pick)
+  loss_cells goemotions_full 3 1 $L2
+  seed_cells goemotions_full 3 $L2
+  ;;
+full)     # the issue's order: BCE + frozen probes on both datasets, every loss on Reuters, the two best
+  # losses on GoEmotions, then seeds 2-3 (one queue; full-reuters + full-goemotions split it in two)
+  base_cells reuters21578 2
+  base_cells goemotions_full 3
+  reuters_loss_cells
+  L2=$(pick "") || exit 1
+  loss_cells goemotions_full 3 1 $L2
+  seed_cells reuters21578 2 $L2
+  seed_cells goemotions_full 3 $L2
+  ;;
+*) echo "usage: $0 full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines" ; exit 2 ;;
+esac
