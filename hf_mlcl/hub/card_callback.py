@@ -91,6 +91,7 @@ class ModelCardCallback(TrainerCallback):
             self.card.pooling = getattr(model_args, "pooling", None)
             if kind == "classifier":
                 self.card.head = getattr(model_args, "head", None)
+        self._data_args = data_args  # its local paths go into the card when it is saved (local_data_paths)
         if data_args is not None:
             self.card.dataset = getattr(data_args, "dataset", None)
             options = data_args.loader_options() if hasattr(data_args, "loader_options") else None
