@@ -80,7 +80,7 @@ def study_data(study: str, overrides: list[str] | None = None):
 
 def multi_hot(label_lists, num_labels: int) -> np.ndarray:
     """(N, L) bool multi-hot matrix of label-id lists."""
-    from hf_mlcl.data.multihot import label_coordinates
+    from hf_mlcl.labels.multihot import label_coordinates
 
     rows, cols, _ = label_coordinates(label_lists, num_labels)
     out = np.zeros((len(label_lists), num_labels), dtype=bool)
