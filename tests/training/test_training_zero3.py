@@ -67,7 +67,8 @@ def _launch(root, processes: int, mode: str = "msc") -> dict:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("processes", [1, 2])
+# one process: the GPU suite's tiny ZeRO-3 cells (tests/test_gpu_suite.py) launch it in the default suite too
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_msc_under_zero3_matches_the_plain_run_and_its_adapter_reloads(setup, processes):
     root, plain = setup
     got = _launch(root, processes)
