@@ -54,10 +54,11 @@ import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from hf_mlcl.labels import multihot as M  # noqa: E402
+from hf_mlcl.labels import relations as R  # noqa: E402
 from hf_mlcl.losses import get_loss  # noqa: E402
-from hf_mlcl.losses import relations as R  # noqa: E402
 from hf_mlcl.losses.registry import list_contrastive_losses  # noqa: E402
-from hf_mlcl.modeling import EmbeddingQueue  # noqa: E402
+from hf_mlcl.training.memory import EmbeddingQueue  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -156,7 +157,7 @@ def mulsupcon_loop(z, y, k, yk, tau=0.1):
     logits, eye = _masked_logp(zn, cn, n, tau)
     logp = logits - torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=1, keepdim=True)
     anchors_of = _label_lists(y)
-    cands_of = _label_lists(R.cat_labels(R.as_multihot(y), R.as_multihot(yk)))
+    cands_of = _label_lists(R.cat_labels(M.as_multihot(y), M.as_multihot(yk)))
     total = logp.new_zeros(())
     pairs = 0
     for label, rows in anchors_of.items():
@@ -181,7 +182,7 @@ def msc_loop(z, y, k, yk, prototypes, tau=0.1, beta=0.1):
         math.log(beta) + torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=1),
         torch.logsumexp(sp, dim=1),
     )
-    ya, yc = R.as_multihot(y), R.cat_labels(R.as_multihot(y), R.as_multihot(yk))
+    ya, yc = M.as_multihot(y), R.cat_labels(M.as_multihot(y), M.as_multihot(yk))
     sizes_a, sizes_c = R.label_sizes(ya), R.label_sizes(yc)
     inter = R.intersections(ya, yc)
     union = sizes_a[:, None] + sizes_c[None, :] - inter
@@ -203,7 +204,7 @@ def hbl_loop(z, y, k, yk, base_fn, lambda_=0.01, gamma=0.8, m_rel=0.1, m_abs=0.3
     zn = F.normalize(z, dim=1)
     cn = torch.cat([zn, k])
     n = zn.shape[0]
-    ya, yc = R.as_multihot(y), R.cat_labels(R.as_multihot(y), R.as_multihot(yk))
+    ya, yc = M.as_multihot(y), R.cat_labels(M.as_multihot(y), M.as_multihot(yk))
     inter = R.intersections(ya, yc)
     union = R.label_sizes(ya)[:, None] + R.label_sizes(yc)[None, :] - inter
     jac = torch.where(union > 0, inter / union.clamp_min(1), torch.zeros_like(inter))

@@ -38,9 +38,10 @@ from transformers import LlamaConfig, TrainerCallback  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from minilm import find_minilm  # noqa: E402  (benchmarks/minilm.py, beside this script)
+
 from hf_mlcl.modeling import MLCLEncoder, apply_lora  # noqa: E402
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments  # noqa: E402
-from hf_mlcl.utils import find_minilm  # noqa: E402
 
 LABELS = 20
 LLAMA_SIZES = {

@@ -19,6 +19,7 @@ from hf_mlcl.training import (
     DataArguments,
     ModelArguments,
     ProbingTrainingArguments,
+    load_run_data,
     train_contrastive,
     train_probe,
 )
@@ -46,19 +47,20 @@ def main(argv: list[str] | None = None) -> dict:
     common = dict(num_train_epochs=a.epochs, max_steps=a.max_steps, per_device_train_batch_size=16,
                   save_strategy="no", report_to="none", logging_steps=10, disable_tqdm=True)
     encoder_dir, classifier_dir = os.path.join(a.output_dir, "encoder"), os.path.join(a.output_dir, "classifier")
+    data = load_run_data(data_args)  # read once, for both stages
     # stage 1: label-aware contrastive training of the encoder
-    _, stage1 = train_contrastive(model_args, data_args, ContrastiveTrainingArguments(
+    stage1 = train_contrastive(model_args, data_args, ContrastiveTrainingArguments(
         encoder_dir, loss=a.loss, learning_rate=5e-5 if not a.tiny else 1e-3, projection_dim=64,
-        remove_unused_columns=False, **common))
+        remove_unused_columns=False, **common), data=data)
     # stage 2: a linear probe on the frozen encoder; the threshold is tuned on validation
-    _, stage2 = train_probe(model_args, data_args, ProbingTrainingArguments(
+    stage2 = train_probe(model_args, data_args, ProbingTrainingArguments(
         classifier_dir, probe="linear", learning_rate=1e-3 if not a.tiny else 1e-2, remove_unused_columns=False,
-        **common), encoder_path=encoder_dir)
-    print("data:", "; ".join(data_args.data_notes) or "splits as given")
-    print(json.dumps({k: v for k, v in stage2.items() if k.endswith(("micro_f1", "macro_f1"))}, indent=2))
+        **common), encoder_path=encoder_dir, data=data)
+    print("data:", "; ".join(data.notes) or "splits as given")
+    print(json.dumps({k: v for k, v in stage2.metrics.items() if k.endswith(("micro_f1", "macro_f1"))}, indent=2))
     print(f"classifier saved to {classifier_dir} (load it with pipeline('text-classification', "
           f"model={classifier_dir!r}, trust_remote_code=True, top_k=None))")
-    return {"contrastive": stage1, "probe": stage2}
+    return {"contrastive": stage1.metrics, "probe": stage2.metrics}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ are spelt with underscores, as the dataclass fields and transformers' scripts ar
 the dashed spelling (``--encoder-path``) is accepted everywhere too.
 
 This module only parses arguments and prints: the stages, scoring and evaluation it runs live in the
-library (:mod:`hf_mlcl.training.pipeline`, :mod:`hf_mlcl.evaluation.tables`); nothing in the library
+library (:mod:`hf_mlcl.training.stages`, :mod:`hf_mlcl.evaluation.tables`); nothing in the library
 imports it.
 """
 
@@ -62,21 +62,23 @@ def _check_models(model_args, **folders: str | None) -> None:
 
 def cmd_train(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
-    from hf_mlcl.training.pipeline import check_stage, run_contrastive_stage
+    from hf_mlcl.training import stages
+    from hf_mlcl.training.checkpoints import check_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
     check_stage(args)
     _check_models(model_args)
-    _, metrics = run_contrastive_stage(model_args, data_args, args)
+    result = stages.run_contrastive_stage(model_args, data_args, args)
     print(f"encoder saved to {args.output_dir}")
-    return metrics
+    return result.metrics
 
 
 def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.recipes import parse_stage, stage_output_dir
-    from hf_mlcl.training.pipeline import check_stage, encoder_loss, run_probe_stage
+    from hf_mlcl.training import stages
+    from hf_mlcl.training.checkpoints import check_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["probe"])
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
@@ -87,13 +89,13 @@ def cmd_probe(ns, overrides) -> dict:
         if os.path.isfile(os.path.join(default, "config.json")):
             encoder = default
     _check_models(model_args, encoder_path=encoder)
-    _, metrics = run_probe_stage(model_args, data_args, args, encoder, encoder_loss(encoder))
+    result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
         print(f"classifier saved to {args.output_dir}")
-        print(format_table([{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **metrics}],
+        print(format_table([{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **result.metrics}],
                            show_split=True))
         _print_footprint(args.output_dir)
-    return metrics
+    return result.metrics
 
 
 def cmd_run(ns, overrides) -> dict:
@@ -101,51 +103,29 @@ def cmd_run(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.files import atomic_write_json
     from hf_mlcl.recipes import STAGES, parse_stage, stage_output_dir
-    from hf_mlcl.training.pipeline import (
-        check_stage,
-        evaluate_checkpoint,
-        finished_stage_metrics,
-        run_contrastive_stage,
-        run_probe_stage,
-    )
+    from hf_mlcl.training import stages as S
+    from hf_mlcl.training.checkpoints import check_stage
 
     recipe, _ = _load(ns.recipe, [], STAGES)
-    stages = recipe.get("stages", list(STAGES))
-    _, ov = _load(None, overrides, stages)
-    root = ov.output_dir
-    results: dict[str, Any] = {}
-    encoder_path, contrastive_loss = None, None
-    n = len(stages)
-    parsed = {s: parse_stage(recipe, s, ov) for s in stages if s == "contrastive"}
+    names = recipe.get("stages", list(STAGES))
+    _, ov = _load(None, overrides, names)
+    parsed = {s: parse_stage(recipe, s, ov) for s in names if s == "contrastive"}
     parsed["probe"] = parse_stage(recipe, "probe", ov)
     if ns.push_to:  # before any training: a push that cannot work must not cost two stages
-        _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in stages else []))
+        _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in names else []))
     for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
         check_stage(stage_args)
-    _check_models(parsed["contrastive" if "contrastive" in parsed else "probe"][0])  # and the models
-    if "contrastive" in stages:
-        model_args, data_args, args = parsed["contrastive"]
-        _stage_header(1, n, f"contrastive training of the encoder (loss: {args.loss})", args.output_dir)
-        metrics = finished_stage_metrics(args)
-        if metrics is None:
-            _, metrics = run_contrastive_stage(model_args, data_args, args)
-        encoder_path, contrastive_loss = args.output_dir, args.loss
-        results["contrastive"] = metrics
-        _say(f"encoder saved to {args.output_dir}")
     model_args, data_args, pargs = parsed["probe"]
-    _stage_header(n, n, "multi-label head on the encoder", pargs.output_dir)
-    metrics = finished_stage_metrics(pargs)
-    if metrics is None:
-        _, metrics = run_probe_stage(model_args, data_args, pargs, encoder_path, contrastive_loss)
-    results["probe"] = metrics
+    _check_models(parsed["contrastive" if "contrastive" in parsed else "probe"][0])  # and the models
+    stage_args = {name: args for name, (_, _, args) in parsed.items()}
+    results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=_announce)
+    metrics = results["probe"].metrics
     if pargs.process_index == 0:
-        print(f"classifier saved to {pargs.output_dir}", flush=True)
-        if not ns.no_plots:
-            evaluate_checkpoint(pargs.output_dir, data_args, split="test" if _has_test(metrics) else "validation")
         summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
-        run_root = root or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, "probe"))
+        run_root = ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, "probe"))
         os.makedirs(run_root, exist_ok=True)
-        atomic_write_json(os.path.join(run_root, "results.json"), results, default=str)
+        atomic_write_json(os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()},
+                          default=str)  # fmt: skip
         print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True))
         print(f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
               f"{pargs.output_dir}", flush=True)
@@ -153,11 +133,11 @@ def cmd_run(ns, overrides) -> dict:
             from hf_mlcl.hub import push_folder
 
             push_folder(pargs.output_dir, ns.push_to, private=ns.private)
-            if encoder_path:
-                push_folder(encoder_path, f"{ns.push_to}-encoder", private=ns.private)
+            if "contrastive" in results:
+                push_folder(results["contrastive"].output_dir, f"{ns.push_to}-encoder", private=ns.private)
             print(f"pushed to https://huggingface.co/{ns.push_to}")
         _print_footprint(run_root)
-    return results
+    return {k: r.metrics for k, r in results.items()}
 
 
 def _print_footprint(folder: str) -> None:
@@ -170,7 +150,7 @@ def _print_footprint(folder: str) -> None:
 def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
     """:func:`hf_mlcl.hub.check_push_target` as an input error (every process of a launch finds it: said once)."""
     from hf_mlcl.hub import check_push_target, check_repo_id
-    from hf_mlcl.training.run_guard import InputError
+    from hf_mlcl.training.checkpoints import InputError
 
     try:
         for name in (repo_id, *more_ids):
@@ -186,19 +166,20 @@ def _say(msg: str) -> None:
         print(msg, flush=True)
 
 
-def _stage_header(i: int, n: int, what: str, output_dir: str) -> None:
-    """One visible line per stage of ``hf-mlcl run``."""
-    _say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {output_dir}")
-
-
-def _has_test(metrics: dict) -> bool:
-    return any(k.startswith("test_") for k in metrics)
+def _announce(i: int, n: int, name: str, args, result) -> None:
+    """``hf-mlcl run``'s lines around a stage: a header before it, where its model went after it."""
+    if result is None:
+        what = (f"contrastive training of the encoder (loss: {args.loss})" if name == "contrastive"
+                else "multi-label head on the encoder")  # fmt: skip
+        _say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {args.output_dir}")
+    else:
+        _say(f"{'encoder' if name == 'contrastive' else 'classifier'} saved to {args.output_dir}")
 
 
 def cmd_evaluate(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import TABLE_KEYS, format_table
     from hf_mlcl.recipes import parse_stage
-    from hf_mlcl.training.pipeline import evaluate_checkpoint
+    from hf_mlcl.training import stages
 
     _check_models(None, checkpoint=ns.checkpoint)
     recipe, ov = _load(ns.recipe, overrides, [])
@@ -207,7 +188,7 @@ def cmd_evaluate(ns, overrides) -> dict:
         recipe = _data_recipe_of(ns.checkpoint, user_dataset="--dataset" in ov.common)
     recipe["probe"] = {}  # only the data arguments matter here
     _, data_args, _ = parse_stage(recipe, "probe", ov, output_dir=ns.checkpoint)
-    metrics = evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
+    metrics = stages.evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
                                   plots=not ns.no_plots, output_dir=ns.output_dir)
     print(format_table([{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
                        keys=TABLE_KEYS, prefix=f"{ns.split}_", show_split=True))
@@ -500,8 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit status."""
     from hf_mlcl.hub import PushError
     from hf_mlcl.recipes import RecipeError
+    from hf_mlcl.training.checkpoints import InputError
     from hf_mlcl.training.launch_failures import LaunchFailures
-    from hf_mlcl.training.run_guard import InputError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -4,12 +4,13 @@
    topic co-occurrence) -- or a real dataset with ``--dataset goemotions --data_dir DIR``;
 2. a WordPiece tokenizer trained on it (``train_tokenizer``) and a tiny random BERT -- or a pretrained
    encoder with ``--model PATH``;
-3. stage 1 (contrastive, ``train_contrastive``) with each loss, then stage 2 (``train_probe``) on the
-   frozen encoder: per-label logistic regressions (ABALONE's representation check; ``probe="linear"``
-   trains a linear BCE head instead), plus an end-to-end BCE fine-tuning baseline with the same epochs;
+3. stage 1 (contrastive) with each loss, then stage 2 on the frozen encoder, through the library's
+   orchestrator (:func:`hf_mlcl.training.stages.run_stages`, the data loaded once for every run):
+   per-label logistic regressions (ABALONE's representation check; ``probe="linear"`` trains a linear
+   BCE head instead), plus an end-to-end BCE fine-tuning baseline with the same epochs;
 4. one comparison table (micro/macro-F1, P@1, P@5 on the test split, silhouette of the test
-   embeddings) and plots: per-label F1 against training frequency for every method, and a 2-D
-   projection of each encoder's embedding space.
+   embeddings) and plots: per-label F1 against training frequency for every method (from the test scores
+   each probe computed), and a 2-D projection of each encoder's embedding space.
 
 Everything lands under ``--output_dir`` (default ``./hf_mlcl_demo``): one folder per method with the
 encoder / classifier checkpoints and their model cards, ``plots/``, ``results.md`` and ``results.json``.
@@ -21,7 +22,17 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from hf_mlcl.files import atomic_write_text
+from hf_mlcl.training.arguments import (
+    ContrastiveTrainingArguments,
+    DataArguments,
+    ModelArguments,
+    ProbingTrainingArguments,
+)
+from hf_mlcl.training.stages import load_run_data, run_stages
 
 SYNTHETIC = dict(num_labels=20, num_train=1000, num_validation=200, num_test=200, min_words=20, max_words=60)
 TINY_BERT = dict(
@@ -68,20 +79,31 @@ def _say(msg: str) -> None:
     print(f"[hf-mlcl demo {time.time() - _T0[0]:5.0f}s] {msg}", flush=True)
 
 
-def _common_training(output_dir: str, seed: int, use_cpu: bool) -> dict[str, Any]:
-    return dict(
-        output_dir=output_dir,
-        seed=seed,
-        use_cpu=use_cpu,
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        logging_steps=10,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        disable_tqdm=False,
-        dataloader_pin_memory=not use_cpu,
-    )
+@dataclass
+class _Plan:
+    """What every run of the demo shares: data, model settings, sizes, the device."""
+
+    output_dir: str
+    dataset: str
+    data_args: Any
+    data: Any
+    model_args: Any
+    tokenizer: Any
+    pretrained: bool
+    seed: int
+    epochs: float
+    probe_epochs: float
+    probe: str
+    lr: float
+    batch: int
+    use_cpu: bool
+
+    def training(self, folder: str, **kwargs: Any) -> dict[str, Any]:
+        """The arguments every stage of the demo shares, plus ``kwargs``."""
+        return dict(output_dir=folder, seed=self.seed, use_cpu=self.use_cpu, report_to="none", save_strategy="no",
+                    eval_strategy="no", logging_steps=10, remove_unused_columns=False, dataloader_num_workers=0,
+                    disable_tqdm=False, dataloader_pin_memory=not self.use_cpu, per_device_train_batch_size=self.batch,
+                    per_device_eval_batch_size=128, overwrite_output_dir=True, **kwargs)  # fmt: skip
 
 
 def run_demo(
@@ -100,43 +122,51 @@ def run_demo(
     synthetic_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the demo; returns ``{"rows": [...], "table": str, "seconds": float, "output_dir": str}``."""
-    import numpy as np
-    import torch
-    from transformers import AutoTokenizer
-
-    from hf_mlcl.data import train_frequency
-    from hf_mlcl.data.tokenizer import train_tokenizer
-    from hf_mlcl.evaluation import (
-        embedding_quality,
-        per_label_f1,
-        plot_embedding_projection,
-        plot_f1_vs_frequency,
-    )
-    from hf_mlcl.evaluation.tables import format_table
-    from hf_mlcl.files import atomic_write_text
     from hf_mlcl.losses import get_loss
-    from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
-    from hf_mlcl.training import (
-        ContrastiveTrainingArguments,
-        DataArguments,
-        ModelArguments,
-        ProbingTrainingArguments,
-    )
-    from hf_mlcl.training.entry import load_data
-    from hf_mlcl.training.pipeline import run_contrastive_stage, run_probe_stage, score_classifier
 
     start = _T0[0] = time.time()
     losses = list(losses)
     for name in losses:
         get_loss(name)  # unknown name -> ValueError listing the registered losses, before any work
     os.makedirs(output_dir, exist_ok=True)
-    plots = os.path.join(output_dir, "plots")
-    use_cpu = not torch.cuda.is_available()
-    pretrained = model is not None
-    epochs = epochs if epochs is not None else (1.0 if pretrained else 10.0)
-    probe_epochs = probe_epochs if probe_epochs is not None else (3.0 if pretrained else 5.0)
+    plan = _plan(output_dir, dataset, data_dir, model, epochs, probe_epochs, probe, seed, synthetic_options,
+                 max_train_samples, max_eval_samples, max_length)  # fmt: skip
+    results: dict[str, Any] = {}  # method -> stage results of its run
+    n_runs = len(losses) + 1
+    for i, loss in enumerate(losses, 1):
+        results[loss] = _contrastive_run(plan, loss, i, n_runs)
+    _say(f"[{n_runs}/{n_runs}] baseline: the same encoder fine-tuned end to end with BCE ({plan.epochs:g} epochs)")
+    bce = ProbingTrainingArguments(**plan.training(os.path.join(output_dir, "bce", "classifier"), probe="finetune",
+                                   loss="bce", learning_rate=plan.lr, num_train_epochs=plan.epochs,
+                                   lr_scheduler_type="linear", warmup_steps=0.05))  # fmt: skip
+    results["bce (fine-tuned)"] = run_stages(plan.model_args, plan.data_args, {"probe": bce}, data=plan.data)
+    _say("scoring the test split, embedding quality and plots")
+    rows, table, split = _report(plan, results)
+    seconds = time.time() - start
+    atomic_write_text(os.path.join(output_dir, "results.md"),
+                      f"# hf-mlcl demo ({dataset}, {split} split)\n\n{table}\n\nwall time: {seconds:.0f} s\n")
+    atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(rows, indent=2, default=float))
+    print()
+    probe_desc = ("per-label logistic regressions" if probe == "logistic"
+                  else f"{probe} probe, {plan.probe_epochs:g} epochs")  # fmt: skip
+    print(f"hf-mlcl demo: {dataset}, {len(plan.data.label_names)} labels, {split} split; contrastive stage "
+          f"{plan.epochs:g} epochs, then {probe_desc} on the frozen encoder; baseline: BCE fine-tuning, "
+          f"{plan.epochs:g} epochs")
+    print(table)
+    print(f"plots: {os.path.join(output_dir, 'plots')}   checkpoints + model cards: {output_dir}/<method>/   "
+          f"wall time: {seconds:.0f} s")
+    return {"rows": rows, "table": table, "seconds": seconds, "output_dir": output_dir}
 
-    # 1. data -----------------------------------------------------------------------------------------
+
+def _plan(output_dir, dataset, data_dir, model, epochs, probe_epochs, probe, seed, synthetic_options,
+          max_train_samples, max_eval_samples, max_length) -> _Plan:  # fmt: skip
+    """The demo's data (loaded once, for every run), tokenizer and model settings."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.data.tokenizer import train_tokenizer
+
+    pretrained = model is not None
     options = {**SYNTHETIC, "seed": seed, **(synthetic_options or {})} if dataset == "synthetic" else {}
     data_args = DataArguments(
         dataset=dataset,
@@ -148,15 +178,13 @@ def run_demo(
         max_eval_samples=max_eval_samples or (None if dataset == "synthetic" else 1000),
         max_test_samples=max_eval_samples or (None if dataset == "synthetic" else 1000),
     )
-    ds, names = load_data(data_args)
+    data = load_run_data(data_args)
+    ds = data.dataset
     _say(f"dataset {dataset}: {len(ds['train'])} train / {len(ds['validation'])} validation / "
-         f"{len(ds['test']) if 'test' in ds else 0} test documents, {len(names)} labels")
-
-    # 2. tokenizer + encoder --------------------------------------------------------------------------
+         f"{len(ds['test']) if 'test' in ds else 0} test documents, {len(data.label_names)} labels")
     if pretrained:
         model_args = ModelArguments(model_name_or_path=model, pooling="mean")
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        lr, batch = 3e-5, 32
+        tokenizer, lr, batch = AutoTokenizer.from_pretrained(model), 3e-5, 32
     else:
         tok_dir = os.path.join(output_dir, "tokenizer")
         tokenizer = train_tokenizer(ds["train"]["text"], vocab_size=2000, style="bert",
@@ -165,92 +193,67 @@ def run_demo(
         _say(f"trained a WordPiece tokenizer ({len(tokenizer)} tokens) -> {tok_dir}")
         model_args = ModelArguments(backbone_config=dict(TINY_BERT), tokenizer_name_or_path=tok_dir, pooling="mean")
         lr, batch = 1e-3, 64
+    return _Plan(output_dir, dataset, data_args, data, model_args, tokenizer, pretrained, seed,
+                 epochs if epochs is not None else (1.0 if pretrained else 10.0),
+                 probe_epochs if probe_epochs is not None else (3.0 if pretrained else 5.0),
+                 probe, lr, batch, not torch.cuda.is_available())  # fmt: skip
 
-    # 3. stage 1 + stage 2 per loss, and the BCE baseline -----------------------------------------------
-    methods: dict[str, str] = {}  # name -> classifier folder
-    encoders: dict[str, str] = {}
-    n_runs = len(losses) + 1
-    for i, loss in enumerate(losses, 1):
-        run_dir = os.path.join(output_dir, loss)
-        _say(f"[{i}/{n_runs}] stage 1: contrastive training with loss {loss!r} ({epochs:g} epochs)")
-        cargs = ContrastiveTrainingArguments(
-            **_common_training(os.path.join(run_dir, "encoder"), seed, use_cpu),
-            loss=loss,
-            learning_rate=lr,
-            num_train_epochs=epochs,
-            per_device_train_batch_size=batch,
-            per_device_eval_batch_size=128,
-            lr_scheduler_type="cosine",
-            warmup_steps=0.05,
-            weight_decay=0.01,
-            projection_dim=64 if not pretrained else 256,
-            dataloader_drop_last=True,
-        )
-        run_contrastive_stage(model_args, data_args, cargs)
-        encoders[loss] = cargs.output_dir
-        _say(f"[{i}/{n_runs}] stage 2: {probe} probe on the frozen {loss!r} encoder")
-        pargs = ProbingTrainingArguments(
-            **_common_training(os.path.join(run_dir, "classifier"), seed, use_cpu),
-            probe=probe,
-            loss="bce",
-            learning_rate=1e-2 if not pretrained else 1e-3,
-            num_train_epochs=probe_epochs,
-            per_device_train_batch_size=batch,
-            per_device_eval_batch_size=128,
-            lr_scheduler_type="linear",
-        )
-        run_probe_stage(model_args, data_args, pargs, cargs.output_dir, contrastive_loss=loss)
-        methods[loss] = pargs.output_dir
 
-    _say(f"[{n_runs}/{n_runs}] baseline: the same encoder fine-tuned end to end with BCE ({epochs:g} epochs)")
-    bargs = ProbingTrainingArguments(
-        **_common_training(os.path.join(output_dir, "bce", "classifier"), seed, use_cpu),
-        probe="finetune",
-        loss="bce",
-        learning_rate=lr,
-        num_train_epochs=epochs,
-        per_device_train_batch_size=batch,
-        per_device_eval_batch_size=128,
-        lr_scheduler_type="linear",
-        warmup_steps=0.05,
+def _contrastive_run(plan: _Plan, loss: str, i: int, n_runs: int) -> dict[str, Any]:
+    """Stage 1 with ``loss`` and stage 2 on the frozen encoder (:func:`run_stages`, with their cards)."""
+    run_dir = os.path.join(plan.output_dir, loss)
+    cargs = ContrastiveTrainingArguments(**plan.training(
+        os.path.join(run_dir, "encoder"), loss=loss, learning_rate=plan.lr, num_train_epochs=plan.epochs,
+        lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.01,
+        projection_dim=64 if not plan.pretrained else 256, dataloader_drop_last=True))  # fmt: skip
+    pargs = ProbingTrainingArguments(**plan.training(
+        os.path.join(run_dir, "classifier"), probe=plan.probe, loss="bce",
+        learning_rate=1e-2 if not plan.pretrained else 1e-3, num_train_epochs=plan.probe_epochs,
+        lr_scheduler_type="linear"))  # fmt: skip
+
+    def announce(_i, _n, name, _args, result) -> None:
+        if result is None:
+            what = (f"stage 1: contrastive training with loss {loss!r} ({plan.epochs:g} epochs)" if name == "contrastive"
+                    else f"stage 2: {plan.probe} probe on the frozen {loss!r} encoder")  # fmt: skip
+            _say(f"[{i}/{n_runs}] {what}")
+
+    return run_stages(plan.model_args, plan.data_args, {"contrastive": cargs, "probe": pargs}, data=plan.data,
+                      announce=announce)  # fmt: skip
+
+
+def _report(plan: _Plan, results: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
+    """One table row per method (its probe's test metrics, the test silhouette of its encoder) and the plots:
+    per-label F1 against training frequency from the test scores each probe computed, and each encoder's
+    2-D embedding projection."""
+    import numpy as np
+
+    from hf_mlcl.data import train_frequency
+    from hf_mlcl.evaluation import (
+        embedding_quality,
+        per_label_f1,
+        plot_embedding_projection,
+        plot_f1_vs_frequency,
     )
-    run_probe_stage(model_args, data_args, bargs, None)
-    methods["bce (fine-tuned)"] = bargs.output_dir
+    from hf_mlcl.evaluation.tables import format_table
+    from hf_mlcl.modeling import MLCLEncoder
 
-    # 4. evaluation, table, plots ---------------------------------------------------------------------
-    _say("scoring the test split, embedding quality and plots")
+    ds, names, plots = plan.data.dataset, plan.data.label_names, os.path.join(plan.output_dir, "plots")
     split = "test" if "test" in ds and len(ds["test"]) else "validation"
-    train_freq = train_frequency(ds["train"], len(names))
     rows, f1s = [], {}
-    for name, folder in methods.items():
-        with open(os.path.join(folder, "metrics.json"), encoding="utf-8") as fh:
-            metrics = json.load(fh)
-        clf = MLCLForMultiLabelClassification.from_pretrained(folder)
-        scores, truth = score_classifier(clf, tokenizer, ds[split], len(names), data_args.max_length, 128)
-        threshold = metrics["threshold"]
-        f1s[name] = per_label_f1(truth, scores >= np.asarray(threshold))
-        row = {"method": name, **{k: v for k, v in metrics.items() if k.startswith(f"{split}_")}}
-        if name in encoders:
-            enc = MLCLEncoder.from_pretrained(encoders[name])
-            emb = enc.encode(ds[split]["text"], tokenizer, batch_size=128, max_length=data_args.max_length,
-                             normalize=True)
-            quality = embedding_quality(emb.numpy(), truth)
-            row[f"{split}_silhouette"] = quality["silhouette"]
-            plot_embedding_projection(emb.numpy(), truth, os.path.join(plots, f"embeddings_{name}.png"),
-                                      label_names=names, title=f"{dataset}: {name} embeddings ({split})")
+    for name, stages in results.items():
+        probe = stages["probe"]
+        scores, truth = probe.scores[split]
+        f1s[name] = per_label_f1(truth, scores >= np.asarray(probe.metrics["threshold"]))
+        row = {"method": name, **{k: v for k, v in probe.metrics.items() if k.startswith(f"{split}_")}}
+        if "contrastive" in stages:
+            enc = MLCLEncoder.from_pretrained(stages["contrastive"].output_dir)
+            emb = enc.encode(ds[split]["text"], plan.tokenizer, batch_size=128, max_length=plan.data_args.max_length,
+                             normalize=True).numpy()  # fmt: skip
+            row[f"{split}_silhouette"] = embedding_quality(emb, truth)["silhouette"]
+            plot_embedding_projection(emb, truth, os.path.join(plots, f"embeddings_{name}.png"), label_names=names,
+                                      title=f"{plan.dataset}: {name} embeddings ({split})")  # fmt: skip
         rows.append(row)
-    plot_f1_vs_frequency(f1s, train_freq, os.path.join(plots, "f1_vs_frequency.png"),
-                         title=f"{dataset}: per-label F1 vs training frequency ({split})")
-    keys = ("micro_f1", "macro_f1", "p@1", "p@5", "silhouette")
-    table = format_table(rows, keys=keys, prefix=f"{split}_")
-    seconds = time.time() - start
-    atomic_write_text(os.path.join(output_dir, "results.md"),
-                      f"# hf-mlcl demo ({dataset}, {split} split)\n\n{table}\n\nwall time: {seconds:.0f} s\n")
-    atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(rows, indent=2, default=float))
-    print()
-    probe_desc = "per-label logistic regressions" if probe == "logistic" else f"{probe} probe, {probe_epochs:g} epochs"
-    print(f"hf-mlcl demo: {dataset}, {len(names)} labels, {split} split; contrastive stage {epochs:g} epochs, then "
-          f"{probe_desc} on the frozen encoder; baseline: BCE fine-tuning, {epochs:g} epochs")
-    print(table)
-    print(f"plots: {plots}   checkpoints + model cards: {output_dir}/<method>/   wall time: {seconds:.0f} s")
-    return {"rows": rows, "table": table, "seconds": seconds, "output_dir": output_dir}
+    plot_f1_vs_frequency(f1s, train_frequency(ds["train"], len(names)), os.path.join(plots, "f1_vs_frequency.png"),
+                         title=f"{plan.dataset}: per-label F1 vs training frequency ({split})")  # fmt: skip
+    table = format_table(rows, keys=("micro_f1", "macro_f1", "p@1", "p@5", "silhouette"), prefix=f"{split}_")
+    return rows, table, split

@@ -1,24 +1,26 @@
-"""Atomic file writes: a reader (or a crash) never sees a half-written JSON, Markdown, card or tensor file.
+"""Atomic file writes: a reader (or a crash) never sees a half-written file; and a folder's footprint.
 
-The one home of "write to a temp file in the same folder, fsync, ``os.replace``" for every text file
-hf_mlcl writes (metrics, thresholds, results tables, model cards) and for its own safetensors files
-(trainer state, cached features, LoRA adapters), each given the permissions the umask asks for; and of
-a folder's footprint (:func:`folder_size`, :func:`format_size`). Model folders are made atomic by
+The one home of "write to a unique temp file in the same folder, fsync, ``os.replace``" for every file
+hf_mlcl writes itself: metrics, thresholds, results tables and model cards (:func:`atomic_write_text`,
+:func:`atomic_write_json`), its own safetensors files (trainer state, cached features, LoRA adapters:
+:func:`atomic_write_safetensors`), and the files other libraries write to a path we name (copied adapter
+files: :func:`atomic_path`), each given the permissions the umask asks for (:func:`follow_umask`). A
+folder's footprint: :func:`folder_size`, :func:`format_size`. Model folders are made atomic by
 ``MLCLPreTrainedModel.save_pretrained`` itself (that module ships as Hub remote code and must stay
 self-contained).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["TMP_PREFIX", "atomic_write_json", "atomic_write_safetensors", "atomic_write_text", "folder_size",
-           "follow_umask", "format_size", "json_default"]
+__all__ = ["TMP_PREFIX", "atomic_path", "atomic_write_json", "atomic_write_safetensors", "atomic_write_text",
+           "folder_size", "follow_umask", "format_size", "json_default"]  # fmt: skip
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
 
@@ -29,22 +31,45 @@ def _umask() -> int:
     return mask
 
 
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def follow_umask(path: str) -> None:
     """Give ``path`` the permissions of any other output, ``0666 & ~umask`` (``mkstemp`` and safetensors'
     writer create files 0600, readable by their owner only)."""
     os.chmod(path, 0o666 & ~_umask())
 
 
-@contextlib.contextmanager
-def _replacing(path: str) -> Iterator[tuple[int, str]]:
-    """A unique temp file beside ``path`` (its descriptor and name) that replaces ``path``, with the usual
-    permissions (:func:`follow_umask`), when the block ends; removed instead when the block raises."""
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """A unique temporary path beside ``path`` to write to; when the block ends without an error the file is
+    flushed to disk (``fsync``), given the permissions of any other output (:func:`follow_umask`) and
+    renamed onto ``path`` in one ``os.replace``. On an error the temporary file is removed and ``path`` is
+    left as it was.
+
+    Example::
+
+        with atomic_path("out/state.safetensors") as tmp:
+            safetensors.torch.save_file(tensors, tmp)
+
+    The temporary name starts with :data:`TMP_PREFIX` and is unique (``mkstemp``), so two writers never
+    share one, and a file an interrupted run left behind is recognised and removed on resume
+    (:func:`hf_mlcl.training.checkpoints.remove_incomplete_checkpoints`).
+    """
+    path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=TMP_PREFIX, suffix=os.path.basename(path))
+    os.close(fd)
     try:
-        yield fd, tmp
-        follow_umask(tmp)  # mkstemp and safetensors create 0600; give the file the usual permissions
+        yield tmp
+        _fsync(tmp)
+        follow_umask(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -53,13 +78,17 @@ def _replacing(path: str) -> Iterator[tuple[int, str]]:
 
 
 def atomic_write_safetensors(tensors: dict, path: str, metadata: dict[str, str] | None = None) -> None:
-    """``safetensors.torch.save_file`` through a unique temp file in the same folder and ``os.replace``, the
-    file given the usual permissions (:func:`follow_umask`) first."""
+    """``safetensors.torch.save_file`` of ``tensors`` to ``path`` atomically (:func:`atomic_path`)."""
     from safetensors.torch import save_file
 
-    with _replacing(path) as (fd, tmp):
-        os.close(fd)
+    with atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def folder_size(path: str) -> int:
@@ -83,20 +112,11 @@ def format_size(num_bytes: int) -> str:
     return f"{size:.1f} TB"
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and ``os.replace``; the file gets
-    the permissions of any other output (``0666 & ~umask``), not ``mkstemp``'s 0600."""
-    with _replacing(path) as (fd, _tmp), os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def json_default(obj: Any) -> Any:
     """JSON fallback for numpy / torch values (``tolist()``) and anything else (``str``)."""
     return obj.tolist() if hasattr(obj, "tolist") else str(obj)
 
 
 def atomic_write_json(path: str, data: Any, default: Any = json_default) -> None:
-    """``data`` as indented, key-sorted JSON, written atomically (see :func:`atomic_write_text`)."""
+    """``data`` as indented, key-sorted JSON, written atomically (see :func:`atomic_path`)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=default))

@@ -101,7 +101,8 @@ def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, m
     from datasets import Dataset
     from setfit import SetFitModel, TrainingArguments
 
-    from hf_mlcl.utils import find_minilm
+    sys.path.insert(0, os.path.join(cell_io.REPO, "benchmarks"))
+    from minilm import find_minilm
 
     if cell_io.skip_finished(study, "setfit_logistic", seed, force):
         return {}

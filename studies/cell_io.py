@@ -63,7 +63,7 @@ def study_data(study: str, overrides: list[str] | None = None):
     frozen-encoder recipe ``pretrained.yaml``: same dataset, splits and ``max_length`` as every cell);
     ``overrides`` are recipe overrides such as ``["--data_dir", "path/to/reuters21578"]``."""
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
     cwd = os.getcwd()
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
@@ -71,7 +71,8 @@ def study_data(study: str, overrides: list[str] | None = None):
         recipe = load_recipe(recipe_path(study, "pretrained"))
         _, data_args, _ = parse_stage(recipe, "probe", split_overrides(list(overrides or []), ["probe"]),
                                       output_dir=os.path.join(RUNS, study, "unused"))  # fmt: skip
-        ds, names = load_data(data_args)
+        data = load_run_data(data_args)
+        ds, names = data.dataset, data.label_names
     finally:
         os.chdir(cwd)
     return ds, names, data_args
@@ -79,7 +80,7 @@ def study_data(study: str, overrides: list[str] | None = None):
 
 def multi_hot(label_lists, num_labels: int) -> np.ndarray:
     """(N, L) bool multi-hot matrix of label-id lists."""
-    from hf_mlcl.data.multihot import label_coordinates
+    from hf_mlcl.labels.multihot import label_coordinates
 
     rows, cols, _ = label_coordinates(label_lists, num_labels)
     out = np.zeros((len(label_lists), num_labels), dtype=bool)

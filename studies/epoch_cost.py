@@ -13,6 +13,7 @@ shared cores the result depends on the load at the time: the script prints the l
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -23,7 +24,8 @@ def main() -> None:
     from transformers import AutoModel, AutoTokenizer
 
     from hf_mlcl.data import load_mlc_dataset
-    from hf_mlcl.utils import find_minilm
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+    from minilm import find_minilm
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     path = find_minilm()

@@ -1,9 +1,9 @@
 """Runner of the study in docs/RESULTS.md: one (study, loss, probe, seed) cell per call.
 
-It drives the public entry points ``hf_mlcl.training.entry.train_contrastive`` / ``train_probe`` with the
+It drives the library's stages ``hf_mlcl.training.stages.train_contrastive`` / ``train_probe`` with the
 recipes of ``studies/recipes/<study>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
 does), and additionally records what the CLI does not keep: the test per-label F1 (for the
-frequency plot) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the
+frequency plot, from the test scores the probe stage returns) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the
 repository); only ``metrics.json`` and ``per_label_f1.json`` land in ``studies/results/<study>/<cell>/seed<S>/``.
 
 The studies (``studies/recipes/<study>/``: reuters21578, goemotions_full) probe each stage-1 encoder with
@@ -43,24 +43,6 @@ REPO = cell_io.REPO
 RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # beside the checkout
 RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(cell_io.STUDIES, "results"))  # small per-cell outputs
 
-_captured: list = []
-
-
-def _patch_predict_scores() -> None:
-    """Keep every (scores, truth) pair train_probe computes (the last one is the test split)."""
-    from hf_mlcl.training import probing
-
-    orig = probing.ProbingTrainer.predict_scores
-    if getattr(orig, "_recorded", False):
-        return
-
-    def recorded(self, dataset):
-        scores, truth = orig(self, dataset)
-        _captured.append((scores, truth))
-        return scores, truth
-
-    recorded._recorded = True  # type: ignore[attr-defined]
-    probing.ProbingTrainer.predict_scores = recorded
 
 
 def _has_checkpoint(folder: str) -> bool:
@@ -96,9 +78,10 @@ def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
         raise ValueError("--test-each-epoch scores a stage trained in epochs: use --probe linear or finetune")
     from epoch_test import EpochTestCallback
 
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
-    ds, names = load_data(d_args)
+    data = load_run_data(d_args)
+    ds, names = data.dataset, data.label_names
     return [EpochTestCallback(ds["validation"], ds["test"], len(names), d_args.max_length,
                               os.path.join(folder, "epoch_test.jsonl"))]  # fmt: skip
 
@@ -142,8 +125,9 @@ def run_cell(
 
     from hf_mlcl.data import label_names, train_frequency
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.entry import train_contrastive, train_probe
-    from hf_mlcl.utils import find_minilm
+    from hf_mlcl.training.stages import train_contrastive, train_probe
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from minilm import find_minilm
 
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
     recipe = load_recipe(cell_io.recipe_path(dataset, loss))
@@ -197,8 +181,6 @@ def run_cell(
     elif loss == "bce" and probe != "finetune":
         raise ValueError("--loss bce is the fine-tuning baseline: use --probe finetune")
 
-    _patch_predict_scores()
-    _captured.clear()
     if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
         tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(RUNS, dataset, "features")]
     ov = split_overrides(tokens, ["probe"])
@@ -210,10 +192,11 @@ def run_cell(
         p_args.resume_from_checkpoint = True
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
     t0 = time.time()
-    trainer, metrics = train_probe(
+    stage = train_probe(
         m_args, d_args, p_args, encoder_path=encoder_path,
         callbacks=_callbacks(p_args, probe_dir, patience) + _epoch_test(test_each_epoch, probe, d_args, probe_dir),
     )
+    trainer, metrics = stage.trainer, stage.metrics
     wall["probe_s"] = round(time.time() - t0, 1)  # this process's part when the stage was resumed
     if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
         result["features"] = dict(trainer.feature_sources)
@@ -244,7 +227,7 @@ def run_cell(
     result["wall_s"] = wall
 
     # per-label F1 on test at the tuned threshold, with training-subset frequencies
-    scores, truth = _captured[-1]
+    scores, truth = stage.scores["test"]
     names = label_names(trainer.train_dataset)
     train_count = train_frequency(trainer.train_dataset, len(names))
     cell_io.write_json(os.path.join(out_dir, "per_label_f1.json"),

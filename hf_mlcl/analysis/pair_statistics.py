@@ -1,32 +1,33 @@
 """How each loss sees one batch: label relations and positives of every (anchor, candidate) pair.
 
-All counts come from the multi-hot matrices by matrix products (intersection = Y_a @ Y_c^T, sizes =
-row sums), as in :mod:`hf_mlcl.losses.relations`; nothing is N x M x L and nothing loops over samples.
-
-Relations (Similarity-Dissimilarity paper, Huang et al., sec. 2.3, eqs. 8-12), anchor label set S,
-candidate label set T; anchors with an empty S are left out (no loss uses them as label anchors), and
-the first matching relation wins, so a candidate with an empty T is R1:
-
-    R1  S & T empty           R2  S == T           R3  overlap, neither contains the other
-    R4  S strictly contains T                      R5  S strictly inside T
-
-Positives per loss (LOSSES contract, ``docs/losses.md``): ``all`` T == S; ``any`` / ``sd`` / ``jaccard``
-/ ``msc`` samples / ``hbl`` S & T non-empty; ``mulsupcon`` per (anchor, label) pair, the candidates
-carrying the label; ws-MulSupCon strata: single-label (abs(S) = 1) and multi-label anchors need a
-candidate sharing a label, healthy anchors (S empty) another healthy candidate. HBL's gate (eq. 6, as
-implemented): abs(P) >= k_min and both the soft (J >= median) and hard (J < median) halves non-empty.
+The relations and every positive rule are the ones the losses train with, read from their one
+definition: :class:`~hf_mlcl.labels.relations.PairRelations` and
+:func:`~hf_mlcl.labels.relations.relation_masks` for the Similarity-Dissimilarity paper's relations
+(Huang et al., sec. 2.3, eqs. 8-12: R1 S & T empty, R2 S == T, R3 overlap with neither containing the
+other, R4 S strictly contains T, R5 S strictly inside T; the first matching relation wins, so a
+candidate with an empty T is R1), and each loss class's own rule: ``all``
+(:meth:`AllLoss.positives <hf_mlcl.losses.all_.AllLoss.positives>`: T == S), ``any`` / ``sd`` /
+``jaccard`` / ``msc`` samples / ``hbl`` (S & T non-empty), ``mulsupcon`` per (anchor, label) pair
+(:meth:`~hf_mlcl.losses.mulsupcon.MulSupConLoss.positive_label_pairs`), ws-MulSupCon's healthy anchors
+(:meth:`~hf_mlcl.losses.ws_mulsupcon.WSMulSupConLoss.healthy_positives`; its single- and multi-label
+anchors need a candidate sharing a label) and HBL's gate (:meth:`~hf_mlcl.losses.hbl.HBLLoss.gate_open`).
+All counts come from matrix products of the multi-hot matrices; nothing is N x M x L and nothing loops
+over samples. Anchors with an empty S are left out of the relation counts by the caller (no loss uses
+them as label anchors).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from hf_mlcl.losses.hbl import hbl_median_thresholds
+from hf_mlcl.labels.relations import RELATIONS, PairRelations, relation_masks
+from hf_mlcl.losses.all_ import AllLoss
+from hf_mlcl.losses.any_ import AnyLoss
+from hf_mlcl.losses.hbl import HBLLoss
+from hf_mlcl.losses.mulsupcon import MulSupConLoss
+from hf_mlcl.losses.ws_mulsupcon import WSMulSupConLoss
 
 __all__ = ["RELATIONS", "batch_pair_statistics"]
-
-RELATIONS = ("R1", "R2", "R3", "R4", "R5")
 
 
 def batch_pair_statistics(
@@ -45,39 +46,18 @@ def batch_pair_statistics(
     no candidate carrying the label), ``healthy_positives`` (empty-label candidates) and the bool
     ``gate_open``; plus ``sizes`` (abs(S)).
     """
-    ya = anchor_labels.to(torch.float32)
-    yc = candidate_labels.to(torch.float32)
-    n, m = ya.shape[0], yc.shape[0]
-    inter = ya @ yc.T
-    sa, sc = ya.sum(1), yc.sum(1)
-    valid = torch.ones(n, m, dtype=torch.bool)
-    if self_index and n:
-        valid[:, :n] &= ~torch.eye(n, dtype=torch.bool)
-    a, c = sa[:, None], sc[None, :]
-    share = (inter > 0) & valid
-    r1 = (inter == 0) & valid
-    r2 = share & (inter == a) & (inter == c)
-    r4 = share & (inter == c) & (c < a)
-    r5 = share & (inter == a) & (a < c)
-    r3 = share & (inter < a) & (inter < c)
-    # per-label candidate counts for MulSupCon: n_l(i) = colsum(Y_c) - own row
-    col = yc.sum(0)[None, :].expand(n, -1)
-    if self_index and n:
-        col = col - yc[:n]
-    pairs_without = ((ya > 0) & (col <= 0)).sum(1)
-    jac = torch.where(inter > 0, inter / (a + c - inter).clamp_min(1), torch.zeros_like(inter))
-    theta, n_pos = hbl_median_thresholds(jac, share)
-    hard = (share & (jac < theta[:, None])).any(1)
-    gate = (n_pos >= k_min) & hard & (sa > 0)
-    healthy = ((sc == 0)[None, :] & valid).sum(1)
-    out = {name: r.sum(1) for name, r in zip(RELATIONS, (r1, r2, r3, r4, r5))}
+    n = anchor_labels.shape[0]
+    keys = candidate_labels[n:] if self_index else candidate_labels
+    rel = PairRelations(anchor_labels, keys if keys.shape[0] or not self_index else None, self_index)
+    sizes = rel.anchor_sizes.long()
+    out = {name: mask.sum(1) for name, mask in relation_masks(rel).items()}
     out.update(
-        pos_all=r2.sum(1) * (sa > 0),
-        pos_any=share.sum(1),
-        pairs=sa.long(),
-        pairs_without_positive=pairs_without,
-        healthy_positives=healthy,
-        gate_open=gate,
-        sizes=sa.long(),
+        pos_all=AllLoss.positives(rel).sum(1),
+        pos_any=AnyLoss.positives(rel).sum(1),
+        pairs=sizes,
+        pairs_without_positive=sizes - MulSupConLoss.positive_label_pairs(rel).long(),
+        healthy_positives=WSMulSupConLoss.healthy_positives(rel).long(),
+        gate_open=HBLLoss.gate_open(rel, k_min),
+        sizes=sizes,
     )
     return out

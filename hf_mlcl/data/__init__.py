@@ -18,12 +18,13 @@ from hf_mlcl.data.registry import (
     train_frequency,
 )
 from hf_mlcl.data.synthetic import SyntheticCorpusGenerator, make_synthetic_corpus
-from hf_mlcl.data.tokenizer import train_tokenizer
+from hf_mlcl.data.tokenizer import ensure_pad_token, train_tokenizer
 
 __all__ = [
     "MultiLabelCollator",
     "SyntheticCorpusGenerator",
     "data_notes",
+    "ensure_pad_token",
     "filter_by_hadm_ids",
     "filter_by_ids",
     "label_names",

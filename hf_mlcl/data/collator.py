@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_mlcl.data.multihot import multi_hot_tensor
+from hf_mlcl.labels.multihot import multi_hot_tensor
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 

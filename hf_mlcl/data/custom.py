@@ -12,22 +12,8 @@ source that is not a registered name. Sources:
   (so a Hub-shaped folder — ``data/train-*.parquet``, README ``configs:`` — loads offline);
 * a Hub dataset id (``"owner/name"``, with ``config_name``) through ``datasets.load_dataset``.
 
-Label formats (``label_format``; ``"auto"`` detects them from the features and the train values):
-
-* ``"names"``: a list of label names per row (or one name per row);
-* ``"ids"``: a list of integer ids per row (or one id), indices into the label names;
-* ``"delimited"``: one string per row, e.g. ``"cs.AI;cs.LG"`` (``label_separator``, default: the first
-  of ``;`` ``|`` ``,`` found in the train values); tokens that are all integers are read as ids;
-* ``"columns"``: one 0/1 column per label, as the raw GoEmotions release is (``label_columns``, or the
-  ``label_names``, or every other integer column of the train split holding only 0 and 1; boolean
-  columns — often flags such as GoEmotions' ``example_very_unclear`` — are taken only when named).
-
-A text cell written as a list — ``[8, 20]``, ``["sports", "politics"]`` (JSON) or ``['sports', 'politics']``
-(Python, as pandas writes lists into a CSV) — is read as that list in every format; ``"auto"`` reads a
-string column whose cells are all lists as ids (integer items) or names (string items). Where the train
-cells leave the format open (list and plain cells mixed, ids and names mixed, a ``[...]`` cell that is no
-list, two separators in one column, names that would carry brackets or quotes), ``"auto"`` stops with a
-ValueError naming the cell and the choices (:func:`_detect_format`, the one place the format is decided).
+Label formats (``label_format``: ``names``, ``ids``, ``delimited``, ``columns``, or ``auto``, detected from the
+features and the train values) and how a cell is read: :mod:`hf_mlcl.data.label_formats`.
 
 Label names come from a ``ClassLabel`` feature, from ``label_names`` (a list or a file with one name per
 line), or are the sorted union of what the train split holds (for integer ids without names:
@@ -47,42 +33,50 @@ parse. Rows whose text is empty or blank are dropped, with one warning that coun
 
 from __future__ import annotations
 
-import ast
-import json
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from datasets import ClassLabel, Dataset, DatasetDict, Value
+from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 
-from hf_mlcl.data._io import check_utf8, split_labels
+from hf_mlcl.data._io import check_utf8
+from hf_mlcl.data.label_formats import (
+    LABEL_FORMATS,
+    UNKNOWN_LABELS,
+    binary_columns,
+    classlabel_names,
+    column,
+    column_np,
+    detect_format,
+    encode_rows,
+    names_from_file,
+    row_tokens,
+    separators_in,
+    superseded_label_keys,
+)
 from hf_mlcl.data.registry import (
     SPLIT_ALIASES,
     build_split,
     carve_validation,
     normalize_splits,
-    read_lines,
     register_source_loader,
 )
 from hf_mlcl.data.stratify import SPLIT_STRATEGIES, stratified_carve
 
 logger = logging.getLogger(__name__)
 
-LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns")
-UNKNOWN_LABELS = ("error", "drop")
 FILE_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 _FORMAT_NAMES = {"csv", "tsv", "json", "jsonl", "parquet"}
 _TEXT_FILES = (".csv", ".tsv", ".json", ".jsonl", ".txt")
 _NOTE_PREFIX = "hf_mlcl: "
-_SEPARATORS = (";", "|", ",")
-_ID_SPLIT = re.compile(r"[;|,\s]+")  # a plain cell of label_format="ids": "8;20", "8, 20", "8 20"
 
 __all__ = [
-    "load_custom_dataset", "is_custom_source", "data_notes", "LABEL_FORMATS", "check_splits", "superseded_label_keys",
+    "CUSTOM_OPTIONS", "LABEL_FORMATS", "check_splits", "data_notes", "is_custom_source", "load_custom_dataset",
+    "superseded_label_keys",
 ]  # fmt: skip
 
 
@@ -229,249 +223,6 @@ def _read_source(source, data_files, config_name, revision, data_dir) -> tuple[D
 
 
 # ---------------------------------------------------------------------------------------------- labels
-def _inner(feature):
-    """The item feature of a list feature (``List`` / ``Sequence`` / ``[feature]``), else None."""
-    if isinstance(feature, list):
-        return feature[0] if feature else None
-    return getattr(feature, "feature", None)
-
-
-def _classlabel_names(feature) -> list[str] | None:
-    if isinstance(feature, ClassLabel):
-        return list(feature.names)
-    inner = _inner(feature)
-    return list(inner.names) if isinstance(inner, ClassLabel) else None
-
-
-def _column(ds: Dataset, name: str) -> list:
-    """A column as a Python list, read through Arrow in one go (not row by row)."""
-    return ds.with_format("arrow")[name].to_pylist()
-
-
-def _column_np(ds: Dataset, name: str) -> np.ndarray:
-    return np.asarray(ds.with_format("arrow")[name].to_numpy())
-
-
-def _binary_columns(ds: Dataset, exclude: set[str]) -> list[str]:
-    cols = []
-    for name, feat in ds.features.items():
-        if name in exclude or not isinstance(feat, Value):
-            continue
-        if not feat.dtype.startswith(("int", "uint")):  # bool columns are usually flags: name them
-            continue
-        values = _column_np(ds, name)
-        if values.size and np.isin(values, (0, 1)).all():
-            cols.append(name)
-    return cols
-
-
-def _is_int(token: Any) -> bool:
-    if isinstance(token, (bool, np.bool_)):
-        return False
-    if isinstance(token, (int, np.integer)):
-        return True
-    return isinstance(token, str) and token.strip().lstrip("-").isdigit()
-
-
-def _looks_like_list(value: Any) -> bool:
-    """A string cell written as a list: ``[8, 20]``, ``["sports", "politics"]``, ``['a', 'b']``."""
-    return isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]")
-
-
-def _list_items(text: str) -> list[int | str] | None:
-    """The items of a list cell read as JSON or as a Python literal (what ``str(list)`` and pandas
-    write), or None when it is not a flat list of ids (int) and names (str)."""
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            items = parse(text.strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-        ok = isinstance(items, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in items)
-        return items if ok else None
-    return None
-
-
-def _stray(name: str) -> bool:
-    """A label name that reads like a piece of a list or of a quoted string: a bracket, a leading or
-    trailing quote, or an unbalanced parenthesis ("(chronic)" and "children's" are fine)."""
-    return (
-        any(c in name for c in "[]{}")
-        or name[:1] in ("'", '"')
-        or name[-1:] in ("'", '"')
-        or name.count("(") != name.count(")")
-    )
-
-
-def _separators_in(cells) -> list[str]:
-    """The label separators (``;`` ``|`` ``,``, in that order of preference) that occur in ``cells``."""
-    cells = [c for c in cells if isinstance(c, str)]
-    return [s for s in _SEPARATORS if any(s in c for c in cells)]
-
-
-_CHOICES = ("label_format='names' (one label per cell), label_format='ids', or label_format='delimited' "
-            "with label_separator")
-
-
-def _detect_format(
-    ds: Dataset, label_column: str | None, label_columns, label_separator: str | None
-) -> tuple[str, str | None]:
-    """The label format of ``label_column`` (and the separator of ``delimited``), from its feature type and,
-    for a string column, its train cells: the one place ``label_format="auto"`` is decided.
-
-    A string column is either list cells (every non-empty cell ``[...]``: ``ids`` when the items are
-    integers, ``names`` when they are strings) or one delimited string per cell (the separator is the one
-    of ``;`` ``|`` ``,`` that occurs). Where that is ambiguous — list and plain cells mixed, ids and names
-    mixed, a ``[...]`` cell that is not a list, two separators in one column, or names that would carry
-    brackets or quotes — a ValueError names the cell and the choices."""
-    if label_columns or label_column is None:
-        return "columns", None
-    feat = ds.features[label_column]
-    if _classlabel_names(feat) is not None:
-        return "ids", None
-    inner = _inner(feat)
-    if inner is not None:  # a list column
-        return ("ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"), None
-    if isinstance(feat, Value) and feat.dtype.startswith(("int", "uint")):
-        return "ids", None
-    cells = _column(ds, label_column)
-    where = f"label column {label_column!r}"
-    listed = [i for i, v in enumerate(cells) if _looks_like_list(v)]
-    plain = [i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)]
-    if listed and plain:
-        i, j = listed[0], plain[0]
-        raise ValueError(
-            f"{where} mixes list cells such as {cells[i]!r} (row {i}) with plain cells such as {cells[j]!r} (row "
-            f"{j}); write every cell one way, or choose: label_format='ids' or label_format='names' (a list cell "
-            "is read as a list, a plain cell as one label), or label_format='delimited' with label_separator"
-        )
-    if listed:
-        kinds: set[str] = set()
-        for i in listed:
-            items = _list_items(cells[i])
-            if items is None:
-                raise ValueError(
-                    f"{where}: cell {cells[i]!r} (row {i}) looks like a list but is not a list of label names or "
-                    'ids; write it as JSON, e.g. ["cs.LG", "q-bio"] or [8, 20], or choose ' + _CHOICES
-                )
-            kinds.update("id" if isinstance(x, int) else "name" for x in items)
-        if len(kinds) > 1:
-            raise ValueError(
-                f"{where} mixes ids and names in its list cells; write one kind, or choose label_format='ids' "
-                "(names must then be integers) or label_format='names' (ids are read as names)"
-            )
-        return ("ids" if kinds == {"id"} else "names"), None
-    sep = label_separator
-    if sep is None:
-        seen = _separators_in(cells[i] for i in plain)
-        if len(seen) > 1:
-            examples = " and ".join(repr(next(cells[i] for i in plain if s in cells[i])) for s in seen[:2])
-            raise ValueError(
-                f"{where} holds both {seen[0]!r} and {seen[1]!r} (e.g. {examples}), so the label separator is "
-                "ambiguous; choose " + " or ".join(f"label_separator={s!r}" for s in seen)
-                + ", or label_format='names' (one label per cell)"
-            )
-        sep = seen[0] if seen else None
-    stray = sorted({t for r in _row_tokens(cells, "delimited", sep) for t in r if isinstance(t, str) and _stray(t)})
-    if stray:
-        raise ValueError(
-            f"{where}: reading it as delimited text gives label names such as {stray[0]!r} that carry quotes or "
-            'brackets; write list cells as JSON (["cs.LG", "q-bio"] or [8, 20]), or choose ' + _CHOICES
-        )
-    return "delimited", sep
-
-
-def _row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[Any]]:
-    """Per-row label tokens (names as str, ids as int) of one split's label column. A string cell
-    written as a list (``[8, 20]``, ``["a", "b"]``) is read as that list in every format."""
-    rows: list[list[Any]] = []
-    for v in values:
-        items = _list_items(v) if _looks_like_list(v) else None
-        if items is not None:
-            toks = split_labels(items)
-        elif fmt == "delimited":
-            toks = split_labels(v, sep) if sep is not None else split_labels([v] if isinstance(v, str) else v)
-        elif fmt == "ids" and isinstance(v, str):
-            toks = split_labels(v, sep) if sep is not None else [t for t in _ID_SPLIT.split(v) if t]
-        else:
-            toks = split_labels(v if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else [v])
-        rows.append(toks)
-    if fmt == "ids" or (fmt == "delimited" and rows and all(_is_int(t) for r in rows for t in r) and any(rows)):
-        bad = sorted({t for r in rows for t in r if not _is_int(t)})
-        if bad:
-            raise ValueError(f"label_format='ids' but the label column holds non-integers such as {bad[:5]}")
-        rows = [[int(t) for t in r] for r in rows]
-    return rows
-
-
-def _one_column_per_label(options: Mapping[str, Any]) -> bool:
-    return (options.get("label_format") == "columns" or bool(options.get("label_columns"))
-            or options.get("label_column") == "")  # fmt: skip
-
-
-def _one_label_column(options: Mapping[str, Any]) -> bool:
-    return (bool(options.get("label_column")) or bool(options.get("label_separator"))
-            or options.get("label_format") in ("names", "ids", "delimited"))  # fmt: skip
-
-
-def superseded_label_keys(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> set[str]:
-    """The label-layout keys of ``earlier`` (a recipe's, or a base recipe's) that ``later`` (the command
-    line, or the recipe built on the base) contradicts, so they must be dropped for ``later`` to win.
-
-    The layout is either one label column (``label_column``, ``label_separator``, ``label_format`` names /
-    ids / delimited) or one 0/1 column per label (``label_format: columns``, ``label_columns``, or
-    ``label_column: ""`` for "no label column"). A later choice of one drops the earlier keys of the other
-    (e.g. ``--label_format columns`` over a recipe's ``label_column: labels``); keys the later side sets
-    itself are replaced anyway, and compatible earlier keys stay."""
-    drop: set[str] = set()
-    if _one_column_per_label(later):
-        drop |= {"label_column", "label_separator"}
-        if earlier.get("label_format") not in (None, "auto", "columns"):
-            drop.add("label_format")
-    if _one_label_column(later):
-        drop.add("label_columns")
-        if earlier.get("label_format") == "columns":
-            drop.add("label_format")
-    return {k for k in drop if k in earlier and k not in later}
-
-
-def _names_from_file(path: str) -> list[str]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"label_names file {path!r} does not exist (one label name per line)")
-    check_utf8(path)
-    return [n.strip() for n in read_lines(path) if n.strip()]
-
-
-def _encode(
-    rows: list[list[Any]], names: list[str], split: str, unknown: str, names_origin: str
-) -> tuple[list[list[int]], set]:
-    index = {n: i for i, n in enumerate(names)}
-    out, missing = [], set()
-    for r in rows:
-        ids = set()
-        for t in r:
-            if isinstance(t, int):
-                if 0 <= t < len(names):
-                    ids.add(t)
-                else:
-                    missing.add(t)
-            elif t in index:
-                ids.add(index[t])
-            else:
-                missing.add(t)
-        out.append(sorted(ids))
-    if missing and unknown == "error":
-        shown = sorted(missing, key=str)
-        raise ValueError(
-            f"split {split!r} has labels not in the label space ({names_origin}): {shown[:20]}"
-            + (" ..." if len(shown) > 20 else "")
-            + ". Add them to label_names, or pass unknown_labels='drop' to drop them with a warning"
-        )
-    if missing:
-        logger.warning("split %r: dropped labels outside the label space (%s): %s", split, names_origin,
-                       sorted(missing, key=str)[:20])
-    return out, missing
-
-
 def _drop_empty_texts(raw: DatasetDict, text_column: str, origin: str) -> DatasetDict:
     """The splits without the rows whose text is empty or blank (``""``, spaces, a missing cell): such a row
     gives the encoder nothing but its special tokens, so it is dropped, with one warning that counts the rows
@@ -567,7 +318,29 @@ def check_splits(dd: DatasetDict, what: str = "dataset") -> None:
 
 
 # ---------------------------------------------------------------------------------------------- main
-@register_source_loader(is_custom_source)
+# the options of load_custom_dataset beyond the source (the one list: the registry refuses them for a registered
+# name, DataArguments hands them over, hf-mlcl's --key flags spell them)
+CUSTOM_OPTIONS = (
+    "data_files", "config_name", "revision", "text_column", "label_column", "label_columns", "label_format",
+    "label_separator", "label_names", "unknown_labels", "validation_fraction", "test_fraction", "split_seed",
+    "split_strategy",
+)  # fmt: skip
+
+
+@dataclass
+class _Layout:
+    """How the label column(s) of a source are read: the format (with its separator), the label column or
+    the 0/1 label columns, and the label names with where they come from (None: the train union, later)."""
+
+    fmt: str
+    sep: str | None
+    label_column: str | None
+    label_columns: list[str] | None
+    names: list[str] | None
+    names_origin: str
+
+
+@register_source_loader(is_custom_source, options=CUSTOM_OPTIONS)
 def load_custom_dataset(
     source: Any,
     *,
@@ -590,10 +363,11 @@ def load_custom_dataset(
 ) -> DatasetDict:
     """Load any multi-label text dataset into ``text`` + ``labels`` (``Sequence(ClassLabel)``) splits.
 
-    See the module docstring for the sources, the label formats and the split rules. ``label_column``
-    defaults to ``"labels"`` or ``"label"`` (whichever exists; none, or ``""`` -> one 0/1 column per label);
-    ``label_columns`` may be a list or a comma-separated string. ``splits`` keeps only those splits
-    (default: every split present, with validation carved when missing).
+    See the module docstring for the sources and the split rules, :mod:`hf_mlcl.data.label_formats` for the
+    label formats. ``label_column`` defaults to ``"labels"`` or ``"label"`` (whichever exists; none, or ``""``
+    -> one 0/1 column per label); ``label_columns`` may be a list or a comma-separated string. ``splits``
+    keeps only those splits (default: every split present, with validation carved when missing). Takes the
+    options of :data:`CUSTOM_OPTIONS`.
     """
     if label_format not in LABEL_FORMATS:
         raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {label_format!r}")
@@ -607,21 +381,41 @@ def load_custom_dataset(
     raw, origin = _read_source(source, data_files, config_name, revision, data_dir)
     if "train" not in raw:
         raise ValueError(f"{origin} has no train split (splits: {list(raw)}); name one file/split 'train'")
-    train = raw["train"]
-    cols = list(train.column_names)
+    cols = list(raw["train"].column_names)
     if text_column not in cols:
         raise ValueError(f"{origin}: no text column {text_column!r} (columns: {cols}); set text_column=")
     raw = _drop_empty_texts(raw, text_column, origin)
-    train = raw["train"]
+    layout = _label_layout(raw["train"], origin, text_column, label_column, label_columns, label_format,
+                           label_separator, label_names)  # fmt: skip
+    order = ["train"] + [s for s in ("validation", "test") if s in raw]
+    encoded, names, names_origin = _label_ids(raw, order, layout, origin, text_column, unknown_labels)
+    out = {}
+    for split in order:
+        texts = column(raw[split], text_column)
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise ValueError(f"{origin}: split {split!r} row {bad} has text {texts[bad]!r}, not a string")
+        out[split] = build_split(texts, encoded[split], names)
+    dd = DatasetDict(out)
+    logger.info("loaded %s: %s, %d labels from %s (format %s)", origin,
+                {s: len(d) for s, d in dd.items()}, len(names), names_origin, layout.fmt)
+    check_splits(dd, origin)
+    return _carved_and_selected(dd, origin, validation_fraction, test_fraction, split_seed, split_strategy, splits)
 
-    # label names: a file / list, else a ClassLabel feature, else the train union (below)
+
+def _label_layout(train: Dataset, origin: str, text_column: str, label_column: str | None, label_columns,
+                  label_format: str, label_separator: str | None, label_names) -> _Layout:  # fmt: skip
+    """The :class:`_Layout` of a source from its train split and the options: the label names of a file / list
+    (else a ClassLabel feature, else the 0/1 columns' names, else later the train union), the label column
+    (``""``: one 0/1 column per label; default ``labels`` / ``label``), the format (``"auto"``:
+    :func:`~hf_mlcl.data.label_formats.detect_format`)."""
+    cols = list(train.column_names)
     names: list[str] | None = None
     names_origin = "the sorted union of the train labels"
     if isinstance(label_names, (str, os.PathLike)):
-        names, names_origin = _names_from_file(os.fspath(label_names)), f"label_names file {label_names}"
+        names, names_origin = names_from_file(os.fspath(label_names)), f"label_names file {label_names}"
     elif label_names is not None:
         names, names_origin = [str(n) for n in label_names], "the given label_names"
-
     if label_column == "":  # "no label column": one 0/1 column per label
         if label_format not in ("auto", "columns"):
             raise ValueError(f"label_column='' (no label column) reads one 0/1 column per label, but label_format is "
@@ -634,13 +428,12 @@ def load_custom_dataset(
     elif label_column is not None and label_column not in cols:
         raise ValueError(f"{origin}: no label column {label_column!r} (columns: {cols}); set label_column=")
     sep = label_separator
+    fmt = label_format
     if label_format == "auto":
-        fmt, sep = _detect_format(train, label_column, label_columns, label_separator)
-    else:
-        fmt = label_format
+        fmt, sep = detect_format(train, label_column, label_columns, label_separator)
     if fmt == "columns":
         if not label_columns:
-            label_columns = list(names) if names is not None else _binary_columns(train, {text_column})
+            label_columns = list(names) if names is not None else binary_columns(train, {text_column})
             if not label_columns:
                 raise ValueError(f"{origin}: found no label column ('labels'/'label') and no 0/1 columns; "
                                  f"set label_column= or label_columns= (columns: {cols})")
@@ -649,79 +442,93 @@ def load_custom_dataset(
         missing = [c for c in label_columns if c not in cols]
         if missing:
             raise ValueError(f"{origin}: label columns {missing} are missing (columns: {cols})")
-        names = [str(c) for c in label_columns] if names is None else names
         names_origin = "the label columns" if label_names is None else names_origin
+        names = [str(c) for c in label_columns] if names is None else names
     elif names is None:
-        names = _classlabel_names(train.features[label_column])
+        names = classlabel_names(train.features[label_column])
         if names is not None:
             names_origin = f"the ClassLabel feature of {label_column!r}"
-
     if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
-        sep = next(iter(_separators_in(_column(train, label_column))), None)
+        sep = next(iter(separators_in(column(train, label_column))), None)
+    return _Layout(fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin)
 
-    wanted = normalize_splits(splits) if splits is not None else None
-    out: dict[str, Dataset] = {}
-    order = ["train"] + [s for s in ("validation", "test") if s in raw]
+
+def _label_ids(raw: DatasetDict, order: list[str], layout: _Layout, origin: str, text_column: str,
+               unknown_labels: str) -> tuple[dict[str, list[list[int]]], list[str], str]:  # fmt: skip
+    """Every split's rows as label ids, the label names and where they come from. One 0/1 column per label:
+    the columns' non-zeros; a label column: its tokens (:func:`~hf_mlcl.data.label_formats.row_tokens`) in
+    the label space, which is the train union when no names were given (a label seen only outside train is
+    an error naming it, or dropped with ``unknown_labels="drop"``)."""
     encoded: dict[str, list[list[int]]] = {}
     tokens: dict[str, list[list[Any]]] = {}
     for split in order:
         ds = raw[split]
         if text_column not in ds.column_names:
             raise ValueError(f"{origin}: split {split!r} has no text column {text_column!r}")
-        if fmt == "columns":
-            absent = [c for c in label_columns if c not in ds.column_names]
-            if absent:
-                raise ValueError(f"{origin}: split {split!r} lacks label columns {absent}")
-            mat = np.stack([_column_np(ds, c) for c in label_columns], axis=1) if len(ds) \
-                else np.zeros((0, len(label_columns)))
-            if mat.size and not np.isin(mat, (0, 1)).all():
-                bad = [c for j, c in enumerate(label_columns) if not np.isin(mat[:, j], (0, 1)).all()]
-                raise ValueError(f"{origin}: label columns {bad[:10]} of split {split!r} hold values other than 0/1")
-            rows_idx, cols_idx = np.nonzero(mat.astype(bool))
-            encoded[split] = [c.tolist() for c in np.split(cols_idx, np.searchsorted(rows_idx, np.arange(1, len(ds))))] \
-                if len(ds) else []
+        if layout.fmt == "columns":
+            encoded[split] = _column_label_ids(ds, layout.label_columns, origin, split)
         else:
-            if label_column not in ds.column_names:
-                raise ValueError(f"{origin}: split {split!r} has no label column {label_column!r}")
-            tokens[split] = _row_tokens(_column(ds, label_column), fmt, sep)
+            if layout.label_column not in ds.column_names:
+                raise ValueError(f"{origin}: split {split!r} has no label column {layout.label_column!r}")
+            tokens[split] = row_tokens(column(ds, layout.label_column), layout.fmt, layout.sep)
+    names, names_origin = layout.names, layout.names_origin
+    if layout.fmt == "columns":
+        return encoded, names, names_origin
+    if names is None:
+        names, names_origin = _train_label_space(tokens, origin, unknown_labels)
+    for split, rows in tokens.items():
+        encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
+    return encoded, names, names_origin
 
-    if fmt != "columns":
-        if names is None:
-            train_tokens = [t for r in tokens["train"] for t in r]
-            if train_tokens and all(isinstance(t, int) for t in train_tokens):
-                names = [str(i) for i in range(max(train_tokens) + 1)]
-                names_origin = "the integer ids of the train split (0 .. max)"
-            else:
-                names = sorted({str(t) for t in train_tokens})
-            if not names:
-                raise ValueError(f"{origin}: the train split holds no labels; check label_column/label_format")
-            known = set(names)
 
-            def _unseen(t: Any) -> bool:
-                return t >= len(names) if isinstance(t, int) else str(t) not in known
+def _column_label_ids(ds: Dataset, label_columns: list[str], origin: str, split: str) -> list[list[int]]:
+    """The label ids of every row of ``ds`` from its 0/1 label columns (ValueError naming other values)."""
+    absent = [c for c in label_columns if c not in ds.column_names]
+    if absent:
+        raise ValueError(f"{origin}: split {split!r} lacks label columns {absent}")
+    if not len(ds):
+        return []
+    mat = np.stack([column_np(ds, c) for c in label_columns], axis=1)
+    if mat.size and not np.isin(mat, (0, 1)).all():
+        bad = [c for j, c in enumerate(label_columns) if not np.isin(mat[:, j], (0, 1)).all()]
+        raise ValueError(f"{origin}: label columns {bad[:10]} of split {split!r} hold values other than 0/1")
+    rows_idx, cols_idx = np.nonzero(mat.astype(bool))
+    return [c.tolist() for c in np.split(cols_idx, np.searchsorted(rows_idx, np.arange(1, len(ds))))]
 
-            outside = {s: sorted({t for r in rows for t in r if _unseen(t)}, key=str)
-                       for s, rows in tokens.items() if s != "train"}
-            outside = {s: v for s, v in outside.items() if v}
-            if outside and unknown_labels == "error":
-                raise ValueError(
-                    f"labels seen only outside train: {outside}. The label space is the union of the train labels; "
-                    "pass label_names= (a list or file) to include them, or unknown_labels='drop' to drop them"
-                )
-        for split, rows in tokens.items():
-            encoded[split], _ = _encode(rows, names, split, unknown_labels, names_origin)
 
-    for split in order:
-        ds = raw[split]
-        texts = _column(ds, text_column)
-        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-        if bad is not None:
-            raise ValueError(f"{origin}: split {split!r} row {bad} has text {texts[bad]!r}, not a string")
-        out[split] = build_split(texts, encoded[split], names)
-    dd = DatasetDict(out)
-    logger.info("loaded %s: %s, %d labels from %s (format %s)", origin,
-                {s: len(d) for s, d in dd.items()}, len(names), names_origin, fmt)
-    check_splits(dd, origin)
+def _train_label_space(tokens: dict[str, list[list[Any]]], origin: str, unknown_labels: str) -> tuple[list[str], str]:
+    """The label names when none were given: ``"0" .. max id`` for integer ids, else the sorted union of the
+    train labels; a label of another split outside it is a ValueError (unless ``unknown_labels="drop"``)."""
+    train_tokens = [t for r in tokens["train"] for t in r]
+    names_origin = "the sorted union of the train labels"
+    if train_tokens and all(isinstance(t, int) for t in train_tokens):
+        names = [str(i) for i in range(max(train_tokens) + 1)]
+        names_origin = "the integer ids of the train split (0 .. max)"
+    else:
+        names = sorted({str(t) for t in train_tokens})
+    if not names:
+        raise ValueError(f"{origin}: the train split holds no labels; check label_column/label_format")
+    known = set(names)
+
+    def unseen(t: Any) -> bool:
+        return t >= len(names) if isinstance(t, int) else str(t) not in known
+
+    outside = {s: sorted({t for r in rows for t in r if unseen(t)}, key=str) for s, rows in tokens.items() if s != "train"}
+    outside = {s: v for s, v in outside.items() if v}
+    if outside and unknown_labels == "error":
+        raise ValueError(
+            f"labels seen only outside train: {outside}. The label space is the union of the train labels; "
+            "pass label_names= (a list or file) to include them, or unknown_labels='drop' to drop them"
+        )
+    return names, names_origin
+
+
+def _carved_and_selected(dd: DatasetDict, origin: str, validation_fraction: float, test_fraction: float,
+                         split_seed: int, split_strategy: str, splits) -> DatasetDict:  # fmt: skip
+    """A missing validation split carved from train (a test split too with ``test_fraction``; at random or
+    stratified, ``split_strategy``), then only the ``splits`` asked for (ValueError naming one that does not
+    exist)."""
+    wanted = normalize_splits(splits) if splits is not None else None
     if "validation" not in dd and (wanted is None or "validation" in wanted):
         dd = carve_split(dd, "validation", validation_fraction, split_seed, split_strategy)
     if "test" not in dd and test_fraction and (wanted is None or "test" in wanted):

@@ -43,17 +43,23 @@ def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., Datase
 
 # Loaders for sources that are not registered names (files, folders, Hub ids, in-memory datasets):
 # (accepts(source, data_files) -> bool, loader(source, data_dir=..., **options)), registered by
-# hf_mlcl.data.custom with @register_source_loader, so this module imports no loader.
+# hf_mlcl.data.custom with @register_source_loader, so this module imports no loader; with the options the
+# loader takes (which a registered name refuses).
 _SOURCE_LOADERS: list[tuple[Callable[..., bool], Callable[..., DatasetDict]]] = []
+_SOURCE_OPTIONS: list[str] = []  # in the loader's order
 
 
-def register_source_loader(accepts: Callable[..., bool]) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
+def register_source_loader(
+    accepts: Callable[..., bool], options: Sequence[str] = ()
+) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
     """Decorator: ``load_mlc_dataset`` hands a source that is no registered name to ``fn`` when
-    ``accepts(source, data_files)`` is true (see :func:`hf_mlcl.data.custom.load_custom_dataset`)."""
+    ``accepts(source, data_files)`` is true (see :func:`hf_mlcl.data.custom.load_custom_dataset`); ``options``
+    are the keywords ``fn`` takes beyond the source, which a registered dataset refuses."""
 
     def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
         if all(fn is not f for _, f in _SOURCE_LOADERS):
             _SOURCE_LOADERS.append((accepts, fn))
+            _SOURCE_OPTIONS.extend(o for o in options if o not in _SOURCE_OPTIONS)
         return fn
 
     return deco
@@ -62,14 +68,6 @@ def register_source_loader(accepts: Callable[..., bool]) -> Callable[[Callable[.
 def list_datasets() -> list[str]:
     """Canonical dataset names, sorted (aliases such as ``"mimic-iii"`` are accepted by the loader)."""
     return sorted(_REGISTRY)
-
-
-# Options of hf_mlcl.data.custom.load_custom_dataset (sources that are not registered names).
-CUSTOM_OPTIONS = (
-    "data_files", "config_name", "revision", "text_column", "label_column", "label_columns", "label_format",
-    "label_separator", "label_names", "unknown_labels", "validation_fraction", "test_fraction", "split_seed",
-    "split_strategy",
-)  # fmt: skip
 
 
 def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options) -> DatasetDict:
@@ -81,7 +79,7 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     (``"owner/name"``, ``config_name=``), a local csv / tsv / json / jsonl / parquet file or folder
     (``data_files=`` for one file per split), an in-memory ``Dataset`` / ``DatasetDict`` — with the
     options ``text_column``, ``label_column``, ``label_columns``, ``label_format``, ``label_names``,
-    ``unknown_labels``, ``validation_fraction`` ... listed in ``CUSTOM_OPTIONS``.
+    ``unknown_labels``, ``validation_fraction`` ... listed in ``hf_mlcl.data.custom.CUSTOM_OPTIONS``.
     ``options`` go to the loader (all accept ``splits=``).
     Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
     """
@@ -92,11 +90,11 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     if key not in _REGISTRY:
         for accepts, loader in _SOURCE_LOADERS:
             if accepts(name, options.get("data_files")):
-                unknown = sorted(set(options) - set(CUSTOM_OPTIONS) - {"splits"})
+                unknown = sorted(set(options) - set(_SOURCE_OPTIONS) - {"splits"})
                 if unknown:
                     raise ValueError(
                         f"{name}: options {unknown} do not apply to your own data (a file, folder, Hub id or Dataset), "
-                        f"which takes {list(CUSTOM_OPTIONS)}; remove them (e.g. --dataset_options '{{}}')"
+                        f"which takes {_SOURCE_OPTIONS}; remove them (e.g. --dataset_options '{{}}')"
                     )
                 return loader(name, data_dir=data_dir, **options)
         if not isinstance(name, str):
@@ -107,7 +105,7 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
             f"unknown dataset {name!r}; choose one of {list_datasets()}, a Hub dataset id ('owner/name'), "
             "or a local csv/tsv/json/jsonl/parquet file or folder"
         )
-    custom = sorted(k for k in options if k in CUSTOM_OPTIONS)
+    custom = sorted(k for k in options if k in _SOURCE_OPTIONS)
     if custom:
         raise ValueError(
             f"{key}: options {custom} apply to your own data (a file, folder, Hub id or Dataset), not to the "

@@ -1,18 +1,23 @@
-"""Train a small fast tokenizer on the fly (offline demo, tests, synthetic benchmarks).
+"""Tokenizers: one trained on the fly (offline demo, tests, synthetic benchmarks), and the pad-token policy.
 
-Nothing here touches the Hub: the tokenizer is learned from the given texts with the `tokenizers`
-library and wrapped in a `PreTrainedTokenizerFast`, so it saves and loads like any Hub tokenizer.
+:func:`train_tokenizer` touches no Hub: the tokenizer is learned from the given texts with the
+`tokenizers` library and wrapped in a `PreTrainedTokenizerFast`, so it saves and loads like any Hub
+tokenizer. :func:`ensure_pad_token` is the one pad-token policy of hf_mlcl (decoder tokenizers have
+none); the stages call it for every tokenizer.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from torch import nn
 from transformers import PreTrainedTokenizerFast
 
 _STYLES = ("bert", "llama")
+LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 
 
 def train_tokenizer(
@@ -131,3 +136,37 @@ def word_level_tokenizer(words: Iterable[str], model_max_length: int = 512) -> P
         raise ValueError("word_level_tokenizer needs at least one word")
     vocab = {tok: i for i, tok in enumerate([*_BERT_SPECIALS, *vocab_words])}
     return _wrap_bert(_bert_tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]")), model_max_length)
+
+
+def ensure_pad_token(tokenizer: Any, config: Any = None) -> int:
+    """Give ``tokenizer`` a pad token and write its id into ``config.pad_token_id``.
+
+    Uses Llama-3.1's reserved ``<|finetune_right_pad_id|>`` when the vocabulary has it, else the EOS
+    token (padding is masked, so the choice only has to be a valid id). ``config`` may be a backbone
+    config, an ``MLCLConfig`` (its ``backbone_config`` dict is updated as well) or a model (its
+    ``config`` and, for hf_mlcl models, its backbone's config are updated). Returns the pad id.
+    """
+    if tokenizer.pad_token is None:
+        vocab = tokenizer.get_vocab()
+        if LLAMA3_PAD_TOKEN in vocab:
+            tokenizer.pad_token = LLAMA3_PAD_TOKEN
+        elif tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        else:
+            raise ValueError(
+                "the tokenizer has no pad, no Llama-3 reserved pad and no EOS token; add one with "
+                "tokenizer.add_special_tokens({'pad_token': '<pad>'}) and resize the embeddings"
+            )
+    pad_id = int(tokenizer.pad_token_id)
+    if config is not None:
+        targets = [config]
+        if isinstance(config, nn.Module):
+            targets = [config.config]
+            backbone = getattr(config, "backbone", None)
+            if backbone is not None:
+                targets.append(backbone.config)
+        for cfg in targets:
+            cfg.pad_token_id = pad_id
+            if isinstance(getattr(cfg, "backbone_config", None), dict):
+                cfg.backbone_config["pad_token_id"] = pad_id
+    return pad_id

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hf_mlcl.data.multihot import label_coordinates
 from hf_mlcl.evaluation.inputs import to_numpy
+from hf_mlcl.labels.multihot import label_coordinates
 
 __all__ = [
     "checked_embeddings_and_labels",

@@ -4,7 +4,7 @@ Attach it to a trainer (``trainer.add_callback(cb)`` or ``callbacks=[cb]``): it 
 hyperparameters when training starts, the model's pooling / head / base model, every evaluation's
 metrics, and the final train metrics; :meth:`ModelCardCallback.save` (or ``write_on_train_end=True``)
 renders the card into a folder. For a trainer that already finished (e.g. one returned by
-``hf_mlcl.training.train_contrastive``), :meth:`ModelCardCallback.collect_from_trainer` replays the same
+``hf_mlcl.training.stages.train_contrastive``), :meth:`ModelCardCallback.collect_from_trainer` replays the same
 hooks from ``trainer.args``, ``trainer.model`` and ``trainer.state.log_history``.
 """
 
@@ -91,7 +91,7 @@ class ModelCardCallback(TrainerCallback):
             self.card.pooling = getattr(model_args, "pooling", None)
             if kind == "classifier":
                 self.card.head = getattr(model_args, "head", None)
-        self._data_args = data_args
+        self._data_args = data_args  # its local paths go into the card when it is saved (local_data_paths)
         if data_args is not None:
             self.card.dataset = getattr(data_args, "dataset", None)
             options = data_args.loader_options() if hasattr(data_args, "loader_options") else None
@@ -113,9 +113,6 @@ class ModelCardCallback(TrainerCallback):
 
     # ----------------------------------------------------------------------------------- collection
     def _collect_args(self, args) -> None:
-        notes = getattr(self._data_args, "data_notes", None)  # set when the data is loaded (load_data)
-        if notes:
-            self.card.data_notes = list(notes)
         for key in _TRAINING_KEYS:
             if hasattr(args, key):
                 value = getattr(args, key)

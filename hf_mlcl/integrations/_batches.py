@@ -1,9 +1,9 @@
 """One batch of an integration: labels to multi-hot and the loss, with the value checks on the first batch.
 
 Both integrations (:mod:`hf_mlcl.integrations.sentence_transformers`, :mod:`hf_mlcl.integrations.trainer`)
-turn the batch's labels (multi-hot rows or -1-padded id lists, :func:`hf_mlcl.losses.relations.labels_to_multihot`)
+turn the batch's labels (multi-hot rows or -1-padded id lists, :func:`hf_mlcl.labels.multihot.labels_to_multihot`)
 into a multi-hot matrix and call the loss on this step's candidates
-(:class:`hf_mlcl.training.candidates.CandidateBuilder`). The checks that read values on the host — the
+(:class:`hf_mlcl.training.memory.CandidateBuilder`). The checks that read values on the host — the
 label format under ``"auto"`` (are integer labels 0/1?), the id range, labels 0/1 and finite embeddings
 (the loss's ``check_inputs``) — run on the first batch (the format once per label dtype and width); later
 batches read nothing on the host, so a training step does not wait for the accelerator. An id out of
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from hf_mlcl.losses.core import FirstCallChecks
-from hf_mlcl.losses.relations import labels_to_multihot, resolve_label_format
+from hf_mlcl.labels.multihot import labels_to_multihot, resolve_label_format
+from hf_mlcl.losses.input_checks import FirstCallChecks
 from hf_mlcl.training import distributed as D
-from hf_mlcl.training.candidates import CandidateBuilder
+from hf_mlcl.training.memory import CandidateBuilder
 
 __all__ = ["BatchLoss"]
 
@@ -54,7 +54,7 @@ class BatchLoss:
 
     def multi_hot(self, labels: Tensor, check_values: bool = True) -> Tensor:
         """The batch's labels as a (B, L) float32 multi-hot matrix; ``"auto"`` is resolved once per label
-        dtype and width (:func:`~hf_mlcl.losses.relations.resolve_label_format`)."""
+        dtype and width (:func:`~hf_mlcl.labels.multihot.resolve_label_format`)."""
         if not isinstance(labels, Tensor) or labels.dim() != 2:  # the ValueError naming the problem
             return labels_to_multihot(labels, self.num_labels, self.label_format)
         key = (labels.dtype, labels.layout, labels.shape[1])

@@ -16,7 +16,7 @@ collator turns into a tensor): a multi-hot row per text, or label-id lists padde
 embeds the texts (``sentence_embedding``), turns the labels into a multi-hot matrix and calls the hf_mlcl
 loss (:func:`hf_mlcl.losses.get_loss`; the equations are in ``LOSSES.md`` and each loss's module), with
 the candidates of every process gathered across devices when ``gather_across_devices``
-(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
+(:class:`hf_mlcl.training.memory.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
 label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
 on the host (:mod:`hf_mlcl.integrations._batches`), so with ``logging_nan_inf_filter=False`` in the
 training arguments (Trainer's filter reads every step's loss) a step makes no device-to-host
@@ -46,9 +46,8 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from hf_mlcl.hub.model_card import loss_paper
-from hf_mlcl.losses.registry import resolve_loss_name
-from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
-from hf_mlcl.training.contrastive import build_contrastive_loss
+from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
+from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
 
 from ._batches import BatchLoss
 

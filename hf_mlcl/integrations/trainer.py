@@ -18,7 +18,7 @@ num_items_in_batch=...)``. :class:`ContrastiveLossFunc` reads the embeddings fro
 ``pooled``; or the key you name), turns the labels (multi-hot or -1-padded id lists) into a multi-hot
 matrix and returns the loss of :func:`hf_mlcl.losses.get_loss` — the papers' equations, see
 ``LOSSES.md`` — with every process's candidates when ``gather_across_devices``
-(:class:`hf_mlcl.training.candidates.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
+(:class:`hf_mlcl.training.memory.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
 label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
 on the host (:mod:`hf_mlcl.integrations._batches`), so with ``TrainingArguments(logging_nan_inf_filter=False)``
 (Trainer's filter reads every step's loss on the host) a step makes no device-to-host synchronisation
@@ -48,9 +48,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hf_mlcl.losses.registry import resolve_loss_name
-from hf_mlcl.losses.relations import LABEL_INPUT_FORMATS
-from hf_mlcl.training.contrastive import build_contrastive_loss
+from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS
+from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
 
 from ._batches import BatchLoss
 
@@ -69,7 +68,7 @@ class ContrastiveLossFunc:
             ``"any"``, ``"ws_mulsupcon"``, ``"hbl"``); ``**loss_kwargs`` are its keywords.
         num_labels: size of the label space (needed for id-list labels and ``msc``).
         label_format: ``"auto"``, ``"multi_hot"`` or ``"ids"`` (see
-            :func:`hf_mlcl.losses.relations.labels_to_multihot`).
+            :func:`hf_mlcl.labels.multihot.labels_to_multihot`).
         embeddings_key: the output field holding the embeddings (default: the first of
             ``EMBEDDING_KEYS`` present).
         embedding_dim: width of the embeddings, for losses with per-label parameters (``msc``).

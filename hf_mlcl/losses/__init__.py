@@ -2,7 +2,7 @@
 
 ``get_loss(name, **kwargs)`` builds a registered loss; ``list_losses()`` lists canonical names.
 Contrastive losses share one engine (:mod:`hf_mlcl.losses.core`) and label-relation helpers
-(:mod:`hf_mlcl.losses.relations`); ``docs/losses.md`` of the repository states the contract of each
+(:mod:`hf_mlcl.labels.relations`); ``docs/losses.md`` of the repository states the contract of each
 (contrast set, positives, weights, normaliser, the choices made where a paper is ambiguous), and each
 loss module cites its paper and equations.
 """
@@ -27,12 +27,22 @@ from .hbl import HBLLoss
 from .jaccard import JaccardLoss
 from .msc import MSCLoss
 from .mulsupcon import MulSupConLoss
-from .registry import get_loss, get_loss_class, list_contrastive_losses, list_losses, register_loss
+from .registry import (
+    LossSettings,
+    build_contrastive_loss,
+    get_loss,
+    get_loss_class,
+    list_contrastive_losses,
+    list_losses,
+    register_loss,
+)
 from .similarity_dissimilarity import SimilarityDissimilarityLoss, similarity_dissimilarity_weights
 from .supervised import AsymmetricLoss, BCELoss, FocalLoss, SupervisedLoss, ZLPRLoss
 from .ws_mulsupcon import WSMulSupConLoss
 
 __all__ = [
+    "LossSettings",
+    "build_contrastive_loss",
     "get_loss",
     "get_loss_class",
     "list_losses",

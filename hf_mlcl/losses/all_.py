@@ -21,7 +21,11 @@ batch the two libraries agree (docs/losses.md, "Reductions").
 
 from __future__ import annotations
 
-from .core import ContrastContext, ContrastiveLoss, LossTerms
+from torch import Tensor
+
+from hf_mlcl.labels.relations import PairRelations
+
+from .core import ContrastiveLoss
 from .mulsupcon import MULSUPCON_CITATION
 from .registry import register_loss
 
@@ -49,8 +53,7 @@ class AllLoss(ContrastiveLoss):
 
     default_temperature = 0.07
 
-    def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        positive = ctx.equal & (ctx.anchor_sizes > 0)[:, None] & ctx.contrast_mask
-        w = positive.to(ctx.dtype)
-        wsum = w.sum(dim=1)
-        return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)
+    @staticmethod
+    def positives(rel: PairRelations) -> Tensor:
+        """T == S with S non-empty, inside the contrast set (eq. 1); weighted by the base class's SupCon terms."""
+        return rel.equal & (rel.anchor_sizes > 0)[:, None] & rel.contrast_mask

@@ -11,7 +11,7 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (2) (posit
 
 from __future__ import annotations
 
-from .core import ContrastContext, ContrastiveLoss, LossTerms
+from .core import ContrastiveLoss
 from .mulsupcon import MULSUPCON_CITATION
 from .registry import register_loss
 
@@ -38,8 +38,4 @@ class AnyLoss(ContrastiveLoss):
     citation = MULSUPCON_CITATION
 
     default_temperature = 0.07
-
-    def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        w = ctx.shares_label.to(ctx.dtype)  # 0 at the anchor's own column
-        wsum = w.sum(dim=1)
-        return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)
+    # positives: S & T non-empty (ContrastiveLoss.positives), SupCon terms (ContrastiveLoss.build_terms)

@@ -9,11 +9,11 @@ the papers are cited in each loss module)::
 with candidates c = [in-batch embeddings; key embeddings]. The anchor itself is excluded from its own
 contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). With
 ``anchors_in_candidates=False`` the candidates are the keys only (c = keys; no anchor-anchor pair):
-the ``"keys"`` contrast set of MulSupCon / ws-MulSupCon / HBL (see :mod:`hf_mlcl.training.candidates`). A loss module
+the ``"keys"`` contrast set of MulSupCon / ws-MulSupCon / HBL (see :mod:`hf_mlcl.training.memory`). A loss module
 only builds :class:`LossTerms` — the positive weights ``W`` (N, M), optional denominator weights
 ``d`` (passed as ``log d``), the per-anchor normaliser and (rarely) a constant ``c`` and a global
 reduction denominator — from the label relations in :class:`ContrastContext`
-(:mod:`hf_mlcl.losses.relations`). Memory is O(N * M) plus the label non-zeros; nothing is ever
+(:mod:`hf_mlcl.labels.relations`). Memory is O(N * M) plus the label non-zeros; nothing is ever
 N x M x L.
 
 Numerics: computed in ``max(float32, input dtype)`` with autocast switched off, with a masked
@@ -34,16 +34,14 @@ to the kernel's scalar result (see :class:`ContrastContext`).
 Host reads: a forward reads no tensor value on the host (no device-to-host synchronisation on an
 accelerator) except for its input checks — label values 0/1 and finite embeddings — which
 ``check_inputs`` turns off for inputs validated elsewhere (the trainers check the first batch, and
-the collator builds 0/1 labels). The named parts of a call (``components``) stay on the device as
-detached 0-d tensors; a caller converts them to floats when it logs. ``hf_mlcl.host_sync`` counts
+the collator builds 0/1 labels). The named parts of a call (:meth:`ContrastiveLoss.components`) stay
+on the device as detached 0-d tensors; a caller converts them to floats when it logs. ``hf_mlcl.host_sync`` counts
 the host reads of a block of code (the tests hold every loss to zero with ``check_inputs`` off).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -52,7 +50,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import relations as R
+from hf_mlcl.labels.multihot import as_multihot, cast
+from hf_mlcl.labels.relations import PairRelations
+
 from .fused import fused_contrastive_loss
 from .intra_op import small_step_threads
 
@@ -63,8 +63,6 @@ __all__ = [
     "masked_log_softmax",
     "weighted_contrastive_loss",
     "compute_dtype_for",
-    "set_input_checks",
-    "FirstCallChecks",
 ]
 
 
@@ -151,7 +149,7 @@ class LossTerms:
         anchor_valid: optional (N,) bool mask of anchors allowed to contribute.
         logits / contrast_mask: optional overrides when the loss extends the candidate set (e.g. with
             learnable prototypes appended as extra columns).
-        components: extra named parts reported in ``loss.components`` (0-d tensors, or floats).
+        components: extra named parts reported by :meth:`ContrastiveLoss.components` (0-d tensors, or floats).
         weight_sums: optional (N,) ``weights.sum(dim=1)`` when the loss computed it anyway (e.g. as its
             normaliser), so the engine does not sum again.
         zero_diagonal: the loss guarantees W = 0 at each anchor's own column (it built W through
@@ -171,8 +169,13 @@ class LossTerms:
     zero_diagonal: bool = False
 
 
-class ContrastContext:
+class ContrastContext(PairRelations):
     """Validated inputs of one forward call plus lazily computed label relations.
+
+    The label relations of the pairs (``inter``, ``anchor_sizes``, ``candidate_sizes``, ``union``,
+    ``equal``, ``jaccard``, ``shares_label``, ``contrast_mask``, ``self_mask``: exact integer counts in
+    ``dtype``, so float64 stays exact) come from :class:`~hf_mlcl.labels.relations.PairRelations`; the
+    embeddings' side is added here.
 
     Attributes:
         embeddings / key_embeddings: the inputs in ``dtype`` as given (not normalised).
@@ -184,17 +187,11 @@ class ContrastContext:
         anchor_labels / candidate_labels: validated multi-hot matrices (float32 dense or sparse COO).
         num_anchors, num_keys, temperature, dtype, normalize.
         logits: (N, M) = anchors @ candidates^T / temperature.
-        self_mask: (N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the
-            anchors are not candidates).
-        contrast_mask: (N, M) bool = ~self_mask.
-    Cached relations (exact integer counts, returned in ``dtype`` so float64 stays exact):
-    ``inter`` (N, M), ``anchor_sizes`` (N,), ``candidate_sizes`` (M,),
-    ``union``, ``equal``, ``jaccard``, ``shares_label`` (inter > 0).
 
     Everything is computed on first use. The embeddings' finiteness check (a full pass) runs when
     ``anchors`` / ``keys`` are first read — before any general-path computation — or, for the fused
     kernel (:meth:`fused`), on the scalar result: non-finite inputs always give a non-finite loss
-    there, and :meth:`ContrastiveLoss.compute_and_record` then runs the full check, which raises.
+    there, and :meth:`ContrastiveLoss.components` then runs the full check, which raises.
     """
 
     def __init__(
@@ -208,9 +205,9 @@ class ContrastContext:
         normalize: bool = False,
         checked: bool = True,
     ) -> None:
+        super().__init__(anchor_labels, key_labels, anchors_in_candidates, dtype=anchors.dtype)
         self.embeddings = anchors
         self.key_embeddings = keys
-        self.anchors_in_candidates = bool(anchors_in_candidates)
         self.normalize = bool(normalize)
         self.checked = bool(checked)
         self.fused_used = False
@@ -218,19 +215,7 @@ class ContrastContext:
         # shift of logits, for callers that select candidates by similarity, e.g. HBL)
         self.keep_scores = False
         self.scores: Tensor | None = None
-        # share_intersections: a loss that computes the label intersections as a by-product of its own
-        # product hands them to ``inter`` (provide_intersections), for a caller that reads both (HBL)
-        self.share_intersections = False
-        self.dtype = anchors.dtype
         self.temperature = temperature
-        self.num_anchors = anchors.shape[0]
-        self.num_keys = 0 if keys is None else keys.shape[0]
-        self.anchor_labels = anchor_labels
-        self.key_labels = key_labels
-        if self.anchors_in_candidates:
-            self.candidate_labels = R.cat_labels(anchor_labels, key_labels)
-        else:
-            self.candidate_labels = key_labels
 
     def check_finite(self) -> None:
         """The full NaN / inf check of the embeddings (ValueError naming the tensor), once."""
@@ -269,24 +254,6 @@ class ContrastContext:
             self.scores = out[2]
         return out[0], out[1]
 
-    @property
-    def num_candidates(self) -> int:
-        return (self.num_anchors if self.anchors_in_candidates else 0) + self.num_keys
-
-    @cached_property
-    def contrast_mask(self) -> Tensor:
-        """(N, M) bool: True where candidate a is in the contrast set of anchor i (all but (i, i))."""
-        mask = torch.ones(self.num_anchors, self.num_candidates, dtype=torch.bool, device=self.device)
-        if self.anchors_in_candidates:
-            mask.diagonal().fill_(False)
-        return mask
-
-    @cached_property
-    def self_mask(self) -> Tensor:
-        """(N, M) bool, True at (i, i) (the anchor's own in-batch column; all False when the anchors
-        are not candidates)."""
-        return ~self.contrast_mask
-
     def _as_candidates(self, anchors: Tensor, keys: Tensor | None) -> Tensor:
         """The contrast set's rule: [anchors; keys], the anchors alone without keys, the keys alone
         when the anchors are not candidates."""
@@ -310,52 +277,18 @@ class ContrastContext:
     def logits(self) -> Tensor:
         return self.anchors @ self.candidates.T / self.temperature
 
-    @cached_property
-    def inter(self) -> Tensor:
-        return R.cast(R.intersections(self.anchor_labels, self.candidate_labels), self.dtype)
-
-    @property
-    def intersections_wanted(self) -> bool:
-        """True when a caller asked for ``inter`` to be shared (``share_intersections``) and it is not known yet."""
-        return self.share_intersections and "inter" not in self.__dict__
-
-    def provide_intersections(self, inter: Tensor) -> None:
-        """Set ``inter`` (N, M) from exact counts computed elsewhere (e.g. beside MulSupCon's weights)."""
-        if tuple(inter.shape) != (self.num_anchors, self.num_candidates):
-            raise ValueError(
-                f"intersections must be ({self.num_anchors}, {self.num_candidates}); got {tuple(inter.shape)}"
-            )
-        self.__dict__["inter"] = R.cast(inter, self.dtype)  # the cached_property's own slot
-
-    @cached_property
-    def anchor_sizes(self) -> Tensor:
-        return R.cast(R.label_sizes(self.anchor_labels), self.dtype)
-
-    @cached_property
-    def candidate_sizes(self) -> Tensor:
-        if self.candidate_labels is self.anchor_labels:
-            return self.anchor_sizes
-        return R.cast(R.label_sizes(self.candidate_labels), self.dtype)
-
-    @cached_property
-    def union(self) -> Tensor:
-        return R.unions(self.anchor_sizes, self.candidate_sizes, self.inter)
-
-    @cached_property
-    def equal(self) -> Tensor:
-        return R.equality(self.anchor_sizes, self.candidate_sizes, self.inter)
-
-    @cached_property
-    def jaccard(self) -> Tensor:
-        return R.jaccard(self.anchor_sizes, self.candidate_sizes, self.inter)
-
-    @cached_property
-    def shares_label(self) -> Tensor:
-        """(N, M) bool: S & T non-empty (and inside the contrast set)."""
-        shares = self.inter > 0
-        if self.anchors_in_candidates:
-            shares.diagonal().fill_(False)
-        return shares
+    def similarity_order(self) -> Tensor | None:
+        """(N, M) scores that order each anchor's candidates by cosine similarity, from what this call has
+        already computed (no extra product): the fused kernel's kept scores (``keep_scores``; a per-row
+        shift of the logits) or the logits; None when neither exists or the embeddings are not
+        normalised (then they do not order by cosine). For terms that only *select* candidates (HBL)."""
+        if not self.normalize:
+            return None
+        if self.scores is not None:
+            return self.scores
+        if "logits" in self.__dict__:  # computed by the general path
+            return self.logits.detach() * self.temperature
+        return None
 
     def zero(self) -> Tensor:
         """A scalar zero connected to the graph of the embeddings."""
@@ -373,15 +306,15 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     (:func:`hf_mlcl.losses.fused.fused_contrastive_loss`).
     """
     dtype = ctx.dtype
-    w = R.cast(terms.weights, dtype)
-    wsum = None if terms.weight_sums is None else R.cast(terms.weight_sums, dtype)
+    w = cast(terms.weights, dtype)
+    wsum = None if terms.weight_sums is None else cast(terms.weight_sums, dtype)
     if ctx.anchors_in_candidates and not terms.zero_diagonal:
         w = w.clone()  # the anchor's own column is outside its contrast set
         w.diagonal().zero_()
         wsum = None
     if wsum is None:
         wsum = w.sum(dim=1)
-    norm = R.cast(terms.normalizer, dtype)
+    norm = cast(terms.normalizer, dtype)
     valid = torch.minimum(wsum, norm) > 0  # has a positive (W >= 0) and a positive normaliser
     if terms.anchor_valid is not None:
         valid = valid & terms.anchor_valid
@@ -392,7 +325,7 @@ def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
         scale = torch.where(denom > 0, denom, torch.ones_like(denom)).reciprocal()
     # coef_i = valid_i / (norm_i * denominator): 1 / inf = 0 for the anchors that do not count
     coef = torch.where(valid, norm, math.inf).reciprocal_().mul_(scale)
-    const = None if terms.constant is None else -torch.dot(coef, R.cast(terms.constant, dtype))
+    const = None if terms.constant is None else -torch.dot(coef, cast(terms.constant, dtype))
     return ctx.fused(w, coef, const=const, weight_sums=wsum)[0]
 
 
@@ -429,9 +362,13 @@ class ContrastiveLoss(nn.Module):
     """Base class of all multi-label contrastive losses (see module docstring for the engine).
 
     Subclasses implement :meth:`build_terms` (and optionally override :meth:`compute` for losses that
-    combine several engine calls). ``forward(embeddings, labels, key_embeddings=None, key_labels=None)``
-    returns a scalar; ``self.components`` holds the named parts of the last call (always ``"loss"``) as
-    detached 0-d tensors on the loss's device (``float(v)`` when logging).
+    combine several engine calls). The contract with callers (trainers, integrations):
+
+    * ``forward(embeddings, labels, key_embeddings=None, key_labels=None)`` returns the scalar loss;
+    * :meth:`components` (same arguments) returns the loss and its named parts in one dict, as
+      sentence-transformers losses do: ``"loss"`` (the scalar, with its graph) and the parts as detached
+      0-d tensors on the loss's device. Nothing is read on the host and nothing is kept on the module:
+      a caller that logs the parts converts them to floats when it logs.
 
     Args:
         temperature: tau > 0 (default: the paper's value, ``default_temperature``).
@@ -439,18 +376,22 @@ class ContrastiveLoss(nn.Module):
 
     Attribute ``check_inputs`` (default True): check that the labels are 0/1 and the embeddings finite
     (ValueError naming the problem) on every call. Both checks read values on the host, a
-    synchronisation on an accelerator; with False (:func:`set_input_checks`) a call reads nothing on
-    the host, labels are taken as valid and non-finite embeddings give a non-finite loss.
+    synchronisation on an accelerator; with False (:func:`hf_mlcl.losses.input_checks.set_input_checks`)
+    a call reads nothing on the host, labels are taken as valid and non-finite embeddings give a
+    non-finite loss.
     """
 
     is_contrastive = True
     supports_keys = True
+    supports_keys_only = True  # forward(..., anchors_in_candidates=False): the keys alone as candidates
     default_temperature = 0.07
     # MoCo mode (queue_size > 0): the paper's contrast set and whether the queue waits until it has
-    # been filled once (hf_mlcl.training.candidates). Losses without a MoCo setting of their own (all,
+    # been filled once (hf_mlcl.training.memory). Losses without a MoCo setting of their own (all,
     # any, sd, jaccard) follow the SupCon / MulSupCon code they are compared with: keys, warm-up.
     default_contrast_set = "keys"
     default_queue_warmup = True
+    # the keywords a run fills in from its settings (hf_mlcl.losses.registry.LossSettings)
+    run_settings: tuple[str, ...] = ("temperature",)
 
     def __init__(self, temperature: float | None = None, normalize: bool = True) -> None:
         super().__init__()
@@ -466,10 +407,20 @@ class ContrastiveLoss(nn.Module):
         self.temperature = temperature
         self.normalize = bool(normalize)
         self.check_inputs = True
-        self.components: dict[str, Tensor] = {}
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, normalize={self.normalize}"
+
+    @staticmethod
+    def positives(rel: PairRelations) -> Tensor:
+        """(N, M) bool: the candidates of each anchor's contrast set that this loss pulls it towards.
+
+        The one definition of the loss's positive rule: its :meth:`build_terms` and ``hf-mlcl inspect``
+        (:mod:`hf_mlcl.analysis.pair_statistics`) both read it. Default: S & T non-empty (the ANY rule,
+        Huang et al. eq. 2), the rule of any, sd, jaccard, msc's samples, ws-MulSupCon's labelled anchors
+        and hbl; ``all`` has its own.
+        """
+        return rel.shares_label
 
     # ---------------------------------------------------------------- input handling
     def prepare(
@@ -500,7 +451,7 @@ class ContrastiveLoss(nn.Module):
                 f"{type(self).__name__} does not support key_embeddings / key_labels (no keys mode)"
             )
         check = self.check_inputs
-        y = R.as_multihot(labels, "labels", device=embeddings.device, allow_sparse=True, check_values=check)
+        y = as_multihot(labels, "labels", device=embeddings.device, allow_sparse=True, check_values=check)
         if y.shape[0] != embeddings.shape[0]:
             raise ValueError(
                 f"row-count mismatch: embeddings has {embeddings.shape[0]} rows but labels has {y.shape[0]}; "
@@ -514,7 +465,7 @@ class ContrastiveLoss(nn.Module):
                     f"embedding dim differs: embeddings have D={embeddings.shape[1]} but key_embeddings "
                     f"D={key_embeddings.shape[1]}"
                 )
-            yk = R.as_multihot(
+            yk = as_multihot(
                 key_labels, "key_labels", device=embeddings.device, allow_sparse=True, check_values=check
             )
             if yk.shape[0] != key_embeddings.shape[0]:
@@ -528,10 +479,10 @@ class ContrastiveLoss(nn.Module):
                     "anchors and keys must share one label space"
                 )
         dtype = compute_dtype_for(embeddings, key_embeddings)
-        z = R.cast(embeddings, dtype)
+        z = cast(embeddings, dtype)
         k = None
         if key_embeddings is not None:
-            k = R.cast(key_embeddings, dtype)
+            k = cast(key_embeddings, dtype)
             if k.device != z.device:
                 k = k.to(z.device)
         # normalisation and the NaN / inf check happen on first use (ContrastContext)
@@ -542,8 +493,12 @@ class ContrastiveLoss(nn.Module):
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        """Build W, d, normaliser for this loss (implemented by each loss module)."""
-        raise NotImplementedError
+        """W, d and the normaliser of this loss. Default: SupCon over the loss's :meth:`positives` (Khosla et al.
+        2020, eq. 2; the SD-loss paper's eq. 3): weight 1 on every positive, normalised by their number, the
+        mean over anchors with a positive (``all``, ``any``); the other losses build their own."""
+        w = self.positives(ctx).to(ctx.dtype)  # 0 at the anchor's own column (outside the contrast set)
+        wsum = w.sum(dim=1)
+        return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
         """Loss and extra components from a prepared context (default: one engine call).
@@ -582,80 +537,55 @@ class ContrastiveLoss(nn.Module):
         Optional ``key_embeddings`` (K, D) / ``key_labels`` (K, L) (MoCo queue or momentum keys) are
         extra candidates that are never excluded from the contrast set. ``anchors_in_candidates=False``
         drops the anchor-anchor pairs: the keys are then the whole contrast set (MulSupCon's
-        ``scores = q . [k_batch ; queue]``).
+        ``scores = q . [k_batch ; queue]``). The loss's parts: :meth:`components`.
         """
+        return self.components(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)["loss"]
+
+    def components(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        key_embeddings: Tensor | None = None,
+        key_labels: Tensor | None = None,
+        anchors_in_candidates: bool = True,
+    ) -> dict[str, Tensor]:
+        """``{"loss": scalar loss (with its graph), part: detached 0-d tensor, ...}`` for the arguments of
+        :meth:`forward` (e.g. hbl's ``"base"``, ``"hbl"``, ``"gate_open"``; ws_mulsupcon's strata)."""
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
         with (
             torch.autocast(device_type=device_type, enabled=False),
             small_step_threads(embeddings, key_embeddings),
         ):
-            ctx = self.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
-            return self.compute_and_record(ctx)
+            ctx = self.context_owner.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
+            return self.components_on(ctx)
 
-    def compute_and_record(self, ctx: ContrastContext) -> Tensor:
-        """The loss on a prepared context; stores its parts in ``self.components`` for logging.
+    @property
+    def context_owner(self) -> ContrastiveLoss:
+        """The loss whose :meth:`prepare` builds the context of a call: this one (a wrapper, hbl, lets its base
+        build it, so that both terms read one context)."""
+        return self
 
-        Shared by :meth:`forward` and by wrappers (hbl) that reuse the base loss's context. The parts
-        are detached 0-d tensors (no host read); with ``check_inputs`` a non-finite fused result runs
-        the full finiteness check, which raises.
-        """
+    def components_on(self, ctx: ContrastContext) -> dict[str, Tensor]:
+        """:meth:`components` on a prepared context: shared by :meth:`components` and by wrappers (hbl) that
+        reuse the base loss's context. With ``check_inputs`` a non-finite fused result runs the full
+        finiteness check, which raises."""
         if ctx.num_anchors == 0:
             loss, parts = ctx.zero(), {}
         else:
             loss, parts = self.compute(ctx)
         if not ctx.checked and not (ctx.fused_used and bool(torch.isfinite(loss.detach()))):
             ctx.check_finite()  # raises the named error when the inputs were not finite
-        self.components = record_components(loss, parts)
-        return loss
+        return loss_components(loss, parts)
 
 
-def record_components(loss: Tensor, parts: dict) -> dict[str, Tensor]:
-    """``{"loss": loss, **parts}`` as detached 0-d tensors on the loss's device (no host read).
-
-    A part given as a Python number becomes a tensor of the loss's dtype (a fill on the device).
-    """
-    comps = {"loss": loss.detach()}
+def loss_components(loss: Tensor, parts: dict) -> dict[str, Tensor]:
+    """``{"loss": loss, **parts}``: the loss as it is (with its graph), the parts as detached 0-d tensors on
+    the loss's device (no host read). A part given as a Python number becomes a tensor of the loss's dtype
+    (a fill on the device)."""
+    comps = {"loss": loss}
     for name, value in parts.items():
         if isinstance(value, Tensor):
             comps[name] = value.detach()
         else:
             comps[name] = torch.full((), float(value), dtype=loss.dtype, device=loss.device)
     return comps
-
-
-def set_input_checks(module: nn.Module, enabled: bool) -> None:
-    """Set ``check_inputs`` on ``module`` and on every loss inside it (e.g. the base loss of hbl).
-
-    Trainers validate the labels once and turn the per-call checks off, so that a training step reads
-    no value on the host (see :class:`ContrastiveLoss`).
-    """
-    for sub in module.modules():
-        if hasattr(sub, "check_inputs"):
-            sub.check_inputs = bool(enabled)
-
-
-class FirstCallChecks:
-    """A loss's input checks on the first call made through this object only (trainers, integrations).
-
-    Construction turns ``check_inputs`` off (:func:`set_input_checks`); ``with checks(): loss(...)``
-    turns it on for the block until one block has run without raising, so the first batch is
-    validated (labels 0/1, finite embeddings: ValueError naming the problem) and later batches cost
-    no host read. ``pending`` tells whether the next block still checks.
-    """
-
-    def __init__(self, loss: nn.Module) -> None:
-        self.loss = loss
-        self.pending = True
-        set_input_checks(loss, False)
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        if not self.pending:
-            yield
-            return
-        set_input_checks(self.loss, True)
-        try:
-            yield
-            self.pending = False
-        finally:
-            set_input_checks(self.loss, False)

@@ -36,8 +36,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from hf_mlcl.labels.multihot import cast
+
 from .intra_op import small_step_threads
-from .relations import cast
 
 __all__ = ["fused_contrastive_loss"]
 

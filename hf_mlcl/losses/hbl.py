@@ -21,7 +21,7 @@ with the printed ">=") **and** P_s, P_h both non-empty (without both there is no
 positives are candidates, an anchor can open the gate only when its contrast set holds at least k_min
 candidates: with the default k_min = 128 and no queue, a batch of 128 or fewer never opens it and HBL
 adds exactly zero — the ContrastiveTrainer warns once at construction when batch + queue cannot reach
-k_min (:func:`hf_mlcl.training.candidates.max_candidates`).
+k_min (:func:`hf_mlcl.training.memory.max_candidates`).
 
 Weight of the structural term against the base (``lambda_scaling``; eq. 7 vs the code it builds on):
 eq. (7) adds lambda * L_HBL_i to L_Con_i averaged over the N anchors, where L_Con_i (MulSupCon) *sums*
@@ -58,20 +58,20 @@ context is reused (one label-intersection product, one similarity product for bo
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..host_sync import host_reads_are_free
-from . import relations as R
-from .core import ContrastContext, ContrastiveLoss, record_components
-from .intra_op import small_step_threads
-from .registry import get_loss_class, register_loss, resolve_loss_name
+from hf_mlcl.labels import relations as R
+from hf_mlcl.labels.relations import PairRelations
 
-__all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_per_anchor", "hbl_soft_positives"]
+from ..host_sync import host_reads_are_free
+from .core import ContrastContext, ContrastiveLoss, loss_components
+from .registry import LossSettings, get_loss_class, register_loss, resolve_loss_name
+
+__all__ = ["HBLLoss", "hbl_median_thresholds", "hbl_partition", "hbl_per_anchor", "hbl_soft_positives"]
 
 LAMBDA_SCALINGS = ("base", "eq7")
 
@@ -126,7 +126,7 @@ def _fraction_ranks(max_union: int, dtype: torch.dtype, device: torch.device) ->
     """Every code p * (U + 1) + q (0 <= p, q <= U, U = ``max_union``) -> the rank of p / max(q, 1) among
     the distinct values of all codes, and those distinct values in increasing order.
 
-    The values are computed by the division :func:`~hf_mlcl.losses.relations.jaccard` performs, in the
+    The values are computed by the division :func:`~hf_mlcl.labels.relations.jaccard` performs, in the
     same dtype, so they are bit-identical to the Jaccard matrix's entries; impossible codes (p > q)
     are +inf and rank last.
     """
@@ -208,6 +208,24 @@ def hbl_soft_positives(
     return positive & (jaccard >= theta[:, None]), theta, n_pos
 
 
+def hbl_partition(
+    positive: Tensor,
+    k_min: int,
+    n_positives: Tensor,
+    jaccard: Tensor | None = None,
+    inter: Tensor | None = None,
+    label_sizes: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(soft, hard, gate)``: the soft and hard positives of eq. (3) (P_s = {J >= theta}, P_h = P minus P_s)
+    and the reliability gate of eq. (6) as implemented (module docstring): abs(P) >= k_min and both halves
+    non-empty. The one definition of HBL's rule, read by :func:`hbl_per_anchor` and ``hf-mlcl inspect``
+    (:meth:`HBLLoss.gate_open`). Arguments as :func:`hbl_soft_positives`; ``n_positives`` = abs(P_i)."""
+    soft, _, n_sel = hbl_soft_positives(positive, jaccard, inter, label_sizes)
+    hard = positive ^ soft  # P_s is a subset of P
+    # a row with a positive always has a soft one (its largest value is >= the median theta)
+    return soft, hard, (n_positives >= k_min) & (n_sel > 0) & hard.any(dim=1)
+
+
 def hbl_per_anchor(
     anchors: Tensor,
     candidates: Tensor,
@@ -262,12 +280,9 @@ def hbl_per_anchor(
             sizes = None if label_sizes is None else (label_sizes[0][rows], label_sizes[1])
         # inter == 0 within the contrast set: P is a subset of it, so the exclusive or (one pass) is the difference
         negative = sub_mask ^ positive
-        soft, _, n_sel = hbl_soft_positives(positive, sub_jac, sub_inter, sizes)
-        hard = positive ^ soft  # P_h = P minus P_s (P_s is a subset of P)
-        # a row with a positive always has a soft one (its largest value is >= the median theta)
-        ok = (n_sel > 0) & hard.any(dim=1)
+        sub_n = n_pos_all if rows is None else n_pos_all[rows]
+        soft, hard, ok = hbl_partition(positive, k_min, sub_n, sub_jac, sub_inter, sizes)
         if rows is None:
-            ok = ok & reliable
             gated = ok
         else:
             gated = torch.zeros(n, dtype=torch.bool, device=zn.device)
@@ -319,9 +334,9 @@ class HBLLoss(ContrastiveLoss):
     Args:
         base: name of a registered contrastive loss (default "mulsupcon", the paper's) or a
             contrastive loss module.
-        base_kwargs: keyword arguments for the base loss (``temperature`` / ``normalize`` /
-            ``num_labels`` / ``embedding_dim`` given to HBL are forwarded when the base accepts them
-            and ``base_kwargs`` does not set them).
+        base_kwargs: keyword arguments for the base loss (``normalize`` and, where the base declares them
+            in its ``run_settings``, ``temperature`` / ``num_labels`` / ``embedding_dim`` given to HBL are
+            forwarded when ``base_kwargs`` does not set them).
         lambda_: weight of the structural term. gamma: weight of L_abs inside L_HBL.
         m_rel, m_abs: margins of eqs. (4) and (5). k_min: reliability gate (minimum positives,
             abs(P) >= k_min; see the module docstring).
@@ -329,7 +344,7 @@ class HBLLoss(ContrastiveLoss):
             averages over (anchor, label) pairs (module docstring; ``"eq7"`` returns eq. (7) multiplied
             by N / P).
 
-    ``components``: "loss" (= base + lambda_ * scale * hbl), "base", "hbl" (the unweighted mean L_HBL),
+    :meth:`components`: "loss" (= base + lambda_ * scale * hbl), "base", "hbl" (the unweighted mean L_HBL),
     "gate_open" (share of anchors whose gate is open) and the base loss's own components prefixed
     with "base/".
 
@@ -338,8 +353,8 @@ class HBLLoss(ContrastiveLoss):
         >>> import torch
         >>> from hf_mlcl.losses import HBLLoss
         >>> hbl = HBLLoss(base="mulsupcon", k_min=2)  # any registered contrastive loss as the base
-        >>> value = hbl(torch.randn(4, 8), torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]]))
-        >>> sorted(k for k in hbl.components if "/" not in k)
+        >>> parts = hbl.components(torch.randn(4, 8), torch.tensor([[1, 1, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]]))
+        >>> sorted(k for k in parts if "/" not in k)
         ['base', 'gate_open', 'hbl', 'loss']
     """
 
@@ -358,6 +373,7 @@ class HBLLoss(ContrastiveLoss):
     # HBL is built on MulSupCon (positives "within the current queue"): its MoCo set and warm-up
     default_contrast_set = "keys"
     default_queue_warmup = True
+    run_settings = ("temperature", "num_labels", "embedding_dim")  # handed on to the base (its own run_settings)
 
     def __init__(
         self,
@@ -399,18 +415,8 @@ class HBLLoss(ContrastiveLoss):
                 )
             if not getattr(cls, "is_contrastive", False):
                 raise ValueError(f"hbl needs a contrastive base loss, {key!r} is a supervised loss")
-            kwargs = dict(base_kwargs or {})
-            params = inspect.signature(cls.__init__).parameters
-            extra = {
-                "temperature": temperature,
-                "normalize": normalize,
-                "num_labels": num_labels,
-                "embedding_dim": embedding_dim,
-            }
-            for name, value in extra.items():
-                if value is not None and name in params and name not in kwargs:
-                    kwargs[name] = value
-            base_module = cls(**kwargs)
+            kwargs = {"normalize": normalize, **(base_kwargs or {})}
+            base_module = cls(**LossSettings(temperature, num_labels, embedding_dim).for_loss(cls, kwargs))
         elif isinstance(base, nn.Module):
             if base_kwargs:
                 raise ValueError("base_kwargs is only used when base is a loss name, not a module")
@@ -443,53 +449,46 @@ class HBLLoss(ContrastiveLoss):
             raise ValueError(f"the base loss {type(self.base).__name__} takes no label statistics")
         self.base.set_label_statistics(train_labels)
 
-    def forward(
-        self,
-        embeddings: Tensor,
-        labels: Tensor,
-        key_embeddings: Tensor | None = None,
-        key_labels: Tensor | None = None,
-        anchors_in_candidates: bool = True,
-    ) -> Tensor:
-        """base(embeddings, labels, keys) + lambda_ * scale * mean_i L_HBL_i (scale 1 unless ``"eq7"``)."""
-        device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
-        base = self.base
-        shared = isinstance(base, ContrastiveLoss) and type(base).forward is ContrastiveLoss.forward
-        keys = (key_embeddings, key_labels)
-        with (
-            torch.autocast(device_type=device_type, enabled=False),
-            small_step_threads(embeddings, key_embeddings),
-        ):
-            if shared:
-                # one context for both terms: labels validated / intersected once, logits reused
-                ctx = base.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
-                ctx.keep_scores = base.normalize  # the fused kernel's scores order the pairs by cosine
-                ctx.share_intersections = True  # a base that computes them anyway (mulsupcon) hands them over
-                base_loss = base.compute_and_record(ctx)
-                base_comps = base.components
-                sim = None
-                if base.normalize and ctx.scores is not None:
-                    sim = ctx.scores  # per-row shifted cosine / tau: only used to select pairs
-                elif base.normalize and "logits" in ctx.__dict__:
-                    sim = ctx.__dict__["logits"].detach() * ctx.temperature
-            else:
-                if anchors_in_candidates:
-                    base_loss = base(embeddings, labels, *keys)
-                else:
-                    base_loss = base(embeddings, labels, *keys, anchors_in_candidates=False)
-                base_comps = dict(getattr(base, "components", {}) or {"loss": base_loss.detach()})
-                ctx = self.prepare(embeddings, labels, *keys, anchors_in_candidates=anchors_in_candidates)
-                sim = None
-            if ctx.num_anchors == 0:
-                hbl, gate_open = ctx.zero(), 0.0
-            else:
-                per_anchor, gated = self._per_anchor(ctx, sim)
-                hbl, gate_open = per_anchor.mean(), gated.float().mean()
-            loss = base_loss + self._lambda_factor(ctx, base_loss.dtype) * hbl.to(base_loss.dtype)
+    @property
+    def _shares_context(self) -> bool:
+        """The base is a :class:`ContrastiveLoss` computed the standard way: both terms read one context (labels
+        validated and intersected once, the base's similarity order reused)."""
+        return isinstance(self.base, ContrastiveLoss) and type(self.base).components is ContrastiveLoss.components
+
+    @property
+    def context_owner(self) -> ContrastiveLoss:
+        return self.base if self._shares_context else self
+
+    def components_on(self, ctx: ContrastContext) -> dict[str, Tensor]:
+        """base + lambda_ * scale * mean_i L_HBL_i (scale 1 unless ``"eq7"``), with the parts of the class
+        docstring, on the base's context (or HBL's own, for a base module of another kind)."""
+        if self._shares_context:
+            ctx.keep_scores = self.base.normalize  # the fused kernel's scores order the pairs by cosine
+            ctx.share_intersections = True  # a base that computes them anyway (mulsupcon) hands them over
+            base_comps = self.base.components_on(ctx)
+        else:
+            inputs = (ctx.embeddings, ctx.anchor_labels, ctx.key_embeddings, ctx.key_labels)
+            extra = {} if ctx.anchors_in_candidates else {"anchors_in_candidates": False}
+            parts = getattr(self.base, "components", None)
+            base_comps = parts(*inputs, **extra) if callable(parts) else {"loss": self.base(*inputs, **extra)}
+        base_loss = base_comps["loss"]
+        if ctx.num_anchors == 0:
+            hbl, gate_open = ctx.zero(), 0.0
+        else:
+            per_anchor, gated = self._per_anchor(ctx, ctx.similarity_order())
+            hbl, gate_open = per_anchor.mean(), gated.float().mean()
+        loss = base_loss + self._lambda_factor(ctx, base_loss.dtype) * hbl.to(base_loss.dtype)
         parts = {"base": base_loss, "hbl": hbl, "gate_open": gate_open}
         parts.update((f"base/{name}", value) for name, value in base_comps.items() if name != "loss")
-        self.components = record_components(loss, parts)
-        return loss
+        return loss_components(loss, parts)
+
+    @classmethod
+    def gate_open(cls, rel: PairRelations, k_min: int) -> Tensor:
+        """(N,) bool: the anchors whose reliability gate opens (eq. 6, :func:`hbl_partition`) on the
+        positives of :meth:`~hf_mlcl.losses.core.ContrastiveLoss.positives` (S & T non-empty)."""
+        positive = cls.positives(rel)
+        sizes = (rel.anchor_sizes, rel.candidate_sizes)
+        return hbl_partition(positive, k_min, positive.sum(dim=1), inter=rel.inter, label_sizes=sizes)[2]
 
     def _lambda_factor(self, ctx: ContrastContext, dtype: torch.dtype) -> float | Tensor:
         """lambda_ times 1 (``"base"``), or times N / P for eq. 7's balance against a base averaged over

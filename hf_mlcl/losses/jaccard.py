@@ -73,7 +73,7 @@ class JaccardLoss(LabelSimilarityOption, ContrastiveLoss):
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
         if self.label_similarity == "jaccard":
-            w = torch.where(ctx.shares_label, ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
+            w = torch.where(self.positives(ctx), ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
         else:
             w = self.label_weights(ctx)[0]  # 0 at the own column
         wsum = w.sum(dim=1)

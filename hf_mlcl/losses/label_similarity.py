@@ -38,7 +38,8 @@ from typing import Any, Union
 import torch
 from torch import Tensor, nn
 
-from . import relations as R
+from hf_mlcl.labels import multihot as M
+from hf_mlcl.labels.relations import SET_SIMILARITIES, set_similarity, soft_cosine
 
 __all__ = [
     "SET_SIMILARITIES",
@@ -51,53 +52,8 @@ __all__ = [
     "LabelSimilarityOption",
 ]
 
-SET_SIMILARITIES = ("jaccard", "dice", "overlap", "cosine")
 
 LabelSimilaritySpec = Union[str, Callable[[Tensor, Tensor], Tensor], Tensor, Any]
-
-
-def set_similarity(kind: str, inter: Tensor, sizes_a: Tensor, sizes_c: Tensor) -> Tensor:
-    """(N, M) similarity of label sets from their intersection counts ``inter`` = abs(S & T) and sizes
-    abs(S) (N,), abs(T) (M,); 0 where the intersection is empty. ``kind`` in :data:`SET_SIMILARITIES`."""
-    if kind == "jaccard":
-        return R.jaccard(sizes_a, sizes_c, inter)
-    if kind == "dice":
-        denom = (sizes_a[:, None] + sizes_c[None, :]).clamp_min(1)
-        return 2 * inter / denom
-    if kind == "overlap":
-        denom = torch.minimum(sizes_a[:, None], sizes_c[None, :]).clamp_min(1)
-        return inter / denom
-    if kind == "cosine":
-        denom = (sizes_a[:, None] * sizes_c[None, :]).clamp_min(1).sqrt()
-        return inter / denom
-    raise ValueError(f"label_similarity must be one of {SET_SIMILARITIES}, a callable or an (L, L) matrix; got {kind!r}")
-
-
-def _quadratic_diagonal(labels: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """(Y A (N, L) dense, diag(Y A Y^T) (N,)) for a dense or sparse multi-hot Y."""
-    if R.is_sparse(labels):
-        ya = torch.sparse.mm(labels.to(matrix.dtype), matrix)
-        idx = labels.indices()
-        diag = torch.zeros(labels.shape[0], dtype=matrix.dtype, device=matrix.device)
-        diag.index_add_(0, idx[0], ya[idx[0], idx[1]] * labels.values().to(matrix.dtype))
-        return ya, diag
-    y = labels.to(matrix.dtype)
-    ya = y @ matrix
-    return ya, (ya * y).sum(dim=1)
-
-
-def soft_cosine(anchor_labels: Tensor, candidate_labels: Tensor, matrix: Tensor) -> Tensor:
-    """Soft cosine (Sidorov et al. 2014) of every (anchor, candidate) pair of multi-hot rows under the
-    (L, L) label-similarity matrix ``matrix``: (Y_a A Y_c^T)_ik / sqrt((Y_a A Y_a^T)_ii (Y_c A Y_c^T)_kk),
-    0 for an empty set. Dense or sparse label matrices; ``matrix`` dense, in the result's dtype."""
-    ya, diag_a = _quadratic_diagonal(anchor_labels, matrix)
-    if candidate_labels is anchor_labels:
-        diag_c = diag_a
-    else:
-        diag_c = _quadratic_diagonal(candidate_labels, matrix)[1]
-    soft = R.intersections(ya, candidate_labels)  # (Y_a A) @ Y_c^T, dense or sparse Y_c
-    norm = (diag_a[:, None] * diag_c[None, :]).sqrt()
-    return torch.where(norm > 0, soft / norm.clamp_min(torch.finfo(norm.dtype).tiny), torch.zeros_like(soft))
 
 
 def _load_matrix(path: str) -> Tensor:
@@ -143,7 +99,7 @@ def resolve_label_similarity(
             raise ValueError(
                 f"label_similarity must be a name, a callable or an (L, L) matrix; got {type(spec).__name__}"
             ) from err
-    matrix = spec.to_dense() if R.is_sparse(spec) else spec
+    matrix = spec.to_dense() if M.is_sparse(spec) else spec
     if matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1]:
         raise ValueError(f"a label_similarity matrix must be square (L, L); got shape {tuple(matrix.shape)}")
     if not matrix.is_floating_point():
@@ -191,7 +147,7 @@ def label_similarity_weights(spec: Any, ctx: Any, check: bool = False) -> tuple[
                 f"the label_similarity callable must return an (N, M) = {shape} tensor of weights; got "
                 f"{tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}"
             )
-        w = R.cast(w.detach().to(ctx.device), dtype)
+        w = M.cast(w.detach().to(ctx.device), dtype)
         if check and (not bool(torch.isfinite(w).all()) or bool((w < 0).any())):
             raise ValueError("the label_similarity callable returned negative or non-finite weights; return W >= 0")
         w = w.clone()
@@ -203,7 +159,15 @@ def label_similarity_weights(spec: Any, ctx: Any, check: bool = False) -> tuple[
 class LabelSimilarityOption(nn.Module):
     """The ``label_similarity`` option of a loss (mixed into ``jaccard`` and ``sd``): the resolved choice,
     an (L, L) matrix kept as a non-persistent buffer (it follows ``.to(device)``, stays out of checkpoints),
-    and the weights on a context."""
+    the weights on a context and the positive rule they give (:meth:`positives`)."""
+
+    def positives(self, rel: Any) -> Tensor:
+        """The loss's positive rule under its label similarity: S & T non-empty for a set similarity (the
+        default), the candidates with W > 0 for a callable or a matrix (soft positives through related
+        labels). ``rel``: the pairs' :class:`~hf_mlcl.labels.relations.PairRelations` (or a context)."""
+        if isinstance(self.label_similarity, str) and self.label_similarity != "matrix":
+            return rel.shares_label
+        return self.label_weights(rel)[1]
 
     def init_label_similarity(self, spec: LabelSimilaritySpec, own: tuple[str, ...] = ()) -> None:
         """Resolve ``spec`` against the set similarities plus the loss's ``own`` names (e.g. ``"sd"``)."""

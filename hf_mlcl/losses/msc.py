@@ -48,9 +48,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from hf_mlcl.labels.statistics import PairLabelView
+
 from .core import ContrastContext, ContrastiveLoss
 from .jaccard import AUDIBERT_CITATION, AUDIBERT_REFERENCE
-from .label_statistics import PairLabelView
 from .registry import register_loss
 
 __all__ = ["MSCLoss"]
@@ -94,6 +95,7 @@ class MSCLoss(ContrastiveLoss):
     supports_keys = True
     default_contrast_set = "queries+queue"  # sec. 3: H = I u Q, Q = keys of the preceding instances
     default_queue_warmup = False  # the paper uses the queue from the first step
+    run_settings = ("temperature", "num_labels", "embedding_dim")
 
     def __init__(
         self,
@@ -154,7 +156,7 @@ class MSCLoss(ContrastiveLoss):
         with torch.no_grad():
             view = PairLabelView(y, ctx.candidate_labels)
             sizes = ctx.anchor_sizes.to(dtype)
-            f = torch.where(ctx.shares_label, ctx.union.to(dtype).clamp_min(1).reciprocal(), 0.0)
+            f = torch.where(self.positives(ctx), ctx.union.to(dtype).clamp_min(1).reciprocal(), 0.0)
             if self.alpha != 1.0:
                 f = f.mul_(self.alpha)  # the authors' code: alpha f in the numerator and in N(i,j)
             # eq. (5): R_ij = 1 / N(i,j), N = 1 + samples (0 at the view's cells off the anchors' labels)

@@ -23,16 +23,17 @@ anchor — and differ in batch mode, where a label carried by no other in-batch 
 Vectorised without an (N, M, L) tensor: sum_l sum_{p in P_l(i)} log p_ip / n_l(i) = sum_p W_ip log p_ip
 with W_ip = sum_{l in S_i & T_p} 1/n_l(i) = ((Y_i * 1/n(i)) @ Y_c^T)_ip, n(i) = Y_i * (colsum(Y_c) - Y_i)
 (self excluded when the anchors are candidates); see
-:func:`hf_mlcl.losses.relations.inverse_count_weights`. Sparse labels stay sparse.
+:func:`hf_mlcl.labels.relations.inverse_count_weights`. Sparse labels stay sparse.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from hf_mlcl.labels.relations import PairRelations, inverse_count_weights, label_sizes
+
 from .core import ContrastContext, ContrastiveLoss, LossTerms
 from .registry import register_loss
-from .relations import inverse_count_weights, label_sizes
 
 NORMALIZERS = ("pairs", "labels")
 
@@ -81,6 +82,15 @@ class MulSupConLoss(ContrastiveLoss):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", normalizer={self.normalizer!r}"
+
+    @staticmethod
+    def positive_label_pairs(rel: PairRelations) -> Tensor:
+        """(N,): per anchor, its (anchor, label) pairs that have a positive (a candidate of its contrast set
+        carrying the label, n_l(i) >= 1): the rule of the per-label positive sets P_l(i), read by
+        ``hf-mlcl inspect``; :meth:`build_terms` gets the same counts with its weights."""
+        return inverse_count_weights(
+            rel.anchor_labels, rel.candidate_labels, anchors_in_candidates=rel.anchors_in_candidates, dtype=rel.dtype
+        )[1]
 
     def _weights_and_pairs(self, ctx: ContrastContext) -> tuple[Tensor, Tensor]:
         share = ctx.intersections_wanted

@@ -7,11 +7,17 @@ Loss modules register themselves with the :func:`register_loss` decorator::
 
 Canonical names are what :func:`list_losses` returns; aliases are only accepted by
 :func:`get_loss`. Look-ups are case-insensitive and treat ``-`` like ``_``.
+
+:func:`build_contrastive_loss` is how a trainer or an integration builds a contrastive loss for a run:
+the user's keywords plus the run's :class:`LossSettings` (temperature, label count, embedding width) that
+the loss class declares it takes (``run_settings``), never guessed from its signature.
 """
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
 
@@ -82,6 +88,53 @@ def get_loss(name: str, **kwargs) -> nn.Module:
 def list_losses() -> list[str]:
     """Sorted canonical names of all registered losses (aliases excluded)."""
     return sorted(_REGISTRY)
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What a run knows that a contrastive loss may need: the temperature asked for (None: the loss paper's
+    value), the size of the label space (msc's prototypes) and the width of the embeddings. A loss class
+    names the ones it takes in ``run_settings``."""
+
+    temperature: float | None = None
+    num_labels: int | None = None
+    embedding_dim: int | None = None
+
+    def for_loss(self, cls: type, kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``kwargs`` plus the settings ``cls.run_settings`` names that are set and that ``kwargs`` does not
+        give (the user's keywords win)."""
+        out = dict(kwargs or {})
+        for name in getattr(cls, "run_settings", ()):
+            value = getattr(self, name)
+            if value is not None:
+                out.setdefault(name, value)
+        return out
+
+
+def build_contrastive_loss(
+    name: str,
+    loss_kwargs: Mapping[str, Any] | None = None,
+    temperature: float | None = None,
+    num_labels: int | None = None,
+    embedding_dim: int | None = None,
+) -> nn.Module:
+    """The contrastive loss registered as ``name`` with ``loss_kwargs`` and the run's settings it declares
+    (:class:`LossSettings`). ValueError for unknown or non-contrastive names and for keywords the loss
+    does not take."""
+    try:
+        cls = get_loss_class(name)
+    except ValueError as err:
+        raise ValueError(f"ContrastiveTrainingArguments.loss: {err}") from err
+    if not getattr(cls, "is_contrastive", False):
+        raise ValueError(
+            f"loss {name!r} is a supervised loss (logits vs labels); the contrastive stage needs a contrastive "
+            "loss such as 'sd', 'mulsupcon', 'msc' — use ProbingTrainer / train_probe for bce/focal/asymmetric/zlpr"
+        )
+    kwargs = LossSettings(temperature, num_labels, embedding_dim).for_loss(cls, loss_kwargs)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
 
 
 def list_contrastive_losses() -> list[str]:

@@ -98,7 +98,7 @@ class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
         if self.label_similarity == "sd":
-            positive = ctx.shares_label
+            positive = self.positives(ctx)
             k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
             k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
         else:

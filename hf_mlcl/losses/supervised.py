@@ -21,9 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from hf_mlcl.labels.multihot import as_multihot, is_sparse
+
 from .core import compute_dtype_for
 from .registry import register_loss
-from .relations import as_multihot, is_sparse
 
 __all__ = ["SupervisedLoss", "BCELoss", "FocalLoss", "AsymmetricLoss", "ZLPRLoss"]
 
@@ -34,8 +35,7 @@ class SupervisedLoss(nn.Module):
     """Base class of supervised multi-label losses: ``forward(logits, labels) -> scalar``.
 
     Subclasses implement :meth:`elementwise`: the (N, L) per-entry loss, or the (N,) per-sample loss of
-    a loss that is not a sum over entries (ZLPR); ``"mean"`` averages over what it returns. ``self.components`` holds
-    ``{"loss": value}`` of the last call as a detached 0-d tensor, and ``check_inputs`` (default True)
+    a loss that is not a sum over entries (ZLPR); ``"mean"`` averages over what it returns. ``check_inputs`` (default True)
     checks the label values and the finiteness of the logits on every call (host reads), like
     contrastive losses (:class:`hf_mlcl.losses.core.ContrastiveLoss`).
 
@@ -53,7 +53,6 @@ class SupervisedLoss(nn.Module):
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         self.reduction = reduction
         self.check_inputs = True
-        self.components: dict[str, Tensor] = {}
 
     def elementwise(self, logits: Tensor, targets: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -81,8 +80,6 @@ class SupervisedLoss(nn.Module):
                 loss = loss.mean() if loss.numel() else x.sum() * 0.0
             elif self.reduction == "sum":
                 loss = loss.sum()
-        if loss.dim() == 0:
-            self.components = {"loss": loss.detach()}
         return loss
 
 

@@ -22,10 +22,10 @@ healthy anchor appears); with an adaptive optimiser the constant factor matters 
 
 In MoCo mode the trainer's default contrast set is ``"keys"`` (eq. 1: A = f_m(B) u Q, s = z_q . z_k):
 the anchors are the online queries and the candidates the current momentum keys (an anchor's own key
-is a positive) plus the queue, with no query-query pairs (:mod:`hf_mlcl.training.candidates`).
+is a positive) plus the queue, with no query-query pairs (:mod:`hf_mlcl.training.memory`).
 
 Class weights D̄_j = (D - d_j)/D and C̄_j = M_j / C_j come from the *training set*
-(:func:`hf_mlcl.losses.label_statistics.ws_class_weights`): call :meth:`set_label_statistics` once
+(:func:`hf_mlcl.labels.statistics.ws_class_weights`): call :meth:`set_label_statistics` once
 before training (the trainer does it when ``requires_label_statistics`` is True).
 
 Normalisers (documented choice): P_single / P_multi = the number of (anchor, label) pairs of the stratum
@@ -46,7 +46,7 @@ counts healthy anchors with at least one healthy positive. A term whose stratum 
 * total = (1 - lambda)(s2s + s2m + m2s + m2m) + lambda L_h when the batch has a healthy anchor (with a
   healthy positive), else the plain sum of the four terms.
 
-Vectorised with matrix products (:class:`~hf_mlcl.losses.label_statistics.PairLabelView`): per-pair
+Vectorised with matrix products (:class:`~hf_mlcl.labels.statistics.PairLabelView`): per-pair
 coefficients q_ij = w_j / abs(P_stratum(i, j)) are spread to (N, M) by one sparse x dense product per
 candidate stratum; nothing is N x M x L.
 """
@@ -56,9 +56,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import relations as R
+from hf_mlcl.labels import multihot as M
+from hf_mlcl.labels import relations as R
+from hf_mlcl.labels.relations import PairRelations
+from hf_mlcl.labels.statistics import PairLabelView, dense_label_products, ws_class_weights
+
 from .core import ContrastContext, ContrastiveLoss
-from .label_statistics import PairLabelView, dense_label_products, ws_class_weights
 from .registry import register_loss
 
 __all__ = ["WSMulSupConLoss"]
@@ -146,6 +149,15 @@ class WSMulSupConLoss(ContrastiveLoss):
             + super().extra_repr()
         )
 
+    @staticmethod
+    def healthy_positives(rel: PairRelations) -> Tensor:
+        """(N,): eq. (8), a healthy anchor's positives are the healthy (empty-label) candidates of its
+        contrast set: as many as there are healthy candidates, less itself when it is one (in-batch).
+        Given for every anchor; only the healthy ones use it (labelled anchors have the ANY rule,
+        :meth:`~hf_mlcl.losses.core.ContrastiveLoss.positives`)."""
+        own_column = 1.0 if rel.anchors_in_candidates else 0.0
+        return (rel.candidate_sizes == 0).sum().to(rel.dtype) - own_column * (rel.anchor_sizes == 0).to(rel.dtype)
+
     def set_label_statistics(self, train_labels: Tensor) -> None:
         """Compute D̄_j and C̄_j from the training-set multi-hot matrix (dense or torch sparse (N, L))."""
         single_w, multi_w = ws_class_weights(train_labels, authors_code=self.authors_code)
@@ -207,8 +219,8 @@ class WSMulSupConLoss(ContrastiveLoss):
         per quantity instead of per-pair gathers (fewer, larger ops: the cost of a small in-batch step).
         """
         dtype = ctx.dtype
-        ya = R.cast(ctx.anchor_labels, dtype)
-        yc = R.cast(ctx.candidate_labels, dtype)
+        ya = M.cast(ctx.anchor_labels, dtype)
+        yc = M.cast(ctx.candidate_labels, dtype)
         strata_c = torch.stack([single_c, multi_c]).to(dtype)  # (2, M) single / multi candidates
         counts = (strata_c @ yc).reshape(1, -1)  # (1, 2L): candidates of each stratum carrying label j
         own = 1.0 if ctx.anchors_in_candidates else 0.0  # keys-only contrast set: no own column
@@ -224,6 +236,32 @@ class WSMulSupConLoss(ContrastiveLoss):
         width = ya.shape[1]
         pairs = (((n[:, :width] + n[:, width:]) > 0) & (ya > 0)).sum(dim=1).to(dtype)
         return w_sm, pairs
+
+    def _paper_loss(self, ctx: ContrastContext, w_sm: Tensor, pairs_per_anchor: Tensor, strata_a: tuple[Tensor, ...],
+                    healthy_c: Tensor, n_h: Tensor) -> tuple[Tensor, dict]:  # fmt: skip
+        """Eq. (9) of the paper in one fused pass: the strata's rows are disjoint (healthy anchors carry no
+        pair, diseased ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
+        term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H).
+        ``strata_a``: the single-label, multi-label and valid healthy anchors (bool (N,) each)."""
+        dtype, device = ctx.dtype, ctx.device
+        valid_h = strata_a[2]
+        with torch.no_grad():
+            # (3, N) stratum indicator: single / multi anchors, healthy anchors with a positive
+            strata = torch.stack(strata_a).to(dtype)
+            counts = strata @ (pairs_per_anchor + strata[2])  # pairs with a positive; healthy anchors
+            factors = torch.full((3,), 1.0 - self.lambda_, dtype=dtype, device=device)
+            factors[2] = self.lambda_
+            per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
+            coef = per_count @ strata
+            # 1 / n_h on the valid healthy anchors' healthy columns (their rows of W_sm are 0)
+            healthy_pos = valid_h[:, None] & healthy_c[None, :]
+            w_sm = torch.where(healthy_pos, n_h.reciprocal()[:, None], w_sm)
+            if ctx.anchors_in_candidates:  # not the anchor's own column
+                w_sm.diagonal().zero_()
+        loss, bracket = ctx.fused(w_sm, coef)
+        sums = strata @ bracket
+        parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind()))
+        return loss, parts
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
         dtype = ctx.dtype
@@ -271,35 +309,13 @@ class WSMulSupConLoss(ContrastiveLoss):
                 def pair_count(pair_ok: Tensor, anchor_mask: Tensor) -> Tensor:
                     return (pair_ok & anchor_mask[rows]).sum().to(dtype)
 
-            # eq. (8): a healthy anchor's positives are the healthy candidates of its contrast set, as
-            # many as there are healthy candidates, less itself when it is one (in-batch)
-            own_column = 1.0 if ctx.anchors_in_candidates else 0.0
-            n_h = healthy_c.sum().to(dtype) - own_column * healthy_a.to(dtype)
+            n_h = self.healthy_positives(ctx).to(dtype)
             valid_h = healthy_a & (n_h > 0)
             num_h = valid_h.sum().to(dtype)
             has_h = num_h > 0  # stays on the device: the branches below are tensor algebra
 
         if not self.authors_code:
-            # one fused pass: the strata's rows are disjoint (healthy anchors carry no pair, diseased
-            # ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
-            # term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H)
-            with torch.no_grad():
-                # (3, N) stratum indicator: single / multi anchors, healthy anchors with a positive
-                strata = torch.stack([single_a, multi_a, valid_h]).to(dtype)
-                counts = strata @ (pairs_per_anchor + strata[2])  # pairs with a positive; healthy anchors
-                factors = torch.full((3,), 1.0 - self.lambda_, dtype=dtype, device=device)
-                factors[2] = self.lambda_
-                per_count = torch.where(counts > 0, factors / counts.clamp_min(1), 0.0)
-                coef = per_count @ strata
-                # 1 / n_h on the valid healthy anchors' healthy columns (their rows of W_sm are 0)
-                healthy_pos = valid_h[:, None] & healthy_c[None, :]
-                w_sm = torch.where(healthy_pos, n_h.reciprocal()[:, None], w_sm)
-                if ctx.anchors_in_candidates:  # not the anchor's own column
-                    w_sm.diagonal().zero_()
-            loss, bracket = ctx.fused(w_sm, coef)
-            sums = strata @ bracket
-            parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind()))
-            return loss, parts
+            return self._paper_loss(ctx, w_sm, pairs_per_anchor, (single_a, multi_a, valid_h), healthy_c, n_h)
 
         s = ctx.logits
         zero_loss = ctx.zero()

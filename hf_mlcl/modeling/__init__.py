@@ -1,35 +1,32 @@
 """hf_mlcl.modeling: encoder (backbone + pooling + projection head), multi-label classifiers (linear
-probe, PLM-ICD label attention), LoRA helpers, momentum encoder and embedding queue; ``sharded`` reads and
-writes parameters that DeepSpeed ZeRO-3 / FSDP shard.
+probe, PLM-ICD label attention), LoRA helpers; ``sharded`` reads and writes parameters that DeepSpeed
+ZeRO-3 / FSDP shard. The MoCo key encoder and queue live with the training code
+(:mod:`hf_mlcl.training.momentum`, :mod:`hf_mlcl.training.memory`).
 
-``configuration_mlcl`` and ``modeling_mlcl`` are self-contained (they are copied beside saved weights
-for ``trust_remote_code`` loading); everything else imports from them.
+``configuration_mlcl``, ``modeling_mlcl``, ``layers_mlcl`` and ``folders_mlcl`` are self-contained (they
+are copied beside saved weights for ``trust_remote_code`` loading); everything else imports from them.
+``builders`` makes a stage's tokenizer and model from its model settings.
 """
 
 from __future__ import annotations
 
 from .configuration_mlcl import HEADS, POOLINGS, MLCLConfig, backbone_config_to_dict
+from .layers_mlcl import LabelAttentionHead, ProjectionHead, pool_states
 from .lora import (
     DEFAULT_LORA_TARGETS,
-    LLAMA3_PAD_TOKEN,
     LORA_TARGETS_BY_MODEL_TYPE,
     apply_lora,
     bf16_available,
     default_lora_targets,
-    ensure_pad_token,
     merge_lora,
     save_lora_model,
 )
 from .modeling_mlcl import (
-    LabelAttentionHead,
     MLCLEncoder,
     MLCLEncoderOutput,
     MLCLForMultiLabelClassification,
     MLCLPreTrainedModel,
-    ProjectionHead,
-    pool_states,
 )
-from .momentum import AdapterMomentumEncoder, EmbeddingQueue, MomentumEncoder
 
 
 def _register_local_auto_classes() -> None:
@@ -45,26 +42,21 @@ def _register_local_auto_classes() -> None:
 _register_local_auto_classes()
 
 __all__ = [
-    "AdapterMomentumEncoder",
     "DEFAULT_LORA_TARGETS",
     "HEADS",
-    "LLAMA3_PAD_TOKEN",
     "LORA_TARGETS_BY_MODEL_TYPE",
     "POOLINGS",
-    "EmbeddingQueue",
     "LabelAttentionHead",
     "MLCLConfig",
     "MLCLEncoder",
     "MLCLEncoderOutput",
     "MLCLForMultiLabelClassification",
     "MLCLPreTrainedModel",
-    "MomentumEncoder",
     "ProjectionHead",
     "apply_lora",
     "backbone_config_to_dict",
     "bf16_available",
     "default_lora_targets",
-    "ensure_pad_token",
     "merge_lora",
     "pool_states",
     "save_lora_model",

@@ -6,9 +6,11 @@ self-contained: it imports only the standard library and ``transformers``, never
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 
 POOLINGS = ("cls", "mean", "last_token")
 HEADS = ("linear", "label_attention")
@@ -134,4 +136,37 @@ class MLCLConfig(PreTrainedConfig):
 
 MLCLConfig.register_for_auto_class()
 
-__all__ = ["MLCLConfig", "POOLINGS", "HEADS", "backbone_config_to_dict"]
+
+# the keywords of ``from_backbone`` that configure the wrapper: MLCLConfig's own fields and the label
+# fields; every other keyword (``dtype``, ``device_map``, ``attn_implementation`` ...) goes to the backbone
+# loader, also those PreTrainedConfig shares with the loader (``dtype``)
+MLCL_CONFIG_KEYS = (
+    {f.name for f in dataclasses.fields(MLCLConfig)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
+) | {"num_labels", "id2label", "label2id", "problem_type"}
+
+
+def build_backbone(config: MLCLConfig) -> PreTrainedModel:
+    """Random-init backbone from the stored backbone config dict (offline; never downloads).
+
+    An explicit attention implementation requested for the wrapper (``from_pretrained(dir,
+    attn_implementation="flash_attention_2")``) is handed to the backbone; the default (sdpa) is left
+    to the backbone's own choice.
+    """
+    kwargs = {}
+    attn = getattr(config, "_attn_implementation", None)
+    if isinstance(attn, str) and attn != "sdpa":
+        kwargs["attn_implementation"] = attn
+    return AutoModel.from_config(config.get_backbone_config(), **kwargs)
+
+
+def normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | None:
+    """``id2label`` as ``{int: str}`` from a mapping (keys may be strings, as in JSON) or a list of names."""
+    if id2label is None:
+        return None
+    if isinstance(id2label, Mapping):
+        return {int(k): str(v) for k, v in id2label.items()}
+    return {i: str(name) for i, name in enumerate(id2label)}
+
+
+__all__ = ["MLCLConfig", "MLCL_CONFIG_KEYS", "POOLINGS", "HEADS", "backbone_config_to_dict", "build_backbone",
+           "normalise_id2label"]

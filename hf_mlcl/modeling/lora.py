@@ -1,8 +1,5 @@
 """LoRA for any backbone with peft (Llama-3.1-8B, BERT, RoBERTa, MiniLM, ModernBERT ...): adapters +
-trainable heads, and their pad token.
-
-``ensure_pad_token`` is the one pad-token policy of hf_mlcl (decoder tokenizers have none); the stage
-entry points call it for every tokenizer.
+trainable heads (their pad token: :func:`hf_mlcl.data.tokenizer.ensure_pad_token`).
 
 ``apply_lora`` follows the recipe of the design: LoRA r=16, alpha=32, dropout=0.1 on the attention and
 MLP projections (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + (alpha / r) B A x), bf16 backbone when the
@@ -22,6 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from hf_mlcl.files import atomic_path
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",
@@ -43,7 +42,6 @@ LORA_TARGETS_BY_MODEL_TYPE: dict[str, tuple[str, ...]] = {
     "mpnet": ("q", "k", "v", "o", "intermediate.dense", "output.dense"),
     "modernbert": ("Wqkv", "Wo", "Wi"),  # attn.Wqkv, attn.Wo, mlp.Wi, mlp.Wo
 }
-LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 HEAD_MODULES: tuple[str, ...] = ("projection_head", "classifier")
 
 logger = logging.getLogger(__name__)
@@ -52,40 +50,6 @@ logger = logging.getLogger(__name__)
 def bf16_available() -> bool:
     """True on CUDA devices with bf16 support."""
     return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-
-
-def ensure_pad_token(tokenizer: Any, config: Any = None) -> int:
-    """Give ``tokenizer`` a pad token and write its id into ``config.pad_token_id``.
-
-    Uses Llama-3.1's reserved ``<|finetune_right_pad_id|>`` when the vocabulary has it, else the EOS
-    token (padding is masked, so the choice only has to be a valid id). ``config`` may be a backbone
-    config, an ``MLCLConfig`` (its ``backbone_config`` dict is updated as well) or a model (its
-    ``config`` and, for hf_mlcl models, its backbone's config are updated). Returns the pad id.
-    """
-    if tokenizer.pad_token is None:
-        vocab = tokenizer.get_vocab()
-        if LLAMA3_PAD_TOKEN in vocab:
-            tokenizer.pad_token = LLAMA3_PAD_TOKEN
-        elif tokenizer.eos_token is not None:
-            tokenizer.pad_token = tokenizer.eos_token
-        else:
-            raise ValueError(
-                "the tokenizer has no pad, no Llama-3 reserved pad and no EOS token; add one with "
-                "tokenizer.add_special_tokens({'pad_token': '<pad>'}) and resize the embeddings"
-            )
-    pad_id = int(tokenizer.pad_token_id)
-    if config is not None:
-        targets = [config]
-        if isinstance(config, nn.Module):
-            targets = [config.config]
-            backbone = getattr(config, "backbone", None)
-            if backbone is not None:
-                targets.append(backbone.config)
-        for cfg in targets:
-            cfg.pad_token_id = pad_id
-            if isinstance(getattr(cfg, "backbone_config", None), dict):
-                cfg.backbone_config["pad_token_id"] = pad_id
-    return pad_id
 
 
 def _enable_checkpointing(model: nn.Module) -> None:
@@ -146,7 +110,7 @@ def apply_lora(
     The returned ``PeftModel`` is called like the encoder. Save it as an hf_mlcl adapter folder with
     :func:`save_lora_adapter` (``MLCLEncoder.from_pretrained`` / ``AutoModel`` load it onto the base
     model), or as a plain PEFT adapter with ``peft_model.save_pretrained``.
-    Set the pad token first with :func:`ensure_pad_token`.
+    Set the pad token first with :func:`hf_mlcl.data.tokenizer.ensure_pad_token`.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -254,7 +218,7 @@ def save_lora_adapter(
 
     from hf_mlcl.files import atomic_write_safetensors
 
-    from .modeling_mlcl import ADAPTER_WEIGHTS_NAME
+    from .folders_mlcl import ADAPTER_WEIGHTS_NAME
 
     if not hasattr(model, "peft_config"):
         raise ValueError(f"save_lora_adapter expects the PeftModel of apply_lora; got {type(model).__name__}")
@@ -263,7 +227,6 @@ def save_lora_adapter(
     config.base_model_name_or_path = base_model_name_or_path
     config.modules_to_save = None
     config.inference_mode = True
-    os.makedirs(save_directory, exist_ok=True)
     atomic_write_safetensors(adapter, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
     config.save_pretrained(save_directory)
     model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
@@ -377,7 +340,7 @@ def save_heads_with_adapter(
     import os
     import shutil
 
-    from .modeling_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+    from .folders_mlcl import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
     from .sharded import is_main_process as _is_main_process
     from .sharded import readable_state, unwrap_model, wait_for_everyone
 
@@ -389,9 +352,8 @@ def save_heads_with_adapter(
         if writes:
             os.makedirs(save_directory, exist_ok=True)
             for name in (ADAPTER_WEIGHTS_NAME, ADAPTER_CONFIG_NAME):
-                tmp = os.path.join(save_directory, f".{name}.tmp")
-                shutil.copyfile(os.path.join(adapter_directory, name), tmp)
-                os.replace(tmp, os.path.join(save_directory, name))
+                with atomic_path(os.path.join(save_directory, name)) as tmp:
+                    shutil.copyfile(os.path.join(adapter_directory, name), tmp)
             state = inner.state_dict() if state is None else state
             heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
             inner.save_pretrained(save_directory, state_dict=heads, is_main_process=True)
@@ -400,12 +362,10 @@ def save_heads_with_adapter(
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",
-    "LLAMA3_PAD_TOKEN",
     "LORA_TARGETS_BY_MODEL_TYPE",
     "apply_lora",
     "bf16_available",
     "default_lora_targets",
-    "ensure_pad_token",
     "merge_lora",
     "save_heads_with_adapter",
     "save_lora_adapter",

@@ -3,7 +3,8 @@
 This module is copied next to the weights by ``save_pretrained`` (Hub "remote code") and loaded with
 ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` in environments where ``hf_mlcl`` is not
 installed, so it must stay self-contained: it imports only the standard library, ``torch``,
-``transformers`` and its sibling ``configuration_mlcl`` (copied with it) — never ``hf_mlcl``.
+``transformers`` and its siblings (copied with it: ``configuration_mlcl``, ``layers_mlcl`` with the pooling
+and heads, ``folders_mlcl`` with the atomic save and the adapter-folder load) — never ``hf_mlcl``.
 
 References:
 - Khosla et al., 2020, "Supervised Contrastive Learning": projection head = 2-layer MLP with ReLU,
@@ -15,12 +16,8 @@ References:
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import inspect
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,15 +30,23 @@ from transformers import initialization as init
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import ModelOutput
 
-from .configuration_mlcl import MLCLConfig, backbone_config_to_dict
-
-_WEIGHT_FILE_PREFIXES = ("model", "pytorch_model")
-# A LoRA run saved as an adapter (hf_mlcl.modeling.lora.save_lora_adapter): PEFT's files for the backbone,
-# the heads alone in model.safetensors, the base model named by the adapter config.
-ADAPTER_CONFIG_NAME = "adapter_config.json"
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
-HEADS_WEIGHTS_NAME = "model.safetensors"
-_PEFT_PREFIX = "base_model.model."
+from .configuration_mlcl import (
+    MLCL_CONFIG_KEYS,
+    MLCLConfig,
+    backbone_config_to_dict,
+    build_backbone,
+    normalise_id2label,
+)
+from .folders_mlcl import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    HEADS_WEIGHTS_NAME,
+    hub_file,
+    load_adapter_folder,
+    merge_lora_weights,
+    save_folder_atomically,
+)
+from .layers_mlcl import LabelAttentionHead, ProjectionHead, last_token_index, masked_mean, pool_states
 
 
 @dataclass
@@ -56,176 +61,6 @@ class MLCLEncoderOutput(ModelOutput):
 
     embeddings: torch.FloatTensor | None = None
     pooled: torch.FloatTensor | None = None
-
-
-# ----------------------------------------------------------------------------------------------------
-# pooling and segmentation (vectorised, no per-sample loops)
-# ----------------------------------------------------------------------------------------------------
-
-
-def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``states`` (B, N, H) over the positions where ``mask`` (B, N) is 1."""
-    weights = mask.to(states.dtype).unsqueeze(-1)
-    return (states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-
-
-def last_token_index(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last non-pad position per row of ``mask`` (B, N); works for left and right padding."""
-    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
-    return ((positions * mask.long()).argmax(-1)).long()
-
-
-def pool_states(
-    states: torch.Tensor, mask: torch.Tensor, pooling: str, segment_length: int | None = None
-) -> torch.Tensor:
-    """Pool token states (B, N, H) with the attention mask (B, N).
-
-    ``cls``: first token (with ``segment_length``: mean of the first token of every non-empty segment);
-    ``mean``: masked mean over all real tokens; ``last_token``: the last real token.
-    """
-    if pooling == "mean":
-        return masked_mean(states, mask)
-    if pooling == "last_token":
-        idx = last_token_index(mask)
-        return states[torch.arange(states.shape[0], device=states.device), idx]
-    if pooling == "cls":
-        if segment_length is None:
-            return states[:, 0]
-        batch, length, hidden = states.shape
-        seg = states.view(batch, length // segment_length, segment_length, hidden)[:, :, 0]
-        seg_mask = mask.view(batch, length // segment_length, segment_length).any(-1)
-        return masked_mean(seg, seg_mask)
-    raise ValueError(f"unknown pooling {pooling!r}; choose one of ('cls', 'mean', 'last_token')")
-
-
-class ProjectionHead(nn.Module):
-    """Two linear layers with a ReLU between them (Khosla et al., 2020, Sec. 3: z = W2 ReLU(W1 r))."""
-
-    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int) -> None:
-        super().__init__()
-        self.dense = nn.Linear(in_dim, hidden_dim)
-        self.activation = nn.ReLU()
-        self.out_proj = nn.Linear(hidden_dim, out_dim)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        return self.out_proj(self.activation(self.dense(pooled)))
-
-
-class LabelAttentionHead(nn.Module):
-    """PLM-ICD label-wise attention (Huang et al., 2022, Eq. 2-4; Vu et al., 2020 LAAT).
-
-    Z = tanh(H W1) (B, N, d_a); A = softmax over tokens of (Z W2)^T with padding masked (B, L, N);
-    V = A H (B, L, hidden); logit_k = w3_k . V_k + b_k.
-    """
-
-    def __init__(self, hidden_size: int, attention_dim: int, num_labels: int) -> None:
-        super().__init__()
-        self.first_linear = nn.Linear(hidden_size, attention_dim, bias=False)
-        self.second_linear = nn.Linear(attention_dim, num_labels, bias=False)
-        self.third_linear = nn.Linear(hidden_size, num_labels)
-
-    def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        z = torch.tanh(self.first_linear(states))  # (B, N, d_a)
-        scores = self.second_linear(z).transpose(1, 2)  # (B, L, N)
-        scores = scores.masked_fill(~mask.bool().unsqueeze(1), torch.finfo(scores.dtype).min)
-        attention = torch.softmax(scores, dim=-1)
-        label_states = attention @ states  # (B, L, hidden)
-        return torch.einsum("blh,lh->bl", label_states, self.third_linear.weight) + self.third_linear.bias
-
-
-# the keywords of ``from_backbone`` that configure the wrapper: MLCLConfig's own fields and the label
-# fields; every other keyword (``dtype``, ``device_map``, ``attn_implementation`` ...) goes to the backbone
-# loader, also those PreTrainedConfig shares with the loader (``dtype``)
-_MLCL_CONFIG_KEYS = (
-    {f.name for f in dataclasses.fields(MLCLConfig)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
-) | {"num_labels", "id2label", "label2id", "problem_type"}
-
-
-def _build_backbone(config: MLCLConfig) -> PreTrainedModel:
-    """Random-init backbone from the stored backbone config dict (offline; never downloads).
-
-    An explicit attention implementation requested for the wrapper (``from_pretrained(dir,
-    attn_implementation="flash_attention_2")``) is handed to the backbone; the default (sdpa) is left
-    to the backbone's own choice.
-    """
-    kwargs = {}
-    attn = getattr(config, "_attn_implementation", None)
-    if isinstance(attn, str) and attn != "sdpa":
-        kwargs["attn_implementation"] = attn
-    return AutoModel.from_config(config.get_backbone_config(), **kwargs)
-
-
-def _normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | None:
-    if id2label is None:
-        return None
-    if isinstance(id2label, Mapping):
-        return {int(k): str(v) for k, v in id2label.items()}
-    return {i: str(name) for i, name in enumerate(id2label)}
-
-
-def _whole(weight: torch.Tensor):
-    """A context in which ``weight`` is whole: a DeepSpeed ZeRO-3 partitioned parameter (a model loaded while
-    ZeRO-3 is configured) is gathered and its change broadcast from rank 0, so every process must enter it
-    together; any other tensor as it is. deepspeed is imported for partitioned parameters only."""
-    if not hasattr(weight, "ds_id"):
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters([weight], modifier_rank=0)
-
-
-def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]) -> int:
-    """Add a saved LoRA adapter into ``backbone``'s weights in place: W <- W + s B A for every adapted
-    linear layer (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + s B A x, s = lora_alpha / r, or
-    lora_alpha / sqrt(r) with rsLoRA). Keys are PEFT's (``base_model.model.<module>.lora_A.weight``).
-    Returns the number of merged layers; ValueError for adapter kinds this merge does not cover. Under
-    DeepSpeed ZeRO-3 (a backbone loaded partitioned) every process calls this together."""
-    import math
-
-    kind = adapter_config.get("peft_type", "LORA")
-    if kind != "LORA":
-        raise ValueError(f"only LoRA adapters are merged on load; this adapter is {kind}")
-    for option in ("use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern"):
-        if adapter_config.get(option):
-            raise ValueError(
-                f"adapter option {option} is not supported when loading without peft; load the backbone with "
-                "peft.PeftModel.from_pretrained instead"
-            )
-    r, alpha = int(adapter_config["r"]), float(adapter_config["lora_alpha"])
-    scale = alpha / (math.sqrt(r) if adapter_config.get("use_rslora") else r)
-    suffix_a, suffix_b = ".lora_A.weight", ".lora_B.weight"
-    merged = 0
-    with torch.no_grad():
-        for key in sorted(adapter_state):
-            if not key.endswith(suffix_a):
-                continue
-            path = key[: -len(suffix_a)]
-            path = path[len(_PEFT_PREFIX) :] if path.startswith(_PEFT_PREFIX) else path
-            down, up = adapter_state[key], adapter_state[key[: -len(suffix_a)] + suffix_b]
-            weight = backbone.get_submodule(path).weight
-            with _whole(weight):
-                delta = (up.to(weight.device, torch.float32) @ down.to(weight.device, torch.float32)) * scale
-                weight.copy_((weight.float() + delta).to(weight.dtype))
-            merged += 1
-    if not merged:
-        raise ValueError("the adapter holds no LoRA weights (no '*.lora_A.weight' keys)")
-    return merged
-
-
-def _hub_file(path: str, filename: str, hub_kwargs: Mapping[str, Any]) -> str | None:
-    """``filename`` of a local folder or a Hub repo (downloaded to the cache), or None when absent."""
-    if os.path.isdir(path):
-        local = os.path.join(path, filename)
-        return local if os.path.isfile(local) else None
-    from transformers.utils import cached_file
-
-    return cached_file(
-        path,
-        filename,
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-        **hub_kwargs,
-    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -373,7 +208,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
         ``num_labels``, ``id2label`` ...) go to the config, the rest (``dtype``, ``attn_implementation``,
         ``trust_remote_code``, ``revision`` ...) to the backbone loader.
         """
-        config_keys = _MLCL_CONFIG_KEYS
+        config_keys = MLCL_CONFIG_KEYS
         config_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in config_keys}
         source = name_or_path_or_config
         if isinstance(source, Mapping):
@@ -405,7 +240,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
                 f"got {type(name_or_path_or_config).__name__}"
             )
         if "id2label" in config_kwargs:
-            config_kwargs["id2label"] = _normalise_id2label(config_kwargs["id2label"])
+            config_kwargs["id2label"] = normalise_id2label(config_kwargs["id2label"])
             config_kwargs.setdefault("label2id", {v: k for k, v in config_kwargs["id2label"].items()})
         config = MLCLConfig(
             backbone_name_or_path=name,
@@ -430,67 +265,27 @@ class MLCLPreTrainedModel(PreTrainedModel):
         and ``pipeline(...)`` come through here as well."""
         path = os.fspath(pretrained_model_name_or_path)
         hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
-        adapter_file = _hub_file(path, ADAPTER_CONFIG_NAME, hub)
+        adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)
         if adapter_file is None:
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        import json
-
-        from safetensors.torch import load_file
-
-        config = kwargs.get("config")
-        if not isinstance(config, MLCLConfig):
-            config = MLCLConfig.from_pretrained(path, **hub)
-        with open(adapter_file, encoding="utf-8") as fh:
-            adapter_config = json.load(fh)
-        base = adapter_config.get("base_model_name_or_path") or config.backbone_name_or_path
-        if not base:
-            raise ValueError(f"{path}/{ADAPTER_CONFIG_NAME} names no base model (base_model_name_or_path)")
-        base_kwargs = {k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
-        backbone = AutoModel.from_pretrained(base, **base_kwargs)
-        expected = (config.backbone_config or {}).get("vocab_size")
-        embeddings = backbone.get_input_embeddings().weight
-        rows = getattr(embeddings, "ds_shape", embeddings.shape)[0]  # ZeRO-3 keeps the full shape in ds_shape
-        if expected is not None and rows != int(expected):
-            raise ValueError(
-                f"base model {base} has {rows} token embeddings but the adapter was trained with {expected}; load "
-                "the base model it was trained on"
-            )
-        weights = _hub_file(path, ADAPTER_WEIGHTS_NAME, hub)
-        heads_file = _hub_file(path, HEADS_WEIGHTS_NAME, hub)
-        if weights is None or heads_file is None:
-            raise ValueError(f"{path} holds {ADAPTER_CONFIG_NAME} but not {ADAPTER_WEIGHTS_NAME} and {HEADS_WEIGHTS_NAME}")
-        merge_lora_weights(backbone, adapter_config, load_file(weights))
-        model = cls(config, backbone=backbone)
-        missing, unexpected = model.load_state_dict(load_file(heads_file), strict=False)
-        missing = [k for k in missing if not k.startswith(f"{cls.base_model_prefix}.")]
-        if missing or unexpected:
-            raise ValueError(f"{path}/{HEADS_WEIGHTS_NAME} does not fit {cls.__name__}: missing {missing}, unexpected {unexpected}")
-        model.to(next(backbone.parameters()).device)
-        model.eval()
-        return model
+        return load_adapter_folder(cls, path, adapter_file, hub, kwargs)
 
     # -- saving ---------------------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """``PreTrainedModel.save_pretrained`` made atomic (project rule: no half-written checkpoints).
-
-        Everything is written to a temporary folder next to ``save_directory`` first. A new (or empty)
-        target folder is then created by a single ``os.replace`` of the whole folder; an existing
-        folder with other files (e.g. a Trainer checkpoint folder) receives every file by its own
-        atomic ``os.replace``, and stale weight shards of an earlier save are removed. The backbone
-        config dict is refreshed from the live backbone first (pad token, resized vocabulary).
-        The code files (``configuration_mlcl.py``, ``modeling_mlcl.py``) are saved beside the weights.
-        An ``is_main_process`` given by the caller decides whether this process writes (see
-        :meth:`should_save_on_this_rank`).
-        """
+        """``PreTrainedModel.save_pretrained`` made atomic (:func:`~folders_mlcl.save_folder_atomically`: no
+        half-written checkpoints). The backbone config dict is refreshed from the live backbone first (pad
+        token, resized vocabulary). The code files (``configuration_mlcl.py``, ``modeling_mlcl.py`` and the
+        sibling modules it imports) are saved beside the weights. An ``is_main_process`` given by the caller
+        decides whether this process writes (see :meth:`should_save_on_this_rank`)."""
         self.config.backbone_config = backbone_config_to_dict(self.backbone.config)
-        target = os.path.abspath(os.fspath(save_directory))
         self._writer_named = "is_main_process" in kwargs
         try:
-            if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(target):
+            if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(os.fspath(save_directory)):
                 return super().save_pretrained(save_directory, *args, **kwargs)
-            return self._save_atomically(target, *args, **kwargs)
+            save_folder_atomically(os.fspath(save_directory), lambda tmp: super(MLCLPreTrainedModel, self).save_pretrained(tmp, *args, **kwargs))
         finally:
             self._writer_named = False
+        return None
 
     def should_save_on_this_rank(self, is_main_process: bool) -> bool:
         """Whether this process writes the files of ``save_pretrained`` (transformers 5 asks this).
@@ -503,44 +298,6 @@ class MLCLPreTrainedModel(PreTrainedModel):
         if getattr(self, "_writer_named", False):
             return bool(is_main_process)
         return super().should_save_on_this_rank(is_main_process)
-
-    def _save_atomically(self, target: str, *args: Any, **kwargs: Any) -> None:
-        """``save_pretrained`` into a temporary folder, then moved into ``target`` (see :meth:`save_pretrained`)."""
-        parent = os.path.dirname(target)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint folder gets the usual mode
-        try:
-            super().save_pretrained(tmp, *args, **kwargs)
-            for name in os.listdir(tmp):  # safetensors writes its files 0600: give them the folder's umask
-                if name.endswith(".safetensors"):
-                    os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
-            if not os.path.isdir(target) or not os.listdir(target):
-                try:  # rename(2) replaces a missing or empty folder in one step
-                    os.replace(tmp, target)
-                    return None
-                except OSError:  # another process wrote into the folder meanwhile: go file by file
-                    pass
-            new_files = set(os.listdir(tmp))
-            for name in os.listdir(target):
-                path = os.path.join(target, name)
-                if (
-                    name not in new_files
-                    and os.path.isfile(path)
-                    and name.startswith(_WEIGHT_FILE_PREFIXES)
-                    and name.endswith((".safetensors", ".bin", ".index.json"))
-                ):
-                    os.remove(path)
-            for name in sorted(new_files):
-                src, dst = os.path.join(tmp, name), os.path.join(target, name)
-                if os.path.isdir(src):
-                    shutil.rmtree(dst, ignore_errors=True)
-                os.replace(src, dst)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -558,7 +315,7 @@ class MLCLEncoder(MLCLPreTrainedModel):
 
     def __init__(self, config: MLCLConfig, backbone: PreTrainedModel | None = None) -> None:
         super().__init__(config)
-        self.backbone = backbone if backbone is not None else _build_backbone(config)
+        self.backbone = backbone if backbone is not None else build_backbone(config)
         hidden = self.backbone_hidden_size
         proj_hidden = int(config.projection_hidden_dim or hidden)
         self.projection_head = ProjectionHead(hidden, proj_hidden, int(config.projection_dim))
@@ -647,7 +404,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             raise ValueError(f"the classifier needs num_labels >= 1 (or id2label); got {config.num_labels}")
         if config.head == "label_attention" and not config.segmented:
             raise ValueError("head='label_attention' needs segmented=True (PLM-ICD segment encoding)")
-        self.backbone = backbone if backbone is not None else _build_backbone(config)
+        self.backbone = backbone if backbone is not None else build_backbone(config)
         hidden = self.backbone_hidden_size
         if config.head == "linear":
             self.dropout = nn.Dropout(float(config.classifier_dropout or 0.0))
@@ -780,7 +537,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             raise ValueError(
                 f"from_encoder expects an MLCLEncoder or a saved encoder folder; got {type(encoder).__name__}"
             )
-        id2label = _normalise_id2label(id2label)
+        id2label = normalise_id2label(id2label)
         if id2label is not None and num_labels is not None and len(id2label) != int(num_labels):
             raise ValueError(
                 f"label-count mismatch: num_labels={num_labels} but id2label has {len(id2label)} names; "

@@ -15,20 +15,22 @@ deepspeed is imported only when the model holds ZeRO-3 parameters.
 For saves: :func:`readable_state` (the live model with the saved parameters gathered; under FSDP2 the
 gathered parameters as a state dict; under FSDP1 the accelerator's full state dict),
 :func:`is_main_process` / :func:`wait_for_everyone`, and :func:`loading_whole_models` for a load on one
-process of a ZeRO-3 run.
+process of a ZeRO-3 run. For what every process needs built alike (a tokenizer trained on the fly):
+:func:`built_once`, built by the global main process and sent to the others.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 __all__ = [
+    "built_once",
     "full_parameters",
     "is_main_process",
     "is_zero3_parameter",
@@ -87,6 +89,23 @@ def wait_for_everyone() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+T = TypeVar("T")
+
+
+def built_once(build: Callable[[], T]) -> T:
+    """``build()`` run by the global main process alone, its result (pickled) sent to every other process;
+    ``build()`` itself outside a multi-process group. For data preparation every process needs, built once
+    for the whole launch whatever the storage of the nodes (the tokenizer trained on the fly). Every
+    process calls it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return build()
+    box = [build() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _fsdp2_modules(model: nn.Module) -> list[nn.Module]:

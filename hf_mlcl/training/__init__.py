@@ -1,35 +1,53 @@
-"""hf_mlcl.training: argument dataclasses, the two Trainers, distributed gather, GradCache, entry points.
+"""hf_mlcl.training: the two stages, their trainers and what they train with. One module per role:
 
-* :class:`ContrastiveTrainer` (stage 1) and :class:`ProbingTrainer` (stage 2), both
-  ``transformers.Trainer`` subclasses;
-* :func:`train_contrastive` / :func:`train_probe`: dataset -> tokenizer -> model -> trainer -> train ->
-  evaluate -> save; :mod:`hf_mlcl.training.pipeline` runs them with model cards for the CLI and demo;
-* :mod:`hf_mlcl.training.checkpoint_state`: the trainer's extra checkpoint state as safetensors;
-* :mod:`hf_mlcl.training.checkpoints` (complete-or-absent checkpoints, which one a resume takes) and
-  :mod:`hf_mlcl.training.run_guard` (launch and output-folder checks before any work);
-* :mod:`hf_mlcl.training.distributed` (candidate gathering with gradient) and
-  :mod:`hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
+* :mod:`~hf_mlcl.training.stages`: the orchestrator — ``train_contrastive`` / ``train_probe`` (data ->
+  tokenizer -> model -> trainer -> train -> evaluate -> save, each returning a :class:`StageResult`),
+  ``run_stages`` (both stages with their model cards: what the CLI, the demo and the study call),
+  ``evaluate_checkpoint`` (a saved classifier on a split);
+* :mod:`~hf_mlcl.training.arguments`: the argument dataclasses a recipe parses into;
+* :mod:`~hf_mlcl.training.base`, :mod:`~hf_mlcl.training.contrastive`, :mod:`~hf_mlcl.training.probing`:
+  :class:`ContrastiveTrainer` (stage 1) and :class:`ProbingTrainer` (stage 2), ``transformers.Trainer``
+  subclasses on one shared base;
+* :mod:`~hf_mlcl.training.memory` (the MoCo queue, the contrast set of a step, :class:`MomentumContrast`
+  wrapping any loss) and :mod:`~hf_mlcl.training.momentum` (the key encoder);
+* :mod:`~hf_mlcl.training.features`: frozen pooled features in memory and on disk (the linear probe);
+* :mod:`~hf_mlcl.training.checkpoints`: launch and output-folder checks before any work,
+  complete-or-absent checkpoints, which one a resume takes, the trainer's extra state as safetensors;
+* :mod:`~hf_mlcl.training.distributed` (gathering with gradient, barriers, a clean shutdown),
+  :mod:`~hf_mlcl.training.sharding` (DeepSpeed / FSDP: asked for and applied) and
+  :mod:`~hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
 """
 
 from hf_mlcl.evaluation.knn import knn_probe_metrics  # lives in hf_mlcl.evaluation.knn; kept importable here
+from hf_mlcl.evaluation.logistic import fit_logistic_probe  # lives in hf_mlcl.evaluation.logistic
 
 from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
-from .contrastive import ContrastiveTrainer, build_contrastive_loss
-from .entry import train_contrastive, train_probe
+from .contrastive import ContrastiveSetup, ContrastiveTrainer
 from .gradcache import gradcache_backward
-from .probing import ProbingTrainer, fit_logistic_probe
+from .memory import EmbeddingQueue, MomentumContrast
+from .momentum import AdapterMomentumEncoder, MomentumEncoder
+from .probing import ProbingTrainer
+from .stages import RunData, StageResult, load_run_data, run_stages, train_contrastive, train_probe
 
 __all__ = [
+    "AdapterMomentumEncoder",
+    "ContrastiveSetup",
     "ContrastiveTrainer",
     "ContrastiveTrainingArguments",
     "DataArguments",
+    "EmbeddingQueue",
     "ModelArguments",
+    "MomentumContrast",
+    "MomentumEncoder",
     "ProbingTrainer",
     "ProbingTrainingArguments",
-    "build_contrastive_loss",
+    "RunData",
+    "StageResult",
     "fit_logistic_probe",
     "gradcache_backward",
     "knn_probe_metrics",
+    "load_run_data",
+    "run_stages",
     "train_contrastive",
     "train_probe",
 ]

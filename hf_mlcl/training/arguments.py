@@ -14,6 +14,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from hf_mlcl.data.label_formats import LABEL_FORMATS, UNKNOWN_LABELS
 from hf_mlcl.data.stratify import SPLIT_STRATEGIES
 from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
 
@@ -146,8 +147,8 @@ class ModelArguments:
             raise ValueError(f"chunk_size must be a positive number of tokens; got {self.chunk_size}")
 
 
-LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns")
-UNKNOWN_LABELS = ("error", "drop")
+# the own-data fields whose loader option (hf_mlcl.data.custom.CUSTOM_OPTIONS) has another name
+_OPTION_FIELDS = {"config_name": "dataset_config", "label_names": "label_names_file"}
 
 
 @dataclass
@@ -225,8 +226,6 @@ class DataArguments:
         },
     )
 
-    data_notes: list[str] = field(default_factory=list, init=False, repr=False)  # filled by load_data
-
     def __post_init__(self) -> None:
         self.dataset_options = _as_dict(self.dataset_options, "dataset_options") or {}
         if isinstance(self.data_files, str) and self.data_files.lstrip().startswith("{"):
@@ -254,19 +253,14 @@ class DataArguments:
     def loader_options(self) -> dict[str, Any]:
         """Keyword arguments for ``load_mlc_dataset``: ``dataset_options`` plus the own-data fields that
         differ from their defaults (so a registered name gets only its loader's options)."""
-        mapping = {
-            "data_files": "data_files", "dataset_config": "config_name", "text_column": "text_column",
-            "label_column": "label_column", "label_columns": "label_columns", "label_format": "label_format",
-            "label_separator": "label_separator", "label_names_file": "label_names",
-            "unknown_labels": "unknown_labels", "validation_fraction": "validation_fraction",
-            "test_fraction": "test_fraction", "split_seed": "split_seed", "split_strategy": "split_strategy",
-        }  # fmt: skip
+        from hf_mlcl.data.custom import CUSTOM_OPTIONS
+
         defaults = {f.name: f.default for f in fields(self)}
         options = dict(self.dataset_options or {})
-        for name, key in mapping.items():
-            value = getattr(self, name)
-            if value != defaults[name]:
-                options.setdefault(key, value)
+        for key in CUSTOM_OPTIONS:
+            name = _OPTION_FIELDS.get(key, key)
+            if name in defaults and getattr(self, name) != defaults[name]:
+                options.setdefault(key, getattr(self, name))
         return options
 
 
@@ -341,7 +335,7 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
-        from .candidates import check_contrast_set
+        from .memory import check_contrast_set
 
         check_contrast_set(self.contrast_set, self.queue_size)
         if not 0.0 <= self.momentum < 1.0:

@@ -1,5 +1,11 @@
 """`ContrastiveTrainer`: stage 1, label-aware contrastive training of an encoder with `transformers.Trainer`.
 
+The trainer is thin: :class:`ContrastiveSetup` builds, from the arguments, everything stage 1 trains
+with — the loss (from explicit settings: :func:`~hf_mlcl.losses.registry.build_contrastive_loss`), the
+label count every part agrees on, the contrast set, the collator and, with a queue, the MoCo piece
+(:class:`~hf_mlcl.training.memory.MomentumContrast`: key encoder + queue + contrast set) — and the
+constructor wires it in. The checks both trainers share live in :mod:`hf_mlcl.training.base`.
+
 What one training micro-batch does (``compute_loss``):
 
 1. encode the batch with the online encoder -> embeddings z (B, D). With ``n_views=2`` the collator
@@ -8,7 +14,7 @@ What one training micro-batch does (``compute_loss``):
 2. with ``queue_size > 0`` (MoCo, He et al. 2020): the momentum encoder encodes the key view (view 2
    when ``n_views=2``, else the same inputs; only view 1 is then encoded by the online encoder) under
    no_grad, and the keys of *all* processes are gathered (no gradient).
-3. :class:`~hf_mlcl.training.candidates.CandidateBuilder` builds the step's anchors and candidates:
+3. :class:`~hf_mlcl.training.memory.CandidateBuilder` builds the step's anchors and candidates:
    in batch mode the other in-batch samples; with a queue the loss's contrast set (``contrast_set``:
    ``"keys"`` — current keys + queue, no query-query pairs (MulSupCon, ws-MulSupCon, HBL and the
    SupCon-family losses); ``"queries+queue"`` — other in-batch embeddings + queue of previous batches
@@ -16,8 +22,9 @@ What one training micro-batch does (``compute_loss``):
    ``queue_warmup`` is on. Under data parallelism the other processes' embeddings are gathered **with
    gradient** as candidates; anchors stay local (:mod:`hf_mlcl.training.distributed`). A loss that
    cannot take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors.
-4. the loss (``get_loss(args.loss, temperature=..., **args.loss_kwargs)``) is computed fully here and
-   its ``components`` are logged (``loss_<name>`` keys, averaged over the logging window).
+4. the loss (``build_contrastive_loss(args.loss, args.loss_kwargs, temperature=...)``) is computed fully
+   here and its parts (:meth:`~hf_mlcl.losses.core.ContrastiveLoss.components`) are logged
+   (``loss_<name>`` keys, averaged over the logging window).
 5. after the loss, the gathered keys are enqueued (training only), so every process's queue is the
    same ring buffer.
 
@@ -49,7 +56,7 @@ Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.trainin
   micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
   used as candidates of its own micro-batch). Under DeepSpeed or FSDP (LoRA models only) the key
   encoder is a second adapter of the sharded model
-  (:class:`~hf_mlcl.modeling.momentum.AdapterMomentumEncoder`): same keys, same EMA.
+  (:class:`~hf_mlcl.training.momentum.AdapterMomentumEncoder`): same keys, same EMA.
 * GradCache does not run under DeepSpeed (the engine reduces gradients and steps inside every
   backward): a launch asking for both stops at once (:func:`~hf_mlcl.training.sharding.launch_problem`).
 
@@ -71,7 +78,7 @@ is padded).
 
 Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
 the momentum encoder and the queue (and under DeepSpeed / FSDP the loss parameters' optimizer state;
-safetensors, no pickle: :mod:`hf_mlcl.training.checkpoint_state`); ``resume_from_checkpoint`` restores
+safetensors, no pickle: :mod:`hf_mlcl.training.checkpoints`); ``resume_from_checkpoint`` restores
 them together with the optimizer (which contains the loss parameters), the scheduler and the RNG
 states, so the next step is identical to the uninterrupted run.
 
@@ -86,7 +93,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -94,23 +101,15 @@ import torch.nn as nn
 from transformers import Trainer, TrainerCallback
 
 from hf_mlcl.data.sampler import PositiveEnsuredSampler, positive_rule
-from hf_mlcl.losses.core import FirstCallChecks
+from hf_mlcl.labels.multihot import dataset_label_matrix, to_dense_float
+from hf_mlcl.labels.statistics import resolve_num_labels
+from hf_mlcl.losses.input_checks import FirstCallChecks
+from hf_mlcl.losses.registry import build_contrastive_loss
 
 from . import distributed as D
-from ._common import (
-    accepted_kwargs,
-    batch_rows,
-    check_label_column,
-    label_matrix,
-    labels_to_dense_float,
-    pop_labels,
-    resolve_num_labels,
-    slice_batch,
-    slice_rows,
-)
 from .arguments import ContrastiveTrainingArguments
-from .candidates import CandidateBuilder, max_candidates, resolve_contrast_set, resolve_queue_warmup
-from .checkpoint_state import (
+from .base import MultiLabelTrainer
+from .checkpoints import (
     LEGACY_STATE_FILE,
     STATE_FILE,
     load_state_file,
@@ -118,58 +117,157 @@ from .checkpoint_state import (
     save_state_file,
     tree_to_optimizer_state,
 )
-from .checkpoints import CompleteCheckpointsMixin
-from .gradcache import gradcache_backward
-from .sharding import (
-    EngineCheckCallback,
-    check_engine_applied,
-    clear_previous_deepspeed_state,
-    launch_problem,
-    shards_parameters,
+from .gradcache import batch_rows, gradcache_backward, slice_batch, slice_rows
+from .memory import (
+    CandidateBuilder,
+    EmbeddingQueue,
+    MomentumContrast,
+    max_candidates,
+    output_embeddings,
+    resolve_contrast_set,
 )
+from .momentum import build_key_encoder
+from .sharding import launch_problem, shards_parameters
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ContrastiveTrainer", "build_contrastive_loss", "STATE_FILE"]
+__all__ = ["ContrastiveSetup", "ContrastiveTrainer", "STATE_FILE"]
 
 
-def build_contrastive_loss(
-    name: str,
-    loss_kwargs: Mapping[str, Any] | None = None,
-    temperature: float | None = None,
-    num_labels: int | None = None,
-    embedding_dim: int | None = None,
-) -> nn.Module:
-    """``get_loss(name, **loss_kwargs)`` plus ``temperature`` / ``num_labels`` / ``embedding_dim``
-    when the loss constructor accepts them (its signature is inspected). ValueError for unknown or
-    non-contrastive names."""
-    from hf_mlcl.losses import get_loss
-    from hf_mlcl.losses.registry import get_loss_class
+@dataclass
+class ContrastiveSetup:
+    """What stage 1 trains with, built from its arguments before the Trainer exists (:meth:`from_args`); the
+    MoCo piece and its contrast set follow once the trainer knows whether an engine shards the model
+    (:meth:`memory`).
 
-    try:
-        cls = get_loss_class(name)
-    except ValueError as err:
-        raise ValueError(f"ContrastiveTrainingArguments.loss: {err}") from err
-    if not getattr(cls, "is_contrastive", False):
-        raise ValueError(
-            f"loss {name!r} is a supervised loss (logits vs labels); the contrastive stage needs a contrastive "
-            "loss such as 'sd', 'mulsupcon', 'msc' — use ProbingTrainer / train_probe for bce/focal/asymmetric/zlpr"
+    Attributes: the loss, the label count (dataset, model, loss and queue agree on it), the collator, the
+    embedding width, and ready MoCo parts given by the caller.
+    """
+
+    loss_fn: nn.Module
+    num_labels: int
+    data_collator: Any
+    embedding_dim: int
+    queue: EmbeddingQueue | None = None
+    momentum_encoder: Any = None
+
+    @classmethod
+    def from_args(
+        cls,
+        args: ContrastiveTrainingArguments,
+        model: nn.Module,
+        train_dataset: Any,
+        label_column: str,
+        num_labels: int | None = None,
+        loss_fn: nn.Module | None = None,
+        data_collator: Any = None,
+        processing_class: Any = None,
+        queue: EmbeddingQueue | None = None,
+        momentum_encoder: Any = None,
+    ) -> ContrastiveSetup:
+        """The setup of the arguments; ValueError (one line) for: ``n_views`` not in {1, 2}, a launch that
+        cannot run as asked, a collator with other views, an unknown or supervised loss, a queue with a loss
+        that cannot take keys, and a label count that differs between dataset / model / loss / queue /
+        collator. The arguments' own checks come first, then the loss, then the label space."""
+        if args.n_views not in (1, 2):
+            raise ValueError(f"n_views must be 1 or 2 (two dropout views of every text); got {args.n_views}")
+        problem = launch_problem(args)
+        if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
+            raise ValueError(problem)
+        embedding_dim = int(getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim)
+        n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
+        collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
+        if loss_fn is None:
+            loss_fn = build_contrastive_loss(args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim)
+        elif not getattr(loss_fn, "is_contrastive", False):
+            raise ValueError(f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)")
+        if args.queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
+            raise ValueError(
+                f"queue_size={args.queue_size} needs a loss that takes key embeddings, but "
+                f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
+            )
+        resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
+        if getattr(loss_fn, "requires_label_statistics", False):
+            if train_dataset is None:
+                raise ValueError(f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset")
+            loss_fn.set_label_statistics(dataset_label_matrix(train_dataset, label_column, n_labels))
+        return cls(loss_fn, n_labels, collator, embedding_dim, queue, momentum_encoder)
+
+    def memory(self, args: ContrastiveTrainingArguments, model: nn.Module, sharded: bool, runner) -> MomentumContrast | None:
+        """The MoCo piece (``queue_size > 0``), on the training device: the loss paper's contrast set (or
+        ``args.contrast_set``: ValueError when the loss cannot take it), the key encoder (a copy sharing the
+        frozen base, or under DeepSpeed / FSDP a second adapter of the prepared model ``runner()``) and the
+        queue (built on the device: its label format depends on it); None in batch mode."""
+        if args.queue_size <= 0:
+            return None
+        resolve_contrast_set(self.loss_fn, args.contrast_set, args.queue_size)  # before the key encoder is built
+        key_encoder = self.momentum_encoder or build_key_encoder(model, args.momentum, sharded, runner, args.queue_size)
+        queue = self.queue or EmbeddingQueue(args.queue_size, self.embedding_dim, self.num_labels, device=args.device)
+        moco = MomentumContrast(self.loss_fn, key_encoder, queue, args.contrast_set, args.queue_warmup,
+                                gather=args.gather_across_devices)  # fmt: skip
+        return moco.to(args.device)
+
+
+def _warn_if_gate_cannot_open(loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set: str | None) -> None:
+    """One warning when HBL's reliability gate (abs(P) >= k_min) can never open: fewer candidates than k_min
+    per anchor in batch + queue, so the structural term is exactly zero."""
+    k_min = getattr(loss_fn, "k_min", None)
+    if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
+        return
+    world = max(1, args.world_size)
+    reach = max_candidates(args.per_device_train_batch_size, world, args.n_views, args.queue_size, contrast_set)
+    if reach < k_min:
+        warnings.warn(
+            f"{type(loss_fn).__name__}: k_min={k_min} but an anchor has at most {reach} candidates per step "
+            f"(batch {args.per_device_train_batch_size} x {world} processes, queue_size={args.queue_size}, "
+            f"contrast set {contrast_set or 'in-batch'}): the reliability gate never opens and the HBL term "
+            "adds exactly 0; raise queue_size / the batch size or lower k_min",
+            UserWarning,
+            stacklevel=5,
         )
-    kwargs = dict(loss_kwargs or {})
-    extra = {"num_labels": num_labels, "embedding_dim": embedding_dim}
-    if temperature is not None:
-        extra["temperature"] = temperature
-    for key, value in accepted_kwargs(cls, {k: v for k, v in extra.items() if v is not None}).items():
-        kwargs.setdefault(key, value)
-    try:
-        return get_loss(name, **kwargs)
-    except TypeError as err:
-        raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
 
 
 def _sum_dtype(device: torch.device) -> torch.dtype:
     """float64 for the on-device sums of logged values (float32 where the device has no float64: mps)."""
     return torch.float32 if device.type == "mps" else torch.float64
+
+
+class _LossWindow:
+    """The loss parts of the micro-batches since the last log, summed on the device (float64: the values
+    Python floats summed in the same order would give), and the count of non-finite training losses."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
+        self.nonfinite: torch.Tensor | None = None
+
+    def add(self, parts: dict[str, torch.Tensor]) -> None:
+        for name, value in parts.items():
+            if name != "loss":
+                value = value.detach().to(_sum_dtype(value.device))
+                total = self.sums.get(name)
+                self.sums[name] = value if total is None else total + value
+        self.count += 1
+        bad = torch.isfinite(parts["loss"].detach()).logical_not_().long()
+        self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
+
+    def averages(self) -> dict[str, float]:
+        """``loss_<name>``: each part's window average, read on the host; the window restarts."""
+        out = {f"loss_{name}": float(total) / self.count for name, total in self.sums.items()} if self.count else {}
+        self.sums, self.count = {}, 0
+        return out
+
+    def raise_if_not_finite(self) -> None:
+        """ValueError when a training loss since the last check was NaN or inf (one host read)."""
+        if self.nonfinite is None:
+            return
+        bad, self.nonfinite = int(self.nonfinite), None
+        if bad:
+            raise ValueError(
+                f"the contrastive loss was NaN or inf in {bad} training micro-batch(es) since the last logging "
+                "step or checkpoint: the embeddings contain NaN or inf values; check the encoder output (learning "
+                "rate, fp16 overflow). Training stops here, before a checkpoint of these weights is written."
+            )
 
 
 class _StepCallback(TrainerCallback):
@@ -180,213 +278,78 @@ class _StepCallback(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         tr = self.trainer
-        if tr.momentum_encoder is not None:
-            tr.momentum_encoder.update(tr._momentum_source())
+        if tr.memory is not None:
+            tr.memory.update(tr._momentum_source())
         for p in tr._loss_parameters():
             p.grad = None
         return control
 
 
-class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
+class ContrastiveTrainer(MultiLabelTrainer):
     """A `transformers.Trainer` for multi-label supervised contrastive losses (see module docstring).
 
-    Args:
+    Args: those of :class:`~hf_mlcl.training.base.MultiLabelTrainer`, with
         model: an encoder whose forward returns an object with ``embeddings`` (e.g. ``MLCLEncoder``).
         args: ``ContrastiveTrainingArguments`` (loss, loss_kwargs, temperature, n_views, queue_size,
             contrast_set, queue_warmup, momentum, gather_across_devices, gradcache_chunk_size, knn_k ...).
         data_collator: default ``MultiLabelCollator(processing_class, num_labels, n_views=args.n_views)``.
         loss_fn: a ready ``ContrastiveLoss`` (default: built from ``args``).
-        num_labels: the label count (default: read from the dataset's ClassLabel feature).
-        label_column: the dataset column with label ids.
-        momentum_encoder / queue: ready MoCo objects (default: built when ``args.queue_size > 0``).
-        Other keywords go to ``transformers.Trainer``.
+        momentum_encoder / queue (keywords): ready MoCo parts (default: built when ``args.queue_size > 0``).
 
-    Raises ValueError at construction for: an unknown or supervised loss, a queue with a loss that
-    cannot take keys, a ``contrast_set`` without a queue or that the loss cannot take, ``n_views`` not in {1, 2} (or a collator with another ``n_views``), a dataset
-    without the label column, and a label count that differs between dataset / model / loss / queue.
+    Raises ValueError at construction for what :meth:`MultiLabelTrainer.check_inputs` and
+    :meth:`ContrastiveSetup.from_args` check. ``memory`` is the MoCo piece (None in batch mode);
+    ``queue`` and ``momentum_encoder`` are its parts.
     """
 
-    loss_is_scaled_for_ga = False  # per-micro-batch loss; Trainer divides by the accumulation steps
+    args_class = ContrastiveTrainingArguments
+    args_hint = ("ContrastiveTrainingArguments(output_dir=...) (its fields loss, n_views, queue_size, ... "
+                 "configure the contrastive stage)")  # fmt: skip
+    model_hint = "e.g. MLCLEncoder.from_backbone(...)"
 
-    def __init__(
-        self,
-        model: nn.Module | None = None,
-        args: ContrastiveTrainingArguments | None = None,
-        data_collator: Any = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        loss_fn: nn.Module | None = None,
-        num_labels: int | None = None,
-        label_column: str = "labels",
-        momentum_encoder: nn.Module | None = None,
-        queue: Any = None,
-        compute_metrics: Any = None,
-        callbacks: list | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if args is None:
-            raise ValueError("ContrastiveTrainer needs args=ContrastiveTrainingArguments(output_dir=...)")
-        if not isinstance(args, ContrastiveTrainingArguments):
-            raise ValueError(
-                f"ContrastiveTrainer needs ContrastiveTrainingArguments, got {type(args).__name__}; its fields "
-                "(loss, n_views, queue_size, ...) configure the contrastive stage"
-            )
-        if model is None:
-            raise ValueError("ContrastiveTrainer needs a model (e.g. MLCLEncoder.from_backbone(...))")
-        if args.n_views not in (1, 2):
-            raise ValueError(f"n_views must be 1 or 2 (two dropout views of every text); got {args.n_views}")
-        check_label_column(train_dataset, label_column, "train")
-        if isinstance(eval_dataset, Mapping):
-            for name, ds in eval_dataset.items():
-                check_label_column(ds, label_column, f"eval ({name})")
-        else:
-            check_label_column(eval_dataset, label_column, "eval")
-        if getattr(model, "accepts_loss_kwargs", False):
-            raise ValueError(
-                f"{type(model).__name__}.accepts_loss_kwargs is True: Trainer would assume the model normalises "
-                "its loss by num_items_in_batch (transformers#47688); set accepts_loss_kwargs = False"
-            )
-        embedding_dim = int(
-            getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim
-        )
-        n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
-        if loss_fn is None:
-            loss_fn = build_contrastive_loss(
-                args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim
-            )
-        elif not getattr(loss_fn, "is_contrastive", False):
-            raise ValueError(
-                f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)"
-            )
-        if args.queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
-            raise ValueError(
-                f"queue_size={args.queue_size} needs a loss that takes key embeddings, but "
-                f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
-            )
-        resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
-        contrast_set = resolve_contrast_set(loss_fn, args.contrast_set, args.queue_size)
-        self._warn_if_gate_cannot_open(loss_fn, args, contrast_set)
-        if getattr(loss_fn, "requires_label_statistics", False):
-            if train_dataset is None:
-                raise ValueError(
-                    f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset"
-                )
-            loss_fn.set_label_statistics(label_matrix(train_dataset, label_column, n_labels))
-        if data_collator is None:
-            if processing_class is None:
-                raise ValueError("pass data_collator=MultiLabelCollator(...) or processing_class=<tokenizer>")
-            from hf_mlcl.data import MultiLabelCollator
+    def __init__(self, *positional: Any, momentum_encoder: Any = None, queue: EmbeddingQueue | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        self._moco_parts = (momentum_encoder, queue)
+        super().__init__(*positional, **kwargs)
 
-            data_collator = MultiLabelCollator(processing_class, n_labels, n_views=args.n_views)
-        coll_views = getattr(data_collator, "n_views", None)
-        if coll_views is not None and int(coll_views) != args.n_views:
-            raise ValueError(
-                f"the data collator makes n_views={coll_views} but args.n_views={args.n_views}; build the "
-                f"collator with n_views={args.n_views}"
-            )
-        coll_labels = getattr(data_collator, "num_labels", None)
-        if coll_labels is not None and int(coll_labels) != n_labels:
-            raise ValueError(
-                f"label-count mismatch: the data collator has num_labels={coll_labels} but the dataset has {n_labels}"
-            )
-        problem = launch_problem(args)
-        if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
-            raise ValueError(problem)
-        clear_previous_deepspeed_state(args)
-        self.loss_fn = loss_fn
-        self.num_labels = n_labels
-        self.label_column = label_column
+    def stage_setup(self, model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels):
+        """The :class:`ContrastiveSetup` of the arguments: loss, label count, contrast set, collator."""
+        momentum_encoder, queue = self._moco_parts
+        self._setup = ContrastiveSetup.from_args(args, model, train_dataset, self.label_column, num_labels, loss_fn,
+                                                 data_collator, processing_class, queue, momentum_encoder)  # fmt: skip
+        self.loss_fn, self.num_labels = self._setup.loss_fn, self._setup.num_labels
         # the first batch is checked (labels 0/1, finite embeddings), later ones are not: no host reads
-        self._input_checks = FirstCallChecks(loss_fn)
-        # on the device until a logging step: component sums (float64), non-finite training losses
-        self._component_sums: dict[str, torch.Tensor | float] = {}
-        self._component_count = 0
-        self._nonfinite_losses: torch.Tensor | None = None
-        user_metrics = compute_metrics
-        super().__init__(
-            model=model,
-            args=args,
-            data_collator=data_collator,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            compute_metrics=user_metrics,
-            callbacks=callbacks,
-            **kwargs,
-        )
-        if user_metrics is None and args.knn_k > 0:
-            self.compute_metrics = self._knn_metrics
-        check_engine_applied(self)
-        self.add_callback(EngineCheckCallback(self))
+        self._input_checks = FirstCallChecks(self.loss_fn)
+        self._window = _LossWindow()  # on the device until a logging step
+        return self._setup.data_collator
+
+    def default_metrics(self) -> Any:
+        return self._knn_metrics if self.args.knn_k > 0 else None
+
+    def after_setup(self) -> None:
+        """The parts that need the prepared accelerator: the loss parameters' optimizer under an engine and
+        the MoCo piece (its key encoder is a second adapter of a sharded model)."""
+        args = self.args
         self._sharded = shards_parameters(self)
         if self._sharded and self._loss_parameters() and args.fp16 and self.is_deepspeed_enabled:
             raise ValueError(
-                f"{type(loss_fn).__name__} has learnable parameters, which train outside DeepSpeed's engine, and "
-                "fp16 under DeepSpeed scales the loss inside the engine: pass --bf16 true --fp16 false (or fp32)"
+                f"{type(self.loss_fn).__name__} has learnable parameters, which train outside DeepSpeed's engine, "
+                "and fp16 under DeepSpeed scales the loss inside the engine: pass --bf16 true --fp16 false (or fp32)"
             )
         self._loss_optimizer: torch.optim.Optimizer | None = None
-        self.loss_fn.to(self.args.device)
-        self.momentum_encoder = momentum_encoder
-        self.queue = queue
-        if args.queue_size > 0:
-            from hf_mlcl.modeling import EmbeddingQueue
-
-            if self.momentum_encoder is None:
-                self.momentum_encoder = self._build_momentum_encoder()
-            if self.queue is None:
-                # built on the training device: the label format it picks depends on it
-                self.queue = EmbeddingQueue(args.queue_size, embedding_dim, n_labels, device=self.args.device)
-            for obj in (self.momentum_encoder, self.queue):
-                if hasattr(obj, "to"):
-                    obj.to(self.args.device)
-        self.candidates = CandidateBuilder(
-            contrast_set,
-            queue=self.queue,
-            queue_warmup=resolve_queue_warmup(loss_fn, args.queue_warmup),
-            gather=args.gather_across_devices,
-            supports_keys=getattr(loss_fn, "supports_keys", False),
-        )
-        if self.momentum_encoder is not None or self._loss_parameters():
+        self.memory = self._setup.memory(args, self.model, self._sharded, lambda: self.model_wrapped)
+        self.candidates = self.memory.candidates if self.memory is not None else CandidateBuilder(
+            None, gather=args.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False))  # fmt: skip
+        _warn_if_gate_cannot_open(self.loss_fn, args, self.candidates.contrast_set)
+        if self.memory is not None or self._loss_parameters():
             self.add_callback(_StepCallback(self))
 
-    @staticmethod
-    def _warn_if_gate_cannot_open(loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set) -> None:
-        """One warning when HBL's reliability gate (abs(P) >= k_min) can never open: fewer candidates
-        than k_min per anchor in batch + queue, so the structural term is exactly zero."""
-        k_min = getattr(loss_fn, "k_min", None)
-        if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
-            return
-        reach = max_candidates(
-            args.per_device_train_batch_size, max(1, args.world_size), args.n_views, args.queue_size, contrast_set
-        )
-        if reach < k_min:
-            warnings.warn(
-                f"{type(loss_fn).__name__}: k_min={k_min} but an anchor has at most {reach} candidates per step "
-                f"(batch {args.per_device_train_batch_size} x {max(1, args.world_size)} processes, "
-                f"queue_size={args.queue_size}, contrast set {contrast_set or 'in-batch'}): the reliability gate "
-                "never opens and the HBL term adds exactly 0; raise queue_size / the batch size or lower k_min",
-                UserWarning,
-                stacklevel=3,
-            )
+    @property
+    def queue(self) -> EmbeddingQueue | None:
+        return None if self.memory is None else self.memory.queue
 
-    # ------------------------------------------------------------------ momentum encoder
-    def _build_momentum_encoder(self):
-        """The MoCo key encoder: a copy sharing the frozen base (:class:`~hf_mlcl.modeling.MomentumEncoder`),
-        or under DeepSpeed / FSDP a second LoRA adapter of the model the engine wraps
-        (:class:`~hf_mlcl.modeling.momentum.AdapterMomentumEncoder`)."""
-        from hf_mlcl.modeling import MomentumEncoder
-        from hf_mlcl.modeling.momentum import AdapterMomentumEncoder
-
-        if not self._sharded:
-            return MomentumEncoder(self.model, momentum=self.args.momentum)
-        if not hasattr(self.accelerator.unwrap_model(self.model), "peft_config"):
-            raise ValueError(
-                f"queue_size={self.args.queue_size} under DeepSpeed / FSDP needs a LoRA model (use_lora: true): "
-                "the momentum encoder is then a second adapter inside the sharded model; for full fine-tuning "
-                "with a queue launch DDP (recipes/accelerate/multi_gpu.yaml) or set queue_size 0"
-            )
-        return AdapterMomentumEncoder(self.model, momentum=self.args.momentum, runner=lambda: self.model_wrapped)
+    @property
+    def momentum_encoder(self) -> Any:
+        return None if self.memory is None else self.memory.key_encoder
 
     def _momentum_source(self) -> nn.Module:
         """What the momentum encoder averages from: the prepared model (collective gathers) for the adapter
@@ -418,9 +381,6 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
             self._loss_optimizer = cls([{"params": self._loss_parameters(), "weight_decay": 0.0}], **kwargs)
         return self._loss_optimizer
 
-    def _learning_rate(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
     def _step_loss_parameters(self, lr: float) -> None:
         optimizer = self._loss_optimizer_for_sharded()
         for group in optimizer.param_groups:
@@ -438,110 +398,50 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
                                       positive_rule(self.args.loss), seed=self.args.seed)  # fmt: skip
 
     # ------------------------------------------------------------------ encoding and loss
-    @staticmethod
-    def _embeddings(outputs: Any) -> torch.Tensor:
-        if isinstance(outputs, torch.Tensor):
-            return outputs
-        if isinstance(outputs, Mapping) and "embeddings" in outputs:
-            return outputs["embeddings"]
-        emb = getattr(outputs, "embeddings", None)
-        if emb is None:
-            raise ValueError(
-                f"the model output {type(outputs).__name__} has no `embeddings`; use an MLCLEncoder"
-            )
-        return emb
-
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        return self._embeddings(model(**batch))
+        return output_embeddings(model(**batch))
 
-    def _split(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
-        return pop_labels(inputs, self.label_column)
-
-    def _loss_from_embeddings(
+    def _loss_parts(
         self, embeddings: torch.Tensor, labels: torch.Tensor, batch_keys: tuple | None = None
-    ) -> torch.Tensor:
-        """The loss of local anchors against this step's candidates (:class:`CandidateBuilder`); the
-        first call runs the loss's input checks (labels 0/1, finite embeddings), later calls do not."""
+    ) -> dict[str, torch.Tensor]:
+        """The loss and its parts for local anchors against this step's candidates (:class:`CandidateBuilder`);
+        the first call runs the loss's input checks (labels 0/1, finite embeddings), later calls do not."""
         step = self.candidates.step(embeddings, labels, batch_keys)
         with self._input_checks():
-            return step.loss(self.loss_fn)
-
-    def _momentum_keys(self, key_inputs: dict[str, Any], key_labels: torch.Tensor) -> tuple:
-        """This step's momentum keys of all processes (no gradient) and their labels."""
-        with torch.no_grad():
-            keys = self._embeddings(self.momentum_encoder(**key_inputs))
-        return self.candidates.gather_keys(keys, key_labels)
+            return step.components(self.loss_fn)
 
     def _prepare_views(self, model: nn.Module, model_inputs: dict[str, Any], labels: torch.Tensor):
-        """(anchor inputs, anchor labels, key inputs, key labels) for this micro-batch."""
-        if self.queue is None or not model.training:
-            return model_inputs, labels, None, None
+        """(anchor inputs, anchor labels, momentum keys or None) of this micro-batch: with a queue in training
+        the key view (view 2 with ``n_views=2``, else the same inputs) goes through the key encoder."""
+        if self.memory is None or not model.training:
+            return model_inputs, labels, None
+        if self.args.n_views == 1:
+            return model_inputs, labels, self.memory.keys(model_inputs, labels)
         n = batch_rows(model_inputs)
-        if self.args.n_views == 2:
-            b = n // 2
-            return (
-                slice_batch(model_inputs, 0, b, n),
-                slice_rows(labels, 0, b),
-                slice_batch(model_inputs, b, n, n),
-                slice_rows(labels, b, n),
-            )
-        return model_inputs, labels, model_inputs, labels
+        b = n // 2
+        keys = self.memory.keys(slice_batch(model_inputs, b, n, n), slice_rows(labels, b, n))
+        return slice_batch(model_inputs, 0, b, n), slice_rows(labels, 0, b), keys
 
-    def _record_components(self, loss: torch.Tensor) -> None:
-        """Add this micro-batch's loss components to the window's sums and count a non-finite loss, on
-        the device (float64 sums: the values Python floats summed in the same order would give)."""
-        comps = getattr(self.loss_fn, "components", None) or {}
-        for name, value in comps.items():
-            if name == "loss":
-                continue
-            if isinstance(value, torch.Tensor):
-                value = value.detach().to(_sum_dtype(value.device))
-            total = self._component_sums.get(name)
-            self._component_sums[name] = value if total is None else total + value
-        self._component_count += 1
-        bad = torch.isfinite(loss.detach()).logical_not_().long()
-        self._nonfinite_losses = bad if self._nonfinite_losses is None else self._nonfinite_losses + bad
+    def _record_components(self, parts: dict[str, torch.Tensor]) -> None:
+        """Add this micro-batch's loss parts to the logging window (on the device)."""
+        self._window.add(parts)
 
-    def _raise_if_loss_was_not_finite(self) -> None:
-        """ValueError when a training loss since the last check was NaN or inf (one host read: called at
-        logging steps and before a checkpoint is written)."""
-        if self._nonfinite_losses is None:
-            return
-        bad, self._nonfinite_losses = int(self._nonfinite_losses), None
-        if bad:
-            raise ValueError(
-                f"the contrastive loss was NaN or inf in {bad} training micro-batch(es) since the last logging "
-                "step or checkpoint: the embeddings contain NaN or inf values; check the encoder output (learning "
-                "rate, fp16 overflow). Training stops here, before a checkpoint of these weights is written."
-            )
-
-    def compute_loss(
-        self,
-        model: nn.Module,
-        inputs: dict[str, Any],
-        return_outputs: bool = False,
-        num_items_in_batch: Any = None,
-    ):
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None):  # fmt: skip
         """The contrastive loss of one micro-batch (not divided by the accumulation steps: Trainer does)."""
-        model_inputs, labels = self._split(inputs)
-        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
-            model, model_inputs, labels
-        )
-        batch_keys = None if key_inputs is None else self._momentum_keys(key_inputs, key_labels)
+        anchor_inputs, anchor_labels, batch_keys = self._prepare_views(model, *self.split_labels(inputs))
         embeddings = self._encode(model, anchor_inputs)
-        loss = self._loss_from_embeddings(embeddings, anchor_labels, batch_keys)
+        parts = self._loss_parts(embeddings, anchor_labels, batch_keys)
         if model.training:
-            self._record_components(loss)
+            self._record_components(parts)
             self.candidates.enqueue(batch_keys)
-        return (loss, embeddings) if return_outputs else loss
+        return (parts["loss"], embeddings) if return_outputs else parts["loss"]
 
     # ------------------------------------------------------------------ training step (GradCache)
-    def training_step(
-        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
-    ) -> torch.Tensor:
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         params = self._loss_parameters()
         # read before backward: DeepSpeed steps its optimizer and scheduler inside it
-        lr = self._learning_rate() if params and self._sharded else None
+        lr = float(self.optimizer.param_groups[0]["lr"]) if params and self._sharded else None
         if self.args.gradcache_chunk_size > 0:
             loss = self._gradcache_training_step(model, inputs)
         else:
@@ -562,30 +462,24 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()
         inputs = self._prepare_inputs(inputs)
-        model_inputs, labels = self._split(inputs)
-        anchor_inputs, anchor_labels, key_inputs, key_labels = self._prepare_views(
-            model, model_inputs, labels
-        )
-        batch_keys = None if key_inputs is None else self._momentum_keys(key_inputs, key_labels)
+        anchor_inputs, anchor_labels, batch_keys = self._prepare_views(model, *self.split_labels(inputs))
         scale = 1.0 / self.current_gradient_accumulation_steps
+        parts: dict[str, torch.Tensor] = {}
 
         def loss_fn(emb: torch.Tensor) -> torch.Tensor:
-            return self._loss_from_embeddings(emb, anchor_labels, batch_keys)
+            parts.update(self._loss_parts(emb, anchor_labels, batch_keys))
+            return parts["loss"]
 
         def encode(chunk: dict[str, Any]) -> torch.Tensor:
             with self.compute_loss_context_manager():
                 return self._encode(model, chunk)
 
         loss, _ = gradcache_backward(
-            encode,
-            anchor_inputs,
-            loss_fn,
-            self.args.gradcache_chunk_size,
-            device=self.args.device,
+            encode, anchor_inputs, loss_fn, self.args.gradcache_chunk_size, device=self.args.device,
             backward_loss=lambda value: self.accelerator.backward(value * scale),
             no_sync=lambda: self.accelerator.no_sync(model),
-        )
-        self._record_components(loss)
+        )  # fmt: skip
+        self._record_components({**parts, "loss": loss})
         self.candidates.enqueue(batch_keys)
         return loss * scale
 
@@ -593,14 +487,14 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Eval loss (in-batch candidates, no queue) and view-1 embeddings + dense labels for the probe."""
         inputs = self._prepare_inputs(inputs)
-        _, labels = self._split(inputs)
+        _, labels = self.split_labels(inputs)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss, embeddings = self.compute_loss(model, inputs, return_outputs=True)
         loss = loss.detach()
         if prediction_loss_only:
             return loss, None, None
         n = embeddings.shape[0] // self.args.n_views
-        return loss, embeddings[:n].detach().float(), labels_to_dense_float(slice_rows(labels, 0, n))
+        return loss, embeddings[:n].detach().float(), to_dense_float(slice_rows(labels, 0, n))
 
     def _knn_metrics(self, eval_pred) -> dict[str, float]:
         from hf_mlcl.evaluation.knn import knn_probe_metrics
@@ -611,13 +505,11 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Trainer's log plus ``loss_<component>`` (window averages, read from the device here) and
         ``queue_fill``; raises the ValueError of a non-finite training loss since the last log."""
-        self._raise_if_loss_was_not_finite()
-        if "loss" in logs and self._component_count:
-            for name, total in self._component_sums.items():
-                logs[f"loss_{name}"] = float(total) / self._component_count
-            self._component_sums, self._component_count = {}, 0
-        if self.queue is not None and "loss" in logs:
-            logs["queue_fill"] = float(len(self.queue))
+        self._window.raise_if_not_finite()
+        if "loss" in logs:
+            logs.update(self._window.averages())
+            if self.queue is not None:
+                logs["queue_fill"] = float(len(self.queue))
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ checkpoints
@@ -626,25 +518,19 @@ class ContrastiveTrainer(CompleteCheckpointsMixin, Trainer):
         state: dict[str, Any] = {"loss": self.loss_fn.state_dict()}
         if self._loss_optimizer is not None:
             state["loss_optimizer"] = optimizer_state_to_tree(self._loss_optimizer.state_dict())
-        if self.momentum_encoder is not None:
-            state["momentum_encoder"] = self.momentum_encoder.state_dict()
-        if self.queue is not None:
-            state["queue"] = self.queue.state_dict()
+        if self.memory is not None:
+            state.update(self.memory.state_dict())
         return state
 
     def load_extra_state_dict(self, state: dict[str, Any]) -> None:
         self.loss_fn.load_state_dict(state["loss"])
         if self._sharded and self._loss_parameters() and "loss_optimizer" in state:
             self._loss_optimizer_for_sharded().load_state_dict(tree_to_optimizer_state(state["loss_optimizer"]))
-        for key, obj in (("momentum_encoder", self.momentum_encoder), ("queue", self.queue)):
-            if obj is None:
-                continue
-            if key not in state:
-                raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
-            obj.load_state_dict(state[key])
+        if self.memory is not None:
+            self.memory.load_state_dict(state)
 
     def _save_checkpoint(self, model, trial) -> None:
-        self._raise_if_loss_was_not_finite()  # never a checkpoint of weights a NaN step has touched
+        self._window.raise_if_not_finite()  # never a checkpoint of weights a NaN step has touched
         super()._save_checkpoint(model, trial)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:

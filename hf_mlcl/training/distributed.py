@@ -25,22 +25,17 @@ from __future__ import annotations
 import gc
 import inspect
 import sys
-from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hf_mlcl.losses.relations import nonzero_pairs
-
-T = TypeVar("T")
+from hf_mlcl.labels.multihot import to_dense_bool
 
 __all__ = [
     "is_distributed",
     "world_size",
     "rank",
-    "to_dense_bool",
     "all_gather_with_grad",
     "all_gather_no_grad",
     "gather_candidates",
@@ -48,7 +43,6 @@ __all__ = [
     "mean_over_processes",
     "barrier",
     "all_gather_object",
-    "built_once",
     "shutdown",
 ]
 
@@ -64,24 +58,6 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
-
-
-def to_dense_bool(labels: torch.Tensor) -> torch.Tensor:
-    """A multi-hot (N, L) matrix (dense bool/int/float, or torch sparse COO/CSR) as a dense bool tensor."""
-    if labels.layout != torch.strided:
-        labels = labels.to_dense()
-    return labels if labels.dtype == torch.bool else labels != 0
-
-
-def to_sparse_bool(labels: torch.Tensor) -> torch.Tensor:
-    """A multi-hot (N, L) matrix (dense, or torch sparse COO/CSR) as a coalesced sparse COO bool tensor."""
-    rows, cols = nonzero_pairs(labels)
-    return torch.sparse_coo_tensor(
-        torch.stack([rows, cols]),
-        torch.ones(rows.numel(), dtype=torch.bool, device=labels.device),
-        tuple(labels.shape),
-        is_coalesced=True,
-    )
 
 
 def _gather_sizes(n: int, device: torch.device) -> list[int]:
@@ -205,18 +181,6 @@ def barrier() -> None:
     """Wait until every rank gets here (no-op outside a multi-process group)."""
     if is_distributed():
         dist.barrier()
-
-
-def built_once(build: Callable[[], T]) -> T:
-    """``build()`` run by the global main process alone, its result (pickled) sent to every other process;
-    ``build()`` itself outside a multi-process group. For data preparation every process needs, built once
-    for the whole launch whatever the storage of the nodes (the tokenizer trained on the fly). Every
-    process calls it."""
-    if not is_distributed():
-        return build()
-    box = [build() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def all_gather_object(obj: object) -> list:

@@ -17,6 +17,9 @@ is computed in three passes:
 Peak activation memory is one chunk's graph instead of the whole batch's; the result equals the
 direct computation (encode the same chunks with graphs, concatenate, loss, backward) up to float
 round-off, dropout included, because step 3 replays step 1's random numbers exactly.
+
+The row slicing of batch dicts it needs (dense and torch-sparse tensors: :func:`slice_batch`) also splits a
+two-view batch into its views (``ContrastiveTrainer``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RandomState", "split_inputs", "gradcache_backward"]
+__all__ = ["RandomState", "batch_rows", "gradcache_backward", "slice_batch", "slice_rows", "split_inputs"]
 
 
 class RandomState:
@@ -57,34 +60,40 @@ class RandomState:
             yield
 
 
-def split_inputs(inputs: Mapping[str, Any], chunk_size: int) -> list[dict[str, Any]]:
-    """Split a batch dict along dim 0 into chunks of ``chunk_size`` rows (tensors only; others copied).
+def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a dense or torch-sparse tensor (sparse: ``index_select``)."""
+    if t.layout != torch.strided:
+        return t.index_select(0, torch.arange(start, stop, device=t.device))
+    return t[start:stop]
 
-    Sparse tensors are sliced with ``index_select``; the row count is taken from ``input_ids`` (or
-    the first tensor).
-    """
+
+def slice_batch(batch: Mapping[str, Any], start: int, stop: int, n: int) -> dict[str, Any]:
+    """Rows [start, stop) of every tensor in ``batch`` whose first dim is ``n``; other entries copied."""
+    return {
+        k: slice_rows(v, start, stop) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
+        for k, v in batch.items()
+    }
+
+
+def batch_rows(batch: Mapping[str, Any]) -> int:
+    """The batch's row count: that of ``input_ids``, or of its first tensor. ValueError without a tensor."""
+    ref = batch.get("input_ids")
+    if ref is None:
+        ref = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+    if ref is None:
+        raise ValueError("the batch holds no tensor")
+    return int(ref.shape[0])
+
+
+def split_inputs(inputs: Mapping[str, Any], chunk_size: int) -> list[dict[str, Any]]:
+    """Split a batch dict along dim 0 into chunks of ``chunk_size`` rows (:func:`slice_batch`: tensors
+    only, sparse ones by ``index_select``; others copied). The row count is :func:`batch_rows`'s."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive; got {chunk_size}")
-    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    if not tensors:
+    if not any(isinstance(v, torch.Tensor) for v in inputs.values()):
         raise ValueError("split_inputs needs at least one tensor in the batch")
-    ref = tensors.get("input_ids", next(iter(tensors.values())))
-    n = ref.shape[0]
-    chunks = []
-    for start in range(0, n, chunk_size):
-        stop = min(start + chunk_size, n)
-        chunk = {}
-        for k, v in inputs.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n:
-                if v.layout != torch.strided:
-                    idx = torch.arange(start, stop, device=v.device)
-                    chunk[k] = v.index_select(0, idx)
-                else:
-                    chunk[k] = v[start:stop]
-            else:
-                chunk[k] = v
-        chunks.append(chunk)
-    return chunks
+    n = batch_rows(inputs)
+    return [slice_batch(inputs, start, min(start + chunk_size, n), n) for start in range(0, n, chunk_size)]
 
 
 def gradcache_backward(

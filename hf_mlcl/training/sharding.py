@@ -7,7 +7,7 @@ accelerate can train something other than what the launch asked for, with exit s
   distributed types only), so an FSDP launch on a machine without GPU trains plain DDP.
 
 :func:`launch_problem` names such a launch from the arguments and the environment alone (the CLI calls it
-before loading anything, :func:`hf_mlcl.training.run_guard.check_launch`); :func:`check_engine_applied`
+before loading anything, :func:`hf_mlcl.training.checkpoints.check_launch`); :func:`check_engine_applied`
 compares the request with what the trainer's accelerator set up (both trainers call it when built), and
 :class:`EngineCheckCallback` checks the prepared model when training starts. DeepSpeed runs on CPU (its
 CPU accelerator over gloo): one process as is, several with ``ddp_backend: gloo`` (accelerate picks no

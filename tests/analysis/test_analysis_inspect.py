@@ -167,3 +167,21 @@ def test_cli_inspect_writes_table_json_and_plots(tmp_path, capsys):
     for name in ("synthetic_label_frequency.png", "synthetic_relations.png", "synthetic_queue_sweep.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert main(["inspect", "synthetic", "--option", "oops"]) == 2
+
+
+@pytest.mark.parametrize("name", ["all", "any", "similarity_dissimilarity", "jaccard"])
+@pytest.mark.parametrize("keys", [False, True])
+def test_each_loss_trains_on_the_positive_rule_inspect_reads(name, keys):
+    """The candidates a loss gives a positive weight are exactly those its ``positives`` rule marks, the
+    rule batch_pair_statistics counts: one definition for the loss and for ``hf-mlcl inspect``."""
+    from hf_mlcl.losses import get_loss
+
+    g = torch.Generator().manual_seed(3)
+    y = (torch.rand(12, 5, generator=g) < 0.35).float()
+    yk = (torch.rand(7, 5, generator=g) < 0.35).float() if keys else None
+    loss = get_loss(name)
+    ctx = loss.prepare(torch.randn(12, 8), y, torch.randn(7, 8) if keys else None, yk)
+    positive = loss.positives(ctx)
+    assert torch.equal(loss.build_terms(ctx).weights > 0, positive)
+    stats = batch_pair_statistics(y.bool(), torch.cat([y, yk]).bool() if keys else y.bool(), self_index=True)
+    assert torch.equal(stats["pos_all" if name == "all" else "pos_any"], positive.sum(1))

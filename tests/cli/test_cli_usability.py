@@ -15,13 +15,13 @@ RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
 
 
 def _no_training(monkeypatch):
-    import hf_mlcl.training.pipeline as pipeline
+    import hf_mlcl.training.stages as stages
 
     def boom(*a, **k):
         raise AssertionError("training started")
 
-    monkeypatch.setattr(pipeline, "run_contrastive_stage", boom)
-    monkeypatch.setattr(pipeline, "run_probe_stage", boom)
+    monkeypatch.setattr(stages, "run_contrastive_stage", boom)
+    monkeypatch.setattr(stages, "run_probe_stage", boom)
 
 
 @pytest.mark.parametrize("repo_id", ["bad id", "a/b/c", "user/name-"])
@@ -35,21 +35,22 @@ def test_run_rejects_a_bad_push_to_before_training(monkeypatch, capsys, tmp_path
 
 
 def test_run_prints_stage_headers_and_output_paths(monkeypatch, capsys, tmp_path):
-    import hf_mlcl.training.pipeline as pipeline
+    import hf_mlcl.training.stages as stages
 
     calls = []
 
-    def contrastive(model_args, data_args, args):
+    def contrastive(model_args, data_args, args, data=None):
         calls.append("contrastive")
-        return None, {"train_loss": 1.0}
+        return stages.StageResult(args.output_dir, {"train_loss": 1.0})
 
-    def probe(model_args, data_args, args, encoder, loss):
+    def probe(model_args, data_args, args, encoder, loss, data=None):
         calls.append(("probe", encoder, loss))
         trainer = types.SimpleNamespace(is_world_process_zero=lambda: True)
-        return trainer, {"test_micro_f1": 0.5, "test_macro_f1": 0.4}
+        return stages.StageResult(args.output_dir, {"test_micro_f1": 0.5, "test_macro_f1": 0.4}, trainer=trainer)
 
-    monkeypatch.setattr(pipeline, "run_contrastive_stage", contrastive)
-    monkeypatch.setattr(pipeline, "run_probe_stage", probe)
+    monkeypatch.setattr(stages, "load_run_data", lambda data_args: None)  # no training: no data
+    monkeypatch.setattr(stages, "run_contrastive_stage", contrastive)
+    monkeypatch.setattr(stages, "run_probe_stage", probe)
     rc = main(["run", RECIPE, "--output_dir", str(tmp_path), "--no-plots"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -136,7 +137,7 @@ def _fake_classifier(folder, **card):
 
 
 def _capture_evaluate(monkeypatch):
-    import hf_mlcl.training.pipeline as pipeline
+    import hf_mlcl.training.stages as stages
 
     seen = {}
 
@@ -144,7 +145,7 @@ def _capture_evaluate(monkeypatch):
         seen.update(checkpoint=checkpoint, data_args=data_args, split=split)
         return {f"{split}_micro_f1": 0.5}
 
-    monkeypatch.setattr(pipeline, "evaluate_checkpoint", fake)
+    monkeypatch.setattr(stages, "evaluate_checkpoint", fake)
     return seen
 
 
@@ -263,15 +264,15 @@ def test_help_documents_the_underscore_spelling(capsys):
 
 
 def test_overrides_accept_dashed_keys(monkeypatch, tmp_path):
-    import hf_mlcl.training.pipeline as pipeline
+    import hf_mlcl.training.stages as stages
 
     seen = {}
 
-    def contrastive(model_args, data_args, args):
+    def contrastive(model_args, data_args, args, data=None):
         seen.update(args=args, data_args=data_args)
-        return None, {}
+        return stages.StageResult(args.output_dir, {})
 
-    monkeypatch.setattr(pipeline, "run_contrastive_stage", contrastive)
+    monkeypatch.setattr(stages, "run_contrastive_stage", contrastive)
     rc = main(["train", RECIPE, "--output-dir", str(tmp_path / "enc"), "--learning-rate", "0.5",
                "--max_steps", "2", "--max-length", "16"])
     assert rc == 0
@@ -347,7 +348,7 @@ def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys)
     """Under a multi-process launch every rank runs the same input checks: the main process of each node
     prints the line (node 1's main process is global rank 1, local rank 0), the others exit with the same
     status in silence; any other error is printed on every rank."""
-    from hf_mlcl.training.run_guard import InputError
+    from hf_mlcl.training.checkpoints import InputError
 
     cases = (("0", "0", InputError, True), ("1", "1", InputError, False), ("1", "0", InputError, True),
              ("1", "1", ValueError, True))  # fmt: skip

@@ -84,12 +84,13 @@ def test_the_command_line_label_layout_overrides_the_recipes(tmp_path, options):
     """recipes/custom/my_csv.yaml pins label_column: labels; a one-column-per-label CSV still goes through it
     when the command line says so (and a later label_column replaces a recipe's label_columns)."""
     from hf_mlcl.recipes import split_overrides
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
     data = _tiny_csv(tmp_path / "wide.csv", one_column_per_label=True)
     ov = split_overrides(["--dataset", data, *options], ["contrastive"])
     _, data_args, _ = parse_stage(load_recipe(RECIPE), "contrastive", ov, output_dir=str(tmp_path / "out"))
-    ds, names = load_data(data_args)
+    run_data = load_run_data(data_args)
+    ds, names = run_data.dataset, run_data.label_names
     assert names == ["politics", "science", "sports"]
     expected = {}
     for row in csv.DictReader(open(data, encoding="utf-8")):
@@ -103,7 +104,7 @@ def test_the_command_line_label_layout_overrides_the_recipes(tmp_path, options):
     narrow = _tiny_csv(tmp_path / "narrow.csv")
     ov = split_overrides(["--dataset", narrow, "--label_column", "labels"], ["contrastive"])
     _, data_args, _ = parse_stage(load_recipe(str(recipe)), "contrastive", ov, output_dir=str(tmp_path / "out"))
-    assert load_data(data_args)[1] == ["politics", "science", "sports"]
+    assert load_run_data(data_args).label_names == ["politics", "science", "sports"]
 
 
 def test_a_one_column_per_label_csv_runs_through_the_readme_recipe(tmp_path):
@@ -137,7 +138,7 @@ def test_a_dataset_smaller_than_one_batch_stops_before_training(tmp_path, capsys
 def test_the_batch_check_counts_the_per_process_batch_of_every_process():
     import types
 
-    from hf_mlcl.training.entry import check_train_batches
+    from hf_mlcl.training.checkpoints import check_train_batches
 
     args = types.SimpleNamespace(dataloader_drop_last=True, train_batch_size=8, world_size=2)
     check_train_batches(16, args, "stage 1")  # one batch of 8 on each of the 2 processes

@@ -15,7 +15,7 @@ from conftest import SHARED_DATA
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets import Sequence as HFSequence
 
-from hf_mlcl.data import data_notes, label_names, load_mlc_dataset
+from hf_mlcl.data import data_notes, label_names, load_custom_dataset, load_mlc_dataset
 
 ROWS = [  # (text, label names)
     ("graph neural networks for molecules", ["cs.LG", "q-bio"]),
@@ -303,15 +303,16 @@ def test_non_utf8_bytes_name_the_file_and_line(tmp_path):
 def test_data_arguments_carry_the_options_to_the_loader_and_the_card(tmp_path):
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training.arguments import DataArguments
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
     path = _write_csv(tmp_path / "my.csv", ROWS, label_fmt=lambda labs: "|".join(labs), header=("body", "tags"))
     assert DataArguments().loader_options() == {}  # a registered name gets nothing extra
     args = DataArguments(dataset=path, text_column="body", label_column="tags", validation_fraction=0.3)
     assert args.loader_options() == {"text_column": "body", "label_column": "tags", "validation_fraction": 0.3}
-    ds, names = load_data(args)
+    data = load_run_data(args)
+    ds, names = data.dataset, data.label_names
     assert names == NAMES and len(ds["validation"]) == 3 and "test" not in ds
-    assert args.data_notes and "validation_fraction=0.3" in args.data_notes[0]
+    assert data.notes and "validation_fraction=0.3" in data.notes[0]
     with pytest.raises(ValueError, match="unknown_labels must be one of"):
         DataArguments(dataset=path, unknown_labels="keep")
     with pytest.raises(ValueError, match="validation_fraction must lie in"):
@@ -368,3 +369,27 @@ def test_goemotions_raw_release_shape_one_column_per_label(tmp_path):
     # a "False"/"True" string column here, rater_id is not 0/1: neither is taken for a label)
     auto = load_mlc_dataset(str(raw), validation_fraction=0.1, split_seed=0)
     assert label_names(auto) == names
+
+
+def test_the_own_data_options_are_listed_once_and_every_reader_follows_the_list():
+    """CUSTOM_OPTIONS is the loader's keywords (beyond the source); the registry refuses exactly them for a
+    registered name, and DataArguments hands each own-data field over under the loader's name."""
+    import dataclasses
+    import inspect
+
+    from hf_mlcl.data.custom import CUSTOM_OPTIONS
+    from hf_mlcl.training.arguments import DataArguments
+
+    keywords = [p.name for p in inspect.signature(load_custom_dataset).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    assert set(CUSTOM_OPTIONS) == set(keywords) - {"data_dir", "splits"}
+    for option in CUSTOM_OPTIONS:
+        with pytest.raises(ValueError, match=rf"options \['{option}'\] apply to your own data"):
+            load_mlc_dataset("synthetic", **{option: None})
+    fields = {f.name: f for f in dataclasses.fields(DataArguments)}
+    changed = {"data_files": "a.csv", "dataset_config": "c", "text_column": "t", "label_column": "l",
+               "label_columns": "a,b", "label_format": "ids", "label_separator": "|", "label_names_file": "n.txt",
+               "unknown_labels": "drop", "validation_fraction": 0.2, "test_fraction": 0.1, "split_seed": 7, "split_strategy": "stratified"}  # fmt: skip
+    assert set(changed) <= set(fields)
+    options = DataArguments(**changed).loader_options()
+    assert set(options) == set(CUSTOM_OPTIONS) - {"revision"}
+    assert (options["config_name"], options["label_names"]) == ("c", "n.txt")

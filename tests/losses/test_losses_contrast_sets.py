@@ -1,4 +1,4 @@
-"""MoCo contrast sets: each loss's paper default, built by hf_mlcl.training.candidates from online queries,
+"""MoCo contrast sets: each loss's paper default, built by hf_mlcl.training.memory from online queries,
 the current momentum keys and a queue, against the plain-loop references of the papers' equations.
 
 Reference contrast sets (docs/losses.md): ``keys`` — candidates = [current keys ; queue], no query-query
@@ -17,12 +17,12 @@ from test_losses_msc import msc_reference
 from test_losses_reference import random_batch, reference_loss
 from test_losses_ws_mulsupcon import TRAIN, ws_paper_reference
 
+from hf_mlcl.labels.statistics import ws_class_weights
 from hf_mlcl.losses import get_loss, get_loss_class
-from hf_mlcl.losses.label_statistics import ws_class_weights
-from hf_mlcl.modeling import EmbeddingQueue
-from hf_mlcl.training.candidates import (
+from hf_mlcl.training.memory import (
     CONTRAST_SETS,
     CandidateBuilder,
+    EmbeddingQueue,
     max_candidates,
     resolve_contrast_set,
     resolve_queue_warmup,
@@ -154,7 +154,7 @@ def test_hbl_default_keys_matches_reference(seed):
     keys, key_labels, _ = reference_candidates("keys", z, y, k, zq, yq)
     base = reference_loss("mulsupcon", z, y, keys, key_labels, temperature=0.1, anchors_in_candidates=False)
     hbl = hbl_reference(z, y, keys, key_labels, 0.8, 0.1, 0.3, 3, anchors_in_candidates=False)
-    assert hbl > 0 and loss_fn.components["gate_open"] > 0
+    assert hbl > 0 and step.components(loss_fn)["gate_open"] > 0
     assert got.item() == pytest.approx(base + 0.5 * hbl, rel=1e-9)
 
 

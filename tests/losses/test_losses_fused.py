@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hf_mlcl.labels import multihot as M
 from hf_mlcl.losses import LossTerms, get_loss, weighted_contrastive_loss
-from hf_mlcl.losses import relations as R
 from hf_mlcl.losses.registry import list_contrastive_losses
 from hf_mlcl.losses.ws_mulsupcon import _masked_lse, _weighted_logp_sum
 
@@ -147,7 +147,7 @@ def test_weights_on_the_diagonal_are_ignored_like_the_general_path():
 
 def _msc_reference(loss, z, y, zk, yk):
     """ABALONE L_MSC as computed before the fused kernel (autograd through every step)."""
-    from hf_mlcl.losses.label_statistics import PairLabelView
+    from hf_mlcl.labels.statistics import PairLabelView
 
     ctx = loss.prepare(z, y, zk, yk)
     dtype = ctx.dtype
@@ -198,7 +198,7 @@ def test_msc_fused_matches_previous_formula(beta):
 
 def _ws_reference(loss, z, y, zk, yk, anchors_in_candidates=True):
     """ws-MulSupCon (paper variant) as computed before the fused kernel, with its components."""
-    from hf_mlcl.losses.label_statistics import PairLabelView
+    from hf_mlcl.labels.statistics import PairLabelView
 
     ctx = loss.prepare(z, y, zk, yk, anchors_in_candidates=anchors_in_candidates)
     own = 1.0 if anchors_in_candidates else 0.0
@@ -251,7 +251,7 @@ def test_ws_mulsupcon_fused_matches_previous_formula():
             fast, g_fast = _value_and_grads(
                 lambda e, k, fn=loss, a=y, b=yk, f=aic: fn(e, a, k, b, anchors_in_candidates=f), z, zk
             )
-            comps = dict(loss.components)
+            comps = loss.components(z, y, zk, yk, anchors_in_candidates=aic)
             slow, g_slow = _value_and_grads(
                 lambda e, k, fn=loss, a=y, b=yk, f=aic: _ws_reference(fn, e, a, k, b, f)[0], z, zk
             )
@@ -282,25 +282,25 @@ def test_large_dense_labels_are_scanned_to_sparse_exactly(dtype):
     # index 3 * 4001 + 285 = 48 * 256) whatever the element size
     y[3, 270:300] = 1
     y = y.to(dtype)
-    out = R.as_multihot(y, allow_sparse=True)
-    assert R.is_sparse(out) and out.is_coalesced()
+    out = M.as_multihot(y, allow_sparse=True)
+    assert M.is_sparse(out) and out.is_coalesced()
     torch.testing.assert_close(out.to_dense(), y.float())
     sliced = y[:, 1:]  # not contiguous
-    torch.testing.assert_close(R.as_multihot(sliced, allow_sparse=True).to_dense(), sliced.float())
-    assert not R.is_sparse(R.as_multihot(y))  # only on request (the contrastive losses ask)
+    torch.testing.assert_close(M.as_multihot(sliced, allow_sparse=True).to_dense(), sliced.float())
+    assert not M.is_sparse(M.as_multihot(y))  # only on request (the contrastive losses ask)
 
 
 def test_large_dense_labels_keep_every_label_error():
     y = _large_dense(300, 4001, 1)
     y[7, 9] = -0.0  # a zero with its sign bit set is a 0 label
-    torch.testing.assert_close(R.as_multihot(y, allow_sparse=True).to_dense(), y.abs())
+    torch.testing.assert_close(M.as_multihot(y, allow_sparse=True).to_dense(), y.abs())
     for bad, match in ((2.0, "binary"), (0.5, "binary"), (-1.0, "binary"), (float("inf"), "binary"),
                        (float("nan"), "NaN")):  # fmt: skip
         for where in ((100, 4000), (299, 4000), (0, 0)):  # incl. the last entry (tail of the byte scan)
             yb = y.clone()
             yb[where] = bad
             with pytest.raises(ValueError, match=match):
-                R.as_multihot(yb, allow_sparse=True)
+                M.as_multihot(yb, allow_sparse=True)
             with pytest.raises(ValueError, match=match):
                 get_loss("any")(torch.randn(300, 8), yb)
 
@@ -308,7 +308,7 @@ def test_large_dense_labels_keep_every_label_error():
 def test_dense_but_not_sparse_large_matrix_stays_dense():
     g = torch.Generator().manual_seed(2)
     y = (torch.rand(300, 4000, generator=g) < 0.2).float()
-    assert not R.is_sparse(R.as_multihot(y, allow_sparse=True))
+    assert not M.is_sparse(M.as_multihot(y, allow_sparse=True))
 
 
 @pytest.mark.parametrize("name", list_contrastive_losses())

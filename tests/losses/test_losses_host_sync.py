@@ -11,7 +11,7 @@ import torch
 from test_losses_robustness import batch, make_loss
 
 from hf_mlcl.host_sync import HostSyncCounter
-from hf_mlcl.losses.core import FirstCallChecks, set_input_checks
+from hf_mlcl.losses.input_checks import FirstCallChecks, set_input_checks
 from hf_mlcl.losses.registry import list_contrastive_losses
 
 L = 6
@@ -31,18 +31,20 @@ MODES = ["batch", "keys", "keys-only"]
 
 
 def _run(loss, mode, z, y, zk, yk):
-    """Loss value, input gradients and parameter gradients of one forward + backward."""
+    """(loss value, input gradients and parameter gradients) of one forward + backward, and the loss's
+    components."""
     loss.zero_grad()
     e, k = z.clone().requires_grad_(True), zk.clone().requires_grad_(True)
     if mode == "batch":
-        out = loss(e, y)
+        comps = loss.components(e, y)
     elif mode == "keys":
-        out = loss(e, y, k, yk)
+        comps = loss.components(e, y, k, yk)
     else:
-        out = loss(e, y, k, yk, anchors_in_candidates=False)
+        comps = loss.components(e, y, k, yk, anchors_in_candidates=False)
+    out = comps["loss"]
     out.backward()
     params = [p.grad.clone() for p in loss.parameters() if p.grad is not None]
-    return out.detach(), e.grad, k.grad, params
+    return (out.detach(), e.grad, k.grad, params), comps
 
 
 def _same(a, b):
@@ -62,16 +64,15 @@ def test_forward_and_backward_read_nothing_on_the_host(name, kwargs, mode):
     z, y = batch(12, L, seed=1)
     zk, yk = batch(6, L, seed=2)
     loss = make_loss(name, **kwargs)
-    checked = _run(loss, mode, z, y, zk, yk)  # the input checks on (default): the CPU path
+    checked, _ = _run(loss, mode, z, y, zk, yk)  # the input checks on (default): the CPU path
     set_input_checks(loss, False)
     with HostSyncCounter() as counter:  # the accelerator path
-        unchecked = _run(loss, mode, z, y, zk, yk)
-        comps = dict(loss.components)
+        unchecked, comps = _run(loss, mode, z, y, zk, yk)
     assert counter.count == 0, counter.report()
     _same(checked, unchecked)  # bit for bit: the checks and the CPU shortcuts change nothing
     assert comps["loss"].item() == checked[0].item()
-    for key, value in comps.items():
-        assert isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad, key
+    for key, value in comps.items():  # the loss keeps its graph, the parts are detached
+        assert isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad == (key == "loss"), key
 
 
 def test_the_input_checks_are_the_host_reads_and_still_raise():
@@ -80,7 +81,7 @@ def test_the_input_checks_are_the_host_reads_and_still_raise():
     with HostSyncCounter() as counter:
         loss(z, y)
     sites = {site.rsplit(" ", 1)[-1] for _, site in counter.events}
-    assert counter.count and sites <= {"(as_multihot)", "(compute_and_record)"}, counter.report()
+    assert counter.count and sites <= {"(as_multihot)", "(components_on)"}, counter.report()
     bad = y.clone()
     bad[2, 1] = 2.0
     with pytest.raises(ValueError, match="binary"):

@@ -1,4 +1,4 @@
-"""Label-relation statistics (hf_mlcl.losses.relations) vs set-based loops, dense and sparse, plus the
+"""Label-relation statistics (hf_mlcl.labels.relations) vs set-based loops, dense and sparse, plus the
 engine's masking / no-positive policy (hf_mlcl.losses.core)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_mlcl.losses import relations as R
+from hf_mlcl.labels import multihot as M
+from hf_mlcl.labels import relations as R
 from hf_mlcl.losses.core import masked_log_softmax, weighted_contrastive_loss
 
 
@@ -35,9 +36,9 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout_c", ["float", "coo", "csr"])
 def test_pair_statistics_match_set_loops(layout_a, layout_c):
     ya_d, yc_d = _labels(7, 9, 0), _labels(11, 9, 1)
-    ya = R.as_multihot(LAYOUTS[layout_a](ya_d))
-    yc = R.as_multihot(LAYOUTS[layout_c](yc_d))
-    assert R.is_sparse(ya) == layout_a.startswith(("coo", "csr"))
+    ya = M.as_multihot(LAYOUTS[layout_a](ya_d))
+    yc = M.as_multihot(LAYOUTS[layout_c](yc_d))
+    assert M.is_sparse(ya) == layout_a.startswith(("coo", "csr"))
     inter = R.intersections(ya, yc)
     sa, sc = R.label_sizes(ya), R.label_sizes(yc)
     union, eq, jac = R.unions(sa, sc, inter), R.equality(sa, sc, inter), R.jaccard(sa, sc, inter)
@@ -57,10 +58,10 @@ def test_pair_statistics_match_set_loops(layout_a, layout_c):
 def test_mulsupcon_inverse_count_weights_match_loop(sparse, with_keys):
     y = _labels(8, 6, 3, p=0.4)
     yk = _labels(5, 6, 4, p=0.4) if with_keys else None
-    ya = R.as_multihot(y.to_sparse() if sparse else y)
-    yc = R.cat_labels(ya, None if yk is None else R.as_multihot(yk.to_sparse() if sparse else yk))
+    ya = M.as_multihot(y.to_sparse() if sparse else y)
+    yc = R.cat_labels(ya, None if yk is None else M.as_multihot(yk.to_sparse() if sparse else yk))
     counts = R.candidate_label_counts(ya, yc, anchors_in_candidates=True)
-    assert R.is_sparse(counts) == sparse  # sparse stays sparse
+    assert M.is_sparse(counts) == sparse  # sparse stays sparse
     w, pairs = R.inverse_count_weights(ya, yc, anchors_in_candidates=True)
     A = _sets(y)
     C = A + ([] if yk is None else _sets(yk))
@@ -80,8 +81,8 @@ def test_mulsupcon_inverse_count_weights_match_loop(sparse, with_keys):
 def test_inverse_count_weights_with_intersections_share_the_product(sparse):
     """with_intersections: the same W bit for bit, plus exact abs(S & T) counts (one product when sparse)."""
     y, yk = _labels(9, 7, 3, p=0.4), _labels(6, 7, 4, p=0.4)
-    ya = R.as_multihot(y.to_sparse() if sparse else y)
-    yc = R.cat_labels(ya, R.as_multihot(yk.to_sparse() if sparse else yk))
+    ya = M.as_multihot(y.to_sparse() if sparse else y)
+    yc = R.cat_labels(ya, M.as_multihot(yk.to_sparse() if sparse else yk))
     for dtype in (torch.float32, torch.float64):
         w, pairs = R.inverse_count_weights(ya, yc, anchors_in_candidates=True, dtype=dtype)
         w2, pairs2, inter = R.inverse_count_weights(
@@ -93,24 +94,24 @@ def test_inverse_count_weights_with_intersections_share_the_product(sparse):
 
 def test_as_multihot_validation_messages():
     with pytest.raises(ValueError, match="2-D"):
-        R.as_multihot(torch.ones(3))
+        M.as_multihot(torch.ones(3))
     with pytest.raises(ValueError, match="binary"):
-        R.as_multihot(torch.tensor([[0, 3]]))
+        M.as_multihot(torch.tensor([[0, 3]]))
     with pytest.raises(ValueError, match="NaN"):
-        R.as_multihot(torch.tensor([[0.0, float("nan")]]))
+        M.as_multihot(torch.tensor([[0.0, float("nan")]]))
     with pytest.raises(ValueError, match="torch.Tensor"):
-        R.as_multihot([[0, 1]])
+        M.as_multihot([[0, 1]])
     # duplicate COO entries summing to 2 are not a multi-hot matrix
     dup = torch.sparse_coo_tensor(
         torch.tensor([[0, 0], [1, 1]]), torch.tensor([1.0, 1.0]), (1, 3), check_invariants=False
     )
     with pytest.raises(ValueError, match="binary"):
-        R.as_multihot(dup)
+        M.as_multihot(dup)
     # explicit zeros in a sparse matrix are dropped
     z = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 2]]), torch.tensor([1.0, 0.0]), (1, 3))
-    assert R.as_multihot(z)._nnz() == 1
+    assert M.as_multihot(z)._nnz() == 1
     with pytest.raises(ValueError, match="label width"):
-        R.intersections(R.as_multihot(torch.ones(2, 3)), R.as_multihot(torch.ones(2, 4)))
+        R.intersections(M.as_multihot(torch.ones(2, 3)), M.as_multihot(torch.ones(2, 4)))
 
 
 def test_engine_masked_rows_and_weights():
@@ -161,8 +162,8 @@ def test_engine_memory_is_pairwise_not_per_label():
     for name in ["any", "mulsupcon", "jaccard"]:
         fn = get_loss(name)
         assert fn(z, yd, zk, ykd).item() == pytest.approx(fn(z, y, zk, yk).item(), rel=1e-6)
-    inter = R.intersections(R.as_multihot(yd), R.as_multihot(ykd))
-    torch.testing.assert_close(inter, R.intersections(R.as_multihot(y), R.as_multihot(yk)))
+    inter = R.intersections(M.as_multihot(yd), M.as_multihot(ykd))
+    torch.testing.assert_close(inter, R.intersections(M.as_multihot(y), M.as_multihot(yk)))
 
 
 @pytest.mark.parametrize(
@@ -179,7 +180,7 @@ def test_sparse_sparse_product_matches_dense_float64(n, m, n_labels, p):
     if m:
         b[0, : n_labels // 2] = 1.0  # labels no anchor carries are dropped from b, not mis-indexed
     expected = a @ b.T
-    out = R.intersections(R.as_multihot(a.to_sparse()), R.as_multihot(b.to_sparse()))
+    out = R.intersections(M.as_multihot(a.to_sparse()), M.as_multihot(b.to_sparse()))
     assert out.shape == (n, m)
     assert torch.equal(out, expected.float())
     w = a * torch.rand(n, n_labels, generator=g, dtype=torch.float64)  # weighted anchor rows
@@ -191,7 +192,7 @@ def test_sparse_sparse_product_matches_dense_float64(n, m, n_labels, p):
 def test_csr_of_ones_equals_coalesced_coo_conversion():
     """The one-sort CSR builder gives exactly what coalesce() + to_sparse_csr() give (row order, sorted
     columns within rows), for unsorted input pairs."""
-    from hf_mlcl.losses.label_statistics import _csr_of_ones
+    from hf_mlcl.labels.statistics import _csr_of_ones
 
     g = torch.Generator().manual_seed(0)
     flat = torch.randperm(40 * 30, generator=g)[:200]  # unique positions in random order
@@ -209,12 +210,12 @@ def test_csr_of_ones_equals_coalesced_coo_conversion():
 
 def test_cat_labels_of_sparse_matrices_is_coalesced_and_exact():
     """cat_labels builds the stacked COO without a second coalesce: it must still be sorted and exact."""
-    a = R.as_multihot(torch.tensor([[0, 1, 1], [1, 0, 0]]).to_sparse(), allow_sparse=True)
-    b = R.as_multihot(torch.tensor([[1, 0, 1], [0, 0, 0], [0, 1, 0]]).to_sparse(), allow_sparse=True)
+    a = M.as_multihot(torch.tensor([[0, 1, 1], [1, 0, 0]]).to_sparse(), allow_sparse=True)
+    b = M.as_multihot(torch.tensor([[1, 0, 1], [0, 0, 0], [0, 1, 0]]).to_sparse(), allow_sparse=True)
     both = R.cat_labels(a, b)
     assert both.is_coalesced()
     assert torch.equal(both.to_dense(), torch.cat([a.to_dense(), b.to_dense()]))
     resorted = torch.sparse_coo_tensor(both.indices(), both.values(), both.shape).coalesce()  # a real sort
     assert torch.equal(both.indices(), resorted.indices())
-    mixed = R.cat_labels(R.as_multihot(torch.tensor([[1.0, 0, 0]])), b)  # dense + sparse
+    mixed = R.cat_labels(M.as_multihot(torch.tensor([[1.0, 0, 0]])), b)  # dense + sparse
     assert torch.equal(mixed.to_dense(), torch.cat([torch.tensor([[1.0, 0, 0]]), b.to_dense()]))

@@ -67,8 +67,9 @@ def assert_finite_with_grad(loss_fn, z, y, zk=None, yk=None):
     assert z.grad is not None and torch.isfinite(z.grad).all()
     if zk is not None and zk.grad is not None:
         assert torch.isfinite(zk.grad).all()
-    assert "loss" in loss_fn.components
-    assert loss_fn.components["loss"] == pytest.approx(float(out.detach()), rel=1e-6, abs=1e-9)
+    comps = loss_fn.components(z.detach(), y, None if zk is None else zk.detach(), yk)
+    assert "loss" in comps
+    assert comps["loss"].item() == pytest.approx(float(out.detach()), rel=1e-6, abs=1e-9)
     return out
 
 

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hf_mlcl.labels import relations as R
 from hf_mlcl.losses import get_loss, similarity_dissimilarity_weights
-from hf_mlcl.losses import relations as R
 
 N_LABELS = 8
 label_sets = st.frozensets(st.integers(0, N_LABELS - 1), max_size=N_LABELS)

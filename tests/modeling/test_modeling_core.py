@@ -207,7 +207,7 @@ def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tok
     }
     assert cfg["backbone_config"]["model_type"] == "bert"
     # code files beside the weights never import hf_mlcl
-    for name in ("configuration_mlcl.py", "modeling_mlcl.py"):
+    for name in ("configuration_mlcl.py", "modeling_mlcl.py", "layers_mlcl.py", "folders_mlcl.py"):
         assert "hf_mlcl" not in "".join(
             line for line in open(target / name) if line.lstrip().startswith(("import ", "from "))
         )

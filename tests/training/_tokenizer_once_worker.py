@@ -14,9 +14,9 @@ import sys
 import torch.distributed as dist
 
 import hf_mlcl.data as data
+from hf_mlcl.modeling.builders import build_tokenizer_and_encoder
 from hf_mlcl.training import distributed as D
 from hf_mlcl.training.arguments import ModelArguments
-from hf_mlcl.training.entry import build_tokenizer_and_encoder
 
 TEXTS = [f"patient {w} reports {v} pain in the {w}{v} region number {i}" for i, (w, v) in enumerate(
     zip(["chest", "lower", "upper", "left", "right", "acute"] * 40, ["mild", "severe", "chronic", "sharp"] * 60))]  # fmt: skip

@@ -11,7 +11,7 @@ import torch
 from _training_helpers import base_args, collator, tiny_encoder, tiny_split, tiny_tokenizer
 
 from hf_mlcl.training import ContrastiveTrainer
-from hf_mlcl.training.checkpoint_state import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
+from hf_mlcl.training.checkpoints import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
 
 
 def test_state_file_round_trips_nested_tensors_and_plain_values(tmp_path):

@@ -10,9 +10,9 @@ from _training_helpers import base_args, collator, tiny_encoder, tiny_split, tin
 
 import hf_mlcl.training.contrastive as contrastive_module
 from hf_mlcl.training import ContrastiveTrainer
-from hf_mlcl.training.checkpoint_state import STATE_FILE
 from hf_mlcl.training.checkpoints import (
     SAVING_MARKER,
+    STATE_FILE,
     is_complete_checkpoint,
     last_complete_checkpoint,
     parse_resume,

@@ -76,8 +76,8 @@ def test_any_model_with_pooled_embeddings_and_id_list_labels(tmp_path):
     with torch.no_grad():
         outputs = model(**batch)
         got = func(outputs, labels)
+        from hf_mlcl.labels.multihot import ids_to_multihot
         from hf_mlcl.losses import get_loss
-        from hf_mlcl.losses.relations import ids_to_multihot
 
         want = get_loss("jaccard")(outputs.pooler_output, ids_to_multihot(labels, 4))
     assert got.item() == pytest.approx(want.item(), rel=1e-6)

@@ -20,7 +20,7 @@ from _training_helpers import (
 
 from hf_mlcl.evaluation.knn import knn_probe_metrics
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
-from hf_mlcl.training.checkpoint_state import STATE_FILE
+from hf_mlcl.training.checkpoints import STATE_FILE
 
 
 @pytest.fixture(scope="module")
@@ -219,13 +219,13 @@ def test_moco_contrast_set_per_loss(tmp_path, tok, loss, kw, want):
     args = base_args(tmp_path, loss=loss, queue_size=8, max_steps=3, knn_k=0, **kw)
     tr = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16), data_collator=collator(tok))
     seen = []
-    forward = tr.loss_fn.forward
+    components = tr.loss_fn.components  # what the trainer calls: the loss and its parts
 
     def spy(z, y, keys=None, key_labels=None, anchors_in_candidates=True):
         seen.append((None if keys is None else keys.shape[0], anchors_in_candidates))
-        return forward(z, y, keys, key_labels, anchors_in_candidates=anchors_in_candidates)
+        return components(z, y, keys, key_labels, anchors_in_candidates=anchors_in_candidates)
 
-    tr.loss_fn.forward = spy
+    tr.loss_fn.components = spy
     tr.train()
     assert seen == want
     assert all(math.isfinite(v) for v in _losses(tr).values())

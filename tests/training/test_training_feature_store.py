@@ -17,7 +17,7 @@ from _training_helpers import RowCounter, collator, probe_args, tiny_encoder, ti
 from hf_mlcl.data import MultiLabelCollator
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
 from hf_mlcl.training import ProbingTrainer
-from hf_mlcl.training.feature_store import FeatureStore
+from hf_mlcl.training.features import FeatureStore
 
 N_TRAIN, N_EVAL, N_TEST = 24, 16, 8
 
@@ -145,7 +145,7 @@ def test_a_damaged_file_is_encoded_again_and_replaced(tmp_path, tok, data, caplo
     with open(train_file, "wb") as fh:
         fh.write(b"not a safetensors file")
     second, rows = _trainer(tmp_path / "b", tok, data, store=store)
-    with caplog.at_level("WARNING", logger="hf_mlcl.training.feature_store"):
+    with caplog.at_level("WARNING", logger="hf_mlcl.training.features"):
         second.train()
     assert "cannot read" in caplog.text and os.path.basename(train_file) in caplog.text
     assert rows.rows in (N_TRAIN, N_EVAL)  # only the damaged split ran through the encoder
@@ -199,7 +199,7 @@ def test_a_file_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, tok, 
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     store = tmp_path / "features"
     tr, rows = _trainer(tmp_path / "a", tok, data, store=store)
-    with caplog.at_level("WARNING", logger="hf_mlcl.training.feature_store"):
+    with caplog.at_level("WARNING", logger="hf_mlcl.training.features"):
         tr.train()  # the run goes on with its features in memory
     assert caplog.text.count("No space left on device") == 2 and rows.rows == N_TRAIN + N_EVAL
     assert os.listdir(store) == []  # no temporary file left behind

@@ -13,6 +13,7 @@ from _training_helpers import (
     tiny_tokenizer,
 )
 
+from hf_mlcl.labels.multihot import to_dense_bool
 from hf_mlcl.losses import get_loss
 from hf_mlcl.training import distributed as D
 from hf_mlcl.training.gradcache import RandomState, gradcache_backward, split_inputs
@@ -83,7 +84,7 @@ def test_single_process_gather_is_identity():
     z = torch.randn(3, 2, requires_grad=True)
     assert D.all_gather_with_grad(z)[0] is z
     assert D.gather_candidates(z, torch.ones(3, 2)) == (None, None)
-    assert D.to_dense_bool(torch.eye(3).to_sparse()).dtype == torch.bool
+    assert to_dense_bool(torch.eye(3).to_sparse()).dtype == torch.bool
 
 
 def test_trainer_gradcache_step_matches_direct_step(tmp_path):

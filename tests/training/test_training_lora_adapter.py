@@ -63,7 +63,7 @@ def _tensor_bytes(path) -> int:
 
 def test_lora_run_saves_an_adapter_that_reloads_to_the_same_embeddings(tmp_path, base_model, llama_tokenizer):
     out = tmp_path / "encoder"
-    trainer, _ = _train(base_model, out)
+    trainer = _train(base_model, out).trainer
     assert ADAPTER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == base_model and adapter_config["r"] == R
@@ -119,8 +119,9 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(tmp_path
     clf = tmp_path / "classifier"
     args = ProbingTrainingArguments(output_dir=str(clf), probe="linear", per_device_train_batch_size=8, max_steps=2,
                                     learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)  # fmt: skip
-    trainer, _ = train_probe(ModelArguments(), _data_args(), args,
+    result = train_probe(ModelArguments(), _data_args(), args,
                              encoder_path=str(encoder))  # fmt: skip
+    trainer = result.trainer
     assert ADAPTER_FILES <= set(os.listdir(clf))
     assert (clf / "adapter_model.safetensors").read_bytes() == (encoder / "adapter_model.safetensors").read_bytes()
     assert all(k.startswith("classifier.") for k in load_file(clf / "model.safetensors"))
@@ -160,7 +161,8 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
             report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
             activation_checkpointing=flag,
         )  # fmt: skip
-        trainer, _ = train_contrastive(model_args, _data_args(), args)
+        result = train_contrastive(model_args, _data_args(), args)
+        trainer = result.trainer
         model = trainer.accelerator.unwrap_model(trainer.model)
         assert (_checkpointed_layers(model) > 0) is flag
         assert len(trainer.queue) == 16  # the momentum keys were enqueued
@@ -184,7 +186,8 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
     args = ProbingTrainingArguments(output_dir=str(out), probe="finetune", loss="bce", per_device_train_batch_size=8,
                                     max_steps=3, learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True,
                                     save_strategy="no", seed=0)  # fmt: skip
-    trainer, metrics = train_probe(model_args, _data_args(), args)
+    result = train_probe(model_args, _data_args(), args)
+    trainer, metrics = result.trainer, result.metrics
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n or ".classifier.modules_to_save." in n for n in trainable), sorted(trainable)

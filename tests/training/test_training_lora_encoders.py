@@ -70,7 +70,7 @@ def test_stage_one_and_finetune_save_adapters_that_reload(tmp_path, base, bert_t
         output_dir=str(enc_dir), loss="sd", projection_dim=8, per_device_train_batch_size=8, max_steps=2,
         learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
     )  # fmt: skip
-    trainer, _ = train_contrastive(model_args, _data_args(), args)
+    trainer = train_contrastive(model_args, _data_args(), args).trainer
     config = json.loads((enc_dir / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == path
     assert sorted(config["target_modules"]) == sorted(LORA_TARGETS_BY_MODEL_TYPE[kind])
@@ -89,7 +89,7 @@ def test_stage_one_and_finetune_save_adapters_that_reload(tmp_path, base, bert_t
     pargs = ProbingTrainingArguments(output_dir=str(clf_dir), probe="finetune", loss="bce", per_device_train_batch_size=8,
                                      max_steps=2, learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True,
                                      save_strategy="no", seed=0)  # fmt: skip
-    ptrainer, _ = train_probe(model_args, _data_args(), pargs)
+    ptrainer = train_probe(model_args, _data_args(), pargs).trainer
     model = ptrainer.accelerator.unwrap_model(ptrainer.model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert all("lora_" in n or ".classifier.modules_to_save." in n for n in trainable), sorted(trainable)

@@ -3,8 +3,8 @@ document embedding is the masked mean over all segment tokens), and other heads 
 
 import pytest
 
+from hf_mlcl.modeling.builders import build_tokenizer_and_encoder
 from hf_mlcl.training.arguments import ModelArguments
-from hf_mlcl.training.entry import build_tokenizer_and_encoder
 
 
 @pytest.mark.parametrize("head, segmented", [("label_attention", True), ("linear", False)])

@@ -21,7 +21,7 @@ from hf_mlcl.training import (
     train_contrastive,
     train_probe,
 )
-from hf_mlcl.training.checkpoint_state import STATE_FILE
+from hf_mlcl.training.checkpoints import STATE_FILE
 
 
 @pytest.fixture(scope="module")
@@ -124,19 +124,20 @@ def _data_args():
 
 
 def test_load_data_caps_first_rows_or_a_seeded_random_subset():
-    from hf_mlcl.training.entry import load_data
+    from hf_mlcl.training.stages import load_run_data
 
-    full, _ = load_data(_data_args())
+    full = load_run_data(_data_args()).dataset
     first = _data_args()
     first.max_train_samples, first.max_eval_samples = 10, 5
-    ds, names = load_data(first)
+    data = load_run_data(first)
+    ds, names = data.dataset, data.label_names
     assert len(ds["train"]) == 10 and len(ds["validation"]) == 5 and len(ds["test"]) == 32 and len(names) == 6
     assert ds["train"]["text"] == full["train"]["text"][:10]
 
     def seeded(seed):
         args = _data_args()
         args.max_train_samples, args.subset_seed = 10, seed
-        return load_data(args)[0]["train"]["text"]
+        return load_run_data(args).dataset["train"]["text"]
 
     a, b, c = seeded(3), seeded(3), seeded(4)
     assert a == b and a != c and a != full["train"]["text"][:10]
@@ -155,7 +156,8 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
         output_dir=str(enc_dir), loss="sd", n_views=2, projection_dim=16, per_device_train_batch_size=8, max_steps=3,
         report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=3, knn_k=5,
     )  # fmt: skip
-    trainer, metrics = train_contrastive(model_args, _data_args(), cargs)
+    result = train_contrastive(model_args, _data_args(), cargs)
+    metrics = result.metrics
     assert {"train_loss", "eval_loss", "eval_knn_micro_f1"} <= set(metrics)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json", "trainer_state.json"):
         assert os.path.isfile(enc_dir / name), name
@@ -166,7 +168,8 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
     for probe, threshold in (("linear", "global"), ("logistic", "per_label")):
         out = tmp_path / f"probe-{probe}"
         pargs = probe_args(out, probe=probe, threshold=threshold, max_steps=3)
-        ptrainer, pmetrics = train_probe(ModelArguments(), _data_args(), pargs, encoder_path=str(enc_dir))
+        result = train_probe(ModelArguments(), _data_args(), pargs, encoder_path=str(enc_dir))
+        ptrainer, pmetrics = result.trainer, result.metrics
         assert {"validation_micro_f1", "test_micro_f1", "test_macro_f1", "test_p@1", "threshold"} <= set(
             pmetrics
         )
@@ -195,8 +198,9 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
 
 def test_bce_baseline_finetunes_raw_backbone(tmp_path):
     out = tmp_path / "bce"
-    _, metrics = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
+    result = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
                              probe_args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
+    metrics = result.metrics
     assert metrics["threshold"] == 0.4 and metrics["probe"] == "finetune"
     assert "test_micro_f1" in metrics and os.path.isfile(out / "tokenizer.json")
 
@@ -232,7 +236,8 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
             output_dir=str(tmp_path / name), loss="mulsupcon", projection_dim=16, per_device_train_batch_size=8,
             max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0, seed=seed,
         )  # fmt: skip
-        _, metrics = train_contrastive(model_args, _data_args(), cargs)
+        result = train_contrastive(model_args, _data_args(), cargs)
+        metrics = result.metrics
         return metrics["train_loss"], load_file(str(tmp_path / name / "model.safetensors"))
 
     (la, wa), (lb, wb), (_, wc) = stage1("a", 3), stage1("b", 3), stage1("c", 4)
@@ -240,8 +245,9 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
     def stage2(name):
-        _, metrics = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / name, probe="finetune", max_steps=2),
+        result = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / name, probe="finetune", max_steps=2),
                                  encoder_path=str(tmp_path / "a"))  # fmt: skip
+        metrics = result.metrics
         return metrics, load_file(str(tmp_path / name / "model.safetensors"))
 
     (ma, pa), (mb, pb) = stage2("p1"), stage2("p2")
@@ -256,15 +262,17 @@ def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
         output_dir=str(tmp_path / "enc"), loss="mulsupcon", projection_dim=16, per_device_train_batch_size=8,
         max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
     )  # fmt: skip
-    trainer, metrics = train_contrastive(model_args, _data_args(), cargs, callbacks=[rec])
+    result = train_contrastive(model_args, _data_args(), cargs, callbacks=[rec])
+    trainer, metrics = result.trainer, result.metrics
     assert rec in trainer.callback_handler.callbacks
     assert rec.events == ["train_begin", "step", "step", "train_end"]
     assert rec.eval_metrics and rec.eval_metrics[-1]["eval_loss"] == pytest.approx(metrics["eval_loss"])
 
     rec2 = _Recorder()
-    ptrainer, _ = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
+    result = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
                               probe_args(tmp_path / "bce", probe="finetune", loss="bce", max_steps=3),
                               callbacks=[rec2])  # fmt: skip
+    ptrainer = result.trainer
     assert rec2 in ptrainer.callback_handler.callbacks
     assert rec2.events == ["train_begin", "step", "step", "step", "train_end"]
 
@@ -279,10 +287,12 @@ def test_lora_encoder_round_trip(tmp_path):
         output_dir=str(enc_dir), loss="sd", queue_size=16, projection_dim=16, per_device_train_batch_size=8,
         max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=2, knn_k=0,
     )  # fmt: skip
-    trainer, _ = train_contrastive(model_args, _data_args(), cargs)
+    result = train_contrastive(model_args, _data_args(), cargs)
+    trainer = result.trainer
     assert all("lora_" in n for n in trainer.momentum_encoder.trainable_names if "backbone" in n)
     assert os.path.isfile(enc_dir / "checkpoint-2" / "adapter_model.safetensors")
     assert json.loads((enc_dir / "config.json").read_text())["model_type"] == "mlcl"
-    _, metrics = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / "p", probe="linear", max_steps=1),
+    result = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / "p", probe="linear", max_steps=1),
                              encoder_path=str(enc_dir))  # fmt: skip
+    metrics = result.metrics
     assert 0.0 <= metrics["test_micro_f1"] <= 1.0

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_mlcl.training.run_guard import check_launch
+from hf_mlcl.training.checkpoints import check_launch
 from hf_mlcl.training.sharding import launch_problem, requested_engine
 
 
@@ -70,7 +70,7 @@ def test_check_launch_lets_several_deepspeed_cpu_processes_through(env):
 def test_a_process_that_accelerate_launch_cpu_started_alone_stops(env):
     """`accelerate launch --cpu --num_processes 2` (or --num_machines 2) runs the script once per machine
     with MASTER_ADDR but no WORLD_SIZE: each process would train alone into the same folder."""
-    from hf_mlcl.training.run_guard import InputError
+    from hf_mlcl.training.checkpoints import InputError
 
     for name in ("RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MASTER_ADDR"):
         env.delenv(name, raising=False)

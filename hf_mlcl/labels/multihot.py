@@ -1,50 +1,82 @@
-"""Label-relation statistics between two multi-hot label matrices, by matrix products.
+"""Multi-hot label matrices: built from label-id lists, validated, converted between layouts.
 
-Every multi-label contrastive loss in this package needs only a handful of set statistics between the
-label set S of an anchor and the label set T of a candidate:
-
-* intersection size  abs(S & T)  = (Y_a @ Y_c^T)_{ia}
-* set sizes          abs(S), abs(T) = row sums
-* union size         abs(S | T)  = abs(S) + abs(T) - abs(S & T)
-* set equality       S == T      <=> abs(S & T) == abs(S) == abs(T)
-* Jaccard            abs(S & T) / abs(S | T)   (0 when both sets are empty)
-* per-label candidate counts n_l(i) (MulSupCon): how many candidates of anchor i carry label l
-
-All of them are computed with matrix products / row & column sums of the (N, L) and (M, L) multi-hot
-matrices, never with an (N, M, L) tensor or a per-label Python loop, and they work with dense
-(bool / int / float) and torch-sparse (COO or CSR) inputs. Sparse label matrices stay sparse; only the
-(N, M) pair statistics are dense. Counts are kept in float32 (exact for integers below 2**24) whatever
-the embedding dtype, and autocast is switched off by the caller (:mod:`hf_mlcl.losses.core`).
+Datasets store labels as id lists (``Sequence(ClassLabel)``); the collator (per batch), the trainers
+(training-set label statistics) and the embedding-quality metrics (label combinations) turn them into
+(N, L) multi-hot matrices through :func:`label_coordinates` (one ``np.repeat`` for the rows and one
+concatenation for the columns, never a per-example Python loop over labels). The losses validate what
+they are given with :func:`as_multihot` (0/1 values, dense or torch-sparse COO / CSR, a large sparse-enough
+dense matrix turned sparse in one scan); the integrations accept multi-hot rows or -1-padded id lists
+(:func:`labels_to_multihot`); gathering across processes and queues use the bool forms
+(:func:`to_dense_bool`, :func:`to_sparse_bool`). Validated matrices are float32 (exact for counts below
+2**24) or float32 sparse COO.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
-    "cast",
-    "is_sparse",
-    "nonzero_pairs",
+    "LABEL_DTYPE",
+    "LABEL_INPUT_FORMATS",
     "as_multihot",
+    "cast",
+    "dataset_label_matrix",
     "ids_to_multihot",
+    "is_sparse",
+    "label_coordinates",
     "labels_to_multihot",
+    "multi_hot_tensor",
+    "nonzero_pairs",
     "resolve_label_format",
-    "cat_labels",
-    "label_sizes",
-    "label_counts",
-    "intersections",
-    "unions",
-    "equality",
-    "jaccard",
-    "candidate_label_counts",
-    "inverse_count_weights",
+    "to_dense_bool",
+    "to_dense_float",
+    "to_sparse_bool",
 ]
 
 LABEL_DTYPE = torch.float32
-_COMPACT_MIN_LABELS = 1024  # dense products over more labels than this skip the all-zero columns
+COMPACT_MIN_LABELS = 1024  # dense products over more labels than this skip the all-zero columns
 _SCAN_MIN_ENTRIES = 2**20  # as_multihot(allow_sparse=True) scans dense matrices this large
 _SCAN_BLOCK_BYTES = 256  # block size of that scan's first, vectorised pass
+
+
+def label_coordinates(
+    label_lists: Sequence[Sequence[int]], num_labels: int | None = None, hint: str = ""
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows, cols, num_labels) of the ones of the multi-hot matrix of ``label_lists``.
+
+    ``num_labels=None`` infers ``max id + 1`` (at least 1). ValueError naming the first id outside
+    ``[0, num_labels)``, followed by ``hint`` (how the caller fixes it).
+    """
+    arrays = [np.asarray(x, dtype=np.int64).reshape(-1) for x in label_lists]
+    lengths = np.fromiter((len(x) for x in arrays), dtype=np.int64, count=len(arrays))
+    cols = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+    if num_labels is None:
+        num_labels = int(cols.max()) + 1 if cols.size else 1
+    if cols.size and (cols.min() < 0 or cols.max() >= num_labels):
+        bad = cols[(cols < 0) | (cols >= num_labels)]
+        raise ValueError(f"label id {int(bad[0])} is outside [0, num_labels={num_labels}){hint}")
+    rows = np.repeat(np.arange(len(arrays)), lengths)
+    return rows, cols, int(num_labels)
+
+
+def multi_hot_tensor(
+    label_lists: Sequence[Sequence[int]], num_labels: int, sparse: bool = False, hint: str = ""
+) -> torch.Tensor:
+    """Id lists -> float32 (N, L) multi-hot: dense, or a coalesced ``torch.sparse_coo_tensor``."""
+    rows, cols, num_labels = label_coordinates(label_lists, num_labels, hint)
+    rows_t, cols_t = torch.from_numpy(rows), torch.from_numpy(cols)
+    shape = (len(label_lists), num_labels)
+    if sparse:
+        idx = torch.stack([rows_t, cols_t])
+        return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), shape, check_invariants=False).coalesce()
+    out = torch.zeros(shape, dtype=torch.float32)
+    out[rows_t, cols_t] = 1.0
+    return out
 
 
 def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -224,7 +256,7 @@ def as_multihot(
     the host by the collator that built them. A dense matrix then costs no host read at all (sparse
     layouts and the sparse scan below need data-dependent shapes whatever this says).
 
-    ``allow_sparse``: a large dense matrix (more than ``_COMPACT_MIN_LABELS`` labels, at least
+    ``allow_sparse``: a large dense matrix (more than ``COMPACT_MIN_LABELS`` labels, at least
     2**20 entries) that is at most 1/32 non-zero is returned as sparse COO, validated in the same
     pass (:func:`_scan_dense`): the losses then run on sparse label products whatever the input
     format, so dense and sparse labels cost about the same.
@@ -244,7 +276,7 @@ def as_multihot(
         if labels.layout != torch.sparse_coo:
             labels = labels.to_sparse_coo()
         labels = labels.coalesce()
-    elif allow_sparse and labels.shape[1] > _COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
+    elif allow_sparse and labels.shape[1] > COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
         scanned = _scan_dense(labels, name)
         return cast(labels, LABEL_DTYPE) if scanned is None else scanned
     vals = _values(labels)
@@ -268,198 +300,35 @@ def as_multihot(
     return cast(labels, LABEL_DTYPE)
 
 
-def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
-    """Row-concatenate two validated multi-hot matrices (sparse if either is sparse)."""
-    if second is None:
-        return first
-    if is_sparse(first) or is_sparse(second):
-        a = (first if is_sparse(first) else first.to_sparse()).coalesce()
-        b = (second if is_sparse(second) else second.to_sparse()).coalesce()
-        # rows of b after those of a: the concatenated (row, col) indices stay sorted and unique
-        shift = torch.zeros(2, 1, dtype=b.indices().dtype, device=b.device)
-        shift[0] = a.shape[0]  # a fill on the device, not a host copy
-        return torch.sparse_coo_tensor(
-            torch.cat([a.indices(), b.indices() + shift], dim=1),
-            torch.cat([a.values(), b.values()]),
-            (a.shape[0] + b.shape[0], *a.shape[1:]),
-            device=a.device, check_invariants=False, is_coalesced=True,
-        )  # fmt: skip
-    return torch.cat([first, second], dim=0)
+def to_dense_bool(labels: Tensor) -> Tensor:
+    """A multi-hot (N, L) matrix (dense bool/int/float, or torch sparse COO/CSR) as a dense bool tensor."""
+    if labels.layout != torch.strided:
+        labels = labels.to_dense()
+    return labels if labels.dtype == torch.bool else labels != 0
 
 
-def label_sizes(labels: Tensor) -> Tensor:
-    """Row sums abs(S) of a multi-hot matrix, (N,) float32."""
-    if is_sparse(labels):
-        n = labels.shape[0]
-        out = torch.zeros(n, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[0], cast(labels.values(), LABEL_DTYPE))
-    return cast(labels, LABEL_DTYPE).sum(dim=1)
-
-
-def label_counts(labels: Tensor) -> Tensor:
-    """Column sums (how many rows carry each label), (L,) float32."""
-    if is_sparse(labels):
-        n_labels = labels.shape[1]
-        out = torch.zeros(n_labels, dtype=LABEL_DTYPE, device=labels.device)
-        return out.index_add_(0, labels.indices()[1], cast(labels.values(), LABEL_DTYPE))
-    return cast(labels, LABEL_DTYPE).sum(dim=0)
-
-
-def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
-    """Dense (N, M) = a @ b^T for dense/sparse a (N, L) and b (M, L)."""
-    sa, sb = is_sparse(a), is_sparse(b)
-    dtype = (
-        a.dtype
-        if a.dtype == b.dtype == LABEL_DTYPE
-        else torch.promote_types(torch.promote_types(a.dtype, b.dtype), LABEL_DTYPE)
-    )
-    a, b = cast(a, dtype), cast(b, dtype)
-    if not sa and not sb:
-        if a.shape[1] > _COMPACT_MIN_LABELS:
-            # only labels some row of ``a`` carries can contribute: drop the other columns first
-            used = torch.nonzero((a != 0).any(dim=0)).flatten()
-            if used.numel() < a.shape[1] // 2:
-                a, b = a.index_select(1, used), b.index_select(1, used)
-        return a @ b.T
-    if sa and not sb:
-        return torch.sparse.mm(a, b.T.contiguous())
-    if sb and not sa:
-        return torch.sparse.mm(b, a.T.contiguous()).T
-    return _sparse_sparse_matmul_t(a, b)
-
-
-def _sparse_sparse_matmul_t(a: Tensor, b: Tensor, *more: Tensor) -> Tensor | tuple[Tensor, ...]:
-    """Dense (N, M) = a @ b^T for two sparse COO matrices, as one sparse @ dense product.
-
-    torch's sparse @ sparse product builds a sparse (N, M) result (hash accumulation, then
-    ``to_dense``); here only the U label columns that ``a`` carries can contribute, so a^T is
-    scattered into a small dense (U, N) matrix, b's entries in those columns are re-indexed into a
-    sparse (M, U) matrix (its other entries dropped) and the result is (b_U @ a_U^T)^T: O(nnz(b) N)
-    work with no sparse output. Integer counts are exact; weighted products only change the
-    summation order. Further sparse (N, L) matrices ``more`` (entries only in the columns ``a``
-    carries) share the same product: their transposes stand beside a^T, and the call returns
-    ``(a @ b^T, *(m @ b^T for m in more))``.
-    """
-    a, b = a.coalesce(), b.coalesce()
-    ai, bi = a.indices(), b.indices()
-    device = a.device
-    used = torch.zeros(a.shape[1], dtype=torch.bool, device=device)
-    used[ai[1]] = True
-    cols = torch.nonzero(used).squeeze(1)
-    remap = torch.full((a.shape[1],), -1, dtype=torch.long, device=device)
-    remap[cols] = torch.arange(cols.numel(), device=device)
-    n = a.shape[0]
-    a_t = torch.zeros(cols.numel(), n * (1 + len(more)), dtype=a.dtype, device=device)
-    for k, m in enumerate((a, *more)):
-        m = m.coalesce()
-        mi = m.indices()
-        a_t.index_put_((remap[mi[1]], mi[0] + k * n), m.values().to(a.dtype), accumulate=True)
-    b_col = remap[bi[1]]
-    keep = b_col >= 0
-    # remap is increasing on the kept columns, so the filtered entries stay sorted and unique
-    b_u = torch.sparse_coo_tensor(
-        torch.stack([bi[0][keep], b_col[keep]]),
-        b.values()[keep],
-        (b.shape[0], cols.numel()),
-        check_invariants=False,
+def to_sparse_bool(labels: Tensor) -> Tensor:
+    """A multi-hot (N, L) matrix (dense, or torch sparse COO/CSR) as a coalesced sparse COO bool tensor."""
+    rows, cols = nonzero_pairs(labels)
+    return torch.sparse_coo_tensor(
+        torch.stack([rows, cols]),
+        torch.ones(rows.numel(), dtype=torch.bool, device=labels.device),
+        tuple(labels.shape),
         is_coalesced=True,
     )
-    out = torch.sparse.mm(b_u, a_t).T
-    if not more:
-        return out
-    return tuple(out[k * n : (k + 1) * n] for k in range(1 + len(more)))
 
 
-def intersections(anchor_labels: Tensor, candidate_labels: Tensor) -> Tensor:
-    """abs(S_i & T_a) for all pairs: Y_a @ Y_c^T, dense (N, M) (float32 for validated label matrices)."""
-    if anchor_labels.shape[1] != candidate_labels.shape[1]:
-        raise ValueError(
-            f"label width differs: anchors have {anchor_labels.shape[1]} labels, candidates "
-            f"{candidate_labels.shape[1]}; both label matrices must use the same label space"
-        )
-    return _matmul_t(anchor_labels, candidate_labels)
+def to_dense_float(labels: Tensor) -> Tensor:
+    """A multi-hot (N, L) matrix (dense or torch sparse) as a dense float32 tensor (metrics, predictions)."""
+    if labels.layout != torch.strided:
+        labels = labels.to_dense()
+    return labels.float()
 
 
-def unions(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
-    """abs(S | T) = abs(S) + abs(T) - abs(S & T), (N, M)."""
-    # one (N, M) allocation: a fresh large tensor costs as much as the arithmetic on CPU (page faults)
-    union = sizes_a[:, None] + sizes_c[None, :]
-    return union.to(torch.promote_types(union.dtype, inter.dtype)).sub_(inter)
-
-
-def equality(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
-    """S == T as a bool (N, M) matrix (two empty sets are equal)."""
-    return (inter == sizes_a[:, None]) & (inter == sizes_c[None, :])
-
-
-def jaccard(sizes_a: Tensor, sizes_c: Tensor, inter: Tensor) -> Tensor:
-    """abs(S & T) / abs(S | T), (N, M); defined as 0 when both sets are empty."""
-    # union >= intersection >= 0, and an empty union has an empty intersection: 0 / max(union, 1) = 0
-    union = unions(sizes_a, sizes_c, inter).clamp_min_(1)
-    if not union.is_floating_point():
-        return inter / union
-    return torch.div(inter, union, out=union)  # in place of the union: no second (N, M) allocation
-
-
-def candidate_label_counts(
-    anchor_labels: Tensor, candidate_labels: Tensor, anchors_in_candidates: bool
-) -> Tensor:
-    """n_l(i): number of candidates of anchor i that carry label l, for l in S_i (0 elsewhere).
-
-    n(i) = Y_i * (colsum(Y_c) - Y_i) when the anchor itself is one of the candidates
-    (``anchors_in_candidates``; it is excluded from its own contrast set), else Y_i * colsum(Y_c).
-    Returns the same layout as ``anchor_labels`` (sparse stays sparse, with the anchors' sparsity
-    pattern; the stored values are the counts and may be 0), float32 (N, L).
-    """
-    col = label_counts(candidate_labels)
-    if is_sparse(anchor_labels):
-        idx = anchor_labels.indices()
-        vals = col[idx[1]] - (1.0 if anchors_in_candidates else 0.0)
-        return torch.sparse_coo_tensor(
-            idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False
-        ).coalesce()
-    y = cast(anchor_labels, LABEL_DTYPE)
-    return y * (col[None, :] - (y if anchors_in_candidates else 0.0))
-
-
-def inverse_count_weights(
-    anchor_labels: Tensor,
-    candidate_labels: Tensor,
-    anchors_in_candidates: bool,
-    dtype: torch.dtype = LABEL_DTYPE,
-    with_intersections: bool = False,
-) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
-    """MulSupCon weights: W_ia = sum_{l in S_i & T_a} 1 / n_l(i), and the number of (i, l) pairs.
-
-    Vectorised as W = (Y_i * 1/n(i)) @ Y_c^T with n(i) from :func:`candidate_label_counts` (entries
-    with n_l(i) = 0 — labels no candidate carries — contribute nothing). The second output is, per
-    anchor, the number of its labels l with n_l(i) >= 1, i.e. the (anchor, label) pairs that have at
-    least one positive. W is dense (N, M). Note W also has non-zero entries at the anchor's
-    own column when the anchor is a candidate; the caller masks the contrast set. ``dtype`` is the
-    dtype of the reciprocals and of W (float64 keeps 1/n exact to double precision).
-    ``with_intersections``: also return abs(S_i & T_a) (N, M) in ``dtype`` (exact counts), from the
-    same product when the labels are sparse (a caller that needs both, e.g. HBL on MulSupCon).
-    """
-    counts = cast(candidate_label_counts(anchor_labels, candidate_labels, anchors_in_candidates), dtype)
-    if is_sparse(counts):
-        idx, vals = counts.indices(), counts.values()
-        pos = vals > 0
-        inv_vals = torch.where(pos, 1.0 / vals.clamp_min(1), torch.zeros_like(vals))
-        inv = torch.sparse_coo_tensor(
-            idx, inv_vals, counts.shape, device=counts.device, check_invariants=False
-        ).coalesce()
-        pairs = torch.zeros(counts.shape[0], dtype=dtype, device=counts.device)
-        pairs.index_add_(0, idx[0], pos.to(dtype))
-    else:
-        pos = counts > 0
-        inv = torch.where(pos, 1.0 / counts.clamp_min(1), torch.zeros_like(counts))
-        pairs = pos.to(dtype).sum(dim=1)
-    yc = cast(candidate_labels, dtype)
-    if not with_intersections:
-        return _matmul_t(inv, yc), pairs
-    ya = cast(anchor_labels, dtype)
-    if is_sparse(inv) and is_sparse(ya) and is_sparse(yc):
-        # inv has the anchors' pattern: both products share one pass over the candidates
-        inter, w = _sparse_sparse_matmul_t(ya, yc, inv)
-        return w, pairs, inter
-    return _matmul_t(inv, yc), pairs, _matmul_t(ya, yc)
+def dataset_label_matrix(dataset: Any, label_column: str, num_labels: int) -> Tensor:
+    """The (N, L) multi-hot label matrix of a dataset's label-id lists as a torch sparse COO tensor (the
+    training-set statistics of ws-MulSupCon)."""
+    lists = (
+        dataset[label_column] if hasattr(dataset, "column_names") else [ex[label_column] for ex in dataset]
+    )
+    return multi_hot_tensor(lists, num_labels, sparse=True, hint=f" in the {label_column!r} column")

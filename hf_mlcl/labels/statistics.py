@@ -1,7 +1,7 @@
-"""Per-label statistics for the label-aware losses that weight individual (anchor, label) pairs.
+"""Label statistics: the size of a label space, training-set class weights and per-(anchor, label) products.
 
-Two kinds of helpers live here:
-
+* :func:`resolve_num_labels` — the label count a dataset, a model, a loss and a queue must agree on, with
+  a ValueError naming the two sides of a mismatch;
 * :func:`ws_class_weights` — the *training-set* class weights of ws-MulSupCon (Lin & Chen, eqs. 6-7):
   ``D̄_j = (D - d_j) / D`` for single-label anchors and ``C̄_j = M_j / C_j`` (reciprocal of the mean
   comorbidity) for multi-label anchors, or the authors' public-code variant ``(M - m_j) / M``. Pure
@@ -26,14 +26,23 @@ Two kinds of helpers live here:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from . import relations as R
+from .multihot import as_multihot, cast, is_sparse, nonzero_pairs
 
-__all__ = ["ws_class_weights", "PairLabelView", "dense_label_products"]
+__all__ = [
+    "PairLabelView",
+    "dataset_num_labels",
+    "dense_label_products",
+    "model_num_labels",
+    "resolve_num_labels",
+    "ws_class_weights",
+]
 
+_DEFAULT_ID2LABEL = {0: "LABEL_0", 1: "LABEL_1"}
 # dense (N, M, L)-flop products are used instead of sparse ones up to this much work
 _DENSE_MAX_WORK = 2**25
 
@@ -42,8 +51,8 @@ def dense_label_products(anchor_labels: Tensor, candidate_labels: Tensor) -> boo
     """Whether per-(anchor, label) products run densely over all L columns: both matrices dense and
     N * M * L at most ``_DENSE_MAX_WORK`` (a small label space; sparse products cost more there)."""
     return (
-        not R.is_sparse(anchor_labels)
-        and not R.is_sparse(candidate_labels)
+        not is_sparse(anchor_labels)
+        and not is_sparse(candidate_labels)
         and anchor_labels.shape[0] * candidate_labels.shape[0] * anchor_labels.shape[1] <= _DENSE_MAX_WORK
     )
 
@@ -85,9 +94,9 @@ def ws_class_weights(train_labels: Tensor, authors_code: bool = False) -> tuple[
           M = sum_j m_j; all ones when there is no multi-label case.
     If D = 0 (no label at all) the single weights are all 1.0.
     """
-    labels = R.as_multihot(train_labels, "train_labels")
+    labels = as_multihot(train_labels, "train_labels")
     n_rows, n_labels = labels.shape
-    rows, cols = R.nonzero_pairs(labels)
+    rows, cols = nonzero_pairs(labels)
     f32 = torch.float32
     d = torch.zeros(n_labels, dtype=f32, device=labels.device).index_add_(
         0, cols, torch.ones_like(cols, dtype=f32)
@@ -122,7 +131,7 @@ class PairLabelView:
 
     Args:
         anchor_labels: (N, L) validated multi-hot (float32 dense or sparse COO), see
-            :func:`hf_mlcl.losses.relations.as_multihot`.
+            :func:`hf_mlcl.labels.multihot.as_multihot`.
         candidate_labels: (M, L) same label space.
 
     Attributes:
@@ -152,12 +161,12 @@ class PairLabelView:
             self.ucol = self.cols
             self.num_active = n_labels
             return
-        self.rows, self.cols = R.nonzero_pairs(anchor_labels)
+        self.rows, self.cols = nonzero_pairs(anchor_labels)
         active, self.ucol = torch.unique(self.cols, return_inverse=True)
         self.num_active = int(active.numel())
         lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
         lut[active] = torch.arange(self.num_active, device=self.device)
-        crow, ccol = R.nonzero_pairs(candidate_labels)
+        crow, ccol = nonzero_pairs(candidate_labels)
         cu = lut[ccol]
         keep = cu >= 0
         self.cand_rows = crow[keep]
@@ -197,7 +206,7 @@ class PairLabelView:
     def spread(self, values: Tensor) -> Tensor:
         """(N, M) matrix ``W_ia = sum_{j in S_i & T_a} q_ij`` for per-pair values q (P,) (no grad)."""
         if self._dense is not None:
-            return self.dense_pairs(values) @ R.cast(self._dense, values.dtype).T
+            return self.dense_pairs(values) @ cast(self._dense, values.dtype).T
         if self.num_active == 0 or values.numel() == 0:
             return torch.zeros(self.num_anchors, self.num_candidates, dtype=values.dtype, device=self.device)
         q = self.dense_pairs(values)  # (N, U)
@@ -254,7 +263,7 @@ class PairLabelView:
     def collect(self, weights: Tensor) -> Tensor:
         """Per-pair values ``sum_a F_ia [j in T_a]`` (P,) for an (N, M) matrix F (no grad)."""
         if self._dense is not None:
-            return self.on_pairs((weights @ R.cast(self._dense, weights.dtype)).reshape(-1))
+            return self.on_pairs((weights @ cast(self._dense, weights.dtype)).reshape(-1))
         if self.num_active == 0 or self.rows.numel() == 0:
             return torch.zeros(self.rows.numel(), dtype=weights.dtype, device=self.device)
         with warnings.catch_warnings():
@@ -266,7 +275,7 @@ class PairLabelView:
         """Per-pair ``sum_a w_a [j in T_a]`` over *all* candidates (P,), w = 1 by default."""
         dtype = torch.float32 if row_weights is None else row_weights.dtype
         if self._dense is not None:
-            yc = R.cast(self._dense, dtype)
+            yc = cast(self._dense, dtype)
             per_label = yc.sum(dim=0) if row_weights is None else row_weights @ yc
             return self.on_pairs(per_label[self.cols])
         w = (
@@ -278,3 +287,64 @@ class PairLabelView:
             0, self.cand_ucols, w
         )
         return per_label[self.ucol]
+
+
+def dataset_num_labels(dataset: Any, label_column: str = "labels") -> int | None:
+    """Number of labels declared by the dataset's ``Sequence(ClassLabel)`` feature, or None."""
+    features = getattr(dataset, "features", None)
+    if not features or label_column not in features:
+        return None
+    feat = features[label_column]
+    inner = getattr(feat, "feature", feat)  # Sequence(ClassLabel) / List(ClassLabel)
+    n = getattr(inner, "num_classes", None)
+    return int(n) if n is not None else None
+
+
+def model_num_labels(model: Any) -> int | None:
+    """The model config's label count when it was set on purpose (not PretrainedConfig's default 2)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    id2label = getattr(config, "id2label", None)
+    if not id2label or {int(k): v for k, v in id2label.items()} == _DEFAULT_ID2LABEL:
+        return None
+    return int(config.num_labels)
+
+
+def resolve_num_labels(
+    dataset: Any,
+    num_labels: int | None,
+    label_column: str,
+    model: Any = None,
+    loss: Any = None,
+    queue: Any = None,
+) -> int:
+    """The label count everyone must agree on; ValueError naming the two sides of any mismatch."""
+    sources: list[tuple[str, int]] = []
+    if num_labels is not None:
+        sources.append(("num_labels argument", int(num_labels)))
+    n_ds = dataset_num_labels(dataset, label_column)
+    if n_ds is not None:
+        sources.append((f"the dataset's {label_column!r} ClassLabel feature", n_ds))
+    n_model = model_num_labels(model)
+    if n_model is not None:
+        sources.append(("model.config.num_labels", n_model))
+    n_loss = getattr(loss, "num_labels", None)
+    if isinstance(n_loss, int):
+        sources.append((f"the loss's num_labels ({type(loss).__name__})", n_loss))
+    n_queue = getattr(queue, "num_labels", None)
+    if isinstance(n_queue, int):
+        sources.append(("the embedding queue's num_labels", n_queue))
+    if not sources:
+        raise ValueError(
+            "cannot tell the number of labels: the dataset has no ClassLabel feature; pass num_labels= to the "
+            "trainer (or load the data with hf_mlcl.data.load_mlc_dataset)"
+        )
+    first_name, first = sources[0]
+    for name, value in sources[1:]:
+        if value != first:
+            raise ValueError(
+                f"label-count mismatch: {first_name} says {first} labels but {name} says {value}; build the "
+                "model / loss / queue for the dataset's label space (len(hf_mlcl.data.label_names(ds)))"
+            )
+    return first

@@ -1,0 +1,293 @@
+"""How a dataset's label column is read: the label formats, their detection, and label ids from the cells.
+
+Label formats (``label_format``; ``"auto"`` detects them from the features and the train values,
+:func:`detect_format`, the one place the format is decided):
+
+* ``"names"``: a list of label names per row (or one name per row);
+* ``"ids"``: a list of integer ids per row (or one id), indices into the label names;
+* ``"delimited"``: one string per row, e.g. ``"cs.AI;cs.LG"`` (``label_separator``, default: the first
+  of ``;`` ``|`` ``,`` found in the train values); tokens that are all integers are read as ids;
+* ``"columns"``: one 0/1 column per label, as the raw GoEmotions release is (``label_columns``, or the
+  ``label_names``, or every other integer column of the train split holding only 0 and 1; boolean
+  columns — often flags such as GoEmotions' ``example_very_unclear`` — are taken only when named).
+
+A text cell written as a list — ``[8, 20]``, ``["sports", "politics"]`` (JSON) or ``['sports', 'politics']``
+(Python, as pandas writes lists into a CSV) — is read as that list in every format; ``"auto"`` reads a
+string column whose cells are all lists as ids (integer items) or names (string items). Where the train
+cells leave the format open (list and plain cells mixed, ids and names mixed, a ``[...]`` cell that is no
+list, two separators in one column, names that would carry brackets or quotes), ``"auto"`` stops with a
+ValueError naming the cell and the choices. :func:`superseded_label_keys` says which label-layout keys of a
+recipe a later layout replaces; :func:`encode_rows` turns the tokens into ids of the label space, naming
+(or dropping) what lies outside it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from datasets import ClassLabel, Dataset, Value
+
+from hf_mlcl.data._io import check_utf8, split_labels
+from hf_mlcl.data.registry import read_lines
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LABEL_FORMATS", "UNKNOWN_LABELS", "binary_columns", "classlabel_names", "column", "column_np", "detect_format",
+    "encode_rows", "names_from_file", "row_tokens", "separators_in", "superseded_label_keys",
+]  # fmt: skip
+
+LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns")
+UNKNOWN_LABELS = ("error", "drop")
+_SEPARATORS = (";", "|", ",")
+_ID_SPLIT = re.compile(r"[;|,\s]+")  # a plain cell of label_format="ids": "8;20", "8, 20", "8 20"
+
+
+def _inner(feature):
+    """The item feature of a list feature (``List`` / ``Sequence`` / ``[feature]``), else None."""
+    if isinstance(feature, list):
+        return feature[0] if feature else None
+    return getattr(feature, "feature", None)
+
+
+def classlabel_names(feature) -> list[str] | None:
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    inner = _inner(feature)
+    return list(inner.names) if isinstance(inner, ClassLabel) else None
+
+
+def column(ds: Dataset, name: str) -> list:
+    """A column as a Python list, read through Arrow in one go (not row by row)."""
+    return ds.with_format("arrow")[name].to_pylist()
+
+
+def column_np(ds: Dataset, name: str) -> np.ndarray:
+    return np.asarray(ds.with_format("arrow")[name].to_numpy())
+
+
+def binary_columns(ds: Dataset, exclude: set[str]) -> list[str]:
+    cols = []
+    for name, feat in ds.features.items():
+        if name in exclude or not isinstance(feat, Value):
+            continue
+        if not feat.dtype.startswith(("int", "uint")):  # bool columns are usually flags: name them
+            continue
+        values = column_np(ds, name)
+        if values.size and np.isin(values, (0, 1)).all():
+            cols.append(name)
+    return cols
+
+
+def _is_int(token: Any) -> bool:
+    if isinstance(token, (bool, np.bool_)):
+        return False
+    if isinstance(token, (int, np.integer)):
+        return True
+    return isinstance(token, str) and token.strip().lstrip("-").isdigit()
+
+
+def _looks_like_list(value: Any) -> bool:
+    """A string cell written as a list: ``[8, 20]``, ``["sports", "politics"]``, ``['a', 'b']``."""
+    return isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]")
+
+
+def _list_items(text: str) -> list[int | str] | None:
+    """The items of a list cell read as JSON or as a Python literal (what ``str(list)`` and pandas
+    write), or None when it is not a flat list of ids (int) and names (str)."""
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            items = parse(text.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        ok = isinstance(items, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in items)
+        return items if ok else None
+    return None
+
+
+def _stray(name: str) -> bool:
+    """A label name that reads like a piece of a list or of a quoted string: a bracket, a leading or
+    trailing quote, or an unbalanced parenthesis ("(chronic)" and "children's" are fine)."""
+    return (
+        any(c in name for c in "[]{}")
+        or name[:1] in ("'", '"')
+        or name[-1:] in ("'", '"')
+        or name.count("(") != name.count(")")
+    )
+
+
+def separators_in(cells) -> list[str]:
+    """The label separators (``;`` ``|`` ``,``, in that order of preference) that occur in ``cells``."""
+    cells = [c for c in cells if isinstance(c, str)]
+    return [s for s in _SEPARATORS if any(s in c for c in cells)]
+
+
+_CHOICES = ("label_format='names' (one label per cell), label_format='ids', or label_format='delimited' "
+            "with label_separator")
+
+
+def detect_format(
+    ds: Dataset, label_column: str | None, label_columns, label_separator: str | None
+) -> tuple[str, str | None]:
+    """The label format of ``label_column`` (and the separator of ``delimited``), from its feature type and,
+    for a string column, its train cells: the one place ``label_format="auto"`` is decided.
+
+    A string column is either list cells (every non-empty cell ``[...]``: ``ids`` when the items are
+    integers, ``names`` when they are strings) or one delimited string per cell (the separator is the one
+    of ``;`` ``|`` ``,`` that occurs). Where that is ambiguous — list and plain cells mixed, ids and names
+    mixed, a ``[...]`` cell that is not a list, two separators in one column, or names that would carry
+    brackets or quotes — a ValueError names the cell and the choices."""
+    if label_columns or label_column is None:
+        return "columns", None
+    feat = ds.features[label_column]
+    if classlabel_names(feat) is not None:
+        return "ids", None
+    inner = _inner(feat)
+    if inner is not None:  # a list column
+        return ("ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"), None
+    if isinstance(feat, Value) and feat.dtype.startswith(("int", "uint")):
+        return "ids", None
+    cells = column(ds, label_column)
+    where = f"label column {label_column!r}"
+    listed = [i for i, v in enumerate(cells) if _looks_like_list(v)]
+    plain = [i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)]
+    if listed and plain:
+        i, j = listed[0], plain[0]
+        raise ValueError(
+            f"{where} mixes list cells such as {cells[i]!r} (row {i}) with plain cells such as {cells[j]!r} (row "
+            f"{j}); write every cell one way, or choose: label_format='ids' or label_format='names' (a list cell "
+            "is read as a list, a plain cell as one label), or label_format='delimited' with label_separator"
+        )
+    if listed:
+        kinds: set[str] = set()
+        for i in listed:
+            items = _list_items(cells[i])
+            if items is None:
+                raise ValueError(
+                    f"{where}: cell {cells[i]!r} (row {i}) looks like a list but is not a list of label names or "
+                    'ids; write it as JSON, e.g. ["cs.LG", "q-bio"] or [8, 20], or choose ' + _CHOICES
+                )
+            kinds.update("id" if isinstance(x, int) else "name" for x in items)
+        if len(kinds) > 1:
+            raise ValueError(
+                f"{where} mixes ids and names in its list cells; write one kind, or choose label_format='ids' "
+                "(names must then be integers) or label_format='names' (ids are read as names)"
+            )
+        return ("ids" if kinds == {"id"} else "names"), None
+    sep = label_separator
+    if sep is None:
+        seen = separators_in(cells[i] for i in plain)
+        if len(seen) > 1:
+            examples = " and ".join(repr(next(cells[i] for i in plain if s in cells[i])) for s in seen[:2])
+            raise ValueError(
+                f"{where} holds both {seen[0]!r} and {seen[1]!r} (e.g. {examples}), so the label separator is "
+                "ambiguous; choose " + " or ".join(f"label_separator={s!r}" for s in seen)
+                + ", or label_format='names' (one label per cell)"
+            )
+        sep = seen[0] if seen else None
+    stray = sorted({t for r in row_tokens(cells, "delimited", sep) for t in r if isinstance(t, str) and _stray(t)})
+    if stray:
+        raise ValueError(
+            f"{where}: reading it as delimited text gives label names such as {stray[0]!r} that carry quotes or "
+            'brackets; write list cells as JSON (["cs.LG", "q-bio"] or [8, 20]), or choose ' + _CHOICES
+        )
+    return "delimited", sep
+
+
+def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[Any]]:
+    """Per-row label tokens (names as str, ids as int) of one split's label column. A string cell
+    written as a list (``[8, 20]``, ``["a", "b"]``) is read as that list in every format."""
+    rows: list[list[Any]] = []
+    for v in values:
+        items = _list_items(v) if _looks_like_list(v) else None
+        if items is not None:
+            toks = split_labels(items)
+        elif fmt == "delimited":
+            toks = split_labels(v, sep) if sep is not None else split_labels([v] if isinstance(v, str) else v)
+        elif fmt == "ids" and isinstance(v, str):
+            toks = split_labels(v, sep) if sep is not None else [t for t in _ID_SPLIT.split(v) if t]
+        else:
+            toks = split_labels(v if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else [v])
+        rows.append(toks)
+    if fmt == "ids" or (fmt == "delimited" and rows and all(_is_int(t) for r in rows for t in r) and any(rows)):
+        bad = sorted({t for r in rows for t in r if not _is_int(t)})
+        if bad:
+            raise ValueError(f"label_format='ids' but the label column holds non-integers such as {bad[:5]}")
+        rows = [[int(t) for t in r] for r in rows]
+    return rows
+
+
+def _one_column_per_label(options: Mapping[str, Any]) -> bool:
+    return (options.get("label_format") == "columns" or bool(options.get("label_columns"))
+            or options.get("label_column") == "")  # fmt: skip
+
+
+def _one_labelcolumn(options: Mapping[str, Any]) -> bool:
+    return (bool(options.get("label_column")) or bool(options.get("label_separator"))
+            or options.get("label_format") in ("names", "ids", "delimited"))  # fmt: skip
+
+
+def superseded_label_keys(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> set[str]:
+    """The label-layout keys of ``earlier`` (a recipe's, or a base recipe's) that ``later`` (the command
+    line, or the recipe built on the base) contradicts, so they must be dropped for ``later`` to win.
+
+    The layout is either one label column (``label_column``, ``label_separator``, ``label_format`` names /
+    ids / delimited) or one 0/1 column per label (``label_format: columns``, ``label_columns``, or
+    ``label_column: ""`` for "no label column"). A later choice of one drops the earlier keys of the other
+    (e.g. ``--label_format columns`` over a recipe's ``label_column: labels``); keys the later side sets
+    itself are replaced anyway, and compatible earlier keys stay."""
+    drop: set[str] = set()
+    if _one_column_per_label(later):
+        drop |= {"label_column", "label_separator"}
+        if earlier.get("label_format") not in (None, "auto", "columns"):
+            drop.add("label_format")
+    if _one_labelcolumn(later):
+        drop.add("label_columns")
+        if earlier.get("label_format") == "columns":
+            drop.add("label_format")
+    return {k for k in drop if k in earlier and k not in later}
+
+
+def names_from_file(path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"label_names file {path!r} does not exist (one label name per line)")
+    check_utf8(path)
+    return [n.strip() for n in read_lines(path) if n.strip()]
+
+
+def encode_rows(
+    rows: list[list[Any]], names: list[str], split: str, unknown: str, names_origin: str
+) -> tuple[list[list[int]], set]:
+    index = {n: i for i, n in enumerate(names)}
+    out, missing = [], set()
+    for r in rows:
+        ids = set()
+        for t in r:
+            if isinstance(t, int):
+                if 0 <= t < len(names):
+                    ids.add(t)
+                else:
+                    missing.add(t)
+            elif t in index:
+                ids.add(index[t])
+            else:
+                missing.add(t)
+        out.append(sorted(ids))
+    if missing and unknown == "error":
+        shown = sorted(missing, key=str)
+        raise ValueError(
+            f"split {split!r} has labels not in the label space ({names_origin}): {shown[:20]}"
+            + (" ..." if len(shown) > 20 else "")
+            + ". Add them to label_names, or pass unknown_labels='drop' to drop them with a warning"
+        )
+    if missing:
+        logger.warning("split %r: dropped labels outside the label space (%s): %s", split, names_origin,
+                       sorted(missing, key=str)[:20])
+    return out, missing

@@ -1,0 +1,217 @@
+"""A stage's tokenizer and model from its model settings (``ModelArguments``): what the stages build.
+
+* :func:`build_tokenizer_and_encoder`: the tokenizer and an ``MLCLEncoder`` from a saved hf_mlcl encoder, a
+  backbone id / path, or a backbone config (``backbone_config``: a random-init backbone and a tokenizer
+  trained on the training texts); every tokenizer gets the one pad-token policy
+  (:func:`hf_mlcl.data.tokenizer.ensure_pad_token`);
+* :func:`probe_model`: the classifier of stage 2 on that encoder (a LoRA encoder merged first; the
+  encoder frozen for the linear / logistic probes), LoRA-wrapped for a LoRA fine-tune;
+* :func:`with_lora`: ``apply_lora`` with the settings' rank, alpha, dropout and targets;
+* :func:`align_special_tokens`: the model config's pad / bos / eos ids set to the tokenizer's before a
+  Trainer is built;
+* :func:`segment_multiple` (PLM-ICD's segment length, the collator's padding multiple) and
+  :func:`adapter_encoder` (a folder saved as a LoRA adapter).
+
+The settings are read by name (``model_name_or_path``, ``backbone_config``, ``pooling``, ``head``,
+``chunk_size``, ``lora_*`` ...), so anything shaped like ``hf_mlcl.training.ModelArguments`` works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "adapter_encoder",
+    "align_special_tokens",
+    "build_tokenizer_and_encoder",
+    "is_mlcl_checkpoint",
+    "probe_model",
+    "segment_multiple",
+    "with_lora",
+]
+
+_ENCODER_MODEL_TYPES = {
+    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "mpnet", "albert",
+    "camembert", "longformer", "modernbert",
+}  # fmt: skip
+
+
+def is_mlcl_checkpoint(path: str | None) -> bool:
+    """True when ``path`` is a folder holding a saved hf_mlcl model (``config.json`` with model_type mlcl)."""
+    if not path or not os.path.isdir(path):
+        return False
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        return False
+    with open(cfg, encoding="utf-8") as fh:
+        return json.load(fh).get("model_type") == "mlcl"
+
+
+def _tokenizer_style(model_type: str) -> str:
+    return "bert" if model_type in _ENCODER_MODEL_TYPES else "llama"
+
+
+def _encoder_from_backbone(source: Any, model_args: Any, projection_dim: int, **extra: Any):
+    """A fresh MLCLEncoder around a backbone id / path / config dict, configured from ``model_args``.
+
+    A ``label_attention`` (PLM-ICD) recipe gets a segmented encoder: its document embedding is the
+    masked mean over all segment tokens.
+    """
+    from .modeling_mlcl import MLCLEncoder
+
+    if model_args.projection_hidden_dim is not None:
+        extra["projection_hidden_dim"] = model_args.projection_hidden_dim
+    return MLCLEncoder.from_backbone(
+        source,
+        pooling=model_args.pooling,
+        projection_dim=projection_dim,
+        chunk_size=model_args.chunk_size,
+        segmented=model_args.head == "label_attention",
+        **extra,
+    )
+
+
+def build_tokenizer_and_encoder(
+    model_args: Any,
+    train_texts: list[str] | None,
+    projection_dim: int = 256,
+    source: str | None = None,
+    label_names: Sequence[str] | None = None,
+):
+    """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``.
+
+    ``source`` overrides ``model_args.model_name_or_path`` (stage 2's ``encoder_path``); ``label_names``,
+    when given, become the encoder config's ``id2label`` / ``label2id``. A tokenizer trained on the fly
+    (``backbone_config`` without ``tokenizer_name_or_path``) is trained by the global main process and sent
+    to the others (:func:`~hf_mlcl.modeling.sharded.built_once`), so every process of a multi-process
+    launch calls this.
+    """
+    from transformers import AutoTokenizer
+
+    from .modeling_mlcl import MLCLEncoder
+
+    path = source or model_args.model_name_or_path
+    extra = {"trust_remote_code": True} if model_args.trust_remote_code else {}
+    if path:
+        tok_path = model_args.tokenizer_name_or_path or path
+        if (
+            model_args.tokenizer_name_or_path is None
+            and os.path.isdir(path)
+            and not any(
+                os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+            )
+        ):
+            if not model_args.model_name_or_path or model_args.model_name_or_path == path:
+                raise ValueError(f"{path} holds no tokenizer; set model_args.tokenizer_name_or_path")
+            tok_path = model_args.model_name_or_path
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, **extra)
+        if is_mlcl_checkpoint(path):
+            encoder = MLCLEncoder.from_pretrained(path)
+        else:
+            encoder = _encoder_from_backbone(path, model_args, projection_dim, **extra)
+    elif model_args.backbone_config:
+        cfg = dict(model_args.backbone_config)
+        if "model_type" not in cfg:
+            raise ValueError("backbone_config needs a 'model_type' key (e.g. {'model_type': 'bert', ...})")
+        if model_args.tokenizer_name_or_path:
+            tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path, **extra)
+        else:
+            if not train_texts:
+                raise ValueError(
+                    "backbone_config without tokenizer_name_or_path needs training texts to train a tokenizer"
+                )
+            from hf_mlcl.data import train_tokenizer
+
+            from .sharded import built_once
+
+            # trained once for the launch (global main process) and sent to every process of every node
+            tokenizer = built_once(lambda: train_tokenizer(
+                train_texts,
+                vocab_size=int(cfg.get("vocab_size", 2000)),
+                style=_tokenizer_style(cfg["model_type"]),
+                model_max_length=int(cfg.get("max_position_embeddings", 512)),
+            ))  # fmt: skip
+        cfg["vocab_size"] = len(tokenizer)
+        cfg["pad_token_id"] = tokenizer.pad_token_id
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(tokenizer, name, None)
+            if value is not None and cfg.get("model_type") not in _ENCODER_MODEL_TYPES:
+                cfg[name] = value
+        encoder = _encoder_from_backbone(cfg, model_args, projection_dim)
+    else:
+        raise ValueError(
+            "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"
+        )
+    from hf_mlcl.data.tokenizer import ensure_pad_token
+
+    ensure_pad_token(tokenizer)  # the one pad-token policy (Llama-3 reserved pad, else EOS)
+    backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
+    if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:
+        backbone_cfg.pad_token_id = tokenizer.pad_token_id  # Llama has no pad token by default
+    if label_names is not None:
+        encoder.config.id2label = {i: n for i, n in enumerate(label_names)}
+        encoder.config.label2id = {n: i for i, n in enumerate(label_names)}
+    return tokenizer, encoder
+
+
+def segment_multiple(model) -> int | None:
+    """The multiple token sequences must be padded to for ``model``: its chunk size when it reads long
+    documents as fixed-size segments (PLM-ICD, Huang et al. 2022, sec. 3.1), else None."""
+    cfg = getattr(model, "config", None)
+    return int(cfg.chunk_size) if cfg is not None and getattr(cfg, "segmented", False) else None
+
+
+def adapter_encoder(path: str | None) -> bool:
+    """True when ``path`` is an encoder folder saved as a LoRA adapter (``save_lora_adapter``)."""
+    from .folders_mlcl import ADAPTER_CONFIG_NAME
+
+    return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
+
+
+def with_lora(model: Any, model_args: Any, activation_checkpointing: bool) -> Any:
+    """``model`` wrapped by ``hf_mlcl.modeling.apply_lora`` with the recipe's LoRA settings (our heads in
+    ``modules_to_save``)."""
+    from .lora import apply_lora
+
+    return apply_lora(
+        model,
+        r=model_args.lora_r,
+        alpha=model_args.lora_alpha,
+        dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules,
+        gradient_checkpointing=activation_checkpointing,
+    )
+
+
+def probe_model(encoder: Any, model_args: Any, label_names: Sequence[str], probe: str, activation_checkpointing: bool):
+    """The stage-2 classifier on ``encoder`` (``MLCLForMultiLabelClassification.from_encoder``): a LoRA encoder
+    is merged first; ``probe`` ``"linear"`` / ``"logistic"`` freeze the encoder, ``"finetune"`` trains it,
+    with ``model_args.use_lora`` as LoRA adapters + the classifier head (the backbone stays frozen)."""
+    from .lora import merge_lora
+    from .modeling_mlcl import MLCLForMultiLabelClassification
+
+    if hasattr(encoder, "merge_and_unload") or hasattr(getattr(encoder, "backbone", None), "merge_and_unload"):
+        encoder = merge_lora(encoder)
+    model = MLCLForMultiLabelClassification.from_encoder(
+        encoder, id2label=list(label_names), head=model_args.head, freeze_encoder=probe in ("linear", "logistic"),
+        chunk_size=model_args.chunk_size,
+    )  # fmt: skip
+    if model_args.use_lora and probe == "finetune":  # adapters + classifier head train; the backbone stays frozen
+        model = with_lora(model, model_args, activation_checkpointing)
+    return model
+
+
+def align_special_tokens(model: Any, tokenizer: Any) -> None:
+    """The model config's pad / bos / eos ids set to the tokenizer's, where the tokenizer defines them,
+    before the Trainer is built: what ``Trainer`` otherwise aligns itself, with a notice in every stage
+    (transformers' ``align_special_tokens``; a config that lists several ids keeps them)."""
+    config = model.config.get_text_config()
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        current = getattr(config, name, None)
+        if value is None or value == current or (isinstance(current, list) and value in current):
+            continue
+        setattr(config, name, [value, *current] if isinstance(current, list) else value)

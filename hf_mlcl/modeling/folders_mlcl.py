@@ -1,0 +1,189 @@
+"""Model folders of the hf_mlcl models: atomic saving, and loading a folder saved as a LoRA adapter.
+
+Copied beside the weights with ``modeling_mlcl.py`` (Hub remote code, ``trust_remote_code=True``): it
+imports only the standard library, ``torch``, ``transformers`` and ``safetensors``, never ``hf_mlcl``.
+
+* :func:`save_folder_atomically`: everything a ``save_pretrained`` writes goes to a temporary folder beside
+  the target first; a new (or empty) target is then created by a single ``os.replace`` of the whole folder,
+  an existing folder with other files (e.g. a Trainer checkpoint folder) receives every file by its own
+  atomic ``os.replace``, and stale weight shards of an earlier save are removed (no half-written
+  checkpoints);
+* :func:`load_adapter_folder`: a LoRA run saved as an adapter (``hf_mlcl.modeling.lora.save_lora_adapter``:
+  PEFT's files for the backbone, the heads alone in ``model.safetensors``) is loaded by fetching the base
+  model named in ``adapter_config.json`` and merging the adapter into it (:func:`merge_lora_weights`; Hu
+  et al., 2022, "LoRA", Eq. 3), without peft.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModel
+
+__all__ = [
+    "ADAPTER_CONFIG_NAME",
+    "ADAPTER_WEIGHTS_NAME",
+    "HEADS_WEIGHTS_NAME",
+    "hub_file",
+    "load_adapter_folder",
+    "merge_lora_weights",
+    "save_folder_atomically",
+]
+
+_WEIGHT_FILE_PREFIXES = ("model", "pytorch_model")
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+HEADS_WEIGHTS_NAME = "model.safetensors"
+_PEFT_PREFIX = "base_model.model."
+
+
+def save_folder_atomically(target: str, save: Callable[[str], Any]) -> None:
+    """``save(folder)`` into a temporary folder beside ``target``, then moved into place (module docstring)."""
+    target = os.path.abspath(target)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint folder gets the usual mode
+    try:
+        save(tmp)
+        for name in os.listdir(tmp):  # safetensors writes its files 0600: give them the folder's umask
+            if name.endswith(".safetensors"):
+                os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
+        if not os.path.isdir(target) or not os.listdir(target):
+            try:  # rename(2) replaces a missing or empty folder in one step
+                os.replace(tmp, target)
+                return
+            except OSError:  # another process wrote into the folder meanwhile: go file by file
+                pass
+        new_files = set(os.listdir(tmp))
+        for name in os.listdir(target):
+            path = os.path.join(target, name)
+            if (
+                name not in new_files
+                and os.path.isfile(path)
+                and name.startswith(_WEIGHT_FILE_PREFIXES)
+                and name.endswith((".safetensors", ".bin", ".index.json"))
+            ):
+                os.remove(path)
+        for name in sorted(new_files):
+            src, dst = os.path.join(tmp, name), os.path.join(target, name)
+            if os.path.isdir(src):
+                shutil.rmtree(dst, ignore_errors=True)
+            os.replace(src, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _whole(weight: torch.Tensor):
+    """A context in which ``weight`` is whole: a DeepSpeed ZeRO-3 partitioned parameter (a model loaded while
+    ZeRO-3 is configured) is gathered and its change broadcast from rank 0, so every process must enter it
+    together; any other tensor as it is. deepspeed is imported for partitioned parameters only."""
+    if not hasattr(weight, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([weight], modifier_rank=0)
+
+
+def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]) -> int:
+    """Add a saved LoRA adapter into ``backbone``'s weights in place: W <- W + s B A for every adapted
+    linear layer (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + s B A x, s = lora_alpha / r, or
+    lora_alpha / sqrt(r) with rsLoRA). Keys are PEFT's (``base_model.model.<module>.lora_A.weight``).
+    Returns the number of merged layers; ValueError for adapter kinds this merge does not cover. Under
+    DeepSpeed ZeRO-3 (a backbone loaded partitioned) every process calls this together."""
+    import math
+
+    kind = adapter_config.get("peft_type", "LORA")
+    if kind != "LORA":
+        raise ValueError(f"only LoRA adapters are merged on load; this adapter is {kind}")
+    for option in ("use_dora", "fan_in_fan_out", "rank_pattern", "alpha_pattern"):
+        if adapter_config.get(option):
+            raise ValueError(
+                f"adapter option {option} is not supported when loading without peft; load the backbone with "
+                "peft.PeftModel.from_pretrained instead"
+            )
+    r, alpha = int(adapter_config["r"]), float(adapter_config["lora_alpha"])
+    scale = alpha / (math.sqrt(r) if adapter_config.get("use_rslora") else r)
+    suffix_a, suffix_b = ".lora_A.weight", ".lora_B.weight"
+    merged = 0
+    with torch.no_grad():
+        for key in sorted(adapter_state):
+            if not key.endswith(suffix_a):
+                continue
+            path = key[: -len(suffix_a)]
+            path = path[len(_PEFT_PREFIX) :] if path.startswith(_PEFT_PREFIX) else path
+            down, up = adapter_state[key], adapter_state[key[: -len(suffix_a)] + suffix_b]
+            weight = backbone.get_submodule(path).weight
+            with _whole(weight):
+                delta = (up.to(weight.device, torch.float32) @ down.to(weight.device, torch.float32)) * scale
+                weight.copy_((weight.float() + delta).to(weight.dtype))
+            merged += 1
+    if not merged:
+        raise ValueError("the adapter holds no LoRA weights (no '*.lora_A.weight' keys)")
+    return merged
+
+
+def hub_file(path: str, filename: str, hub_kwargs: Mapping[str, Any]) -> str | None:
+    """``filename`` of a local folder or a Hub repo (downloaded to the cache), or None when absent."""
+    if os.path.isdir(path):
+        local = os.path.join(path, filename)
+        return local if os.path.isfile(local) else None
+    from transformers.utils import cached_file
+
+    return cached_file(
+        path,
+        filename,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        **hub_kwargs,
+    )
+
+
+def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str, Any], kwargs: Mapping[str, Any]) -> nn.Module:
+    """A ``cls`` model from a folder saved as a LoRA adapter (module docstring): the base backbone named by
+    ``adapter_config.json`` (``base_model_name_or_path``, else the config's ``backbone_name_or_path``) with the
+    adapter merged in and the heads read from ``model.safetensors``; ValueError naming what does not fit.
+    ``hub``: the Hub keywords of the folder (revision, cache, token); ``kwargs``: ``from_pretrained``'s."""
+    from safetensors.torch import load_file
+
+    config = kwargs.get("config")
+    if not isinstance(config, cls.config_class):
+        config = cls.config_class.from_pretrained(path, **hub)
+    with open(adapter_file, encoding="utf-8") as fh:
+        adapter_config = json.load(fh)
+    base = adapter_config.get("base_model_name_or_path") or config.backbone_name_or_path
+    if not base:
+        raise ValueError(f"{path}/{ADAPTER_CONFIG_NAME} names no base model (base_model_name_or_path)")
+    base_kwargs = {k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
+    backbone = AutoModel.from_pretrained(base, **base_kwargs)
+    expected = (config.backbone_config or {}).get("vocab_size")
+    embeddings = backbone.get_input_embeddings().weight
+    rows = getattr(embeddings, "ds_shape", embeddings.shape)[0]  # ZeRO-3 keeps the full shape in ds_shape
+    if expected is not None and rows != int(expected):
+        raise ValueError(
+            f"base model {base} has {rows} token embeddings but the adapter was trained with {expected}; load "
+            "the base model it was trained on"
+        )
+    weights = hub_file(path, ADAPTER_WEIGHTS_NAME, hub)
+    heads_file = hub_file(path, HEADS_WEIGHTS_NAME, hub)
+    if weights is None or heads_file is None:
+        raise ValueError(f"{path} holds {ADAPTER_CONFIG_NAME} but not {ADAPTER_WEIGHTS_NAME} and {HEADS_WEIGHTS_NAME}")
+    merge_lora_weights(backbone, adapter_config, load_file(weights))
+    model = cls(config, backbone=backbone)
+    missing, unexpected = model.load_state_dict(load_file(heads_file), strict=False)
+    missing = [k for k in missing if not k.startswith(f"{cls.base_model_prefix}.")]
+    if missing or unexpected:
+        raise ValueError(f"{path}/{HEADS_WEIGHTS_NAME} does not fit {cls.__name__}: missing {missing}, unexpected {unexpected}")
+    model.to(next(backbone.parameters()).device)
+    model.eval()
+    return model
