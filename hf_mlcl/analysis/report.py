@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 
 from hf_mlcl.data.sampler import PositiveEnsuredSampler
+from hf_mlcl.losses.all_ import AllLoss
+from hf_mlcl.losses.any_ import AnyLoss
 
 from .pair_statistics import RELATIONS, batch_pair_statistics
 
@@ -154,7 +156,7 @@ def inspect_labels(
     try:
         current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
         with_sampler = {}
-        for loss, rule in (("all", "same_label_set"), ("any", "shared_label")):
+        for loss, rule in (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule)):
             order = torch.tensor(PositiveEnsuredSampler(labels, batch_size, rule, seed=seed).order())
             step = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed, order=order)
             with_sampler[loss] = step["wasted_anchors"][loss]

@@ -6,9 +6,9 @@ anchors have no exact-label-set partner (``all``) and 15 % no label-sharing one 
 :class:`PositiveEnsuredSampler` draws the epoch's order so that they do, as far as the data allows:
 
 1. **Units.** The rows are grouped into units whose members are each other's positives under the loss's
-   rule (:data:`POSITIVE_RULES`): ``"same_label_set"`` (``all``, Khosla et al. 2020 applied to label
-   sets) pairs rows with the same label set (a group of odd size ends in a triple);
-   ``"shared_label"`` (every other loss: ``any``, ``sd``, ``jaccard``, ``mulsupcon``, ``msc``,
+   rule (its ``sampler_rule``, stated beside its ``positives``): ``"same_label_set"`` (``all``, Khosla
+   et al. 2020 applied to label sets) pairs rows with the same label set (a group of odd size ends in a
+   triple); ``"shared_label"`` (every other loss: ``any``, ``sd``, ``jaccard``, ``mulsupcon``, ``msc``,
    ``ws_mulsupcon``, ``hbl``) pairs rows sharing a label, rows of the rarest labels first so that they
    find a partner before the common labels use them up; rows without labels pair with each other (the
    healthy stratum of ws-MulSupCon). A row whose labels' other rows were all paired first joins the
@@ -33,18 +33,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-__all__ = ["POSITIVE_RULES", "PositiveEnsuredSampler", "positive_rule"]
+__all__ = ["RULES", "PositiveEnsuredSampler"]
 
-# the loss -> positive rule of its anchors (docs/losses.md); every loss not named pairs by a shared label
-POSITIVE_RULES = {"all": "same_label_set"}
 RULES = ("same_label_set", "shared_label")
 LOOKAHEAD = 64  # units searched for one that fits a batch's remaining space
 MAX_UNIT = 4  # rows a unit grows to when a row left alone joins it
-
-
-def positive_rule(loss: str) -> str:
-    """The positive rule of ``loss``: ``"same_label_set"`` for ``all``, ``"shared_label"`` otherwise."""
-    return POSITIVE_RULES.get(loss, "shared_label")
 
 
 def _units_same_label_set(
@@ -180,7 +173,7 @@ class PositiveEnsuredSampler(Sampler[int]):
     Args:
         labels: each row's label ids (a list per row; an empty list is a row without labels).
         batch_size: rows per batch of one process (``per_device_train_batch_size``).
-        rule: ``"same_label_set"`` or ``"shared_label"`` (:func:`positive_rule` of the loss).
+        rule: ``"same_label_set"`` or ``"shared_label"``: the loss's ``sampler_rule``.
         seed: with the epoch, the only source of randomness.
     """
 

@@ -53,6 +53,8 @@ class AllLoss(ContrastiveLoss):
 
     default_temperature = 0.07
 
+    sampler_rule = "same_label_set"  # the rows a batch sampler pairs: those with the same label set
+
     @staticmethod
     def positives(rel: PairRelations) -> Tensor:
         """T == S with S non-empty, inside the contrast set (eq. 1); weighted by the base class's SupCon terms."""

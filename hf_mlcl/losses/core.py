@@ -411,6 +411,10 @@ class ContrastiveLoss(nn.Module):
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}, normalize={self.normalize}"
 
+    #: How :class:`hf_mlcl.data.sampler.PositiveEnsuredSampler` groups rows so that each anchor of a batch has a
+    #: positive under :meth:`positives`: ``"shared_label"`` (S & T non-empty) or ``"same_label_set"`` (T == S).
+    sampler_rule = "shared_label"
+
     @staticmethod
     def positives(rel: PairRelations) -> Tensor:
         """(N, M) bool: the candidates of each anchor's contrast set that this loss pulls it towards.

@@ -100,7 +100,7 @@ import torch
 import torch.nn as nn
 from transformers import Trainer, TrainerCallback
 
-from hf_mlcl.data.sampler import PositiveEnsuredSampler, positive_rule
+from hf_mlcl.data.sampler import PositiveEnsuredSampler
 from hf_mlcl.labels.multihot import dataset_label_matrix, to_dense_float
 from hf_mlcl.labels.statistics import resolve_num_labels
 from hf_mlcl.losses.input_checks import FirstCallChecks
@@ -395,7 +395,7 @@ class ContrastiveTrainer(MultiLabelTrainer):
         if self.args.batch_sampler != "positives" or dataset is None:
             return super()._get_train_sampler(train_dataset)
         return PositiveEnsuredSampler(dataset[self.label_column], self.args.per_device_train_batch_size,
-                                      positive_rule(self.args.loss), seed=self.args.seed)  # fmt: skip
+                                      self.loss_fn.sampler_rule, seed=self.args.seed)  # fmt: skip
 
     # ------------------------------------------------------------------ encoding and loss
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:

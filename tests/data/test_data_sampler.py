@@ -8,7 +8,9 @@ import random
 
 import pytest
 
-from hf_mlcl.data.sampler import PositiveEnsuredSampler, positive_rule
+from hf_mlcl.data.sampler import PositiveEnsuredSampler
+from hf_mlcl.losses import get_loss
+from hf_mlcl.losses.registry import list_contrastive_losses
 
 
 def _long_tail(n: int = 600, num_labels: int = 12, seed: int = 0) -> list[list[int]]:
@@ -101,10 +103,14 @@ def test_each_process_gets_whole_batches_with_their_positives():
 
 
 def test_loss_rules_and_bad_settings():
-    assert positive_rule("all") == "same_label_set"
-    assert {
-        positive_rule(n) for n in ("any", "sd", "jaccard", "mulsupcon", "msc", "ws_mulsupcon", "hbl")
-    } == {"shared_label"}
+    """Each contrastive loss states its sampler rule beside its positive rule: ``all`` pairs equal label sets,
+    every other loss rows sharing a label."""
+    from hf_mlcl.losses.registry import get_loss_class
+
+    rules = {name: get_loss_class(name).sampler_rule for name in list_contrastive_losses()}
+    assert rules.pop("all") == "same_label_set"
+    assert set(rules.values()) == {"shared_label"} and {"any", "msc", "hbl"} <= set(rules)
+    assert get_loss("sd").sampler_rule == "shared_label"
     with pytest.raises(ValueError, match="rule must be one of"):
         PositiveEnsuredSampler([[0], [0]], 2, "exact")
     with pytest.raises(ValueError, match="at least 2 rows"):
