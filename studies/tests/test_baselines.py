@@ -149,7 +149,8 @@ def test_setfit_cell_trains_the_pairs_then_the_head(tiny_study, tmp_path, bert_t
     assert result["baseline"]["pairs"] == 3 * setfit.PAIRS_PER_STEP and result["baseline"]["setfit"]
     m = result["metrics"]
     assert 0.0 <= m["test_macro_f1"] <= 1.0 and 0.01 <= m["threshold"] <= 0.99
-    assert result["wall_s"]["stage1_s"] > 0 and result["wall_s"]["probe_s"] > 0
+    # seconds to 0.1 s: the tiny head's fit can take less than that on a quiet machine
+    assert result["wall_s"]["stage1_s"] > 0 and result["wall_s"]["probe_s"] >= 0
     assert os.path.isfile(os.path.join(cell_io.cell_dir("goemotions_full", "setfit_logistic", 1), "metrics.json"))
 
 
