@@ -121,6 +121,7 @@ def run_cell(
     lr: str | None = None,
     patience: int = 2,
     test_each_epoch: bool = False,
+    batch_sampler: str = "random",
 ) -> dict:
 
     from hf_mlcl.data import label_names, train_frequency
@@ -139,7 +140,14 @@ def run_cell(
         tag = f"lr{lr}" if tag is None else f"{tag}-lr{lr}"  # e.g. finetune-long-lr2e-4: never read as an lr
         extra = [*extra, "--probe.learning_rate", lr]
     minilm = find_minilm()
-    run_dir = os.path.join(RUNS, dataset, loss, f"seed{seed}")
+    stage1 = loss
+    if batch_sampler != "random":  # a stage-1 variant: its own encoder, and a tag naming it on every probe cell
+        if loss in ("bce", "pretrained"):
+            raise ValueError("--batch-sampler chooses stage 1's batches: use it with a contrastive --loss")
+        stage1 = f"{loss}-{batch_sampler}"
+        tag = batch_sampler if tag is None else f"{batch_sampler}-{tag}"
+        extra = [*extra, "--contrastive.batch_sampler", batch_sampler]
+    run_dir = os.path.join(RUNS, dataset, stage1, f"seed{seed}")
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
     out_dir = os.path.join(RESULTS, dataset, cell, f"seed{seed}")
     if not force and os.path.isfile(os.path.join(out_dir, "metrics.json")):
@@ -160,7 +168,8 @@ def run_cell(
         result["contrastive_args"] = {
             k: getattr(c_args, k)
             for k in ("loss", "loss_kwargs", "temperature", "projection_dim", "learning_rate",
-                      "num_train_epochs", "per_device_train_batch_size", "queue_size", "n_views", "seed")
+                      "num_train_epochs", "per_device_train_batch_size", "queue_size", "n_views", "seed",
+                      "batch_sampler")
         }
         if not os.path.isfile(done):
             m_args, d_args, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
@@ -256,12 +265,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow; "
                     "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
                     "loss, seed) is shared")
+    ap.add_argument("--batch-sampler", default="random", choices=["random", "positives"],
+                    help="cell: stage 1's batches ('positives': every anchor has a positive under the loss's rule, "
+                    "hf_mlcl.data.sampler); a variant other than 'random' has its own stage-1 encoder and tags the "
+                    "cell <loss>_<probe>-<sampler>")
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
     ap.add_argument("--test-each-epoch", action="store_true", help="also score test after every epoch (a tuned "
                     "threshold each time; the points of the compute figure; no choice reads them)")
     args, extra = ap.parse_known_args(argv)
     run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
-             patience=args.patience, test_each_epoch=args.test_each_epoch)
+             patience=args.patience, test_each_epoch=args.test_each_epoch, batch_sampler=args.batch_sampler)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
 #   bash studies/run_all.sh full-reuters     # two queues side by side (OMP_NUM_THREADS=1 each): the
 #   bash studies/run_all.sh full-goemotions  # Reuters losses, 20-epoch BCE and seeds, resp. every GoEmotions
 #     cell (full-goemotions waits for the Reuters probe rows before it names the two best losses)
+#   bash studies/run_all.sh sampler-reuters ["all sd"]  # Reuters seed 1: stage 1 with positive-ensured batches
+#     (--contrastive.batch_sampler positives) and both frozen probes, per loss (default: every loss)
 #   bash studies/run_all.sh baselines   # TF-IDF (logistic regression, linear SVM) and SetFit on both studies
 #   bash studies/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2
 #     # one cell, logged like the phases' cells
@@ -119,6 +121,12 @@ baselines)  # TF-IDF + logistic regression (no seed changes it: one run) / linea
   for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed 1; done
   for S in 2 3; do for study in reuters21578 goemotions_full; do bcell tfidf "$study" --model svm --seed "$S"; done; done
   for S in 2 3; do for study in reuters21578 goemotions_full; do bcell setfit "$study" --seed "$S"; done; done
+  ;;
+sampler-reuters)  # the positive-ensured sampler's effect on the frozen-probe rows (cells <loss>_<probe>-positives)
+  for L in ${2:-$LOSSES}; do
+    fcell reuters21578 --loss "$L" --probe logistic --seed 1 --batch-sampler positives
+    fcell reuters21578 --loss "$L" --probe linear --seed 1 --batch-sampler positives $LINEAR
+  done
   ;;
 full-cell) shift; : "${1:?name the study and run.py cell arguments, e.g. full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2}"; fcell "$@" ;;
 full-seeds)   # seeds 2-3 of BCE (at the chosen lr) and of the two best losses (named, or by loss_choice.py)
