@@ -9,6 +9,14 @@ label format under ``"auto"`` (are integer labels 0/1?), the id range, labels 0/
 batches read nothing on the host, so a training step does not wait for the accelerator. An id out of
 range in a later batch still fails (an index error of the scatter).
 
+**The queue** (``queue_size > 0``): a MoCo queue of past keys (:class:`hf_mlcl.training.memory.EmbeddingQueue`,
+built on the first training batch with the embeddings' width and device) joins the candidates in the loss
+paper's contrast set (``contrast_set``, ``queue_warmup``: :func:`~hf_mlcl.training.memory.resolve_contrast_set`,
+as ``ContrastiveTrainer``). Each training batch's keys — from the caller's key encoder (``keys``), else the
+batch's own embeddings without gradient — are gathered from every process, scored, then enqueued. The
+queue is used and filled only when the loss is computed with gradient (training); without gradient
+(evaluation) the contrast set is the in-batch one, as ``ContrastiveTrainer`` evaluates.
+
 A loss's own parameters (``msc``'s prototypes) are outside the model that the trainer wraps for several
 processes, so nothing would average their gradients: each process would train its own copy. Their
 gradients are averaged over the processes by a hook (:func:`hf_mlcl.training.distributed.mean_over_processes`),
@@ -17,12 +25,21 @@ as ``ContrastiveTrainer`` does for them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import Tensor, nn
 
 from hf_mlcl.labels.multihot import labels_to_multihot, resolve_label_format
 from hf_mlcl.losses.input_checks import FirstCallChecks
 from hf_mlcl.training import distributed as D
-from hf_mlcl.training.memory import CandidateBuilder
+from hf_mlcl.training.memory import (
+    CandidateBuilder,
+    EmbeddingQueue,
+    check_contrast_set,
+    resolve_contrast_set,
+    resolve_queue_warmup,
+)
 
 __all__ = ["BatchLoss"]
 
@@ -34,18 +51,45 @@ class BatchLoss:
         loss_fn: a contrastive loss (its ``check_inputs`` is managed here).
         num_labels: size of the label space (or None: the multi-hot width).
         label_format: ``"auto"``, ``"multi_hot"`` or ``"ids"``.
-        gather_across_devices: contrast with every process's candidates (batch mode).
+        gather_across_devices: contrast with every process's candidates.
+        queue_size: K keys kept across batches (0: in-batch candidates only).
+        contrast_set: with a queue, ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the loss
+            paper's, ``docs/losses.md``).
+        queue_warmup: leave the queue out until it has been filled once (None: the loss paper's).
+
+    ValueError (one line) for a negative ``queue_size``, a contrast set without a queue or that the loss
+    cannot take, and a queue with a loss that takes no keys.
     """
 
     def __init__(
-        self, loss_fn: nn.Module, num_labels: int | None, label_format: str, gather_across_devices: bool
+        self,
+        loss_fn: nn.Module,
+        num_labels: int | None,
+        label_format: str,
+        gather_across_devices: bool,
+        queue_size: int = 0,
+        contrast_set: str | None = None,
+        queue_warmup: bool | None = None,
     ) -> None:
+        if queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0 (0 = in-batch candidates only); got {queue_size}")
+        check_contrast_set(contrast_set, queue_size)
+        if queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
+            raise ValueError(
+                f"queue_size={queue_size} needs a loss that takes key embeddings, but {type(loss_fn).__name__} "
+                "has supports_keys=False; set queue_size=0 or choose a loss with keys"
+            )
         self.loss_fn = loss_fn
         self.num_labels = num_labels
         self.label_format = label_format
+        self.gather = bool(gather_across_devices)
+        self.queue_size = int(queue_size)
+        self.contrast_set = resolve_contrast_set(loss_fn, contrast_set, queue_size)
+        self.queue_warmup = resolve_queue_warmup(loss_fn, queue_warmup)
+        self.queue: EmbeddingQueue | None = None  # built on the first training batch (width, device)
         self.checks = FirstCallChecks(loss_fn)
         self.candidates = CandidateBuilder(
-            None, gather=gather_across_devices, supports_keys=getattr(loss_fn, "supports_keys", False)
+            None, gather=self.gather, supports_keys=getattr(loss_fn, "supports_keys", False)
         )
         self._formats: dict[tuple, str] = {}
         for parameter in loss_fn.parameters():
@@ -63,7 +107,26 @@ class BatchLoss:
             fmt = self._formats[key] = resolve_label_format(labels, self.num_labels, self.label_format)
         return labels_to_multihot(labels, self.num_labels, fmt, check_values=check_values)
 
-    def __call__(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+    def _build_queue(self, embeddings: Tensor, labels: Tensor) -> None:
+        """The queue (K, D) on the embeddings' device, and the candidate builder of the contrast set."""
+        num_labels = self.num_labels or labels.shape[1]
+        self.queue = EmbeddingQueue(self.queue_size, embeddings.shape[1], num_labels, device=embeddings.device)
+        self.candidates = CandidateBuilder(
+            self.contrast_set, queue=self.queue, queue_warmup=self.queue_warmup, gather=self.gather
+        )
+
+    def __call__(self, embeddings: Tensor, labels: Tensor, keys: Callable[[], Tensor] | None = None) -> Tensor:
+        """The loss of ``embeddings`` (B, D) with ``labels``; with a queue in training, ``keys()`` gives the
+        batch's key embeddings (default: ``embeddings`` without gradient)."""
         with self.checks():
             y = self.multi_hot(labels.to(embeddings.device), check_values=self.checks.pending)
-            return self.candidates.step(embeddings, y).loss(self.loss_fn)
+            if self.queue_size == 0 or not torch.is_grad_enabled():
+                return self.candidates.step(embeddings, y).loss(self.loss_fn)
+            if self.queue is None:
+                self._build_queue(embeddings, y)
+            with torch.no_grad():
+                raw = keys() if keys is not None else embeddings.detach()
+            batch_keys = self.candidates.gather_keys(raw, y)
+            loss = self.candidates.step(embeddings, y, batch_keys).loss(self.loss_fn)
+            self.candidates.enqueue(batch_keys)
+            return loss

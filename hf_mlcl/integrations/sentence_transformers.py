@@ -24,6 +24,20 @@ synchronisation outside the model. :class:`CachedMultiLabelContrastiveLoss`
 is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
 embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
 ``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
+The queue (``queue_size``) works as in ``ContrastiveTrainer``: a momentum key encoder (MoCo, He et al. 2020,
+Eq. 2; ``momentum``) embeds each training batch without gradient, its keys (gathered from every process)
+join the candidates with the queue of past keys in the loss paper's contrast set (``contrast_set``,
+``queue_warmup``; ``docs/losses.md``), then enter the queue::
+
+    loss = MultiLabelContrastiveLoss(model, "msc", num_labels=28, queue_size=4096)   # ABALONE's contrast set
+
+The key encoder is a copy of the model's trainable parameters (the frozen ones, e.g. a LoRA base, are
+shared), built at the first training batch and moved towards the model after every optimizer step
+(:class:`hf_mlcl.training.momentum.UpdateAfterOptimizerSteps`: a step post-hook on the torch optimizer
+that trains the model, which ``SentenceTransformerTrainer`` steps once per accumulated batch).
+``momentum=None`` holds no key encoder: the keys are then the batch's own embeddings without gradient
+(a cross-batch memory, Wang et al., CVPR 2020). The queue is used and filled in training only, and is not
+saved in checkpoints (a resumed run starts with an empty queue and a key encoder copied from the model).
 :func:`add_lora_adapter` trains a LoRA adapter instead of the whole model, on any encoder architecture
 (the default target modules per architecture of :mod:`hf_mlcl.modeling.lora`).
 """
@@ -48,6 +62,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
 from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
+from hf_mlcl.training.momentum import MomentumEncoder, UpdateAfterOptimizerSteps
 
 from ._batches import BatchLoss
 
@@ -99,6 +114,12 @@ class MultiLabelContrastiveLoss(nn.Module):
         gather_across_devices: contrast each process's anchors with the candidates of all processes
             (an all-gather with gradient), as ``ContrastiveTrainer`` does under DDP.
         temperature: tau (default: the loss paper's value).
+        queue_size: K past keys among the candidates (0: in-batch only; module docstring).
+        contrast_set: with a queue, ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the loss
+            paper's).
+        queue_warmup: leave the queue out until it has been filled once (None: the loss paper's).
+        momentum: EMA factor of the key encoder (MoCo's 0.999); None: no key encoder, the keys are the
+            embeddings without gradient.
         **loss_kwargs: the loss's own keywords (e.g. ``weight_in_log=True`` for ``sd``).
     """
 
@@ -110,6 +131,10 @@ class MultiLabelContrastiveLoss(nn.Module):
         label_format: str = "auto",
         gather_across_devices: bool = False,
         temperature: float | None = None,
+        queue_size: int = 0,
+        contrast_set: str | None = None,
+        queue_warmup: bool | None = None,
+        momentum: float | None = 0.999,
         **loss_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -126,8 +151,15 @@ class MultiLabelContrastiveLoss(nn.Module):
         self.loss_fn = build_contrastive_loss(
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=_embedding_dim(model)
         )
-        # batch mode (no queue): the other processes' embeddings join as candidates when gathering
-        self._batch_loss = BatchLoss(self.loss_fn, num_labels, label_format, self.gather_across_devices)
+        self._batch_loss = BatchLoss(
+            self.loss_fn, num_labels, label_format, self.gather_across_devices, queue_size, contrast_set, queue_warmup
+        )
+        if momentum is not None and not 0.0 <= float(momentum) < 1.0:
+            raise ValueError(f"momentum must be in [0, 1) (MoCo uses 0.999) or None (no key encoder); got {momentum}")
+        self.queue_size = int(queue_size)
+        self.momentum = None if momentum is None else float(momentum)
+        self._key_updates: UpdateAfterOptimizerSteps | None = None  # the key encoder, from the first training batch
+        self._key_chunk: int | None = None  # key encoder batch (the cached variant: its mini-batch size)
 
     # ------------------------------------------------------------------------------------------ labels
     def multi_hot(self, labels: Tensor) -> Tensor:
@@ -145,14 +177,53 @@ class MultiLabelContrastiveLoss(nn.Module):
             )
         return features
 
-    def compute_loss(self, embeddings: Tensor, labels: Tensor) -> Tensor:
-        """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids); the values
-        are checked on the first call only (module docstring)."""
-        return self._batch_loss(embeddings, labels)
+    def compute_loss(self, embeddings: Tensor, labels: Tensor, keys: Any = None) -> Tensor:
+        """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids); with a queue
+        in training, ``keys()`` gives the batch's keys (default: the embeddings without gradient). The
+        values are checked on the first call only (module docstring)."""
+        return self._batch_loss(embeddings, labels, keys)
+
+    # ------------------------------------------------------------------------------------------ queue
+    @property
+    def queue(self) -> Any:
+        """The :class:`~hf_mlcl.training.memory.EmbeddingQueue` (None in batch mode and before the first
+        training batch)."""
+        return self._batch_loss.queue
+
+    @property
+    def key_encoder(self) -> MomentumEncoder | None:
+        """The momentum key encoder (None without a queue, with ``momentum=None``, before the first training
+        batch)."""
+        return None if self._key_updates is None else self._key_updates.key_encoder
+
+    def _keys_of(self, features: dict[str, Any]) -> Any:
+        """What the loss calls for this batch's keys: the key encoder on ``features`` (built from the model
+        at the first training batch), in chunks of ``_key_chunk`` texts; None (the embeddings without
+        gradient) in batch mode, at evaluation and with ``momentum=None``."""
+        if self.queue_size == 0 or self.momentum is None or not torch.is_grad_enabled():
+            return None
+        if self._key_updates is None:
+            self._key_updates = UpdateAfterOptimizerSteps(
+                MomentumEncoder(self.model, momentum=self.momentum), lambda: self.model
+            )
+        key_encoder = self._key_updates.key_encoder
+
+        def keys() -> Tensor:
+            n = next(v.shape[0] for v in features.values() if isinstance(v, Tensor) and v.dim() > 0)
+            chunk = self._key_chunk or n
+            parts = []
+            for start in range(0, n, chunk):  # one pass per mini-batch of the cached variant, else one
+                part = {k: v[start : start + chunk] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == n else v
+                        for k, v in features.items()}  # fmt: skip
+                parts.append(key_encoder(part)["sentence_embedding"])
+            return torch.cat(parts)
+
+        return keys
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         (features,) = self._single_column(sentence_features)
-        return self.compute_loss(self.model(features)["sentence_embedding"], labels)
+        keys = self._keys_of(dict(features))  # its own copy: sentence-transformers' modules write into the dict
+        return self.compute_loss(self.model(features)["sentence_embedding"], labels, keys)
 
     # ------------------------------------------------------------------------------------------ card
     def get_config_dict(self) -> dict[str, Any]:
@@ -163,6 +234,8 @@ class MultiLabelContrastiveLoss(nn.Module):
             "num_labels": self.num_labels,
             "label_format": self.label_format,
             "gather_across_devices": self.gather_across_devices,
+            **({"queue_size": self.queue_size, "contrast_set": self._batch_loss.contrast_set,
+                "momentum": self.momentum} if self.queue_size else {}),  # fmt: skip
             **{key: _printable(value) for key, value in self.loss_kwargs.items()},
         }
 
@@ -198,6 +271,8 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
             raise ValueError(f"mini_batch_size must be positive; got {mini_batch_size}")
         MultiLabelContrastiveLoss.__init__(self, model, loss, **kwargs)
         self.mini_batch_size = int(mini_batch_size)
+        self._key_chunk = self.mini_batch_size  # the key encoder too embeds one mini-batch at a time
+        self._pending_keys: Any = None
         self.show_progress_bar = bool(show_progress_bar)
 
     def calculate_loss(
@@ -206,7 +281,7 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
         """The loss of the whole batch from its mini-batch embeddings; with ``with_backward`` the
         gradients wrt. the embeddings go to their ``.grad`` (GradCache's cache) and those wrt. the loss's
         own parameters are kept for :meth:`forward`, none of them written to a parameter yet."""
-        loss = self.compute_loss(torch.cat(reps[0]), labels)
+        loss = self.compute_loss(torch.cat(reps[0]), labels, self._pending_keys)
         if not with_backward:
             return loss
         params = [p for p in self.loss_fn.parameters() if p.requires_grad]
@@ -218,7 +293,12 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         self._parameter_grads: list[tuple[Tensor, Tensor]] = []
-        loss = self.forward_cached(self._single_column(sentence_features), labels)
+        features = self._single_column(sentence_features)
+        self._pending_keys = self._keys_of(dict(features[0]))
+        try:
+            loss = self.forward_cached(features, labels)
+        finally:
+            self._pending_keys = None
         grads, self._parameter_grads = self._parameter_grads, []
         if not grads:
             return loss

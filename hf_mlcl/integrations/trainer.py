@@ -32,6 +32,20 @@ accumulated micro-batches, and over processes when ``average_tokens_across_devic
 by the process count): 1 / accumulation steps for equal micro-batches, as ``ContrastiveTrainer`` does.
 Use dense labels (``MultiLabelCollator``'s default) so Trainer can count them.
 
+The queue (``queue_size``): a MoCo-style queue of the last K keys joins the candidates in each loss paper's
+contrast set (``contrast_set`` / ``queue_warmup`` as ``ContrastiveTrainingArguments``; ``docs/losses.md``)::
+
+    ContrastiveLossFunc("msc", num_labels=L, embedding_dim=D, queue_size=4096)
+
+``compute_loss_func`` sees the model's outputs only, not the model or its inputs, so it cannot run a
+momentum encoder: the keys are the batch's own embeddings without gradient — the online encoder's, in
+the same forward pass (a cross-batch memory of past embeddings, Wang et al., CVPR 2020; a momentum of 0
+in MoCo's terms). That is ``ContrastiveTrainer`` with ``momentum=0`` on a model without dropout (its key
+encoder runs in eval mode); for the momentum encoder of the papers use ``ContrastiveTrainer`` or the
+sentence-transformers loss. The queue is used and filled in training (the loss computed with gradient);
+evaluation contrasts in-batch. It is not saved in Trainer's checkpoints: a resumed run starts with an
+empty queue.
+
 Losses with learnable parameters (``msc``'s prototypes) need those parameters in the optimizer: pass
 ``optimizers=(torch.optim.AdamW([*model.parameters(), *loss_func.parameters()]), None)``, or use
 ``hf_mlcl.ContrastiveTrainer``, which also adds MoCo queues, two-view training and GradCache. Under
@@ -74,6 +88,11 @@ class ContrastiveLossFunc:
         embedding_dim: width of the embeddings, for losses with per-label parameters (``msc``).
         gather_across_devices: contrast each process's anchors with all processes' candidates.
         temperature: tau (default: the loss paper's value).
+        queue_size: K past keys among the candidates (0: in-batch only); the keys are the embeddings
+            without gradient (module docstring).
+        contrast_set: with a queue, ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the
+            loss paper's).
+        queue_warmup: leave the queue out until it has been filled once (None: the loss paper's).
     """
 
     def __init__(
@@ -86,6 +105,9 @@ class ContrastiveLossFunc:
         embedding_dim: int | None = None,
         gather_across_devices: bool = True,
         temperature: float | None = None,
+        queue_size: int = 0,
+        contrast_set: str | None = None,
+        queue_warmup: bool | None = None,
         **loss_kwargs: Any,
     ) -> None:
         if label_format not in LABEL_INPUT_FORMATS:
@@ -98,13 +120,20 @@ class ContrastiveLossFunc:
         self.loss_fn = build_contrastive_loss(
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=embedding_dim
         )
-        # batch mode (no queue): the other processes' embeddings join as candidates when gathering
-        self._batch_loss = BatchLoss(self.loss_fn, num_labels, label_format, self.gather_across_devices)
+        self._batch_loss = BatchLoss(
+            self.loss_fn, num_labels, label_format, self.gather_across_devices, queue_size, contrast_set, queue_warmup
+        )
         if any(True for _ in self.loss_fn.parameters()):
             logger.warning(
                 "loss %r has learnable parameters: add ContrastiveLossFunc.parameters() to the optimizer "
                 "(Trainer(optimizers=...)) or they stay at their initial values", self.loss_name,
             )
+
+    @property
+    def queue(self):
+        """The :class:`~hf_mlcl.training.memory.EmbeddingQueue` (None in batch mode and before the first
+        training batch)."""
+        return self._batch_loss.queue
 
     def parameters(self):
         """The loss's learnable parameters (e.g. ``msc`` prototypes), for the optimizer."""

@@ -11,14 +11,22 @@ and the contrast set they feed: :mod:`hf_mlcl.training.memory`.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
-__all__ = ["MOMENTUM_ADAPTER", "AdapterMomentumEncoder", "MomentumEncoder", "build_key_encoder"]
+__all__ = [
+    "MOMENTUM_ADAPTER",
+    "AdapterMomentumEncoder",
+    "MomentumEncoder",
+    "UpdateAfterOptimizerSteps",
+    "build_key_encoder",
+]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -341,3 +349,60 @@ def build_key_encoder(
             "DDP (recipes/accelerate/multi_gpu.yaml) or set queue_size 0"
         )
     return AdapterMomentumEncoder(model, momentum=momentum, runner=runner)
+
+
+class UpdateAfterOptimizerSteps:
+    """The EMA step of a key encoder (MoCo, He et al. 2020, Eq. 2) after every optimizer step that trains the
+    online encoder, for training loops that do not call ``update`` themselves (the sentence-transformers
+    loss: its trainer knows nothing of a key encoder).
+
+    A global optimizer step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) calls
+    ``key_encoder.update(online())`` after the step of any ``torch.optim.Optimizer`` that holds one of the
+    online encoder's trainable parameters, once per optimizer step whatever the gradient accumulation (as
+    ``ContrastiveTrainer``'s ``on_optimizer_step``). Wrappers that step an inner optimizer (accelerate's
+    ``AcceleratedOptimizer``) are skipped: the inner step calls the hook. A step that the fp16 loss
+    scaler skips (inf / NaN gradients) does not reach the optimizer, so the key encoder does not move
+    either. An optimizer that is not a ``torch.optim.Optimizer`` (DeepSpeed's ZeRO optimizers) calls no
+    hook: call :meth:`update` yourself there. The hook is removed when this object is garbage-collected.
+
+    Args:
+        key_encoder: has ``update(online)`` (:class:`MomentumEncoder`).
+        online: returns the online encoder (a callable: a trainer may swap in a wrapped model).
+    """
+
+    def __init__(self, key_encoder: Any, online: Callable[[], nn.Module]) -> None:
+        self.key_encoder = key_encoder
+        self.online = online
+        self.steps = 0
+        self._holds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        this = weakref.ref(self)
+
+        def after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            owner = this()
+            if owner is not None:
+                owner._after_step(optimizer)
+
+        handle = register_optimizer_step_post_hook(after_step)
+        weakref.finalize(self, handle.remove)
+
+    def _trains_online(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer`` holds one of the online encoder's trainable parameters (decided once)."""
+        known = self._holds.get(optimizer)
+        if known is None:
+            inner = getattr(optimizer, "optimizer", None)
+            if isinstance(inner, torch.optim.Optimizer):  # a wrapper: its inner optimizer's step calls the hook
+                known = False
+            else:
+                ours = {id(p) for p in _unwrap(self.online()).parameters() if p.requires_grad}
+                known = any(id(p) in ours for group in optimizer.param_groups for p in group["params"])
+            self._holds[optimizer] = known
+        return known
+
+    def _after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._trains_online(optimizer):
+            self.update()
+
+    def update(self) -> None:
+        """One EMA step of the key encoder towards the online encoder."""
+        self.key_encoder.update(self.online())
+        self.steps += 1

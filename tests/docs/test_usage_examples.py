@@ -20,10 +20,10 @@ def _blocks() -> list[str]:
 
 
 def test_the_section_has_its_examples():
-    assert len(_blocks()) == 5
+    assert len(_blocks()) == 6
 
 
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("index", range(6))
 def test_usage_example_runs(index, tmp_path, monkeypatch, capsys):
     script = tmp_path / f"usage_example_{index}.py"
     script.write_text(_blocks()[index])
@@ -31,5 +31,5 @@ def test_usage_example_runs(index, tmp_path, monkeypatch, capsys):
     runpy.run_path(str(script), run_name="__main__")
     out = capsys.readouterr().out
     expected = ["soft positives", "zlpr", "[[[0, 1], [0], [0], [1]], [[1, 2], [1], [2], [2]]]", "same embeddings: True",
-                "{'train': 3, 'validation': 1}"][index]  # fmt: skip
+                "label_format='bool', filled=32", "{'train': 3, 'validation': 1}"][index]  # fmt: skip
     assert expected in out, out

@@ -408,3 +408,89 @@ def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encod
           f"probe dev micro-F1 {before[0]:.4f} -> {after[0]:.4f}, macro-F1 {before[1]:.4f} -> {after[1]:.4f}")
     assert loss_after < loss_before
     assert after[0] > before[0] and after[1] > before[1]
+
+
+class _Embedder(torch.nn.Module):
+    """A SentenceTransformer as ContrastiveTrainer's encoder (its forward returns ``embeddings``)."""
+
+    def __init__(self, st):
+        super().__init__()
+        self.st = st
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, **_):
+        features = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            features["token_type_ids"] = token_type_ids
+        return {"embeddings": self.st(features)["sentence_embedding"]}
+
+
+def _no_dropout_st(folder):
+    word = Transformer(str(folder), max_seq_length=32)
+    model = SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu")
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+@pytest.mark.parametrize("loss,contrast_set,momentum,cached", [
+    ("mulsupcon", None, 0.5, False),          # the paper's "keys" set, warm-up: the queue joins once filled
+    ("sd", "queries+queue", 0.5, True),       # GradCache: keys one mini-batch at a time
+    ("mulsupcon", None, None, False),         # no key encoder: the embeddings without gradient
+])
+def test_queue_trains_as_contrastive_trainer(tmp_path, bert_tokenizer, tiny_bert_config, loss, contrast_set,
+                                            momentum, cached):
+    """Six SentenceTransformerTrainer steps with a queue of 16 (batch 8: the whole split, so both trainers see
+    the same texts every step) equal ContrastiveTrainer's six steps with the same queue, contrast set and
+    momentum (momentum=None is ContrastiveTrainer's momentum 0 without dropout): the same loss at every step,
+    the same queue, the same weights. A batch-mode run differs, so the queue is what is compared."""
+    import copy
+
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
+
+    torch.manual_seed(0)
+    from transformers import BertModel
+
+    BertModel(tiny_bert_config).save_pretrained(tmp_path / "bert")
+    bert_tokenizer.save_pretrained(tmp_path / "bert")
+    split = _split(8, seed=4)
+    common = dict(per_device_train_batch_size=8, max_steps=6, learning_rate=0.5, optim="sgd", report_to=[],
+                  save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True, seed=0, max_grad_norm=0.0)
+
+    def st_run(queue_size):
+        model = _no_dropout_st(tmp_path / "bert")
+        start = copy.deepcopy(model)
+        cls = CachedMultiLabelContrastiveLoss if cached else MultiLabelContrastiveLoss
+        extra = {"mini_batch_size": 3} if cached else {}
+        st_loss = cls(model, loss, num_labels=len(NAMES), queue_size=queue_size,
+                      contrast_set=contrast_set if queue_size else None, momentum=momentum, **extra)
+        args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / f"st{queue_size}"), **common)
+        trainer = SentenceTransformerTrainer(model=model, args=args, loss=st_loss,
+                                             train_dataset=to_sentence_transformers_dataset(split))
+        trainer.train()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        return start, model, st_loss, losses
+
+    start, st_model, st_loss, st_losses = st_run(16)
+    ref_model = _Embedder(start)
+    ref_args = ContrastiveTrainingArguments(
+        output_dir=str(tmp_path / "ref"), loss=loss, queue_size=16, contrast_set=contrast_set,
+        momentum=0.0 if momentum is None else momentum, projection_dim=32, dataloader_num_workers=0, **common)
+    ref = ContrastiveTrainer(model=ref_model, args=ref_args, train_dataset=split, processing_class=bert_tokenizer,
+                             num_labels=len(NAMES))
+    ref.train()
+    ref_losses = [h["loss"] for h in ref.state.log_history if "loss" in h]
+
+    assert len(st_losses) == len(ref_losses) == 6
+    assert st_losses == pytest.approx(ref_losses, rel=1e-4)
+    _, _, _, batch_losses = st_run(0)
+    assert abs(batch_losses[-1] - st_losses[-1]) > 1e-3  # the queue changed the training
+    assert len(st_loss.queue) == 16
+    torch.testing.assert_close(st_loss.queue.embeddings, ref.queue.embeddings, rtol=1e-4, atol=1e-5)
+    assert torch.equal(st_loss.queue.labels, ref.queue.labels)
+    if momentum is not None:
+        assert ref.momentum_encoder is not None and st_loss.key_encoder is not None
+    for (name, p), q in zip(st_model.named_parameters(), ref_model.st.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)

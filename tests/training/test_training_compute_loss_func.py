@@ -120,3 +120,48 @@ def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
         outside = counter.events_outside(TRANSFORMERS_MASK_PREPARATION)
         assert outside == [] and counter.count == 1, counter.report()
         assert not func._batch_loss.checks.pending  # the first batch was checked
+
+
+@pytest.mark.parametrize("loss,contrast_set", [("mulsupcon", None), ("sd", "queries+queue"), ("any", "queries+keys")])
+def test_plain_trainer_with_a_queue_matches_contrastive_trainer_at_momentum_0(tmp_path, loss, contrast_set):
+    """ContrastiveLossFunc(queue_size=8): the keys are the batch's embeddings without gradient, which is
+    ContrastiveTrainer with momentum 0 on a model without dropout. Six steps of batch 4 (the queue fills
+    after two, joins at once or after warm-up): the same loss at every step, the same queue and weights;
+    a batch-mode run differs, so the queue is what is compared."""
+    tok, train = tiny_tokenizer(), tiny_split(24)
+    kw = dict(max_steps=6, learning_rate=5e-3)
+    ref_model = tiny_encoder(tok, seed=0)
+    ref = ContrastiveTrainer(
+        model=ref_model, args=base_args(tmp_path / "ref", loss=loss, queue_size=8, momentum=0.0,
+                                        contrast_set=contrast_set, **kw),
+        train_dataset=train, data_collator=collator(tok), processing_class=tok, num_labels=4)  # fmt: skip
+    ref.train()
+
+    def plain_run(queue_size):
+        model = tiny_encoder(tok, seed=0)
+        func = ContrastiveLossFunc(loss, num_labels=4, queue_size=queue_size,
+                                   contrast_set=contrast_set if queue_size else None)
+        trainer = Trainer(model=model, args=_plain_args(tmp_path / f"plain{queue_size}", **kw), train_dataset=train,
+                          data_collator=collator(tok), compute_loss_func=func)
+        trainer.train()
+        return model, func, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    model, func, losses = plain_run(8)
+    ref_losses = [h["loss"] for h in ref.state.log_history if "loss" in h]
+    assert len(losses) == len(ref_losses) == 6
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    assert abs(plain_run(0)[2][-1] - losses[-1]) > 1e-4  # the queue changed the training
+    assert len(func.queue) == 8
+    torch.testing.assert_close(func.queue.embeddings, ref.queue.embeddings, rtol=1e-4, atol=1e-5)
+    assert torch.equal(func.queue.labels, ref.queue.labels)
+    for (name, p), q in zip(model.state_dict().items(), ref_model.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_queue_errors_name_the_problem():
+    with pytest.raises(ValueError, match="queue_size must be >= 0"):
+        ContrastiveLossFunc("sd", queue_size=-1)
+    with pytest.raises(ValueError, match="needs queue_size > 0"):
+        ContrastiveLossFunc("sd", contrast_set="keys")
+    with pytest.raises(ValueError, match="contrast_set must be one of"):
+        ContrastiveLossFunc("sd", queue_size=8, contrast_set="queue")

@@ -3,6 +3,8 @@ contrastive loss, driven by a plain training loop (the loop of its docstring and
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from _training_helpers import collator, tiny_encoder, tiny_split, tiny_tokenizer
@@ -54,3 +56,41 @@ def test_a_loss_without_keys_is_refused():
     no_keys = type("NoKeys", (torch.nn.Module,), {"is_contrastive": True, "supports_keys": False})()
     with pytest.raises(ValueError, match="supports_keys=False"):
         MomentumContrast.build(no_keys, tiny_encoder(tok), queue_size=8, num_labels=4)
+
+
+def test_key_encoder_follows_every_optimizer_step_of_the_online_model_only():
+    """UpdateAfterOptimizerSteps: one EMA step per optimizer step (not per backward of an accumulated step),
+    none for an optimizer of other parameters, one through accelerate's optimizer wrapper; and the
+    key encoder equals the EMA of the online weights written as a loop."""
+    from accelerate import Accelerator
+
+    from hf_mlcl.training.momentum import MomentumEncoder, UpdateAfterOptimizerSteps
+
+    torch.manual_seed(0)
+    online = torch.nn.Linear(4, 3)
+    updates = UpdateAfterOptimizerSteps(MomentumEncoder(online, momentum=0.5), lambda: online)
+    expected = [p.detach().clone() for p in online.parameters()]
+    opt = torch.optim.SGD(online.parameters(), lr=0.1)
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    for _ in range(3):
+        for _ in range(2):  # accumulation: two backwards, one step
+            online(torch.randn(5, 4)).square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+        other.step()
+        expected = [0.5 * e + 0.5 * p.detach() for e, p in zip(expected, online.parameters())]
+    assert updates.steps == 3
+    for e, k in zip(expected, updates.key_encoder.module.parameters()):
+        torch.testing.assert_close(k, e)
+    wrapped = Accelerator(cpu=True).prepare_optimizer(torch.optim.SGD(online.parameters(), lr=0.1))
+    assert wrapped is not wrapped.optimizer
+    online(torch.randn(5, 4)).sum().backward()
+    wrapped.step()
+    assert updates.steps == 4
+    key = updates.key_encoder.module
+    before = [p.clone() for p in key.parameters()]
+    del updates  # the hook goes with its owner: later steps leave the key encoder alone
+    gc.collect()
+    opt.step()
+    for b, k in zip(before, key.parameters()):
+        assert torch.equal(b, k)
