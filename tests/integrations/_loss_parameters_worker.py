@@ -3,7 +3,8 @@
 Usage: python _loss_parameters_worker.py RANK WORLD_SIZE FOLDER. FOLDER holds the SentenceTransformer
 (``st``), the texts and labels of each rank (``batches.pt``) and the process group's file store. The process
 computes the msc loss of its own batch with the sentence-transformers loss (plain and GradCache) and with
-``ContrastiveLossFunc``, backpropagates, and writes the prototypes' gradients to ``FOLDER/grads<RANK>.pt``.
+``ContrastiveLossFunc``, backpropagates, and writes the prototypes' gradients to ``FOLDER/grads<RANK>.pt``;
+then one training batch of each integration with a queue, whose contents go to ``FOLDER/queues<RANK>.pt``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,25 @@ def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: to
     return grads
 
 
+def queue_contents(model: SentenceTransformer, texts: list[str], labels: torch.Tensor) -> dict[str, tuple]:
+    """The queue (keys, labels) of each integration after one training batch (queue of 12 keys)."""
+    num_labels = labels.shape[1]
+    losses = {
+        "sentence_transformers": MultiLabelContrastiveLoss(model, "mulsupcon", num_labels=num_labels, queue_size=12),
+        "compute_loss_func": ContrastiveLossFunc("mulsupcon", num_labels=num_labels, queue_size=12),
+    }
+    out = {}
+    for name, loss in losses.items():
+        features = [model.preprocess(texts)]
+        if name == "compute_loss_func":
+            value = loss(model(features[0])["sentence_embedding"], labels)
+        else:
+            value = loss(features, labels)
+        value.backward()
+        out[name] = (loss.queue.embeddings.detach().clone(), loss.queue.labels.clone())
+    return out
+
+
 def main() -> None:
     rank, world_size, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     if world_size > 1:
@@ -59,6 +79,7 @@ def main() -> None:
     batches = torch.load(os.path.join(folder, "batches.pt"))
     texts, labels = batches[rank]
     torch.save(prototype_gradients(model, texts, labels), os.path.join(folder, f"grads{rank}.pt"))
+    torch.save(queue_contents(model, texts, labels), os.path.join(folder, f"queues{rank}.pt"))
     if world_size > 1:
         dist.destroy_process_group()
 

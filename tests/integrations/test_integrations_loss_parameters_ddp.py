@@ -4,7 +4,9 @@
 DeepSpeed, not the loss: without a rule of their own, each process would step its own copy of the prototypes
 with its own batch's gradient, and the copies would drift apart. Two real gloo processes, each with its own
 batch: both get the same gradient, the mean of the two single-process gradients (the rule DDP applies to the
-model's parameters), for the sentence-transformers loss, its GradCache variant and ``ContrastiveLossFunc``."""
+model's parameters), for the sentence-transformers loss, its GradCache variant and ``ContrastiveLossFunc``.
+With a queue, both integrations enqueue the keys of every process (rank order): one batch leaves the same
+queue on both processes, that of one process given both batches."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 
 pytest.importorskip("sentence_transformers")
 
-from _loss_parameters_worker import prototype_gradients  # noqa: E402
+from _loss_parameters_worker import prototype_gradients, queue_contents  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # noqa: E402
 
@@ -70,3 +72,12 @@ def test_two_processes_average_the_loss_parameters_gradient(tmp_path, bert_token
         mean = (alone[0][name] + alone[1][name]) / 2
         torch.testing.assert_close(two[0][name], two[1][name], rtol=0, atol=0, msg=name)
         torch.testing.assert_close(two[0][name], mean, rtol=1e-5, atol=1e-8, msg=name)
+
+    queues = [torch.load(tmp_path / f"queues{rank}.pt") for rank in (0, 1)]
+    (texts0, labels0), (texts1, labels1) = torch.load(tmp_path / "batches.pt")
+    both = queue_contents(model, texts0 + texts1, torch.cat([labels0, labels1]))
+    for name, (keys, labels) in both.items():
+        assert keys.shape[0] == 12, name
+        for rank in (0, 1):
+            torch.testing.assert_close(queues[rank][name][0], keys, rtol=1e-5, atol=1e-6, msg=name)
+            assert torch.equal(queues[rank][name][1], labels), name
