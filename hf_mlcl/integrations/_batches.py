@@ -36,6 +36,7 @@ from hf_mlcl.training import distributed as D
 from hf_mlcl.training.memory import (
     CandidateBuilder,
     EmbeddingQueue,
+    MomentumContrast,
     check_contrast_set,
     resolve_contrast_set,
     resolve_queue_warmup,
@@ -86,7 +87,7 @@ class BatchLoss:
         self.queue_size = int(queue_size)
         self.contrast_set = resolve_contrast_set(loss_fn, contrast_set, queue_size)
         self.queue_warmup = resolve_queue_warmup(loss_fn, queue_warmup)
-        self.queue: EmbeddingQueue | None = None  # built on the first training batch (width, device)
+        self.memory: MomentumContrast | None = None  # queue + contrast set, from the first training batch
         self.checks = FirstCallChecks(loss_fn)
         self.candidates = CandidateBuilder(
             None, gather=self.gather, supports_keys=getattr(loss_fn, "supports_keys", False)
@@ -107,13 +108,17 @@ class BatchLoss:
             fmt = self._formats[key] = resolve_label_format(labels, self.num_labels, self.label_format)
         return labels_to_multihot(labels, self.num_labels, fmt, check_values=check_values)
 
-    def _build_queue(self, embeddings: Tensor, labels: Tensor) -> None:
-        """The queue (K, D) on the embeddings' device, and the candidate builder of the contrast set."""
+    @property
+    def queue(self) -> EmbeddingQueue | None:
+        """The queue (None in batch mode and before the first training batch)."""
+        return None if self.memory is None else self.memory.queue
+
+    def _build_memory(self, embeddings: Tensor, labels: Tensor) -> MomentumContrast:
+        """The queue (K, D) on the embeddings' device in a :class:`MomentumContrast` with the loss paper's
+        contrast set; the integration computes the keys (no key encoder in the piece)."""
         num_labels = self.num_labels or labels.shape[1]
-        self.queue = EmbeddingQueue(self.queue_size, embeddings.shape[1], num_labels, device=embeddings.device)
-        self.candidates = CandidateBuilder(
-            self.contrast_set, queue=self.queue, queue_warmup=self.queue_warmup, gather=self.gather
-        )
+        queue = EmbeddingQueue(self.queue_size, embeddings.shape[1], num_labels, device=embeddings.device)
+        return MomentumContrast(self.loss_fn, None, queue, self.contrast_set, self.queue_warmup, gather=self.gather)
 
     def __call__(self, embeddings: Tensor, labels: Tensor, keys: Callable[[], Tensor] | None = None) -> Tensor:
         """The loss of ``embeddings`` (B, D) with ``labels``; with a queue in training, ``keys()`` gives the
@@ -121,12 +126,10 @@ class BatchLoss:
         with self.checks():
             y = self.multi_hot(labels.to(embeddings.device), check_values=self.checks.pending)
             if self.queue_size == 0 or not torch.is_grad_enabled():
-                return self.candidates.step(embeddings, y).loss(self.loss_fn)
-            if self.queue is None:
-                self._build_queue(embeddings, y)
+                candidates = self.candidates if self.memory is None else self.memory.candidates
+                return candidates.step(embeddings, y).loss(self.loss_fn)
+            if self.memory is None:
+                self.memory = self._build_memory(embeddings, y)
             with torch.no_grad():
                 raw = keys() if keys is not None else embeddings.detach()
-            batch_keys = self.candidates.gather_keys(raw, y)
-            loss = self.candidates.step(embeddings, y, batch_keys).loss(self.loss_fn)
-            self.candidates.enqueue(batch_keys)
-            return loss
+            return self.memory(embeddings, y, self.memory.gather_keys(raw, y))  # the loss, then the enqueue

@@ -38,8 +38,9 @@ the gathered keys). The anchors stay local.
 
 **One piece** (:class:`MomentumContrast`): a loss, a momentum key encoder
 (:mod:`hf_mlcl.training.momentum`), a queue and the loss paper's contrast set, as pytorch-metric-learning's
-``CrossBatchMemory`` wraps a loss. ``ContrastiveTrainer`` trains with it; any training loop can (see its
-docstring).
+``CrossBatchMemory`` wraps a loss. ``ContrastiveTrainer`` trains with it, the integrations' queues are
+one (:mod:`hf_mlcl.integrations`; their keys come from their own key encoder or are the embeddings
+without gradient), and any training loop can use it (see its docstring).
 """
 
 from __future__ import annotations
@@ -454,7 +455,8 @@ class MomentumContrast:
             ``default_queue_warmup`` give the paper's set (``docs/losses.md``).
         key_encoder: the momentum encoder (:class:`~hf_mlcl.training.momentum.MomentumEncoder` of the
             online model, or :func:`~hf_mlcl.training.momentum.build_key_encoder`): called like the
-            model, ``update(online)`` once per optimizer step.
+            model, ``update(online)`` once per optimizer step. None: the caller computes the keys
+            (e.g. the embeddings without gradient) and hands them to :meth:`gather_keys`.
         queue: the :class:`EmbeddingQueue` (K keys, their labels).
         contrast_set: ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the loss's).
         queue_warmup: leave the queue out until it has been filled once (None: the loss's).
@@ -531,8 +533,15 @@ class MomentumContrast:
     ) -> tuple[Tensor, Tensor]:
         """This step's momentum keys of every process and their labels (no gradient): the key encoder on the
         model ``inputs``, its embeddings read by ``embeddings_of``."""
+        if self.key_encoder is None:
+            raise ValueError("this MomentumContrast has no key encoder: compute the keys and call gather_keys(keys, labels)")
         with torch.no_grad():
             keys = embeddings_of(self.key_encoder(**inputs))
+        return self.gather_keys(keys, labels)
+
+    def gather_keys(self, keys: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys computed by the caller (B, D), and their labels, gathered from every process without
+        gradient: what :meth:`components` and :meth:`__call__` take."""
         return self.candidates.gather_keys(keys, labels)
 
     def components(self, embeddings: Tensor, labels: Tensor, keys: tuple[Tensor, Tensor] | None) -> dict[str, Tensor]:
@@ -551,21 +560,27 @@ class MomentumContrast:
         return loss
 
     def update(self, online: nn.Module | None = None) -> None:
-        """EMA step of the key encoder towards ``online`` (once per optimizer step)."""
-        self.key_encoder.update(online)
+        """EMA step of the key encoder towards ``online`` (once per optimizer step; nothing without one)."""
+        if self.key_encoder is not None:
+            self.key_encoder.update(online)
 
     def to(self, device: torch.device | str) -> MomentumContrast:
-        self.key_encoder.to(device)
+        if self.key_encoder is not None:
+            self.key_encoder.to(device)
         self.queue.to(device)
         return self
 
+    def _parts(self) -> tuple[tuple[str, Any], ...]:
+        held = (("momentum_encoder", self.key_encoder), ("queue", self.queue))
+        return tuple((key, obj) for key, obj in held if obj is not None)
+
     def state_dict(self) -> dict[str, Any]:
-        """``{"momentum_encoder": ..., "queue": ...}``."""
-        return {"momentum_encoder": self.key_encoder.state_dict(), "queue": self.queue.state_dict()}
+        """``{"momentum_encoder": ..., "queue": ...}`` (the queue alone without a key encoder)."""
+        return {key: obj.state_dict() for key, obj in self._parts()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore both; ValueError when ``state`` lacks one (a checkpoint written without a queue)."""
-        for key, obj in (("momentum_encoder", self.key_encoder), ("queue", self.queue)):
+        for key, obj in self._parts():
             if key not in state:
                 raise ValueError(f"the checkpoint has no {key} state but this run uses one (queue_size > 0)")
             obj.load_state_dict(state[key])
