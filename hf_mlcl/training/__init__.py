@@ -13,9 +13,11 @@
 * :mod:`~hf_mlcl.training.features`: frozen pooled features in memory and on disk (the linear probe);
 * :mod:`~hf_mlcl.training.checkpoints`: launch and output-folder checks before any work,
   complete-or-absent checkpoints, which one a resume takes, the trainer's extra state as safetensors;
-* :mod:`~hf_mlcl.training.distributed` (gathering with gradient, barriers, a clean shutdown),
-  :mod:`~hf_mlcl.training.sharding` (DeepSpeed / FSDP: asked for and applied) and
+* :mod:`~hf_mlcl.training.distributed` (gathering with gradient, barriers, a clean shutdown) and
   :mod:`~hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
+
+What the launch asked for (DeepSpeed / FSDP) and got, and one failing process stopping every process of
+it, are :mod:`hf_mlcl.launch`'s.
 """
 
 from hf_mlcl.evaluation.knn import knn_probe_metrics  # lives in hf_mlcl.evaluation.knn; kept importable here

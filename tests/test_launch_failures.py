@@ -1,4 +1,4 @@
-"""One failing process stops every process of a launch (hf_mlcl.training.launch_failures): the failure goes
+"""One failing process stops every process of a launch (hf_mlcl.launch): the failure goes
 into the launch's torchrun store; a peer blocked where it cannot raise is ended by its watcher, naming the
 failed process; the first failure is the one reported; outside torchrun nothing happens."""
 
@@ -12,14 +12,14 @@ import time
 import pytest
 from torch.distributed import TCPStore
 
-from hf_mlcl.training import launch_failures
-from hf_mlcl.training.launch_failures import PEER_FAILURE_EXIT, LaunchFailures
+from hf_mlcl import launch
+from hf_mlcl.launch import PEER_FAILURE_EXIT, LaunchFailures
 
 # a process blocked where it cannot raise (init_process_group waiting for a peer, a collective): only the
-# watcher thread can end it. The module is loaded from its file: it needs torch, not the rest of hf_mlcl.
+# watcher thread can end it. The module is loaded from its file: it needs torch and transformers, not the rest of hf_mlcl.
 BLOCKED = """
 import importlib.util, sys, time
-spec = importlib.util.spec_from_file_location("launch_failures", sys.argv[1])
+spec = importlib.util.spec_from_file_location("launch", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 module.LaunchFailures("hf-mlcl run", poll_seconds=0.1, grace_seconds=0.2).start()
@@ -62,7 +62,7 @@ def test_the_first_failure_of_the_launch_is_the_one_reported(monkeypatch, launch
 @pytest.mark.timeout(120)
 def test_a_peer_failure_ends_a_blocked_process_naming_the_failed_one(monkeypatch, launch_store):
     env = {**os.environ, **_launch_env(launch_store.port, 0)}
-    blocked = subprocess.Popen([sys.executable, "-c", BLOCKED, launch_failures.__file__], env=env, stdout=subprocess.PIPE,
+    blocked = subprocess.Popen([sys.executable, "-c", BLOCKED, launch.__file__], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert blocked.stdout.readline().strip() == "watching"
