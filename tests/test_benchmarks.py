@@ -1,4 +1,5 @@
-"""The GPU throughput benchmark of docs/RESULTS.md runs end to end (tiny Llama + LoRA on CPU)."""
+"""The stand-alone stage-1 throughput benchmark (benchmarks/stage1_throughput.py) runs end to end (tiny Llama +
+LoRA on CPU) and prints its figures."""
 
 from __future__ import annotations
 
