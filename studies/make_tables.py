@@ -65,12 +65,18 @@ ANCHORS = {
 }
 
 
-def load(dataset: str, tagged: bool = False) -> dict[tuple[str, str], list[dict]]:
-    """Runs by (loss, probe): the main grid, or (``tagged``) the stage-2 variants by (loss, probe-tag)."""
+def load(dataset: str, tagged: bool = False, batch_sampler: str = "random") -> dict[tuple[str, str], list[dict]]:
+    """Runs by (loss, probe): the main grid, or (``tagged``) the stage-2 variants by (loss, probe-tag); those
+    of stage 1 trained with ``batch_sampler`` (``run.py --batch-sampler``: every table but the sampler's
+    reads the random batches)."""
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for path in sorted(glob.glob(os.path.join(HERE, dataset, "*", "seed*", "metrics.json"))):
         with open(path, encoding="utf-8") as fh:
             r = json.load(fh)
+        if r.get("batch_sampler", "random") != batch_sampler:
+            continue
+        if batch_sampler != "random":
+            r = {**r, "tag": r["tag"].removeprefix(batch_sampler).lstrip("-") or None}
         if bool(r.get("tag")) != tagged:
             continue
         cells[(r["loss"], r["probe"] + (f"-{r['tag']}" if tagged else ""))].append(r)
@@ -681,6 +687,34 @@ def write_cost_section() -> str:
 PAPERS_DIR = "gpu_papers"  # run_gpu.sh papers: every loss at its paper's stage-1 budget
 
 
+def _sampler_cell(old: list[dict], new: list[dict], key: str) -> str:
+    """``random → positives (difference)`` of one metric of seed 1."""
+    if not old:
+        return "—"
+    v0 = old[0]["metrics"][key]
+    if not new:
+        return f"{v0:.3f} → {NOT_RUN}"
+    v1 = new[0]["metrics"][key]
+    return f"{v0:.3f} → {v1:.3f} ({v1 - v0:+.3f})"
+
+
+def sampler_table(study: str) -> str:
+    """Stage 1 with positive-ensured batches (``run.py --batch-sampler positives``) against the same cell with
+    random batches, seed 1: test macro-F1 of both frozen probes and validation macro-F1 of the logistic one."""
+    plain, positives = load(study), load(study, batch_sampler="positives")
+    rows = ["| stage 1 | logistic probe: test macro-F1, random → positives | linear probe: test macro-F1, random → "
+            "positives | logistic probe: validation macro-F1 | logistic probe: test micro-F1 |", "|---|---|---|---|---|"]
+    for loss in CONTRASTIVE:
+        cells = {p: ([r for r in plain.get((loss, p), []) if r["seed"] == 1],
+                     [r for r in positives.get((loss, p), []) if r["seed"] == 1]) for p in ("logistic", "linear")}  # fmt: skip
+        if cells["logistic"][0] or cells["linear"][0]:
+            rows.append(f"| {NAMES.get(loss, loss)} | {_sampler_cell(*cells['logistic'], 'test_macro_f1')} | "
+                        f"{_sampler_cell(*cells['linear'], 'test_macro_f1')} | "
+                        f"{_sampler_cell(*cells['logistic'], 'validation_macro_f1')} | "
+                        f"{_sampler_cell(*cells['logistic'], 'test_micro_f1')} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 def papers_table() -> str:
     """Each loss's stage-1 budget from its paper (``paper_budgets.py``) and, per study, the test macro-F1 of its
     logistic probe at that budget (``run_gpu.sh papers``), "not yet run" until the cell exists."""
@@ -698,7 +732,8 @@ def papers_table() -> str:
 
 
 def main(argv: list[str]) -> None:
-    tables = {"summary": summary_table(), "papers-budgets": papers_table()}
+    tables = {"summary": summary_table(), "papers-budgets": papers_table(),
+              "reuters21578-sampler": sampler_table("reuters21578")}
     tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})

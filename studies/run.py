@@ -156,7 +156,7 @@ def run_cell(
             return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
     result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra, "tag": tag,
-                    "git_commit": cell_io.git_commit(), "device": cell_io.device()}
+                    "batch_sampler": batch_sampler, "git_commit": cell_io.git_commit(), "device": cell_io.device()}
     wall: dict[str, float] = {}
 
     encoder_path = None

@@ -689,3 +689,17 @@ def test_summary_compute_points_and_cost_read_every_kind_of_cell(tables, tmp_pat
     assert rows["fine-tune (BCE, MiniLM + linear head), one epoch"] == [100.0, 120.0]
     assert rows["logistic probe, whole: encoding train + validation + test, then the fits"] == [60.0]
     assert tables._spread([100.0, 120.0, 500.0]) == "120 (100-500; 3)" and tables._spread([]) == "—"
+
+
+def test_sampler_cells_have_their_own_table_and_stay_out_of_the_others(tables, tmp_path):
+    """A stage-1 variant with positive-ensured batches (run.py --batch-sampler positives: tag "positives") is
+    compared with the random-batch cell of the same loss and probe, and no other table reads it."""
+    _full_run(tmp_path, "jaccard", "logistic", 1, 0.50, 0.30)
+    _full_run(tmp_path, "jaccard", "logistic", 1, 0.52, 0.35, tag="positives", batch_sampler="positives")
+    _full_run(tmp_path, "jaccard", "linear", 1, 0.48, 0.31)
+    table = tables.sampler_table("reuters21578").splitlines()
+    jaccard = next(line for line in table if line.startswith("| jaccard |"))
+    assert "| 0.300 → 0.350 (+0.050) | 0.310 → not yet run | 0.500 → 0.520 (+0.020) |" in jaccard
+    assert tables.load("reuters21578")[("jaccard", "logistic")][0]["metrics"]["test_macro_f1"] == 0.30
+    assert ("jaccard", "logistic-positives") not in tables.load("reuters21578", tagged=True)
+    assert "0.350" not in tables.full_table("reuters21578")
