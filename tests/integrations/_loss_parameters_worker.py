@@ -23,6 +23,16 @@ from hf_mlcl.integrations.sentence_transformers import (
 from hf_mlcl.integrations.trainer import ContrastiveLossFunc
 
 
+def backward(name: str, loss, model: SentenceTransformer, texts: list[str], labels: torch.Tensor) -> None:
+    """One batch through an integration's loss, and its backward (``compute_loss_func`` takes the embeddings)."""
+    features = [model.preprocess(texts)]
+    if name == "compute_loss_func":
+        value = loss(model(features[0])["sentence_embedding"], labels)
+    else:
+        value = loss(features, labels)
+    value.backward()
+
+
 def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: torch.Tensor) -> dict[str, torch.Tensor]:
     """The prototypes' gradient of each integration's msc loss on one batch, the prototypes starting equal."""
     num_labels = labels.shape[1]
@@ -40,12 +50,7 @@ def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: to
     grads = {}
     for name, loss in losses.items():
         loss.loss_fn.load_state_dict(start)
-        features = [model.preprocess(texts)]
-        if name == "compute_loss_func":
-            value = loss(model(features[0])["sentence_embedding"], labels)
-        else:
-            value = loss(features, labels)
-        value.backward()
+        backward(name, loss, model, texts, labels)
         grads[name] = loss.loss_fn.prototypes.grad.clone()
     return grads
 
@@ -59,12 +64,7 @@ def queue_contents(model: SentenceTransformer, texts: list[str], labels: torch.T
     }
     out = {}
     for name, loss in losses.items():
-        features = [model.preprocess(texts)]
-        if name == "compute_loss_func":
-            value = loss(model(features[0])["sentence_embedding"], labels)
-        else:
-            value = loss(features, labels)
-        value.backward()
+        backward(name, loss, model, texts, labels)
         out[name] = (loss.queue.embeddings.detach().clone(), loss.queue.labels.clone())
     return out
 
