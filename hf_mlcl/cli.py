@@ -482,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hf_mlcl.hub import PushError
     from hf_mlcl.recipes import RecipeError
     from hf_mlcl.training.checkpoints import InputError
-    from hf_mlcl.launch import LaunchFailures
+    from hf_mlcl.training.launch import LaunchFailures
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

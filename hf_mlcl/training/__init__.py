@@ -13,11 +13,9 @@
 * :mod:`~hf_mlcl.training.features`: frozen pooled features in memory and on disk (the linear probe);
 * :mod:`~hf_mlcl.training.checkpoints`: launch and output-folder checks before any work,
   complete-or-absent checkpoints, which one a resume takes, the trainer's extra state as safetensors;
-* :mod:`~hf_mlcl.training.distributed` (gathering with gradient, barriers, a clean shutdown) and
-  :mod:`~hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
-
-What the launch asked for (DeepSpeed / FSDP) and got, and one failing process stopping every process of
-it, are :mod:`hf_mlcl.launch`'s.
+* :mod:`~hf_mlcl.training.launch` (what the launch asked for — DeepSpeed / FSDP — and got; one failing
+  process stops every process of it), :mod:`~hf_mlcl.training.distributed` (gathering with gradient,
+  barriers, a clean shutdown) and :mod:`~hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).
 """
 
 from hf_mlcl.evaluation.knn import knn_probe_metrics  # lives in hf_mlcl.evaluation.knn; kept importable here

@@ -7,7 +7,7 @@ in common.
   label column, the model leaves the loss to the trainer (``accepts_loss_kwargs`` False:
   transformers#47688), the collator (a ``MultiLabelCollator`` by default) has the label count and the
   number of views;
-* after it: the launch got the DeepSpeed / FSDP engine it asked for (:mod:`hf_mlcl.launch`),
+* after it: the launch got the DeepSpeed / FSDP engine it asked for (:mod:`hf_mlcl.training.launch`),
   checked again when training starts, and the loss sits on the training device;
 * checkpoints are complete or marked incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`);
 * ``compute_loss`` receives the batch and takes its labels out itself (:meth:`MultiLabelTrainer.split_labels`),
@@ -25,7 +25,7 @@ from torch import nn
 from transformers import Trainer
 
 from .checkpoints import CompleteCheckpointsMixin
-from hf_mlcl.launch import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
+from .launch import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
 
 __all__ = ["MultiLabelTrainer", "check_label_column", "dataset_columns"]
 
@@ -125,7 +125,7 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
         """ValueError (one line, naming the fix) for: arguments of another class, no model, a dataset
         without the label column, a model that normalises its own loss. Then clears a finished DeepSpeed
         run's accelerator state, so that this trainer can run under DeepSpeed too (stage 2 after stage 1:
-        :func:`~hf_mlcl.launch.clear_previous_deepspeed_state`)."""
+        :func:`~hf_mlcl.training.launch.clear_previous_deepspeed_state`)."""
         name = cls.__name__
         if not isinstance(args, cls.args_class):
             got = "no args" if args is None else type(args).__name__

@@ -3,7 +3,7 @@ and the contrastive trainer's extra state file.
 
 **Before any long work**: :func:`check_launch` refuses a launch that would not form a working process group
 (several CPU processes without ``--use_cpu true``, a process ``accelerate launch --cpu`` started alone) or
-would not get the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.launch.launch_problem`);
+would not get the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.training.launch.launch_problem`);
 :func:`check_output_dir` stops a new run into a folder that holds files unless it overwrites or resumes.
 It only checks: the old run's checkpoints go in :func:`remove_previous_checkpoints`, called by the stages
 (:mod:`hf_mlcl.training.stages`) once the data, the model and the batch size have passed their checks, so a
@@ -93,8 +93,8 @@ class InputError(ValueError):
 # ----------------------------------------------------------------------------------------------------
 def check_launch(args: Any) -> None:
     """Refuse a launch that would not form a working process group on this machine, or would not train
-    with the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.launch.launch_problem`)."""
-    from hf_mlcl.launch import launch_problem, requested_engine
+    with the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.training.launch.launch_problem`)."""
+    from .launch import launch_problem, requested_engine
 
     problem = launch_problem(args)
     if problem:
@@ -202,7 +202,7 @@ def preflight(args: Any, stage: str, train_rows: int | None, lora: tuple[Any, st
 def check_lora_save(model_args: Any, args: Any, source: str | None, adapter_encoder: bool = False) -> None:
     """Before any loading: a LoRA run under DeepSpeed / FSDP must be able to write its adapter at the end
     (ValueError naming the fix otherwise)."""
-    from hf_mlcl.launch import requested_engine
+    from .launch import requested_engine
 
     engine = requested_engine(args)
     if engine is None:

@@ -58,7 +58,7 @@ Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.trainin
   encoder is a second adapter of the sharded model
   (:class:`~hf_mlcl.training.momentum.AdapterMomentumEncoder`): same keys, same EMA.
 * GradCache does not run under DeepSpeed (the engine reduces gradients and steps inside every
-  backward): a launch asking for both stops at once (:func:`~hf_mlcl.launch.launch_problem`).
+  backward): a launch asking for both stops at once (:func:`~hf_mlcl.training.launch.launch_problem`).
 
 Host synchronisation: a training step that does not log reads no tensor value on the host, so it
 never waits for the accelerator (``hf_mlcl.host_sync`` counts such reads; the tests hold every loss,
@@ -127,7 +127,7 @@ from .memory import (
     resolve_contrast_set,
 )
 from .momentum import build_key_encoder
-from hf_mlcl.launch import launch_problem, shards_parameters
+from .launch import launch_problem, shards_parameters
 
 logger = logging.getLogger(__name__)
 

@@ -160,7 +160,7 @@ def _assert_both_stop_naming(nodes, cause: str) -> None:
     assert f"hf-mlcl run: error: process 1 (machine_rank 1) failed: {cause}" in nodes[0].stderr, describe(nodes)
 
 
-@pytest.mark.slow  # the fast version: tests/test_launch_failures.py
+@pytest.mark.slow  # the fast version: tests/training/test_training_launch_failures.py
 @pytest.mark.timeout(600)
 def test_a_data_file_missing_on_one_node_stops_both_naming_it(tmp_path):
     main_node = _workspace(tmp_path, "node0")

@@ -1,4 +1,4 @@
-"""hf_mlcl.launch.launch_problem: a launch that asks for DeepSpeed / FSDP but would train something else
+"""hf_mlcl.training.launch.launch_problem: a launch that asks for DeepSpeed / FSDP but would train something else
 (or cannot run as asked) is named with its cause and fix, from the arguments and the environment alone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hf_mlcl.training.checkpoints import check_launch
-from hf_mlcl.launch import launch_problem, requested_engine
+from hf_mlcl.training.launch import launch_problem, requested_engine
 
 
 def _args(**kw):
@@ -91,7 +91,7 @@ def test_a_trainer_without_the_requested_engine_stops(env):
     one-line error naming the cause."""
     from accelerate.utils import DistributedType
 
-    from hf_mlcl.launch import EngineCheckCallback, check_engine_applied
+    from hf_mlcl.training.launch import EngineCheckCallback, check_engine_applied
 
     env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     trainer = SimpleNamespace(
@@ -118,7 +118,7 @@ def _fsdp_trainer(version: int | None, model: torch.nn.Module):
 def test_fsdp1_cannot_wrap_a_bf16_backbone_with_fp32_adapters(env):
     """FSDP1's flat parameters need one dtype per unit: a LoRA model on a bf16 backbone stops with the fix named
     when the trainer is built (check_engine_applied), not at wrapping; FSDP2 and uniform models pass."""
-    from hf_mlcl.launch import check_engine_applied, fsdp_dtype_problem
+    from hf_mlcl.training.launch import check_engine_applied, fsdp_dtype_problem
 
     mixed = torch.nn.Sequential(torch.nn.Linear(2, 2).to(torch.bfloat16), torch.nn.Linear(2, 2))
     problem = fsdp_dtype_problem(_fsdp_trainer(1, mixed))

@@ -1,4 +1,4 @@
-"""One failing process stops every process of a launch (hf_mlcl.launch): the failure goes
+"""One failing process stops every process of a launch (hf_mlcl.training.launch): the failure goes
 into the launch's torchrun store; a peer blocked where it cannot raise is ended by its watcher, naming the
 failed process; the first failure is the one reported; outside torchrun nothing happens."""
 
@@ -12,8 +12,8 @@ import time
 import pytest
 from torch.distributed import TCPStore
 
-from hf_mlcl import launch
-from hf_mlcl.launch import PEER_FAILURE_EXIT, LaunchFailures
+from hf_mlcl.training import launch
+from hf_mlcl.training.launch import PEER_FAILURE_EXIT, LaunchFailures
 
 # a process blocked where it cannot raise (init_process_group waiting for a peer, a collective): only the
 # watcher thread can end it. The module is loaded from its file: it needs torch and transformers, not the rest of hf_mlcl.
