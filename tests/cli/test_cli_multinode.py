@@ -18,6 +18,7 @@ import json
 import os
 
 import pytest
+from _launches import run_launch
 from _two_nodes import NODE_UMASKS, describe, launch_two_nodes
 from _write_watch import WriteWatch
 
@@ -279,13 +280,10 @@ def test_two_nodes_resume_in_a_shared_folder_and_match_one_node_of_two_processes
     assert _logged_losses(encoder) == pytest.approx(losses, rel=1e-5)
     assert os.path.isfile(os.path.join(shared, "out", "classifier", "model.safetensors"))
     # one node, two processes (the cpu.yaml launch the README shows)
-    import subprocess
-
-    one_node = subprocess.run([ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", "2",
-                               "--main_process_port", str(free_port()), "-m", "hf_mlcl.cli", "train", "recipe.yaml",
-                               "--output_dir", "one_node", "--save_strategy", "no", *COMMON[:-1]],
-                              cwd=shared, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                              timeout=NODE_TIMEOUT)  # fmt: skip
+    one_node = run_launch([ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", "2",
+                           "--main_process_port", str(free_port()), "-m", "hf_mlcl.cli", "train", "recipe.yaml",
+                           "--output_dir", "one_node", "--save_strategy", "no", *COMMON[:-1]],
+                          cwd=str(shared), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=NODE_TIMEOUT)  # fmt: skip
     assert one_node.returncode == 0, one_node.stderr[-3000:]
     assert _logged_losses(os.path.join(shared, "one_node")) == pytest.approx(losses, rel=1e-5)
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from _launches import run_launch
 
 from hf_mlcl.cli import main
 
@@ -39,7 +40,7 @@ def _launch(config: str, args: list[str], timeout: int = 400) -> subprocess.Comp
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", config),
            "--num_processes", "2", "--main_process_port", str(_port()), "-m", "hf_mlcl.cli", *args]  # fmt: skip
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return run_launch(cmd, env=env, timeout=timeout, cwd=ROOT)
 
 
 def _logged_losses(folder: str) -> list[float]:

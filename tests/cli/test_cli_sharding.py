@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from _launches import run_launch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaModel
 
@@ -42,7 +43,7 @@ def _launch(config: str, processes: int, args: list[str], accelerate_args: tuple
     cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", config),
            "--num_processes", str(processes), "--main_process_port", str(_port()), *accelerate_args,
            "-m", "hf_mlcl.cli", *args]  # fmt: skip
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return run_launch(cmd, env=env, timeout=timeout, cwd=ROOT)
 
 
 def _error_line(proc: subprocess.CompletedProcess) -> str:

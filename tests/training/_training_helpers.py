@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
 
 import torch
+from _launches import run_launch
 from transformers import BertConfig
 
 from hf_mlcl.data import MultiLabelCollator
@@ -127,7 +127,7 @@ def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> Non
     # (by any socket, e.g. an outgoing gloo connection of a concurrent run), failing the launch.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
            *worker_args]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_launch(cmd, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 

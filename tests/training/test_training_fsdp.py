@@ -19,13 +19,13 @@ the meta device and rank 0's weights are broadcast).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 from _fsdp_worker import CASES, outputs, run
+from _launches import run_launch
 from _training_helpers import LABELS, tiny_tokenizer
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaModel
@@ -47,14 +47,10 @@ def _launch(root, cases) -> subprocess.CompletedProcess:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", "cpu.yaml"),
            "--num_processes", "2", WORKER, str(root), *cases]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT)
+        return run_launch(cmd, env=env, cwd=ROOT, timeout=LAUNCH_TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the launcher passes it on to its workers (SIGKILL would orphan them)
-        out, err = proc.communicate(timeout=60)
-        pytest.fail(f"the FSDP launch ran past {LAUNCH_TIMEOUT} s:\n{err[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        pytest.fail(f"the FSDP launch ran past {LAUNCH_TIMEOUT} s")
 
 
 @pytest.fixture(scope="module")

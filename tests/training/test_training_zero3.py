@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
 import torch
+from _launches import run_launch
 from _training_helpers import LABELS, tiny_tokenizer
 from _zero3_worker import embed, outputs, run, run_bce
 from safetensors.torch import load_file, save_file
@@ -60,7 +60,7 @@ def _launch(root, processes: int, mode: str = "msc") -> dict:
     cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", "deepspeed_zero3.yaml"),
            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_port()),
            WORKER, str(root), mode, f"zero3-{processes}", str(8 // processes)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200, cwd=ROOT)
+    proc = run_launch(cmd, env=env, timeout=200, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
     return torch.load(root / f"zero3-{processes}.pt", weights_only=False)  # written by the main process
