@@ -11,11 +11,15 @@ imports only the standard library, ``torch``, ``transformers`` and ``safetensors
 * :func:`load_adapter_folder`: a LoRA run saved as an adapter (``hf_mlcl.modeling.lora.save_lora_adapter``:
   PEFT's files for the backbone, the heads alone in ``model.safetensors``) is loaded by fetching the base
   model named in ``adapter_config.json`` and merging the adapter into it (:func:`merge_lora_weights`; Hu
-  et al., 2022, "LoRA", Eq. 3), without peft.
+  et al., 2022, "LoRA", Eq. 3), without peft;
+* :func:`bundle_code_files`: the code files a ``save_pretrained`` copied (``modeling_mlcl.py`` and the sibling
+  modules it imports) become one ``modeling_mlcl.py`` beside ``configuration_mlcl.py``, so a saved folder
+  (and a Hub repo) carries two code files, whatever modules the package splits the code into.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -32,6 +36,7 @@ __all__ = [
     "ADAPTER_CONFIG_NAME",
     "ADAPTER_WEIGHTS_NAME",
     "HEADS_WEIGHTS_NAME",
+    "bundle_code_files",
     "hub_file",
     "load_adapter_folder",
     "merge_lora_weights",
@@ -187,3 +192,69 @@ def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str
     model.to(next(backbone.parameters()).device)
     model.eval()
     return model
+
+
+def _sibling_imports(tree: ast.Module, siblings: set[str]) -> list[ast.ImportFrom]:
+    """The ``from .<sibling> import ...`` statements anywhere in ``tree`` whose sibling is in ``siblings``."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in siblings]
+
+
+def _top_level_names(tree: ast.Module) -> list[str]:
+    """The names a module's top-level statements define (functions, classes, assignments)."""
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def _code_lines(source: str, drop: list[ast.AST]) -> str:
+    """A module's source without its docstring, its ``from __future__`` import and the statements ``drop``."""
+    tree = ast.parse(source)
+    skip = list(drop)
+    for node in tree.body:
+        docstring = node is tree.body[0] and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            skip.append(node)
+    gone = {i for node in skip for i in range(node.lineno, node.end_lineno + 1)}
+    return "\n".join(line for i, line in enumerate(source.splitlines(), start=1) if i not in gone).strip("\n")
+
+
+def bundle_code_files(folder: str, main: str = "modeling_mlcl", keep: tuple[str, ...] = ("configuration_mlcl",)) -> None:
+    """Inline into ``folder/<main>.py`` the sibling modules it imports (``from .<name> import ...`` anywhere in
+    the file) that ``save_pretrained`` copied beside it, except those in ``keep``, and remove their files: their
+    code first, in the order ``main`` imports them, then ``main``'s own without those imports. Nothing changes
+    when no such sibling was copied (a bundled file saved again). ValueError when a bundled sibling imports
+    another one, or when two modules define the same top-level name (the bundle would keep only the last)."""
+    path = os.path.join(folder, f"{main}.py")
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    tree = ast.parse(source)
+    copied = {n[: -len(".py")] for n in os.listdir(folder) if n.endswith(".py")} - set(keep) - {main}
+    imports = _sibling_imports(tree, copied)
+    order = list(dict.fromkeys(node.module for node in imports))
+    if not order:
+        return
+    sources = {}
+    for name in order:
+        with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as fh:
+            sources[name] = fh.read()
+    sources[main] = source
+    defined: dict[str, str] = {}
+    for name, text in sources.items():
+        module = ast.parse(text)
+        if name != main and _sibling_imports(module, copied):
+            raise ValueError(f"{name}.py imports another copied module; {main}.py cannot inline it as it is")
+        for target in _top_level_names(module):
+            if target != "__all__" and defined.setdefault(target, name) != name:
+                raise ValueError(f"{target} is defined in both {defined[target]}.py and {name}.py")
+    parts = [f"# ---- {name}.py\n" + _code_lines(sources[name], imports if name == main else []) + "\n"
+             for name in [*order, main]]  # fmt: skip
+    header = f'"""{ast.get_docstring(tree, clean=False) or ""}"""\n\nfrom __future__ import annotations\n\n'
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(header + "\n\n".join(parts))
+    for name in order:
+        os.remove(os.path.join(folder, f"{name}.py"))

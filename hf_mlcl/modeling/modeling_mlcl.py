@@ -3,8 +3,8 @@
 This module is copied next to the weights by ``save_pretrained`` (Hub "remote code") and loaded with
 ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` in environments where ``hf_mlcl`` is not
 installed, so it must stay self-contained: it imports only the standard library, ``torch``,
-``transformers`` and its siblings (copied with it: ``configuration_mlcl``, ``layers_mlcl`` with the pooling
-and heads, ``folders_mlcl`` with the atomic save and the adapter-folder load) — never ``hf_mlcl``.
+``transformers`` and its siblings (``configuration_mlcl``; ``layers_mlcl``: pooling and heads; ``folders_mlcl``:
+atomic saves, adapter folders; the last two inlined into the saved copy) — never ``hf_mlcl``.
 
 References:
 - Khosla et al., 2020, "Supervised Contrastive Learning": projection head = 2-layer MLP with ReLU,
@@ -41,6 +41,7 @@ from .folders_mlcl import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
     HEADS_WEIGHTS_NAME,
+    bundle_code_files,
     hub_file,
     load_adapter_folder,
     merge_lora_weights,
@@ -273,19 +274,24 @@ class MLCLPreTrainedModel(PreTrainedModel):
     # -- saving ---------------------------------------------------------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """``PreTrainedModel.save_pretrained`` made atomic (:func:`~folders_mlcl.save_folder_atomically`: no
-        half-written checkpoints). The backbone config dict is refreshed from the live backbone first (pad
-        token, resized vocabulary). The code files (``configuration_mlcl.py``, ``modeling_mlcl.py`` and the
-        sibling modules it imports) are saved beside the weights. An ``is_main_process`` given by the caller
-        decides whether this process writes (see :meth:`should_save_on_this_rank`)."""
+        half-written checkpoints), the backbone config refreshed from the live backbone (pad token, vocabulary),
+        the code as ``configuration_mlcl.py`` + one ``modeling_mlcl.py`` (:func:`~folders_mlcl.bundle_code_files`).
+        An ``is_main_process`` given by the caller decides whether this process writes (``should_save_on_this_rank``)."""
         self.config.backbone_config = backbone_config_to_dict(self.backbone.config)
         self._writer_named = "is_main_process" in kwargs
         try:
             if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(os.fspath(save_directory)):
                 return super().save_pretrained(save_directory, *args, **kwargs)
-            save_folder_atomically(os.fspath(save_directory), lambda tmp: super(MLCLPreTrainedModel, self).save_pretrained(tmp, *args, **kwargs))
+            save_folder_atomically(os.fspath(save_directory), lambda tmp: self._save_into(tmp, *args, **kwargs))
         finally:
             self._writer_named = False
         return None
+
+    def _save_into(self, folder: str, *args: Any, **kwargs: Any) -> None:
+        """``PreTrainedModel.save_pretrained`` into ``folder``, then its code files bundled into two."""
+        super().save_pretrained(folder, *args, **kwargs)
+        if os.path.isfile(os.path.join(folder, "modeling_mlcl.py")):
+            bundle_code_files(folder)
 
     def should_save_on_this_rank(self, is_main_process: bool) -> bool:
         """Whether this process writes the files of ``save_pretrained`` (transformers 5 asks this).

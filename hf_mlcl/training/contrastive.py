@@ -118,6 +118,7 @@ from .checkpoints import (
     tree_to_optimizer_state,
 )
 from .gradcache import batch_rows, gradcache_backward, slice_batch, slice_rows
+from .launch import launch_problem, shards_parameters
 from .memory import (
     CandidateBuilder,
     EmbeddingQueue,
@@ -127,7 +128,6 @@ from .memory import (
     resolve_contrast_set,
 )
 from .momentum import build_key_encoder
-from .launch import launch_problem, shards_parameters
 
 logger = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ probe:
 # the run, which drops them once a stage has finished unless asked to keep them
 COMMON = ["--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "none", "--keep_checkpoints", "true",
           "--no_plots"]  # fmt: skip
-MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py", "layers_mlcl.py", "folders_mlcl.py",
+MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py",
                "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_args.bin"}  # fmt: skip
 STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}
 CHECKPOINT_FILES = MODEL_FILES | {"trainer_state.json", "optimizer.pt", "scheduler.pt", "mlcl_trainer_state.safetensors",

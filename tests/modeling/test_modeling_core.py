@@ -206,8 +206,9 @@ def test_encoder_save_load_roundtrip_atomic(tmp_path, tiny_bert_config, bert_tok
         "AutoModel": "modeling_mlcl.MLCLEncoder",
     }
     assert cfg["backbone_config"]["model_type"] == "bert"
-    # code files beside the weights never import hf_mlcl
-    for name in ("configuration_mlcl.py", "modeling_mlcl.py", "layers_mlcl.py", "folders_mlcl.py"):
+    # two code files beside the weights (the package's modeling modules bundled into one), never importing hf_mlcl
+    assert sorted(n for n in files if n.endswith(".py")) == ["configuration_mlcl.py", "modeling_mlcl.py"]
+    for name in ("configuration_mlcl.py", "modeling_mlcl.py"):
         assert "hf_mlcl" not in "".join(
             line for line in open(target / name) if line.lstrip().startswith(("import ", "from "))
         )
@@ -457,3 +458,57 @@ def test_from_backbone_hands_dtype_to_the_backbone_loader(tmp_path, tiny_llama_c
     kept = MLCLEncoder.from_backbone(str(tmp_path / "bf16"), pooling="last_token")
     assert {p.dtype for p in kept.backbone.parameters()} == {torch.bfloat16}  # the checkpoint's own dtype
     assert kept.projection_head.dense.weight.dtype == torch.float32  # heads stay fp32
+
+
+def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(tmp_path):
+    """bundle_code_files: the siblings a saved modeling_mlcl.py imports (at the top and inside functions) are
+    inlined before its own code and their files removed, the kept configuration_mlcl.py stays imported; a
+    bundle saved again is left as it is; two modules defining one name stop with the name."""
+    import importlib.util
+    import sys
+
+    from hf_mlcl.modeling.folders_mlcl import bundle_code_files
+
+    def folder(name, **files):
+        path = tmp_path / name
+        path.mkdir()
+        for module, text in files.items():
+            (path / f"{module}.py").write_text(text)
+        return path
+
+    good = folder(
+        "good",
+        configuration_mlcl='"""config"""\nfrom __future__ import annotations\nSIZE = 3\n',
+        layers_mlcl='"""layers"""\nfrom __future__ import annotations\n\nimport math\n\n\ndef double(x):\n    return 2 * x\n',
+        folders_mlcl='"""folders"""\nfrom __future__ import annotations\n\n\ndef name():\n    return "f"\n',
+        modeling_mlcl='"""modeling"""\nfrom __future__ import annotations\n\nfrom .configuration_mlcl import SIZE\n'
+                      'from .layers_mlcl import (\n    double,\n)\n\n\ndef run():\n    from .folders_mlcl import name\n\n'
+                      '    return double(SIZE), name()\n',
+    )  # fmt: skip
+    bundle_code_files(str(good))
+    assert sorted(p.name for p in good.iterdir()) == ["configuration_mlcl.py", "modeling_mlcl.py"]
+    text = (good / "modeling_mlcl.py").read_text()
+    assert text.startswith('"""modeling"""\n\nfrom __future__ import annotations\n')
+    assert text.count("from __future__") == 1 and "from .layers_mlcl" not in text and "from .folders_mlcl" not in text
+    assert "from .configuration_mlcl import SIZE" in text
+    (good / "__init__.py").write_text("")
+    spec = importlib.util.spec_from_file_location("bundled_pkg", good / "__init__.py", submodule_search_locations=[str(good)])
+    sys.modules["bundled_pkg"] = importlib.util.module_from_spec(spec)
+    try:
+        from bundled_pkg.modeling_mlcl import run  # noqa: PLC0415
+
+        assert run() == (6, "f")
+    finally:
+        for key in [k for k in sys.modules if k.startswith("bundled_pkg")]:
+            del sys.modules[key]
+    bundle_code_files(str(good))  # saved again: nothing left to inline
+    assert (good / "modeling_mlcl.py").read_text() == text
+
+    clash = folder(
+        "clash",
+        layers_mlcl="def helper():\n    return 1\n",
+        modeling_mlcl="from .layers_mlcl import helper\n\n\ndef helper():\n    return 2\n",
+    )
+    with pytest.raises(ValueError, match="helper is defined in both layers_mlcl.py and modeling_mlcl.py"):
+        bundle_code_files(str(clash))
+    assert (clash / "layers_mlcl.py").is_file()  # nothing written
