@@ -62,6 +62,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
 from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
+from hf_mlcl.modeling.sharded import sharding_kind
 from hf_mlcl.training.momentum import MomentumEncoder, UpdateAfterOptimizerSteps
 
 from ._batches import BatchLoss
@@ -203,6 +204,13 @@ class MultiLabelContrastiveLoss(nn.Module):
         if self.queue_size == 0 or self.momentum is None or not torch.is_grad_enabled():
             return None
         if self._key_updates is None:
+            sharded = sharding_kind(self.model)
+            if sharded is not None:  # a copy of sharded parameters holds this process's shard only
+                raise ValueError(
+                    f"queue_size={self.queue_size} with a momentum encoder cannot copy a model sharded by {sharded}; "
+                    "pass momentum=None (keys without gradient) or train with hf_mlcl.ContrastiveTrainer, whose "
+                    "key encoder is a second LoRA adapter under DeepSpeed / FSDP"
+                )
             self._key_updates = UpdateAfterOptimizerSteps(
                 MomentumEncoder(self.model, momentum=self.momentum), lambda: self.model
             )

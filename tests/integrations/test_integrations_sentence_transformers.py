@@ -494,3 +494,16 @@ def test_queue_trains_as_contrastive_trainer(tmp_path, bert_tokenizer, tiny_bert
         assert ref.momentum_encoder is not None and st_loss.key_encoder is not None
     for (name, p), q in zip(st_model.named_parameters(), ref_model.st.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_queue_with_a_momentum_encoder_refuses_a_sharded_model(tiny_st):
+    """A key encoder copied from ZeRO-3-partitioned parameters would hold this process's shard only: the first
+    training batch stops with the fix named, before any key is computed."""
+    ds = _split(6)
+    labels = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
+    loss = MultiLabelContrastiveLoss(tiny_st, "mulsupcon", num_labels=len(NAMES), queue_size=8)
+    next(tiny_st.parameters()).ds_id = 0  # what DeepSpeed ZeRO-3 marks a partitioned parameter with
+    with pytest.raises(ValueError, match="cannot copy a model sharded by zero3; pass momentum=None"):
+        loss(_features(tiny_st, list(ds["text"])), labels)
+    plain = MultiLabelContrastiveLoss(tiny_st, "mulsupcon", num_labels=len(NAMES), queue_size=8, momentum=None)
+    assert plain(_features(tiny_st, list(ds["text"])), labels).isfinite()
