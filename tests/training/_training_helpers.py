@@ -7,7 +7,6 @@ import random
 import sys
 
 import torch
-from _launches import run_launch
 from transformers import BertConfig
 
 from hf_mlcl.data import MultiLabelCollator
@@ -127,6 +126,8 @@ def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> Non
     # (by any socket, e.g. an outgoing gloo connection of a concurrent run), failing the launch.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
            *worker_args]  # fmt: skip
+    from _launches import run_launch  # here: the workers import this module without tests/ on their path
+
     proc = run_launch(cmd, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
