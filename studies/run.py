@@ -235,12 +235,14 @@ def run_cell(
     result["metrics"] = metrics
     result["wall_s"] = wall
 
-    # per-label F1 on test at the tuned threshold, with training-subset frequencies
-    scores, truth = stage.scores["test"]
-    names = label_names(trainer.train_dataset)
-    train_count = train_frequency(trainer.train_dataset, len(names))
-    cell_io.write_json(os.path.join(out_dir, "per_label_f1.json"),
-                       cell_io.per_label_record(names, truth, scores, metrics["threshold"], train_count))  # fmt: skip
+    # per-label F1 on test at the tuned threshold, with training-subset frequencies (the tail table and plot read
+    # those of the random-batch cells only)
+    if batch_sampler == "random":
+        scores, truth = stage.scores["test"]
+        names = label_names(trainer.train_dataset)
+        train_count = train_frequency(trainer.train_dataset, len(names))
+        cell_io.write_json(os.path.join(out_dir, "per_label_f1.json"),
+                           cell_io.per_label_record(names, truth, scores, metrics["threshold"], train_count))  # fmt: skip
     cell_io.write_json(os.path.join(out_dir, "metrics.json"), result)
     print(
         f"RESULT {dataset} {cell} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
