@@ -20,7 +20,8 @@ queue is used and filled only when the loss is computed with gradient (training)
 A loss's own parameters (``msc``'s prototypes) are outside the model that the trainer wraps for several
 processes, so nothing would average their gradients: each process would train its own copy. Their
 gradients are averaged over the processes by a hook (:func:`hf_mlcl.training.distributed.mean_over_processes`),
-as ``ContrastiveTrainer`` does for them.
+as ``ContrastiveTrainer`` does for them; ``average_parameter_grads = False`` leaves a gradient local (the
+GradCache loss computes its inner one without averaging: it is averaged once, in the outer backward).
 """
 
 from __future__ import annotations
@@ -93,9 +94,13 @@ class BatchLoss:
             None, gather=self.gather, supports_keys=getattr(loss_fn, "supports_keys", False)
         )
         self._formats: dict[tuple, str] = {}
+        self.average_parameter_grads = True  # GradCache turns it off for its inner gradient (averaged once, later)
         for parameter in loss_fn.parameters():
             if parameter.requires_grad:
-                parameter.register_hook(D.mean_over_processes)
+                parameter.register_hook(self._mean_over_processes)
+
+    def _mean_over_processes(self, grad: Tensor) -> Tensor:
+        return D.mean_over_processes(grad) if self.average_parameter_grads else grad
 
     def multi_hot(self, labels: Tensor, check_values: bool = True) -> Tensor:
         """The batch's labels as a (B, L) float32 multi-hot matrix; ``"auto"`` is resolved once per label

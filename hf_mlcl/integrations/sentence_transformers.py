@@ -293,7 +293,11 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
         if not with_backward:
             return loss
         params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        grads = torch.autograd.grad(loss, [*reps[0], *params], allow_unused=True)
+        self._batch_loss.average_parameter_grads = False  # averaged once, when the returned loss's backward runs
+        try:
+            grads = torch.autograd.grad(loss, [*reps[0], *params], allow_unused=True)
+        finally:
+            self._batch_loss.average_parameter_grads = True
         for rep, grad in zip(reps[0], grads):
             rep.grad = grad
         self._parameter_grads = [(p, g) for p, g in zip(params, grads[len(reps[0]) :]) if g is not None]

@@ -21,6 +21,7 @@ from hf_mlcl.integrations.sentence_transformers import (
     MultiLabelContrastiveLoss,
 )
 from hf_mlcl.integrations.trainer import ContrastiveLossFunc
+from hf_mlcl.training import distributed as D
 
 
 def backward(name: str, loss, model: SentenceTransformer, texts: list[str], labels: torch.Tensor) -> None:
@@ -48,10 +49,17 @@ def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: to
     }
     start = losses["sentence_transformers"].loss_fn.state_dict()
     grads = {}
+    mean = D.mean_over_processes
     for name, loss in losses.items():
         loss.loss_fn.load_state_dict(start)
-        backward(name, loss, model, texts, labels)
+        calls = []
+        D.mean_over_processes = lambda grad: calls.append(1) or mean(grad)  # count the averages of one backward
+        try:
+            backward(name, loss, model, texts, labels)
+        finally:
+            D.mean_over_processes = mean
         grads[name] = loss.loss_fn.prototypes.grad.clone()
+        grads[f"{name}_averages"] = torch.tensor(len(calls))
     return grads
 
 

@@ -66,8 +66,10 @@ def test_two_processes_average_the_loss_parameters_gradient(tmp_path, bert_token
     model.eval()
     alone = [prototype_gradients(model, *batch) for batch in torch.load(tmp_path / "batches.pt")]
 
-    assert two[0].keys() == {"sentence_transformers", "sentence_transformers_cached", "compute_loss_func"}
-    for name in two[0]:
+    names = ("sentence_transformers", "sentence_transformers_cached", "compute_loss_func")
+    assert two[0].keys() == {*names, *(f"{n}_averages" for n in names)}
+    for name in names:
+        assert int(two[0][f"{name}_averages"]) == 1, name  # one all-reduce of the prototypes' gradient per backward
         assert not torch.allclose(alone[0][name], alone[1][name], rtol=1e-3), name  # the batches differ
         mean = (alone[0][name] + alone[1][name]) / 2
         torch.testing.assert_close(two[0][name], two[1][name], rtol=0, atol=0, msg=name)
