@@ -53,7 +53,7 @@ def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: to
     for name, loss in losses.items():
         loss.loss_fn.load_state_dict(start)
         calls = []
-        D.mean_over_processes = lambda grad: calls.append(1) or mean(grad)  # count the averages of one backward
+        D.mean_over_processes = lambda grad, calls=calls: calls.append(1) or mean(grad)  # count one backward's averages
         try:
             backward(name, loss, model, texts, labels)
         finally:
