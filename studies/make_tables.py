@@ -65,6 +65,11 @@ ANCHORS = {
 }
 
 
+def _stage1_sampler(run: dict) -> str:
+    """The batch sampler of a cell's stage 1: the record's ``batch_sampler``, else its stage-1 arguments'."""
+    return run.get("batch_sampler") or (run.get("contrastive_args") or {}).get("batch_sampler") or "random"
+
+
 def load(dataset: str, tagged: bool = False, batch_sampler: str = "random") -> dict[tuple[str, str], list[dict]]:
     """Runs by (loss, probe): the main grid, or (``tagged``) the stage-2 variants by (loss, probe-tag); those
     of stage 1 trained with ``batch_sampler`` (``run.py --batch-sampler``: every table but the sampler's
@@ -73,7 +78,7 @@ def load(dataset: str, tagged: bool = False, batch_sampler: str = "random") -> d
     for path in sorted(glob.glob(os.path.join(HERE, dataset, "*", "seed*", "metrics.json"))):
         with open(path, encoding="utf-8") as fh:
             r = json.load(fh)
-        if r.get("batch_sampler", "random") != batch_sampler:
+        if _stage1_sampler(r) != batch_sampler:
             continue
         if batch_sampler != "random":
             r = {**r, "tag": r["tag"].removeprefix(batch_sampler).lstrip("-") or None}
