@@ -8,9 +8,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # the default suite runs the measurements of record: tests/test_gpu_suite.py (throughput cells)
 def test_stage1_throughput_benchmark_prints_its_figures():
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "stage1_throughput.py"), "--model", "llama",
            "--llama-size", "tiny", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--max-length", "16"]  # fmt: skip

@@ -106,7 +106,8 @@ def test_zero3_launch_of_the_llama_recipe_names_the_gradcache_fix(tmp_path):
 
 @CPU_ONLY
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("extra", [["--bf16", "false"], ["--use_cpu", "true"]], ids=["no-gpu", "use_cpu"])
+@pytest.mark.parametrize("extra", [["--bf16", "false"], pytest.param(["--use_cpu", "true"], marks=pytest.mark.slow)],
+                         ids=["no-gpu", "use_cpu"])  # the same guard through --use_cpu: make test-slow
 def test_fsdp_launch_on_a_cpu_machine_stops_instead_of_training_ddp(tmp_path, extra):
     out = tmp_path / "out"
     proc = _launch("fsdp_llama_lora.yaml", 1, ["train", RECIPE, "--output_dir", str(out), *extra])
