@@ -130,9 +130,8 @@ class BatchLoss:
         batch's key embeddings (default: ``embeddings`` without gradient)."""
         with self.checks():
             y = self.multi_hot(labels.to(embeddings.device), check_values=self.checks.pending)
-            if self.queue_size == 0 or not torch.is_grad_enabled():
-                candidates = self.candidates if self.memory is None else self.memory.candidates
-                return candidates.step(embeddings, y).loss(self.loss_fn)
+            if self.queue_size == 0 or not torch.is_grad_enabled():  # in-batch candidates (evaluation too)
+                return self.candidates.step(embeddings, y).loss(self.loss_fn)
             if self.memory is None:
                 self.memory = self._build_memory(embeddings, y)
             with torch.no_grad():
