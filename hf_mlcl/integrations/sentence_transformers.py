@@ -63,6 +63,7 @@ from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
 from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
 from hf_mlcl.modeling.sharded import sharding_kind
+from hf_mlcl.training.gradcache import split_inputs
 from hf_mlcl.training.momentum import MomentumEncoder, UpdateAfterOptimizerSteps
 
 from ._batches import BatchLoss
@@ -216,15 +217,9 @@ class MultiLabelContrastiveLoss(nn.Module):
             )
         key_encoder = self._key_updates.key_encoder
 
-        def keys() -> Tensor:
-            n = next(v.shape[0] for v in features.values() if isinstance(v, Tensor) and v.dim() > 0)
-            chunk = self._key_chunk or n
-            parts = []
-            for start in range(0, n, chunk):  # one pass per mini-batch of the cached variant, else one
-                part = {k: v[start : start + chunk] if isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == n else v
-                        for k, v in features.items()}  # fmt: skip
-                parts.append(key_encoder(part)["sentence_embedding"])
-            return torch.cat(parts)
+        def keys() -> Tensor:  # one pass per mini-batch of the cached variant, else one for the batch
+            chunks = split_inputs(features, self._key_chunk) if self._key_chunk else [features]
+            return torch.cat([key_encoder(chunk)["sentence_embedding"] for chunk in chunks])
 
         return keys
 
