@@ -39,6 +39,7 @@ from hf_mlcl.training.memory import (
     EmbeddingQueue,
     MomentumContrast,
     check_contrast_set,
+    check_queue_loss,
     resolve_contrast_set,
     resolve_queue_warmup,
 )
@@ -76,11 +77,7 @@ class BatchLoss:
         if queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch candidates only); got {queue_size}")
         check_contrast_set(contrast_set, queue_size)
-        if queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
-            raise ValueError(
-                f"queue_size={queue_size} needs a loss that takes key embeddings, but {type(loss_fn).__name__} "
-                "has supports_keys=False; set queue_size=0 or choose a loss with keys"
-            )
+        check_queue_loss(loss_fn, queue_size)
         self.loss_fn = loss_fn
         self.num_labels = num_labels
         self.label_format = label_format

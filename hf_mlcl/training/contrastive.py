@@ -123,6 +123,7 @@ from .memory import (
     CandidateBuilder,
     EmbeddingQueue,
     MomentumContrast,
+    check_queue_loss,
     max_candidates,
     output_embeddings,
     resolve_contrast_set,
@@ -181,11 +182,7 @@ class ContrastiveSetup:
             loss_fn = build_contrastive_loss(args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim)
         elif not getattr(loss_fn, "is_contrastive", False):
             raise ValueError(f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)")
-        if args.queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
-            raise ValueError(
-                f"queue_size={args.queue_size} needs a loss that takes key embeddings, but "
-                f"{type(loss_fn).__name__} has supports_keys=False; set queue_size=0 or choose a loss with keys"
-            )
+        check_queue_loss(loss_fn, args.queue_size)
         resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
         if getattr(loss_fn, "requires_label_statistics", False):
             if train_dataset is None:

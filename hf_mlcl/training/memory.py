@@ -63,6 +63,7 @@ __all__ = [
     "EmbeddingQueue",
     "MomentumContrast",
     "check_contrast_set",
+    "check_queue_loss",
     "max_candidates",
     "resolve_contrast_set",
     "resolve_queue_warmup",
@@ -80,6 +81,15 @@ def check_contrast_set(contrast_set: str | None, queue_size: int) -> None:
         raise ValueError(
             f"contrast_set={contrast_set!r} chooses the MoCo candidates and needs queue_size > 0; without a "
             "queue every loss contrasts the other in-batch samples (leave contrast_set unset)"
+        )
+
+
+def check_queue_loss(loss_fn: Any, queue_size: int) -> None:
+    """ValueError for a queue (``queue_size > 0``) with a loss that takes no key embeddings."""
+    if queue_size > 0 and not getattr(loss_fn, "supports_keys", False):
+        raise ValueError(
+            f"queue_size={queue_size} needs a loss that takes key embeddings, but {type(loss_fn).__name__} has "
+            "supports_keys=False; set queue_size=0 or choose a loss with keys"
         )
 
 
@@ -486,11 +496,7 @@ class MomentumContrast:
         queue_warmup: bool | None = None,
         gather: bool = True,
     ) -> None:
-        if not getattr(loss, "supports_keys", False):
-            raise ValueError(
-                f"queue_size={queue.size} needs a loss that takes key embeddings, but {type(loss).__name__} has "
-                "supports_keys=False; set queue_size=0 or choose a loss with keys"
-            )
+        check_queue_loss(loss, queue.size)
         self.loss = loss
         self.key_encoder = key_encoder
         self.queue = queue
