@@ -126,6 +126,18 @@ def first_error(lines: list[str]) -> str:
     return lines[-1] if lines else ""
 
 
+def short_error(err: BaseException, limit: int = 400) -> str:
+    """``Type: message``, with a long message (a tensor's repr, say) cut in its middle."""
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= limit else f"{text[: limit // 2]} [...] {text[-limit // 2 :]}"
+
+
+def frames(err: BaseException, last: int = 30) -> list[str]:
+    """Where an error was raised: ``file:line:function`` of the traceback's last frames, innermost last
+    (a log's tail can be filled by one long message and keep none of them)."""
+    return [f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in traceback.extract_tb(err.__traceback__)][-last:]
+
+
 def load_results(path: str) -> dict[str, Any]:
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as fh:
@@ -191,7 +203,7 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
     for cell in group:
         result = os.path.join(result_dir, f"{cell.name}.json")
         figures = load_results(result)
-        raised, own = figures.pop("_raised", None), figures.pop("_seconds", None)
+        raised, own, where = figures.pop("_raised", None), figures.pop("_seconds", None), figures.pop("_where", None)
         entry: dict[str, Any] = {"launcher": cell.launcher, "params": cell.params, "command": command,
                                  "seconds": round(seconds if len(group) == 1 or own is None else own, 1)}  # fmt: skip
         if len(group) > 1:
@@ -209,6 +221,8 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
             lines = [line for line in log.splitlines() if line.strip()]
             error = raised or first_error(lines)
             entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=lines[-40:])
+            if where:
+                entry["traceback"] = where
             print(f"[{name}/{cell.name}] FAILED ({rc}): {entry['error']}", flush=True)
         entries.append((cell, entry))
     shutil.rmtree(result_dir, ignore_errors=True)
@@ -269,7 +283,7 @@ def run_cells(spec: str, tiny: bool, result_dir: str, cache_dir: str) -> int:
             figures = module.run(plan[cell_name], tiny, cache_dir)
         except Exception as err:  # noqa: BLE001 - reported as this cell's error; the next cell still runs
             traceback.print_exc()
-            figures, failed = {"_raised": f"{type(err).__name__}: {err}"}, 1
+            figures, failed = {"_raised": short_error(err), "_where": frames(err)}, 1
         figures["_seconds"] = time.perf_counter() - t0
         if int(os.environ.get("RANK", "0")) == 0:
             write_results(os.path.join(result_dir, f"{cell_name}.json"), figures)

@@ -72,6 +72,13 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def one_line(error: str, limit: int) -> str:
+    """An error on one line of at most about ``limit`` characters: whitespace collapsed, a long one cut in
+    its middle, so a message that holds a tensor's repr still shows what failed."""
+    text = " ".join(error.split())
+    return text if len(text) <= limit else f"{text[: limit // 2 - 2]} ... {text[-(limit // 2 - 2) :]}"
+
+
 def status(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "not yet measured"
@@ -79,7 +86,7 @@ def status(cell: dict[str, Any] | None) -> str:
         return "ok"
     if cell["status"] == "not_run":
         return f"not run: {cell['reason']}"
-    return f"**failed**: `{cell.get('error', '')[:160]}`"
+    return f"**failed**: `{one_line(cell.get('error', ''), 160)}`"
 
 
 def provenance(data: dict[str, Any], folder: str) -> list[str]:
@@ -249,7 +256,7 @@ def goals(results) -> list[str]:
     sharded = {c: e for data in results.get("llama_lora", {}).values() if data["device"]["kind"] == "cuda"
                for c, e in data["cells"].items() if e.get("launcher") in ("fsdp", "deepspeed")}  # fmt: skip
     said = [f"{c}: " + ("reloads" if e.get("figures", {}).get("reload", {}).get("same") else
-                        f"failed ({e.get('error', '')[:70]})") for c, e in sharded.items()]  # fmt: skip
+                        f"failed ({one_line(e.get('error', ''), 70)})") for c, e in sharded.items()]  # fmt: skip
     row("FSDP and ZeRO-3 save the adapter, and it reloads", said,
         {e["launcher"] for e in sharded.values()} == {"fsdp", "deepspeed"}
         and all(e.get("figures", {}).get("reload", {}).get("same") for e in sharded.values()))  # fmt: skip

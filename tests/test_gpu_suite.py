@@ -126,9 +126,12 @@ def test_a_cell_that_raises_in_a_shared_tiny_process_fails_alone(tmp_path, monke
     error, the cells beside it keep their figures, and the child's exit status says that one raised."""
     from measurements.common import Cell
 
+    def breaks_deep_inside():
+        raise ValueError("cell a broke")
+
     def run(cell, tiny, cache_dir):
         if cell.name == "a":
-            raise ValueError("cell a broke")
+            breaks_deep_inside()
         return {"x": 1.0, "checks": {"fine": True}}
 
     fake = type("Fake", (), {"cells": staticmethod(lambda tiny: [Cell("a"), Cell("b")]), "run": staticmethod(run)})
@@ -147,8 +150,30 @@ def test_a_cell_that_raises_in_a_shared_tiny_process_fails_alone(tmp_path, monke
     entries = dict((cell.name, entry) for cell, entry in gpu_suite.run_group("fake", fake.cells(True), True, "x"))
     assert entries["b"]["status"] == "ok" and entries["b"]["figures"] == {"x": 1.0, "checks": {"fine": True}}
     assert entries["a"]["status"] == "failed" and entries["a"]["error"] == "ValueError: cell a broke"
+    # where it was raised travels with the error (a log's tail can hold one long message and no frame)
+    where = [(f.split(":")[0], f.split(":")[2]) for f in entries["a"]["traceback"][-2:]]
+    assert where == [(os.path.basename(__file__), "run"), (os.path.basename(__file__), "breaks_deep_inside")]
+    long = gpu_suite.short_error(RuntimeError("tensor([" + "1.0, " * 5000 + "]) Cannot partition a param in flight"))
+    assert len(long) < 420 and long.startswith("RuntimeError: tensor([") and long.endswith("param in flight")
     assert entries["a"]["process"] == entries["b"]["process"] == "shared by 2 cells (--tiny)"
     # on a GPU every cell runs alone; --tiny groups the plain cells and keeps each launcher's cell apart
     cells = [Cell("p1"), Cell("d", launcher="deepspeed"), Cell("p2")]
     assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=False)] == [["p1"], ["d"], ["p2"]]
     assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=True)] == [["p1", "p2"], ["d"]]
+
+
+def test_the_saved_weights_check_sees_a_changed_or_missing_tensor():
+    """llama_lora compares the reloaded adapter's tensors with the trained ones: a wrong save (a changed
+    value, a tensor left out) shows there even where the outputs could differ for other reasons."""
+    import torch
+
+    model = torch.nn.Linear(3, 2)
+    trained = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    assert llama_lora._weights_distance(model, trained) | {"missing_example": []} == {
+        "tensors": 2, "missing": 0, "missing_example": [], "max_abs_diff": 0.0, "max_rel_diff": 0.0}  # fmt: skip
+    with torch.no_grad():
+        model.weight[0, 0] += 0.5
+    seen = llama_lora._weights_distance(model, {**trained, "lost.weight": torch.zeros(1)})
+    assert seen["missing"] == 1 and seen["missing_example"] == ["lost.weight"]
+    assert seen["max_abs_diff"] == pytest.approx(0.5)
+    assert seen["max_rel_diff"] == pytest.approx(0.5 / float(trained["weight"].abs().max()), rel=1e-6)

@@ -152,6 +152,28 @@ def _distance(a, b) -> dict[str, float]:
     }
 
 
+def _trained_weights(wrapped) -> dict[str, Any]:
+    """The trainable parameters of the model as trained, gathered whole (every rank; fp32 copies on the CPU):
+    what the saved adapter must hold."""
+    from hf_mlcl.modeling.sharded import full_parameters, unwrap_engine
+
+    names = [n for n, p in unwrap_engine(wrapped).named_parameters() if p.requires_grad]
+    with full_parameters(wrapped, names) as full:
+        return {n: t.detach().float().cpu().clone() for n, t in full.items()}
+
+
+def _weights_distance(model, trained: dict[str, Any]) -> dict[str, Any]:
+    """Largest difference between the reloaded model's tensors and the trained ones, over every trained
+    tensor (a missing one is counted): separates a wrong save from a forward that computes differently."""
+    params = dict(model.named_parameters())
+    missing = [n for n in trained if n not in params]
+    diffs = [(float((params[n].detach().float().cpu() - t).abs().max()), float(t.abs().max()))
+             for n, t in trained.items() if n in params]  # fmt: skip
+    return {"tensors": len(trained), "missing": len(missing), "missing_example": missing[:2],
+            "max_abs_diff": max((d for d, _ in diffs), default=0.0),
+            "max_rel_diff": max((d / m for d, m in diffs if m > 0), default=0.0)}  # fmt: skip
+
+
 def _save_adapter(trainer, folder: str, base: str) -> None:
     """The adapter folder of a LoRA stage, through the library's save (every rank; gathers under
     FSDP / ZeRO-3; the main process writes)."""
@@ -284,6 +306,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     memory = peak_memory()
     wrapper = _wrapper_check(trainer, launcher)
     reference = _outputs(trainer.model_wrapped, probe_batch, run_name, bf16)
+    trained = _trained_weights(trainer.model_wrapped)
     folder = os.path.join(out_root, "adapter")
     t0 = time.perf_counter()
     _save_adapter(trainer, folder, base)
@@ -301,7 +324,11 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     reloaded = _reload_unmerged(folder, base, run_name, model_args, dtype, bf16)
     reload_s = time.perf_counter() - t0
     after = _outputs(reloaded, probe_batch, run_name, bf16)
-    del reloaded
+    weights = _weights_distance(reloaded, trained)
+    as_trained = None
+    if launcher == "deepspeed" and bf16:  # DeepSpeed's bf16 mode holds every parameter (adapters, heads) in bf16
+        as_trained = _distance(_outputs(reloaded.to(torch.bfloat16), probe_batch, run_name, bf16), reference)
+    del reloaded, trained
     gc.collect()
     loader = MLCLForMultiLabelClassification if run_name == "bce" else MLCLEncoder
     merged = loader.from_pretrained(folder, dtype=dtype).to(device())  # the library's load: adapter merged
@@ -311,6 +338,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     reload = _distance(after, reference)
     reload["reference_max_abs"] = float(reference.abs().max())
     reload["merged_load"] = _distance(after_merged, reference)
+    reload["weights"] = weights
+    if as_trained is not None:
+        reload["all_bf16"] = as_trained
     reload["same"] = bool(reload["max_abs_diff"] <= 1e-2 * reload["reference_max_abs"] and reload["min_cosine"] >= 0.9999)
 
     times = step_probe.times[warmup:]
@@ -356,5 +386,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "reload_s": reload_s,
         "reload": reload,
         "notes": notes,
-        "checks": {"reload_same": reload["same"]},
+        # the saved tensors are the trained ones (to bf16 rounding where the engine trained bf16 copies)
+        "checks": {"reload_same": reload["same"], "saved_weights_same": weights["missing"] == 0
+                   and weights["max_rel_diff"] <= (2**-8 if bf16 else 1e-6)},
     }
