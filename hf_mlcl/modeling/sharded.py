@@ -215,6 +215,12 @@ def readable_state(
             state.update(full)
             yield state
         return
+    if kind == "zero3" and hasattr(model, "empty_partition_cache"):
+        # Release every gathered parameter first, waiting for the all-gathers still in flight: ZeRO-3's
+        # prefetch can leave some in flight after an evaluation forward, and re-partitioning a parameter
+        # in flight fails ("Cannot partition a param in flight", seen on a GPU; its collectives are
+        # asynchronous there).
+        model.empty_partition_cache()
     with full_parameters(model, names):
         yield None
 
