@@ -152,14 +152,16 @@ def _distance(a, b) -> dict[str, float]:
     }
 
 
-def _trained_weights(wrapped) -> dict[str, Any]:
-    """The trainable parameters of the model as trained, gathered whole (every rank; fp32 copies on the CPU):
-    what the saved adapter must hold."""
-    from hf_mlcl.modeling.sharded import full_parameters, unwrap_engine
+def _trained_weights(trainer) -> dict[str, Any]:
+    """The trainable parameters of the model as trained, gathered whole the way the save gathers them (every
+    rank; fp32 copies on the CPU): what the saved adapter must hold."""
+    from hf_mlcl.modeling.sharded import readable_state, unwrap_engine
 
-    names = [n for n, p in unwrap_engine(wrapped).named_parameters() if p.requires_grad]
-    with full_parameters(wrapped, names) as full:
-        return {n: t.detach().float().cpu().clone() for n, t in full.items()}
+    wrapped = trainer.model_wrapped
+    params = dict(unwrap_engine(wrapped).named_parameters())
+    names = [n for n, p in params.items() if p.requires_grad]
+    with readable_state(wrapped, names, trainer.accelerator) as state:
+        return {n: (params[n] if state is None else state[n]).detach().float().cpu().clone() for n in names}
 
 
 def _weights_distance(model, trained: dict[str, Any]) -> dict[str, Any]:
@@ -306,7 +308,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     memory = peak_memory()
     wrapper = _wrapper_check(trainer, launcher)
     reference = _outputs(trainer.model_wrapped, probe_batch, run_name, bf16)
-    trained = _trained_weights(trainer.model_wrapped)
+    trained = _trained_weights(trainer)
     folder = os.path.join(out_root, "adapter")
     t0 = time.perf_counter()
     _save_adapter(trainer, folder, base)
