@@ -166,6 +166,19 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
             )
         return data_collator
 
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """Trainer's estimate of a step's FLOPs, 6 x input tokens x non-embedding parameters (Kaplan et al.,
+        2020, Sec. 2.1), with the parameter count taken once per model: ``Trainer`` calls this at every
+        step, and ``num_parameters(exclude_embeddings=True)`` walks every module and parameter each time
+        (host time on every step, more than the loss for a small encoder)."""
+        main = getattr(self.model, "main_input_name", "input_ids")
+        if main not in inputs or not hasattr(self.model, "num_parameters"):
+            return 0
+        cached = getattr(self, "_flops_parameters", None)
+        if cached is None or cached[0] != id(self.model):
+            cached = self._flops_parameters = (id(self.model), self.model.num_parameters(exclude_embeddings=True))
+        return 6 * inputs[main].numel() * cached[1]
+
     def split_labels(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
         """(model inputs, labels): a copy of the batch without its label entry (``self.label_column``, else
         ``"labels"``); ValueError when the batch has none."""

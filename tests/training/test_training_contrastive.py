@@ -250,3 +250,25 @@ def test_hbl_gate_warning_and_contrast_set_errors(tmp_path, tok):
         make(loss="hbl", queue_size=124)  # 4 + 124 = 128
     with pytest.raises(ValueError, match="needs queue_size > 0"):
         base_args(tmp_path, contrast_set="keys")
+
+
+def test_flops_estimate_is_trainers_with_the_parameter_count_taken_once(tmp_path, tok, monkeypatch):
+    """Trainer calls floating_point_ops at every step; the base trainer gives Trainer's number (6 x tokens x
+    non-embedding parameters) but counts the parameters once, not by walking the model each step."""
+    from transformers import Trainer
+
+    args = base_args(tmp_path, max_steps=2)
+    trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16),
+                                 data_collator=collator(tok, n_views=args.n_views))  # fmt: skip
+    counted = []
+    real = trainer.model.num_parameters
+    monkeypatch.setattr(trainer.model, "num_parameters", lambda **kw: counted.append(kw) or real(**kw))
+    batch = {"input_ids": torch.ones(4, 7, dtype=torch.long), "labels": torch.zeros(4, 3)}
+    want = Trainer.floating_point_ops(trainer, batch)
+    assert want == 6 * 28 * real(exclude_embeddings=True) > 0
+    assert [trainer.floating_point_ops(batch) for _ in range(3)] == [want] * 3
+    assert trainer.floating_point_ops({**batch, "input_ids": torch.ones(2, 5, dtype=torch.long)}) == want * 10 // 28
+    assert len(counted) == 2  # Trainer's own call above, then one for every later step
+    assert trainer.floating_point_ops({"inputs_embeds": torch.ones(1, 2, 3)}) == 0
+    trainer.train()  # total_flos sums the estimate over the steps, as Trainer's does
+    assert trainer.state.total_flos > 0 and len(counted) == 2
