@@ -218,7 +218,7 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
             entry.update(status="failed", error=f"check failed: {', '.join(failed_checks)}", figures=figures)
             print(f"[{name}/{cell.name}] FAILED check {', '.join(failed_checks)}", flush=True)
         else:
-            lines = [line for line in log.splitlines() if line.strip()]
+            lines = [line.replace(REPO + os.sep, "") for line in log.splitlines() if line.strip()]  # paths in the tree
             error = raised or first_error(lines)
             entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=lines[-40:])
             if where:
