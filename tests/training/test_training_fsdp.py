@@ -84,6 +84,11 @@ def fsdp_runs(tmp_path_factory):
 FP32 = (1e-6, 1e-5)
 BF16_STORAGE = (4e-3, 1e-2)  # half of a bf16 ulp relative; one ulp of the outputs' magnitude (|x| < 2)
 BF16_AMP = (1e-2, 5e-2)
+# Under bf16 mixed precision FSDP2 casts the parameters to bf16 and computes in bf16 throughout, where the plain
+# run's autocast keeps fp32 weights and fp32 norms / softmax, so the outputs of the two trained models differ by a
+# few bf16 ulps per element: measured 1.3-2.3 % of each output row's norm on an AVX-512 CPU (autocast itself moves
+# the plain run's outputs by 0.7-0.9 %); element-wise tolerances fit to one CPU's roundings fail on another.
+BF16_AMP_ROWS = 5e-2
 
 
 def tolerance(case: str) -> tuple[float, float]:
@@ -120,7 +125,11 @@ def test_fsdp_run_matches_one_process_and_its_adapter_reloads(fsdp_runs, case):
     assert len(got["losses"]) == len(plain["losses"]) == 3
     assert got["losses"] == pytest.approx(plain["losses"], rel=rel)
     assert got["grad_norms"] == pytest.approx(plain["grad_norms"], rel=max(rel, 2e-6))
-    torch.testing.assert_close(got["outputs"], plain["outputs"], rtol=rel, atol=atol)
+    if CASES[case].get("bf16"):  # row-wise relative distance: see BF16_AMP_ROWS
+        distance = (got["outputs"] - plain["outputs"]).norm(dim=-1) / plain["outputs"].norm(dim=-1)
+        assert distance.max() < BF16_AMP_ROWS, distance
+    else:
+        torch.testing.assert_close(got["outputs"], plain["outputs"], rtol=rel, atol=atol)
     if "momentum" in plain:  # msc: the momentum adapter's EMA, the queue and the prototypes
         assert got["momentum"].keys() == plain["momentum"].keys()
         for name, value in plain["momentum"].items():
