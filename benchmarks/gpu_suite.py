@@ -126,10 +126,16 @@ def first_error(lines: list[str]) -> str:
     return lines[-1] if lines else ""
 
 
+def cut_middle(text: str, limit: int) -> str:
+    """``text``, or when longer than ``limit`` its two ends around `` ... ``: the end of an error message (what
+    failed) survives a long middle (a tensor's repr, say)."""
+    half = limit // 2 - 2
+    return text if len(text) <= limit else f"{text[:half]} ... {text[-half:]}"
+
+
 def short_error(err: BaseException, limit: int = 400) -> str:
-    """``Type: message``, with a long message (a tensor's repr, say) cut in its middle."""
-    text = f"{type(err).__name__}: {err}"
-    return text if len(text) <= limit else f"{text[: limit // 2]} [...] {text[-limit // 2 :]}"
+    """``Type: message``, a long message cut in its middle (:func:`cut_middle`)."""
+    return cut_middle(f"{type(err).__name__}: {err}", limit)
 
 
 def frames(err: BaseException, last: int = 30) -> list[str]:

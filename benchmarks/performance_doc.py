@@ -74,9 +74,10 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def one_line(error: str, limit: int) -> str:
     """An error on one line of at most about ``limit`` characters: whitespace collapsed, a long one cut in
-    its middle, so a message that holds a tensor's repr still shows what failed."""
-    text = " ".join(error.split())
-    return text if len(text) <= limit else f"{text[: limit // 2 - 2]} ... {text[-(limit // 2 - 2) :]}"
+    its middle (``gpu_suite.cut_middle``), so a message that holds a tensor's repr still shows what failed."""
+    import gpu_suite
+
+    return gpu_suite.cut_middle(" ".join(error.split()), limit)
 
 
 def status(cell: dict[str, Any] | None) -> str:
