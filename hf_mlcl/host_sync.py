@@ -137,7 +137,8 @@ SYNCING_CALLS = tuple(
 #: Where transformers prepares a backbone's attention mask (``masking_utils.py``): given a 2-D padding
 #: mask it checks ``padding_mask.all()`` on the host, to run the attention without a mask when nothing
 #: is padded (transformers 5, e.g. SDPA and eager attention of BERT-style encoders): one host read per
-#: backbone forward, made by transformers, not by hf_mlcl.
+#: backbone forward, made by transformers, not by hf_mlcl. MLCLEncoder avoids it for BERT, RoBERTa and
+#: XLM-RoBERTa under SDPA by handing over the mask prepared (``MLCLPreTrainedModel._backbone_mask``).
 TRANSFORMERS_MASK_PREPARATION = os.path.join("transformers", "masking_utils.py")
 
 _SIMULATED_ACCELERATOR = 0  # > 0 while a HostSyncCounter with simulate_accelerator=True is active

@@ -20,7 +20,8 @@ line, abs(P_s) > 0 and abs(P_h) > 0. We gate on **abs(P(i)) >= k_min** (the quan
 with the printed ">=") **and** P_s, P_h both non-empty (without both there is no L_rel). Since the
 positives are candidates, an anchor can open the gate only when its contrast set holds at least k_min
 candidates: with the default k_min = 128 and no queue, a batch of 128 or fewer never opens it and HBL
-adds exactly zero — the ContrastiveTrainer warns once at construction when batch + queue cannot reach
+adds exactly zero, and computes nothing for it (the contrast set's size is known from the shapes, so no
+value is read to know it) — the ContrastiveTrainer warns once at construction when batch + queue cannot reach
 k_min (:func:`hf_mlcl.training.memory.max_candidates`).
 
 Weight of the structural term against the base (``lambda_scaling``; eq. 7 vs the code it builds on):
@@ -502,6 +503,12 @@ class HBLLoss(ContrastiveLoss):
             return (self.lambda_ * scale).to(dtype)
 
     def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
+        keys = 0 if ctx.key_embeddings is None else ctx.key_embeddings.shape[0]
+        if keys + (ctx.num_anchors - 1 if ctx.anchors_in_candidates else 0) < self.k_min:
+            # the contrast set is smaller than k_min (known from the shapes, without reading a value): no
+            # gate can open, L_HBL = 0 on every device (the total keeps its graph through the base loss)
+            zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
+            return zero, zero.bool()
         n_positives = ctx.shares_label.sum(dim=1)
         # reading the gate is free on the host only (elsewhere hbl_per_anchor masks the closed gates)
         if host_reads_are_free(n_positives) and not bool((n_positives >= self.k_min).any()):

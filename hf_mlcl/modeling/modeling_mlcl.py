@@ -49,6 +49,11 @@ from .folders_mlcl import (
 )
 from .layers_mlcl import LabelAttentionHead, ProjectionHead, last_token_index, masked_mean, pool_states
 
+# Bidirectional encoders whose transformers implementation (masking_utils.create_bidirectional_mask)
+# hands a prepared 4-D attention mask to the attention function unchanged (MLCLPreTrainedModel._backbone_mask);
+# tests/modeling compare each with its own 2-D mask path.
+PREPARED_MASK_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
+
 
 @dataclass
 class MLCLEncoderOutput(ModelOutput):
@@ -124,13 +129,36 @@ class MLCLPreTrainedModel(PreTrainedModel):
         pad = getattr(self.backbone.config, "pad_token_id", None)
         return int(pad) if isinstance(pad, int) else 0
 
+    def _backbone_mask(self, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The padding mask in the form the backbone reads without a host read of its values.
+
+        transformers turns a 2-D padding mask into the attention mask inside the backbone, and for SDPA
+        it first asks whether the mask holds any padding (``padding_mask.all()``, to drop the mask and
+        reach the flash kernel): a device-to-host synchronisation in every forward on an accelerator.
+        For the bidirectional encoders of :data:`PREPARED_MASK_MODEL_TYPES` under SDPA the mask is
+        handed over already prepared, (B, 1, 1, T) boolean (True = attend; SDPA broadcasts it over heads
+        and queries), which transformers passes to SDPA unchanged: the same attention as the 2-D mask
+        gives, and no host read. Every other backbone (decoders, local attention, eager / flash / flex
+        attention) gets the 2-D mask. An absent mask stays absent (no padding: no mask, no read).
+        """
+        if attention_mask is None or attention_mask.ndim != 2:
+            return attention_mask
+        config = self.backbone.config
+        if (
+            getattr(config, "model_type", None) in PREPARED_MASK_MODEL_TYPES
+            and getattr(config, "_attn_implementation", None) == "sdpa"
+            and not getattr(config, "is_decoder", False)
+        ):
+            return attention_mask[:, None, None, :].bool()
+        return attention_mask
+
     def _run_backbone(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": self._backbone_mask(attention_mask)}
         if token_type_ids is not None and self._backbone_accepts("token_type_ids"):
             kwargs["token_type_ids"] = token_type_ids
-        if self.config.pooling == "last_token" and self._backbone_accepts("position_ids"):
+        if attention_mask is not None and self.config.pooling == "last_token" and self._backbone_accepts("position_ids"):
             # positions count real tokens only, so left padding leaves the states unchanged
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
         if self._backbone_accepts("use_cache"):
@@ -159,10 +187,11 @@ class MLCLPreTrainedModel(PreTrainedModel):
         """
         if input_ids is None:
             raise ValueError("input_ids is required (tokenize the texts first)")
+        if not self.config.segmented:
+            states = self._run_backbone(input_ids, attention_mask, token_type_ids)
+            return states, torch.ones_like(input_ids) if attention_mask is None else attention_mask, None
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        if not self.config.segmented:
-            return self._run_backbone(input_ids, attention_mask, token_type_ids), attention_mask, None
 
         chunk = int(self.config.chunk_size)
         batch, length = input_ids.shape

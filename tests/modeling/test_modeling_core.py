@@ -15,6 +15,7 @@ from hf_mlcl.modeling import (
     MLCLEncoderOutput,
     MLCLForMultiLabelClassification,
 )
+from hf_mlcl.modeling.modeling_mlcl import PREPARED_MASK_MODEL_TYPES
 
 TEXTS = [
     "the patient was admitted with chest pain and shortness of breath",
@@ -139,6 +140,50 @@ def test_encoder_padding_invariance(configs, bert_tokenizer, llama_tokenizer, ar
         single = model(**_batch(tok, TEXTS[:1])).embeddings
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(a[:1], single, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", sorted(PREPARED_MASK_MODEL_TYPES))
+def test_a_prepared_mask_encodes_as_the_backbone_with_its_own_mask_and_reads_nothing(bert_tokenizer, arch):
+    """bert / roberta / xlm-roberta under SDPA get the padding mask as (B, 1, 1, T) booleans: the same
+    token states as transformers' own 2-D mask path, and no host read (transformers' ``padding_mask.all()``
+    check is what the 2-D mask costs)."""
+    from transformers import AutoConfig
+
+    from hf_mlcl.host_sync import HostSyncCounter
+
+    config = AutoConfig.for_model(arch, vocab_size=len(bert_tokenizer), pad_token_id=bert_tokenizer.pad_token_id,
+                                  hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                                  max_position_embeddings=520)  # fmt: skip
+    model = MLCLEncoder.from_backbone(config, pooling="mean").eval()
+    assert model.backbone.config._attn_implementation == "sdpa"
+    batch = _batch(bert_tokenizer)
+    assert not bool(batch["attention_mask"].all())  # the batch holds padding
+    with torch.no_grad():
+        with HostSyncCounter() as counter:
+            states, mask, _ = model.encode_tokens(**batch)
+        reference = model.backbone(**batch).last_hidden_state  # transformers builds the mask itself
+    assert counter.count == 0, counter.report()
+    real = batch["attention_mask"].bool()
+    assert mask is batch["attention_mask"]
+    torch.testing.assert_close(states[real], reference[real], atol=1e-6, rtol=1e-6)
+    with HostSyncCounter() as counter:  # the 2-D path the prepared mask replaces makes exactly the one read
+        with torch.no_grad():
+            model.backbone(**batch)
+    assert counter.count == 1
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_the_two_dimensional_mask_goes_to_other_attentions_and_backbones(tiny_bert_config, tiny_llama_config,
+                                                                         bert_tokenizer, implementation):
+    """Eager attention adds the mask to the scores and a decoder needs its causal mask: both get the
+    2-D padding mask and build their own (so the prepared mask never reaches them)."""
+    bert = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean").eval()
+    bert.backbone.set_attn_implementation(implementation)
+    llama = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token").eval()
+    mask = _batch(bert_tokenizer)["attention_mask"]
+    assert bert._backbone_mask(mask).ndim == (4 if implementation == "sdpa" else 2)
+    assert llama._backbone_mask(mask) is mask
+    assert bert._backbone_mask(None) is None
 
 
 def test_last_token_left_padding_equals_right_padding(tiny_llama_config, llama_tokenizer):
