@@ -147,11 +147,19 @@ def llama_lora(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     return out
 
 
+def profiled(profile: dict[str, Any] | None) -> list[str]:
+    """Kernels launched and their device time in the row's profiled step ('–' where not profiled)."""
+    if not profile or profile.get("kernels") is None:
+        return ["–", "–"]
+    return [f(profile["kernels"]), f"{profile['device_ms']:.1f}"]
+
+
 def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     out: list[str] = []
     head = ["trainer", "samples/s relative to contrastive"]
     if gpu:
-        head += ["samples/s (step)", "samples/s (wall, with data)", "step ms", "peak GiB", "host syncs / step"]
+        head += ["samples/s (step)", "samples/s (wall, with data)", "step ms", "peak GiB", "host syncs / step",
+                 "kernels / step", "device ms / step"]
     for cell, entry, fig in cell_entries(data, cells):
         out += [f"**{cell.name}** ({status(entry)})", ""]
         if not fig:
@@ -160,7 +168,7 @@ def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
         for row, r in fig["rows"].items():
             measured = [f"{r['samples_per_s']:.0f}", f"{r['wall_samples_per_s']:.0f}",
                         f"{1e3 * r['step_time_s']['median']:.1f}", gib(r["peak_memory"]),
-                        syncs(r["syncs_per_step"])] if gpu else []  # fmt: skip
+                        syncs(r["syncs_per_step"]), *profiled(r.get("profile"))] if gpu else []  # fmt: skip
             rows.append([row, f"{r['samples_per_s'] / fig['rows']['contrastive']['samples_per_s']:.2f}", *measured])
         out += table(head, rows)
         ratio = fig["ratios"]

@@ -94,6 +94,10 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
         rows = entry["figures"]["rows"]
         assert set(rows) == {"contrastive", "trainer_bce", "st_mlcl", "st_mnrl"}
         assert all(r["samples_per_s"] > 0 and len(r["step_time_s"]) == 4 for r in rows.values())
+        for r in rows.values():  # one profiled step per row: aten operators and where the host time went
+            profile = r["profile"]
+            assert profile["kernels"] is None and profile["operators"] > 100 and profile["host_ms"] > 0, profile
+            assert profile["top"] and all(calls >= 1 and ms >= 0 for _, calls, ms in profile["top"])
         ratio = entry["figures"]["ratios"]["contrastive_over_trainer_bce"]
         assert ratio == pytest.approx(rows["contrastive"]["samples_per_s"] / rows["trainer_bce"]["samples_per_s"])
     plm = json.loads((out / "plm_icd.json").read_text())["cells"]

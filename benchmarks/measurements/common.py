@@ -223,6 +223,68 @@ class StepProbe(TrainerCallback):
         self._step += 1
 
 
+class StepProfile(TrainerCallback):
+    """``torch.profiler`` over one optimizer step (the ``at``-th, 0-based; same window as
+    :class:`StepProbe`), summarised as where the step's time goes: on a GPU the device kernels launched
+    and the device time of each operator's own kernels, elsewhere the host's self time by operator.
+
+    ``summary`` (after the step): ``kernels`` (device kernel launches; None without a GPU),
+    ``device_ms`` (their total self time; None without a GPU), ``operators`` (aten operator calls),
+    ``host_ms`` (the operators' total host self time) and ``top``: the ``top`` operators by device self
+    time (by host self time without a GPU), each ``[name, calls, self ms]``. A profiler that fails leaves
+    ``summary = {"error": "<one line>"}`` and the training goes on.
+    """
+
+    def __init__(self, at: int, top: int = 15) -> None:
+        self.at, self.top, self.summary = at, top, None
+        self._step, self._profiler = 0, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._step == self.at:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            synchronize()
+            self._profiler = torch.profiler.profile(activities=activities)
+            self._profiler.__enter__()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._profiler is not None:
+            synchronize()
+            self._profiler.__exit__(None, None, None)
+            try:
+                self.summary = self._summarise(self._profiler)
+            except Exception as err:  # the figures of the step stand without its profile
+                self.summary = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:300]}
+            self._profiler = None
+        self._step += 1
+
+    def _summarise(self, profiler) -> dict[str, Any]:
+        from torch.autograd import DeviceType
+
+        events = profiler.key_averages()
+        ops = [e for e in events if e.key.startswith("aten::")]
+        gpu = torch.cuda.is_available()
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA] if gpu else []
+
+        def self_device_us(e) -> float:
+            return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
+
+        if gpu:  # operators by the device time of the kernels they launched themselves
+            ranked = sorted(ops, key=self_device_us, reverse=True)
+            top = [[e.key, e.count, self_device_us(e) / 1e3] for e in ranked[: self.top] if self_device_us(e) > 0]
+        else:
+            ranked = sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)
+            top = [[e.key, e.count, e.self_cpu_time_total / 1e3] for e in ranked[: self.top]]
+        return {
+            "kernels": sum(e.count for e in kernels) if gpu else None,
+            "device_ms": sum(self_device_us(e) for e in kernels) / 1e3 if gpu else None,
+            "operators": sum(e.count for e in ops),
+            "host_ms": sum(e.self_cpu_time_total for e in ops) / 1e3,
+            "top": top,
+        }
+
+
 # ---------------------------------------------------------------------------------------- batches
 def random_token_rows(
     n: int, seq: int, vocab: int, num_labels: int, first_token: int, labels_per_row: float = 2.4, seed: int = 0

@@ -16,7 +16,9 @@ Rows run in one process, one after another, twice in turn (A B C D A B C D), so 
 state hits every row alike; each run drops its first ``warmup`` steps. ``samples_per_s`` is the batch over
 the median step time (``on_step_begin`` to ``on_step_end``); ``wall_samples_per_s`` counts the whole loop
 between the first and last measured step, data loading and collation included. On a GPU the host syncs of
-every measured (non-logging) step are counted with ``torch.cuda.set_sync_debug_mode``.
+every measured (non-logging) step are counted with ``torch.cuda.set_sync_debug_mode``. One more short run
+per row profiles one step (``common.StepProfile``: kernels launched, device time by operator), outside
+the timed runs.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     from hf_mlcl.modeling import MLCLEncoder
     from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
 
-    from .common import StepProbe, device, peak_memory, reset_peak_memory, summary
+    from .common import StepProbe, StepProfile, device, peak_memory, reset_peak_memory, summary
 
     shape = dict(BERT_TINY if tiny else {"minilm": MINILM_L6, "roberta-base": ROBERTA_BASE}[cell.params["encoder"]])
     pooling = "mean" if cell.params["encoder"] == "minilm" else "cls"
@@ -152,8 +154,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     def st_mnrl(probe):
         model = sentence_transformer()
         pairs = Dataset.from_dict({"anchor": texts[0::2], "positive": texts[1::2]})
-        args = SentenceTransformerTrainingArguments(**{**common, "per_device_train_batch_size": batch // 2,
-                                                       "max_steps": warmup + steps})  # fmt: skip
+        args = SentenceTransformerTrainingArguments(**{**common, "per_device_train_batch_size": batch // 2})
         return SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs, callbacks=[probe],
                                           loss=st_losses.MultipleNegativesRankingLoss(model))  # fmt: skip
 
@@ -178,6 +179,17 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+    # one more short run per row, outside the timed ones: one step under the profiler (the kernels a step
+    # launches and where its time goes, to place the rows' differences)
+    common["max_steps"] = warmup + 1
+    profiles: dict[str, Any] = {}
+    for row in ROWS:
+        profile = StepProfile(at=warmup)
+        trainer = builders[row](profile)
+        trainer.train()
+        profiles[row] = profile.summary
+        del trainer
+        gc.collect()
     rows: dict[str, Any] = {}
     for row in ROWS:
         median = statistics.median(times[row])
@@ -188,6 +200,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
             "syncs_per_step": syncs[row],
             "sync_sites": sites[row],
             "peak_memory": memory[row],
+            "profile": profiles[row],
         }
     speed = {r: rows[r]["samples_per_s"] for r in ROWS}
     ratios = {
