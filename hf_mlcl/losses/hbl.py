@@ -503,17 +503,13 @@ class HBLLoss(ContrastiveLoss):
             return (self.lambda_ * scale).to(dtype)
 
     def _per_anchor(self, ctx: ContrastContext, sim: Tensor | None) -> tuple[Tensor, Tensor]:
-        keys = 0 if ctx.key_embeddings is None else ctx.key_embeddings.shape[0]
-        if keys + (ctx.num_anchors - 1 if ctx.anchors_in_candidates else 0) < self.k_min:
-            # the contrast set is smaller than k_min (known from the shapes, without reading a value): no
-            # gate can open, L_HBL = 0 on every device (the total keeps its graph through the base loss)
-            zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
-            return zero, zero.bool()
-        n_positives = ctx.shares_label.sum(dim=1)
-        # reading the gate is free on the host only (elsewhere hbl_per_anchor masks the closed gates)
-        if host_reads_are_free(n_positives) and not bool((n_positives >= self.k_min).any()):
-            # no anchor can pass the reliability gate: L_HBL = 0 without touching the embeddings
-            # (the total stays connected to the graph through the base loss)
+        # No anchor can pass the reliability gate when its contrast set (the candidates less its own column)
+        # is smaller than k_min, known from the shapes on every device; otherwise reading the gate is free
+        # on the host only (elsewhere hbl_per_anchor masks the closed gates). Either way L_HBL = 0 without
+        # touching the embeddings (the total stays connected to the graph through the base loss).
+        reachable = ctx.num_candidates - int(ctx.anchors_in_candidates) >= self.k_min
+        n_positives = ctx.shares_label.sum(dim=1) if reachable else None
+        if not reachable or (host_reads_are_free(n_positives) and not bool((n_positives >= self.k_min).any())):
             zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
             return zero, zero.bool()
         # the raw (upcast) candidates: hbl_per_anchor normalises the anchors and the few selected
