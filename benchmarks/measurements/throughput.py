@@ -164,32 +164,34 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     syncs: dict[str, list[int]] = {r: [] for r in ROWS}
     sites: dict[str, list[str]] = {r: [] for r in ROWS}
     memory: dict[str, Any] = {}
+
+    def train_with(row: str, callback) -> None:
+        """One training run of ``row`` with ``callback``, its trainer freed afterwards."""
+        trainer = builders[row](callback)
+        trainer.train()
+        del trainer
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     for _ in range(rounds):
         for row in ROWS:
             probe = StepProbe(count_from=warmup)
-            trainer = builders[row](probe)
             reset_peak_memory()
-            trainer.train()
-            memory[row] = peak_memory()
+            train_with(row, probe)
+            memory[row] = peak_memory()  # the peak since the reset, read after the release
             times[row] += probe.times[warmup:]
             walls[row].append((probe.ends[-1] - probe.begins[warmup]) / steps)
             syncs[row] += probe.syncs
             sites[row] = sites[row] or probe.sync_sites[:6]
-            del trainer
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
     # one more short run per row, outside the timed ones: one step under the profiler (the kernels a step
     # launches and where its time goes, to place the rows' differences)
     common["max_steps"] = warmup + 1
     profiles: dict[str, Any] = {}
     for row in ROWS:
         profile = StepProfile(at=warmup)
-        trainer = builders[row](profile)
-        trainer.train()
+        train_with(row, profile)
         profiles[row] = profile.summary
-        del trainer
-        gc.collect()
     rows: dict[str, Any] = {}
     for row in ROWS:
         median = statistics.median(times[row])
