@@ -171,7 +171,8 @@ def main(argv=None) -> int:
         max_label_elems = 0
         for batch in loader:
             n_batches += 1
-            n_tokens += int(batch["attention_mask"].sum())
+            mask = batch.get("attention_mask")  # absent when no row of the batch is padded
+            n_tokens += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
             n_pos += int(batch["labels"].sum())
             max_label_elems = max(max_label_elems, batch["labels"].numel())
             assert batch["input_ids"].shape[1] % args.chunk_size == 0

@@ -31,6 +31,14 @@ class MultiLabelCollator:
     in the model makes the views differ, as in SimCSE/SupCon two-crop batches); labels repeated.
     ``pad_to_multiple_of`` (e.g. the model's ``chunk_size``) rounds the padded length up.
     ``padding="max_length"`` pads every batch to ``max_length`` (static shapes).
+
+    ``drop_unpadded_attention_mask`` (default True): a batch in which no row is padded (every row as long
+    as the longest, e.g. all truncated at ``max_length``) is returned without ``attention_mask``: every
+    token attends either way (the models' default for an absent mask), and the backbone then runs its
+    attention unmasked (SDPA's flash kernel; a prepared all-ones mask would force the masked kernel)
+    without transformers' host read of the mask (``padding_mask.all()``, a device synchronisation per
+    forward on an accelerator). The check is made here, on the host, where it costs nothing. False keeps
+    the all-ones mask in every batch (for code that reads ``batch["attention_mask"]``).
     """
 
     def __init__(
@@ -44,6 +52,7 @@ class MultiLabelCollator:
         label_format: str = "dense",
         pad_to_multiple_of: int | None = None,
         padding: str = "longest",
+        drop_unpadded_attention_mask: bool = True,
     ) -> None:
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
@@ -73,6 +82,7 @@ class MultiLabelCollator:
         self.label_format = label_format
         self.pad_to_multiple_of = pad_to_multiple_of
         self.padding = padding
+        self.drop_unpadded_attention_mask = bool(drop_unpadded_attention_mask)
 
     # -- tokens -------------------------------------------------------------------------------
     def _encode(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
@@ -142,6 +152,9 @@ class MultiLabelCollator:
         if not examples:
             raise ValueError("MultiLabelCollator got an empty batch")
         batch = dict(self._encode(examples))
+        mask = batch.get("attention_mask")
+        if self.drop_unpadded_attention_mask and mask is not None and bool(mask.all()):  # a host tensor: no sync
+            del batch["attention_mask"]
         if self.label_column is not None:
             try:
                 label_lists = [ex[self.label_column] for ex in examples]

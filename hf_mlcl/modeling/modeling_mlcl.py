@@ -138,10 +138,11 @@ class MLCLPreTrainedModel(PreTrainedModel):
         For the bidirectional encoders of :data:`PREPARED_MASK_MODEL_TYPES` under SDPA the mask is
         handed over already prepared, (B, 1, 1, T) boolean (True = attend; SDPA broadcasts it over heads
         and queries), which transformers passes to SDPA unchanged: the same attention as the 2-D mask
-        gives, and no host read. The price: a batch without padding keeps its (all-True) mask, so SDPA runs
-        its masked kernel where transformers would have dropped the mask for the flash kernel; pass no
-        ``attention_mask`` for such a batch to drop it without a read. Every other backbone (decoders,
-        local attention, eager / flash / flex attention) gets the 2-D mask. An absent mask stays absent.
+        gives, and no host read. A batch without padding should come without ``attention_mask`` (what
+        :class:`~hf_mlcl.data.MultiLabelCollator` does, checking on the host): a mask handed over would
+        keep SDPA on its masked kernel where transformers would have dropped it for the flash kernel.
+        Every other backbone (decoders, local attention, eager / flash / flex attention) gets the 2-D
+        mask. An absent mask stays absent.
         """
         if attention_mask is None or attention_mask.ndim != 2:
             return attention_mask

@@ -125,9 +125,9 @@ def test_pretokenized_numpy_format_ids_only_and_left_padding(bert_tokenizer, lla
     for fmt in (None, "numpy", "torch"):
         rows = ids_only.with_format(fmt)
         got = col([rows[i] for i in range(5)])
-        assert torch.equal(got["input_ids"], ref["input_ids"]) and got["input_ids"].shape[1] % 16 == 0
-        assert torch.equal(got["attention_mask"], ref["attention_mask"])
-        assert torch.equal(got["labels"], ref["labels"])
+        assert got.keys() == ref.keys() and got["input_ids"].shape[1] % 16 == 0
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), key
     llama_tokenizer.padding_side = "left"
     try:
         enc = llama_tokenizer(["joy", "graph neural network learning"])
@@ -138,3 +138,34 @@ def test_pretokenized_numpy_format_ids_only_and_left_padding(bert_tokenizer, lla
         assert out["attention_mask"][0, 0] == 0 and out["input_ids"][0, -1] != llama_tokenizer.pad_token_id
     finally:
         llama_tokenizer.padding_side = "right"
+
+
+@pytest.mark.parametrize("pretokenized", [False, True])
+def test_unpadded_batch_drops_the_attention_mask(bert_tokenizer, tiny_bert_config, pretokenized):
+    from transformers import BertForSequenceClassification
+
+    from hf_mlcl.host_sync import HostSyncCounter
+
+    long_text = " ".join(["chest pain"] * 50)
+    rows = [{"text": long_text, "labels": [0]}, {"text": long_text + " joy", "labels": [1]}]
+    if pretokenized:
+        rows = [{"input_ids": bert_tokenizer(r["text"])["input_ids"], "labels": r["labels"]} for r in rows]
+    col = MultiLabelCollator(bert_tokenizer, num_labels=2, max_length=16, n_views=2)
+    unpadded = col(rows)  # both rows truncated at 16: no padding anywhere
+    assert "attention_mask" not in unpadded and unpadded["input_ids"].shape == (4, 16)
+    kept = MultiLabelCollator(bert_tokenizer, 2, max_length=16, n_views=2, drop_unpadded_attention_mask=False)(rows)
+    assert kept["attention_mask"].shape == (4, 16) and bool(kept["attention_mask"].all())
+    assert all(torch.equal(kept[k], unpadded[k]) for k in unpadded)
+    padded = col(rows + [{"input_ids": [5, 6], "labels": [0]} if pretokenized else {"text": "joy", "labels": [0]}])
+    assert padded["attention_mask"].shape == padded["input_ids"].shape and not bool(padded["attention_mask"].all())
+
+    # the same logits without the mask, and without transformers' host read of it (padding_mask.all())
+    model = BertForSequenceClassification(tiny_bert_config).eval()
+    model.config._attn_implementation = "sdpa"
+    inputs = {k: v for k, v in kept.items() if k != "labels"}
+    with torch.no_grad(), HostSyncCounter() as with_mask:
+        ref = model(**inputs).logits
+    with torch.no_grad(), HostSyncCounter() as without_mask:
+        got = model(**{k: v for k, v in unpadded.items() if k != "labels"}).logits
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+    assert with_mask.count == 1 and without_mask.count == 0, (with_mask.report(), without_mask.report())
