@@ -20,11 +20,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hf_mlcl.host_sync import host_reads_are_free
+
 __all__ = [
     "LABEL_DTYPE",
     "LABEL_INPUT_FORMATS",
     "as_multihot",
     "cast",
+    "coalesced",
     "dataset_label_matrix",
     "ids_to_multihot",
     "is_sparse",
@@ -84,6 +87,12 @@ def cast(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def coalesced(labels: Tensor) -> Tensor:
+    """A sparse COO tensor in coalesced form: itself when it is already (``coalesce()`` would return it too,
+    but the call is one that can read the device, so the flag is asked first)."""
+    return labels if labels.is_coalesced() else labels.coalesce()
+
+
 def is_sparse(labels: Tensor) -> bool:
     """True for torch-sparse layouts (COO, CSR, CSC, BSR, BSC)."""
     return labels.layout != torch.strided
@@ -94,16 +103,12 @@ def nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
     in row-major order (explicit zeros of a sparse matrix are skipped)."""
     if is_sparse(labels):
         lab = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
-        lab = lab.coalesce()
+        lab = coalesced(lab)
         idx = lab.indices()
         keep = lab.values() != 0
         return idx[0][keep], idx[1][keep]
     nz = (labels != 0).nonzero()
     return nz[:, 0], nz[:, 1]
-
-
-def _values(labels: Tensor) -> Tensor:
-    return labels.values() if is_sparse(labels) else labels
 
 
 def _raise_non_binary(name: str, vals: Tensor) -> None:
@@ -122,19 +127,40 @@ def _raise_non_binary(name: str, vals: Tensor) -> None:
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
+def _scan_dense(labels: Tensor, name: str, check_values: bool = True) -> Tensor | None:
     """Validate a large dense multi-hot matrix in one pass and return it as float32 COO if sparse.
 
-    The non-zeros are found from the raw bytes: one vectorised ``amax`` over 256-byte blocks viewed
-    as uint8 (any set bit — a 1, a NaN, a negative value, even -0.0 — makes a block's max non-zero);
-    the flagged blocks are then read as 8-byte words, ``nonzero`` finds the non-zero words and a
-    second, small ``nonzero`` the non-zero elements inside them (8 bools, 4 halves or 2 floats per
-    word: a bool matrix costs an eighth of the element-wise search). Only the non-zero entries are
-    checked for being exactly 1. About one bandwidth-bound pass over the memory instead of several
-    elementwise passes. Returns None when the matrix is not sparse enough (more than 1/32 non-zero)
-    for sparse products to pay off; it is valid either way.
+    The non-zeros are found in one pass (:func:`_dense_nonzeros`) and only they are checked for being
+    exactly 1 (``check_values``). Returns None when the matrix is not sparse enough (more than 1/32
+    non-zero) for sparse products to pay off; it is valid either way. Host reads on an accelerator:
+    the number of non-zeros and the value check (none on a CPU).
     """
     flat = labels.reshape(-1)
+    elems = _dense_nonzeros(flat)
+    vals = flat[elems]
+    if check_values and vals.dtype != torch.bool and bool((vals != 1).any()):
+        _raise_non_binary(name, vals)
+    if elems.numel() * 32 > flat.numel():
+        return None
+    width = labels.shape[1]
+    idx = torch.stack([elems // width, elems % width])
+    ones = torch.ones(elems.numel(), dtype=LABEL_DTYPE, device=flat.device)
+    return torch.sparse_coo_tensor(idx, ones, labels.shape, check_invariants=False, is_coalesced=True)
+
+
+def _dense_nonzeros(flat: Tensor) -> Tensor:
+    """Positions (int64, ascending) of the non-zero elements of a flat dense tensor (-0.0 is zero, NaN is not).
+
+    On an accelerator: one ``torch.nonzero`` (one host read: the count). On a CPU, where a flat
+    ``nonzero`` over floats is bandwidth-poor, the non-zeros are found from the raw bytes: one
+    vectorised ``amax`` over 256-byte blocks viewed as uint8 (any set bit — a 1, a NaN, a negative
+    value, even -0.0 — makes a block's max non-zero); the flagged blocks are then read as 8-byte words,
+    ``nonzero`` finds the non-zero words and a second, small ``nonzero`` the non-zero elements inside them
+    (8 bools, 4 halves or 2 floats per word: a bool matrix costs an eighth of the element-wise search);
+    a -0.0 found that way is dropped at the end.
+    """
+    if not host_reads_are_free(flat):
+        return torch.nonzero(flat).squeeze(1)
     n = flat.numel()
     per_block = max(1, _SCAN_BLOCK_BYTES // flat.element_size())
     nb = n // per_block
@@ -142,8 +168,7 @@ def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
     blocks = flat[:head].view(nb, per_block)
     hit = torch.nonzero(blocks.view(torch.uint8).amax(dim=1)).squeeze(1)
     # the flagged blocks as 8-byte words: the non-zero words, then the set elements inside them, found
-    # on integer views (a flat nonzero over integers is several times faster than one over floats);
-    # -0.0 has a set bit and is dropped below
+    # on integer views (a flat nonzero over integers is several times faster than one over floats)
     words = blocks.index_select(0, hit).view(torch.int64).view(-1)
     word = torch.nonzero(words).squeeze(1)
     per_word = 8 // flat.element_size()
@@ -153,18 +178,8 @@ def _scan_dense(labels: Tensor, name: str) -> Tensor | None:
     elems = torch.cat(
         [hit[loc // per_block] * per_block + loc % per_block, head + torch.nonzero(flat[head:]).squeeze(1)]
     )
-    vals = flat[elems]
-    keep = vals != 0  # -0.0 is a zero label
-    if not bool(keep.all()):
-        elems, vals = elems[keep], vals[keep]
-    if vals.dtype != torch.bool and bool((vals != 1).any()):
-        _raise_non_binary(name, vals)
-    if elems.numel() * 32 > n:
-        return None
-    width = labels.shape[1]
-    idx = torch.stack([elems // width, elems % width])
-    ones = torch.ones(elems.numel(), dtype=LABEL_DTYPE, device=flat.device)
-    return torch.sparse_coo_tensor(idx, ones, labels.shape, check_invariants=False, is_coalesced=True)
+    keep = flat[elems] != 0  # -0.0 has a set bit but is a zero label
+    return elems if bool(keep.all()) else elems[keep]
 
 
 def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values: bool = True) -> Tensor:
@@ -253,8 +268,10 @@ def as_multihot(
 
     ``check_values=False`` skips the value check, the one part that reads the labels on the host (a
     synchronisation on an accelerator): for labels already validated, e.g. once before training or on
-    the host by the collator that built them. A dense matrix then costs no host read at all (sparse
-    layouts and the sparse scan below need data-dependent shapes whatever this says).
+    the host by the collator that built them. A dense matrix then costs no host read at all; sparse
+    labels and the sparse scan below cost one whatever this says (the search for explicit zeros, the
+    number of non-zeros: data-dependent shapes), and with the check on, sparse labels fold it into that
+    read while the scan reads the values it found once more.
 
     ``allow_sparse``: a large dense matrix (more than ``COMPACT_MIN_LABELS`` labels, at least
     2**20 entries) that is at most 1/32 non-zero is returned as sparse COO, validated in the same
@@ -275,29 +292,38 @@ def as_multihot(
     if is_sparse(labels):
         if labels.layout != torch.sparse_coo:
             labels = labels.to_sparse_coo()
-        labels = labels.coalesce()
+        labels = coalesced(labels)
     elif allow_sparse and labels.shape[1] > COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
-        scanned = _scan_dense(labels, name)
+        scanned = _scan_dense(labels, name, check_values)
         return cast(labels, LABEL_DTYPE) if scanned is None else scanned
-    vals = _values(labels)
+    if is_sparse(labels):
+        return _checked_sparse(labels, name, check_values)
     # v (v - 1) is 0 exactly for v in {0, 1}: NaN, +-inf and every other value give a non-zero
     # (for integers too: v (v - 1) = 0 mod 2^bits only for v = 0 or 1, one factor being odd)
-    if check_values and vals.dtype != torch.bool and bool((vals * (vals - 1)).any()):
-        _raise_non_binary(name, vals)
-    if is_sparse(labels):
-        idx = labels.indices()
-        v = cast(labels.values(), LABEL_DTYPE)
-        keep = v != 0  # drop explicit zeros so nnz == number of (row, label) memberships
-        # a subset of coalesced (sorted, unique) indices is still coalesced: no second sort
-        return torch.sparse_coo_tensor(
-            idx[:, keep],
-            v[keep],
-            labels.shape,
-            device=labels.device,
-            check_invariants=False,
-            is_coalesced=True,
-        )
+    if check_values and labels.dtype != torch.bool and bool((labels * (labels - 1)).any()):
+        _raise_non_binary(name, labels)
     return cast(labels, LABEL_DTYPE)
+
+
+def _checked_sparse(labels: Tensor, name: str, check_values: bool) -> Tensor:
+    """A coalesced COO multi-hot matrix validated (``check_values``) and without explicit zeros, as float32.
+
+    The value check and the search for explicit zeros share one host read; dropping the zeros (rare)
+    costs more reads only when there are some.
+    """
+    idx, v = labels.indices(), labels.values()
+    flags = [v == 0]
+    if check_values and v.dtype != torch.bool:
+        flags.append(v * (v - 1))  # non-zero exactly for the values other than 0 / 1 (see as_multihot)
+    has_zero, *non_binary = torch.stack([f.any() for f in flags]).tolist()
+    if non_binary and non_binary[0]:
+        _raise_non_binary(name, v)
+    v = cast(v, LABEL_DTYPE)
+    if has_zero:  # drop explicit zeros so nnz == number of (row, label) memberships
+        keep = v != 0
+        idx, v = idx[:, keep], v[keep]
+    # a subset of coalesced (sorted, unique) indices is still coalesced: no second sort
+    return torch.sparse_coo_tensor(idx, v, labels.shape, device=labels.device, check_invariants=False, is_coalesced=True)
 
 
 def to_dense_bool(labels: Tensor) -> Tensor:

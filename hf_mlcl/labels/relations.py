@@ -29,7 +29,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from .multihot import COMPACT_MIN_LABELS, LABEL_DTYPE, cast, is_sparse
+from .multihot import COMPACT_MIN_LABELS, LABEL_DTYPE, cast, coalesced, is_sparse
 
 __all__ = [
     "RELATIONS",
@@ -57,8 +57,8 @@ def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
     if second is None:
         return first
     if is_sparse(first) or is_sparse(second):
-        a = (first if is_sparse(first) else first.to_sparse()).coalesce()
-        b = (second if is_sparse(second) else second.to_sparse()).coalesce()
+        a = coalesced(first if is_sparse(first) else first.to_sparse())
+        b = coalesced(second if is_sparse(second) else second.to_sparse())
         # rows of b after those of a: the concatenated (row, col) indices stay sorted and unique
         shift = torch.zeros(2, 1, dtype=b.indices().dtype, device=b.device)
         shift[0] = a.shape[0]  # a fill on the device, not a host copy
@@ -125,7 +125,7 @@ def _sparse_sparse_matmul_t(a: Tensor, b: Tensor, *more: Tensor) -> Tensor | tup
     carries) share the same product: their transposes stand beside a^T, and the call returns
     ``(a @ b^T, *(m @ b^T for m in more))``.
     """
-    a, b = a.coalesce(), b.coalesce()
+    a, b = coalesced(a), coalesced(b)
     ai, bi = a.indices(), b.indices()
     device = a.device
     used = torch.zeros(a.shape[1], dtype=torch.bool, device=device)
@@ -136,15 +136,15 @@ def _sparse_sparse_matmul_t(a: Tensor, b: Tensor, *more: Tensor) -> Tensor | tup
     n = a.shape[0]
     a_t = torch.zeros(cols.numel(), n * (1 + len(more)), dtype=a.dtype, device=device)
     for k, m in enumerate((a, *more)):
-        m = m.coalesce()
+        m = coalesced(m)
         mi = m.indices()
         a_t.index_put_((remap[mi[1]], mi[0] + k * n), m.values().to(a.dtype), accumulate=True)
     b_col = remap[bi[1]]
-    keep = b_col >= 0
+    keep = torch.nonzero(b_col >= 0).squeeze(1)  # one host read (the count) for the three selections
     # remap is increasing on the kept columns, so the filtered entries stay sorted and unique
     b_u = torch.sparse_coo_tensor(
-        torch.stack([bi[0][keep], b_col[keep]]),
-        b.values()[keep],
+        torch.stack([bi[0].index_select(0, keep), b_col.index_select(0, keep)]),
+        b.values().index_select(0, keep),
         (b.shape[0], cols.numel()),
         check_invariants=False,
         is_coalesced=True,

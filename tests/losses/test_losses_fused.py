@@ -305,6 +305,79 @@ def test_large_dense_labels_keep_every_label_error():
                 get_loss("any")(torch.randn(300, 8), yb)
 
 
+def _accelerator_path(fn):
+    """``fn()`` on the accelerator path (hf_mlcl.host_sync simulates it on CPU tensors) and its host reads."""
+    from hf_mlcl.host_sync import HostSyncCounter
+
+    with HostSyncCounter() as counter:
+        out = fn()
+    return out, counter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool, torch.int64])
+def test_the_scan_finds_the_same_labels_on_both_paths(dtype):
+    y = _large_dense(300, 4001, 5)
+    y[3, 270:300] = 1
+    if dtype.is_floating_point:
+        y[7, 9] = -0.0  # a zero label on both paths
+    y = y.to(dtype)
+    cpu = M.as_multihot(y, allow_sparse=True)
+    acc, counter = _accelerator_path(lambda: M.as_multihot(y, allow_sparse=True))
+    assert M.is_sparse(acc) and acc.is_coalesced() and torch.equal(acc.indices(), cpu.indices())
+    assert torch.equal(acc.values(), cpu.values())
+    # one nonzero (its count) and, unless the labels are bool, the check of the found values
+    assert counter.count == (1 if dtype == torch.bool else 2), counter.report()
+    unchecked, counter = _accelerator_path(lambda: M.as_multihot(y, allow_sparse=True, check_values=False))
+    assert torch.equal(unchecked.indices(), cpu.indices()) and counter.count == 1, counter.report()
+    for bad, match in ((2.0, "binary"), (float("nan"), "NaN")):
+        if dtype.is_floating_point:
+            yb = y.clone()
+            yb[299, 4000] = bad
+            with pytest.raises(ValueError, match=match):
+                _accelerator_path(lambda yb=yb: M.as_multihot(yb, allow_sparse=True))
+
+
+def test_sparse_labels_are_checked_in_one_host_read():
+    y = _large_dense(300, 4001, 6).to_sparse()
+    out, counter = _accelerator_path(lambda: M.as_multihot(y, allow_sparse=True))
+    assert torch.equal(out.to_dense(), y.to_dense()) and counter.count == 1, counter.report()
+    # explicit zeros are dropped (reads follow only then), a non-binary value still raises
+    with_zero = torch.sparse_coo_tensor(y.indices(), y.values().index_fill(0, torch.tensor([0, 5]), 0.0), y.shape)
+    out, counter = _accelerator_path(lambda: M.as_multihot(with_zero, allow_sparse=True))
+    assert out._nnz() == y._nnz() - 2 and torch.equal(out.to_dense(), with_zero.to_dense())
+    bad = torch.sparse_coo_tensor(y.indices(), y.values().index_fill(0, torch.tensor([3]), 2.0), y.shape)
+    with pytest.raises(ValueError, match="binary"):
+        _accelerator_path(lambda: M.as_multihot(bad, allow_sparse=True))
+
+
+@pytest.mark.parametrize("name", list_contrastive_losses())
+def test_dense_labels_cost_the_host_reads_of_sparse_ones_in_a_large_label_space(name):
+    """With keys in a label space wide enough to go sparse, a dense label matrix costs the host reads of a
+    sparse one, whatever the loss: one per matrix (the count of its non-zeros; for sparse labels the search
+    for explicit zeros). With the input checks on, dense labels read the values found once more per matrix
+    (sparse labels fold the check into their one read)."""
+    from hf_mlcl.losses.input_checks import set_input_checks
+
+    n_labels = 2048
+    y, yk = _large_dense(520, n_labels, 7), _large_dense(600, n_labels, 8)  # both scanned
+    g = torch.Generator().manual_seed(7)
+    z, zk = torch.randn(520, 16, generator=g), torch.randn(600, 16, generator=g)
+    kwargs = {"num_labels": n_labels, "embedding_dim": 16} if name == "msc" else {}
+    loss = get_loss(name, **kwargs)
+    if getattr(loss, "requires_label_statistics", False):
+        loss.set_label_statistics(y)
+    reads = {}
+    for checks in (True, False):
+        set_input_checks(loss, checks)
+        for layout, (a, b) in {"dense": (y, yk), "sparse": (y.to_sparse(), yk.to_sparse())}.items():
+            value, counter = _accelerator_path(lambda a=a, b=b: loss(z.clone().requires_grad_(True), a, zk, b))
+            reads[checks, layout] = counter.count
+            value.backward()
+    assert reads[False, "dense"] == reads[False, "sparse"], reads
+    assert reads[True, "dense"] == reads[True, "sparse"] + 2, reads  # one value check per matrix
+    assert reads[True, "sparse"] == reads[False, "sparse"] + 1, reads  # the finite check of the result
+
+
 def test_dense_but_not_sparse_large_matrix_stays_dense():
     g = torch.Generator().manual_seed(2)
     y = (torch.rand(300, 4000, generator=g) < 0.2).float()
