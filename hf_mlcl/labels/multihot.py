@@ -98,15 +98,20 @@ def is_sparse(labels: Tensor) -> bool:
     return labels.layout != torch.strided
 
 
-def nonzero_pairs(labels: Tensor) -> tuple[Tensor, Tensor]:
+def nonzero_pairs(labels: Tensor, explicit_zeros: bool = True) -> tuple[Tensor, Tensor]:
     """(row, col) int64 index vectors of the non-zeros of a dense or sparse (N, L) multi-hot matrix,
-    in row-major order (explicit zeros of a sparse matrix are skipped)."""
+    in row-major order (explicit zeros of a sparse matrix are skipped).
+
+    ``explicit_zeros=False``: the caller knows that a sparse matrix stores no zero (what
+    :func:`as_multihot` returns): its indices are the pairs, with no host read of the values.
+    """
     if is_sparse(labels):
-        lab = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
-        lab = coalesced(lab)
+        lab = coalesced(labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo())
         idx = lab.indices()
-        keep = lab.values() != 0
-        return idx[0][keep], idx[1][keep]
+        if not explicit_zeros:
+            return idx[0], idx[1]
+        keep = torch.nonzero(lab.values() != 0).squeeze(1)  # one host read for both selections
+        return idx[0].index_select(0, keep), idx[1].index_select(0, keep)
     nz = (labels != 0).nonzero()
     return nz[:, 0], nz[:, 1]
 

@@ -200,9 +200,11 @@ def candidate_label_counts(
     if is_sparse(anchor_labels):
         idx = anchor_labels.indices()
         vals = col[idx[1]] - (1.0 if anchors_in_candidates else 0.0)
-        return torch.sparse_coo_tensor(
-            idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False
-        ).coalesce()
+        # the anchors' own (row, col) pattern: coalesced when theirs is, no second sort
+        return coalesced(torch.sparse_coo_tensor(
+            idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False,
+            is_coalesced=anchor_labels.is_coalesced(),
+        ))  # fmt: skip
     y = cast(anchor_labels, LABEL_DTYPE)
     return y * (col[None, :] - (y if anchors_in_candidates else 0.0))
 
@@ -231,8 +233,8 @@ def inverse_count_weights(
         pos = vals > 0
         inv_vals = torch.where(pos, 1.0 / vals.clamp_min(1), torch.zeros_like(vals))
         inv = torch.sparse_coo_tensor(
-            idx, inv_vals, counts.shape, device=counts.device, check_invariants=False
-        ).coalesce()
+            idx, inv_vals, counts.shape, device=counts.device, check_invariants=False, is_coalesced=True
+        )  # counts is coalesced: the same pattern
         pairs = torch.zeros(counts.shape[0], dtype=dtype, device=counts.device)
         pairs.index_add_(0, idx[0], pos.to(dtype))
     else:

@@ -63,8 +63,9 @@ def _csr_of_ones(rows: Tensor, cols: Tensor, shape: tuple[int, int], dtype: torc
     coalesce (sort, deduplication, reduction) and a conversion."""
     n_rows, n_cols = shape
     order = torch.argsort(rows * n_cols + cols)
+    per_row = torch.zeros(n_rows, dtype=torch.long, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
     crow = torch.zeros(n_rows + 1, dtype=torch.long, device=rows.device)
-    torch.cumsum(torch.bincount(rows, minlength=n_rows), dim=0, out=crow[1:])
+    torch.cumsum(per_row, dim=0, out=crow[1:])  # a bincount would read the largest row on the host
     ones = torch.ones(rows.numel(), dtype=dtype, device=rows.device)
     return torch.sparse_csr_tensor(crow, cols[order], ones, shape, check_invariants=False)
 
@@ -161,16 +162,17 @@ class PairLabelView:
             self.ucol = self.cols
             self.num_active = n_labels
             return
-        self.rows, self.cols = nonzero_pairs(anchor_labels)
+        # validated matrices store no zeros: their indices are the pairs (no host read)
+        self.rows, self.cols = nonzero_pairs(anchor_labels, explicit_zeros=False)
         active, self.ucol = torch.unique(self.cols, return_inverse=True)
         self.num_active = int(active.numel())
         lut = torch.full((anchor_labels.shape[1],), -1, dtype=torch.long, device=self.device)
         lut[active] = torch.arange(self.num_active, device=self.device)
-        crow, ccol = nonzero_pairs(candidate_labels)
+        crow, ccol = nonzero_pairs(candidate_labels, explicit_zeros=False)
         cu = lut[ccol]
-        keep = cu >= 0
-        self.cand_rows = crow[keep]
-        self.cand_ucols = cu[keep]
+        keep = torch.nonzero(cu >= 0).squeeze(1)  # one host read for both selections
+        self.cand_rows = crow.index_select(0, keep)
+        self.cand_ucols = cu.index_select(0, keep)
         self._yc_u: Tensor | None = None
         self._yc_u_t: Tensor | None = None
 

@@ -373,6 +373,9 @@ def test_dense_labels_cost_the_host_reads_of_sparse_ones_in_a_large_label_space(
             value, counter = _accelerator_path(lambda a=a, b=b: loss(z.clone().requires_grad_(True), a, zk, b))
             reads[checks, layout] = counter.count
             value.backward()
+    # one per label matrix (its explicit zeros), two in the sparse label product (the anchors' labels, the
+    # candidate entries kept), for msc two more (its per-label pairs: the anchors' labels, the entries kept)
+    assert reads[False, "sparse"] == (6 if name == "msc" else 4), reads
     assert reads[False, "dense"] == reads[False, "sparse"], reads
     assert reads[True, "dense"] == reads[True, "sparse"] + 2, reads  # one value check per matrix
     assert reads[True, "sparse"] == reads[False, "sparse"] + 1, reads  # the finite check of the result
