@@ -41,6 +41,12 @@ def test_llama_flops_and_lora_sizes_are_the_architecture_s():
     assert llama_lora.flops_per_token(LLAMA_31_8B, 512, 16, targets, key_forward=True)["flops_per_token"] == (
         plain["flops_per_token"] + forward
     )
+    # what the device runs: + one forward for checkpointing's recomputation, + one for GradCache's first pass
+    fig = {**plain, "activation_checkpointing": True, "gradcache_chunk_size": 8}
+    assert llama_lora.hardware_flops_per_token(fig) == 4 * forward + 2 * lora
+    assert llama_lora.hardware_flops_per_token({**fig, "gradcache_chunk_size": 0}) == 3 * forward + 2 * lora
+    no_recompute = {**fig, "gradcache_chunk_size": 0, "activation_checkpointing": False}
+    assert llama_lora.hardware_flops_per_token(no_recompute) == 2 * forward + 2 * lora
 
 
 def test_the_committed_performance_page_is_generated_from_the_committed_results():

@@ -20,7 +20,10 @@ adapted to a frozen base): forward ``2 N + 4 n_layers s d`` (N the non-embedding
 attention products counted in full); backward of the frozen base computes input gradients only, as many
 FLOPs as the forward; the LoRA matrices cost ``6 N_lora``; ``msc``'s momentum encoder adds one more
 forward of the same tokens. Recomputation (activation checkpointing) and GradCache's extra no-grad
-forward are not model FLOPs. MFU = model FLOPs/s over the device's bf16 dense peak.
+forward are not model FLOPs. MFU = model FLOPs/s over the device's bf16 dense peak. HFU counts what the
+device runs (:func:`hardware_flops_per_token`): one more forward for activation checkpointing and one for
+GradCache's no-grad forward, so a GradCache run with checkpointing runs twice sd's model FLOPs and MFU can
+reach at most half the share of the peak the device sustains.
 """
 
 from __future__ import annotations
@@ -95,6 +98,14 @@ def flops_per_token(shape: dict[str, Any], seq: int, r: int, targets: list[str],
         "forward_flops_per_token": forward,
         "formula": "2*(2N + 4*layers*seq*d + 2*N_lora) + 2*N_lora" + (" + forward (momentum keys)" if key_forward else ""),
     }
+
+
+def hardware_flops_per_token(figures: dict[str, Any]) -> float:
+    """FLOPs the device runs per trained token, from a cell's figures: the model FLOPs, plus one forward
+    when activation checkpointing recomputes each layer in the backward, plus one when GradCache first
+    encodes the whole batch without gradients (``gradcache_chunk_size`` > 0)."""
+    extra = int(bool(figures["activation_checkpointing"])) + int(bool(figures["gradcache_chunk_size"]))
+    return figures["flops_per_token"] + extra * figures["forward_flops_per_token"]
 
 
 # ------------------------------------------------------------------------------------- the base model
