@@ -214,12 +214,18 @@ def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
         out += [f"**{cell.name}** ({status(entry)})", ""]
         if not fig:
             continue
+        if gpu and fig.get("input_checks", True):
+            out += ["Measured with the losses' input checks on (host reads of the labels' values and of the "
+                    "result's finiteness in every call), which training turns off after the first batch.", ""]  # fmt: skip
         if fig["table"] == "in-batch":
             if gpu:
                 rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",
-                         f"{r['single_over_pml']:.2f}", f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}"] for r in fig["rows"]]  # fmt: skip
+                         f"{r['single_over_pml']:.2f}", f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}",
+                         f"{r['checked_ms']:.3f}" if "checked_ms" in r else "–"] for r in fig["rows"]]  # fmt: skip
                 out += table(["loss", "N", "multi-label / plain SupCon", "single-label / plain SupCon",
-                              "single-label / PML SupConLoss", "loss ms", "plain ms"], rows) + [""]  # fmt: skip
+                              "single-label / PML SupConLoss", "loss ms", "plain ms", "loss ms, input checks on"],
+                             rows) + [""]  # fmt: skip
+
             out += [f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
         else:
             if gpu:
