@@ -36,8 +36,12 @@ def small_step_threads(anchors: Tensor, candidates: Tensor | int | None = None) 
         candidates: M, the columns of the similarity matrix, as an int; or the (K, D) key embeddings
             (M = N + K); None: in-batch only (M = N).
     """
+    # accelerator tensors return before asking for the thread count (a call torch.compile cannot trace)
+    if not isinstance(anchors, Tensor) or anchors.dim() != 2 or anchors.device.type != "cpu":
+        yield
+        return
     threads = torch.get_num_threads()
-    if threads == 1 or not isinstance(anchors, Tensor) or anchors.dim() != 2 or anchors.device.type != "cpu":
+    if threads == 1:
         yield
         return
     n, dim = anchors.shape

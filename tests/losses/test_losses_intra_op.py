@@ -44,6 +44,18 @@ def test_large_steps_and_non_tensors_keep_the_thread_count(two_threads):
         assert torch.get_num_threads() == 2
 
 
+def test_accelerator_tensors_never_ask_for_the_thread_count(monkeypatch):
+    """Not on a CPU: the block runs unchanged without torch.get_num_threads (a call torch.compile cannot
+    trace, so a compiled loss on a GPU would break its graph there)."""
+
+    def untraceable():
+        raise AssertionError("torch.get_num_threads called for a tensor that is not on the CPU")
+
+    monkeypatch.setattr(intra_op.torch, "get_num_threads", untraceable)
+    with small_step_threads(torch.empty(8, 4, device="meta"), torch.empty(8, 4, device="meta")):
+        pass
+
+
 @pytest.mark.parametrize("name", ["all", "mulsupcon", "ws_mulsupcon", "hbl"])
 def test_loss_forward_and_backward_of_a_small_step_use_one_thread(name, two_threads, monkeypatch):
     """The loss's forward and the fused backward run inside the one-thread block; the values equal
