@@ -28,13 +28,22 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
 
 
 def pool_states(
-    states: torch.Tensor, mask: torch.Tensor, pooling: str, segment_length: int | None = None
+    states: torch.Tensor, mask: torch.Tensor | None, pooling: str, segment_length: int | None = None
 ) -> torch.Tensor:
-    """Pool token states (B, N, H) with the attention mask (B, N).
+    """Pool token states (B, N, H) with the attention mask (B, N); None: every position is a real token.
 
     ``cls``: first token (with ``segment_length``: mean of the first token of every non-empty segment);
     ``mean``: masked mean over all real tokens; ``last_token``: the last real token.
     """
+    if mask is None and segment_length is None:  # no padding: plain reductions, no mask arithmetic
+        if pooling == "mean":
+            return states.mean(1)
+        if pooling == "last_token":
+            return states[:, -1]
+        if pooling == "cls":
+            return states[:, 0]
+    if mask is None:
+        mask = torch.ones(states.shape[:2], dtype=torch.long, device=states.device)
     if pooling == "mean":
         return masked_mean(states, mask)
     if pooling == "last_token":
@@ -76,10 +85,12 @@ class LabelAttentionHead(nn.Module):
         self.second_linear = nn.Linear(attention_dim, num_labels, bias=False)
         self.third_linear = nn.Linear(hidden_size, num_labels)
 
-    def forward(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, states: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Label logits (B, L) from token states (B, N, H) and their mask (B, N; None: no padding)."""
         z = torch.tanh(self.first_linear(states))  # (B, N, d_a)
         scores = self.second_linear(z).transpose(1, 2)  # (B, L, N)
-        scores = scores.masked_fill(~mask.bool().unsqueeze(1), torch.finfo(scores.dtype).min)
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool().unsqueeze(1), torch.finfo(scores.dtype).min)
         attention = torch.softmax(scores, dim=-1)
         label_states = attention @ states  # (B, L, hidden)
         return torch.einsum("blh,lh->bl", label_states, self.third_linear.weight) + self.third_linear.bias

@@ -174,8 +174,12 @@ class MLCLPreTrainedModel(PreTrainedModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, int | None]:
         """Token states (B, N, H), mask (B, N) and the segment length (None when not segmented).
+
+        The mask is None when no ``attention_mask`` was given and the model is not segmented (every
+        position is a real token; :func:`~hf_mlcl.modeling.layers_mlcl.pool_states` and the label-attention
+        head then use no mask arithmetic).
 
         Segmented (PLM-ICD): the (B, T) document is right-padded to S * chunk_size tokens, reshaped to
         (B * S, chunk_size) rows, the rows holding at least one real token are encoded as one backbone
@@ -192,7 +196,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
             raise ValueError("input_ids is required (tokenize the texts first)")
         if not self.config.segmented:
             states = self._run_backbone(input_ids, attention_mask, token_type_ids)
-            return states, torch.ones_like(input_ids) if attention_mask is None else attention_mask, None
+            return states, attention_mask, None
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
 

@@ -142,6 +142,48 @@ def test_encoder_padding_invariance(configs, bert_tokenizer, llama_tokenizer, ar
     torch.testing.assert_close(a[:1], single, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "arch,pooling", [("bert", "cls"), ("bert", "mean"), ("roberta", "mean"), ("llama", "last_token")]
+)
+def test_a_batch_without_a_mask_pools_as_with_an_all_ones_mask(configs, bert_tokenizer, llama_tokenizer, arch, pooling):
+    """What MultiLabelCollator hands over for a batch without padding: no attention_mask. The embeddings are
+    those of the all-ones mask, pooled without mask arithmetic."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hf_mlcl.modeling.layers_mlcl import pool_states
+
+    class Ops(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.count += 1
+            return func(*args, **(kwargs or {}))
+
+    tok = llama_tokenizer if arch == "llama" else bert_tokenizer
+    model = MLCLEncoder.from_backbone(configs[arch], pooling=pooling).eval()
+    ids = _batch(tok, [TEXTS[2]] * 3, truncation=True, max_length=12)["input_ids"]  # three rows, no padding
+    with torch.no_grad():
+        ones = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        absent = model(input_ids=ids)
+    torch.testing.assert_close(absent.pooled, ones.pooled, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(absent.embeddings, ones.embeddings, atol=1e-6, rtol=1e-6)
+    states = torch.randn(3, 12, 8)
+    with Ops():
+        pool_states(states, None, pooling)
+    without, Ops.count = Ops.count, 0
+    with Ops():
+        pool_states(states, torch.ones(3, 12, dtype=torch.long), pooling)
+    assert without == 1 and (pooling == "cls" or Ops.count > 1), (without, Ops.count)
+
+
+def test_label_attention_without_a_mask_equals_an_all_ones_mask():
+    from hf_mlcl.modeling.layers_mlcl import LabelAttentionHead
+
+    head = LabelAttentionHead(hidden_size=8, attention_dim=4, num_labels=5)
+    states = torch.randn(2, 6, 8)
+    torch.testing.assert_close(head(states, None), head(states, torch.ones(2, 6, dtype=torch.long)))
+
+
 @pytest.mark.parametrize("arch", sorted(PREPARED_MASK_MODEL_TYPES))
 def test_a_prepared_mask_encodes_as_the_backbone_with_its_own_mask_and_reads_nothing(bert_tokenizer, arch):
     """bert / roberta / xlm-roberta under SDPA get the padding mask as (B, 1, 1, T) booleans: the same
