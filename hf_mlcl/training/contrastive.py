@@ -246,7 +246,9 @@ class _LossWindow:
                 total = self.sums.get(name)
                 self.sums[name] = value if total is None else total + value
         self.count += 1
-        bad = torch.isfinite(parts["loss"].detach()).logical_not_().long()
+        with torch.no_grad():
+            loss = parts["loss"]
+            bad = torch.ne(loss - loss, 0).long()  # x - x is NaN exactly for NaN and +-inf (fewer ops than isfinite)
         self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
 
     def averages(self) -> dict[str, float]:

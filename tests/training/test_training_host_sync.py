@@ -173,3 +173,15 @@ def test_a_finite_run_logs_as_before(tmp_path, tok):
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2 and all(math.isfinite(h["loss"]) for h in logs)
     assert torch.is_tensor(recorded[-1]["loss"])
+
+
+def test_the_loss_window_counts_every_non_finite_loss():
+    from hf_mlcl.training.contrastive import _LossWindow
+
+    window = _LossWindow()
+    for value in (1.0, float("inf"), -3e38, float("-inf"), float("nan"), 0.0, 3e38):
+        window.add({"loss": torch.tensor(value, requires_grad=True) * 1.0})
+    with pytest.raises(ValueError, match=r"NaN or inf in 3 training micro-batch\(es\)"):
+        window.raise_if_not_finite()
+    window.add({"loss": torch.tensor(2.0)})
+    window.raise_if_not_finite()  # a new window: finite
