@@ -41,9 +41,9 @@ def similarity_dissimilarity_weights(inter: Tensor, anchor_sizes: Tensor, candid
         anchor_sizes: (N,) abs(S).
         candidate_sizes: (M,) abs(T).
     """
-    ks = inter / anchor_sizes.clamp_min(1)[:, None]
-    kd = 1.0 / (1.0 + (candidate_sizes[None, :] - inter))
-    return torch.where(inter > 0, ks * kd, torch.zeros_like(inter))
+    # K^s K^d = (abs(S & T) / abs(S)) * 1 / (1 + abs(T) - abs(S & T)) in one division: the denominator
+    # is an exact integer product (>= 1), and a pair without a shared label gets 0 / d = 0
+    return inter / (anchor_sizes.clamp_min(1)[:, None] * ((1.0 + candidate_sizes)[None, :] - inter))
 
 
 @register_loss("similarity_dissimilarity", "sd")
