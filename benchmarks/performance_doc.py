@@ -220,6 +220,15 @@ def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
         if gpu and fig.get("input_checks", True):
             out += ["Measured with the losses' input checks on (host reads of the labels' values and of the "
                     "result's finiteness in every call), which training turns off after the first batch.", ""]  # fmt: skip
+        if fig["table"] == "in-batch-compiled":
+            if gpu:
+                rows = [[r["loss"], str(r["n"]), f"{r['compiled_over_plain']:.2f}", f"{r['compiled_over_plain_compiled']:.2f}",
+                         f"{r['compiled_ms']:.3f}", f"{r['eager_ms']:.3f}", f"{r['plain_ms']:.3f}",
+                         f"{r['plain_compiled_ms']:.3f}", f"{r['compile_s']:.0f}"] for r in fig["rows"]]  # fmt: skip
+                out += table(["loss", "N", "compiled / plain SupCon", "compiled / compiled plain SupCon", "compiled ms",
+                              "eager ms", "plain ms", "compiled plain ms", "compile s"], rows) + [""]  # fmt: skip
+            out += [f"Worst compiled loss / eager plain SupCon: {fig['worst_compiled_over_plain']:.2f}.", ""]
+            continue
         if fig["table"] == "in-batch":
             if gpu:
                 rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",

@@ -113,6 +113,9 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
     losses = json.loads((out / "losses.json").read_text())["cells"]
     assert len(losses["in-batch-fp32"]["figures"]["rows"]) == 8 * 2  # every loss at two batch sizes
     assert len(losses["keys-bf16"]["figures"]["rows"]) == 8 * 2 * 3  # ... and three label spaces
+    compiled = losses["in-batch-compiled"]["figures"]["rows"]  # the losses above plain SupCon, compiled
+    assert [r["loss"] for r in compiled] == ["hbl", "msc", "ws_mulsupcon"]
+    assert all(r["compile_s"] > 0 and r["compiled_ms"] > 0 and r["plain_compiled_ms"] > 0 for r in compiled)
     same = json.loads((out / "gradcache.json").read_text())["cells"]["minilm-4096"]["figures"]["same_loss"]
     assert same["same"] and same["plain"] == pytest.approx(same["gradcache"], rel=1e-5)
 

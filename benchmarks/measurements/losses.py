@@ -13,6 +13,10 @@ embeddings (the losses compute their softmax in fp32 either way):
   matrices and as sparse COO; ratio dense / sparse per loss; the floor (similarities, masked logsumexp,
   backward, and the label-intersection product) for scale.
 
+* ``in-batch-compiled``: the losses above the plain SupCon in eager mode (``hbl``, ``msc``, ``ws_mulsupcon``)
+  under ``torch.compile``, N = 256, fp32, against the plain SupCon eager and compiled; the first call's
+  seconds (the compilation) are recorded apart.
+
 Times are CUDA-synchronised wall times of one forward + backward (median of ``repeats`` after warm-up).
 Every loss is timed as ContrastiveTrainer and the integrations run it after the first batch: input checks
 off (``FirstCallChecks``), so no host read of the labels' values or of the result's finiteness; the
@@ -34,9 +38,14 @@ DESCRIPTION = (
 )
 
 
+# the losses that cost more than the plain SupCon in eager mode, timed again under torch.compile
+COMPILED_LOSSES = ("hbl", "msc", "ws_mulsupcon")
+
+
 def cells(tiny: bool) -> list[Cell]:
     return [Cell(f"{table}-{dtype}", params={"table": table, "dtype": dtype}, timeout=900)
-            for table in ("in-batch", "keys") for dtype in ("fp32", "bf16")]  # fmt: skip
+            for table in ("in-batch", "keys") for dtype in ("fp32", "bf16")] + [
+        Cell("in-batch-compiled", params={"table": "in-batch-compiled", "dtype": "fp32"}, timeout=900)]  # fmt: skip
 
 
 def _timer(repeats: int, warmup: int):
@@ -87,6 +96,74 @@ def _with_checks(loss):
     return call
 
 
+def _multi_label_batch(n: int, dim: int, labels: int, dev, dtype):
+    """(embeddings (n, dim), multi-hot labels (n, labels)): about 2.4 labels per row, at least one each."""
+    import torch
+
+    gen = torch.Generator().manual_seed(n)
+    z = torch.randn(n, dim, generator=gen).to(dev, dtype)
+    y = (torch.rand(n, labels, generator=gen) < 1.4 / labels).float()
+    y[torch.arange(n), torch.randint(0, labels, (n,), generator=gen)] = 1.0
+    return z, y.to(dev), gen
+
+
+def _build(name: str, labels: int, dim: int, dev, label_rows):
+    """A registered loss as the in-batch tables time it: statistics from ``label_rows``, input checks off
+    (as training runs it after the first batch)."""
+    import loss_speed as LS
+
+    from hf_mlcl.losses import get_loss
+    from hf_mlcl.losses.input_checks import set_input_checks
+
+    kwargs = dict(LS.LOSS_KWARGS.get(name, {}))
+    if name == "msc":
+        kwargs.update(num_labels=labels, embedding_dim=dim)
+    loss = get_loss(name, **kwargs).to(dev)
+    if getattr(loss, "requires_label_statistics", False):
+        loss.set_label_statistics(label_rows)
+    set_input_checks(loss, False)
+    return loss
+
+
+def _compiled_table(tiny: bool, dev, time_pair, repeats: int) -> dict[str, Any]:
+    import loss_speed as LS
+    import torch
+
+    from .common import synchronize
+
+    n, dim, labels = (32, 16, 10) if tiny else (256, 128, 54)
+    z, y, _ = _multi_label_batch(n, dim, labels, dev, torch.float32)
+
+    def plain(e, lb):
+        return LS.plain_supcon(e, lb, single=False)
+
+    def first_call(fn) -> float:
+        """Seconds of ``fn``'s first step: the compilation, for a compiled one."""
+        synchronize()
+        t0 = time.perf_counter()
+        _step(fn, z, y)()
+        synchronize()
+        return time.perf_counter() - t0
+
+    torch._dynamo.reset()
+    plain_compiled = torch.compile(plain)
+    plain_compile_s = first_call(plain_compiled)
+    t_plain_c, t_plain = time_pair(_step(plain_compiled, z, y), _step(plain, z, y))
+    rows = []
+    for name in COMPILED_LOSSES:
+        loss = _build(name, labels, dim, dev, y)
+        compiled = torch.compile(loss)
+        compile_s = first_call(compiled)
+        t_comp, t_eager = time_pair(_step(compiled, z, y), _step(loss, z, y))
+        rows.append({"loss": name, "n": n, "dim": dim, "labels": labels, "compile_s": compile_s,
+                     "compiled_ms": t_comp * 1e3, "eager_ms": t_eager * 1e3, "plain_ms": t_plain * 1e3,
+                     "plain_compiled_ms": t_plain_c * 1e3, "compiled_over_plain": t_comp / t_plain,
+                     "compiled_over_plain_compiled": t_comp / t_plain_c})  # fmt: skip
+    return {"table": "in-batch-compiled", "dtype": "fp32", "repeats": repeats, "rows": rows, "input_checks": False,
+            "plain_compile_s": plain_compile_s, "worst_compiled_over_plain": max(r["compiled_over_plain"] for r in rows),
+            "checks": {}}  # fmt: skip
+
+
 def _bind(fn, *args):
     def run():
         fn(*args)
@@ -100,7 +177,6 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     import torch.nn.functional as F
     from pytorch_metric_learning.losses import SupConLoss
 
-    from hf_mlcl.losses import get_loss
     from hf_mlcl.losses.input_checks import set_input_checks
     from hf_mlcl.losses.registry import list_contrastive_losses
 
@@ -112,27 +188,19 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     time_pair = _timer(repeats, warmup)
     names = list_contrastive_losses()
     rows: list[dict[str, Any]] = []
+    if cell.params["table"] == "in-batch-compiled":
+        return _compiled_table(tiny, dev, time_pair, repeats)
     if cell.params["table"] == "in-batch":
         dim, labels = (16, 10) if tiny else (128, 54)
         pml = SupConLoss(temperature=0.07)
         for n in (16, 32) if tiny else (64, 256):
-            gen = torch.Generator().manual_seed(n)
-            z = torch.randn(n, dim, generator=gen).to(dev, dtype)
-            y = (torch.rand(n, labels, generator=gen) < 1.4 / labels).float()
-            y[torch.arange(n), torch.randint(0, labels, (n,), generator=gen)] = 1.0
-            y = y.to(dev)
+            z, y, gen = _multi_label_batch(n, dim, labels, dev, dtype)
             classes = torch.randint(0, 10, (n,), generator=gen).to(dev)
             onehot = F.one_hot(classes, 10).float()
             plain_multi = _step(lambda e, lb: LS.plain_supcon(e, lb, single=False), z, y)
             plain_single = _step(lambda e, lb: LS.plain_supcon(e, lb, single=True), z, classes)
             for name in names:
-                kwargs = dict(LS.LOSS_KWARGS.get(name, {}))
-                multi = get_loss(name, **({**kwargs, "num_labels": labels, "embedding_dim": dim} if name == "msc" else kwargs)).to(dev)
-                single = get_loss(name, **({**kwargs, "num_labels": 10, "embedding_dim": dim} if name == "msc" else kwargs)).to(dev)
-                for loss, lab in ((multi, y), (single, onehot)):
-                    if getattr(loss, "requires_label_statistics", False):
-                        loss.set_label_statistics(lab)
-                    set_input_checks(loss, False)  # as training runs it after the first batch
+                multi, single = _build(name, labels, dim, dev, y), _build(name, 10, dim, dev, onehot)
                 t_multi, t_plain = time_pair(_step(multi, z, y), plain_multi)
                 t_checked, _ = time_pair(_step(_with_checks(multi), z, y), _step(multi, z, y))
                 t_single, t_plain_single = time_pair(_step(single, z, onehot), plain_single)
