@@ -227,7 +227,8 @@ def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
                          f"{r['plain_compiled_ms']:.3f}", f"{r['compile_s']:.0f}"] for r in fig["rows"]]  # fmt: skip
                 out += table(["loss", "N", "compiled / plain SupCon", "compiled / compiled plain SupCon", "compiled ms",
                               "eager ms", "plain ms", "compiled plain ms", "compile s"], rows) + [""]  # fmt: skip
-            out += [f"Worst compiled loss / eager plain SupCon: {fig['worst_compiled_over_plain']:.2f}.", ""]
+            out += [f"Worst compiled loss (backend {fig.get('backend', 'inductor')}) / eager plain SupCon: "
+                    f"{fig['worst_compiled_over_plain']:.2f}.", ""]  # fmt: skip
             continue
         if fig["table"] == "in-batch":
             if gpu:
