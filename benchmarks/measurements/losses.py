@@ -108,19 +108,15 @@ def _multi_label_batch(n: int, dim: int, labels: int, dev, dtype):
 
 
 def _build(name: str, labels: int, dim: int, dev, label_rows):
-    """A registered loss as the in-batch tables time it: statistics from ``label_rows``, input checks off
-    (as training runs it after the first batch)."""
+    """A registered loss built by ``loss_speed.build_loss`` (its keywords, statistics from ``label_rows``) on
+    ``dev``, input checks off (as training runs it after the first batch)."""
+    from types import SimpleNamespace
+
     import loss_speed as LS
 
-    from hf_mlcl.losses import get_loss
     from hf_mlcl.losses.input_checks import set_input_checks
 
-    kwargs = dict(LS.LOSS_KWARGS.get(name, {}))
-    if name == "msc":
-        kwargs.update(num_labels=labels, embedding_dim=dim)
-    loss = get_loss(name, **kwargs).to(dev)
-    if getattr(loss, "requires_label_statistics", False):
-        loss.set_label_statistics(label_rows)
+    loss = LS.build_loss(name, SimpleNamespace(labels=labels, dim=dim), label_rows).to(dev)
     set_input_checks(loss, False)
     return loss
 
@@ -181,7 +177,6 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     import torch.nn.functional as F
     from pytorch_metric_learning.losses import SupConLoss
 
-    from hf_mlcl.losses.input_checks import set_input_checks
     from hf_mlcl.losses.registry import list_contrastive_losses
 
     from .common import device
@@ -234,8 +229,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
             y_dense, yk_dense = y.to_dense(), yk.to_dense()
             floor = _bind(LS.floor_step, z, y, keys, yk)
             for name in names:
-                loss = LS.build_loss(name, args, y_all.to(dev)).to(dev)
-                set_input_checks(loss, False)  # as training runs it after the first batch
+                loss = _build(name, labels, dim, dev, y_all.to(dev))
                 sparse_step = _bind(LS.loss_step, loss, z, y, keys, yk)
                 dense_step = _bind(LS.loss_step, loss, z, y_dense, keys, yk_dense)
                 t_dense, t_sparse = time_pair(dense_step, sparse_step)
