@@ -138,7 +138,8 @@ SYNCING_CALLS = tuple(
 #: mask it checks ``padding_mask.all()`` on the host, to run the attention without a mask when nothing
 #: is padded (transformers 5, e.g. SDPA and eager attention of BERT-style encoders): one host read per
 #: backbone forward, made by transformers, not by hf_mlcl. MLCLEncoder avoids it for BERT, RoBERTa and
-#: XLM-RoBERTa under SDPA by handing over the mask prepared (``MLCLPreTrainedModel._backbone_mask``).
+#: XLM-RoBERTa under SDPA by handing over the mask prepared (``MLCLPreTrainedModel._backbone_mask``), and
+#: MultiLabelCollator for every backbone by leaving the mask out of a batch without padding.
 TRANSFORMERS_MASK_PREPARATION = os.path.join("transformers", "masking_utils.py")
 
 _SIMULATED_ACCELERATOR = 0  # > 0 while a HostSyncCounter with simulate_accelerator=True is active

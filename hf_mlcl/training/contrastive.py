@@ -73,9 +73,10 @@ corrupted weights is written. ``logging_nan_inf_filter`` defaults to False for t
 label matrices so wide that they go sparse (the sparse products need data-dependent shapes), the
 exchange of per-process batch sizes before each gather under data parallelism
 (:mod:`hf_mlcl.training.distributed`), a segmented encoder (PLM-ICD: the non-empty segments are
-selected) and a backbone outside BERT / RoBERTa / XLM-RoBERTa under SDPA (transformers' attention-mask
-preparation checks whether the batch is padded; ``MLCLEncoder`` hands those three the mask prepared,
-``MLCLPreTrainedModel._backbone_mask``).
+selected) and a batch with an attention mask on a backbone outside BERT / RoBERTa / XLM-RoBERTa under SDPA
+(transformers' attention-mask preparation checks whether the batch is padded; ``MLCLEncoder`` hands those
+three the mask prepared, ``MLCLPreTrainedModel._backbone_mask``, and ``MultiLabelCollator`` leaves the mask
+out of a batch without padding).
 
 Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
 the momentum encoder and the queue (and under DeepSpeed / FSDP the loss parameters' optimizer state;
