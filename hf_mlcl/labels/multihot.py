@@ -295,14 +295,11 @@ def as_multihot(
     if device is not None and labels.device != device:
         labels = labels.to(device)
     if is_sparse(labels):
-        if labels.layout != torch.sparse_coo:
-            labels = labels.to_sparse_coo()
-        labels = coalesced(labels)
-    elif allow_sparse and labels.shape[1] > COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
+        coo = labels if labels.layout == torch.sparse_coo else labels.to_sparse_coo()
+        return _checked_sparse(coalesced(coo), name, check_values)
+    if allow_sparse and labels.shape[1] > COMPACT_MIN_LABELS and labels.numel() >= _SCAN_MIN_ENTRIES:
         scanned = _scan_dense(labels, name, check_values)
         return cast(labels, LABEL_DTYPE) if scanned is None else scanned
-    if is_sparse(labels):
-        return _checked_sparse(labels, name, check_values)
     # v (v - 1) is 0 exactly for v in {0, 1}: NaN, +-inf and every other value give a non-zero
     # (for integers too: v (v - 1) = 0 mod 2^bits only for v = 0 or 1, one factor being odd)
     if check_values and labels.dtype != torch.bool and bool((labels * (labels - 1)).any()):
