@@ -118,8 +118,8 @@ def hfu(fig: dict[str, Any]) -> float:
     forward included (``llama_lora.hardware_flops_per_token``)."""
     import gpu_suite
 
-    hardware = gpu_suite.measurement("llama_lora").hardware_flops_per_token(fig)
-    return hardware * fig["tokens_per_s"] / 1e12 / fig["peak_tflops"]
+    # the recorded MFU scaled by the device's FLOPs over the model's (the same tokens/s and peak)
+    return fig["mfu"] * gpu_suite.measurement("llama_lora").hardware_flops_per_token(fig) / fig["flops_per_token"]
 
 
 def llama_lora(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
