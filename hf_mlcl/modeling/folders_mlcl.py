@@ -92,12 +92,14 @@ def save_folder_atomically(target: str, save: Callable[[str], Any]) -> None:
 def _whole(weight: torch.Tensor):
     """A context in which ``weight`` is whole: a DeepSpeed ZeRO-3 partitioned parameter (a model loaded while
     ZeRO-3 is configured) is gathered and its change broadcast from rank 0, so every process must enter it
-    together; any other tensor as it is. deepspeed is imported for partitioned parameters only."""
+    together; any other tensor as it is."""
     if not hasattr(weight, "ds_id"):
         return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters([weight], modifier_rank=0)
+    try:  # an optional import, which transformers' check of remote code does not require to be installed
+        from deepspeed.zero import GatheredParameters
+    except ImportError as err:
+        raise ImportError("this parameter is partitioned by DeepSpeed ZeRO-3, but deepspeed cannot be imported") from err
+    return GatheredParameters([weight], modifier_rank=0)
 
 
 def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]) -> int:
