@@ -20,6 +20,7 @@ from hf_mlcl.files import atomic_write_json, atomic_write_text
 
 CARD_FILE = "README.md"
 CARD_DATA_FILE = "card_data.json"
+SENTENCE_TRANSFORMERS = "sentence-transformers"
 KINDS = ("encoder", "classifier")
 TEMPLATE_PACKAGE = "hf_mlcl.model_cards"
 
@@ -121,6 +122,9 @@ class CardData:
     # named it); the "How to use" code names the first one set
     repo_id: str | None = None
     folder: str | None = None
+    # the saved folder's format: "sentence-transformers" (an encoder any sentence-transformers loads) or
+    # "hf_mlcl" (hf_mlcl's classes, shipped as remote code)
+    layout: str = "hf_mlcl"
     # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
     # `hf-mlcl evaluate` finds the data from any working directory; never pushed (:meth:`for_hub`)
     local_data: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -246,12 +250,18 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     template_str = None if template_path is not None else template_text(card.kind)
     results = eval_results(card)
     name = card.model_name or f"hf-mlcl-{card.kind}"
+    st = card.layout == SENTENCE_TRANSFORMERS
+    if st:
+        library, pipeline_tag, tags = SENTENCE_TRANSFORMERS, "sentence-similarity", [SENTENCE_TRANSFORMERS, "feature-extraction"]
+    else:
+        library, tags = "transformers", []
+        pipeline_tag = "text-classification" if card.kind == "classifier" else "feature-extraction"
     meta = ModelCardData(
         language=card.language,
         license=card.license,
-        library_name="transformers",
-        pipeline_tag="text-classification" if card.kind == "classifier" else "feature-extraction",
-        tags=["hf_mlcl", "multi-label", "contrastive-learning", card.kind]
+        library_name=library,
+        pipeline_tag=pipeline_tag,
+        tags=[*tags, "hf_mlcl", "multi-label", "contrastive-learning", card.kind]
         + ([_canonical_loss(str(card.contrastive_loss or card.loss))] if (card.contrastive_loss or card.loss) else []),
         datasets=[card.dataset] if _is_dataset_id(card.dataset) else None,
         base_model=card.base_model if _is_hub_id(card.base_model) else None,
@@ -268,6 +278,8 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         loss_info=loss_paper(stage1) if stage1 else None,
         probe_loss_info=loss_paper(card.loss) if card.kind == "classifier" else None,
         location=card.location,
+        base_model_id=card.base_model if _is_hub_id(card.base_model) else None,
+        max_length=card.hyperparameters.get("max_length") or 512,
         metric_rows=_metric_table(card.metrics),
         hyperparameters=sorted(card.hyperparameters.items()),
         shown_labels=card.label_names[:20],

@@ -28,6 +28,7 @@ __all__ = [
     "align_special_tokens",
     "build_tokenizer_and_encoder",
     "is_mlcl_checkpoint",
+    "is_native_encoder",
     "probe_model",
     "segment_multiple",
     "with_lora",
@@ -40,7 +41,8 @@ _ENCODER_MODEL_TYPES = {
 
 
 def is_mlcl_checkpoint(path: str | None) -> bool:
-    """True when ``path`` is a folder holding a saved hf_mlcl model (``config.json`` with model_type mlcl)."""
+    """True when ``path`` is a folder holding a saved hf_mlcl model in hf_mlcl's own format (``config.json``
+    with model_type mlcl)."""
     if not path or not os.path.isdir(path):
         return False
     cfg = os.path.join(path, "config.json")
@@ -48,6 +50,13 @@ def is_mlcl_checkpoint(path: str | None) -> bool:
         return False
     with open(cfg, encoding="utf-8") as fh:
         return json.load(fh).get("model_type") == "mlcl"
+
+
+def is_native_encoder(path: str | None) -> bool:
+    """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
+    from .native_mlcl import MLCL_FILE
+
+    return bool(path) and os.path.isfile(os.path.join(path, MLCL_FILE))
 
 
 def _tokenizer_style(model_type: str) -> str:
@@ -108,7 +117,7 @@ def build_tokenizer_and_encoder(
                 raise ValueError(f"{path} holds no tokenizer; set model_args.tokenizer_name_or_path")
             tok_path = model_args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(tok_path, **extra)
-        if is_mlcl_checkpoint(path):
+        if is_mlcl_checkpoint(path) or is_native_encoder(path):
             encoder = MLCLEncoder.from_pretrained(path)
         else:
             encoder = _encoder_from_backbone(path, model_args, projection_dim, **extra)

@@ -48,6 +48,7 @@ from .folders_mlcl import (
     save_folder_atomically,
 )
 from .layers_mlcl import LabelAttentionHead, ProjectionHead, last_token_index, masked_mean, pool_states
+from .native_mlcl import MLCL_FILE, NATIVE_FILES, load_native_encoder
 
 # Bidirectional encoders whose transformers implementation (masking_utils.create_bidirectional_mask)
 # hands a prepared 4-D attention mask to the attention function unchanged (MLCLPreTrainedModel._backbone_mask);
@@ -303,6 +304,17 @@ class MLCLPreTrainedModel(PreTrainedModel):
         path = os.fspath(pretrained_model_name_or_path)
         hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
         adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)
+        native = hub_file(path, MLCL_FILE, hub)
+        if native is not None:
+            if cls is not MLCLEncoder:
+                raise ValueError(
+                    f"{path} is an encoder (a sentence-transformers folder): it has no classification head to load; "
+                    f"build a classifier on it with MLCLForMultiLabelClassification.from_encoder(path, id2label=...) "
+                    f"and train its head (hf-mlcl probe RECIPE --encoder_path {path})"
+                )
+            files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
+            files[ADAPTER_CONFIG_NAME] = adapter_file
+            return load_native_encoder(cls, path, files, adapter_file is not None, kwargs)
         if adapter_file is None:
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return load_adapter_folder(cls, path, adapter_file, hub, kwargs)

@@ -47,6 +47,7 @@ from hf_mlcl.modeling.builders import (
     adapter_encoder,
     align_special_tokens,
     build_tokenizer_and_encoder,
+    is_mlcl_checkpoint,
     probe_model,
     segment_multiple,
     with_lora,
@@ -241,16 +242,21 @@ def _finish_contrastive(trainer: Any, tokenizer: Any, metrics: dict[str, Any], m
     """After stage 1's training: its evaluation, the encoder (every rank: sharded weights are gathered
     together; a LoRA run as an adapter folder), ``metrics.json``; the result."""
     from hf_mlcl.modeling.lora import save_lora_model
+    from hf_mlcl.modeling.native import to_sentence_transformers
 
     metrics.update(trainer.evaluate())
     args = trainer.args
 
     def save_model() -> bool:
+        wrote_tokenizer = False
         if not model_args.use_lora:
-            return _trainer_save(trainer)
-        save_lora_model(trainer.model_wrapped, args.output_dir, merge=model_args.merge_lora,
-                        accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
-        return False
+            wrote_tokenizer = _trainer_save(trainer)
+        else:
+            save_lora_model(trainer.model_wrapped, args.output_dir, merge=model_args.merge_lora,
+                            accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
+        if args.should_save and is_mlcl_checkpoint(args.output_dir):
+            wrote_tokenizer |= to_sentence_transformers(args.output_dir, data_args.max_length, tokenizer=tokenizer)
+        return wrote_tokenizer
 
     saved = {**metrics, "loss": args.loss, "dataset": data_args.dataset, "num_labels": len(data.label_names)}
     _save_stage(trainer, tokenizer, {METRICS_FILE: saved}, save_model)

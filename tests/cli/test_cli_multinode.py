@@ -63,6 +63,11 @@ COMMON = ["--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "none", 
 MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py",
                "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_args.bin"}  # fmt: skip
 STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}
+# stage 1's encoder, a sentence-transformers folder (hf_mlcl.modeling.native)
+ENCODER_FILES = (STAGE_FILES - {"configuration_mlcl.py", "modeling_mlcl.py"}) | {
+    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "mlcl_config.json",
+    "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors", "3_Dense/config.json",
+    "3_Dense/model.safetensors"}
 CHECKPOINT_FILES = MODEL_FILES | {"trainer_state.json", "optimizer.pt", "scheduler.pt", "mlcl_trainer_state.safetensors",
                                   "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
 NODE_TIMEOUT = 240  # seconds for both nodes of one launch; a run takes about 40 s on two busy cores
@@ -101,7 +106,7 @@ def _logged_losses(stage_folder: str) -> list[float]:
 
 def _expected_run_files(features: int = 2) -> set[str]:
     files = {"data.csv", "recipe.yaml", "out/results.json"}
-    files |= {f"out/encoder/{f}" for f in STAGE_FILES} | {f"out/classifier/{f}" for f in STAGE_FILES | {"thresholds.json"}}
+    files |= {f"out/encoder/{f}" for f in ENCODER_FILES} | {f"out/classifier/{f}" for f in STAGE_FILES | {"thresholds.json"}}
     files |= {f"out/encoder/checkpoint-{s}/{f}" for s in (1, 2) for f in CHECKPOINT_FILES}
     return files | {f"features/{i}" for i in range(features)}  # feature files are named by their key
 

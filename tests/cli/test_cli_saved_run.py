@@ -59,7 +59,8 @@ def test_the_cards_how_to_use_code_runs_verbatim_without_a_prompt(finished_run, 
         assert found and f'"out/{stage}"' in found[0]  # the model's folder, as the run named it
         blocks += found
     assert "hf-mlcl-" not in "".join(blocks)  # no made-up name in place of the folder
-    script = "\n\n".join(blocks) + "\nprint('HOW-TO-USE-RAN', labels, out.pooled.shape)\n"
+    assert "SentenceTransformer(" in blocks[-1] and "trust_remote_code" not in blocks[-1]  # a native encoder
+    script = "\n\n".join(blocks) + "\nprint('HOW-TO-USE-RAN', labels, embeddings.shape)\n"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     proc = subprocess.run([sys.executable, "-c", script], cwd=finished_run, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=240)  # fmt: skip

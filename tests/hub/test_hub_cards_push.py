@@ -76,6 +76,18 @@ def test_encoder_card_and_mimic_limitations():
     assert "AutoModel.from_pretrained(repo, trust_remote_code=True)" in parsed.text
     assert "MSC / ABALONE" in parsed.text and "@inproceedings{audibert2024exploring" in parsed.text
     assert "PhysioNet" in parsed.text and "256 dimensions" in parsed.text
+    assert "/abs/local/path" not in parsed.text  # the body names no local path either
+
+
+def test_sentence_transformers_encoder_card():
+    card = CardData(kind="encoder", dataset="aapd", loss="sd", pooling="cls", base_model="roberta-base",
+                    layout="sentence-transformers", hyperparameters={"projection_dim": 128, "max_length": 128})
+    parsed = ModelCard(str(render_model_card(card)))
+    assert parsed.data.library_name == "sentence-transformers" and parsed.data.pipeline_tag == "sentence-similarity"
+    assert {"sentence-transformers", "feature-extraction"} <= set(parsed.data.tags)
+    assert parsed.data.base_model == "roberta-base" and "**Base model:** [roberta-base]" in parsed.text
+    assert "SentenceTransformer(" in parsed.text and "trust_remote_code" not in parsed.text
+    assert "truncated at 128 tokens" in parsed.text
 
 
 def test_baseline_classifier_card_without_contrastive_stage():

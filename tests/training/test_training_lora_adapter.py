@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoModel, LlamaModel
+from transformers import LlamaModel
 
 from hf_mlcl.hub.push import files_to_push
 from hf_mlcl.modeling import DEFAULT_LORA_TARGETS, MLCLEncoder
@@ -21,6 +21,9 @@ R = 4
 TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]
 ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "model.safetensors", "config.json",
                  "configuration_mlcl.py", "modeling_mlcl.py", "tokenizer_config.json"}  # fmt: skip
+# a LoRA encoder: a PEFT adapter over its base and a sentence-transformers folder (tests/modeling/test_native_*)
+ENCODER_FILES = {"adapter_config.json", "adapter_model.safetensors", "mlcl_config.json", "modules.json", "1_Pooling",
+                 "2_Dense", "3_Dense", "sentence_bert_config.json", "tokenizer_config.json"}
 
 
 @pytest.fixture
@@ -64,30 +67,29 @@ def _tensor_bytes(path) -> int:
 def test_lora_run_saves_an_adapter_that_reloads_to_the_same_embeddings(tmp_path, base_model, llama_tokenizer):
     out = tmp_path / "encoder"
     trainer = _train(base_model, out).trainer
-    assert ADAPTER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
+    assert ENCODER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
+    assert not {"config.json", "model.safetensors", "modeling_mlcl.py"} & set(os.listdir(out))  # no base override
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == base_model and adapter_config["r"] == R
     adapter = load_file(out / "adapter_model.safetensors")
     assert all("lora_" in k for k in adapter) and any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
-    assert all(k.startswith(("projection_head.",)) for k in load_file(out / "model.safetensors"))
 
     trained = _embed(trainer.accelerator.unwrap_model(trainer.model).eval(), llama_tokenizer)
-    for loaded in (MLCLEncoder.from_pretrained(out), AutoModel.from_pretrained(out, trust_remote_code=True)):
-        assert type(loaded).__name__ == "MLCLEncoder"
-        torch.testing.assert_close(_embed(loaded, llama_tokenizer), trained, rtol=1e-5, atol=1e-5)
+    loaded = MLCLEncoder.from_pretrained(out)
+    torch.testing.assert_close(_embed(loaded, llama_tokenizer), trained, rtol=1e-5, atol=1e-5)
     plain = MLCLEncoder.from_backbone(base_model, pooling="last_token", projection_dim=8)
-    plain.load_state_dict(load_file(out / "model.safetensors"), strict=False)
+    plain.projection_head.load_state_dict(loaded.projection_head.state_dict())
     assert not torch.allclose(_embed(plain.eval(), llama_tokenizer), trained, atol=1e-4)  # the adapter matters
 
-    # size: LoRA matrices r * (in + out) per adapted linear layer, plus the heads, against the base's
-    # weights; compared on the tensor bytes of the safetensors files (their JSON headers, a few hundred
-    # bytes per tensor, dominate files this tiny), everything float32
+    # size: LoRA matrices r * (in + out) per adapted linear layer, plus the projection head (the Dense modules),
+    # against the base's weights; compared on the tensor bytes of the safetensors files (their JSON headers, a
+    # few hundred bytes per tensor, dominate files this tiny), everything float32
     base = LlamaModel.from_pretrained(base_model)
     lora = sum(R * (m.in_features + m.out_features) for n, m in base.named_modules()
                if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGETS)  # fmt: skip
-    heads = sum(p.numel() for n, p in loaded.named_parameters() if not n.startswith("backbone."))
+    heads = sum(p.numel() for p in loaded.projection_head.parameters())
     base_params = sum(p.numel() for p in base.parameters())
-    saved = [out / "adapter_model.safetensors", out / "model.safetensors"]
+    saved = [out / "adapter_model.safetensors", out / "2_Dense" / "model.safetensors", out / "3_Dense" / "model.safetensors"]
     base_file = os.path.join(base_model, "model.safetensors")
     assert sum(_tensor_bytes(p) for p in saved) == 4 * (lora + heads)
     assert _tensor_bytes(base_file) == 4 * base_params
@@ -96,7 +98,8 @@ def test_lora_run_saves_an_adapter_that_reloads_to_the_same_embeddings(tmp_path,
     print(f"adapter / base: tensor bytes {measured:.4f} (expected {(lora + heads) / base_params:.4f}), files {files:.4f}")
     assert measured == pytest.approx((lora + heads) / base_params) and files < 0.25
 
-    assert ADAPTER_FILES <= set(files_to_push(str(out)))  # hf-mlcl push uploads the adapter folder as is
+    pushed = set(files_to_push(str(out)))  # hf-mlcl push uploads the adapter folder as is
+    assert ENCODER_FILES <= {f.split("/")[0] for f in pushed} and "2_Dense/model.safetensors" in pushed
 
 
 def test_merge_lora_keeps_the_merged_output(tmp_path, base_model, llama_tokenizer):
@@ -104,7 +107,8 @@ def test_merge_lora_keeps_the_merged_output(tmp_path, base_model, llama_tokenize
     _train(base_model, out, merge_lora=True)
     assert "adapter_config.json" not in os.listdir(out)
     weights = load_file(out / "model.safetensors")
-    assert any(k.startswith("backbone.layers.") for k in weights) and not any("lora_" in k for k in weights)
+    assert any(k.startswith("layers.") for k in weights) and not any("lora_" in k for k in weights)  # LlamaModel's own
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaModel"]
     assert _embed(MLCLEncoder.from_pretrained(out), llama_tokenizer).shape == (len(TEXTS), 8)
 
 

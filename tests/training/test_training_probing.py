@@ -162,8 +162,8 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json", "trainer_state.json"):
         assert os.path.isfile(enc_dir / name), name
     assert os.path.isfile(enc_dir / "checkpoint-3" / STATE_FILE)  # the trainer's extra state (safetensors)
-    saved = json.loads((enc_dir / "config.json").read_text())
-    assert saved["model_type"] == "mlcl" and len(saved["id2label"]) == 6
+    saved = json.loads((enc_dir / "config.json").read_text())  # the backbone's own (a sentence-transformers folder)
+    assert saved["model_type"] == "bert" and len(json.loads((enc_dir / "mlcl_config.json").read_text())["id2label"]) == 6
 
     for probe, threshold in (("linear", "global"), ("logistic", "per_label")):
         out = tmp_path / f"probe-{probe}"
@@ -291,7 +291,7 @@ def test_lora_encoder_round_trip(tmp_path):
     trainer = result.trainer
     assert all("lora_" in n for n in trainer.momentum_encoder.trainable_names if "backbone" in n)
     assert os.path.isfile(enc_dir / "checkpoint-2" / "adapter_model.safetensors")
-    assert json.loads((enc_dir / "config.json").read_text())["model_type"] == "mlcl"
+    assert json.loads((enc_dir / "config.json").read_text())["model_type"] == "bert"  # merged: no base to name
     result = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / "p", probe="linear", max_steps=1),
                              encoder_path=str(enc_dir))  # fmt: skip
     metrics = result.metrics

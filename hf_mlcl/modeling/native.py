@@ -1,0 +1,103 @@
+"""A saved hf_mlcl encoder folder rewritten in place as a sentence-transformers model folder."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .configuration_mlcl import MLCLConfig
+from .folders_mlcl import ADAPTER_CONFIG_NAME, HEADS_WEIGHTS_NAME, save_folder_atomically
+from .native_mlcl import native_encoder_reason, write_sentence_transformers_files
+
+__all__ = ["to_sentence_transformers"]
+
+_INDEX_NAME = "model.safetensors.index.json"
+_BACKBONE = "backbone."
+_HEAD = "projection_head."
+
+
+def _saved_state(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's ``model.safetensors`` (or of the shards its index lists), in its saved dtype."""
+    index = os.path.join(folder, _INDEX_NAME)
+    if not os.path.isfile(index):
+        return load_file(os.path.join(folder, HEADS_WEIGHTS_NAME))
+    with open(index, encoding="utf-8") as fh:
+        shards = sorted(set(json.load(fh)["weight_map"].values()))
+    return {k: v for shard in shards for k, v in load_file(os.path.join(folder, shard)).items()}
+
+
+def _write_backbone(folder: str, config: MLCLConfig, state: dict[str, torch.Tensor]) -> None:
+    """The backbone in its own architecture: ``config.json`` (with ``architectures`` and the weights' dtype) and
+    ``model.safetensors`` keyed as the backbone's own state dict."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    backbone_config = config.get_backbone_config()
+    architecture = MODEL_MAPPING_NAMES.get(backbone_config.model_type)
+    backbone_config.architectures = [architecture] if isinstance(architecture, str) else None
+    floating = [v.dtype for v in state.values() if v.is_floating_point()]
+    if floating:
+        backbone_config.dtype = floating[0]
+    backbone_config.save_pretrained(folder)
+    save_file(state, os.path.join(folder, HEADS_WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def to_sentence_transformers(
+    folder: str, max_seq_length: int | None = None, embedding: str = "pooled", tokenizer: Any = None
+) -> bool:
+    """Rewrite the encoder folder ``save_pretrained`` or ``save_lora_model`` wrote as a sentence-transformers
+    model folder: the backbone in its own architecture (or the PEFT adapter over its base), ``modules.json``,
+    ``1_Pooling``, the projection head as ``2_Dense`` / ``3_Dense``, and hf_mlcl's settings in
+    ``mlcl_config.json``; the remote-code files go.
+
+    Args:
+        folder: the encoder folder (``model_type`` mlcl in its ``config.json``).
+        max_seq_length: the token length the encoder was trained at.
+        embedding: the folder's sentence embedding, ``"pooled"`` or ``"projected"``
+            (:func:`~hf_mlcl.modeling.native_mlcl.write_sentence_transformers_files`).
+        tokenizer: the encoder's tokenizer, saved into the folder padding on the right: consumers number
+            positions from the first token, which for a decoder gives hf_mlcl's states only without left padding.
+
+    Returns:
+        True when rewritten; False (the folder unchanged) for an encoder that has no such form (a segmented
+        PLM-ICD encoder), which keeps the remote-code format.
+
+    Raises:
+        ValueError: ``embedding`` is not ``"pooled"`` or ``"projected"``.
+    """
+    config = MLCLConfig.from_pretrained(folder)
+    if native_encoder_reason(config) is not None:
+        return False
+    state = _saved_state(folder)
+    head = {k[len(_HEAD) :]: v for k, v in state.items() if k.startswith(_HEAD)}
+    adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
+
+    def write(tmp: str) -> None:
+        if not adapter:
+            _write_backbone(
+                tmp, config, {k[len(_BACKBONE) :]: v for k, v in state.items() if k.startswith(_BACKBONE)}
+            )
+        write_sentence_transformers_files(
+            tmp,
+            config,
+            head,
+            max_seq_length,
+            embedding,
+            backbone_config=config.backbone_config if adapter else None,
+        )
+        if tokenizer is not None:
+            right = copy.deepcopy(tokenizer)
+            right.padding_side = "right"
+            right.save_pretrained(tmp)
+
+    save_folder_atomically(folder, write)  # also removes the heads' model.safetensors of an adapter folder
+    # the remote code goes; so does an adapter folder's config.json, which would hide the base model it names
+    for name in ("configuration_mlcl.py", "modeling_mlcl.py", *(("config.json",) if adapter else ())):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.remove(path)
+    return True

@@ -1,0 +1,217 @@
+"""Encoder folders in the ecosystem's own formats: a sentence-transformers model folder, written and read.
+
+Layout and choices: docs/usage.md, "Saved models". Bundled into the remote code with ``modeling_mlcl.py``, so it
+imports only the standard library, ``torch``, ``transformers`` and ``safetensors``, never ``hf_mlcl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModel
+
+from .configuration_mlcl import backbone_config_to_dict
+
+__all__ = [
+    "DENSE_DIRS",
+    "EMBEDDINGS",
+    "MLCL_FILE",
+    "NATIVE_FILES",
+    "load_native_encoder",
+    "POOLING_DIR",
+    "native_encoder_reason",
+    "write_sentence_transformers_files",
+]
+
+MLCL_FILE = "mlcl_config.json"
+POOLING_DIR = "1_Pooling"
+DENSE_DIRS = ("2_Dense", "3_Dense")
+EMBEDDINGS = ("pooled", "projected")
+_ST_POOLING_KEYS = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "last_token": "pooling_mode_lasttoken",
+}
+_ST_MODULES = (
+    "sentence_transformers.models.Transformer",
+    "sentence_transformers.models.Pooling",
+    "sentence_transformers.models.Dense",
+    "sentence_transformers.models.Dense",
+)
+# the hf_mlcl settings a native folder keeps beside the backbone's own config.json
+NATIVE_FILES = (
+    MLCL_FILE,
+    "config.json",
+    "adapter_model.safetensors",
+    *(f"{d}/model.safetensors" for d in DENSE_DIRS),
+)
+_SETTINGS = (
+    "pooling",
+    "projection_dim",
+    "projection_hidden_dim",
+    "chunk_size",
+    "backbone_name_or_path",
+    "id2label",
+    "label2id",
+)
+
+
+def native_encoder_reason(config: Any) -> str | None:
+    """Why an encoder with this ``MLCLConfig`` has no sentence-transformers form, or None when it has one."""
+    if config.segmented:
+        return "it encodes documents as segments (PLM-ICD), which sentence-transformers' Transformer module cannot"
+    return None
+
+
+def _write_json(path: str, data: Any) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+        fh.write("\n")
+
+
+def write_sentence_transformers_files(
+    folder: str,
+    config: Any,
+    projection_head: Mapping[str, torch.Tensor],
+    max_seq_length: int | None = None,
+    embedding: str = "pooled",
+    backbone_config: Mapping[str, Any] | None = None,
+) -> None:
+    """Write the sentence-transformers files of an encoder whose backbone is (or will be) saved in ``folder`` in
+    its own architecture (``config.json`` + weights, or a PEFT adapter).
+
+    Args:
+        folder: the model folder.
+        config: the encoder's ``MLCLConfig``.
+        projection_head: the projection head's weights (``dense.*``, ``out_proj.*``).
+        max_seq_length: the length the encoder was trained at; sentence-transformers truncates there.
+        embedding: ``"pooled"`` (the pooled backbone output, the representation the papers keep after stage 1)
+            or ``"projected"`` (pooled, then the projection head as two ``Dense`` modules) as the folder's
+            sentence embedding. Both Dense modules are written either way; hf_mlcl reads them back.
+        backbone_config: the backbone's config dict, kept for a folder without ``config.json`` (an adapter).
+
+    Raises:
+        ValueError: an unknown ``embedding`` or an encoder without a sentence-transformers form.
+    """
+    if embedding not in EMBEDDINGS:
+        raise ValueError(f"embedding must be one of {EMBEDDINGS}; got {embedding!r}")
+    reason = native_encoder_reason(config)
+    if reason is not None:
+        raise ValueError(f"this encoder has no sentence-transformers form: {reason}")
+    hidden = int(projection_head["dense.weight"].shape[1])
+    pooling = {
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": False,
+        "include_prompt": True,
+    }
+    pooling[_ST_POOLING_KEYS[config.pooling]] = True
+    _write_json(os.path.join(folder, POOLING_DIR, "config.json"), pooling)
+    activations = ("torch.nn.modules.activation.ReLU", "torch.nn.modules.linear.Identity")
+    for directory, layer, activation in zip(DENSE_DIRS, ("dense", "out_proj"), activations):
+        weight = projection_head[f"{layer}.weight"]
+        _write_json(
+            os.path.join(folder, directory, "config.json"),
+            {
+                "in_features": int(weight.shape[1]),
+                "out_features": int(weight.shape[0]),
+                "bias": True,
+                "activation_function": activation,
+            },
+        )
+        tensors = {"linear.weight": weight, "linear.bias": projection_head[f"{layer}.bias"]}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        save_file(tensors, os.path.join(folder, directory, "model.safetensors"), metadata={"format": "pt"})
+    paths = ("", POOLING_DIR, *DENSE_DIRS)[: 2 if embedding == "pooled" else 4]
+    modules = [
+        {"idx": i, "name": str(i), "path": path, "type": kind}
+        for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
+    ]
+    _write_json(os.path.join(folder, "modules.json"), modules)
+    _write_json(
+        os.path.join(folder, "sentence_bert_config.json"),
+        {"max_seq_length": max_seq_length, "do_lower_case": False},
+    )
+    _write_json(
+        os.path.join(folder, "config_sentence_transformers.json"),
+        {
+            "__version__": {"pytorch": torch.__version__},
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
+    settings = {key: getattr(config, key) for key in _SETTINGS}
+    settings.update(embedding=embedding, max_seq_length=max_seq_length)
+    if backbone_config is not None:
+        settings["backbone_config"] = dict(backbone_config)
+    _write_json(os.path.join(folder, MLCL_FILE), settings)
+
+
+def _adapter_in_float32(backbone: Any, weights_file: str) -> None:
+    """The adapter's weights as saved, in float32 (what peft trains them in): transformers' ``load_adapter``
+    casts them to the base model's dtype, which for a bf16 base rounds them."""
+    params = dict(backbone.named_parameters())
+    for key, value in load_file(weights_file).items():
+        module, _, leaf = key.removeprefix("base_model.model.").rpartition(".")
+        name = f"{module}.default.{leaf}"
+        if name not in params:
+            raise ValueError(f"{weights_file}: {key} matches no adapter weight of the loaded model ({name})")
+        params[name].data = value.to(params[name].device, torch.float32)
+
+
+def load_native_encoder(
+    cls: Any, path: str, files: Mapping[str, str | None], adapter: bool, kwargs: Mapping[str, Any]
+):
+    """An ``MLCLEncoder`` (``cls``) from a native encoder folder.
+
+    Args:
+        cls: the encoder class.
+        path: the folder or Hub id.
+        files: the local copies of :data:`NATIVE_FILES` (None where absent).
+        adapter: the folder is a PEFT adapter; the base model it names is loaded and the adapter applied
+            unmerged (transformers' ``load_adapter``), so a bf16 base keeps every update of its fp32 adapter.
+        kwargs: ``from_pretrained``'s keywords (``dtype``, ``revision``, ``token`` ...), for the backbone.
+
+    Returns:
+        The encoder in eval mode.
+    """
+    with open(files[MLCL_FILE], encoding="utf-8") as fh:
+        settings = json.load(fh)
+    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
+    source = path
+    if adapter:
+        with open(files["adapter_config.json"], encoding="utf-8") as fh:
+            source = json.load(fh).get("base_model_name_or_path")
+        if not source:
+            raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
+        loader.pop("revision", None)  # the adapter's revision, not the base model's
+    backbone = AutoModel.from_pretrained(source, **loader)
+    config_kwargs = {key: settings[key] for key in _SETTINGS if settings.get(key) is not None}
+    config = cls.config_class(backbone_config=backbone_config_to_dict(backbone.config), **config_kwargs)
+    model = cls(config, backbone=backbone)
+    if adapter:
+        hub = {
+            k: kwargs[k]
+            for k in ("revision", "token", "cache_dir", "local_files_only")
+            if kwargs.get(k) is not None
+        }
+        model.backbone.load_adapter(path, adapter_name="default", **hub)
+        _adapter_in_float32(model.backbone, files["adapter_model.safetensors"])
+    head = {}
+    for layer, directory in zip(("dense", "out_proj"), DENSE_DIRS):
+        tensors = load_file(files[f"{directory}/model.safetensors"])
+        head[f"{layer}.weight"], head[f"{layer}.bias"] = tensors["linear.weight"], tensors["linear.bias"]
+    model.projection_head.load_state_dict(head)
+    model.to(next(backbone.parameters()).device)
+    return model.eval()

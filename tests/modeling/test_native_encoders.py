@@ -1,0 +1,215 @@
+"""Encoders saved as sentence-transformers folders load in sentence-transformers without hf_mlcl or remote code
+and give hf_mlcl's embeddings; a LoRA encoder loads as a PEFT adapter over its base, unmerged, so a bf16 base
+keeps updates below its resolution; hf_mlcl reads every such folder back."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from _outside import run_outside
+from transformers import LlamaModel
+
+from hf_mlcl.modeling import MLCLEncoder, apply_lora
+from hf_mlcl.modeling.lora import save_lora_adapter
+from hf_mlcl.modeling.native import to_sentence_transformers
+
+TEXTS = [
+    "the patient was admitted with chest pain and shortness of breath",
+    "graph neural network learning theory quantum physics",
+    "joy anger",
+]
+
+_SENTENCE_TRANSFORMERS = """
+import torch
+from sentence_transformers import SentenceTransformer
+
+for name, folder in SPEC["folders"].items():
+    model = SentenceTransformer(folder, trust_remote_code=False, device="cpu")
+    REPORT[name] = {"embeddings": model.encode(SPEC["texts"], convert_to_tensor=True).tolist(),
+                    "max_seq_length": model.max_seq_length, "modules": [type(m).__name__ for m in model]}
+"""
+
+
+def _save_native(encoder, tokenizer, folder, embedding="pooled", max_seq_length=64) -> str:
+    encoder.save_pretrained(folder)
+    assert to_sentence_transformers(str(folder), max_seq_length, embedding, tokenizer=tokenizer)
+    return str(folder)
+
+
+def _close(got, want) -> None:
+    got, want = torch.as_tensor(got, dtype=torch.float32), want.float()
+    assert torch.nn.functional.cosine_similarity(got, want).min() >= 0.99999
+    assert (got - want).abs().max() <= 1e-5
+
+
+def _randomise(module) -> None:
+    with torch.no_grad():  # heads away from their initialisation, so a lost weight shows
+        for p in module.parameters():
+            p.normal_(0, 0.3)
+
+
+@pytest.fixture
+def encoders(tiny_bert_config, tiny_llama_config):
+    torch.manual_seed(0)
+    made = {
+        "bert_cls": MLCLEncoder.from_backbone(tiny_bert_config, pooling="cls", projection_dim=8),
+        "bert_mean": MLCLEncoder.from_backbone(
+            tiny_bert_config, pooling="mean", projection_dim=8, id2label=["a", "b"]
+        ),
+        "llama_last": MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token", projection_dim=8),
+    }
+    for encoder in made.values():
+        _randomise(encoder.projection_head)
+        encoder.eval()
+    return made
+
+
+def test_encoders_load_in_sentence_transformers_without_hf_mlcl(
+    tmp_path, encoders, bert_tokenizer, llama_tokenizer
+):
+    folders, want = {}, {}
+    for name, encoder in encoders.items():
+        tok = llama_tokenizer if name.startswith("llama") else bert_tokenizer
+        folders[name] = _save_native(encoder, tok, tmp_path / name)
+        want[name] = encoder.encode(TEXTS, tok, output="pooled")
+    folders["bert_projected"] = _save_native(
+        encoders["bert_mean"], bert_tokenizer, tmp_path / "p", "projected"
+    )
+    want["bert_projected"] = encoders["bert_mean"].encode(TEXTS, bert_tokenizer)
+    report = run_outside(
+        tmp_path / "child",
+        _SENTENCE_TRANSFORMERS,
+        {"folders": folders, "texts": TEXTS},
+        consumers=("sentence_transformers",),
+    )
+    for name, got in report.items():
+        _close(got["embeddings"], want[name])
+        assert got["max_seq_length"] == 64  # truncated where it was trained
+    assert report["bert_cls"]["modules"] == ["Transformer", "Pooling"]
+    assert report["bert_projected"]["modules"] == ["Transformer", "Pooling", "Dense", "Dense"]
+    config = json.loads(open(os.path.join(folders["bert_mean"], "config.json")).read())
+    assert (
+        config["model_type"] == "bert"
+        and config["architectures"] == ["BertModel"]
+        and "auto_map" not in config
+    )
+    assert not any(f.endswith(".py") for f in os.listdir(folders["bert_mean"]))
+
+
+def test_hf_mlcl_reads_its_native_encoders_back(tmp_path, encoders, bert_tokenizer, llama_tokenizer):
+    for name, encoder in encoders.items():
+        tok = llama_tokenizer if name.startswith("llama") else bert_tokenizer
+        folder = _save_native(encoder, tok, tmp_path / name)
+        loaded = MLCLEncoder.from_pretrained(folder)
+        assert (
+            loaded.config.pooling == encoder.config.pooling
+            and loaded.config.id2label == encoder.config.id2label
+        )
+        for key, value in encoder.state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), key
+    with pytest.raises(ValueError, match="is an encoder"):
+        from hf_mlcl.modeling import MLCLForMultiLabelClassification
+
+        MLCLForMultiLabelClassification.from_pretrained(folder)
+
+
+def test_segmented_encoder_keeps_the_hf_mlcl_format(tmp_path, tiny_bert_config, bert_tokenizer):
+    encoder = MLCLEncoder.from_backbone(
+        tiny_bert_config, pooling="mean", projection_dim=8, segmented=True, chunk_size=8
+    )
+    encoder.save_pretrained(tmp_path / "seg")
+    before = sorted(os.listdir(tmp_path / "seg"))
+    assert to_sentence_transformers(str(tmp_path / "seg")) is False
+    assert sorted(os.listdir(tmp_path / "seg")) == before and "modeling_mlcl.py" in before
+
+
+def _bf16_lora_encoder(base: str) -> torch.nn.Module:
+    """A LoRA encoder on a bf16 base whose every update B A s is below the resolution of the weight it adds to."""
+    encoder = MLCLEncoder.from_backbone(base, pooling="last_token", projection_dim=8)
+    peft_model = apply_lora(encoder, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=True)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_A" in name:
+                p.normal_(0, 1.0)
+            elif "lora_B" in name:
+                p.fill_(1e-4)  # |B A s| ~ 1e-3 against weights ~ 2e-2, whose bf16 spacing is ~1e-4 to 2e-4
+    return peft_model.eval()
+
+
+def test_bf16_lora_encoder_reloads_unmerged_with_updates_below_bf16_resolution(
+    tmp_path, tiny_llama_config, llama_tokenizer
+):
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    LlamaModel(tiny_llama_config).to(torch.bfloat16).save_pretrained(base)
+    llama_tokenizer.save_pretrained(base)
+    model = _bf16_lora_encoder(str(base))
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        trained = model(**inputs).pooled.float()
+    folder = tmp_path / "encoder"
+    save_lora_adapter(model, str(folder), str(base))
+    assert to_sentence_transformers(str(folder), max_seq_length=32, tokenizer=llama_tokenizer)
+    loaded = MLCLEncoder.from_pretrained(str(folder))
+    assert loaded.backbone.dtype == torch.bfloat16
+    trained_state = {k.removeprefix("base_model.model."): v for k, v in model.state_dict().items()}
+    for key, value in loaded.backbone.state_dict().items():  # base bit for bit, the fp32 adapter as trained
+        key = f"backbone.{key}"
+        assert torch.equal(value, trained_state[key]) and value.dtype == trained_state[key].dtype, key
+    layer = "backbone.layers.0.self_attn.q_proj"
+    weight = model.get_submodule(f"base_model.model.{layer}").base_layer.weight
+    with torch.no_grad():
+        reloaded = loaded(**inputs).pooled.float()
+        merged_model = model.merge_and_unload()  # what a merge into the bf16 weights keeps of the update
+        merged = merged_model(**inputs).pooled.float()
+    lost = (merged_model.get_submodule(layer).weight == weight).float().mean()
+    cosine = torch.nn.functional.cosine_similarity(reloaded, trained)
+    print(
+        f"bf16 LoRA reload: min cosine {cosine.min():.6f}, max abs {(reloaded - trained).abs().max():.2e}; merged "
+        f"into bf16: {lost:.0%} of a layer's updates rounded away, max abs {(merged - trained).abs().max():.2e}"
+    )
+    assert cosine.min() >= 0.9999
+    assert lost > 0.5  # the test's updates are below bf16 resolution: a merge would drop most of them
+
+
+_PEFT_ADAPTER = """
+import torch
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer(SPEC["folder"], trust_remote_code=False, device="cpu")
+REPORT["embeddings"] = model.encode(SPEC["texts"], convert_to_tensor=True).float().tolist()
+REPORT["adapter"] = any("lora_" in name for name, _ in model.named_parameters())
+"""
+
+
+def test_lora_encoder_loads_as_a_peft_adapter_in_sentence_transformers(
+    tmp_path, tiny_llama_config, llama_tokenizer
+):
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    LlamaModel(tiny_llama_config).save_pretrained(base)
+    llama_tokenizer.save_pretrained(base)
+    encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token", projection_dim=8)
+    model = apply_lora(encoder, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=False)
+    _randomise(model.base_model.model.projection_head)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    model.eval()
+    folder = tmp_path / "encoder"
+    save_lora_adapter(model, str(folder), str(base))
+    assert to_sentence_transformers(str(folder), max_seq_length=32, tokenizer=llama_tokenizer)
+    want = model.base_model.model.encode(TEXTS, llama_tokenizer, max_length=32, output="pooled")
+    report = run_outside(
+        tmp_path / "child",
+        _PEFT_ADAPTER,
+        {"folder": str(folder), "texts": TEXTS},
+        consumers=("sentence_transformers", "peft"),
+    )
+    assert report["adapter"]
+    _close(report["embeddings"], want)
