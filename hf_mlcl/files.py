@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["TMP_PREFIX", "atomic_path", "atomic_write_json", "atomic_write_safetensors", "atomic_write_text",
-           "folder_size", "follow_umask", "format_size", "json_default"]  # fmt: skip
+           "folder_size", "follow_umask", "format_size", "json_default", "move_into"]  # fmt: skip
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
 
@@ -89,6 +89,19 @@ def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically (:func:`atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
+
+
+def move_into(source: str, target: str) -> None:
+    """Move every entry of the folder ``source`` into ``target`` (created if needed), each by one ``os.replace``
+    (same file system): a file replaces its namesake, a folder replaces its namesake whole."""
+    import shutil
+
+    os.makedirs(target, exist_ok=True)
+    for name in sorted(os.listdir(source)):
+        src, dst = os.path.join(source, name), os.path.join(target, name)
+        if os.path.isdir(src) and os.path.isdir(dst):
+            shutil.rmtree(dst)
+        os.replace(src, dst)
 
 
 def folder_size(path: str) -> int:

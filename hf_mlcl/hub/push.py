@@ -68,7 +68,7 @@ def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
         raise ValueError(f"nothing to push: {folder!r} is not a folder")
     files = files_to_push(folder) if files is None else files
     top = {f for f in files if "/" not in f}
-    if "config.json" not in top:
+    if not {"config.json", "adapter_config.json"} & top:
         raise ValueError(f"{folder} has no config.json: push the folder a training run saved (its output_dir)")
     if not any(fnmatch.fnmatch(f, p) for f in top for p in _WEIGHTS):
         raise ValueError(f"{folder} has no model weights (*.safetensors / pytorch_model*.bin)")

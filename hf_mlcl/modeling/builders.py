@@ -56,7 +56,11 @@ def is_native_encoder(path: str | None) -> bool:
     """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
     from .native_mlcl import MLCL_FILE
 
-    return bool(path) and os.path.isfile(os.path.join(path, MLCL_FILE))
+    settings = os.path.join(path, MLCL_FILE) if path else ""
+    if not os.path.isfile(settings):
+        return False
+    with open(settings, encoding="utf-8") as fh:
+        return json.load(fh).get("kind", "encoder") == "encoder"
 
 
 def _tokenizer_style(model_type: str) -> str:

@@ -13,7 +13,14 @@ from typing import Any
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 
 POOLINGS = ("cls", "mean", "last_token")
-HEADS = ("linear", "label_attention")
+HEADS = ("linear", "label_attention", "native")
+# head="native": the backbone families whose own sequence-classification head the classifier reproduces, and
+# how that head pools: "pooler", the backbone's pooler (dense + tanh on the first token; RoBERTa's head holds the
+# same dense + tanh) then a linear layer; "last_token", the last real token then a linear layer without bias
+NATIVE_HEAD_POOLING = {
+    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert"), "pooler"),
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"), "last_token"),
+}
 
 # Keys of a backbone config dict that describe the saving environment, not the architecture.
 _VOLATILE_BACKBONE_KEYS = (
@@ -51,7 +58,9 @@ class MLCLConfig(PreTrainedConfig):
         projection_dim: Output size of the two-layer projection head (Khosla et al., 2020: 128-2048;
             default 256).
         projection_hidden_dim: Hidden size of the projection head (default: backbone hidden size).
-        head: Classifier head: ``"linear"`` (probe) or ``"label_attention"`` (PLM-ICD, Huang et al. 2022).
+        head: Classifier head: ``"linear"`` (probe), ``"label_attention"`` (PLM-ICD, Huang et al. 2022) or
+            ``"native"`` (the backbone family's own sequence-classification head, :data:`NATIVE_HEAD_POOLING`: the
+            classifier then saves as the family's ``XForSequenceClassification``).
         chunk_size: Segment length in tokens for the segmented (PLM-ICD) path; must be positive.
         segmented: Encode inputs as segments of ``chunk_size`` tokens (each segment a row of the
             backbone batch). Default: True iff ``head == "label_attention"``.
@@ -112,7 +121,33 @@ class MLCLConfig(PreTrainedConfig):
             )
         if self.segmented is None:
             self.segmented = self.head == "label_attention"
+        if self.head == "native":
+            self._check_native_head()
         super().__post_init__(**kwargs)
+
+    def _check_native_head(self) -> None:
+        """head='native' needs a backbone family listed in :data:`NATIVE_HEAD_POOLING`, its pooling, no segments."""
+        model_type = (self.backbone_config or {}).get("model_type")
+        if model_type is None:
+            return  # no backbone yet (from_backbone fills it in)
+        if model_type not in NATIVE_HEAD_POOLING:
+            raise ValueError(
+                f"head='native' is not available for {model_type!r} backbones (available: "
+                f"{sorted(NATIVE_HEAD_POOLING)}); use head='linear'"
+            )
+        pooling = "last_token" if NATIVE_HEAD_POOLING[model_type] == "last_token" else "cls"
+        if self.pooling != pooling or self.segmented:
+            raise ValueError(
+                f"head='native' on a {model_type} backbone pools as its own classification head does: set "
+                f"pooling={pooling!r} and segmented=False (got pooling={self.pooling!r}, segmented={self.segmented})"
+            )
+
+    @property
+    def native_pooling(self) -> str | None:
+        """How head='native' pools for this backbone (:data:`NATIVE_HEAD_POOLING`), None for other heads."""
+        if self.head != "native":
+            return None
+        return NATIVE_HEAD_POOLING[self.backbone_config["model_type"]]
 
     def get_backbone_config(self) -> PreTrainedConfig:
         """Rebuild the backbone ``PreTrainedConfig`` from the stored dict (offline; no download)."""
@@ -168,5 +203,5 @@ def normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | 
     return {i: str(name) for i, name in enumerate(id2label)}
 
 
-__all__ = ["MLCLConfig", "MLCL_CONFIG_KEYS", "POOLINGS", "HEADS", "backbone_config_to_dict", "build_backbone",
+__all__ = ["MLCLConfig", "MLCL_CONFIG_KEYS", "NATIVE_HEAD_POOLING", "POOLINGS", "HEADS", "backbone_config_to_dict", "build_backbone",
            "normalise_id2label"]

@@ -17,6 +17,7 @@ References:
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from transformers.utils import ModelOutput
 
 from .configuration_mlcl import (
     MLCL_CONFIG_KEYS,
+    NATIVE_HEAD_POOLING,
     MLCLConfig,
     backbone_config_to_dict,
     build_backbone,
@@ -48,7 +50,7 @@ from .folders_mlcl import (
     save_folder_atomically,
 )
 from .layers_mlcl import LabelAttentionHead, ProjectionHead, last_token_index, masked_mean, pool_states
-from .native_mlcl import MLCL_FILE, NATIVE_FILES, load_native_encoder
+from .native_mlcl import MLCL_FILE, NATIVE_FILES, load_native_classifier, load_native_encoder
 
 # Bidirectional encoders whose transformers implementation (masking_utils.create_bidirectional_mask)
 # hands a prepared 4-D attention mask to the attention function unchanged (MLCLPreTrainedModel._backbone_mask);
@@ -306,15 +308,21 @@ class MLCLPreTrainedModel(PreTrainedModel):
         adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)
         native = hub_file(path, MLCL_FILE, hub)
         if native is not None:
-            if cls is not MLCLEncoder:
+            files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
+            files[ADAPTER_CONFIG_NAME] = adapter_file
+            with open(native, encoding="utf-8") as fh:
+                kind = json.load(fh).get("kind", "encoder")
+            if kind == "classifier" and cls is MLCLForMultiLabelClassification:
+                return load_native_classifier(cls, path, files, kwargs)
+            if kind == "encoder" and cls is MLCLEncoder:
+                return load_native_encoder(cls, path, files, adapter_file is not None, kwargs)
+            if kind == "encoder":
                 raise ValueError(
                     f"{path} is an encoder (a sentence-transformers folder): it has no classification head to load; "
                     f"build a classifier on it with MLCLForMultiLabelClassification.from_encoder(path, id2label=...) "
                     f"and train its head (hf-mlcl probe RECIPE --encoder_path {path})"
                 )
-            files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
-            files[ADAPTER_CONFIG_NAME] = adapter_file
-            return load_native_encoder(cls, path, files, adapter_file is not None, kwargs)
+            raise ValueError(f"{path} is a classifier; load it with MLCLForMultiLabelClassification.from_pretrained")
         if adapter_file is None:
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return load_adapter_folder(cls, path, adapter_file, hub, kwargs)
@@ -460,9 +468,11 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             raise ValueError("head='label_attention' needs segmented=True (PLM-ICD segment encoding)")
         self.backbone = backbone if backbone is not None else build_backbone(config)
         hidden = self.backbone_hidden_size
-        if config.head == "linear":
+        if config.head in ("linear", "native"):
+            if config.native_pooling == "pooler" and getattr(self.backbone, "pooler", None) is None:
+                raise ValueError("head='native' reads the backbone's pooler, but this backbone was built without one")
             self.dropout = nn.Dropout(float(config.classifier_dropout or 0.0))
-            self.classifier = nn.Linear(hidden, config.num_labels)
+            self.classifier = nn.Linear(hidden, config.num_labels, bias=config.native_pooling != "last_token")
         else:
             self.classifier = LabelAttentionHead(hidden, int(config.label_attention_dim), config.num_labels)
         if config.freeze_encoder:
@@ -508,6 +518,13 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
     def _backbone_trainable(self) -> bool:
         return any(p.requires_grad for p in self.backbone.parameters())
 
+    def pool(self, states: torch.Tensor, mask: torch.Tensor | None, segment: int | None) -> torch.Tensor:
+        """The pooled representation (B, hidden) a linear or native head classifies: ``config.pooling`` of the
+        token states, then, for a native head on a BERT / RoBERTa backbone, its pooler (dense + tanh)."""
+        if self.config.native_pooling == "pooler":
+            return self.backbone.pooler(states)
+        return pool_states(states, mask, self.config.pooling, segment)
+
     def logits_from_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
         """The linear head on pooled representations (B, hidden): ``classifier(dropout(pooled))``.
 
@@ -515,10 +532,8 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         computed once by the frozen encoder (``ProbingTrainer`` with ``cache_features``). The
         ``label_attention`` head reads token states, not a pooled vector: ValueError.
         """
-        if self.config.head != "linear":
-            raise ValueError(
-                f"head={self.config.head!r} attends over token states; only head='linear' classifies pooled features"
-            )
+        if self.config.head == "label_attention":
+            raise ValueError("head='label_attention' attends over token states; it classifies no pooled features")
         return self.classifier(self.dropout(pooled.to(self.classifier.weight.dtype)))
 
     def forward(
@@ -540,8 +555,8 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         else:
             with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):
                 states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
-            if self.config.head == "linear":
-                logits = self.logits_from_pooled(pool_states(states, mask, self.config.pooling, segment))
+            if self.config.head != "label_attention":
+                logits = self.logits_from_pooled(self.pool(states, mask, segment))
             else:
                 head_dtype = self.classifier.third_linear.weight.dtype
                 logits = self.classifier(states.to(head_dtype), mask)
@@ -613,8 +628,11 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             freeze_encoder=bool(freeze_encoder),
             segmented=True if head == "label_attention" else data.get("segmented", False),
         )
-        data.update(kwargs)
         data["backbone_config"] = backbone_config_to_dict(encoder.backbone.config)
+        if head == "native":  # pooled as the backbone family's own classification head pools
+            family = NATIVE_HEAD_POOLING.get(data["backbone_config"]["model_type"])
+            data.update(pooling="last_token" if family == "last_token" else "cls", segmented=False)
+        data.update(kwargs)
         config = MLCLConfig(
             id2label=id2label,
             label2id={name: i for i, name in id2label.items()},

@@ -5,13 +5,21 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from hf_mlcl.files import atomic_path
+
 from .configuration_mlcl import MLCLConfig
-from .folders_mlcl import ADAPTER_CONFIG_NAME, HEADS_WEIGHTS_NAME, save_folder_atomically
+from .folders_mlcl import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    HEADS_WEIGHTS_NAME,
+    save_folder_atomically,
+)
 from .native_mlcl import native_encoder_reason, write_sentence_transformers_files
 
 __all__ = ["to_sentence_transformers"]
@@ -47,7 +55,11 @@ def _write_backbone(folder: str, config: MLCLConfig, state: dict[str, torch.Tens
 
 
 def to_sentence_transformers(
-    folder: str, max_seq_length: int | None = None, embedding: str = "pooled", tokenizer: Any = None
+    folder: str,
+    max_seq_length: int | None = None,
+    embedding: str = "pooled",
+    tokenizer: Any = None,
+    target: str | None = None,
 ) -> bool:
     """Rewrite the encoder folder ``save_pretrained`` or ``save_lora_model`` wrote as a sentence-transformers
     model folder: the backbone in its own architecture (or the PEFT adapter over its base), ``modules.json``,
@@ -61,10 +73,11 @@ def to_sentence_transformers(
             (:func:`~hf_mlcl.modeling.native_mlcl.write_sentence_transformers_files`).
         tokenizer: the encoder's tokenizer, saved into the folder padding on the right: consumers number
             positions from the first token, which for a decoder gives hf_mlcl's states only without left padding.
+        target: write the new folder there instead (``folder`` is then only read); default: ``folder``.
 
     Returns:
-        True when rewritten; False (the folder unchanged) for an encoder that has no such form (a segmented
-        PLM-ICD encoder), which keeps the remote-code format.
+        True when written; False (nothing written) for an encoder that has no such form (a segmented PLM-ICD
+        encoder), which keeps the remote-code format.
 
     Raises:
         ValueError: ``embedding`` is not ``"pooled"`` or ``"projected"``.
@@ -94,10 +107,75 @@ def to_sentence_transformers(
             right.padding_side = "right"
             right.save_pretrained(tmp)
 
-    save_folder_atomically(folder, write)  # also removes the heads' model.safetensors of an adapter folder
+    target = folder if target is None else target
+    os.makedirs(target, exist_ok=True)
+    if adapter:  # copied first: the folder never holds Dense modules and settings without the adapter
+        for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
+            if os.path.abspath(target) != os.path.abspath(folder):
+                with atomic_path(os.path.join(target, name)) as tmp:
+                    shutil.copyfile(os.path.join(folder, name), tmp)
+    save_folder_atomically(target, write)  # also removes the heads' model.safetensors of an adapter folder
     # the remote code goes; so does an adapter folder's config.json, which would hide the base model it names
     for name in ("configuration_mlcl.py", "modeling_mlcl.py", *(("config.json",) if adapter else ())):
-        path = os.path.join(folder, name)
+        path = os.path.join(target, name)
+        if os.path.isfile(path):
+            os.remove(path)
+    return True
+
+
+def to_native_classifier(folder: str, tokenizer: Any = None, target: str | None = None) -> bool:
+    """Rewrite a classifier folder ``save_pretrained`` wrote, whose head is ``"native"``, as its backbone
+    family's ``XForSequenceClassification`` folder (``problem_type`` multi-label, ``id2label``, the tuned
+    ``decision_threshold``), with hf_mlcl's settings in ``mlcl_config.json``; the remote-code files go.
+
+    Args:
+        folder: the classifier folder (``model_type`` mlcl in its ``config.json``).
+        tokenizer: the classifier's tokenizer, saved into the folder padding on the right (as in
+            :func:`to_sentence_transformers`).
+        target: write the new folder there instead (``folder`` is then only read); default: ``folder``.
+
+    Returns:
+        True when written; False (nothing written) for another head or a LoRA adapter folder.
+    """
+    from .native_mlcl import (
+        CLASSIFIER_SETTINGS,
+        MLCL_FILE,
+        classifier_key_rules,
+        native_classifier_class,
+        rename_keys,
+    )
+
+    config = MLCLConfig.from_pretrained(folder)
+    if config.head != "native" or os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME)):
+        return False
+    backbone_config = config.get_backbone_config()
+    model_type = backbone_config.model_type
+    cls = native_classifier_class(model_type)
+    backbone_config.architectures = [cls.__name__]
+    for key in ("id2label", "label2id", "problem_type"):
+        setattr(backbone_config, key, getattr(config, key))
+    threshold = getattr(config, "decision_threshold", None)
+    if threshold is not None:
+        backbone_config.decision_threshold = threshold
+    state = rename_keys(_saved_state(folder), classifier_key_rules(model_type))
+    with torch.device("meta"):
+        native = cls(backbone_config)
+    native.load_state_dict(state, strict=True, assign=True)  # checks that every weight has its place
+    settings = {"kind": "classifier", **{key: getattr(config, key) for key in CLASSIFIER_SETTINGS}}
+
+    def write(tmp: str) -> None:
+        native.save_pretrained(tmp)
+        with open(os.path.join(tmp, MLCL_FILE), "w", encoding="utf-8") as fh:
+            json.dump(settings, fh, indent=2)
+        if tokenizer is not None:
+            right = copy.deepcopy(tokenizer)
+            right.padding_side = "right"
+            right.save_pretrained(tmp)
+
+    target = folder if target is None else target
+    save_folder_atomically(target, write)
+    for name in ("configuration_mlcl.py", "modeling_mlcl.py"):
+        path = os.path.join(target, name)
         if os.path.isfile(path):
             os.remove(path)
     return True

@@ -1,4 +1,5 @@
-"""Encoder folders in the ecosystem's own formats: a sentence-transformers model folder, written and read.
+"""hf_mlcl models in the ecosystem's own formats: encoders as sentence-transformers folders (written and read),
+classifiers with a native head as the backbone family's ``XForSequenceClassification`` (their keys, and read).
 
 Layout and choices: docs/usage.md, "Saved models". Bundled into the remote code with ``modeling_mlcl.py``, so it
 imports only the standard library, ``torch``, ``transformers`` and ``safetensors``, never ``hf_mlcl``.
@@ -13,16 +14,21 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForSequenceClassification
 
-from .configuration_mlcl import backbone_config_to_dict
+from .configuration_mlcl import NATIVE_HEAD_POOLING, backbone_config_to_dict
 
 __all__ = [
     "DENSE_DIRS",
     "EMBEDDINGS",
     "MLCL_FILE",
     "NATIVE_FILES",
+    "CLASSIFIER_SETTINGS",
+    "classifier_key_rules",
+    "load_native_classifier",
     "load_native_encoder",
+    "native_classifier_class",
+    "rename_keys",
     "POOLING_DIR",
     "native_encoder_reason",
     "write_sentence_transformers_files",
@@ -151,11 +157,91 @@ def write_sentence_transformers_files(
             "similarity_fn_name": "cosine",
         },
     )
-    settings = {key: getattr(config, key) for key in _SETTINGS}
+    settings = {"kind": "encoder", **{key: getattr(config, key) for key in _SETTINGS}}
     settings.update(embedding=embedding, max_seq_length=max_seq_length)
     if backbone_config is not None:
         settings["backbone_config"] = dict(backbone_config)
     _write_json(os.path.join(folder, MLCL_FILE), settings)
+
+
+CLASSIFIER_SETTINGS = (
+    "head",
+    "pooling",
+    "classifier_dropout",
+    "freeze_encoder",
+    "chunk_size",
+    "backbone_name_or_path",
+)
+
+
+def native_classifier_class(model_type: str) -> Any:
+    """The transformers ``XForSequenceClassification`` class of a backbone family."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    return getattr(transformers, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[model_type])
+
+
+def classifier_key_rules(model_type: str) -> list[tuple[str, str]]:
+    """``(hf_mlcl prefix, native prefix)`` pairs that rename a native-head classifier's state dict into its
+    family's ``XForSequenceClassification`` one (the first matching prefix applies): the backbone under the
+    class's base-model prefix; BERT's pooler stays in the backbone and the linear layer is its ``classifier``;
+    RoBERTa's pooler dense is its head's ``classifier.dense`` and the linear layer its ``out_proj``; a decoder's
+    linear layer is its ``score``."""
+    prefix = native_classifier_class(model_type).base_model_prefix
+    if NATIVE_HEAD_POOLING[model_type] == "last_token":
+        return [("backbone.", f"{prefix}."), ("classifier.", "score.")]
+    if model_type == "bert":
+        return [("backbone.", f"{prefix}."), ("classifier.", "classifier.")]
+    return [("backbone.pooler.dense.", "classifier.dense."), ("backbone.", f"{prefix}."),
+            ("classifier.", "classifier.out_proj.")]  # fmt: skip
+
+
+def rename_keys(state: Mapping[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """``state`` with each key's first matching prefix of ``rules`` replaced; ValueError for a key none matches."""
+    out = {}
+    for key, value in state.items():
+        for old, new in rules:
+            if key.startswith(old):
+                out[new + key[len(old) :]] = value
+                break
+        else:
+            raise ValueError(
+                f"{key} has no place in the native classifier (prefixes {[r[0] for r in rules]})"
+            )
+    return out
+
+
+def load_native_classifier(cls: Any, path: str, files: Mapping[str, str | None], kwargs: Mapping[str, Any]):
+    """An ``MLCLForMultiLabelClassification`` (``cls``) with a native head from its family's
+    ``XForSequenceClassification`` folder (weights renamed by :func:`classifier_key_rules`, reversed).
+
+    Args:
+        cls: the classifier class.
+        path: the folder or Hub id.
+        files: the local copies of :data:`NATIVE_FILES` (None where absent).
+        kwargs: ``from_pretrained``'s keywords (``dtype``, ``revision``, ``token`` ...).
+
+    Returns:
+        The classifier in eval mode.
+    """
+    with open(files[MLCL_FILE], encoding="utf-8") as fh:
+        settings = json.load(fh)
+    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
+    native = AutoModelForSequenceClassification.from_pretrained(path, **loader)
+    labels = {k: getattr(native.config, k) for k in ("id2label", "label2id", "problem_type")}
+    threshold = getattr(native.config, "decision_threshold", None)
+    config = cls.config_class(
+        backbone_config=backbone_config_to_dict(native.config),
+        **labels,
+        **({"decision_threshold": threshold} if threshold is not None else {}),
+        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
+    )
+    model = cls(config).to(native.dtype)
+    rules = [(new, old) for old, new in classifier_key_rules(native.config.model_type)]
+    model.load_state_dict(rename_keys(native.state_dict(), rules), strict=True)
+    model.to(native.device)
+    return model.eval()
 
 
 def _adapter_in_float32(backbone: Any, weights_file: str) -> None:

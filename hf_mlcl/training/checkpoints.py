@@ -158,7 +158,10 @@ def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, i
 
 def stage_finished(output_dir: str) -> bool:
     """True when a stage's folder holds its final model, metrics and card (``FINISHED_FILES``)."""
-    return all(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", *FINISHED_FILES))
+    config = ("config.json", "adapter_config.json")  # a model of its own, or an adapter over its base
+    return any(os.path.isfile(os.path.join(output_dir, name)) for name in config) and all(
+        os.path.isfile(os.path.join(output_dir, name)) for name in FINISHED_FILES
+    )
 
 
 def check_stage(args: Any) -> None:

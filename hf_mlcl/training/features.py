@@ -282,10 +282,10 @@ class FrozenFeatures:
         """Why ``trainer`` cannot train its linear head on cached features, or None when it can."""
         model = trainer.accelerator.unwrap_model(trainer.model)
         args = trainer.args
-        if getattr(model.config, "head", "linear") != "linear" or not hasattr(model, "logits_from_pooled"):
+        if getattr(model.config, "head", "linear") == "label_attention" or not hasattr(model, "logits_from_pooled"):
             return (
                 f"head={getattr(model.config, 'head', None)!r} reads token states, not a pooled vector "
-                "(only head='linear' can be trained on cached features)"
+                "(only head='linear' or 'native' can be trained on cached features)"
             )
         if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
             return "FSDP / DeepSpeed shard the encoder's weights across processes"
@@ -315,7 +315,6 @@ class FrozenFeatures:
         from tqdm.auto import tqdm
 
         from hf_mlcl.labels.multihot import to_dense_float
-        from hf_mlcl.modeling.layers_mlcl import pool_states
 
         tr = self.trainer
         model = tr.accelerator.unwrap_model(tr.model)
@@ -334,7 +333,7 @@ class FrozenFeatures:
                             model_inputs.get("attention_mask"),
                             model_inputs.get("token_type_ids"),
                         )
-                        pooled = pool_states(states, mask, model.config.pooling, segment)
+                        pooled = model.pool(states, mask, segment)
                     pooled, y = tr.accelerator.gather_for_metrics((pooled.float().contiguous(), to_dense_float(y)))
                     yield pooled.cpu(), y.cpu() > 0.5
         finally:
@@ -383,6 +382,8 @@ class FrozenFeatures:
         settings = {"pooling": config.pooling, "segmented": getattr(config, "segmented", None),
                     "chunk_size": getattr(config, "chunk_size", None), "bf16": bool(tr.args.bf16),
                     "fp16": bool(tr.args.fp16)}  # fmt: skip
+        if config.head == "native":  # features through the backbone's pooler (a linear head's keys unchanged)
+            settings["head"] = "native"
 
         def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
             return torch.stack(nonzero_pairs(tr.split_labels(batch)[1]), dim=1)  # dense or sparse, never densified

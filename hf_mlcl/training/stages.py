@@ -36,13 +36,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from hf_mlcl.files import atomic_write_json
+from hf_mlcl.files import atomic_write_json, move_into
 from hf_mlcl.modeling.builders import (
     adapter_encoder,
     align_special_tokens,
@@ -85,6 +87,7 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.json"
+STAGING_DIR = ".model-staging"  # inside a stage's folder: its model as saved, before the final layout
 THRESHOLDS_FILE = "thresholds.json"
 PLOTS_DIR = "plots"
 
@@ -197,11 +200,32 @@ def _save_stage(trainer: Any, tokenizer: Any, files: Mapping[str, Any], save_mod
     D.barrier()
 
 
-def _trainer_save(trainer: Any) -> bool:
-    """``trainer.save_model`` into ``output_dir``; True when it wrote the tokenizer (its ``processing_class``)
-    beside the weights: everywhere but FSDP without a full state dict, where transformers saves no model
-    files at all."""
-    trainer.save_model(trainer.args.output_dir)
+def _staged_save(trainer: Any, save: Callable[[str], bool], native: Callable[[str], bool]) -> bool:
+    """``save(folder)`` into a staging folder inside ``output_dir`` (every rank: sharded weights are gathered
+    together; True when it wrote the tokenizer), then on the process that writes the folder ``native(staging)``
+    writes the model's native folder into ``output_dir`` (True when the model has one), else the staged files
+    move in as they are. Each final file is written once. True when the tokenizer was written."""
+    args = trainer.args
+    staging = os.path.join(args.output_dir, STAGING_DIR)
+    if args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)  # a save an earlier run left half done
+    D.barrier()
+    wrote_tokenizer = save(staging)
+    if not args.should_save or not os.path.isdir(staging):
+        return wrote_tokenizer
+    if is_mlcl_checkpoint(staging) and native(staging):
+        wrote_tokenizer = True
+    else:
+        move_into(staging, args.output_dir)
+    shutil.rmtree(staging, ignore_errors=True)
+    return wrote_tokenizer
+
+
+def _trainer_save(trainer: Any, folder: str | None = None) -> bool:
+    """``trainer.save_model`` into ``folder`` (default: ``output_dir``); True when it wrote the tokenizer (its
+    ``processing_class``) beside the weights: everywhere but FSDP without a full state dict, where transformers
+    saves no model files at all."""
+    trainer.save_model(folder or trainer.args.output_dir)
     if trainer.processing_class is None:
         return False
     if trainer.is_fsdp_enabled:
@@ -247,19 +271,18 @@ def _finish_contrastive(trainer: Any, tokenizer: Any, metrics: dict[str, Any], m
     metrics.update(trainer.evaluate())
     args = trainer.args
 
-    def save_model() -> bool:
-        wrote_tokenizer = False
+    def save_model(folder: str) -> bool:
         if not model_args.use_lora:
-            wrote_tokenizer = _trainer_save(trainer)
-        else:
-            save_lora_model(trainer.model_wrapped, args.output_dir, merge=model_args.merge_lora,
-                            accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
-        if args.should_save and is_mlcl_checkpoint(args.output_dir):
-            wrote_tokenizer |= to_sentence_transformers(args.output_dir, data_args.max_length, tokenizer=tokenizer)
-        return wrote_tokenizer
+            return _trainer_save(trainer, folder)
+        save_lora_model(trainer.model_wrapped, folder, merge=model_args.merge_lora,
+                        accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
+        return False
+
+    def native(staging: str) -> bool:
+        return to_sentence_transformers(staging, data_args.max_length, tokenizer=tokenizer, target=args.output_dir)
 
     saved = {**metrics, "loss": args.loss, "dataset": data_args.dataset, "num_labels": len(data.label_names)}
-    _save_stage(trainer, tokenizer, {METRICS_FILE: saved}, save_model)
+    _save_stage(trainer, tokenizer, {METRICS_FILE: saved}, lambda: _staged_save(trainer, save_model, native))
     return StageResult(args.output_dir, metrics, data.label_names, data.notes, trainer)
 
 
@@ -315,16 +338,19 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     trainer.accelerator.unwrap_model(trainer.model).config.decision_threshold = thr_value
     files = {METRICS_FILE: metrics, THRESHOLDS_FILE: {"strategy": str(probing_args.threshold), "threshold": thr_value,
                                                       "label_names": data.label_names}}  # fmt: skip
-    _save_stage(trainer, tokenizer, files, lambda: _save_classifier(trainer, model_args, encoder_path, lora_finetune))
+    _save_stage(trainer, tokenizer, files, lambda: _save_classifier(trainer, tokenizer, model_args, encoder_path, lora_finetune))
     return StageResult(probing_args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold)
 
 
-def _save_classifier(trainer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool) -> bool:
+def _save_classifier(trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None,
+                     lora_finetune: bool) -> bool:  # fmt: skip
     """Every rank (FSDP / ZeRO-3 gather); the process that writes the folder writes: a LoRA fine-tune as an
     adapter folder (merged when the encoder was itself an adapter: the new adapter applies to it, not to the
-    base), a frozen probe on an adapter encoder as that adapter + its head, anything else as a full model.
+    base), a frozen probe on an adapter encoder as that adapter + its head, anything else as a full model, in
+    its family's own format with a native head (:func:`~hf_mlcl.modeling.native.to_native_classifier`).
     True when the tokenizer was written with it (:func:`_trainer_save`)."""
     from hf_mlcl.modeling.lora import save_heads_with_adapter, save_lora_model
+    from hf_mlcl.modeling.native import to_native_classifier
 
     args = trainer.args
     out, on_adapter = args.output_dir, adapter_encoder(encoder_path)
@@ -335,7 +361,8 @@ def _save_classifier(trainer: Any, model_args: Any, encoder_path: str | None, lo
         save_heads_with_adapter(trainer.model_wrapped, out, encoder_path, accelerator=trainer.accelerator,
                                 is_main_process=args.should_save)  # fmt: skip
     else:
-        return _trainer_save(trainer)
+        native = partial(to_native_classifier, tokenizer=tokenizer, target=out)
+        return _staged_save(trainer, partial(_trainer_save, trainer), native)
     return False
 
 
@@ -472,12 +499,14 @@ def score_classifier(model: Any, tokenizer: Any, dataset: Any, num_labels: int, 
 def require_classifier(checkpoint: str) -> None:
     """ValueError in one line when ``checkpoint`` is a stage-1 encoder folder, not a classifier: scoring it
     would put a randomly initialised head on the encoder. Reads ``config.json`` only (before any loading)."""
+    from hf_mlcl.modeling.builders import is_native_encoder
+
     path = os.path.join(checkpoint, "config.json")
-    if not os.path.isfile(path):
-        return  # a Hub id, or no model at all: from_pretrained says what is wrong
-    with open(path, encoding="utf-8") as fh:
-        architectures = json.load(fh).get("architectures") or []
-    if "MLCLEncoder" in architectures:
+    architectures = []
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            architectures = json.load(fh).get("architectures") or []
+    if "MLCLEncoder" in architectures or is_native_encoder(checkpoint):
         raise ValueError(
             f"{checkpoint} is an encoder (stage 1), but evaluate needs a classifier: train a head on it with "
             f"`hf-mlcl probe RECIPE --encoder_path {checkpoint}` (or `hf-mlcl run RECIPE`) and evaluate the "

@@ -64,7 +64,7 @@ MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py",
                "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_args.bin"}  # fmt: skip
 STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}
 # stage 1's encoder, a sentence-transformers folder (hf_mlcl.modeling.native)
-ENCODER_FILES = (STAGE_FILES - {"configuration_mlcl.py", "modeling_mlcl.py"}) | {
+ENCODER_FILES = (STAGE_FILES - {"configuration_mlcl.py", "modeling_mlcl.py", "training_args.bin"}) | {
     "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "mlcl_config.json",
     "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors", "3_Dense/config.json",
     "3_Dense/model.safetensors"}

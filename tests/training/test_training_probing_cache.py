@@ -187,7 +187,7 @@ def test_label_attention_head_falls_back_or_refuses_caching(tmp_path, tok, data)
     assert rows.rows == 2 * N_TRAIN + 2 * N_EVAL  # the texts, every epoch
     with pytest.raises(ValueError, match="cache_features=True cannot apply.*label_attention"):
         _trainer(tmp_path / "forced", tok, data, cache=True, head="label_attention")
-    with pytest.raises(ValueError, match="only head='linear'"):
+    with pytest.raises(ValueError, match="it classifies no pooled features"):
         tr.model.logits_from_pooled(torch.zeros(2, 32))
     with pytest.raises(ValueError, match="probe='finetune' trains it"):
         ProbingTrainingArguments(output_dir=str(tmp_path), probe="finetune", cache_features=True)
