@@ -221,6 +221,28 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
     return recipe
 
 
+def cmd_predict(ns, overrides) -> dict:
+    from hf_mlcl.prediction import predict_file
+
+    if overrides:
+        raise SystemExit(f"hf-mlcl predict: unexpected arguments {overrides}")
+    summary = predict_file(ns.classifier, ns.input, ns.output, text_column=ns.text_column, batch_size=ns.batch_size,
+                           max_length=ns.max_length, device=ns.device, all_scores=ns.all_scores)  # fmt: skip
+    _say(f"predicted {summary['rows']} texts ({summary['labels_per_text']:.2f} labels per text, threshold "
+         f"{summary['threshold']}) into {summary['output']}")  # fmt: skip
+    return summary
+
+
+def cmd_export(ns, overrides) -> dict:
+    from hf_mlcl.onnx_export import export_onnx
+
+    if overrides:
+        raise SystemExit(f"hf-mlcl export: unexpected arguments {overrides}")
+    info = export_onnx(ns.folder, opset=ns.opset)
+    _say(f"exported the {info['kind']} to {info['path']} (inputs {info['inputs']}, outputs {info['outputs']})")
+    return info
+
+
 def cmd_push(ns, overrides) -> dict:
     from hf_mlcl.hub import check_pushable, push_folder
 
@@ -384,6 +406,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--output_dir", default=None, help="where metrics and plots go (default: the checkpoint)")
     p.add_argument("--no_plots", action="store_true")
+    p = add("predict", "label a file of new texts with a trained classifier at its tuned threshold")
+    p.add_argument("classifier", help="classifier folder written by `probe` / `run`")
+    p.add_argument("input", help="CSV / TSV / JSON lines / parquet with a text column, or a .txt file, one text per line")
+    p.add_argument("--output", required=True, help="predictions file: .jsonl or .csv")
+    p.add_argument("--text_column", default="text")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_length", type=int, default=None, help="default: the length the classifier was trained at")
+    p.add_argument("--device", default=None, help="default: the GPU if there is one, else the CPU")
+    p.add_argument("--all_scores", action="store_true", help="write every label's score, not only the predicted ones")
+    p = add("export", "write a trained encoder or classifier as ONNX (onnx/model.onnx beside its config)")
+    p.add_argument("folder", help="encoder or classifier folder written by `train` / `probe` / `run`")
+    p.add_argument("--to", default="onnx", choices=["onnx"])
+    p.add_argument("--opset", type=int, default=18)
     p = add("push", "upload a trained folder (model, tokenizer, card, metrics) to the Hub")
     p.add_argument("folder")
     p.add_argument("--repo_id", required=True)
@@ -471,6 +506,8 @@ COMMANDS = {
     "probe": cmd_probe,
     "run": cmd_run,
     "evaluate": cmd_evaluate,
+    "predict": cmd_predict,
+    "export": cmd_export,
     "push": cmd_push,
     "demo": cmd_demo,
     "inspect": cmd_inspect,
@@ -497,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
         return 130
-    except (RecipeError, ValueError, FileNotFoundError, ConnectionError) as err:
+    except (RecipeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as err:
         failures.announce(f"{err}")
         # every process found it (the same inputs): say it once per node (node-local folders may differ)
         if not (isinstance(err, InputError) and os.environ.get("LOCAL_RANK", "0") != "0"):

@@ -1,0 +1,118 @@
+"""A saved encoder or classifier as an ONNX model in the layout the ecosystem reads: ``onnx/model.onnx`` beside
+the folder's ``config.json`` and tokenizer (``hf-mlcl export FOLDER --to onnx``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ONNX_FILE", "export_onnx"]
+
+ONNX_FILE = os.path.join("onnx", "model.onnx")
+_TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class _Classifier(nn.Module):
+    """``logits`` (B, num_labels) of a multi-label classifier; a sigmoid gives the label probabilities."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).logits
+
+
+class _Encoder(nn.Module):
+    """``last_hidden_state`` (B, T, H), the token states, and ``sentence_embedding`` (B, H), the pooled
+    representation an hf_mlcl encoder's sentence-transformers folder gives."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from hf_mlcl.modeling.layers_mlcl import pool_states
+
+        states, mask, segment = self.model.encode_tokens(input_ids, attention_mask, token_type_ids)
+        return states, pool_states(states, mask, self.model.config.pooling, segment)
+
+
+def _load(folder: str) -> tuple[nn.Module, str]:
+    """The folder's model with hf_mlcl's loaders (every format it writes) and its kind."""
+    import json
+
+    from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
+    from hf_mlcl.modeling.builders import is_native_encoder
+
+    config_file = os.path.join(folder, "config.json")
+    architectures = []
+    if os.path.isfile(config_file):
+        with open(config_file, encoding="utf-8") as fh:
+            architectures = json.load(fh).get("architectures") or []
+    if is_native_encoder(folder) or "MLCLEncoder" in architectures:
+        return MLCLEncoder.from_pretrained(folder), "encoder"
+    return MLCLForMultiLabelClassification.from_pretrained(folder), "classifier"
+
+
+def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
+    """Write ``folder/onnx/model.onnx``: the folder's classifier (output ``logits``) or encoder (outputs
+    ``last_hidden_state`` and ``sentence_embedding``), with inputs named as its tokenizer's and a dynamic batch
+    and sequence length, in float32 on the CPU, exported by ``torch.onnx.export``.
+
+    Args:
+        folder: a classifier or encoder folder hf_mlcl wrote (any of its formats), with its tokenizer.
+        opset: the ONNX opset.
+
+    Returns:
+        ``{"path", "kind", "inputs", "outputs"}``.
+
+    Raises:
+        FileNotFoundError: no such folder.
+        ImportError: the ``onnx`` extra (onnx, onnxscript) is not installed.
+    """
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"no model folder {folder!r}")
+    try:
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            f"exporting to ONNX needs the onnx extra: pip install 'hf_mlcl[onnx]' ({err})"
+        ) from err
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model, kind = _load(folder)
+    model = model.float().to("cpu").eval()
+    sample = tokenizer(["an example text to trace", "short"], padding=True, return_tensors="pt")
+    inputs = tuple(name for name in _TEXT_INPUTS if name in sample)
+    wrapper = (_Classifier if kind == "classifier" else _Encoder)(model).eval()
+    outputs = ["logits"] if kind == "classifier" else ["last_hidden_state", "sentence_embedding"]
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    path = os.path.join(folder, ONNX_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            wrapper,
+            (),
+            kwargs={name: sample[name] for name in inputs},
+            input_names=list(inputs),
+            output_names=outputs,
+            dynamic_shapes={name: {0: batch, 1: length} for name in inputs},
+            opset_version=opset,
+            dynamo=True,
+            verbose=False,
+        )
+    from hf_mlcl.files import atomic_path
+
+    with atomic_path(path) as tmp:
+        program.save(tmp)
+    return {"path": path, "kind": kind, "inputs": list(inputs), "outputs": outputs}

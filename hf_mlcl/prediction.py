@@ -1,0 +1,205 @@
+"""Labels for new texts from a saved classifier, at the decision threshold tuned on validation: read a file of
+texts, score them in batches on the device that is there, write label names and scores (``hf-mlcl predict``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["INPUT_FORMATS", "predict_file", "predict_texts", "read_texts"]
+
+INPUT_FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
+
+
+def read_texts(path: str, text_column: str = "text") -> tuple[list[str], Any]:
+    """The texts of a CSV / TSV / JSON lines / parquet file (``text_column``) or of a plain text file (one per
+    line), and the table they came from (None for plain text).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: an unknown file type, or a table without ``text_column``.
+    """
+    import pandas as pd
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no input file {path!r}")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".txt":
+        with open(path, encoding="utf-8") as fh:
+            return [line.rstrip("\n") for line in fh], None
+    readers = {
+        ".csv": lambda: pd.read_csv(path, dtype=str, keep_default_na=False),
+        ".tsv": lambda: pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False),
+        ".jsonl": lambda: pd.read_json(path, lines=True, dtype=False),
+        ".json": lambda: pd.read_json(path, lines=True, dtype=False),
+        ".parquet": lambda: pd.read_parquet(path),
+    }
+    if suffix not in readers:
+        raise ValueError(f"{path}: unknown input type {suffix!r}; use one of {INPUT_FORMATS}")
+    table = readers[suffix]()
+    if text_column not in table.columns:
+        raise ValueError(
+            f"{path} has no column {text_column!r} (columns: {list(table.columns)}); pass --text_column"
+        )
+    return [str(t) for t in table[text_column].tolist()], table
+
+
+def _thresholds(config: Any, num_labels: int) -> np.ndarray:
+    """The classifier's tuned decision threshold (``config.decision_threshold``: one value or one per label)
+    as a (num_labels,) array; 0.5 where none was stored."""
+    value = getattr(config, "decision_threshold", None)
+    return np.broadcast_to(np.asarray(0.5 if value is None else value, dtype=np.float32), (num_labels,))
+
+
+def _batches(texts: Sequence[str], batch_size: int) -> Iterator[list[int]]:
+    """Row indices in batches of similar length (longest first), so a batch pads little."""
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
+@torch.inference_mode()
+def predict_texts(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int = 32,
+    max_length: int | None = None,
+    progress: bool = True,
+) -> np.ndarray:
+    """Sigmoid scores (N, num_labels) float32 of ``texts`` in their order.
+
+    Args:
+        model: a multi-label classifier returning ``logits`` (hf_mlcl's or a transformers one), on its device.
+        tokenizer: its tokenizer.
+        texts: the texts.
+        batch_size: texts per forward pass.
+        max_length: truncation length in tokens (default: the tokenizer's ``model_max_length``, at most 512).
+        progress: show a progress bar.
+    """
+    from tqdm.auto import tqdm
+
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive; got {batch_size}")
+    length = max_length or min(int(getattr(tokenizer, "model_max_length", 512) or 512), 512)
+    device = next(model.parameters()).device
+    scores = np.zeros((len(texts), int(model.config.num_labels)), dtype=np.float32)
+    with tqdm(total=len(texts), desc="Predicting", unit="text", disable=not progress) as bar:
+        for rows in _batches(texts, batch_size):
+            batch = tokenizer(
+                [texts[i] for i in rows],
+                padding=True,
+                truncation=True,
+                max_length=length,
+                return_tensors="pt",
+            )
+            inputs = {
+                k: v.to(device)
+                for k, v in batch.items()
+                if k in ("input_ids", "attention_mask", "token_type_ids")
+            }
+            scores[rows] = torch.sigmoid(model(**inputs).logits.float()).cpu().numpy()
+            bar.update(len(rows))
+    return scores
+
+
+def _max_length(folder: str) -> int | None:
+    """The token length the classifier was trained at, from its card data (None when not recorded)."""
+    path = os.path.join(folder, "card_data.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        value = json.load(fh).get("hyperparameters", {}).get("max_length")
+    return int(value) if value else None
+
+
+def predict_file(
+    classifier: str,
+    input_path: str,
+    output_path: str,
+    text_column: str = "text",
+    batch_size: int = 32,
+    max_length: int | None = None,
+    device: str | None = None,
+    all_scores: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Label the texts of ``input_path`` with the classifier folder ``classifier`` at its tuned threshold and
+    write one row per text to ``output_path`` (JSON lines, or CSV by its suffix): the input's columns, the
+    predicted ``labels`` (names, ';'-joined in CSV) and their ``scores`` (every label's with ``all_scores``).
+
+    Args:
+        classifier: a classifier folder written by ``hf-mlcl probe`` / ``run`` (any of its formats).
+        input_path: CSV / TSV / JSON lines / parquet with ``text_column``, or a plain text file, one per line.
+        output_path: where the predictions go (``.jsonl`` or ``.csv``); an existing file is replaced.
+        text_column: the column holding the texts.
+        batch_size: texts per forward pass.
+        max_length: truncation length (default: the length the classifier was trained at).
+        device: ``"cpu"``, ``"cuda"`` ... (default: the accelerator there is, else the CPU).
+        all_scores: write every label's score, not only the predicted labels'.
+        progress: show a progress bar.
+
+    Returns:
+        A summary: rows, labels per text on average, the threshold source, the output path.
+
+    Raises:
+        FileNotFoundError / ValueError: a missing input or classifier, an unknown file type, a missing column;
+            all before the model is loaded.
+    """
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.files import atomic_path
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+
+    out_suffix = os.path.splitext(output_path)[1].lower()
+    if out_suffix not in (".jsonl", ".csv"):
+        raise ValueError(f"--output must end in .jsonl or .csv; got {output_path!r}")
+    if not os.path.isdir(classifier):
+        raise FileNotFoundError(f"no classifier folder {classifier!r}")
+    texts, table = read_texts(input_path, text_column)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = MLCLForMultiLabelClassification.from_pretrained(classifier).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(classifier)
+    scores = predict_texts(
+        model, tokenizer, texts, batch_size, max_length or _max_length(classifier), progress
+    )
+    names = [str(model.config.id2label[i]) for i in range(scores.shape[1])]
+    chosen = scores >= _thresholds(model.config, scores.shape[1])
+    rows = []
+    for i in range(len(texts)):
+        picked = np.flatnonzero(chosen[i])
+        row = dict(table.iloc[i]) if table is not None else {"text": texts[i]}
+        row["labels"] = [names[j] for j in picked]
+        row["scores"] = (
+            dict(zip(names, scores[i].round(6).tolist()))
+            if all_scores
+            else [round(float(scores[i, j]), 6) for j in picked]
+        )
+        rows.append(row)
+    os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+    with atomic_path(output_path) as tmp:
+        if out_suffix == ".csv":
+            import pandas as pd
+
+            frame = pd.DataFrame(rows)
+            frame["labels"] = [";".join(r["labels"]) for r in rows]
+            frame["scores"] = [
+                json.dumps(r["scores"]) if all_scores else ";".join(map(str, r["scores"])) for r in rows
+            ]
+            frame.to_csv(tmp, index=False)
+        else:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                for row in rows:
+                    fh.write(json.dumps(row, default=str) + "\n")
+    stored = getattr(model.config, "decision_threshold", None)
+    return {
+        "rows": len(texts),
+        "labels_per_text": float(chosen.sum(1).mean()) if len(texts) else 0.0,
+        "threshold": "tuned (config.decision_threshold)" if stored is not None else "0.5 (none stored)",
+        "output": output_path,
+    }

@@ -1,0 +1,74 @@
+"""`hf-mlcl export FOLDER --to onnx`: onnx/model.onnx beside the config, which onnxruntime runs without hf_mlcl and
+with the PyTorch outputs, for a native classifier, a sentence-transformers encoder and a remote-code classifier."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from _outside import run_outside
+
+from hf_mlcl.cli import main
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
+from hf_mlcl.modeling.native import to_native_classifier, to_sentence_transformers
+
+TEXTS = ["the patient was admitted with chest pain and shortness of breath", "graph neural network", "joy"]
+
+_ONNXRUNTIME = """
+import numpy as np
+import onnxruntime
+from transformers import AutoTokenizer
+
+for name, folder in SPEC["folders"].items():
+    session = onnxruntime.InferenceSession(folder + "/onnx/model.onnx", providers=["CPUExecutionProvider"])
+    batch = AutoTokenizer.from_pretrained(folder)(SPEC["texts"], padding=True, return_tensors="np")
+    feeds = {i.name: batch[i.name] for i in session.get_inputs()}
+    REPORT[name] = {o.name: v.tolist() for o, v in zip(session.get_outputs(), session.run(None, feeds))}
+"""
+
+
+def _batch(tokenizer):
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def test_export_to_onnx_runs_in_onnxruntime_without_hf_mlcl(
+    tmp_path, tiny_bert_config, tiny_llama_config, bert_tokenizer, llama_tokenizer
+):
+    torch.manual_seed(0)
+    folders, want = {}, {}
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=8).eval()
+    encoder.save_pretrained(tmp_path / "encoder")
+    assert to_sentence_transformers(str(tmp_path / "encoder"), 64, tokenizer=bert_tokenizer)
+    with torch.no_grad():
+        want["encoder"] = {"sentence_embedding": encoder(**_batch(bert_tokenizer)).pooled}
+    for name, config, tok, head in (
+        ("native", tiny_llama_config, llama_tokenizer, "native"),
+        ("remote_code", tiny_bert_config, bert_tokenizer, "linear"),
+    ):
+        base = MLCLEncoder.from_backbone(config, pooling="last_token" if head == "native" else "mean")
+        clf = MLCLForMultiLabelClassification.from_encoder(base, id2label=["a", "b", "c"], head=head).eval()
+        with torch.no_grad():
+            clf.classifier.weight.normal_(0, 1.0)
+            want[name] = {"logits": clf(**_batch(tok)).logits}
+        clf.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        if head == "native":
+            assert to_native_classifier(str(tmp_path / name), tokenizer=tok)
+    for name in want:
+        folders[name] = str(tmp_path / name)
+        assert main(["export", folders[name], "--to", "onnx"]) == 0
+        assert os.path.isfile(os.path.join(folders[name], "onnx", "model.onnx"))
+    report = run_outside(
+        tmp_path / "child", _ONNXRUNTIME, {"folders": folders, "texts": TEXTS}, consumers=("onnxruntime",)
+    )
+    for name, outputs in want.items():
+        for output, value in outputs.items():
+            assert (torch.tensor(report[name][output]) - value).abs().max() <= 1e-4, (name, output)
+    assert len(torch.tensor(report["encoder"]["last_hidden_state"]).shape) == 3
+
+
+def test_export_of_a_missing_folder_is_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no model folder" in err[0]

@@ -1,0 +1,91 @@
+"""`hf-mlcl predict`: every input format, the stored per-label threshold applied, the order of the input kept,
+and one-line errors before the model loads."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hf_mlcl.cli import main
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
+from hf_mlcl.modeling.native import to_native_classifier
+
+NAMES = ["cardio", "renal", "neuro"]
+TEXTS = ["heart failure", "graph neural network learning theory", "kidney", "joy anger sadness love fear"] * 3
+
+
+@pytest.fixture
+def classifier(tmp_path, tiny_bert_config, bert_tokenizer):
+    torch.manual_seed(0)
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="cls")
+    clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES, head="native").eval()
+    with torch.no_grad():
+        clf.classifier.weight.normal_(0, 2.0)
+    clf.config.decision_threshold = [0.3, 0.5, 0.7]  # per label
+    folder = tmp_path / "clf"
+    clf.save_pretrained(folder)
+    assert to_native_classifier(str(folder), tokenizer=bert_tokenizer)
+    batch = bert_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        probs = torch.sigmoid(clf(**batch).logits).numpy()
+    return str(folder), probs
+
+
+def _inputs(tmp_path) -> dict[str, str]:
+    frame = pd.DataFrame({"id": [f"doc{i}" for i in range(len(TEXTS))], "text": TEXTS})
+    paths = {s: str(tmp_path / f"in{s}") for s in (".csv", ".jsonl", ".parquet", ".txt")}
+    frame.to_csv(paths[".csv"], index=False)
+    frame.to_json(paths[".jsonl"], orient="records", lines=True)
+    frame.to_parquet(paths[".parquet"])
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    return paths
+
+
+def test_predict_writes_labels_at_the_tuned_thresholds_for_every_input_format(tmp_path, classifier):
+    folder, probs = classifier
+    want = [[NAMES[j] for j in np.flatnonzero(row >= np.array([0.3, 0.5, 0.7]))] for row in probs]
+    assert any(want) and not all(len(w) == len(NAMES) for w in want)  # the thresholds select
+    for suffix, path in _inputs(tmp_path).items():
+        out = tmp_path / f"out{suffix}.jsonl"
+        assert main(["predict", folder, path, "--output", str(out), "--batch_size", "5"]) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["labels"] for r in rows] == want, suffix  # input order kept (batches go by length)
+        assert [r["text"] for r in rows] == TEXTS
+        for row, p in zip(rows, probs):
+            np.testing.assert_allclose(row["scores"], [p[NAMES.index(n)] for n in row["labels"]], atol=1e-5)
+        if suffix != ".txt":
+            assert [r["id"] for r in rows] == [
+                f"doc{i}" for i in range(len(TEXTS))
+            ]  # the input's columns kept
+    out = tmp_path / "all.csv"
+    assert main(["predict", folder, _inputs(tmp_path)[".csv"], "--output", str(out), "--all_scores"]) == 0
+    with open(out, newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert [r["labels"] for r in table] == [";".join(w) for w in want]
+    np.testing.assert_allclose([[json.loads(r["scores"])[n] for n in NAMES] for r in table], probs, atol=1e-5)
+
+
+def test_predict_errors_are_one_line_before_loading(tmp_path, classifier, capsys):
+    folder, _ = classifier
+    paths = _inputs(tmp_path)
+    cases = [
+        (
+            [folder, paths[".csv"], "--output", str(tmp_path / "o.jsonl"), "--text_column", "body"],
+            "no column 'body'",
+        ),
+        ([folder, str(tmp_path / "missing.csv"), "--output", str(tmp_path / "o.jsonl")], "no input file"),
+        ([folder, paths[".csv"], "--output", str(tmp_path / "o.xlsx")], "must end in .jsonl or .csv"),
+        (
+            [str(tmp_path / "nothing"), paths[".csv"], "--output", str(tmp_path / "o.jsonl")],
+            "no classifier folder",
+        ),
+    ]
+    for argv, message in cases:
+        assert main(["predict", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
