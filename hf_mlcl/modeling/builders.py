@@ -201,12 +201,13 @@ def with_lora(model: Any, model_args: Any, activation_checkpointing: bool) -> An
 
 def probe_model(encoder: Any, model_args: Any, label_names: Sequence[str], probe: str, activation_checkpointing: bool):
     """The stage-2 classifier on ``encoder`` (``MLCLForMultiLabelClassification.from_encoder``): a LoRA encoder
-    is merged first; ``probe`` ``"linear"`` / ``"logistic"`` freeze the encoder, ``"finetune"`` trains it,
+    is merged first for a fine-tune or with ``merge_lora`` (a frozen one keeps a loaded adapter unmerged); ``probe`` ``"linear"`` / ``"logistic"`` freeze the encoder, ``"finetune"`` trains it,
     with ``model_args.use_lora`` as LoRA adapters + the classifier head (the backbone stays frozen)."""
     from .lora import merge_lora
     from .modeling_mlcl import MLCLForMultiLabelClassification
 
-    if hasattr(encoder, "merge_and_unload") or hasattr(getattr(encoder, "backbone", None), "merge_and_unload"):
+    wrapped = hasattr(encoder, "merge_and_unload") or hasattr(getattr(encoder, "backbone", None), "merge_and_unload")
+    if wrapped or probe == "finetune" or model_args.merge_lora:  # a frozen encoder keeps a loaded adapter unmerged
         encoder = merge_lora(encoder)
     model = MLCLForMultiLabelClassification.from_encoder(
         encoder, id2label=list(label_names), head=model_args.head, freeze_encoder=probe in ("linear", "logistic"),

@@ -1,20 +1,9 @@
-"""Model folders of the hf_mlcl models: atomic saving, and loading a folder saved as a LoRA adapter.
+"""Model folders of the hf_mlcl models: atomic saving, folders saved as a LoRA adapter (loaded with the adapter
+unmerged where peft is installed), and the bundling of the code files a folder ships as remote code.
 
-Copied beside the weights with ``modeling_mlcl.py`` (Hub remote code, ``trust_remote_code=True``): it
-imports only the standard library, ``torch``, ``transformers`` and ``safetensors``, never ``hf_mlcl``.
-
-* :func:`save_folder_atomically`: everything a ``save_pretrained`` writes goes to a temporary folder beside
-  the target first; a new (or empty) target is then created by a single ``os.replace`` of the whole folder,
-  an existing folder with other files (e.g. a Trainer checkpoint folder) receives every file by its own
-  atomic ``os.replace``, and stale weight shards of an earlier save are removed (no half-written
-  checkpoints);
-* :func:`load_adapter_folder`: a LoRA run saved as an adapter (``hf_mlcl.modeling.lora.save_lora_adapter``:
-  PEFT's files for the backbone, the heads alone in ``model.safetensors``) is loaded by fetching the base
-  model named in ``adapter_config.json`` and merging the adapter into it (:func:`merge_lora_weights`; Hu
-  et al., 2022, "LoRA", Eq. 3), without peft;
-* :func:`bundle_code_files`: the code files a ``save_pretrained`` copied (``modeling_mlcl.py`` and the sibling
-  modules it imports) become one ``modeling_mlcl.py`` beside ``configuration_mlcl.py``, so a saved folder
-  (and a Hub repo) carries two code files, whatever modules the package splits the code into.
+Copied beside the weights with ``modeling_mlcl.py`` (Hub remote code, ``trust_remote_code=True``): it imports only
+the standard library, ``torch``, ``transformers`` and ``safetensors`` (deepspeed and peft inside ``try``), never
+``hf_mlcl``.
 """
 
 from __future__ import annotations
@@ -31,9 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoModel
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 __all__ = [
     "ADAPTER_CONFIG_NAME",
+    "apply_adapter",
     "ADAPTER_WEIGHTS_NAME",
     "HEADS_WEIGHTS_NAME",
     "bundle_code_files",
@@ -156,10 +149,37 @@ def hub_file(path: str, filename: str, hub_kwargs: Mapping[str, Any]) -> str | N
     )
 
 
+def _peft_available() -> bool:
+    try:  # an optional import, which transformers' check of remote code does not require to be installed
+        import peft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def apply_adapter(backbone: nn.Module, path: str, weights_file: str, hub: Mapping[str, Any]) -> None:
+    """The PEFT adapter of the folder ``path`` on ``backbone``, unmerged (transformers' ``load_adapter``, which
+    needs peft), with its weights as saved in float32, the dtype peft trains them in (``load_adapter`` casts them
+    to the backbone's dtype, which for a bf16 base rounds them): a bf16 base keeps every update of its adapter.
+    ``weights_file``: the local copy of its ``adapter_model.safetensors``; ``hub``: the folder's Hub keywords."""
+    from safetensors.torch import load_file
+
+    backbone.load_adapter(path, adapter_name="default", **hub)
+    params = dict(backbone.named_parameters())
+    for key, value in load_file(weights_file).items():
+        module, _, leaf = key.removeprefix(_PEFT_PREFIX).rpartition(".")
+        name = f"{module}.default.{leaf}"
+        if name not in params:
+            raise ValueError(f"{weights_file}: {key} matches no adapter weight of the loaded model ({name})")
+        params[name].data = value.to(params[name].device, torch.float32)
+
+
 def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str, Any], kwargs: Mapping[str, Any]) -> nn.Module:
     """A ``cls`` model from a folder saved as a LoRA adapter (module docstring): the base backbone named by
     ``adapter_config.json`` (``base_model_name_or_path``, else the config's ``backbone_name_or_path``) with the
-    adapter merged in and the heads read from ``model.safetensors``; ValueError naming what does not fit.
+    adapter applied (:func:`apply_adapter`; merged in, :func:`merge_lora_weights`, where peft is not installed,
+    with a warning for bf16 / fp16 weights, and under DeepSpeed ZeRO-3) and the heads read from
+    ``model.safetensors``; ValueError naming what does not fit.
     ``hub``: the Hub keywords of the folder (revision, cache, token); ``kwargs``: ``from_pretrained``'s."""
     from safetensors.torch import load_file
 
@@ -185,8 +205,17 @@ def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str
     heads_file = hub_file(path, HEADS_WEIGHTS_NAME, hub)
     if weights is None or heads_file is None:
         raise ValueError(f"{path} holds {ADAPTER_CONFIG_NAME} but not {ADAPTER_WEIGHTS_NAME} and {HEADS_WEIGHTS_NAME}")
-    merge_lora_weights(backbone, adapter_config, load_file(weights))
+    partitioned = any(hasattr(p, "ds_id") for p in backbone.parameters())  # loaded while ZeRO-3 is configured
+    if partitioned or not _peft_available():
+        if not partitioned and next(backbone.parameters()).dtype in (torch.bfloat16, torch.float16):
+            logger.warning(
+                "peft is not installed: the adapter of %s is merged into %s weights, which rounds away updates "
+                "below their resolution (install peft to keep it unmerged)", path, next(backbone.parameters()).dtype
+            )
+        merge_lora_weights(backbone, adapter_config, load_file(weights))
     model = cls(config, backbone=backbone)
+    if not partitioned and _peft_available():
+        apply_adapter(model.backbone, path, weights, hub)
     missing, unexpected = model.load_state_dict(load_file(heads_file), strict=False)
     missing = [k for k in missing if not k.startswith(f"{cls.base_model_prefix}.")]
     if missing or unexpected:
@@ -226,37 +255,40 @@ def _code_lines(source: str, drop: list[ast.AST]) -> str:
 
 
 def bundle_code_files(folder: str, main: str = "modeling_mlcl", keep: tuple[str, ...] = ("configuration_mlcl",)) -> None:
-    """Inline into ``folder/<main>.py`` the sibling modules it imports (``from .<name> import ...`` anywhere in
-    the file) that ``save_pretrained`` copied beside it, except those in ``keep``, and remove their files: their
-    code first, in the order ``main`` imports them, then ``main``'s own without those imports. Nothing changes
-    when no such sibling was copied (a bundled file saved again). ValueError when a bundled sibling imports
-    another one, or when two modules define the same top-level name (the bundle would keep only the last)."""
+    """Inline into ``folder/<main>.py`` the sibling modules it imports, directly or through each other
+    (``from .<name> import ...`` anywhere in a file), that ``save_pretrained`` copied beside it, except those in
+    ``keep``, and remove their files: each module's code after the modules it imports, ``main``'s last, without
+    those imports. Nothing changes when no such sibling was copied (a bundled file saved again). ValueError when
+    the copied modules import each other in a cycle, or when two modules define the same top-level name (the
+    bundle would keep only the last)."""
     path = os.path.join(folder, f"{main}.py")
-    with open(path, encoding="utf-8") as fh:
-        source = fh.read()
-    tree = ast.parse(source)
     copied = {n[: -len(".py")] for n in os.listdir(folder) if n.endswith(".py")} - set(keep) - {main}
-    imports = _sibling_imports(tree, copied)
-    order = list(dict.fromkeys(node.module for node in imports))
-    if not order:
-        return
-    sources = {}
-    for name in order:
+    sources: dict[str, str] = {}
+    order: list[str] = []
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in chain:
+            raise ValueError(f"the copied modules import each other in a cycle: {' -> '.join((*chain, name))}")
         with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as fh:
             sources[name] = fh.read()
-    sources[main] = source
+        for node in _sibling_imports(ast.parse(sources[name]), copied):
+            visit(node.module, (*chain, name))
+        order.append(name)
+
+    visit(main, ())
+    if order == [main]:
+        return
     defined: dict[str, str] = {}
-    for name, text in sources.items():
-        module = ast.parse(text)
-        if name != main and _sibling_imports(module, copied):
-            raise ValueError(f"{name}.py imports another copied module; {main}.py cannot inline it as it is")
-        for target in _top_level_names(module):
+    for name in order:
+        for target in _top_level_names(ast.parse(sources[name])):
             if target != "__all__" and defined.setdefault(target, name) != name:
                 raise ValueError(f"{target} is defined in both {defined[target]}.py and {name}.py")
-    parts = [f"# ---- {name}.py\n" + _code_lines(sources[name], imports if name == main else []) + "\n"
-             for name in [*order, main]]  # fmt: skip
-    header = f'"""{ast.get_docstring(tree, clean=False) or ""}"""\n\nfrom __future__ import annotations\n\n'
+    parts = [f"# ---- {name}.py\n" + _code_lines(sources[name], _sibling_imports(ast.parse(sources[name]), copied)) + "\n"
+             for name in order]  # fmt: skip
+    docstring = ast.get_docstring(ast.parse(sources[main]), clean=False) or ""
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(header + "\n\n".join(parts))
-    for name in order:
+        fh.write(f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n' + "\n\n".join(parts))
+    for name in order[:-1]:
         os.remove(os.path.join(folder, f"{name}.py"))

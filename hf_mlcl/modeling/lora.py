@@ -232,14 +232,62 @@ def save_lora_adapter(
     model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
 
 
+def merge_rounding(model: nn.Module) -> float | None:
+    """The share of the LoRA update that merging ``model``'s active adapters into their weights would round
+    away: ``||round(W + dW) - W - dW|| / ||dW||`` over every adapted layer, dW in float32; None when no
+    adapted weight is bf16 / fp16 (a float32 merge keeps the update to float32 rounding). One layer at a time."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    lost = total = 0.0
+    low = False
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, BaseTunerLayer) or not hasattr(module, "get_delta_weight"):
+                continue
+            weight = module.get_base_layer().weight
+            if weight.dtype not in (torch.bfloat16, torch.float16):
+                continue
+            low = True
+            for name in module.active_adapters:
+                delta = module.get_delta_weight(name).float()
+                merged = (weight.float() + delta).to(weight.dtype).float()
+                lost += float((merged - weight.float() - delta).pow(2).sum())
+                total += float(delta.pow(2).sum())
+    return (lost**0.5 / total**0.5 if total else 0.0) if low else None
+
+
+def _unload_injected(backbone: nn.Module) -> None:
+    """Merge the adapters transformers' ``load_adapter`` injected into ``backbone`` and put the base layers back."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(backbone.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(backbone.get_submodule(parent) if parent else backbone, child, module.get_base_layer())
+    backbone._hf_peft_config_loaded = False
+    backbone.peft_config = {}
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """A LoRA-wrapped hf_mlcl model with its adapters merged into the base weights (peft's
-    ``merge_and_unload``): a plain ``MLCLEncoder`` / classifier. Also accepts a model whose backbone alone
-    is a ``PeftModel``; a model without adapters is returned as is."""
+    ``merge_and_unload``): a plain ``MLCLEncoder`` / classifier. Also accepts a model whose backbone alone is a
+    ``PeftModel`` or carries adapters transformers' ``load_adapter`` injected (a loaded adapter folder); a model
+    without adapters is returned as is. A merge into bf16 / fp16 weights that rounds away more than 1 % of the
+    update (:func:`merge_rounding`) is logged as a warning with the share."""
+    backbone = getattr(model, "backbone", None)
+    injected = bool(getattr(backbone, "_hf_peft_config_loaded", False))
+    if not (hasattr(model, "merge_and_unload") or hasattr(backbone, "merge_and_unload") or injected):
+        return model
+    lost = merge_rounding(model)
+    if lost is not None and lost > 0.01:
+        logger.warning(f"merging the LoRA adapter into low-precision weights rounds away {lost:.1%} of its update "
+                       "(norm); keep the adapter unmerged to keep the trained model")  # fmt: skip
     if hasattr(model, "merge_and_unload"):
         return model.merge_and_unload()
-    backbone = getattr(model, "backbone", None)
-    if backbone is not None and hasattr(backbone, "merge_and_unload"):
+    if injected:
+        _unload_injected(backbone)
+    else:
         model.backbone = backbone.merge_and_unload()
     return model
 
@@ -367,6 +415,7 @@ __all__ = [
     "bf16_available",
     "default_lora_targets",
     "merge_lora",
+    "merge_rounding",
     "save_heads_with_adapter",
     "save_lora_adapter",
     "save_lora_model",

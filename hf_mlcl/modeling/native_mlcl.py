@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSequenceClassification
 
 from .configuration_mlcl import NATIVE_HEAD_POOLING, backbone_config_to_dict
+from .folders_mlcl import apply_adapter
 
 __all__ = [
     "DENSE_DIRS",
@@ -244,18 +245,6 @@ def load_native_classifier(cls: Any, path: str, files: Mapping[str, str | None],
     return model.eval()
 
 
-def _adapter_in_float32(backbone: Any, weights_file: str) -> None:
-    """The adapter's weights as saved, in float32 (what peft trains them in): transformers' ``load_adapter``
-    casts them to the base model's dtype, which for a bf16 base rounds them."""
-    params = dict(backbone.named_parameters())
-    for key, value in load_file(weights_file).items():
-        module, _, leaf = key.removeprefix("base_model.model.").rpartition(".")
-        name = f"{module}.default.{leaf}"
-        if name not in params:
-            raise ValueError(f"{weights_file}: {key} matches no adapter weight of the loaded model ({name})")
-        params[name].data = value.to(params[name].device, torch.float32)
-
-
 def load_native_encoder(
     cls: Any, path: str, files: Mapping[str, str | None], adapter: bool, kwargs: Mapping[str, Any]
 ):
@@ -292,8 +281,7 @@ def load_native_encoder(
             for k in ("revision", "token", "cache_dir", "local_files_only")
             if kwargs.get(k) is not None
         }
-        model.backbone.load_adapter(path, adapter_name="default", **hub)
-        _adapter_in_float32(model.backbone, files["adapter_model.safetensors"])
+        apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
     head = {}
     for layer, directory in zip(("dense", "out_proj"), DENSE_DIRS):
         tensors = load_file(files[f"{directory}/model.safetensors"])

@@ -548,9 +548,10 @@ def test_from_backbone_hands_dtype_to_the_backbone_loader(tmp_path, tiny_llama_c
 
 
 def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(tmp_path):
-    """bundle_code_files: the siblings a saved modeling_mlcl.py imports (at the top and inside functions) are
-    inlined before its own code and their files removed, the kept configuration_mlcl.py stays imported; a
-    bundle saved again is left as it is; two modules defining one name stop with the name."""
+    """bundle_code_files: the siblings a saved modeling_mlcl.py imports (at the top and inside functions, directly
+    or through each other) are inlined before its own code, each after the modules it imports, and their files
+    removed, the kept configuration_mlcl.py stays imported; a bundle saved again is left as it is; two modules
+    defining one name stop with the name, modules importing each other in a cycle with the cycle."""
     import importlib.util
     import sys
 
@@ -567,7 +568,8 @@ def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(t
         "good",
         configuration_mlcl='"""config"""\nfrom __future__ import annotations\nSIZE = 3\n',
         layers_mlcl='"""layers"""\nfrom __future__ import annotations\n\nimport math\n\n\ndef double(x):\n    return 2 * x\n',
-        folders_mlcl='"""folders"""\nfrom __future__ import annotations\n\n\ndef name():\n    return "f"\n',
+        folders_mlcl='"""folders"""\nfrom __future__ import annotations\n\nfrom .layers_mlcl import double\n\n\n'
+                     'def name():\n    return "f" + str(double(1))\n',
         modeling_mlcl='"""modeling"""\nfrom __future__ import annotations\n\nfrom .configuration_mlcl import SIZE\n'
                       'from .layers_mlcl import (\n    double,\n)\n\n\ndef run():\n    from .folders_mlcl import name\n\n'
                       '    return double(SIZE), name()\n',
@@ -577,6 +579,7 @@ def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(t
     text = (good / "modeling_mlcl.py").read_text()
     assert text.startswith('"""modeling"""\n\nfrom __future__ import annotations\n')
     assert text.count("from __future__") == 1 and "from .layers_mlcl" not in text and "from .folders_mlcl" not in text
+    assert text.index("# ---- layers_mlcl.py") < text.index("# ---- folders_mlcl.py")  # a module after its imports
     assert "from .configuration_mlcl import SIZE" in text
     (good / "__init__.py").write_text("")
     spec = importlib.util.spec_from_file_location("bundled_pkg", good / "__init__.py", submodule_search_locations=[str(good)])
@@ -584,7 +587,7 @@ def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(t
     try:
         from bundled_pkg.modeling_mlcl import run  # noqa: PLC0415
 
-        assert run() == (6, "f")
+        assert run() == (6, "f2")
     finally:
         for key in [k for k in sys.modules if k.startswith("bundled_pkg")]:
             del sys.modules[key]
@@ -599,3 +602,7 @@ def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(t
     with pytest.raises(ValueError, match="helper is defined in both layers_mlcl.py and modeling_mlcl.py"):
         bundle_code_files(str(clash))
     assert (clash / "layers_mlcl.py").is_file()  # nothing written
+    cycle = folder("cycle", a_mlcl="from .b_mlcl import y\nx = 1\n", b_mlcl="from .a_mlcl import x\ny = 2\n",
+                   modeling_mlcl="from .a_mlcl import x\n")
+    with pytest.raises(ValueError, match="cycle: modeling_mlcl -> a_mlcl -> b_mlcl -> a_mlcl"):
+        bundle_code_files(str(cycle))

@@ -219,3 +219,79 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
             loaded = cls.from_pretrained(out, **kwargs)
             assert type(loaded).__name__ == "MLCLForMultiLabelClassification"
             torch.testing.assert_close(loaded(**inputs).logits, trained, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_finetune_on_an_adapter_encoder_starts_from_the_encoders_outputs(tmp_path, base_model, llama_tokenizer):
+    """The encoder's adapter (loaded unmerged) is merged in before the fine-tune's new adapter: the classifier's
+    pooled representation is the encoder's, not the base model's."""
+    from hf_mlcl.modeling.builders import probe_model
+
+    encoder_dir = tmp_path / "encoder"
+    _train(base_model, encoder_dir)
+    encoder = MLCLEncoder.from_pretrained(encoder_dir)
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        want = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooled
+        base = MLCLEncoder.from_backbone(base_model, pooling="last_token")(**batch).pooled
+    model_args = ModelArguments(model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0)
+    model = probe_model(encoder, model_args, ["a", "b"], "finetune", activation_checkpointing=False).eval()
+    inner = model.base_model.model
+    assert not any("lora_" in n for n, _ in inner.backbone.named_parameters() if ".default." in n and "base_layer" in n)
+    with torch.no_grad():
+        states, mask, segment = inner.encode_tokens(batch["input_ids"], batch["attention_mask"])
+        got = inner.pool(states, mask, segment)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want, base, atol=1e-4)
+
+
+_REMOTE_CODE_WITHOUT_PEFT = """
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+model = AutoModelForSequenceClassification.from_pretrained(SPEC["folder"], trust_remote_code=True).eval()
+batch = AutoTokenizer.from_pretrained(SPEC["folder"])(SPEC["texts"], padding=True, return_tensors="pt")
+with torch.no_grad():
+    REPORT["logits"] = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.tolist()
+"""
+
+
+def test_adapter_classifier_reloads_unmerged_in_bf16_and_merged_without_peft(tmp_path, base_model, llama_tokenizer):
+    """An adapter classifier (hf_mlcl's format) on a bf16 base reloads with its adapter unmerged (the trained
+    logits); where peft is absent its remote code merges it (float32 base: the same logits)."""
+    from _outside import run_outside
+
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification, apply_lora
+    from hf_mlcl.modeling.lora import save_lora_adapter
+
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    for bf16 in (True, False):
+        base = tmp_path / f"base{int(bf16)}"
+        backbone = LlamaModel.from_pretrained(base_model)
+        (backbone.to(torch.bfloat16) if bf16 else backbone).save_pretrained(base)
+        encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token")
+        clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=["a", "b", "c"], freeze_encoder=False)
+        model = apply_lora(clf, r=R, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=bf16)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.fill_(1e-4)
+        model.eval()
+        with torch.no_grad():
+            trained = model(**inputs).logits.float()
+        folder = tmp_path / f"clf{int(bf16)}"
+        save_lora_adapter(model, str(folder), str(base))
+        llama_tokenizer.save_pretrained(folder)
+        loaded = MLCLForMultiLabelClassification.from_pretrained(str(folder))
+        with torch.no_grad():
+            reloaded = loaded(**inputs).logits.float()
+        assert torch.nn.functional.cosine_similarity(reloaded, trained).min() >= 0.9999
+        trained_state = {k.removeprefix("base_model.model."): v for k, v in model.state_dict().items()}
+        lora = {k: v for k, v in loaded.state_dict().items() if "lora_" in k}
+        assert lora and all(torch.equal(v, trained_state[k]) and v.dtype == torch.float32 for k, v in lora.items())
+        for key, value in loaded.backbone.state_dict().items():  # the base weights untouched (no merge)
+            if "lora_" not in key:
+                assert torch.equal(value, trained_state[f"backbone.{key}"]), key
+    torch.testing.assert_close(reloaded, trained, rtol=1e-5, atol=1e-5)  # float32: exact to rounding
+    report = run_outside(tmp_path / "child", _REMOTE_CODE_WITHOUT_PEFT, {"folder": str(folder), "texts": TEXTS})
+    torch.testing.assert_close(torch.tensor(report["logits"]), trained, rtol=1e-5, atol=1e-5)
