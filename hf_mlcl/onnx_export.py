@@ -87,7 +87,7 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
         import onnxscript  # noqa: F401
     except ImportError as err:
         raise ImportError(
-            f"exporting to ONNX needs the onnx extra: pip install 'hf_mlcl[onnx]' ({err})"
+            f"exporting to ONNX needs the onnx extra: pip install -e '.[onnx]' in the repository ({err})"
         ) from err
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model, kind = _load(folder)

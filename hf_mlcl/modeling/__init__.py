@@ -27,6 +27,7 @@ from .modeling_mlcl import (
     MLCLForMultiLabelClassification,
     MLCLPreTrainedModel,
 )
+from .native import save_native, to_native_classifier, to_sentence_transformers
 
 
 def _register_local_auto_classes() -> None:
@@ -60,4 +61,7 @@ __all__ = [
     "merge_lora",
     "pool_states",
     "save_lora_model",
+    "save_native",
+    "to_native_classifier",
+    "to_sentence_transformers",
 ]

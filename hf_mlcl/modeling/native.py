@@ -1,4 +1,5 @@
-"""A saved hf_mlcl encoder folder rewritten in place as a sentence-transformers model folder."""
+"""hf_mlcl models saved in the ecosystem's own formats: an encoder as a sentence-transformers folder, a classifier
+with a native head as its family's transformers classifier (docs/usage.md, "Saved models")."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .folders_mlcl import (
 )
 from .native_mlcl import native_encoder_reason, write_sentence_transformers_files
 
-__all__ = ["to_sentence_transformers"]
+__all__ = ["save_native", "to_native_classifier", "to_sentence_transformers"]
 
 _INDEX_NAME = "model.safetensors.index.json"
 _BACKBONE = "backbone."
@@ -179,3 +180,32 @@ def to_native_classifier(folder: str, tokenizer: Any = None, target: str | None 
         if os.path.isfile(path):
             os.remove(path)
     return True
+
+
+def save_native(model: Any, folder: str, tokenizer: Any = None, max_seq_length: int | None = None) -> bool:
+    """``model.save_pretrained(folder)`` (and the tokenizer), then, where the model has one, its native form in
+    place: an ``MLCLEncoder`` as a sentence-transformers folder (:func:`to_sentence_transformers`), a classifier
+    with ``head="native"`` as its family's ``XForSequenceClassification`` (:func:`to_native_classifier`).
+
+    Args:
+        model: an ``MLCLEncoder`` or ``MLCLForMultiLabelClassification``.
+        folder: where it goes.
+        tokenizer: its tokenizer, saved with it.
+        max_seq_length: an encoder's training length (sentence-transformers truncates there).
+
+    Returns:
+        True when the folder is in a native form; False when it keeps hf_mlcl's format (with remote code).
+
+    Example::
+
+        clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=names, head="native")
+        save_native(clf, "out/classifier", tokenizer=tok)  # pipeline("text-classification", model=...)
+    """
+    from .modeling_mlcl import MLCLEncoder
+
+    model.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    if isinstance(model, MLCLEncoder):
+        return to_sentence_transformers(folder, max_seq_length, tokenizer=tokenizer)
+    return to_native_classifier(folder, tokenizer=tokenizer)
