@@ -118,6 +118,22 @@ def _max_length(folder: str) -> int | None:
     return int(value) if value else None
 
 
+def _load_classifier(folder: str) -> Any:
+    """The classifier of ``folder``: a native one as the transformers class it is (nothing to convert), any
+    other with hf_mlcl's loader."""
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.modeling.native_mlcl import MLCL_FILE
+
+    settings = os.path.join(folder, MLCL_FILE)
+    if os.path.isfile(settings):
+        with open(settings, encoding="utf-8") as fh:
+            if json.load(fh).get("kind") == "classifier":
+                from transformers import AutoModelForSequenceClassification
+
+                return AutoModelForSequenceClassification.from_pretrained(folder)
+    return MLCLForMultiLabelClassification.from_pretrained(folder)
+
+
 def predict_file(
     classifier: str,
     input_path: str,
@@ -154,7 +170,6 @@ def predict_file(
     from transformers import AutoTokenizer
 
     from hf_mlcl.files import atomic_path
-    from hf_mlcl.modeling import MLCLForMultiLabelClassification
 
     out_suffix = os.path.splitext(output_path)[1].lower()
     if out_suffix not in (".jsonl", ".csv"):
@@ -163,7 +178,7 @@ def predict_file(
         raise FileNotFoundError(f"no classifier folder {classifier!r}")
     texts, table = read_texts(input_path, text_column)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = MLCLForMultiLabelClassification.from_pretrained(classifier).to(device).eval()
+    model = _load_classifier(classifier).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(classifier)
     scores = predict_texts(
         model, tokenizer, texts, batch_size, max_length or _max_length(classifier), progress
