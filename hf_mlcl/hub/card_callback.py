@@ -16,9 +16,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from hf_mlcl.modeling.builders import is_native_encoder
+from hf_mlcl.modeling.builders import folder_layout
 
-from .model_card import SENTENCE_TRANSFORMERS, CardData, save_model_card
+from .model_card import CardData, save_model_card
 
 # TrainingArguments fields worth stating on a card (when the run's args have them).
 _TRAINING_KEYS = (
@@ -185,7 +185,7 @@ class ModelCardCallback(TrainerCallback):
             self.card.model_name = "-".join(p for p in parts if p) or f"hf-mlcl-{self.card.kind}"
         self.card.folder = os.path.normpath(folder)
         self.card.local_data = local_data_paths(self._data_args, folder)
-        self.card.layout = SENTENCE_TRANSFORMERS if is_native_encoder(folder) else "hf_mlcl"
+        self.card.layout = folder_layout(folder)
         return save_model_card(self.card, folder)
 
 

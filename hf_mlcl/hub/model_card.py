@@ -122,8 +122,8 @@ class CardData:
     # named it); the "How to use" code names the first one set
     repo_id: str | None = None
     folder: str | None = None
-    # the saved folder's format: "sentence-transformers" (an encoder any sentence-transformers loads) or
-    # "hf_mlcl" (hf_mlcl's classes, shipped as remote code)
+    # the saved folder's format (hf_mlcl.modeling.builders.folder_layout): "sentence-transformers" (an encoder),
+    # "transformers" (a classifier with a native head) or "hf_mlcl" (hf_mlcl's classes, shipped as remote code)
     layout: str = "hf_mlcl"
     # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
     # `hf-mlcl evaluate` finds the data from any working directory; never pushed (:meth:`for_hub`)

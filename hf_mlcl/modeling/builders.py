@@ -28,6 +28,7 @@ __all__ = [
     "align_special_tokens",
     "build_tokenizer_and_encoder",
     "is_mlcl_checkpoint",
+    "folder_layout",
     "is_native_encoder",
     "probe_model",
     "segment_multiple",
@@ -52,15 +53,21 @@ def is_mlcl_checkpoint(path: str | None) -> bool:
         return json.load(fh).get("model_type") == "mlcl"
 
 
-def is_native_encoder(path: str | None) -> bool:
-    """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
+def folder_layout(path: str) -> str:
+    """The format of a saved model folder: ``"sentence-transformers"`` (an encoder), ``"transformers"`` (a
+    classifier with a native head) or ``"hf_mlcl"`` (hf_mlcl's classes, with remote code)."""
     from .native_mlcl import MLCL_FILE
 
-    settings = os.path.join(path, MLCL_FILE) if path else ""
+    settings = os.path.join(path, MLCL_FILE)
     if not os.path.isfile(settings):
-        return False
+        return "hf_mlcl"
     with open(settings, encoding="utf-8") as fh:
-        return json.load(fh).get("kind", "encoder") == "encoder"
+        return "transformers" if json.load(fh).get("kind") == "classifier" else "sentence-transformers"
+
+
+def is_native_encoder(path: str | None) -> bool:
+    """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
+    return bool(path) and folder_layout(path) == "sentence-transformers"
 
 
 def _tokenizer_style(model_type: str) -> str:

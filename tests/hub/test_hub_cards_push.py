@@ -79,6 +79,16 @@ def test_encoder_card_and_mimic_limitations():
     assert "/abs/local/path" not in parsed.text  # the body names no local path either
 
 
+def test_native_classifier_card_needs_no_remote_code():
+    card = CardData(kind="classifier", dataset="aapd", loss="bce", contrastive_loss="sd", probe="linear",
+                    layout="transformers", hyperparameters={"max_length": 64})
+    parsed = ModelCard(str(render_model_card(card)))
+    assert parsed.data.library_name == "transformers" and parsed.data.pipeline_tag == "text-classification"
+    assert "trust_remote_code" not in parsed.text and "max_length=64" in parsed.text
+    remote = str(render_model_card(CardData(kind="classifier", dataset="aapd", loss="bce", probe="linear")))
+    assert 'top_k=None)' in remote and ", trust_remote_code=True, top_k=None)" in remote
+
+
 def test_sentence_transformers_encoder_card():
     card = CardData(kind="encoder", dataset="aapd", loss="sd", pooling="cls", base_model="roberta-base",
                     layout="sentence-transformers", hyperparameters={"projection_dim": 128, "max_length": 128})
