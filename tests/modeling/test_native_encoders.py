@@ -213,3 +213,56 @@ def test_lora_encoder_loads_as_a_peft_adapter_in_sentence_transformers(
     )
     assert report["adapter"]
     _close(report["embeddings"], want)
+
+
+_MINILM_CONSUMERS = """
+import numpy as np
+import onnxruntime
+from sentence_transformers import SentenceTransformer
+from transformers import AutoTokenizer, pipeline
+
+REPORT["st"] = SentenceTransformer(SPEC["encoder"], device="cpu").encode(SPEC["texts"]).tolist()
+for name in ("encoder", "classifier"):
+    session = onnxruntime.InferenceSession(SPEC[name] + "/onnx/model.onnx", providers=["CPUExecutionProvider"])
+    batch = AutoTokenizer.from_pretrained(SPEC[name])(SPEC["texts"], padding=True, truncation=True, max_length=128,
+                                                      return_tensors="np")
+    REPORT["onnx_" + name] = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})[-1].tolist()
+rows = pipeline("text-classification", model=SPEC["classifier"], top_k=None)(SPEC["texts"])
+REPORT["pipeline"] = [{r["label"]: r["score"] for r in row} for row in rows]
+"""
+
+
+@pytest.mark.slow
+def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm_path):
+    """The real all-MiniLM-L6-v2 as an hf_mlcl encoder (mean pooling) and a native classifier: sentence-transformers,
+    pipeline and onnxruntime without hf_mlcl give hf_mlcl's outputs (fp32: cosine >= 0.99999, max abs <= 1e-5;
+    ONNX within 1e-4)."""
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.cli import main
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification, save_native
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    torch.manual_seed(0)
+    encoder = MLCLEncoder.from_backbone(minilm_path, pooling="mean", projection_dim=32).eval()
+    names = [f"label_{i}" for i in range(5)]
+    clf = MLCLForMultiLabelClassification.from_encoder(MLCLEncoder.from_backbone(minilm_path), id2label=names,
+                                                       head="native").eval()  # fmt: skip
+    with torch.no_grad():
+        clf.classifier.weight.normal_(0, 0.5)
+    folders = {"encoder": str(tmp_path / "encoder"), "classifier": str(tmp_path / "classifier")}
+    assert save_native(encoder, folders["encoder"], tokenizer=tokenizer, max_seq_length=128)
+    assert save_native(clf, folders["classifier"], tokenizer=tokenizer)
+    for folder in folders.values():
+        assert main(["export", folder, "--to", "onnx"]) == 0
+    texts = TEXTS + ["a much longer document about renal failure, cardiology and quantum field theory " * 4]
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+    with torch.no_grad():
+        pooled = encoder(**batch).pooled
+        logits = clf(**batch).logits
+    report = run_outside(tmp_path / "child", _MINILM_CONSUMERS, {**folders, "texts": texts},
+                         consumers=("sentence_transformers", "onnxruntime"))  # fmt: skip
+    _close(report["st"], pooled)
+    assert (torch.tensor(report["onnx_encoder"]) - pooled).abs().max() <= 1e-4
+    assert (torch.tensor(report["onnx_classifier"]) - logits).abs().max() <= 1e-4
+    _close([[row[n] for n in names] for row in report["pipeline"]], torch.sigmoid(logits))
