@@ -1,6 +1,7 @@
 """README's "Use your model" section runs as it stands: its Python blocks in a process where hf_mlcl and the extras
 it does not name cannot be imported, its commands with the installed `hf-mlcl`, on an encoder and a classifier
-saved where the custom-CSV recipe saves them (tiny models built from configs)."""
+shaped as the custom-CSV recipe saves them (a mean-pooled encoder, a linear head), where it saves them (tiny
+models built from configs)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,12 @@ def test_every_block_of_use_your_model_runs(tmp_path, tiny_bert_config, bert_tok
         encoder, str(tmp_path / "outputs/my_csv/encoder"), tokenizer=bert_tokenizer, max_seq_length=128
     )
     clf = MLCLForMultiLabelClassification.from_encoder(
-        encoder, id2label=["sports", "politics"], head="native"
-    )
+        encoder, id2label=["sports", "politics"]
+    )  # the recipe's
     clf.config.decision_threshold = [0.4, 0.6]
-    assert save_native(clf, str(tmp_path / "outputs/my_csv/classifier"), tokenizer=bert_tokenizer)
+    assert not save_native(
+        clf, str(tmp_path / "outputs/my_csv/classifier"), tokenizer=bert_tokenizer
+    )  # remote code
     (tmp_path / "new_texts.csv").write_text("text\nthe match ended late\nthe vote was close\n")
 
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
