@@ -36,6 +36,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hf_mlcl tests benchmarks examples studies
+	$(VENV)/bin/ruff format --check hf_mlcl tests benchmarks examples studies
 
 demo: $(STAMP)
 	$(VENV)/bin/hf-mlcl demo

@@ -41,7 +41,9 @@ def summary(y: np.ndarray, carved: np.ndarray, fraction: float) -> dict[str, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dataset", default="goemotions")
     parser.add_argument("--data_dir", default="../shared/data/goemotions")
     parser.add_argument("--fraction", type=float, default=0.1)
@@ -65,21 +67,31 @@ def main() -> None:
 
     total = y.sum(0)
     order = np.argsort(total, kind="stable")
-    print(f"{args.dataset} train: {len(rows)} rows, {len(names)} labels; carve {args.fraction:.0%} "
-          f"(random: {n_val} rows, seeds 0..{args.seeds - 1}; stratified: {len(strat)} rows, seed {args.seed})")
-    print(f"{'label':<24}{'train':>7}{'wanted':>8}{'random (seed 0)':>17}{'random mean':>13}{'stratified':>12}")
+    print(
+        f"{args.dataset} train: {len(rows)} rows, {len(names)} labels; carve {args.fraction:.0%} "
+        f"(random: {n_val} rows, seeds 0..{args.seeds - 1}; stratified: {len(strat)} rows, seed {args.seed})"
+    )
+    print(
+        f"{'label':<24}{'train':>7}{'wanted':>8}{'random (seed 0)':>17}{'random mean':>13}{'stratified':>12}"
+    )
     for j in order[: args.rows]:
         rnd = [int(y[c, j].sum()) for c in randoms]
-        print(f"{names[j][:23]:<24}{total[j]:>7}{args.fraction * total[j]:>8.1f}{rnd[0]:>17}"
-              f"{np.mean(rnd):>13.1f}{int(y[strat, j].sum()):>12}")
+        print(
+            f"{names[j][:23]:<24}{total[j]:>7}{args.fraction * total[j]:>8.1f}{rnd[0]:>17}"
+            f"{np.mean(rnd):>13.1f}{int(y[strat, j].sum()):>12}"
+        )
     s_rand = [summary(y, c, args.fraction) for c in randoms]
     s_strat = summary(y, strat, args.fraction)
     print(f"{'':<24}{'mean |dev|':>11}{'max |dev|':>11}{'off >20%':>10}{'missing':>9}{'LD':>10}")
     mean = {k: float(np.mean([s[k] for s in s_rand])) for k in s_strat}
-    print(f"{'random (mean of seeds)':<24}{mean['mean_dev']:>11.2f}{mean['max_dev']:>11.2f}{mean['off_20pct']:>10.1f}"
-          f"{mean['missing']:>9.1f}{mean['LD']:>10.5f}")
-    print(f"{'stratified':<24}{s_strat['mean_dev']:>11.2f}{s_strat['max_dev']:>11.2f}{s_strat['off_20pct']:>10d}"
-          f"{s_strat['missing']:>9d}{s_strat['LD']:>10.5f}")
+    print(
+        f"{'random (mean of seeds)':<24}{mean['mean_dev']:>11.2f}{mean['max_dev']:>11.2f}{mean['off_20pct']:>10.1f}"
+        f"{mean['missing']:>9.1f}{mean['LD']:>10.5f}"
+    )
+    print(
+        f"{'stratified':<24}{s_strat['mean_dev']:>11.2f}{s_strat['max_dev']:>11.2f}{s_strat['off_20pct']:>10d}"
+        f"{s_strat['missing']:>9d}{s_strat['LD']:>10.5f}"
+    )
     print(f"stratified carve: {seconds:.2f} s")
 
 

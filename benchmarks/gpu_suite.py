@@ -65,7 +65,9 @@ def git_commit() -> str | None:
     if os.environ.get("MLCL_GIT_COMMIT"):
         return os.environ["MLCL_GIT_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -90,14 +92,34 @@ def cell_command(name: str, cells: list, tiny: bool, result_dir: str, cache_dir:
     """The command that runs cells of one launcher in one child process, each writing
     ``<result_dir>/<cell>.json``."""
     cell = cells[0]
-    own = [os.path.join(HERE, "gpu_suite.py"), "--cell", f"{name}/{','.join(c.name for c in cells)}",
-           "--result", result_dir, "--cache-dir", cache_dir] + (["--tiny"] if tiny else [])  # fmt: skip
+    own = [
+        os.path.join(HERE, "gpu_suite.py"),
+        "--cell",
+        f"{name}/{','.join(c.name for c in cells)}",
+        "--result",
+        result_dir,
+        "--cache-dir",
+        cache_dir,
+    ] + (["--tiny"] if tiny else [])
     if cell.launcher == "plain":
         return [sys.executable, *own]
-    config = os.path.join(REPO, "recipes", "accelerate", {"fsdp": "fsdp_llama_lora.yaml",
-                                                          "deepspeed": "deepspeed_zero3.yaml"}[cell.launcher])  # fmt: skip
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "1",
-              "--main_process_port", str(free_port())]  # fmt: skip
+    config = os.path.join(
+        REPO,
+        "recipes",
+        "accelerate",
+        {"fsdp": "fsdp_llama_lora.yaml", "deepspeed": "deepspeed_zero3.yaml"}[cell.launcher],
+    )
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        config,
+        "--num_processes",
+        "1",
+        "--main_process_port",
+        str(free_port()),
+    ]
     if tiny:
         launch += ["--mixed_precision", "no"]
     return [*launch, *own]
@@ -141,7 +163,9 @@ def short_error(err: BaseException, limit: int = 400) -> str:
 def frames(err: BaseException, last: int = 30) -> list[str]:
     """Where an error was raised: ``file:line:function`` of the traceback's last frames, innermost last
     (a log's tail can be filled by one long message and keep none of them)."""
-    return [f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in traceback.extract_tb(err.__traceback__)][-last:]
+    return [
+        f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in traceback.extract_tb(err.__traceback__)
+    ][-last:]
 
 
 def load_results(path: str) -> dict[str, Any]:
@@ -196,22 +220,39 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
     print(f"[{label}] {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=child_env(tiny), capture_output=True, text=True,
-                              timeout=sum(c.timeout for c in group), cwd=REPO)  # fmt: skip
+        proc = subprocess.run(
+            cmd,
+            env=child_env(tiny),
+            capture_output=True,
+            text=True,
+            timeout=sum(c.timeout for c in group),
+            cwd=REPO,
+        )
         rc, log = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as err:
         rc = "timeout"
         log = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
     seconds = time.perf_counter() - t0
-    command = " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c
-                       for c in cmd if not c.startswith(tempfile.gettempdir()))  # fmt: skip
+    command = " ".join(
+        os.path.relpath(c, REPO) if c.startswith(REPO) else c
+        for c in cmd
+        if not c.startswith(tempfile.gettempdir())
+    )
     entries = []
     for cell in group:
         result = os.path.join(result_dir, f"{cell.name}.json")
         figures = load_results(result)
-        raised, own, where = figures.pop("_raised", None), figures.pop("_seconds", None), figures.pop("_where", None)
-        entry: dict[str, Any] = {"launcher": cell.launcher, "params": cell.params, "command": command,
-                                 "seconds": round(seconds if len(group) == 1 or own is None else own, 1)}  # fmt: skip
+        raised, own, where = (
+            figures.pop("_raised", None),
+            figures.pop("_seconds", None),
+            figures.pop("_where", None),
+        )
+        entry: dict[str, Any] = {
+            "launcher": cell.launcher,
+            "params": cell.params,
+            "command": command,
+            "seconds": round(seconds if len(group) == 1 or own is None else own, 1),
+        }
         if len(group) > 1:
             entry["process"] = f"shared by {len(group)} cells (--tiny)"
         # a cell alone needs its process to end cleanly; in a shared process, another cell's error is not its own
@@ -224,7 +265,9 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
             entry.update(status="failed", error=f"check failed: {', '.join(failed_checks)}", figures=figures)
             print(f"[{name}/{cell.name}] FAILED check {', '.join(failed_checks)}", flush=True)
         else:
-            lines = [line.replace(REPO + os.sep, "") for line in log.splitlines() if line.strip()]  # paths in the tree
+            lines = [
+                line.replace(REPO + os.sep, "") for line in log.splitlines() if line.strip()
+            ]  # paths in the tree
             error = raised or first_error(lines)
             entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=lines[-40:])
             if where:
@@ -236,7 +279,13 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
 
 
 def run_measurement(
-    name: str, tiny: bool, force: bool, out_dir: str, cache_dir: str, command: str, patterns: list[str] | None = None
+    name: str,
+    tiny: bool,
+    force: bool,
+    out_dir: str,
+    cache_dir: str,
+    command: str,
+    patterns: list[str] | None = None,
 ) -> bool:
     """Run the pending cells of one measurement (those matching ``patterns``, when given); True when every
     cell that ran was measured."""
@@ -334,19 +383,28 @@ def main(argv: list[str] | None = None) -> int:
     from measurements.common import device_info, device_slug
 
     if not opts.tiny and not torch.cuda.is_available():
-        print("no CUDA device: the suite's sizes need a GPU; `--tiny` runs every measurement at toy sizes on the CPU",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "no CUDA device: the suite's sizes need a GPU; `--tiny` runs every measurement at toy sizes on the CPU",
+            file=sys.stderr,
+        )
         return 2
     out_dir = opts.out or os.path.join(RESULTS, device_slug(device_info(), opts.tiny))
-    command = "python benchmarks/gpu_suite.py" + (f" --only {','.join(names)}" if opts.only else "") + (
-        f" --cells '{opts.cells}'" if opts.cells else "") + (" --tiny" if opts.tiny else "")  # fmt: skip
+    command = (
+        "python benchmarks/gpu_suite.py"
+        + (f" --only {','.join(names)}" if opts.only else "")
+        + (f" --cells '{opts.cells}'" if opts.cells else "")
+        + (" --tiny" if opts.tiny else "")
+    )
     ok = True
     for n in names:
         print(f"== {n}", flush=True)
         patterns = [p.strip() for p in opts.cells.split(",")] if opts.cells else None
         ok = run_measurement(n, opts.tiny, opts.force, out_dir, cache_dir, command, patterns) and ok
-    print(f"results in {os.path.relpath(out_dir, REPO) if out_dir.startswith(REPO) else out_dir}"
-          + ("" if ok else " (some cells failed)"), flush=True)  # fmt: skip
+    print(
+        f"results in {os.path.relpath(out_dir, REPO) if out_dir.startswith(REPO) else out_dir}"
+        + ("" if ok else " (some cells failed)"),
+        flush=True,
+    )
     return 0 if ok else 1
 
 

@@ -380,10 +380,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-mimic", action="store_true", help="skip the MIMIC-scale floor table")
     p.add_argument("--small-repeats", type=int, default=15, help="samples per small-batch timing")
     p.add_argument(
-        "--queue-formats", default=None, metavar="L:PER_ROW,...",
+        "--queue-formats",
+        default=None,
+        metavar="L:PER_ROW,...",
         help="also time one loss step with the keys' labels as an EmbeddingQueue holds them, a (K, L) bool "
         "matrix vs label rows, for each label-space size L (e.g. 90:1.3,256:3,1000:4,25230:16)",
-    )  # fmt: skip
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     raw = sys.argv[1:] if argv is None else argv
     args = p.parse_args(raw)
@@ -615,9 +617,7 @@ def dense_vs_sparse_table(args, names, z, y, k, yk, y_all) -> None:
         f"# 'queue keys' = cpu(dense (N, L) batch labels, keys' labels from EmbeddingQueue (label_format "
         f"auto -> {queue.label_format!r})) / cpu(sparse): what ContrastiveTrainer passes"
     )
-    header = (
-        f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}{'bool':>7}{'queue keys':>12}  goal"
-    )
+    header = f"{'loss':<26}{'dense ms':>10}{'sparse ms':>11}{'ratio':>7}{'after read':>12}{'bool':>7}{'queue keys':>12}  goal"
     print(header)
     print("-" * len(header))
     for name in names:

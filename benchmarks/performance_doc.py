@@ -25,7 +25,9 @@ sys.path.insert(0, HERE)
 DOC = os.path.join(REPO, "docs", "PERFORMANCE.md")
 # Where this generator's part of docs/PERFORMANCE.md ends: studies/make_tables.py writes what follows (the
 # training cost of the results study, from its cells' records); --check compares the part before it only.
-STUDY_MARK = "<!-- studies/make_tables.py writes the rest of this file: the training cost of the results study -->"
+STUDY_MARK = (
+    "<!-- studies/make_tables.py writes the rest of this file: the training cost of the results study -->"
+)
 
 
 def split_generated(text: str) -> tuple[str, str]:
@@ -69,7 +71,9 @@ def syncs(values: list[int] | None) -> str:
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 def one_line(error: str, limit: int) -> str:
@@ -92,12 +96,22 @@ def status(cell: dict[str, Any] | None) -> str:
 
 def provenance(data: dict[str, Any], folder: str) -> list[str]:
     dev, v = data["device"], data["versions"]
-    name = dev["name"] if dev["kind"] == "cuda" else "CPU check (`--tiny`: toy sizes, 2 shared cores; ratios only)"
-    peak = f", bf16 dense peak {dev['bf16_dense_peak_tflops']} TFLOP/s" if dev.get("bf16_dense_peak_tflops") else ""
+    name = (
+        dev["name"]
+        if dev["kind"] == "cuda"
+        else "CPU check (`--tiny`: toy sizes, 2 shared cores; ratios only)"
+    )
+    peak = (
+        f", bf16 dense peak {dev['bf16_dense_peak_tflops']} TFLOP/s"
+        if dev.get("bf16_dense_peak_tflops")
+        else ""
+    )
     versions = ", ".join(f"{k} {val}" for k, val in v.items() if val)
-    return [f"*{name}{peak}. {versions}. Commit `{(data.get('git_commit') or '?')[:10]}`. Last command: "
-            f"`{data['command']}` (each cell's own command: `benchmarks/results/{folder}/{data['measurement']}.json`).*",
-            ""]  # fmt: skip
+    return [
+        f"*{name}{peak}. {versions}. Commit `{(data.get('git_commit') or '?')[:10]}`. Last command: "
+        f"`{data['command']}` (each cell's own command: `benchmarks/results/{folder}/{data['measurement']}.json`).*",
+        "",
+    ]
 
 
 # ----------------------------------------------------------------------------------- per measurement
@@ -119,43 +133,85 @@ def hfu(fig: dict[str, Any]) -> float:
     import gpu_suite
 
     # the recorded MFU scaled by the device's FLOPs over the model's (the same tokens/s and peak)
-    return fig["mfu"] * gpu_suite.measurement("llama_lora").hardware_flops_per_token(fig) / fig["flops_per_token"]
+    return (
+        fig["mfu"]
+        * gpu_suite.measurement("llama_lora").hardware_flops_per_token(fig)
+        / fig["flops_per_token"]
+    )
 
 
 def llama_lora(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     head = ["cell", "model wrapped as", "status"]
-    head += (["GradCache chunk", "step s", "tokens/s", "model TFLOP/s", "MFU", "HFU", "peak GiB (alloc / reserved)",
-              "host syncs / step"] if gpu else []) + ["reload max abs diff / min cosine"]  # fmt: skip
+    head += (
+        [
+            "GradCache chunk",
+            "step s",
+            "tokens/s",
+            "model TFLOP/s",
+            "MFU",
+            "HFU",
+            "peak GiB (alloc / reserved)",
+            "host syncs / step",
+        ]
+        if gpu
+        else []
+    ) + ["reload max abs diff / min cosine"]
     rows = []
     for cell, entry, fig in cell_entries(data, cells):
         if not fig:
             rows.append(unmeasured(head, [cell.name, cell.launcher, status(entry)]))
             continue
         reload = fig["reload"]
-        measured = [f(fig["gradcache_chunk_size"], 0), f"{fig['step_time_s']['median']:.2f}", f"{fig['tokens_per_s']:.0f}",
-                    f"{fig['achieved_tflops']:.0f}", f"{100 * fig['mfu']:.1f} %" if fig.get("mfu") else "–",
-                    f"{100 * hfu(fig):.1f} %" if fig.get("mfu") else "–",
-                    gib(fig["peak_memory"]), syncs(fig.get("syncs_per_step"))] if gpu else []  # fmt: skip
-        rows.append([cell.name, fig["wrapper"], status(entry), *measured,
-                     f"{reload['max_abs_diff']:.2g} / {reload['min_cosine']:.5f}"])  # fmt: skip
+        measured = (
+            [
+                f(fig["gradcache_chunk_size"], 0),
+                f"{fig['step_time_s']['median']:.2f}",
+                f"{fig['tokens_per_s']:.0f}",
+                f"{fig['achieved_tflops']:.0f}",
+                f"{100 * fig['mfu']:.1f} %" if fig.get("mfu") else "–",
+                f"{100 * hfu(fig):.1f} %" if fig.get("mfu") else "–",
+                gib(fig["peak_memory"]),
+                syncs(fig.get("syncs_per_step")),
+            ]
+            if gpu
+            else []
+        )
+        rows.append(
+            [
+                cell.name,
+                fig["wrapper"],
+                status(entry),
+                *measured,
+                f"{reload['max_abs_diff']:.2g} / {reload['min_cosine']:.5f}",
+            ]
+        )
     out = table(head, rows)
     measured = [fig for _, _, fig in cell_entries(data, cells) if fig]
     first = next((fig for fig in measured if fig["run"] != "msc"), None)
     queue = next((fig["queue_size"] for fig in measured if fig["run"] == "msc"), None)
     if first and gpu:
-        out += ["", f"Batch {first['per_device_batch']} x {first['seq_len']} tokens per step, LoRA r {first['lora']['r']} "
-                f"(alpha {first['lora']['alpha']}, dropout {first['lora']['dropout']}) on {', '.join(first['lora']['targets'])}; "
-                f"{first['trainable_parameters'] / 1e6:.1f} M trainable of {first['parameters'] / 1e9:.2f} B parameters; "
-                f"msc: queue of {f'{queue:,}' if queue else '–'} keys. Model FLOPs per token: `{first['formula']}` "
-                f"(N = {first['matmul_parameters'] / 1e9:.2f} B matmul weights, N_lora = {first['lora_parameters'] / 1e6:.1f} M; "
-                f"{first['flops_per_token'] / 1e9:.1f} GFLOP per token for sd and BCE; msc adds the momentum "
-                f"encoder's forward of the same tokens). HFU counts what the device ran: one more forward per token "
-                "with activation checkpointing (every cell) and one more with GradCache (chunk > 0), so with both "
-                "MFU is at most half of HFU for sd and BCE."]  # fmt: skip
-        merged = [f"{cell.name}: {fig['reload']['merged_load']['min_cosine']:.3f}"
-                  for cell, _, fig in cell_entries(data, cells) if fig]  # fmt: skip
-        out += ["", "The library's `from_pretrained` of the same folders merges the adapter into the bf16 base "
-                f"weights; minimum cosine to the trained outputs: {', '.join(merged)}."]  # fmt: skip
+        out += [
+            "",
+            f"Batch {first['per_device_batch']} x {first['seq_len']} tokens per step, LoRA r {first['lora']['r']} "
+            f"(alpha {first['lora']['alpha']}, dropout {first['lora']['dropout']}) on {', '.join(first['lora']['targets'])}; "
+            f"{first['trainable_parameters'] / 1e6:.1f} M trainable of {first['parameters'] / 1e9:.2f} B parameters; "
+            f"msc: queue of {f'{queue:,}' if queue else '–'} keys. Model FLOPs per token: `{first['formula']}` "
+            f"(N = {first['matmul_parameters'] / 1e9:.2f} B matmul weights, N_lora = {first['lora_parameters'] / 1e6:.1f} M; "
+            f"{first['flops_per_token'] / 1e9:.1f} GFLOP per token for sd and BCE; msc adds the momentum "
+            f"encoder's forward of the same tokens). HFU counts what the device ran: one more forward per token "
+            "with activation checkpointing (every cell) and one more with GradCache (chunk > 0), so with both "
+            "MFU is at most half of HFU for sd and BCE.",
+        ]
+        merged = [
+            f"{cell.name}: {fig['reload']['merged_load']['min_cosine']:.3f}"
+            for cell, _, fig in cell_entries(data, cells)
+            if fig
+        ]
+        out += [
+            "",
+            "The library's `from_pretrained` of the same folders merges the adapter into the bf16 base "
+            f"weights; minimum cosine to the trained outputs: {', '.join(merged)}.",
+        ]
     return out
 
 
@@ -170,8 +226,15 @@ def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     out: list[str] = []
     head = ["trainer", "samples/s relative to contrastive"]
     if gpu:
-        head += ["samples/s (step)", "samples/s (wall, with data)", "step ms", "peak GiB", "host syncs / step",
-                 "kernels / step", "device ms / step"]
+        head += [
+            "samples/s (step)",
+            "samples/s (wall, with data)",
+            "step ms",
+            "peak GiB",
+            "host syncs / step",
+            "kernels / step",
+            "device ms / step",
+        ]
     else:  # toy steps of a few ms on shared cores time noisily; the operators a step dispatches are exact
         head += ["aten operators / step"]
     for cell, entry, fig in cell_entries(data, cells):
@@ -180,31 +243,66 @@ def throughput(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
             continue
         rows = []
         for row, r in fig["rows"].items():
-            measured = [f"{r['samples_per_s']:.0f}", f"{r['wall_samples_per_s']:.0f}",
-                        f"{1e3 * r['step_time_s']['median']:.1f}", gib(r["peak_memory"]),
-                        syncs(r["syncs_per_step"]), *profiled(r.get("profile"))] if gpu else [
-                            f((r.get("profile") or {}).get("operators"))]  # fmt: skip
-            rows.append([row, f"{r['samples_per_s'] / fig['rows']['contrastive']['samples_per_s']:.2f}", *measured])
+            measured = (
+                [
+                    f"{r['samples_per_s']:.0f}",
+                    f"{r['wall_samples_per_s']:.0f}",
+                    f"{1e3 * r['step_time_s']['median']:.1f}",
+                    gib(r["peak_memory"]),
+                    syncs(r["syncs_per_step"]),
+                    *profiled(r.get("profile")),
+                ]
+                if gpu
+                else [f((r.get("profile") or {}).get("operators"))]
+            )
+            rows.append(
+                [row, f"{r['samples_per_s'] / fig['rows']['contrastive']['samples_per_s']:.2f}", *measured]
+            )
         out += table(head, rows)
         ratio = fig["ratios"]
-        out += ["", f"ContrastiveTrainer / Trainer + BCE = {ratio['contrastive_over_trainer_bce']:.2f}; "
-                f"/ SentenceTransformerTrainer (same loss) = {ratio['contrastive_over_st_mlcl']:.2f}; "
-                f"/ MultipleNegativesRankingLoss = {ratio['contrastive_over_st_mnrl']:.2f} "
-                f"(batch {fig['batch']} x {fig['seq_len']} tokens, {fig['rounds']} rounds x {fig['measured_steps_per_run']} steps).", ""]  # fmt: skip
+        out += [
+            "",
+            f"ContrastiveTrainer / Trainer + BCE = {ratio['contrastive_over_trainer_bce']:.2f}; "
+            f"/ SentenceTransformerTrainer (same loss) = {ratio['contrastive_over_st_mlcl']:.2f}; "
+            f"/ MultipleNegativesRankingLoss = {ratio['contrastive_over_st_mnrl']:.2f} "
+            f"(batch {fig['batch']} x {fig['seq_len']} tokens, {fig['rounds']} rounds x {fig['measured_steps_per_run']} steps).",
+            "",
+        ]
     return out
 
 
 def plm_icd(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
-    head = ["cell", "status"] + (["labels", "batch x tokens", "GradCache chunk", "step s", "documents/s",
-                                  "peak GiB (alloc / reserved)", "fits"] if gpu else ["batch x tokens (toy)"])  # fmt: skip
+    head = ["cell", "status"] + (
+        [
+            "labels",
+            "batch x tokens",
+            "GradCache chunk",
+            "step s",
+            "documents/s",
+            "peak GiB (alloc / reserved)",
+            "fits",
+        ]
+        if gpu
+        else ["batch x tokens (toy)"]
+    )
     rows = []
     for cell, entry, fig in cell_entries(data, cells):
         if not fig:
             rows.append(unmeasured(head, [cell.name, status(entry)]))
         elif gpu:
-            rows.append([cell.name, status(entry), f(fig["num_labels"]), f"{fig['per_device_batch']} x {fig['seq_len']}",
-                         f(fig["gradcache_chunk_size"]), f"{fig['step_time_s']['median']:.2f}", f"{fig['documents_per_s']:.1f}",
-                         gib(fig["peak_memory"]), f(fig["fits"])])  # fmt: skip
+            rows.append(
+                [
+                    cell.name,
+                    status(entry),
+                    f(fig["num_labels"]),
+                    f"{fig['per_device_batch']} x {fig['seq_len']}",
+                    f(fig["gradcache_chunk_size"]),
+                    f"{fig['step_time_s']['median']:.2f}",
+                    f"{fig['documents_per_s']:.1f}",
+                    gib(fig["peak_memory"]),
+                    f(fig["fits"]),
+                ]
+            )
         else:
             rows.append([cell.name, status(entry), f"{fig['per_device_batch']} x {fig['seq_len']}"])
     return table(head, rows)
@@ -218,41 +316,111 @@ def losses(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
         if not fig:
             continue
         if gpu and fig.get("input_checks", True):
-            out += ["Measured with the losses' input checks on (host reads of the labels' values and of the "
-                    "result's finiteness in every call), which training turns off after the first batch.", ""]  # fmt: skip
+            out += [
+                "Measured with the losses' input checks on (host reads of the labels' values and of the "
+                "result's finiteness in every call), which training turns off after the first batch.",
+                "",
+            ]
         if fig["table"] == "in-batch-compiled":
             if gpu:
-                rows = [[r["loss"], str(r["n"]), f"{r['compiled_over_plain']:.2f}", f"{r['compiled_over_plain_compiled']:.2f}",
-                         f"{r['compiled_ms']:.3f}", f"{r['eager_ms']:.3f}", f"{r['plain_ms']:.3f}",
-                         f"{r['plain_compiled_ms']:.3f}", f"{r['compile_s']:.0f}"] for r in fig["rows"]]  # fmt: skip
-                out += table(["loss", "N", "compiled / plain SupCon", "compiled / compiled plain SupCon", "compiled ms",
-                              "eager ms", "plain ms", "compiled plain ms", "compile s"], rows) + [""]  # fmt: skip
-            out += [f"Worst compiled loss (backend {fig.get('backend', 'inductor')}) / eager plain SupCon: "
-                    f"{fig['worst_compiled_over_plain']:.2f}.", ""]  # fmt: skip
+                rows = [
+                    [
+                        r["loss"],
+                        str(r["n"]),
+                        f"{r['compiled_over_plain']:.2f}",
+                        f"{r['compiled_over_plain_compiled']:.2f}",
+                        f"{r['compiled_ms']:.3f}",
+                        f"{r['eager_ms']:.3f}",
+                        f"{r['plain_ms']:.3f}",
+                        f"{r['plain_compiled_ms']:.3f}",
+                        f"{r['compile_s']:.0f}",
+                    ]
+                    for r in fig["rows"]
+                ]
+                out += table(
+                    [
+                        "loss",
+                        "N",
+                        "compiled / plain SupCon",
+                        "compiled / compiled plain SupCon",
+                        "compiled ms",
+                        "eager ms",
+                        "plain ms",
+                        "compiled plain ms",
+                        "compile s",
+                    ],
+                    rows,
+                ) + [""]
+            out += [
+                f"Worst compiled loss (backend {fig.get('backend', 'inductor')}) / eager plain SupCon: "
+                f"{fig['worst_compiled_over_plain']:.2f}.",
+                "",
+            ]
             continue
         if fig["table"] == "in-batch":
             if gpu:
-                rows = [[r["loss"], str(r["n"]), f"{r['over_plain']:.2f}", f"{r['single_over_plain']:.2f}",
-                         f"{r['single_over_pml']:.2f}", f"{r['ms']:.3f}", f"{r['plain_ms']:.3f}",
-                         f"{r['checked_ms']:.3f}" if "checked_ms" in r else "–"] for r in fig["rows"]]  # fmt: skip
-                out += table(["loss", "N", "multi-label / plain SupCon", "single-label / plain SupCon",
-                              "single-label / PML SupConLoss", "loss ms", "plain ms", "loss ms, input checks on"],
-                             rows) + [""]  # fmt: skip
+                rows = [
+                    [
+                        r["loss"],
+                        str(r["n"]),
+                        f"{r['over_plain']:.2f}",
+                        f"{r['single_over_plain']:.2f}",
+                        f"{r['single_over_pml']:.2f}",
+                        f"{r['ms']:.3f}",
+                        f"{r['plain_ms']:.3f}",
+                        f"{r['checked_ms']:.3f}" if "checked_ms" in r else "–",
+                    ]
+                    for r in fig["rows"]
+                ]
+                out += table(
+                    [
+                        "loss",
+                        "N",
+                        "multi-label / plain SupCon",
+                        "single-label / plain SupCon",
+                        "single-label / PML SupConLoss",
+                        "loss ms",
+                        "plain ms",
+                        "loss ms, input checks on",
+                    ],
+                    rows,
+                ) + [""]
 
             out += [f"Worst ratio to the plain SupCon: {fig['worst_over_plain']:.2f}.", ""]
         else:
             if gpu:
-                rows = [[r["loss"], str(r["n"]), str(r["labels"]), f"{r['dense_over_sparse']:.2f}",
-                         f"{r['sparse_over_floor']:.2f}", f"{r['sparse_ms']:.2f}", f"{r['dense_ms']:.2f}"]
-                        for r in fig["rows"]]  # fmt: skip
-                out += table(["loss", "N", "L", "dense / sparse", "sparse / floor", "sparse ms", "dense ms"], rows) + [""]
-            out += [f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.", ""]
+                rows = [
+                    [
+                        r["loss"],
+                        str(r["n"]),
+                        str(r["labels"]),
+                        f"{r['dense_over_sparse']:.2f}",
+                        f"{r['sparse_over_floor']:.2f}",
+                        f"{r['sparse_ms']:.2f}",
+                        f"{r['dense_ms']:.2f}",
+                    ]
+                    for r in fig["rows"]
+                ]
+                out += table(
+                    ["loss", "N", "L", "dense / sparse", "sparse / floor", "sparse ms", "dense ms"], rows
+                ) + [""]
+            out += [
+                f"Worst dense / sparse at the largest L: {fig['worst_dense_over_sparse_at_max_labels']:.2f}.",
+                "",
+            ]
     return out
 
 
 def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
-    head = ["cell", "status", "largest plain batch", "GradCache", "memory GradCache / plain",
-            "samples/s GradCache / plain", "same loss"]  # fmt: skip
+    head = [
+        "cell",
+        "status",
+        "largest plain batch",
+        "GradCache",
+        "memory GradCache / plain",
+        "samples/s GradCache / plain",
+        "same loss",
+    ]
     rows = []
     for cell, entry, fig in cell_entries(data, cells):
         if not fig:
@@ -260,12 +428,29 @@ def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
             continue
         plain, cached = fig["largest_plain"], fig["gradcache"]
         if gpu:
-            rows.append([cell.name, status(entry), f"{plain['batch']} ({plain['samples_per_s']:.0f} samples/s, {gib(plain['peak_memory'])} GiB)",
-                         f"{fig['contrast_set']} in chunks of {fig['chunk']} ({cached['samples_per_s']:.0f} samples/s, {gib(cached['peak_memory'])} GiB)",
-                         f"{fig['memory_ratio']:.2f}", f"{fig['speed_ratio']:.2f}", f(fig["same_loss"]["same"])])  # fmt: skip
+            rows.append(
+                [
+                    cell.name,
+                    status(entry),
+                    f"{plain['batch']} ({plain['samples_per_s']:.0f} samples/s, {gib(plain['peak_memory'])} GiB)",
+                    f"{fig['contrast_set']} in chunks of {fig['chunk']} ({cached['samples_per_s']:.0f} samples/s, {gib(cached['peak_memory'])} GiB)",
+                    f"{fig['memory_ratio']:.2f}",
+                    f"{fig['speed_ratio']:.2f}",
+                    f(fig["same_loss"]["same"]),
+                ]
+            )
         else:
-            rows.append([cell.name, status(entry), str(plain["batch"]), str(fig["contrast_set"]), "–", f"{fig['speed_ratio']:.2f}",
-                         f(fig["same_loss"]["same"])])  # fmt: skip
+            rows.append(
+                [
+                    cell.name,
+                    status(entry),
+                    str(plain["batch"]),
+                    str(fig["contrast_set"]),
+                    "–",
+                    f"{fig['speed_ratio']:.2f}",
+                    f(fig["same_loss"]["same"]),
+                ]
+            )
     return table(head, rows)
 
 
@@ -287,37 +472,81 @@ def goals(results) -> list[str]:
         verdict = "not yet measured" if not values else ("met" if met else "**not met**")
         rows.append([goal, "; ".join(values) or "–", verdict])
 
-    msc = [(d, c, f) for d, c, f in _gpu_cells(results, "llama_lora") if f["run"] == "msc" and f["launcher"] == "plain"]
-    fit = [f"{c}: {f['peak_memory']['reserved_gib']:.1f} of {d['memory_gib']:.0f} GiB ({d['name']})" for d, c, f in msc]
-    row("Llama-3.1-8B + LoRA, msc with a 4,096 queue, fits one 80 GB GPU at the recipe's batch", fit,
-        all(f["peak_memory"]["reserved_gib"] < 80 for _, _, f in msc))  # fmt: skip
-    row("... and runs at >= 40 % MFU", [f"{c}: {100 * f['mfu']:.1f} % (HFU {100 * hfu(f):.1f} %)" for _, c, f in msc],
-        any(f["mfu"] >= 0.40 for _, _, f in msc))  # fmt: skip
-    sharded = {c: e for data in results.get("llama_lora", {}).values() if data["device"]["kind"] == "cuda"
-               for c, e in data["cells"].items() if e.get("launcher") in ("fsdp", "deepspeed")}  # fmt: skip
-    said = [f"{c}: " + ("reloads" if e.get("figures", {}).get("reload", {}).get("same") else
-                        f"failed ({one_line(e.get('error', ''), 70)})") for c, e in sharded.items()]  # fmt: skip
-    row("FSDP and ZeRO-3 save the adapter, and it reloads", said,
+    msc = [
+        (d, c, f)
+        for d, c, f in _gpu_cells(results, "llama_lora")
+        if f["run"] == "msc" and f["launcher"] == "plain"
+    ]
+    fit = [
+        f"{c}: {f['peak_memory']['reserved_gib']:.1f} of {d['memory_gib']:.0f} GiB ({d['name']})"
+        for d, c, f in msc
+    ]
+    row(
+        "Llama-3.1-8B + LoRA, msc with a 4,096 queue, fits one 80 GB GPU at the recipe's batch",
+        fit,
+        all(f["peak_memory"]["reserved_gib"] < 80 for _, _, f in msc),
+    )
+    row(
+        "... and runs at >= 40 % MFU",
+        [f"{c}: {100 * f['mfu']:.1f} % (HFU {100 * hfu(f):.1f} %)" for _, c, f in msc],
+        any(f["mfu"] >= 0.40 for _, _, f in msc),
+    )
+    sharded = {
+        c: e
+        for data in results.get("llama_lora", {}).values()
+        if data["device"]["kind"] == "cuda"
+        for c, e in data["cells"].items()
+        if e.get("launcher") in ("fsdp", "deepspeed")
+    }
+    said = [
+        f"{c}: "
+        + (
+            "reloads"
+            if e.get("figures", {}).get("reload", {}).get("same")
+            else f"failed ({one_line(e.get('error', ''), 70)})"
+        )
+        for c, e in sharded.items()
+    ]
+    row(
+        "FSDP and ZeRO-3 save the adapter, and it reloads",
+        said,
         {e["launcher"] for e in sharded.values()} == {"fsdp", "deepspeed"}
-        and all(e.get("figures", {}).get("reload", {}).get("same") for e in sharded.values()))  # fmt: skip
+        and all(e.get("figures", {}).get("reload", {}).get("same") for e in sharded.values()),
+    )
     tp = list(_gpu_cells(results, "throughput"))
-    row("ContrastiveTrainer >= 0.95x Trainer + BCE", [f"{c}: {f['ratios']['contrastive_over_trainer_bce']:.2f}" for _, c, f in tp],
-        all(f["ratios"]["contrastive_over_trainer_bce"] >= 0.95 for _, _, f in tp))  # fmt: skip
-    row(">= 1.0x SentenceTransformerTrainer with the same loss", [f"{c}: {f['ratios']['contrastive_over_st_mlcl']:.2f}" for _, c, f in tp],
-        all(f["ratios"]["contrastive_over_st_mlcl"] >= 1.0 for _, _, f in tp))  # fmt: skip
-    row("A non-logging training step makes zero device-to-host syncs",
+    row(
+        "ContrastiveTrainer >= 0.95x Trainer + BCE",
+        [f"{c}: {f['ratios']['contrastive_over_trainer_bce']:.2f}" for _, c, f in tp],
+        all(f["ratios"]["contrastive_over_trainer_bce"] >= 0.95 for _, _, f in tp),
+    )
+    row(
+        ">= 1.0x SentenceTransformerTrainer with the same loss",
+        [f"{c}: {f['ratios']['contrastive_over_st_mlcl']:.2f}" for _, c, f in tp],
+        all(f["ratios"]["contrastive_over_st_mlcl"] >= 1.0 for _, _, f in tp),
+    )
+    row(
+        "A non-logging training step makes zero device-to-host syncs",
         [f"{c}: {max(f['rows']['contrastive']['syncs_per_step'])}" for _, c, f in tp],
-        all(max(f["rows"]["contrastive"]["syncs_per_step"]) == 0 for _, _, f in tp))  # fmt: skip
+        all(max(f["rows"]["contrastive"]["syncs_per_step"]) == 0 for _, _, f in tp),
+    )
     lb = [(c, f) for _, c, f in _gpu_cells(results, "losses") if f["table"] == "in-batch"]
-    row("Every loss <= 1.0x the plain dense-mask SupCon at N 64 and 256", [f"{c}: worst {f['worst_over_plain']:.2f}" for c, f in lb],
-        all(f["worst_over_plain"] <= 1.0 for _, f in lb))  # fmt: skip
+    row(
+        "Every loss <= 1.0x the plain dense-mask SupCon at N 64 and 256",
+        [f"{c}: worst {f['worst_over_plain']:.2f}" for c, f in lb],
+        all(f["worst_over_plain"] <= 1.0 for _, f in lb),
+    )
     lk = [(c, f) for _, c, f in _gpu_cells(results, "losses") if f["table"] == "keys"]
-    row("Dense labels <= 1.1x sparse at L 25,230", [f"{c}: worst {f['worst_dense_over_sparse_at_max_labels']:.2f}" for c, f in lk],
-        all(f["worst_dense_over_sparse_at_max_labels"] <= 1.1 for _, f in lk))  # fmt: skip
+    row(
+        "Dense labels <= 1.1x sparse at L 25,230",
+        [f"{c}: worst {f['worst_dense_over_sparse_at_max_labels']:.2f}" for c, f in lk],
+        all(f["worst_dense_over_sparse_at_max_labels"] <= 1.1 for _, f in lk),
+    )
     plm = [(d, c, f) for d, c, f in _gpu_cells(results, "plm_icd") if f["dataset"] == "mimic4_icd10_full"]
-    row("PLM-ICD at MIMIC-IV ICD-10 full fits one 80 GB GPU at the recipe's batch",
+    row(
+        "PLM-ICD at MIMIC-IV ICD-10 full fits one 80 GB GPU at the recipe's batch",
         [f"{c}: {f['peak_memory']['reserved_gib']:.1f} GiB ({d['name']})" for d, c, f in plm],
-        all(f["peak_memory"]["reserved_gib"] < 80 for _, _, f in plm))  # fmt: skip
+        all(f["peak_memory"]["reserved_gib"] < 80 for _, _, f in plm),
+    )
     return ["## Goals", "", *table(["goal", "measured", "verdict"], rows), ""]
 
 
@@ -326,17 +555,31 @@ def render(root: str = os.path.join(HERE, "results")) -> str:
     import gpu_suite
 
     results = load(root)
-    lines = ["# Performance", "",
-             "Measured by `benchmarks/gpu_suite.py` and written by `benchmarks/performance_doc.py` from "
-             "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "
-             "`python benchmarks/gpu_suite.py` (on a machine without internet: `benchmarks/prepare_device.py` "
-             "here, then `bash benchmarks/device_run.sh` there), then `python benchmarks/performance_doc.py`.", ""]  # fmt: skip
+    lines = [
+        "# Performance",
+        "",
+        "Measured by `benchmarks/gpu_suite.py` and written by `benchmarks/performance_doc.py` from "
+        "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "
+        "`python benchmarks/gpu_suite.py` (on a machine without internet: `benchmarks/prepare_device.py` "
+        "here, then `bash benchmarks/device_run.sh` there), then `python benchmarks/performance_doc.py`.",
+        "",
+    ]
     lines += goals(results)
-    renderers = {"llama_lora": llama_lora, "throughput": throughput, "plm_icd": plm_icd, "losses": losses,
-                 "gradcache": gradcache}  # fmt: skip
+    renderers = {
+        "llama_lora": llama_lora,
+        "throughput": throughput,
+        "plm_icd": plm_icd,
+        "losses": losses,
+        "gradcache": gradcache,
+    }
     for i, name in enumerate(gpu_suite.MEASUREMENTS, 1):
         module = gpu_suite.measurement(name)
-        lines += [f"## {i}. `{name}`", "", (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "), ""]
+        lines += [
+            f"## {i}. `{name}`",
+            "",
+            (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
+            "",
+        ]
         devices = results.get(name, {})
         gpu_devices = [d for d, data in devices.items() if data["device"]["kind"] == "cuda"]
         if not gpu_devices:

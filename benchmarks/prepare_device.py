@@ -27,12 +27,29 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = (
-    "transformers", "peft", "accelerate", "datasets", "dill", "multiprocess", "evaluate", "sentence-transformers",
-    "pytorch-metric-learning", "hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-)  # fmt: skip
+    "transformers",
+    "peft",
+    "accelerate",
+    "datasets",
+    "dill",
+    "multiprocess",
+    "evaluate",
+    "sentence-transformers",
+    "pytorch-metric-learning",
+    "hjson",
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+)
 SOURCE_ONLY = ("deepspeed",)
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64")  # fmt: skip
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 MIMIC_CODES = os.path.join("data", "mimic_splits", "mimic3_caml", "ALL_CODES_plmicd.txt")
 
 
@@ -40,8 +57,10 @@ def installed(name: str) -> str:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError as err:
-        raise SystemExit(f"{name} is not installed in this environment; run `make install` (and "
-                         f"`.venv/bin/pip install -e '.[deepspeed]'`) first, then this script with .venv/bin/python") from err  # fmt: skip
+        raise SystemExit(
+            f"{name} is not installed in this environment; run `make install` (and "
+            f"`.venv/bin/pip install -e '.[deepspeed]'`) first, then this script with .venv/bin/python"
+        ) from err
 
 
 def pip(*args: str) -> None:
@@ -59,15 +78,49 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(wheels)
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
     for name in PACKAGES:
-        pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", opts.python_version,
-            "--implementation", "cp", *platform_args, "-d", wheels, f"{name}=={installed(name)}")  # fmt: skip
+        pip(
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            opts.python_version,
+            "--implementation",
+            "cp",
+            *platform_args,
+            "-d",
+            wheels,
+            f"{name}=={installed(name)}",
+        )
     with tempfile.TemporaryDirectory() as tmp:
         for name in SOURCE_ONLY:
-            pip("download", "--quiet", "--no-deps", "--no-binary=:all:", "-d", tmp, f"{name}=={installed(name)}")
+            pip(
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary=:all:",
+                "-d",
+                tmp,
+                f"{name}=={installed(name)}",
+            )
             sdist = next(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith(name))
             env = {**os.environ, "DS_BUILD_OPS": "0"}
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                            "-w", wheels, sdist], check=True, env=env)  # fmt: skip
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "--quiet",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "-w",
+                    wheels,
+                    sdist,
+                ],
+                check=True,
+                env=env,
+            )
     data = os.path.join(opts.out, "data")
     os.makedirs(data, exist_ok=True)
     codes = os.path.join(opts.shared, MIMIC_CODES)

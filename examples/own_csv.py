@@ -24,8 +24,15 @@ from hf_mlcl.training import (
     train_probe,
 )
 
-TINY_BERT = {"model_type": "bert", "vocab_size": 500, "hidden_size": 32, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 128}
+TINY_BERT = {
+    "model_type": "bert",
+    "vocab_size": 500,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,31 +42,74 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tiny", action="store_true", help="a tiny random BERT instead of --model (no download)")
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="labels")
-    p.add_argument("--loss", default="sd", help="an hf_mlcl contrastive loss: sd, mulsupcon, msc, jaccard, ...")
+    p.add_argument(
+        "--loss", default="sd", help="an hf_mlcl contrastive loss: sd, mulsupcon, msc, jaccard, ..."
+    )
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max-steps", type=int, default=-1)
     p.add_argument("--output-dir", default="out/my_csv")
     a = p.parse_args(argv)
 
-    model_args = ModelArguments(model_name_or_path=None if a.tiny else a.model,
-                                backbone_config=TINY_BERT if a.tiny else None, pooling="mean")
-    data_args = DataArguments(dataset=a.csv, text_column=a.text_column, label_column=a.label_column, max_length=128)
-    common = dict(num_train_epochs=a.epochs, max_steps=a.max_steps, per_device_train_batch_size=16,
-                  save_strategy="no", report_to="none", logging_steps=10, disable_tqdm=True)
-    encoder_dir, classifier_dir = os.path.join(a.output_dir, "encoder"), os.path.join(a.output_dir, "classifier")
+    model_args = ModelArguments(
+        model_name_or_path=None if a.tiny else a.model,
+        backbone_config=TINY_BERT if a.tiny else None,
+        pooling="mean",
+    )
+    data_args = DataArguments(
+        dataset=a.csv, text_column=a.text_column, label_column=a.label_column, max_length=128
+    )
+    common = dict(
+        num_train_epochs=a.epochs,
+        max_steps=a.max_steps,
+        per_device_train_batch_size=16,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        disable_tqdm=True,
+    )
+    encoder_dir, classifier_dir = (
+        os.path.join(a.output_dir, "encoder"),
+        os.path.join(a.output_dir, "classifier"),
+    )
     data = load_run_data(data_args)  # read once, for both stages
     # stage 1: label-aware contrastive training of the encoder
-    stage1 = train_contrastive(model_args, data_args, ContrastiveTrainingArguments(
-        encoder_dir, loss=a.loss, learning_rate=5e-5 if not a.tiny else 1e-3, projection_dim=64,
-        remove_unused_columns=False, **common), data=data)
+    stage1 = train_contrastive(
+        model_args,
+        data_args,
+        ContrastiveTrainingArguments(
+            encoder_dir,
+            loss=a.loss,
+            learning_rate=5e-5 if not a.tiny else 1e-3,
+            projection_dim=64,
+            remove_unused_columns=False,
+            **common,
+        ),
+        data=data,
+    )
     # stage 2: a linear probe on the frozen encoder; the threshold is tuned on validation
-    stage2 = train_probe(model_args, data_args, ProbingTrainingArguments(
-        classifier_dir, probe="linear", learning_rate=1e-3 if not a.tiny else 1e-2, remove_unused_columns=False,
-        **common), encoder_path=encoder_dir, data=data)
+    stage2 = train_probe(
+        model_args,
+        data_args,
+        ProbingTrainingArguments(
+            classifier_dir,
+            probe="linear",
+            learning_rate=1e-3 if not a.tiny else 1e-2,
+            remove_unused_columns=False,
+            **common,
+        ),
+        encoder_path=encoder_dir,
+        data=data,
+    )
     print("data:", "; ".join(data.notes) or "splits as given")
-    print(json.dumps({k: v for k, v in stage2.metrics.items() if k.endswith(("micro_f1", "macro_f1"))}, indent=2))
-    print(f"classifier saved to {classifier_dir} (load it with pipeline('text-classification', "
-          f"model={classifier_dir!r}, trust_remote_code=True, top_k=None))")
+    print(
+        json.dumps(
+            {k: v for k, v in stage2.metrics.items() if k.endswith(("micro_f1", "macro_f1"))}, indent=2
+        )
+    )
+    print(
+        f"classifier saved to {classifier_dir} (load it with pipeline('text-classification', "
+        f"model={classifier_dir!r}, trust_remote_code=True, top_k=None))"
+    )
     return {"contrastive": stage1.metrics, "probe": stage2.metrics}
 
 

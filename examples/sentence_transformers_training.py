@@ -38,9 +38,17 @@ def tiny_sentence_transformer(texts: list[str]) -> SentenceTransformer:
 
     tok = train_tokenizer(texts, vocab_size=500)
     folder = tempfile.mkdtemp(prefix="tiny_st_")
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=128, pad_token_id=tok.pad_token_id)
-              ).save_pretrained(folder)
+    BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).save_pretrained(folder)
     tok.save_pretrained(folder)
     word = Transformer(folder, max_seq_length=64)
     return SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")])
@@ -68,14 +76,23 @@ def main(argv: list[str] | None = None) -> SentenceTransformer:
     extra = {"mini_batch_size": max(1, a.batch_size // 4)} if a.cached else {}
     loss = loss_cls(model, a.loss, num_labels=num_labels, **extra)
     args = SentenceTransformerTrainingArguments(
-        output_dir=a.output_dir, per_device_train_batch_size=a.batch_size, num_train_epochs=a.epochs,
-        max_steps=a.max_steps, learning_rate=1e-3 if a.tiny else 5e-5, save_strategy="no", report_to="none",
-        logging_steps=10, dataloader_drop_last=True, disable_tqdm=True,
+        output_dir=a.output_dir,
+        per_device_train_batch_size=a.batch_size,
+        num_train_epochs=a.epochs,
+        max_steps=a.max_steps,
+        learning_rate=1e-3 if a.tiny else 5e-5,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
     )
     result = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss).train()
     model.save(os.path.join(a.output_dir, "final"))
-    print(f"trained {result.global_step} steps, mean loss {result.training_loss:.4f}; "
-          f"saved to {os.path.join(a.output_dir, 'final')}")
+    print(
+        f"trained {result.global_step} steps, mean loss {result.training_loss:.4f}; "
+        f"saved to {os.path.join(a.output_dir, 'final')}"
+    )
     return model
 
 

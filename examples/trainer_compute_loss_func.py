@@ -36,17 +36,34 @@ def main(argv: list[str] | None = None) -> Trainer:
     num_labels = len(label_names(dd))
     if a.tiny:
         tokenizer = train_tokenizer(list(dd["train"]["text"]), vocab_size=500)
-        model = MLCLEncoder.from_backbone(BertConfig(
-            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=64, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id),
-            pooling="mean", projection_dim=32)
+        model = MLCLEncoder.from_backbone(
+            BertConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=128,
+                pad_token_id=tokenizer.pad_token_id,
+            ),
+            pooling="mean",
+            projection_dim=32,
+        )
     else:
         tokenizer = AutoTokenizer.from_pretrained(a.model)
         model = MLCLEncoder.from_backbone(a.model, pooling="mean", projection_dim=128)
     args = TrainingArguments(
-        output_dir=a.output_dir, per_device_train_batch_size=16, num_train_epochs=a.epochs, max_steps=a.max_steps,
-        learning_rate=1e-3 if a.tiny else 5e-5, remove_unused_columns=False,  # the collator reads `text`
-        dataloader_drop_last=True, save_strategy="no", report_to="none", logging_steps=10, disable_tqdm=True,
+        output_dir=a.output_dir,
+        per_device_train_batch_size=16,
+        num_train_epochs=a.epochs,
+        max_steps=a.max_steps,
+        learning_rate=1e-3 if a.tiny else 5e-5,
+        remove_unused_columns=False,  # the collator reads `text`
+        dataloader_drop_last=True,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        disable_tqdm=True,
     )
     trainer = Trainer(
         model=model,
@@ -58,8 +75,10 @@ def main(argv: list[str] | None = None) -> Trainer:
     result = trainer.train()
     trainer.save_model(a.output_dir)
     tokenizer.save_pretrained(a.output_dir)
-    print(f"trained {result.global_step} steps with {a.loss}, mean loss {result.training_loss:.4f}; "
-          f"encoder saved to {a.output_dir} (MLCLEncoder.from_pretrained)")
+    print(
+        f"trained {result.global_step} steps with {a.loss}, mean loss {result.training_loss:.4f}; "
+        f"encoder saved to {a.output_dir} (MLCLEncoder.from_pretrained)"
+    )
     return trainer
 
 

@@ -92,8 +92,12 @@ def cmd_probe(ns, overrides) -> dict:
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
         print(f"classifier saved to {args.output_dir}")
-        print(format_table([{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **result.metrics}],
-                           show_split=True))
+        print(
+            format_table(
+                [{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **result.metrics}],
+                show_split=True,
+            )
+        )
         _print_footprint(args.output_dir)
     return result.metrics
 
@@ -121,14 +125,24 @@ def cmd_run(ns, overrides) -> dict:
     results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=_announce)
     metrics = results["probe"].metrics
     if pargs.process_index == 0:
-        summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
-        run_root = ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, "probe"))
+        summary = {
+            k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"
+        }
+        run_root = (
+            ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, "probe"))
+        )
         os.makedirs(run_root, exist_ok=True)
-        atomic_write_json(os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()},
-                          default=str)  # fmt: skip
-        print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True))
-        print(f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
-              f"{pargs.output_dir}", flush=True)
+        atomic_write_json(
+            os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()}, default=str
+        )
+        print(
+            format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True)
+        )
+        print(
+            f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
+            f"{pargs.output_dir}",
+            flush=True,
+        )
         if ns.push_to:
             from hf_mlcl.hub import push_folder
 
@@ -169,8 +183,11 @@ def _say(msg: str) -> None:
 def _announce(i: int, n: int, name: str, args, result) -> None:
     """``hf-mlcl run``'s lines around a stage: a header before it, where its model went after it."""
     if result is None:
-        what = (f"contrastive training of the encoder (loss: {args.loss})" if name == "contrastive"
-                else "multi-label head on the encoder")  # fmt: skip
+        what = (
+            f"contrastive training of the encoder (loss: {args.loss})"
+            if name == "contrastive"
+            else "multi-label head on the encoder"
+        )
         _say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {args.output_dir}")
     else:
         _say(f"{'encoder' if name == 'contrastive' else 'classifier'} saved to {args.output_dir}")
@@ -188,10 +205,22 @@ def cmd_evaluate(ns, overrides) -> dict:
         recipe = _data_recipe_of(ns.checkpoint, user_dataset="--dataset" in ov.common)
     recipe["probe"] = {}  # only the data arguments matter here
     _, data_args, _ = parse_stage(recipe, "probe", ov, output_dir=ns.checkpoint)
-    metrics = stages.evaluate_checkpoint(ns.checkpoint, data_args, split=ns.split, batch_size=ns.batch_size,
-                                  plots=not ns.no_plots, output_dir=ns.output_dir)
-    print(format_table([{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
-                       keys=TABLE_KEYS, prefix=f"{ns.split}_", show_split=True))
+    metrics = stages.evaluate_checkpoint(
+        ns.checkpoint,
+        data_args,
+        split=ns.split,
+        batch_size=ns.batch_size,
+        plots=not ns.no_plots,
+        output_dir=ns.output_dir,
+    )
+    print(
+        format_table(
+            [{"checkpoint": os.path.basename(os.path.normpath(ns.checkpoint)), **metrics}],
+            keys=TABLE_KEYS,
+            prefix=f"{ns.split}_",
+            show_split=True,
+        )
+    )
     return metrics
 
 
@@ -226,10 +255,20 @@ def cmd_predict(ns, overrides) -> dict:
 
     if overrides:
         raise SystemExit(f"hf-mlcl predict: unexpected arguments {overrides}")
-    summary = predict_file(ns.classifier, ns.input, ns.output, text_column=ns.text_column, batch_size=ns.batch_size,
-                           max_length=ns.max_length, device=ns.device, all_scores=ns.all_scores)  # fmt: skip
-    _say(f"predicted {summary['rows']} texts ({summary['labels_per_text']:.2f} labels per text, threshold "
-         f"{summary['threshold']}) into {summary['output']}")  # fmt: skip
+    summary = predict_file(
+        ns.classifier,
+        ns.input,
+        ns.output,
+        text_column=ns.text_column,
+        batch_size=ns.batch_size,
+        max_length=ns.max_length,
+        device=ns.device,
+        all_scores=ns.all_scores,
+    )
+    _say(
+        f"predicted {summary['rows']} texts ({summary['labels_per_text']:.2f} labels per text, threshold "
+        f"{summary['threshold']}) into {summary['output']}"
+    )
     return summary
 
 
@@ -239,7 +278,9 @@ def cmd_export(ns, overrides) -> dict:
     if overrides:
         raise SystemExit(f"hf-mlcl export: unexpected arguments {overrides}")
     info = export_onnx(ns.folder, opset=ns.opset)
-    _say(f"exported the {info['kind']} to {info['path']} (inputs {info['inputs']}, outputs {info['outputs']})")
+    _say(
+        f"exported the {info['kind']} to {info['path']} (inputs {info['inputs']}, outputs {info['outputs']})"
+    )
     return info
 
 
@@ -280,17 +321,48 @@ def cmd_demo(ns, overrides) -> dict:
 # ----------------------------------------------------------------------------------------------------
 # The keys a `--help` lists (a test checks each is a real field); all of them: docs/usage.md.
 HELP_MODEL_DATA_KEYS = (
-    "model_name_or_path", "tokenizer_name_or_path", "pooling", "dataset", "data_dir", "dataset_options",
-    "data_files", "text_column", "label_column", "label_format", "max_length", "max_train_samples",
+    "model_name_or_path",
+    "tokenizer_name_or_path",
+    "pooling",
+    "dataset",
+    "data_dir",
+    "dataset_options",
+    "data_files",
+    "text_column",
+    "label_column",
+    "label_format",
+    "max_length",
+    "max_train_samples",
     "max_eval_samples",
-)  # fmt: skip
+)
 HELP_TRAINING_KEYS = {
-    "contrastive": ("loss", "temperature", "projection_dim", "queue_size", "learning_rate", "num_train_epochs",
-                    "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "bf16",
-                    "use_cpu", "report_to"),
-    "probe": ("probe", "loss", "threshold", "learning_rate", "num_train_epochs", "max_steps",
-              "per_device_train_batch_size", "seed", "report_to"),
-}  # fmt: skip
+    "contrastive": (
+        "loss",
+        "temperature",
+        "projection_dim",
+        "queue_size",
+        "learning_rate",
+        "num_train_epochs",
+        "max_steps",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "seed",
+        "bf16",
+        "use_cpu",
+        "report_to",
+    ),
+    "probe": (
+        "probe",
+        "loss",
+        "threshold",
+        "learning_rate",
+        "num_train_epochs",
+        "max_steps",
+        "per_device_train_batch_size",
+        "seed",
+        "report_to",
+    ),
+}
 
 
 def override_keys_help(stages: Sequence[str]) -> str:
@@ -309,14 +381,21 @@ def override_keys_help(stages: Sequence[str]) -> str:
         return out
 
     model_cls, data_cls, _ = _arg_classes("probe")
-    parts = ["recipe keys (override any of them: --key value; a recipe holds the same keys):",
-             "model and data:", *lines((model_cls, data_cls), HELP_MODEL_DATA_KEYS)]
+    parts = [
+        "recipe keys (override any of them: --key value; a recipe holds the same keys):",
+        "model and data:",
+        *lines((model_cls, data_cls), HELP_MODEL_DATA_KEYS),
+    ]
     for stage in stages:
         prefix = f"--{stage}.key or " if len(stages) > 1 else ""
-        parts += [f"{stage} stage training ({prefix}--key):",
-                  *lines((_arg_classes(stage)[2],), HELP_TRAINING_KEYS[stage])]
+        parts += [
+            f"{stage} stage training ({prefix}--key):",
+            *lines((_arg_classes(stage)[2],), HELP_TRAINING_KEYS[stage]),
+        ]
     if stages:
-        parts.append("  --output_dir                     the run's root folder (run) or the stage's folder (train, probe)")
+        parts.append(
+            "  --output_dir                     the run's root folder (run) or the stage's folder (train, probe)"
+        )
     parts += [
         "",
         "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments and",
@@ -335,7 +414,11 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if action.option_strings and action.nargs != 0:
             return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
         if action.option_strings:
-            return action.option_strings[0] if action.option_strings[0] != "-h" else ", ".join(action.option_strings)
+            return (
+                action.option_strings[0]
+                if action.option_strings[0] != "-h"
+                else ", ".join(action.option_strings)
+            )
         return super()._format_action_invocation(action)
 
 
@@ -390,31 +473,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", help="recipe YAML (recipes/<dataset>/<encoder>/<loss>.yaml)")
     p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder", ["probe"])
     p.add_argument("recipe")
-    p.add_argument("--encoder_path", default=None,
-                   help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
-                        "recipe's model: the supervised baseline)")
+    p.add_argument(
+        "--encoder_path",
+        default=None,
+        help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
+        "recipe's model: the supervised baseline)",
+    )
     p = add("run", "both stages, test evaluation with plots, and model cards", ["contrastive", "probe"])
     p.add_argument("recipe")
-    p.add_argument("--push_to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)")
+    p.add_argument(
+        "--push_to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)"
+    )
     p.add_argument("--private", action="store_true")
     p.add_argument("--no_plots", action="store_true")
     p = add("evaluate", "score a trained classifier on a split (metrics JSON + per-label F1 plot)")
     p.add_argument("checkpoint", help="classifier folder written by `probe` / `run`")
-    p.add_argument("recipe", nargs="?", default=None, help="recipe naming the dataset (default: the dataset, its options and max_length stored in "
-                        "the checkpoint's card_data.json; --dataset ... overrides)")
+    p.add_argument(
+        "recipe",
+        nargs="?",
+        default=None,
+        help="recipe naming the dataset (default: the dataset, its options and max_length stored in "
+        "the checkpoint's card_data.json; --dataset ... overrides)",
+    )
     p.add_argument("--split", default="test")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--output_dir", default=None, help="where metrics and plots go (default: the checkpoint)")
     p.add_argument("--no_plots", action="store_true")
     p = add("predict", "label a file of new texts with a trained classifier at its tuned threshold")
     p.add_argument("classifier", help="classifier folder written by `probe` / `run`")
-    p.add_argument("input", help="CSV / TSV / JSON lines / parquet with a text column, or a .txt file, one text per line")
+    p.add_argument(
+        "input", help="CSV / TSV / JSON lines / parquet with a text column, or a .txt file, one text per line"
+    )
     p.add_argument("--output", required=True, help="predictions file: .jsonl or .csv")
     p.add_argument("--text_column", default="text")
     p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_length", type=int, default=None, help="default: the length the classifier was trained at")
+    p.add_argument(
+        "--max_length", type=int, default=None, help="default: the length the classifier was trained at"
+    )
     p.add_argument("--device", default=None, help="default: the GPU if there is one, else the CPU")
-    p.add_argument("--all_scores", action="store_true", help="write every label's score, not only the predicted ones")
+    p.add_argument(
+        "--all_scores", action="store_true", help="write every label's score, not only the predicted ones"
+    )
     p = add("export", "write a trained encoder or classifier as ONNX (onnx/model.onnx beside its config)")
     p.add_argument("folder", help="encoder or classifier folder written by `train` / `probe` / `run`")
     p.add_argument("--to", default="onnx", choices=["onnx"])
@@ -425,24 +524,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--private", action="store_true")
     p.add_argument("--token", default=None, help="default: the token `hf auth login` saved, or HF_TOKEN")
     p.add_argument("--revision", default=None)
-    p = add("demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots")
+    p = add(
+        "demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots"
+    )
     p.add_argument("--output_dir", default="./hf_mlcl_demo")
-    p.add_argument("--dataset", default="synthetic", help="synthetic (default) or a registry name, e.g. goemotions")
+    p.add_argument(
+        "--dataset", default="synthetic", help="synthetic (default) or a registry name, e.g. goemotions"
+    )
     p.add_argument("--data_dir", default=None)
     p.add_argument("--model", default=None, help="pretrained encoder path/id (default: a tiny random BERT)")
     p.add_argument("--losses", default="sd,mulsupcon,all", help="comma-separated contrastive losses")
-    p.add_argument("--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)")
-    p.add_argument("--probe", default="logistic", choices=["logistic", "linear"],
-                   help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head")
+    p.add_argument(
+        "--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)"
+    )
+    p.add_argument(
+        "--probe",
+        default="logistic",
+        choices=["logistic", "linear"],
+        help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head",
+    )
     p.add_argument("--max_train_samples", type=int, default=None)
-    p.add_argument("--max_eval_samples", type=int, default=None,
-                   help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)")
+    p.add_argument(
+        "--max_eval_samples",
+        type=int,
+        default=None,
+        help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)",
+    )
     p.add_argument("--max_length", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
-    p = add("inspect", "how each loss sees a dataset: relations R1-R5, positives, wasted anchors, HBL gate, queue advice")
+    p = add(
+        "inspect",
+        "how each loss sees a dataset: relations R1-R5, positives, wasted anchors, HBL gate, queue advice",
+    )
     p.add_argument("dataset", help="a registry name (hf_mlcl.data.list_datasets())")
     p.add_argument("--data_dir", default=None)
-    p.add_argument("--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)")
+    p.add_argument(
+        "--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)"
+    )
     p.add_argument("--option", action="append", default=[], help="loader keyword as key=value (repeatable)")
     p.add_argument("--batch_size", type=int, default=32, help="per-process batch size")
     p.add_argument("--queue_size", type=int, default=0)
@@ -471,10 +589,17 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
         except json.JSONDecodeError:
             options[key] = value
     report = inspect_dataset(
-        ns.dataset, ns.data_dir, splits=[s for s in ns.splits.split(",") if s], loader_options=options,
-        batch_size=ns.batch_size, queue_size=ns.queue_size, num_processes=ns.num_processes, k_min=ns.k_min,
-        n_batches=ns.batches, seed=ns.seed,
-    )  # fmt: skip
+        ns.dataset,
+        ns.data_dir,
+        splits=[s for s in ns.splits.split(",") if s],
+        loader_options=options,
+        batch_size=ns.batch_size,
+        queue_size=ns.queue_size,
+        num_processes=ns.num_processes,
+        k_min=ns.k_min,
+        n_batches=ns.batches,
+        seed=ns.seed,
+    )
     print(format_report(report))
     paths = write_report(report, ns.output_dir, prefix=ns.prefix or ns.dataset)
     print("wrote " + ", ".join(paths.values()))
@@ -547,7 +672,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as err:
         failures.stop()
         peer = failures.peer_failure()
-        if peer is not None:  # this error is the consequence (a lost connection): report the cause, once per node
+        if (
+            peer is not None
+        ):  # this error is the consequence (a lost connection): report the cause, once per node
             if os.environ.get("LOCAL_RANK", "0") == "0":
                 print(f"hf-mlcl {ns.command}: error: {peer}", file=sys.stderr)
             return 2

@@ -48,9 +48,13 @@ TINY_BERT = dict(
 
 
 TINY_LLAMA = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
     max_position_embeddings=128,
-)  # fmt: skip
+)
 
 
 def save_tiny_llama(folder: str, seed: int = 0) -> str:
@@ -62,11 +66,20 @@ def save_tiny_llama(folder: str, seed: int = 0) -> str:
 
     from hf_mlcl.data import make_synthetic_corpus, train_tokenizer
 
-    texts = make_synthetic_corpus(num_labels=10, num_train=256, num_validation=8, num_test=8, seed=seed)["train"]["text"]
-    tokenizer = train_tokenizer(texts, vocab_size=500, style="llama", model_max_length=TINY_LLAMA["max_position_embeddings"])
+    texts = make_synthetic_corpus(num_labels=10, num_train=256, num_validation=8, num_test=8, seed=seed)[
+        "train"
+    ]["text"]
+    tokenizer = train_tokenizer(
+        texts, vocab_size=500, style="llama", model_max_length=TINY_LLAMA["max_position_embeddings"]
+    )
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **TINY_LLAMA)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **TINY_LLAMA,
+    )
     LlamaModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -100,10 +113,23 @@ class _Plan:
 
     def training(self, folder: str, **kwargs: Any) -> dict[str, Any]:
         """The arguments every stage of the demo shares, plus ``kwargs``."""
-        return dict(output_dir=folder, seed=self.seed, use_cpu=self.use_cpu, report_to="none", save_strategy="no",
-                    eval_strategy="no", logging_steps=10, remove_unused_columns=False, dataloader_num_workers=0,
-                    disable_tqdm=False, dataloader_pin_memory=not self.use_cpu, per_device_train_batch_size=self.batch,
-                    per_device_eval_batch_size=128, overwrite_output_dir=True, **kwargs)  # fmt: skip
+        return dict(
+            output_dir=folder,
+            seed=self.seed,
+            use_cpu=self.use_cpu,
+            report_to="none",
+            save_strategy="no",
+            eval_strategy="no",
+            logging_steps=10,
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            disable_tqdm=False,
+            dataloader_pin_memory=not self.use_cpu,
+            per_device_train_batch_size=self.batch,
+            per_device_eval_batch_size=128,
+            overwrite_output_dir=True,
+            **kwargs,
+        )
 
 
 def run_demo(
@@ -129,37 +155,80 @@ def run_demo(
     for name in losses:
         get_loss(name)  # unknown name -> ValueError listing the registered losses, before any work
     os.makedirs(output_dir, exist_ok=True)
-    plan = _plan(output_dir, dataset, data_dir, model, epochs, probe_epochs, probe, seed, synthetic_options,
-                 max_train_samples, max_eval_samples, max_length)  # fmt: skip
+    plan = _plan(
+        output_dir,
+        dataset,
+        data_dir,
+        model,
+        epochs,
+        probe_epochs,
+        probe,
+        seed,
+        synthetic_options,
+        max_train_samples,
+        max_eval_samples,
+        max_length,
+    )
     results: dict[str, Any] = {}  # method -> stage results of its run
     n_runs = len(losses) + 1
     for i, loss in enumerate(losses, 1):
         results[loss] = _contrastive_run(plan, loss, i, n_runs)
-    _say(f"[{n_runs}/{n_runs}] baseline: the same encoder fine-tuned end to end with BCE ({plan.epochs:g} epochs)")
-    bce = ProbingTrainingArguments(**plan.training(os.path.join(output_dir, "bce", "classifier"), probe="finetune",
-                                   loss="bce", learning_rate=plan.lr, num_train_epochs=plan.epochs,
-                                   lr_scheduler_type="linear", warmup_steps=0.05))  # fmt: skip
+    _say(
+        f"[{n_runs}/{n_runs}] baseline: the same encoder fine-tuned end to end with BCE ({plan.epochs:g} epochs)"
+    )
+    bce = ProbingTrainingArguments(
+        **plan.training(
+            os.path.join(output_dir, "bce", "classifier"),
+            probe="finetune",
+            loss="bce",
+            learning_rate=plan.lr,
+            num_train_epochs=plan.epochs,
+            lr_scheduler_type="linear",
+            warmup_steps=0.05,
+        )
+    )
     results["bce (fine-tuned)"] = run_stages(plan.model_args, plan.data_args, {"probe": bce}, data=plan.data)
     _say("scoring the test split, embedding quality and plots")
     rows, table, split = _report(plan, results)
     seconds = time.time() - start
-    atomic_write_text(os.path.join(output_dir, "results.md"),
-                      f"# hf-mlcl demo ({dataset}, {split} split)\n\n{table}\n\nwall time: {seconds:.0f} s\n")
+    atomic_write_text(
+        os.path.join(output_dir, "results.md"),
+        f"# hf-mlcl demo ({dataset}, {split} split)\n\n{table}\n\nwall time: {seconds:.0f} s\n",
+    )
     atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(rows, indent=2, default=float))
     print()
-    probe_desc = ("per-label logistic regressions" if probe == "logistic"
-                  else f"{probe} probe, {plan.probe_epochs:g} epochs")  # fmt: skip
-    print(f"hf-mlcl demo: {dataset}, {len(plan.data.label_names)} labels, {split} split; contrastive stage "
-          f"{plan.epochs:g} epochs, then {probe_desc} on the frozen encoder; baseline: BCE fine-tuning, "
-          f"{plan.epochs:g} epochs")
+    probe_desc = (
+        "per-label logistic regressions"
+        if probe == "logistic"
+        else f"{probe} probe, {plan.probe_epochs:g} epochs"
+    )
+    print(
+        f"hf-mlcl demo: {dataset}, {len(plan.data.label_names)} labels, {split} split; contrastive stage "
+        f"{plan.epochs:g} epochs, then {probe_desc} on the frozen encoder; baseline: BCE fine-tuning, "
+        f"{plan.epochs:g} epochs"
+    )
     print(table)
-    print(f"plots: {os.path.join(output_dir, 'plots')}   checkpoints + model cards: {output_dir}/<method>/   "
-          f"wall time: {seconds:.0f} s")
+    print(
+        f"plots: {os.path.join(output_dir, 'plots')}   checkpoints + model cards: {output_dir}/<method>/   "
+        f"wall time: {seconds:.0f} s"
+    )
     return {"rows": rows, "table": table, "seconds": seconds, "output_dir": output_dir}
 
 
-def _plan(output_dir, dataset, data_dir, model, epochs, probe_epochs, probe, seed, synthetic_options,
-          max_train_samples, max_eval_samples, max_length) -> _Plan:  # fmt: skip
+def _plan(
+    output_dir,
+    dataset,
+    data_dir,
+    model,
+    epochs,
+    probe_epochs,
+    probe,
+    seed,
+    synthetic_options,
+    max_train_samples,
+    max_eval_samples,
+    max_length,
+) -> _Plan:
     """The demo's data (loaded once, for every run), tokenizer and model settings."""
     import torch
     from transformers import AutoTokenizer
@@ -180,45 +249,88 @@ def _plan(output_dir, dataset, data_dir, model, epochs, probe_epochs, probe, see
     )
     data = load_run_data(data_args)
     ds = data.dataset
-    _say(f"dataset {dataset}: {len(ds['train'])} train / {len(ds['validation'])} validation / "
-         f"{len(ds['test']) if 'test' in ds else 0} test documents, {len(data.label_names)} labels")
+    _say(
+        f"dataset {dataset}: {len(ds['train'])} train / {len(ds['validation'])} validation / "
+        f"{len(ds['test']) if 'test' in ds else 0} test documents, {len(data.label_names)} labels"
+    )
     if pretrained:
         model_args = ModelArguments(model_name_or_path=model, pooling="mean")
         tokenizer, lr, batch = AutoTokenizer.from_pretrained(model), 3e-5, 32
     else:
         tok_dir = os.path.join(output_dir, "tokenizer")
-        tokenizer = train_tokenizer(ds["train"]["text"], vocab_size=2000, style="bert",
-                                    model_max_length=TINY_BERT["max_position_embeddings"])
+        tokenizer = train_tokenizer(
+            ds["train"]["text"],
+            vocab_size=2000,
+            style="bert",
+            model_max_length=TINY_BERT["max_position_embeddings"],
+        )
         tokenizer.save_pretrained(tok_dir)
         _say(f"trained a WordPiece tokenizer ({len(tokenizer)} tokens) -> {tok_dir}")
-        model_args = ModelArguments(backbone_config=dict(TINY_BERT), tokenizer_name_or_path=tok_dir, pooling="mean")
+        model_args = ModelArguments(
+            backbone_config=dict(TINY_BERT), tokenizer_name_or_path=tok_dir, pooling="mean"
+        )
         lr, batch = 1e-3, 64
-    return _Plan(output_dir, dataset, data_args, data, model_args, tokenizer, pretrained, seed,
-                 epochs if epochs is not None else (1.0 if pretrained else 10.0),
-                 probe_epochs if probe_epochs is not None else (3.0 if pretrained else 5.0),
-                 probe, lr, batch, not torch.cuda.is_available())  # fmt: skip
+    return _Plan(
+        output_dir,
+        dataset,
+        data_args,
+        data,
+        model_args,
+        tokenizer,
+        pretrained,
+        seed,
+        epochs if epochs is not None else (1.0 if pretrained else 10.0),
+        probe_epochs if probe_epochs is not None else (3.0 if pretrained else 5.0),
+        probe,
+        lr,
+        batch,
+        not torch.cuda.is_available(),
+    )
 
 
 def _contrastive_run(plan: _Plan, loss: str, i: int, n_runs: int) -> dict[str, Any]:
     """Stage 1 with ``loss`` and stage 2 on the frozen encoder (:func:`run_stages`, with their cards)."""
     run_dir = os.path.join(plan.output_dir, loss)
-    cargs = ContrastiveTrainingArguments(**plan.training(
-        os.path.join(run_dir, "encoder"), loss=loss, learning_rate=plan.lr, num_train_epochs=plan.epochs,
-        lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.01,
-        projection_dim=64 if not plan.pretrained else 256, dataloader_drop_last=True))  # fmt: skip
-    pargs = ProbingTrainingArguments(**plan.training(
-        os.path.join(run_dir, "classifier"), probe=plan.probe, loss="bce",
-        learning_rate=1e-2 if not plan.pretrained else 1e-3, num_train_epochs=plan.probe_epochs,
-        lr_scheduler_type="linear"))  # fmt: skip
+    cargs = ContrastiveTrainingArguments(
+        **plan.training(
+            os.path.join(run_dir, "encoder"),
+            loss=loss,
+            learning_rate=plan.lr,
+            num_train_epochs=plan.epochs,
+            lr_scheduler_type="cosine",
+            warmup_steps=0.05,
+            weight_decay=0.01,
+            projection_dim=64 if not plan.pretrained else 256,
+            dataloader_drop_last=True,
+        )
+    )
+    pargs = ProbingTrainingArguments(
+        **plan.training(
+            os.path.join(run_dir, "classifier"),
+            probe=plan.probe,
+            loss="bce",
+            learning_rate=1e-2 if not plan.pretrained else 1e-3,
+            num_train_epochs=plan.probe_epochs,
+            lr_scheduler_type="linear",
+        )
+    )
 
     def announce(_i, _n, name, _args, result) -> None:
         if result is None:
-            what = (f"stage 1: contrastive training with loss {loss!r} ({plan.epochs:g} epochs)" if name == "contrastive"
-                    else f"stage 2: {plan.probe} probe on the frozen {loss!r} encoder")  # fmt: skip
+            what = (
+                f"stage 1: contrastive training with loss {loss!r} ({plan.epochs:g} epochs)"
+                if name == "contrastive"
+                else f"stage 2: {plan.probe} probe on the frozen {loss!r} encoder"
+            )
             _say(f"[{i}/{n_runs}] {what}")
 
-    return run_stages(plan.model_args, plan.data_args, {"contrastive": cargs, "probe": pargs}, data=plan.data,
-                      announce=announce)  # fmt: skip
+    return run_stages(
+        plan.model_args,
+        plan.data_args,
+        {"contrastive": cargs, "probe": pargs},
+        data=plan.data,
+        announce=announce,
+    )
 
 
 def _report(plan: _Plan, results: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
@@ -247,13 +359,27 @@ def _report(plan: _Plan, results: dict[str, Any]) -> tuple[list[dict[str, Any]],
         row = {"method": name, **{k: v for k, v in probe.metrics.items() if k.startswith(f"{split}_")}}
         if "contrastive" in stages:
             enc = MLCLEncoder.from_pretrained(stages["contrastive"].output_dir)
-            emb = enc.encode(ds[split]["text"], plan.tokenizer, batch_size=128, max_length=plan.data_args.max_length,
-                             normalize=True).numpy()  # fmt: skip
+            emb = enc.encode(
+                ds[split]["text"],
+                plan.tokenizer,
+                batch_size=128,
+                max_length=plan.data_args.max_length,
+                normalize=True,
+            ).numpy()
             row[f"{split}_silhouette"] = embedding_quality(emb, truth)["silhouette"]
-            plot_embedding_projection(emb, truth, os.path.join(plots, f"embeddings_{name}.png"), label_names=names,
-                                      title=f"{plan.dataset}: {name} embeddings ({split})")  # fmt: skip
+            plot_embedding_projection(
+                emb,
+                truth,
+                os.path.join(plots, f"embeddings_{name}.png"),
+                label_names=names,
+                title=f"{plan.dataset}: {name} embeddings ({split})",
+            )
         rows.append(row)
-    plot_f1_vs_frequency(f1s, train_frequency(ds["train"], len(names)), os.path.join(plots, "f1_vs_frequency.png"),
-                         title=f"{plan.dataset}: per-label F1 vs training frequency ({split})")  # fmt: skip
+    plot_f1_vs_frequency(
+        f1s,
+        train_frequency(ds["train"], len(names)),
+        os.path.join(plots, "f1_vs_frequency.png"),
+        title=f"{plan.dataset}: per-label F1 vs training frequency ({split})",
+    )
     table = format_table(rows, keys=("micro_f1", "macro_f1", "p@1", "p@5", "silhouette"), prefix=f"{split}_")
     return rows, table, split

@@ -19,8 +19,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["TMP_PREFIX", "atomic_path", "atomic_write_json", "atomic_write_safetensors", "atomic_write_text",
-           "folder_size", "follow_umask", "format_size", "json_default", "move_into"]  # fmt: skip
+__all__ = [
+    "TMP_PREFIX",
+    "atomic_path",
+    "atomic_write_json",
+    "atomic_write_safetensors",
+    "atomic_write_text",
+    "folder_size",
+    "follow_umask",
+    "format_size",
+    "json_default",
+    "move_into",
+]
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
 

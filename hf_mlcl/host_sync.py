@@ -101,8 +101,13 @@ _VALUE_READS = {
     torch.is_nonzero: "is_nonzero",
     _T.is_nonzero: "is_nonzero",
 }
-_INDEXING = {_T.__getitem__: "__getitem__", _T.__setitem__: "__setitem__", _T.index_put_: "index_put_",
-             _T.index_put: "index_put", torch.index_put: "index_put"}  # fmt: skip
+_INDEXING = {
+    _T.__getitem__: "__getitem__",
+    _T.__setitem__: "__setitem__",
+    _T.index_put_: "index_put_",
+    _T.index_put: "index_put",
+    torch.index_put: "index_put",
+}
 _REPEATS = {_T.repeat_interleave: "repeat_interleave", torch.repeat_interleave: "repeat_interleave"}
 _WHERE = {torch.where: "where", _T.where: "where"}
 # a tensor made from host data for a device is a host-to-device copy, which the default (blocking) copy
@@ -124,15 +129,25 @@ _VALUE_OPS = {
     _ATEN.equal.default: "equal",
     _ATEN.is_nonzero.default: "is_nonzero",
 }
-_INDEX_OPS = {_ATEN.index.Tensor, _ATEN.index_put.default, _ATEN.index_put_.default, _ATEN._index_put_impl_.default}
+_INDEX_OPS = {
+    _ATEN.index.Tensor,
+    _ATEN.index_put.default,
+    _ATEN.index_put_.default,
+    _ATEN._index_put_impl_.default,
+}
 
 #: The names of the intercepted calls (see the module docstring for when each one synchronises).
 SYNCING_CALLS = tuple(
     sorted(
-        {*_VALUE_READS.values(), *_INDEXING.values(), *_REPEATS.values(), *_FROM_HOST.values(),
-         "where (one argument)"}
+        {
+            *_VALUE_READS.values(),
+            *_INDEXING.values(),
+            *_REPEATS.values(),
+            *_FROM_HOST.values(),
+            "where (one argument)",
+        }
     )
-)  # fmt: skip
+)
 
 #: Where transformers prepares a backbone's attention mask (``masking_utils.py``): given a 2-D padding
 #: mask it checks ``padding_mask.all()`` on the host, to run the attention without a mask when nothing
@@ -183,7 +198,9 @@ class _OperatorCounter(TorchDispatchMode):
         super().__init__()
         self.counter = counter
 
-    def __torch_dispatch__(self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None):
+    def __torch_dispatch__(
+        self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None
+    ):
         kwargs = kwargs or {}
         if not self.counter.recording:
             name = _VALUE_OPS.get(func)
@@ -262,7 +279,11 @@ class HostSyncCounter(TorchFunctionMode):
         name = _REPEATS.get(func)
         if name is not None:
             repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
-            if isinstance(repeats, torch.Tensor) and repeats.numel() > 1 and kwargs.get("output_size") is None:
+            if (
+                isinstance(repeats, torch.Tensor)
+                and repeats.numel() > 1
+                and kwargs.get("output_size") is None
+            ):
                 return name + " (tensor repeats)"
             return None
         if func in _WHERE and len(args) + len(kwargs) == 1:
@@ -273,7 +294,9 @@ class HostSyncCounter(TorchFunctionMode):
             return None if isinstance(data, torch.Tensor) else name + " (host data to a device)"
         return None
 
-    def __torch_function__(self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None):
+    def __torch_function__(
+        self, func: Any, types: Iterable[type], args: tuple = (), kwargs: dict | None = None
+    ):
         kwargs = kwargs or {}
         name = self._syncing_call(func, args, kwargs)
         if name is None or self.recording:
@@ -318,7 +341,9 @@ def _sync_counting_callback() -> type:
             return {step: c.count for step, c in self.counters.items()}
 
         def report(self) -> str:
-            return "\n".join(f"step {s}: {c.count} syncing calls\n{c.report()}" for s, c in self.counters.items())
+            return "\n".join(
+                f"step {s}: {c.count} syncing calls\n{c.report()}" for s, c in self.counters.items()
+            )
 
         def on_step_begin(self, args, state, control, **kwargs):
             step = state.global_step + 1

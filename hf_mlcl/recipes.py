@@ -209,7 +209,9 @@ def validate_recipe(recipe: dict, source: str = "recipe") -> None:
             raise _unknown(key, top, source)
     stages = recipe.get("stages", list(STAGES))
     if not isinstance(stages, list) or not stages or any(s not in STAGES for s in stages):
-        raise RecipeError(f"{source}: stages must be a non-empty list drawn from {list(STAGES)}; got {stages!r}")
+        raise RecipeError(
+            f"{source}: stages must be a non-empty list drawn from {list(STAGES)}; got {stages!r}"
+        )
     for stage in STAGES:
         section = recipe.get(stage) or {}
         if not isinstance(section, dict):
@@ -256,7 +258,9 @@ def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:
         prefix, dot, key = name.partition(".")
         if dot:
             if prefix not in STAGES:
-                raise RecipeError(f"--{name}: the prefix must be one of {STAGES} (e.g. --probe.learning_rate)")
+                raise RecipeError(
+                    f"--{name}: the prefix must be one of {STAGES} (e.g. --probe.learning_rate)"
+                )
             if key not in stage_keys(prefix):
                 raise _unknown(key, stage_keys(prefix), f"--{prefix}.*")
             out.stage[prefix] += [f"--{key}", *values]
@@ -312,7 +316,9 @@ def parse_stage(
     overrides = overrides or Overrides()
     parser = _parser(stage)
     defaults = {k: v for k, v in recipe.items() if k not in META_KEYS}
-    for key in superseded_keys(defaults, _given_keys(overrides.common)):  # the command line's layout / dataset win
+    for key in superseded_keys(
+        defaults, _given_keys(overrides.common)
+    ):  # the command line's layout / dataset win
         del defaults[key]
     defaults.update(recipe.get(stage) or {})
     defaults["output_dir"] = output_dir or stage_output_dir(recipe, stage, overrides.output_dir)

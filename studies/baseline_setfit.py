@@ -39,8 +39,9 @@ PAIRS_PER_STEP = 32  # 64 texts per step, the batch of the study's stage 1
 STAGE1_BATCH = 64
 
 
-def any_overlap_pairs(labels: np.ndarray, n_pairs: int, rng: np.random.Generator,
-                      chunk: int = 65536, max_draws: int = 10**8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+def any_overlap_pairs(
+    labels: np.ndarray, n_pairs: int, rng: np.random.Generator, chunk: int = 65536, max_draws: int = 10**8
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(i, j, target)`` of ``n_pairs`` pairs of distinct rows of the (N, L) bool ``labels``: drawn uniformly,
     ``target`` 1.0 where rows i and j share a label (setfit's multi-label rule: ``any(logical_and(a, b))``),
     half of them positive (the odd one out negative), interleaved positive, negative, ... as setfit yields
@@ -62,14 +63,16 @@ def any_overlap_pairs(labels: np.ndarray, n_pairs: int, rng: np.random.Generator
             have[kind] += sel.size
         drawn += chunk
     if have[True] < want[True] or have[False] < want[False]:
-        raise ValueError(f"{max_draws} random pairs gave {have[True]} positive / {have[False]} negative pairs, "
-                         f"{want[True]} / {want[False]} needed: the labels admit too few pairs of one kind")  # fmt: skip
+        raise ValueError(
+            f"{max_draws} random pairs gave {have[True]} positive / {have[False]} negative pairs, "
+            f"{want[True]} / {want[False]} needed: the labels admit too few pairs of one kind"
+        )
     pos, neg = np.concatenate(got[True]), np.concatenate(got[False])
     order = np.empty((n_pairs, 2), dtype=np.int64)  # positive, negative, positive, ... (setfit's order)
-    order[0:2 * len(pos):2], order[1:2 * len(pos):2] = pos, neg[: len(pos)]
-    order[2 * len(pos):] = neg[len(pos):]
+    order[0 : 2 * len(pos) : 2], order[1 : 2 * len(pos) : 2] = pos, neg[: len(pos)]
+    order[2 * len(pos) :] = neg[len(pos) :]
     target = np.zeros(n_pairs, dtype=np.float64)
-    target[0:2 * len(pos):2] = 1.0
+    target[0 : 2 * len(pos) : 2] = 1.0
     return order[:, 0], order[:, 1], target
 
 
@@ -83,18 +86,27 @@ def _trainer_class():
 
         def get_dataset(self, x, y, args, max_pairs: int = -1):
             if max_pairs <= 0:
-                raise ValueError("the pair budget is set through TrainingArguments.max_steps (a positive number)")
+                raise ValueError(
+                    "the pair budget is set through TrainingArguments.max_steps (a positive number)"
+                )
             labels = np.asarray(y, dtype=bool)
             i, j, target = any_overlap_pairs(labels, max_pairs, np.random.default_rng(args.seed))
-            pairs = Dataset.from_dict({"sentence_1": [x[k] for k in i], "sentence_2": [x[k] for k in j],
-                                       "label": target.tolist()})  # fmt: skip
+            pairs = Dataset.from_dict(
+                {"sentence_1": [x[k] for k in i], "sentence_2": [x[k] for k in j], "label": target.tolist()}
+            )
             return pairs, args.loss(self.model.model_body)
 
     return AnyOverlapTrainer
 
 
-def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, model_path: str | None = None,
-             steps: int | None = None) -> dict:  # fmt: skip
+def run_cell(
+    study: str,
+    seed: int,
+    overrides: list[str],
+    force: bool = False,
+    model_path: str | None = None,
+    steps: int | None = None,
+) -> dict:
     """One SetFit cell; ``model_path`` (default: the study's MiniLM) and ``steps`` (default: the stage-1
     budget) exist for the tests."""
     import setfit
@@ -112,10 +124,17 @@ def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, m
     model = SetFitModel.from_pretrained(model_path or find_minilm(), multi_target_strategy="one-vs-rest")
     model.model_body.max_seq_length = data_args.max_length
     args = TrainingArguments(
-        output_dir=os.path.join(cell_io.RUNS, study, "setfit", f"seed{seed}"), batch_size=(PAIRS_PER_STEP, 16),
-        num_epochs=1, max_steps=steps, seed=seed, max_length=data_args.max_length, save_strategy="no",
-        report_to="none", show_progress_bar=False, logging_steps=50,
-    )  # fmt: skip
+        output_dir=os.path.join(cell_io.RUNS, study, "setfit", f"seed{seed}"),
+        batch_size=(PAIRS_PER_STEP, 16),
+        num_epochs=1,
+        max_steps=steps,
+        seed=seed,
+        max_length=data_args.max_length,
+        save_strategy="no",
+        report_to="none",
+        show_progress_bar=False,
+        logging_steps=50,
+    )
     train = Dataset.from_dict({"text": ds["train"]["text"], "label": y["train"].astype(int).tolist()})
     trainer = _trainer_class()(model=model, args=args, train_dataset=train)
     t0 = time.time()
@@ -123,17 +142,30 @@ def run_cell(study: str, seed: int, overrides: list[str], force: bool = False, m
     t1 = time.time()
     trainer.train_classifier(*trainer.dataset_to_parameters(train), args=args)
     t2 = time.time()
-    scores = {s: np.asarray(model.predict_proba(ds[s]["text"], as_numpy=True), dtype=np.float64)
-              for s in ("validation", "test")}  # fmt: skip
+    scores = {
+        s: np.asarray(model.predict_proba(ds[s]["text"], as_numpy=True), dtype=np.float64)
+        for s in ("validation", "test")
+    }
     metrics = cell_io.scored_metrics(y["validation"], scores["validation"], y["test"], scores["test"])
-    settings = {"setfit": setfit.__version__, "pairs": steps * PAIRS_PER_STEP, "steps": steps,
-                "pairs_per_step": PAIRS_PER_STEP, "body_learning_rate": args.body_embedding_learning_rate,
-                "warmup_proportion": args.warmup_proportion, "max_length": data_args.max_length,
-                "head": "OneVsRestClassifier(LogisticRegression())"}  # fmt: skip
+    settings = {
+        "setfit": setfit.__version__,
+        "pairs": steps * PAIRS_PER_STEP,
+        "steps": steps,
+        "pairs_per_step": PAIRS_PER_STEP,
+        "body_learning_rate": args.body_embedding_learning_rate,
+        "warmup_proportion": args.warmup_proportion,
+        "max_length": data_args.max_length,
+        "head": "OneVsRestClassifier(LogisticRegression())",
+    }
     # stage1_s: the pair training; probe_s: the head (encoding every training text, then the fits)
-    wall = {"stage1_s": round(t1 - t0, 1), "probe_s": round(t2 - t1, 1), "scoring_s": round(time.time() - t2, 1)}
-    return cell_io.write_baseline(study, "setfit", "logistic", seed, overrides, data, scores["test"], metrics,
-                                  settings, wall)  # fmt: skip
+    wall = {
+        "stage1_s": round(t1 - t0, 1),
+        "probe_s": round(t2 - t1, 1),
+        "scoring_s": round(time.time() - t2, 1),
+    }
+    return cell_io.write_baseline(
+        study, "setfit", "logistic", seed, overrides, data, scores["test"], metrics, settings, wall
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -77,8 +77,16 @@ def next_c(scores: dict[float, float], limits: tuple[float, float] = C_LIMITS) -
     return None
 
 
-def choose_c(model: str, seed: int, x_train, y_train: np.ndarray, x_val, y_val: np.ndarray,
-             start=C_START, limits=C_LIMITS) -> tuple[float, object, dict[str, float], float]:  # fmt: skip
+def choose_c(
+    model: str,
+    seed: int,
+    x_train,
+    y_train: np.ndarray,
+    x_val,
+    y_val: np.ndarray,
+    start=C_START,
+    limits=C_LIMITS,
+) -> tuple[float, object, dict[str, float], float]:
     """Fit one classifier per C, from ``start`` and then by :func:`next_c`; return (chosen C, its fitted
     classifier, validation macro-F1 of every C tried at its validation-tuned threshold, seconds spent fitting
     them all). Test is not read."""
@@ -95,7 +103,9 @@ def choose_c(model: str, seed: int, x_train, y_train: np.ndarray, x_val, y_val: 
         clf = classifier(model, c, seed).fit(x_train, y_train)
         fit_s += time.time() - t0
         val = label_scores(clf, x_val)
-        scores[c] = float(compute_multilabel_metrics(y_val, val, threshold=tune_global_threshold(y_val, val))["macro_f1"])
+        scores[c] = float(
+            compute_multilabel_metrics(y_val, val, threshold=tune_global_threshold(y_val, val))["macro_f1"]
+        )
         best = max(scores, key=lambda k: (scores[k], -k))
         fitted = {best: clf if best == c else fitted[best]}  # keep the best model only
         if not todo:
@@ -121,11 +131,22 @@ def run_cell(study: str, model: str, seed: int, overrides: list[str], force: boo
     c, clf, by_c, fit_s = choose_c(model, seed, x_train, y["train"], x_val, y["validation"])
     test_scores = label_scores(clf, x_test)
     metrics = cell_io.scored_metrics(y["validation"], label_scores(clf, x_val), y["test"], test_scores)
-    settings = {"vectorizer": {**VECTORIZER, "ngram_range": list(VECTORIZER["ngram_range"])},
-                "vocabulary": len(vec.vocabulary_), "c_start": list(C_START), "c": c, "validation_macro_f1_by_c": by_c}
+    settings = {
+        "vectorizer": {**VECTORIZER, "ngram_range": list(VECTORIZER["ngram_range"])},
+        "vocabulary": len(vec.vocabulary_),
+        "c_start": list(C_START),
+        "c": c,
+        "validation_macro_f1_by_c": by_c,
+    }
     # probe_s: the whole training cost (features + every C of the grid), as the tables read it
-    wall = {"features_s": round(features_s, 1), "fit_s": round(fit_s, 1), "probe_s": round(features_s + fit_s, 1)}
-    return cell_io.write_baseline(study, "tfidf", model, seed, overrides, data, test_scores, metrics, settings, wall)
+    wall = {
+        "features_s": round(features_s, 1),
+        "fit_s": round(fit_s, 1),
+        "probe_s": round(features_s + fit_s, 1),
+    }
+    return cell_io.write_baseline(
+        study, "tfidf", model, seed, overrides, data, test_scores, metrics, settings, wall
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

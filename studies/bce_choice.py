@@ -20,7 +20,9 @@ import json
 import os
 import sys
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # studies/results: the study's cells
+HERE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results"
+)  # studies/results: the study's cells
 RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
 LONG_TAG = "long"
 # studies whose chosen BCE run ended its 5 epochs still improving, and the longer budget run_all.sh gives them
@@ -65,7 +67,9 @@ def bce_budget(study: str, results: str = RESULTS) -> str:
     on seed-1 validation macro-F1, else ``"base"`` (always ``"base"`` for a study without a longer run).
     ValueError for a study without results, or while a run the choice needs has not finished."""
     if not os.path.isdir(os.path.join(results, study)):
-        raise ValueError(f"no study {study!r} under {results} (the full-data studies: reuters21578, goemotions_full)")
+        raise ValueError(
+            f"no study {study!r} under {results} (the full-data studies: reuters21578, goemotions_full)"
+        )
     if study not in LONG_BUDGET:
         return "base"
     scores = bce_validation_scores(study, results)

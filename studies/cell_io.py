@@ -18,7 +18,9 @@ import numpy as np
 STUDIES = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(STUDIES)
 RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(STUDIES, "results"))  # the per-cell outputs
-RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # checkpoints, beside the checkout
+RUNS = os.environ.get(
+    "MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs")
+)  # checkpoints, beside the checkout
 
 
 def git_commit() -> str | None:
@@ -27,7 +29,9 @@ def git_commit() -> str | None:
     if os.environ.get("MLCL_GIT_COMMIT"):
         return os.environ["MLCL_GIT_COMMIT"]
     try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return out.stdout.strip()
@@ -69,8 +73,12 @@ def study_data(study: str, overrides: list[str] | None = None):
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
     try:
         recipe = load_recipe(recipe_path(study, "pretrained"))
-        _, data_args, _ = parse_stage(recipe, "probe", split_overrides(list(overrides or []), ["probe"]),
-                                      output_dir=os.path.join(RUNS, study, "unused"))  # fmt: skip
+        _, data_args, _ = parse_stage(
+            recipe,
+            "probe",
+            split_overrides(list(overrides or []), ["probe"]),
+            output_dir=os.path.join(RUNS, study, "unused"),
+        )
         data = load_run_data(data_args)
         ds, names = data.dataset, data.label_names
     finally:
@@ -88,8 +96,9 @@ def multi_hot(label_lists, num_labels: int) -> np.ndarray:
     return out
 
 
-def scored_metrics(val_true: np.ndarray, val_scores: np.ndarray, test_true: np.ndarray,
-                   test_scores: np.ndarray) -> dict[str, float]:  # fmt: skip
+def scored_metrics(
+    val_true: np.ndarray, val_scores: np.ndarray, test_true: np.ndarray, test_scores: np.ndarray
+) -> dict[str, float]:
     """The protocol's numbers of one cell: the global threshold tuned on validation for micro-F1
     (``tune_global_threshold``), then every metric of validation and of test at that threshold, keyed
     ``validation_<metric>`` / ``test_<metric>`` as the trained cells' metrics.json are, plus ``threshold``."""
@@ -110,9 +119,12 @@ def per_label_record(names, test_true: np.ndarray, test_scores: np.ndarray, thre
     from hf_mlcl.evaluation import per_label_f1
 
     f1 = per_label_f1(test_true, test_scores >= np.asarray(threshold, dtype=np.float64))
-    return {"label_names": list(names), "test_f1": [float(x) for x in f1],
-            "train_count": np.asarray(train_count).astype(int).tolist(),
-            "test_count": np.asarray(test_true).sum(0).astype(int).tolist()}  # fmt: skip
+    return {
+        "label_names": list(names),
+        "test_f1": [float(x) for x in f1],
+        "train_count": np.asarray(train_count).astype(int).tolist(),
+        "test_count": np.asarray(test_true).sum(0).astype(int).tolist(),
+    }
 
 
 def skip_finished(study: str, cell: str, seed: int, force: bool) -> bool:
@@ -131,24 +143,48 @@ def labelled_data(study: str, overrides: list[str]):
     return ds, names, data_args, y
 
 
-def write_baseline(study: str, loss: str, probe: str, seed: int, overrides: list[str], data, test_scores: np.ndarray,
-                   metrics: dict, settings: dict, wall_s: dict) -> dict:  # fmt: skip
+def write_baseline(
+    study: str,
+    loss: str,
+    probe: str,
+    seed: int,
+    overrides: list[str],
+    data,
+    test_scores: np.ndarray,
+    metrics: dict,
+    settings: dict,
+    wall_s: dict,
+) -> dict:
     """Write a baseline cell (``<loss>_<probe>``): its per_label_f1.json and its metrics.json, in the trained
     cells' layout (``data``: :func:`labelled_data`'s tuple; ``settings``: what the baseline chose and used;
     ``wall_s``: its seconds, ``probe_s`` (+ ``stage1_s``) being what the tables count as training)."""
     ds, names, data_args, y = data
     out = cell_dir(study, f"{loss}_{probe}", seed)
-    result = {"dataset": study, "loss": loss, "probe": probe, "seed": seed, "tag": None, "overrides": overrides,
-              "git_commit": git_commit(), "device": device(), "baseline": settings,
-              "data": {"data_dir": data_args.data_dir, **{s: len(ds[s]) for s in ("train", "validation", "test")}},
-              "metrics": metrics, "wall_s": wall_s,
-              "process_cpu_s": round(time.process_time(), 1)}  # all threads, the whole process: load-independent
-    write_json(os.path.join(out, "per_label_f1.json"),
-               per_label_record(names, y["test"], test_scores, metrics["threshold"], y["train"].sum(0)))
+    result = {
+        "dataset": study,
+        "loss": loss,
+        "probe": probe,
+        "seed": seed,
+        "tag": None,
+        "overrides": overrides,
+        "git_commit": git_commit(),
+        "device": device(),
+        "baseline": settings,
+        "data": {"data_dir": data_args.data_dir, **{s: len(ds[s]) for s in ("train", "validation", "test")}},
+        "metrics": metrics,
+        "wall_s": wall_s,
+        "process_cpu_s": round(time.process_time(), 1),
+    }  # all threads, the whole process: load-independent
+    write_json(
+        os.path.join(out, "per_label_f1.json"),
+        per_label_record(names, y["test"], test_scores, metrics["threshold"], y["train"].sum(0)),
+    )
     write_json(os.path.join(out, "metrics.json"), result)
-    print(f"RESULT {study} {loss}_{probe} seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
-          f"{metrics['test_macro_f1']:.4f}, {sum(wall_s.get(k, 0.0) for k in ('stage1_s', 'probe_s')):.0f} s",
-          flush=True)  # fmt: skip
+    print(
+        f"RESULT {study} {loss}_{probe} seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
+        f"{metrics['test_macro_f1']:.4f}, {sum(wall_s.get(k, 0.0) for k in ('stage1_s', 'probe_s')):.0f} s",
+        flush=True,
+    )
     return result
 
 

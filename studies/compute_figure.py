@@ -11,8 +11,12 @@ import os
 MARKERS = "osD^v<>PXh*"
 
 
-def plot_compute(points: dict[str, dict[str, list[tuple[float, float]]]], curves: dict[str, dict[str, list]],
-                 path: str, device: str) -> str:  # fmt: skip
+def plot_compute(
+    points: dict[str, dict[str, list[tuple[float, float]]]],
+    curves: dict[str, dict[str, list]],
+    path: str,
+    device: str,
+) -> str:
     """``points[study][method]`` = [(seconds, macro-F1), ...]; ``curves[study][method]`` = a list of runs, each
     [(cumulative seconds, macro-F1) per epoch]. Writes a PNG at ``path`` (folders created), returns it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -30,7 +34,9 @@ def plot_compute(points: dict[str, dict[str, list[tuple[float, float]]]], curves
             marker, colour = style[method]
             for i, run in enumerate(runs):
                 xs, ys = zip(*run)
-                ax.plot(xs, ys, "-", marker=marker, ms=3, color=colour, lw=1, label=method if i == 0 else None)
+                ax.plot(
+                    xs, ys, "-", marker=marker, ms=3, color=colour, lw=1, label=method if i == 0 else None
+                )
         for method, pts in points[study].items():
             marker, colour = style[method]
             xs, ys = zip(*pts)

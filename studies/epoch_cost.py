@@ -24,6 +24,7 @@ def main() -> None:
     from transformers import AutoModel, AutoTokenizer
 
     from hf_mlcl.data import load_mlc_dataset
+
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
     from minilm import find_minilm
 
@@ -31,7 +32,9 @@ def main() -> None:
     path = find_minilm()
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path)
     reuters = load_mlc_dataset("reuters21578", data_dir="../shared/data/reuters21578")["train"]["text"]
-    goemotions = load_mlc_dataset("goemotions", data_dir="../shared/data/goemotions", splits="train")["train"]["text"]
+    goemotions = load_mlc_dataset("goemotions", data_dir="../shared/data/goemotions", splits="train")[
+        "train"
+    ]["text"]
     lens = [len(x) for x in tok(list(reuters[:2000]))["input_ids"]]
     print("reuters tokens, percentiles 25/50/75/90:", np.percentile(lens, [25, 50, 75, 90]))
     lens = [len(x) for x in tok(list(goemotions[:5000]))["input_ids"]]
@@ -41,8 +44,13 @@ def main() -> None:
     def bench(texts, max_length: int, bs: int = 32, n: int = 4, train: bool = True) -> float:
         times = []
         for i in range(n):
-            batch = tok(list(texts[i * bs:(i + 1) * bs]), truncation=True, max_length=max_length, padding=True,
-                        return_tensors="pt")  # fmt: skip
+            batch = tok(
+                list(texts[i * bs : (i + 1) * bs]),
+                truncation=True,
+                max_length=max_length,
+                padding=True,
+                return_tensors="pt",
+            )
             t = time.time()
             if train:
                 model(**batch).last_hidden_state.mean(1).sum().backward()
@@ -61,9 +69,12 @@ def main() -> None:
     ):
         tr = bench(texts, max_length)
         ev = bench(texts, max_length, bs=128, n=3, train=False)
-        print(f"{name} max_length {max_length}: train {tr:.2f} s / batch of 32 -> {tr * n_train / 32 / 60:.1f} min "
-              f"per epoch; frozen forward {ev:.2f} s / batch of 128 -> {ev * n_train / 128 / 60:.1f} min per pass "
-              f"over train; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        print(
+            f"{name} max_length {max_length}: train {tr:.2f} s / batch of 32 -> {tr * n_train / 32 / 60:.1f} min "
+            f"per epoch; frozen forward {ev:.2f} s / batch of 128 -> {ev * n_train / 128 / 60:.1f} min per pass "
+            f"over train; load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

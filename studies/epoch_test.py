@@ -20,7 +20,14 @@ from transformers import TrainerCallback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py: the protocol's scoring)
 
-KEYS = ("threshold", "validation_macro_f1", "validation_micro_f1", "test_macro_f1", "test_micro_f1", "test_p@1")
+KEYS = (
+    "threshold",
+    "validation_macro_f1",
+    "validation_micro_f1",
+    "test_macro_f1",
+    "test_micro_f1",
+    "test_p@1",
+)
 
 
 class EpochTestCallback(TrainerCallback):
@@ -29,7 +36,12 @@ class EpochTestCallback(TrainerCallback):
 
     def __init__(self, validation, test, num_labels: int, max_length: int, path: str, batch_size: int = 128):
         self.splits = {"validation": validation, "test": test}
-        self.num_labels, self.max_length, self.path, self.batch_size = num_labels, max_length, path, batch_size
+        self.num_labels, self.max_length, self.path, self.batch_size = (
+            num_labels,
+            max_length,
+            path,
+            batch_size,
+        )
 
     def scores(self, model, tokenizer, split) -> tuple[np.ndarray, np.ndarray]:
         """(sigmoid scores, multi-hot truth) of one split, in eval mode without gradient."""
@@ -53,12 +65,22 @@ class EpochTestCallback(TrainerCallback):
     def on_epoch_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not state.is_world_process_zero:
             return
-        (vs, vt), (ts, tt) = (self.scores(model, processing_class, self.splits[s]) for s in ("validation", "test"))
+        (vs, vt), (ts, tt) = (
+            self.scores(model, processing_class, self.splits[s]) for s in ("validation", "test")
+        )
         metrics = cell_io.scored_metrics(vt, vs, tt, ts)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"epoch": round(float(state.epoch or 0.0), 4), "global_step": state.global_step,
-                                 **{k: metrics[k] for k in KEYS}}) + "\n")  # fmt: skip
+            fh.write(
+                json.dumps(
+                    {
+                        "epoch": round(float(state.epoch or 0.0), 4),
+                        "global_step": state.global_step,
+                        **{k: metrics[k] for k in KEYS},
+                    }
+                )
+                + "\n"
+            )
 
 
 def read_epoch_tests(path: str) -> list[dict]:

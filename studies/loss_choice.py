@@ -16,7 +16,9 @@ import json
 import os
 import sys
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # studies/results: the study's cells
+HERE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results"
+)  # studies/results: the study's cells
 RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
 LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl")  # run_all.sh's LOSSES
 PROBES = ("logistic", "linear")  # the frozen probes
@@ -51,8 +53,12 @@ def ranked(study: str, results: str = RESULTS) -> list[tuple[str, float, str]]:
 def best_losses(study: str, k: int = 2, results: str = RESULTS) -> list[str]:
     """The ``k`` losses with the best frozen-probe validation macro-F1; ValueError until every loss has both
     probe rows (so two queues asking at different times get the same answer)."""
-    missing = [f"{loss} {probe}" for loss in LOSSES for probe in PROBES
-               if not os.path.isfile(_seed1_metrics(results, study, loss, probe))]  # fmt: skip
+    missing = [
+        f"{loss} {probe}"
+        for loss in LOSSES
+        for probe in PROBES
+        if not os.path.isfile(_seed1_metrics(results, study, loss, probe))
+    ]
     if missing:
         raise ValueError(
             f"{study}: no seed-1 probe row yet for {', '.join(missing)}; the best losses are chosen once every "

@@ -51,7 +51,11 @@ NAMES = {
 }
 CONTRASTIVE = [x for x in ORDER if x not in ("bce", "pretrained")]
 FULL_STUDIES = ("reuters21578", "goemotions_full")
-FULL_PROBES = {"logistic": "logistic probe (ABALONE)", "linear": "linear probe (SD paper)", "finetune": "fine-tune"}
+FULL_PROBES = {
+    "logistic": "logistic probe (ABALONE)",
+    "linear": "linear probe (SD paper)",
+    "finetune": "fine-tune",
+}
 NOT_RUN = "not yet run"
 # published figures, printed above the measured rows of each full-data table
 ANCHORS = {
@@ -70,7 +74,9 @@ def _stage1_sampler(run: dict) -> str:
     return run.get("batch_sampler") or (run.get("contrastive_args") or {}).get("batch_sampler") or "random"
 
 
-def load(dataset: str, tagged: bool = False, batch_sampler: str = "random") -> dict[tuple[str, str], list[dict]]:
+def load(
+    dataset: str, tagged: bool = False, batch_sampler: str = "random"
+) -> dict[tuple[str, str], list[dict]]:
     """Runs by (loss, probe): the main grid, or (``tagged``) the stage-2 variants by (loss, probe-tag); those
     of stage 1 trained with ``batch_sampler`` (``run.py --batch-sampler``: every table but the sampler's
     reads the random batches)."""
@@ -114,7 +120,7 @@ def _lr_runs(cells, loss: str) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for (lo, probe), rs in cells.items():
         if lo == loss and probe.startswith("finetune-lr"):
-            out[probe[len("finetune-lr"):]] += rs
+            out[probe[len("finetune-lr") :]] += rs
     return out
 
 
@@ -167,7 +173,9 @@ def _full_runs(plain, tagged, lr: str | None, loss: str, probe: str) -> list[dic
 def long_bce_runs(study: str, tagged, lr: str | None) -> list[dict]:
     """The BCE fine-tune at the chosen learning rate with the longer budget (``run_all.sh``: studies in
     LONG_BCE, whose chosen BCE run was still improving at the end of its 5 epochs)."""
-    return tagged.get(("bce", bce_choice.long_cell(lr)[len("bce_") :]), []) if lr and study in LONG_BCE else []
+    return (
+        tagged.get(("bce", bce_choice.long_cell(lr)[len("bce_") :]), []) if lr and study in LONG_BCE else []
+    )
 
 
 def _full_row(name: str, label: str, runs: list[dict], probe: str) -> str:
@@ -208,11 +216,13 @@ def full_table(study: str) -> str:
     lr = chosen_lr(study)
     planned = planned_losses(study, {**plain, **tagged})
     fine_tuned = set(CONTRASTIVE) if study == "reuters21578" else set(_chosen_on_reuters())
-    head = ("| stage 1 | stage 2 | validation macro-F1 | test micro-F1 | test macro-F1 | test P@1 | best / last epoch "
-            "| seeds |\n|---|---|---|---|---|---|---|---|")
+    head = (
+        "| stage 1 | stage 2 | validation macro-F1 | test micro-F1 | test macro-F1 | test P@1 | best / last epoch "
+        "| seeds |\n|---|---|---|---|---|---|---|---|"
+    )
     rows = [head, *ANCHORS.get(study, [])]
     for loss in [x for x in ORDER if x not in CONTRASTIVE or x in planned]:
-        for probe in (("finetune",) if loss == "bce" else ("logistic", "linear", "finetune")):
+        for probe in ("finetune",) if loss == "bce" else ("logistic", "linear", "finetune"):
             if loss == "pretrained" and probe == "finetune":
                 continue  # that is the BCE row
             runs = _full_runs(plain, tagged, lr, loss, probe)
@@ -222,8 +232,11 @@ def full_table(study: str) -> str:
                 label = "fine-tune"
                 if lr:
                     done, planned = len(_lr_runs(tagged, "bce")), 1 + len(lr_grid.FIRST)
-                    label = (f"fine-tune, lr {lr} (chosen on validation)" if done >= planned
-                             else f"fine-tune, lr {lr} (best on validation of {done} of {planned} learning rates so far)")  # fmt: skip
+                    label = (
+                        f"fine-tune, lr {lr} (chosen on validation)"
+                        if done >= planned
+                        else f"fine-tune, lr {lr} (best on validation of {done} of {planned} learning rates so far)"
+                    )
             else:
                 label = FULL_PROBES[probe]
             name = NAMES.get(loss, loss) if loss != "bce" else "none (BCE fine-tuning baseline)"
@@ -248,7 +261,9 @@ def _delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str] | N
     if min(len(a), len(b)) < 2:
         return d, f"undecided: seeds {len(a)} vs {len(b)}"
     spread = float(np.std(a, ddof=1) + np.std(b, ddof=1))
-    return d, (f"yes: {abs(d):.3f} > {spread:.3f}" if abs(d) > spread else f"no: {abs(d):.3f} <= {spread:.3f}")
+    return d, (
+        f"yes: {abs(d):.3f} > {spread:.3f}" if abs(d) > spread else f"no: {abs(d):.3f} <= {spread:.3f}"
+    )
 
 
 def _signed(delta: tuple[float, str] | None, missing: str = "—") -> str:
@@ -266,13 +281,17 @@ def _bar_note(study: str, budget: str | None, bce: list[dict], long_bce: list[di
     """Which BCE run is the bar of a study with a longer-budget run (``budget``: ``bce_choice.bce_budget``, None
     before it can be chosen), with the two validation scores it was chosen on."""
     if budget is None:
-        return (f"The bar: the 5-epoch BCE run until the run with {LONG_BCE[study]} has finished; then the one "
-                "with the higher seed-1 validation macro-F1 (`bce_choice.py`).")  # fmt: skip
+        return (
+            f"The bar: the 5-epoch BCE run until the run with {LONG_BCE[study]} has finished; then the one "
+            "with the higher seed-1 validation macro-F1 (`bce_choice.py`)."
+        )
     bar = f"BCE with {LONG_BCE[study]}" if budget == "long" else "BCE with 5 epochs"
     base, long = ([r for r in runs if r["seed"] == 1] for runs in (bce, long_bce))
-    return (f"The bar (`bce_choice.py`; seed-1 validation macro-F1 {_metric(base, 'validation_macro_f1')} with 5 "
-            f"epochs, {_metric(long, 'validation_macro_f1')} with {LONG_BCE[study]}): **{bar}**; a loss helps where "
-            "its seed-spread verdict against that run says yes.")  # fmt: skip
+    return (
+        f"The bar (`bce_choice.py`; seed-1 validation macro-F1 {_metric(base, 'validation_macro_f1')} with 5 "
+        f"epochs, {_metric(long, 'validation_macro_f1')} with {LONG_BCE[study]}): **{bar}**; a loss helps where "
+        "its seed-spread verdict against that run says yes."
+    )
 
 
 def comparison_table(study: str) -> str:
@@ -290,18 +309,27 @@ def comparison_table(study: str) -> str:
         budget = bce_choice.bce_budget(study, HERE)
     except ValueError:
         budget = None
-    rows = ["| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
-            "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |"
-            + (f" test macro-F1 − BCE {LONG_BCE[study]} | beyond the seed spread (vs BCE {LONG_BCE[study]})? |"
-               if long else ""),
-            "|---|---|---|---|---|---|---|" + ("---|---|" if long else "")]  # fmt: skip
+    rows = [
+        "| stage 1 | stage 2 | validation macro-F1 | test macro-F1 − BCE | test micro-F1 − BCE "
+        "| beyond the seed spread (macro-F1 vs BCE)? | test macro-F1 − frozen pretrained, same probe |"
+        + (
+            f" test macro-F1 − BCE {LONG_BCE[study]} | beyond the seed spread (vs BCE {LONG_BCE[study]})? |"
+            if long
+            else ""
+        ),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if long else ""),
+    ]
     for loss in CONTRASTIVE:
         for probe in ("logistic", "linear", "finetune"):
             runs = _full_runs(plain, tagged, lr, loss, probe)
             if not runs:
                 continue
             macro, micro = _delta(runs, bce, "test_macro_f1"), _delta(runs, bce, "test_micro_f1")
-            frozen = None if probe == "finetune" else _delta(runs, plain.get(("pretrained", probe), []), "test_macro_f1")
+            frozen = (
+                None
+                if probe == "finetune"
+                else _delta(runs, plain.get(("pretrained", probe), []), "test_macro_f1")
+            )
             rows.append(
                 f"| {NAMES.get(loss, loss)} | {FULL_PROBES[probe]} | {_metric(runs, 'validation_macro_f1')} "
                 f"| {_signed(macro)} | {_signed(micro)} "
@@ -312,10 +340,16 @@ def comparison_table(study: str) -> str:
     if len(rows) == 2:
         return "No contrastive row has finished yet."
     ranked = loss_choice.ranked(study, HERE)
-    ranking = ", ".join(f"{NAMES.get(loss, loss)} {v:.3f} ({FULL_PROBES[probe]})" for loss, v, probe in ranked)
-    return "\n".join(rows) + (f"\n\n{_bar_note(study, budget, bce, long_bce)}" if long else "") + (
-        f"\n\nLosses by their best validation macro-F1 of a frozen probe, seed 1 (`loss_choice.py`; "
-        f"{len(ranked)} of {len(loss_choice.LOSSES)} losses have a probe row): {ranking or '—'}."
+    ranking = ", ".join(
+        f"{NAMES.get(loss, loss)} {v:.3f} ({FULL_PROBES[probe]})" for loss, v, probe in ranked
+    )
+    return (
+        "\n".join(rows)
+        + (f"\n\n{_bar_note(study, budget, bce, long_bce)}" if long else "")
+        + (
+            f"\n\nLosses by their best validation macro-F1 of a frozen probe, seed 1 (`loss_choice.py`; "
+            f"{len(ranked)} of {len(loss_choice.LOSSES)} losses have a probe row): {ranking or '—'}."
+        )
     )
 
 
@@ -325,18 +359,24 @@ def lr_table(study: str) -> str:
     runs = _lr_runs(load(study, tagged=True), "bce")
     seed1 = {lr: r["metrics"]["validation_macro_f1"] for lr, rs in runs.items() for r in rs if r["seed"] == 1}
     lrs = lr_grid.planned_lrs(seed1)
-    rows = ["| learning rate | validation macro-F1 | validation micro-F1 | best / last epoch | s per epoch |",
-            "|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| learning rate | validation macro-F1 | validation micro-F1 | best / last epoch | s per epoch |",
+        "|---|---|---|---|---|",
+    ]
     for lr in list(lrs) + sorted(set(runs) - set(lrs)):
         rs = [r for r in runs.get(lr, []) if r["seed"] == 1]
         if not rs:
             rows.append(f"| {lr} | {NOT_RUN} | | | |")
             continue
-        rows.append(f"| {lr} | {_metric(rs, 'validation_macro_f1')} | {_metric(rs, 'validation_micro_f1')} "
-                    f"| {_best_epoch(rs)} | {_per_epoch(rs)} |")  # fmt: skip
+        rows.append(
+            f"| {lr} | {_metric(rs, 'validation_macro_f1')} | {_metric(rs, 'validation_micro_f1')} "
+            f"| {_best_epoch(rs)} | {_per_epoch(rs)} |"
+        )
     if len(lrs) == len(lr_grid.FIRST):
-        rows.append(f"| third: {lr_grid.ABOVE} or {lr_grid.BELOW}, chosen on validation once "
-                    f"{' and '.join(lr_grid.FIRST)} have run | {NOT_RUN} | | | |")  # fmt: skip
+        rows.append(
+            f"| third: {lr_grid.ABOVE} or {lr_grid.BELOW}, chosen on validation once "
+            f"{' and '.join(lr_grid.FIRST)} have run | {NOT_RUN} | | | |"
+        )
     return "\n".join(rows)
 
 
@@ -358,9 +398,14 @@ def _tail_series(study: str) -> list[tuple[str, dict]] | None:
     lr, tagged, plain = chosen_lr(study), load(study, tagged=True), load(study)
     if lr is None:
         return None
-    scored = [(r["metrics"]["validation_macro_f1"], f"{loss}_{probe}", _cell_label(loss, probe))
-              for (loss, probe), rs in {**plain, **tagged}.items() for r in rs
-              if loss in CONTRASTIVE and r["seed"] == 1 and (not probe.startswith("finetune") or probe == f"finetune-lr{lr}")]
+    scored = [
+        (r["metrics"]["validation_macro_f1"], f"{loss}_{probe}", _cell_label(loss, probe))
+        for (loss, probe), rs in {**plain, **tagged}.items()
+        for r in rs
+        if loss in CONTRASTIVE
+        and r["seed"] == 1
+        and (not probe.startswith("finetune") or probe == f"finetune-lr{lr}")
+    ]
     if not scored:
         return None
     _, folder, label = max(scored)
@@ -374,8 +419,13 @@ def _tail_baseline(study: str) -> tuple[str, dict] | None:
     """(label, per-label results) of the baseline (TF-IDF, SetFit) with the highest seed-1 validation macro-F1
     among those that wrote a per_label_f1.json; None before any has."""
     plain = load(study)
-    scored = [(r["metrics"]["validation_macro_f1"], key) for key in BASELINES for r in plain.get(key, [])
-              if r["seed"] == 1 and os.path.isfile(os.path.join(HERE, study, f"{key[0]}_{key[1]}", "seed1", "per_label_f1.json"))]
+    scored = [
+        (r["metrics"]["validation_macro_f1"], key)
+        for key in BASELINES
+        for r in plain.get(key, [])
+        if r["seed"] == 1
+        and os.path.isfile(os.path.join(HERE, study, f"{key[0]}_{key[1]}", "seed1", "per_label_f1.json"))
+    ]
     if not scored:
         return None
     key = max(scored)[1]
@@ -393,9 +443,12 @@ def full_f1_plot(study: str) -> str | None:
     series += [x for x in (_tail_baseline(study),) if x]
     out = os.path.join(FIGURES, study, "f1_vs_frequency.png")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    plot_f1_vs_frequency({label: np.asarray(r["test_f1"]) for label, r in series},
-                         np.asarray(series[0][1]["train_count"]), out,
-                         title=f"{study}: per-label test F1 vs training frequency (seed 1)")  # fmt: skip
+    plot_f1_vs_frequency(
+        {label: np.asarray(r["test_f1"]) for label, r in series},
+        np.asarray(series[0][1]["train_count"]),
+        out,
+        title=f"{study}: per-label test F1 vs training frequency (seed 1)",
+    )
     return out
 
 
@@ -418,8 +471,10 @@ def tail_table(study: str) -> str:
     counts = series[0][1]["train_count"]
     bins = f1_by_frequency_bin({label: np.asarray(r["test_f1"]) for label, r in series}, np.asarray(counts))
     diffs = [f"difference to {label}" for label, _ in bces]
-    rows = [f"| training documents per label (bin) | labels | {' | '.join(label for label, _ in series)} | {' | '.join(diffs)} |",
-            "|---|---|" + "---|" * (len(series) + len(bces))]  # fmt: skip
+    rows = [
+        f"| training documents per label (bin) | labels | {' | '.join(label for label, _ in series)} | {' | '.join(diffs)} |",
+        "|---|---|" + "---|" * (len(series) + len(bces)),
+    ]
     for x in bins:
         means = x["mean_f1"]
         cells = [f"{means[label]:.2f}" for label, _ in series]
@@ -427,7 +482,9 @@ def tail_table(study: str) -> str:
         rows.append(f"| {_edge(x['low'])}-{_edge(x['high'])} | {x['n_labels']} | {' | '.join(cells)} |")
     unseen = int(sum(c == 0 for c in counts))
     if unseen:
-        rows.append(f"| 0 (unseen in training, not in the plot) | {unseen} |" + " |" * (len(series) + len(bces)))
+        rows.append(
+            f"| 0 (unseen in training, not in the plot) | {unseen} |" + " |" * (len(series) + len(bces))
+        )
     return "\n".join(rows)
 
 
@@ -447,8 +504,11 @@ def _row_runs(study: str) -> dict[tuple[str, str], list[dict]]:
     """Every full-table row's runs by (loss, probe) in the current results tree (fine-tunes at the tree's own
     chosen learning rate; ``("bce", "finetune-long")`` the longer-budget BCE run)."""
     plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
-    rows = {(loss, probe): _full_runs(plain, tagged, lr, loss, probe)
-            for loss in ORDER for probe in ("logistic", "linear", "finetune")}
+    rows = {
+        (loss, probe): _full_runs(plain, tagged, lr, loss, probe)
+        for loss in ORDER
+        for probe in ("logistic", "linear", "finetune")
+    }
     rows[("bce", "finetune-long")] = long_bce_runs(study, tagged, lr)
     return {k: v for k, v in rows.items() if v}
 
@@ -466,15 +526,22 @@ def gpu_tables() -> dict[str, str]:
     tables = {"gpu-summary": gpu_summary_table(root)}
     with results_root(root):
         for d in FULL_STUDIES:
-            tables.update({f"gpu-{d}-full": full_table(d), f"gpu-{d}-lr": lr_table(d),
-                           f"gpu-{d}-vs-bce": comparison_table(d)})
+            tables.update(
+                {
+                    f"gpu-{d}-full": full_table(d),
+                    f"gpu-{d}-lr": lr_table(d),
+                    f"gpu-{d}-vs-bce": comparison_table(d),
+                }
+            )
     return tables
 
 
 # ---------------------------------------------------------------- the summary, the compute figure, the cost
-BASELINES = {("tfidf", "logreg"): "TF-IDF 1-2 grams + logistic regression",
-             ("tfidf", "svm"): "TF-IDF 1-2 grams + linear SVM",
-             ("setfit", "logistic"): "SetFit: MiniLM on any-overlap pairs + logistic head"}  # fmt: skip
+BASELINES = {
+    ("tfidf", "logreg"): "TF-IDF 1-2 grams + logistic regression",
+    ("tfidf", "svm"): "TF-IDF 1-2 grams + linear SVM",
+    ("setfit", "logistic"): "SetFit: MiniLM on any-overlap pairs + logistic head",
+}
 CPU_DEVICE = "2-core AMD EPYC CPU (fp32)"  # the device of every CPU cell (metrics.json "device": "cpu")
 
 
@@ -508,39 +575,58 @@ def summary_rows(study: str) -> list[tuple[str, list[dict]]]:
     """(method, runs) of the summary table for one study: the BCE baselines, the TF-IDF and SetFit baselines,
     the frozen MiniLM's probes, and both probes and the fine-tune of the two losses chosen on validation."""
     plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
-    rows = [(f"BCE fine-tune, lr {lr or '?'} (chosen on validation), up to 5 epochs",
-             _full_runs(plain, tagged, lr, "bce", "finetune"))]  # fmt: skip
+    rows = [
+        (
+            f"BCE fine-tune, lr {lr or '?'} (chosen on validation), up to 5 epochs",
+            _full_runs(plain, tagged, lr, "bce", "finetune"),
+        )
+    ]
     if study in LONG_BCE:
         rows.append((f"BCE fine-tune, lr {lr or '?'}, {LONG_BCE[study]}", long_bce_runs(study, tagged, lr)))
     rows += [(label, plain.get(key, [])) for key, label in BASELINES.items()]
-    rows += [(f"frozen MiniLM + {FULL_PROBES[p]}", plain.get(("pretrained", p), [])) for p in ("logistic", "linear")]
+    rows += [
+        (f"frozen MiniLM + {FULL_PROBES[p]}", plain.get(("pretrained", p), []))
+        for p in ("logistic", "linear")
+    ]
     for loss in _chosen_on_reuters():
-        rows += [(f"{NAMES.get(loss, loss)} stage 1 + {FULL_PROBES[p]}", _full_runs(plain, tagged, lr, loss, p))
-                 for p in ("logistic", "linear", "finetune")]  # fmt: skip
+        rows += [
+            (f"{NAMES.get(loss, loss)} stage 1 + {FULL_PROBES[p]}", _full_runs(plain, tagged, lr, loss, p))
+            for p in ("logistic", "linear", "finetune")
+        ]
     return rows
 
 
 def summary_table() -> str:
     """Dataset x method: test micro-F1, macro-F1 and P@1 (mean ± sd over the seeds, n shown) and the training
     seconds of one run on the CPU; a method without a finished cell says "not yet run"."""
-    rows = [f"| dataset | method | test micro-F1 | test macro-F1 | test P@1 | training s, {CPU_DEVICE} |",
-            "|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        f"| dataset | method | test micro-F1 | test macro-F1 | test P@1 | training s, {CPU_DEVICE} |",
+        "|---|---|---|---|---|---|",
+    ]
     for study in FULL_STUDIES:
         for label, runs in summary_rows(study):
             if not runs:
                 rows.append(f"| {study} | {label} | {NOT_RUN} | | | |")
                 continue
-            rows.append(f"| {study} | {label} | {_metric(runs, 'test_micro_f1')} | {_metric(runs, 'test_macro_f1')} "
-                        f"| {_metric(runs, 'test_p@1')} | {_cost(runs)} |")  # fmt: skip
+            rows.append(
+                f"| {study} | {label} | {_metric(runs, 'test_micro_f1')} | {_metric(runs, 'test_macro_f1')} "
+                f"| {_metric(runs, 'test_p@1')} | {_cost(runs)} |"
+            )
     return "\n".join(rows)
 
 
 def _loss_range(runs_by_loss: dict[str, list[dict]]) -> str:
     """min-max over losses of each loss's mean test macro-F1, and how many losses."""
-    means = [np.mean([float(r["metrics"]["test_macro_f1"]) for r in rs]) for rs in runs_by_loss.values() if rs]
+    means = [
+        np.mean([float(r["metrics"]["test_macro_f1"]) for r in rs]) for rs in runs_by_loss.values() if rs
+    ]
     if not means:
         return "—"
-    return f"{min(means):.3f}-{max(means):.3f} ({len(means)} losses)" if len(means) > 1 else f"{means[0]:.3f} (1 loss)"
+    return (
+        f"{min(means):.3f}-{max(means):.3f} ({len(means)} losses)"
+        if len(means) > 1
+        else f"{means[0]:.3f} (1 loss)"
+    )
 
 
 def gpu_summary_table(gpu_root: str) -> str:
@@ -551,17 +637,24 @@ def gpu_summary_table(gpu_root: str) -> str:
         cpu = _row_runs(study)
         with results_root(gpu_root):
             gpu = _row_runs(study)
-        for key, budget in ((("bce", "finetune"), "up to 5 epochs"), (("bce", "finetune-long"), LONG_BCE.get(study))):
+        for key, budget in (
+            (("bce", "finetune"), "up to 5 epochs"),
+            (("bce", "finetune-long"), LONG_BCE.get(study)),
+        ):
             if key in cpu and key in gpu:
                 label = f"BCE fine-tune, lr {_lr_of(cpu[key])} / {_lr_of(gpu[key])} (CPU / GPU), {budget}"
-                rows.append(f"| {study} | {label} | {_metric(cpu[key], 'test_macro_f1')} "
-                            f"| {_metric(gpu[key], 'test_macro_f1')} |")  # fmt: skip
+                rows.append(
+                    f"| {study} | {label} | {_metric(cpu[key], 'test_macro_f1')} "
+                    f"| {_metric(gpu[key], 'test_macro_f1')} |"
+                )
         for probe in ("logistic", "linear", "finetune"):
             both = [loss for loss in CONTRASTIVE if (loss, probe) in cpu and (loss, probe) in gpu]
             if both:
-                rows.append(f"| {study} | stage 1 + {FULL_PROBES[probe]}, per loss (mean over its seeds) "
-                            f"| {_loss_range({lo: cpu[(lo, probe)] for lo in both})} "
-                            f"| {_loss_range({lo: gpu[(lo, probe)] for lo in both})} |")  # fmt: skip
+                rows.append(
+                    f"| {study} | stage 1 + {FULL_PROBES[probe]}, per loss (mean over its seeds) "
+                    f"| {_loss_range({lo: cpu[(lo, probe)] for lo in both})} "
+                    f"| {_loss_range({lo: gpu[(lo, probe)] for lo in both})} |"
+                )
     return "\n".join(rows) if len(rows) > 2 else "No row has run on a GPU yet."
 
 
@@ -570,22 +663,41 @@ def compute_points(study: str) -> tuple[dict[str, list[tuple[float, float]]], di
     that loaded their features are left out: their seconds hold no encoder pass) and {method: [per run, [(cumulative training seconds, test macro-F1) per epoch]]} for runs scored after each
     epoch (``run.py --test-each-epoch``)."""
     plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
-    groups: dict[str, list[dict]] = {"BCE fine-tune, up to 5 epochs": _full_runs(plain, tagged, lr, "bce", "finetune"),
-                                     "BCE fine-tune, up to 20 epochs": long_bce_runs(study, tagged, lr)}  # fmt: skip
-    groups["frozen MiniLM + probe"] = plain.get(("pretrained", "logistic"), []) + plain.get(("pretrained", "linear"), [])
+    groups: dict[str, list[dict]] = {
+        "BCE fine-tune, up to 5 epochs": _full_runs(plain, tagged, lr, "bce", "finetune"),
+        "BCE fine-tune, up to 20 epochs": long_bce_runs(study, tagged, lr),
+    }
+    groups["frozen MiniLM + probe"] = plain.get(("pretrained", "logistic"), []) + plain.get(
+        ("pretrained", "linear"), []
+    )
     for probe in ("logistic", "linear", "finetune"):
         groups[f"stage 1 + {probe.replace('finetune', 'fine-tune')}"] = [
-            r for loss in CONTRASTIVE for r in _full_runs(plain, tagged, lr, loss, probe)]  # fmt: skip
-    groups.update({label.split(":")[0].replace(" 1-2 grams", ""): plain.get(key, []) for key, label in BASELINES.items()})
-    points = {m: [(train_seconds(r)[0], float(r["metrics"]["test_macro_f1"])) for r in rs
-                  if train_seconds(r)[0] and not features_loaded(r)] for m, rs in groups.items()}  # fmt: skip
+            r for loss in CONTRASTIVE for r in _full_runs(plain, tagged, lr, loss, probe)
+        ]
+    groups.update(
+        {
+            label.split(":")[0].replace(" 1-2 grams", ""): plain.get(key, [])
+            for key, label in BASELINES.items()
+        }
+    )
+    points = {
+        m: [
+            (train_seconds(r)[0], float(r["metrics"]["test_macro_f1"]))
+            for r in rs
+            if train_seconds(r)[0] and not features_loaded(r)
+        ]
+        for m, rs in groups.items()
+    }
     curves: dict[str, list[list]] = {}
     for (loss, _probe), rs in tagged.items():
         for r in rs:
             if loss == "bce" and r.get("epoch_test"):
                 cum = np.cumsum((r.get("epochs") or {}).get("epoch_s") or [])
-                run = [(float(cum[int(round(e["epoch"])) - 1]), e["test_macro_f1"]) for e in r["epoch_test"]
-                       if 0 < int(round(e["epoch"])) <= len(cum)]  # fmt: skip
+                run = [
+                    (float(cum[int(round(e["epoch"])) - 1]), e["test_macro_f1"])
+                    for e in r["epoch_test"]
+                    if 0 < int(round(e["epoch"])) <= len(cum)
+                ]
                 curves.setdefault("BCE fine-tune, test after each epoch", []).append(run)
     return {m: p for m, p in points.items() if p}, curves
 
@@ -597,8 +709,12 @@ def compute_figure() -> str | None:
     data = {s: compute_points(s) for s in FULL_STUDIES if os.path.isdir(os.path.join(HERE, s))}
     if not data:
         return None
-    return plot_compute({s: p for s, (p, _) in data.items()}, {s: c for s, (_, c) in data.items()},
-                        os.path.join(FIGURES, "compute_vs_macro_f1.png"), CPU_DEVICE)  # fmt: skip
+    return plot_compute(
+        {s: p for s, (p, _) in data.items()},
+        {s: c for s, (_, c) in data.items()},
+        os.path.join(FIGURES, "compute_vs_macro_f1.png"),
+        CPU_DEVICE,
+    )
 
 
 def _spread(values: list[float]) -> str:
@@ -620,43 +736,81 @@ def cost_rows(study: str) -> list[tuple[str, list[float]]]:
     probe's whole run, and the baselines' training."""
     runs = [r for cells in (load(study), load(study, tagged=True)) for rs in cells.values() for r in rs]
     ft = [r for r in runs if r["probe"] == "finetune"]
-    stage1 = {(r["loss"], r["seed"]): (r.get("stage1") or {}).get("epochs") or {} for r in runs if r.get("stage1")}
+    stage1 = {
+        (r["loss"], r["seed"]): (r.get("stage1") or {}).get("epochs") or {} for r in runs if r.get("stage1")
+    }
     logistic = [r for r in runs if r["probe"] == "logistic" and r["loss"] not in ("setfit",)]
     by = {key: [r for r in runs if (r["loss"], r["probe"]) == key] for key in BASELINES}
     return [
-        ("fine-tune (BCE, MiniLM + linear head), one epoch", _whole_epochs([r.get("epochs") or {} for r in ft])),
-        ("fine-tune, one validation pass", [e["eval_s"] for r in ft for e in (r.get("epochs") or {}).get("evaluations") or []
-                                            if e.get("eval_s")]),
+        (
+            "fine-tune (BCE, MiniLM + linear head), one epoch",
+            _whole_epochs([r.get("epochs") or {} for r in ft]),
+        ),
+        (
+            "fine-tune, one validation pass",
+            [
+                e["eval_s"]
+                for r in ft
+                for e in (r.get("epochs") or {}).get("evaluations") or []
+                if e.get("eval_s")
+            ],
+        ),
         ("stage 1 (contrastive, batch 64), one epoch", _whole_epochs(list(stage1.values()))),
-        ("linear probe on cached features, one epoch",
-         _whole_epochs([r.get("epochs") or {} for r in runs if r["probe"] == "linear"])),
-        ("logistic probe, whole: encoding train + validation + test, then the fits",
-         [r["wall_s"]["probe_s"] for r in logistic if not features_loaded(r) and r["wall_s"].get("probe_s")]),
-        ("logistic probe on stored features, whole: the fits",
-         [r["wall_s"]["probe_s"] for r in logistic if features_loaded(r) and r["wall_s"].get("probe_s")]),
-        ("TF-IDF + logistic regression, features and the C grid", [r["wall_s"]["probe_s"] for r in by[("tfidf", "logreg")]]),
-        ("TF-IDF + linear SVM, features and the C grid", [r["wall_s"]["probe_s"] for r in by[("tfidf", "svm")]]),
+        (
+            "linear probe on cached features, one epoch",
+            _whole_epochs([r.get("epochs") or {} for r in runs if r["probe"] == "linear"]),
+        ),
+        (
+            "logistic probe, whole: encoding train + validation + test, then the fits",
+            [
+                r["wall_s"]["probe_s"]
+                for r in logistic
+                if not features_loaded(r) and r["wall_s"].get("probe_s")
+            ],
+        ),
+        (
+            "logistic probe on stored features, whole: the fits",
+            [r["wall_s"]["probe_s"] for r in logistic if features_loaded(r) and r["wall_s"].get("probe_s")],
+        ),
+        (
+            "TF-IDF + logistic regression, features and the C grid",
+            [r["wall_s"]["probe_s"] for r in by[("tfidf", "logreg")]],
+        ),
+        (
+            "TF-IDF + linear SVM, features and the C grid",
+            [r["wall_s"]["probe_s"] for r in by[("tfidf", "svm")]],
+        ),
         ("SetFit, pair training", [r["wall_s"]["stage1_s"] for r in by[("setfit", "logistic")]]),
-        ("SetFit, head (encoding the training set, then the fits)", [r["wall_s"]["probe_s"] for r in by[("setfit", "logistic")]]),
-    ]  # fmt: skip
+        (
+            "SetFit, head (encoding the training set, then the fits)",
+            [r["wall_s"]["probe_s"] for r in by[("setfit", "logistic")]],
+        ),
+    ]
 
 
 def cost_section() -> str:
     """docs/PERFORMANCE.md's part on the results study: the seconds its cells recorded, on the CPU and on the
     GPU, per kind of work."""
     root = os.path.join(HERE, GPU_DIR)
-    gpu_devices = sorted({r.get("device", "?") for d in FULL_STUDIES for rs in load_tree(root, d).values()
-                          for r in rs}) if os.path.isdir(root) else []  # fmt: skip
+    gpu_devices = (
+        sorted({r.get("device", "?") for d in FULL_STUDIES for rs in load_tree(root, d).values() for r in rs})
+        if os.path.isdir(root)
+        else []
+    )
     gpu_name = ", ".join(gpu_devices) or "GPU"
-    lines = ["## Training cost of the results study", "",
-             "Wall seconds the cells of docs/RESULTS.md recorded (`studies/results/`), per kind of work: median "
-             "(min-max; number of measurements). Written by `python studies/make_tables.py`. "
-             f"**CPU**: {CPU_DEVICE}, torch CPU build; each cell ran with one thread beside a second cell or with "
-             "two threads alone, on cores shared with other processes, so the spread is mostly contention. "
-             f"**GPU**: {gpu_name} in bf16 (`studies/run_gpu.sh`); most GPU cells ran several at a time on the "
-             "one device, so their times include that sharing. MiniLM: all-MiniLM-L6-v2 (22.7 M parameters); "
-             "Reuters-21578: 6,993 training documents at 128 tokens, fine-tune batch 32 (219 steps per epoch); "
-             "GoEmotions: 43,410 comments at 64 tokens (1,357 steps). —: not measured on that device.", ""]  # fmt: skip
+    lines = [
+        "## Training cost of the results study",
+        "",
+        "Wall seconds the cells of docs/RESULTS.md recorded (`studies/results/`), per kind of work: median "
+        "(min-max; number of measurements). Written by `python studies/make_tables.py`. "
+        f"**CPU**: {CPU_DEVICE}, torch CPU build; each cell ran with one thread beside a second cell or with "
+        "two threads alone, on cores shared with other processes, so the spread is mostly contention. "
+        f"**GPU**: {gpu_name} in bf16 (`studies/run_gpu.sh`); most GPU cells ran several at a time on the "
+        "one device, so their times include that sharing. MiniLM: all-MiniLM-L6-v2 (22.7 M parameters); "
+        "Reuters-21578: 6,993 training documents at 128 tokens, fine-tune batch 32 (219 steps per epoch); "
+        "GoEmotions: 43,410 comments at 64 tokens (1,357 steps). —: not measured on that device.",
+        "",
+    ]
     for study in FULL_STUDIES:
         cpu = cost_rows(study)
         if os.path.isdir(os.path.join(root, study)):
@@ -707,16 +861,26 @@ def sampler_table(study: str) -> str:
     """Stage 1 with positive-ensured batches (``run.py --batch-sampler positives``) against the same cell with
     random batches, seed 1: test macro-F1 of both frozen probes and validation macro-F1 of the logistic one."""
     plain, positives = load(study), load(study, batch_sampler="positives")
-    rows = ["| stage 1 | logistic probe: test macro-F1, random → positives | linear probe: test macro-F1, random → "
-            "positives | logistic probe: validation macro-F1 | logistic probe: test micro-F1 |", "|---|---|---|---|---|"]
+    rows = [
+        "| stage 1 | logistic probe: test macro-F1, random → positives | linear probe: test macro-F1, random → "
+        "positives | logistic probe: validation macro-F1 | logistic probe: test micro-F1 |",
+        "|---|---|---|---|---|",
+    ]
     for loss in CONTRASTIVE:
-        cells = {p: ([r for r in plain.get((loss, p), []) if r["seed"] == 1],
-                     [r for r in positives.get((loss, p), []) if r["seed"] == 1]) for p in ("logistic", "linear")}  # fmt: skip
+        cells = {
+            p: (
+                [r for r in plain.get((loss, p), []) if r["seed"] == 1],
+                [r for r in positives.get((loss, p), []) if r["seed"] == 1],
+            )
+            for p in ("logistic", "linear")
+        }
         if cells["logistic"][0] or cells["linear"][0]:
-            rows.append(f"| {NAMES.get(loss, loss)} | {_sampler_cell(*cells['logistic'], 'test_macro_f1')} | "
-                        f"{_sampler_cell(*cells['linear'], 'test_macro_f1')} | "
-                        f"{_sampler_cell(*cells['logistic'], 'validation_macro_f1')} | "
-                        f"{_sampler_cell(*cells['logistic'], 'test_micro_f1')} |")  # fmt: skip
+            rows.append(
+                f"| {NAMES.get(loss, loss)} | {_sampler_cell(*cells['logistic'], 'test_macro_f1')} | "
+                f"{_sampler_cell(*cells['linear'], 'test_macro_f1')} | "
+                f"{_sampler_cell(*cells['logistic'], 'validation_macro_f1')} | "
+                f"{_sampler_cell(*cells['logistic'], 'test_micro_f1')} |"
+            )
     return "\n".join(rows)
 
 
@@ -731,14 +895,19 @@ def papers_table() -> str:
     rows[0] += "".join(f" {d}: stage 1 + logistic probe, test macro-F1 |" for d in FULL_STUDIES)
     rows[1] += "---|" * len(FULL_STUDIES)
     for i, loss in enumerate(paper_budgets.BUDGETS, start=2):
-        rows[i] += "".join(f" {_metric(done[d][(loss, 'logistic')], 'test_macro_f1') if (loss, 'logistic') in done[d] else NOT_RUN} |"
-                           for d in FULL_STUDIES)  # fmt: skip
+        rows[i] += "".join(
+            f" {_metric(done[d][(loss, 'logistic')], 'test_macro_f1') if (loss, 'logistic') in done[d] else NOT_RUN} |"
+            for d in FULL_STUDIES
+        )
     return "\n".join(rows)
 
 
 def main(argv: list[str]) -> None:
-    tables = {"summary": summary_table(), "papers-budgets": papers_table(),
-              "reuters21578-sampler": sampler_table("reuters21578")}
+    tables = {
+        "summary": summary_table(),
+        "papers-budgets": papers_table(),
+        "reuters21578-sampler": sampler_table("reuters21578"),
+    }
     tables.update({f"{d}-full": full_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})

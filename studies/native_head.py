@@ -50,8 +50,16 @@ def _minilm() -> str:
 
 
 def _hf_mlcl(*args: str) -> None:
-    cmd = [os.path.join(os.path.dirname(sys.executable), "hf-mlcl"), *args, "--use_cpu", "true", "--report_to",
-           "none", "--disable_tqdm", "true"]  # fmt: skip
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "hf-mlcl"),
+        *args,
+        "--use_cpu",
+        "true",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+    ]
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
@@ -67,8 +75,17 @@ def run_cell(seed: int, data: str) -> dict[str, float]:
     if not os.path.isfile(os.path.join(run, "classifier", "metrics.json")):
         _hf_mlcl("run", RECIPE, *common, "--output_dir", run, "--no_plots")
     if not os.path.isfile(os.path.join(run, "native", "metrics.json")):
-        _hf_mlcl("probe", RECIPE, *common, "--encoder_path", os.path.join(run, "encoder"), "--head", "native",
-                 "--output_dir", os.path.join(run, "native"))  # fmt: skip
+        _hf_mlcl(
+            "probe",
+            RECIPE,
+            *common,
+            "--encoder_path",
+            os.path.join(run, "encoder"),
+            "--head",
+            "native",
+            "--output_dir",
+            os.path.join(run, "native"),
+        )
     scores = {}
     for head, folder in zip(HEADS, ("classifier", "native")):
         with open(os.path.join(run, folder, "metrics.json"), encoding="utf-8") as fh:
@@ -87,9 +104,13 @@ def main() -> None:
     print("| head | validation macro-F1 (seeds 1 / 2 / 3) | mean ± sd |\n|---|---|---|")
     for head in HEADS:
         values = np.array([cells[s][head] for s in SEEDS])
-        print(f"| {head} | {' / '.join(f'{v:.3f}' for v in values)} | {values.mean():.3f} ± {values.std(ddof=1):.3f} |")
+        print(
+            f"| {head} | {' / '.join(f'{v:.3f}' for v in values)} | {values.mean():.3f} ± {values.std(ddof=1):.3f} |"
+        )
     diff = np.array([cells[s]["native"] - cells[s]["linear"] for s in SEEDS])
-    print(f"native - linear, paired by seed: {diff.mean():+.3f} (per seed {', '.join(f'{d:+.3f}' for d in diff)})")
+    print(
+        f"native - linear, paired by seed: {diff.mean():+.3f} (per seed {', '.join(f'{d:+.3f}' for d in diff)})"
+    )
 
 
 if __name__ == "__main__":

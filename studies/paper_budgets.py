@@ -44,29 +44,59 @@ class Budget:
 
     def overrides(self) -> list[str]:
         """Recipe overrides (``run.py cell ... <overrides>``) that give stage 1 this budget."""
-        out = ["--contrastive.num_train_epochs", str(self.epochs),
-               "--contrastive.per_device_train_batch_size", str(self.batch),
-               "--contrastive.queue_size", str(self.queue)]  # fmt: skip
+        out = [
+            "--contrastive.num_train_epochs",
+            str(self.epochs),
+            "--contrastive.per_device_train_batch_size",
+            str(self.batch),
+            "--contrastive.queue_size",
+            str(self.queue),
+        ]
         if self.loss_kwargs is not None:
-            out += ["--contrastive.loss_kwargs", json.dumps(self.loss_kwargs, sort_keys=True, separators=(",", ":"))]
+            out += [
+                "--contrastive.loss_kwargs",
+                json.dumps(self.loss_kwargs, sort_keys=True, separators=(",", ":")),
+            ]
         return out
 
 
-_SD = dict(paper="SD", epochs=80, batch=128, queue=0,
-           stated="batch 128 (earlier version, text); epochs not stated (ABALONE's 80); in-batch contrast")  # fmt: skip
-_HBL = dict(paper="HBL", epochs=80, batch=128, queue=4096,
-            stated="queue 4,096; batch searched in 32-256; epochs not stated (ABALONE's 80)")  # fmt: skip
+_SD = dict(
+    paper="SD",
+    epochs=80,
+    batch=128,
+    queue=0,
+    stated="batch 128 (earlier version, text); epochs not stated (ABALONE's 80); in-batch contrast",
+)
+_HBL = dict(
+    paper="HBL",
+    epochs=80,
+    batch=128,
+    queue=4096,
+    stated="queue 4,096; batch searched in 32-256; epochs not stated (ABALONE's 80)",
+)
 BUDGETS: dict[str, Budget] = {
-    "msc": Budget(paper="ABALONE", epochs=80, batch=32, queue=512, stated="all three (App. B); momentum 0.999"),
-    "jaccard": Budget(paper="ABALONE (its L_Base)", epochs=80, batch=32, queue=0,
-                      stated="ABALONE's setup for its baseline, without the queue"),  # fmt: skip
+    "msc": Budget(
+        paper="ABALONE", epochs=80, batch=32, queue=512, stated="all three (App. B); momentum 0.999"
+    ),
+    "jaccard": Budget(
+        paper="ABALONE (its L_Base)",
+        epochs=80,
+        batch=32,
+        queue=0,
+        stated="ABALONE's setup for its baseline, without the queue",
+    ),
     "sd": Budget(**_SD),
     "all": Budget(**{**_SD, "paper": "SD (its baseline)"}),
     "any": Budget(**{**_SD, "paper": "SD (its baseline)"}),
     "hbl": Budget(**_HBL, loss_kwargs={"base": "mulsupcon", "k_min": 128}),
     "mulsupcon": Budget(**{**_HBL, "paper": "HBL (its base loss)"}),
-    "ws_mulsupcon": Budget(paper="ws-MulSupCon", epochs=100, batch=64, queue=4096,
-                           stated="epochs 100, batch 64; a queue (eq. 1) of unstated size (HBL's 4,096)"),  # fmt: skip
+    "ws_mulsupcon": Budget(
+        paper="ws-MulSupCon",
+        epochs=100,
+        batch=64,
+        queue=4096,
+        stated="epochs 100, batch 64; a queue (eq. 1) of unstated size (HBL's 4,096)",
+    ),
 }
 
 

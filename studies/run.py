@@ -44,7 +44,6 @@ RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs")) 
 RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(cell_io.STUDIES, "results"))  # small per-cell outputs
 
 
-
 def _has_checkpoint(folder: str) -> bool:
     """True when ``folder`` holds a Trainer ``checkpoint-*`` to resume from."""
     return os.path.isdir(folder) and any(n.startswith("checkpoint-") for n in os.listdir(folder))
@@ -82,8 +81,15 @@ def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
 
     data = load_run_data(d_args)
     ds, names = data.dataset, data.label_names
-    return [EpochTestCallback(ds["validation"], ds["test"], len(names), d_args.max_length,
-                              os.path.join(folder, "epoch_test.jsonl"))]  # fmt: skip
+    return [
+        EpochTestCallback(
+            ds["validation"],
+            ds["test"],
+            len(names),
+            d_args.max_length,
+            os.path.join(folder, "epoch_test.jsonl"),
+        )
+    ]
 
 
 def best_bce_lr(dataset: str) -> str:
@@ -127,6 +133,7 @@ def run_cell(
     from hf_mlcl.data import label_names, train_frequency
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
     from hf_mlcl.training.stages import train_contrastive, train_probe
+
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from minilm import find_minilm
 
@@ -141,7 +148,9 @@ def run_cell(
         extra = [*extra, "--probe.learning_rate", lr]
     minilm = find_minilm()
     stage1 = loss
-    if batch_sampler != "random":  # a stage-1 variant: its own encoder, and a tag naming it on every probe cell
+    if (
+        batch_sampler != "random"
+    ):  # a stage-1 variant: its own encoder, and a tag naming it on every probe cell
         if loss in ("bce", "pretrained"):
             raise ValueError("--batch-sampler chooses stage 1's batches: use it with a contrastive --loss")
         stage1 = f"{loss}-{batch_sampler}"
@@ -155,8 +164,17 @@ def run_cell(
         with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
             return json.load(fh)
     tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
-    result: dict = {"dataset": dataset, "loss": loss, "probe": probe, "seed": seed, "overrides": extra, "tag": tag,
-                    "batch_sampler": batch_sampler, "git_commit": cell_io.git_commit(), "device": cell_io.device()}
+    result: dict = {
+        "dataset": dataset,
+        "loss": loss,
+        "probe": probe,
+        "seed": seed,
+        "overrides": extra,
+        "tag": tag,
+        "batch_sampler": batch_sampler,
+        "git_commit": cell_io.git_commit(),
+        "device": cell_io.device(),
+    }
     wall: dict[str, float] = {}
 
     encoder_path = None
@@ -167,9 +185,19 @@ def run_cell(
         _, _, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
         result["contrastive_args"] = {
             k: getattr(c_args, k)
-            for k in ("loss", "loss_kwargs", "temperature", "projection_dim", "learning_rate",
-                      "num_train_epochs", "per_device_train_batch_size", "queue_size", "n_views", "seed",
-                      "batch_sampler")
+            for k in (
+                "loss",
+                "loss_kwargs",
+                "temperature",
+                "projection_dim",
+                "learning_rate",
+                "num_train_epochs",
+                "per_device_train_batch_size",
+                "queue_size",
+                "n_views",
+                "seed",
+                "batch_sampler",
+            )
         }
         if not os.path.isfile(done):
             m_args, d_args, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
@@ -202,12 +230,18 @@ def run_cell(
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
     t0 = time.time()
     stage = train_probe(
-        m_args, d_args, p_args, encoder_path=encoder_path,
-        callbacks=_callbacks(p_args, probe_dir, patience) + _epoch_test(test_each_epoch, probe, d_args, probe_dir),
+        m_args,
+        d_args,
+        p_args,
+        encoder_path=encoder_path,
+        callbacks=_callbacks(p_args, probe_dir, patience)
+        + _epoch_test(test_each_epoch, probe, d_args, probe_dir),
     )
     trainer, metrics = stage.trainer, stage.metrics
     wall["probe_s"] = round(time.time() - t0, 1)  # this process's part when the stage was resumed
-    if getattr(trainer, "feature_sources", None):  # "encoded" / "loaded" per split: what the probe's wall time holds
+    if getattr(
+        trainer, "feature_sources", None
+    ):  # "encoded" / "loaded" per split: what the probe's wall time holds
         result["features"] = dict(trainer.feature_sources)
     if probe != "logistic":
         result["epochs"] = _epochs(probe_dir)
@@ -222,8 +256,16 @@ def run_cell(
             result["early_stopping_patience"] = patience  # checked against the evaluations (studies/tests)
     result["probe_args"] = {
         k: getattr(p_args, k)
-        for k in ("probe", "loss", "threshold", "learning_rate", "num_train_epochs",
-                  "per_device_train_batch_size", "logistic_c_grid", "seed")
+        for k in (
+            "probe",
+            "loss",
+            "threshold",
+            "learning_rate",
+            "num_train_epochs",
+            "per_device_train_batch_size",
+            "logistic_c_grid",
+            "seed",
+        )
     }
     result["data"] = {
         "max_train_samples": d_args.max_train_samples,
@@ -241,8 +283,10 @@ def run_cell(
         scores, truth = stage.scores["test"]
         names = label_names(trainer.train_dataset)
         train_count = train_frequency(trainer.train_dataset, len(names))
-        cell_io.write_json(os.path.join(out_dir, "per_label_f1.json"),
-                           cell_io.per_label_record(names, truth, scores, metrics["threshold"], train_count))  # fmt: skip
+        cell_io.write_json(
+            os.path.join(out_dir, "per_label_f1.json"),
+            cell_io.per_label_record(names, truth, scores, metrics["threshold"], train_count),
+        )
     cell_io.write_json(os.path.join(out_dir, "metrics.json"), result)
     print(
         f"RESULT {dataset} {cell} seed{seed}: test micro-F1 {metrics.get('test_micro_f1'):.4f} "
@@ -258,25 +302,57 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("dataset")
     ap.add_argument("--loss", required=True)
     ap.add_argument("--probe", default="logistic", choices=["logistic", "linear", "finetune"])
-    ap.add_argument("--lr", default=None, help="cell, --probe finetune: learning rate under test (names the cell "
-                    "lr<value>), 'best' for the BCE one with the highest validation macro-F1 (seed 1), or 'extend' "
-                    "for the BCE grid's third point, chosen on validation from the first two (lr_grid.py)")
-    ap.add_argument("--patience", type=int, default=2, help="cell: early stopping after this many evaluations "
-                    "without improvement (stages that evaluate during training)")
+    ap.add_argument(
+        "--lr",
+        default=None,
+        help="cell, --probe finetune: learning rate under test (names the cell "
+        "lr<value>), 'best' for the BCE one with the highest validation macro-F1 (seed 1), or 'extend' "
+        "for the BCE grid's third point, chosen on validation from the first two (lr_grid.py)",
+    )
+    ap.add_argument(
+        "--patience",
+        type=int,
+        default=2,
+        help="cell: early stopping after this many evaluations "
+        "without improvement (stages that evaluate during training)",
+    )
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--tag", default=None, help="cell: name of a stage-2 variant (its --probe.key value overrides follow; "
-                    "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
-                    "loss, seed) is shared")
-    ap.add_argument("--batch-sampler", default="random", choices=["random", "positives"],
-                    help="cell: stage 1's batches ('positives': every anchor has a positive under the loss's rule, "
-                    "hf_mlcl.data.sampler); a variant other than 'random' has its own stage-1 encoder and tags the "
-                    "cell <loss>_<probe>-<sampler>")
+    ap.add_argument(
+        "--tag",
+        default=None,
+        help="cell: name of a stage-2 variant (its --probe.key value overrides follow; "
+        "with --lr the cell is <loss>_finetune-<tag>-lr<value>); the stage-1 encoder of the (dataset, "
+        "loss, seed) is shared",
+    )
+    ap.add_argument(
+        "--batch-sampler",
+        default="random",
+        choices=["random", "positives"],
+        help="cell: stage 1's batches ('positives': every anchor has a positive under the loss's rule, "
+        "hf_mlcl.data.sampler); a variant other than 'random' has its own stage-1 encoder and tags the "
+        "cell <loss>_<probe>-<sampler>",
+    )
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
-    ap.add_argument("--test-each-epoch", action="store_true", help="also score test after every epoch (a tuned "
-                    "threshold each time; the points of the compute figure; no choice reads them)")
+    ap.add_argument(
+        "--test-each-epoch",
+        action="store_true",
+        help="also score test after every epoch (a tuned "
+        "threshold each time; the points of the compute figure; no choice reads them)",
+    )
     args, extra = ap.parse_known_args(argv)
-    run_cell(args.dataset, args.loss, args.probe, args.seed, extra, force=args.force, tag=args.tag, lr=args.lr,
-             patience=args.patience, test_each_epoch=args.test_each_epoch, batch_sampler=args.batch_sampler)
+    run_cell(
+        args.dataset,
+        args.loss,
+        args.probe,
+        args.seed,
+        extra,
+        force=args.force,
+        tag=args.tag,
+        lr=args.lr,
+        patience=args.patience,
+        test_each_epoch=args.test_each_epoch,
+        batch_sampler=args.batch_sampler,
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ class TimelineCallback(TrainerCallback):
     def _append(self, record: dict) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"run_start": self.run_start, "time": time.time(), **record}, default=float) + "\n")
+            fh.write(
+                json.dumps({"run_start": self.run_start, "time": time.time(), **record}, default=float) + "\n"
+            )
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._epoch_t0, self._eval_in_epoch = time.time(), 0.0
@@ -47,16 +49,31 @@ class TimelineCallback(TrainerCallback):
         eval_s = time.time() - self._step_t0 if self._step_t0 is not None else None
         if eval_s is not None and self._epoch_t0 is not None:
             self._eval_in_epoch += eval_s
-        self._append({"event": "evaluate", "epoch": state.epoch, "global_step": state.global_step,
-                      "eval_s": eval_s, "metrics": metrics or {}})  # fmt: skip
+        self._append(
+            {
+                "event": "evaluate",
+                "epoch": state.epoch,
+                "global_step": state.global_step,
+                "eval_s": eval_s,
+                "metrics": metrics or {},
+            }
+        )
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self._epoch_t0 is None:
             return
         epoch_s = time.time() - self._epoch_t0 - self._eval_in_epoch
-        self._append({"event": "epoch", "epoch": round(float(state.epoch or 0.0), 4), "global_step": state.global_step,
-                      "epoch_s": round(epoch_s, 1), "start_step": self._epoch_step0,
-                      "steps": state.global_step - self._epoch_step0, "epoch_steps": _steps_per_epoch(args, state)})  # fmt: skip
+        self._append(
+            {
+                "event": "epoch",
+                "epoch": round(float(state.epoch or 0.0), 4),
+                "global_step": state.global_step,
+                "epoch_s": round(epoch_s, 1),
+                "start_step": self._epoch_step0,
+                "steps": state.global_step - self._epoch_step0,
+                "epoch_steps": _steps_per_epoch(args, state),
+            }
+        )
         self._epoch_t0 = None
 
 
@@ -94,7 +111,9 @@ def epoch_summary(path: str) -> dict:
     for k in sorted(epochs):
         rec = epochs[k]
         steps, full, start = rec.get("steps"), rec.get("epoch_steps"), rec.get("start_step")
-        if abs(rec["epoch"] - round(rec["epoch"])) > 1e-3:  # ended inside the epoch (early stop): no whole epoch
+        if (
+            abs(rec["epoch"] - round(rec["epoch"])) > 1e-3
+        ):  # ended inside the epoch (early stop): no whole epoch
             whole.append(None)
             stopped.append(k)
         elif steps and full and start is not None and start % full and steps < full:
@@ -109,8 +128,16 @@ def epoch_summary(path: str) -> dict:
         "resumed_epochs": resumed,
         "stopped_epochs": stopped,
         "evaluations": [
-            {"epoch": r["epoch"], "global_step": s, "eval_s": None if r["eval_s"] is None else round(r["eval_s"], 1),
-             **{k: r["metrics"][k] for k in ("eval_micro_f1", "eval_macro_f1", "eval_loss") if k in r["metrics"]}}
+            {
+                "epoch": r["epoch"],
+                "global_step": s,
+                "eval_s": None if r["eval_s"] is None else round(r["eval_s"], 1),
+                **{
+                    k: r["metrics"][k]
+                    for k in ("eval_micro_f1", "eval_macro_f1", "eval_loss")
+                    if k in r["metrics"]
+                },
+            }
             for s, r in sorted(evals.items())
         ],
     }

@@ -32,8 +32,14 @@ def run_launch(
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)`` for a launcher of several
     processes: on a timeout (``subprocess.TimeoutExpired``, raised again) or an interruption the launch is
     stopped with :func:`stop_launch` first."""
-    proc = subprocess.Popen(list(cmd), env=None if env is None else dict(env), cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        list(cmd),
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:  # TimeoutExpired, pytest-timeout's interruption, KeyboardInterrupt

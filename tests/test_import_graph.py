@@ -1,5 +1,5 @@
 """Architecture checks: no import cycle inside hf_mlcl, library code never imports the CLI or the demo,
-and every module opens with a docstring naming what it holds."""
+every module opens with a docstring naming what it holds, and the formatter owns the layout."""
 
 from __future__ import annotations
 
@@ -141,7 +141,9 @@ def test_no_import_cycle_between_modules():
 
 def test_library_code_never_imports_the_cli_or_the_demo():
     offenders = {
-        m: sorted(GRAPH[m] & PRODUCT_SURFACE) for m in MODULES if m not in PRODUCT_SURFACE and GRAPH[m] & PRODUCT_SURFACE
+        m: sorted(GRAPH[m] & PRODUCT_SURFACE)
+        for m in MODULES
+        if m not in PRODUCT_SURFACE and GRAPH[m] & PRODUCT_SURFACE
     }
     assert not offenders, offenders
 
@@ -150,4 +152,27 @@ def test_library_code_never_imports_the_cli_or_the_demo():
 def test_module_opens_with_a_docstring_naming_its_concept(module):
     path = MODULES[module]
     doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read(), path))
-    assert doc and len(doc.split("\n", 1)[0].strip()) >= 10, f"{path}: first line of the docstring should name its concept"
+    assert doc and len(doc.split("\n", 1)[0].strip()) >= 10, (
+        f"{path}: first line of the docstring should name its concept"
+    )
+
+
+def test_the_formatter_owns_the_layout():
+    """`ruff format --check` passes on every Python folder of the repository, and no line opts out of it."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(PKG)
+    folders = ["hf_mlcl", "tests", "benchmarks", "studies", "examples"]
+    ruff = os.path.join(os.path.dirname(sys.executable), "ruff")
+    proc = subprocess.run([ruff, "format", "--check", *folders], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    marker = "fmt: " + "skip"
+    skipped = [
+        os.path.relpath(os.path.join(d, f), root)
+        for folder in folders
+        for d, _, fs in os.walk(os.path.join(root, folder))
+        for f in fs
+        if f.endswith(".py") and marker in open(os.path.join(d, f), encoding="utf-8").read()
+    ]
+    assert not skipped, skipped

@@ -39,13 +39,28 @@ def _wait(condition, seconds: float) -> bool:
 def test_a_stopped_torchrun_launch_leaves_no_worker_behind(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
-           str(tmp_path)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(worker),
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     files = [tmp_path / f"worker{r}.pid" for r in (0, 1)]
     try:
-        assert _wait(lambda: all(f.is_file() and f.read_text() for f in files), 60), "the workers did not start"
+        assert _wait(lambda: all(f.is_file() and f.read_text() for f in files), 60), (
+            "the workers did not start"
+        )
         pids = [int(f.read_text()) for f in files]
         stop_launch(proc)
         assert _wait(lambda: not any(_alive(p) for p in pids), 30)

@@ -37,31 +37,72 @@ BF16_DENSE_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
 
 # Llama-3.1-8B (Grattafiori et al., 2024; the config of meta-llama/Llama-3.1-8B).
 LLAMA_31_8B: dict[str, Any] = dict(
-    hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-    intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
-    rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001, pad_token_id=128004,
-    rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-)  # fmt: skip
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    bos_token_id=128000,
+    eos_token_id=128001,
+    pad_token_id=128004,
+    rope_scaling={
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+)
 LLAMA_TINY: dict[str, Any] = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-    vocab_size=1000, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=1000,
+    max_position_embeddings=4096,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 # all-MiniLM-L6-v2's BERT (sentence-transformers/all-MiniLM-L6-v2 config.json).
 MINILM_L6: dict[str, Any] = dict(
-    model_type="bert", vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-    intermediate_size=1536, max_position_embeddings=512,
-)  # fmt: skip
+    model_type="bert",
+    vocab_size=30522,
+    hidden_size=384,
+    num_hidden_layers=6,
+    num_attention_heads=12,
+    intermediate_size=1536,
+    max_position_embeddings=512,
+)
 # FacebookAI/roberta-base config.json.
 ROBERTA_BASE: dict[str, Any] = dict(
-    model_type="roberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-    intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
-    eos_token_id=2, layer_norm_eps=1e-5,
-)  # fmt: skip
+    model_type="roberta",
+    vocab_size=50265,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    max_position_embeddings=514,
+    type_vocab_size=1,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    layer_norm_eps=1e-5,
+)
 BERT_TINY: dict[str, Any] = dict(
-    model_type="bert", vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-    intermediate_size=64, max_position_embeddings=512,
-)  # fmt: skip
+    model_type="bert",
+    vocab_size=1000,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=512,
+)
 
 
 @dataclass
@@ -120,8 +161,15 @@ def device_slug(info: dict[str, Any], tiny: bool) -> str:
 def versions() -> dict[str, str | None]:
     """Versions of Python, CUDA and the packages a figure depends on."""
     out: dict[str, str | None] = {"python": sys.version.split()[0], "cuda": torch.version.cuda}
-    for pkg in ("torch", "transformers", "peft", "accelerate", "deepspeed", "sentence-transformers",
-                "pytorch-metric-learning"):  # fmt: skip
+    for pkg in (
+        "torch",
+        "transformers",
+        "peft",
+        "accelerate",
+        "deepspeed",
+        "sentence-transformers",
+        "pytorch-metric-learning",
+    ):
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
@@ -188,7 +236,9 @@ class StepProbe(TrainerCallback):
             self.syncs[-1] += 1
             if len(self.sync_sites) < 20:
                 frames = [f for f in traceback.extract_stack()[:-2] if "warnings" not in f.filename]
-                where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in frames[-6:][::-1])
+                where = " <- ".join(
+                    f"{os.path.basename(f.filename)}:{f.lineno}:{f.name}" for f in frames[-6:][::-1]
+                )
                 self.sync_sites.append(where)
 
     def _arm(self) -> None:
@@ -272,7 +322,9 @@ class StepProfile(TrainerCallback):
 
         if gpu:  # operators by the device time of the kernels they launched themselves
             ranked = sorted(ops, key=self_device_us, reverse=True)
-            top = [[e.key, e.count, self_device_us(e) / 1e3] for e in ranked[: self.top] if self_device_us(e) > 0]
+            top = [
+                [e.key, e.count, self_device_us(e) / 1e3] for e in ranked[: self.top] if self_device_us(e) > 0
+            ]
         else:
             ranked = sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)
             top = [[e.key, e.count, e.self_cpu_time_total / 1e3] for e in ranked[: self.top]]
@@ -287,7 +339,13 @@ class StepProfile(TrainerCallback):
 
 # ---------------------------------------------------------------------------------------- batches
 def random_token_rows(
-    n: int, seq: int, vocab: int, num_labels: int, first_token: int, labels_per_row: float = 2.4, seed: int = 0
+    n: int,
+    seq: int,
+    vocab: int,
+    num_labels: int,
+    first_token: int,
+    labels_per_row: float = 2.4,
+    seed: int = 0,
 ) -> list[dict[str, torch.Tensor]]:
     """``n`` pre-tokenised rows of exactly ``seq`` random token ids (no padding) with random multi-hot
     labels (>= 1 per row, about ``labels_per_row`` on average)."""
@@ -335,5 +393,12 @@ def recipe_stage(recipe_path: str, stage: str, top: dict[str, Any], training: di
 
 
 # the settings of a timed run: a fixed number of steps, nothing logged, saved or evaluated on the way
-TIMED_RUN = {"save_strategy": "no", "logging_strategy": "no", "eval_strategy": "no", "report_to": "none",
-             "disable_tqdm": True, "dataloader_num_workers": 0, "seed": 0}  # fmt: skip
+TIMED_RUN = {
+    "save_strategy": "no",
+    "logging_strategy": "no",
+    "eval_strategy": "no",
+    "report_to": "none",
+    "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+    "seed": 0,
+}

@@ -57,18 +57,41 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         encoder = MLCLEncoder.from_backbone(folder, pooling="mean", projection_dim=256)
         probe = StepProbe()
         args = ContrastiveTrainingArguments(
-            output_dir=tempfile.mkdtemp(prefix="gradcache-", dir=cache_dir), loss="sd", knn_k=0,
-            per_device_train_batch_size=batch, gradcache_chunk_size=gradcache, max_steps=max_steps, bf16=bf16,
-            learning_rate=2e-5, logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-            dataloader_num_workers=0, seed=0, train_sampling_strategy="sequential",
-        )  # fmt: skip
-        trainer = ContrastiveTrainer(model=encoder, args=args, train_dataset=rows, data_collator=stack_rows,
-                                     num_labels=NUM_LABELS, callbacks=[probe])  # fmt: skip
+            output_dir=tempfile.mkdtemp(prefix="gradcache-", dir=cache_dir),
+            loss="sd",
+            knn_k=0,
+            per_device_train_batch_size=batch,
+            gradcache_chunk_size=gradcache,
+            max_steps=max_steps,
+            bf16=bf16,
+            learning_rate=2e-5,
+            logging_strategy="no",
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+            train_sampling_strategy="sequential",
+        )
+        trainer = ContrastiveTrainer(
+            model=encoder,
+            args=args,
+            train_dataset=rows,
+            data_collator=stack_rows,
+            num_labels=NUM_LABELS,
+            callbacks=[probe],
+        )
         reset_peak_memory()
         out = trainer.train()
-        result = {"batch": batch, "gradcache_chunk_size": gradcache, "steps": max_steps,
-                  "first_step_loss": None, "mean_loss": out.training_loss, "peak_memory": peak_memory(),
-                  "step_times_s": probe.times}  # fmt: skip
+        result = {
+            "batch": batch,
+            "gradcache_chunk_size": gradcache,
+            "steps": max_steps,
+            "first_step_loss": None,
+            "mean_loss": out.training_loss,
+            "peak_memory": peak_memory(),
+            "step_times_s": probe.times,
+        }
         timed = probe.times[warmup:]
         if timed:
             result["samples_per_s"] = batch / statistics.median(timed)

@@ -57,19 +57,33 @@ _FSDP_ON_CPU = (
 def cells(tiny: bool) -> list[Cell]:
     """Priority order: the plain-process cells (the MFU goal), then FSDP, then ZeRO-3."""
     plan = [
-        ("msc", "plain", None), ("msc", "plain", 0), ("sd", "plain", None), ("sd", "plain", 0),
+        ("msc", "plain", None),
+        ("msc", "plain", 0),
+        ("sd", "plain", None),
+        ("sd", "plain", 0),
         ("bce", "plain", None),
-        ("sd", "fsdp", None), ("msc", "fsdp", None), ("bce", "fsdp", None),
-        ("sd", "deepspeed", None), ("msc", "deepspeed", None), ("bce", "deepspeed", None),
-    ]  # fmt: skip
+        ("sd", "fsdp", None),
+        ("msc", "fsdp", None),
+        ("bce", "fsdp", None),
+        ("sd", "deepspeed", None),
+        ("msc", "deepspeed", None),
+        ("bce", "deepspeed", None),
+    ]
     out = []
     for run, launcher, gradcache in plan:
         name = f"{run}-{launcher}" + ("-direct" if gradcache == 0 else "")
         params: dict[str, Any] = {"run": run}
         if gradcache is not None:
             params["gradcache_chunk_size"] = gradcache
-        out.append(Cell(name, launcher, params, timeout=300 if tiny else 900,
-                        cpu_reason=_FSDP_ON_CPU if launcher == "fsdp" else None))  # fmt: skip
+        out.append(
+            Cell(
+                name,
+                launcher,
+                params,
+                timeout=300 if tiny else 900,
+                cpu_reason=_FSDP_ON_CPU if launcher == "fsdp" else None,
+            )
+        )
     return out
 
 
@@ -78,12 +92,21 @@ def lora_parameters(shape: dict[str, Any], r: int, targets: list[str]) -> int:
     """Parameters of rank-``r`` LoRA pairs (A: r x in, B: out x r) on the named Llama projections."""
     h, inter = shape["hidden_size"], shape["intermediate_size"]
     kv = shape["num_key_value_heads"] * (h // shape["num_attention_heads"])
-    dims = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}  # fmt: skip
+    dims = {
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, inter),
+        "up_proj": (h, inter),
+        "down_proj": (inter, h),
+    }
     return shape["num_hidden_layers"] * sum(r * (dims[t][0] + dims[t][1]) for t in targets)
 
 
-def flops_per_token(shape: dict[str, Any], seq: int, r: int, targets: list[str], key_forward: bool) -> dict[str, Any]:
+def flops_per_token(
+    shape: dict[str, Any], seq: int, r: int, targets: list[str], key_forward: bool
+) -> dict[str, Any]:
     """Model FLOPs per trained token (module docstring); returns the total and its parts."""
     h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     kv = shape["num_key_value_heads"] * (h // shape["num_attention_heads"])
@@ -96,7 +119,8 @@ def flops_per_token(shape: dict[str, Any], seq: int, r: int, targets: list[str],
         "matmul_parameters": dense,
         "lora_parameters": n_lora,
         "forward_flops_per_token": forward,
-        "formula": "2*(2N + 4*layers*seq*d + 2*N_lora) + 2*N_lora" + (" + forward (momentum keys)" if key_forward else ""),
+        "formula": "2*(2N + 4*layers*seq*d + 2*N_lora) + 2*N_lora"
+        + (" + forward (momentum keys)" if key_forward else ""),
     }
 
 
@@ -180,11 +204,18 @@ def _weights_distance(model, trained: dict[str, Any]) -> dict[str, Any]:
     tensor (a missing one is counted): separates a wrong save from a forward that computes differently."""
     params = dict(model.named_parameters())
     missing = [n for n in trained if n not in params]
-    diffs = [(float((params[n].detach().float().cpu() - t).abs().max()), float(t.abs().max()))
-             for n, t in trained.items() if n in params]  # fmt: skip
-    return {"tensors": len(trained), "missing": len(missing), "missing_example": missing[:2],
-            "max_abs_diff": max((d for d, _ in diffs), default=0.0),
-            "max_rel_diff": max((d / m for d, m in diffs if m > 0), default=0.0)}  # fmt: skip
+    diffs = [
+        (float((params[n].detach().float().cpu() - t).abs().max()), float(t.abs().max()))
+        for n, t in trained.items()
+        if n in params
+    ]
+    return {
+        "tensors": len(trained),
+        "missing": len(missing),
+        "missing_example": missing[:2],
+        "max_abs_diff": max((d for d, _ in diffs), default=0.0),
+        "max_rel_diff": max((d / m for d, m in diffs if m > 0), default=0.0),
+    }
 
 
 def _save_adapter(trainer, folder: str, base: str) -> None:
@@ -215,16 +246,25 @@ def _reload_unmerged(folder: str, base: str, run_name: str, model_args, dtype, b
     set_seed(0)
     model = MLCLEncoder.from_backbone(base, pooling=model_args.pooling, projection_dim=256, **kwargs)
     if run_name == "bce":
-        model = MLCLForMultiLabelClassification.from_encoder(model, num_labels=NUM_LABELS, freeze_encoder=False)
-    model = apply_lora(model, r=model_args.lora_r, alpha=model_args.lora_alpha, dropout=model_args.lora_dropout,
-                       target_modules=model_args.lora_target_modules, gradient_checkpointing=False, bf16=bf16)  # fmt: skip
+        model = MLCLForMultiLabelClassification.from_encoder(
+            model, num_labels=NUM_LABELS, freeze_encoder=False
+        )
+    model = apply_lora(
+        model,
+        r=model_args.lora_r,
+        alpha=model_args.lora_alpha,
+        dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules,
+        gradient_checkpointing=False,
+        bf16=bf16,
+    )
     params = dict(model.named_parameters())
     saved = load_file(os.path.join(folder, ADAPTER_WEIGHTS_NAME))  # keys relative to the backbone
     lora = {n for n in params if ".lora_A." in n or ".lora_B." in n}
     prefix = "base_model.model."
     with torch.no_grad():
         for key, value in saved.items():
-            name = prefix + "backbone." + key[len(prefix):].replace(".weight", ".default.weight")
+            name = prefix + "backbone." + key[len(prefix) :].replace(".weight", ".default.weight")
             params[name].copy_(value)
             lora.discard(name)
     if lora:
@@ -234,7 +274,9 @@ def _reload_unmerged(folder: str, base: str, run_name: str, model_args, dtype, b
     for child in {k.split(".", 1)[0] for k in heads}:
         module = getattr(inner, child)
         target = module.modules_to_save["default"] if hasattr(module, "modules_to_save") else module
-        target.load_state_dict({k.split(".", 1)[1]: v for k, v in heads.items() if k.split(".", 1)[0] == child})
+        target.load_state_dict(
+            {k.split(".", 1)[1]: v for k, v in heads.items() if k.split(".", 1)[0] == child}
+        )
     return model.to(device())
 
 
@@ -254,7 +296,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         random_token_rows,
         recipe_stage,
         reset_peak_memory,
-        stack_rows,  # fmt: skip
+        stack_rows,
         summary,
     )
 
@@ -278,8 +320,12 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     bf16 = bool(section.get("bf16", True)) and device().type == "cuda"
     base = base_folder(cache_dir, tiny)
     out_root = tempfile.mkdtemp(prefix=f"{cell.name}-", dir=cache_dir)
-    training: dict[str, Any] = {**TIMED_RUN, "max_steps": warmup + steps, "per_device_train_batch_size": batch,
-                                "bf16": bf16}  # fmt: skip
+    training: dict[str, Any] = {
+        **TIMED_RUN,
+        "max_steps": warmup + steps,
+        "per_device_train_batch_size": batch,
+        "bf16": bf16,
+    }
     if stage == "contrastive":
         training.update(knn_k=0, gradcache_chunk_size=gradcache)
         if run_name == "msc":
@@ -287,7 +333,8 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     else:
         training["load_best_model_at_end"] = False
     _, (model_args, _data_args, targs) = recipe_stage(
-        recipe_path, stage, {"model_name_or_path": base, "max_length": seq}, training, out_root)
+        recipe_path, stage, {"model_name_or_path": base, "max_length": seq}, training, out_root
+    )
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     load_kwargs: dict[str, Any] = {"dtype": dtype}
@@ -298,20 +345,36 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     encoder = MLCLEncoder.from_backbone(base, pooling=model_args.pooling, projection_dim=256, **load_kwargs)
     model = encoder
     if run_name == "bce":
-        model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=NUM_LABELS, freeze_encoder=False)
+        model = MLCLForMultiLabelClassification.from_encoder(
+            encoder, num_labels=NUM_LABELS, freeze_encoder=False
+        )
     checkpointing = bool(targs.activation_checkpointing)
-    model = apply_lora(model, r=model_args.lora_r, alpha=model_args.lora_alpha, dropout=model_args.lora_dropout,
-                       target_modules=model_args.lora_target_modules, gradient_checkpointing=checkpointing,
-                       bf16=bf16)  # fmt: skip
+    model = apply_lora(
+        model,
+        r=model_args.lora_r,
+        alpha=model_args.lora_alpha,
+        dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules,
+        gradient_checkpointing=checkpointing,
+        bf16=bf16,
+    )
     load_s = time.perf_counter() - t0
     n_total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     n_trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
-    rows = random_token_rows(batch * (warmup + steps), seq, shape["vocab_size"], NUM_LABELS, shape["bos_token_id"])
+    rows = random_token_rows(
+        batch * (warmup + steps), seq, shape["vocab_size"], NUM_LABELS, shape["bos_token_id"]
+    )
     probe_batch = {k: v[:4].to(device()) for k, v in stack_rows(rows[:4]).items() if k != "labels"}
     step_probe = StepProbe(count_from=warmup)
     trainer_cls = ProbingTrainer if run_name == "bce" else ContrastiveTrainer
-    trainer = trainer_cls(model=model, args=targs, train_dataset=rows, data_collator=stack_rows,
-                          num_labels=NUM_LABELS, callbacks=[step_probe])  # fmt: skip
+    trainer = trainer_cls(
+        model=model,
+        args=targs,
+        train_dataset=rows,
+        data_collator=stack_rows,
+        num_labels=NUM_LABELS,
+        callbacks=[step_probe],
+    )
     reset_peak_memory()
     t0 = time.perf_counter()
     trainer.train()
@@ -339,7 +402,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     after = _outputs(reloaded, probe_batch, run_name, bf16)
     weights = _weights_distance(reloaded, trained)
     as_trained = None
-    if launcher == "deepspeed" and bf16:  # DeepSpeed's bf16 mode holds every parameter (adapters, heads) in bf16
+    if (
+        launcher == "deepspeed" and bf16
+    ):  # DeepSpeed's bf16 mode holds every parameter (adapters, heads) in bf16
         as_trained = _distance(_outputs(reloaded.to(torch.bfloat16), probe_batch, run_name, bf16), reference)
     del reloaded, trained
     gc.collect()
@@ -354,7 +419,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     reload["weights"] = weights
     if as_trained is not None:
         reload["all_bf16"] = as_trained
-    reload["same"] = bool(reload["max_abs_diff"] <= 1e-2 * reload["reference_max_abs"] and reload["min_cosine"] >= 0.9999)
+    reload["same"] = bool(
+        reload["max_abs_diff"] <= 1e-2 * reload["reference_max_abs"] and reload["min_cosine"] >= 0.9999
+    )
 
     times = step_probe.times[warmup:]
     median = summary(times)["median"]
@@ -370,7 +437,8 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "launcher": launcher,
         "wrapper": wrapper,
         "recipe": recipe_path,
-        "model": ("tiny Llama" if tiny else "Llama-3.1-8B architecture") + f", random init, {'bf16' if bf16 else 'fp32'}",
+        "model": ("tiny Llama" if tiny else "Llama-3.1-8B architecture")
+        + f", random init, {'bf16' if bf16 else 'fp32'}",
         "parameters": n_total,
         "trainable_parameters": n_trainable,
         "per_device_batch": batch,
@@ -379,8 +447,12 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "gradcache_chunk_size": gradcache,
         "queue_size": int(getattr(targs, "queue_size", 0) or 0),
         "activation_checkpointing": checkpointing,
-        "lora": {"r": model_args.lora_r, "alpha": model_args.lora_alpha, "dropout": model_args.lora_dropout,
-                 "targets": list(model_args.lora_target_modules)},  # fmt: skip
+        "lora": {
+            "r": model_args.lora_r,
+            "alpha": model_args.lora_alpha,
+            "dropout": model_args.lora_dropout,
+            "targets": list(model_args.lora_target_modules),
+        },
         "warmup_steps": warmup,
         "step_time_s": summary(times),
         "samples_per_s": batch / median,
@@ -400,6 +472,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "reload": reload,
         "notes": notes,
         # the saved tensors are the trained ones (to bf16 rounding where the engine trained bf16 copies)
-        "checks": {"reload_same": reload["same"], "saved_weights_same": weights["missing"] == 0
-                   and weights["max_rel_diff"] <= (2**-8 if bf16 else 1e-6)},
+        "checks": {
+            "reload_same": reload["same"],
+            "saved_weights_same": weights["missing"] == 0
+            and weights["max_rel_diff"] <= (2**-8 if bf16 else 1e-6),
+        },
     }

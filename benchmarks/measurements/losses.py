@@ -43,9 +43,11 @@ COMPILED_LOSSES = ("hbl", "msc", "ws_mulsupcon")
 
 
 def cells(tiny: bool) -> list[Cell]:
-    return [Cell(f"{table}-{dtype}", params={"table": table, "dtype": dtype}, timeout=900)
-            for table in ("in-batch", "keys") for dtype in ("fp32", "bf16")] + [
-        Cell("in-batch-compiled", params={"table": "in-batch-compiled", "dtype": "fp32"}, timeout=900)]  # fmt: skip
+    return [
+        Cell(f"{table}-{dtype}", params={"table": table, "dtype": dtype}, timeout=900)
+        for table in ("in-batch", "keys")
+        for dtype in ("fp32", "bf16")
+    ] + [Cell("in-batch-compiled", params={"table": "in-batch-compiled", "dtype": "fp32"}, timeout=900)]
 
 
 def _timer(repeats: int, warmup: int):
@@ -154,14 +156,32 @@ def _compiled_table(tiny: bool, dev, time_pair, repeats: int) -> dict[str, Any]:
         compiled = torch.compile(loss, backend=backend)
         compile_s = first_call(compiled)
         t_comp, t_eager = time_pair(_step(compiled, z, y), _step(loss, z, y))
-        rows.append({"loss": name, "n": n, "dim": dim, "labels": labels, "compile_s": compile_s,
-                     "compiled_ms": t_comp * 1e3, "eager_ms": t_eager * 1e3, "plain_ms": t_plain * 1e3,
-                     "plain_compiled_ms": t_plain_c * 1e3, "compiled_over_plain": t_comp / t_plain,
-                     "compiled_over_plain_compiled": t_comp / t_plain_c})  # fmt: skip
-    return {"table": "in-batch-compiled", "dtype": "fp32", "repeats": repeats, "rows": rows, "input_checks": False,
-            "backend": backend,
-            "plain_compile_s": plain_compile_s, "worst_compiled_over_plain": max(r["compiled_over_plain"] for r in rows),
-            "checks": {}}  # fmt: skip
+        rows.append(
+            {
+                "loss": name,
+                "n": n,
+                "dim": dim,
+                "labels": labels,
+                "compile_s": compile_s,
+                "compiled_ms": t_comp * 1e3,
+                "eager_ms": t_eager * 1e3,
+                "plain_ms": t_plain * 1e3,
+                "plain_compiled_ms": t_plain_c * 1e3,
+                "compiled_over_plain": t_comp / t_plain,
+                "compiled_over_plain_compiled": t_comp / t_plain_c,
+            }
+        )
+    return {
+        "table": "in-batch-compiled",
+        "dtype": "fp32",
+        "repeats": repeats,
+        "rows": rows,
+        "input_checks": False,
+        "backend": backend,
+        "plain_compile_s": plain_compile_s,
+        "worst_compiled_over_plain": max(r["compiled_over_plain"] for r in rows),
+        "checks": {},
+    }
 
 
 def _bind(fn, *args):
@@ -204,15 +224,31 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
                 t_checked, _ = time_pair(_step(_with_checks(multi), z, y), _step(multi, z, y))
                 t_single, t_plain_single = time_pair(_step(single, z, onehot), plain_single)
                 t_single_pml, t_pml = time_pair(_step(single, z, onehot), _step(pml, z, classes))
-                rows.append({
-                    "loss": name, "n": n, "dim": dim, "labels": labels,
-                    "ms": t_multi * 1e3, "plain_ms": t_plain * 1e3, "over_plain": t_multi / t_plain,
-                    "single_over_plain": t_single / t_plain_single, "single_over_pml": t_single_pml / t_pml,
-                    "pml_ms": t_pml * 1e3, "checked_ms": t_checked * 1e3,
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "loss": name,
+                        "n": n,
+                        "dim": dim,
+                        "labels": labels,
+                        "ms": t_multi * 1e3,
+                        "plain_ms": t_plain * 1e3,
+                        "over_plain": t_multi / t_plain,
+                        "single_over_plain": t_single / t_plain_single,
+                        "single_over_pml": t_single_pml / t_pml,
+                        "pml_ms": t_pml * 1e3,
+                        "checked_ms": t_checked * 1e3,
+                    }
+                )
         worst = max(max(r["over_plain"], r["single_over_plain"]) for r in rows)
-        return {"table": "in-batch", "dtype": cell.params["dtype"], "repeats": repeats, "rows": rows,
-                "input_checks": False, "worst_over_plain": worst, "checks": {}}  # fmt: skip
+        return {
+            "table": "in-batch",
+            "dtype": cell.params["dtype"],
+            "repeats": repeats,
+            "rows": rows,
+            "input_checks": False,
+            "worst_over_plain": worst,
+            "checks": {},
+        }
     dim, k = (16, 64) if tiny else (256, 4096)
     spaces = ((10, 2.4), (100, 4.0), (300, 4.0)) if tiny else ((54, 2.4), (8929, 16.0), (25230, 16.0))
 
@@ -222,7 +258,15 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     for n in (16, 32) if tiny else (64, 256):
         for labels, per_row in spaces:
             args = Args()
-            args.n, args.k, args.dim, args.labels, args.per_row, args.zipf, args.seed = n, k, dim, labels, per_row, 1.0, 0
+            args.n, args.k, args.dim, args.labels, args.per_row, args.zipf, args.seed = (
+                n,
+                k,
+                dim,
+                labels,
+                per_row,
+                1.0,
+                0,
+            )
             z, y, keys, yk, y_all = LS.make_inputs(args)
             z, keys = z.to(dev, dtype), keys.to(dev, dtype)
             y, yk = y.to(dev), yk.to(dev)
@@ -234,10 +278,29 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
                 dense_step = _bind(LS.loss_step, loss, z, y_dense, keys, yk_dense)
                 t_dense, t_sparse = time_pair(dense_step, sparse_step)
                 t_loss, t_floor = time_pair(sparse_step, floor)
-                rows.append({"loss": name, "n": n, "k": k, "dim": dim, "labels": labels, "labels_per_row": per_row,
-                             "dense_ms": t_dense * 1e3, "sparse_ms": t_sparse * 1e3, "dense_over_sparse": t_dense / t_sparse,
-                             "floor_ms": t_floor * 1e3, "sparse_over_floor": t_loss / t_floor})  # fmt: skip
+                rows.append(
+                    {
+                        "loss": name,
+                        "n": n,
+                        "k": k,
+                        "dim": dim,
+                        "labels": labels,
+                        "labels_per_row": per_row,
+                        "dense_ms": t_dense * 1e3,
+                        "sparse_ms": t_sparse * 1e3,
+                        "dense_over_sparse": t_dense / t_sparse,
+                        "floor_ms": t_floor * 1e3,
+                        "sparse_over_floor": t_loss / t_floor,
+                    }
+                )
     top = max(s[0] for s in spaces)
     worst = max(r["dense_over_sparse"] for r in rows if r["labels"] == top)
-    return {"table": "keys", "dtype": cell.params["dtype"], "repeats": repeats, "rows": rows,
-            "input_checks": False, "worst_dense_over_sparse_at_max_labels": worst, "checks": {}}  # fmt: skip
+    return {
+        "table": "keys",
+        "dtype": cell.params["dtype"],
+        "repeats": repeats,
+        "rows": rows,
+        "input_checks": False,
+        "worst_dense_over_sparse_at_max_labels": worst,
+        "checks": {},
+    }

@@ -67,7 +67,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         peak_memory,
         random_token_rows,
         recipe_stage,
-        reset_peak_memory,  # fmt: skip
+        reset_peak_memory,
         stack_rows,
         summary,
     )
@@ -81,8 +81,14 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         torch.manual_seed(0)
         shape = dict(ROBERTA_BASE)
         if tiny:
-            shape.update(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                         vocab_size=1000, max_position_embeddings=130)  # fmt: skip
+            shape.update(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                vocab_size=1000,
+                max_position_embeddings=130,
+            )
         model_type = shape.pop("model_type")
         AutoModel.from_config(AutoConfig.for_model(model_type, **shape)).save_pretrained(folder)
     if tiny:
@@ -106,19 +112,31 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     recipe, (model_args, data_args, targs) = recipe_stage(recipe_path, stage, top, training, out_root)
     seq, chunk, batch = data_args.max_length, model_args.chunk_size, targs.per_device_train_batch_size
     set_seed(0)
-    encoder = MLCLEncoder.from_backbone(folder, pooling=model_args.pooling, projection_dim=targs.projection_dim
-                                        if stage == "contrastive" else 256, chunk_size=chunk, segmented=True)  # fmt: skip
+    encoder = MLCLEncoder.from_backbone(
+        folder,
+        pooling=model_args.pooling,
+        projection_dim=targs.projection_dim if stage == "contrastive" else 256,
+        chunk_size=chunk,
+        segmented=True,
+    )
     model = encoder
     if run_name == "bce":
-        model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=num_labels, head=model_args.head,
-                                                              freeze_encoder=False, chunk_size=chunk)  # fmt: skip
+        model = MLCLForMultiLabelClassification.from_encoder(
+            encoder, num_labels=num_labels, head=model_args.head, freeze_encoder=False, chunk_size=chunk
+        )
     model.to(device())
     vocab = 1000 if tiny else ROBERTA_BASE["vocab_size"]
     rows = random_token_rows(batch * (warmup + steps), seq, vocab, num_labels, 0, labels_per_row=16.0)
     probe = StepProbe(count_from=warmup)
     trainer_cls = ProbingTrainer if run_name == "bce" else ContrastiveTrainer
-    trainer = trainer_cls(model=model, args=targs, train_dataset=rows, data_collator=stack_rows,
-                          num_labels=num_labels, callbacks=[probe])  # fmt: skip
+    trainer = trainer_cls(
+        model=model,
+        args=targs,
+        train_dataset=rows,
+        data_collator=stack_rows,
+        num_labels=num_labels,
+        callbacks=[probe],
+    )
     reset_peak_memory()
     t0 = time.perf_counter()
     trainer.train()

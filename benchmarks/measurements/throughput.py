@@ -43,8 +43,10 @@ WORDS = 2000
 
 
 def cells(tiny: bool) -> list[Cell]:
-    return [Cell("minilm", params={"encoder": "minilm"}, timeout=600),
-            Cell("roberta-base", params={"encoder": "roberta-base"}, timeout=600)]  # fmt: skip
+    return [
+        Cell("minilm", params={"encoder": "minilm"}, timeout=600),
+        Cell("roberta-base", params={"encoder": "roberta-base"}, timeout=600),
+    ]
 
 
 class _TokenizeMultiHot:
@@ -56,8 +58,9 @@ class _TokenizeMultiHot:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
 
-        batch = self.tokenizer([r["text"] for r in rows], padding=True, truncation=True, max_length=self.seq,
-                               return_tensors="pt")  # fmt: skip
+        batch = self.tokenizer(
+            [r["text"] for r in rows], padding=True, truncation=True, max_length=self.seq, return_tensors="pt"
+        )
         labels = torch.zeros(len(rows), self.num_labels)
         for i, r in enumerate(rows):
             labels[i, r["labels"]] = 1.0
@@ -103,7 +106,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
 
     from .common import StepProbe, StepProfile, device, peak_memory, reset_peak_memory, summary
 
-    shape = dict(BERT_TINY if tiny else {"minilm": MINILM_L6, "roberta-base": ROBERTA_BASE}[cell.params["encoder"]])
+    shape = dict(
+        BERT_TINY if tiny else {"minilm": MINILM_L6, "roberta-base": ROBERTA_BASE}[cell.params["encoder"]]
+    )
     pooling = "mean" if cell.params["encoder"] == "minilm" else "cls"
     batch, seq = (8, 16) if tiny else (64, 128)
     warmup, steps, rounds = (3, 3, 1) if tiny else (3, 12, 2)
@@ -121,44 +126,84 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     names = [f"label{i}" for i in range(NUM_LABELS)]
     split = build_split(texts, labels, names)
     out_dir = tempfile.mkdtemp(prefix="throughput-", dir=cache_dir)
-    common = dict(per_device_train_batch_size=batch, max_steps=warmup + steps, learning_rate=2e-5, bf16=bf16,
-                  logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
-                  dataloader_num_workers=0, dataloader_drop_last=True, output_dir=out_dir)  # fmt: skip
+    common = dict(
+        per_device_train_batch_size=batch,
+        max_steps=warmup + steps,
+        learning_rate=2e-5,
+        bf16=bf16,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        dataloader_drop_last=True,
+        output_dir=out_dir,
+    )
 
     def contrastive(probe):
         encoder = MLCLEncoder.from_backbone(folder, pooling=pooling, projection_dim=256)
         args = ContrastiveTrainingArguments(loss="sd", knn_k=0, **common)
         collator = MultiLabelCollator(tokenizer, NUM_LABELS, max_length=seq)
-        return ContrastiveTrainer(model=encoder, args=args, train_dataset=split, data_collator=collator,
-                                  num_labels=NUM_LABELS, callbacks=[probe])  # fmt: skip
+        return ContrastiveTrainer(
+            model=encoder,
+            args=args,
+            train_dataset=split,
+            data_collator=collator,
+            num_labels=NUM_LABELS,
+            callbacks=[probe],
+        )
 
     def trainer_bce(probe):
         model = AutoModelForSequenceClassification.from_pretrained(
-            folder, num_labels=NUM_LABELS, problem_type="multi_label_classification")
+            folder, num_labels=NUM_LABELS, problem_type="multi_label_classification"
+        )
         args = TrainingArguments(remove_unused_columns=False, **common)
-        return Trainer(model=model, args=args, train_dataset=split, data_collator=_TokenizeMultiHot(tokenizer, seq, NUM_LABELS),
-                       callbacks=[probe])  # fmt: skip
+        return Trainer(
+            model=model,
+            args=args,
+            train_dataset=split,
+            data_collator=_TokenizeMultiHot(tokenizer, seq, NUM_LABELS),
+            callbacks=[probe],
+        )
 
     def sentence_transformer():
         module = st_models.Transformer(folder, max_seq_length=seq)
-        return SentenceTransformer(modules=[module, st_models.Pooling(module.get_word_embedding_dimension(), pooling)],
-                                   device=str(device()))  # fmt: skip
+        return SentenceTransformer(
+            modules=[module, st_models.Pooling(module.get_word_embedding_dimension(), pooling)],
+            device=str(device()),
+        )
 
     def st_mlcl(probe):
         model = sentence_transformer()
         data = to_sentence_transformers_dataset(split, label_format="multi_hot", num_labels=NUM_LABELS)
         args = SentenceTransformerTrainingArguments(**common)
-        return SentenceTransformerTrainer(model=model, args=args, train_dataset=data, callbacks=[probe],
-                                          loss=MultiLabelContrastiveLoss(model, "sd", num_labels=NUM_LABELS))  # fmt: skip
+        return SentenceTransformerTrainer(
+            model=model,
+            args=args,
+            train_dataset=data,
+            callbacks=[probe],
+            loss=MultiLabelContrastiveLoss(model, "sd", num_labels=NUM_LABELS),
+        )
 
     def st_mnrl(probe):
         model = sentence_transformer()
         pairs = Dataset.from_dict({"anchor": texts[0::2], "positive": texts[1::2]})
         args = SentenceTransformerTrainingArguments(**{**common, "per_device_train_batch_size": batch // 2})
-        return SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs, callbacks=[probe],
-                                          loss=st_losses.MultipleNegativesRankingLoss(model))  # fmt: skip
+        return SentenceTransformerTrainer(
+            model=model,
+            args=args,
+            train_dataset=pairs,
+            callbacks=[probe],
+            loss=st_losses.MultipleNegativesRankingLoss(model),
+        )
 
-    builders = {"contrastive": contrastive, "trainer_bce": trainer_bce, "st_mlcl": st_mlcl, "st_mnrl": st_mnrl}
+    builders = {
+        "contrastive": contrastive,
+        "trainer_bce": trainer_bce,
+        "st_mlcl": st_mlcl,
+        "st_mnrl": st_mnrl,
+    }
     times: dict[str, list[float]] = {r: [] for r in ROWS}
     walls: dict[str, list[float]] = {r: [] for r in ROWS}
     syncs: dict[str, list[int]] = {r: [] for r in ROWS}

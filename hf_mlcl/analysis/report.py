@@ -58,7 +58,13 @@ def _multi_hot(rows: Sequence[Sequence[int]], num_labels: int) -> torch.Tensor:
 
 
 def _sample(
-    y: torch.Tensor, batch: int, queue: int, n_batches: int, k_min: int, seed: int, order: Tensor | None = None
+    y: torch.Tensor,
+    batch: int,
+    queue: int,
+    n_batches: int,
+    k_min: int,
+    seed: int,
+    order: Tensor | None = None,
 ) -> dict[str, float]:
     """Statistics of ``n_batches`` sampled steps with a ``queue``-row queue (means over labelled anchors), the
     rows in a seeded random ``order`` unless one is given."""
@@ -106,7 +112,8 @@ def _sample(
             "sd": sums["wasted_any"] / a,
             "jaccard": sums["wasted_any"] / a,
             "mulsupcon_pairs": sums["pairs_wasted"] / max(sums["pairs"], 1),
-            "msc_samples": sums["wasted_any"] / a,  # its label prototypes are positives of every labelled anchor
+            "msc_samples": sums["wasted_any"]
+            / a,  # its label prototypes are positives of every labelled anchor
             "ws_single": share("wasted_single", "single_anchors"),
             "ws_multi": share("wasted_multi", "multi_anchors"),
             "ws_healthy": share("wasted_healthy", "healthy_anchors"),
@@ -138,13 +145,19 @@ def inspect_labels(
     """
     n = len(labels)
     if batch_size <= 0 or num_processes <= 0 or queue_size < 0 or n_batches <= 0 or k_min < 0:
-        raise ValueError("batch_size, num_processes and n_batches must be positive; queue_size and k_min >= 0")
+        raise ValueError(
+            "batch_size, num_processes and n_batches must be positive; queue_size and k_min >= 0"
+        )
     b = batch_size * num_processes
     if n < b + 1:
-        raise ValueError(f"the data has {n} rows, fewer than one global batch of {b} plus one: lower the batch size")
+        raise ValueError(
+            f"the data has {n} rows, fewer than one global batch of {b} plus one: lower the batch size"
+        )
     bad = [j for r in labels for j in r if not 0 <= int(j) < num_labels]
     if bad:
-        raise ValueError(f"label id {bad[0]} is outside [0, {num_labels}); pass num_labels = the label-space size")
+        raise ValueError(
+            f"label id {bad[0]} is outside [0, {num_labels}); pass num_labels = the label-space size"
+        )
     y = _multi_hot(labels, num_labels)
     sizes = y.sum(1)
     freq = y.sum(0)
@@ -152,7 +165,9 @@ def inspect_labels(
     unique_rows = sum(c for c in sets.values() if c == 1)
     max_queue = n - b
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # (B, B + K) products are small: extra threads only contend (20x slower measured)
+    torch.set_num_threads(
+        1
+    )  # (B, B + K) products are small: extra threads only contend (20x slower measured)
     try:
         current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
         with_sampler = {}
@@ -164,15 +179,28 @@ def inspect_labels(
         sweep = [_sample(y, b, q, n_batches, k_min, seed) for q in grid]
     finally:
         torch.set_num_threads(threads)
-    rec = next((s["queue_size"] for s in sweep
-                if 1 - s["wasted_anchors"]["all"] >= ALL_TARGET and s["hbl_gate_open"] > GATE_TARGET), None)  # fmt: skip
+    rec = next(
+        (
+            s["queue_size"]
+            for s in sweep
+            if 1 - s["wasted_anchors"]["all"] >= ALL_TARGET and s["hbl_gate_open"] > GATE_TARGET
+        ),
+        None,
+    )
     order = torch.argsort(freq, descending=True)
     names = list(label_names) if label_names is not None else [str(i) for i in range(num_labels)]
     return {
         "samples": n,
         "num_labels": num_labels,
-        "settings": {"batch_size": batch_size, "num_processes": num_processes, "global_batch": b,
-                     "queue_size": queue_size, "k_min": k_min, "n_batches": n_batches, "seed": seed},  # fmt: skip
+        "settings": {
+            "batch_size": batch_size,
+            "num_processes": num_processes,
+            "global_batch": b,
+            "queue_size": queue_size,
+            "k_min": k_min,
+            "n_batches": n_batches,
+            "seed": seed,
+        },
         "cardinality": {
             "mean": float(sizes.float().mean()),
             "max": int(sizes.max()),
@@ -183,7 +211,9 @@ def inspect_labels(
             "sorted_counts": freq[order].tolist(),
             "sorted_names": [names[i] for i in order.tolist()],
             "labels_never_seen": int((freq == 0).sum()),
-            "head_share_top10pct": float(freq[order][: max(1, num_labels // 10)].sum() / max(int(freq.sum()), 1)),
+            "head_share_top10pct": float(
+                freq[order][: max(1, num_labels // 10)].sum() / max(int(freq.sum()), 1)
+            ),
         },
         "label_sets": {"distinct": len(sets), "unique_sample_share": unique_rows / n},
         "at_queue_size": current,
@@ -193,7 +223,9 @@ def inspect_labels(
             "queue_size": rec,
             "rule": f">= {ALL_TARGET:.0%} of labelled anchors have an `all` positive and HBL's gate (k_min={k_min}) "
             f"opens for > {GATE_TARGET:.0%} of them",
-            "note": None if rec is not None else "no queue size of the grid (capped at the data size) meets the rule",
+            "note": None
+            if rec is not None
+            else "no queue size of the grid (capped at the data size) meets the rule",
         },
     }
 
@@ -241,35 +273,58 @@ def format_report(report: dict[str, Any]) -> str:
         return "-" if v is None else f"{v:.1%}"
 
     rows = [
-        ("all", p["all"], w["all"]), ("any / sd / jaccard", p["any"], w["any"]),
+        ("all", p["all"], w["all"]),
+        ("any / sd / jaccard", p["any"], w["any"]),
         ("mulsupcon ((anchor, label) pairs)", p["any"], w["mulsupcon_pairs"]),
         ("msc (samples; prototypes always)", p["any"], w["msc_samples"]),
-        ("ws single-label anchors", p["any"], w["ws_single"]), ("ws multi-label anchors", p["any"], w["ws_multi"]),
+        ("ws single-label anchors", p["any"], w["ws_single"]),
+        ("ws multi-label anchors", p["any"], w["ws_multi"]),
         ("ws healthy anchors", None, w["ws_healthy"]),
-    ]  # fmt: skip
+    ]
     for name, pos, wasted in rows:
         lines.append(f"| {name} | {'-' if pos is None else f'{pos:.2f}'} | {pct(wasted)} |")
     lines.append(f"| hbl gate open (k_min={s['k_min']}) | - | {pct(1 - cur['hbl_gate_open'])} closed |")
     ws = report["wasted_anchors_with_positives_sampler"]
-    lines += ["", "wasted anchors with batch_sampler=positives (each loss's rule): "
-                  f"all {pct(ws['all'])} (random {pct(w['all'])}), any / sd / jaccard {pct(ws['any'])} "
-                  f"(random {pct(w['any'])})"]  # fmt: skip
-    lines += ["", "| queue | all: anchors with a positive | any: positives / anchor | hbl gate open |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "wasted anchors with batch_sampler=positives (each loss's rule): "
+        f"all {pct(ws['all'])} (random {pct(w['all'])}), any / sd / jaccard {pct(ws['any'])} "
+        f"(random {pct(w['any'])})",
+    ]
+    lines += [
+        "",
+        "| queue | all: anchors with a positive | any: positives / anchor | hbl gate open |",
+        "|---|---|---|---|",
+    ]
     for sw in report["queue_sweep"]:
-        lines.append(f"| {sw['queue_size']} | {1 - sw['wasted_anchors']['all']:.1%} | "
-                     f"{sw['positives_per_anchor']['any']:.1f} | {sw['hbl_gate_open']:.1%} |")  # fmt: skip
+        lines.append(
+            f"| {sw['queue_size']} | {1 - sw['wasted_anchors']['all']:.1%} | "
+            f"{sw['positives_per_anchor']['any']:.1f} | {sw['hbl_gate_open']:.1%} |"
+        )
     rec = report["recommendation"]
-    lines += ["", f"recommended queue size: {rec['queue_size'] if rec['queue_size'] is not None else 'none'} "
-                  f"({rec['rule']})" + (f"; {rec['note']}" if rec["note"] else "")]  # fmt: skip
+    lines += [
+        "",
+        f"recommended queue size: {rec['queue_size'] if rec['queue_size'] is not None else 'none'} "
+        f"({rec['rule']})" + (f"; {rec['note']}" if rec["note"] else ""),
+    ]
     return "\n".join(lines)
 
 
-def write_report(report: dict[str, Any], output_dir: str | os.PathLike, prefix: str = "inspect") -> dict[str, str]:
+def write_report(
+    report: dict[str, Any], output_dir: str | os.PathLike, prefix: str = "inspect"
+) -> dict[str, str]:
     """Write ``<prefix>.json``, ``<prefix>.txt`` (the table) and three PNGs; returns their paths."""
     os.makedirs(output_dir, exist_ok=True)
-    paths = {k: os.path.join(output_dir, f"{prefix}{suffix}") for k, suffix in
-             (("json", ".json"), ("table", ".txt"), ("frequency", "_label_frequency.png"),
-              ("relations", "_relations.png"), ("queue", "_queue_sweep.png"))}  # fmt: skip
+    paths = {
+        k: os.path.join(output_dir, f"{prefix}{suffix}")
+        for k, suffix in (
+            ("json", ".json"),
+            ("table", ".txt"),
+            ("frequency", "_label_frequency.png"),
+            ("relations", "_relations.png"),
+            ("queue", "_queue_sweep.png"),
+        )
+    }
     with open(paths["json"], "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
     with open(paths["table"], "w", encoding="utf-8") as f:
@@ -292,7 +347,11 @@ def write_report(report: dict[str, Any], output_dir: str | os.PathLike, prefix: 
     rel = report["at_queue_size"]["relation_shares"]
     fig = _figure((5, 3.2))
     ax = fig.add_subplot(1, 1, 1)
-    ax.bar(list(rel), [100 * v for v in rel.values()], color=["#999999", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51"])
+    ax.bar(
+        list(rel),
+        [100 * v for v in rel.values()],
+        color=["#999999", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51"],
+    )
     ax.set_ylabel("% of (anchor, candidate) pairs")
     ax.set_yscale("log")
     ax.set_title(f"{title} relations R1-R5 (SD paper sec. 2.3)")
@@ -303,11 +362,24 @@ def write_report(report: dict[str, Any], output_dir: str | os.PathLike, prefix: 
     qs = [max(s["queue_size"], 1) for s in sweep]
     fig = _figure((6, 3.5))
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot(qs, [100 * (1 - s["wasted_anchors"]["all"]) for s in sweep], marker="o", label="anchors with an `all` positive")
-    ax.plot(qs, [100 * s["hbl_gate_open"] for s in sweep], marker="s",
-            label=f"HBL gate open (k_min={report['settings']['k_min']})")  # fmt: skip
-    ax.plot(qs, [100 * (1 - s["wasted_anchors"]["mulsupcon_pairs"]) for s in sweep], marker="^",
-            label="mulsupcon pairs with a positive")  # fmt: skip
+    ax.plot(
+        qs,
+        [100 * (1 - s["wasted_anchors"]["all"]) for s in sweep],
+        marker="o",
+        label="anchors with an `all` positive",
+    )
+    ax.plot(
+        qs,
+        [100 * s["hbl_gate_open"] for s in sweep],
+        marker="s",
+        label=f"HBL gate open (k_min={report['settings']['k_min']})",
+    )
+    ax.plot(
+        qs,
+        [100 * (1 - s["wasted_anchors"]["mulsupcon_pairs"]) for s in sweep],
+        marker="^",
+        label="mulsupcon pairs with a positive",
+    )
     ax.set_xscale("log")
     ax.set_xlabel("queue size (0 plotted at 1)")
     ax.set_ylabel("%")

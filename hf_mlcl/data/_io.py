@@ -90,5 +90,7 @@ def get_field(record: dict, *candidates: str, path: str = "", required: bool = T
         if c.lower() in lower:
             return record[lower[c.lower()]]
     if required:
-        raise ValueError(f"{path}: record has no field {candidates[0]!r} (looked for {candidates}; has {list(record)})")
+        raise ValueError(
+            f"{path}: record has no field {candidates[0]!r} (looked for {candidates}; has {list(record)})"
+        )
     return None

@@ -67,7 +67,9 @@ class MultiLabelCollator:
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be a positive int, got {pad_to_multiple_of}")
         if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to eos_token) first")
+            raise ValueError(
+                "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to eos_token) first"
+            )
         if pad_to_multiple_of and padding == "max_length" and max_length % pad_to_multiple_of:
             raise ValueError(
                 f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}; "
@@ -153,7 +155,9 @@ class MultiLabelCollator:
             raise ValueError("MultiLabelCollator got an empty batch")
         batch = dict(self._encode(examples))
         mask = batch.get("attention_mask")
-        if self.drop_unpadded_attention_mask and mask is not None and bool(mask.all()):  # a host tensor: no sync
+        if (
+            self.drop_unpadded_attention_mask and mask is not None and bool(mask.all())
+        ):  # a host tensor: no sync
             del batch["attention_mask"]
         if self.label_column is not None:
             try:
@@ -171,7 +175,10 @@ class MultiLabelCollator:
                     idx, vals = value.indices(), value.values()
                     shifted = [idx + torch.tensor([[v * b], [0]]) for v in range(self.n_views)]
                     batch[key] = torch.sparse_coo_tensor(
-                        torch.cat(shifted, 1), vals.repeat(self.n_views), (b * self.n_views, value.shape[1]), check_invariants=False
+                        torch.cat(shifted, 1),
+                        vals.repeat(self.n_views),
+                        (b * self.n_views, value.shape[1]),
+                        check_invariants=False,
                     ).coalesce()
                 else:
                     batch[key] = value.repeat(self.n_views, *([1] * (value.dim() - 1)))
@@ -197,7 +204,9 @@ def tokenize_dataset(
     from datasets import Dataset, DatasetDict
 
     if not isinstance(dataset_dict, (Dataset, DatasetDict)):
-        raise ValueError(f"tokenize_dataset expects a datasets.Dataset or DatasetDict, got {type(dataset_dict).__name__}")
+        raise ValueError(
+            f"tokenize_dataset expects a datasets.Dataset or DatasetDict, got {type(dataset_dict).__name__}"
+        )
     cols = dataset_dict.column_names
     cols = cols if isinstance(cols, list) else next(iter(cols.values()), [])
     if text_column not in cols:

@@ -75,9 +75,14 @@ _TEXT_FILES = (".csv", ".tsv", ".json", ".jsonl", ".txt")
 _NOTE_PREFIX = "hf_mlcl: "
 
 __all__ = [
-    "CUSTOM_OPTIONS", "LABEL_FORMATS", "check_splits", "data_notes", "is_custom_source", "load_custom_dataset",
+    "CUSTOM_OPTIONS",
+    "LABEL_FORMATS",
+    "check_splits",
+    "data_notes",
+    "is_custom_source",
+    "load_custom_dataset",
     "superseded_label_keys",
-]  # fmt: skip
+]
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -143,8 +148,10 @@ def _load_files(files: Mapping[str, str | Sequence[str]], base: str | None) -> D
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"data file {path!r} for split {split!r} does not exist")
             if os.path.getsize(path) == 0:
-                raise ValueError(f"data file {path!r} for split {split!r} is empty (0 bytes); write a header row "
-                                 "(e.g. text,labels) and at least one data row")
+                raise ValueError(
+                    f"data file {path!r} for split {split!r} is empty (0 bytes); write a header row "
+                    "(e.g. text,labels) and at least one data row"
+                )
             builders.append(_file_builder(path))
             if path.lower().endswith(_TEXT_FILES):
                 check_utf8(path)
@@ -212,7 +219,9 @@ def _read_source(source, data_files, config_name, revision, data_dir) -> tuple[D
     if os.path.isfile(path):
         return _load_files({"train": path}, None), f"file {source}"
     if source.lower() in _FORMAT_NAMES:
-        raise ValueError(f"dataset {source!r} needs data_files, e.g. data_files={{'train': 'train.{source}'}}")
+        raise ValueError(
+            f"dataset {source!r} needs data_files, e.g. data_files={{'train': 'train.{source}'}}"
+        )
     if os.path.splitext(source)[1].lower() in FILE_FORMATS and not os.path.exists(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     if os.path.isdir(path):
@@ -236,11 +245,16 @@ def _drop_empty_texts(raw: DatasetDict, text_column: str, origin: str) -> Datase
             out[split] = ds
             continue
         col = ds.with_format("arrow")[text_column]
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
+        if not (
+            pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)
+        ):
             out[split] = ds  # not text at all: the check below names the row
             continue
-        blank = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True) if not pa.types.is_null(col.type) \
+        blank = (
+            pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
+            if not pa.types.is_null(col.type)
             else pa.array([True] * len(col))
+        )
         empty = np.flatnonzero(np.asarray(blank.to_numpy(zero_copy_only=False), dtype=bool))
         if len(empty):
             dropped[split] = len(empty)
@@ -249,8 +263,12 @@ def _drop_empty_texts(raw: DatasetDict, text_column: str, origin: str) -> Datase
             out[split] = ds
     if dropped:
         counts = ", ".join(f"{split} {n}" for split, n in dropped.items())
-        logger.warning("%s: dropped %d row(s) with empty text (%s); fill in their text to keep them",
-                       origin, sum(dropped.values()), counts)
+        logger.warning(
+            "%s: dropped %d row(s) with empty text (%s); fill in their text to keep them",
+            origin,
+            sum(dropped.values()),
+            counts,
+        )
     return DatasetDict(out)
 
 
@@ -265,18 +283,22 @@ def data_notes(dataset: DatasetDict | Dataset) -> list[str]:
     notes = []
     for ds in parts:
         for line in (ds.info.description or "").splitlines():
-            if line.startswith(_NOTE_PREFIX) and line[len(_NOTE_PREFIX):] not in notes:
-                notes.append(line[len(_NOTE_PREFIX):])
+            if line.startswith(_NOTE_PREFIX) and line[len(_NOTE_PREFIX) :] not in notes:
+                notes.append(line[len(_NOTE_PREFIX) :])
     return notes
 
 
-def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int, strategy: str = "random") -> DatasetDict:
+def carve_split(
+    dd: DatasetDict, new: str, fraction: float, seed: int, strategy: str = "random"
+) -> DatasetDict:
     """Move a seeded ``fraction`` of train into split ``new`` (logged and recorded with the split): rows
     drawn at random, or by iterative stratification of the labels (``strategy="stratified"``)."""
     if strategy not in SPLIT_STRATEGIES:
         raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {strategy!r}")
     if not 0.0 < fraction < 1.0:
-        raise ValueError(f"{new}_fraction must lie in (0, 1) to carve a {new} split from train; got {fraction}")
+        raise ValueError(
+            f"{new}_fraction must lie in (0, 1) to carve a {new} split from train; got {fraction}"
+        )
     train = dd["train"]
     n_new = int(round(len(train) * fraction))
     if n_new < 1 or len(train) - n_new < 1:
@@ -295,10 +317,14 @@ def carve_split(dd: DatasetDict, new: str, fraction: float, seed: int, strategy:
             )
         how = ", stratified by label (iterative stratification)"
     else:
-        keep, carved = carve_validation(len(train), n_new, seed, f"{new} split")  # the registry's seeded carve
+        keep, carved = carve_validation(
+            len(train), n_new, seed, f"{new} split"
+        )  # the registry's seeded carve
         how = ""
-    text = (f"{new}: carved from train ({n_new} of {len(train)} rows, {new}_fraction={fraction}, "
-            f"seed={seed}{how}); train keeps {len(train) - n_new} rows")
+    text = (
+        f"{new}: carved from train ({n_new} of {len(train)} rows, {new}_fraction={fraction}, "
+        f"seed={seed}{how}); train keeps {len(train) - n_new} rows"
+    )
     logger.info("no %s split: %s", new, text)
     out = dict(dd)
     out["train"], out[new] = train.select(keep), train.select(carved)  # file order kept in both
@@ -321,10 +347,21 @@ def check_splits(dd: DatasetDict, what: str = "dataset") -> None:
 # the options of load_custom_dataset beyond the source (the one list: the registry refuses them for a registered
 # name, DataArguments hands them over, hf-mlcl's --key flags spell them)
 CUSTOM_OPTIONS = (
-    "data_files", "config_name", "revision", "text_column", "label_column", "label_columns", "label_format",
-    "label_separator", "label_names", "unknown_labels", "validation_fraction", "test_fraction", "split_seed",
+    "data_files",
+    "config_name",
+    "revision",
+    "text_column",
+    "label_column",
+    "label_columns",
+    "label_format",
+    "label_separator",
+    "label_names",
+    "unknown_labels",
+    "validation_fraction",
+    "test_fraction",
+    "split_seed",
     "split_strategy",
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -385,8 +422,16 @@ def load_custom_dataset(
     if text_column not in cols:
         raise ValueError(f"{origin}: no text column {text_column!r} (columns: {cols}); set text_column=")
     raw = _drop_empty_texts(raw, text_column, origin)
-    layout = _label_layout(raw["train"], origin, text_column, label_column, label_columns, label_format,
-                           label_separator, label_names)  # fmt: skip
+    layout = _label_layout(
+        raw["train"],
+        origin,
+        text_column,
+        label_column,
+        label_columns,
+        label_format,
+        label_separator,
+        label_names,
+    )
     order = ["train"] + [s for s in ("validation", "test") if s in raw]
     encoded, names, names_origin = _label_ids(raw, order, layout, origin, text_column, unknown_labels)
     out = {}
@@ -397,14 +442,30 @@ def load_custom_dataset(
             raise ValueError(f"{origin}: split {split!r} row {bad} has text {texts[bad]!r}, not a string")
         out[split] = build_split(texts, encoded[split], names)
     dd = DatasetDict(out)
-    logger.info("loaded %s: %s, %d labels from %s (format %s)", origin,
-                {s: len(d) for s, d in dd.items()}, len(names), names_origin, layout.fmt)
+    logger.info(
+        "loaded %s: %s, %d labels from %s (format %s)",
+        origin,
+        {s: len(d) for s, d in dd.items()},
+        len(names),
+        names_origin,
+        layout.fmt,
+    )
     check_splits(dd, origin)
-    return _carved_and_selected(dd, origin, validation_fraction, test_fraction, split_seed, split_strategy, splits)
+    return _carved_and_selected(
+        dd, origin, validation_fraction, test_fraction, split_seed, split_strategy, splits
+    )
 
 
-def _label_layout(train: Dataset, origin: str, text_column: str, label_column: str | None, label_columns,
-                  label_format: str, label_separator: str | None, label_names) -> _Layout:  # fmt: skip
+def _label_layout(
+    train: Dataset,
+    origin: str,
+    text_column: str,
+    label_column: str | None,
+    label_columns,
+    label_format: str,
+    label_separator: str | None,
+    label_names,
+) -> _Layout:
     """The :class:`_Layout` of a source from its train split and the options: the label names of a file / list
     (else a ClassLabel feature, else the 0/1 columns' names, else later the train union), the label column
     (``""``: one 0/1 column per label; default ``labels`` / ``label``), the format (``"auto"``:
@@ -418,8 +479,10 @@ def _label_layout(train: Dataset, origin: str, text_column: str, label_column: s
         names, names_origin = [str(n) for n in label_names], "the given label_names"
     if label_column == "":  # "no label column": one 0/1 column per label
         if label_format not in ("auto", "columns"):
-            raise ValueError(f"label_column='' (no label column) reads one 0/1 column per label, but label_format is "
-                             f"{label_format!r}; pass label_format='columns' or name the label column")
+            raise ValueError(
+                f"label_column='' (no label column) reads one 0/1 column per label, but label_format is "
+                f"{label_format!r}; pass label_format='columns' or name the label column"
+            )
         label_column, label_format = None, "columns"
     if label_column is None and label_format != "columns" and not label_columns:
         label_column = next((c for c in ("labels", "label") if c in cols), None)
@@ -435,8 +498,10 @@ def _label_layout(train: Dataset, origin: str, text_column: str, label_column: s
         if not label_columns:
             label_columns = list(names) if names is not None else binary_columns(train, {text_column})
             if not label_columns:
-                raise ValueError(f"{origin}: found no label column ('labels'/'label') and no 0/1 columns; "
-                                 f"set label_column= or label_columns= (columns: {cols})")
+                raise ValueError(
+                    f"{origin}: found no label column ('labels'/'label') and no 0/1 columns; "
+                    f"set label_column= or label_columns= (columns: {cols})"
+                )
             if names is None:
                 logger.warning("one 0/1 column per label, detected: %s", label_columns)
         missing = [c for c in label_columns if c not in cols]
@@ -450,11 +515,14 @@ def _label_layout(train: Dataset, origin: str, text_column: str, label_column: s
             names_origin = f"the ClassLabel feature of {label_column!r}"
     if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
         sep = next(iter(separators_in(column(train, label_column))), None)
-    return _Layout(fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin)
+    return _Layout(
+        fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin
+    )
 
 
-def _label_ids(raw: DatasetDict, order: list[str], layout: _Layout, origin: str, text_column: str,
-               unknown_labels: str) -> tuple[dict[str, list[list[int]]], list[str], str]:  # fmt: skip
+def _label_ids(
+    raw: DatasetDict, order: list[str], layout: _Layout, origin: str, text_column: str, unknown_labels: str
+) -> tuple[dict[str, list[list[int]]], list[str], str]:
     """Every split's rows as label ids, the label names and where they come from. One 0/1 column per label:
     the columns' non-zeros; a label column: its tokens (:func:`~hf_mlcl.data.label_formats.row_tokens`) in
     the label space, which is the train union when no names were given (a label seen only outside train is
@@ -496,7 +564,9 @@ def _column_label_ids(ds: Dataset, label_columns: list[str], origin: str, split:
     return [c.tolist() for c in np.split(cols_idx, np.searchsorted(rows_idx, np.arange(1, len(ds))))]
 
 
-def _train_label_space(tokens: dict[str, list[list[Any]]], origin: str, unknown_labels: str) -> tuple[list[str], str]:
+def _train_label_space(
+    tokens: dict[str, list[list[Any]]], origin: str, unknown_labels: str
+) -> tuple[list[str], str]:
     """The label names when none were given: ``"0" .. max id`` for integer ids, else the sorted union of the
     train labels; a label of another split outside it is a ValueError (unless ``unknown_labels="drop"``)."""
     train_tokens = [t for r in tokens["train"] for t in r]
@@ -513,7 +583,11 @@ def _train_label_space(tokens: dict[str, list[list[Any]]], origin: str, unknown_
     def unseen(t: Any) -> bool:
         return t >= len(names) if isinstance(t, int) else str(t) not in known
 
-    outside = {s: sorted({t for r in rows for t in r if unseen(t)}, key=str) for s, rows in tokens.items() if s != "train"}
+    outside = {
+        s: sorted({t for r in rows for t in r if unseen(t)}, key=str)
+        for s, rows in tokens.items()
+        if s != "train"
+    }
     outside = {s: v for s, v in outside.items() if v}
     if outside and unknown_labels == "error":
         raise ValueError(
@@ -523,8 +597,15 @@ def _train_label_space(tokens: dict[str, list[list[Any]]], origin: str, unknown_
     return names, names_origin
 
 
-def _carved_and_selected(dd: DatasetDict, origin: str, validation_fraction: float, test_fraction: float,
-                         split_seed: int, split_strategy: str, splits) -> DatasetDict:  # fmt: skip
+def _carved_and_selected(
+    dd: DatasetDict,
+    origin: str,
+    validation_fraction: float,
+    test_fraction: float,
+    split_seed: int,
+    split_strategy: str,
+    splits,
+) -> DatasetDict:
     """A missing validation split carved from train (a test split too with ``test_fraction``; at random or
     stratified, ``split_strategy``), then only the ``splits`` asked for (ValueError naming one that does not
     exist)."""

@@ -38,11 +38,15 @@ def _read_tsv(path: str, num_labels: int) -> tuple[list[str], list[list[int]], l
             if not row:
                 continue
             if len(row) != 3:
-                raise ValueError(f"goemotions: {path}:{lineno} has {len(row)} fields, expected 3 (text, labels, id)")
+                raise ValueError(
+                    f"goemotions: {path}:{lineno} has {len(row)} fields, expected 3 (text, labels, id)"
+                )
             text, labs, cid = row
             lab_ids = sorted({int(x) for x in labs.split(",") if x.strip()})
             if lab_ids and (lab_ids[0] < 0 or lab_ids[-1] >= num_labels):
-                raise ValueError(f"goemotions: {path}:{lineno} label id out of range [0, {num_labels}): {labs}")
+                raise ValueError(
+                    f"goemotions: {path}:{lineno} label id out of range [0, {num_labels}): {labs}"
+                )
             texts.append(text)
             labels.append(lab_ids)
             ids.append(cid)

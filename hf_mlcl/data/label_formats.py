@@ -40,9 +40,19 @@ from hf_mlcl.data.registry import read_lines
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "LABEL_FORMATS", "UNKNOWN_LABELS", "binary_columns", "classlabel_names", "column", "column_np", "detect_format",
-    "encode_rows", "names_from_file", "row_tokens", "separators_in", "superseded_label_keys",
-]  # fmt: skip
+    "LABEL_FORMATS",
+    "UNKNOWN_LABELS",
+    "binary_columns",
+    "classlabel_names",
+    "column",
+    "column_np",
+    "detect_format",
+    "encode_rows",
+    "names_from_file",
+    "row_tokens",
+    "separators_in",
+    "superseded_label_keys",
+]
 
 LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns")
 UNKNOWN_LABELS = ("error", "drop")
@@ -107,7 +117,9 @@ def _list_items(text: str) -> list[int | str] | None:
             items = parse(text.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-        ok = isinstance(items, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in items)
+        ok = isinstance(items, list) and all(
+            isinstance(x, (int, str)) and not isinstance(x, bool) for x in items
+        )
         return items if ok else None
     return None
 
@@ -129,8 +141,10 @@ def separators_in(cells) -> list[str]:
     return [s for s in _SEPARATORS if any(s in c for c in cells)]
 
 
-_CHOICES = ("label_format='names' (one label per cell), label_format='ids', or label_format='delimited' "
-            "with label_separator")
+_CHOICES = (
+    "label_format='names' (one label per cell), label_format='ids', or label_format='delimited' "
+    "with label_separator"
+)
 
 
 def detect_format(
@@ -151,7 +165,9 @@ def detect_format(
         return "ids", None
     inner = _inner(feat)
     if inner is not None:  # a list column
-        return ("ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"), None
+        return (
+            "ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"
+        ), None
     if isinstance(feat, Value) and feat.dtype.startswith(("int", "uint")):
         return "ids", None
     cells = column(ds, label_column)
@@ -188,11 +204,14 @@ def detect_format(
             examples = " and ".join(repr(next(cells[i] for i in plain if s in cells[i])) for s in seen[:2])
             raise ValueError(
                 f"{where} holds both {seen[0]!r} and {seen[1]!r} (e.g. {examples}), so the label separator is "
-                "ambiguous; choose " + " or ".join(f"label_separator={s!r}" for s in seen)
+                "ambiguous; choose "
+                + " or ".join(f"label_separator={s!r}" for s in seen)
                 + ", or label_format='names' (one label per cell)"
             )
         sep = seen[0] if seen else None
-    stray = sorted({t for r in row_tokens(cells, "delimited", sep) for t in r if isinstance(t, str) and _stray(t)})
+    stray = sorted(
+        {t for r in row_tokens(cells, "delimited", sep) for t in r if isinstance(t, str) and _stray(t)}
+    )
     if stray:
         raise ValueError(
             f"{where}: reading it as delimited text gives label names such as {stray[0]!r} that carry quotes or "
@@ -216,7 +235,9 @@ def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[An
         else:
             toks = split_labels(v if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else [v])
         rows.append(toks)
-    if fmt == "ids" or (fmt == "delimited" and rows and all(_is_int(t) for r in rows for t in r) and any(rows)):
+    if fmt == "ids" or (
+        fmt == "delimited" and rows and all(_is_int(t) for r in rows for t in r) and any(rows)
+    ):
         bad = sorted({t for r in rows for t in r if not _is_int(t)})
         if bad:
             raise ValueError(f"label_format='ids' but the label column holds non-integers such as {bad[:5]}")
@@ -225,13 +246,19 @@ def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[An
 
 
 def _one_column_per_label(options: Mapping[str, Any]) -> bool:
-    return (options.get("label_format") == "columns" or bool(options.get("label_columns"))
-            or options.get("label_column") == "")  # fmt: skip
+    return (
+        options.get("label_format") == "columns"
+        or bool(options.get("label_columns"))
+        or options.get("label_column") == ""
+    )
 
 
 def _one_labelcolumn(options: Mapping[str, Any]) -> bool:
-    return (bool(options.get("label_column")) or bool(options.get("label_separator"))
-            or options.get("label_format") in ("names", "ids", "delimited"))  # fmt: skip
+    return (
+        bool(options.get("label_column"))
+        or bool(options.get("label_separator"))
+        or options.get("label_format") in ("names", "ids", "delimited")
+    )
 
 
 def superseded_label_keys(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> set[str]:
@@ -288,6 +315,10 @@ def encode_rows(
             + ". Add them to label_names, or pass unknown_labels='drop' to drop them with a warning"
         )
     if missing:
-        logger.warning("split %r: dropped labels outside the label space (%s): %s", split, names_origin,
-                       sorted(missing, key=str)[:20])
+        logger.warning(
+            "split %r: dropped labels outside the label space (%s): %s",
+            split,
+            names_origin,
+            sorted(missing, key=str)[:20],
+        )
     return out, missing

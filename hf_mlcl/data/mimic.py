@@ -43,7 +43,13 @@ from hf_mlcl.data.registry import (
 )
 
 _CSV_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
-_EDIN_SPLIT = {"train": "train", "val": "validation", "validation": "validation", "dev": "validation", "test": "test"}
+_EDIN_SPLIT = {
+    "train": "train",
+    "val": "validation",
+    "validation": "validation",
+    "dev": "validation",
+    "test": "test",
+}
 _CHUNK = 5000
 
 
@@ -56,7 +62,9 @@ def read_hadm_split_ids(split_ids_dir: str | os.PathLike, variant: str = "full")
     }
 
 
-def filter_by_hadm_ids(dataset: Dataset, hadm_ids: str | os.PathLike | Iterable, id_column: str = "id") -> Dataset:
+def filter_by_hadm_ids(
+    dataset: Dataset, hadm_ids: str | os.PathLike | Iterable, id_column: str = "id"
+) -> Dataset:
     """Keep the admissions of ``dataset`` whose HADM id is listed in ``hadm_ids`` (a path to a
     one-id-per-line file such as ``train_50_hadm_ids.csv``, or an iterable of ids)."""
     if isinstance(hadm_ids, (str, os.PathLike)):
@@ -74,7 +82,12 @@ def _read_csv_docs(path: str, strip_dots: bool):
     for rec in iter_csv(path):
         ids.append(str(get_field(rec, "HADM_ID", "hadm_id", "_id", path=path)).split(".")[0])
         texts.append(str(get_field(rec, "TEXT", "text", path=path)))
-        labels.append([_norm_code(c, strip_dots) for c in split_labels(get_field(rec, "LABELS", "labels", "target", path=path), ";")])
+        labels.append(
+            [
+                _norm_code(c, strip_dots)
+                for c in split_labels(get_field(rec, "LABELS", "labels", "target", path=path), ";")
+            ]
+        )
     return ids, texts, labels
 
 
@@ -100,14 +113,21 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
     import pandas as pd
 
     if feather_file is None:
-        cands = [f for f in sorted(glob.glob(os.path.join(data_dir, "*.feather"))) if "split" not in os.path.basename(f)]
+        cands = [
+            f
+            for f in sorted(glob.glob(os.path.join(data_dir, "*.feather")))
+            if "split" not in os.path.basename(f)
+        ]
         if not cands:
             raise FileNotFoundError(f"mimic: no document .feather file in {data_dir!r}; pass feather_file=")
         feather_file = cands[0]
     elif not os.path.isabs(feather_file):
         feather_file = require_file(data_dir, feather_file, "mimic")
     if split_file is None:
-        cands = sorted(glob.glob(os.path.join(data_dir, "*split*.feather")) + glob.glob(os.path.join(data_dir, "*split*.csv")))
+        cands = sorted(
+            glob.glob(os.path.join(data_dir, "*split*.feather"))
+            + glob.glob(os.path.join(data_dir, "*split*.csv"))
+        )
         if not cands:
             raise FileNotFoundError(
                 f"mimic: no split file (*split*.feather / *split*.csv with columns _id,split) in folder {data_dir!r}; "
@@ -124,7 +144,11 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
     if not {"_id", "split"} <= set(sp.columns):
         raise ValueError(f"mimic: split file {split_file} needs columns _id,split (has {list(sp.columns)})")
     split_of = dict(zip(sp["_id"].astype(str), sp["split"].astype(str).str.lower()))
-    out: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "validation": ([], [], []), "test": ([], [], [])}
+    out: dict[str, tuple[list, list, list]] = {
+        "train": ([], [], []),
+        "validation": ([], [], []),
+        "test": ([], [], []),
+    }
     for _id, text, target in zip(docs["_id"].astype(str), docs["text"], docs["target"]):
         split = _EDIN_SPLIT.get(split_of.get(_id, ""))
         if split is None:
@@ -168,14 +192,26 @@ def _load_mimic(
     if fmt == "caml":
         need = list(splits) + (["train"] if code_list is None and "train" not in splits else [])
         fname = {s: file_template.format(split=_CSV_SPLIT[s], variant=variant) for s in need}
-        paths = {s: require_file(data_dir, fname[s], dataset, s, hint=(
-            f"place {fname[s]} in {data_dir!r} (or set file_template=, default '{{split}}_{{variant}}.csv' with "
-            "split in train/dev/test), request other splits=, or (for the label space without the training "
-            "file) pass code_list=")) for s in need}
+        paths = {
+            s: require_file(
+                data_dir,
+                fname[s],
+                dataset,
+                s,
+                hint=(
+                    f"place {fname[s]} in {data_dir!r} (or set file_template=, default '{{split}}_{{variant}}.csv' with "
+                    "split in train/dev/test), request other splits=, or (for the label space without the training "
+                    "file) pass code_list="
+                ),
+            )
+            for s in need
+        }
         raw = {s: _read_csv_docs(p, strip_dots) for s, p in paths.items()}
     elif fmt == "ids":
         if file is None or split_ids_dir is None:
-            raise ValueError(f"{dataset}: format='ids' needs file= (one csv of all admissions) and split_ids_dir=")
+            raise ValueError(
+                f"{dataset}: format='ids' needs file= (one csv of all admissions) and split_ids_dir="
+            )
         path = file if os.path.isabs(file) else require_file(data_dir, file, dataset)
         ids, texts, labels = _read_csv_docs(path, strip_dots)
         whole = {"ids": ids}
@@ -204,7 +240,11 @@ def _load_mimic(
         label_ids = encode_label_lists(labels, names, drop_unknown=True)
         if drop_unlabeled:
             keep = [i for i, labs in enumerate(label_ids) if labs]
-            ids, texts, label_ids = [ids[i] for i in keep], [texts[i] for i in keep], [label_ids[i] for i in keep]
+            ids, texts, label_ids = (
+                [ids[i] for i in keep],
+                [texts[i] for i in keep],
+                [label_ids[i] for i in keep],
+            )
         out[split] = _build_chunked(ids, texts, label_ids, names)
     return DatasetDict(out)
 

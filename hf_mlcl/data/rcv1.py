@@ -109,7 +109,9 @@ def load_rcv1(
     if hierarchy_file and os.path.isfile(os.path.join(data_dir, hierarchy_file)):
         hier_topics, parent, _ = read_topic_hierarchy(os.path.join(data_dir, hierarchy_file))
     elif add_ancestors:
-        require_file(data_dir, hierarchy_file or _HIER_FILE, "rcv1", hint="add_ancestors needs the topic hierarchy")
+        require_file(
+            data_dir, hierarchy_file or _HIER_FILE, "rcv1", hint="add_ancestors needs the topic hierarchy"
+        )
 
     ids, texts, topics = [], [], []
     for rec in iter_records(path):
@@ -134,7 +136,9 @@ def load_rcv1(
                 counts[lab] = counts.get(lab, 0) + 1
         names = [n for n in names if counts.get(n, 0) >= min_label_count]
         if not names:
-            raise ValueError(f"rcv1: no label has >= {min_label_count} training occurrences; lower min_label_count")
+            raise ValueError(
+                f"rcv1: no label has >= {min_label_count} training occurrences; lower min_label_count"
+            )
     label_ids = encode_label_lists(topics, names, drop_unknown=True)
 
     train_pos, val_pos = carve_validation(len(train_idx), validation_size, seed, "rcv1")
@@ -146,5 +150,7 @@ def load_rcv1(
         idx = parts[split]
         if drop_unlabeled:
             idx = np.asarray([i for i in idx if label_ids[i]], dtype=np.int64)
-        out[split] = build_split([texts[i] for i in idx], [label_ids[i] for i in idx], names, [ids[i] for i in idx])
+        out[split] = build_split(
+            [texts[i] for i in idx], [label_ids[i] for i in idx], names, [ids[i] for i in idx]
+        )
     return DatasetDict(out)

@@ -17,8 +17,14 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets import Sequence as HFSequence
 
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
-SPLIT_ALIASES = {"train": "train", "validation": "validation", "val": "validation", "dev": "validation",
-                  "valid": "validation", "test": "test"}
+SPLIT_ALIASES = {
+    "train": "train",
+    "validation": "validation",
+    "val": "validation",
+    "dev": "validation",
+    "valid": "validation",
+    "test": "test",
+}
 
 # Filled by the loader modules' @register_dataset decorators; the package ``hf_mlcl.data`` imports every
 # loader module, and Python runs it before this module, so the registry is complete whenever it is used.
@@ -26,7 +32,9 @@ _REGISTRY: dict[str, Callable[..., DatasetDict]] = {}
 _ALIASES: dict[str, str] = {}
 
 
-def register_dataset(name: str, *aliases: str) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
+def register_dataset(
+    name: str, *aliases: str
+) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
     """Decorator: register ``fn(data_dir=None, **options) -> DatasetDict`` under ``name`` (+ aliases)."""
 
     def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
@@ -186,7 +194,9 @@ def require_dir(data_dir, dataset: str, expected: str) -> str:
         )
     data_dir = os.fspath(data_dir)
     if not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"{dataset}: data_dir {data_dir!r} is not a folder. Expected files: {expected}.")
+        raise FileNotFoundError(
+            f"{dataset}: data_dir {data_dir!r} is not a folder. Expected files: {expected}."
+        )
     return data_dir
 
 
@@ -210,7 +220,9 @@ def require_file(data_dir: str, filename: str, dataset: str, split: str | None =
 def hub_offline() -> bool:
     """True when HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set to a truthy value."""
     truthy = {"1", "true", "yes", "on"}
-    return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def encode_label_lists(
@@ -243,14 +255,19 @@ def names_from_lists(label_lists: Iterable[Sequence[str]]) -> list[str]:
 
 
 def build_split(
-    texts: Sequence[str], label_ids: Sequence[Sequence[int]], names: Sequence[str], ids: Sequence[str] | None = None
+    texts: Sequence[str],
+    label_ids: Sequence[Sequence[int]],
+    names: Sequence[str],
+    ids: Sequence[str] | None = None,
 ) -> Dataset:
     """A Dataset with ``text``/``labels`` (+ ``id``) and the ClassLabel names attached."""
     data = {"text": list(texts), "labels": [list(map(int, x)) for x in label_ids]}
     if ids is not None:
         data["id"] = [str(i) for i in ids]
     if len(data["text"]) != len(data["labels"]):
-        raise ValueError(f"{len(data['text'])} texts but {len(data['labels'])} label rows: files are misaligned")
+        raise ValueError(
+            f"{len(data['text'])} texts but {len(data['labels'])} label rows: files are misaligned"
+        )
     return Dataset.from_dict(data, features=make_features(names, with_id=ids is not None))
 
 

@@ -80,13 +80,17 @@ def parse_sgml(raw: str) -> list[dict]:
     for attrs_raw, inner in _DOC_RE.findall(raw):
         attrs = {k.upper(): v for k, v in _ATTR_RE.findall(attrs_raw)}
         if "NEWID" not in attrs:
-            raise ValueError(f"reuters21578: a <REUTERS> element has no NEWID attribute: <REUTERS{attrs_raw}>")
+            raise ValueError(
+                f"reuters21578: a <REUTERS> element has no NEWID attribute: <REUTERS{attrs_raw}>"
+            )
         tm = _TOPICS_RE.search(inner)
         topics = [t.strip() for t in _D_RE.findall(tm.group(1))] if tm else []
         text = ""
         xm = _TEXT_RE.search(inner)
         if xm:
-            text_type = dict((k.upper(), v.upper()) for k, v in _ATTR_RE.findall(xm.group(1))).get("TYPE", "NORM")
+            text_type = dict((k.upper(), v.upper()) for k, v in _ATTR_RE.findall(xm.group(1))).get(
+                "TYPE", "NORM"
+            )
             content = xm.group(2)
             if text_type == "UNPROC":
                 text = clean_sgml_text(content)
@@ -95,13 +99,15 @@ def parse_sgml(raw: str) -> list[dict]:
                 body = _BODY_RE.search(content) if text_type != "BRIEF" else None
                 parts = [clean_sgml_text(m.group(1)) for m in (title, body) if m]
                 text = "\n".join(p for p in parts if p)
-        docs.append({
-            "id": attrs["NEWID"],
-            "topics_attr": attrs.get("TOPICS", "").upper(),
-            "lewissplit": attrs.get("LEWISSPLIT", "").upper(),
-            "topics": [t for t in topics if t],
-            "text": text,
-        })
+        docs.append(
+            {
+                "id": attrs["NEWID"],
+                "topics_attr": attrs.get("TOPICS", "").upper(),
+                "lewissplit": attrs.get("LEWISSPLIT", "").upper(),
+                "topics": [t for t in topics if t],
+                "text": text,
+            }
+        )
     return docs
 
 
@@ -122,7 +128,9 @@ def read_reuters_sgml(data_dir: str) -> list[dict]:
 
 
 def select_categories(
-    categories: str | Sequence[str], train_topics: Sequence[Sequence[str]], test_topics: Sequence[Sequence[str]]
+    categories: str | Sequence[str],
+    train_topics: Sequence[Sequence[str]],
+    test_topics: Sequence[Sequence[str]],
 ) -> list[str]:
     """The label names for ``categories`` (``"r90"``, ``"r10"``, ``"all"`` or a list), sorted."""
     train_count = Counter(t for topics in train_topics for t in set(topics))
@@ -170,14 +178,16 @@ def load_reuters21578(
     data_dir = require_dir(data_dir, "reuters21578", _EXPECTED)
     splits = normalize_splits(splits)
     if not (isinstance(validation_size, (int, float)) and validation_size >= 0):
-        raise ValueError(f"reuters21578: validation_size must be a fraction in [0, 1) or a count, got {validation_size!r}")
+        raise ValueError(
+            f"reuters21578: validation_size must be a fraction in [0, 1) or a count, got {validation_size!r}"
+        )
     docs = [d for d in read_reuters_sgml(data_dir) if d["topics_attr"] == "YES"]
     train_docs = [d for d in docs if d["lewissplit"] == "TRAIN"]
     test_docs = [d for d in docs if d["lewissplit"] == "TEST"]
     if not train_docs or not test_docs:
         raise ValueError(
             f"reuters21578: {data_dir!r} has {len(train_docs)} ModApte train and {len(test_docs)} test documents "
-            "(TOPICS=\"YES\" with LEWISSPLIT TRAIN/TEST); both are needed to define the category set. "
+            '(TOPICS="YES" with LEWISSPLIT TRAIN/TEST); both are needed to define the category set. '
             f"Pass the folder holding {_EXPECTED}."
         )
     names = select_categories(categories, [d["topics"] for d in train_docs], [d["topics"] for d in test_docs])
@@ -198,5 +208,7 @@ def load_reuters21578(
     out = {}
     for split in splits:
         rows = parts[split]
-        out[split] = build_split([d["text"] for d, _ in rows], [ids for _, ids in rows], names, [d["id"] for d, _ in rows])
+        out[split] = build_split(
+            [d["text"] for d, _ in rows], [ids for _, ids in rows], names, [d["id"] for d, _ in rows]
+        )
     return DatasetDict(out)

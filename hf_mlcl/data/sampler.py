@@ -177,8 +177,9 @@ class PositiveEnsuredSampler(Sampler[int]):
         seed: with the epoch, the only source of randomness.
     """
 
-    def __init__(self, labels: Sequence[Sequence[int]], batch_size: int, rule: str = "shared_label",
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, labels: Sequence[Sequence[int]], batch_size: int, rule: str = "shared_label", seed: int = 0
+    ) -> None:
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
         if batch_size < 2:

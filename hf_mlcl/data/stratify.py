@@ -32,7 +32,9 @@ def _label_lists(rows: Sequence[Sequence[int]], num_labels: int) -> tuple[np.nda
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     flat = np.fromiter((int(i) for r in rows for i in r), dtype=np.int64, count=int(lengths.sum()))
     if flat.size and (flat.min() < 0 or flat.max() >= num_labels):
-        raise ValueError(f"label ids must lie in [0, {num_labels}); got {int(flat.min())} .. {int(flat.max())}")
+        raise ValueError(
+            f"label ids must lie in [0, {num_labels}); got {int(flat.min())} .. {int(flat.max())}"
+        )
     pairs = np.unique(np.repeat(np.arange(len(rows), dtype=np.int64), lengths) * num_labels + flat)
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(np.bincount(pairs // num_labels, minlength=len(rows)), out=indptr[1:])
@@ -49,7 +51,10 @@ def _labels_of(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tup
 
 
 def iterative_stratification(
-    label_rows: Sequence[Sequence[int]], proportions: Sequence[float], seed: int, num_labels: int | None = None
+    label_rows: Sequence[Sequence[int]],
+    proportions: Sequence[float],
+    seed: int,
+    num_labels: int | None = None,
 ) -> np.ndarray:
     """The fold (0 .. k-1) of every row, by Sechidis et al.'s iterative stratification (module docstring).
 

@@ -23,9 +23,7 @@ from datasets import DatasetDict
 
 from hf_mlcl.data.registry import make_features, normalize_splits, register_dataset
 
-_SYLLABLES = np.array(
-    [c + v for c in "bdfgklmnprstvz" for v in "aeiou"], dtype=object
-)  # 70 syllables
+_SYLLABLES = np.array([c + v for c in "bdfgklmnprstvz" for v in "aeiou"], dtype=object)  # 70 syllables
 _SPLIT_INDEX = {"train": 0, "validation": 1, "test": 2}
 
 
@@ -94,7 +92,8 @@ class SyntheticCorpusGenerator:
         self._cum_noise = np.cumsum(1.0 / noise_rank) / np.sum(1.0 / noise_rank)
         # Inverse-CDF lookup table (2^20 cells): O(1) noise-word draws instead of a binary search per word.
         self._noise_table = np.minimum(
-            np.searchsorted(self._cum_noise, (np.arange(2**20) + 0.5) / 2**20, side="right"), noise_vocab_size - 1
+            np.searchsorted(self._cum_noise, (np.arange(2**20) + 0.5) / 2**20, side="right"),
+            noise_vocab_size - 1,
         ).astype(np.int32)
         vocab_size = noise_vocab_size + num_labels * words_per_label
         # Shuffle ids -> strings so word strings do not reveal labels by prefix.
@@ -136,7 +135,9 @@ class SyntheticCorpusGenerator:
         doc = np.repeat(np.arange(n), lengths)
         slot = (rng.random(total) * nlab[doc]).astype(np.int64)
         lab = label_flat[label_ptr[:-1][doc] + slot]
-        label_word = self.noise_vocab_size + lab * self.words_per_label + rng.integers(0, self.words_per_label, total)
+        label_word = (
+            self.noise_vocab_size + lab * self.words_per_label + rng.integers(0, self.words_per_label, total)
+        )
         noise_word = self._noise_table[(rng.random(total) * 2**20).astype(np.int64)]
         words = np.where(rng.random(total) < self.signal, label_word, noise_word)
         return label_flat, label_ptr, words, word_ptr
@@ -145,7 +146,10 @@ class SyntheticCorpusGenerator:
         if not hasattr(self, "_vb"):
             encoded = [w.encode("ascii") + b" " for w in self.vocab.tolist()]
             lens = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
-            self._vb = (np.frombuffer(b"".join(encoded), dtype=np.uint8), np.concatenate([[0], np.cumsum(lens)]))
+            self._vb = (
+                np.frombuffer(b"".join(encoded), dtype=np.uint8),
+                np.concatenate([[0], np.cumsum(lens)]),
+            )
         return self._vb
 
     def generate_arrow(self, n: int, rng: np.random.Generator):
@@ -171,7 +175,9 @@ class SyntheticCorpusGenerator:
         buf = buf[keep]
         lengths = doc_end - doc_start
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        text = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(buf.tobytes())).cast(pa.string())
+        text = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(buf.tobytes())).cast(
+            pa.string()
+        )
         doc_of_label = np.repeat(np.arange(n), np.diff(label_ptr))
         order = np.lexsort((label_flat, doc_of_label))
         labels = pa.ListArray.from_arrays(pa.array(label_ptr.astype(np.int32)), pa.array(label_flat[order]))
@@ -188,7 +194,9 @@ class SyntheticCorpusGenerator:
             rng = np.random.default_rng([self.seed, _SPLIT_INDEX[split], j])
             yield self.generate_arrow(min(shard_size, num_docs - start), rng)
 
-    def iter_shards(self, split: str, num_docs: int, shard_size: int = 1000) -> Iterator[tuple[list[str], list[list[int]]]]:
+    def iter_shards(
+        self, split: str, num_docs: int, shard_size: int = 1000
+    ) -> Iterator[tuple[list[str], list[list[int]]]]:
         """Deterministic shards for ``split``: shard ``j`` uses ``default_rng([seed, split, j])``."""
         for table in self.iter_tables(split, num_docs, shard_size):
             yield table.column("text").to_pylist(), table.column("labels").to_pylist()
@@ -217,7 +225,9 @@ def make_synthetic_corpus(
     (2.0), ``max_labels``, ``num_groups`` (L // 5), ``cooccurrence`` (0.7), ``words_per_label`` (20),
     ``noise_vocab_size`` (2000), ``signal`` (0.5). Same arguments -> identical corpus.
     """
-    gen = SyntheticCorpusGenerator(num_labels=num_labels, min_words=min_words, max_words=max_words, seed=seed, **kw)
+    gen = SyntheticCorpusGenerator(
+        num_labels=num_labels, min_words=min_words, max_words=max_words, seed=seed, **kw
+    )
     sizes = {"train": num_train, "validation": num_validation, "test": num_test}
     import pyarrow as pa
     from datasets import Dataset, DatasetInfo

@@ -50,8 +50,10 @@ def _pick_labels(rec: dict, version: int, path: str):
         for key in _VERSION_KEYS[version]:
             if key in lab:
                 return lab[key]
-        raise ValueError(f"uklex: {path}: 'labels' dict has no key for the {version}-label version "
-                         f"(looked for {_VERSION_KEYS[version]}; has {list(lab)})")
+        raise ValueError(
+            f"uklex: {path}: 'labels' dict has no key for the {version}-label version "
+            f"(looked for {_VERSION_KEYS[version]}; has {list(lab)})"
+        )
     if lab is None:
         raise ValueError(f"uklex: {path}: record has no 'labels' field (has {list(rec)})")
     return lab
@@ -76,7 +78,9 @@ def load_uklex(
     main = os.path.join(data_dir, "uklex.jsonl")
     files = [main] if os.path.isfile(main) else sorted(glob.glob(os.path.join(data_dir, "*.jsonl")))
     if not files:
-        raise FileNotFoundError(f"uklex: no .jsonl file in folder {data_dir!r}. To fix: place {_EXPECTED} there.")
+        raise FileNotFoundError(
+            f"uklex: no .jsonl file in folder {data_dir!r}. To fix: place {_EXPECTED} there."
+        )
     names = None
     for cand in (f"labels_{version}.txt", f"uklex{version}.txt", f"uklex{version}_labels.txt"):
         p = os.path.join(data_dir, cand)
@@ -84,15 +88,24 @@ def load_uklex(
             names = [n.strip() for n in read_lines(p) if n.strip()]
             break
 
-    rows: dict[str, tuple[list[str], list[list[str]]]] = {s: ([], []) for s in ("train", "validation", "test")}
+    rows: dict[str, tuple[list[str], list[list[str]]]] = {
+        s: ([], []) for s in ("train", "validation", "test")
+    }
     for path in files:
         for rec in iter_jsonl(path):
             dtype = SPLIT_ALIASES.get(str(rec.get("data_type", "")).lower())
             if dtype is None:
-                raise ValueError(f"uklex: {path}: data_type {rec.get('data_type')!r} is not train/validation/test")
+                raise ValueError(
+                    f"uklex: {path}: data_type {rec.get('data_type')!r} is not train/validation/test"
+                )
             parts = [str(rec.get(f) or "") for f in text_fields]
             labs = _pick_labels(rec, version, path)
-            if names is not None and isinstance(labs, list) and labs and all(isinstance(x, int) for x in labs):
+            if (
+                names is not None
+                and isinstance(labs, list)
+                and labs
+                and all(isinstance(x, int) for x in labs)
+            ):
                 labs = [names[x] for x in labs]
             rows[dtype][0].append(sep_token.join(p for p in parts if p) if len(parts) > 1 else parts[0])
             rows[dtype][1].append(split_labels(labs))
@@ -104,5 +117,7 @@ def load_uklex(
     out = {}
     for split in splits:
         texts, labs = rows[split]
-        out[split] = build_split(texts, encode_label_lists(labs, names, drop_unknown=False, context="uklex: "), names)
+        out[split] = build_split(
+            texts, encode_label_lists(labs, names, drop_unknown=False, context="uklex: "), names
+        )
     return DatasetDict(out)

@@ -39,7 +39,9 @@ def multi_hot_matrix(labels: Any, num_rows: int | None = None) -> np.ndarray:
             arr = None
         if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and arr.max() > 1):
             # label-id lists (ragged or not): scatter into a multi-hot matrix in one vectorised step
-            rows, cols, num_labels = label_coordinates(labels, hint="; label ids must be non-negative integers")
+            rows, cols, num_labels = label_coordinates(
+                labels, hint="; label ids must be non-negative integers"
+            )
             out = np.zeros((len(labels), num_labels), dtype=bool)
             out[rows, cols] = True
             return out

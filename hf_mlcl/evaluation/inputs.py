@@ -170,4 +170,3 @@ def apply_threshold(y_score: Any, threshold: Any = 0.5) -> np.ndarray:
     """Boolean predictions ``y_score >= threshold``; threshold a float or an (L,) per-label array."""
     s = check_score(y_score, None)
     return s >= threshold_array(threshold, s.shape[1], s.dtype)
-

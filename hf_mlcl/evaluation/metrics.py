@@ -204,4 +204,3 @@ def compute_multilabel_metrics(
     hits_at_r = np.take_along_axis(hits, np.maximum(true_e - 1, 0)[:, None], axis=1)[:, 0]
     out["r_precision"] = float(np.mean(safe_div(np.where(true_e > 0, hits_at_r, 0), true_e, zd)))
     return {k: out[k] for k in metric_keys(ks)}
-

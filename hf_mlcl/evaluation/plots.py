@@ -91,12 +91,19 @@ def _binned_means(freq: np.ndarray, series: dict[Any, np.ndarray], n_bins: int) 
     edges = np.geomspace(lo, hi * (1 + 1e-9), n_bins + 1) if hi > lo else np.array([lo, lo * (1 + 1e-9)])
     which = np.clip(np.digitize(freq[seen], edges) - 1, 0, edges.size - 2)
     n_in_bin = np.bincount(which, minlength=edges.size - 1)
-    means = {name: np.bincount(which, weights=v[seen], minlength=edges.size - 1) for name, v in series.items()}
+    means = {
+        name: np.bincount(which, weights=v[seen], minlength=edges.size - 1) for name, v in series.items()
+    }
     return [
-        {"low": float(edges[b]), "high": float(edges[b + 1]), "n_labels": int(n_in_bin[b]),
-         "mean_f1": {name: float(sums[b] / n_in_bin[b]) for name, sums in means.items()}}
-        for b in range(edges.size - 1) if n_in_bin[b]
-    ]  # fmt: skip
+        {
+            "low": float(edges[b]),
+            "high": float(edges[b + 1]),
+            "n_labels": int(n_in_bin[b]),
+            "mean_f1": {name: float(sums[b] / n_in_bin[b]) for name, sums in means.items()},
+        }
+        for b in range(edges.size - 1)
+        if n_in_bin[b]
+    ]
 
 
 def plot_f1_vs_frequency(

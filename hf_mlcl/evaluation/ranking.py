@@ -193,4 +193,3 @@ def ranked_hits(yt: np.ndarray, ys: np.ndarray, depth: int) -> np.ndarray:
         top = np.take_along_axis(cand, order, axis=1)
         out[r0 : r0 + step] = np.cumsum(np.take_along_axis(yt[r0 : r0 + step], top, axis=1), axis=1)
     return out
-

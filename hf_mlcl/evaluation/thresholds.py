@@ -166,4 +166,3 @@ def tune_and_evaluate(
     else:
         raise ValueError(f"strategy must be 'global' or 'per_label', got {strategy!r}.")
     return compute_multilabel_metrics(test_true, test_score, thr, ks, zero_division), thr
-

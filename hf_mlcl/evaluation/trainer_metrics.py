@@ -34,4 +34,3 @@ def make_compute_metrics(
         return {k: v for k, v in result.items() if not np.isnan(v)}
 
     return compute_metrics
-

@@ -22,14 +22,31 @@ from .model_card import CardData, save_model_card
 
 # TrainingArguments fields worth stating on a card (when the run's args have them).
 _TRAINING_KEYS = (
-    "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs", "max_steps",
-    "lr_scheduler_type", "warmup_steps", "weight_decay", "optim", "max_grad_norm", "seed", "bf16", "fp16",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "optim",
+    "max_grad_norm",
+    "seed",
+    "bf16",
+    "fp16",
     # ContrastiveTrainingArguments
-    "temperature", "projection_dim", "n_views", "queue_size", "momentum", "gather_across_devices",
+    "temperature",
+    "projection_dim",
+    "n_views",
+    "queue_size",
+    "momentum",
+    "gather_across_devices",
     "gradcache_chunk_size",
     # ProbingTrainingArguments
-    "probe", "threshold",
-)  # fmt: skip
+    "probe",
+    "threshold",
+)
 _MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
 _VERSIONS = ("hf_mlcl", "transformers", "torch", "accelerate", "peft", "datasets", "huggingface_hub")
 
@@ -110,7 +127,9 @@ class ModelCardCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self._collect_train_metrics(state)
-        if self.write_on_train_end and args.should_save:  # the folder's writer (each node's with save_on_each_node)
+        if (
+            self.write_on_train_end and args.should_save
+        ):  # the folder's writer (each node's with save_on_each_node)
             self.save(args.output_dir)
 
     # ----------------------------------------------------------------------------------- collection
@@ -165,8 +184,11 @@ class ModelCardCallback(TrainerCallback):
     def collect_from_trainer(self, trainer, metrics: dict[str, Any] | None = None) -> CardData:
         """Fill the card from a trainer that has already trained (the hooks' data, replayed)."""
         self._collect_args(trainer.args)
-        self._collect_model(trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator")
-                            else trainer.model)
+        self._collect_model(
+            trainer.accelerator.unwrap_model(trainer.model)
+            if hasattr(trainer, "accelerator")
+            else trainer.model
+        )
         for entry in trainer.state.log_history:
             if any(k.startswith("eval_") for k in entry):
                 self.update_metrics({k: v for k, v in entry.items() if k.startswith("eval_")})

@@ -62,7 +62,9 @@ def check_model_source(name: str | None, what: str = "model") -> None:
     if os.path.isdir(path):
         return
     if os.path.exists(path):
-        raise FileNotFoundError(f"{what} {name!r} is a file; give the folder that holds config.json and the weights")
+        raise FileNotFoundError(
+            f"{what} {name!r} is a file; give the folder that holds config.json and the weights"
+        )
     if not _is_hub_id(name) or name.startswith((".", "/", "~")) or os.path.isabs(name):
         raise FileNotFoundError(
             f"{what} {name!r}: no such folder (in {os.getcwd()}); give an existing model folder, or a Hub id "

@@ -43,7 +43,6 @@ def template_text(kind: str) -> str:
     return resource.read_text(encoding="utf-8")
 
 
-
 def loss_paper(name: str | None) -> dict[str, str]:
     """Display name, one-line reference and BibTeX of a loss, read from the registered loss class's
     ``display_name`` / ``reference`` / ``citation`` attributes (names and aliases resolve through
@@ -103,7 +102,9 @@ class CardData:
     base_model: str | None = None
     dataset: str | None = None
     dataset_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    data_notes: list[str] = dataclasses.field(default_factory=list)  # e.g. "validation: carved from train ..."
+    data_notes: list[str] = dataclasses.field(
+        default_factory=list
+    )  # e.g. "validation: carved from train ..."
     num_labels: int | None = None
     label_names: list[str] = dataclasses.field(default_factory=list)
     loss: str | None = None
@@ -176,7 +177,12 @@ def resolve_local_data(card: CardData, folder: str) -> dict[str, Any]:
 
 def _metric_value(metrics: dict[str, float], key: str) -> tuple[str, float] | None:
     """The test value of a metric if present, else the validation value (name says which split)."""
-    for prefix, split in (("test_", "test"), ("validation_", "validation"), ("eval_", "validation"), ("", "test")):
+    for prefix, split in (
+        ("test_", "test"),
+        ("validation_", "validation"),
+        ("eval_", "validation"),
+        ("", "test"),
+    ):
         value = metrics.get(prefix + key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return split, float(value)
@@ -252,7 +258,11 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     name = card.model_name or f"hf-mlcl-{card.kind}"
     st = card.layout == SENTENCE_TRANSFORMERS
     if st:
-        library, pipeline_tag, tags = SENTENCE_TRANSFORMERS, "sentence-similarity", [SENTENCE_TRANSFORMERS, "feature-extraction"]
+        library, pipeline_tag, tags = (
+            SENTENCE_TRANSFORMERS,
+            "sentence-similarity",
+            [SENTENCE_TRANSFORMERS, "feature-extraction"],
+        )
     else:
         library, tags = "transformers", []
         pipeline_tag = "text-classification" if card.kind == "classifier" else "feature-extraction"
@@ -262,7 +272,11 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         library_name=library,
         pipeline_tag=pipeline_tag,
         tags=[*tags, "hf_mlcl", "multi-label", "contrastive-learning", card.kind]
-        + ([_canonical_loss(str(card.contrastive_loss or card.loss))] if (card.contrastive_loss or card.loss) else []),
+        + (
+            [_canonical_loss(str(card.contrastive_loss or card.loss))]
+            if (card.contrastive_loss or card.loss)
+            else []
+        ),
         datasets=[card.dataset] if _is_dataset_id(card.dataset) else None,
         base_model=card.base_model if _is_hub_id(card.base_model) else None,
         model_name=name,

@@ -18,9 +18,18 @@ from .model_card import CARD_DATA_FILE, CARD_FILE
 
 # Published: weights, configs, tokenizer, remote code, card, metrics, plots.
 _INCLUDE = (
-    "*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.json", "*.py", "*.md", "*.txt",
-    "*.model", "*.jinja", "*.png", "*.svg",
-)  # fmt: skip
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "*.json",
+    "*.py",
+    "*.md",
+    "*.txt",
+    "*.model",
+    "*.jinja",
+    "*.png",
+    "*.svg",
+)
 # Never published: resumable-training state and local logs (large, private or pickled).
 _EXCLUDE_FILES = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*", "*.tmp", ".*")
 _EXCLUDE_DIRS = ("checkpoint-*", "runs", ".*", "__pycache__")
@@ -57,9 +66,13 @@ def _commit_operations(folder: str, files: list[str], repo_id: str) -> list[Any]
     if CARD_DATA_FILE in files:
         card = CardData.load(folder).for_hub(repo_id)
         rendered[CARD_FILE] = str(render_model_card(card)).encode("utf-8")
-        rendered[CARD_DATA_FILE] = json.dumps(card.to_dict(), indent=2, sort_keys=True, default=str).encode("utf-8")
-    return [CommitOperationAdd(path_in_repo=f, path_or_fileobj=rendered.get(f, os.path.join(folder, f)))
-            for f in files]
+        rendered[CARD_DATA_FILE] = json.dumps(card.to_dict(), indent=2, sort_keys=True, default=str).encode(
+            "utf-8"
+        )
+    return [
+        CommitOperationAdd(path_in_repo=f, path_or_fileobj=rendered.get(f, os.path.join(folder, f)))
+        for f in files
+    ]
 
 
 def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
@@ -69,7 +82,9 @@ def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
     files = files_to_push(folder) if files is None else files
     top = {f for f in files if "/" not in f}
     if not {"config.json", "adapter_config.json"} & top:
-        raise ValueError(f"{folder} has no config.json: push the folder a training run saved (its output_dir)")
+        raise ValueError(
+            f"{folder} has no config.json: push the folder a training run saved (its output_dir)"
+        )
     if not any(fnmatch.fnmatch(f, p) for f in top for p in _WEIGHTS):
         raise ValueError(f"{folder} has no model weights (*.safetensors / pytorch_model*.bin)")
     if CARD_FILE not in top:
@@ -116,14 +131,18 @@ def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -
     check_repo_id(repo_id)
     where = f"cannot push to {repo_id!r}"
     if _offline():
-        raise ConnectionError(f"{where}: the Hub is switched off (HF_HUB_OFFLINE=1); unset it, or train without "
-                              "--push_to and push later with `hf-mlcl push FOLDER --repo_id ...`")
+        raise ConnectionError(
+            f"{where}: the Hub is switched off (HF_HUB_OFFLINE=1); unset it, or train without "
+            "--push_to and push later with `hf-mlcl push FOLDER --repo_id ...`"
+        )
     token = token or get_token()
     if not token:
         raise ValueError(f"{where}: no Hugging Face token; {_LOGIN} with a token that can write")
     if not hub_reachable():
-        raise ConnectionError(f"{where}: the Hub is unreachable (no network?); run where huggingface.co can be "
-                              "reached, or train without --push_to and push later")
+        raise ConnectionError(
+            f"{where}: the Hub is unreachable (no network?); run where huggingface.co can be "
+            "reached, or train without --push_to and push later"
+        )
     if api is None:
         from huggingface_hub import HfApi
 
@@ -131,15 +150,19 @@ def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -
     try:
         me = api.whoami(token=token)
     except Exception as err:  # noqa: BLE001 - an invalid token, or the network dropping now
-        raise ValueError(f"{where}: the Hub refused the token ({type(err).__name__}); {_LOGIN} again") from err
+        raise ValueError(
+            f"{where}: the Hub refused the token ({type(err).__name__}); {_LOGIN} again"
+        ) from err
     role = ((me.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
         raise ValueError(f"{where}: the token is read-only; {_LOGIN} with a token that can write")
     owners = [me.get("name"), *[org.get("name") for org in me.get("orgs") or []]]
     namespace = repo_id.split("/")[0] if "/" in repo_id else me.get("name")
     if namespace not in owners:
-        raise ValueError(f"{where}: the token belongs to {me.get('name')!r}, who cannot create repositories under "
-                         f"{namespace!r} (yours: {', '.join(repr(o) for o in owners if o)}); use one of them")
+        raise ValueError(
+            f"{where}: the token belongs to {me.get('name')!r}, who cannot create repositories under "
+            f"{namespace!r} (yours: {', '.join(repr(o) for o in owners if o)}); use one of them"
+        )
     return repo_id
 
 
@@ -176,5 +199,7 @@ def push_folder(
             token=token,
         )
     except Exception as err:  # noqa: BLE001 - any Hub / network failure
-        raise PushError(f"push of {folder} to {repo_id} failed ({type(err).__name__}: {err}); "
-                        "the local folder is unchanged") from err
+        raise PushError(
+            f"push of {folder} to {repo_id} failed ({type(err).__name__}: {err}); "
+            "the local folder is unchanged"
+        ) from err

@@ -91,7 +91,9 @@ class BatchLoss:
             None, gather=self.gather, supports_keys=getattr(loss_fn, "supports_keys", False)
         )
         self._formats: dict[tuple, str] = {}
-        self.average_parameter_grads = True  # GradCache turns it off for its inner gradient (averaged once, later)
+        self.average_parameter_grads = (
+            True  # GradCache turns it off for its inner gradient (averaged once, later)
+        )
         for parameter in loss_fn.parameters():
             if parameter.requires_grad:
                 parameter.register_hook(self._mean_over_processes)
@@ -120,9 +122,13 @@ class BatchLoss:
         contrast set; the integration computes the keys (no key encoder in the piece)."""
         num_labels = self.num_labels or labels.shape[1]
         queue = EmbeddingQueue(self.queue_size, embeddings.shape[1], num_labels, device=embeddings.device)
-        return MomentumContrast(self.loss_fn, None, queue, self.contrast_set, self.queue_warmup, gather=self.gather)
+        return MomentumContrast(
+            self.loss_fn, None, queue, self.contrast_set, self.queue_warmup, gather=self.gather
+        )
 
-    def __call__(self, embeddings: Tensor, labels: Tensor, keys: Callable[[], Tensor] | None = None) -> Tensor:
+    def __call__(
+        self, embeddings: Tensor, labels: Tensor, keys: Callable[[], Tensor] | None = None
+    ) -> Tensor:
         """The loss of ``embeddings`` (B, D) with ``labels``; with a queue in training, ``keys()`` gives the
         batch's key embeddings (default: ``embeddings`` without gradient)."""
         with self.checks():

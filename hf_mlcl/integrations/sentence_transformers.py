@@ -151,16 +151,30 @@ class MultiLabelContrastiveLoss(nn.Module):
         self.gather_across_devices = bool(gather_across_devices)
         self.loss_kwargs = dict(loss_kwargs)
         self.loss_fn = build_contrastive_loss(
-            loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=_embedding_dim(model)
+            loss,
+            loss_kwargs,
+            temperature=temperature,
+            num_labels=num_labels,
+            embedding_dim=_embedding_dim(model),
         )
         self._batch_loss = BatchLoss(
-            self.loss_fn, num_labels, label_format, self.gather_across_devices, queue_size, contrast_set, queue_warmup
+            self.loss_fn,
+            num_labels,
+            label_format,
+            self.gather_across_devices,
+            queue_size,
+            contrast_set,
+            queue_warmup,
         )
         if momentum is not None and not 0.0 <= float(momentum) < 1.0:
-            raise ValueError(f"momentum must be in [0, 1) (MoCo uses 0.999) or None (no key encoder); got {momentum}")
+            raise ValueError(
+                f"momentum must be in [0, 1) (MoCo uses 0.999) or None (no key encoder); got {momentum}"
+            )
         self.queue_size = int(queue_size)
         self.momentum = None if momentum is None else float(momentum)
-        self._key_updates: UpdateAfterOptimizerSteps | None = None  # the key encoder, from the first training batch
+        self._key_updates: UpdateAfterOptimizerSteps | None = (
+            None  # the key encoder, from the first training batch
+        )
         self._key_chunk: int | None = None  # key encoder batch (the cached variant: its mini-batch size)
 
     # ------------------------------------------------------------------------------------------ labels
@@ -225,7 +239,9 @@ class MultiLabelContrastiveLoss(nn.Module):
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
         (features,) = self._single_column(sentence_features)
-        keys = self._keys_of(dict(features))  # its own copy: sentence-transformers' modules write into the dict
+        keys = self._keys_of(
+            dict(features)
+        )  # its own copy: sentence-transformers' modules write into the dict
         return self.compute_loss(self.model(features)["sentence_embedding"], labels, keys)
 
     # ------------------------------------------------------------------------------------------ card
@@ -237,8 +253,15 @@ class MultiLabelContrastiveLoss(nn.Module):
             "num_labels": self.num_labels,
             "label_format": self.label_format,
             "gather_across_devices": self.gather_across_devices,
-            **({"queue_size": self.queue_size, "contrast_set": self._batch_loss.contrast_set,
-                "momentum": self.momentum} if self.queue_size else {}),  # fmt: skip
+            **(
+                {
+                    "queue_size": self.queue_size,
+                    "contrast_set": self._batch_loss.contrast_set,
+                    "momentum": self.momentum,
+                }
+                if self.queue_size
+                else {}
+            ),
             **{key: _printable(value) for key, value in self.loss_kwargs.items()},
         }
 
@@ -288,7 +311,9 @@ class CachedMultiLabelContrastiveLoss(CachedLossMixin, MultiLabelContrastiveLoss
         if not with_backward:
             return loss
         params = [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self._batch_loss.average_parameter_grads = False  # averaged once, when the returned loss's backward runs
+        self._batch_loss.average_parameter_grads = (
+            False  # averaged once, when the returned loss's backward runs
+        )
         try:
             grads = torch.autograd.grad(loss, [*reps[0], *params], allow_unused=True)
         finally:
@@ -343,7 +368,9 @@ def add_lora_adapter(
     module = model[0] if len(model) else None
     backbone = getattr(module, "model", None)
     if backbone is None or not hasattr(backbone, "config"):
-        raise ValueError("add_lora_adapter needs a SentenceTransformer whose first module holds a transformers model")
+        raise ValueError(
+            "add_lora_adapter needs a SentenceTransformer whose first module holds a transformers model"
+        )
     if hasattr(backbone, "peft_config"):
         raise ValueError("this SentenceTransformer's transformer already has an adapter")
     targets = list(target_modules) if target_modules is not None else default_lora_targets(backbone)

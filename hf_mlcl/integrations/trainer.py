@@ -121,12 +121,19 @@ class ContrastiveLossFunc:
             loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=embedding_dim
         )
         self._batch_loss = BatchLoss(
-            self.loss_fn, num_labels, label_format, self.gather_across_devices, queue_size, contrast_set, queue_warmup
+            self.loss_fn,
+            num_labels,
+            label_format,
+            self.gather_across_devices,
+            queue_size,
+            contrast_set,
+            queue_warmup,
         )
         if any(True for _ in self.loss_fn.parameters()):
             logger.warning(
                 "loss %r has learnable parameters: add ContrastiveLossFunc.parameters() to the optimizer "
-                "(Trainer(optimizers=...)) or they stay at their initial values", self.loss_name,
+                "(Trainer(optimizers=...)) or they stay at their initial values",
+                self.loss_name,
             )
 
     @property

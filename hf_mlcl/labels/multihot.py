@@ -76,7 +76,9 @@ def multi_hot_tensor(
     shape = (len(label_lists), num_labels)
     if sparse:
         idx = torch.stack([rows_t, cols_t])
-        return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1]), shape, check_invariants=False).coalesce()
+        return torch.sparse_coo_tensor(
+            idx, torch.ones(idx.shape[1]), shape, check_invariants=False
+        ).coalesce()
     out = torch.zeros(shape, dtype=torch.float32)
     out[rows_t, cols_t] = 1.0
     return out
@@ -203,7 +205,9 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values
     if check_values:
         bad = valid & ((ids < 0) | (ids >= num_labels))
         if bool(bad.any()):
-            raise ValueError(f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})")
+            raise ValueError(
+                f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})"
+            )
     # padding goes to the extra column num_labels, dropped below; an id >= num_labels is moved past it
     # (out of range for the scatter) so that an unchecked bad id can never pass for padding
     index = torch.where(valid, ids + (ids >= num_labels).to(ids.dtype), torch.full_like(ids, num_labels))
@@ -325,7 +329,9 @@ def _checked_sparse(labels: Tensor, name: str, check_values: bool) -> Tensor:
         keep = v != 0
         idx, v = idx[:, keep], v[keep]
     # a subset of coalesced (sorted, unique) indices is still coalesced: no second sort
-    return torch.sparse_coo_tensor(idx, v, labels.shape, device=labels.device, check_invariants=False, is_coalesced=True)
+    return torch.sparse_coo_tensor(
+        idx, v, labels.shape, device=labels.device, check_invariants=False, is_coalesced=True
+    )
 
 
 def to_dense_bool(labels: Tensor) -> Tensor:

@@ -66,8 +66,10 @@ def cat_labels(first: Tensor, second: Tensor | None) -> Tensor:
             torch.cat([a.indices(), b.indices() + shift], dim=1),
             torch.cat([a.values(), b.values()]),
             (a.shape[0] + b.shape[0], *a.shape[1:]),
-            device=a.device, check_invariants=False, is_coalesced=True,
-        )  # fmt: skip
+            device=a.device,
+            check_invariants=False,
+            is_coalesced=True,
+        )
     return torch.cat([first, second], dim=0)
 
 
@@ -201,10 +203,16 @@ def candidate_label_counts(
         idx = anchor_labels.indices()
         vals = col[idx[1]] - (1.0 if anchors_in_candidates else 0.0)
         # the anchors' own (row, col) pattern: coalesced when theirs is, no second sort
-        return coalesced(torch.sparse_coo_tensor(
-            idx, vals, anchor_labels.shape, device=anchor_labels.device, check_invariants=False,
-            is_coalesced=anchor_labels.is_coalesced(),
-        ))  # fmt: skip
+        return coalesced(
+            torch.sparse_coo_tensor(
+                idx,
+                vals,
+                anchor_labels.shape,
+                device=anchor_labels.device,
+                check_invariants=False,
+                is_coalesced=anchor_labels.is_coalesced(),
+            )
+        )
     y = cast(anchor_labels, LABEL_DTYPE)
     return y * (col[None, :] - (y if anchors_in_candidates else 0.0))
 
@@ -252,7 +260,6 @@ def inverse_count_weights(
     return _matmul_t(inv, yc), pairs, _matmul_t(ya, yc)
 
 
-
 def set_similarity(kind: str, inter: Tensor, sizes_a: Tensor, sizes_c: Tensor) -> Tensor:
     """(N, M) similarity of label sets from their intersection counts ``inter`` = abs(S & T) and sizes
     abs(S) (N,), abs(T) (M,); 0 where the intersection is empty. ``kind`` in :data:`SET_SIMILARITIES`."""
@@ -267,7 +274,9 @@ def set_similarity(kind: str, inter: Tensor, sizes_a: Tensor, sizes_c: Tensor) -
     if kind == "cosine":
         denom = (sizes_a[:, None] * sizes_c[None, :]).clamp_min(1).sqrt()
         return inter / denom
-    raise ValueError(f"label_similarity must be one of {SET_SIMILARITIES}, a callable or an (L, L) matrix; got {kind!r}")
+    raise ValueError(
+        f"label_similarity must be one of {SET_SIMILARITIES}, a callable or an (L, L) matrix; got {kind!r}"
+    )
 
 
 def _quadratic_diagonal(labels: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
@@ -296,6 +305,7 @@ def soft_cosine(anchor_labels: Tensor, candidate_labels: Tensor, matrix: Tensor)
     norm = (diag_a[:, None] * diag_c[None, :]).sqrt()
     return torch.where(norm > 0, soft / norm.clamp_min(torch.finfo(norm.dtype).tiny), torch.zeros_like(soft))
 
+
 class PairRelations:
     """The label relations of every (anchor, candidate) pair of one contrast set, each computed on first use.
 
@@ -319,7 +329,9 @@ class PairRelations:
         dtype: torch.dtype = LABEL_DTYPE,
     ) -> None:
         if not anchors_in_candidates and key_labels is None:
-            raise ValueError("anchors_in_candidates=False makes the keys the only candidates: pass key_labels")
+            raise ValueError(
+                "anchors_in_candidates=False makes the keys the only candidates: pass key_labels"
+            )
         self.anchor_labels = anchor_labels
         self.key_labels = key_labels
         self.anchors_in_candidates = bool(anchors_in_candidates)

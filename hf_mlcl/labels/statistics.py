@@ -63,7 +63,9 @@ def _csr_of_ones(rows: Tensor, cols: Tensor, shape: tuple[int, int], dtype: torc
     coalesce (sort, deduplication, reduction) and a conversion."""
     n_rows, n_cols = shape
     order = torch.argsort(rows * n_cols + cols)
-    per_row = torch.zeros(n_rows, dtype=torch.long, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
+    per_row = torch.zeros(n_rows, dtype=torch.long, device=rows.device).index_add_(
+        0, rows, torch.ones_like(rows)
+    )
     crow = torch.zeros(n_rows + 1, dtype=torch.long, device=rows.device)
     torch.cumsum(per_row, dim=0, out=crow[1:])  # a bincount would read the largest row on the host
     ones = torch.ones(rows.numel(), dtype=dtype, device=rows.device)

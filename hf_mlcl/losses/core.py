@@ -246,10 +246,16 @@ class ContrastContext(PairRelations):
         finiteness check moves to the scalar, see the class docstring)."""
         self.fused_used = True
         out = fused_contrastive_loss(
-            self.embeddings, self.key_embeddings, weights, coef, self.temperature,
-            normalize=self.normalize, self_in_candidates=self.anchors_in_candidates,
-            keep_scores=self.keep_scores, **kwargs,
-        )  # fmt: skip
+            self.embeddings,
+            self.key_embeddings,
+            weights,
+            coef,
+            self.temperature,
+            normalize=self.normalize,
+            self_in_candidates=self.anchors_in_candidates,
+            keep_scores=self.keep_scores,
+            **kwargs,
+        )
         if self.keep_scores:
             self.scores = out[2]
         return out[0], out[1]
@@ -491,9 +497,15 @@ class ContrastiveLoss(nn.Module):
                 k = k.to(z.device)
         # normalisation and the NaN / inf check happen on first use (ContrastContext)
         return ContrastContext(
-            z, y, k, yk, self.temperature, anchors_in_candidates=anchors_in_candidates,
-            normalize=self.normalize, checked=not check,
-        )  # fmt: skip
+            z,
+            y,
+            k,
+            yk,
+            self.temperature,
+            anchors_in_candidates=anchors_in_candidates,
+            normalize=self.normalize,
+            checked=not check,
+        )
 
     # ---------------------------------------------------------------- computation
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
@@ -560,7 +572,9 @@ class ContrastiveLoss(nn.Module):
             torch.autocast(device_type=device_type, enabled=False),
             small_step_threads(embeddings, key_embeddings),
         ):
-            ctx = self.context_owner.prepare(embeddings, labels, key_embeddings, key_labels, anchors_in_candidates)
+            ctx = self.context_owner.prepare(
+                embeddings, labels, key_embeddings, key_labels, anchors_in_candidates
+            )
             return self.components_on(ctx)
 
     @property

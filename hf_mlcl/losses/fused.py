@@ -130,9 +130,24 @@ class _FusedContrastive(torch.autograd.Function):
         if const is not None:
             loss = loss + const
         ctx.save_for_backward(
-            anchors, keys, extra, weights, extra_rows, extra_cols, extra_vals, coef, wsum, e, total,
-            a_inv, a_act, k_inv, k_act, e_inv, e_act,
-        )  # fmt: skip
+            anchors,
+            keys,
+            extra,
+            weights,
+            extra_rows,
+            extra_cols,
+            extra_vals,
+            coef,
+            wsum,
+            e,
+            total,
+            a_inv,
+            a_act,
+            k_inv,
+            k_act,
+            e_inv,
+            e_act,
+        )
         ctx.inv_tau = inv_tau
         ctx.n = n if self_in_candidates else 0
         ctx.mark_non_differentiable(bracket, scores)
@@ -146,8 +161,27 @@ class _FusedContrastive(torch.autograd.Function):
             return _closed_form_backward(ctx, grad_loss, *saved)
 
 
-def _closed_form_backward(ctx, grad_loss, anchors, keys, extra, weights, e_rows, e_cols, e_vals, coef, wsum,
-                          e, total, a_inv, a_act, k_inv, k_act, e_inv, e_act):  # fmt: skip
+def _closed_form_backward(
+    ctx,
+    grad_loss,
+    anchors,
+    keys,
+    extra,
+    weights,
+    e_rows,
+    e_cols,
+    e_vals,
+    coef,
+    wsum,
+    e,
+    total,
+    a_inv,
+    a_act,
+    k_inv,
+    k_act,
+    e_inv,
+    e_act,
+):
     """Gradients of :class:`_FusedContrastive` (see the module docstring) from its saved tensors."""
     n = ctx.n
     m = weights.shape[1]
@@ -245,7 +279,22 @@ def fused_contrastive_loss(
     if keys is not None:
         keys = cast(keys, dtype)
     loss, bracket, scores = _FusedContrastive.apply(
-        anchors, keys, extra, weights, wsum, rows, cols, vals, cast(coef, dtype), const,
-        1.0 / temperature, log_d, bool(normalize), bool(extra_unit), bool(self_in_candidates), bool(keep_scores), bool(normalize_extra),
-    )  # fmt: skip
+        anchors,
+        keys,
+        extra,
+        weights,
+        wsum,
+        rows,
+        cols,
+        vals,
+        cast(coef, dtype),
+        const,
+        1.0 / temperature,
+        log_d,
+        bool(normalize),
+        bool(extra_unit),
+        bool(self_in_candidates),
+        bool(keep_scores),
+        bool(normalize_extra),
+    )
     return (loss, bracket, scores) if keep_scores else (loss, bracket)

@@ -374,7 +374,11 @@ class HBLLoss(ContrastiveLoss):
     # HBL is built on MulSupCon (positives "within the current queue"): its MoCo set and warm-up
     default_contrast_set = "keys"
     default_queue_warmup = True
-    run_settings = ("temperature", "num_labels", "embedding_dim")  # handed on to the base (its own run_settings)
+    run_settings = (
+        "temperature",
+        "num_labels",
+        "embedding_dim",
+    )  # handed on to the base (its own run_settings)
 
     def __init__(
         self,
@@ -454,7 +458,10 @@ class HBLLoss(ContrastiveLoss):
     def _shares_context(self) -> bool:
         """The base is a :class:`ContrastiveLoss` computed the standard way: both terms read one context (labels
         validated and intersected once, the base's similarity order reused)."""
-        return isinstance(self.base, ContrastiveLoss) and type(self.base).components is ContrastiveLoss.components
+        return (
+            isinstance(self.base, ContrastiveLoss)
+            and type(self.base).components is ContrastiveLoss.components
+        )
 
     @property
     def context_owner(self) -> ContrastiveLoss:
@@ -509,7 +516,9 @@ class HBLLoss(ContrastiveLoss):
         # touching the embeddings (the total stays connected to the graph through the base loss).
         reachable = ctx.num_candidates - int(ctx.anchors_in_candidates) >= self.k_min
         n_positives = ctx.shares_label.sum(dim=1) if reachable else None
-        if not reachable or (host_reads_are_free(n_positives) and not bool((n_positives >= self.k_min).any())):
+        if not reachable or (
+            host_reads_are_free(n_positives) and not bool((n_positives >= self.k_min).any())
+        ):
             zero = torch.zeros(ctx.num_anchors, dtype=ctx.dtype, device=ctx.device)
             return zero, zero.bool()
         # the raw (upcast) candidates: hbl_per_anchor normalises the anchors and the few selected

@@ -63,7 +63,10 @@ class JaccardLoss(LabelSimilarityOption, ContrastiveLoss):
     default_temperature = 0.1
 
     def __init__(
-        self, temperature: float | None = None, normalize: bool = True, label_similarity: LabelSimilaritySpec = "jaccard"
+        self,
+        temperature: float | None = None,
+        normalize: bool = True,
+        label_similarity: LabelSimilaritySpec = "jaccard",
     ) -> None:
         super().__init__(temperature=temperature, normalize=normalize)
         self.init_label_similarity(label_similarity)

@@ -66,9 +66,13 @@ def _load_matrix(path: str) -> Tensor:
 
         tensors = load_file(path)
         if len(tensors) != 1:
-            raise ValueError(f"{path} holds {len(tensors)} tensors ({sorted(tensors)}); save the (L, L) matrix alone")
+            raise ValueError(
+                f"{path} holds {len(tensors)} tensors ({sorted(tensors)}); save the (L, L) matrix alone"
+            )
         return next(iter(tensors.values()))
-    raise ValueError(f"label_similarity file {path!r}: give a .npy or .safetensors file holding the (L, L) matrix")
+    raise ValueError(
+        f"label_similarity file {path!r}: give a .npy or .safetensors file holding the (L, L) matrix"
+    )
 
 
 def resolve_label_similarity(
@@ -108,9 +112,13 @@ def resolve_label_similarity(
     if not bool(torch.isfinite(matrix).all()) or bool((matrix < 0).any()):
         raise ValueError("a label_similarity matrix must hold finite, non-negative similarities")
     if not torch.allclose(matrix, matrix.T, rtol=1e-5, atol=1e-6):
-        raise ValueError("a label_similarity matrix must be symmetric (sim(l, m) == sim(m, l)); use (A + A.T) / 2")
+        raise ValueError(
+            "a label_similarity matrix must be symmetric (sim(l, m) == sim(m, l)); use (A + A.T) / 2"
+        )
     if not torch.allclose(matrix.diagonal(), torch.ones_like(matrix.diagonal())):
-        raise ValueError("a label_similarity matrix must have a unit diagonal (every label is fully similar to itself)")
+        raise ValueError(
+            "a label_similarity matrix must have a unit diagonal (every label is fully similar to itself)"
+        )
     return matrix
 
 
@@ -149,7 +157,9 @@ def label_similarity_weights(spec: Any, ctx: Any, check: bool = False) -> tuple[
             )
         w = M.cast(w.detach().to(ctx.device), dtype)
         if check and (not bool(torch.isfinite(w).all()) or bool((w < 0).any())):
-            raise ValueError("the label_similarity callable returned negative or non-finite weights; return W >= 0")
+            raise ValueError(
+                "the label_similarity callable returned negative or non-finite weights; return W >= 0"
+            )
         w = w.clone()
     if ctx.anchors_in_candidates:
         w.diagonal().zero_()
@@ -185,5 +195,9 @@ class LabelSimilarityOption(nn.Module):
 
     def label_weights(self, ctx: Any) -> tuple[Tensor, Tensor]:
         """(W, positive) of the chosen similarity on ``ctx`` (:func:`label_similarity_weights`)."""
-        spec = self.label_similarity_matrix if self.label_similarity_matrix is not None else self.label_similarity
+        spec = (
+            self.label_similarity_matrix
+            if self.label_similarity_matrix is not None
+            else self.label_similarity
+        )
         return label_similarity_weights(spec, ctx, check=getattr(self, "check_inputs", False))

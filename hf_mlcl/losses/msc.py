@@ -168,7 +168,11 @@ class MSCLoss(ContrastiveLoss):
 
         # ---- one fused pass: samples with d = beta, prototypes with d = 1 and weights R_ij
         loss, _ = ctx.fused(
-            w, coef, log_d=math.log(self.beta), extra=protos,
-            extra_weights=(view.rows, view.cols, r), normalize_extra=True,
-        )  # fmt: skip
+            w,
+            coef,
+            log_d=math.log(self.beta),
+            extra=protos,
+            extra_weights=(view.rows, view.cols, r),
+            normalize_extra=True,
+        )
         return loss, {}

@@ -89,15 +89,21 @@ class MulSupConLoss(ContrastiveLoss):
         carrying the label, n_l(i) >= 1): the rule of the per-label positive sets P_l(i), read by
         ``hf-mlcl inspect``; :meth:`build_terms` gets the same counts with its weights."""
         return inverse_count_weights(
-            rel.anchor_labels, rel.candidate_labels, anchors_in_candidates=rel.anchors_in_candidates, dtype=rel.dtype
+            rel.anchor_labels,
+            rel.candidate_labels,
+            anchors_in_candidates=rel.anchors_in_candidates,
+            dtype=rel.dtype,
         )[1]
 
     def _weights_and_pairs(self, ctx: ContrastContext) -> tuple[Tensor, Tensor]:
         share = ctx.intersections_wanted
         out = inverse_count_weights(
-            ctx.anchor_labels, ctx.candidate_labels, anchors_in_candidates=ctx.anchors_in_candidates,
-            dtype=ctx.dtype, with_intersections=share,
-        )  # fmt: skip
+            ctx.anchor_labels,
+            ctx.candidate_labels,
+            anchors_in_candidates=ctx.anchors_in_candidates,
+            dtype=ctx.dtype,
+            with_intersections=share,
+        )
         if share:  # the intersections came out of the same product: the context keeps them (HBL reads them)
             ctx.provide_intersections(out[2])
         return out[0], out[1]

@@ -93,7 +93,8 @@ class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
 
     def extra_repr(self) -> str:
         return (
-            super().extra_repr() + f", weight_in_log={self.weight_in_log}, label_similarity={self.label_similarity_name}"
+            super().extra_repr()
+            + f", weight_in_log={self.weight_in_log}, label_similarity={self.label_similarity_name}"
         )
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:

@@ -244,9 +244,7 @@ class ZLPRLoss(SupervisedLoss):
     """
 
     display_name = "ZLPR (zero-bounded log-sum-exp & pairwise rank-based loss)"
-    reference = (
-        "Su, Zhu, Murtadha, Pan, Wen & Liu, ZLPR: A Novel Loss for Multi-label Classification, arXiv:2208.02955"
-    )
+    reference = "Su, Zhu, Murtadha, Pan, Wen & Liu, ZLPR: A Novel Loss for Multi-label Classification, arXiv:2208.02955"
     citation = (
         "@article{su2022zlpr,\n  title={ZLPR: A Novel Loss for Multi-label Classification},\n  author={Su, "
         "Jianlin and Zhu, Mingren and Murtadha, Ahmed and Pan, Shengfeng and Wen, Bo and Liu, Yunfeng},\n"

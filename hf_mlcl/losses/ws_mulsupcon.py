@@ -156,7 +156,9 @@ class WSMulSupConLoss(ContrastiveLoss):
         Given for every anchor; only the healthy ones use it (labelled anchors have the ANY rule,
         :meth:`~hf_mlcl.losses.core.ContrastiveLoss.positives`)."""
         own_column = 1.0 if rel.anchors_in_candidates else 0.0
-        return (rel.candidate_sizes == 0).sum().to(rel.dtype) - own_column * (rel.anchor_sizes == 0).to(rel.dtype)
+        return (rel.candidate_sizes == 0).sum().to(rel.dtype) - own_column * (rel.anchor_sizes == 0).to(
+            rel.dtype
+        )
 
     def set_label_statistics(self, train_labels: Tensor) -> None:
         """Compute D̄_j and C̄_j from the training-set multi-hot matrix (dense or torch sparse (N, L))."""
@@ -237,8 +239,15 @@ class WSMulSupConLoss(ContrastiveLoss):
         pairs = (((n[:, :width] + n[:, width:]) > 0) & (ya > 0)).sum(dim=1).to(dtype)
         return w_sm, pairs
 
-    def _paper_loss(self, ctx: ContrastContext, w_sm: Tensor, pairs_per_anchor: Tensor, strata_a: tuple[Tensor, ...],
-                    healthy_c: Tensor, n_h: Tensor) -> tuple[Tensor, dict]:  # fmt: skip
+    def _paper_loss(
+        self,
+        ctx: ContrastContext,
+        w_sm: Tensor,
+        pairs_per_anchor: Tensor,
+        strata_a: tuple[Tensor, ...],
+        healthy_c: Tensor,
+        n_h: Tensor,
+    ) -> tuple[Tensor, dict]:
         """Eq. (9) of the paper in one fused pass: the strata's rows are disjoint (healthy anchors carry no
         pair, diseased ones no healthy weight), so each anchor's bracket [Wsum LSE - sum W s] is its stratum's
         term and eq. (9) is a per-anchor coefficient (1 - lambda) / P_stratum or lambda / abs(H).
@@ -260,7 +269,9 @@ class WSMulSupConLoss(ContrastiveLoss):
                 w_sm.diagonal().zero_()
         loss, bracket = ctx.fused(w_sm, coef)
         sums = strata @ bracket
-        parts = dict(zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind()))
+        parts = dict(
+            zip(("ws", "wm", "h"), torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).unbind())
+        )
         return loss, parts
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:

@@ -36,9 +36,19 @@ __all__ = [
 ]
 
 _ENCODER_MODEL_TYPES = {
-    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "mpnet", "albert",
-    "camembert", "longformer", "modernbert",
-}  # fmt: skip
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+    "mpnet",
+    "albert",
+    "camembert",
+    "longformer",
+    "modernbert",
+}
 
 
 def is_mlcl_checkpoint(path: str | None) -> bool:
@@ -148,12 +158,14 @@ def build_tokenizer_and_encoder(
             from .sharded import built_once
 
             # trained once for the launch (global main process) and sent to every process of every node
-            tokenizer = built_once(lambda: train_tokenizer(
-                train_texts,
-                vocab_size=int(cfg.get("vocab_size", 2000)),
-                style=_tokenizer_style(cfg["model_type"]),
-                model_max_length=int(cfg.get("max_position_embeddings", 512)),
-            ))  # fmt: skip
+            tokenizer = built_once(
+                lambda: train_tokenizer(
+                    train_texts,
+                    vocab_size=int(cfg.get("vocab_size", 2000)),
+                    style=_tokenizer_style(cfg["model_type"]),
+                    model_max_length=int(cfg.get("max_position_embeddings", 512)),
+                )
+            )
         cfg["vocab_size"] = len(tokenizer)
         cfg["pad_token_id"] = tokenizer.pad_token_id
         for name in ("bos_token_id", "eos_token_id"):
@@ -206,21 +218,32 @@ def with_lora(model: Any, model_args: Any, activation_checkpointing: bool) -> An
     )
 
 
-def probe_model(encoder: Any, model_args: Any, label_names: Sequence[str], probe: str, activation_checkpointing: bool):
+def probe_model(
+    encoder: Any, model_args: Any, label_names: Sequence[str], probe: str, activation_checkpointing: bool
+):
     """The stage-2 classifier on ``encoder`` (``MLCLForMultiLabelClassification.from_encoder``): a LoRA encoder
     is merged first for a fine-tune or with ``merge_lora`` (a frozen one keeps a loaded adapter unmerged); ``probe`` ``"linear"`` / ``"logistic"`` freeze the encoder, ``"finetune"`` trains it,
     with ``model_args.use_lora`` as LoRA adapters + the classifier head (the backbone stays frozen)."""
     from .lora import merge_lora
     from .modeling_mlcl import MLCLForMultiLabelClassification
 
-    wrapped = hasattr(encoder, "merge_and_unload") or hasattr(getattr(encoder, "backbone", None), "merge_and_unload")
-    if wrapped or probe == "finetune" or model_args.merge_lora:  # a frozen encoder keeps a loaded adapter unmerged
+    wrapped = hasattr(encoder, "merge_and_unload") or hasattr(
+        getattr(encoder, "backbone", None), "merge_and_unload"
+    )
+    if (
+        wrapped or probe == "finetune" or model_args.merge_lora
+    ):  # a frozen encoder keeps a loaded adapter unmerged
         encoder = merge_lora(encoder)
     model = MLCLForMultiLabelClassification.from_encoder(
-        encoder, id2label=list(label_names), head=model_args.head, freeze_encoder=probe in ("linear", "logistic"),
+        encoder,
+        id2label=list(label_names),
+        head=model_args.head,
+        freeze_encoder=probe in ("linear", "logistic"),
         chunk_size=model_args.chunk_size,
-    )  # fmt: skip
-    if model_args.use_lora and probe == "finetune":  # adapters + classifier head train; the backbone stays frozen
+    )
+    if (
+        model_args.use_lora and probe == "finetune"
+    ):  # adapters + classifier head train; the backbone stays frozen
         model = with_lora(model, model_args, activation_checkpointing)
     return model
 

@@ -203,5 +203,13 @@ def normalise_id2label(id2label: Mapping | Sequence | None) -> dict[int, str] | 
     return {i: str(name) for i, name in enumerate(id2label)}
 
 
-__all__ = ["MLCLConfig", "MLCL_CONFIG_KEYS", "NATIVE_HEAD_POOLING", "POOLINGS", "HEADS", "backbone_config_to_dict", "build_backbone",
-           "normalise_id2label"]
+__all__ = [
+    "MLCLConfig",
+    "MLCL_CONFIG_KEYS",
+    "NATIVE_HEAD_POOLING",
+    "POOLINGS",
+    "HEADS",
+    "backbone_config_to_dict",
+    "build_backbone",
+    "normalise_id2label",
+]

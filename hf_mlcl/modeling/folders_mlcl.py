@@ -91,11 +91,15 @@ def _whole(weight: torch.Tensor):
     try:  # an optional import, which transformers' check of remote code does not require to be installed
         from deepspeed.zero import GatheredParameters
     except ImportError as err:
-        raise ImportError("this parameter is partitioned by DeepSpeed ZeRO-3, but deepspeed cannot be imported") from err
+        raise ImportError(
+            "this parameter is partitioned by DeepSpeed ZeRO-3, but deepspeed cannot be imported"
+        ) from err
     return GatheredParameters([weight], modifier_rank=0)
 
 
-def merge_lora_weights(backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]) -> int:
+def merge_lora_weights(
+    backbone: nn.Module, adapter_config: Mapping[str, Any], adapter_state: Mapping[str, torch.Tensor]
+) -> int:
     """Add a saved LoRA adapter into ``backbone``'s weights in place: W <- W + s B A for every adapted
     linear layer (Hu et al., 2022, "LoRA", Eq. 3: h = W0 x + s B A x, s = lora_alpha / r, or
     lora_alpha / sqrt(r) with rsLoRA). Keys are PEFT's (``base_model.model.<module>.lora_A.weight``).
@@ -174,7 +178,9 @@ def apply_adapter(backbone: nn.Module, path: str, weights_file: str, hub: Mappin
         params[name].data = value.to(params[name].device, torch.float32)
 
 
-def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str, Any], kwargs: Mapping[str, Any]) -> nn.Module:
+def load_adapter_folder(
+    cls: Any, path: str, adapter_file: str, hub: Mapping[str, Any], kwargs: Mapping[str, Any]
+) -> nn.Module:
     """A ``cls`` model from a folder saved as a LoRA adapter (module docstring): the base backbone named by
     ``adapter_config.json`` (``base_model_name_or_path``, else the config's ``backbone_name_or_path``) with the
     adapter applied (:func:`apply_adapter`; merged in, :func:`merge_lora_weights`, where peft is not installed,
@@ -191,7 +197,9 @@ def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str
     base = adapter_config.get("base_model_name_or_path") or config.backbone_name_or_path
     if not base:
         raise ValueError(f"{path}/{ADAPTER_CONFIG_NAME} names no base model (base_model_name_or_path)")
-    base_kwargs = {k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
+    base_kwargs = {
+        k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None
+    }
     backbone = AutoModel.from_pretrained(base, **base_kwargs)
     expected = (config.backbone_config or {}).get("vocab_size")
     embeddings = backbone.get_input_embeddings().weight
@@ -204,13 +212,17 @@ def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str
     weights = hub_file(path, ADAPTER_WEIGHTS_NAME, hub)
     heads_file = hub_file(path, HEADS_WEIGHTS_NAME, hub)
     if weights is None or heads_file is None:
-        raise ValueError(f"{path} holds {ADAPTER_CONFIG_NAME} but not {ADAPTER_WEIGHTS_NAME} and {HEADS_WEIGHTS_NAME}")
+        raise ValueError(
+            f"{path} holds {ADAPTER_CONFIG_NAME} but not {ADAPTER_WEIGHTS_NAME} and {HEADS_WEIGHTS_NAME}"
+        )
     partitioned = any(hasattr(p, "ds_id") for p in backbone.parameters())  # loaded while ZeRO-3 is configured
     if partitioned or not _peft_available():
         if not partitioned and next(backbone.parameters()).dtype in (torch.bfloat16, torch.float16):
             logger.warning(
                 "peft is not installed: the adapter of %s is merged into %s weights, which rounds away updates "
-                "below their resolution (install peft to keep it unmerged)", path, next(backbone.parameters()).dtype
+                "below their resolution (install peft to keep it unmerged)",
+                path,
+                next(backbone.parameters()).dtype,
             )
         merge_lora_weights(backbone, adapter_config, load_file(weights))
     model = cls(config, backbone=backbone)
@@ -219,7 +231,9 @@ def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str
     missing, unexpected = model.load_state_dict(load_file(heads_file), strict=False)
     missing = [k for k in missing if not k.startswith(f"{cls.base_model_prefix}.")]
     if missing or unexpected:
-        raise ValueError(f"{path}/{HEADS_WEIGHTS_NAME} does not fit {cls.__name__}: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"{path}/{HEADS_WEIGHTS_NAME} does not fit {cls.__name__}: missing {missing}, unexpected {unexpected}"
+        )
     model.to(next(backbone.parameters()).device)
     model.eval()
     return model
@@ -227,7 +241,9 @@ def load_adapter_folder(cls: Any, path: str, adapter_file: str, hub: Mapping[str
 
 def _sibling_imports(tree: ast.Module, siblings: set[str]) -> list[ast.ImportFrom]:
     """The ``from .<sibling> import ...`` statements anywhere in ``tree`` whose sibling is in ``siblings``."""
-    return [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in siblings]
+    return [
+        n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module in siblings
+    ]
 
 
 def _top_level_names(tree: ast.Module) -> list[str]:
@@ -247,14 +263,18 @@ def _code_lines(source: str, drop: list[ast.AST]) -> str:
     tree = ast.parse(source)
     skip = list(drop)
     for node in tree.body:
-        docstring = node is tree.body[0] and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        docstring = (
+            node is tree.body[0] and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        )
         if docstring or (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
             skip.append(node)
     gone = {i for node in skip for i in range(node.lineno, node.end_lineno + 1)}
     return "\n".join(line for i, line in enumerate(source.splitlines(), start=1) if i not in gone).strip("\n")
 
 
-def bundle_code_files(folder: str, main: str = "modeling_mlcl", keep: tuple[str, ...] = ("configuration_mlcl",)) -> None:
+def bundle_code_files(
+    folder: str, main: str = "modeling_mlcl", keep: tuple[str, ...] = ("configuration_mlcl",)
+) -> None:
     """Inline into ``folder/<main>.py`` the sibling modules it imports, directly or through each other
     (``from .<name> import ...`` anywhere in a file), that ``save_pretrained`` copied beside it, except those in
     ``keep``, and remove their files: each module's code after the modules it imports, ``main``'s last, without
@@ -270,7 +290,9 @@ def bundle_code_files(folder: str, main: str = "modeling_mlcl", keep: tuple[str,
         if name in order:
             return
         if name in chain:
-            raise ValueError(f"the copied modules import each other in a cycle: {' -> '.join((*chain, name))}")
+            raise ValueError(
+                f"the copied modules import each other in a cycle: {' -> '.join((*chain, name))}"
+            )
         with open(os.path.join(folder, f"{name}.py"), encoding="utf-8") as fh:
             sources[name] = fh.read()
         for node in _sibling_imports(ast.parse(sources[name]), copied):
@@ -285,8 +307,12 @@ def bundle_code_files(folder: str, main: str = "modeling_mlcl", keep: tuple[str,
         for target in _top_level_names(ast.parse(sources[name])):
             if target != "__all__" and defined.setdefault(target, name) != name:
                 raise ValueError(f"{target} is defined in both {defined[target]}.py and {name}.py")
-    parts = [f"# ---- {name}.py\n" + _code_lines(sources[name], _sibling_imports(ast.parse(sources[name]), copied)) + "\n"
-             for name in order]  # fmt: skip
+    parts = [
+        f"# ---- {name}.py\n"
+        + _code_lines(sources[name], _sibling_imports(ast.parse(sources[name]), copied))
+        + "\n"
+        for name in order
+    ]
     docstring = ast.get_docstring(ast.parse(sources[main]), clean=False) or ""
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n' + "\n\n".join(parts))

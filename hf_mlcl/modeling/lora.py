@@ -35,7 +35,10 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
 # output.dense ("output.dense" matches both output layers; not the pooler's "pooler.dense" nor a head)
 _BERT_TARGETS: tuple[str, ...] = ("query", "key", "value", "intermediate.dense", "output.dense")
 LORA_TARGETS_BY_MODEL_TYPE: dict[str, tuple[str, ...]] = {
-    **{t: DEFAULT_LORA_TARGETS for t in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")},
+    **{
+        t: DEFAULT_LORA_TARGETS
+        for t in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
+    },
     **{t: _BERT_TARGETS for t in ("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie")},
     "deberta-v2": ("query_proj", "key_proj", "value_proj", "intermediate.dense", "output.dense"),
     "distilbert": ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"),
@@ -75,7 +78,9 @@ def default_lora_targets(model: nn.Module) -> list[str]:
     model_type = getattr(getattr(backbone, "config", None), "model_type", None)
     targets = LORA_TARGETS_BY_MODEL_TYPE.get(str(model_type))
     if targets is None:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in backbone.named_modules() if isinstance(m, nn.Linear)})
+        linear = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in backbone.named_modules() if isinstance(m, nn.Linear)}
+        )
         raise ValueError(
             f"no default LoRA target modules for model type {model_type!r} (known: "
             f"{sorted(LORA_TARGETS_BY_MODEL_TYPE)}); pass lora_target_modules / target_modules with the names of "
@@ -227,9 +232,13 @@ def save_lora_adapter(
     config.base_model_name_or_path = base_model_name_or_path
     config.modules_to_save = None
     config.inference_mode = True
-    atomic_write_safetensors(adapter, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+    atomic_write_safetensors(
+        adapter, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"}
+    )
     config.save_pretrained(save_directory)
-    model.base_model.model.save_pretrained(save_directory, state_dict=heads, is_main_process=True)  # the caller writes
+    model.base_model.model.save_pretrained(
+        save_directory, state_dict=heads, is_main_process=True
+    )  # the caller writes
 
 
 def merge_rounding(model: nn.Module) -> float | None:
@@ -281,8 +290,10 @@ def merge_lora(model: nn.Module) -> nn.Module:
         return model
     lost = merge_rounding(model)
     if lost is not None and lost > 0.01:
-        logger.warning(f"merging the LoRA adapter into low-precision weights rounds away {lost:.1%} of its update "
-                       "(norm); keep the adapter unmerged to keep the trained model")  # fmt: skip
+        logger.warning(
+            f"merging the LoRA adapter into low-precision weights rounds away {lost:.1%} of its update "
+            "(norm); keep the adapter unmerged to keep the trained model"
+        )
     if hasattr(model, "merge_and_unload"):
         return model.merge_and_unload()
     if injected:
@@ -334,7 +345,9 @@ def save_lora_model(
     kind = sharding_kind(model)
     peft_model = unwrap_model(model)
     if not hasattr(peft_model, "peft_config"):
-        raise ValueError(f"save_lora_model expects a model wrapped by apply_lora; got {type(peft_model).__name__}")
+        raise ValueError(
+            f"save_lora_model expects a model wrapped by apply_lora; got {type(peft_model).__name__}"
+        )
     inner = peft_model.base_model.model
     base = base_model_name_or_path or getattr(inner.config, "backbone_name_or_path", None)
     is_main = _is_main_process(accelerator) if is_main_process is None else bool(is_main_process)
@@ -345,17 +358,24 @@ def save_lora_model(
         )
     if kind is None and (merge or not base):
         if not merge:
-            logger.warning("use_lora with a backbone built from a config: no base model to load an adapter onto, "
-                           "saving the merged weights")  # fmt: skip
+            logger.warning(
+                "use_lora with a backbone built from a config: no base model to load an adapter onto, "
+                "saving the merged weights"
+            )
         if is_main:
             merge_lora(peft_model).save_pretrained(save_directory, is_main_process=True)
     else:
         target = save_directory
         if merge and is_main:  # the adapter goes to a temporary folder, reloaded merged below
-            target = tempfile.mkdtemp(prefix=".adapter-", dir=os.path.dirname(os.path.abspath(save_directory)))
+            target = tempfile.mkdtemp(
+                prefix=".adapter-", dir=os.path.dirname(os.path.abspath(save_directory))
+            )
         adapter = peft_model.active_adapter
-        names = [n for n, _ in peft_model.named_parameters()
-                 if not n.startswith(_BACKBONE_PREFIX) or adapter in n.split(".")]  # fmt: skip
+        names = [
+            n
+            for n, _ in peft_model.named_parameters()
+            if not n.startswith(_BACKBONE_PREFIX) or adapter in n.split(".")
+        ]
         with readable_state(model, names, accelerator) as state:
             if is_main:
                 save_lora_adapter(peft_model, target, base, state_dict=state)
@@ -403,7 +423,9 @@ def save_heads_with_adapter(
                 with atomic_path(os.path.join(save_directory, name)) as tmp:
                     shutil.copyfile(os.path.join(adapter_directory, name), tmp)
             state = inner.state_dict() if state is None else state
-            heads = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)}
+            heads = {
+                k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith(prefix)
+            }
             inner.save_pretrained(save_directory, state_dict=heads, is_main_process=True)
     wait_for_everyone()
 

@@ -159,12 +159,22 @@ class MLCLPreTrainedModel(PreTrainedModel):
         return attention_mask
 
     def _run_backbone(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
     ) -> torch.Tensor:
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": self._backbone_mask(attention_mask)}
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": self._backbone_mask(attention_mask),
+        }
         if token_type_ids is not None and self._backbone_accepts("token_type_ids"):
             kwargs["token_type_ids"] = token_type_ids
-        if attention_mask is not None and self.config.pooling == "last_token" and self._backbone_accepts("position_ids"):
+        if (
+            attention_mask is not None
+            and self.config.pooling == "last_token"
+            and self._backbone_accepts("position_ids")
+        ):
             # positions count real tokens only, so left padding leaves the states unchanged
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
         if self._backbone_accepts("use_cache"):
@@ -297,14 +307,20 @@ class MLCLPreTrainedModel(PreTrainedModel):
 
     # -- loading --------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any):
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any
+    ):
         """``PreTrainedModel.from_pretrained``, plus folders saved as a LoRA adapter: when the folder holds
         ``adapter_config.json``, the base backbone is loaded by the id / path in it
         (``base_model_name_or_path``), the adapter is merged into it (:func:`merge_lora_weights`) and the
         heads are read from ``model.safetensors``. ``AutoModel*.from_pretrained(..., trust_remote_code=True)``
         and ``pipeline(...)`` come through here as well."""
         path = os.fspath(pretrained_model_name_or_path)
-        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None}
+        hub = {
+            k: kwargs[k]
+            for k in ("revision", "cache_dir", "token", "local_files_only")
+            if kwargs.get(k) is not None
+        }
         adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)
         native = hub_file(path, MLCL_FILE, hub)
         if native is not None:
@@ -322,7 +338,9 @@ class MLCLPreTrainedModel(PreTrainedModel):
                     f"build a classifier on it with MLCLForMultiLabelClassification.from_encoder(path, id2label=...) "
                     f"and train its head (hf-mlcl probe RECIPE --encoder_path {path})"
                 )
-            raise ValueError(f"{path} is a classifier; load it with MLCLForMultiLabelClassification.from_pretrained")
+            raise ValueError(
+                f"{path} is a classifier; load it with MLCLForMultiLabelClassification.from_pretrained"
+            )
         if adapter_file is None:
             return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return load_adapter_folder(cls, path, adapter_file, hub, kwargs)
@@ -336,9 +354,15 @@ class MLCLPreTrainedModel(PreTrainedModel):
         self.config.backbone_config = backbone_config_to_dict(self.backbone.config)
         self._writer_named = "is_main_process" in kwargs
         try:
-            if kwargs.get("push_to_hub") or not kwargs.get("is_main_process", True) or os.path.isfile(os.fspath(save_directory)):
+            if (
+                kwargs.get("push_to_hub")
+                or not kwargs.get("is_main_process", True)
+                or os.path.isfile(os.fspath(save_directory))
+            ):
                 return super().save_pretrained(save_directory, *args, **kwargs)
-            save_folder_atomically(os.fspath(save_directory), lambda tmp: self._save_into(tmp, *args, **kwargs))
+            save_folder_atomically(
+                os.fspath(save_directory), lambda tmp: self._save_into(tmp, *args, **kwargs)
+            )
         finally:
             self._writer_named = False
         return None
@@ -470,7 +494,9 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         hidden = self.backbone_hidden_size
         if config.head in ("linear", "native"):
             if config.native_pooling == "pooler" and getattr(self.backbone, "pooler", None) is None:
-                raise ValueError("head='native' reads the backbone's pooler, but this backbone was built without one")
+                raise ValueError(
+                    "head='native' reads the backbone's pooler, but this backbone was built without one"
+                )
             self.dropout = nn.Dropout(float(config.classifier_dropout or 0.0))
             self.classifier = nn.Linear(hidden, config.num_labels, bias=config.native_pooling != "last_token")
         else:
@@ -480,17 +506,24 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         self.post_init()
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any):
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any
+    ):
         """``MLCLPreTrainedModel.from_pretrained``, with a frozen encoder (``config.freeze_encoder``) frozen
         again: transformers' weight loading hands back every loaded parameter with ``requires_grad=True``,
         so a reloaded linear probe would otherwise train its encoder. A folder without the head's weights
         (an encoder folder, a damaged classifier) is a ValueError naming them, never a random head."""
         want_info = kwargs.pop("output_loading_info", False)
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
+        loaded = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
         if isinstance(loaded, tuple):
             model, info = loaded
         else:  # an adapter folder: its heads were checked while loading
-            model, info = loaded, {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}
+            model, info = (
+                loaded,
+                {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []},
+            )
         missing = sorted(k for k in info["missing_keys"] if not k.startswith(f"{cls.base_model_prefix}."))
         if missing:
             path = os.fspath(pretrained_model_name_or_path)
@@ -533,7 +566,9 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         ``label_attention`` head reads token states, not a pooled vector: ValueError.
         """
         if self.config.head == "label_attention":
-            raise ValueError("head='label_attention' attends over token states; it classifies no pooled features")
+            raise ValueError(
+                "head='label_attention' attends over token states; it classifies no pooled features"
+            )
         return self.classifier(self.dropout(pooled.to(self.classifier.weight.dtype)))
 
     def forward(
@@ -618,9 +653,17 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             id2label = {i: f"LABEL_{i}" for i in range(int(num_labels))}
         data = encoder.config.to_dict()
         for key in (
-            "auto_map", "architectures", "id2label", "label2id", "problem_type", "transformers_version",
-            "_name_or_path", "model_type", "num_labels", "dtype",
-        ):  # fmt: skip
+            "auto_map",
+            "architectures",
+            "id2label",
+            "label2id",
+            "problem_type",
+            "transformers_version",
+            "_name_or_path",
+            "model_type",
+            "num_labels",
+            "dtype",
+        ):
             data.pop(key, None)
         data.update(
             head=head,

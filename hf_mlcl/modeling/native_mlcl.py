@@ -194,8 +194,11 @@ def classifier_key_rules(model_type: str) -> list[tuple[str, str]]:
         return [("backbone.", f"{prefix}."), ("classifier.", "score.")]
     if model_type == "bert":
         return [("backbone.", f"{prefix}."), ("classifier.", "classifier.")]
-    return [("backbone.pooler.dense.", "classifier.dense."), ("backbone.", f"{prefix}."),
-            ("classifier.", "classifier.out_proj.")]  # fmt: skip
+    return [
+        ("backbone.pooler.dense.", "classifier.dense."),
+        ("backbone.", f"{prefix}."),
+        ("classifier.", "classifier.out_proj."),
+    ]
 
 
 def rename_keys(state: Mapping[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:

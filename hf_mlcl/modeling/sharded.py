@@ -182,7 +182,9 @@ def full_parameters(
 
                 for name, param in params.items():
                     if _is_dtensor(param):  # every rank holds the full value: no communication
-                        local = distribute_tensor(full[name], param.device_mesh, param.placements, src_data_rank=None)
+                        local = distribute_tensor(
+                            full[name], param.device_mesh, param.placements, src_data_rank=None
+                        )
                         param.data.to_local().copy_(local.to_local())
             return
         yield {name: param.data for name, param in params.items()}
@@ -204,13 +206,17 @@ def readable_state(
     kind = sharding_kind(model)
     if kind == "fsdp1":
         if accelerator is None:
-            raise ValueError("under FSDP1 the full state dict is gathered through the accelerator: pass "
-                             "accelerator=trainer.accelerator")  # fmt: skip
+            raise ValueError(
+                "under FSDP1 the full state dict is gathered through the accelerator: pass "
+                "accelerator=trainer.accelerator"
+            )
         yield accelerator.get_state_dict(model)
         return
     if kind == "fsdp2":
         with full_parameters(model, names) as full:
-            live = unwrap_engine(model).state_dict()  # sharded DTensors (FSDP2's save hook), buffers as they are
+            live = unwrap_engine(
+                model
+            ).state_dict()  # sharded DTensors (FSDP2's save hook), buffers as they are
             state = {key: value for key, value in live.items() if not _is_dtensor(value)}
             state.update(full)
             yield state

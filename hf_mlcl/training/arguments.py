@@ -66,7 +66,9 @@ def _no_pinned_memory_without_accelerator(args: TrainingArguments) -> None:
     warn at every DataLoader it builds (each epoch, each evaluation) that it cannot pin, and nothing is lost."""
     import torch
 
-    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    has_accelerator = (
+        torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    )
     if args.dataloader_pin_memory and (args.use_cpu or not has_accelerator):
         args.dataloader_pin_memory = False
 
@@ -115,7 +117,8 @@ class ModelArguments:
         default=128, metadata={"help": "Segment length for the PLM-ICD label-attention path."}
     )
     use_lora: bool = field(
-        default=False, metadata={"help": "Wrap the backbone (any encoder or decoder) with LoRA adapters (peft)."}
+        default=False,
+        metadata={"help": "Wrap the backbone (any encoder or decoder) with LoRA adapters (peft)."},
     )
     merge_lora: bool = field(
         default=False,
@@ -129,8 +132,10 @@ class ModelArguments:
     lora_dropout: float = 0.1
     lora_target_modules: list[str] | None = field(
         default=None,
-        metadata={"help": "Default: the architecture's attention and feed-forward projections "
-                  "(hf_mlcl.modeling.lora.LORA_TARGETS_BY_MODEL_TYPE: Llama, BERT, RoBERTa, MiniLM, ModernBERT ...)."},
+        metadata={
+            "help": "Default: the architecture's attention and feed-forward projections "
+            "(hf_mlcl.modeling.lora.LORA_TARGETS_BY_MODEL_TYPE: Llama, BERT, RoBERTa, MiniLM, ModernBERT ...)."
+        },
     )
     trust_remote_code: bool = False
 
@@ -165,7 +170,9 @@ class DataArguments:
     )
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "Folder with a registered dataset's files (for your own files: the base of relative paths)."},
+        metadata={
+            "help": "Folder with a registered dataset's files (for your own files: the base of relative paths)."
+        },
     )
     dataset_options: str | None = field(
         default=None, metadata={"help": "Loader keyword arguments as a mapping (YAML) or JSON string."}
@@ -173,8 +180,10 @@ class DataArguments:
     # ---- your own data (ignored for registered names; hf_mlcl.data.custom.load_custom_dataset)
     data_files: str | None = field(
         default=None,
-        metadata={"help": "One file per split as a mapping {train: a.csv, validation: b.csv, test: c.csv} "
-                  "(YAML or JSON), or one file to split."},
+        metadata={
+            "help": "One file per split as a mapping {train: a.csv, validation: b.csv, test: c.csv} "
+            "(YAML or JSON), or one file to split."
+        },
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Config name of a Hub dataset."})
     text_column: str = field(default="text", metadata={"help": "Column holding the document text."})
@@ -191,30 +200,38 @@ class DataArguments:
     )
     label_names_file: str | None = field(
         default=None,
-        metadata={"help": "File with one label name per line (default: a ClassLabel feature, else the sorted "
-                  "union of the train labels)."},
+        metadata={
+            "help": "File with one label name per line (default: a ClassLabel feature, else the sorted "
+            "union of the train labels)."
+        },
     )
     unknown_labels: str = field(
         default="error",
-        metadata={"help": "Labels seen only outside train / outside the names: 'error' (names them) or 'drop'."},
+        metadata={
+            "help": "Labels seen only outside train / outside the names: 'error' (names them) or 'drop'."
+        },
     )
     validation_fraction: float = field(
         default=0.1, metadata={"help": "Share of train carved (seeded) into validation when there is none."}
     )
     test_fraction: float = field(
-        default=0.0, metadata={"help": "Share of train carved into a test split when there is none (0 = no test)."}
+        default=0.0,
+        metadata={"help": "Share of train carved into a test split when there is none (0 = no test)."},
     )
     split_seed: int = field(default=42, metadata={"help": "Seed of the validation / test carving."})
     split_strategy: str = field(
         default="random",
-        metadata={"help": f"How a missing validation / test split is carved from train: one of {SPLIT_STRATEGIES} "
-                  "('stratified': iterative stratification, Sechidis et al. 2011, keeps rare labels in it)."},
+        metadata={
+            "help": f"How a missing validation / test split is carved from train: one of {SPLIT_STRATEGIES} "
+            "('stratified': iterative stratification, Sechidis et al. 2011, keeps rare labels in it)."
+        },
     )
     max_length: int = field(
         default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
     )
     max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep this many training examples (the first rows, or see subset_seed)."}
+        default=None,
+        metadata={"help": "Keep this many training examples (the first rows, or see subset_seed)."},
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "Cap of the validation split."})
     max_test_samples: int | None = field(default=None, metadata={"help": "Cap of the test split."})

@@ -96,10 +96,19 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
     ) -> None:
         self.check_inputs(model, args, train_dataset, eval_dataset, label_column)
         self.label_column = label_column
-        data_collator = self.stage_setup(model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels)
-        super().__init__(model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, processing_class=processing_class,
-                         compute_metrics=compute_metrics, **kwargs)  # fmt: skip
+        data_collator = self.stage_setup(
+            model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels
+        )
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            compute_metrics=compute_metrics,
+            **kwargs,
+        )
         if compute_metrics is None:
             self.compute_metrics = self.default_metrics()
         check_engine_applied(self)
@@ -107,8 +116,16 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
         self.loss_fn.to(self.args.device)
         self.after_setup()
 
-    def stage_setup(self, model: nn.Module, args: Any, train_dataset: Any, data_collator: Any, processing_class: Any,
-                    loss_fn: nn.Module | None, num_labels: int | None) -> Any:  # fmt: skip
+    def stage_setup(
+        self,
+        model: nn.Module,
+        args: Any,
+        train_dataset: Any,
+        data_collator: Any,
+        processing_class: Any,
+        loss_fn: nn.Module | None,
+        num_labels: int | None,
+    ) -> Any:
         """Before ``Trainer.__init__``: set ``self.loss_fn`` and ``self.num_labels``; return the collator."""
         raise NotImplementedError
 
@@ -120,8 +137,9 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
         """After ``Trainer.__init__`` and the engine checks (the prepared accelerator exists)."""
 
     @classmethod
-    def check_inputs(cls, model: nn.Module | None, args: Any, train_dataset: Any, eval_dataset: Any,
-                     label_column: str) -> None:  # fmt: skip
+    def check_inputs(
+        cls, model: nn.Module | None, args: Any, train_dataset: Any, eval_dataset: Any, label_column: str
+    ) -> None:
         """ValueError (one line, naming the fix) for: arguments of another class, no model, a dataset
         without the label column, a model that normalises its own loss. Then clears a finished DeepSpeed
         run's accelerator state, so that this trainer can run under DeepSpeed too (stage 2 after stage 1:
@@ -176,7 +194,10 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
             return 0
         cached = getattr(self, "_flops_parameters", None)
         if cached is None or cached[0] != id(self.model):
-            cached = self._flops_parameters = (id(self.model), self.model.num_parameters(exclude_embeddings=True))
+            cached = self._flops_parameters = (
+                id(self.model),
+                self.model.num_parameters(exclude_embeddings=True),
+            )
         return 6 * inputs[main].numel() * cached[1]
 
     def split_labels(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor]:
@@ -185,5 +206,7 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
         inputs = dict(inputs)
         labels = inputs.pop(self.label_column if self.label_column in inputs else "labels", None)
         if labels is None:
-            raise ValueError(f"the batch has no {self.label_column!r}; the collator must return multi-hot labels")
+            raise ValueError(
+                f"the batch has no {self.label_column!r}; the collator must return multi-hot labels"
+            )
         return inputs, labels

@@ -64,13 +64,37 @@ from . import distributed as D
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "FINISHED_FILES", "LEGACY_STATE_FILE", "SAVING_MARKER", "STATE_FILE", "CompleteCheckpointsMixin", "InputError",
-    "check_launch", "check_lora_save", "check_output_dir", "check_stage", "check_train_batches",
-    "checkpoint_folders", "finished_stage_metrics", "is_complete_checkpoint", "last_complete_checkpoint",
-    "load_state_file", "new_folders", "optimizer_state_to_tree", "parse_resume", "preflight", "remove_checkpoints",
-    "remove_incomplete_checkpoints", "remove_previous_checkpoints", "require_a_step", "resolve_resume",
-    "save_state_file", "stage_finished", "tree_to_optimizer_state", "wants_resume", "whole_run_train_loss"
-]  # fmt: skip
+    "FINISHED_FILES",
+    "LEGACY_STATE_FILE",
+    "SAVING_MARKER",
+    "STATE_FILE",
+    "CompleteCheckpointsMixin",
+    "InputError",
+    "check_launch",
+    "check_lora_save",
+    "check_output_dir",
+    "check_stage",
+    "check_train_batches",
+    "checkpoint_folders",
+    "finished_stage_metrics",
+    "is_complete_checkpoint",
+    "last_complete_checkpoint",
+    "load_state_file",
+    "new_folders",
+    "optimizer_state_to_tree",
+    "parse_resume",
+    "preflight",
+    "remove_checkpoints",
+    "remove_incomplete_checkpoints",
+    "remove_previous_checkpoints",
+    "require_a_step",
+    "resolve_resume",
+    "save_state_file",
+    "stage_finished",
+    "tree_to_optimizer_state",
+    "wants_resume",
+    "whole_run_train_loss",
+]
 
 SAVING_MARKER = ".saving"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -144,7 +168,9 @@ def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
     )
 
 
-def remove_previous_checkpoints(output_dir: str, overwrite: bool, resume: Any, is_main_process: bool = True) -> None:
+def remove_previous_checkpoints(
+    output_dir: str, overwrite: bool, resume: Any, is_main_process: bool = True
+) -> None:
     """With ``overwrite`` and no resume: delete the ``checkpoint-*`` folders an earlier run left in
     ``output_dir`` (main process; every rank waits), so no later resume picks them. Call it only once the
     new run's inputs have passed their checks, right before training."""
@@ -186,7 +212,9 @@ def finished_stage_metrics(args: Any) -> dict | None:
         return json.load(fh)
 
 
-def preflight(args: Any, stage: str, train_rows: int | None, lora: tuple[Any, str | None, bool] | None = None) -> list[str]:
+def preflight(
+    args: Any, stage: str, train_rows: int | None, lora: tuple[Any, str | None, bool] | None = None
+) -> list[str]:
     """The checks of a stage's inputs once its data are loaded and before its model is built; returns the
     folders the stage will create (:func:`new_folders`, removed again by :func:`require_a_step`).
 
@@ -235,10 +263,15 @@ def check_train_batches(n_rows: int, args: Any, stage: str) -> None:
     per_process = int(args.train_batch_size)
     if n_rows >= per_process * processes:
         return
-    batch = f"per_device_train_batch_size {per_process}" + (f" x {processes} processes" if processes > 1 else "")
+    batch = f"per_device_train_batch_size {per_process}" + (
+        f" x {processes} processes" if processes > 1 else ""
+    )
     fit = n_rows // processes
-    fix = (f"lower per_device_train_batch_size to at most {fit}" if fit
-           else f"launch at most {n_rows} process{'es' if n_rows > 1 else ''}")  # fmt: skip
+    fix = (
+        f"lower per_device_train_batch_size to at most {fit}"
+        if fit
+        else f"launch at most {n_rows} process{'es' if n_rows > 1 else ''}"
+    )
     raise InputError(
         f"the train split has {n_rows} rows, fewer than one batch of {per_process * processes} ({batch}), and "
         f"{stage} drops an incomplete last batch (dataloader_drop_last true), so it would train no step; {fix}, "
@@ -312,7 +345,11 @@ def _interrupted_temp(name: str, folder_name: str | None = None) -> bool:
         return True
     if folder_name is not None:
         return name.startswith(f".{folder_name}.tmp-")
-    return name.startswith(".") and _CHECKPOINT_RE.match(name[1:].split(".tmp-", 1)[0]) is not None and ".tmp-" in name
+    return (
+        name.startswith(".")
+        and _CHECKPOINT_RE.match(name[1:].split(".tmp-", 1)[0]) is not None
+        and ".tmp-" in name
+    )
 
 
 def remove_checkpoints(output_dir: str) -> list[str]:
@@ -413,8 +450,10 @@ def whole_run_train_loss(log_history: list[dict], start_step: int, end_step: int
             total += float(entry["loss"]) * (entry["step"] - covered)
             covered = entry["step"]
     if covered != start_step or end_step <= 0:
-        logger.warning("train_loss covers the steps after the resume only: the checkpoint's log does not reach "
-                       f"step {start_step}")
+        logger.warning(
+            "train_loss covers the steps after the resume only: the checkpoint's log does not reach "
+            f"step {start_step}"
+        )
         return this_call
     return (total + this_call * max(end_step - start_step, 0)) / end_step
 
@@ -454,7 +493,10 @@ def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> s
     common = set(every[0]).intersection(*every[1:])
     if not common:
         if any(every):
-            held = "; ".join(f"process {r}: {', '.join(f'checkpoint-{s}' for s in st) or 'none'}" for r, st in enumerate(every))
+            held = "; ".join(
+                f"process {r}: {', '.join(f'checkpoint-{s}' for s in st) or 'none'}"
+                for r, st in enumerate(every)
+            )
             raise ValueError(
                 f"resume_from_checkpoint: no checkpoint of {output_dir} is complete on every node ({held}); copy "
                 "one complete checkpoint folder to every node, or start without --resume_from_checkpoint"
@@ -465,7 +507,9 @@ def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> s
         for path in checkpoint_folders(output_dir):
             if _step(path) > step:
                 shutil.rmtree(path, ignore_errors=True)
-                logger.warning(f"removed {path}: newer than checkpoint-{step}, the newest complete on every node")
+                logger.warning(
+                    f"removed {path}: newer than checkpoint-{step}, the newest complete on every node"
+                )
     D.barrier()
     return os.path.join(output_dir, f"checkpoint-{step}")
 
@@ -485,8 +529,9 @@ class CompleteCheckpointsMixin:
         """``Trainer.log``, with the final ``train_loss`` of a resumed run over all its steps
         (:func:`whole_run_train_loss`), not only the steps after the resume."""
         if "train_loss" in logs and self.train_start_step > 0:
-            logs["train_loss"] = whole_run_train_loss(self.state.log_history, self.train_start_step,
-                                                      self.state.global_step, logs["train_loss"])  # fmt: skip
+            logs["train_loss"] = whole_run_train_loss(
+                self.state.log_history, self.train_start_step, self.state.global_step, logs["train_loss"]
+            )
         super().log(logs, start_time)
 
     def save_extra_checkpoint_files(self, folder: str) -> None:
@@ -517,8 +562,12 @@ class CompleteCheckpointsMixin:
         if self.args.should_save and os.path.exists(marker):
             os.unlink(marker)
         if self.args.should_save:
-            rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)  # fmt: skip
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=False,
+            )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -534,7 +583,9 @@ def _flatten(node: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         out = {}
         for key, value in node.items():
             if not isinstance(key, str) or "/" in key:
-                raise ValueError(f"checkpoint state keys must be strings without '/'; got {key!r} under {path!r}")
+                raise ValueError(
+                    f"checkpoint state keys must be strings without '/'; got {key!r} under {path!r}"
+                )
             out[key] = _flatten(value, f"{path}/{key}" if path else key, tensors)
         return out
     if node is None or isinstance(node, (bool, int, float, str)):

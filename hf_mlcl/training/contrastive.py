@@ -177,44 +177,70 @@ class ContrastiveSetup:
         problem = launch_problem(args)
         if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
             raise ValueError(problem)
-        embedding_dim = int(getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim)
+        embedding_dim = int(
+            getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim
+        )
         n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
         collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
         if loss_fn is None:
-            loss_fn = build_contrastive_loss(args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim)
+            loss_fn = build_contrastive_loss(
+                args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim
+            )
         elif not getattr(loss_fn, "is_contrastive", False):
-            raise ValueError(f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)")
+            raise ValueError(
+                f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)"
+            )
         check_queue_loss(loss_fn, args.queue_size)
         resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
         if getattr(loss_fn, "requires_label_statistics", False):
             if train_dataset is None:
-                raise ValueError(f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset")
+                raise ValueError(
+                    f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset"
+                )
             loss_fn.set_label_statistics(dataset_label_matrix(train_dataset, label_column, n_labels))
         return cls(loss_fn, n_labels, collator, embedding_dim, queue, momentum_encoder)
 
-    def memory(self, args: ContrastiveTrainingArguments, model: nn.Module, sharded: bool, runner) -> MomentumContrast | None:
+    def memory(
+        self, args: ContrastiveTrainingArguments, model: nn.Module, sharded: bool, runner
+    ) -> MomentumContrast | None:
         """The MoCo piece (``queue_size > 0``), on the training device: the loss paper's contrast set (or
         ``args.contrast_set``: ValueError when the loss cannot take it), the key encoder (a copy sharing the
         frozen base, or under DeepSpeed / FSDP a second adapter of the prepared model ``runner()``) and the
         queue (built on the device: its label format depends on it); None in batch mode."""
         if args.queue_size <= 0:
             return None
-        resolve_contrast_set(self.loss_fn, args.contrast_set, args.queue_size)  # before the key encoder is built
-        key_encoder = self.momentum_encoder or build_key_encoder(model, args.momentum, sharded, runner, args.queue_size)
-        queue = self.queue or EmbeddingQueue(args.queue_size, self.embedding_dim, self.num_labels, device=args.device)
-        moco = MomentumContrast(self.loss_fn, key_encoder, queue, args.contrast_set, args.queue_warmup,
-                                gather=args.gather_across_devices)  # fmt: skip
+        resolve_contrast_set(
+            self.loss_fn, args.contrast_set, args.queue_size
+        )  # before the key encoder is built
+        key_encoder = self.momentum_encoder or build_key_encoder(
+            model, args.momentum, sharded, runner, args.queue_size
+        )
+        queue = self.queue or EmbeddingQueue(
+            args.queue_size, self.embedding_dim, self.num_labels, device=args.device
+        )
+        moco = MomentumContrast(
+            self.loss_fn,
+            key_encoder,
+            queue,
+            args.contrast_set,
+            args.queue_warmup,
+            gather=args.gather_across_devices,
+        )
         return moco.to(args.device)
 
 
-def _warn_if_gate_cannot_open(loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set: str | None) -> None:
+def _warn_if_gate_cannot_open(
+    loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set: str | None
+) -> None:
     """One warning when HBL's reliability gate (abs(P) >= k_min) can never open: fewer candidates than k_min
     per anchor in batch + queue, so the structural term is exactly zero."""
     k_min = getattr(loss_fn, "k_min", None)
     if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
         return
     world = max(1, args.world_size)
-    reach = max_candidates(args.per_device_train_batch_size, world, args.n_views, args.queue_size, contrast_set)
+    reach = max_candidates(
+        args.per_device_train_batch_size, world, args.n_views, args.queue_size, contrast_set
+    )
     if reach < k_min:
         warnings.warn(
             f"{type(loss_fn).__name__}: k_min={k_min} but an anchor has at most {reach} candidates per step "
@@ -249,12 +275,18 @@ class _LossWindow:
         self.count += 1
         with torch.no_grad():
             loss = parts["loss"]
-            bad = torch.ne(loss - loss, 0).long()  # x - x is NaN exactly for NaN and +-inf (fewer ops than isfinite)
+            bad = torch.ne(
+                loss - loss, 0
+            ).long()  # x - x is NaN exactly for NaN and +-inf (fewer ops than isfinite)
         self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
 
     def averages(self) -> dict[str, float]:
         """``loss_<name>``: each part's window average, read on the host; the window restarts."""
-        out = {f"loss_{name}": float(total) / self.count for name, total in self.sums.items()} if self.count else {}
+        out = (
+            {f"loss_{name}": float(total) / self.count for name, total in self.sums.items()}
+            if self.count
+            else {}
+        )
         self.sums, self.count = {}, 0
         return out
 
@@ -303,20 +335,37 @@ class ContrastiveTrainer(MultiLabelTrainer):
     """
 
     args_class = ContrastiveTrainingArguments
-    args_hint = ("ContrastiveTrainingArguments(output_dir=...) (its fields loss, n_views, queue_size, ... "
-                 "configure the contrastive stage)")  # fmt: skip
+    args_hint = (
+        "ContrastiveTrainingArguments(output_dir=...) (its fields loss, n_views, queue_size, ... "
+        "configure the contrastive stage)"
+    )
     model_hint = "e.g. MLCLEncoder.from_backbone(...)"
 
-    def __init__(self, *positional: Any, momentum_encoder: Any = None, queue: EmbeddingQueue | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *positional: Any,
+        momentum_encoder: Any = None,
+        queue: EmbeddingQueue | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._moco_parts = (momentum_encoder, queue)
         super().__init__(*positional, **kwargs)
 
     def stage_setup(self, model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels):
         """The :class:`ContrastiveSetup` of the arguments: loss, label count, contrast set, collator."""
         momentum_encoder, queue = self._moco_parts
-        self._setup = ContrastiveSetup.from_args(args, model, train_dataset, self.label_column, num_labels, loss_fn,
-                                                 data_collator, processing_class, queue, momentum_encoder)  # fmt: skip
+        self._setup = ContrastiveSetup.from_args(
+            args,
+            model,
+            train_dataset,
+            self.label_column,
+            num_labels,
+            loss_fn,
+            data_collator,
+            processing_class,
+            queue,
+            momentum_encoder,
+        )
         self.loss_fn, self.num_labels = self._setup.loss_fn, self._setup.num_labels
         # the first batch is checked (labels 0/1, finite embeddings), later ones are not: no host reads
         self._input_checks = FirstCallChecks(self.loss_fn)
@@ -338,8 +387,15 @@ class ContrastiveTrainer(MultiLabelTrainer):
             )
         self._loss_optimizer: torch.optim.Optimizer | None = None
         self.memory = self._setup.memory(args, self.model, self._sharded, lambda: self.model_wrapped)
-        self.candidates = self.memory.candidates if self.memory is not None else CandidateBuilder(
-            None, gather=args.gather_across_devices, supports_keys=getattr(self.loss_fn, "supports_keys", False))  # fmt: skip
+        self.candidates = (
+            self.memory.candidates
+            if self.memory is not None
+            else CandidateBuilder(
+                None,
+                gather=args.gather_across_devices,
+                supports_keys=getattr(self.loss_fn, "supports_keys", False),
+            )
+        )
         _warn_if_gate_cannot_open(self.loss_fn, args, self.candidates.contrast_set)
         if self.memory is not None or self._loss_parameters():
             self.add_callback(_StepCallback(self))
@@ -378,7 +434,9 @@ class ContrastiveTrainer(MultiLabelTrainer):
         parameters get their own optimizer of the same class and settings (no weight decay), stepped with
         the main optimizer's learning rate (:meth:`_step_loss_parameters`)."""
         if self._loss_optimizer is None:
-            cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.accelerator.unwrap_model(self.model))
+            cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(
+                self.args, self.accelerator.unwrap_model(self.model)
+            )
             self._loss_optimizer = cls([{"params": self._loss_parameters(), "weight_decay": 0.0}], **kwargs)
         return self._loss_optimizer
 
@@ -395,8 +453,12 @@ class ContrastiveTrainer(MultiLabelTrainer):
         dataset = self.train_dataset if train_dataset is None else train_dataset
         if self.args.batch_sampler != "positives" or dataset is None:
             return super()._get_train_sampler(train_dataset)
-        return PositiveEnsuredSampler(dataset[self.label_column], self.args.per_device_train_batch_size,
-                                      self.loss_fn.sampler_rule, seed=self.args.seed)  # fmt: skip
+        return PositiveEnsuredSampler(
+            dataset[self.label_column],
+            self.args.per_device_train_batch_size,
+            self.loss_fn.sampler_rule,
+            seed=self.args.seed,
+        )
 
     # ------------------------------------------------------------------ encoding and loss
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
@@ -427,8 +489,13 @@ class ContrastiveTrainer(MultiLabelTrainer):
         """Add this micro-batch's loss parts to the logging window (on the device)."""
         self._window.add(parts)
 
-    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: Any = None):  # fmt: skip
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ):
         """The contrastive loss of one micro-batch (not divided by the accumulation steps: Trainer does)."""
         anchor_inputs, anchor_labels, batch_keys = self._prepare_views(model, *self.split_labels(inputs))
         embeddings = self._encode(model, anchor_inputs)
@@ -439,7 +506,9 @@ class ContrastiveTrainer(MultiLabelTrainer):
         return (parts["loss"], embeddings) if return_outputs else parts["loss"]
 
     # ------------------------------------------------------------------ training step (GradCache)
-    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
         params = self._loss_parameters()
         # read before backward: DeepSpeed steps its optimizer and scheduler inside it
         lr = float(self.optimizer.param_groups[0]["lr"]) if params and self._sharded else None
@@ -476,10 +545,14 @@ class ContrastiveTrainer(MultiLabelTrainer):
                 return self._encode(model, chunk)
 
         loss, _ = gradcache_backward(
-            encode, anchor_inputs, loss_fn, self.args.gradcache_chunk_size, device=self.args.device,
+            encode,
+            anchor_inputs,
+            loss_fn,
+            self.args.gradcache_chunk_size,
+            device=self.args.device,
             backward_loss=lambda value: self.accelerator.backward(value * scale),
             no_sync=lambda: self.accelerator.no_sync(model),
-        )  # fmt: skip
+        )
         self._record_components({**parts, "loss": loss})
         self.candidates.enqueue(batch_keys)
         return loss * scale
@@ -526,7 +599,9 @@ class ContrastiveTrainer(MultiLabelTrainer):
     def load_extra_state_dict(self, state: dict[str, Any]) -> None:
         self.loss_fn.load_state_dict(state["loss"])
         if self._sharded and self._loss_parameters() and "loss_optimizer" in state:
-            self._loss_optimizer_for_sharded().load_state_dict(tree_to_optimizer_state(state["loss_optimizer"]))
+            self._loss_optimizer_for_sharded().load_state_dict(
+                tree_to_optimizer_state(state["loss_optimizer"])
+            )
         if self.memory is not None:
             self.memory.load_state_dict(state)
 

@@ -302,13 +302,17 @@ def _destroy_deepspeed_engines() -> None:
     if engine_cls is None:
         return
     for obj in gc.get_objects():
-        if issubclass(type(obj), engine_cls):  # type(), not isinstance: no deprecated module attribute is touched
+        if issubclass(
+            type(obj), engine_cls
+        ):  # type(), not isinstance: no deprecated module attribute is touched
             obj.destroy()
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
     if offload is not None:
         offload.FWD_MODULE_STACK.clear()
     coordinator = getattr(
-        sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator"), "PartitionedParameterCoordinator", None
+        sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator"),
+        "PartitionedParameterCoordinator",
+        None,
     )
     for attr in vars(coordinator).values() if coordinator is not None else ():
         _clear_lru_caches(attr)

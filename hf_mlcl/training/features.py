@@ -148,7 +148,9 @@ class FeatureStore:
         try:  # before any encoding: a folder that cannot be written is found now, not after a pass
             os.makedirs(self.directory, exist_ok=True)
         except OSError as err:
-            raise ValueError(f"feature_cache_dir={self.directory!r} cannot be created ({err}): name a writable folder") from err
+            raise ValueError(
+                f"feature_cache_dir={self.directory!r} cannot be created ({err}): name a writable folder"
+            ) from err
         if not os.access(self.directory, os.W_OK | os.X_OK):
             raise ValueError(f"feature_cache_dir={self.directory!r} is not writable: name a writable folder")
 
@@ -187,7 +189,9 @@ class FeatureStore:
         hasher.update(encoder_digest.encode())
         hasher.update(json.dumps(dict(settings), sort_keys=True, default=str).encode())
         # one stream per part, fed raw int64 bytes only, so the batching never shows in the key
-        streams = {part: hashlib.sha256() for part in ("lengths", "starts", "input_ids", "token_type_ids", "labels")}
+        streams = {
+            part: hashlib.sha256() for part in ("lengths", "starts", "input_ids", "token_type_ids", "labels")
+        }
         rows = 0
         for batch in batches:
             ids = torch.as_tensor(batch["input_ids"])
@@ -225,7 +229,9 @@ class FeatureStore:
             logger.warning(f"feature cache: cannot read {path} ({err}); encoding again")
             return None
         if len(features) != rows:
-            logger.warning(f"feature cache: {path} holds {len(features)} rows, expected {rows}; encoding again")
+            logger.warning(
+                f"feature cache: {path} holds {len(features)} rows, expected {rows}; encoding again"
+            )
             return None
         return features
 
@@ -282,7 +288,9 @@ class FrozenFeatures:
         """Why ``trainer`` cannot train its linear head on cached features, or None when it can."""
         model = trainer.accelerator.unwrap_model(trainer.model)
         args = trainer.args
-        if getattr(model.config, "head", "linear") == "label_attention" or not hasattr(model, "logits_from_pooled"):
+        if getattr(model.config, "head", "linear") == "label_attention" or not hasattr(
+            model, "logits_from_pooled"
+        ):
             return (
                 f"head={getattr(model.config, 'head', None)!r} reads token states, not a pooled vector "
                 "(only head='linear' or 'native' can be trained on cached features)"
@@ -290,7 +298,9 @@ class FrozenFeatures:
         if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
             return "FSDP / DeepSpeed shard the encoder's weights across processes"
         if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
-            return f"train_sampling_strategy={args.train_sampling_strategy!r} orders the batches by text length"
+            return (
+                f"train_sampling_strategy={args.train_sampling_strategy!r} orders the batches by text length"
+            )
         if "inputs" in (args.include_for_metrics or []):
             return "include_for_metrics=['inputs'] hands the token ids to compute_metrics"
         if args.include_num_input_tokens_seen not in ("no", False, None):
@@ -334,7 +344,9 @@ class FrozenFeatures:
                             model_inputs.get("token_type_ids"),
                         )
                         pooled = model.pool(states, mask, segment)
-                    pooled, y = tr.accelerator.gather_for_metrics((pooled.float().contiguous(), to_dense_float(y)))
+                    pooled, y = tr.accelerator.gather_for_metrics(
+                        (pooled.float().contiguous(), to_dense_float(y))
+                    )
                     yield pooled.cpu(), y.cpu() > 0.5
         finally:
             if bar is not None:
@@ -379,20 +391,29 @@ class FrozenFeatures:
         if cached is None or cached[0] is not model.backbone:  # the frozen weights are hashed once
             cached = self._digest = (model.backbone, FeatureStore.encoder_digest(model.backbone))
         config = model.config
-        settings = {"pooling": config.pooling, "segmented": getattr(config, "segmented", None),
-                    "chunk_size": getattr(config, "chunk_size", None), "bf16": bool(tr.args.bf16),
-                    "fp16": bool(tr.args.fp16)}  # fmt: skip
+        settings = {
+            "pooling": config.pooling,
+            "segmented": getattr(config, "segmented", None),
+            "chunk_size": getattr(config, "chunk_size", None),
+            "bf16": bool(tr.args.bf16),
+            "fp16": bool(tr.args.fp16),
+        }
         if config.head == "native":  # features through the backbone's pooler (a linear head's keys unchanged)
             settings["head"] = "native"
 
         def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
-            return torch.stack(nonzero_pairs(tr.split_labels(batch)[1]), dim=1)  # dense or sparse, never densified
+            return torch.stack(
+                nonzero_pairs(tr.split_labels(batch)[1]), dim=1
+            )  # dense or sparse, never densified
 
         # iterating a DataLoader draws a seed from the global generator: keep the run's random streams as
         # they are, so dropout masks do not depend on whether a store is used
         with torch.random.fork_rng(devices=[]):
             loader = torch.utils.data.DataLoader(
-                dataset, batch_size=tr.args.per_device_eval_batch_size, shuffle=False, collate_fn=tr.data_collator
+                dataset,
+                batch_size=tr.args.per_device_eval_batch_size,
+                shuffle=False,
+                collate_fn=tr.data_collator,
             )
             return FeatureStore.key(cached[1], loader, settings, label_pairs)
 

@@ -70,7 +70,9 @@ def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 def slice_batch(batch: Mapping[str, Any], start: int, stop: int, n: int) -> dict[str, Any]:
     """Rows [start, stop) of every tensor in ``batch`` whose first dim is ``n``; other entries copied."""
     return {
-        k: slice_rows(v, start, stop) if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
+        k: slice_rows(v, start, stop)
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n
+        else v
         for k, v in batch.items()
     }
 

@@ -74,10 +74,15 @@ def requested_engine(args: Any) -> str | None:
 
 
 def _cause(engine: str, args: Any) -> str:
-    source = "args.deepspeed" if engine == "deepspeed" and getattr(args, "deepspeed", None) else (
-        "args.fsdp" if engine == "fsdp" and getattr(args, "fsdp", None) else
-        f"ACCELERATE_USE_{engine.upper()}=true"
-    )  # fmt: skip
+    source = (
+        "args.deepspeed"
+        if engine == "deepspeed" and getattr(args, "deepspeed", None)
+        else (
+            "args.fsdp"
+            if engine == "fsdp" and getattr(args, "fsdp", None)
+            else f"ACCELERATE_USE_{engine.upper()}=true"
+        )
+    )
     return f"the launch asks for {'DeepSpeed' if engine == 'deepspeed' else 'FSDP'} ({source})"
 
 
@@ -98,9 +103,10 @@ def launch_problem(args: Any, cuda_available: bool | None = None) -> str | None:
     if getattr(args, "use_cpu", False):
         fix = (
             "remove --use_cpu true (DeepSpeed runs on CPU by itself; several CPU processes also need "
-            "--ddp_backend gloo)" if engine == "deepspeed" else
-            "on CPU launch recipes/accelerate/deepspeed_zero3.yaml, or recipes/accelerate/cpu.yaml for DDP"
-        )  # fmt: skip
+            "--ddp_backend gloo)"
+            if engine == "deepspeed"
+            else "on CPU launch recipes/accelerate/deepspeed_zero3.yaml, or recipes/accelerate/cpu.yaml for DDP"
+        )
         return f"{cause} but use_cpu=True makes accelerate drop it and train plain DDP: {fix}"
     if engine == "fsdp" and not cuda:
         return (
@@ -163,7 +169,9 @@ def fsdp_dtype_problem(trainer: Any) -> str | None:
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     if getattr(plugin, "fsdp_version", 1) != 1:
         return None
-    dtypes = sorted({str(p.dtype).replace("torch.", "") for p in trainer.model.parameters() if p.is_floating_point()})
+    dtypes = sorted(
+        {str(p.dtype).replace("torch.", "") for p in trainer.model.parameters() if p.is_floating_point()}
+    )
     if len(dtypes) < 2:
         return None
     return (
@@ -296,7 +304,9 @@ class LaunchFailures:
         self.stop()
         if not self.enabled:
             return
-        where = f"process {self.rank}" + (f" (machine_rank {self.machine})" if self.machine is not None else "")
+        where = f"process {self.rank}" + (
+            f" (machine_rank {self.machine})" if self.machine is not None else ""
+        )
         try:
             self._store(10).compare_set(self._key, "", f"{where} failed: {error}")
         except Exception:  # the store is gone: nobody is left to tell

@@ -75,8 +75,10 @@ CONTRAST_SETS = ("queries+keys", "keys", "queries+queue")
 def check_contrast_set(contrast_set: str | None, queue_size: int) -> None:
     """ValueError for an unknown ``contrast_set`` or one given without a queue (``queue_size == 0``)."""
     if contrast_set is not None and contrast_set not in CONTRAST_SETS:
-        raise ValueError(f"contrast_set must be one of {CONTRAST_SETS} (or unset: the loss paper's default); "
-                         f"got {contrast_set!r}")  # fmt: skip
+        raise ValueError(
+            f"contrast_set must be one of {CONTRAST_SETS} (or unset: the loss paper's default); "
+            f"got {contrast_set!r}"
+        )
     if queue_size <= 0 and contrast_set is not None:
         raise ValueError(
             f"contrast_set={contrast_set!r} chooses the MoCo candidates and needs queue_size > 0; without a "
@@ -105,7 +107,9 @@ def resolve_contrast_set(loss_fn: Any, contrast_set: str | None, queue_size: int
         return None
     chosen = contrast_set or getattr(loss_fn, "default_contrast_set", "queries+keys")
     if chosen not in CONTRAST_SETS:
-        raise ValueError(f"{type(loss_fn).__name__}.default_contrast_set={chosen!r} is not one of {CONTRAST_SETS}")
+        raise ValueError(
+            f"{type(loss_fn).__name__}.default_contrast_set={chosen!r} is not one of {CONTRAST_SETS}"
+        )
     if chosen == "keys" and not getattr(loss_fn, "supports_keys_only", False):
         raise ValueError(
             f"contrast_set='keys' needs a loss that takes the keys as its only candidates (anchors_in_candidates=False, "
@@ -151,8 +155,11 @@ class ContrastStep:
         """``loss_fn.components(anchors, labels[, keys, key_labels][, anchors_in_candidates=False])``: the loss
         and its parts (:meth:`hf_mlcl.losses.core.ContrastiveLoss.components`); ``{"loss": loss_fn(...)}``
         for a loss without parts."""
-        args = (self.anchors, self.anchor_labels) if self.keys is None else (
-            self.anchors, self.anchor_labels, self.keys, self.key_labels)  # fmt: skip
+        args = (
+            (self.anchors, self.anchor_labels)
+            if self.keys is None
+            else (self.anchors, self.anchor_labels, self.keys, self.key_labels)
+        )
         extra = {} if self.anchors_in_candidates else {"anchors_in_candidates": False}
         parts = getattr(loss_fn, "components", None)
         return parts(*args, **extra) if callable(parts) else {"loss": loss_fn(*args, **extra)}
@@ -162,7 +169,9 @@ class ContrastStep:
         return self.components(loss_fn)["loss"]
 
 
-def _cat(parts: list[tuple[Tensor, Tensor] | None], dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
+def _cat(
+    parts: list[tuple[Tensor, Tensor] | None], dtype: torch.dtype
+) -> tuple[Tensor | None, Tensor | None]:
     parts = [p for p in parts if p is not None and p[0].shape[0] > 0]
     if not parts:
         return None, None
@@ -535,12 +544,17 @@ class MomentumContrast:
         return self.candidates.contrast_set
 
     def keys(
-        self, inputs: dict[str, Any], labels: Tensor, embeddings_of: Callable[[Any], Tensor] = output_embeddings
+        self,
+        inputs: dict[str, Any],
+        labels: Tensor,
+        embeddings_of: Callable[[Any], Tensor] = output_embeddings,
     ) -> tuple[Tensor, Tensor]:
         """This step's momentum keys of every process and their labels (no gradient): the key encoder on the
         model ``inputs``, its embeddings read by ``embeddings_of``."""
         if self.key_encoder is None:
-            raise ValueError("this MomentumContrast has no key encoder: compute the keys and call gather_keys(keys, labels)")
+            raise ValueError(
+                "this MomentumContrast has no key encoder: compute the keys and call gather_keys(keys, labels)"
+            )
         with torch.no_grad():
             keys = embeddings_of(self.key_encoder(**inputs))
         return self.gather_keys(keys, labels)
@@ -550,7 +564,9 @@ class MomentumContrast:
         gradient: what :meth:`components` and :meth:`__call__` take."""
         return self.candidates.gather_keys(keys, labels)
 
-    def components(self, embeddings: Tensor, labels: Tensor, keys: tuple[Tensor, Tensor] | None) -> dict[str, Tensor]:
+    def components(
+        self, embeddings: Tensor, labels: Tensor, keys: tuple[Tensor, Tensor] | None
+    ) -> dict[str, Tensor]:
         """The loss and its parts for local anchors ``embeddings`` against this step's candidates (``keys``
         from :meth:`keys`; None at evaluation: the in-batch contrast set). Does not enqueue."""
         return self.candidates.step(embeddings, labels, keys).components(self.loss)

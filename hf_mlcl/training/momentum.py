@@ -390,7 +390,9 @@ class UpdateAfterOptimizerSteps:
         known = self._holds.get(optimizer)
         if known is None:
             inner = getattr(optimizer, "optimizer", None)
-            if isinstance(inner, torch.optim.Optimizer):  # a wrapper: its inner optimizer's step calls the hook
+            if isinstance(
+                inner, torch.optim.Optimizer
+            ):  # a wrapper: its inner optimizer's step calls the hook
                 known = False
             else:
                 ours = {id(p) for p in _unwrap(self.online()).parameters() if p.requires_grad}

@@ -104,8 +104,12 @@ class ProbingTrainer(MultiLabelTrainer):
         args = self.args
         self._feature_collator = PooledFeatureCollator(_labels_to_tensor(self.data_collator, self.num_labels))
         self.cache_features = self._caches_features(args)
-        self.features = FrozenFeatures(self, FeatureStore(args.feature_cache_dir) if (
-            self.cache_features and args.feature_cache_dir is not None) else None)  # fmt: skip
+        self.features = FrozenFeatures(
+            self,
+            FeatureStore(args.feature_cache_dir)
+            if (self.cache_features and args.feature_cache_dir is not None)
+            else None,
+        )
         self.logistic_validation_scores: tuple[np.ndarray, np.ndarray] | None = None
 
     def _caches_features(self, args: ProbingTrainingArguments) -> bool:
@@ -122,7 +126,9 @@ class ProbingTrainer(MultiLabelTrainer):
                 f"{asked} cannot apply here: {why}; leave cache_features and feature_cache_dir unset (the "
                 "probe then encodes the texts every epoch) or set cache_features to false"
             )
-        logger.info(f"{args.probe} probe without cached features (the texts are encoded as they are read): {why}")
+        logger.info(
+            f"{args.probe} probe without cached features (the texts are encoded as they are read): {why}"
+        )
         return False
 
     @property
@@ -193,7 +199,9 @@ class ProbingTrainer(MultiLabelTrainer):
                     f"cache_features=True needs a map-style {name} dataset (with len()); got "
                     f"{type(dataset).__name__}: leave cache_features unset or set it to false"
                 )
-            logger.info(f"{name}: an iterable dataset is encoded every epoch (features are cached for map-style ones)")
+            logger.info(
+                f"{name}: an iterable dataset is encoded every epoch (features are cached for map-style ones)"
+            )
             return None
         return self.features.of(dataset, name)
 
@@ -204,7 +212,9 @@ class ProbingTrainer(MultiLabelTrainer):
         if cached is not None:
             return cached.features.numpy(), cached.multi_hot(self.num_labels)
         batches = list(self.features.batches(dataset))
-        return np.concatenate([p.numpy() for p, _ in batches]), np.concatenate([y.numpy() for _, y in batches])
+        return np.concatenate([p.numpy() for p, _ in batches]), np.concatenate(
+            [y.numpy() for _, y in batches]
+        )
 
     def text_test_dataloader(self, dataset: Any):
         """Trainer's test dataloader over the texts of ``dataset`` (never the cached features)."""
@@ -274,8 +284,14 @@ class ProbingTrainer(MultiLabelTrainer):
         self.logistic_validation_scores = None  # never left over from an earlier fit
         if validation_dataset is not None:
             x_va, y_va = self.pooled_features(validation_dataset, "validation")
-        w, b, chosen = fit_logistic_probe(x_tr, y_tr, x_va, y_va, c_grid=self.args.logistic_c_grid_values,
-                                          max_iter=self.args.logistic_max_iter)  # fmt: skip
+        w, b, chosen = fit_logistic_probe(
+            x_tr,
+            y_tr,
+            x_va,
+            y_va,
+            c_grid=self.args.logistic_c_grid_values,
+            max_iter=self.args.logistic_max_iter,
+        )
         head = model.classifier
         with torch.no_grad():
             head.weight.copy_(torch.as_tensor(w, dtype=head.weight.dtype))
@@ -295,7 +311,9 @@ def _probing_loss(args: ProbingTrainingArguments, loss_fn: nn.Module | None) -> 
         try:
             loss_fn = get_loss(args.loss, **args.loss_kwargs)
         except TypeError as err:
-            raise ValueError(f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}") from err
+            raise ValueError(
+                f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}"
+            ) from err
     if getattr(loss_fn, "is_contrastive", False):
         raise ValueError(
             f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric / zlpr"

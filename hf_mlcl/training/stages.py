@@ -136,14 +136,19 @@ def load_run_data(data_args: Any) -> RunData:
     from hf_mlcl.data.custom import check_splits
 
     ds = load_mlc_dataset(data_args.dataset, data_dir=data_args.data_dir, **data_args.loader_options())
-    caps = (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
-            ("test", data_args.max_test_samples))  # fmt: skip
+    caps = (
+        ("train", data_args.max_train_samples),
+        ("validation", data_args.max_eval_samples),
+        ("test", data_args.max_test_samples),
+    )
     for split, cap in caps:
         if cap is not None and split in ds and len(ds[split]) > cap:
             if data_args.subset_seed is None:
                 ds[split] = ds[split].select(range(int(cap)))
             else:  # a seeded random subset, kept in file order
-                rows = np.random.default_rng(data_args.subset_seed).choice(len(ds[split]), int(cap), replace=False)
+                rows = np.random.default_rng(data_args.subset_seed).choice(
+                    len(ds[split]), int(cap), replace=False
+                )
                 ds[split] = ds[split].select(np.sort(rows))
     for split in ("train", "validation"):
         if split not in ds:
@@ -158,14 +163,25 @@ def load_run_data(data_args: Any) -> RunData:
 def _collator(tokenizer: Any, model: Any, data: RunData, data_args: Any, n_views: int = 1) -> Any:
     from hf_mlcl.data import MultiLabelCollator
 
-    return MultiLabelCollator(tokenizer, len(data.label_names), max_length=data_args.max_length, n_views=n_views,
-                              pad_to_multiple_of=segment_multiple(model))  # fmt: skip
+    return MultiLabelCollator(
+        tokenizer,
+        len(data.label_names),
+        max_length=data_args.max_length,
+        n_views=n_views,
+        pad_to_multiple_of=segment_multiple(model),
+    )
 
 
 def _trainer_data(data: RunData, collator: Any, tokenizer: Any, callbacks: list | None) -> dict[str, Any]:
     """The keywords both stages hand their trainer: splits, collator, tokenizer, label count, callbacks."""
-    return {"data_collator": collator, "train_dataset": data.dataset["train"], "eval_dataset": data.dataset["validation"],
-            "processing_class": tokenizer, "num_labels": len(data.label_names), "callbacks": callbacks}  # fmt: skip
+    return {
+        "data_collator": collator,
+        "train_dataset": data.dataset["train"],
+        "eval_dataset": data.dataset["validation"],
+        "processing_class": tokenizer,
+        "num_labels": len(data.label_names),
+        "callbacks": callbacks,
+    }
 
 
 def _fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:
@@ -174,14 +190,18 @@ def _fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:
     new run's inputs hold); InputError when it made no optimizer step. Returns the train metrics."""
     args = trainer.args
     writes = args.should_save  # the process that writes this folder (one per node with save_on_each_node)
-    remove_previous_checkpoints(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, writes)
+    remove_previous_checkpoints(
+        args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, writes
+    )
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes)
     metrics = dict(trainer.train(resume_from_checkpoint=resume).metrics)
     require_a_step(trainer, created, stage)
     return metrics
 
 
-def _save_stage(trainer: Any, tokenizer: Any, files: Mapping[str, Any], save_model: Callable[[], bool]) -> None:
+def _save_stage(
+    trainer: Any, tokenizer: Any, files: Mapping[str, Any], save_model: Callable[[], bool]
+) -> None:
     """Every rank saves the model (``save_model``, True when it wrote the tokenizer too: under FSDP / ZeRO-3
     the ranks gather the weights together); the process that writes the folder (``args.should_save``: the
     global main process, or each node's main process with ``save_on_each_node``) writes the tokenizer (when
@@ -233,8 +253,13 @@ def _trainer_save(trainer: Any, folder: str | None = None) -> bool:
     return True
 
 
-def train_contrastive(model_args: Any, data_args: Any, training_args: Any, callbacks: list | None = None,
-                      data: RunData | None = None) -> StageResult:  # fmt: skip
+def train_contrastive(
+    model_args: Any,
+    data_args: Any,
+    training_args: Any,
+    callbacks: list | None = None,
+    data: RunData | None = None,
+) -> StageResult:
     """Stage 1: contrastive training of an encoder (writes what the module docstring lists).
 
     ``callbacks``: extra ``transformers.TrainerCallback`` objects for the trainer (e.g. a
@@ -248,21 +273,30 @@ def train_contrastive(model_args: Any, data_args: Any, training_args: Any, callb
 
     set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
     data = data if data is not None else load_run_data(data_args)
-    created = preflight(training_args, "stage 1 (contrastive)", len(data.dataset["train"]),
-                        (model_args, None, False) if model_args.use_lora else None)  # fmt: skip
-    tokenizer, encoder = build_tokenizer_and_encoder(model_args, data.dataset["train"]["text"],
-                                                     training_args.projection_dim, label_names=data.label_names)
+    created = preflight(
+        training_args,
+        "stage 1 (contrastive)",
+        len(data.dataset["train"]),
+        (model_args, None, False) if model_args.use_lora else None,
+    )
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, data.dataset["train"]["text"], training_args.projection_dim, label_names=data.label_names
+    )
     if model_args.use_lora:
         encoder = with_lora(encoder, model_args, _checkpointing(training_args))
     collator = _collator(tokenizer, encoder, data, data_args, n_views=training_args.n_views)
     align_special_tokens(encoder, tokenizer)
-    trainer = ContrastiveTrainer(model=encoder, args=training_args, **_trainer_data(data, collator, tokenizer, callbacks))
-    return _finish_contrastive(trainer, tokenizer, _fit(trainer, created, "stage 1 (contrastive)"), model_args,
-                               data_args, data)  # fmt: skip
+    trainer = ContrastiveTrainer(
+        model=encoder, args=training_args, **_trainer_data(data, collator, tokenizer, callbacks)
+    )
+    return _finish_contrastive(
+        trainer, tokenizer, _fit(trainer, created, "stage 1 (contrastive)"), model_args, data_args, data
+    )
 
 
-def _finish_contrastive(trainer: Any, tokenizer: Any, metrics: dict[str, Any], model_args: Any, data_args: Any,
-                        data: RunData) -> StageResult:  # fmt: skip
+def _finish_contrastive(
+    trainer: Any, tokenizer: Any, metrics: dict[str, Any], model_args: Any, data_args: Any, data: RunData
+) -> StageResult:
     """After stage 1's training: its evaluation, the encoder (every rank: sharded weights are gathered
     together; a LoRA run as an adapter folder), ``metrics.json``; the result."""
     from hf_mlcl.modeling.lora import save_lora_model
@@ -274,12 +308,19 @@ def _finish_contrastive(trainer: Any, tokenizer: Any, metrics: dict[str, Any], m
     def save_model(folder: str) -> bool:
         if not model_args.use_lora:
             return _trainer_save(trainer, folder)
-        save_lora_model(trainer.model_wrapped, folder, merge=model_args.merge_lora,
-                        accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
+        save_lora_model(
+            trainer.model_wrapped,
+            folder,
+            merge=model_args.merge_lora,
+            accelerator=trainer.accelerator,
+            is_main_process=args.should_save,
+        )
         return False
 
     def native(staging: str) -> bool:
-        return to_sentence_transformers(staging, data_args.max_length, tokenizer=tokenizer, target=args.output_dir)
+        return to_sentence_transformers(
+            staging, data_args.max_length, tokenizer=tokenizer, target=args.output_dir
+        )
 
     saved = {**metrics, "loss": args.loss, "dataset": data_args.dataset, "num_labels": len(data.label_names)}
     _save_stage(trainer, tokenizer, {METRICS_FILE: saved}, lambda: _staged_save(trainer, save_model, native))
@@ -291,8 +332,14 @@ def _checkpointing(args: Any) -> bool:
     return bool(args.activation_checkpointing or args.gradient_checkpointing)
 
 
-def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path: str | None = None,
-                callbacks: list | None = None, data: RunData | None = None) -> StageResult:  # fmt: skip
+def train_probe(
+    model_args: Any,
+    data_args: Any,
+    probing_args: Any,
+    encoder_path: str | None = None,
+    callbacks: list | None = None,
+    data: RunData | None = None,
+) -> StageResult:
     """Stage 2: probe / fine-tune a classifier (writes what the module docstring lists).
 
     ``encoder_path``: a saved hf_mlcl encoder (stage 1's output_dir), a plain backbone id / path (BCE
@@ -310,18 +357,38 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     lora_finetune = model_args.use_lora and probing_args.probe == "finetune"
     set_seed(probing_args.seed)  # before the classifier head is initialised
     data = data if data is not None else load_run_data(data_args)
-    train_rows = None if probing_args.probe == "logistic" else len(data.dataset["train"])  # logistic: all rows at once
-    created = preflight(probing_args, "stage 2 (probe)", train_rows,
-                        (model_args, encoder_path, adapter_encoder(encoder_path)) if lora_finetune else None)  # fmt: skip
-    tokenizer, encoder = build_tokenizer_and_encoder(model_args, data.dataset["train"]["text"], source=encoder_path)
-    model = probe_model(encoder, model_args, data.label_names, probing_args.probe, _checkpointing(probing_args))
+    train_rows = (
+        None if probing_args.probe == "logistic" else len(data.dataset["train"])
+    )  # logistic: all rows at once
+    created = preflight(
+        probing_args,
+        "stage 2 (probe)",
+        train_rows,
+        (model_args, encoder_path, adapter_encoder(encoder_path)) if lora_finetune else None,
+    )
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, data.dataset["train"]["text"], source=encoder_path
+    )
+    model = probe_model(
+        encoder, model_args, data.label_names, probing_args.probe, _checkpointing(probing_args)
+    )
     collator = _collator(tokenizer, model, data, data_args)
     align_special_tokens(model, tokenizer)
-    trainer = ProbingTrainer(model=model, args=probing_args, **_trainer_data(data, collator, tokenizer, callbacks))
-    metrics: dict[str, Any] = {"probe": probing_args.probe, "loss": probing_args.loss, "dataset": data_args.dataset}
+    trainer = ProbingTrainer(
+        model=model, args=probing_args, **_trainer_data(data, collator, tokenizer, callbacks)
+    )
+    metrics: dict[str, Any] = {
+        "probe": probing_args.probe,
+        "loss": probing_args.loss,
+        "dataset": data_args.dataset,
+    }
     if probing_args.probe == "logistic":
-        remove_previous_checkpoints(probing_args.output_dir, probing_args.overwrite_output_dir,
-                                    probing_args.resume_from_checkpoint, probing_args.should_save)  # fmt: skip
+        remove_previous_checkpoints(
+            probing_args.output_dir,
+            probing_args.overwrite_output_dir,
+            probing_args.resume_from_checkpoint,
+            probing_args.should_save,
+        )
         metrics.update(trainer.fit_logistic(data.dataset["validation"]))
         scores = {"validation": trainer.logistic_validation_scores}  # no second pass over validation
     else:
@@ -336,14 +403,28 @@ def train_probe(model_args: Any, data_args: Any, probing_args: Any, encoder_path
     metrics["threshold"] = thr_value
     metrics["threshold_strategy"] = str(probing_args.threshold)
     trainer.accelerator.unwrap_model(trainer.model).config.decision_threshold = thr_value
-    files = {METRICS_FILE: metrics, THRESHOLDS_FILE: {"strategy": str(probing_args.threshold), "threshold": thr_value,
-                                                      "label_names": data.label_names}}  # fmt: skip
-    _save_stage(trainer, tokenizer, files, lambda: _save_classifier(trainer, tokenizer, model_args, encoder_path, lora_finetune))
-    return StageResult(probing_args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold)
+    files = {
+        METRICS_FILE: metrics,
+        THRESHOLDS_FILE: {
+            "strategy": str(probing_args.threshold),
+            "threshold": thr_value,
+            "label_names": data.label_names,
+        },
+    }
+    _save_stage(
+        trainer,
+        tokenizer,
+        files,
+        lambda: _save_classifier(trainer, tokenizer, model_args, encoder_path, lora_finetune),
+    )
+    return StageResult(
+        probing_args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold
+    )
 
 
-def _save_classifier(trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None,
-                     lora_finetune: bool) -> bool:  # fmt: skip
+def _save_classifier(
+    trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool
+) -> bool:
     """Every rank (FSDP / ZeRO-3 gather); the process that writes the folder writes: a LoRA fine-tune as an
     adapter folder (merged when the encoder was itself an adapter: the new adapter applies to it, not to the
     base), a frozen probe on an adapter encoder as that adapter + its head, anything else as a full model, in
@@ -355,11 +436,21 @@ def _save_classifier(trainer: Any, tokenizer: Any, model_args: Any, encoder_path
     args = trainer.args
     out, on_adapter = args.output_dir, adapter_encoder(encoder_path)
     if lora_finetune:
-        save_lora_model(trainer.model_wrapped, out, merge=model_args.merge_lora or on_adapter,
-                        accelerator=trainer.accelerator, is_main_process=args.should_save)  # fmt: skip
+        save_lora_model(
+            trainer.model_wrapped,
+            out,
+            merge=model_args.merge_lora or on_adapter,
+            accelerator=trainer.accelerator,
+            is_main_process=args.should_save,
+        )
     elif on_adapter and args.probe in ("linear", "logistic") and not model_args.merge_lora:
-        save_heads_with_adapter(trainer.model_wrapped, out, encoder_path, accelerator=trainer.accelerator,
-                                is_main_process=args.should_save)  # fmt: skip
+        save_heads_with_adapter(
+            trainer.model_wrapped,
+            out,
+            encoder_path,
+            accelerator=trainer.accelerator,
+            is_main_process=args.should_save,
+        )
     else:
         native = partial(to_native_classifier, tokenizer=tokenizer, target=out)
         return _staged_save(trainer, partial(_trainer_save, trainer), native)
@@ -369,8 +460,9 @@ def _save_classifier(trainer: Any, tokenizer: Any, model_args: Any, encoder_path
 # ----------------------------------------------------------------------------------------------------
 # stages with their model cards, and a whole run
 # ----------------------------------------------------------------------------------------------------
-def _with_card(train: Callable[..., StageResult], card_cb: Any, args: Any, *stage_args: Any,
-               data: RunData | None = None) -> StageResult:  # fmt: skip
+def _with_card(
+    train: Callable[..., StageResult], card_cb: Any, args: Any, *stage_args: Any, data: RunData | None = None
+) -> StageResult:
     """Run a stage with the card callback attached, replay the finished trainer's data into it (the logistic
     probe never calls ``Trainer.train``, so its hooks alone would miss it), write the card on the process that
     writes the folder (``args.should_save``: the main process, or each node's with ``save_on_each_node``), then
@@ -392,22 +484,39 @@ def _with_card(train: Callable[..., StageResult], card_cb: Any, args: Any, *stag
     return result
 
 
-def run_contrastive_stage(model_args: Any, data_args: Any, training_args: Any, data: RunData | None = None) -> StageResult:
+def run_contrastive_stage(
+    model_args: Any, data_args: Any, training_args: Any, data: RunData | None = None
+) -> StageResult:
     """Stage 1 (:func:`train_contrastive`) with the encoder's model card written into its output_dir."""
     from hf_mlcl.hub import ModelCardCallback
 
     card_cb = ModelCardCallback("encoder", model_args=model_args, data_args=data_args)
-    return _with_card(train_contrastive, card_cb, training_args, model_args, data_args, training_args, data=data)
+    return _with_card(
+        train_contrastive, card_cb, training_args, model_args, data_args, training_args, data=data
+    )
 
 
-def run_probe_stage(model_args: Any, data_args: Any, probing_args: Any, encoder_path: str | None,
-                    contrastive_loss: str | None = None, data: RunData | None = None) -> StageResult:  # fmt: skip
+def run_probe_stage(
+    model_args: Any,
+    data_args: Any,
+    probing_args: Any,
+    encoder_path: str | None,
+    contrastive_loss: str | None = None,
+    data: RunData | None = None,
+) -> StageResult:
     """Stage 2 (:func:`train_probe`) with the classifier's model card written into its output_dir."""
     from hf_mlcl.hub import ModelCardCallback
 
-    card_cb = ModelCardCallback("classifier", model_args=model_args, data_args=data_args,
-                                contrastive_loss=contrastive_loss, encoder_path=encoder_path)  # fmt: skip
-    return _with_card(train_probe, card_cb, probing_args, model_args, data_args, probing_args, encoder_path, data=data)
+    card_cb = ModelCardCallback(
+        "classifier",
+        model_args=model_args,
+        data_args=data_args,
+        contrastive_loss=contrastive_loss,
+        encoder_path=encoder_path,
+    )
+    return _with_card(
+        train_probe, card_cb, probing_args, model_args, data_args, probing_args, encoder_path, data=data
+    )
 
 
 def run_stages(
@@ -475,22 +584,29 @@ def encoder_loss(encoder_path: str | None) -> str | None:
     return None
 
 
-def score_classifier(model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int,
-                     batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def score_classifier(
+    model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int = 32
+) -> tuple[np.ndarray, np.ndarray]:
     """Sigmoid scores (N, L) and multi-hot truth (N, L) of ``dataset`` (batched, no gradient)."""
     import torch
     from torch.utils.data import DataLoader
 
     from hf_mlcl.data import MultiLabelCollator
 
-    collator = MultiLabelCollator(tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=segment_multiple(model))
+    collator = MultiLabelCollator(
+        tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=segment_multiple(model)
+    )
     device = next(model.parameters()).device
     scores, truth = [], []
     model.eval()
     with torch.no_grad():
         for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
             labels = batch.pop("labels")
-            inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            inputs = {
+                k: v.to(device)
+                for k, v in batch.items()
+                if k in ("input_ids", "attention_mask", "token_type_ids")
+            }
             scores.append(torch.sigmoid(model(**inputs).logits.float()).cpu().numpy())
             truth.append(labels.to_dense().numpy() if labels.is_sparse else labels.numpy())
     return np.concatenate(scores), np.concatenate(truth) > 0.5
@@ -514,21 +630,35 @@ def require_classifier(checkpoint: str) -> None:
         )
 
 
-def write_evaluation(out: str, split: str, scores: np.ndarray, truth: np.ndarray, threshold: Any, data: RunData,
-                     dataset_name: str, plots: bool = True) -> dict[str, float]:  # fmt: skip
+def write_evaluation(
+    out: str,
+    split: str,
+    scores: np.ndarray,
+    truth: np.ndarray,
+    threshold: Any,
+    data: RunData,
+    dataset_name: str,
+    plots: bool = True,
+) -> dict[str, float]:
     """``eval_<split>.json`` (the metrics at ``threshold``, keys prefixed with the split) and, with ``plots``,
     ``plots/f1_vs_frequency_<split>.png`` into ``out``; returns the metrics."""
     from hf_mlcl.data import train_frequency
     from hf_mlcl.evaluation import compute_multilabel_metrics, per_label_f1, plot_f1_vs_frequency
 
-    metrics = {f"{split}_{k}": float(v) for k, v in compute_multilabel_metrics(truth, scores, threshold=threshold).items()}
+    metrics = {
+        f"{split}_{k}": float(v)
+        for k, v in compute_multilabel_metrics(truth, scores, threshold=threshold).items()
+    }
     os.makedirs(out, exist_ok=True)
     atomic_write_json(os.path.join(out, f"eval_{split}.json"), metrics)
     if plots and len(data.dataset["train"]):
         freq = train_frequency(data.dataset["train"], len(data.label_names))
-        plot_f1_vs_frequency(per_label_f1(truth, scores >= threshold), freq,
-                             os.path.join(out, PLOTS_DIR, f"f1_vs_frequency_{split}.png"),
-                             title=f"{dataset_name}: per-label F1 ({split})")  # fmt: skip
+        plot_f1_vs_frequency(
+            per_label_f1(truth, scores >= threshold),
+            freq,
+            os.path.join(out, PLOTS_DIR, f"f1_vs_frequency_{split}.png"),
+            title=f"{dataset_name}: per-label F1 ({split})",
+        )
     return metrics
 
 
@@ -539,12 +669,21 @@ def _evaluation_files(probe: StageResult, data_args: Any, data: RunData | None) 
         evaluate_checkpoint(probe.output_dir, data_args, split=split, data=data)
         return
     scores, truth = probe.scores[split]
-    threshold = np.asarray(probe.threshold) if isinstance(probe.threshold, np.ndarray) else float(probe.threshold)
+    threshold = (
+        np.asarray(probe.threshold) if isinstance(probe.threshold, np.ndarray) else float(probe.threshold)
+    )
     write_evaluation(probe.output_dir, split, scores, truth, threshold, data, data_args.dataset)
 
 
-def evaluate_checkpoint(checkpoint: str, data_args: Any, split: str = "test", batch_size: int = 32, plots: bool = True,
-                        output_dir: str | None = None, data: RunData | None = None) -> dict[str, float]:  # fmt: skip
+def evaluate_checkpoint(
+    checkpoint: str,
+    data_args: Any,
+    split: str = "test",
+    batch_size: int = 32,
+    plots: bool = True,
+    output_dir: str | None = None,
+    data: RunData | None = None,
+) -> dict[str, float]:
     """Score a saved classifier on ``split`` at its stored decision threshold; write ``eval_<split>.json`` and
     ``plots/f1_vs_frequency_<split>.png`` into ``output_dir`` (default: the checkpoint folder). Returns the
     metrics, keys prefixed with the split name. An encoder folder is refused before anything is loaded."""
@@ -559,15 +698,24 @@ def evaluate_checkpoint(checkpoint: str, data_args: Any, split: str = "test", ba
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     data = data if data is not None else load_run_data(data_args)
     if split not in data.dataset:
-        raise ValueError(f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}")
+        raise ValueError(
+            f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}"
+        )
     trained = [str(model.config.id2label[i]) for i in range(model.config.num_labels)]
     if trained != [str(n) for n in data.label_names]:
         raise ValueError(
             f"the checkpoint's {len(trained)} labels differ from dataset {data_args.dataset!r}'s "
             f"{len(data.label_names)} labels; evaluate on the dataset (and dataset_options) it was trained on"
         )
-    scores, truth = score_classifier(model, tokenizer, data.dataset[split], len(data.label_names),
-                                     data_args.max_length, batch_size)  # fmt: skip
+    scores, truth = score_classifier(
+        model, tokenizer, data.dataset[split], len(data.label_names), data_args.max_length, batch_size
+    )
     threshold = getattr(model.config, "decision_threshold", None)
-    threshold = 0.5 if threshold is None else (np.asarray(threshold) if isinstance(threshold, list) else float(threshold))
-    return write_evaluation(output_dir or checkpoint, split, scores, truth, threshold, data, data_args.dataset, plots)
+    threshold = (
+        0.5
+        if threshold is None
+        else (np.asarray(threshold) if isinstance(threshold, list) else float(threshold))
+    )
+    return write_evaluation(
+        output_dir or checkpoint, split, scores, truth, threshold, data, data_args.dataset, plots
+    )

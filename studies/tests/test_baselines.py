@@ -47,7 +47,9 @@ def tiny_study(monkeypatch, tmp_path):
 
     cell_io = _module("cell_io")
     rng = random.Random(0)
-    ds = DatasetDict({s: Dataset.from_dict(_split(n, rng)) for s, n in (("train", 120), ("validation", 40), ("test", 40))})
+    ds = DatasetDict(
+        {s: Dataset.from_dict(_split(n, rng)) for s, n in (("train", 120), ("validation", 40), ("test", 40))}
+    )
     data_args = type("D", (), {"data_dir": "tiny", "max_length": 32})()
 
     def study_data(study, overrides=None):
@@ -84,12 +86,22 @@ def test_tfidf_chooses_c_on_validation_and_writes_the_cell(tiny_study):
         assert m["test_macro_f1"] > 0.9 and m["test_p@1"] > 0.9, (model, m)
         by_c = result["baseline"]["validation_macro_f1_by_c"]
         assert result["baseline"]["c"] == min(float(c) for c, v in by_c.items() if v == max(by_c.values()))
-        saved = json.loads(open(os.path.join(cell_io.cell_dir("reuters21578", f"tfidf_{model}", 1), "metrics.json")).read())
-        assert (saved["loss"], saved["probe"], saved["seed"]) == ("tfidf", model, 1) and saved["wall_s"]["probe_s"] >= 0
+        saved = json.loads(
+            open(os.path.join(cell_io.cell_dir("reuters21578", f"tfidf_{model}", 1), "metrics.json")).read()
+        )
+        assert (saved["loss"], saved["probe"], saved["seed"]) == ("tfidf", model, 1) and saved["wall_s"][
+            "probe_s"
+        ] >= 0
         assert saved["process_cpu_s"] > 0
-        per_label = json.loads(open(os.path.join(cell_io.cell_dir("reuters21578", f"tfidf_{model}", 1), "per_label_f1.json")).read())
+        per_label = json.loads(
+            open(
+                os.path.join(cell_io.cell_dir("reuters21578", f"tfidf_{model}", 1), "per_label_f1.json")
+            ).read()
+        )
         assert per_label["label_names"] == ["grain", "oil", "gold"] and min(per_label["test_f1"]) > 0.8
-        assert sum(per_label["train_count"]) == sum(len(x) for x in ds["train"]["labels"])  # the tail plot's x axis
+        assert sum(per_label["train_count"]) == sum(
+            len(x) for x in ds["train"]["labels"]
+        )  # the tail plot's x axis
     assert tfidf.run_cell("reuters21578", "svm", 1, []) == {}  # a finished cell is skipped
 
 
@@ -103,14 +115,24 @@ def test_tfidf_choice_of_c_never_reads_test():
     vec = TfidfVectorizer(**tfidf.VECTORIZER)
     x_train, x_val = vec.fit_transform(train["text"]), vec.transform(val["text"])
     y_train, y_val = cell_io.multi_hot(train["labels"], 3), cell_io.multi_hot(val["labels"], 3)
-    c, clf, by_c, fit_s = tfidf.choose_c("svm", 1, x_train, y_train, x_val, y_val, start=(0.01, 1.0), limits=(1e-3, 10.0))
+    c, clf, by_c, fit_s = tfidf.choose_c(
+        "svm", 1, x_train, y_train, x_val, y_val, start=(0.01, 1.0), limits=(1e-3, 10.0)
+    )
     assert {"0.01", "1.0"} <= set(by_c) and str(c) in by_c and fit_s > 0
-    assert by_c[str(c)] == max(by_c.values()) and tfidf.next_c({float(k): v for k, v in by_c.items()}, (1e-3, 10.0)) is None
+    assert (
+        by_c[str(c)] == max(by_c.values())
+        and tfidf.next_c({float(k): v for k, v in by_c.items()}, (1e-3, 10.0)) is None
+    )
     scores = tfidf.label_scores(clf, x_val)
     assert scores.shape == (30, 3) and np.all((scores > 0) & (scores < 1))  # margins through a sigmoid
     # the logistic model's primal solver draws no random numbers: another seed gives the same scores
-    lr = [tfidf.label_scores(tfidf.classifier("logreg", 1.0, seed).fit(x_train, y_train), x_val) for seed in (1, 2)]
-    assert np.allclose(*lr, rtol=0, atol=1e-12)  # (a liblinear fit can differ in its last bit after another one)
+    lr = [
+        tfidf.label_scores(tfidf.classifier("logreg", 1.0, seed).fit(x_train, y_train), x_val)
+        for seed in (1, 2)
+    ]
+    assert np.allclose(
+        *lr, rtol=0, atol=1e-12
+    )  # (a liblinear fit can differ in its last bit after another one)
     again = tfidf.classifier("svm", c, 1).fit(x_train, y_train)  # the SVM's order of texts: fixed by the seed
     assert np.allclose(tfidf.label_scores(again, x_val), scores, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="--model must be one of logreg, svm"):
@@ -151,7 +173,9 @@ def test_setfit_cell_trains_the_pairs_then_the_head(tiny_study, tmp_path, bert_t
     assert 0.0 <= m["test_macro_f1"] <= 1.0 and 0.01 <= m["threshold"] <= 0.99
     # seconds to 0.1 s: the tiny head's fit can take less than that on a quiet machine
     assert result["wall_s"]["stage1_s"] > 0 and result["wall_s"]["probe_s"] >= 0
-    assert os.path.isfile(os.path.join(cell_io.cell_dir("goemotions_full", "setfit_logistic", 1), "metrics.json"))
+    assert os.path.isfile(
+        os.path.join(cell_io.cell_dir("goemotions_full", "setfit_logistic", 1), "metrics.json")
+    )
 
 
 @pytest.fixture()
@@ -164,8 +188,15 @@ def bert_tiny_st(tmp_path):
 
     rng = random.Random(0)
     tok = train_tokenizer(_split(200, rng)["text"], vocab_size=120, style="bert")
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=64, pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+    )
     hf = tmp_path / "bert"
     BertModel(cfg).save_pretrained(hf)
     tok.save_pretrained(hf)
@@ -202,8 +233,13 @@ def test_epoch_test_scores_validation_and_test_after_each_epoch(tmp_path):
     path = tmp_path / "epoch_test.jsonl"
     cb = epoch_test.EpochTestCallback(val, test, 3, 32, str(path), batch_size=7)
     for epoch in (1.0, 2.0, 2.0):
-        cb.on_epoch_end(None, SimpleNamespace(epoch=epoch, global_step=int(epoch * 10), is_world_process_zero=True),
-                        None, model=model, processing_class=tok)  # fmt: skip
+        cb.on_epoch_end(
+            None,
+            SimpleNamespace(epoch=epoch, global_step=int(epoch * 10), is_world_process_zero=True),
+            None,
+            model=model,
+            processing_class=tok,
+        )
     assert model.training
     records = epoch_test.read_epoch_tests(str(path))
     assert [r["epoch"] for r in records] == [1.0, 2.0] and len(path.read_text().splitlines()) == 3

@@ -73,10 +73,13 @@ def brute_force(rows, batch, queue, k_min):
     total = sum(counts.values())
     return {
         "relations": {r: c / total for r, c in counts.items()},
-        "pos_all": pos_all / labelled, "pos_any": pos_any / labelled,
-        "wasted_all": wasted_all / labelled, "wasted_any": wasted_any / labelled,
-        "gate": gate / labelled, "pairs_wasted": pairs_wasted / pairs,
-    }  # fmt: skip
+        "pos_all": pos_all / labelled,
+        "pos_any": pos_any / labelled,
+        "wasted_all": wasted_all / labelled,
+        "wasted_any": wasted_any / labelled,
+        "gate": gate / labelled,
+        "pairs_wasted": pairs_wasted / pairs,
+    }
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -84,10 +87,18 @@ def brute_force(rows, batch, queue, k_min):
 def test_report_matches_brute_force_count(seed, queue):
     n, num_labels, batch, k_min = 40, 7, 12, 4
     rows = random_labels(n, num_labels, seed)
-    rep = inspect_labels(rows, num_labels, batch_size=batch, queue_size=queue, n_batches=1, k_min=k_min, seed=seed,
-                         queue_grid=(0, 8))  # fmt: skip
+    rep = inspect_labels(
+        rows,
+        num_labels,
+        batch_size=batch,
+        queue_size=queue,
+        n_batches=1,
+        k_min=k_min,
+        seed=seed,
+        queue_grid=(0, 8),
+    )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()  # the report's sampling
-    want = brute_force(rows, order[:batch], order[n - queue:] if queue else [], k_min)
+    want = brute_force(rows, order[:batch], order[n - queue :] if queue else [], k_min)
     got = rep["at_queue_size"]
     assert got["queue_size"] == queue
     for r, share in want["relations"].items():
@@ -106,7 +117,10 @@ def test_label_summary_and_recommendation():
     rep = inspect_labels(rows, 5, batch_size=8, n_batches=5, k_min=2, queue_grid=(0, 16, 40))
     assert rep["cardinality"]["mean"] == pytest.approx(sum(map(len, rows)) / len(rows))
     assert rep["label_sets"] == {"distinct": 6, "unique_sample_share": pytest.approx(1 / 61)}
-    assert rep["label_frequency"]["sorted_counts"][:2] == [30, 30] and rep["label_frequency"]["labels_never_seen"] == 1
+    assert (
+        rep["label_frequency"]["sorted_counts"][:2] == [30, 30]
+        and rep["label_frequency"]["labels_never_seen"] == 1
+    )
     assert [s["queue_size"] for s in rep["queue_sweep"]] == [0, 16, 40]
     assert rep["recommendation"]["queue_size"] in (16, 40)
     with pytest.raises(ValueError, match="outside"):
@@ -119,15 +133,22 @@ def test_report_counts_the_wasted_anchors_with_the_positives_sampler():
     from hf_mlcl.data.sampler import PositiveEnsuredSampler
 
     g = torch.Generator().manual_seed(0)
-    rows = [sorted(set(torch.randint(0, 6, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g).tolist()))
-            for _ in range(200)]  # fmt: skip
+    rows = [
+        sorted(set(torch.randint(0, 6, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g).tolist()))
+        for _ in range(200)
+    ]
     rep = inspect_labels(rows, 6, batch_size=8, n_batches=20, queue_grid=(0,))
     got = rep["wasted_anchors_with_positives_sampler"]
-    for loss, rule, same in (("all", "same_label_set", lambda a, b: a == b),
-                             ("any", "shared_label", lambda a, b: bool(set(a) & set(b)))):  # fmt: skip
+    for loss, rule, same in (
+        ("all", "same_label_set", lambda a, b: a == b),
+        ("any", "shared_label", lambda a, b: bool(set(a) & set(b))),
+    ):
         order = PositiveEnsuredSampler(rows, 8, rule, seed=0).order()
-        wasted = sum(not any(same(rows[i], rows[j]) for j in order[b * 8 : b * 8 + 8] if j != i)
-                     for b in range(20) for i in order[b * 8 : b * 8 + 8])  # fmt: skip
+        wasted = sum(
+            not any(same(rows[i], rows[j]) for j in order[b * 8 : b * 8 + 8] if j != i)
+            for b in range(20)
+            for i in order[b * 8 : b * 8 + 8]
+        )
         assert got[loss] == pytest.approx(wasted / 160)
         assert got[loss] < rep["at_queue_size"]["wasted_anchors"][loss] / 3
     assert "batch_sampler=positives" in format_report(rep)
@@ -157,8 +178,22 @@ def test_pair_statistics_excludes_self_and_counts_empty_candidates_as_r1():
 
 def test_cli_inspect_writes_table_json_and_plots(tmp_path, capsys):
     out = tmp_path / "insp"
-    rc = main(["inspect", "synthetic", "--option", "num_train=120", "--option", "num_labels=12", "--batch-size", "8",
-               "--batches", "3", "--output-dir", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "inspect",
+            "synthetic",
+            "--option",
+            "num_train=120",
+            "--option",
+            "num_labels=12",
+            "--batch-size",
+            "8",
+            "--batches",
+            "3",
+            "--output-dir",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| all |" in printed and "recommended queue size" in printed

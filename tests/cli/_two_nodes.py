@@ -30,8 +30,11 @@ def free_port() -> int:
     """A free port below the kernel's ephemeral range. The port is closed again before the launchers bind it,
     and a port the kernel handed out (port 0) could be taken meanwhile by any outgoing connection, e.g. a
     concurrent run's gloo socket; ports outside that range are only ever taken by name."""
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]) if os.path.exists(
-        "/proc/sys/net/ipv4/ip_local_port_range") else 32768  # fmt: skip
+    low = (
+        int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        if os.path.exists("/proc/sys/net/ipv4/ip_local_port_range")
+        else 32768
+    )
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), low)
@@ -58,9 +61,26 @@ class Node:
 def node_command(rank: int, port: int, cli_args: list[str], launch_flags: tuple[str, ...] = ()) -> list[str]:
     """``accelerate launch`` of ``hf_mlcl.cli`` as machine ``rank`` of two, one process each
     (``launch_flags``: more ``accelerate launch`` options)."""
-    return [ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_machines", "2", "--machine_rank", str(rank),
-            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--num_processes", "2",
-            *launch_flags, "-m", "hf_mlcl.cli", *cli_args]  # fmt: skip
+    return [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        CPU_CONFIG,
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        str(rank),
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+        "--num_processes",
+        "2",
+        *launch_flags,
+        "-m",
+        "hf_mlcl.cli",
+        *cli_args,
+    ]
 
 
 def launch_two_nodes(
@@ -79,8 +99,17 @@ def launch_two_nodes(
         out = open(os.path.join(logs, f"node{rank}.out"), "w+")
         err = open(os.path.join(logs, f"node{rank}.err"), "w+")
         files.append((out, err))
-        procs.append(subprocess.Popen(node_command(rank, port, cli_args, launch_flags), cwd=cwd, env=env, stdout=out, stderr=err,
-                                      start_new_session=True, umask=NODE_UMASKS[rank]))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                node_command(rank, port, cli_args, launch_flags),
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                umask=NODE_UMASKS[rank],
+            )
+        )
     ended: list[float | None] = [None, None]
     while None in ended and time.monotonic() - start < timeout:
         for rank, proc in enumerate(procs):
@@ -96,7 +125,9 @@ def launch_two_nodes(
         out.seek(0)
         err.seek(0)
         seconds = ended[rank] if ended[rank] is not None else time.monotonic() - start
-        nodes.append(Node(rank, proc.returncode if ended[rank] is not None else None, out.read(), err.read(), seconds))
+        nodes.append(
+            Node(rank, proc.returncode if ended[rank] is not None else None, out.read(), err.read(), seconds)
+        )
         out.close()
         err.close()
     return nodes
@@ -104,4 +135,6 @@ def launch_two_nodes(
 
 def describe(nodes: list[Node], tail: int = 3000) -> str:
     """Both nodes' status and the end of their stderr, for an assertion message."""
-    return "\n".join(f"--- node {n.rank}: exit {n.returncode} after {n.seconds:.1f} s\n{n.stderr[-tail:]}" for n in nodes)
+    return "\n".join(
+        f"--- node {n.rank}: exit {n.returncode} after {n.seconds:.1f} s\n{n.stderr[-tail:]}" for n in nodes
+    )

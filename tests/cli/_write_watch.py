@@ -39,7 +39,9 @@ class WriteWatch:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
         self._folders: dict[int, str] = {}
         self._writes: Counter[str] = Counter()
-        self._scanned: set[str] = set()  # counted by a scan; their event, if it still comes, is the same write
+        self._scanned: set[str] = (
+            set()
+        )  # counted by a scan; their event, if it still comes, is the same write
         self.overflow = False  # the kernel queue overflowed: counts are incomplete
         self._stop = threading.Event()
         self._watch_tree(self.root, count=None)
@@ -50,7 +52,9 @@ class WriteWatch:
         """Watch ``path`` and its sub-folders; ``count``: None (files there before the run), "scanned" (a
         new folder: files may still be written) or "moved" (a folder moved into place: files are done)."""
         for folder, _, files in os.walk(path):
-            wd = self._libc.inotify_add_watch(self._fd, os.fsencode(folder), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
+            wd = self._libc.inotify_add_watch(
+                self._fd, os.fsencode(folder), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+            )
             if wd >= 0:
                 self._folders[wd] = folder
             for name in files if count else ():

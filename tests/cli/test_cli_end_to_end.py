@@ -22,8 +22,22 @@ TINY_DATA = json.dumps(
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("run"))
-    rc = main(["run", RECIPE, "--output_dir", out, "--max_steps", "3", "--dataset_options", TINY_DATA,
-               "--probe.learning_rate", "5.0e-2", "--disable_tqdm", "true"])
+    rc = main(
+        [
+            "run",
+            RECIPE,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "3",
+            "--dataset_options",
+            TINY_DATA,
+            "--probe.learning_rate",
+            "5.0e-2",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -31,7 +45,14 @@ def run_dir(tmp_path_factory):
 def test_run_writes_both_stages_cards_metrics_and_plots(run_dir):
     enc, clf = os.path.join(run_dir, "encoder"), os.path.join(run_dir, "classifier")
     for folder in (enc, clf):
-        for name in ("config.json", "model.safetensors", "tokenizer.json", "README.md", "card_data.json", "metrics.json"):
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "README.md",
+            "card_data.json",
+            "metrics.json",
+        ):
             assert os.path.isfile(os.path.join(folder, name)), (folder, name)
     assert os.path.isfile(os.path.join(clf, "plots", "f1_vs_frequency_test.png"))
     results = json.load(open(os.path.join(run_dir, "results.json")))
@@ -54,15 +75,28 @@ def test_run_writes_both_stages_cards_metrics_and_plots(run_dir):
 def test_classifier_loads_in_a_pipeline_with_remote_code(run_dir):
     from transformers import pipeline
 
-    clf = pipeline("text-classification", model=os.path.join(run_dir, "classifier"), trust_remote_code=True, top_k=None)
+    clf = pipeline(
+        "text-classification", model=os.path.join(run_dir, "classifier"), trust_remote_code=True, top_k=None
+    )
     out = clf("the patient was admitted with chest pain")
     scores = out[0] if isinstance(out[0], list) else out
     assert len(scores) == 6 and all(0.0 <= s["score"] <= 1.0 for s in scores)
 
 
 def test_evaluate_command_on_the_validation_split(run_dir, tmp_path, capsys):
-    rc = main(["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--split", "validation",
-               "--dataset_options", TINY_DATA, "--output-dir", str(tmp_path)])
+    rc = main(
+        [
+            "evaluate",
+            os.path.join(run_dir, "classifier"),
+            RECIPE,
+            "--split",
+            "validation",
+            "--dataset_options",
+            TINY_DATA,
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     metrics = json.load(open(tmp_path / "eval_validation.json"))
     assert {"validation_micro_f1", "validation_macro_f1", "validation_p@1"} <= set(metrics)
@@ -81,7 +115,9 @@ def test_evaluate_without_a_recipe_reads_the_data_arguments_from_the_checkpoint(
 
 def test_evaluate_refuses_a_different_label_space(run_dir, capsys):
     other = json.dumps({**json.loads(TINY_DATA), "num_labels": 7})
-    rc = main(["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--dataset_options", other, "--no-plots"])
+    rc = main(
+        ["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--dataset_options", other, "--no-plots"]
+    )
     assert rc == 2 and "labels differ" in capsys.readouterr().err
 
 
@@ -114,16 +150,37 @@ def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
     assert main(["push", clf, "--repo-id", "me/tiny", "--private"]) == 0
     assert calls["create_repo"]["repo_id"] == "me/tiny" and calls["create_repo"]["private"] is True
     operations = {op.path_in_repo: op for op in calls["create_commit"]["operations"]}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "metrics.json",
-            "modeling_mlcl.py", "plots/f1_vs_frequency_test.png"} <= set(operations)
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "README.md",
+        "metrics.json",
+        "modeling_mlcl.py",
+        "plots/f1_vs_frequency_test.png",
+    } <= set(operations)
     assert "training_args.bin" not in operations
     assert b'model="me/tiny"' in operations["README.md"].path_or_fileobj  # the card names the repo it goes to
     assert "pushed" in capsys.readouterr().out
 
 
 def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
-    rc = main(["probe", RECIPE, "--encoder-path", os.path.join(run_dir, "encoder"), "--output_dir", str(tmp_path),
-               "--max_steps", "2", "--dataset_options", TINY_DATA, "--disable_tqdm", "true"])
+    rc = main(
+        [
+            "probe",
+            RECIPE,
+            "--encoder-path",
+            os.path.join(run_dir, "encoder"),
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            "2",
+            "--dataset_options",
+            TINY_DATA,
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert rc == 0
     card = json.load(open(tmp_path / "card_data.json"))
     assert card["kind"] == "classifier" and card["contrastive_loss"] == "similarity_dissimilarity"
@@ -146,8 +203,14 @@ def test_bad_input_exits_2_with_the_reason(argv, message, capsys):
 def test_module_entry_point_for_accelerate_launch(capsys):
     """`accelerate launch -m hf_mlcl.cli ...` runs the module: it must parse and dispatch as the script."""
     env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-m", "hf_mlcl.cli", "run", "--help"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hf_mlcl.cli", "run", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 0 and "--push_to" in out.stdout
     from hf_mlcl.cli import main  # the same parser in this process: an unknown command is a usage error
 
@@ -159,13 +222,32 @@ def test_module_entry_point_for_accelerate_launch(capsys):
 def test_demo_with_tiny_sizes(tmp_path, capsys):
     from hf_mlcl.demo import run_demo
 
-    result = run_demo(output_dir=str(tmp_path), losses=["sd"], epochs=1, probe_epochs=1, max_length=32,
-                      synthetic_options={"num_labels": 6, "num_train": 96, "num_validation": 32, "num_test": 32,
-                                         "min_words": 8, "max_words": 20})
+    result = run_demo(
+        output_dir=str(tmp_path),
+        losses=["sd"],
+        epochs=1,
+        probe_epochs=1,
+        max_length=32,
+        synthetic_options={
+            "num_labels": 6,
+            "num_train": 96,
+            "num_validation": 32,
+            "num_test": 32,
+            "min_words": 8,
+            "max_words": 20,
+        },
+    )
     assert [r["method"] for r in result["rows"]] == ["sd", "bce (fine-tuned)"]
-    for name in ("results.md", "results.json", "plots/f1_vs_frequency.png", "plots/embeddings_sd.png",
-                 "tokenizer/tokenizer.json", "sd/encoder/README.md", "sd/classifier/README.md",
-                 "bce/classifier/README.md"):
+    for name in (
+        "results.md",
+        "results.json",
+        "plots/f1_vs_frequency.png",
+        "plots/embeddings_sd.png",
+        "tokenizer/tokenizer.json",
+        "sd/encoder/README.md",
+        "sd/classifier/README.md",
+        "bce/classifier/README.md",
+    ):
         assert (tmp_path / name).is_file(), name
     printed = capsys.readouterr().out
     assert "| method | micro_f1 | macro_f1 | p@1 | p@5 | silhouette |" in printed and "| sd |" in printed

@@ -58,18 +58,47 @@ probe:
 # what every launch adds on the command line (the CPU flag, quiet logs)
 # keep_checkpoints: these tests look into stage 1's checkpoints (who wrote them, complete on which node) after
 # the run, which drops them once a stage has finished unless asked to keep them
-COMMON = ["--use_cpu", "true", "--disable_tqdm", "true", "--report_to", "none", "--keep_checkpoints", "true",
-          "--no_plots"]  # fmt: skip
-MODEL_FILES = {"config.json", "configuration_mlcl.py", "modeling_mlcl.py",
-               "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training_args.bin"}  # fmt: skip
+COMMON = [
+    "--use_cpu",
+    "true",
+    "--disable_tqdm",
+    "true",
+    "--report_to",
+    "none",
+    "--keep_checkpoints",
+    "true",
+    "--no_plots",
+]
+MODEL_FILES = {
+    "config.json",
+    "configuration_mlcl.py",
+    "modeling_mlcl.py",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "training_args.bin",
+}
 STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}
 # stage 1's encoder, a sentence-transformers folder (hf_mlcl.modeling.native)
 ENCODER_FILES = (STAGE_FILES - {"configuration_mlcl.py", "modeling_mlcl.py", "training_args.bin"}) | {
-    "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "mlcl_config.json",
-    "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors", "3_Dense/config.json",
-    "3_Dense/model.safetensors"}
-CHECKPOINT_FILES = MODEL_FILES | {"trainer_state.json", "optimizer.pt", "scheduler.pt", "mlcl_trainer_state.safetensors",
-                                  "rng_state_0.pth", "rng_state_1.pth"}  # fmt: skip
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "mlcl_config.json",
+    "1_Pooling/config.json",
+    "2_Dense/config.json",
+    "2_Dense/model.safetensors",
+    "3_Dense/config.json",
+    "3_Dense/model.safetensors",
+}
+CHECKPOINT_FILES = MODEL_FILES | {
+    "trainer_state.json",
+    "optimizer.pt",
+    "scheduler.pt",
+    "mlcl_trainer_state.safetensors",
+    "rng_state_0.pth",
+    "rng_state_1.pth",
+}
 NODE_TIMEOUT = 240  # seconds for both nodes of one launch; a run takes about 40 s on two busy cores
 
 
@@ -77,7 +106,9 @@ def _write_data(folder: str, n: int = 80) -> None:
     """A CSV of ``n`` rows (text, labels joined by ';') with no validation file: the run carves one."""
     from hf_mlcl.data import make_synthetic_corpus
 
-    ds = make_synthetic_corpus(num_labels=6, num_train=n, num_validation=8, num_test=8, min_words=8, max_words=20)
+    ds = make_synthetic_corpus(
+        num_labels=6, num_train=n, num_validation=8, num_test=8, min_words=8, max_words=20
+    )
     names = ds["train"].features["labels"].feature.names
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "data.csv"), "w", newline="", encoding="utf-8") as fh:
@@ -106,7 +137,9 @@ def _logged_losses(stage_folder: str) -> list[float]:
 
 def _expected_run_files(features: int = 2) -> set[str]:
     files = {"data.csv", "recipe.yaml", "out/results.json"}
-    files |= {f"out/encoder/{f}" for f in ENCODER_FILES} | {f"out/classifier/{f}" for f in STAGE_FILES | {"thresholds.json"}}
+    files |= {f"out/encoder/{f}" for f in ENCODER_FILES} | {
+        f"out/classifier/{f}" for f in STAGE_FILES | {"thresholds.json"}
+    }
     files |= {f"out/encoder/checkpoint-{s}/{f}" for s in (1, 2) for f in CHECKPOINT_FILES}
     return files | {f"features/{i}" for i in range(features)}  # feature files are named by their key
 
@@ -125,8 +158,12 @@ def test_two_nodes_write_a_shared_folder_once_and_match_one_process(tmp_path):
         watch = WriteWatch(shared)
     except OSError as err:  # not Linux
         pytest.skip(f"inotify is not available here: {err}")
-    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (shared, shared),
-                             NODE_TIMEOUT, str(tmp_path / "logs"))  # fmt: skip
+    nodes = launch_two_nodes(
+        ["run", "recipe.yaml", "--output_dir", "out", *COMMON],
+        (shared, shared),
+        NODE_TIMEOUT,
+        str(tmp_path / "logs"),
+    )
     writes = watch.stop()
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
     assert not watch.overflow
@@ -134,7 +171,11 @@ def test_two_nodes_write_a_shared_folder_once_and_match_one_process(tmp_path):
     assert nodes[0].stdout.count("| out |") == 1 and "| out |" not in nodes[1].stdout, nodes[0].stdout[-2000:]
     found = {os.path.relpath(p, shared) for p in writes}
     assert found == _with_feature_names(_expected_run_files(), found)
-    written = {os.path.relpath(p, shared): n for p, n in writes.items() if not p.endswith(("data.csv", "recipe.yaml"))}
+    written = {
+        os.path.relpath(p, shared): n
+        for p, n in writes.items()
+        if not p.endswith(("data.csv", "recipe.yaml"))
+    }
     assert {f: n for f, n in written.items() if n != 1} == {}, "written more than once (or never)"
     # every file but rank 1's own RNG state comes from node 0 (node 1's umask would leave it group-writable)
     node1_mode = 0o666 & ~NODE_UMASKS[1]
@@ -150,9 +191,24 @@ def test_two_nodes_write_a_shared_folder_once_and_match_one_process(tmp_path):
     from hf_mlcl.cli import main
 
     one = str(tmp_path / "one")
-    assert main(["train", os.path.join(shared, "recipe.yaml"), "--dataset", os.path.join(shared, "data.csv"),
-                 "--output_dir", one, "--per_device_train_batch_size", "16", "--save_strategy", "no",
-                 *COMMON[:-1]]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                os.path.join(shared, "recipe.yaml"),
+                "--dataset",
+                os.path.join(shared, "data.csv"),
+                "--output_dir",
+                one,
+                "--per_device_train_batch_size",
+                "16",
+                "--save_strategy",
+                "no",
+                *COMMON[:-1],
+            ]
+        )
+        == 0
+    )
     two_losses = _logged_losses(os.path.join(shared, "out", "encoder"))
     assert len(two_losses) == 2
     assert two_losses == pytest.approx(_logged_losses(one), rel=1e-5)
@@ -163,7 +219,9 @@ def _assert_both_stop_naming(nodes, cause: str) -> None:
     main node printed it too, naming the process that failed."""
     assert all(n.returncode not in (None, 0) for n in nodes), describe(nodes)
     assert f"hf-mlcl run: error: {cause}" in nodes[1].stderr, describe(nodes)
-    assert f"hf-mlcl run: error: process 1 (machine_rank 1) failed: {cause}" in nodes[0].stderr, describe(nodes)
+    assert f"hf-mlcl run: error: process 1 (machine_rank 1) failed: {cause}" in nodes[0].stderr, describe(
+        nodes
+    )
 
 
 @pytest.mark.slow  # the fast version: tests/training/test_training_launch_failures.py
@@ -174,8 +232,12 @@ def test_a_data_file_missing_on_one_node_stops_both_naming_it(tmp_path):
     os.makedirs(other)
     with open(os.path.join(other, "recipe.yaml"), "w", encoding="utf-8") as fh:
         fh.write(RECIPE)  # the same recipe, but this node has no data.csv
-    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (main_node, other),
-                             NODE_TIMEOUT, str(tmp_path / "logs"))  # fmt: skip
+    nodes = launch_two_nodes(
+        ["run", "recipe.yaml", "--output_dir", "out", *COMMON],
+        (main_node, other),
+        NODE_TIMEOUT,
+        str(tmp_path / "logs"),
+    )
     _assert_both_stop_naming(nodes, "data file 'data.csv' does not exist")
     assert abs(nodes[0].seconds - nodes[1].seconds) < 30, describe(nodes)  # the main node did not wait it out
     assert not os.path.exists(os.path.join(main_node, "out", "encoder", "model.safetensors"))
@@ -189,8 +251,12 @@ def test_a_recipe_missing_on_one_node_stops_both_before_the_process_group_forms(
     main_node = _workspace(tmp_path, "node0")
     other = str(tmp_path / "node1")
     _write_data(other)  # the data, but no recipe
-    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (main_node, other),
-                             NODE_TIMEOUT, str(tmp_path / "logs"))  # fmt: skip
+    nodes = launch_two_nodes(
+        ["run", "recipe.yaml", "--output_dir", "out", *COMMON],
+        (main_node, other),
+        NODE_TIMEOUT,
+        str(tmp_path / "logs"),
+    )
     _assert_both_stop_naming(nodes, f"recipe file not found: {os.path.join(other, 'recipe.yaml')}")
     assert abs(nodes[0].seconds - nodes[1].seconds) < 30, describe(nodes)
 
@@ -242,7 +308,11 @@ def test_two_nodes_with_node_local_folders_each_hold_the_run_and_resume_together
     # the run's results table is the main node's: node 1 holds what it needs to resume, not results.json
     assert found[1] == expected - {f for f in rng if f.endswith("_0.pth")} - {"out/results.json"}
     for folder, counts in zip(folders, writes):
-        again = {os.path.relpath(p, folder): n for p, n in counts.items() if n != 1 and not p.endswith((".csv", ".yaml"))}
+        again = {
+            os.path.relpath(p, folder): n
+            for p, n in counts.items()
+            if n != 1 and not p.endswith((".csv", ".yaml"))
+        }
         assert again == {}, f"written more than once (or never) in {folder}"
     for name in sorted(found[1]):  # the same weights and frozen features on both nodes
         if name.endswith(".safetensors"):
@@ -253,7 +323,9 @@ def test_two_nodes_with_node_local_folders_each_hold_the_run_and_resume_together
     # both nodes killed in stage 1, node 1 in the middle of saving checkpoint-2
     _interrupt_stage_1(os.path.join(folders[0], "out"), None)
     _interrupt_stage_1(os.path.join(folders[1], "out"), 2)
-    nodes = launch_two_nodes([*args, "--resume_from_checkpoint", "true"], folders, NODE_TIMEOUT, str(tmp_path / "logs2"))
+    nodes = launch_two_nodes(
+        [*args, "--resume_from_checkpoint", "true"], folders, NODE_TIMEOUT, str(tmp_path / "logs2")
+    )
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
     for folder in folders:
         encoder = os.path.join(folder, "out", "encoder")
@@ -278,17 +350,38 @@ def test_two_nodes_resume_in_a_shared_folder_and_match_one_node_of_two_processes
     encoder = os.path.join(shared, "out", "encoder")
     losses = _logged_losses(encoder)
     _interrupt_stage_1(os.path.join(shared, "out"), 2)
-    nodes = launch_two_nodes([*args, "--resume_from_checkpoint", "true"], (shared, shared), NODE_TIMEOUT,
-                             str(tmp_path / "logs2"))  # fmt: skip
+    nodes = launch_two_nodes(
+        [*args, "--resume_from_checkpoint", "true"], (shared, shared), NODE_TIMEOUT, str(tmp_path / "logs2")
+    )
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
     assert is_complete_checkpoint(os.path.join(encoder, "checkpoint-2"))
     assert _logged_losses(encoder) == pytest.approx(losses, rel=1e-5)
     assert os.path.isfile(os.path.join(shared, "out", "classifier", "model.safetensors"))
     # one node, two processes (the cpu.yaml launch the README shows)
-    one_node = run_launch([ACCELERATE, "launch", "--config_file", CPU_CONFIG, "--num_processes", "2",
-                           "--main_process_port", str(free_port()), "-m", "hf_mlcl.cli", "train", "recipe.yaml",
-                           "--output_dir", "one_node", "--save_strategy", "no", *COMMON[:-1]],
-                          cwd=str(shared), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=NODE_TIMEOUT)  # fmt: skip
+    one_node = run_launch(
+        [
+            ACCELERATE,
+            "launch",
+            "--config_file",
+            CPU_CONFIG,
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(free_port()),
+            "-m",
+            "hf_mlcl.cli",
+            "train",
+            "recipe.yaml",
+            "--output_dir",
+            "one_node",
+            "--save_strategy",
+            "no",
+            *COMMON[:-1],
+        ],
+        cwd=str(shared),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=NODE_TIMEOUT,
+    )
     assert one_node.returncode == 0, one_node.stderr[-3000:]
     assert _logged_losses(os.path.join(shared, "one_node")) == pytest.approx(losses, rel=1e-5)
 
@@ -299,8 +392,13 @@ def test_accelerate_launch_cpu_on_two_machines_stops_instead_of_training_twice(t
     """`accelerate launch --cpu` starts each machine's process alone (no torchrun, no process group): without
     the check both would train their own model into the shared folder and exit 0."""
     shared = _workspace(tmp_path, "shared")
-    nodes = launch_two_nodes(["run", "recipe.yaml", "--output_dir", "out", *COMMON], (shared, shared), NODE_TIMEOUT,
-                             str(tmp_path / "logs"), launch_flags=("--cpu",))  # fmt: skip
+    nodes = launch_two_nodes(
+        ["run", "recipe.yaml", "--output_dir", "out", *COMMON],
+        (shared, shared),
+        NODE_TIMEOUT,
+        str(tmp_path / "logs"),
+        launch_flags=("--cpu",),
+    )
     assert all(n.returncode not in (None, 0) for n in nodes), describe(nodes)
     for node in nodes:
         assert "accelerate launch started this process on its own" in node.stderr, describe(nodes)

@@ -22,11 +22,36 @@ TINY_DATA = json.dumps(
     {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
 )
 # the tiny recipe's BERT without dropout: 1 and 2 processes draw different dropout masks
-BACKBONE = json.dumps({"model_type": "bert", "vocab_size": 500, "hidden_size": 32, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64,
-                       "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})  # fmt: skip
-COMMON = ["--dataset_options", TINY_DATA, "--backbone_config", BACKBONE, "--max_steps", "2", "--logging_steps", "1",
-          "--train_sampling_strategy", "sequential", "--disable_tqdm", "true", "--use_cpu", "true", "--no-plots"]  # fmt: skip
+BACKBONE = json.dumps(
+    {
+        "model_type": "bert",
+        "vocab_size": 500,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+)
+COMMON = [
+    "--dataset_options",
+    TINY_DATA,
+    "--backbone_config",
+    BACKBONE,
+    "--max_steps",
+    "2",
+    "--logging_steps",
+    "1",
+    "--train_sampling_strategy",
+    "sequential",
+    "--disable_tqdm",
+    "true",
+    "--use_cpu",
+    "true",
+    "--no-plots",
+]
 
 
 def _port() -> int:
@@ -38,8 +63,19 @@ def _port() -> int:
 def _launch(config: str, args: list[str], timeout: int = 400) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", config),
-           "--num_processes", "2", "--main_process_port", str(_port()), "-m", "hf_mlcl.cli", *args]  # fmt: skip
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        os.path.join(ROOT, "recipes", "accelerate", config),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(_port()),
+        "-m",
+        "hf_mlcl.cli",
+        *args,
+    ]
     return run_launch(cmd, env=env, timeout=timeout, cwd=ROOT)
 
 
@@ -51,8 +87,20 @@ def _logged_losses(folder: str) -> list[float]:
 @pytest.mark.timeout(600)
 def test_two_process_run_saves_once_and_matches_one_process(tmp_path):
     two, one = str(tmp_path / "two"), str(tmp_path / "one")
-    proc = _launch("cpu.yaml", ["run", RECIPE, "--output_dir", two, "--contrastive.per_device_train_batch_size", "16",
-                                "--probe.per_device_train_batch_size", "16", *COMMON])  # fmt: skip
+    proc = _launch(
+        "cpu.yaml",
+        [
+            "run",
+            RECIPE,
+            "--output_dir",
+            two,
+            "--contrastive.per_device_train_batch_size",
+            "16",
+            "--probe.per_device_train_batch_size",
+            "16",
+            *COMMON,
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
     # quiet by default: none of the notices the library used to cause, on either process
@@ -83,9 +131,20 @@ def test_multi_gpu_config_on_a_cpu_machine_names_the_missing_flag(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the multi-GPU config is valid here")
-    args = ["train", RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_options", TINY_DATA, "--max_steps", "1"]
+    args = [
+        "train",
+        RECIPE,
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--dataset_options",
+        TINY_DATA,
+        "--max_steps",
+        "1",
+    ]
     proc = _launch("multi_gpu.yaml", args, timeout=280)
     assert proc.returncode != 0
     assert "--use_cpu true" in proc.stderr and "without a GPU" in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.count("hf-mlcl train: error:") == 1, proc.stderr[-3000:]  # said once, by the main process
+    assert proc.stderr.count("hf-mlcl train: error:") == 1, proc.stderr[
+        -3000:
+    ]  # said once, by the main process
     assert not os.path.exists(tmp_path / "out" / "model.safetensors")

@@ -18,7 +18,11 @@ from hf_mlcl.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
-TOPICS = {"sports": "goal match team score", "politics": "vote law party senate", "science": "atom cell gene lab"}
+TOPICS = {
+    "sports": "goal match team score",
+    "politics": "vote law party senate",
+    "science": "atom cell gene lab",
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +41,21 @@ def finished_run(tmp_path_factory):
     before = os.getcwd()
     os.chdir(home)
     try:
-        rc = main(["run", RECIPE, "--dataset", "my_data.csv", "--output_dir", "out", "--max_steps", "2",
-                   "--disable_tqdm", "true", "--no_plots"])  # fmt: skip
+        rc = main(
+            [
+                "run",
+                RECIPE,
+                "--dataset",
+                "my_data.csv",
+                "--output_dir",
+                "out",
+                "--max_steps",
+                "2",
+                "--disable_tqdm",
+                "true",
+                "--no_plots",
+            ]
+        )
     finally:
         os.chdir(before)
     assert rc == 0
@@ -62,8 +79,15 @@ def test_the_cards_how_to_use_code_runs_verbatim_without_a_prompt(finished_run, 
     assert "SentenceTransformer(" in blocks[-1] and "trust_remote_code" not in blocks[-1]  # a native encoder
     script = "\n\n".join(blocks) + "\nprint('HOW-TO-USE-RAN', labels, embeddings.shape)\n"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=finished_run, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=finished_run,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert "Do you wish to run the custom code" not in proc.stdout + proc.stderr
     assert proc.returncode == 0 and "HOW-TO-USE-RAN" in proc.stdout, proc.stderr[-3000:]
 
@@ -80,4 +104,6 @@ def test_evaluate_from_another_directory_finds_the_runs_own_data(finished_run, t
     card = json.load(open(finished_run / "out" / "classifier" / "card_data.json"))
     assert card["dataset"] == "my_data.csv" and card["local_data"] == {"dataset": "../../my_data.csv"}
     meta = (finished_run / "out" / "classifier" / "README.md").read_text(encoding="utf-8").split("---", 2)[1]
-    assert "name: my_data.csv" in meta and "../" not in meta and str(finished_run) not in meta  # the file's name only
+    assert (
+        "name: my_data.csv" in meta and "../" not in meta and str(finished_run) not in meta
+    )  # the file's name only

@@ -37,12 +37,25 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(config: str, processes: int, args: list[str], accelerate_args: tuple[str, ...] = (), timeout: int = 200):
+def _launch(
+    config: str, processes: int, args: list[str], accelerate_args: tuple[str, ...] = (), timeout: int = 200
+):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", config),
-           "--num_processes", str(processes), "--main_process_port", str(_port()), *accelerate_args,
-           "-m", "hf_mlcl.cli", *args]  # fmt: skip
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        os.path.join(ROOT, "recipes", "accelerate", config),
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        str(_port()),
+        *accelerate_args,
+        "-m",
+        "hf_mlcl.cli",
+        *args,
+    ]
     return run_launch(cmd, env=env, timeout=timeout, cwd=ROOT)
 
 
@@ -55,35 +68,90 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.timeout(240)
 def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_tokenizer):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(llama_tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
-                      pad_token_id=llama_tokenizer.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(llama_tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        pad_token_id=llama_tokenizer.pad_token_id,
+    )
     base = tmp_path / "base"
     LlamaModel(cfg).save_pretrained(base)
     llama_tokenizer.save_pretrained(base)
     out = tmp_path / "run"
-    args = ["run", RECIPE, "--output_dir", str(out), "--model_name_or_path", str(base), "--dataset", "synthetic",
-            "--dataset_options", TINY_DATA, "--max_length", "16", "--lora_r", "4", "--lora_alpha", "8",
-            "--bf16", "false", "--ddp_backend", "gloo", "--max_steps", "2", "--logging_steps", "1",
-            "--save_strategy", "no", "--disable_tqdm", "true", "--contrastive.gradcache_chunk_size", "0",
-            "--contrastive.activation_checkpointing", "false", "--contrastive.queue_size", "16",
-            "--contrastive.per_device_train_batch_size", "8", "--contrastive.projection_dim", "8",
-            "--probe.per_device_train_batch_size", "8", "--probe.eval_strategy", "no",
-            "--probe.load_best_model_at_end", "false"]  # fmt: skip
+    args = [
+        "run",
+        RECIPE,
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        str(base),
+        "--dataset",
+        "synthetic",
+        "--dataset_options",
+        TINY_DATA,
+        "--max_length",
+        "16",
+        "--lora_r",
+        "4",
+        "--lora_alpha",
+        "8",
+        "--bf16",
+        "false",
+        "--ddp_backend",
+        "gloo",
+        "--max_steps",
+        "2",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
+        "--contrastive.gradcache_chunk_size",
+        "0",
+        "--contrastive.activation_checkpointing",
+        "false",
+        "--contrastive.queue_size",
+        "16",
+        "--contrastive.per_device_train_batch_size",
+        "8",
+        "--contrastive.projection_dim",
+        "8",
+        "--probe.per_device_train_batch_size",
+        "8",
+        "--probe.eval_strategy",
+        "no",
+        "--probe.load_best_model_at_end",
+        "false",
+    ]
     proc = _launch("deepspeed_zero3.yaml", 2, args, ("--mixed_precision", "no"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
     encoder, classifier = out / "encoder", out / "classifier"
     for folder, weights in ((encoder, "2_Dense/model.safetensors"), (classifier, "model.safetensors")):
         files = set(os.listdir(folder))
-        assert {"adapter_config.json", "adapter_model.safetensors", weights.split("/")[0], "metrics.json"} <= files
-        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base)
+        assert {
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            weights.split("/")[0],
+            "metrics.json",
+        } <= files
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+            base
+        )
     state = json.loads((encoder / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and state["train_batch_size"] == 8
     assert "modules.json" in os.listdir(encoder) and "model.safetensors" not in os.listdir(encoder)
     assert MLCLEncoder.from_pretrained(encoder).config.projection_dim == 8
     heads = load_file(classifier / "model.safetensors")
-    assert sorted(heads) == ["classifier.bias", "classifier.weight"] and heads["classifier.weight"].shape == (6, 64)
+    assert sorted(heads) == ["classifier.bias", "classifier.weight"] and heads["classifier.weight"].shape == (
+        6,
+        64,
+    )
     # the trained (sharded) classifier's test metrics and those of the folder reloaded on one process
     live = json.loads((classifier / "metrics.json").read_text())
     reloaded = json.loads((classifier / "eval_test.json").read_text())
@@ -96,8 +164,12 @@ def test_zero3_launch_of_the_llama_recipe_names_the_gradcache_fix(tmp_path):
     """The unchanged recipe (gradcache_chunk_size 8, meta-llama/Llama-3.1-8B): one line naming the fix, before any
     model is loaded (the Hub is offline here, so a load would fail otherwise)."""
     out = tmp_path / "out"
-    proc = _launch("deepspeed_zero3.yaml", 1, ["train", RECIPE, "--output_dir", str(out), "--bf16", "false"],
-                   ("--mixed_precision", "no"))  # fmt: skip
+    proc = _launch(
+        "deepspeed_zero3.yaml",
+        1,
+        ["train", RECIPE, "--output_dir", str(out), "--bf16", "false"],
+        ("--mixed_precision", "no"),
+    )
     assert proc.returncode != 0
     line = _error_line(proc)
     assert "DeepSpeed" in line and "--contrastive.gradcache_chunk_size 0" in line, line
@@ -106,8 +178,11 @@ def test_zero3_launch_of_the_llama_recipe_names_the_gradcache_fix(tmp_path):
 
 @CPU_ONLY
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("extra", [["--bf16", "false"], pytest.param(["--use_cpu", "true"], marks=pytest.mark.slow)],
-                         ids=["no-gpu", "use_cpu"])  # the same guard through --use_cpu: make test-slow
+@pytest.mark.parametrize(
+    "extra",
+    [["--bf16", "false"], pytest.param(["--use_cpu", "true"], marks=pytest.mark.slow)],
+    ids=["no-gpu", "use_cpu"],
+)  # the same guard through --use_cpu: make test-slow
 def test_fsdp_launch_on_a_cpu_machine_stops_instead_of_training_ddp(tmp_path, extra):
     out = tmp_path / "out"
     proc = _launch("fsdp_llama_lora.yaml", 1, ["train", RECIPE, "--output_dir", str(out), *extra])

@@ -21,9 +21,24 @@ RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
 TINY_DATA = json.dumps(
     {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
 )
-TRAIN = ["train", RECIPE, "--dataset_options", TINY_DATA, "--max_steps", "6", "--save_strategy", "steps",
-         "--save_steps", "2", "--per_device_train_batch_size", "16", "--disable_tqdm", "true",
-         "--keep_checkpoints", "true"]  # fmt: skip
+TRAIN = [
+    "train",
+    RECIPE,
+    "--dataset_options",
+    TINY_DATA,
+    "--max_steps",
+    "6",
+    "--save_strategy",
+    "steps",
+    "--save_steps",
+    "2",
+    "--per_device_train_batch_size",
+    "16",
+    "--disable_tqdm",
+    "true",
+    "--keep_checkpoints",
+    "true",
+]
 
 # the child trains, and SIGKILLs itself inside the save of checkpoint-4: after the weights and the
 # optimizer are written, before the RNG state and trainer_state.json
@@ -52,8 +67,13 @@ def test_resume_after_kill_9_mid_save_takes_the_last_complete_checkpoint(tmp_pat
     from transformers.trainer_utils import get_last_checkpoint
 
     out = str(tmp_path / "killed")
-    proc = subprocess.run([sys.executable, "-c", KILLER, *TRAIN, "--output_dir", out],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER, *TRAIN, "--output_dir", out],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == -9, proc.stderr[-3000:]
     half = os.path.join(out, "checkpoint-4")
     assert os.path.isfile(os.path.join(half, SAVING_MARKER)) and not is_complete_checkpoint(half)
@@ -91,14 +111,29 @@ def _mode(path: str) -> int:
 @pytest.mark.timeout(600)
 def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, capsys):
     out = str(tmp_path / "run")
-    run = ["run", RECIPE, "--output_dir", out, "--dataset_options", TINY_DATA, "--max_steps", "2",
-           "--disable_tqdm", "true", "--no-plots"]  # fmt: skip
+    run = [
+        "run",
+        RECIPE,
+        "--output_dir",
+        out,
+        "--dataset_options",
+        TINY_DATA,
+        "--max_steps",
+        "2",
+        "--disable_tqdm",
+        "true",
+        "--no-plots",
+    ]
     assert main(run) == 0
     enc, clf = os.path.join(out, "encoder"), os.path.join(out, "classifier")
     umask = os.umask(0)
     os.umask(umask)
-    for path in (os.path.join(enc, "README.md"), os.path.join(enc, "card_data.json"),
-                 os.path.join(clf, "README.md"), os.path.join(out, "results.json")):  # fmt: skip
+    for path in (
+        os.path.join(enc, "README.md"),
+        os.path.join(enc, "card_data.json"),
+        os.path.join(clf, "README.md"),
+        os.path.join(out, "results.json"),
+    ):
         assert _mode(path) == 0o666 & ~umask, (path, oct(_mode(path)))
     capsys.readouterr()
 
@@ -107,7 +142,11 @@ def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, cap
     before = os.stat(weights).st_mtime_ns
     assert main(run) == 2
     err = capsys.readouterr().err
-    assert "already holds a run" in err and "--overwrite_output_dir true" in err and "--resume_from_checkpoint" in err
+    assert (
+        "already holds a run" in err
+        and "--overwrite_output_dir true" in err
+        and "--resume_from_checkpoint" in err
+    )
     assert os.stat(weights).st_mtime_ns == before
 
     # stage 2 "interrupted" (its card never written): resuming redoes stage 2 only
@@ -125,17 +164,22 @@ def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, cap
     assert not os.path.exists(os.path.join(enc, "checkpoint-1"))
 
 
-
 def _files(folder) -> dict[str, bytes]:
-    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
-            for d, _, names in os.walk(folder) for f in names}  # fmt: skip
+    return {
+        os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+        for d, _, names in os.walk(folder)
+        for f in names
+    }
 
 
 @pytest.mark.parametrize(
     "bad, message",
     [
         (["--dataset", "{tmp}/my_dta.csv", "--dataset_options", "{}"], "my_dta.csv' does not exist"),
-        (["--dataset", "{tmp}/no_labels.csv", "--dataset_options", "{}"], "found no label column"),  # while loading
+        (
+            ["--dataset", "{tmp}/no_labels.csv", "--dataset_options", "{}"],
+            "found no label column",
+        ),  # while loading
         (["--model_name_or_path", "{tmp}/no_model"], "no such folder"),
         (["--push_to", "bad id"], "invalid Hub repo_id"),
         (["--lerning_rate", "0.1"], "did you mean 'learning_rate'"),
@@ -150,11 +194,26 @@ def test_overwrite_keeps_the_old_run_until_the_new_inputs_are_checked(tmp_path, 
         ckpt.mkdir(parents=True)
         (ckpt / "trainer_state.json").write_text('{"global_step": 4}')
         (ckpt / "model.safetensors").write_bytes(b"weights of step 4")
-    (tmp_path / "no_labels.csv").write_text("text,source\nsome words,web\nmore words,news\n", encoding="utf-8")
+    (tmp_path / "no_labels.csv").write_text(
+        "text,source\nsome words,web\nmore words,news\n", encoding="utf-8"
+    )
     before = _files(out)
     args = [a.replace("{tmp}", str(tmp_path)) for a in bad]
-    rc = main(["run", RECIPE, "--output_dir", str(out), "--overwrite_output_dir", "true", "--max_steps", "2",
-               "--disable_tqdm", "true", *args])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            RECIPE,
+            "--output_dir",
+            str(out),
+            "--overwrite_output_dir",
+            "true",
+            "--max_steps",
+            "2",
+            "--disable_tqdm",
+            "true",
+            *args,
+        ]
+    )
     assert rc == 2
     assert message in capsys.readouterr().err
     assert _files(out) == before
@@ -169,4 +228,6 @@ def test_ctrl_c_prints_one_resume_line(monkeypatch, capsys):
     assert rc == 130
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1
-    assert err.endswith(f"Resume with: hf-mlcl run {RECIPE} --output_dir 'x y' --max_steps 3 --resume_from_checkpoint true")
+    assert err.endswith(
+        f"Resume with: hf-mlcl run {RECIPE} --output_dir 'x y' --max_steps 3 --resume_from_checkpoint true"
+    )

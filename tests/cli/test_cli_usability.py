@@ -46,7 +46,9 @@ def test_run_prints_stage_headers_and_output_paths(monkeypatch, capsys, tmp_path
     def probe(model_args, data_args, args, encoder, loss, data=None):
         calls.append(("probe", encoder, loss))
         trainer = types.SimpleNamespace(is_world_process_zero=lambda: True)
-        return stages.StageResult(args.output_dir, {"test_micro_f1": 0.5, "test_macro_f1": 0.4}, trainer=trainer)
+        return stages.StageResult(
+            args.output_dir, {"test_micro_f1": 0.5, "test_macro_f1": 0.4}, trainer=trainer
+        )
 
     monkeypatch.setattr(stages, "load_run_data", lambda data_args: None)  # no training: no data
     monkeypatch.setattr(stages, "run_contrastive_stage", contrastive)
@@ -79,7 +81,9 @@ def test_missing_local_model_path_is_one_line_no_such_folder(monkeypatch, capsys
     import hf_mlcl.hub.locate as locate
 
     _no_training(monkeypatch)
-    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: pytest.fail("a path must not ask the Hub"))
+    monkeypatch.setattr(
+        locate, "hub_reachable", lambda timeout=3.0: pytest.fail("a path must not ask the Hub")
+    )
     rc = main([command, RECIPE, "--model_name_or_path", name])
     assert rc == 2
     err = capsys.readouterr().err.strip()
@@ -151,8 +155,9 @@ def _capture_evaluate(monkeypatch):
 
 def test_evaluate_without_recipe_uses_the_checkpoint_data_arguments(monkeypatch, tmp_path, capsys):
     options = {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32}
-    ckpt = _fake_classifier(tmp_path / "clf", dataset="synthetic", dataset_options=options,
-                            hyperparameters={"max_length": 112})
+    ckpt = _fake_classifier(
+        tmp_path / "clf", dataset="synthetic", dataset_options=options, hyperparameters={"max_length": 112}
+    )
     seen = _capture_evaluate(monkeypatch)
     assert main(["evaluate", ckpt, "--split", "validation"]) == 0
     data_args = seen["data_args"]
@@ -174,7 +179,6 @@ def test_evaluate_with_a_recipe_uses_the_recipe(monkeypatch, tmp_path):
     assert (seen["data_args"].dataset, seen["data_args"].max_length) == ("synthetic", 48)
 
 
-
 def test_evaluate_on_an_encoder_folder_says_it_needs_a_classifier_and_writes_nothing(
     tmp_path, capsys, tiny_bert_config, bert_tokenizer
 ):
@@ -190,8 +194,18 @@ def test_evaluate_on_an_encoder_folder_says_it_needs_a_classifier_and_writes_not
     bert_tokenizer.save_pretrained(enc)
     before = sorted(os.listdir(enc))
     capsys.readouterr()
-    rc = main(["evaluate", str(enc), "--dataset", "synthetic", "--dataset_options", json.dumps(options),
-               "--split", "validation"])  # fmt: skip
+    rc = main(
+        [
+            "evaluate",
+            str(enc),
+            "--dataset",
+            "synthetic",
+            "--dataset_options",
+            json.dumps(options),
+            "--split",
+            "validation",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert f"{enc} is an encoder" in err and "needs a classifier" in err
@@ -206,15 +220,24 @@ def _help(capsys, *argv):
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("command", "stages"), [("train", ["contrastive"]), ("probe", ["probe"]),
-                                                 ("run", ["contrastive", "probe"]), ("evaluate", [])])
+@pytest.mark.parametrize(
+    ("command", "stages"),
+    [("train", ["contrastive"]), ("probe", ["probe"]), ("run", ["contrastive", "probe"]), ("evaluate", [])],
+)
 def test_subcommand_help_lists_the_overridable_keys(capsys, command, stages):
     from hf_mlcl.cli import HELP_MODEL_DATA_KEYS, HELP_TRAINING_KEYS
     from hf_mlcl.recipes import common_keys, stage_keys
 
     out = _help(capsys, command)
     assert set(HELP_MODEL_DATA_KEYS) <= common_keys()
-    for key in ("model_name_or_path", "dataset", "dataset_options", "text_column", "label_column", "max_length"):
+    for key in (
+        "model_name_or_path",
+        "dataset",
+        "dataset_options",
+        "text_column",
+        "label_column",
+        "max_length",
+    ):
         assert f"  --{key} " in out, key
     for stage in stages:
         assert set(HELP_TRAINING_KEYS[stage]) <= stage_keys(stage)
@@ -273,8 +296,20 @@ def test_overrides_accept_dashed_keys(monkeypatch, tmp_path):
         return stages.StageResult(args.output_dir, {})
 
     monkeypatch.setattr(stages, "run_contrastive_stage", contrastive)
-    rc = main(["train", RECIPE, "--output-dir", str(tmp_path / "enc"), "--learning-rate", "0.5",
-               "--max_steps", "2", "--max-length", "16"])
+    rc = main(
+        [
+            "train",
+            RECIPE,
+            "--output-dir",
+            str(tmp_path / "enc"),
+            "--learning-rate",
+            "0.5",
+            "--max_steps",
+            "2",
+            "--max-length",
+            "16",
+        ]
+    )
     assert rc == 0
     args = seen["args"]
     assert (args.output_dir, args.learning_rate, args.max_steps) == (str(tmp_path / "enc"), 0.5, 2)
@@ -289,14 +324,23 @@ def restore_logging():
     import transformers
 
     root = logging.getLogger()
-    saved = (root.level, transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity(),
-             transformers.utils.logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    saved = (
+        root.level,
+        transformers.utils.logging.get_verbosity(),
+        datasets.utils.logging.get_verbosity(),
+        transformers.utils.logging.is_progress_bar_enabled(),
+        datasets.is_progress_bar_enabled(),
+    )
     yield
     logging.captureWarnings(False)
     root.setLevel(saved[0])
     transformers.utils.logging.set_verbosity(saved[1])
     datasets.utils.logging.set_verbosity(saved[2])
-    (transformers.utils.logging.enable_progress_bar if saved[3] else transformers.utils.logging.disable_progress_bar)()
+    (
+        transformers.utils.logging.enable_progress_bar
+        if saved[3]
+        else transformers.utils.logging.disable_progress_bar
+    )()
     (datasets.enable_progress_bars if saved[4] else datasets.disable_progress_bars)()
 
 
@@ -318,7 +362,9 @@ def test_log_level_routes_transformers_warnings_python_warnings_and_loading_bars
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         logging.captureWarnings(True)  # catch_warnings reset it: the CLI sets it once per process
-        warnings.warn("'pin_memory' argument is set as true but no accelerator is found", UserWarning, stacklevel=1)
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found", UserWarning, stacklevel=1
+        )
     assert "pin_memory" not in capsys.readouterr().err
     cli.configure_logging("info")
     assert transformers.utils.logging.get_verbosity() == logging.INFO
@@ -332,13 +378,40 @@ def test_log_level_error_leaves_stderr_empty_on_a_real_run(tmp_path):
     import subprocess
     import sys
 
-    tiny = json.dumps({"num_labels": 4, "num_train": 32, "num_validation": 16, "num_test": 16,
-                       "min_words": 5, "max_words": 10})
+    tiny = json.dumps(
+        {
+            "num_labels": 4,
+            "num_train": 32,
+            "num_validation": 16,
+            "num_test": 16,
+            "min_words": 5,
+            "max_words": 10,
+        }
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_mlcl.cli", "--log_level", "error", "run", RECIPE, "--max_steps", "1",
-         "--output_dir", str(tmp_path), "--no_plots", "--disable_tqdm", "true", "--dataset_options", tiny],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hf_mlcl.cli",
+            "--log_level",
+            "error",
+            "run",
+            RECIPE,
+            "--max_steps",
+            "1",
+            "--output_dir",
+            str(tmp_path),
+            "--no_plots",
+            "--disable_tqdm",
+            "true",
+            "--dataset_options",
+            tiny,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.strip() == ""
     assert "stage 2/2" in proc.stdout and "results:" in proc.stdout
@@ -350,9 +423,14 @@ def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys)
     status in silence; any other error is printed on every rank."""
     from hf_mlcl.training.checkpoints import InputError
 
-    cases = (("0", "0", InputError, True), ("1", "1", InputError, False), ("1", "0", InputError, True),
-             ("1", "1", ValueError, True))  # fmt: skip
+    cases = (
+        ("0", "0", InputError, True),
+        ("1", "1", InputError, False),
+        ("1", "0", InputError, True),
+        ("1", "1", ValueError, True),
+    )
     for rank, local_rank, error, printed in cases:
+
         def failing(ns, overrides, error=error):
             raise error("the train split has 9 rows, fewer than one batch of 32")
 
@@ -361,7 +439,9 @@ def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys)
         monkeypatch.setenv("LOCAL_RANK", local_rank)
         assert main(["train", RECIPE]) == 2
         err = capsys.readouterr().err
-        assert (err == "hf-mlcl train: error: the train split has 9 rows, fewer than one batch of 32\n") is printed
+        assert (
+            err == "hf-mlcl train: error: the train split has 9 rows, fewer than one batch of 32\n"
+        ) is printed
 
 
 @pytest.fixture
@@ -375,8 +455,11 @@ def no_saved_token(monkeypatch, tmp_path):
 
 
 def _whoami(name="me", orgs=("lab",), role="write"):
-    return lambda self, token=None: {"name": name, "orgs": [{"name": o} for o in orgs],
-                                     "auth": {"accessToken": {"role": role}}}
+    return lambda self, token=None: {
+        "name": name,
+        "orgs": [{"name": o} for o in orgs],
+        "auth": {"accessToken": {"role": role}},
+    }
 
 
 @pytest.mark.usefixtures("no_saved_token")
@@ -398,8 +481,12 @@ def test_a_push_to_that_cannot_work_stops_in_one_line_before_training(monkeypatc
         assert not out.exists()
         return err
 
-    monkeypatch.setattr(locate, "hub_reachable", lambda timeout=3.0: pytest.fail("checked the network too early"))
-    monkeypatch.setattr(huggingface_hub.HfApi, "whoami", lambda self, token=None: pytest.fail("whoami too early"))
+    monkeypatch.setattr(
+        locate, "hub_reachable", lambda timeout=3.0: pytest.fail("checked the network too early")
+    )
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "whoami", lambda self, token=None: pytest.fail("whoami too early")
+    )
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert "the Hub is switched off (HF_HUB_OFFLINE=1)" in run_err()
     monkeypatch.delenv("HF_HUB_OFFLINE")
@@ -464,8 +551,21 @@ def test_a_recipe_for_another_dataset_runs_on_a_csv_given_with_dataset(tmp_path)
     ov = split_overrides(["--dataset", "synthetic"], ["contrastive"])  # the same dataset keeps its options
     assert parse_stage(recipe, "contrastive", ov)[1].loader_options()["num_labels"] == 10
     out = tmp_path / "run"
-    rc = main(["run", RECIPE, "--dataset", str(data), "--output_dir", str(out), "--max_steps", "1",
-               "--disable_tqdm", "true", "--no_plots"])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            RECIPE,
+            "--dataset",
+            str(data),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "1",
+            "--disable_tqdm",
+            "true",
+            "--no_plots",
+        ]
+    )
     assert rc == 0
     card = json.load(open(out / "classifier" / "card_data.json"))
     assert card["label_names"] == ["a", "b", "c"] and card["dataset_options"] == {}
@@ -484,22 +584,56 @@ def test_a_default_run_is_quiet_names_its_split_states_its_footprint_and_keeps_n
 
     from hf_mlcl.files import folder_size, format_size
 
-    tiny = json.dumps({"num_labels": 4, "num_train": 64, "num_validation": 16, "num_test": 16,
-                       "min_words": 5, "max_words": 10})
+    tiny = json.dumps(
+        {
+            "num_labels": 4,
+            "num_train": 64,
+            "num_validation": 16,
+            "num_test": 16,
+            "min_words": 5,
+            "max_words": 10,
+        }
+    )
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_mlcl.cli", "run", RECIPE, "--max_steps", "3", "--save_strategy", "steps",
-         "--save_steps", "1", "--save_total_limit", "1", "--probe.keep_checkpoints", "true", "--output_dir", str(out),
-         "--no_plots", "--disable_tqdm", "true", "--dataset_options", tiny],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hf_mlcl.cli",
+            "run",
+            RECIPE,
+            "--max_steps",
+            "3",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1",
+            "--save_total_limit",
+            "1",
+            "--probe.keep_checkpoints",
+            "true",
+            "--output_dir",
+            str(out),
+            "--no_plots",
+            "--disable_tqdm",
+            "true",
+            "--dataset_options",
+            tiny,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert "| run | split | micro_f1 | macro_f1 | p@1 | p@5 |" in lines and "| run | test |" in proc.stdout
     assert lines[-1] == f"{out}: {format_size(folder_size(str(out)))}"
     assert not [p for p in os.listdir(out / "encoder") if p.startswith("checkpoint-")]
-    assert sorted(p for p in os.listdir(out / "classifier") if p.startswith("checkpoint-")) == ["checkpoint-3"]
+    assert sorted(p for p in os.listdir(out / "classifier") if p.startswith("checkpoint-")) == [
+        "checkpoint-3"
+    ]
     umask = os.umask(0)
     os.umask(umask)
     for path in [*out.glob("*/model.safetensors"), *out.glob("classifier/checkpoint-3/*.safetensors")]:
@@ -510,22 +644,54 @@ def test_a_default_run_is_quiet_names_its_split_states_its_footprint_and_keeps_n
 def test_the_run_table_says_when_it_reports_validation():
     from hf_mlcl.evaluation.tables import format_table
 
-    table = format_table([{"run": "a", "validation_micro_f1": 0.5}, {"run": "b", "test_micro_f1": 0.25}],
-                         keys=("micro_f1",), show_split=True)  # fmt: skip
-    assert table.splitlines() == ["| run | split | micro_f1 |", "|---|---|---|", "| a | validation | 0.5000 |",
-                                  "| b | test | 0.2500 |"]  # fmt: skip
+    table = format_table(
+        [{"run": "a", "validation_micro_f1": 0.5}, {"run": "b", "test_micro_f1": 0.25}],
+        keys=("micro_f1",),
+        show_split=True,
+    )
+    assert table.splitlines() == [
+        "| run | split | micro_f1 |",
+        "|---|---|---|",
+        "| a | validation | 0.5000 |",
+        "| b | test | 0.2500 |",
+    ]
 
 
 def test_probe_prints_its_metrics_and_footprint(tmp_path, capsys):
     import json
 
-    tiny = json.dumps({"num_labels": 4, "num_train": 48, "num_validation": 16, "num_test": 16,
-                       "min_words": 5, "max_words": 10})
+    tiny = json.dumps(
+        {
+            "num_labels": 4,
+            "num_train": 48,
+            "num_validation": 16,
+            "num_test": 16,
+            "min_words": 5,
+            "max_words": 10,
+        }
+    )
     out = tmp_path / "clf"
-    assert main(["probe", RECIPE, "--output_dir", str(out), "--max_steps", "1", "--disable_tqdm", "true",
-                 "--dataset_options", tiny]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "probe",
+                RECIPE,
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "1",
+                "--disable_tqdm",
+                "true",
+                "--dataset_options",
+                tiny,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out.strip().splitlines()
     metrics = json.load(open(out / "metrics.json"))
     assert "| classifier | split | micro_f1 | macro_f1 | p@1 | p@5 |" in printed
-    assert f"| clf | test | {metrics['test_micro_f1']:.4f} | {metrics['test_macro_f1']:.4f} |" in "\n".join(printed)
+    assert f"| clf | test | {metrics['test_micro_f1']:.4f} | {metrics['test_macro_f1']:.4f} |" in "\n".join(
+        printed
+    )
     assert printed[-1].startswith(f"{out}: ") and printed[-1].endswith("B")

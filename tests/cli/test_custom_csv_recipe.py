@@ -15,7 +15,11 @@ from hf_mlcl.recipes import load_recipe, parse_stage
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RECIPE = os.path.join(ROOT, "recipes", "custom", "my_csv.yaml")
-TOPICS = {"sports": "goal match team score", "politics": "vote law party senate", "science": "atom cell gene lab"}
+TOPICS = {
+    "sports": "goal match team score",
+    "politics": "vote law party senate",
+    "science": "atom cell gene lab",
+}
 
 
 def _tiny_csv(path, n=64, seed=0, one_column_per_label=False):
@@ -26,8 +30,11 @@ def _tiny_csv(path, n=64, seed=0, one_column_per_label=False):
         for _ in range(n):
             labs = rng.sample(sorted(TOPICS), rng.randint(1, 2))
             words = " ".join(" ".join(rng.sample(TOPICS[t].split(), 3)) for t in labs)
-            w.writerow([words, *[int(t in labs) for t in sorted(TOPICS)]] if one_column_per_label
-                       else [words, ";".join(labs)])  # fmt: skip
+            w.writerow(
+                [words, *[int(t in labs) for t in sorted(TOPICS)]]
+                if one_column_per_label
+                else [words, ";".join(labs)]
+            )
     return str(path)
 
 
@@ -57,8 +64,22 @@ def test_my_csv_recipe_runs_on_a_tiny_csv(tmp_path):
     data = _tiny_csv(tmp_path / "my_data.csv")
     tiny = _tiny_recipe(tmp_path)
     out = str(tmp_path / "run")
-    rc = main(["run", tiny, "--dataset", data, "--output_dir", out, "--max_steps", "2",
-               "--per_device_train_batch_size", "16", "--disable_tqdm", "true"])
+    rc = main(
+        [
+            "run",
+            tiny,
+            "--dataset",
+            data,
+            "--output_dir",
+            out,
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "16",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert rc == 0
     results = json.load(open(os.path.join(out, "results.json")))
     probe = results["probe"]
@@ -77,8 +98,12 @@ def test_my_csv_recipe_runs_on_a_tiny_csv(tmp_path):
 
 @pytest.mark.parametrize(
     "options",
-    [["--label_format", "columns"], ["--label_columns", "politics,science,sports"], ["--label_column", ""],
-     ["--label_column=", "--label_format", "columns"]],
+    [
+        ["--label_format", "columns"],
+        ["--label_columns", "politics,science,sports"],
+        ["--label_column", ""],
+        ["--label_column=", "--label_format", "columns"],
+    ],
 )
 def test_the_command_line_label_layout_overrides_the_recipes(tmp_path, options):
     """recipes/custom/my_csv.yaml pins label_column: labels; a one-column-per-label CSV still goes through it
@@ -103,15 +128,34 @@ def test_the_command_line_label_layout_overrides_the_recipes(tmp_path, options):
     recipe.write_text(f"_base_: {RECIPE}\nlabel_columns: [politics, science]\n", encoding="utf-8")
     narrow = _tiny_csv(tmp_path / "narrow.csv")
     ov = split_overrides(["--dataset", narrow, "--label_column", "labels"], ["contrastive"])
-    _, data_args, _ = parse_stage(load_recipe(str(recipe)), "contrastive", ov, output_dir=str(tmp_path / "out"))
+    _, data_args, _ = parse_stage(
+        load_recipe(str(recipe)), "contrastive", ov, output_dir=str(tmp_path / "out")
+    )
     assert load_run_data(data_args).label_names == ["politics", "science", "sports"]
 
 
 def test_a_one_column_per_label_csv_runs_through_the_readme_recipe(tmp_path):
     data = _tiny_csv(tmp_path / "wide.csv", one_column_per_label=True)
     out = str(tmp_path / "run")
-    rc = main(["run", _tiny_recipe(tmp_path), "--dataset", data, "--label_format", "columns", "--output_dir", out,
-               "--max_steps", "2", "--per_device_train_batch_size", "16", "--disable_tqdm", "true", "--no_plots"])
+    rc = main(
+        [
+            "run",
+            _tiny_recipe(tmp_path),
+            "--dataset",
+            data,
+            "--label_format",
+            "columns",
+            "--output_dir",
+            out,
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "16",
+            "--disable_tqdm",
+            "true",
+            "--no_plots",
+        ]
+    )
     assert rc == 0
     for stage in ("encoder", "classifier"):
         card = json.load(open(os.path.join(out, stage, "card_data.json")))
@@ -125,8 +169,19 @@ def test_a_dataset_smaller_than_one_batch_stops_before_training(tmp_path, capsys
     data = _tiny_csv(tmp_path / "ten.csv", n=10)
     out = tmp_path / "run"
     capsys.readouterr()
-    rc = main(["run", _tiny_recipe(tmp_path), "--dataset", data, "--output_dir", str(out), "--disable_tqdm", "true",
-               *extra])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            _tiny_recipe(tmp_path),
+            "--dataset",
+            data,
+            "--output_dir",
+            str(out),
+            "--disable_tqdm",
+            "true",
+            *extra,
+        ]
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("hf-mlcl run: error: the train split has 9 rows, fewer than one batch of 32 ")
@@ -142,8 +197,11 @@ def test_the_batch_check_counts_the_per_process_batch_of_every_process():
 
     args = types.SimpleNamespace(dataloader_drop_last=True, train_batch_size=8, world_size=2)
     check_train_batches(16, args, "stage 1")  # one batch of 8 on each of the 2 processes
-    with pytest.raises(ValueError, match=r"15 rows, fewer than one batch of 16 \(per_device_train_batch_size 8 x 2 "
-                                         r"processes\).*at most 7"):
+    with pytest.raises(
+        ValueError,
+        match=r"15 rows, fewer than one batch of 16 \(per_device_train_batch_size 8 x 2 "
+        r"processes\).*at most 7",
+    ):
         check_train_batches(15, args, "stage 1")
     with pytest.raises(ValueError, match="launch at most 1 process"):
         check_train_batches(1, args, "stage 1")
@@ -154,8 +212,22 @@ def test_the_batch_check_counts_the_per_process_batch_of_every_process():
 def test_a_stage_without_an_optimizer_step_saves_no_model(tmp_path, capsys):
     data = _tiny_csv(tmp_path / "my_data.csv")
     out = tmp_path / "run"
-    rc = main(["run", _tiny_recipe(tmp_path), "--dataset", data, "--output_dir", str(out), "--disable_tqdm", "true",
-               "--per_device_train_batch_size", "16", "--contrastive.num_train_epochs", "0"])  # fmt: skip
+    rc = main(
+        [
+            "run",
+            _tiny_recipe(tmp_path),
+            "--dataset",
+            data,
+            "--output_dir",
+            str(out),
+            "--disable_tqdm",
+            "true",
+            "--per_device_train_batch_size",
+            "16",
+            "--contrastive.num_train_epochs",
+            "0",
+        ]
+    )
     assert rc == 2
     assert "stage 1 (contrastive) made no optimizer step" in capsys.readouterr().err
     assert not out.exists()

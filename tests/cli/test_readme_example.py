@@ -15,7 +15,9 @@ def _blocks(lang: str) -> list[str]:
 
 
 def test_readme_python_block_runs(tmp_path, monkeypatch, capsys):
-    block = _blocks("python")[0]  # the Python API block (the later ones: tests/cli/test_readme_use_your_model.py)
+    block = _blocks("python")[
+        0
+    ]  # the Python API block (the later ones: tests/cli/test_readme_use_your_model.py)
     script = tmp_path / "readme_example.py"
     script.write_text(block)
     monkeypatch.chdir(tmp_path)

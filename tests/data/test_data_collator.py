@@ -17,7 +17,9 @@ DENSE = torch.tensor([[1, 0, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]], dtype=
 
 def test_dense_labels_and_tokens(bert_tokenizer):
     batch = MultiLabelCollator(bert_tokenizer, num_labels=5)(EXAMPLES)
-    assert set(batch) >= {"input_ids", "attention_mask", "labels"} and "extra" not in batch and "id" not in batch
+    assert (
+        set(batch) >= {"input_ids", "attention_mask", "labels"} and "extra" not in batch and "id" not in batch
+    )
     assert batch["labels"].dtype == torch.float32 and torch.equal(batch["labels"], DENSE)
     ref = bert_tokenizer([e["text"] for e in EXAMPLES], padding=True, return_tensors="pt")
     assert torch.equal(batch["input_ids"], ref["input_ids"])
@@ -40,7 +42,9 @@ def test_two_views(bert_tokenizer, label_format):
         assert two[key].shape[0] == 6
     labels = two["labels"].to_dense() if label_format == "sparse" else two["labels"]
     assert torch.equal(labels[:3], DENSE) and torch.equal(labels[3:], DENSE)
-    assert torch.equal(two["input_ids"][:3], one["input_ids"]) and torch.equal(two["input_ids"][3:], one["input_ids"])
+    assert torch.equal(two["input_ids"][:3], one["input_ids"]) and torch.equal(
+        two["input_ids"][3:], one["input_ids"]
+    )
 
 
 def test_truncation_and_chunk_padding(bert_tokenizer):
@@ -65,7 +69,10 @@ def test_truncation_and_chunk_padding(bert_tokenizer):
 def test_pretokenized_inputs(bert_tokenizer, llama_tokenizer):
     for tok in (bert_tokenizer, llama_tokenizer):
         enc = tok([e["text"] for e in EXAMPLES])
-        pre = [{"input_ids": enc["input_ids"][i], "labels": e["labels"], "text_unused": 1} for i, e in enumerate(EXAMPLES)]
+        pre = [
+            {"input_ids": enc["input_ids"][i], "labels": e["labels"], "text_unused": 1}
+            for i, e in enumerate(EXAMPLES)
+        ]
         n_short = len(enc["input_ids"][2])
         m = n_short + 2  # truncates the long first text, pads the short third one
         assert len(enc["input_ids"][0]) > m
@@ -106,8 +113,12 @@ def test_tokenize_dataset_then_collate(bert_tokenizer, tmp_path):
     )
     assert max(len(x) for x in tok["train"]["input_ids"]) == 16
     assert tok["train"].features["labels"] == dd["train"].features["labels"]
-    batch = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=16)([tok["train"][i] for i in range(4)])
-    on_the_fly = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=16)([dd["train"][i] for i in range(4)])
+    batch = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=16)(
+        [tok["train"][i] for i in range(4)]
+    )
+    on_the_fly = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=16)(
+        [dd["train"][i] for i in range(4)]
+    )
     for key in on_the_fly:
         assert torch.equal(batch[key], on_the_fly[key]), key
     kept = tokenize_dataset(dd["test"], bert_tokenizer, max_length=8, keep_text=True)
@@ -119,7 +130,10 @@ def test_tokenize_dataset_then_collate(bert_tokenizer, tmp_path):
 def test_pretokenized_numpy_format_ids_only_and_left_padding(bert_tokenizer, llama_tokenizer):
     dd = make_synthetic_corpus(num_labels=6, num_train=12, num_validation=2, num_test=2, seed=4)
     ids_only = tokenize_dataset(dd["train"], bert_tokenizer, max_length=64, model_inputs=("input_ids",))
-    assert ids_only.column_names == ["labels", "input_ids"] or set(ids_only.column_names) == {"labels", "input_ids"}
+    assert ids_only.column_names == ["labels", "input_ids"] or set(ids_only.column_names) == {
+        "labels",
+        "input_ids",
+    }
     col = MultiLabelCollator(bert_tokenizer, num_labels=6, max_length=64, pad_to_multiple_of=16)
     ref = col([dd["train"][i] for i in range(5)])
     for fmt in (None, "numpy", "torch"):
@@ -134,7 +148,9 @@ def test_pretokenized_numpy_format_ids_only_and_left_padding(bert_tokenizer, lla
         pre = [{"input_ids": enc["input_ids"][i], "labels": [0]} for i in range(2)]
         out = MultiLabelCollator(llama_tokenizer, num_labels=1)(pre)
         ref = llama_tokenizer.pad({"input_ids": enc["input_ids"]}, return_tensors="pt")
-        assert torch.equal(out["input_ids"], ref["input_ids"]) and torch.equal(out["attention_mask"], ref["attention_mask"])
+        assert torch.equal(out["input_ids"], ref["input_ids"]) and torch.equal(
+            out["attention_mask"], ref["attention_mask"]
+        )
         assert out["attention_mask"][0, 0] == 0 and out["input_ids"][0, -1] != llama_tokenizer.pad_token_id
     finally:
         llama_tokenizer.padding_side = "right"
@@ -153,11 +169,17 @@ def test_unpadded_batch_drops_the_attention_mask(bert_tokenizer, tiny_bert_confi
     col = MultiLabelCollator(bert_tokenizer, num_labels=2, max_length=16, n_views=2)
     unpadded = col(rows)  # both rows truncated at 16: no padding anywhere
     assert "attention_mask" not in unpadded and unpadded["input_ids"].shape == (4, 16)
-    kept = MultiLabelCollator(bert_tokenizer, 2, max_length=16, n_views=2, drop_unpadded_attention_mask=False)(rows)
+    kept = MultiLabelCollator(
+        bert_tokenizer, 2, max_length=16, n_views=2, drop_unpadded_attention_mask=False
+    )(rows)
     assert kept["attention_mask"].shape == (4, 16) and bool(kept["attention_mask"].all())
     assert all(torch.equal(kept[k], unpadded[k]) for k in unpadded)
-    padded = col(rows + [{"input_ids": [5, 6], "labels": [0]} if pretokenized else {"text": "joy", "labels": [0]}])
-    assert padded["attention_mask"].shape == padded["input_ids"].shape and not bool(padded["attention_mask"].all())
+    padded = col(
+        rows + [{"input_ids": [5, 6], "labels": [0]} if pretokenized else {"text": "joy", "labels": [0]}]
+    )
+    assert padded["attention_mask"].shape == padded["input_ids"].shape and not bool(
+        padded["attention_mask"].all()
+    )
 
     # the same logits without the mask, and without transformers' host read of it (padding_mask.all())
     model = BertForSequenceClassification(tiny_bert_config).eval()

@@ -57,8 +57,12 @@ def test_one_csv_with_delimited_labels_carves_a_seeded_validation_split(tmp_path
         dd = load_mlc_dataset(path, validation_fraction=0.2, split_seed=3)
     assert set(dd) == {"train", "validation"} and len(dd["train"]) == 8 and len(dd["validation"]) == 2
     assert label_names(dd) == NAMES
-    got = dict(zip(list(dd["train"]["text"]) + list(dd["validation"]["text"]),
-                   _as_names(dd)["train"] + _as_names(dd)["validation"]))
+    got = dict(
+        zip(
+            list(dd["train"]["text"]) + list(dd["validation"]["text"]),
+            _as_names(dd)["train"] + _as_names(dd)["validation"],
+        )
+    )
     assert got == {t: sorted(labs) for t, labs in ROWS}  # every row once, labels intact
     notes = data_notes(dd)
     assert notes and "carved from train (2 of 10 rows, validation_fraction=0.2, seed=3)" in notes[0]
@@ -83,8 +87,11 @@ def test_tsv_per_split_with_a_dev_alias_and_id_labels_named_by_a_file(tmp_path):
     }
     dd = load_mlc_dataset("csv", data_files=files, label_names=str(names_file))
     assert list(dd) == ["train", "validation", "test"] and label_names(dd) == NAMES
-    assert _as_names(dd) == {"train": _expected(ROWS[:6]), "validation": _expected(ROWS[6:8]),
-                             "test": _expected(ROWS[8:])}
+    assert _as_names(dd) == {
+        "train": _expected(ROWS[:6]),
+        "validation": _expected(ROWS[6:8]),
+        "test": _expected(ROWS[8:]),
+    }
     assert data_notes(dd) == []  # nothing carved
 
 
@@ -94,34 +101,52 @@ def test_json_jsonl_and_parquet_with_name_lists_and_id_lists(tmp_path):
     with open(tmp_path / "test.jsonl", "w", encoding="utf-8") as f:
         for r in records[8:]:
             f.write(json.dumps(r) + "\n")
-    dd = load_mlc_dataset("json", data_files={"train": "train.json", "test": "test.jsonl"}, data_dir=tmp_path,
-                          text_column="body", label_column="tags", label_format="names")
+    dd = load_mlc_dataset(
+        "json",
+        data_files={"train": "train.json", "test": "test.jsonl"},
+        data_dir=tmp_path,
+        text_column="body",
+        label_column="tags",
+        label_format="names",
+    )
     assert set(dd) == {"train", "validation", "test"} and label_names(dd) == NAMES
     assert _as_names(dd)["test"] == _expected(ROWS[8:])
     # parquet with integer id lists and no names: names are "0" .. max id of train
-    ds = Dataset.from_dict({"text": [t for t, _ in ROWS], "labels": [[NAMES.index(x) for x in labs] for _, labs in ROWS]})
+    ds = Dataset.from_dict(
+        {"text": [t for t, _ in ROWS], "labels": [[NAMES.index(x) for x in labs] for _, labs in ROWS]}
+    )
     ds.to_parquet(str(tmp_path / "ids.parquet"))
     dd = load_mlc_dataset(str(tmp_path / "ids.parquet"))
     assert label_names(dd) == ["0", "1", "2", "3"]
     assert sorted(sum((r for s in dd for r in list(dd[s]["labels"])), [])) == sorted(
-        NAMES.index(x) for _, labs in ROWS for x in labs)
+        NAMES.index(x) for _, labs in ROWS for x in labs
+    )
 
 
 def test_in_memory_dataset_and_dataset_dict_with_classlabel_names():
     names = ["anger", "joy", "zeal"]  # "zeal" never occurs: the ClassLabel keeps it
     feats = Features({"sentence": Value("string"), "emotions": HFSequence(ClassLabel(names=names))})
-    train = Dataset.from_dict({"sentence": ["grr", "yay", "grr yay", "meh yay"], "emotions": [[0], [1], [0, 1], [1]]},
-                              features=feats)
+    train = Dataset.from_dict(
+        {"sentence": ["grr", "yay", "grr yay", "meh yay"], "emotions": [[0], [1], [0, 1], [1]]},
+        features=feats,
+    )
     test = Dataset.from_dict({"sentence": ["so happy"], "emotions": [[1]]}, features=feats)
-    dd = load_mlc_dataset(DatasetDict({"train": train, "val": train.select([0, 1]), "test": test}),
-                          text_column="sentence", label_column="emotions")
+    dd = load_mlc_dataset(
+        DatasetDict({"train": train, "val": train.select([0, 1]), "test": test}),
+        text_column="sentence",
+        label_column="emotions",
+    )
     assert list(dd) == ["train", "validation", "test"] and label_names(dd) == names
     assert list(dd["train"]["labels"]) == [[0], [1], [0, 1], [1]] and list(dd["test"]["text"]) == ["so happy"]
-    single = load_mlc_dataset(train, text_column="sentence", label_column="emotions", validation_fraction=0.25)
+    single = load_mlc_dataset(
+        train, text_column="sentence", label_column="emotions", validation_fraction=0.25
+    )
     assert len(single["train"]) == 3 and len(single["validation"]) == 1 and "carved" in data_notes(single)[0]
     # a single-label ClassLabel column is a list of one id
-    one = Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, 1, 1]},
-                            features=Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])}))
+    one = Dataset.from_dict(
+        {"text": ["a", "b", "c"], "label": [0, 1, 1]},
+        features=Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])}),
+    )
     dd = load_mlc_dataset(DatasetDict({"train": one, "validation": one}))
     assert list(dd["train"]["labels"]) == [[0], [1], [1]] and label_names(dd) == ["neg", "pos"]
 
@@ -152,8 +177,13 @@ def _hub_shaped_folder(root):
     feats = Features({"text": Value("string"), "labels": HFSequence(ClassLabel(names=names))})
     for config, rows in (("simplified", ROWS), ("tiny", ROWS[:4])):
         for split, part in (("train", rows[:-2]), ("validation", rows[-2:])):
-            ds = Dataset.from_dict({"text": [t for t, _ in part],
-                                    "labels": [[names.index(x) for x in labs] for _, labs in part]}, features=feats)
+            ds = Dataset.from_dict(
+                {
+                    "text": [t for t, _ in part],
+                    "labels": [[names.index(x) for x in labs] for _, labs in part],
+                },
+                features=feats,
+            )
             os.makedirs(root / config, exist_ok=True)
             ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
     (root / "README.md").write_text(
@@ -220,7 +250,6 @@ def test_names_are_the_sorted_union_of_train_and_single_names_work(tmp_path):
     assert label_names(load_mlc_dataset(comma, label_format="delimited", label_separator=",")) == NAMES
 
 
-
 def test_list_cells_in_a_csv_are_read_as_lists_of_ids_or_names(tmp_path):
     """``[8, 20]`` in a CSV cell is two ids (auto and label_format='ids' alike), ``['cs.LG', 'q-bio']``
     (Python) or ``["cs.LG", "q-bio"]`` (JSON) two names: never names such as '[8' or "'q-bio'"."""
@@ -233,7 +262,9 @@ def test_list_cells_in_a_csv_are_read_as_lists_of_ids_or_names(tmp_path):
         got = {t: row for s in dd for t, row in zip(list(dd[s]["text"]), list(dd[s]["labels"]))}
         assert got == truth, fmt
     # "8;20" under label_format='ids' is two ids as well
-    plain = _write_csv(tmp_path / "plain_ids.csv", ROWS, label_fmt=lambda labs: ";".join(str(NAMES.index(x)) for x in labs))
+    plain = _write_csv(
+        tmp_path / "plain_ids.csv", ROWS, label_fmt=lambda labs: ";".join(str(NAMES.index(x)) for x in labs)
+    )
     dd = load_mlc_dataset(plain, label_format="ids")
     assert {t: row for s in dd for t, row in zip(list(dd[s]["text"]), list(dd[s]["labels"]))} == truth
     for writer in (str, json.dumps):  # Python repr and JSON lists of names
@@ -248,10 +279,19 @@ def test_list_cells_in_a_csv_are_read_as_lists_of_ids_or_names(tmp_path):
     "cells, message",
     [
         (["cs.LG;q-bio", "cs.CL,cs.LG"], r"both ';' and ','.*label_separator=';'.*label_separator=','"),
-        (["[1, 3]", "cs.CL;cs.LG"], r"mixes list cells.*'\[1, 3\]'.*plain cells.*'cs.CL;cs.LG'.*label_format="),
+        (
+            ["[1, 3]", "cs.CL;cs.LG"],
+            r"mixes list cells.*'\[1, 3\]'.*plain cells.*'cs.CL;cs.LG'.*label_format=",
+        ),
         (["[1, 'cs.CL']", "[2]"], r"mixes ids and names.*label_format='ids'.*label_format='names'"),
-        (["[cs.LG, q-bio]", "[cs.CL]"], r"'\[cs.LG, q-bio\]'.*not a list.*\[\"cs.LG\", \"q-bio\"\].*label_format="),
-        (["'cs.LG';'q-bio'", "'cs.CL'"], r"label names such as \"'cs.CL'\".*quotes or brackets.*label_format="),
+        (
+            ["[cs.LG, q-bio]", "[cs.CL]"],
+            r"'\[cs.LG, q-bio\]'.*not a list.*\[\"cs.LG\", \"q-bio\"\].*label_format=",
+        ),
+        (
+            ["'cs.LG';'q-bio'", "'cs.CL'"],
+            r"label names such as \"'cs.CL'\".*quotes or brackets.*label_format=",
+        ),
     ],
 )
 def test_ambiguous_label_cells_stop_and_name_the_choices(tmp_path, cells, message):
@@ -305,10 +345,16 @@ def test_data_arguments_carry_the_options_to_the_loader_and_the_card(tmp_path):
     from hf_mlcl.training.arguments import DataArguments
     from hf_mlcl.training.stages import load_run_data
 
-    path = _write_csv(tmp_path / "my.csv", ROWS, label_fmt=lambda labs: "|".join(labs), header=("body", "tags"))
+    path = _write_csv(
+        tmp_path / "my.csv", ROWS, label_fmt=lambda labs: "|".join(labs), header=("body", "tags")
+    )
     assert DataArguments().loader_options() == {}  # a registered name gets nothing extra
     args = DataArguments(dataset=path, text_column="body", label_column="tags", validation_fraction=0.3)
-    assert args.loader_options() == {"text_column": "body", "label_column": "tags", "validation_fraction": 0.3}
+    assert args.loader_options() == {
+        "text_column": "body",
+        "label_column": "tags",
+        "validation_fraction": 0.3,
+    }
     data = load_run_data(args)
     ds, names = data.dataset, data.label_names
     assert names == NAMES and len(ds["validation"]) == 3 and "test" not in ds
@@ -319,13 +365,19 @@ def test_data_arguments_carry_the_options_to_the_loader_and_the_card(tmp_path):
         DataArguments(dataset=path, validation_fraction=1.5)
     # the same keys come from a recipe and from the command line
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"dataset: {path}\ntext_column: body\nlabel_column: tags\n"
-                      "data_files: {train: a.csv, test: b.csv}\ncontrastive: {report_to: none}\n", encoding="utf-8")
+    recipe.write_text(
+        f"dataset: {path}\ntext_column: body\nlabel_column: tags\n"
+        "data_files: {train: a.csv, test: b.csv}\ncontrastive: {report_to: none}\n",
+        encoding="utf-8",
+    )
     from hf_mlcl.recipes import load_recipe, split_overrides
 
-    _, data_args, _ = parse_stage(load_recipe(str(recipe)), "contrastive",
-                                  split_overrides(["--label_format", "delimited", "--split_seed", "7"], ["contrastive"]),
-                                  output_dir=str(tmp_path / "out"))
+    _, data_args, _ = parse_stage(
+        load_recipe(str(recipe)),
+        "contrastive",
+        split_overrides(["--label_format", "delimited", "--split_seed", "7"], ["contrastive"]),
+        output_dir=str(tmp_path / "out"),
+    )
     assert data_args.data_files == {"train": "a.csv", "test": "b.csv"}
     assert (data_args.label_format, data_args.split_seed, data_args.text_column) == ("delimited", 7, "body")
 
@@ -342,15 +394,37 @@ def test_goemotions_raw_release_shape_one_column_per_label(tmp_path):
     with open(os.path.join(src, "train.tsv"), encoding="utf-8", newline="") as f:
         rows = [r for r in csv.reader(f, delimiter="\t") if r]
     raw = tmp_path / "goemotions_1.csv"
-    header = ["text", "id", "author", "subreddit", "link_id", "parent_id", "created_utc", "rater_id",
-              "example_very_unclear", *names]
+    header = [
+        "text",
+        "id",
+        "author",
+        "subreddit",
+        "link_id",
+        "parent_id",
+        "created_utc",
+        "rater_id",
+        "example_very_unclear",
+        *names,
+    ]
     with open(raw, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         for i, (text, labs, cid) in enumerate(rows):
             ids = {int(x) for x in labs.split(",")}
-            w.writerow([text, cid, "someone", "r/x", "t3_x", "t1_x", 1.5e9, 1 + i % 80, "False",
-                        *[int(j in ids) for j in range(len(names))]])
+            w.writerow(
+                [
+                    text,
+                    cid,
+                    "someone",
+                    "r/x",
+                    "t3_x",
+                    "t1_x",
+                    1.5e9,
+                    1 + i % 80,
+                    "False",
+                    *[int(j in ids) for j in range(len(names))],
+                ]
+            )
     names_file = tmp_path / "emotions.txt"
     names_file.write_text("\n".join(names) + "\n", encoding="utf-8")
     dd = load_mlc_dataset(str(raw), label_names=str(names_file), validation_fraction=0.1, split_seed=0)
@@ -380,15 +454,29 @@ def test_the_own_data_options_are_listed_once_and_every_reader_follows_the_list(
     from hf_mlcl.data.custom import CUSTOM_OPTIONS
     from hf_mlcl.training.arguments import DataArguments
 
-    keywords = [p.name for p in inspect.signature(load_custom_dataset).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    keywords = [
+        p.name for p in inspect.signature(load_custom_dataset).parameters.values() if p.kind == p.KEYWORD_ONLY
+    ]
     assert set(CUSTOM_OPTIONS) == set(keywords) - {"data_dir", "splits"}
     for option in CUSTOM_OPTIONS:
         with pytest.raises(ValueError, match=rf"options \['{option}'\] apply to your own data"):
             load_mlc_dataset("synthetic", **{option: None})
     fields = {f.name: f for f in dataclasses.fields(DataArguments)}
-    changed = {"data_files": "a.csv", "dataset_config": "c", "text_column": "t", "label_column": "l",
-               "label_columns": "a,b", "label_format": "ids", "label_separator": "|", "label_names_file": "n.txt",
-               "unknown_labels": "drop", "validation_fraction": 0.2, "test_fraction": 0.1, "split_seed": 7, "split_strategy": "stratified"}  # fmt: skip
+    changed = {
+        "data_files": "a.csv",
+        "dataset_config": "c",
+        "text_column": "t",
+        "label_column": "l",
+        "label_columns": "a,b",
+        "label_format": "ids",
+        "label_separator": "|",
+        "label_names_file": "n.txt",
+        "unknown_labels": "drop",
+        "validation_fraction": 0.2,
+        "test_fraction": 0.1,
+        "split_seed": 7,
+        "split_strategy": "stratified",
+    }
     assert set(changed) <= set(fields)
     options = DataArguments(**changed).loader_options()
     assert set(options) == set(CUSTOM_OPTIONS) - {"revision"}

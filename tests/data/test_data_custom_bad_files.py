@@ -14,7 +14,9 @@ from hf_mlcl.data import label_names, load_mlc_dataset
 def test_a_zero_byte_csv_is_one_line_naming_the_file(tmp_path):
     path = tmp_path / "my.csv"
     path.write_bytes(b"")
-    with pytest.raises(ValueError, match=r"my\.csv' for split 'train' is empty \(0 bytes\); write a header row") as err:
+    with pytest.raises(
+        ValueError, match=r"my\.csv' for split 'train' is empty \(0 bytes\); write a header row"
+    ) as err:
         load_mlc_dataset(str(path))
     assert "\n" not in str(err.value)
 
@@ -29,11 +31,16 @@ def test_a_csv_the_reader_cannot_parse_is_one_line(tmp_path):
 
 def test_rows_with_empty_text_are_dropped_with_one_counting_warning(tmp_path, caplog):
     train, test = tmp_path / "train.csv", tmp_path / "test.csv"
-    train.write_text("text,labels\ngoal match,sports\n,politics\n   ,science\nvote law,politics\natom,science\n"
-                     "team,sports\n", encoding="utf-8")
+    train.write_text(
+        "text,labels\ngoal match,sports\n,politics\n   ,science\nvote law,politics\natom,science\n"
+        "team,sports\n",
+        encoding="utf-8",
+    )
     test.write_text("text,labels\nvote,politics\n\t,sports\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
-        ds = load_mlc_dataset("csv", data_files={"train": str(train), "test": str(test)}, validation_fraction=0.25)
+        ds = load_mlc_dataset(
+            "csv", data_files={"train": str(train), "test": str(test)}, validation_fraction=0.25
+        )
     warnings = [r.getMessage() for r in caplog.records if "empty text" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "dropped 3 row(s) with empty text (train 2, test 1)" in warnings[0]
@@ -52,5 +59,7 @@ def test_a_label_seen_only_on_empty_rows_does_not_enter_the_label_space(tmp_path
 def test_options_of_another_loader_are_one_line_for_own_data(tmp_path):
     path = tmp_path / "my.csv"
     path.write_text("text,labels\ngoal,sports\nvote,politics\nteam,sports\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"options \['min_words', 'num_labels'\] do not apply to your own data"):
+    with pytest.raises(
+        ValueError, match=r"options \['min_words', 'num_labels'\] do not apply to your own data"
+    ):
         load_mlc_dataset(str(path), num_labels=10, min_words=3)

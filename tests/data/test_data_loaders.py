@@ -37,7 +37,17 @@ def _write(path, text):
 # ---------------------------------------------------------------- registry
 def test_registry_names_and_errors(tmp_path):
     assert list_datasets() == sorted(
-        ["aapd", "rcv1", "uklex", "mimic3", "mimic4_icd9", "mimic4_icd10", "goemotions", "reuters21578", "synthetic"]
+        [
+            "aapd",
+            "rcv1",
+            "uklex",
+            "mimic3",
+            "mimic4_icd9",
+            "mimic4_icd10",
+            "goemotions",
+            "reuters21578",
+            "synthetic",
+        ]
     )
     with pytest.raises(ValueError, match="unknown dataset 'nope'.*aapd"):
         load_mlc_dataset("nope")
@@ -162,7 +172,9 @@ def rcv1_dir(tmp_path):
         topics = ["CCAT", "C15", "C151"] if i % 2 else ["GCAT", "GSPO"]
         if i % 7 == 0:
             topics = ["CCAT"]
-        recs.append({"id": doc_id, "text": f"doc {i} " + " ".join(rng.choice(list("abcdef"), 5)), "topics": topics})
+        recs.append(
+            {"id": doc_id, "text": f"doc {i} " + " ".join(rng.choice(list("abcdef"), 5)), "topics": topics}
+        )
     rng.shuffle(recs)
     with open(d / "rcv1.jsonl", "w") as f:
         for r in recs:
@@ -219,10 +231,30 @@ def test_uklex_fixture(tmp_path):
     d = tmp_path / "uklex"
     d.mkdir()
     recs = [
-        {"title": "Finance Act", "body": "tax rules", "labels": {"uklex18": ["TAX"], "uklex69": ["INCOME TAX"]}, "data_type": "train"},
-        {"title": "Health Act", "body": "nhs", "labels": {"uklex18": ["HEALTH", "TAX"], "uklex69": ["NHS", "VAT"]}, "data_type": "train"},
-        {"title": "Roads Act", "body": "cars", "labels": {"uklex18": ["TRANSPORT"], "uklex69": ["ROADS"]}, "data_type": "validation"},
-        {"title": "Sea Act", "body": "", "labels": {"uklex18": ["TRANSPORT"], "uklex69": ["SHIPPING"]}, "data_type": "test"},
+        {
+            "title": "Finance Act",
+            "body": "tax rules",
+            "labels": {"uklex18": ["TAX"], "uklex69": ["INCOME TAX"]},
+            "data_type": "train",
+        },
+        {
+            "title": "Health Act",
+            "body": "nhs",
+            "labels": {"uklex18": ["HEALTH", "TAX"], "uklex69": ["NHS", "VAT"]},
+            "data_type": "train",
+        },
+        {
+            "title": "Roads Act",
+            "body": "cars",
+            "labels": {"uklex18": ["TRANSPORT"], "uklex69": ["ROADS"]},
+            "data_type": "validation",
+        },
+        {
+            "title": "Sea Act",
+            "body": "",
+            "labels": {"uklex18": ["TRANSPORT"], "uklex69": ["SHIPPING"]},
+            "data_type": "test",
+        },
     ]
     _write(d / "uklex.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
     dd = load_mlc_dataset("uklex", data_dir=d)
@@ -235,7 +267,9 @@ def test_uklex_fixture(tmp_path):
     with pytest.raises(ValueError, match="18 or 69"):
         load_mlc_dataset("uklex", data_dir=d, version=20)
     # flat list labels + a names file
-    _write(d / "uklex.jsonl", "".join(json.dumps({**r, "labels": r["labels"]["uklex18"]}) + "\n" for r in recs))
+    _write(
+        d / "uklex.jsonl", "".join(json.dumps({**r, "labels": r["labels"]["uklex18"]}) + "\n" for r in recs)
+    )
     _write(d / "labels_18.txt", "TRANSPORT\nTAX\nHEALTH\n")
     dd = load_mlc_dataset("uklex", data_dir=d, splits=["train"])
     assert label_names(dd) == ["TRANSPORT", "TAX", "HEALTH"] and dd["train"]["labels"] == [[1], [1, 2]]
@@ -259,7 +293,11 @@ def mimic3_dir(tmp_path):
     d = tmp_path / "mimic3"
     d.mkdir()
     full = {
-        "train_full.csv": [(1, 101, _NOTE, ["401.9", "96.04"]), (2, 102, "note two", ["V58.61"]), (3, 103, "n3", ["401.9"])],
+        "train_full.csv": [
+            (1, 101, _NOTE, ["401.9", "96.04"]),
+            (2, 102, "note two", ["V58.61"]),
+            (3, 103, "n3", ["401.9"]),
+        ],
         "dev_full.csv": [(4, 104, "dev note", ["401.9", "999.9"])],
         "test_full.csv": [(5, 105, "test note", ["96.04"]), (6, 106, "t6", ["V58.61"])],
     }
@@ -296,7 +334,9 @@ def test_mimic3_resplit_by_hadm_id_lists(mimic3_dir, tmp_path):
     rows = []
     for fname in ("train_full.csv", "dev_full.csv", "test_full.csv"):
         with open(mimic3_dir / fname, newline="") as f:
-            rows += [(r["SUBJECT_ID"], r["HADM_ID"], r["TEXT"], r["LABELS"].split(";")) for r in csv.DictReader(f)]
+            rows += [
+                (r["SUBJECT_ID"], r["HADM_ID"], r["TEXT"], r["LABELS"].split(";")) for r in csv.DictReader(f)
+            ]
     _write_caml(mimic3_dir, {"notes_labeled.csv": rows})
     dd = load_mlc_dataset("mimic3", data_dir=mimic3_dir, file="notes_labeled.csv", split_ids_dir=ids_dir)
     assert dd["train"]["id"] == ["101", "103", "105"] and dd["validation"]["id"] == ["102"]
@@ -311,11 +351,15 @@ def test_mimic4_icd10_nguyen_csv_strips_dots(tmp_path):
     d = tmp_path / "m4"
     d.mkdir()
     hdr = ("subject_id", "hadm_id", "text", "labels")
-    _write_caml(d, {
-        "train_full.csv": [(1, 201, "a", ["I10", "E119"]), (2, 202, "b", ["Z7901"])],
-        "dev_full.csv": [(3, 203, "c", ["I10"])],
-        "test_full.csv": [(4, 204, "d", ["E119", "Z7901"])],
-    }, header=hdr)
+    _write_caml(
+        d,
+        {
+            "train_full.csv": [(1, 201, "a", ["I10", "E119"]), (2, 202, "b", ["Z7901"])],
+            "dev_full.csv": [(3, 203, "c", ["I10"])],
+            "test_full.csv": [(4, 204, "d", ["E119", "Z7901"])],
+        },
+        header=hdr,
+    )
     dd = load_mlc_dataset("mimic4_icd10", data_dir=d)
     _check_schema(dd, ["E119", "I10", "Z7901"])
     assert dd["test"]["labels"] == [[0, 2]]
@@ -332,15 +376,17 @@ def test_mimic4_edin_feather(tmp_path):
     pd = pytest.importorskip("pandas")
     d = tmp_path / "edin"
     d.mkdir()
-    docs = pd.DataFrame({
-        "_id": [301, 302, 303, 304, 305],
-        "text": ["t1", "t2", "t3", "t4", "t5"],
-        "target": [["250.00", "401.9"], ["401.9"], ["038.9"], ["401.9", "038.9"], ["999.0"]],
-    })
-    docs.to_feather(d / "mimiciv_icd9.feather")
-    pd.DataFrame({"_id": [301, 302, 303, 304, 305], "split": ["train", "train", "val", "test", "test"]}).to_feather(
-        d / "mimiciv_icd9_split.feather"
+    docs = pd.DataFrame(
+        {
+            "_id": [301, 302, 303, 304, 305],
+            "text": ["t1", "t2", "t3", "t4", "t5"],
+            "target": [["250.00", "401.9"], ["401.9"], ["038.9"], ["401.9", "038.9"], ["999.0"]],
+        }
     )
+    docs.to_feather(d / "mimiciv_icd9.feather")
+    pd.DataFrame(
+        {"_id": [301, 302, 303, 304, 305], "split": ["train", "train", "val", "test", "test"]}
+    ).to_feather(d / "mimiciv_icd9_split.feather")
     dd = load_mlc_dataset("mimic4_icd9", data_dir=d)
     _check_schema(dd, ["250.00", "401.9"])
     assert dd["train"]["id"] == ["301", "302"] and dd["validation"]["labels"] == [[]]
@@ -396,10 +442,14 @@ def test_real_mimic3_caml_id_lists():
     every = sorted({i for ids in full.values() for i in ids} | {i for ids in top50.values() for i in ids})
     # a stand-in dataset holding every admission id, filtered by the id files as a loader would be
     ds = Dataset.from_dict({"text": every, "labels": [[0]] * len(every), "id": every})
-    got_full = {s: filter_by_hadm_ids(ds, os.path.join(path, f"{p}_full_hadm_ids.csv")) for s, p in
-                (("train", "train"), ("validation", "dev"), ("test", "test"))}
-    got_50 = {s: filter_by_hadm_ids(ds, os.path.join(path, f"{p}_50_hadm_ids.csv")) for s, p in
-              (("train", "train"), ("validation", "dev"), ("test", "test"))}
+    got_full = {
+        s: filter_by_hadm_ids(ds, os.path.join(path, f"{p}_full_hadm_ids.csv"))
+        for s, p in (("train", "train"), ("validation", "dev"), ("test", "test"))
+    }
+    got_50 = {
+        s: filter_by_hadm_ids(ds, os.path.join(path, f"{p}_50_hadm_ids.csv"))
+        for s, p in (("train", "train"), ("validation", "dev"), ("test", "test"))
+    }
     assert [len(got_full[s]) for s in ("train", "validation", "test")] == [47723, 1631, 3372]
     assert [len(got_50[s]) for s in ("train", "validation", "test")] == [8066, 1573, 1729]
     sets = {s: set(got_full[s]["id"]) for s in got_full}

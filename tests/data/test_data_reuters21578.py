@@ -35,17 +35,32 @@ def _write_fixture(d):
     """Two files; categories: earn (train 3, test 1), acq (train 2, test 1), grain (train 1, test 0),
     cocoa (train 0, test 1) -> R90-style set {acq, earn}; 'all' adds cocoa and grain."""
     docs0 = [
-        _doc(1, ["earn"], "TRAIN", _norm("PROFIT &lt;XYZ&gt; UP", "Net shr 1.20 dlrs\nvs 1.10 dlrs &amp; more.")),
+        _doc(
+            1,
+            ["earn"],
+            "TRAIN",
+            _norm("PROFIT &lt;XYZ&gt; UP", "Net shr 1.20 dlrs\nvs 1.10 dlrs &amp; more."),
+        ),
         _doc(2, ["earn", "acq"], "TRAIN", _norm("MERGER AND EARNINGS", "Company said it\n  agreed to buy.")),
-        _doc(3, ["grain"], "TRAIN", '<TEXT TYPE="BRIEF">&#2;\n******<TITLE>WHEAT CROP SEEN LOWER\n</TITLE>'
-             "Blah blah blah.\n&#3;\n\n</TEXT>"),
+        _doc(
+            3,
+            ["grain"],
+            "TRAIN",
+            '<TEXT TYPE="BRIEF">&#2;\n******<TITLE>WHEAT CROP SEEN LOWER\n</TITLE>'
+            "Blah blah blah.\n&#3;\n\n</TEXT>",
+        ),
         _doc(4, [], "TRAIN", _norm("NO TOPIC HERE", "Body of a document without topics.")),  # no topics
         _doc(5, ["earn"], "NOT-USED", _norm("NOT USED", "Outside ModApte."), topics_attr="YES"),
         _doc(6, ["earn"], "TRAIN", _norm("BYPASSED", "TOPICS=BYPASS is not ModApte."), topics_attr="BYPASS"),
     ]
     docs1 = [
-        _doc(7, ["acq"], "TRAIN", '<TEXT TYPE="UNPROC">&#2;\nFEDERAL RESERVE REPORT - FEB 26\n'
-             " Net free reserves.....644 vs.....1,337\n&#3;</TEXT>"),
+        _doc(
+            7,
+            ["acq"],
+            "TRAIN",
+            '<TEXT TYPE="UNPROC">&#2;\nFEDERAL RESERVE REPORT - FEB 26\n'
+            " Net free reserves.....644 vs.....1,337\n&#3;</TEXT>",
+        ),
         _doc(8, ["earn"], "TRAIN", _norm("CAF\xc9 PROFIT", "Non-UTF-8 byte here.")),
         _doc(9, ["earn"], "TEST", _norm("TEST EARN", "Test body.")),
         _doc(10, ["acq", "cocoa"], "TEST", _norm("TEST ACQ", "Test body two.")),
@@ -81,7 +96,9 @@ def test_reuters_modapte_r90_text_and_ids(reuters_dir):
     assert train["text"][3] == "CAF\xc9 PROFIT\nNon-UTF-8 byte here. Reuter"
     assert len(dd["validation"]) == 0
     assert dd["test"]["id"] == ["9", "10"] and dd["test"]["labels"] == [[1], [0]]  # 11: cocoa only, dropped
-    assert all("&" not in t.replace("& more", "") and "\x02" not in t and "\x03" not in t for t in train["text"])
+    assert all(
+        "&" not in t.replace("& more", "") and "\x02" not in t and "\x03" not in t for t in train["text"]
+    )
 
 
 def test_reuters_category_sets_brief_and_unlabeled(reuters_dir):
@@ -106,8 +123,14 @@ def test_reuters_seeded_validation(reuters_dir):
     assert len(a["train"]) == 2 and len(a["validation"]) == 2
     assert a["validation"]["id"] == b["validation"]["id"]  # 0.5 of 4 == 2, same seed, same draw
     assert sorted(list(a["train"]["id"]) + list(a["validation"]["id"])) == ["1", "2", "7", "8"]
-    draws = {tuple(load_mlc_dataset("reuters21578", data_dir=reuters_dir, validation_size=2, seed=s)
-                   ["validation"]["id"]) for s in range(8)}
+    draws = {
+        tuple(
+            load_mlc_dataset("reuters21578", data_dir=reuters_dir, validation_size=2, seed=s)["validation"][
+                "id"
+            ]
+        )
+        for s in range(8)
+    }
     assert len(draws) > 1  # the seed changes the draw
     only = load_mlc_dataset("reuters21578", data_dir=reuters_dir, splits=("val",), validation_size=2, seed=3)
     assert list(only) == ["validation"] and only["validation"]["id"] == a["validation"]["id"]
@@ -135,7 +158,9 @@ def test_real_reuters21578_counts():
     path = os.path.join(SHARED_DATA, "reuters21578")
     if not os.path.isdir(path):
         pytest.skip(f"{path} not present")
-    every = load_mlc_dataset("reuters21578", data_dir=path, categories="all", validation_size=0, keep_unlabeled=True)
+    every = load_mlc_dataset(
+        "reuters21578", data_dir=path, categories="all", validation_size=0, keep_unlabeled=True
+    )
     assert (len(every["train"]), len(every["test"])) == (9603, 3299)  # ModApte before category filtering
     dd = load_mlc_dataset("reuters21578", data_dir=path)
     names = label_names(dd)
@@ -152,8 +177,9 @@ def test_real_reuters21578_counts():
     assert freq.min() >= 1 and names[int(freq.argmax())] == "earn"
     assert all(t and "&lt;" not in t and "&#" not in t and "\x03" not in t for t in dd["test"]["text"])
     r10 = load_mlc_dataset("reuters21578", data_dir=path, categories="r10")
-    assert label_names(r10) == sorted(["earn", "acq", "money-fx", "grain", "crude", "trade", "interest", "ship",
-                                       "wheat", "corn"])
+    assert label_names(r10) == sorted(
+        ["earn", "acq", "money-fx", "grain", "crude", "trade", "interest", "ship", "wheat", "corn"]
+    )
     assert (len(r10["train"]) + len(r10["validation"]), len(r10["test"])) == (6490, 2545)
     alltopics = load_mlc_dataset("reuters21578", data_dir=path, categories="all")
     assert len(label_names(alltopics)) == 118

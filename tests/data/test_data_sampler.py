@@ -94,8 +94,9 @@ def test_each_process_gets_whole_batches_with_their_positives():
     sampler = PositiveEnsuredSampler(rows, 6, "same_label_set", seed=0)
     seen = []
     for rank in (0, 1):
-        batches = list(BatchSamplerShard(BatchSampler(sampler, 6, drop_last=True), num_processes=2,
-                                         process_index=rank))  # fmt: skip
+        batches = list(
+            BatchSamplerShard(BatchSampler(sampler, 6, drop_last=True), num_processes=2, process_index=rank)
+        )
         assert all(len(b) == 6 for b in batches)
         assert _wasted(rows, [i for b in batches for i in b], 6, "same_label_set") == 0
         seen += [i for b in batches for i in b]

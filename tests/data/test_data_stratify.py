@@ -20,7 +20,9 @@ def algorithm_1(rows, proportions, seed, num_labels):
     size = [r[j] * n for j in range(k)]
     fold = [-1] * n
     while True:
-        remaining = [sum(1 for i, s in enumerate(sets) if fold[i] < 0 and lab in s) for lab in range(num_labels)]
+        remaining = [
+            sum(1 for i, s in enumerate(sets) if fold[i] < 0 and lab in s) for lab in range(num_labels)
+        ]
         live = [lab for lab in range(num_labels) if remaining[lab] > 0]
         if not live:
             break
@@ -75,8 +77,9 @@ def test_stratified_carve_keeps_every_label_near_its_share_where_random_does_not
     want = 0.1 * y.sum(0)
     strat_err = np.abs(y[val].sum(0) - want)
     assert strat_err.max() <= 1.0  # every label within one row of its share
-    worst_random = max(np.abs(y[np.random.default_rng(s).permutation(2000)[:200]].sum(0) - want).max()
-                       for s in range(5))
+    worst_random = max(
+        np.abs(y[np.random.default_rng(s).permutation(2000)[:200]].sum(0) - want).max() for s in range(5)
+    )
     assert worst_random > 2 * strat_err.max() + 1
 
 

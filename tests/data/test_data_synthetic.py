@@ -23,13 +23,17 @@ def test_determinism_and_schema():
     assert a["train"]["text"] != c["train"]["text"]
     assert a["train"]["text"] != a["test"]["text"][:10] + a["train"]["text"][10:]
     assert label_names(a) == [f"label_{i:02d}" for i in range(12)]
-    via_registry = load_mlc_dataset("synthetic", num_labels=12, num_train=50, num_validation=10, num_test=10, seed=7)
+    via_registry = load_mlc_dataset(
+        "synthetic", num_labels=12, num_train=50, num_validation=10, num_test=10, seed=7
+    )
     assert via_registry["train"]["text"] == a["train"]["text"]
     assert list(load_mlc_dataset("synthetic", splits=["test"], num_test=5)) == ["test"]
 
 
 def test_lengths_label_counts_and_validation():
-    dd = make_synthetic_corpus(num_labels=30, num_train=300, min_words=5, max_words=9, mean_labels=3.0, seed=1)
+    dd = make_synthetic_corpus(
+        num_labels=30, num_train=300, min_words=5, max_words=9, mean_labels=3.0, seed=1
+    )
     lengths = np.array([len(t.split()) for t in dd["train"]["text"]])
     assert lengths.min() >= 5 and lengths.max() <= 9
     nlab = np.array([len(y) for y in dd["train"]["labels"]])
@@ -123,6 +127,8 @@ def test_arrow_text_assembly_matches_word_join():
     label_flat, label_ptr, words, word_ptr = gen.generate_ids(50, np.random.default_rng(3))
     expected = [" ".join(gen.vocab[words[word_ptr[i] : word_ptr[i + 1]]]) for i in range(50)]
     assert table.column("text").to_pylist() == expected
-    assert table.column("labels").to_pylist() == [sorted(label_flat[label_ptr[i] : label_ptr[i + 1]].tolist()) for i in range(50)]
+    assert table.column("labels").to_pylist() == [
+        sorted(label_flat[label_ptr[i] : label_ptr[i + 1]].tolist()) for i in range(50)
+    ]
     shards = list(gen.iter_tables("train", 25, shard_size=10))
     assert [len(t) for t in shards] == [10, 10, 5]

@@ -12,9 +12,15 @@ import pytest
 from hf_mlcl.recipes import load_recipe
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-USER_FILES = ["README.md", "docs/usage.md", "pyproject.toml", *glob.glob("recipes/**/*.yaml", root_dir=ROOT, recursive=True),
-              *glob.glob("hf_mlcl/**/*.py", root_dir=ROOT, recursive=True),
-              *glob.glob("examples/*.py", root_dir=ROOT), *glob.glob("benchmarks/*.py", root_dir=ROOT)]  # fmt: skip
+USER_FILES = [
+    "README.md",
+    "docs/usage.md",
+    "pyproject.toml",
+    *glob.glob("recipes/**/*.yaml", root_dir=ROOT, recursive=True),
+    *glob.glob("hf_mlcl/**/*.py", root_dir=ROOT, recursive=True),
+    *glob.glob("examples/*.py", root_dir=ROOT),
+    *glob.glob("benchmarks/*.py", root_dir=ROOT),
+]
 
 
 def _read(rel: str) -> str:
@@ -22,11 +28,14 @@ def _read(rel: str) -> str:
         return fh.read()
 
 
-@pytest.mark.parametrize(("stale", "why"), [
-    ("huggingface-cli login", "the installed command is `hf auth login`"),
-    ("pip install hf_mlcl[", "hf_mlcl is installed from the repository: pip install -e \".[extra]\""),
-    ("pip install 'hf_mlcl[", "hf_mlcl is installed from the repository: pip install -e '.[extra]'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("stale", "why"),
+    [
+        ("huggingface-cli login", "the installed command is `hf auth login`"),
+        ("pip install hf_mlcl[", 'hf_mlcl is installed from the repository: pip install -e ".[extra]"'),
+        ("pip install 'hf_mlcl[", "hf_mlcl is installed from the repository: pip install -e '.[extra]'"),
+    ],
+)
 def test_no_command_that_fails_verbatim(stale, why):
     found = [rel for rel in USER_FILES if stale in _read(rel)]
     assert not found, f"{stale!r} in {found}: {why}"
@@ -52,12 +61,14 @@ def test_default_output_folders_are_gitignored():
     GoEmotions demo and Python API, every recipe's `outputs/` and the grid's `data/`."""
     from hf_mlcl.cli import build_parser
 
-    ignored = {line.strip().strip("/") for line in _read(".gitignore").splitlines() if line.strip()
-               and not line.startswith("#")}  # fmt: skip
+    ignored = {
+        line.strip().strip("/")
+        for line in _read(".gitignore").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     sub = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - the sub-command parsers
     defaults = {os.path.normpath(sub[name].get_default("output_dir")) for name in ("demo", "inspect")}
     readme = _read("README.md")
     assert "--output_dir demo_goemotions" in readme and '"out/encoder"' in readme
     for folder in {*defaults, "demo_goemotions", "out", "outputs", "data"}:
         assert folder in ignored, folder
-

@@ -30,6 +30,12 @@ def test_usage_example_runs(index, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(script), run_name="__main__")
     out = capsys.readouterr().out
-    expected = ["soft positives", "zlpr", "[[[0, 1], [0], [0], [1]], [[1, 2], [1], [2], [2]]]", "same embeddings: True",
-                "label_format='bool', filled=32", "{'train': 3, 'validation': 1}"][index]  # fmt: skip
+    expected = [
+        "soft positives",
+        "zlpr",
+        "[[[0, 1], [0], [0], [1]], [[1, 2], [1], [2], [2]]]",
+        "same embeddings: True",
+        "label_format='bool', filled=32",
+        "{'train': 3, 'validation': 1}",
+    ][index]
     assert expected in out, out

@@ -11,8 +11,11 @@ import runpy
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TOPICS = {"sports": "goal match team score win", "politics": "vote law party senate bill",
-          "science": "atom cell gene lab data"}
+TOPICS = {
+    "sports": "goal match team score win",
+    "politics": "vote law party senate bill",
+    "science": "atom cell gene lab data",
+}
 
 
 @pytest.fixture
@@ -44,18 +47,31 @@ def test_own_csv_example(tiny_csv, tmp_path, capsys):
 @pytest.mark.parametrize("cached", [False, True])
 def test_sentence_transformers_example(tiny_csv, tmp_path, capsys, cached):
     pytest.importorskip("sentence_transformers")
-    argv = [tiny_csv, "--tiny", "--loss", "mulsupcon", "--max-steps", "2", "--batch-size", "16",
-            "--output-dir", str(tmp_path / "st")] + (["--cached"] if cached else [])
+    argv = [
+        tiny_csv,
+        "--tiny",
+        "--loss",
+        "mulsupcon",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "16",
+        "--output-dir",
+        str(tmp_path / "st"),
+    ] + (["--cached"] if cached else [])
     _main("sentence_transformers_training.py")(argv)
     assert "trained 2 steps" in capsys.readouterr().out
     card = open(tmp_path / "st" / "final" / "README.md", encoding="utf-8").read()
-    assert "zhang2024mulsupcon" in card and ("CachedMultiLabelContrastiveLoss" if cached else
-                                            "MultiLabelContrastiveLoss") in card
+    assert (
+        "zhang2024mulsupcon" in card
+        and ("CachedMultiLabelContrastiveLoss" if cached else "MultiLabelContrastiveLoss") in card
+    )
 
 
 def test_trainer_compute_loss_func_example(tiny_csv, tmp_path, capsys):
-    trainer = _main("trainer_compute_loss_func.py")([tiny_csv, "--tiny", "--max-steps", "2",
-                                                     "--output-dir", str(tmp_path / "enc")])
+    trainer = _main("trainer_compute_loss_func.py")(
+        [tiny_csv, "--tiny", "--max-steps", "2", "--output-dir", str(tmp_path / "enc")]
+    )
     assert trainer.state.global_step == 2
     assert "trained 2 steps with sd" in capsys.readouterr().out
     from hf_mlcl.modeling import MLCLEncoder

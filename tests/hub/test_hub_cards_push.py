@@ -38,8 +38,14 @@ def _classifier_card(**kw) -> CardData:
         probe="linear",
         head="linear",
         hyperparameters={"learning_rate": 1e-3, "threshold": "global"},
-        metrics={"test_micro_f1": 0.7123, "test_macro_f1": 0.51, "test_p@1": 0.9, "validation_micro_f1": 0.7,
-                 "test_p@5": 0.4, "threshold": 0.31},
+        metrics={
+            "test_micro_f1": 0.7123,
+            "test_macro_f1": 0.51,
+            "test_p@1": 0.9,
+            "validation_micro_f1": 0.7,
+            "test_p@5": 0.4,
+            "threshold": 0.31,
+        },
     )
     base.update(kw)
     return CardData(**base)
@@ -66,13 +72,22 @@ def test_classifier_card_has_model_index_citation_usage_and_limitations():
 
 
 def test_encoder_card_and_mimic_limitations():
-    card = CardData(kind="encoder", dataset="mimic3", loss="msc", loss_kwargs={"beta": 0.1}, pooling="mean",
-                    base_model="/abs/local/path", metrics={"eval_knn_micro_f1": 0.4},
-                    hyperparameters={"projection_dim": 256, "temperature": 0.1})
+    card = CardData(
+        kind="encoder",
+        dataset="mimic3",
+        loss="msc",
+        loss_kwargs={"beta": 0.1},
+        pooling="mean",
+        base_model="/abs/local/path",
+        metrics={"eval_knn_micro_f1": 0.4},
+        hyperparameters={"projection_dim": 256, "temperature": 0.1},
+    )
     parsed = ModelCard(str(render_model_card(card)))
     assert parsed.data.pipeline_tag == "feature-extraction"
     assert parsed.data.base_model is None  # a local absolute path is not a Hub id
-    assert [(r.metric_name, r.dataset_split) for r in parsed.data.eval_results] == [("kNN micro-F1", "validation")]
+    assert [(r.metric_name, r.dataset_split) for r in parsed.data.eval_results] == [
+        ("kNN micro-F1", "validation")
+    ]
     assert "AutoModel.from_pretrained(repo, trust_remote_code=True)" in parsed.text
     assert "MSC / ABALONE" in parsed.text and "@inproceedings{audibert2024exploring" in parsed.text
     assert "PhysioNet" in parsed.text and "256 dimensions" in parsed.text
@@ -80,20 +95,37 @@ def test_encoder_card_and_mimic_limitations():
 
 
 def test_native_classifier_card_needs_no_remote_code():
-    card = CardData(kind="classifier", dataset="aapd", loss="bce", contrastive_loss="sd", probe="linear",
-                    layout="transformers", hyperparameters={"max_length": 64})
+    card = CardData(
+        kind="classifier",
+        dataset="aapd",
+        loss="bce",
+        contrastive_loss="sd",
+        probe="linear",
+        layout="transformers",
+        hyperparameters={"max_length": 64},
+    )
     parsed = ModelCard(str(render_model_card(card)))
     assert parsed.data.library_name == "transformers" and parsed.data.pipeline_tag == "text-classification"
     assert "trust_remote_code" not in parsed.text and "max_length=64" in parsed.text
     remote = str(render_model_card(CardData(kind="classifier", dataset="aapd", loss="bce", probe="linear")))
-    assert 'top_k=None)' in remote and ", trust_remote_code=True, top_k=None)" in remote
+    assert "top_k=None)" in remote and ", trust_remote_code=True, top_k=None)" in remote
 
 
 def test_sentence_transformers_encoder_card():
-    card = CardData(kind="encoder", dataset="aapd", loss="sd", pooling="cls", base_model="roberta-base",
-                    layout="sentence-transformers", hyperparameters={"projection_dim": 128, "max_length": 128})
+    card = CardData(
+        kind="encoder",
+        dataset="aapd",
+        loss="sd",
+        pooling="cls",
+        base_model="roberta-base",
+        layout="sentence-transformers",
+        hyperparameters={"projection_dim": 128, "max_length": 128},
+    )
     parsed = ModelCard(str(render_model_card(card)))
-    assert parsed.data.library_name == "sentence-transformers" and parsed.data.pipeline_tag == "sentence-similarity"
+    assert (
+        parsed.data.library_name == "sentence-transformers"
+        and parsed.data.pipeline_tag == "sentence-similarity"
+    )
     assert {"sentence-transformers", "feature-extraction"} <= set(parsed.data.tags)
     assert parsed.data.base_model == "roberta-base" and "**Base model:** [roberta-base]" in parsed.text
     assert "SentenceTransformer(" in parsed.text and "trust_remote_code" not in parsed.text
@@ -112,7 +144,16 @@ def test_every_registered_loss_has_a_citation():
     missing = [n for n in list_losses() if n not in LOSS_PAPERS]
     assert not missing, f"add these losses to hf_mlcl.hub.model_card.LOSS_PAPERS: {missing}"
     assert loss_paper("sd") == LOSS_PAPERS["similarity_dissimilarity"]
-    for name in ("all", "any", "mulsupcon", "similarity_dissimilarity", "jaccard", "msc", "ws_mulsupcon", "hbl"):
+    for name in (
+        "all",
+        "any",
+        "mulsupcon",
+        "similarity_dissimilarity",
+        "jaccard",
+        "msc",
+        "ws_mulsupcon",
+        "hbl",
+    ):
         assert LOSS_PAPERS[name]["bibtex"].startswith("@"), name
 
 
@@ -151,9 +192,16 @@ def test_callback_collects_args_metrics_and_writes_on_train_end(tmp_path):
 
     from hf_mlcl.training.arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments
 
-    args = ContrastiveTrainingArguments(output_dir=str(tmp_path), use_cpu=True, loss="mulsupcon", temperature=0.1,
-                                        learning_rate=3e-5, per_device_train_batch_size=8,
-                                        gradient_accumulation_steps=2, report_to="none")
+    args = ContrastiveTrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        loss="mulsupcon",
+        temperature=0.1,
+        learning_rate=3e-5,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        report_to="none",
+    )
     model_args = ModelArguments(backbone_config={"model_type": "bert"}, pooling="cls")
     data_args = DataArguments(dataset="synthetic", max_length=64)
     cb = ModelCardCallback("encoder", model_args=model_args, data_args=data_args, write_on_train_end=True)
@@ -174,7 +222,9 @@ def test_callback_collects_args_metrics_and_writes_on_train_end(tmp_path):
     assert "transformers" in card.framework_versions
     text = (tmp_path / CARD_FILE).read_text()
     assert "MulSupCon" in text and "| eval_knn_micro_f1 | 0.5000 |" in text
-    assert ModelCard(text).data.base_model is None  # "random-init bert" is no Hub id: kept out of the metadata
+    assert (
+        ModelCard(text).data.base_model is None
+    )  # "random-init bert" is no Hub id: kept out of the metadata
     assert card.model_name == os.path.basename(os.path.dirname(str(tmp_path))) + "-" + tmp_path.name
 
 
@@ -206,10 +256,19 @@ def _fake_checkpoint(folder) -> None:
 
 
 EXPECTED = [
-    "README.md", "card_data.json", "config.json", "configuration_mlcl.py", "metrics.json", "model.safetensors",
-    "modeling_mlcl.py", "plots/f1_vs_frequency.png", "thresholds.json", "tokenizer.json", "tokenizer_config.json",
+    "README.md",
+    "card_data.json",
+    "config.json",
+    "configuration_mlcl.py",
+    "metrics.json",
+    "model.safetensors",
+    "modeling_mlcl.py",
+    "plots/f1_vs_frequency.png",
+    "thresholds.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
     "trainer_state.json",
-]  # fmt: skip
+]
 
 
 class FakeHfApi:
@@ -272,7 +331,11 @@ def test_failed_push_leaves_the_checkpoint_byte_identical(tmp_path, fail_on):
 
 @pytest.mark.parametrize(
     "remove, match",
-    [("README.md", "no model card"), ("model.safetensors", "no model weights"), ("config.json", "no config.json")],
+    [
+        ("README.md", "no model card"),
+        ("model.safetensors", "no model weights"),
+        ("config.json", "no config.json"),
+    ],
 )
 def test_incomplete_folder_is_refused_before_any_hub_call(tmp_path, remove, match):
     _fake_checkpoint(str(tmp_path))
@@ -293,11 +356,18 @@ def test_the_pushed_card_names_the_repo_and_none_of_the_local_paths(tmp_path):
     local path (folder, data paths) in README.md or card_data.json; the local files stay as they were."""
     folder = tmp_path / "outputs" / "clf"
     _fake_checkpoint(str(folder))
-    card = _classifier_card(model_name=None, folder="outputs/clf", dataset="my_data.csv",
-                            local_data={"dataset": "../../my_data.csv"})
+    card = _classifier_card(
+        model_name=None,
+        folder="outputs/clf",
+        dataset="my_data.csv",
+        local_data={"dataset": "../../my_data.csv"},
+    )
     save_model_card(card, str(folder))
     local = (folder / CARD_FILE).read_text()
-    assert 'model="outputs/clf"' in local and 'AutoTokenizer.from_pretrained("outputs/clf", trust_remote_code=True)' in local
+    assert (
+        'model="outputs/clf"' in local
+        and 'AutoTokenizer.from_pretrained("outputs/clf", trust_remote_code=True)' in local
+    )
     before = _snapshot(str(folder))
     api = FakeHfApi()
     push_folder(str(folder), "someone/my-clf", api=api)

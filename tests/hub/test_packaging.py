@@ -21,7 +21,18 @@ def test_wheel_ships_model_card_templates_and_renders_cards_outside_the_repo(tmp
         shutil.copy(os.path.join(REPO, name), src / name)
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(src),
+        ],
         check=True,
         capture_output=True,
     )
@@ -60,7 +71,9 @@ def test_wheel_ships_model_card_templates_and_renders_cards_outside_the_repo(tmp
         check=True,
     ).stdout
     template_dir, card = out.split("\n", 1)
-    assert template_dir.startswith(str(venv)) and template_dir.endswith(os.path.join("hf_mlcl", "model_cards"))
+    assert template_dir.startswith(str(venv)) and template_dir.endswith(
+        os.path.join("hf_mlcl", "model_cards")
+    )
     assert card.startswith("---\n") and "pipeline_tag: text-classification" in card and "hf_mlcl" in card
 
 

@@ -34,7 +34,9 @@ def backward(name: str, loss, model: SentenceTransformer, texts: list[str], labe
     value.backward()
 
 
-def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: torch.Tensor) -> dict[str, torch.Tensor]:
+def prototype_gradients(
+    model: SentenceTransformer, texts: list[str], labels: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """The prototypes' gradient of each integration's msc loss on one batch, the prototypes starting equal."""
     num_labels = labels.shape[1]
     torch.manual_seed(0)  # the same prototypes in every process (as Trainer's seed gives them)
@@ -44,7 +46,10 @@ def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: to
             model, "msc", mini_batch_size=3, num_labels=num_labels
         ),
         "compute_loss_func": ContrastiveLossFunc(
-            "msc", num_labels=num_labels, embedding_dim=model.get_embedding_dimension(), gather_across_devices=False
+            "msc",
+            num_labels=num_labels,
+            embedding_dim=model.get_embedding_dimension(),
+            gather_across_devices=False,
         ),
     }
     start = losses["sentence_transformers"].loss_fn.state_dict()
@@ -53,7 +58,9 @@ def prototype_gradients(model: SentenceTransformer, texts: list[str], labels: to
     for name, loss in losses.items():
         loss.loss_fn.load_state_dict(start)
         calls = []
-        D.mean_over_processes = lambda grad, calls=calls: calls.append(1) or mean(grad)  # count one backward's averages
+        D.mean_over_processes = lambda grad, calls=calls: (
+            calls.append(1) or mean(grad)
+        )  # count one backward's averages
         try:
             backward(name, loss, model, texts, labels)
         finally:
@@ -67,7 +74,9 @@ def queue_contents(model: SentenceTransformer, texts: list[str], labels: torch.T
     """The queue (keys, labels) of each integration after one training batch (queue of 12 keys)."""
     num_labels = labels.shape[1]
     losses = {
-        "sentence_transformers": MultiLabelContrastiveLoss(model, "mulsupcon", num_labels=num_labels, queue_size=12),
+        "sentence_transformers": MultiLabelContrastiveLoss(
+            model, "mulsupcon", num_labels=num_labels, queue_size=12
+        ),
         "compute_loss_func": ContrastiveLossFunc("mulsupcon", num_labels=num_labels, queue_size=12),
     }
     out = {}

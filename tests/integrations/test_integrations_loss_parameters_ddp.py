@@ -30,7 +30,9 @@ WORDS = "heart kidney brain tumour lung pain acute chronic scan dose".split()
 
 def _batch(seed: int, rows: int = 6, num_labels: int = 4) -> tuple[list[str], torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    texts = [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (5,), generator=g)) for _ in range(rows)]
+    texts = [
+        " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (5,), generator=g)) for _ in range(rows)
+    ]
     labels = (torch.rand(rows, num_labels, generator=g) < 0.4).float()
     labels[torch.arange(rows), torch.arange(rows) % num_labels] = 1.0  # every row has a label
     return texts, labels
@@ -38,9 +40,19 @@ def _batch(seed: int, rows: int = 6, num_labels: int = 4) -> tuple[list[str], to
 
 def _run(folder, rank: int, world_size: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([ROOT, HERE])}
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "_loss_parameters_worker.py"), str(rank),
-                             str(world_size), str(folder)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(HERE, "_loss_parameters_worker.py"),
+            str(rank),
+            str(world_size),
+            str(folder),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.timeout(180)
@@ -52,7 +64,8 @@ def test_two_processes_average_the_loss_parameters_gradient(tmp_path, bert_token
     bert_tokenizer.save_pretrained(tmp_path / "bert")
     word = Transformer(str(tmp_path / "bert"), max_seq_length=16)
     SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu").save(
-        str(tmp_path / "st"))  # fmt: skip
+        str(tmp_path / "st")
+    )
     torch.save([_batch(1), _batch(2)], tmp_path / "batches.pt")
 
     procs = [_run(tmp_path, rank, 2) for rank in (0, 1)]
@@ -69,7 +82,9 @@ def test_two_processes_average_the_loss_parameters_gradient(tmp_path, bert_token
     names = ("sentence_transformers", "sentence_transformers_cached", "compute_loss_func")
     assert two[0].keys() == {*names, *(f"{n}_averages" for n in names)}
     for name in names:
-        assert int(two[0][f"{name}_averages"]) == 1, name  # one all-reduce of the prototypes' gradient per backward
+        assert int(two[0][f"{name}_averages"]) == 1, (
+            name
+        )  # one all-reduce of the prototypes' gradient per backward
         assert not torch.allclose(alone[0][name], alone[1][name], rtol=1e-3), name  # the batches differ
         mean = (alone[0][name] + alone[1][name]) / 2
         torch.testing.assert_close(two[0][name], two[1][name], rtol=0, atol=0, msg=name)

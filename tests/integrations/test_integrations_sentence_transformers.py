@@ -44,8 +44,13 @@ def _split(n=24, seed=0):
     words = "heart kidney brain tumour lung pain acute chronic scan dose".split()
     texts, labels = [], []
     for _ in range(n):
-        labs = sorted(set(torch.randint(0, len(NAMES), (int(torch.randint(1, 3, (1,), generator=g)),),
-                                        generator=g).tolist()))
+        labs = sorted(
+            set(
+                torch.randint(
+                    0, len(NAMES), (int(torch.randint(1, 3, (1,), generator=g)),), generator=g
+                ).tolist()
+            )
+        )
         texts.append(" ".join(words[int(i)] for i in torch.randint(0, len(words), (6,), generator=g)))
         labels.append(labs)
     feats = Features({"text": Value("string"), "labels": HFSequence(ClassLabel(names=NAMES))})
@@ -122,11 +127,15 @@ def test_cached_variant_gives_the_plain_gradients(tiny_st, train_mode):
         from sentence_transformers.base.losses.gradcache import _create_minibatch
 
         (features,) = _features(tiny_st, texts)
-        emb = torch.cat([tiny_st(_create_minibatch(features, b, b + 5))["sentence_embedding"] for b in range(0, 12, 5)])
+        emb = torch.cat(
+            [tiny_st(_create_minibatch(features, b, b + 5))["sentence_embedding"] for b in range(0, 12, 5)]
+        )
         return plain_loss.compute_loss(emb, labels)
 
     cached_loss = CachedMultiLabelContrastiveLoss(tiny_st, "sd", mini_batch_size=5, num_labels=len(NAMES))
-    ref_value, ref = grads(chunked_reference if train_mode else lambda: plain_loss(_features(tiny_st, texts), labels))
+    ref_value, ref = grads(
+        chunked_reference if train_mode else lambda: plain_loss(_features(tiny_st, texts), labels)
+    )
     cached_value, cached = grads(lambda: cached_loss(_features(tiny_st, texts), labels))
     assert cached_value == pytest.approx(ref_value, rel=1e-5)
     assert ref.keys() == cached.keys() and len(ref) > 10
@@ -137,7 +146,9 @@ def test_cached_variant_gives_the_plain_gradients(tiny_st, train_mode):
 def _msc_losses(model, mini_batch_size=4):
     """The plain and the cached msc loss with the same prototypes."""
     plain = MultiLabelContrastiveLoss(model, "msc", num_labels=len(NAMES))
-    cached = CachedMultiLabelContrastiveLoss(model, "msc", mini_batch_size=mini_batch_size, num_labels=len(NAMES))
+    cached = CachedMultiLabelContrastiveLoss(
+        model, "msc", mini_batch_size=mini_batch_size, num_labels=len(NAMES)
+    )
     cached.loss_fn.load_state_dict(plain.loss_fn.state_dict())
     return plain, cached
 
@@ -170,8 +181,9 @@ def test_cached_loss_parameters_get_the_plain_gradients_under_the_trainers_scali
         torch.testing.assert_close(m_cached[name], g, rtol=1e-4, atol=1e-6 * scale, msg=name)
 
 
-def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation(tmp_path, bert_tokenizer,
-                                                                                tiny_bert_config):
+def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation(
+    tmp_path, bert_tokenizer, tiny_bert_config
+):
     """Three SentenceTransformerTrainer steps of two micro-batches each (SGD, dropout off): the cached and the
     plain msc loss end with the same prototypes and the same model."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
@@ -183,7 +195,9 @@ def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation
 
     def run(cached: bool):
         word = Transformer(str(tmp_path / "bert"), max_seq_length=32)
-        model = SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu")
+        model = SentenceTransformer(
+            modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu"
+        )
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0
@@ -191,14 +205,31 @@ def test_cached_loss_with_prototypes_trains_as_the_plain_loss_under_accumulation
         plain, cached_loss = _msc_losses(model)
         loss = cached_loss if cached else plain
         args = SentenceTransformerTrainingArguments(
-            output_dir=str(tmp_path / f"out{int(cached)}"), per_device_train_batch_size=8,
-            gradient_accumulation_steps=2, max_steps=3, learning_rate=0.5, optim="sgd", report_to="none",
-            save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True, seed=3,
+            output_dir=str(tmp_path / f"out{int(cached)}"),
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=2,
+            max_steps=3,
+            learning_rate=0.5,
+            optim="sgd",
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=3,
         )
         start = loss.loss_fn.prototypes.detach().clone()
-        SentenceTransformerTrainer(model=model, args=args, train_dataset=to_sentence_transformers_dataset(
-            _split(48, seed=2)), loss=loss).train()
-        return start, loss.loss_fn.prototypes.detach().clone(), {n: p.detach().clone() for n, p in model.named_parameters()}
+        SentenceTransformerTrainer(
+            model=model,
+            args=args,
+            train_dataset=to_sentence_transformers_dataset(_split(48, seed=2)),
+            loss=loss,
+        ).train()
+        return (
+            start,
+            loss.loss_fn.prototypes.detach().clone(),
+            {n: p.detach().clone() for n, p in model.named_parameters()},
+        )
 
     start, protos_plain, model_plain = run(False)
     start_cached, protos_cached, model_cached = run(True)
@@ -222,13 +253,16 @@ def test_label_similarity_reaches_the_loss_and_the_card_as_json(tiny_st):
         emb = tiny_st(_features(tiny_st, list(ds["text"]))[0])["sentence_embedding"]
         value = loss(_features(tiny_st, list(ds["text"])), labels)
     multi = torch.tensor(to_sentence_transformers_dataset(ds, "multi_hot")["label"]).float()
-    assert value.item() == pytest.approx(get_loss("jaccard", label_similarity=related)(emb, multi).item(), rel=1e-6)
+    assert value.item() == pytest.approx(
+        get_loss("jaccard", label_similarity=related)(emb, multi).item(), rel=1e-6
+    )
     config = json.loads(json.dumps(loss.get_config_dict()))
     assert config["label_similarity"] == "tensor(5, 5)"
 
 
 def test_lora_adapter_trained_with_an_hf_mlcl_loss_saves_and_reloads_as_sentence_transformers_expects(
-        tiny_st, tmp_path):
+    tiny_st, tmp_path
+):
     """add_lora_adapter on the tiny BERT (MiniLM's architecture) with its default targets: a
     SentenceTransformerTrainer run with the SD loss moves the adapter only; model.save writes the adapter in
     sentence-transformers' layout and SentenceTransformer(path) reloads base + adapter to the same embeddings."""
@@ -241,12 +275,19 @@ def test_lora_adapter_trained_with_an_hf_mlcl_loss_saves_and_reloads_as_sentence
     trainable = {n for n, p in tiny_st.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=2, learning_rate=5e-2,
-        report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        learning_rate=5e-2,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
     )
     loss = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=len(NAMES))
-    SentenceTransformerTrainer(model=tiny_st, args=args, train_dataset=to_sentence_transformers_dataset(_split(16)),
-                               loss=loss).train()
+    SentenceTransformerTrainer(
+        model=tiny_st, args=args, train_dataset=to_sentence_transformers_dataset(_split(16)), loss=loss
+    ).train()
     moved = {n for n, p in tiny_st.named_parameters() if not torch.equal(before[n], p.detach())}
     assert moved and moved <= trainable and any("lora_B" in n for n in moved)
     tiny_st.save(str(tmp_path / "saved"))
@@ -254,15 +295,21 @@ def test_lora_adapter_trained_with_an_hf_mlcl_loss_saves_and_reloads_as_sentence
     assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "model.safetensors" not in files
     config = json.loads((tmp_path / "saved" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tmp_path / "bert") and config["r"] == 4
-    assert sorted(config["target_modules"]) == sorted(["query", "key", "value", "intermediate.dense", "output.dense"])
+    assert sorted(config["target_modules"]) == sorted(
+        ["query", "key", "value", "intermediate.dense", "output.dense"]
+    )
     texts = list(_split(6, seed=3)["text"])
     tiny_st.eval()
     reloaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
-    torch.testing.assert_close(torch.as_tensor(reloaded.encode(texts)), torch.as_tensor(tiny_st.encode(texts)),
-                               rtol=1e-5, atol=1e-5)
-    base = SentenceTransformer(modules=[Transformer(str(tmp_path / "bert"), max_seq_length=32),
-                                        Pooling(32, "mean")], device="cpu")
-    assert not torch.allclose(torch.as_tensor(base.encode(texts)), torch.as_tensor(tiny_st.encode(texts)), atol=1e-4)
+    torch.testing.assert_close(
+        torch.as_tensor(reloaded.encode(texts)), torch.as_tensor(tiny_st.encode(texts)), rtol=1e-5, atol=1e-5
+    )
+    base = SentenceTransformer(
+        modules=[Transformer(str(tmp_path / "bert"), max_seq_length=32), Pooling(32, "mean")], device="cpu"
+    )
+    assert not torch.allclose(
+        torch.as_tensor(base.encode(texts)), torch.as_tensor(tiny_st.encode(texts)), atol=1e-4
+    )
 
 
 def test_gather_flag_is_the_plain_loss_in_one_process(tiny_st):
@@ -271,8 +318,11 @@ def test_gather_flag_is_the_plain_loss_in_one_process(tiny_st):
     tiny_st.eval()
     with torch.no_grad():
         a = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=5, gather_across_devices=True)(
-            _features(tiny_st, list(ds["text"])), labels)
-        b = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=5)(_features(tiny_st, list(ds["text"])), labels)
+            _features(tiny_st, list(ds["text"])), labels
+        )
+        b = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=5)(
+            _features(tiny_st, list(ds["text"])), labels
+        )
     assert a.item() == pytest.approx(b.item(), rel=1e-7)
 
 
@@ -284,8 +334,15 @@ def test_sentence_transformer_trainer_trains_and_the_card_cites_the_paper(tiny_s
     assert loss.get_config_dict()["loss"] == "mulsupcon" and "gao2021scaling" in loss.citation
     before = {n: p.detach().clone() for n, p in tiny_st.named_parameters()}
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, max_steps=3, learning_rate=1e-3,
-        report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=16,
+        max_steps=3,
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        disable_tqdm=True,
     )
     trainer = SentenceTransformerTrainer(model=tiny_st, args=args, train_dataset=train, loss=loss)
     out = trainer.train()
@@ -313,19 +370,31 @@ def test_a_trainer_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(ti
     train = to_sentence_transformers_dataset(_split(32, seed=1))
     kw = dict(mini_batch_size=4) if cached else {}
     loss = (CachedMultiLabelContrastiveLoss if cached else MultiLabelContrastiveLoss)(
-        tiny_st, "mulsupcon", num_labels=len(NAMES), **kw)
+        tiny_st, "mulsupcon", num_labels=len(NAMES), **kw
+    )
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, max_steps=3, learning_rate=1e-3,
-        report_to="none", save_strategy="no", logging_steps=100, use_cpu=True, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        max_steps=3,
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=100,
+        use_cpu=True,
+        disable_tqdm=True,
         logging_nan_inf_filter=False,
     )
     callback = SyncCountingCallback(steps=[2])
-    trainer = SentenceTransformerTrainer(model=tiny_st, args=args, train_dataset=train, loss=loss, callbacks=[callback])
+    trainer = SentenceTransformerTrainer(
+        model=tiny_st, args=args, train_dataset=train, loss=loss, callbacks=[callback]
+    )
     with callback:
         trainer.train()
     counter = callback.counters[2]
     if cached:
-        outside = counter.events_outside(TRANSFORMERS_MASK_PREPARATION, "sentence_transformers/base/losses/gradcache.py")
+        outside = counter.events_outside(
+            TRANSFORMERS_MASK_PREPARATION, "sentence_transformers/base/losses/gradcache.py"
+        )
         assert outside == [] and counter.count > 0, counter.report()
     else:
         outside = counter.events_outside(TRANSFORMERS_MASK_PREPARATION)
@@ -380,7 +449,9 @@ def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encod
     train_st = to_sentence_transformers_dataset(train, label_format="ids")
     dev_ids = torch.tensor(to_sentence_transformers_dataset(dev, label_format="ids")["label"])
     dev_y = np.asarray(to_sentence_transformers_dataset(dev, label_format="multi_hot")["label"], dtype=bool)
-    train_y = np.asarray(to_sentence_transformers_dataset(train, label_format="multi_hot")["label"], dtype=bool)
+    train_y = np.asarray(
+        to_sentence_transformers_dataset(train, label_format="multi_hot")["label"], dtype=bool
+    )
 
     torch.manual_seed(0)
     model = SentenceTransformer(minilm_path, device="cpu")
@@ -397,15 +468,26 @@ def test_minilm_on_goemotions_loss_falls_and_the_probe_beats_the_untrained_encod
     loss_before = dev_loss()
     before = _probe_f1(_embed(model, list(train["text"])), train_y, _embed(model, list(dev["text"])), dev_y)
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=48, num_train_epochs=1, learning_rate=5e-5,
-        warmup_steps=0.1, report_to="none", save_strategy="no", logging_steps=5, use_cpu=True, seed=0,
-        dataloader_drop_last=True, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=48,
+        num_train_epochs=1,
+        learning_rate=5e-5,
+        warmup_steps=0.1,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=5,
+        use_cpu=True,
+        seed=0,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
     )
     SentenceTransformerTrainer(model=model, args=args, train_dataset=train_st, loss=loss).train()
     loss_after = dev_loss()
     after = _probe_f1(_embed(model, list(train["text"])), train_y, _embed(model, list(dev["text"])), dev_y)
-    print(f"\nST+SD on GoEmotions (1200 train / 400 dev): dev loss {loss_before:.4f} -> {loss_after:.4f}; "
-          f"probe dev micro-F1 {before[0]:.4f} -> {after[0]:.4f}, macro-F1 {before[1]:.4f} -> {after[1]:.4f}")
+    print(
+        f"\nST+SD on GoEmotions (1200 train / 400 dev): dev loss {loss_before:.4f} -> {loss_after:.4f}; "
+        f"probe dev micro-F1 {before[0]:.4f} -> {after[0]:.4f}, macro-F1 {before[1]:.4f} -> {after[1]:.4f}"
+    )
     assert loss_after < loss_before
     assert after[0] > before[0] and after[1] > before[1]
 
@@ -433,13 +515,17 @@ def _no_dropout_st(folder):
     return model
 
 
-@pytest.mark.parametrize("loss,contrast_set,momentum,cached", [
-    ("mulsupcon", None, 0.5, False),          # the paper's "keys" set, warm-up: the queue joins once filled
-    ("sd", "queries+queue", 0.5, True),       # GradCache: keys one mini-batch at a time
-    ("mulsupcon", None, None, False),         # no key encoder: the embeddings without gradient
-])
-def test_queue_trains_as_contrastive_trainer(tmp_path, bert_tokenizer, tiny_bert_config, loss, contrast_set,
-                                            momentum, cached):
+@pytest.mark.parametrize(
+    "loss,contrast_set,momentum,cached",
+    [
+        ("mulsupcon", None, 0.5, False),  # the paper's "keys" set, warm-up: the queue joins once filled
+        ("sd", "queries+queue", 0.5, True),  # GradCache: keys one mini-batch at a time
+        ("mulsupcon", None, None, False),  # no key encoder: the embeddings without gradient
+    ],
+)
+def test_queue_trains_as_contrastive_trainer(
+    tmp_path, bert_tokenizer, tiny_bert_config, loss, contrast_set, momentum, cached
+):
     """Six SentenceTransformerTrainer steps with a queue of 16 (batch 8: the whole split, so both trainers see
     the same texts every step) equal ContrastiveTrainer's six steps with the same queue, contrast set and
     momentum (momentum=None is ContrastiveTrainer's momentum 0 without dropout): the same loss at every step,
@@ -456,19 +542,38 @@ def test_queue_trains_as_contrastive_trainer(tmp_path, bert_tokenizer, tiny_bert
     BertModel(tiny_bert_config).save_pretrained(tmp_path / "bert")
     bert_tokenizer.save_pretrained(tmp_path / "bert")
     split = _split(8, seed=4)
-    common = dict(per_device_train_batch_size=8, max_steps=6, learning_rate=0.5, optim="sgd", report_to=[],
-                  save_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True, seed=0, max_grad_norm=0.0)
+    common = dict(
+        per_device_train_batch_size=8,
+        max_steps=6,
+        learning_rate=0.5,
+        optim="sgd",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        max_grad_norm=0.0,
+    )
 
     def st_run(queue_size):
         model = _no_dropout_st(tmp_path / "bert")
         start = copy.deepcopy(model)
         cls = CachedMultiLabelContrastiveLoss if cached else MultiLabelContrastiveLoss
         extra = {"mini_batch_size": 3} if cached else {}
-        st_loss = cls(model, loss, num_labels=len(NAMES), queue_size=queue_size,
-                      contrast_set=contrast_set if queue_size else None, momentum=momentum, **extra)
+        st_loss = cls(
+            model,
+            loss,
+            num_labels=len(NAMES),
+            queue_size=queue_size,
+            contrast_set=contrast_set if queue_size else None,
+            momentum=momentum,
+            **extra,
+        )
         args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / f"st{queue_size}"), **common)
-        trainer = SentenceTransformerTrainer(model=model, args=args, loss=st_loss,
-                                             train_dataset=to_sentence_transformers_dataset(split))
+        trainer = SentenceTransformerTrainer(
+            model=model, args=args, loss=st_loss, train_dataset=to_sentence_transformers_dataset(split)
+        )
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         return start, model, st_loss, losses
@@ -476,10 +581,22 @@ def test_queue_trains_as_contrastive_trainer(tmp_path, bert_tokenizer, tiny_bert
     start, st_model, st_loss, st_losses = st_run(16)
     ref_model = _Embedder(start)
     ref_args = ContrastiveTrainingArguments(
-        output_dir=str(tmp_path / "ref"), loss=loss, queue_size=16, contrast_set=contrast_set,
-        momentum=0.0 if momentum is None else momentum, projection_dim=32, dataloader_num_workers=0, **common)
-    ref = ContrastiveTrainer(model=ref_model, args=ref_args, train_dataset=split, processing_class=bert_tokenizer,
-                             num_labels=len(NAMES))
+        output_dir=str(tmp_path / "ref"),
+        loss=loss,
+        queue_size=16,
+        contrast_set=contrast_set,
+        momentum=0.0 if momentum is None else momentum,
+        projection_dim=32,
+        dataloader_num_workers=0,
+        **common,
+    )
+    ref = ContrastiveTrainer(
+        model=ref_model,
+        args=ref_args,
+        train_dataset=split,
+        processing_class=bert_tokenizer,
+        num_labels=len(NAMES),
+    )
     ref.train()
     ref_losses = [h["loss"] for h in ref.state.log_history if "loss" in h]
 
@@ -505,5 +622,7 @@ def test_a_queue_with_a_momentum_encoder_refuses_a_sharded_model(tiny_st):
     next(tiny_st.parameters()).ds_id = 0  # what DeepSpeed ZeRO-3 marks a partitioned parameter with
     with pytest.raises(ValueError, match="cannot copy a model sharded by zero3; pass momentum=None"):
         loss(_features(tiny_st, list(ds["text"])), labels)
-    plain = MultiLabelContrastiveLoss(tiny_st, "mulsupcon", num_labels=len(NAMES), queue_size=8, momentum=None)
+    plain = MultiLabelContrastiveLoss(
+        tiny_st, "mulsupcon", num_labels=len(NAMES), queue_size=8, momentum=None
+    )
     assert plain(_features(tiny_st, list(ds["text"])), labels).isfinite()

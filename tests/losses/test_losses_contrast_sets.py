@@ -29,9 +29,15 @@ from hf_mlcl.training.memory import (
 )
 
 PAPER_SETS = {
-    "all": "keys", "any": "keys", "similarity_dissimilarity": "keys", "jaccard": "keys", "mulsupcon": "keys",
-    "ws_mulsupcon": "keys", "hbl": "keys", "msc": "queries+queue",
-}  # fmt: skip
+    "all": "keys",
+    "any": "keys",
+    "similarity_dissimilarity": "keys",
+    "jaccard": "keys",
+    "mulsupcon": "keys",
+    "ws_mulsupcon": "keys",
+    "hbl": "keys",
+    "msc": "queries+queue",
+}
 N_LABELS, DIM = 5, 6
 
 
@@ -260,7 +266,9 @@ def test_hbl_eq7_words_state_the_computed_factor():
         flat = " ".join(text.split())
         assert re.search(r"eq\. \(?7\)? multiplied by N / P", flat), where
         assert re.search(r"eq\. \(?7\)? = returned value (\*|x) P / N", flat), where
-        assert not re.search(r"multiplied by (the per-batch constant )?P / N|up to the per-batch factor", flat), where
+        assert not re.search(
+            r"multiplied by (the per-batch constant )?P / N|up to the per-batch factor", flat
+        ), where
 
 
 @pytest.mark.parametrize("beta", [1.0, 1.5])

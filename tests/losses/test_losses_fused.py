@@ -294,8 +294,13 @@ def test_large_dense_labels_keep_every_label_error():
     y = _large_dense(300, 4001, 1)
     y[7, 9] = -0.0  # a zero with its sign bit set is a 0 label
     torch.testing.assert_close(M.as_multihot(y, allow_sparse=True).to_dense(), y.abs())
-    for bad, match in ((2.0, "binary"), (0.5, "binary"), (-1.0, "binary"), (float("inf"), "binary"),
-                       (float("nan"), "NaN")):  # fmt: skip
+    for bad, match in (
+        (2.0, "binary"),
+        (0.5, "binary"),
+        (-1.0, "binary"),
+        (float("inf"), "binary"),
+        (float("nan"), "NaN"),
+    ):
         for where in ((100, 4000), (299, 4000), (0, 0)):  # incl. the last entry (tail of the byte scan)
             yb = y.clone()
             yb[where] = bad
@@ -342,7 +347,9 @@ def test_sparse_labels_are_checked_in_one_host_read():
     out, counter = _accelerator_path(lambda: M.as_multihot(y, allow_sparse=True))
     assert torch.equal(out.to_dense(), y.to_dense()) and counter.count == 1, counter.report()
     # explicit zeros are dropped (reads follow only then), a non-binary value still raises
-    with_zero = torch.sparse_coo_tensor(y.indices(), y.values().index_fill(0, torch.tensor([0, 5]), 0.0), y.shape)
+    with_zero = torch.sparse_coo_tensor(
+        y.indices(), y.values().index_fill(0, torch.tensor([0, 5]), 0.0), y.shape
+    )
     out, counter = _accelerator_path(lambda: M.as_multihot(with_zero, allow_sparse=True))
     assert out._nnz() == y._nnz() - 2 and torch.equal(out.to_dense(), with_zero.to_dense())
     bad = torch.sparse_coo_tensor(y.indices(), y.values().index_fill(0, torch.tensor([3]), 2.0), y.shape)
@@ -370,7 +377,9 @@ def test_dense_labels_cost_the_host_reads_of_sparse_ones_in_a_large_label_space(
     for checks in (True, False):
         set_input_checks(loss, checks)
         for layout, (a, b) in {"dense": (y, yk), "sparse": (y.to_sparse(), yk.to_sparse())}.items():
-            value, counter = _accelerator_path(lambda a=a, b=b: loss(z.clone().requires_grad_(True), a, zk, b))
+            value, counter = _accelerator_path(
+                lambda a=a, b=b: loss(z.clone().requires_grad_(True), a, zk, b)
+            )
             reads[checks, layout] = counter.count
             value.backward()
     # one per label matrix (its explicit zeros), two in the sparse label product (the anchors' labels, the
@@ -488,9 +497,15 @@ def test_kept_scores_order_candidates_like_the_similarities(keys):
 
 @pytest.mark.parametrize(
     "name, kwargs",
-    [("all", {}), ("any", {}), ("jaccard", {}), ("similarity_dissimilarity", {}),
-     ("similarity_dissimilarity", {"weight_in_log": True}), ("mulsupcon", {})],
-)  # fmt: skip
+    [
+        ("all", {}),
+        ("any", {}),
+        ("jaccard", {}),
+        ("similarity_dissimilarity", {}),
+        ("similarity_dissimilarity", {"weight_in_log": True}),
+        ("mulsupcon", {}),
+    ],
+)
 def test_terms_that_skip_the_diagonal_check_have_a_zero_diagonal(name, kwargs):
     """LossTerms.zero_diagonal is a promise the engine relies on: check it, and the given weight sums."""
     g = torch.Generator().manual_seed(5)
@@ -516,11 +531,20 @@ def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
 
     root = pathlib.Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "loss_speed.py"), "--quick", "--no-memory",
-         "--queue-formats", "20:2,300:3"],
-        capture_output=True, text=True, timeout=240, cwd=root,
+        [
+            sys.executable,
+            str(root / "benchmarks" / "loss_speed.py"),
+            "--quick",
+            "--no-memory",
+            "--queue-formats",
+            "20:2,300:3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "wall single" in out and "after read" in out and "floor+protos" in out and "queue keys" in out
@@ -533,9 +557,7 @@ def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
     assert len(loops) == 3 and all(" True (" in line for line in loops), loops
 
 
-@pytest.mark.parametrize(
-    "keys, anchors_in_candidates", [(False, True), (True, True), (True, False)]
-)  # fmt: skip
+@pytest.mark.parametrize("keys, anchors_in_candidates", [(False, True), (True, True), (True, False)])
 def test_raw_candidates_follow_the_candidates_rule_unnormalised(keys, anchors_in_candidates):
     """ContrastContext.raw_candidates: the rows of ``candidates`` before normalisation, in the same order."""
     z, y = _batch(7, 5, 4, 0)

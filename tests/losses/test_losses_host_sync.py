@@ -58,8 +58,9 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name,kwargs", VARIANTS, ids=[f"{n}-{'-'.join(map(str, k.values())) or 'default'}"
-                                                         for n, k in VARIANTS])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,kwargs", VARIANTS, ids=[f"{n}-{'-'.join(map(str, k.values())) or 'default'}" for n, k in VARIANTS]
+)
 def test_forward_and_backward_read_nothing_on_the_host(name, kwargs, mode):
     z, y = batch(12, L, seed=1)
     zk, yk = batch(6, L, seed=2)
@@ -72,7 +73,9 @@ def test_forward_and_backward_read_nothing_on_the_host(name, kwargs, mode):
     _same(checked, unchecked)  # bit for bit: the checks and the CPU shortcuts change nothing
     assert comps["loss"].item() == checked[0].item()
     for key, value in comps.items():  # the loss keeps its graph, the parts are detached
-        assert isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad == (key == "loss"), key
+        assert (
+            isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad == (key == "loss")
+        ), key
 
 
 def test_the_input_checks_are_the_host_reads_and_still_raise():

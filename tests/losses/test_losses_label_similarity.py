@@ -36,6 +36,7 @@ def set_weight(kind, s, t):
 
 def soft_cosine_loop(a, s, t):
     """y_S^T A y_T / sqrt(y_S^T A y_S * y_T^T A y_T), one pair, summing over label pairs."""
+
     def quad(u, v):
         return sum(float(a[i, j]) for i in u for j in v)
 
@@ -115,7 +116,9 @@ def test_defaults_are_the_papers_weights():
         if paper is not None:
             assert get_loss(loss, label_similarity=paper)(z, y, kz, yk).item() == plain.item()
     # sd's own K^s K^d is not one of the set similarities: a different value
-    assert get_loss("sd", label_similarity="jaccard")(z, y).item() != pytest.approx(get_loss("sd")(z, y).item())
+    assert get_loss("sd", label_similarity="jaccard")(z, y).item() != pytest.approx(
+        get_loss("sd")(z, y).item()
+    )
 
 
 @pytest.mark.parametrize("loss", ["jaccard", "sd"])
@@ -130,7 +133,9 @@ def test_label_similarity_matrix_gives_soft_positives(loss, layout):
     ref = loss_loop(z, y, kz, yk, lambda s, t: soft_cosine_loop(a, s, t), LOSSES[loss][1], 0.1)
     assert got.item() == pytest.approx(ref, rel=1e-10)
     got.backward()
-    assert torch.isfinite(zz.grad).all() and zz.grad[1].abs().sum() > 0  # row 1 learns from related labels only
+    assert (
+        torch.isfinite(zz.grad).all() and zz.grad[1].abs().sum() > 0
+    )  # row 1 learns from related labels only
     # row 1 (label 6 alone) shares no label with anyone, so it is no anchor without the matrix
     assert not any(6 in t for t in _sets(y)[2:] + _sets(yk))
     w = soft_cosine(y[1:2], y, a)
@@ -140,7 +145,9 @@ def test_label_similarity_matrix_gives_soft_positives(loss, layout):
 def test_identity_matrix_is_cosine_and_a_file_path_works(tmp_path):
     z, y, kz, yk = batch(4)
     eye = get_loss("jaccard", label_similarity=torch.eye(L, dtype=torch.float64))(z, y, kz, yk).item()
-    assert eye == pytest.approx(get_loss("jaccard", label_similarity="cosine")(z, y, kz, yk).item(), rel=1e-12)
+    assert eye == pytest.approx(
+        get_loss("jaccard", label_similarity="cosine")(z, y, kz, yk).item(), rel=1e-12
+    )
     a = related_matrix(1)
     np.save(tmp_path / "labels.npy", a.numpy())
     from safetensors.torch import save_file
@@ -148,12 +155,15 @@ def test_identity_matrix_is_cosine_and_a_file_path_works(tmp_path):
     save_file({"similarity": a}, str(tmp_path / "labels.safetensors"))
     want = get_loss("sd", label_similarity=a)(z, y).item()
     for name in ("labels.npy", "labels.safetensors"):
-        assert get_loss("sd", label_similarity=str(tmp_path / name))(z, y).item() == pytest.approx(want, rel=1e-12)
+        assert get_loss("sd", label_similarity=str(tmp_path / name))(z, y).item() == pytest.approx(
+            want, rel=1e-12
+        )
 
 
 @pytest.mark.parametrize("layout", ["dense", "sparse"])
 def test_callable_on_the_label_matrices_matches_the_loop(layout):
     """A user's vectorised similarity, here the shared-label count squared over |S| |T| (0 for empty sets)."""
+
     def overlap_squared(s, t):
         s = (s.to_dense() if s.is_sparse else s).double()  # the loss holds float32 labels
         t = (t.to_dense() if t.is_sparse else t).double()
@@ -163,9 +173,12 @@ def test_callable_on_the_label_matrices_matches_the_loop(layout):
     z, y, kz, yk = batch(5)
     conv = (lambda t: t) if layout == "dense" else (lambda t: t.to_sparse())
     for loss in ("jaccard", "sd"):
-        got = get_loss(loss, temperature=0.1, label_similarity=overlap_squared)(z, conv(y), kz, conv(yk)).item()
-        ref = loss_loop(z, y, kz, yk, lambda s, t: len(s & t) ** 2 / max(len(s) * len(t), 1),
-                        LOSSES[loss][1], 0.1)
+        got = get_loss(loss, temperature=0.1, label_similarity=overlap_squared)(
+            z, conv(y), kz, conv(yk)
+        ).item()
+        ref = loss_loop(
+            z, y, kz, yk, lambda s, t: len(s & t) ** 2 / max(len(s) * len(t), 1), LOSSES[loss][1], 0.1
+        )
         assert got == pytest.approx(ref, rel=1e-10)
 
 

@@ -53,7 +53,9 @@ def msc_reference(z, y, kz, yk, protos, beta, tau, anchors_in_candidates=True, a
         for j in sorted(s_set):
             pos = [(v, t) for (_, v, t) in others if j in t]
             n_ij = 1.0 + sum(alpha / len(s_set | t) for (_, t) in pos)
-            inner = sum((alpha / len(s_set | t)) * (float(z[i] @ v) / tau - math.log(denom)) for (v, t) in pos)
+            inner = sum(
+                (alpha / len(s_set | t)) * (float(z[i] @ v) / tau - math.log(denom)) for (v, t) in pos
+            )
             inner += float(z[i] @ c[j]) / tau - math.log(denom)
             total += inner / n_ij
         losses.append(-total / len(s_set))
@@ -159,7 +161,10 @@ def _authors_alpha_reference(z, y, kz, yk, protos, alpha, beta, tau):
     keep[torch.arange(n), torch.arange(n)] = 0
     w = w * keep
     logits = torch.cat([zn @ cand_z.T, zn @ c.T], dim=1) / tau
-    d = torch.cat([torch.full((m,), beta, dtype=torch.float64), torch.ones(L, dtype=torch.float64)])[None, :] * keep
+    d = (
+        torch.cat([torch.full((m,), beta, dtype=torch.float64), torch.ones(L, dtype=torch.float64)])[None, :]
+        * keep
+    )
     logp = logits - torch.log((d * logits.exp()).sum(1, keepdim=True))
     per_anchor = -(w * logp).sum(1) / yq.sum(1).clamp_min(1)
     has = yq.sum(1) > 0
@@ -215,7 +220,9 @@ def test_msc_alpha_matches_the_loop_and_the_authors_weights(alpha, keys):
             cand = zn if kz is None else torch.cat([zn, F.normalize(kz, dim=1)])
             sims = zn @ cand.T / 0.1
             sims[torch.arange(len(zn)), torch.arange(len(zn))] = -math.inf
-            lse = torch.logaddexp(torch.logsumexp(sims, 1) + math.log(0.1), torch.logsumexp(zn @ c.T / 0.1, 1))
+            lse = torch.logaddexp(
+                torch.logsumexp(sims, 1) + math.log(0.1), torch.logsumexp(zn @ c.T / 0.1, 1)
+            )
             per = -((zn @ c.T / 0.1 - lse[:, None]) * y).sum(1) / y.sum(1).clamp_min(1)
         assert out.item() == pytest.approx(float(per[y.sum(1) > 0].mean()), rel=1e-9)
 

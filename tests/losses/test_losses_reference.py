@@ -23,8 +23,18 @@ def _sets(y: torch.Tensor) -> list[frozenset[int]]:
     return [frozenset(int(j) for j in torch.nonzero(row).flatten().tolist()) for row in y]
 
 
-def reference_loss(name, z, y, zk=None, yk=None, temperature=0.1, normalize=True, weight_in_log=False,
-                   anchors_in_candidates=True, mulsupcon_normalizer="pairs"):  # fmt: skip
+def reference_loss(
+    name,
+    z,
+    y,
+    zk=None,
+    yk=None,
+    temperature=0.1,
+    normalize=True,
+    weight_in_log=False,
+    anchors_in_candidates=True,
+    mulsupcon_normalizer="pairs",
+):
     """Plain-loop reference of docs/losses.md / the papers' equations.
 
     ``anchors_in_candidates=False``: the contrast set of every anchor is the keys alone (the ``"keys"``

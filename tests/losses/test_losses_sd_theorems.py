@@ -240,7 +240,9 @@ def test_a_batch_without_negatives_keeps_the_supcon_value_where_pml_returns_zero
 
     import hf_mlcl.losses.all_ as all_module
 
-    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "losses.md"), encoding="utf-8") as f:
+    with open(
+        os.path.join(os.path.dirname(__file__), "..", "..", "docs", "losses.md"), encoding="utf-8"
+    ) as f:
         docs = " ".join(f.read().split())
     for text in (docs, " ".join(all_module.__doc__.split())):  # the choice is written where users look
         assert "no negative pair" in text and "returns 0" in text and ">= log abs(P(i))" in text

@@ -33,8 +33,12 @@ def ridnik_asl(x, y, gamma_neg=4.0, gamma_pos=1.0, clip=0.05, eps=1e-8):
 
 
 def test_registry_and_flags():
-    for name, cls_name in [("bce", "BCELoss"), ("focal", "FocalLoss"), ("asymmetric", "AsymmetricLoss"),
-                           ("zlpr", "ZLPRLoss")]:
+    for name, cls_name in [
+        ("bce", "BCELoss"),
+        ("focal", "FocalLoss"),
+        ("asymmetric", "AsymmetricLoss"),
+        ("zlpr", "ZLPRLoss"),
+    ]:
         loss = get_loss(name)
         assert type(loss).__name__ == cls_name
         assert isinstance(loss, SupervisedLoss)

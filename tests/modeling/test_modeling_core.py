@@ -145,7 +145,9 @@ def test_encoder_padding_invariance(configs, bert_tokenizer, llama_tokenizer, ar
 @pytest.mark.parametrize(
     "arch,pooling", [("bert", "cls"), ("bert", "mean"), ("roberta", "mean"), ("llama", "last_token")]
 )
-def test_a_batch_without_a_mask_pools_as_with_an_all_ones_mask(configs, bert_tokenizer, llama_tokenizer, arch, pooling):
+def test_a_batch_without_a_mask_pools_as_with_an_all_ones_mask(
+    configs, bert_tokenizer, llama_tokenizer, arch, pooling
+):
     """What MultiLabelCollator hands over for a batch without padding: no attention_mask. The embeddings are
     those of the all-ones mask, pooled without mask arithmetic."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -193,9 +195,16 @@ def test_a_prepared_mask_encodes_as_the_backbone_with_its_own_mask_and_reads_not
 
     from hf_mlcl.host_sync import HostSyncCounter
 
-    config = AutoConfig.for_model(arch, vocab_size=len(bert_tokenizer), pad_token_id=bert_tokenizer.pad_token_id,
-                                  hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                  max_position_embeddings=520)  # fmt: skip
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=len(bert_tokenizer),
+        pad_token_id=bert_tokenizer.pad_token_id,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=520,
+    )
     model = MLCLEncoder.from_backbone(config, pooling="mean").eval()
     assert model.backbone.config._attn_implementation == "sdpa"
     batch = _batch(bert_tokenizer)
@@ -215,8 +224,9 @@ def test_a_prepared_mask_encodes_as_the_backbone_with_its_own_mask_and_reads_not
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_the_two_dimensional_mask_goes_to_other_attentions_and_backbones(tiny_bert_config, tiny_llama_config,
-                                                                         bert_tokenizer, implementation):
+def test_the_two_dimensional_mask_goes_to_other_attentions_and_backbones(
+    tiny_bert_config, tiny_llama_config, bert_tokenizer, implementation
+):
     """Eager attention adds the mask to the scores and a decoder needs its causal mask: both get the
     2-D padding mask and build their own (so the prepared mask never reaches them)."""
     bert = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean").eval()
@@ -433,7 +443,9 @@ def test_linear_probe_from_encoder(tiny_bert_config, bert_tokenizer):
     with pytest.raises(ValueError, match="input_ids or pooled_features"):
         model(**batch, pooled_features=pooled)
     # classifier dropout applies to pooled features in training mode, exactly as in forward
-    dropped = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=names, classifier_dropout=0.5).train()
+    dropped = MLCLForMultiLabelClassification.from_encoder(
+        encoder, id2label=names, classifier_dropout=0.5
+    ).train()
     torch.manual_seed(3)
     a = dropped(pooled_features=pooled).logits
     torch.manual_seed(3)
@@ -507,7 +519,6 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
         assert torch.equal(value, probe.backbone.state_dict()[key])
 
 
-
 def test_a_classifier_without_head_weights_is_an_error_not_a_random_head(tmp_path, tiny_bert_config):
     """An encoder folder, or a classifier folder whose head tensors are gone, does not load as a classifier
     (directly or through AutoModelForSequenceClassification with the saved remote code)."""
@@ -520,7 +531,9 @@ def test_a_classifier_without_head_weights_is_an_error_not_a_random_head(tmp_pat
     encoder = MLCLEncoder.from_backbone(tiny_bert_config, id2label=["a", "b", "c"])
     encoder.save_pretrained(tmp_path / "enc")
     for load in (MLCLForMultiLabelClassification.from_pretrained, auto):
-        with pytest.raises(ValueError, match=r"enc is an encoder \(MLCLEncoder\).*no classification head.*from_encoder"):
+        with pytest.raises(
+            ValueError, match=r"enc is an encoder \(MLCLEncoder\).*no classification head.*from_encoder"
+        ):
             load(tmp_path / "enc")
     clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=["a", "b", "c"])
     clf.save_pretrained(tmp_path / "clf")
@@ -528,7 +541,9 @@ def test_a_classifier_without_head_weights_is_an_error_not_a_random_head(tmp_pat
     kept = {k: v for k, v in load_file(weights).items() if not k.startswith("classifier.")}
     save_file(kept, weights, metadata={"format": "pt"})
     for load in (MLCLForMultiLabelClassification.from_pretrained, auto):
-        with pytest.raises(ValueError, match=r"clf holds no weights for .*classifier\.bias.*classifier\.weight"):
+        with pytest.raises(
+            ValueError, match=r"clf holds no weights for .*classifier\.bias.*classifier\.weight"
+        ):
             load(tmp_path / "clf")
 
 
@@ -569,20 +584,28 @@ def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(t
         configuration_mlcl='"""config"""\nfrom __future__ import annotations\nSIZE = 3\n',
         layers_mlcl='"""layers"""\nfrom __future__ import annotations\n\nimport math\n\n\ndef double(x):\n    return 2 * x\n',
         folders_mlcl='"""folders"""\nfrom __future__ import annotations\n\nfrom .layers_mlcl import double\n\n\n'
-                     'def name():\n    return "f" + str(double(1))\n',
+        'def name():\n    return "f" + str(double(1))\n',
         modeling_mlcl='"""modeling"""\nfrom __future__ import annotations\n\nfrom .configuration_mlcl import SIZE\n'
-                      'from .layers_mlcl import (\n    double,\n)\n\n\ndef run():\n    from .folders_mlcl import name\n\n'
-                      '    return double(SIZE), name()\n',
-    )  # fmt: skip
+        "from .layers_mlcl import (\n    double,\n)\n\n\ndef run():\n    from .folders_mlcl import name\n\n"
+        "    return double(SIZE), name()\n",
+    )
     bundle_code_files(str(good))
     assert sorted(p.name for p in good.iterdir()) == ["configuration_mlcl.py", "modeling_mlcl.py"]
     text = (good / "modeling_mlcl.py").read_text()
     assert text.startswith('"""modeling"""\n\nfrom __future__ import annotations\n')
-    assert text.count("from __future__") == 1 and "from .layers_mlcl" not in text and "from .folders_mlcl" not in text
-    assert text.index("# ---- layers_mlcl.py") < text.index("# ---- folders_mlcl.py")  # a module after its imports
+    assert (
+        text.count("from __future__") == 1
+        and "from .layers_mlcl" not in text
+        and "from .folders_mlcl" not in text
+    )
+    assert text.index("# ---- layers_mlcl.py") < text.index(
+        "# ---- folders_mlcl.py"
+    )  # a module after its imports
     assert "from .configuration_mlcl import SIZE" in text
     (good / "__init__.py").write_text("")
-    spec = importlib.util.spec_from_file_location("bundled_pkg", good / "__init__.py", submodule_search_locations=[str(good)])
+    spec = importlib.util.spec_from_file_location(
+        "bundled_pkg", good / "__init__.py", submodule_search_locations=[str(good)]
+    )
     sys.modules["bundled_pkg"] = importlib.util.module_from_spec(spec)
     try:
         from bundled_pkg.modeling_mlcl import run  # noqa: PLC0415
@@ -602,7 +625,11 @@ def test_code_bundle_inlines_the_copied_siblings_once_and_refuses_a_name_clash(t
     with pytest.raises(ValueError, match="helper is defined in both layers_mlcl.py and modeling_mlcl.py"):
         bundle_code_files(str(clash))
     assert (clash / "layers_mlcl.py").is_file()  # nothing written
-    cycle = folder("cycle", a_mlcl="from .b_mlcl import y\nx = 1\n", b_mlcl="from .a_mlcl import x\ny = 2\n",
-                   modeling_mlcl="from .a_mlcl import x\n")
+    cycle = folder(
+        "cycle",
+        a_mlcl="from .b_mlcl import y\nx = 1\n",
+        b_mlcl="from .a_mlcl import x\ny = 2\n",
+        modeling_mlcl="from .a_mlcl import x\n",
+    )
     with pytest.raises(ValueError, match="cycle: modeling_mlcl -> a_mlcl -> b_mlcl -> a_mlcl"):
         bundle_code_files(str(cycle))

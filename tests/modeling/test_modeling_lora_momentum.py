@@ -72,7 +72,9 @@ def test_lora_classifier_head_is_saved_module(tiny_llama_config, llama_tokenizer
 
 
 def _lora_layers(model) -> list[str]:
-    return sorted(n.removesuffix(".lora_A.default") for n, _ in model.named_modules() if n.endswith(".lora_A.default"))
+    return sorted(
+        n.removesuffix(".lora_A.default") for n, _ in model.named_modules() if n.endswith(".lora_A.default")
+    )
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "modernbert", "distilbert", "mpnet", "deberta-v2"])
@@ -83,11 +85,17 @@ def test_lora_default_targets_are_the_architectures_projections(kind):
 
     sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     special = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    extra = {"distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64), "modernbert": {**sizes, **special}}
+    extra = {
+        "distilbert": dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64),
+        "modernbert": {**sizes, **special},
+    }
     cfg = AutoConfig.for_model(kind, vocab_size=64, **extra.get(kind, sizes))
     encoder = MLCLEncoder.from_backbone(cfg, projection_dim=8)
-    projections = sorted(n for n, m in encoder.named_modules() if isinstance(m, nn.Linear)
-                         and n.startswith("backbone.") and "pooler" not in n)  # fmt: skip
+    projections = sorted(
+        n
+        for n, m in encoder.named_modules()
+        if isinstance(m, nn.Linear) and n.startswith("backbone.") and "pooler" not in n
+    )
     wrapped = apply_lora(encoder, bf16=False, gradient_checkpointing=False)
     assert [n.removeprefix("base_model.model.") for n in _lora_layers(wrapped)] == projections
     assert len(projections) >= 4 * 2  # at least q/k/v-or-fused, out, feed-forward per layer
@@ -312,7 +320,7 @@ def test_queue_large_label_space_is_compact():
 
 
 def test_queue_auto_format_follows_the_label_space_and_device():
-    """"auto": label rows on CPU beyond 256 labels (the loss reads them faster) or beyond 128 MB of bool;
+    """ "auto": label rows on CPU beyond 256 labels (the loss reads them faster) or beyond 128 MB of bool;
     explicit formats are kept."""
     assert EmbeddingQueue(4096, 8, 90).label_format == "bool"  # Reuters R90, GoEmotions, AAPD ...
     assert EmbeddingQueue(4096, 8, 256).label_format == "bool"

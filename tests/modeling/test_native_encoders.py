@@ -246,8 +246,9 @@ def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm
     torch.manual_seed(0)
     encoder = MLCLEncoder.from_backbone(minilm_path, pooling="mean", projection_dim=32).eval()
     names = [f"label_{i}" for i in range(5)]
-    clf = MLCLForMultiLabelClassification.from_encoder(MLCLEncoder.from_backbone(minilm_path), id2label=names,
-                                                       head="native").eval()  # fmt: skip
+    clf = MLCLForMultiLabelClassification.from_encoder(
+        MLCLEncoder.from_backbone(minilm_path), id2label=names, head="native"
+    ).eval()
     with torch.no_grad():
         clf.classifier.weight.normal_(0, 0.5)
     folders = {"encoder": str(tmp_path / "encoder"), "classifier": str(tmp_path / "classifier")}
@@ -260,8 +261,12 @@ def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm
     with torch.no_grad():
         pooled = encoder(**batch).pooled
         logits = clf(**batch).logits
-    report = run_outside(tmp_path / "child", _MINILM_CONSUMERS, {**folders, "texts": texts},
-                         consumers=("sentence_transformers", "onnxruntime"))  # fmt: skip
+    report = run_outside(
+        tmp_path / "child",
+        _MINILM_CONSUMERS,
+        {**folders, "texts": texts},
+        consumers=("sentence_transformers", "onnxruntime"),
+    )
     _close(report["st"], pooled)
     assert (torch.tensor(report["onnx_encoder"]) - pooled).abs().max() <= 1e-4
     assert (torch.tensor(report["onnx_classifier"]) - logits).abs().max() <= 1e-4

@@ -93,7 +93,9 @@ def test_every_recipe_parses_with_the_real_argument_classes():
                 n += 1
                 assert args.bf16 is True and args.weight_decay == 0.01 and args.max_grad_norm == 1.0
                 assert args.warmup_steps == 0.05
-                assert args.output_dir == os.path.join("outputs", dataset, encoder, loss, GEN_STAGE_DIR[stage])
+                assert args.output_dir == os.path.join(
+                    "outputs", dataset, encoder, loss, GEN_STAGE_DIR[stage]
+                )
                 assert model_args.model_name_or_path
                 if stage == "contrastive":
                     assert str(args.lr_scheduler_type.value) == "cosine"
@@ -115,29 +117,66 @@ GEN_STAGE_DIR = {"contrastive": "encoder", "probe": "classifier"}
     "rel, expect",
     [
         # SD paper App. C: tau 0.07, D_P 256; ABALONE: batch 32, lr 2e-5, 80 epochs; RoBERTa 512 tokens
-        ("aapd/roberta-base/sd.yaml", dict(temperature=0.07, per_device_train_batch_size=32, learning_rate=2e-5,
-                                            num_train_epochs=80, max_length=512, pooling="cls",
-                                            model_name_or_path="FacebookAI/roberta-base")),
-        ("uklex/legal-bert/jaccard.yaml", dict(temperature=0.1, model_name_or_path="nlpaueb/legal-bert-base-uncased",
-                                               dataset_options={"version": 69})),
+        (
+            "aapd/roberta-base/sd.yaml",
+            dict(
+                temperature=0.07,
+                per_device_train_batch_size=32,
+                learning_rate=2e-5,
+                num_train_epochs=80,
+                max_length=512,
+                pooling="cls",
+                model_name_or_path="FacebookAI/roberta-base",
+            ),
+        ),
+        (
+            "uklex/legal-bert/jaccard.yaml",
+            dict(
+                temperature=0.1,
+                model_name_or_path="nlpaueb/legal-bert-base-uncased",
+                dataset_options={"version": 69},
+            ),
+        ),
         # ABALONE MSC: queue 512, momentum 0.999, beta 0.1
-        ("rcv1/roberta-base/msc.yaml", dict(temperature=0.1, queue_size=512, momentum=0.999,
-                                             loss_kwargs={"beta": 0.1})),
+        (
+            "rcv1/roberta-base/msc.yaml",
+            dict(temperature=0.1, queue_size=512, momentum=0.999, loss_kwargs={"beta": 0.1}),
+        ),
         # Llama + LoRA r16 / alpha 32 / dropout 0.1, 1,024 tokens on MIMIC, batch 128 (SD paper v1)
-        ("mimic4_icd10_50/llama-3.1-8b-lora/mulsupcon.yaml", dict(
-            use_lora=True, lora_r=16, lora_alpha=32, lora_dropout=0.1, max_length=1024, pooling="last_token",
-            per_device_train_batch_size=128, dataset="mimic4_icd10", dataset_options={"variant": "50"},
-            activation_checkpointing=True)),
+        (
+            "mimic4_icd10_50/llama-3.1-8b-lora/mulsupcon.yaml",
+            dict(
+                use_lora=True,
+                lora_r=16,
+                lora_alpha=32,
+                lora_dropout=0.1,
+                max_length=1024,
+                pooling="last_token",
+                per_device_train_batch_size=128,
+                dataset="mimic4_icd10",
+                dataset_options={"variant": "50"},
+                activation_checkpointing=True,
+            ),
+        ),
         ("aapd/llama-3.1-8b-lora/any.yaml", dict(max_length=512, learning_rate=1e-4)),
         # PLM-ICD: 3,072 tokens in 128-token segments, label-wise attention head
-        ("mimic3_full/plm-icd/all.yaml", dict(max_length=3072, chunk_size=128, head="label_attention",
-                                              dataset="mimic3", dataset_options={"variant": "full"})),
+        (
+            "mimic3_full/plm-icd/all.yaml",
+            dict(
+                max_length=3072,
+                chunk_size=128,
+                head="label_attention",
+                dataset="mimic3",
+                dataset_options={"variant": "full"},
+            ),
+        ),
         ("mimic3_50/plm-icd/hbl.yaml", dict(loss="hbl", loss_kwargs={"base": "mulsupcon"}, queue_size=4096)),
     ],
 )
 def test_paper_hyperparameters_reach_the_arguments(rel, expect):
-    model_args, data_args, args = parse_stage(load_recipe(os.path.join(RECIPES, rel)), "contrastive",
-                                              _cpu_overrides())
+    model_args, data_args, args = parse_stage(
+        load_recipe(os.path.join(RECIPES, rel)), "contrastive", _cpu_overrides()
+    )
     for key, value in expect.items():
         got = next(getattr(o, key) for o in (model_args, data_args, args) if hasattr(o, key))
         assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
@@ -170,7 +209,10 @@ def _write(tmp_path, name, text):
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("contrastive:\n  lerning_rate: 1.0e-5\n", r"unknown key 'lerning_rate' .*\[contrastive\].*'learning_rate'"),
+        (
+            "contrastive:\n  lerning_rate: 1.0e-5\n",
+            r"unknown key 'lerning_rate' .*\[contrastive\].*'learning_rate'",
+        ),
         ("model_name_or_pth: x\n", r"unknown key 'model_name_or_pth'.*'model_name_or_path'"),
         ("learning_rate: 1.0e-5\n", r"'learning_rate' .* training argument: put it under `contrastive:`"),
         # removed in transformers 5.x: must fail loudly, not be ignored
@@ -186,9 +228,15 @@ def test_unknown_or_misplaced_keys_name_the_key(tmp_path, text, match):
 
 
 def test_base_composition_order_deep_merge_and_relative_paths(tmp_path):
-    _write(tmp_path, "base/a.yaml", "dataset: aapd\nmax_length: 128\ncontrastive:\n  loss: all\n  temperature: 0.1\n")
+    _write(
+        tmp_path,
+        "base/a.yaml",
+        "dataset: aapd\nmax_length: 128\ncontrastive:\n  loss: all\n  temperature: 0.1\n",
+    )
     _write(tmp_path, "base/b.yaml", "max_length: 256\ncontrastive:\n  loss: any\n")
-    leaf = _write(tmp_path, "cells/x/leaf.yaml", "_base_: [../../base/a.yaml, ../../base/b.yaml]\nmax_length: 64\n")
+    leaf = _write(
+        tmp_path, "cells/x/leaf.yaml", "_base_: [../../base/a.yaml, ../../base/b.yaml]\nmax_length: 64\n"
+    )
     recipe = load_recipe(leaf)
     assert recipe == {"dataset": "aapd", "max_length": 64, "contrastive": {"loss": "any", "temperature": 0.1}}
     # a single string is accepted too
@@ -211,17 +259,46 @@ def test_base_cycle_and_missing_base_are_reported(tmp_path):
 
 def test_overrides_are_routed_by_scope():
     ov = split_overrides(
-        ["--learning_rate", "3.0e-5", "--probe.num_train_epochs=2", "--max_length", "64",
-         "--output_dir", "/tmp/run", "--contrastive.loss", "any", "--report_to", "none"],
+        [
+            "--learning_rate",
+            "3.0e-5",
+            "--probe.num_train_epochs=2",
+            "--max_length",
+            "64",
+            "--output_dir",
+            "/tmp/run",
+            "--contrastive.loss",
+            "any",
+            "--report_to",
+            "none",
+        ],
         STAGES,
     )
     assert ov.common == ["--max_length", "64"]
     assert ov.output_dir == "/tmp/run"
     assert ov.stage["contrastive"] == ["--learning_rate", "3.0e-5", "--loss", "any", "--report_to", "none"]
-    assert ov.stage["probe"] == ["--learning_rate", "3.0e-5", "--num_train_epochs", "2", "--report_to", "none"]
+    assert ov.stage["probe"] == [
+        "--learning_rate",
+        "3.0e-5",
+        "--num_train_epochs",
+        "2",
+        "--report_to",
+        "none",
+    ]
     recipe = load_recipe(os.path.join(RECIPES, "aapd/roberta-base/sd.yaml"))
-    ov = split_overrides(["--use_cpu", "--learning_rate", "3.0e-5", "--probe.num_train_epochs=2",
-                          "--max_length", "64", "--output_dir", "/tmp/run"], STAGES)
+    ov = split_overrides(
+        [
+            "--use_cpu",
+            "--learning_rate",
+            "3.0e-5",
+            "--probe.num_train_epochs=2",
+            "--max_length",
+            "64",
+            "--output_dir",
+            "/tmp/run",
+        ],
+        STAGES,
+    )
     m, d, c = parse_stage(recipe, "contrastive", ov)
     _, _, p = parse_stage(recipe, "probe", ov)
     assert (c.learning_rate, d.max_length, c.output_dir) == (3e-5, 64, "/tmp/run/encoder")
@@ -261,7 +338,13 @@ def test_accelerate_configs_load_with_accelerates_config_class():
     from accelerate.utils import DistributedType
 
     names = sorted(f for f in os.listdir(ACCELERATE) if f.endswith(".yaml"))
-    assert names == ["cpu.yaml", "deepspeed_zero3.yaml", "fsdp_llama_lora.yaml", "multi_gpu.yaml", "single_gpu.yaml"]
+    assert names == [
+        "cpu.yaml",
+        "deepspeed_zero3.yaml",
+        "fsdp_llama_lora.yaml",
+        "multi_gpu.yaml",
+        "single_gpu.yaml",
+    ]
     launch_dests = {a.dest for a in launch_command_parser()._actions}
     configs = {}
     for name in names:
@@ -272,12 +355,17 @@ def test_accelerate_configs_load_with_accelerates_config_class():
             assert (key if "fsdp" in key else f"fsdp_{key}") in launch_dests, key
         for key in cfg.deepspeed_config or {}:
             assert key in launch_dests, key
-    assert configs["single_gpu.yaml"].distributed_type == DistributedType.NO and configs["single_gpu.yaml"].num_processes == 1
+    assert (
+        configs["single_gpu.yaml"].distributed_type == DistributedType.NO
+        and configs["single_gpu.yaml"].num_processes == 1
+    )
     assert configs["multi_gpu.yaml"].distributed_type == DistributedType.MULTI_GPU
     # cpu.yaml: the torchrun launcher (MULTI_GPU type, use_cpu false) so --num_processes N starts N
     # processes; `use_cpu: true` would make `accelerate launch` start one. The recipe's --use_cpu picks gloo.
     cpu = configs["cpu.yaml"]
-    assert cpu.distributed_type == DistributedType.MULTI_GPU and cpu.use_cpu is False and cpu.num_processes == 2
+    assert (
+        cpu.distributed_type == DistributedType.MULTI_GPU and cpu.use_cpu is False and cpu.num_processes == 2
+    )
     assert cpu.mixed_precision == "no"
     fsdp = configs["fsdp_llama_lora.yaml"]
     assert fsdp.distributed_type == DistributedType.FSDP and fsdp.mixed_precision == "bf16"
@@ -300,8 +388,20 @@ def test_fsdp_plugin_accepts_the_fsdp_settings(monkeypatch):
     path = os.path.join(ACCELERATE, "fsdp_llama_lora.yaml")
     cfg = ClusterConfig.from_yaml_file(path)
     args = launch_command_parser().parse_args(
-        ["--config_file", path, "--use_fsdp", "--num_processes", "8", "--num_machines", "1",
-         "--mixed_precision", "bf16", "--dynamo_backend", "no", "train.py"]
+        [
+            "--config_file",
+            path,
+            "--use_fsdp",
+            "--num_processes",
+            "8",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "bf16",
+            "--dynamo_backend",
+            "no",
+            "train.py",
+        ]
     )
     for key, value in cfg.fsdp_config.items():  # what launch_command does with the config file
         setattr(args, key if "fsdp" in key else f"fsdp_{key}", value)
@@ -323,7 +423,9 @@ def test_reused_parser_gives_the_dataclass_defaults():
 
     from hf_mlcl.training.arguments import ContrastiveTrainingArguments
 
-    parse_stage(load_recipe(os.path.join(RECIPES, "aapd/roberta-base/sd.yaml")), "contrastive", _cpu_overrides())
+    parse_stage(
+        load_recipe(os.path.join(RECIPES, "aapd/roberta-base/sd.yaml")), "contrastive", _cpu_overrides()
+    )
     _, _, parsed = parse_stage({}, "contrastive", output_dir="x")
     direct = ContrastiveTrainingArguments(output_dir="x")
     assert parsed.eval_do_concat_batches is True

@@ -40,13 +40,28 @@ def run(root: str, cache: bool, per_device: int, store: str | None = None, name:
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "tok"))
     model = MLCLForMultiLabelClassification.from_pretrained(os.path.join(root, "init"))
     encoded = []
-    model.backbone.register_forward_hook(lambda m, a, kw, out: encoded.append(kw["input_ids"].shape[0]), with_kwargs=True)
-    args = probe_args(os.path.join(root, f"run-{cache}-{D.world_size()}{name}"), cache_features=cache,
-                      feature_cache_dir=store,
-                      per_device_train_batch_size=per_device, per_device_eval_batch_size=8, max_steps=3,
-                      learning_rate=5e-2, train_sampling_strategy="sequential", eval_strategy="steps", eval_steps=3)  # fmt: skip
-    tr = RecordingTrainer(model=model, args=args, train_dataset=tiny_split(N_TRAIN), eval_dataset=tiny_split(N_EVAL, 1),
-                          data_collator=collator(tok))  # fmt: skip
+    model.backbone.register_forward_hook(
+        lambda m, a, kw, out: encoded.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    args = probe_args(
+        os.path.join(root, f"run-{cache}-{D.world_size()}{name}"),
+        cache_features=cache,
+        feature_cache_dir=store,
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=8,
+        max_steps=3,
+        learning_rate=5e-2,
+        train_sampling_strategy="sequential",
+        eval_strategy="steps",
+        eval_steps=3,
+    )
+    tr = RecordingTrainer(
+        model=model,
+        args=args,
+        train_dataset=tiny_split(N_TRAIN),
+        eval_dataset=tiny_split(N_EVAL, 1),
+        data_collator=collator(tok),
+    )
     tr.seen = []
     tr.train()
     scores, truth = tr.predict_scores(tiny_split(N_TEST, 2))
@@ -55,8 +70,16 @@ def run(root: str, cache: bool, per_device: int, store: str | None = None, name:
         k: v.detach().clone()
         for k, v in tr.accelerator.unwrap_model(tr.model).classifier.state_dict().items()
     }
-    return {"head": head, "seen": tr.seen, "eval": evals[-1], "scores": scores, "truth": truth,
-            "cached": tr.cache_features, "world": D.world_size(), "encoded_rows": sum(encoded)}  # fmt: skip
+    return {
+        "head": head,
+        "seen": tr.seen,
+        "eval": evals[-1],
+        "scores": scores,
+        "truth": truth,
+        "cached": tr.cache_features,
+        "world": D.world_size(),
+        "encoded_rows": sum(encoded),
+    }
 
 
 if __name__ == "__main__":

@@ -65,8 +65,14 @@ def run(root: str, name: str, kw: dict, per_device: int):
     cap = Capture(ref)
     args = base_args(os.path.join(root, f"run-{name}"), per_device_train_batch_size=per_device, knn_k=0, **kw)
     rows = 8 * kw.get("max_steps", 1)
-    tr = ContrastiveTrainer(model=model, args=args, train_dataset=tiny_split(rows), data_collator=collator(tok, n_views),
-                            loss_fn=loss_fn, callbacks=[cap])  # fmt: skip
+    tr = ContrastiveTrainer(
+        model=model,
+        args=args,
+        train_dataset=tiny_split(rows),
+        data_collator=collator(tok, n_views),
+        loss_fn=loss_fn,
+        callbacks=[cap],
+    )
     ref.append(tr)
     tr.train()
     loss = [h["loss"] for h in tr.state.log_history if "loss" in h][-1]

@@ -71,8 +71,20 @@ def plugin_from_config(path: str = FSDP_CONFIG):
 
     cfg = ClusterConfig.from_yaml_file(path)
     args = launch_command_parser().parse_args(
-        ["--config_file", path, "--use_fsdp", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-         "no", "--dynamo_backend", "no", "worker.py"]  # fmt: skip
+        [
+            "--config_file",
+            path,
+            "--use_fsdp",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "worker.py",
+        ]
     )
     for key, value in cfg.fsdp_config.items():  # what launch_command does with the config file
         setattr(args, key if "fsdp" in key else f"fsdp_{key}", value)
@@ -100,7 +112,9 @@ class FSDPOnCPU:
         super().create_accelerator_and_postprocess()
         state = self.accelerator.state
         if state.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.FSDP):
-            raise RuntimeError(f"expected the gloo processes of cpu.yaml (MULTI_CPU), got {state.distributed_type}")
+            raise RuntimeError(
+                f"expected the gloo processes of cpu.yaml (MULTI_CPU), got {state.distributed_type}"
+            )
         plugin = plugin_from_config()
         if state.mixed_precision != "no":
             plugin.set_mixed_precision(state.mixed_precision)
@@ -135,14 +149,17 @@ def encoder(root: str, bf16_backbone: bool = False, checkpointing: bool = False)
     model = MLCLEncoder.from_backbone(os.path.join(root, "base"), pooling="last_token", projection_dim=8)
     model.projection_head.load_state_dict(load_file(os.path.join(root, "head.safetensors")))
     torch.manual_seed(0)
-    return apply_lora(model, r=4, alpha=8, dropout=0.0, bf16=bf16_backbone, gradient_checkpointing=checkpointing)
+    return apply_lora(
+        model, r=4, alpha=8, dropout=0.0, bf16=bf16_backbone, gradient_checkpointing=checkpointing
+    )
 
 
 def classifier(root: str, bf16_backbone: bool = False):
     """A classifier on the tiny Llama base with the test's head, and LoRA (seeded): the LoRA BCE fine-tune."""
     enc = MLCLEncoder.from_backbone(os.path.join(root, "base"), pooling="last_token", projection_dim=8)
-    model = MLCLForMultiLabelClassification.from_encoder(enc, id2label=LABELS, freeze_encoder=False,
-                                                         classifier_dropout=0.0)  # fmt: skip
+    model = MLCLForMultiLabelClassification.from_encoder(
+        enc, id2label=LABELS, freeze_encoder=False, classifier_dropout=0.0
+    )
     model.classifier.load_state_dict(load_file(os.path.join(root, "classifier.safetensors")))
     torch.manual_seed(0)
     return apply_lora(model, r=4, alpha=8, dropout=0.0, bf16=bf16_backbone, gradient_checkpointing=False)
@@ -164,8 +181,15 @@ def _trainer(root: str, case: str, per_device: int, fsdp: bool, callbacks: list)
     bf16_backbone, checkpointing = kw.pop("bf16_backbone", False), kw.pop("checkpointing", False)
     tag = f"{'fsdp' if fsdp else 'plain'}-{case}"
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
-    common = dict(per_device_train_batch_size=per_device, max_steps=STEPS, learning_rate=1e-2, max_grad_norm=1.0,
-                  train_sampling_strategy="sequential", dataloader_drop_last=True, bf16=kw.pop("bf16", False))  # fmt: skip
+    common = dict(
+        per_device_train_batch_size=per_device,
+        max_steps=STEPS,
+        learning_rate=1e-2,
+        max_grad_norm=1.0,
+        train_sampling_strategy="sequential",
+        dataloader_drop_last=True,
+        bf16=kw.pop("bf16", False),
+    )
     data = tiny_split(8 * STEPS)
     if kw.pop("bce", False):
         args = probe_args(os.path.join(root, f"run-{tag}"), probe="finetune", loss="bce", **common)
@@ -173,11 +197,19 @@ def _trainer(root: str, case: str, per_device: int, fsdp: bool, callbacks: list)
         model = classifier(root, bf16_backbone)
     else:
         # the arguments first, as train_contrastive does
-        args = base_args(os.path.join(root, f"run-{tag}"), lr_scheduler_type="cosine", warmup_steps=1, knn_k=0,
-                         **common, **kw)  # fmt: skip
+        args = base_args(
+            os.path.join(root, f"run-{tag}"),
+            lr_scheduler_type="cosine",
+            warmup_steps=1,
+            knn_k=0,
+            **common,
+            **kw,
+        )
         cls = FSDPContrastiveTrainer if fsdp else ContrastiveTrainer
         model = encoder(root, bf16_backbone, checkpointing)
-    return cls(model=model, args=args, train_dataset=data, data_collator=collator(tok), callbacks=callbacks), tok
+    return cls(
+        model=model, args=args, train_dataset=data, data_collator=collator(tok), callbacks=callbacks
+    ), tok
 
 
 def run(root: str, case: str, per_device: int, fsdp: bool) -> dict:

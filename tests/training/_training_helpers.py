@@ -124,8 +124,16 @@ def run_two_processes(worker: str, *worker_args: str, timeout: int = 220) -> Non
     # --standalone: torchrun binds its rendezvous store to a port of the kernel's choosing and hands that
     # store to the workers. A port picked here and closed before torchrun binds it can be taken in between
     # (by any socket, e.g. an outgoing gloo connection of a concurrent run), failing the launch.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", worker,
-           *worker_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        worker,
+        *worker_args,
+    ]
     from _launches import run_launch  # here: the workers import this module without tests/ on their path
 
     proc = run_launch(cmd, env=env, timeout=timeout)
@@ -136,9 +144,19 @@ def probe_args(tmp_path, **kw):
     """ProbingTrainingArguments of the probing tests: 4 steps of 8 rows on CPU, no saving, no reports."""
     from hf_mlcl.training import ProbingTrainingArguments
 
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, per_device_eval_batch_size=16, max_steps=4,
-                learning_rate=5e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
-                disable_tqdm=True, seed=0)  # fmt: skip
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=16,
+        max_steps=4,
+        learning_rate=5e-3,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
     base.update(kw)
     return ProbingTrainingArguments(**base)
 

@@ -43,8 +43,9 @@ def encoder(root: str):
 def classifier(root: str):
     """A classifier on the tiny Llama base with the test's head, and LoRA (seeded): the LoRA BCE fine-tune."""
     encoder = MLCLEncoder.from_backbone(os.path.join(root, "base"), pooling="last_token", projection_dim=8)
-    model = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=LABELS, freeze_encoder=False,
-                                                         classifier_dropout=0.0)  # fmt: skip
+    model = MLCLForMultiLabelClassification.from_encoder(
+        encoder, id2label=LABELS, freeze_encoder=False, classifier_dropout=0.0
+    )
     model.classifier.load_state_dict(load_file(os.path.join(root, "classifier.safetensors")))
     torch.manual_seed(0)
     return apply_lora(model, r=4, alpha=8, dropout=0.0, bf16=False, gradient_checkpointing=False)
@@ -69,11 +70,23 @@ def embed(model, tok) -> torch.Tensor:
 def contrastive_trainer(root: str, output_dir: str, per_device: int, **args) -> ContrastiveTrainer:
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
     # the arguments first, as train_contrastive does: under ZeRO-3 the backbone then loads partitioned
-    args = base_args(output_dir, per_device_train_batch_size=per_device, loss="msc", queue_size=8, momentum=0.9,
-                     max_steps=STEPS, learning_rate=1e-2, lr_scheduler_type="cosine", warmup_steps=1, max_grad_norm=1.0,
-                     knn_k=0, **args)  # fmt: skip
-    return ContrastiveTrainer(model=encoder(root), args=args, train_dataset=tiny_split(8 * STEPS),
-                              data_collator=collator(tok))  # fmt: skip
+    args = base_args(
+        output_dir,
+        per_device_train_batch_size=per_device,
+        loss="msc",
+        queue_size=8,
+        momentum=0.9,
+        max_steps=STEPS,
+        learning_rate=1e-2,
+        lr_scheduler_type="cosine",
+        warmup_steps=1,
+        max_grad_norm=1.0,
+        knn_k=0,
+        **args,
+    )
+    return ContrastiveTrainer(
+        model=encoder(root), args=args, train_dataset=tiny_split(8 * STEPS), data_collator=collator(tok)
+    )
 
 
 def state(tr: ContrastiveTrainer, tok) -> dict:
@@ -102,8 +115,14 @@ def run(root: str, tag: str, per_device: int, **engine_args) -> dict:
 def run_resumed(root: str, tag: str, per_device: int, **engine_args) -> dict:
     """The msc run with a checkpoint at step 2, and a second run resumed from it: both final states."""
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
-    full = contrastive_trainer(root, os.path.join(root, f"full-{tag}"), per_device, save_strategy="steps",
-                               save_steps=2, **engine_args)  # fmt: skip
+    full = contrastive_trainer(
+        root,
+        os.path.join(root, f"full-{tag}"),
+        per_device,
+        save_strategy="steps",
+        save_steps=2,
+        **engine_args,
+    )
     full.train()
     resumed = contrastive_trainer(root, os.path.join(root, f"resumed-{tag}"), per_device, **engine_args)
     resumed.train(resume_from_checkpoint=os.path.join(root, f"full-{tag}", "checkpoint-2"))
@@ -112,11 +131,20 @@ def run_resumed(root: str, tag: str, per_device: int, **engine_args) -> dict:
 
 def run_bce(root: str, tag: str, per_device: int, **engine_args) -> dict:
     tok = AutoTokenizer.from_pretrained(os.path.join(root, "base"))
-    args = probe_args(os.path.join(root, f"bce-run-{tag}"), probe="finetune", loss="bce",
-                      per_device_train_batch_size=per_device, max_steps=STEPS, learning_rate=1e-2, max_grad_norm=1.0,
-                      train_sampling_strategy="sequential", **engine_args)  # fmt: skip
-    tr = ProbingTrainer(model=classifier(root), args=args, train_dataset=tiny_split(8 * STEPS),
-                        data_collator=collator(tok))  # fmt: skip
+    args = probe_args(
+        os.path.join(root, f"bce-run-{tag}"),
+        probe="finetune",
+        loss="bce",
+        per_device_train_batch_size=per_device,
+        max_steps=STEPS,
+        learning_rate=1e-2,
+        max_grad_norm=1.0,
+        train_sampling_strategy="sequential",
+        **engine_args,
+    )
+    tr = ProbingTrainer(
+        model=classifier(root), args=args, train_dataset=tiny_split(8 * STEPS), data_collator=collator(tok)
+    )
     tr.train()
     model = tr.accelerator.unwrap_model(tr.model)
     result = {
@@ -132,8 +160,9 @@ def run_bce(root: str, tag: str, per_device: int, **engine_args) -> dict:
 
 if __name__ == "__main__":
     root, mode, tag, per_device = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    res = {"msc": run, "bce": run_bce, "resume": run_resumed}[mode](root, tag, per_device, use_cpu=False,
-                                                                    ddp_backend="gloo")  # fmt: skip
+    res = {"msc": run, "bce": run_bce, "resume": run_resumed}[mode](
+        root, tag, per_device, use_cpu=False, ddp_backend="gloo"
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(res, os.path.join(root, f"{tag}.pt"))
     D.shutdown()

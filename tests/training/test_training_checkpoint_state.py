@@ -27,9 +27,13 @@ def test_state_file_round_trips_nested_tensors_and_plain_values(tmp_path):
     assert back["empty"] == {} and back["queue"]["size"] == 5 and back["queue"]["label_format"] == "bool"
     assert back["momentum_encoder"]["momentum"] == 0.99 and back["queue"]["ptr"] == 2
     assert torch.equal(back["loss"]["prototypes"], state["loss"]["prototypes"])
-    assert back["queue"]["labels"].dtype == torch.bool and torch.equal(back["queue"]["labels"], state["queue"]["labels"])
-    assert torch.equal(back["momentum_encoder"]["params"]["backbone.layer.0.weight"],
-                       state["momentum_encoder"]["params"]["backbone.layer.0.weight"])  # fmt: skip
+    assert back["queue"]["labels"].dtype == torch.bool and torch.equal(
+        back["queue"]["labels"], state["queue"]["labels"]
+    )
+    assert torch.equal(
+        back["momentum_encoder"]["params"]["backbone.layer.0.weight"],
+        state["momentum_encoder"]["params"]["backbone.layer.0.weight"],
+    )
     # a safetensors file: 8-byte little-endian header length, then a JSON header (no pickle opcodes)
     raw = open(path, "rb").read()
     (n,) = struct.unpack("<Q", raw[:8])
@@ -61,9 +65,15 @@ def test_state_file_rejects_objects_and_foreign_files(tmp_path):
 def test_resume_reads_the_safetensors_state_without_torch_load(tmp_path, monkeypatch):
     tok = tiny_tokenizer()
     ds = tiny_split(16)
-    kw = dict(loss="msc", queue_size=8, momentum=0.9, max_steps=2, save_strategy="steps", save_steps=2, knn_k=0)
-    first = ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(tmp_path / "a", **kw), train_dataset=ds,
-                               data_collator=collator(tok))  # fmt: skip
+    kw = dict(
+        loss="msc", queue_size=8, momentum=0.9, max_steps=2, save_strategy="steps", save_steps=2, knn_k=0
+    )
+    first = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=base_args(tmp_path / "a", **kw),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
     first.train()
     ckpt = tmp_path / "a" / "checkpoint-2"
     assert os.path.isfile(ckpt / STATE_FILE) and not os.path.exists(ckpt / LEGACY_STATE_FILE)
@@ -76,21 +86,34 @@ def test_resume_reads_the_safetensors_state_without_torch_load(tmp_path, monkeyp
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", recording_load)
-    resumed = ContrastiveTrainer(model=tiny_encoder(tok, seed=3), args=base_args(tmp_path / "b", **kw),
-                                 train_dataset=ds, data_collator=collator(tok))  # fmt: skip
+    resumed = ContrastiveTrainer(
+        model=tiny_encoder(tok, seed=3),
+        args=base_args(tmp_path / "b", **kw),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
     resumed._load_from_checkpoint(str(ckpt))
-    assert all(flag is True for flag in calls), calls  # Trainer's own files: weights_only=True; ours: no torch.load
+    assert all(flag is True for flag in calls), (
+        calls
+    )  # Trainer's own files: weights_only=True; ours: no torch.load
     assert torch.equal(resumed.queue.embeddings.cpu(), first.queue.embeddings.cpu())
     assert torch.equal(resumed.loss_fn.prototypes.detach().cpu(), first.loss_fn.prototypes.detach().cpu())
-    assert resumed.momentum_encoder.state_dict()["params"].keys() == first.momentum_encoder.state_dict()["params"].keys()
+    assert (
+        resumed.momentum_encoder.state_dict()["params"].keys()
+        == first.momentum_encoder.state_dict()["params"].keys()
+    )
 
     # a checkpoint from before the safetensors format is read with weights_only=True
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     torch.save(first.extra_state_dict(), legacy / LEGACY_STATE_FILE)
     calls.clear()
-    again = ContrastiveTrainer(model=tiny_encoder(tok, seed=4), args=base_args(tmp_path / "c", **kw),
-                               train_dataset=ds, data_collator=collator(tok))  # fmt: skip
+    again = ContrastiveTrainer(
+        model=tiny_encoder(tok, seed=4),
+        args=base_args(tmp_path / "c", **kw),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
     again.load_extra_state_dict(load_state_file(str(legacy / LEGACY_STATE_FILE)))
     assert calls == [True]
     assert torch.equal(again.queue.embeddings.cpu(), first.queue.embeddings.cpu())

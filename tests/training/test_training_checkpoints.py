@@ -25,8 +25,17 @@ KW = dict(loss="msc", queue_size=8, momentum=0.9, max_steps=4, save_strategy="st
 
 @pytest.mark.parametrize(
     "value, parsed",
-    [(None, False), (False, False), ("false", False), (" False ", False), ("", False), (True, True),
-     ("true", True), ("TRUE", True), ("out/checkpoint-2", "out/checkpoint-2")],  # fmt: skip
+    [
+        (None, False),
+        (False, False),
+        ("false", False),
+        (" False ", False),
+        ("", False),
+        (True, True),
+        ("true", True),
+        ("TRUE", True),
+        ("out/checkpoint-2", "out/checkpoint-2"),
+    ],
 )
 def test_parse_resume_reads_every_spelling_once(value, parsed):
     assert parse_resume(value) == parsed
@@ -40,14 +49,23 @@ def test_safetensors_state_is_written_inside_the_marked_window(tmp_path, monkeyp
 
     def spy(state, path):
         folder = os.path.dirname(path)
-        seen.append((os.path.basename(folder), os.path.exists(os.path.join(folder, SAVING_MARKER)),
-                     is_complete_checkpoint(folder)))  # fmt: skip
+        seen.append(
+            (
+                os.path.basename(folder),
+                os.path.exists(os.path.join(folder, SAVING_MARKER)),
+                is_complete_checkpoint(folder),
+            )
+        )
         real_save(state, path)
 
     monkeypatch.setattr(contrastive_module, "save_state_file", spy)
     out = tmp_path / "run"
-    trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(out, **KW), train_dataset=tiny_split(16),
-                                 data_collator=collator(tok))  # fmt: skip
+    trainer = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=base_args(out, **KW),
+        train_dataset=tiny_split(16),
+        data_collator=collator(tok),
+    )
     trainer.train()
     assert seen == [("checkpoint-2", True, False), ("checkpoint-4", True, False)]
     for step in (2, 4):  # after the save: the marker is gone, the state is there
@@ -67,12 +85,18 @@ def test_a_save_interrupted_while_writing_the_state_is_never_resumed_from(tmp_pa
 
     monkeypatch.setattr(contrastive_module, "save_state_file", dies_at_step_4)
     out = tmp_path / "run"
-    trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(out, **KW), train_dataset=tiny_split(16),
-                                 data_collator=collator(tok))  # fmt: skip
+    trainer = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=base_args(out, **KW),
+        train_dataset=tiny_split(16),
+        data_collator=collator(tok),
+    )
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     half = out / "checkpoint-4"
-    assert (half / "trainer_state.json").is_file() and (half / SAVING_MARKER).is_file()  # looks finished, is not
+    assert (half / "trainer_state.json").is_file() and (
+        half / SAVING_MARKER
+    ).is_file()  # looks finished, is not
     assert last_complete_checkpoint(str(out)) == str(out / "checkpoint-2")
     assert resolve_resume("true", str(out)) == str(out / "checkpoint-2")
     assert not half.exists()  # the half-written checkpoint is cleaned

@@ -15,11 +15,30 @@ from hf_mlcl.training import ContrastiveTrainer
 
 def _plain_args(tmp_path, **kw):
     a = base_args(tmp_path, **kw)
-    keep = {k: getattr(a, k) for k in ("per_device_train_batch_size", "max_steps", "learning_rate", "logging_steps",
-                                       "max_grad_norm", "train_sampling_strategy", "seed", "gradient_accumulation_steps",
-                                       "dataloader_drop_last")}  # fmt: skip
-    return TrainingArguments(output_dir=str(tmp_path / "plain"), report_to=[], save_strategy="no", use_cpu=True,
-                             disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False, **keep)
+    keep = {
+        k: getattr(a, k)
+        for k in (
+            "per_device_train_batch_size",
+            "max_steps",
+            "learning_rate",
+            "logging_steps",
+            "max_grad_norm",
+            "train_sampling_strategy",
+            "seed",
+            "gradient_accumulation_steps",
+            "dataloader_drop_last",
+        )
+    }
+    return TrainingArguments(
+        output_dir=str(tmp_path / "plain"),
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        **keep,
+    )
 
 
 @pytest.mark.parametrize("loss,accumulation", [("sd", 1), ("mulsupcon", 2)])
@@ -27,13 +46,24 @@ def test_plain_trainer_matches_contrastive_trainer(tmp_path, loss, accumulation)
     tok, train = tiny_tokenizer(), tiny_split(32)
     kw = dict(max_steps=3, gradient_accumulation_steps=accumulation, loss=loss)
     ref_model = tiny_encoder(tok, seed=0)
-    ref = ContrastiveTrainer(model=ref_model, args=base_args(tmp_path / "ref", **kw), train_dataset=train,
-                             data_collator=collator(tok), processing_class=tok, num_labels=4)
+    ref = ContrastiveTrainer(
+        model=ref_model,
+        args=base_args(tmp_path / "ref", **kw),
+        train_dataset=train,
+        data_collator=collator(tok),
+        processing_class=tok,
+        num_labels=4,
+    )
     ref_out = ref.train()
     model = tiny_encoder(tok, seed=0)
     kw.pop("loss")
-    plain = Trainer(model=model, args=_plain_args(tmp_path, **kw), train_dataset=train, data_collator=collator(tok),
-                    compute_loss_func=ContrastiveLossFunc(loss, num_labels=4))
+    plain = Trainer(
+        model=model,
+        args=_plain_args(tmp_path, **kw),
+        train_dataset=train,
+        data_collator=collator(tok),
+        compute_loss_func=ContrastiveLossFunc(loss, num_labels=4),
+    )
     out = plain.train()
     assert out.global_step == ref_out.global_step == 3
     assert out.training_loss == pytest.approx(ref_out.training_loss, rel=1e-5)
@@ -51,8 +81,17 @@ def test_any_model_with_pooled_embeddings_and_id_list_labels(tmp_path):
 
     tok = tiny_tokenizer()
     torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                 intermediate_size=64, max_position_embeddings=64, pad_token_id=tok.pad_token_id))
+    model = BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
     split = tiny_split(16)
     width = max(len(r) for r in split["labels"])
 
@@ -64,10 +103,21 @@ def test_any_model_with_pooled_embeddings_and_id_list_labels(tmp_path):
     data = Dataset.from_dict({"text": list(split["text"]), "labels": list(split["labels"])})
     func = ContrastiveLossFunc("jaccard", num_labels=4, label_format="ids")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=2, learning_rate=1e-3,
-                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
-                             remove_unused_columns=False, dataloader_num_workers=0)
-    out = Trainer(model=model, args=args, train_dataset=data, data_collator=collate, compute_loss_func=func).train()
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+    )
+    out = Trainer(
+        model=model, args=args, train_dataset=data, data_collator=collate, compute_loss_func=func
+    ).train()
     assert torch.isfinite(torch.tensor(out.training_loss)) and out.training_loss > 0
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters() if "pooler" in n)
     # the value is the hf_mlcl loss of pooler_output
@@ -90,14 +140,17 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="got no labels"):
         func({"embeddings": torch.zeros(2, 8)}, None)
     with pytest.raises(ValueError, match="must be \\(batch, dim\\)"):
-        ContrastiveLossFunc("sd", embeddings_key="last_hidden_state")({"last_hidden_state": torch.zeros(2, 4, 8)},
-                                                                       torch.ones(2, 3))
+        ContrastiveLossFunc("sd", embeddings_key="last_hidden_state")(
+            {"last_hidden_state": torch.zeros(2, 4, 8)}, torch.ones(2, 3)
+        )
     with pytest.raises(ValueError, match="unknown loss"):
         ContrastiveLossFunc("nope")
     # the accumulation contract: the loss is scaled by this micro-batch's share of the counted entries
     emb, y = torch.randn(4, 8), torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 1], [0, 0, 1]]).float()
     full = func({"embeddings": emb}, y)
-    assert func({"embeddings": emb}, y, num_items_in_batch=torch.tensor(24)).item() == pytest.approx(full.item() / 2)
+    assert func({"embeddings": emb}, y, num_items_in_batch=torch.tensor(24)).item() == pytest.approx(
+        full.item() / 2
+    )
 
 
 def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
@@ -112,8 +165,14 @@ def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
         args.logging_nan_inf_filter = False
         func = ContrastiveLossFunc(loss, num_labels=4, embedding_dim=16)
         callback = SyncCountingCallback(steps=[2])
-        trainer = Trainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(32),
-                          data_collator=collator(tok), compute_loss_func=func, callbacks=[callback])
+        trainer = Trainer(
+            model=tiny_encoder(tok),
+            args=args,
+            train_dataset=tiny_split(32),
+            data_collator=collator(tok),
+            compute_loss_func=func,
+            callbacks=[callback],
+        )
         with callback:
             trainer.train()
         counter = callback.counters[2]
@@ -121,7 +180,9 @@ def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
         assert not func._batch_loss.checks.pending  # the first batch was checked
 
 
-@pytest.mark.parametrize("loss,contrast_set", [("mulsupcon", None), ("sd", "queries+queue"), ("any", "queries+keys")])
+@pytest.mark.parametrize(
+    "loss,contrast_set", [("mulsupcon", None), ("sd", "queries+queue"), ("any", "queries+keys")]
+)
 def test_plain_trainer_with_a_queue_matches_contrastive_trainer_at_momentum_0(tmp_path, loss, contrast_set):
     """ContrastiveLossFunc(queue_size=8): the keys are the batch's embeddings without gradient, which is
     ContrastiveTrainer with momentum 0 on a model without dropout. Six steps of batch 4 (the queue fills
@@ -131,17 +192,29 @@ def test_plain_trainer_with_a_queue_matches_contrastive_trainer_at_momentum_0(tm
     kw = dict(max_steps=6, learning_rate=5e-3)
     ref_model = tiny_encoder(tok, seed=0)
     ref = ContrastiveTrainer(
-        model=ref_model, args=base_args(tmp_path / "ref", loss=loss, queue_size=8, momentum=0.0,
-                                        contrast_set=contrast_set, **kw),
-        train_dataset=train, data_collator=collator(tok), processing_class=tok, num_labels=4)  # fmt: skip
+        model=ref_model,
+        args=base_args(
+            tmp_path / "ref", loss=loss, queue_size=8, momentum=0.0, contrast_set=contrast_set, **kw
+        ),
+        train_dataset=train,
+        data_collator=collator(tok),
+        processing_class=tok,
+        num_labels=4,
+    )
     ref.train()
 
     def plain_run(queue_size):
         model = tiny_encoder(tok, seed=0)
-        func = ContrastiveLossFunc(loss, num_labels=4, queue_size=queue_size,
-                                   contrast_set=contrast_set if queue_size else None)
-        trainer = Trainer(model=model, args=_plain_args(tmp_path / f"plain{queue_size}", **kw), train_dataset=train,
-                          data_collator=collator(tok), compute_loss_func=func)
+        func = ContrastiveLossFunc(
+            loss, num_labels=4, queue_size=queue_size, contrast_set=contrast_set if queue_size else None
+        )
+        trainer = Trainer(
+            model=model,
+            args=_plain_args(tmp_path / f"plain{queue_size}", **kw),
+            train_dataset=train,
+            data_collator=collator(tok),
+            compute_loss_func=func,
+        )
         trainer.train()
         return model, func, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 

@@ -35,11 +35,23 @@ def _losses(trainer) -> dict[int, float]:
 def test_two_views_steps_log_components_and_eval_probe(tmp_path, tok):
     ds = tiny_split(32)
     args = base_args(
-        tmp_path, loss="hbl", loss_kwargs={"base": "sd", "k_min": 2}, n_views=2, max_steps=3,
-        eval_strategy="steps", eval_steps=3, metric_for_best_model="knn_micro_f1", knn_k=3,
-    )  # fmt: skip
-    tr = ContrastiveTrainer(model=tiny_encoder(tok, 0.1), args=args, train_dataset=ds, eval_dataset=tiny_split(16, 1),
-                            data_collator=collator(tok, n_views=2))  # fmt: skip
+        tmp_path,
+        loss="hbl",
+        loss_kwargs={"base": "sd", "k_min": 2},
+        n_views=2,
+        max_steps=3,
+        eval_strategy="steps",
+        eval_steps=3,
+        metric_for_best_model="knn_micro_f1",
+        knn_k=3,
+    )
+    tr = ContrastiveTrainer(
+        model=tiny_encoder(tok, 0.1),
+        args=args,
+        train_dataset=ds,
+        eval_dataset=tiny_split(16, 1),
+        data_collator=collator(tok, n_views=2),
+    )
     tr.train()
     logs = [h for h in tr.state.log_history if "loss" in h]
     assert len(logs) == 3 and all(math.isfinite(h["loss"]) for h in logs)
@@ -68,17 +80,33 @@ def test_loss_falls_on_learnable_set(tmp_path, tok):
 def test_resume_gives_identical_next_step_with_queue_and_prototypes(tmp_path, tok):
     """msc (learnable prototypes in the optimizer) + MoCo queue + dropout: checkpoint-2 -> step 3 identical."""
     ds = tiny_split(32)
-    kw = dict(loss="msc", queue_size=12, momentum=0.9, max_steps=3, save_strategy="steps", save_steps=2,
-              train_sampling_strategy="random", knn_k=0)  # fmt: skip
-    full = ContrastiveTrainer(model=tiny_encoder(tok, 0.1), args=base_args(tmp_path / "a", **kw), train_dataset=ds,
-                              data_collator=collator(tok))  # fmt: skip
+    kw = dict(
+        loss="msc",
+        queue_size=12,
+        momentum=0.9,
+        max_steps=3,
+        save_strategy="steps",
+        save_steps=2,
+        train_sampling_strategy="random",
+        knn_k=0,
+    )
+    full = ContrastiveTrainer(
+        model=tiny_encoder(tok, 0.1),
+        args=base_args(tmp_path / "a", **kw),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
     full.train()
     ref = _losses(full)
     assert len(full.queue) == 12 and os.path.isfile(tmp_path / "a" / "checkpoint-2" / STATE_FILE)
 
     def resumed_step3(ckpt, seed):
-        tr = ContrastiveTrainer(model=tiny_encoder(tok, 0.1, seed=seed), args=base_args(tmp_path / "b", **kw),
-                                train_dataset=ds, data_collator=collator(tok))  # fmt: skip
+        tr = ContrastiveTrainer(
+            model=tiny_encoder(tok, 0.1, seed=seed),
+            args=base_args(tmp_path / "b", **kw),
+            train_dataset=ds,
+            data_collator=collator(tok),
+        )
         tr.train(resume_from_checkpoint=str(ckpt))
         return tr, _losses(tr)[3]
 
@@ -106,8 +134,13 @@ def test_gradient_accumulation_is_mean_of_micro_batch_gradients(tmp_path, tok):
     def run(bs, ga):
         model = tiny_encoder(tok)
         cap = GradCapture(model)
-        args = base_args(tmp_path / f"{bs}x{ga}", loss="sd", per_device_train_batch_size=bs,
-                         gradient_accumulation_steps=ga, knn_k=0)  # fmt: skip
+        args = base_args(
+            tmp_path / f"{bs}x{ga}",
+            loss="sd",
+            per_device_train_batch_size=bs,
+            gradient_accumulation_steps=ga,
+            knn_k=0,
+        )
         tr = ContrastiveTrainer(model=model, args=args, train_dataset=ds, data_collator=coll, callbacks=[cap])
         tr.train()
         return tr, cap.grads[0], _losses(tr)[1]
@@ -129,8 +162,12 @@ def test_gradient_accumulation_is_mean_of_micro_batch_gradients(tmp_path, tok):
 
 def test_label_statistics_are_set_for_ws_mulsupcon(tmp_path, tok):
     ds = tiny_split(16)
-    tr = ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(tmp_path, loss="ws_mulsupcon", knn_k=0),
-                            train_dataset=ds, data_collator=collator(tok))  # fmt: skip
+    tr = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=base_args(tmp_path, loss="ws_mulsupcon", knn_k=0),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
     assert tr.loss_fn.requires_label_statistics
     tr.train()
     assert math.isfinite(_losses(tr)[1])
@@ -186,8 +223,15 @@ def test_two_view_moco_keys_come_from_view_two_and_hbl_wraps_msc(tmp_path, tok):
     """n_views=2 + queue: the online encoder sees view 1 (B anchors), the key encoder view 2 (B keys per step);
     hbl(base=msc) receives num_labels / embedding_dim through its signature; prototypes are optimised."""
     ds = tiny_split(16)
-    args = base_args(tmp_path, loss="hbl", loss_kwargs={"base": "msc", "k_min": 2}, n_views=2, queue_size=32,
-                     max_steps=3, knn_k=0)  # fmt: skip
+    args = base_args(
+        tmp_path,
+        loss="hbl",
+        loss_kwargs={"base": "msc", "k_min": 2},
+        n_views=2,
+        queue_size=32,
+        max_steps=3,
+        knn_k=0,
+    )
     tr = ContrastiveTrainer(
         model=tiny_encoder(tok, 0.1), args=args, train_dataset=ds, data_collator=collator(tok, 2)
     )
@@ -217,7 +261,9 @@ def test_two_view_moco_keys_come_from_view_two_and_hbl_wraps_msc(tmp_path, tok):
 def test_moco_contrast_set_per_loss(tmp_path, tok, loss, kw, want):
     """What the trainer hands the loss in MoCo mode: each loss's paper contrast set and queue warm-up."""
     args = base_args(tmp_path, loss=loss, queue_size=8, max_steps=3, knn_k=0, **kw)
-    tr = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16), data_collator=collator(tok))
+    tr = ContrastiveTrainer(
+        model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16), data_collator=collator(tok)
+    )
     seen = []
     components = tr.loss_fn.components  # what the trainer calls: the loss and its parts
 
@@ -235,8 +281,12 @@ def test_hbl_gate_warning_and_contrast_set_errors(tmp_path, tok):
     ds = tiny_split(8)
 
     def make(**kw):
-        return ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(tmp_path, knn_k=0, **kw), train_dataset=ds,
-                                  data_collator=collator(tok))  # fmt: skip
+        return ContrastiveTrainer(
+            model=tiny_encoder(tok),
+            args=base_args(tmp_path, knn_k=0, **kw),
+            train_dataset=ds,
+            data_collator=collator(tok),
+        )
 
     with pytest.warns(UserWarning, match="k_min=128 but an anchor has at most 3 candidates"):
         make(loss="hbl")
@@ -258,8 +308,12 @@ def test_flops_estimate_is_trainers_with_the_parameter_count_taken_once(tmp_path
     from transformers import Trainer
 
     args = base_args(tmp_path, max_steps=2)
-    trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16),
-                                 data_collator=collator(tok, n_views=args.n_views))  # fmt: skip
+    trainer = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=args,
+        train_dataset=tiny_split(16),
+        data_collator=collator(tok, n_views=args.n_views),
+    )
     counted = []
     real = trainer.model.num_parameters
     monkeypatch.setattr(trainer.model, "num_parameters", lambda **kw: counted.append(kw) or real(**kw))
@@ -267,7 +321,10 @@ def test_flops_estimate_is_trainers_with_the_parameter_count_taken_once(tmp_path
     want = Trainer.floating_point_ops(trainer, batch)
     assert want == 6 * 28 * real(exclude_embeddings=True) > 0
     assert [trainer.floating_point_ops(batch) for _ in range(3)] == [want] * 3
-    assert trainer.floating_point_ops({**batch, "input_ids": torch.ones(2, 5, dtype=torch.long)}) == want * 10 // 28
+    assert (
+        trainer.floating_point_ops({**batch, "input_ids": torch.ones(2, 5, dtype=torch.long)})
+        == want * 10 // 28
+    )
     assert len(counted) == 2  # Trainer's own call above, then one for every later step
     assert trainer.floating_point_ops({"inputs_embeds": torch.ones(1, 2, 3)}) == 0
     trainer.train()  # total_flos sums the estimate over the steps, as Trainer's does

@@ -37,14 +37,27 @@ def _trainer(out, tok, data, probe="linear", store=None, weight_seed=0, head="li
     enc = tiny_encoder(tok, dropout=0.1, seed=weight_seed)
     torch.manual_seed(1)
     extra = {"chunk_size": 16} if head == "label_attention" else {}
-    clf = MLCLForMultiLabelClassification.from_encoder(enc, num_labels=4, freeze_encoder=True, head=head,
-                                                       classifier_dropout=dropout, **extra)  # fmt: skip
+    clf = MLCLForMultiLabelClassification.from_encoder(
+        enc, num_labels=4, freeze_encoder=True, head=head, classifier_dropout=dropout, **extra
+    )
     counter = RowCounter(clf.backbone)
-    args = dict(probe=probe, per_device_train_batch_size=4, learning_rate=5e-2, max_steps=-1, num_train_epochs=2,
-                eval_strategy="epoch", feature_cache_dir=None if store is None else str(store))  # fmt: skip
+    args = dict(
+        probe=probe,
+        per_device_train_batch_size=4,
+        learning_rate=5e-2,
+        max_steps=-1,
+        num_train_epochs=2,
+        eval_strategy="epoch",
+        feature_cache_dir=None if store is None else str(store),
+    )
     args.update(kw)
-    tr = ProbingTrainer(model=clf, args=probe_args(out, **args), train_dataset=data["train"],
-                        eval_dataset=data["eval"], data_collator=collator(tok))  # fmt: skip
+    tr = ProbingTrainer(
+        model=clf,
+        args=probe_args(out, **args),
+        train_dataset=data["train"],
+        eval_dataset=data["eval"],
+        data_collator=collator(tok),
+    )
     return tr, counter
 
 
@@ -103,7 +116,9 @@ def _key(tok, dataset, encoder=None, batch_size=8, **collator_kw):
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=coll)
 
     def pairs(batch):
-        return batch["labels"].to_dense().nonzero() if batch["labels"].is_sparse else batch["labels"].nonzero()
+        return (
+            batch["labels"].to_dense().nonzero() if batch["labels"].is_sparse else batch["labels"].nonzero()
+        )
 
     return FeatureStore.key(FeatureStore.encoder_digest(encoder), loader, {"pooling": "mean"}, pairs)
 
@@ -125,7 +140,10 @@ def test_the_key_follows_weights_tokens_and_labels_not_padding(tok, data):
     assert _key(tok, relabelled)[0] != base
     assert _key(tok, split.select(range(N_EVAL - 1)))[0] != base
     digest = FeatureStore.encoder_digest(tiny_encoder(tok, seed=0).backbone)
-    assert FeatureStore.key(digest, [], {"pooling": "cls"}, None)[0] != FeatureStore.key(digest, [], {"pooling": "mean"}, None)[0]
+    assert (
+        FeatureStore.key(digest, [], {"pooling": "cls"}, None)[0]
+        != FeatureStore.key(digest, [], {"pooling": "mean"}, None)[0]
+    )
     # the same weight names and values under another architecture or config: another encoder
     same = tiny_encoder(tok, seed=0).backbone
     assert FeatureStore.encoder_digest(same) == digest
@@ -161,7 +179,12 @@ def test_logistic_probe_on_cached_features_equals_the_streamed_one(tmp_path, tok
         tr, rows = _trainer(tmp_path / str(cache), tok, data, probe="logistic", cache_features=cache)
         assert tr.cache_features is (cache is None)
         tr.fit_logistic(data["eval"])
-        fits[cache] = (_head(tr), tr.logistic_validation_scores[0], tr.predict_scores(data["test"])[0], rows.rows)
+        fits[cache] = (
+            _head(tr),
+            tr.logistic_validation_scores[0],
+            tr.predict_scores(data["test"])[0],
+            rows.rows,
+        )
     (h_c, val_c, test_c, rows_c), (h_s, val_s, test_s, rows_s) = fits[None], fits[False]
     for k in h_c:
         assert torch.equal(h_c[k], h_s[k]), k

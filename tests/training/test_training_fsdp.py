@@ -43,10 +43,24 @@ def _launch(root, cases) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file recipes/accelerate/cpu.yaml --num_processes 2 _fsdp_worker.py ROOT CASES`."""
     # PET_STANDALONE: torchrun binds its rendezvous store to a free port of the kernel's choosing (cpu.yaml's fixed
     # default port would race with a concurrent launch)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PET_STANDALONE": "1", "PYTHONPATH": os.pathsep.join([HERE, ROOT])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PET_STANDALONE": "1",
+        "PYTHONPATH": os.pathsep.join([HERE, ROOT]),
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", "cpu.yaml"),
-           "--num_processes", "2", WORKER, str(root), *cases]  # fmt: skip
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        os.path.join(ROOT, "recipes", "accelerate", "cpu.yaml"),
+        "--num_processes",
+        "2",
+        WORKER,
+        str(root),
+        *cases,
+    ]
     try:
         return run_launch(cmd, env=env, cwd=ROOT, timeout=LAUNCH_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -60,15 +74,26 @@ def fsdp_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     tok = tiny_tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
-                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaModel(cfg).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    head = MLCLEncoder.from_backbone(str(root / "base"), pooling="last_token", projection_dim=8).projection_head
+    head = MLCLEncoder.from_backbone(
+        str(root / "base"), pooling="last_token", projection_dim=8
+    ).projection_head
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "head.safetensors"))
     classifier = torch.nn.Linear(cfg.hidden_size, len(LABELS))
-    save_file({k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors")
+    )
     proc = _launch(root, list(CASES))
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "terminate called" not in proc.stderr
@@ -104,15 +129,21 @@ def test_fsdp_run_matches_one_process_and_its_adapter_reloads(fsdp_runs, case):
     got = torch.load(root / f"fsdp-{case}.pt", weights_only=False)
     plain = run(str(root), case, per_device=8, fsdp=False)
     assert got["world"] == 2 and plain["world"] == 1
-    assert got["wrapper"] == "FSDPPeftModel" and plain["wrapper"] == "PeftModel"  # fully_shard on the PeftModel
+    assert (
+        got["wrapper"] == "FSDPPeftModel" and plain["wrapper"] == "PeftModel"
+    )  # fully_shard on the PeftModel
     bf16_amp = CASES[case].get("bf16", False)
     assert got["mixed_precision"] == plain["mixed_precision"] == ("bf16" if bf16_amp else "no")
 
     # what trains, and the storage dtypes the engine holds: the frozen backbone stays bf16 where it was cast
     assert got["trainable"] == plain["trainable"]
-    assert got["trainable"] and all("lora_" in n or ".modules_to_save.default." in n for n in got["trainable"])
+    assert got["trainable"] and all(
+        "lora_" in n or ".modules_to_save.default." in n for n in got["trainable"]
+    )
     assert all(got["dtypes"][n] == torch.float32 for n in got["trainable"])
-    frozen_base = [n for n in got["dtypes"] if ".base_layer." in n or n.endswith(("embed_tokens.weight", "norm.weight"))]
+    frozen_base = [
+        n for n in got["dtypes"] if ".base_layer." in n or n.endswith(("embed_tokens.weight", "norm.weight"))
+    ]
     assert frozen_base and {got["dtypes"][n] for n in frozen_base} == (
         {torch.bfloat16} if CASES[case].get("bf16_backbone") else {torch.float32}
     )
@@ -145,7 +176,9 @@ def test_fsdp_run_matches_one_process_and_its_adapter_reloads(fsdp_runs, case):
     assert all(t.dtype == torch.float32 for t in adapter.values())
     assert any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
     for key, value in plain_adapter.items():
-        torch.testing.assert_close(adapter[key], value, rtol=1e-3, atol=max(atol, 1e-4))  # Adam magnifies round-off
+        torch.testing.assert_close(
+            adapter[key], value, rtol=1e-3, atol=max(atol, 1e-4)
+        )  # Adam magnifies round-off
     bce = CASES[case].get("bce", False)
     heads = {"classifier"} if bce else {"projection_head"}
     assert {key.split(".")[0] for key in load_file(folder / "model.safetensors")} == heads
@@ -153,10 +186,15 @@ def test_fsdp_run_matches_one_process_and_its_adapter_reloads(fsdp_runs, case):
     # reloaded onto the base on disk (fp32, adapter merged): the trained model's outputs; a bf16-stored backbone
     # computed in bf16, so there the reload agrees to bf16 rounding and equals the plain run's reload
     tok = AutoTokenizer.from_pretrained(root / "base")
-    cls, auto, field = ((MLCLForMultiLabelClassification, AutoModelForSequenceClassification, "logits") if bce
-                        else (MLCLEncoder, AutoModel, "embeddings"))  # fmt: skip
+    cls, auto, field = (
+        (MLCLForMultiLabelClassification, AutoModelForSequenceClassification, "logits")
+        if bce
+        else (MLCLEncoder, AutoModel, "embeddings")
+    )
     reloaded = outputs(cls.from_pretrained(folder), tok, field)
-    torch.testing.assert_close(outputs(auto.from_pretrained(folder, trust_remote_code=True), tok, field), reloaded)
+    torch.testing.assert_close(
+        outputs(auto.from_pretrained(folder, trust_remote_code=True), tok, field), reloaded
+    )
     bf16_storage = CASES[case].get("bf16_backbone", False)
     torch.testing.assert_close(reloaded, got["outputs"], rtol=0, atol=5e-2 if bf16_storage else 1e-5)
     plain_reloaded = outputs(cls.from_pretrained(root / f"adapter-plain-{case}"), tok, field)

@@ -27,8 +27,12 @@ def tok():
 
 def _trainer(tmp_path, tok, **kw):
     args = base_args(tmp_path, **{"max_steps": 3, "logging_steps": 100, **kw})
-    return ContrastiveTrainer(model=tiny_encoder(tok, dropout=0.1), args=args, train_dataset=tiny_split(32),
-                              data_collator=collator(tok, n_views=args.n_views))  # fmt: skip
+    return ContrastiveTrainer(
+        model=tiny_encoder(tok, dropout=0.1),
+        args=args,
+        train_dataset=tiny_split(32),
+        data_collator=collator(tok, n_views=args.n_views),
+    )
 
 
 def _count_steps(trainer, steps) -> SyncCountingCallback:
@@ -63,10 +67,15 @@ def test_a_moco_step_reads_nothing_on_the_host(tmp_path, tok, loss):
     assert callback.counts == {2: 0, 3: 0}  # online and momentum encoder forwards included
 
 
-@pytest.mark.parametrize("kw", [{"loss": "sd", "gradcache_chunk_size": 2},
-                                {"loss": "mulsupcon", "queue_size": 8, "n_views": 2, "gradcache_chunk_size": 2},
-                                {"loss": "hbl", "loss_kwargs": {"k_min": 2}, "gradient_accumulation_steps": 2}],
-                         ids=["gradcache", "gradcache-moco-two-views", "accumulation"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"loss": "sd", "gradcache_chunk_size": 2},
+        {"loss": "mulsupcon", "queue_size": 8, "n_views": 2, "gradcache_chunk_size": 2},
+        {"loss": "hbl", "loss_kwargs": {"k_min": 2}, "gradient_accumulation_steps": 2},
+    ],
+    ids=["gradcache", "gradcache-moco-two-views", "accumulation"],
+)
 def test_gradcache_and_accumulation_steps_read_nothing_on_the_host(tmp_path, tok, kw):
     _count_steps(_trainer(tmp_path, tok, max_steps=4, **kw), [2, 3])
 
@@ -104,7 +113,9 @@ class _ComponentsOfEachMicroBatch(TrainerCallback):
 
 @pytest.mark.parametrize("loss,kw", [("hbl", {"loss_kwargs": {"k_min": 2}}), ("ws_mulsupcon", {})])
 def test_logged_components_are_the_window_averages_of_the_float_path(tmp_path, tok, loss, kw):
-    trainer = _trainer(tmp_path, tok, loss=loss, max_steps=4, logging_steps=2, gradient_accumulation_steps=2, **kw)
+    trainer = _trainer(
+        tmp_path, tok, loss=loss, max_steps=4, logging_steps=2, gradient_accumulation_steps=2, **kw
+    )
     spy = _ComponentsOfEachMicroBatch(trainer)
     trainer.add_callback(spy)
     trainer.train()
@@ -131,8 +142,13 @@ def test_the_first_batch_is_checked(tmp_path, tok):
         return out
 
     args = base_args(tmp_path, max_steps=2, loss="sd")
-    trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=tiny_split(16),
-                                 data_collator=counts_not_memberships, num_labels=4)  # fmt: skip
+    trainer = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=args,
+        train_dataset=tiny_split(16),
+        data_collator=counts_not_memberships,
+        num_labels=4,
+    )
     with pytest.raises(ValueError, match="binary"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -157,7 +173,9 @@ def test_nan_embeddings_of_the_first_batch_raise_at_once(tmp_path, tok):
 
 
 def test_a_later_non_finite_loss_stops_training_at_the_next_log_before_a_checkpoint(tmp_path, tok):
-    trainer = _trainer(tmp_path, tok, loss="sd", max_steps=6, logging_steps=3, save_strategy="steps", save_steps=3)
+    trainer = _trainer(
+        tmp_path, tok, loss="sd", max_steps=6, logging_steps=3, save_strategy="steps", save_steps=3
+    )
     _nan_from_call(trainer.model, 2)  # step 2 onwards: past the checked first batch
     with pytest.raises(ValueError, match=r"NaN or inf in 2 training micro-batch\(es\)"):
         trainer.train()

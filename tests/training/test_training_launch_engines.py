@@ -33,7 +33,9 @@ def test_no_engine_asked_no_problem(env):
 def test_deepspeed_requests(env):
     env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     assert requested_engine(_args()) == "deepspeed"
-    assert launch_problem(_args(), cuda_available=False) is None  # one CPU process: DeepSpeed's CPU accelerator
+    assert (
+        launch_problem(_args(), cuda_available=False) is None
+    )  # one CPU process: DeepSpeed's CPU accelerator
     problem = launch_problem(_args(use_cpu=True), cuda_available=False)
     assert "use_cpu=True makes accelerate drop it" in problem and "remove --use_cpu true" in problem
     env.setenv("WORLD_SIZE", "2")
@@ -51,7 +53,9 @@ def test_fsdp_requests(env):
     problem = launch_problem(_args(), cuda_available=False)
     assert "no GPU" in problem and "plain DDP" in problem and "deepspeed_zero3.yaml" in problem
     assert "use_cpu=True" in launch_problem(_args(use_cpu=True), cuda_available=True)
-    assert launch_problem(_args(gradcache_chunk_size=8), cuda_available=True) is None  # GradCache runs under FSDP
+    assert (
+        launch_problem(_args(gradcache_chunk_size=8), cuda_available=True) is None
+    )  # GradCache runs under FSDP
     env.delenv("ACCELERATE_USE_FSDP")
     assert "args.fsdp" in launch_problem(_args(fsdp=["full_shard"]), cuda_available=False)
 
@@ -95,11 +99,16 @@ def test_a_trainer_without_the_requested_engine_stops(env):
 
     env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     trainer = SimpleNamespace(
-        args=_args(), model_wrapped=torch.nn.Linear(2, 2),  # what a DDP-less CPU run leaves
-        is_deepspeed_enabled=False, is_fsdp_enabled=False,
+        args=_args(),
+        model_wrapped=torch.nn.Linear(2, 2),  # what a DDP-less CPU run leaves
+        is_deepspeed_enabled=False,
+        is_fsdp_enabled=False,
         accelerator=SimpleNamespace(distributed_type=DistributedType.MULTI_CPU),
-    )  # fmt: skip
-    with pytest.raises(ValueError, match=r"asks for DeepSpeed \(ACCELERATE_USE_DEEPSPEED=true\) but accelerate set up MULTI_CPU"):
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"asks for DeepSpeed \(ACCELERATE_USE_DEEPSPEED=true\) but accelerate set up MULTI_CPU",
+    ):
         check_engine_applied(trainer)
     with pytest.raises(ValueError, match="the prepared model is a Linear"):
         EngineCheckCallback(trainer).on_train_begin(trainer.args, None, "control")
@@ -111,8 +120,11 @@ def test_a_trainer_without_the_requested_engine_stops(env):
 
 def _fsdp_trainer(version: int | None, model: torch.nn.Module):
     plugin = None if version is None else SimpleNamespace(fsdp_version=version)
-    return SimpleNamespace(model=model, is_fsdp_enabled=plugin is not None,
-                           accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)))  # fmt: skip
+    return SimpleNamespace(
+        model=model,
+        is_fsdp_enabled=plugin is not None,
+        accelerator=SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin)),
+    )
 
 
 def test_fsdp1_cannot_wrap_a_bf16_backbone_with_fp32_adapters(env):
@@ -156,11 +168,15 @@ def test_shutdown_empties_the_dtensor_caches_and_skips_missing_ones(monkeypatch)
     fake = types.ModuleType("fake_dtensor_caches")
     fake.cached = types.SimpleNamespace(cache_clear=lambda: calls.append("cached"))
     monkeypatch.setitem(sys.modules, "fake_dtensor_caches", fake)
-    monkeypatch.setattr(D, "_DTENSOR_CACHES", (
-        ("fake_dtensor_caches", "cached", "cache_clear"),
-        ("fake_dtensor_caches", "gone.deeper", "cache_clear"),  # an attribute a later torch may not have
-        ("module_that_was_never_imported", "", "clear"),
-    ))  # fmt: skip
+    monkeypatch.setattr(
+        D,
+        "_DTENSOR_CACHES",
+        (
+            ("fake_dtensor_caches", "cached", "cache_clear"),
+            ("fake_dtensor_caches", "gone.deeper", "cache_clear"),  # an attribute a later torch may not have
+            ("module_that_was_never_imported", "", "clear"),
+        ),
+    )
     monkeypatch.delattr(torch._C, "_clear_DTensor_sharding_propagator_cache")
     D._release_dtensor_caches()
     assert calls == ["cached"]

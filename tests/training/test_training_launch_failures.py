@@ -30,8 +30,16 @@ time.sleep(120)
 
 def _launch_env(port: int, rank: int) -> dict[str, str]:
     """What torchrun gives process ``rank`` of two nodes of one process each."""
-    return {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}  # fmt: skip
+    return {
+        "WORLD_SIZE": "2",
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
 
 
 @pytest.fixture
@@ -62,8 +70,13 @@ def test_the_first_failure_of_the_launch_is_the_one_reported(monkeypatch, launch
 @pytest.mark.timeout(120)
 def test_a_peer_failure_ends_a_blocked_process_naming_the_failed_one(monkeypatch, launch_store):
     env = {**os.environ, **_launch_env(launch_store.port, 0)}
-    blocked = subprocess.Popen([sys.executable, "-c", BLOCKED, launch.__file__], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    blocked = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED, launch.__file__],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert blocked.stdout.readline().strip() == "watching"
         monkeypatch.setattr(os, "environ", {**os.environ, **_launch_env(launch_store.port, 1)})
@@ -71,7 +84,10 @@ def test_a_peer_failure_ends_a_blocked_process_naming_the_failed_one(monkeypatch
         LaunchFailures("hf-mlcl run").announce("recipe file not found: recipe.yaml")
         assert blocked.wait(timeout=60) == PEER_FAILURE_EXIT
         assert time.monotonic() - start < 30
-        assert "hf-mlcl run: error: process 1 (machine_rank 1) failed: recipe file not found: recipe.yaml" in blocked.stderr.read()
+        assert (
+            "hf-mlcl run: error: process 1 (machine_rank 1) failed: recipe file not found: recipe.yaml"
+            in blocked.stderr.read()
+        )
     finally:
         if blocked.poll() is None:
             blocked.kill()

@@ -19,11 +19,27 @@ from hf_mlcl.training import ContrastiveTrainingArguments, DataArguments, ModelA
 
 R = 4
 TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]
-ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "model.safetensors", "config.json",
-                 "configuration_mlcl.py", "modeling_mlcl.py", "tokenizer_config.json"}  # fmt: skip
+ADAPTER_FILES = {
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "model.safetensors",
+    "config.json",
+    "configuration_mlcl.py",
+    "modeling_mlcl.py",
+    "tokenizer_config.json",
+}
 # a LoRA encoder: a PEFT adapter over its base and a sentence-transformers folder (tests/modeling/test_native_*)
-ENCODER_FILES = {"adapter_config.json", "adapter_model.safetensors", "mlcl_config.json", "modules.json", "1_Pooling",
-                 "2_Dense", "3_Dense", "sentence_bert_config.json", "tokenizer_config.json"}
+ENCODER_FILES = {
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "mlcl_config.json",
+    "modules.json",
+    "1_Pooling",
+    "2_Dense",
+    "3_Dense",
+    "sentence_bert_config.json",
+    "tokenizer_config.json",
+}
 
 
 @pytest.fixture
@@ -37,17 +53,40 @@ def base_model(tmp_path, tiny_llama_config, llama_tokenizer) -> str:
 
 
 def _data_args() -> DataArguments:
-    opts = {"num_labels": 6, "num_train": 32, "num_validation": 16, "num_test": 16, "min_words": 4, "max_words": 12}
+    opts = {
+        "num_labels": 6,
+        "num_train": 32,
+        "num_validation": 16,
+        "num_test": 16,
+        "min_words": 4,
+        "max_words": 12,
+    }
     return DataArguments(dataset="synthetic", dataset_options=json.dumps(opts), max_length=16)
 
 
 def _train(base: str, out, **model_kw):
-    model_args = ModelArguments(model_name_or_path=base, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0,
-                                pooling="last_token", **model_kw)  # fmt: skip
+    model_args = ModelArguments(
+        model_name_or_path=base,
+        use_lora=True,
+        lora_r=R,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        pooling="last_token",
+        **model_kw,
+    )
     args = ContrastiveTrainingArguments(
-        output_dir=str(out), loss="sd", projection_dim=8, per_device_train_batch_size=8, max_steps=2,
-        learning_rate=1e-2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
-    )  # fmt: skip
+        output_dir=str(out),
+        loss="sd",
+        projection_dim=8,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        knn_k=0,
+    )
     return train_contrastive(model_args, _data_args(), args)
 
 
@@ -68,34 +107,49 @@ def test_lora_run_saves_an_adapter_that_reloads_to_the_same_embeddings(tmp_path,
     out = tmp_path / "encoder"
     trainer = _train(base_model, out).trainer
     assert ENCODER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
-    assert not {"config.json", "model.safetensors", "modeling_mlcl.py"} & set(os.listdir(out))  # no base override
+    assert not {"config.json", "model.safetensors", "modeling_mlcl.py"} & set(
+        os.listdir(out)
+    )  # no base override
     adapter_config = json.loads((out / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == base_model and adapter_config["r"] == R
     adapter = load_file(out / "adapter_model.safetensors")
-    assert all("lora_" in k for k in adapter) and any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)
+    assert all("lora_" in k for k in adapter) and any(
+        t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k
+    )
 
     trained = _embed(trainer.accelerator.unwrap_model(trainer.model).eval(), llama_tokenizer)
     loaded = MLCLEncoder.from_pretrained(out)
     torch.testing.assert_close(_embed(loaded, llama_tokenizer), trained, rtol=1e-5, atol=1e-5)
     plain = MLCLEncoder.from_backbone(base_model, pooling="last_token", projection_dim=8)
     plain.projection_head.load_state_dict(loaded.projection_head.state_dict())
-    assert not torch.allclose(_embed(plain.eval(), llama_tokenizer), trained, atol=1e-4)  # the adapter matters
+    assert not torch.allclose(
+        _embed(plain.eval(), llama_tokenizer), trained, atol=1e-4
+    )  # the adapter matters
 
     # size: LoRA matrices r * (in + out) per adapted linear layer, plus the projection head (the Dense modules),
     # against the base's weights; compared on the tensor bytes of the safetensors files (their JSON headers, a
     # few hundred bytes per tensor, dominate files this tiny), everything float32
     base = LlamaModel.from_pretrained(base_model)
-    lora = sum(R * (m.in_features + m.out_features) for n, m in base.named_modules()
-               if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGETS)  # fmt: skip
+    lora = sum(
+        R * (m.in_features + m.out_features)
+        for n, m in base.named_modules()
+        if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGETS
+    )
     heads = sum(p.numel() for p in loaded.projection_head.parameters())
     base_params = sum(p.numel() for p in base.parameters())
-    saved = [out / "adapter_model.safetensors", out / "2_Dense" / "model.safetensors", out / "3_Dense" / "model.safetensors"]
+    saved = [
+        out / "adapter_model.safetensors",
+        out / "2_Dense" / "model.safetensors",
+        out / "3_Dense" / "model.safetensors",
+    ]
     base_file = os.path.join(base_model, "model.safetensors")
     assert sum(_tensor_bytes(p) for p in saved) == 4 * (lora + heads)
     assert _tensor_bytes(base_file) == 4 * base_params
     measured = sum(_tensor_bytes(p) for p in saved) / _tensor_bytes(base_file)
     files = sum(os.path.getsize(p) for p in saved) / os.path.getsize(base_file)
-    print(f"adapter / base: tensor bytes {measured:.4f} (expected {(lora + heads) / base_params:.4f}), files {files:.4f}")
+    print(
+        f"adapter / base: tensor bytes {measured:.4f} (expected {(lora + heads) / base_params:.4f}), files {files:.4f}"
+    )
     assert measured == pytest.approx((lora + heads) / base_params) and files < 0.25
 
     pushed = set(files_to_push(str(out)))  # hf-mlcl push uploads the adapter folder as is
@@ -107,12 +161,16 @@ def test_merge_lora_keeps_the_merged_output(tmp_path, base_model, llama_tokenize
     _train(base_model, out, merge_lora=True)
     assert "adapter_config.json" not in os.listdir(out)
     weights = load_file(out / "model.safetensors")
-    assert any(k.startswith("layers.") for k in weights) and not any("lora_" in k for k in weights)  # LlamaModel's own
+    assert any(k.startswith("layers.") for k in weights) and not any(
+        "lora_" in k for k in weights
+    )  # LlamaModel's own
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaModel"]
     assert _embed(MLCLEncoder.from_pretrained(out), llama_tokenizer).shape == (len(TEXTS), 8)
 
 
-def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(tmp_path, base_model, llama_tokenizer):
+def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(
+    tmp_path, base_model, llama_tokenizer
+):
     from transformers import pipeline
 
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
@@ -121,13 +179,23 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(tmp_path
     encoder = tmp_path / "encoder"
     _train(base_model, encoder)
     clf = tmp_path / "classifier"
-    args = ProbingTrainingArguments(output_dir=str(clf), probe="linear", per_device_train_batch_size=8, max_steps=2,
-                                    learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True, seed=0)  # fmt: skip
-    result = train_probe(ModelArguments(), _data_args(), args,
-                             encoder_path=str(encoder))  # fmt: skip
+    args = ProbingTrainingArguments(
+        output_dir=str(clf),
+        probe="linear",
+        per_device_train_batch_size=8,
+        max_steps=2,
+        learning_rate=5e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    result = train_probe(ModelArguments(), _data_args(), args, encoder_path=str(encoder))
     trainer = result.trainer
     assert ADAPTER_FILES <= set(os.listdir(clf))
-    assert (clf / "adapter_model.safetensors").read_bytes() == (encoder / "adapter_model.safetensors").read_bytes()
+    assert (clf / "adapter_model.safetensors").read_bytes() == (
+        encoder / "adapter_model.safetensors"
+    ).read_bytes()
     assert all(k.startswith("classifier.") for k in load_file(clf / "model.safetensors"))
 
     batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
@@ -143,8 +211,11 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(tmp_path
     got = torch.tensor([by_label[n] for n in names])
     single = llama_tokenizer(TEXTS[:1], return_tensors="pt")
     with torch.no_grad():
-        want = torch.sigmoid(trainer.accelerator.unwrap_model(trainer.model)(
-            input_ids=single["input_ids"], attention_mask=single["attention_mask"]).logits[0])  # fmt: skip
+        want = torch.sigmoid(
+            trainer.accelerator.unwrap_model(trainer.model)(
+                input_ids=single["input_ids"], attention_mask=single["attention_mask"]
+            ).logits[0]
+        )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -157,14 +228,31 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
     encoder and queue (MoCo, mulsupcon's `keys` contrast set) the logged losses equal a run without it."""
     losses = {}
     for flag in (False, True):
-        model_args = ModelArguments(model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8,
-                                    lora_dropout=0.0, pooling="last_token")  # fmt: skip
+        model_args = ModelArguments(
+            model_name_or_path=base_model,
+            use_lora=True,
+            lora_r=R,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            pooling="last_token",
+        )
         args = ContrastiveTrainingArguments(
-            output_dir=str(tmp_path / f"gc{int(flag)}"), loss="mulsupcon", projection_dim=8, queue_size=16,
-            momentum=0.9, per_device_train_batch_size=8, max_steps=3, logging_steps=1, learning_rate=1e-2,
-            report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
+            output_dir=str(tmp_path / f"gc{int(flag)}"),
+            loss="mulsupcon",
+            projection_dim=8,
+            queue_size=16,
+            momentum=0.9,
+            per_device_train_batch_size=8,
+            max_steps=3,
+            logging_steps=1,
+            learning_rate=1e-2,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            save_strategy="no",
+            knn_k=0,
             activation_checkpointing=flag,
-        )  # fmt: skip
+        )
         result = train_contrastive(model_args, _data_args(), args)
         trainer = result.trainer
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -175,8 +263,9 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-6)
 
 
-def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_classifier(tmp_path, base_model,
-                                                                                      llama_tokenizer):  # fmt: skip
+def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_classifier(
+    tmp_path, base_model, llama_tokenizer
+):
     """`use_lora` with `probe: finetune` (the Llama bce.yaml recipe): LoRA adapters + the classifier head train,
     the base weights stay as loaded, and the adapter folder reloads to the same logits."""
     from transformers import AutoModelForSequenceClassification
@@ -185,21 +274,42 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
     from hf_mlcl.training import ProbingTrainingArguments, train_probe
 
     out = tmp_path / "bce"
-    model_args = ModelArguments(model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0,
-                                pooling="last_token")  # fmt: skip
-    args = ProbingTrainingArguments(output_dir=str(out), probe="finetune", loss="bce", per_device_train_batch_size=8,
-                                    max_steps=3, learning_rate=5e-2, report_to=[], use_cpu=True, disable_tqdm=True,
-                                    save_strategy="no", seed=0)  # fmt: skip
+    model_args = ModelArguments(
+        model_name_or_path=base_model,
+        use_lora=True,
+        lora_r=R,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        pooling="last_token",
+    )
+    args = ProbingTrainingArguments(
+        output_dir=str(out),
+        probe="finetune",
+        loss="bce",
+        per_device_train_batch_size=8,
+        max_steps=3,
+        learning_rate=5e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        seed=0,
+    )
     result = train_probe(model_args, _data_args(), args)
     trainer, metrics = result.trainer, result.metrics
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable and all("lora_" in n or ".classifier.modules_to_save." in n for n in trainable), sorted(trainable)
+    assert trainable and all("lora_" in n or ".classifier.modules_to_save." in n for n in trainable), sorted(
+        trainable
+    )
     assert sum("lora_A" in n for n in trainable) == 7 * 2 and any("classifier" in n for n in trainable)
     # the frozen base is the loaded model, unchanged; the adapters moved
     base = LlamaModel.from_pretrained(base_model).state_dict()
-    frozen = {n.removeprefix("base_model.model.backbone.").replace(".base_layer.", "."): p
-              for n, p in model.named_parameters() if n.startswith("base_model.model.backbone.") and n not in trainable}  # fmt: skip
+    frozen = {
+        n.removeprefix("base_model.model.backbone.").replace(".base_layer.", "."): p
+        for n, p in model.named_parameters()
+        if n.startswith("base_model.model.backbone.") and n not in trainable
+    }
     assert frozen.keys() == base.keys()
     assert all(torch.equal(frozen[k], base[k]) for k in base)
     assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if "lora_B" in n)
@@ -221,7 +331,9 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
             torch.testing.assert_close(loaded(**inputs).logits, trained, rtol=1e-5, atol=1e-5)
 
 
-def test_lora_finetune_on_an_adapter_encoder_starts_from_the_encoders_outputs(tmp_path, base_model, llama_tokenizer):
+def test_lora_finetune_on_an_adapter_encoder_starts_from_the_encoders_outputs(
+    tmp_path, base_model, llama_tokenizer
+):
     """The encoder's adapter (loaded unmerged) is merged in before the fine-tune's new adapter: the classifier's
     pooled representation is the encoder's, not the base model's."""
     from hf_mlcl.modeling.builders import probe_model
@@ -233,10 +345,14 @@ def test_lora_finetune_on_an_adapter_encoder_starts_from_the_encoders_outputs(tm
     with torch.no_grad():
         want = encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooled
         base = MLCLEncoder.from_backbone(base_model, pooling="last_token")(**batch).pooled
-    model_args = ModelArguments(model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0)
+    model_args = ModelArguments(
+        model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0
+    )
     model = probe_model(encoder, model_args, ["a", "b"], "finetune", activation_checkpointing=False).eval()
     inner = model.base_model.model
-    assert not any("lora_" in n for n, _ in inner.backbone.named_parameters() if ".default." in n and "base_layer" in n)
+    assert not any(
+        "lora_" in n for n, _ in inner.backbone.named_parameters() if ".default." in n and "base_layer" in n
+    )
     with torch.no_grad():
         states, mask, segment = inner.encode_tokens(batch["input_ids"], batch["attention_mask"])
         got = inner.pool(states, mask, segment)
@@ -255,7 +371,9 @@ with torch.no_grad():
 """
 
 
-def test_adapter_classifier_reloads_unmerged_in_bf16_and_merged_without_peft(tmp_path, base_model, llama_tokenizer):
+def test_adapter_classifier_reloads_unmerged_in_bf16_and_merged_without_peft(
+    tmp_path, base_model, llama_tokenizer
+):
     """An adapter classifier (hf_mlcl's format) on a bf16 base reloads with its adapter unmerged (the trained
     logits); where peft is absent its remote code merges it (float32 base: the same logits)."""
     from _outside import run_outside
@@ -270,7 +388,9 @@ def test_adapter_classifier_reloads_unmerged_in_bf16_and_merged_without_peft(tmp
         backbone = LlamaModel.from_pretrained(base_model)
         (backbone.to(torch.bfloat16) if bf16 else backbone).save_pretrained(base)
         encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token")
-        clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=["a", "b", "c"], freeze_encoder=False)
+        clf = MLCLForMultiLabelClassification.from_encoder(
+            encoder, id2label=["a", "b", "c"], freeze_encoder=False
+        )
         model = apply_lora(clf, r=R, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=bf16)
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -288,10 +408,14 @@ def test_adapter_classifier_reloads_unmerged_in_bf16_and_merged_without_peft(tmp
         assert torch.nn.functional.cosine_similarity(reloaded, trained).min() >= 0.9999
         trained_state = {k.removeprefix("base_model.model."): v for k, v in model.state_dict().items()}
         lora = {k: v for k, v in loaded.state_dict().items() if "lora_" in k}
-        assert lora and all(torch.equal(v, trained_state[k]) and v.dtype == torch.float32 for k, v in lora.items())
+        assert lora and all(
+            torch.equal(v, trained_state[k]) and v.dtype == torch.float32 for k, v in lora.items()
+        )
         for key, value in loaded.backbone.state_dict().items():  # the base weights untouched (no merge)
             if "lora_" not in key:
                 assert torch.equal(value, trained_state[f"backbone.{key}"]), key
     torch.testing.assert_close(reloaded, trained, rtol=1e-5, atol=1e-5)  # float32: exact to rounding
-    report = run_outside(tmp_path / "child", _REMOTE_CODE_WITHOUT_PEFT, {"folder": str(folder), "texts": TEXTS})
+    report = run_outside(
+        tmp_path / "child", _REMOTE_CODE_WITHOUT_PEFT, {"folder": str(folder), "texts": TEXTS}
+    )
     torch.testing.assert_close(torch.tensor(report["logits"]), trained, rtol=1e-5, atol=1e-5)

@@ -23,7 +23,9 @@ def test_a_plain_loop_trains_with_the_papers_contrast_set_and_fills_the_queue(lo
     assert moco.contrast_set == contrast_set and moco.queue.dim == 16
     optimizer = torch.optim.SGD([*encoder.parameters(), *loss.parameters()], lr=0.1)
     coll, data = collator(tok), tiny_split(12)
-    key_param = next(p for n, p in moco.key_encoder.module.named_parameters() if n.endswith("out_proj.weight"))
+    key_param = next(
+        p for n, p in moco.key_encoder.module.named_parameters() if n.endswith("out_proj.weight")
+    )
     for step in range(3):
         batch = coll([data[i] for i in range(4 * step, 4 * step + 4)])
         labels = batch.pop("labels")
@@ -31,13 +33,18 @@ def test_a_plain_loop_trains_with_the_papers_contrast_set_and_fills_the_queue(lo
         assert not keys[0].requires_grad and keys[0].shape == (4, 16)
         embeddings = encoder(**batch).embeddings
         # the loss is the one of the paper's contrast set over this step's keys and the queue before them
-        want = CandidateBuilder(contrast_set, queue=moco.queue, queue_warmup=moco.candidates.queue_warmup).step(
-            embeddings, labels, keys).components(loss)["loss"]  # fmt: skip
+        want = (
+            CandidateBuilder(contrast_set, queue=moco.queue, queue_warmup=moco.candidates.queue_warmup)
+            .step(embeddings, labels, keys)
+            .components(loss)["loss"]
+        )
         got = moco(embeddings, labels, keys)
         torch.testing.assert_close(got, want)
         assert len(moco.queue) == min(4 * (step + 1), 8)  # enqueued after the loss, a ring of 8
         slots = (4 * step + torch.arange(4)) % 8
-        assert torch.equal(moco.queue.embeddings[slots], keys[0]) and torch.equal(moco.queue.labels[slots], keys[1])
+        assert torch.equal(moco.queue.embeddings[slots], keys[0]) and torch.equal(
+            moco.queue.labels[slots], keys[1]
+        )
         got.backward()
         key_before = key_param.detach().clone()
         optimizer.step()

@@ -11,8 +11,12 @@ from hf_mlcl.training.arguments import ModelArguments
 def test_head_decides_segmented_encoder(corpus, head, segmented):
     args = ModelArguments(
         backbone_config={
-            "model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
-            "intermediate_size": 64, "vocab_size": 200,
+            "model_type": "bert",
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "vocab_size": 200,
         },
         head=head,
         chunk_size=16,

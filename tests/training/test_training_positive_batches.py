@@ -23,9 +23,17 @@ def _anchors_without_positive(batches) -> int:
 @pytest.mark.parametrize("sampler", ["random", "positives"])
 def test_training_batches_of_the_positives_sampler_give_every_anchor_a_positive(tmp_path, sampler):
     tok, train = tiny_tokenizer(), tiny_split(32)  # 8 label sets, 4 rows each
-    args = base_args(tmp_path, loss="all", max_steps=2, batch_sampler=sampler, train_sampling_strategy="sequential")
-    trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=args, train_dataset=train, data_collator=collator(tok),
-                                 processing_class=tok, num_labels=4)  # fmt: skip
+    args = base_args(
+        tmp_path, loss="all", max_steps=2, batch_sampler=sampler, train_sampling_strategy="sequential"
+    )
+    trainer = ContrastiveTrainer(
+        model=tiny_encoder(tok),
+        args=args,
+        train_dataset=train,
+        data_collator=collator(tok),
+        processing_class=tok,
+        num_labels=4,
+    )
     wasted = _anchors_without_positive(trainer.get_train_dataloader())
     if sampler == "random":  # sequential: 4 consecutive rows of 4 different label sets
         assert wasted == 32
@@ -44,12 +52,23 @@ def test_a_run_resumed_mid_epoch_gets_the_same_batches(tmp_path):
     """32 rows, batches of 8: 4 steps an epoch. A run resumed from checkpoint-3 (mid epoch 0) trains steps 4-6
     (the last two in epoch 1) on the batches of the uninterrupted run: the same losses."""
     tok, train = tiny_tokenizer(), tiny_split(32)
-    kw = dict(loss="all", batch_sampler="positives", per_device_train_batch_size=8, max_steps=6,
-              save_strategy="steps", save_steps=3, knn_k=0)  # fmt: skip
+    kw = dict(
+        loss="all",
+        batch_sampler="positives",
+        per_device_train_batch_size=8,
+        max_steps=6,
+        save_strategy="steps",
+        save_steps=3,
+        knn_k=0,
+    )
 
     def run(folder, resume=None):
-        trainer = ContrastiveTrainer(model=tiny_encoder(tok), args=base_args(tmp_path / folder, **kw),
-                                     train_dataset=train, data_collator=collator(tok))  # fmt: skip
+        trainer = ContrastiveTrainer(
+            model=tiny_encoder(tok),
+            args=base_args(tmp_path / folder, **kw),
+            train_dataset=train,
+            data_collator=collator(tok),
+        )
         trainer.train(resume_from_checkpoint=resume)
         return {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
 

@@ -35,8 +35,13 @@ def test_probe_trains_head_and_respects_freezing(tmp_path, tok, probe, loss):
         tiny_encoder(tok), num_labels=4, freeze_encoder=probe == "linear"
     )
     before = {n: p.detach().clone() for n, p in clf.named_parameters()}
-    tr = ProbingTrainer(model=clf, args=probe_args(tmp_path, probe=probe, loss=loss), train_dataset=tiny_split(32),
-                        eval_dataset=tiny_split(16, 1), data_collator=collator(tok))  # fmt: skip
+    tr = ProbingTrainer(
+        model=clf,
+        args=probe_args(tmp_path, probe=probe, loss=loss),
+        train_dataset=tiny_split(32),
+        eval_dataset=tiny_split(16, 1),
+        data_collator=collator(tok),
+    )
     tr.train()
     changed = {n for n, p in clf.named_parameters() if not torch.equal(p, before[n])}
     assert {"classifier.weight", "classifier.bias"} <= changed
@@ -65,8 +70,13 @@ def test_fit_logistic_probe_folds_standardisation_like_sklearn():
 def test_logistic_probe_validation_scores_equal_predict(tmp_path, tok):
     """The validation scores kept by fit_logistic (from cached features) are what predict() gives."""
     clf = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=True)
-    tr = ProbingTrainer(model=clf, args=probe_args(tmp_path, probe="logistic"), train_dataset=tiny_split(32),
-                        eval_dataset=tiny_split(16, 1), data_collator=collator(tok))  # fmt: skip
+    tr = ProbingTrainer(
+        model=clf,
+        args=probe_args(tmp_path, probe="logistic"),
+        train_dataset=tiny_split(32),
+        eval_dataset=tiny_split(16, 1),
+        data_collator=collator(tok),
+    )
     val = tiny_split(16, 1)
     tr.fit_logistic(val)
     cached, cached_truth = tr.logistic_validation_scores
@@ -90,8 +100,13 @@ def test_probing_bad_configurations(tmp_path, tok):
     from hf_mlcl.losses import get_loss
 
     with pytest.raises(ValueError, match="contrastive loss"):
-        ProbingTrainer(model=unfrozen, args=probe_args(tmp_path, probe="finetune"), train_dataset=ds,
-                       data_collator=collator(tok), loss_fn=get_loss("sd"))  # fmt: skip
+        ProbingTrainer(
+            model=unfrozen,
+            args=probe_args(tmp_path, probe="finetune"),
+            train_dataset=ds,
+            data_collator=collator(tok),
+            loss_fn=get_loss("sd"),
+        )
     with pytest.raises(ValueError, match="label-count mismatch"):
         five = MLCLForMultiLabelClassification.from_encoder(
             tiny_encoder(tok), num_labels=5, freeze_encoder=False
@@ -107,8 +122,15 @@ def test_probing_bad_configurations(tmp_path, tok):
 
 
 # ------------------------------------------------------------------------------------ entry points
-_BACKBONE = {"model_type": "bert", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 128}  # fmt: skip
+_BACKBONE = {
+    "model_type": "bert",
+    "vocab_size": 300,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+}
 
 
 def _data_args():
@@ -153,17 +175,32 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
     model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
     enc_dir = tmp_path / "encoder"
     cargs = ContrastiveTrainingArguments(
-        output_dir=str(enc_dir), loss="sd", n_views=2, projection_dim=16, per_device_train_batch_size=8, max_steps=3,
-        report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=3, knn_k=5,
-    )  # fmt: skip
+        output_dir=str(enc_dir),
+        loss="sd",
+        n_views=2,
+        projection_dim=16,
+        per_device_train_batch_size=8,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="steps",
+        save_steps=3,
+        knn_k=5,
+    )
     result = train_contrastive(model_args, _data_args(), cargs)
     metrics = result.metrics
     assert {"train_loss", "eval_loss", "eval_knn_micro_f1"} <= set(metrics)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.json", "trainer_state.json"):
         assert os.path.isfile(enc_dir / name), name
     assert os.path.isfile(enc_dir / "checkpoint-3" / STATE_FILE)  # the trainer's extra state (safetensors)
-    saved = json.loads((enc_dir / "config.json").read_text())  # the backbone's own (a sentence-transformers folder)
-    assert saved["model_type"] == "bert" and len(json.loads((enc_dir / "mlcl_config.json").read_text())["id2label"]) == 6
+    saved = json.loads(
+        (enc_dir / "config.json").read_text()
+    )  # the backbone's own (a sentence-transformers folder)
+    assert (
+        saved["model_type"] == "bert"
+        and len(json.loads((enc_dir / "mlcl_config.json").read_text())["id2label"]) == 6
+    )
 
     for probe, threshold in (("linear", "global"), ("logistic", "per_label")):
         out = tmp_path / f"probe-{probe}"
@@ -198,8 +235,11 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
 
 def test_bce_baseline_finetunes_raw_backbone(tmp_path):
     out = tmp_path / "bce"
-    result = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
-                             probe_args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3))  # fmt: skip
+    result = train_probe(
+        ModelArguments(backbone_config=json.dumps(_BACKBONE)),
+        _data_args(),
+        probe_args(out, probe="finetune", loss="bce", threshold="0.4", max_steps=3),
+    )
     metrics = result.metrics
     assert metrics["threshold"] == 0.4 and metrics["probe"] == "finetune"
     assert "test_micro_f1" in metrics and os.path.isfile(out / "tokenizer.json")
@@ -233,9 +273,18 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
 
     def stage1(name, seed):
         cargs = ContrastiveTrainingArguments(
-            output_dir=str(tmp_path / name), loss="mulsupcon", projection_dim=16, per_device_train_batch_size=8,
-            max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0, seed=seed,
-        )  # fmt: skip
+            output_dir=str(tmp_path / name),
+            loss="mulsupcon",
+            projection_dim=16,
+            per_device_train_batch_size=8,
+            max_steps=2,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            save_strategy="no",
+            knn_k=0,
+            seed=seed,
+        )
         result = train_contrastive(model_args, _data_args(), cargs)
         metrics = result.metrics
         return metrics["train_loss"], load_file(str(tmp_path / name / "model.safetensors"))
@@ -245,8 +294,12 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
     assert any(not torch.equal(wa[k], wc[k]) for k in wa)
 
     def stage2(name):
-        result = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / name, probe="finetune", max_steps=2),
-                                 encoder_path=str(tmp_path / "a"))  # fmt: skip
+        result = train_probe(
+            ModelArguments(),
+            _data_args(),
+            probe_args(tmp_path / name, probe="finetune", max_steps=2),
+            encoder_path=str(tmp_path / "a"),
+        )
         metrics = result.metrics
         return metrics, load_file(str(tmp_path / name / "model.safetensors"))
 
@@ -259,9 +312,17 @@ def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
     model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
     rec = _Recorder()
     cargs = ContrastiveTrainingArguments(
-        output_dir=str(tmp_path / "enc"), loss="mulsupcon", projection_dim=16, per_device_train_batch_size=8,
-        max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", knn_k=0,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "enc"),
+        loss="mulsupcon",
+        projection_dim=16,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        knn_k=0,
+    )
     result = train_contrastive(model_args, _data_args(), cargs, callbacks=[rec])
     trainer, metrics = result.trainer, result.metrics
     assert rec in trainer.callback_handler.callbacks
@@ -269,9 +330,12 @@ def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
     assert rec.eval_metrics and rec.eval_metrics[-1]["eval_loss"] == pytest.approx(metrics["eval_loss"])
 
     rec2 = _Recorder()
-    result = train_probe(ModelArguments(backbone_config=json.dumps(_BACKBONE)), _data_args(),
-                              probe_args(tmp_path / "bce", probe="finetune", loss="bce", max_steps=3),
-                              callbacks=[rec2])  # fmt: skip
+    result = train_probe(
+        ModelArguments(backbone_config=json.dumps(_BACKBONE)),
+        _data_args(),
+        probe_args(tmp_path / "bce", probe="finetune", loss="bce", max_steps=3),
+        callbacks=[rec2],
+    )
     ptrainer = result.trainer
     assert rec2 in ptrainer.callback_handler.callbacks
     assert rec2.events == ["train_begin", "step", "step", "step", "train_end"]
@@ -284,15 +348,31 @@ def test_lora_encoder_round_trip(tmp_path):
         backbone_config=json.dumps(_BACKBONE), use_lora=True, lora_target_modules=["query", "value"]
     )
     cargs = ContrastiveTrainingArguments(
-        output_dir=str(enc_dir), loss="sd", queue_size=16, projection_dim=16, per_device_train_batch_size=8,
-        max_steps=2, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="steps", save_steps=2, knn_k=0,
-    )  # fmt: skip
+        output_dir=str(enc_dir),
+        loss="sd",
+        queue_size=16,
+        projection_dim=16,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="steps",
+        save_steps=2,
+        knn_k=0,
+    )
     result = train_contrastive(model_args, _data_args(), cargs)
     trainer = result.trainer
     assert all("lora_" in n for n in trainer.momentum_encoder.trainable_names if "backbone" in n)
     assert os.path.isfile(enc_dir / "checkpoint-2" / "adapter_model.safetensors")
-    assert json.loads((enc_dir / "config.json").read_text())["model_type"] == "bert"  # merged: no base to name
-    result = train_probe(ModelArguments(), _data_args(), probe_args(tmp_path / "p", probe="linear", max_steps=1),
-                             encoder_path=str(enc_dir))  # fmt: skip
+    assert (
+        json.loads((enc_dir / "config.json").read_text())["model_type"] == "bert"
+    )  # merged: no base to name
+    result = train_probe(
+        ModelArguments(),
+        _data_args(),
+        probe_args(tmp_path / "p", probe="linear", max_steps=1),
+        encoder_path=str(enc_dir),
+    )
     metrics = result.metrics
     assert 0.0 <= metrics["test_micro_f1"] <= 1.0

@@ -48,11 +48,24 @@ def _trainer(tmp_path, tok, data, cache, head="linear", dropout=0.0, callbacks=N
         if head == "label_attention"
         else collator(tok)
     )
-    defaults = dict(probe="linear", cache_features=cache, per_device_train_batch_size=4, learning_rate=5e-2,
-                    max_steps=-1, num_train_epochs=3, eval_strategy="epoch")  # fmt: skip
+    defaults = dict(
+        probe="linear",
+        cache_features=cache,
+        per_device_train_batch_size=4,
+        learning_rate=5e-2,
+        max_steps=-1,
+        num_train_epochs=3,
+        eval_strategy="epoch",
+    )
     defaults.update(kw)
-    tr = ProbingTrainer(model=clf, args=probe_args(tmp_path, **defaults), train_dataset=data["train"],
-                        eval_dataset=data["eval"], data_collator=coll, callbacks=callbacks)  # fmt: skip
+    tr = ProbingTrainer(
+        model=clf,
+        args=probe_args(tmp_path, **defaults),
+        train_dataset=data["train"],
+        eval_dataset=data["eval"],
+        data_collator=coll,
+        callbacks=callbacks,
+    )
     return tr, counter
 
 
@@ -67,12 +80,23 @@ def _evals(tr) -> list[dict]:
 CONFIGS = {
     # classifier dropout draws a mask per micro-batch; 2 micro-batches per optimizer step; evaluations
     # between steps (each iterates a DataLoader, which draws a seed from the global generator)
-    "dropout_accumulation": dict(dropout=0.3, gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2),
+    "dropout_accumulation": dict(
+        dropout=0.3, gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2
+    ),
     # the best checkpoint (by eval_loss) is reloaded at the end; training may stop early
-    "early_stopping_best": dict(dropout=0.2, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
-                                load_best_model_at_end=True, metric_for_best_model="eval_loss", num_train_epochs=6,
-                                learning_rate=0.3, early_stopping=1),
-}  # fmt: skip
+    "early_stopping_best": dict(
+        dropout=0.2,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+        num_train_epochs=6,
+        learning_rate=0.3,
+        early_stopping=1,
+    ),
+}
 
 
 @pytest.fixture(scope="module")

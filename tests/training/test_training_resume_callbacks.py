@@ -20,11 +20,28 @@ def _run(out, tok, resume=None, **kw) -> ProbingTrainer:
     clf = MLCLForMultiLabelClassification.from_encoder(enc, num_labels=4, freeze_encoder=True)
     # learning rate 0: the head never changes, so eval_loss never improves after the first evaluation and
     # early stopping (patience 2) ends the run at a step known in advance
-    args = probe_args(out, probe="linear", cache_features=True, per_device_train_batch_size=4, learning_rate=0.0,
-                      max_steps=-1, num_train_epochs=10, eval_strategy="epoch", save_strategy="epoch",
-                      load_best_model_at_end=True, metric_for_best_model="eval_loss", **kw)  # fmt: skip
-    tr = ProbingTrainer(model=clf, args=args, train_dataset=tiny_split(24), eval_dataset=tiny_split(16, 1),
-                        data_collator=collator(tok), callbacks=[EarlyStoppingCallback(early_stopping_patience=2)])  # fmt: skip
+    args = probe_args(
+        out,
+        probe="linear",
+        cache_features=True,
+        per_device_train_batch_size=4,
+        learning_rate=0.0,
+        max_steps=-1,
+        num_train_epochs=10,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+        **kw,
+    )
+    tr = ProbingTrainer(
+        model=clf,
+        args=args,
+        train_dataset=tiny_split(24),
+        eval_dataset=tiny_split(16, 1),
+        data_collator=collator(tok),
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=2)],
+    )
     tr.train(resume_from_checkpoint=resume)
     return tr
 
@@ -36,7 +53,10 @@ def _counter(tr) -> int:
 
 @pytest.mark.parametrize("cls", [ProbingTrainingArguments, ContrastiveTrainingArguments])
 def test_callback_states_are_restored_by_default(cls, tmp_path):
-    assert cls(output_dir=str(tmp_path), use_cpu=True, report_to=[]).restore_callback_states_from_checkpoint is True
+    assert (
+        cls(output_dir=str(tmp_path), use_cpu=True, report_to=[]).restore_callback_states_from_checkpoint
+        is True
+    )
 
 
 def test_a_resumed_run_stops_where_the_uninterrupted_one_does(tmp_path):
@@ -47,11 +67,15 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_does(tmp_path):
     # a run killed after epoch 2 (counter 1 in its checkpoint) and resumed from there
     killed = tmp_path / "killed"
     killed.mkdir()
-    shutil.copytree(tmp_path / "full" / f"checkpoint-{2 * STEPS_PER_EPOCH}", killed / f"checkpoint-{2 * STEPS_PER_EPOCH}")
+    shutil.copytree(
+        tmp_path / "full" / f"checkpoint-{2 * STEPS_PER_EPOCH}", killed / f"checkpoint-{2 * STEPS_PER_EPOCH}"
+    )
     resumed = _run(killed, tok, resume=True)
     assert resumed.state.global_step == stop
     # transformers' default forgets the counter and trains past the stop (what this test guards against)
     forgetful = tmp_path / "forgetful"
-    shutil.copytree(killed / f"checkpoint-{2 * STEPS_PER_EPOCH}", forgetful / f"checkpoint-{2 * STEPS_PER_EPOCH}")
+    shutil.copytree(
+        killed / f"checkpoint-{2 * STEPS_PER_EPOCH}", forgetful / f"checkpoint-{2 * STEPS_PER_EPOCH}"
+    )
     later = _run(forgetful, tok, resume=True, restore_callback_states_from_checkpoint=False)
     assert later.state.global_step > stop

@@ -42,24 +42,49 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("zero3")
     tok = tiny_tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
-                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaModel(cfg).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    head = MLCLEncoder.from_backbone(str(root / "base"), pooling="last_token", projection_dim=8).projection_head
+    head = MLCLEncoder.from_backbone(
+        str(root / "base"), pooling="last_token", projection_dim=8
+    ).projection_head
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "head.safetensors"))
     classifier = torch.nn.Linear(cfg.hidden_size, len(LABELS))
-    save_file({k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors")
+    )
     return root, run(str(root), "plain", per_device=8)
 
 
 def _launch(root, processes: int, mode: str = "msc") -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([HERE, ROOT])}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [ACCELERATE, "launch", "--config_file", os.path.join(ROOT, "recipes", "accelerate", "deepspeed_zero3.yaml"),
-           "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_port()),
-           WORKER, str(root), mode, f"zero3-{processes}", str(8 // processes)]  # fmt: skip
+    cmd = [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        os.path.join(ROOT, "recipes", "accelerate", "deepspeed_zero3.yaml"),
+        "--num_processes",
+        str(processes),
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(_port()),
+        WORKER,
+        str(root),
+        mode,
+        f"zero3-{processes}",
+        str(8 // processes),
+    ]
     proc = run_launch(cmd, env=env, timeout=200, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
@@ -86,17 +111,24 @@ def test_msc_under_zero3_matches_the_plain_run_and_its_adapter_reloads(setup, pr
 
     tok = AutoTokenizer.from_pretrained(root / "base")
     folder = root / f"adapter-zero3-{processes}"
-    assert {"adapter_config.json", "adapter_model.safetensors", "model.safetensors"} <= set(os.listdir(folder))
+    assert {"adapter_config.json", "adapter_model.safetensors", "model.safetensors"} <= set(
+        os.listdir(folder)
+    )
     adapter = load_file(folder / "adapter_model.safetensors")
     plain_adapter = load_file(root / "adapter-plain" / "adapter_model.safetensors")
     assert adapter.keys() == plain_adapter.keys() and adapter  # full tensors gathered, not empty partitions
     for key, value in plain_adapter.items():
         torch.testing.assert_close(adapter[key], value, rtol=1e-3, atol=1e-4)  # Adam magnifies round-off
-    for loaded in (MLCLEncoder.from_pretrained(folder), AutoModel.from_pretrained(folder, trust_remote_code=True)):
+    for loaded in (
+        MLCLEncoder.from_pretrained(folder),
+        AutoModel.from_pretrained(folder, trust_remote_code=True),
+    ):
         torch.testing.assert_close(embed(loaded, tok), got["embeddings"], rtol=1e-5, atol=1e-5)
     untrained = MLCLEncoder.from_backbone(str(root / "base"), pooling="last_token", projection_dim=8)
     untrained.projection_head.load_state_dict(load_file(root / "head.safetensors"))
-    assert not torch.allclose(embed(untrained, tok), got["embeddings"], atol=1e-3)  # training changed the model
+    assert not torch.allclose(
+        embed(untrained, tok), got["embeddings"], atol=1e-3
+    )  # training changed the model
 
 
 @pytest.mark.timeout(240)
@@ -119,9 +151,13 @@ def test_lora_bce_finetune_under_zero3_matches_the_plain_run_and_its_adapter_rel
     folder = root / "bce-adapter-zero3-2"
     assert sorted(load_file(folder / "model.safetensors")) == ["classifier.bias", "classifier.weight"]
     adapter = load_file(folder / "adapter_model.safetensors")
-    assert any(t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k)  # the adapters trained (B starts at 0)
-    for loaded in (MLCLForMultiLabelClassification.from_pretrained(folder),
-                   AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)):  # fmt: skip
+    assert any(
+        t.abs().sum() > 0 for k, t in adapter.items() if "lora_B" in k
+    )  # the adapters trained (B starts at 0)
+    for loaded in (
+        MLCLForMultiLabelClassification.from_pretrained(folder),
+        AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True),
+    ):
         torch.testing.assert_close(outputs(loaded, tok, "logits"), got["logits"], rtol=1e-5, atol=1e-5)
 
 
