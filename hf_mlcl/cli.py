@@ -577,6 +577,8 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
     """Thin caller of :func:`hf_mlcl.analysis.inspect_dataset`: print the table, write JSON + PNGs."""
     if rest:
         raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
+    import torch
+
     from hf_mlcl.analysis import format_report, inspect_dataset, write_report
 
     options = {}
@@ -588,6 +590,9 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
             options[key] = json.loads(value)  # numbers, true / false, lists
         except json.JSONDecodeError:
             options[key] = value
+    # the command owns its process: the inspection's sampled (B, B + K) products are small, and one intra-op
+    # thread avoids the pool's contention on them
+    torch.set_num_threads(1)
     report = inspect_dataset(
         ns.dataset,
         ns.data_dir,

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from hf_mlcl.data.sampler import PositiveEnsuredSampler
+from hf_mlcl.labels.multihot import multi_hot_array
 from hf_mlcl.losses.all_ import AllLoss
 from hf_mlcl.losses.any_ import AnyLoss
 
@@ -46,15 +47,6 @@ __all__ = ["inspect_labels", "inspect_dataset", "format_report", "write_report",
 
 QUEUE_GRID = (0, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 ALL_TARGET, GATE_TARGET = 0.95, 0.5
-
-
-def _multi_hot(rows: Sequence[Sequence[int]], num_labels: int) -> torch.Tensor:
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    flat = torch.tensor([j for r in rows for j in r], dtype=torch.long)
-    y = torch.zeros(len(rows), num_labels, dtype=torch.bool)
-    if flat.numel():
-        y[torch.repeat_interleave(torch.arange(len(rows)), lengths), flat] = True
-    return y
 
 
 def _sample(
@@ -158,27 +150,20 @@ def inspect_labels(
         raise ValueError(
             f"label id {bad[0]} is outside [0, {num_labels}); pass num_labels = the label-space size"
         )
-    y = _multi_hot(labels, num_labels)
+    y = torch.from_numpy(multi_hot_array(labels, num_labels))
     sizes = y.sum(1)
     freq = y.sum(0)
     sets = Counter(tuple(sorted(int(j) for j in r)) for r in labels)
     unique_rows = sum(c for c in sets.values() if c == 1)
     max_queue = n - b
-    threads = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # (B, B + K) products are small: extra threads only contend (20x slower measured)
-    try:
-        current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
-        with_sampler = {}
-        for loss, rule in (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule)):
-            order = torch.tensor(PositiveEnsuredSampler(labels, batch_size, rule, seed=seed).order())
-            step = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed, order=order)
-            with_sampler[loss] = step["wasted_anchors"][loss]
-        grid = sorted({min(q, max_queue) for q in queue_grid})
-        sweep = [_sample(y, b, q, n_batches, k_min, seed) for q in grid]
-    finally:
-        torch.set_num_threads(threads)
+    current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
+    with_sampler = {}
+    for loss, rule in (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule)):
+        order = torch.tensor(PositiveEnsuredSampler(labels, batch_size, rule, seed=seed).order())
+        step = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed, order=order)
+        with_sampler[loss] = step["wasted_anchors"][loss]
+    grid = sorted({min(q, max_queue) for q in queue_grid})
+    sweep = [_sample(y, b, q, n_batches, k_min, seed) for q in grid]
     rec = next(
         (
             s["queue_size"]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hf_mlcl.evaluation.inputs import to_numpy
-from hf_mlcl.labels.multihot import label_coordinates
+from hf_mlcl.labels.multihot import binary_array, multi_hot_array
 
 __all__ = [
     "checked_embeddings_and_labels",
@@ -39,21 +39,13 @@ def multi_hot_matrix(labels: Any, num_rows: int | None = None) -> np.ndarray:
             arr = None
         if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and arr.max() > 1):
             # label-id lists (ragged or not): scatter into a multi-hot matrix in one vectorised step
-            rows, cols, num_labels = label_coordinates(
-                labels, hint="; label ids must be non-negative integers"
-            )
-            out = np.zeros((len(labels), num_labels), dtype=bool)
-            out[rows, cols] = True
-            return out
+            return multi_hot_array(labels, hint="; label ids must be non-negative integers")
     y = to_numpy(labels, "labels")
     if y.ndim != 2:
         raise ValueError(
             f"labels must be an (N, L) multi-hot matrix or a list of label-id lists, got shape {y.shape}."
         )
-    if y.dtype != bool:
-        if not np.all((y == 0) | (y == 1)):
-            raise ValueError("labels must be multi-hot (0/1); convert label ids to a multi-hot matrix first.")
-        y = y.astype(bool)
+    y = binary_array(y, "; convert label ids to a multi-hot matrix first.")
     if num_rows is not None and y.shape[0] != num_rows:
         raise ValueError(f"labels have {y.shape[0]} rows but embeddings have {num_rows}; they must match.")
     return y

@@ -14,7 +14,7 @@ The dataset has one text column and a label column (``label`` / ``labels``, whic
 collator turns into a tensor): a multi-hot row per text, or label-id lists padded with -1 to one width
 (:func:`to_sentence_transformers_dataset` builds either from an hf_mlcl ``DatasetDict`` split). The loss
 embeds the texts (``sentence_embedding``), turns the labels into a multi-hot matrix and calls the hf_mlcl
-loss (:func:`hf_mlcl.losses.get_loss`; the equations are in ``LOSSES.md`` and each loss's module), with
+loss (:func:`hf_mlcl.losses.get_loss`; the equations are in docs/losses.md and each loss's module), with
 the candidates of every process gathered across devices when ``gather_across_devices``
 (:class:`hf_mlcl.training.memory.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
 label values and the embeddings' finiteness are checked on the first batch; later batches read nothing

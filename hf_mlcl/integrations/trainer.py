@@ -17,7 +17,7 @@ num_items_in_batch=...)``. :class:`ContrastiveLossFunc` reads the embeddings fro
 (``embeddings`` of an ``MLCLEncoderOutput``, else ``sentence_embedding``, ``pooler_output`` or
 ``pooled``; or the key you name), turns the labels (multi-hot or -1-padded id lists) into a multi-hot
 matrix and returns the loss of :func:`hf_mlcl.losses.get_loss` — the papers' equations, see
-``LOSSES.md`` — with every process's candidates when ``gather_across_devices``
+docs/losses.md — with every process's candidates when ``gather_across_devices``
 (:class:`hf_mlcl.training.memory.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
 label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
 on the host (:mod:`hf_mlcl.integrations._batches`), so with ``TrainingArguments(logging_nan_inf_filter=False)``

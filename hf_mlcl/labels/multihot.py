@@ -39,6 +39,8 @@ __all__ = [
     "to_dense_bool",
     "to_dense_float",
     "to_sparse_bool",
+    "binary_array",
+    "multi_hot_array",
 ]
 
 LABEL_DTYPE = torch.float32
@@ -65,6 +67,38 @@ def label_coordinates(
         raise ValueError(f"label id {int(bad[0])} is outside [0, num_labels={num_labels}){hint}")
     rows = np.repeat(np.arange(len(arrays)), lengths)
     return rows, cols, int(num_labels)
+
+
+def multi_hot_array(
+    label_lists: Sequence[Sequence[int]] | None = None,
+    num_labels: int | None = None,
+    hint: str = "",
+    csr: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Id lists (or their CSR form ``csr=(indptr, indices)``) -> a numpy bool (N, L) multi-hot matrix.
+
+    ``num_labels=None`` infers ``max id + 1``; ValueError naming an id outside ``[0, num_labels)``, then ``hint``.
+    """
+    if csr is not None:
+        indptr, indices = (np.asarray(a, dtype=np.int64) for a in csr)
+        rows, cols = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr)), indices
+        num_labels = int(num_labels if num_labels is not None else (cols.max() + 1 if cols.size else 1))
+        count = len(indptr) - 1
+    else:
+        rows, cols, num_labels = label_coordinates(label_lists, num_labels, hint)
+        count = len(label_lists)
+    out = np.zeros((count, num_labels), dtype=bool)
+    out[rows, cols] = True
+    return out
+
+
+def binary_array(y: np.ndarray, hint: str = "") -> np.ndarray:
+    """A numpy multi-hot matrix as bool; ValueError (then ``hint``) when a value is neither 0 nor 1."""
+    if y.dtype == bool:
+        return y
+    if not np.all((y == 0) | (y == 1)):
+        raise ValueError(f"labels must be multi-hot (0/1){hint}")
+    return y.astype(bool)
 
 
 def multi_hot_tensor(

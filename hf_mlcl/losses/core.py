@@ -54,7 +54,6 @@ from hf_mlcl.labels.multihot import as_multihot, cast
 from hf_mlcl.labels.relations import PairRelations
 
 from .fused import fused_contrastive_loss
-from .intra_op import small_step_threads
 
 __all__ = [
     "ContrastContext",
@@ -568,10 +567,7 @@ class ContrastiveLoss(nn.Module):
         """``{"loss": scalar loss (with its graph), part: detached 0-d tensor, ...}`` for the arguments of
         :meth:`forward` (e.g. hbl's ``"base"``, ``"hbl"``, ``"gate_open"``; ws_mulsupcon's strata)."""
         device_type = embeddings.device.type if isinstance(embeddings, Tensor) else "cpu"
-        with (
-            torch.autocast(device_type=device_type, enabled=False),
-            small_step_threads(embeddings, key_embeddings),
-        ):
+        with torch.autocast(device_type=device_type, enabled=False):
             ctx = self.context_owner.prepare(
                 embeddings, labels, key_embeddings, key_labels, anchors_in_candidates
             )

@@ -38,8 +38,6 @@ from torch.autograd.function import once_differentiable
 
 from hf_mlcl.labels.multihot import cast
 
-from .intra_op import small_step_threads
-
 __all__ = ["fused_contrastive_loss"]
 
 _NORM_EPS = 1e-12  # F.normalize's default
@@ -156,9 +154,7 @@ class _FusedContrastive(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None, _grad_scores: Tensor | None):  # type: ignore[override]
-        saved = ctx.saved_tensors
-        with small_step_threads(saved[0], saved[9].shape[1]):  # anchors (N, D), e (N, M + P)
-            return _closed_form_backward(ctx, grad_loss, *saved)
+        return _closed_form_backward(ctx, grad_loss, *ctx.saved_tensors)
 
 
 def _closed_form_backward(

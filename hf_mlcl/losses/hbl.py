@@ -32,8 +32,7 @@ code's reduction), so the same lambda weighs HBL about mean abs(y) times more th
 * ``"base"`` (default): total = base + lambda * mean_i L_HBL_i, lambda relative to the base loss as
   the base reports it. Default because HBL "is implemented as an auxiliary structural loss built upon
   MulSupCon" (Sec. IV-A 4): added to the MulSupCon code's loss, whose reduction is per (anchor, label)
-  pair, which is the loss the paper's lambda search space {0.001, ..., 1.0} was tuned against; it also
-  keeps earlier results (docs/RESULTS.md) reproducible.
+  pair, which is the loss the paper's lambda search space {0.001, ..., 1.0} was tuned against.
 * ``"eq7"``: eq. (7)'s balance, at the base loss's scale: total = base + lambda * (N / P) * mean_i L_HBL_i,
   with P the base's reduction denominator (``label_pairs``: (anchor, label) pairs, or sum_i abs(y_i)).
   With base = (1/P) sum_i L_Con_i, eq. (7) reads (1/N) sum_i (L_Con_i + lambda L_HBL_i)
@@ -149,7 +148,7 @@ def _counted_soft_positives(
     by its code inter * (U + 1) + union (U bounds the union). One ``bincount`` of the codes gives each
     row's histogram; its cumulative counts give the two middle order statistics exactly, and a
     per-row table of codes at or above theta gives the soft set, with no sort or selection of the
-    (N, M) matrix. Used on CPU (measured faster there; a selection is kept on other devices).
+    (N, M) matrix. Used on CPU (cheaper there; a selection is kept on other devices).
     """
     n, m = inter.shape
     if not host_reads_are_free(inter) or inter.dtype not in _ORDERED_BITS or n == 0 or m == 0:

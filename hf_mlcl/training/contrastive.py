@@ -28,7 +28,7 @@ What one training micro-batch does (``compute_loss``):
 5. after the loss, the gathered keys are enqueued (training only), so every process's queue is the
    same ring buffer.
 
-Loss scaling — the semantics, stated once (transformers 5.23 ``Trainer.training_step``):
+Loss scaling — the semantics, stated once (``Trainer.training_step``):
 
 * The model has ``accepts_loss_kwargs = False`` and this trainer sets ``loss_is_scaled_for_ga =
   False``: ``compute_loss`` returns the per-micro-batch loss (the loss's own reduction, e.g. the mean

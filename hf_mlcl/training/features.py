@@ -97,9 +97,9 @@ class PooledFeatureDataset(torch.utils.data.Dataset):
 
     def multi_hot(self, num_labels: int) -> np.ndarray:
         """The rows' labels as an (N, num_labels) bool matrix."""
-        out = np.zeros((len(self), num_labels), dtype=bool)
-        out[np.repeat(np.arange(len(self)), np.diff(self.indptr)), self.indices] = True
-        return out
+        from hf_mlcl.labels.multihot import multi_hot_array
+
+        return multi_hot_array(num_labels=num_labels, csr=(self.indptr, self.indices))
 
     def __len__(self) -> int:
         return int(self.features.shape[0])

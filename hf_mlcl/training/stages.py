@@ -328,7 +328,7 @@ def _finish_contrastive(
 
 
 def _checkpointing(args: Any) -> bool:
-    """The Trainer's activation-checkpointing flag (``activation_checkpointing``, formerly ``gradient_checkpointing``)."""
+    """The Trainer's activation-checkpointing flag (``activation_checkpointing``, or its alias ``gradient_checkpointing``)."""
     return bool(args.activation_checkpointing or args.gradient_checkpointing)
 
 
