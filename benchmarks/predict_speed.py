@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument(
-        "--out", default=os.path.join(REPO, "benchmarks", "results", "cpu", "predict_speed.json")
+        "--out", default=os.path.join(REPO, "benchmarks", "cpu_results", "predict_speed.json")
     )
     args = parser.parse_args()
 
