@@ -30,10 +30,12 @@ from .mulsupcon import MulSupConLoss
 from .registry import (
     LossSettings,
     build_contrastive_loss,
+    check_supervised_loss,
     get_loss,
     get_loss_class,
     list_contrastive_losses,
     list_losses,
+    list_supervised_losses,
     register_loss,
 )
 from .similarity_dissimilarity import SimilarityDissimilarityLoss, similarity_dissimilarity_weights
@@ -47,6 +49,8 @@ __all__ = [
     "get_loss_class",
     "list_losses",
     "list_contrastive_losses",
+    "list_supervised_losses",
+    "check_supervised_loss",
     "register_loss",
     "ContrastiveLoss",
     "ContrastContext",

@@ -137,6 +137,26 @@ def build_contrastive_loss(
         raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
 
 
+def check_supervised_loss(name: str) -> str:
+    """The canonical name of the supervised loss ``name`` (an alias too, e.g. ``"asl"``); ValueError in one line
+    for an unknown or a contrastive loss. The registry alone answers whether a loss is supervised."""
+    try:
+        cls = get_loss_class(name)
+    except ValueError as err:
+        raise ValueError(f"unknown probing loss {name!r}; choose one of {list_supervised_losses()}") from err
+    if getattr(cls, "is_contrastive", False):
+        raise ValueError(
+            f"{name!r} is a contrastive loss; the probe trains its head with a supervised loss: one of "
+            f"{list_supervised_losses()}"
+        )
+    return cls.loss_name
+
+
+def list_supervised_losses() -> list[str]:
+    """Sorted canonical names of the registered supervised losses (``is_contrastive = False``)."""
+    return [n for n in list_losses() if not getattr(_REGISTRY[n], "is_contrastive", False)]
+
+
 def list_contrastive_losses() -> list[str]:
     """Sorted canonical names of the registered losses with ``is_contrastive = True``."""
     return [n for n in list_losses() if getattr(_REGISTRY[n], "is_contrastive", False)]

@@ -16,12 +16,12 @@ from transformers import TrainingArguments
 
 from hf_mlcl.data.label_formats import LABEL_FORMATS, UNKNOWN_LABELS
 from hf_mlcl.data.stratify import SPLIT_STRATEGIES
+from hf_mlcl.losses.registry import check_supervised_loss
 from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
 
 logger = logging.getLogger(__name__)
 
 PROBES = ("linear", "finetune", "logistic")
-PROBE_LOSSES = ("bce", "focal", "asymmetric", "zlpr")
 THRESHOLDS = ("global", "per_label")
 BATCH_SAMPLERS = ("random", "positives")
 
@@ -376,7 +376,10 @@ class ProbingTrainingArguments(TrainingArguments):
     """Stage 2: a multi-label head on the (frozen or fine-tuned) encoder."""
 
     probe: str = field(default="linear", metadata={"help": f"One of {PROBES}."})
-    loss: str = field(default="bce", metadata={"help": f"Supervised loss: one of {PROBE_LOSSES}."})
+    loss: str = field(
+        default="bce",
+        metadata={"help": "Supervised loss of hf_mlcl.losses: bce, focal, asymmetric (asl) or zlpr."},
+    )
     loss_kwargs: str | None = field(default=None, metadata={"help": "Extra loss keywords (mapping or JSON)."})
     threshold: str = field(
         default="global", metadata={"help": "'global' (tuned on validation), 'per_label', or a fixed float."}
@@ -421,8 +424,7 @@ class ProbingTrainingArguments(TrainingArguments):
         _keep_columns(self)
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
-        if self.loss not in PROBE_LOSSES:
-            raise ValueError(f"unknown probing loss {self.loss!r}; choose one of {PROBE_LOSSES}")
+        check_supervised_loss(self.loss)  # the loss registry answers what a supervised loss is
         if self.cache_features and self.probe == "finetune":
             raise ValueError(
                 "cache_features=True needs a frozen encoder: probe='finetune' trains it, so its features change "

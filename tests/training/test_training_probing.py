@@ -117,8 +117,13 @@ def test_probing_bad_configurations(tmp_path, tok):
             train_dataset=ds,
             data_collator=collator(tok),
         )
-    with pytest.raises(ValueError, match="unknown probing loss"):
+    with pytest.raises(
+        ValueError, match="'sd' is a contrastive loss; the probe trains its head with a supervised"
+    ):
         probe_args(tmp_path, loss="sd")
+    with pytest.raises(ValueError, match="unknown probing loss 'nope'"):
+        probe_args(tmp_path, loss="nope")
+    assert probe_args(tmp_path, loss="asl").loss == "asl"  # an alias the registry knows is a supervised loss
 
 
 # ------------------------------------------------------------------------------------ entry points
