@@ -1,26 +1,10 @@
-"""``hf-mlcl``: the command-line entry point (also ``python -m hf_mlcl`` / ``accelerate launch -m hf_mlcl.cli``).
+"""``hf-mlcl``: the command-line entry point (``python -m hf_mlcl``, ``accelerate launch -m hf_mlcl.cli``).
 
-Sub-commands::
+:func:`build_parser` and :func:`main` run the sub-commands (``train``, ``probe``, ``run``, ``evaluate``,
+``predict``, ``export``, ``push``, ``demo``, ``inspect``); the module only parses arguments and prints, and
+nothing in the library imports it.
 
-    hf-mlcl train    RECIPE [--key value ...]               stage 1: contrastive training of the encoder
-    hf-mlcl probe    RECIPE [--encoder_path DIR] [--key ...] stage 2: multi-label head (linear probe / fine-tune)
-    hf-mlcl run      RECIPE [--push_to REPO] [--key ...]    both stages + test evaluation + model cards
-    hf-mlcl evaluate CHECKPOINT [RECIPE] [--split test] [--key ...]   score a classifier, write metrics + plots
-                     (no RECIPE: the data arguments stored in the checkpoint's card_data.json)
-    hf-mlcl push     FOLDER --repo_id USER/NAME [--private]  upload model, tokenizer, card and metrics
-    hf-mlcl demo     [--output_dir DIR] [--dataset goemotions --data_dir DIR --model PATH]
-    hf-mlcl inspect  DATASET [--data_dir DIR] [--splits train] [--batch_size 32] [--queue_size 0] ...
-                     how each loss sees the data (relations, positives, HBL gate, queue advice)
-
-A RECIPE is a YAML file (see ``recipes/`` and :mod:`hf_mlcl.recipes`); ``--key value`` overrides any
-ModelArguments / DataArguments / TrainingArguments field, ``--contrastive.key`` / ``--probe.key`` one stage
-only, ``--output_dir`` the run's root folder. Typos fail with the nearest valid name. Options and keys
-are spelt with underscores, as the dataclass fields and transformers' scripts are (``--encoder_path``);
-the dashed spelling (``--encoder-path``) is accepted everywhere too.
-
-This module only parses arguments and prints: the stages, scoring and evaluation it runs live in the
-library (:mod:`hf_mlcl.training.stages`, :mod:`hf_mlcl.evaluation.tables`); nothing in the library
-imports it.
+Design: docs/design.md, "Command line (hf_mlcl/cli.py)".
 """
 
 from __future__ import annotations

@@ -1,42 +1,10 @@
 """Counting the host reads of tensor values (device-to-host synchronisations) made by a block of code.
 
-On an accelerator, any Python-level use of a tensor's *value* — ``float(t)``, ``t.item()``, ``if t:``,
-``t.tolist()``, ``t.numpy()``, ``t.cpu()``, printing — and any operation whose output *shape* depends
-on the values (``nonzero``, ``unique``, ``masked_select``, boolean-mask indexing, ``bincount``,
-one-argument ``torch.where``, ``repeat_interleave`` with tensor repeats, sparse ``coalesce``) makes
-the host wait for the device, and so does a tensor built from host data on a device
-(``torch.tensor(x, device=...)``: a blocking host-to-device copy); ``torch.cuda.set_sync_debug_mode``
-reports them on CUDA. Those are exactly the calls that cost nothing on a CPU tensor, so a CPU run
-cannot time them; but they are the same calls on every device, and :class:`HostSyncCounter` counts
-them on any device by intercepting them: the Python-level calls (a ``TorchFunctionMode``) and, below
-them, the ATen operators that read values or make value-dependent shapes (a ``TorchDispatchMode``,
-which also sees the backward pass, custom ``autograd.Function`` backwards included, and operators
-reached through calls it does not know). A CPU test proves that a code path would make no
-synchronisation on a GPU.
+:class:`HostSyncCounter` counts the calls that make the host wait for an accelerator, on any device, so a CPU
+test proves a code path free of them; ``SyncCountingCallback`` counts inside chosen optimizer steps of a
+``Trainer``; :func:`host_reads_are_free` lets code keep its CPU-only shortcuts.
 
-What counts is the *call*, wherever the tensor lives: ``float(cpu_tensor)`` is counted too. Code that
-reads values only for CPU tensors (a shortcut that costs nothing there) asks
-:func:`host_reads_are_free`, and :class:`HostSyncCounter` (``simulate_accelerator=True``, the
-default) makes that answer False while it counts, so the count is that of the accelerator path.
-
-Use::
-
-    from hf_mlcl.host_sync import HostSyncCounter, SyncCountingCallback
-
-    with HostSyncCounter() as counter:
-        loss = loss_fn(z, labels)
-    assert counter.count == 0, counter.report()
-
-    callback = SyncCountingCallback(steps=[2])  # count inside the 2nd optimizer step only
-    trainer.add_callback(callback)
-    with callback:  # disarms on error
-        trainer.train()
-    assert callback.counts[2] == 0, callback.report()
-
-``SyncCountingCallback`` arms a counter at Trainer's ``on_step_begin`` and disarms it at
-``on_step_end``: the forward, backward, optimizer step and scheduler step of one optimizer step,
-not the batch fetch before it nor the logging after it (the window
-``torch.cuda.set_sync_debug_mode`` is asked to cover in ``benchmarks/``).
+Design: docs/design.md, "Counting host reads (hf_mlcl/host_sync.py)".
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """Recipe YAML files: composition (``_base_``), key validation, and parsing into argument dataclasses.
 
-A recipe is one YAML mapping with three scopes::
+:func:`load_recipe` merges a recipe over its bases, :func:`validate_recipe` checks every key against the
+argument dataclasses, :func:`split_overrides` / :func:`superseded_keys` apply command-line overrides and
+:func:`parse_stage` builds a stage's arguments.
 
-    _base_: [../base/common.yaml, ../base/datasets/aapd.yaml]   # merged first, in order
-    model_name_or_path: FacebookAI/roberta-base                 # ModelArguments / DataArguments keys
-    dataset: aapd
-    output_dir: outputs/aapd/roberta-base/sd                    # run root (stage folders below it)
-    stages: [contrastive, probe]                                # what `hf-mlcl run` does
-    contrastive:                                                # ContrastiveTrainingArguments keys
-      loss: sd
-      learning_rate: 2.0e-5
-    probe:                                                      # ProbingTrainingArguments keys
-      learning_rate: 1.0e-2
-
-``_base_`` paths are relative to the file that names them; bases are merged in order, then the file
-itself on top (mappings merge key by key, everything else is replaced), as in mmcv / LLaMA-Factory.
-Every key is checked against the real argument dataclasses before parsing, so a typo fails with the
-key's name and the closest valid spelling.
-
-Command-line overrides (``--learning_rate 3.0e-5``) are parsed by ``transformers.HfArgumentParser``
-with the recipe's values as defaults; ``--contrastive.KEY`` / ``--probe.KEY`` target one stage, an
-unprefixed training key applies to every stage the command runs. A label layout given later (on the
-command line, or in a recipe over its bases) replaces the contradicting layout keys given earlier:
-``--label_format columns`` drops a recipe's ``label_column: labels``
-(:func:`hf_mlcl.data.custom.superseded_label_keys`), and ``--dataset my.csv`` over a recipe for another
-dataset drops that dataset's ``dataset_options``, ``data_dir``, ``data_files`` and ``dataset_config``
-(:func:`superseded_keys`).
+Design: docs/design.md, "Recipes (hf_mlcl/recipes.py)".
 """
 
 from __future__ import annotations

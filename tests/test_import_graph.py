@@ -155,6 +155,10 @@ def test_module_opens_with_a_docstring_naming_its_concept(module):
     assert doc and len(doc.split("\n", 1)[0].strip()) >= 10, (
         f"{path}: first line of the docstring should name its concept"
     )
+    lines = len(
+        ast.get_docstring(ast.parse(open(path, encoding="utf-8").read(), path), clean=False).splitlines()
+    )
+    assert lines <= 20, f"{path}: a {lines}-line module docstring; design prose belongs in docs/design.md"
 
 
 def test_the_formatter_owns_the_layout():

@@ -1,27 +1,10 @@
 """``inspect_labels`` / ``inspect_dataset``: how each contrastive loss will see a dataset, before training.
 
-For a label column and a batch size / queue size / number of processes, sampled over real batches
-(a seeded random order of the rows; each batch is B = batch_size x num_processes consecutive rows, the
-queue the K rows before it, wrapping around), it reports
+Sampled over real batches, the report gives label statistics, the R1-R5 pair relations, each loss's
+positives and wasted anchors, HBL's gate and a queue-size recommendation (:func:`format_report`,
+:func:`write_report`).
 
-* label cardinality (mean, distribution), label frequencies (long-tail curve), the share of samples
-  whose label set is unique in the data, and the number of distinct label sets;
-* the share of (anchor, candidate) pairs in each of the Similarity-Dissimilarity paper's relations
-  R1-R5 (sec. 2.3; :mod:`hf_mlcl.analysis.pair_statistics`);
-* per loss, the mean number of positives per anchor and the share of *wasted* anchors (no positive:
-  they add nothing to the loss): all, any (= sd, jaccard), mulsupcon (per (anchor, label) pair), msc
-  (samples only — its label prototypes give every labelled anchor a positive), the ws-MulSupCon
-  strata (single / multi / healthy), and HBL's gate-open rate for ``k_min``;
-* the wasted anchors of ``all`` and ``any`` when the batches come from the positives sampler
-  (``batch_sampler="positives"``, :class:`hf_mlcl.data.sampler.PositiveEnsuredSampler`, batches of
-  ``batch_size`` rows per process) instead of a random order;
-* a recommendation: the smallest queue size of a grid at which >= 95 % of the labelled anchors have
-  an ``all`` positive and HBL's gate opens for a majority (> 50 %) of them.
-
-Candidates are the other in-batch samples plus the queue (labels only; the statistics do not depend
-on embeddings). In the ``keys`` contrast set (MulSupCon, ws-MulSupCon, HBL; ``docs/losses.md``) each
-anchor's own momentum key is one more positive for every loss, which this count leaves out: the
-figures say how many *other* samples an anchor is pulled towards.
+Design: docs/design.md, "Inspect report (hf_mlcl/analysis/report.py)".
 """
 
 from __future__ import annotations

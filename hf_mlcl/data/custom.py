@@ -1,34 +1,11 @@
 """Bring your own multi-label dataset: a Hub id, local files, or an in-memory ``Dataset`` / ``DatasetDict``.
 
 :func:`load_custom_dataset` turns any of these into the registry's schema (``text`` + ``labels`` as
-``Sequence(ClassLabel)``, see :mod:`hf_mlcl.data.registry`); ``load_mlc_dataset`` calls it for every
-source that is not a registered name. Sources:
+``Sequence(ClassLabel)``), carving missing validation / test splits (:func:`carve_split`) and recording it
+(:func:`data_notes`).
 
-* an in-memory ``datasets.Dataset`` (taken as the train split) or ``DatasetDict``;
-* a local file (``.csv`` / ``.tsv`` / ``.json`` / ``.jsonl`` / ``.parquet``: the train split, the
-  validation split is carved from it), ``data_files={"train": ..., "validation": ..., "test": ...}``
-  (one file per split; the source may then be the format name ``"csv"`` ...), a folder saved with
-  ``save_to_disk``, or any other folder, which goes to ``datasets.load_dataset`` exactly like a Hub id
-  (so a Hub-shaped folder — ``data/train-*.parquet``, README ``configs:`` — loads offline);
-* a Hub dataset id (``"owner/name"``, with ``config_name``) through ``datasets.load_dataset``.
-
-Label formats (``label_format``: ``names``, ``ids``, ``delimited``, ``columns``, or ``auto``, detected from the
-features and the train values) and how a cell is read: :mod:`hf_mlcl.data.label_formats`.
-
-Label names come from a ``ClassLabel`` feature, from ``label_names`` (a list or a file with one name per
-line), or are the sorted union of what the train split holds (for integer ids without names:
-``"0" .. str(max id)``). A label seen only outside train — or outside the given names — is an error
-that names it; ``unknown_labels="drop"`` drops it with a warning instead.
-
-A missing validation split is carved from train (``validation_fraction``, seeded by ``split_seed``),
-logged and recorded with the split (:func:`data_notes`) so the model card states it; a missing test
-split stays missing (no test metrics) unless ``test_fraction`` > 0 carves one too. ``split_strategy``
-chooses the carve: ``"random"`` (default, a seeded random share) or ``"stratified"`` (iterative
-stratification, Sechidis et al. 2011, :mod:`hf_mlcl.data.stratify`: every label, rare ones included,
-gets close to its share of rows in the carved split). Empty splits and non-UTF-8 text files are clear
-errors that name the split or the file and line; so are a zero-byte file and a file the reader cannot
-parse. Rows whose text is empty or blank are dropped, with one warning that counts them per split
-(:func:`_drop_empty_texts`).
+References: iterative stratification, Sechidis et al. 2011.
+Design: docs/design.md, "Your own dataset (hf_mlcl/data/custom.py)".
 """
 
 from __future__ import annotations

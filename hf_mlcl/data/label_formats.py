@@ -1,24 +1,10 @@
 """How a dataset's label column is read: the label formats, their detection, and label ids from the cells.
 
-Label formats (``label_format``; ``"auto"`` detects them from the features and the train values,
-:func:`detect_format`, the one place the format is decided):
+:func:`detect_format` decides the format (``names``, ``ids``, ``delimited``, ``columns``) under ``"auto"``,
+:func:`row_tokens` reads a cell, :func:`encode_rows` turns tokens into label ids and
+:func:`superseded_label_keys` says which layout keys a later layout replaces.
 
-* ``"names"``: a list of label names per row (or one name per row);
-* ``"ids"``: a list of integer ids per row (or one id), indices into the label names;
-* ``"delimited"``: one string per row, e.g. ``"cs.AI;cs.LG"`` (``label_separator``, default: the first
-  of ``;`` ``|`` ``,`` found in the train values); tokens that are all integers are read as ids;
-* ``"columns"``: one 0/1 column per label, as the raw GoEmotions release is (``label_columns``, or the
-  ``label_names``, or every other integer column of the train split holding only 0 and 1; boolean
-  columns — often flags such as GoEmotions' ``example_very_unclear`` — are taken only when named).
-
-A text cell written as a list — ``[8, 20]``, ``["sports", "politics"]`` (JSON) or ``['sports', 'politics']``
-(Python, as pandas writes lists into a CSV) — is read as that list in every format; ``"auto"`` reads a
-string column whose cells are all lists as ids (integer items) or names (string items). Where the train
-cells leave the format open (list and plain cells mixed, ids and names mixed, a ``[...]`` cell that is no
-list, two separators in one column, names that would carry brackets or quotes), ``"auto"`` stops with a
-ValueError naming the cell and the choices. :func:`superseded_label_keys` says which label-layout keys of a
-recipe a later layout replaces; :func:`encode_rows` turns the tokens into ids of the label space, naming
-(or dropping) what lies outside it.
+Design: docs/design.md, "Label formats (hf_mlcl/data/label_formats.py)".
 """
 
 from __future__ import annotations

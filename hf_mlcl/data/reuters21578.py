@@ -1,33 +1,10 @@
 """Reuters-21578, Distribution 1.0 (Lewis), read from the original SGML files, ModApte split.
 
-Local format (the distribution as released): ``data_dir`` holds ``reut2-000.sgm`` ... ``reut2-021.sgm``,
-one ``<REUTERS TOPICS=".." LEWISSPLIT=".." NEWID="..">`` element per document with
-``<TOPICS><D>earn</D>...</TOPICS>`` and ``<TEXT>`` holding ``<TITLE>``, ``<DATELINE>`` and ``<BODY>``;
-``<TEXT TYPE="BRIEF">`` documents have a title only, ``<TEXT TYPE="UNPROC">`` ones plain text with
-no inner tags (README-original.txt, sections VI-VIII).
+:func:`load_reuters21578` (registered as ``reuters21578``) with its split, category, validation, text and
+encoding choices; :func:`read_reuters_sgml` / :func:`parse_sgml` read the ``reut2-*.sgm`` files.
 
-Choices (named options, defaults justified):
-
-* **Split** — ModApte (Apte et al. 1994, the split of NLTK's ``reuters`` corpus and of DocBERT,
-  Adhikari et al. 2019): train = ``LEWISSPLIT="TRAIN"`` and ``TOPICS="YES"``, test =
-  ``LEWISSPLIT="TEST"`` and ``TOPICS="YES"`` (9,603 / 3,299 documents before category filtering).
-* **Categories** (``categories=``) — ``"r90"`` (default, the usual multi-label benchmark): the topics
-  with at least one ModApte train and one ModApte test document; ``"r10"``: the 10 topics with
-  the most ModApte train documents; ``"all"``: every topic that occurs in a ModApte document; or an
-  explicit list of topic names. Documents left without any selected topic are dropped unless
-  ``keep_unlabeled=True`` (the R90/R10 convention drops them).
-* **Validation** — the distribution has none: ``validation_size`` (fraction < 1 or a count) of the
-  filtered ModApte train documents is moved to validation with ``numpy.random.default_rng(seed)``,
-  so nothing is ever tuned on test.
-* **Text** — title + body (``"TITLE\\nBODY"``; title only for BRIEF, the whole text for UNPROC),
-  SGML character entities decoded (``&lt;`` -> ``<``), the control characters the wire format
-  carries as entities (``&#2;``, ``&#3;``, ``&#127;``, ...) removed, runs of spaces/newlines
-  collapsed to one space. The dateline is not part of the text (it is metadata, not content).
-* **Encoding** — the files are ASCII except for a few stray bytes that are not valid UTF-8
-  (``reut2-017.sgm``); they are read as latin-1, which decodes every byte and leaves the ASCII
-  text unchanged.
-
-Columns: ``text``, ``labels`` (``Sequence(ClassLabel)``, topic names), ``id`` (the ``NEWID``).
+References: ModApte, Apte et al. 1994.
+Design: docs/design.md, "Reuters-21578 (hf_mlcl/data/reuters21578.py)".
 """
 
 from __future__ import annotations

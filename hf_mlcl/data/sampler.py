@@ -1,28 +1,9 @@
 """Positive-ensured batches: an epoch order in which every anchor of a batch has a positive.
 
-A contrastive loss learns nothing from an anchor whose batch holds no positive for it: such an anchor is
-*wasted* (``hf-mlcl inspect`` counts them). With random batches of 32 on GoEmotions about 40 % of the
-anchors have no exact-label-set partner (``all``) and 15 % no label-sharing one (``any``).
-:class:`PositiveEnsuredSampler` draws the epoch's order so that they do, as far as the data allows:
+:class:`PositiveEnsuredSampler` groups rows into units of each other's positives under the loss's
+``sampler_rule`` and lays the shuffled units out batch by batch, the same order on every process.
 
-1. **Units.** The rows are grouped into units whose members are each other's positives under the loss's
-   rule (its ``sampler_rule``, stated beside its ``positives``): ``"same_label_set"`` (``all``, Khosla
-   et al. 2020 applied to label sets) pairs rows with the same label set (a group of odd size ends in a
-   triple); ``"shared_label"`` (every other loss: ``any``, ``sd``, ``jaccard``, ``mulsupcon``, ``msc``,
-   ``ws_mulsupcon``, ``hbl``) pairs rows sharing a label, rows of the rarest labels first so that they
-   find a partner before the common labels use them up; rows without labels pair with each other (the
-   healthy stratum of ws-MulSupCon). A row whose labels' other rows were all paired first joins the
-   unit of one of them (up to four rows a unit). A row that no other row can serve (its label set is
-   unique under ``same_label_set``, or no other row carries its labels) is a unit of one.
-2. **Batches.** The units are shuffled and laid out batch by batch, ``batch_size`` rows each, a unit never
-   split across two batches when another unit fits the space left. With an even batch size the
-   odd-sized units go two by two, so no gap of one row is left; with an odd one a unit of one (or a
-   triple) fills the odd gap, and a pair is split when none is left.
-
-The order is a permutation of all the rows: every row is seen once per epoch. It depends on ``seed`` and
-the epoch only (:meth:`set_epoch`, which ``Trainer`` calls), so every process of a launch draws the same
-order and takes its own batches of it (accelerate gives the i-th batch to process i mod the process
-count), and a resumed run skips to the same batches. ``batch_size`` is the per-process batch size.
+Design: docs/design.md, "Positive-ensured batches (hf_mlcl/data/sampler.py)".
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
 """Multi-label classification scores (counts and rankings) of one split, vectorised in numpy.
 
-Every metric here is computed from whole-matrix operations (column / row reductions, one sort per
-chunk of labels or examples); nothing loops over labels or examples in Python, so MIMIC-IV sized
-problems (25k labels x thousands of documents) run in seconds. Big matrices are processed in chunks
-of about four million cells to bound memory.
+:func:`compute_multilabel_metrics` (micro / macro F1, P@k, R@k, AUC, AP, ...), :func:`per_label_scores` and
+:func:`per_label_f1`, with one set of conventions for thresholds, 0/0 and undefined scores.
 
-Inputs
-------
-``y_true``: (N, L) multi-hot {0, 1} (bool / int / float; numpy, torch, or scipy sparse).
-``y_score``: (N, L) real scores, normally probabilities (use :func:`sigmoid` on logits). float32
-scores stay float32 (half the memory of float64).
-
-Conventions (documented once, used everywhere)
-----------------------------------------------
-* A label is predicted when ``score >= threshold`` (the threshold is cast to the score dtype first,
-  so a tuned threshold reproduces exactly the predictions it was tuned on).
-* 0/0 follows scikit-learn's ``zero_division`` (default 0.0): precision of a label never predicted,
-  recall of a label never positive, F1 of a label with no positive and no prediction, the F1 of an
-  example with neither true nor predicted labels, and R@k / R-precision / per-example AP of an
-  example without true labels are all ``zero_division``. Macro averages run over ALL labels (like
-  sklearn ``average="macro"`` and CAML), so labels never positive in the split pull macro scores
-  down unless ``zero_division=1``.
-* Score-ranking metrics that are undefined for a label are skipped (not zero): per-label AUC needs a
-  positive and a negative, per-label AP needs a positive. ``macro_auc`` / ``map_label`` average the
-  labels that remain (NaN when none remain); ``micro_auc`` is NaN when the whole matrix is one class.
-* P@k divides by ``min(k, L)`` (CAML's ``len(topk)``); R@k divides by the number of true labels
-  (Mullenbach et al. 2018, CAML; Huang et al. 2022, PLM-ICD). Ties in the top-k are broken
-  arbitrarily (as with CAML's argsort).
-* ``macro_f1`` is the mean of per-label F1 (sklearn ``average="macro"``); ``macro_f1_harmonic`` is the
-  harmonic mean of macro-precision and macro-recall, the definition of CAML (Mullenbach et al. 2018)
-  and PLM-ICD (Huang et al. 2022). The two differ, often by several points on long-tailed data.
-
-Input checks live in :mod:`hf_mlcl.evaluation.inputs`, the AP / AUC / top-k engines in
-:mod:`hf_mlcl.evaluation.ranking`, threshold tuning in :mod:`hf_mlcl.evaluation.thresholds` and the
-``Trainer`` adapter in :mod:`hf_mlcl.evaluation.trainer_metrics`.
+References: CAML, Mullenbach et al. 2018; PLM-ICD, Huang et al. 2022.
+Design: docs/design.md, "Metric conventions (hf_mlcl/evaluation/metrics.py)".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """One batch of an integration: labels to multi-hot and the loss, with the value checks on the first batch.
 
-Both integrations (:mod:`hf_mlcl.integrations.sentence_transformers`, :mod:`hf_mlcl.integrations.trainer`)
-turn the batch's labels (multi-hot rows or -1-padded id lists, :func:`hf_mlcl.labels.multihot.labels_to_multihot`)
-into a multi-hot matrix and call the loss on this step's candidates
-(:class:`hf_mlcl.training.memory.CandidateBuilder`). The checks that read values on the host — the
-label format under ``"auto"`` (are integer labels 0/1?), the id range, labels 0/1 and finite embeddings
-(the loss's ``check_inputs``) — run on the first batch (the format once per label dtype and width); later
-batches read nothing on the host, so a training step does not wait for the accelerator. An id out of
-range in a later batch still fails (an index error of the scatter).
+:class:`BatchLoss` is what both integrations share: the labels as a multi-hot matrix, this step's candidates
+(with the optional MoCo queue) and the loss parameters' gradients averaged over processes.
 
-**The queue** (``queue_size > 0``): a MoCo queue of past keys (:class:`hf_mlcl.training.memory.EmbeddingQueue`,
-built on the first training batch with the embeddings' width and device) joins the candidates in the loss
-paper's contrast set (``contrast_set``, ``queue_warmup``: :func:`~hf_mlcl.training.memory.resolve_contrast_set`,
-as ``ContrastiveTrainer``). Each training batch's keys — from the caller's key encoder (``keys``), else the
-batch's own embeddings without gradient — are gathered from every process, scored, then enqueued. The
-queue is used and filled only when the loss is computed with gradient (training); without gradient
-(evaluation) the contrast set is the in-batch one, as ``ContrastiveTrainer`` evaluates.
-
-A loss's own parameters (``msc``'s prototypes) are outside the model that the trainer wraps for several
-processes, so nothing would average their gradients: each process would train its own copy. Their
-gradients are averaged over the processes by a hook (:func:`hf_mlcl.training.distributed.mean_over_processes`),
-as ``ContrastiveTrainer`` does for them; ``average_parameter_grads = False`` leaves a gradient local (the
-GradCache loss computes its inner one without averaging: it is averaged once, in the outer backward).
+Design: docs/design.md, "Integration batches (hf_mlcl/integrations/_batches.py)".
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """hf_mlcl's multi-label contrastive losses as sentence-transformers losses.
 
-``SentenceTransformerTrainer`` takes them like any of its own losses::
+:class:`MultiLabelContrastiveLoss` (with an optional MoCo queue), its GradCache variant
+:class:`CachedMultiLabelContrastiveLoss`, :func:`to_sentence_transformers_dataset` and
+:func:`add_lora_adapter`.
 
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-    from hf_mlcl.integrations.sentence_transformers import MultiLabelContrastiveLoss, to_sentence_transformers_dataset
-
-    model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")
-    train = to_sentence_transformers_dataset(load_mlc_dataset("goemotions", data_dir=...)["train"])
-    loss = MultiLabelContrastiveLoss(model, "sd", num_labels=28)          # or "mulsupcon", "msc", ...
-    SentenceTransformerTrainer(model=model, train_dataset=train, loss=loss).train()
-
-The dataset has one text column and a label column (``label`` / ``labels``, which sentence-transformers'
-collator turns into a tensor): a multi-hot row per text, or label-id lists padded with -1 to one width
-(:func:`to_sentence_transformers_dataset` builds either from an hf_mlcl ``DatasetDict`` split). The loss
-embeds the texts (``sentence_embedding``), turns the labels into a multi-hot matrix and calls the hf_mlcl
-loss (:func:`hf_mlcl.losses.get_loss`; the equations are in docs/losses.md and each loss's module), with
-the candidates of every process gathered across devices when ``gather_across_devices``
-(:class:`hf_mlcl.training.memory.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
-label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
-on the host (:mod:`hf_mlcl.integrations._batches`), so with ``logging_nan_inf_filter=False`` in the
-training arguments (Trainer's filter reads every step's loss) a step makes no device-to-host
-synchronisation outside the model. :class:`CachedMultiLabelContrastiveLoss`
-is the GradCache variant (Gao et al., RepL4NLP 2021, eq. 5) for contrast sets larger than memory: it
-embeds ``mini_batch_size`` texts at a time and gives the same gradients. ``citation`` and
-``get_config_dict`` feed sentence-transformers' model card, so the card credits the loss's paper.
-The queue (``queue_size``) works as in ``ContrastiveTrainer``: a momentum key encoder (MoCo, He et al. 2020,
-Eq. 2; ``momentum``) embeds each training batch without gradient, its keys (gathered from every process)
-join the candidates with the queue of past keys in the loss paper's contrast set (``contrast_set``,
-``queue_warmup``; ``docs/losses.md``), then enter the queue::
-
-    loss = MultiLabelContrastiveLoss(model, "msc", num_labels=28, queue_size=4096)   # ABALONE's contrast set
-
-The key encoder is a copy of the model's trainable parameters (the frozen ones, e.g. a LoRA base, are
-shared), built at the first training batch and moved towards the model after every optimizer step
-(:class:`hf_mlcl.training.momentum.UpdateAfterOptimizerSteps`: a step post-hook on the torch optimizer
-that trains the model, which ``SentenceTransformerTrainer`` steps once per accumulated batch).
-``momentum=None`` holds no key encoder: the keys are then the batch's own embeddings without gradient
-(a cross-batch memory, Wang et al., CVPR 2020). The queue is used and filled in training only, and is not
-saved in checkpoints (a resumed run starts with an empty queue and a key encoder copied from the model).
-:func:`add_lora_adapter` trains a LoRA adapter instead of the whole model, on any encoder architecture
-(the default target modules per architecture of :mod:`hf_mlcl.modeling.lora`).
+References: GradCache, Gao et al., RepL4NLP 2021, eq. 5; MoCo, He et al. 2020, Eq. 2; cross-batch memory,
+Wang et al., CVPR 2020.
+Design: docs/design.md, "Losses in sentence-transformers (hf_mlcl/integrations/sentence_transformers.py)".
 """
 
 from __future__ import annotations

@@ -1,56 +1,10 @@
-"""Any hf_mlcl contrastive loss in a plain ``transformers.Trainer``, through its ``compute_loss_func`` hook::
+"""Any hf_mlcl contrastive loss in a plain ``transformers.Trainer``, through its ``compute_loss_func`` hook.
 
-    from transformers import Trainer, TrainingArguments
-    from hf_mlcl import MLCLEncoder
-    from hf_mlcl.data import MultiLabelCollator
-    from hf_mlcl.integrations.trainer import ContrastiveLossFunc
+:class:`ContrastiveLossFunc` reads the embeddings from the model's output, turns the labels into a multi-hot
+matrix and returns the loss (scaled for gradient accumulation), optionally with a queue of past embeddings.
 
-    trainer = Trainer(
-        model=MLCLEncoder.from_backbone("FacebookAI/roberta-base"),       # or any model with pooled embeddings
-        args=TrainingArguments("out", remove_unused_columns=False),       # the collator reads `text`
-        train_dataset=ds["train"], data_collator=MultiLabelCollator(tokenizer, num_labels),
-        compute_loss_func=ContrastiveLossFunc("sd", num_labels=num_labels),
-    )
-
-``Trainer`` pops ``labels`` from the batch, runs the model and calls ``compute_loss_func(outputs, labels,
-num_items_in_batch=...)``. :class:`ContrastiveLossFunc` reads the embeddings from the output
-(``embeddings`` of an ``MLCLEncoderOutput``, else ``sentence_embedding``, ``pooler_output`` or
-``pooled``; or the key you name), turns the labels (multi-hot or -1-padded id lists) into a multi-hot
-matrix and returns the loss of :func:`hf_mlcl.losses.get_loss` — the papers' equations, see
-docs/losses.md — with every process's candidates when ``gather_across_devices``
-(:class:`hf_mlcl.training.memory.CandidateBuilder` in batch mode, as ``ContrastiveTrainer``). The
-label values and the embeddings' finiteness are checked on the first batch; later batches read nothing
-on the host (:mod:`hf_mlcl.integrations._batches`), so with ``TrainingArguments(logging_nan_inf_filter=False)``
-(Trainer's filter reads every step's loss on the host) a step makes no device-to-host synchronisation
-outside the model.
-
-Gradient accumulation: with a ``compute_loss_func`` Trainer does *not* divide the loss by the
-accumulation steps (it expects a loss normalised by ``num_items_in_batch``). A contrastive loss is a
-mean over the micro-batch's anchors, so the function scales it by this micro-batch's share of the
-counted label entries, ``B * L / num_items_in_batch`` (Trainer counts ``labels != -100`` over the
-accumulated micro-batches, and over processes when ``average_tokens_across_devices``, then multiplies
-by the process count): 1 / accumulation steps for equal micro-batches, as ``ContrastiveTrainer`` does.
-Use dense labels (``MultiLabelCollator``'s default) so Trainer can count them.
-
-The queue (``queue_size``): a MoCo-style queue of the last K keys joins the candidates in each loss paper's
-contrast set (``contrast_set`` / ``queue_warmup`` as ``ContrastiveTrainingArguments``; ``docs/losses.md``)::
-
-    ContrastiveLossFunc("msc", num_labels=L, embedding_dim=D, queue_size=4096)
-
-``compute_loss_func`` sees the model's outputs only, not the model or its inputs, so it cannot run a
-momentum encoder: the keys are the batch's own embeddings without gradient — the online encoder's, in
-the same forward pass (a cross-batch memory of past embeddings, Wang et al., CVPR 2020; a momentum of 0
-in MoCo's terms). That is ``ContrastiveTrainer`` with ``momentum=0`` on a model without dropout (its key
-encoder runs in eval mode); for the momentum encoder of the papers use ``ContrastiveTrainer`` or the
-sentence-transformers loss. The queue is used and filled in training (the loss computed with gradient);
-evaluation contrasts in-batch. It is not saved in Trainer's checkpoints: a resumed run starts with an
-empty queue.
-
-Losses with learnable parameters (``msc``'s prototypes) need those parameters in the optimizer: pass
-``optimizers=(torch.optim.AdamW([*model.parameters(), *loss_func.parameters()]), None)``, or use
-``hf_mlcl.ContrastiveTrainer``, which also adds MoCo queues, two-view training and GradCache. Under
-several processes their gradients are averaged over the processes (Trainer's DDP / FSDP / DeepSpeed
-wrapper owns the model only), so every process keeps the same parameters.
+References: cross-batch memory, Wang et al., CVPR 2020.
+Design: docs/design.md, "Losses in a plain Trainer (hf_mlcl/integrations/trainer.py)".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Label relations between two multi-hot label matrices, by matrix products.
 
-Every multi-label contrastive loss needs only a handful of set statistics between the label set S of an
-anchor and the label set T of a candidate:
+Intersections, sizes, unions, equality, Jaccard, MulSupCon's per-label counts, the R1-R5 relations, set
+similarities and the soft cosine, for dense or torch-sparse inputs; :class:`PairRelations` holds them for
+one contrast set, each computed on first use.
 
-* intersection size  abs(S & T)  = (Y_a @ Y_c^T)_{ia}
-* set sizes          abs(S), abs(T) = row sums
-* union size         abs(S | T)  = abs(S) + abs(T) - abs(S & T)
-* set equality       S == T      <=> abs(S & T) == abs(S) == abs(T)
-* Jaccard            abs(S & T) / abs(S | T)   (0 when both sets are empty)
-* per-label candidate counts n_l(i) (MulSupCon): how many candidates of anchor i carry label l
-* the Similarity-Dissimilarity paper's relations R1-R5 (Huang et al., sec. 2.3, eqs. 8-12)
-* set similarities (Jaccard, Dice, overlap, cosine: :func:`set_similarity`) and the soft cosine under an
-  (L, L) label-similarity matrix (:func:`soft_cosine`), the weights of ``label_similarity``
-
-All of them are computed with matrix products / row & column sums of the (N, L) and (M, L) multi-hot
-matrices, never with an (N, M, L) tensor or a per-label Python loop, and they work with dense
-(bool / int / float) and torch-sparse (COO or CSR) inputs. Sparse label matrices stay sparse; only the
-(N, M) pair statistics are dense. Counts are kept in float32 (exact for integers below 2**24) whatever
-the embedding dtype, and autocast is switched off by the caller (:mod:`hf_mlcl.losses.core`).
-:class:`PairRelations` holds them for one contrast set, each computed on first use: the losses read
-them through their :class:`~hf_mlcl.losses.core.ContrastContext`, ``hf-mlcl inspect`` directly.
+References: Huang et al. (Similarity-Dissimilarity loss), sec. 2.3, eqs. 8-12.
+Design: docs/design.md, "Label relations (hf_mlcl/labels/relations.py)".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Label statistics: the size of a label space, training-set class weights and per-(anchor, label) products.
 
-* :func:`resolve_num_labels` — the label count a dataset, a model, a loss and a queue must agree on, with
-  a ValueError naming the two sides of a mismatch;
-* :func:`ws_class_weights` — the *training-set* class weights of ws-MulSupCon (Lin & Chen, eqs. 6-7):
-  ``D̄_j = (D - d_j) / D`` for single-label anchors and ``C̄_j = M_j / C_j`` (reciprocal of the mean
-  comorbidity) for multi-label anchors, or the authors' public-code variant ``(M - m_j) / M``. Pure
-  function of a dense or torch-sparse (N, L) multi-hot matrix.
-* :class:`PairLabelView` — the *batch* products that need one value per (anchor i, label j in S_i)
-  pair, without an (N, M, L) tensor and without an (N, L) dense matrix when L is large (MIMIC-IV
-  ICD-10 has 25,230 labels). The label space is compacted to the U labels that occur in the anchors
-  (U <= nnz of the anchor labels), candidates keep only their entries in those U columns, and
+:func:`resolve_num_labels` (the label count every part agrees on), :func:`ws_class_weights` (ws-MulSupCon's
+training-set class weights) and :class:`PairLabelView` (per-(anchor, label) batch products without an
+(N, M, L) tensor).
 
-  - :meth:`PairLabelView.spread` computes ``sum_{j in S_i & T_a} q_ij`` for all (i, a) — an (N, M)
-    dense matrix — as ``Y_c[:, U] @ Q[:, U]^T`` (sparse x dense, cost nnz * N);
-  - :meth:`PairLabelView.collect` computes ``sum_a F_ia [j in T_a]`` at every anchor pair (i, j) —
-    the transpose product ``Y_c[:, U]^T @ F^T`` (cost nnz * N) gathered at the anchors' non-zeros.
-
-  Memory: O(N * M + N * U + nnz). When both matrices are dense and N * M * L is small (an in-batch
-  step in a label space of tens or hundreds of labels) the same products run densely over all L
-  columns instead: same values, without the fixed cost of building sparse matrices. The pairs are
-  then every (i, j) cell of the (N, L) grid, with a value of 0 off the anchors' labels (a fixed shape:
-  no ``nonzero``, so no host synchronisation on an accelerator).
+References: Lin & Chen (ws-MulSupCon), eqs. 6-7.
+Design: docs/design.md, "Label statistics (hf_mlcl/labels/statistics.py)".
 """
 
 from __future__ import annotations

@@ -1,42 +1,10 @@
 """The shared engine of every contrastive loss: a masked, weighted, numerically stable log-softmax.
 
-Every loss in the implemented papers has the form (the loss table in ``docs/losses.md`` of the repository;
-the papers are cited in each loss module)::
+:class:`ContrastiveLoss` is the base class (``forward``, ``components``, ``positives``); a loss builds its
+:class:`LossTerms` from the label relations of a :class:`ContrastContext`, and :func:`terms_loss` (the fused
+kernel) or :func:`weighted_contrastive_loss` (the general path) computes the loss.
 
-    loss_i = - [ sum_p W_ip * logp_ip  + c_i ] / norm_i
-    logp_ia = s_ia - log sum_{a in contrast(i)} d_ia * exp(s_ia),     s_ia = z_i . c_a / tau
-
-with candidates c = [in-batch embeddings; key embeddings]. The anchor itself is excluded from its own
-contrast set (keys never are: in MoCo mode the anchor's own momentum key is a positive). With
-``anchors_in_candidates=False`` the candidates are the keys only (c = keys; no anchor-anchor pair):
-the ``"keys"`` contrast set of MulSupCon / ws-MulSupCon / HBL (see :mod:`hf_mlcl.training.memory`). A loss module
-only builds :class:`LossTerms` — the positive weights ``W`` (N, M), optional denominator weights
-``d`` (passed as ``log d``), the per-anchor normaliser and (rarely) a constant ``c`` and a global
-reduction denominator — from the label relations in :class:`ContrastContext`
-(:mod:`hf_mlcl.labels.relations`). Memory is O(N * M) plus the label non-zeros; nothing is ever
-N x M x L.
-
-Numerics: computed in ``max(float32, input dtype)`` with autocast switched off, with a masked
-logsumexp (max-subtracted), so bf16 / fp16 inputs are upcast and float64 inputs stay float64
-(``torch.autograd.gradcheck`` works). Policy for degenerate anchors: an anchor with no positive (or an
-empty label set, or an empty contrast set) contributes nothing and is not counted; a batch with no
-valid anchor returns a zero that is still connected to the autograd graph (never NaN).
-
-Fast path: terms on the standard contrast set (every loss built from :class:`LossTerms`, msc and
-ws_mulsupcon's paper variant) run through one fused autograd kernel
-(:mod:`hf_mlcl.losses.fused`: normalisation, similarities, shifted exp, weighted sums and a
-closed-form backward), with the per-anchor validity, normaliser and reduction folded into one
-coefficient (:func:`terms_loss`); :func:`weighted_contrastive_loss` remains the general path (and
-the reference the tests compare the kernel with). The contrast masks, the normalised embeddings and
-the logits are built only when a loss asks for them, and the NaN / inf check of the embeddings moves
-to the kernel's scalar result (see :class:`ContrastContext`).
-
-Host reads: a forward reads no tensor value on the host (no device-to-host synchronisation on an
-accelerator) except for its input checks — label values 0/1 and finite embeddings — which
-``check_inputs`` turns off for inputs validated elsewhere (the trainers check the first batch, and
-the collator builds 0/1 labels). The named parts of a call (:meth:`ContrastiveLoss.components`) stay
-on the device as detached 0-d tensors; a caller converts them to floats when it logs. ``hf_mlcl.host_sync`` counts
-the host reads of a block of code (the tests hold every loss to zero with ``check_inputs`` off).
+Design: docs/design.md, "Loss engine (hf_mlcl/losses/core.py)".
 """
 
 from __future__ import annotations

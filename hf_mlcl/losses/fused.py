@@ -1,31 +1,9 @@
 """One fused autograd step for the weighted contrastive log-softmax: the engine's fast kernel.
 
-Every loss of the package reduces to (``docs/losses.md``, :mod:`hf_mlcl.losses.core`)::
+:func:`fused_contrastive_loss` computes ``sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] + const`` (optional
+L2 normalisation, keys and extra candidates such as ABALONE's prototypes) with a closed-form backward.
 
-    loss = sum_i coef_i * [ Wsum_i * LSE_i - sum_a W_ia s_ia ] + const
-    s_ia = z_i . c_a / tau,   LSE_i = log sum_{a in contrast(i)} d_a exp(s_ia),   Wsum_i = sum_a W_ia
-
-with candidates c = [anchors; keys] (the anchor's own in-batch column excluded), an optional block of
-extra candidates (ABALONE's label prototypes) with denominator weight 1 while the samples get
-``d = exp(log_d)`` (ABALONE's beta), positive weights W >= 0 that depend only on labels, and a
-per-anchor coefficient ``coef_i`` that already holds the validity mask, the per-anchor normaliser and
-the reduction denominator. The embeddings are optionally L2-normalised here, exactly as
-``F.normalize(x, dim=-1)`` (eps 1e-12).
-
-Since d/ds_ia of the bracket is ``Wsum_i * P_ia - W_ia`` with P the (d-weighted) softmax over the
-contrast set, the backward pass is written out in closed form: one division of the saved
-exponentials, the matrix products back to the (normalised) embeddings and the normalisation's
-Jacobian. Compared with autograd through the normalisation, the masked logsumexp, the masks, the
-weighted sum and the reductions, this removes a dozen (N, M) passes and their autograd nodes — the
-fixed per-call cost that dominates small in-batch batches — and keeps one (N, M) matrix alive
-instead of several.
-
-The weights must be 0 on the diagonal (the anchor's own column, outside its contrast set):
-:func:`hf_mlcl.losses.core.terms_loss` guarantees it for every loss built from ``LossTerms``. The result
-is differentiable once (``once_differentiable``): first-order gradients equal autograd's through the
-general path (:func:`hf_mlcl.losses.core.weighted_contrastive_loss`), which tests check in float64.
-Non-finite embeddings always make the loss non-finite here (every anchor's weighted sum runs over its
-whole row, 0 * NaN = NaN), which is what lets the caller check finiteness on the scalar afterwards.
+Design: docs/design.md, "Fused kernel (hf_mlcl/losses/fused.py)".
 """
 
 from __future__ import annotations

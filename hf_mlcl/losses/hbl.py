@@ -1,58 +1,13 @@
 """Hierarchical Boundary Learning (HBL): a structural regulariser wrapped around any contrastive loss.
 
-Paper: Chen, Lyu, Wang, Tang, "Learning Semantic Boundaries: An Adaptive Structural Loss for
-Multi-Label Contrastive Learning", Section III-D, eqs. (3)-(7). For anchor i, over its contrast set
-(in-batch samples except itself, plus keys / queue):
+:class:`HBLLoss` adds the margin terms L_rel / L_abs of the soft and hard positives (split at the median
+Jaccard, :func:`hbl_median_thresholds`, :func:`hbl_soft_positives`) to a base loss, behind a reliability
+gate. With ``lambda_scaling="eq7"`` the value returned is eq. (7) multiplied by N / P (eq. (7) = returned
+value * P / N).
 
-* positives P = candidates sharing a label, negatives N = candidates sharing none;
-  J_ia = abs(S & T) / abs(S or T) (Jaccard);
-* eq. (3): theta_i = median of J over P (numpy semantics: mean of the two middle values for an even
-  count); soft P_s = {J >= theta}, hard P_h = {J < theta};
-* eq. (4): L_rel = max(0, max_{P_h} sim - min_{P_s} sim + m_rel);
-* eq. (5): L_abs = max(0, max_{N} sim - min_{P_h} sim + m_abs)   (0 when N is empty);
-* eq. (6): L_HBL_i = L_rel + gamma * L_abs when abs(P) >= k_min and P_s, P_h are both non-empty,
-  else 0 (the reliability gate);
-* eq. (7): L_total = base + lambda * (1/N) sum_i L_HBL_i (mean over all N anchors).
-
-The reliability gate (a documented choice): the text opens it when "the total number of positive
-samples abs(P(i)) exceeds k_min", eq. (6) as printed tests abs(P_s(i)) >= k_min and, in its second
-line, abs(P_s) > 0 and abs(P_h) > 0. We gate on **abs(P(i)) >= k_min** (the quantity the text names,
-with the printed ">=") **and** P_s, P_h both non-empty (without both there is no L_rel). Since the
-positives are candidates, an anchor can open the gate only when its contrast set holds at least k_min
-candidates: with the default k_min = 128 and no queue, a batch of 128 or fewer never opens it and HBL
-adds exactly zero, and computes nothing for it (the contrast set's size is known from the shapes, so no
-value is read to know it) — the ContrastiveTrainer warns once at construction when batch + queue cannot reach
-k_min (:func:`hf_mlcl.training.memory.max_candidates`).
-
-Weight of the structural term against the base (``lambda_scaling``; eq. 7 vs the code it builds on):
-eq. (7) adds lambda * L_HBL_i to L_Con_i averaged over the N anchors, where L_Con_i (MulSupCon) *sums*
-over the anchor's labels. Our ``mulsupcon`` base averages over (anchor, label) pairs (its official
-code's reduction), so the same lambda weighs HBL about mean abs(y) times more than eq. (7) does.
-
-* ``"base"`` (default): total = base + lambda * mean_i L_HBL_i, lambda relative to the base loss as
-  the base reports it. Default because HBL "is implemented as an auxiliary structural loss built upon
-  MulSupCon" (Sec. IV-A 4): added to the MulSupCon code's loss, whose reduction is per (anchor, label)
-  pair, which is the loss the paper's lambda search space {0.001, ..., 1.0} was tuned against.
-* ``"eq7"``: eq. (7)'s balance, at the base loss's scale: total = base + lambda * (N / P) * mean_i L_HBL_i,
-  with P the base's reduction denominator (``label_pairs``: (anchor, label) pairs, or sum_i abs(y_i)).
-  With base = (1/P) sum_i L_Con_i, eq. (7) reads (1/N) sum_i (L_Con_i + lambda L_HBL_i)
-  = (P / N) * base + lambda * mean_i L_HBL_i, so the value returned is **eq. (7) multiplied by N / P**
-  (equivalently, eq. (7) = returned value * P / N): eq. (7)'s balance between the two terms, kept on
-  the base loss's per-pair scale. Only bases that average over (anchor, label) pairs expose
-  ``label_pairs`` (``mulsupcon``); for any other base both settings are identical.
-
-sim is the cosine similarity (embeddings L2-normalised for this term whatever ``normalize`` says).
-Defaults are from the paper's search space: lambda 0.01, gamma 0.8, m_rel 0.1, m_abs 0.3, k_min 128.
-
-Vectorised: the medians of the variable-size positive sets come, on CPU when the label sets are
-small, from one histogram of the exact Jaccard fractions per row (:func:`hbl_soft_positives`),
-otherwise from one row-wise ``kthvalue`` selection with a common rank
-(:func:`hbl_median_thresholds`); never a sort. The four extreme
-similarities are masked max / min over the (N, M) similarity matrix. The arg-extremes are found without autograd
-and only the <= 4 selected pairs per gated anchor are re-evaluated with gradient (the same
-sub-gradient as differentiating through max / min), so HBL adds no (N, M) backward pass. When the
-base is a :class:`~hf_mlcl.losses.core.ContrastiveLoss` with ``normalize=True`` the base's
-context is reused (one label-intersection product, one similarity product for both terms).
+References: Chen, Lyu, Wang, Tang, "Learning Semantic Boundaries: An Adaptive Structural Loss for
+Multi-Label Contrastive Learning", Section III-D, eqs. (3)-(7).
+Design: docs/design.md, "HBL structural loss (hf_mlcl/losses/hbl.py)".
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Label similarity between an anchor's label set S and a candidate's T: the positive weights W of the
 weighted SupCon family (``jaccard`` / L_Base and ``sd``), chosen with their ``label_similarity`` option.
 
-Choices (all built from the (N, L) and (M, L) multi-hot matrices by matrix products, dense or sparse,
-never an (N, M, L) tensor; 0 for an empty set):
+:func:`resolve_label_similarity`, :func:`label_similarity_weights` and the :class:`LabelSimilarityOption`
+mixin: ``"jaccard"``, ``"dice"``, ``"overlap"``, ``"cosine"``, a callable, or an (L, L) matrix (soft cosine).
 
-* ``"jaccard"``: abs(S & T) / abs(S | T) (Jaccard 1912). The weight of L_Base (Audibert et al.,
-  ECML-PKDD 2024, sec. 3.1) and of Lin et al.'s JSCL (2023); HBL splits its positives by it.
-* ``"dice"``: 2 abs(S & T) / (abs(S) + abs(T)) (Sorensen-Dice; Dice 1945, Sorensen 1948). A monotone
-  function of Jaccard (D = 2J / (1 + J)) that weighs partial overlaps more.
-* ``"overlap"``: abs(S & T) / min(abs(S), abs(T)) (Szymkiewicz-Simpson overlap coefficient, Simpson
-  1943): 1 whenever one label set contains the other, so a document tagged with a subset of the
-  anchor's labels is a full positive.
-* ``"cosine"``: abs(S & T) / sqrt(abs(S) abs(T)) (Ochiai 1957), the cosine of the two multi-hot vectors:
-  the label-space twin of the embeddings' cosine similarity.
-* a callable ``fn(S, T) -> (N, M)``: any vectorised similarity of the anchors' label matrix S (N, L) and
-  the candidates' T (M, L), as the loss holds them (float32 dense, or torch-sparse COO for large
-  sparse label spaces); it must return non-negative finite weights.
-* an (L, L) label-similarity matrix A (a tensor or array, or the path of a ``.npy`` / ``.safetensors``
-  file holding one): the soft cosine measure (Sidorov et al., "Soft Similarity and Soft Cosine Measure",
-  Computacion y Sistemas 2014)
-  W = y_S^T A y_T / sqrt((y_S^T A y_S)(y_T^T A y_T)), computed as the products Y_a A Y_c^T, so related
-  labels (A_lm > 0 for l != m: siblings of a hierarchy, label names with close embeddings) make soft
-  positives of candidates that share no label with the anchor. A must be non-negative, symmetric,
-  with a unit diagonal; A = I gives ``"cosine"``. W <= 1 when A is positive semi-definite (a Gram
-  matrix of unit label-name embeddings, say); otherwise it may exceed 1, which the losses accept.
-
-With a set similarity the positives are the candidates sharing a label (W > 0 exactly there); with a
-callable or a matrix they are the candidates with W > 0. The anchor's own column is never a positive.
+References: soft cosine measure, Sidorov et al. 2014.
+Design: docs/design.md, "Label similarities (hf_mlcl/losses/label_similarity.py)".
 """
 
 from __future__ import annotations

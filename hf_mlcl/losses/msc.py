@@ -1,42 +1,11 @@
 """ABALONE's balanced Multi-label Supervised Contrastive loss L_MSC with learnable label prototypes.
 
-Paper: "Exploring Contrastive Learning for Long-Tailed Multi-Label Text Classification" (ABALONE),
-Section 3.3, eqs. (1)-(5). For anchor i with label set S = Delta(z_i) (eq. 3)::
+:class:`MSCLoss`: per-label positives (samples and the label's prototype) with overlap weights f and the
+normaliser N(i, j), samples down-weighted by beta in the denominator; ``alpha`` from the authors' code.
 
-    l(z_i) = -1/abs(S) sum_{j in S} 1/N(i,j) sum_{z_l in P(j,i) u {c_j}} f(z_i,z_l) log p_il
-    p_il   = exp(z_i.z_l/tau) / sum_{z_k in H u C minus z_i} g_i(z_k, beta) exp(z_i.z_k/tau)
-
-* H = in-batch samples (self excluded) + the queue of keys from *previous* batches (never excluded);
-  in MoCo mode the trainer's default ``contrast_set="queries+queue"`` passes only the queue as keys
-  (the current batch's keys are not candidates); C = the L prototypes c_j,
-  nn.Parameter (L, D) L2-normalised before use;
-* g (eq. 1) = 1 for prototypes, beta (default 0.1) for every sample;
-* f (eq. 4) = 1 for the prototype, 1/abs(S or T) for a sample; N(i,j) (eq. 5) = 1 + sum of f over
-  the samples carrying j;
-* L_MSC = mean of l(z_i) over anchors (eq. 2); anchors with an empty label set are skipped (they
-  have no positive, not even a prototype).
-
-``alpha`` (the authors' released code, not in the paper): a factor on the sample positives'
-attraction. Their code builds the sample weights as alpha * f(z_i, z_l) and the normaliser from the
-same weights, N_alpha(i,j) = 1 + alpha * sum of f over the samples carrying j, so
-
-    l(z_i) = -1/abs(S) sum_{j in S} 1/N_alpha(i,j) [ sum_{z_l in P(j,i)} alpha f(z_i,z_l) log p_il + log p_ic_j ]
-
-with the denominator of p (samples with g = beta, prototypes with 1) unchanged. alpha = 1 is the
-paper's eq. (3)-(5) exactly (the default); alpha = 0 is prototype-only attraction (N = 1: each label
-of the anchor pulls it towards its prototype alone, the samples are only repelled), what the
-authors' released NLP configuration uses. In between, the samples' share of the attraction shrinks
-while each label's weights still sum to 1, so the per-anchor weights sum to abs(S) for every alpha.
-
-Vectorised: with R_ij = 1/N(i,j) on the anchors' label pattern, the sample weights are
-W_il = f_il * sum_{j in S_i & T_l} R_ij (one sparse x dense product, :class:`PairLabelView`), the
-prototype weights are R_ij themselves, and, since sum_l W_il + sum_j R_ij = abs(S_i),
-l(z_i) = [ abs(S_i) * LSE_i - sum_l W_il s_il - sum_j R_ij s_ij^proto ] / abs(S_i) with
-LSE_i = logaddexp(log beta + logsumexp_samples, logsumexp_prototypes) (with ``alpha``, f is alpha * f
-throughout: R_ij = 1 / N_alpha(i,j) and the identity still holds). The weights depend only on
-labels (no gradient); gradients reach the embeddings, keys (if they require grad) and prototypes.
-Cost: the (N, M) sample product plus the (N, L) prototype product (the paper's denominator sums
-over all L prototypes — inherent to the loss, and dominant when L is in the tens of thousands).
+References: "Exploring Contrastive Learning for Long-Tailed Multi-Label Text Classification" (ABALONE),
+Section 3.3, eqs. (1)-(5).
+Design: docs/design.md, "ABALONE's MSC loss (hf_mlcl/losses/msc.py)".
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """MulSupCon (Zhang & Wu, AAAI 2024): one SupCon term per (anchor, label) pair.
 
-Paper: Zhang & Wu, "Multi-Label Supervised Contrastive Learning" (AAAI 2024); restated as eq. (5)-(7)
-of the Similarity-Dissimilarity paper. Registered as ``"mulsupcon"``.
+:class:`MulSupConLoss`, registered as ``"mulsupcon"``, with the official code's ``normalizer="pairs"``
+(default) or eq. (7)'s ``"labels"``.
 
-For each anchor i and each label l in S_i the positive set is P_l(i) = {p in contrast(i): l in T_p}
-with n_l(i) = abs(P_l(i)); the (i, l) term is -1/n_l(i) sum_{p in P_l(i)} log p_ip with the ordinary
-softmax denominator over the whole contrast set.
-
-Normaliser (``normalizer``; the paper and the official code differ):
-
-* ``"pairs"`` (default): the total over (anchor, label) pairs divided by the number of pairs with
-  n_l(i) >= 1 — the official code (``codes/losses.py`` of williamzhangsjtu/MulSupCon averages the
-  rows of its (anchor, label) matrix that have a positive) and docs/losses.md: a pair that
-  cannot contribute does not dilute the loss;
-* ``"labels"``: eq. (7) as printed, the total divided by sum_i abs(y_i) over all anchors (pairs
-  without a positive count in the denominator and contribute 0).
-
-The two agree whenever every (anchor, label) pair has a positive — always in the paper's MoCo
-setting (``contrast_set="keys"``), where the anchor's own momentum key carries every label of the
-anchor — and differ in batch mode, where a label carried by no other in-batch sample has no positive.
-
-Vectorised without an (N, M, L) tensor: sum_l sum_{p in P_l(i)} log p_ip / n_l(i) = sum_p W_ip log p_ip
-with W_ip = sum_{l in S_i & T_p} 1/n_l(i) = ((Y_i * 1/n(i)) @ Y_c^T)_ip, n(i) = Y_i * (colsum(Y_c) - Y_i)
-(self excluded when the anchors are candidates); see
-:func:`hf_mlcl.labels.relations.inverse_count_weights`. Sparse labels stay sparse.
+References: Zhang & Wu, "Multi-Label Supervised Contrastive Learning" (AAAI 2024); eqs. (5)-(7) of the
+Similarity-Dissimilarity paper.
+Design: docs/design.md, "MulSupCon (hf_mlcl/losses/mulsupcon.py)".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Similarity-Dissimilarity loss (Huang et al.): ANY positives re-weighted by K^s K^d.
 
-Paper: "Similarity-Dissimilarity Loss for Multi-label Supervised Contrastive Learning", Section 2.4,
-eq. (13) (loss), eq. (14) K^s = abs(S & T) / abs(S), eq. (15) K^d = 1 / (1 + abs(T minus S)),
-Theorems 1-5 (Section 2.6) on the factor K^s K^d. Registered as ``"similarity_dissimilarity"``
-(alias ``"sd"``).
+:class:`SimilarityDissimilarityLoss` (registered as ``"similarity_dissimilarity"``, alias ``"sd"``) and
+:func:`similarity_dissimilarity_weights`; ``weight_in_log`` and ``label_similarity`` are its options.
 
-* positives of anchor i: candidates with S_i & T_p non-empty (as ANY, eq. 2);
-* weight: K^s_ip K^d_ip in (0, 1] (1 exactly when T_p == S_i, eq. 17);
-* per-anchor normaliser: number of positives abs(P(i)) (eq. 13's 1/abs(P(i)));
-* reduction: mean over anchors with at least one positive.
-
-``weight_in_log`` chooses how eq. (13) is read:
-
-* ``False`` (default): the factor multiplies the log-probability,
-  loss_i = -1/abs(P(i)) sum_p K^s K^d log p_ip (what the only public re-implementation does);
-* ``True``: eq. (13) literally, the factor inside the log: -1/abs(P(i)) sum_p [log(K^s K^d) + log p_ip].
-  log(K^s K^d) depends only on labels, so the gradient equals ANY's exactly and only the value differs.
-
-``label_similarity`` (default ``"sd"``, the paper's K^s K^d) puts another label similarity in the
-factor's place: ``"jaccard"``, ``"dice"``, ``"overlap"``, ``"cosine"``, a callable or an (L, L)
-label-similarity matrix (:mod:`hf_mlcl.losses.label_similarity`); the positives are then the candidates
-with a non-zero weight and the normaliser their number.
+References: "Similarity-Dissimilarity Loss for Multi-label Supervised Contrastive Learning", Section 2.4,
+eqs. (13)-(15), Theorems 1-5 (Section 2.6).
+Design: docs/design.md, "Similarity-Dissimilarity loss (hf_mlcl/losses/similarity_dissimilarity.py)".
 """
 
 from __future__ import annotations

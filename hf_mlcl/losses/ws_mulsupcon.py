@@ -1,54 +1,11 @@
 """ws-MulSupCon: weighted stratification in multi-label contrastive learning (Lin & Chen).
 
-Paper: "Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed Medical Image
-Classification", Section 2.2, eqs. (2)-(9). Anchors and candidates are stratified by label-set size:
-single-label (abs(y) = 1), multi-label (abs(y) >= 2) and healthy (abs(y) = 0). For an anchor i and
-each of its labels j, the positives are split by the candidate's stratum,
-P_s = {a != i : abs(T_a) = 1, j in T_a} and P_m = {a != i : abs(T_a) >= 2, j in T_a}; healthy
-candidates are never disease positives but stay in every denominator. With
-logp_ia = s_ia - log sum_{a in contrast(i)} exp(s_ia) and the IoU weight W_ia = abs(S&T)/abs(S or T):
+:class:`WSMulSupConLoss`: IoU- and class-weighted MulSupCon terms per stratum (single-label, multi-label,
+healthy), the paper's eq. (9) by default or the authors' public code with ``authors_code=True``.
 
-* eq. (6)  L_ws = 1/P_single * sum_{i single} [ -1/abs(P_s) sum_{P_s} D̄_j W logp - 1/abs(P_m) sum_{P_m} D̄_j W logp ]
-* eq. (7)  L_wm = 1/P_multi  * sum_{i multi} sum_{j in S_i} [ same with C̄_j ]
-* eq. (8)  L_h  = 1/abs(H) sum_{i healthy} -1/abs(P_h) sum_{a healthy, a != i} logp_ia
-* eq. (9)  L = (1 - lambda)(L_ws + L_wm) + lambda L_h,  lambda = 0.7 (paper, CXR-14).
-
-Eq. (9) is applied literally in every batch: in a batch without a (valid) healthy anchor L_h = 0 and
-the whole disease loss is still scaled by 1 - lambda (0.3 with the default), so such batches take
-steps 1 - lambda times smaller than the plain disease loss would. The authors' public code sums the
-disease terms plainly in those batches (``authors_code=True`` below). We keep the equation as the
-default: it keeps the loss one function of the batch (no jump of 1/(1 - lambda) in scale when a
-healthy anchor appears); with an adaptive optimiser the constant factor matters little.
-
-In MoCo mode the trainer's default contrast set is ``"keys"`` (eq. 1: A = f_m(B) u Q, s = z_q . z_k):
-the anchors are the online queries and the candidates the current momentum keys (an anchor's own key
-is a positive) plus the queue, with no query-query pairs (:mod:`hf_mlcl.training.memory`).
-
-Class weights D̄_j = (D - d_j)/D and C̄_j = M_j / C_j come from the *training set*
-(:func:`hf_mlcl.labels.statistics.ws_class_weights`): call :meth:`set_label_statistics` once
-before training (the trainer does it when ``requires_label_statistics`` is True).
-
-Normalisers (documented choice): P_single / P_multi = the number of (anchor, label) pairs of the stratum
-that have at least one positive (P_s or P_m non-empty) — equal to the paper's sum of abs(y) whenever
-every label has a positive (always true in MoCo mode, where the anchor's own momentum key is one);
-pairs / anchors without any positive contribute nothing and are not counted (never NaN). abs(H)
-counts healthy anchors with at least one healthy positive. A term whose stratum is absent is 0.
-
-``authors_code=True`` reproduces the authors' public implementation (repository xup6YJ/ws-MulSupCon,
-``generate_output_MulSupCon_iwash`` + ``WeightedSupCon_sm_IoU_s`` + ``pretrain.py``), which differs:
-
-* one softmax per candidate stratum: the "single" softmax runs over candidates with abs(T) <= 1
-  (healthy included), the "multi" softmax over abs(T) >= 2 plus healthy; healthy anchors use the
-  softmax over all candidates;
-* four terms s2s, s2m, m2s, m2m, each averaged over its own (anchor, label) rows that have a positive
-  in that candidate stratum;
-* C̄_j = (M - m_j)/M with m_j the multi-label training cases containing j, M = sum_j m_j;
-* total = (1 - lambda)(s2s + s2m + m2s + m2m) + lambda L_h when the batch has a healthy anchor (with a
-  healthy positive), else the plain sum of the four terms.
-
-Vectorised with matrix products (:class:`~hf_mlcl.labels.statistics.PairLabelView`): per-pair
-coefficients q_ij = w_j / abs(P_stratum(i, j)) are spread to (N, M) by one sparse x dense product per
-candidate stratum; nothing is N x M x L.
+References: Lin & Chen, "Weighted Stratification in Multi-Label Contrastive Learning for Long-Tailed
+Medical Image Classification", Section 2.2, eqs. (2)-(9).
+Design: docs/design.md, "ws-MulSupCon (hf_mlcl/losses/ws_mulsupcon.py)".
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
-"""The output folder of a stage: checks before a run writes, complete-or-absent checkpoints, the resume choice,
-and the contrastive trainer's extra state file.
+"""The output folder of a stage: checks before a run writes, complete-or-absent checkpoints, the resume
+choice, and the contrastive trainer's extra state file.
 
-**Before any long work**: :func:`check_launch` refuses a launch that would not form a working process group
-(several CPU processes without ``--use_cpu true``, a process ``accelerate launch --cpu`` started alone) or
-would not get the DeepSpeed / FSDP engine it asks for (:func:`hf_mlcl.training.launch.launch_problem`);
-:func:`check_output_dir` stops a new run into a folder that holds files unless it overwrites or resumes.
-It only checks: the old run's checkpoints go in :func:`remove_previous_checkpoints`, called by the stages
-(:mod:`hf_mlcl.training.stages`) once the data, the model and the batch size have passed their checks, so a
-typo in the new run's inputs never costs the old run's checkpoints. :func:`stage_finished`: a stage folder
-whose final save, metrics and card are all written.
+:func:`check_launch`, :func:`check_output_dir` and :class:`InputError` check before any long work;
+:class:`CompleteCheckpointsMixin` and :func:`resolve_resume` keep and pick complete checkpoints;
+:func:`save_state_file` / :func:`load_state_file` store the trainer's extra state as safetensors.
 
-:class:`InputError` is the ValueError of a check that every process of a launch runs on the same inputs
-(the output folder, the batch size against the train rows): ``hf-mlcl`` prints it once per node, on the
-node's main process, instead of once per process.
-
-**Complete-or-absent checkpoints.** ``transformers.Trainer`` writes ``checkpoint-<step>`` in place
-(weights, optimizer, scheduler, RNG, ``trainer_state.json``) and our trainers add their own files after
-it (the contrastive trainer's state file, below). A process killed half-way (``kill -9``, OOM,
-pre-emption) leaves a folder that *looks* like the newest checkpoint, and ``resume_from_checkpoint=True``
-(``transformers.trainer_utils.get_last_checkpoint``) would pick it and fail, or worse resume from
-half-written state. :class:`CompleteCheckpointsMixin` writes a ``.saving`` marker into the folder before
-anything else and removes it only after every file (and every rank) is done, so
-
-* a checkpoint is *complete* when it has ``trainer_state.json`` and no ``.saving`` marker
-  (checkpoints written before this marker existed count as complete when they hold
-  ``trainer_state.json``, which the Trainer writes after the weights and optimizer);
-* :func:`resolve_resume` turns ``True`` / ``"true"`` into the newest checkpoint complete on every process
-  (node-local folders of a multi-node run may differ), removes the incomplete ones (and the temp files and
-  ``.checkpoint-N.tmp-*`` folders left by interrupted atomic writes) on the process that writes the folder,
-  says which checkpoint it resumes from, and starts fresh (``None``) when the folder holds no checkpoint
-  yet, so ``hf-mlcl run --resume_from_checkpoint true`` can resume whichever stage was interrupted;
-* old checkpoints are rotated (``save_total_limit``) by step once the new one is complete, and the loss
-  is logged at every save, so a resumed run's ``train_loss`` covers every step of the run
-  (:func:`whole_run_train_loss`), not only those after the resume.
-
-**The contrastive trainer's extra state** (loss parameters, momentum encoder, queue) is stored as
-safetensors, without pickle, so resuming from a checkpoint someone else wrote never runs their code. A
-state is a nested dict of tensors and plain JSON values (``{"loss": {...}, "queue": {"ptr": 3,
-"embeddings": tensor, ...}}``). :func:`save_state_file` writes every tensor into one safetensors file
-under its path joined with ``/`` and keeps the tree (with the plain values) as JSON in the file's
-metadata; :func:`load_state_file` rebuilds the same dict. Checkpoints written before this format
-(``mlcl_trainer_state.pt``) are still read, with ``torch.load(weights_only=True)`` (tensors and
-primitive containers only, no arbitrary objects).
+Design: docs/design.md, "Output folders and checkpoints (hf_mlcl/training/checkpoints.py)".
 """
 
 from __future__ import annotations

@@ -1,41 +1,10 @@
 """Frozen pooled features: computed once, held in memory for a cached linear probe, kept on disk across runs.
 
-:class:`FrozenFeatures` is the service a frozen-encoder probe uses: one encoder pass per dataset, or the
-file a run with the same encoder left (below).
+:class:`FrozenFeatures` is the service a frozen-encoder probe uses; :class:`PooledFeatureDataset` and
+:class:`PooledFeatureCollator` feed the cached features to Trainer; :class:`FeatureStore` keeps them on disk
+under a key of what the encoder computes from.
 
-**In memory.** A linear probe (Khosla et al. 2020, Sec. 4: the encoder frozen, a linear layer trained on
-its representation) never changes the encoder's outputs, and the frozen encoder runs in eval mode (no
-dropout), so every text's pooled representation is the same in every epoch. ``ProbingTrainer`` with
-``cache_features`` computes them once per dataset and hands Trainer a :class:`PooledFeatureDataset`
-instead of the texts; :class:`PooledFeatureCollator` batches its rows as ``{"pooled_features": (B, H),
-"labels": multi-hot (B, L)}``, which ``MLCLForMultiLabelClassification.forward(pooled_features=...)``
-turns into logits through the same dropout + linear head as the text path. Labels are kept as id lists
-(CSR arrays), so a large label space (MIMIC-IV: 25,230 codes) never becomes a documents x labels matrix.
-
-**On disk** (:class:`FeatureStore`): one file per (encoder, tokenised dataset), reused across runs. The
-features one probe computed are the features the next probe of the same encoder needs: ABALONE's
-per-label logistic regressions and the SD paper's linear layer on one stage-1 encoder, a C grid, a second
-learning rate of the head. With ``ProbingTrainingArguments.feature_cache_dir`` the
-:class:`~hf_mlcl.training.ProbingTrainer` saves each split's :class:`PooledFeatureDataset` there and later
-runs load it instead of running the encoder.
-
-The key is what the encoder computes from, never a name or a path (a re-trained encoder saved to the
-same folder must not hit): SHA-256 over
-
-* the encoder's weights (:meth:`FeatureStore.encoder_digest`: every tensor of its ``state_dict``, names,
-  dtypes, shapes and bytes) and its architecture (class and config, without names and paths);
-* ``settings``: what else shapes the pass (``ProbingTrainer`` passes the pooling, the segmentation and
-  segment length, the attention implementation and the run's bf16 / fp16 flags);
-* every row's token ids and token type ids without their padding, the rows' lengths and, for a row
-  padded on the left, where its tokens start (so right-padded rows give the same key for any eval
-  batch size; the tokenizer, ``max_length`` and the texts always count), and its label ids.
-
-Anything left out can only cost a miss, never a wrong hit, if it changes the token ids or the weights;
-the settings above are the known inputs of the pass that change neither. The token ids come from the
-trainer's own collator over the dataset in order, one cheap tokenisation pass, against an encoder pass
-on a miss. Files are written atomically (:func:`hf_mlcl.files.atomic_path`), so a killed run never
-leaves a partial file under a key; a file that cannot be read is reported and computed again, and a
-file that cannot be written is reported and skipped (the features are derived data).
+Design: docs/design.md, "Frozen features (hf_mlcl/training/features.py)".
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """GradCache: contrastive batches far larger than what fits in accelerator memory.
 
-Gao et al., "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup" (RepL4NLP 2021),
-Sec. 3: the loss L(f(x_1), ..., f(x_N)) couples all samples only through their embeddings z = f(x), so
+:func:`gradcache_backward` encodes in chunks without graphs, caches the loss's gradient to the embeddings
+and re-encodes each chunk with its graph (same RNG state); :func:`slice_batch` / :func:`split_inputs` slice
+batch dicts by rows.
 
-    dL/dtheta = sum_i (dL/dz_i) . (dz_i/dtheta)                                    (eq. 5)
-
-is computed in three passes:
-
-1. encode the batch in chunks **without** building graphs, storing each chunk's RNG state;
-2. compute the loss on the concatenated (detached, ``requires_grad``) embeddings and backpropagate it
-   to the embeddings only (the gradient cache dL/dz, plus the gradients of any learnable loss
-   parameters such as ABALONE's prototypes);
-3. re-encode each chunk **with** its graph, replaying the stored RNG state so that dropout draws the
-   same masks as in pass 1, and backpropagate the cached dL/dz_chunk into the parameters.
-
-Peak activation memory is one chunk's graph instead of the whole batch's; the result equals the
-direct computation (encode the same chunks with graphs, concatenate, loss, backward) up to float
-round-off, dropout included, because step 3 replays step 1's random numbers exactly.
-
-The row slicing of batch dicts it needs (dense and torch-sparse tensors: :func:`slice_batch`) also splits a
-two-view batch into its views (``ContrastiveTrainer``).
+References: Gao et al., "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup"
+(RepL4NLP 2021), Sec. 3, eq. 5.
+Design: docs/design.md, "GradCache (hf_mlcl/training/gradcache.py)".
 """
 
 from __future__ import annotations

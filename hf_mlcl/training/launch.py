@@ -1,38 +1,10 @@
-"""The launch: what ``accelerate launch`` (torchrun) asked for, whether the run got it, and one failing process
-stopping every process of it.
+"""The launch: what ``accelerate launch`` (torchrun) asked for, whether the run got it, and one failing
+process stopping every process of it.
 
-**The engine** (DeepSpeed, FSDP). accelerate can train something other than what the launch asked for,
-with exit status 0:
+:func:`launch_problem`, :func:`check_engine_applied` and :class:`EngineCheckCallback` check the DeepSpeed /
+FSDP engine; :class:`LaunchFailures` stops every process of a launch when one fails, naming it.
 
-* with ``use_cpu=True`` in the TrainingArguments it applies neither DeepSpeed nor FSDP (plain DDP);
-* it applies FSDP only to GPU processes (``AcceleratorState`` switches to FSDP from the GPU-type
-  distributed types only), so an FSDP launch on a machine without GPU trains plain DDP.
-
-:func:`launch_problem` names such a launch from the arguments and the environment alone (the CLI calls it
-before loading anything, :func:`hf_mlcl.training.checkpoints.check_launch`); :func:`check_engine_applied`
-compares the request with what the trainer's accelerator set up (both trainers call it when built), and
-:class:`EngineCheckCallback` checks the prepared model when training starts. DeepSpeed runs on CPU (its
-CPU accelerator over gloo): one process as is, several with ``ddp_backend: gloo`` (accelerate picks no
-backend for DeepSpeed on a machine without GPU and would count one process).
-
-**A failing process.** Under ``accelerate launch`` (torchrun) the processes of a run learn of a peer's end
-only through the process group. A peer that fails before the group is formed (a recipe or data file
-missing on one node) leaves the others waiting in ``init_process_group`` until its timeout (30 minutes);
-one that fails later shows on the others as a gloo "Connection closed by peer" traceback that does not say
-what went wrong.
-
-:class:`LaunchFailures` uses the store that torchrun's agents already run for the launch (``MASTER_ADDR``
-: ``MASTER_PORT`` with ``TORCHELASTIC_USE_AGENT_STORE``; it lives as long as the main node's launcher,
-before, during and after the process group): a failing process writes its one-line error under a key of
-this launch (:meth:`LaunchFailures.announce`, the first failure is kept); a watcher thread in every
-process polls that key and, once a peer has set it, prints the error naming the failed process (once per
-node) and ends its own process at once (``os._exit``: a process blocked inside a collective or in
-``init_process_group`` cannot raise), so every node's launcher sees its workers end and exits. A process
-that fails by itself meanwhile (the gloo error of the peer's lost connection) reports the peer's error
-instead of its own consequence (:meth:`LaunchFailures.peer_failure`). Outside a torchrun launch of several
-processes every method does nothing.
-
-The module needs only the standard library, torch, transformers and accelerate, never the rest of hf_mlcl.
+Design: docs/design.md, "Launch checks (hf_mlcl/training/launch.py)".
 """
 
 from __future__ import annotations

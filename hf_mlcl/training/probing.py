@@ -1,32 +1,11 @@
 """`ProbingTrainer`: stage 2, a multi-label head on a (frozen or fine-tuned) encoder.
 
-Protocol (Khosla et al. 2020; the SD-loss and ABALONE papers): drop the projection head of the
-contrastive encoder, put a linear multi-label head on the pooled representation and
+:class:`ProbingTrainer` trains the head (``probe="linear"`` on cached frozen features, ``"finetune"``, or
+``"logistic"``: per-label logistic regressions folded into the head), tunes the decision threshold on
+validation and reports the test metrics.
 
-* ``probe="linear"``: freeze the encoder (it also stays in eval mode: no dropout) and train the head.
-  Its outputs then never change, so by default (``cache_features``) every train / eval text is encoded
-  once and the head is trained and evaluated on the cached pooled features through the usual Trainer
-  loop (optimizer, scheduler, accumulation, evaluation, early stopping, checkpoints; the features are
-  recomputed on resume, never saved) — the same head and metrics as encoding every epoch, at the cost
-  of one encoder pass per dataset. The ``label_attention`` head needs token states and is never cached;
-* ``probe="finetune"``: train encoder and head together (also the plain BCE baseline on a raw
-  backbone, without any contrastive stage);
-* ``probe="logistic"``: cache the frozen pooled embeddings once and fit scikit-learn logistic
-  regressions, one per label (:func:`hf_mlcl.evaluation.logistic.fit_logistic_probe`: Audibert et al.,
-  ABALONE, App. "Details evaluating representation space"). The fitted weights are folded into the
-  linear head, so the saved classifier is the same Hub-loadable model as for the other probes.
-
-The head is trained with ``get_loss(args.loss, **args.loss_kwargs)`` (bce / focal / asymmetric / zlpr),
-fully computed in ``compute_loss`` (``accepts_loss_kwargs = False`` on the model and
-``loss_is_scaled_for_ga = False`` here: the per-micro-batch mean is divided by the accumulation
-steps by Trainer, so accumulation averages micro-batch gradients — exact for these per-sample losses
-when micro-batches have equal size). The decision threshold is tuned on validation (``global``: one
-threshold maximising micro-F1, Edin et al. 2023; ``per_label``; or a fixed float) and the test metrics
-of ``hf_mlcl.evaluation.compute_multilabel_metrics`` are reported with it.
-
-The frozen features come from :class:`~hf_mlcl.training.features.FrozenFeatures` (one encoder pass per
-dataset, or the files of ``feature_cache_dir``); the checks and plumbing both trainers share from
-:class:`~hf_mlcl.training.base.MultiLabelTrainer`.
+References: Khosla et al. 2020; ABALONE (Audibert et al.); threshold tuning, Edin et al. 2023.
+Design: docs/design.md, "Probing stage (hf_mlcl/training/probing.py)".
 """
 
 from __future__ import annotations

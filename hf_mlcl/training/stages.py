@@ -1,34 +1,10 @@
 """The two-stage flow, one path for the command line, the demo and the study: data to saved models.
 
-* :func:`load_run_data`: the dataset of a run, loaded once (``load_mlc_dataset`` with the ``max_*_samples``
-  caps), with its label names and provenance notes (:class:`RunData`); every stage of the run takes it;
-* :func:`train_contrastive` (stage 1) and :func:`train_probe` (stage 2): tokenizer -> model -> trainer ->
-  train -> evaluate -> save into ``args.output_dir``, each returning a :class:`StageResult` (metrics,
-  label names, data notes, the trainer and, for the probe, the validation / test scores it computed);
-* :func:`run_contrastive_stage` / :func:`run_probe_stage`: a stage with its model card
-  (:class:`~hf_mlcl.hub.ModelCardCallback`), written by the process that writes the stage's folder
-  (``TrainingArguments.should_save``: the global main process, or each node's main process with
-  ``save_on_each_node``), the stage's ``checkpoint-*`` folders removed then (unless ``keep_checkpoints``),
-  then a barrier, so no rank reads a stage's folder before it is complete (every rank calls these under
-  ``accelerate launch``);
-* :func:`run_stages`: the stages of a run in order with their cards, the run's data loaded once, a
-  finished stage skipped on resume, and the classifier's evaluation files written from the probe's own
-  scores (no split is scored twice);
-* :func:`evaluate_checkpoint`: a saved classifier scored on a split at its stored decision threshold (the
-  ``evaluate`` command); :func:`encoder_loss`: the loss an encoder folder was trained with.
+:func:`load_run_data`, :func:`train_contrastive` (stage 1), :func:`train_probe` (stage 2),
+:func:`run_contrastive_stage` / :func:`run_probe_stage` (a stage with its model card), :func:`run_stages`
+and :func:`evaluate_checkpoint`.
 
-``train_contrastive`` writes the encoder (``config.json`` + weights + remote-code files;
-``MLCLEncoder.from_pretrained`` / ``AutoModel.from_pretrained(..., trust_remote_code=True)``; a LoRA run
-writes an adapter folder, ``hf_mlcl.modeling.lora.save_lora_model``), the tokenizer files, ``metrics.json``
-(train_* and eval_* metrics: eval_loss, eval_knn_micro_f1 ...), ``trainer_state.json`` and the Trainer's
-``checkpoint-*`` folders (with ``mlcl_trainer_state.safetensors``). ``train_probe`` writes the classifier
-(``MLCLForMultiLabelClassification``: ``config.json`` with ``id2label`` / ``label2id`` / ``problem_type`` and
-``decision_threshold``, weights, remote-code files; a LoRA run or a frozen probe on an adapter encoder
-writes an adapter folder instead), the tokenizer files, ``metrics.json`` (validation_* and test_* metrics
-at the tuned threshold, plus ``threshold`` and the probe settings), ``thresholds.json`` (the threshold, a
-float or a per-label list, with the label names) and, for trained probes, ``trainer_state.json``. The
-checks before any work and of an empty training live in :mod:`hf_mlcl.training.checkpoints`; the models
-are built by :mod:`hf_mlcl.modeling.builders`. Library code never imports the command line.
+Design: docs/design.md, "Stages and what they write (hf_mlcl/training/stages.py)".
 """
 
 from __future__ import annotations
