@@ -51,6 +51,13 @@ _KEEP_CHECKPOINTS_HELP = (
 )
 
 
+def check_n_views(n_views: int) -> None:
+    """ValueError unless ``n_views`` is 1 or 2 (two dropout views of every text): the arguments' check, which
+    the trainer repeats for arguments changed after they were built."""
+    if n_views not in (1, 2):
+        raise ValueError(f"n_views must be 1 or 2 (two dropout views of every text); got {n_views}")
+
+
 def _keep_columns(args: TrainingArguments) -> None:
     """``remove_unused_columns`` must stay False (the collators need ``text`` and ``labels``)."""
     if args.remove_unused_columns:
@@ -282,13 +289,43 @@ class DataArguments:
 
 
 @dataclass
-class ContrastiveTrainingArguments(TrainingArguments):
-    """Stage 1: label-aware contrastive training of the encoder."""
+class StageTrainingArguments(TrainingArguments):
+    """The fields both stages' training arguments carry: the loss's keywords and the output folder's policy.
 
-    loss: str = field(default="sd", metadata={"help": "A name from hf_mlcl.losses.list_losses()."})
+    ``__post_init__`` reads ``loss_kwargs`` (a mapping, or JSON) and keeps the text and label columns, then runs
+    the stage's own checks (:meth:`check_stage`) before ``TrainingArguments`` sets up the run, so a bad value
+    stops before any device is touched.
+    """
+
     loss_kwargs: str | None = field(
         default=None, metadata={"help": "Extra loss keywords as a mapping (YAML) or JSON string."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
+    )
+    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
+    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
+    restore_callback_states_from_checkpoint: bool = field(
+        default=True, metadata={"help": _RESTORE_CALLBACKS_HELP}
+    )
+
+    def __post_init__(self) -> None:
+        self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
+        _keep_columns(self)
+        self.check_stage()
+        _no_pinned_memory_without_accelerator(self)
+        super().__post_init__()
+
+    def check_stage(self) -> None:
+        """The stage's own checks of its values (ValueError in one line); called by ``__post_init__``."""
+
+
+@dataclass
+class ContrastiveTrainingArguments(StageTrainingArguments):
+    """Stage 1: label-aware contrastive training of the encoder."""
+
+    loss: str = field(default="sd", metadata={"help": "A name from hf_mlcl.losses.list_losses()."})
     temperature: float | None = field(default=None, metadata={"help": "Default: the loss paper's value."})
     projection_dim: int = field(default=256, metadata={"help": "Output size of the projection head."})
     n_views: int = field(default=1, metadata={"help": "1, or 2 for two dropout views of every text."})
@@ -328,28 +365,16 @@ class ContrastiveTrainingArguments(TrainingArguments):
             "help": "Drop the last incomplete batch: equal per-process contrast sets (DDP gather); default True."
         },
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
-    )
-    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
     knn_k: int = field(
         default=10,
         metadata={
             "help": "Neighbours of the leave-one-out kNN probe reported at evaluation (eval_knn_*); 0 = off."
         },
     )
-    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
     logging_nan_inf_filter: bool = field(default=False, metadata={"help": _NAN_INF_FILTER_HELP})
-    restore_callback_states_from_checkpoint: bool = field(
-        default=True, metadata={"help": _RESTORE_CALLBACKS_HELP}
-    )
 
-    def __post_init__(self) -> None:
-        self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
-        _keep_columns(self)
-        if self.n_views not in (1, 2):
-            raise ValueError(f"n_views must be 1 or 2 (two dropout views); got {self.n_views}")
+    def check_stage(self) -> None:
+        check_n_views(self.n_views)
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
         from .memory import check_contrast_set
@@ -367,12 +392,10 @@ class ContrastiveTrainingArguments(TrainingArguments):
             raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
         if self.batch_sampler not in BATCH_SAMPLERS:
             raise ValueError(f"batch_sampler must be one of {BATCH_SAMPLERS}; got {self.batch_sampler!r}")
-        _no_pinned_memory_without_accelerator(self)
-        super().__post_init__()
 
 
 @dataclass
-class ProbingTrainingArguments(TrainingArguments):
+class ProbingTrainingArguments(StageTrainingArguments):
     """Stage 2: a multi-label head on the (frozen or fine-tuned) encoder."""
 
     probe: str = field(default="linear", metadata={"help": f"One of {PROBES}."})
@@ -380,7 +403,6 @@ class ProbingTrainingArguments(TrainingArguments):
         default="bce",
         metadata={"help": "Supervised loss of hf_mlcl.losses: bce, focal, asymmetric (asl) or zlpr."},
     )
-    loss_kwargs: str | None = field(default=None, metadata={"help": "Extra loss keywords (mapping or JSON)."})
     threshold: str = field(
         default="global", metadata={"help": "'global' (tuned on validation), 'per_label', or a fixed float."}
     )
@@ -409,19 +431,8 @@ class ProbingTrainingArguments(TrainingArguments):
             "are the same (e.g. both probes of one stage-1 encoder). Keyed by a hash of those, never by a path."
         },
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Let a new run replace a non-empty output_dir (its old checkpoints are removed)."},
-    )
-    keep_checkpoints: bool = field(default=False, metadata={"help": _KEEP_CHECKPOINTS_HELP})
-    remove_unused_columns: bool = field(default=False, metadata={"help": _KEEP_COLUMNS_HELP})
-    restore_callback_states_from_checkpoint: bool = field(
-        default=True, metadata={"help": _RESTORE_CALLBACKS_HELP}
-    )
 
-    def __post_init__(self) -> None:
-        self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
-        _keep_columns(self)
+    def check_stage(self) -> None:
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         check_supervised_loss(self.loss)  # the loss registry answers what a supervised loss is
@@ -458,12 +469,10 @@ class ProbingTrainingArguments(TrainingArguments):
             ) from err
         if not grid or any(c <= 0 for c in grid):
             raise ValueError(f"logistic_c_grid must hold positive floats; got {self.logistic_c_grid!r}")
-        _no_pinned_memory_without_accelerator(self)
         if self.ddp_find_unused_parameters is None and self.probe in ("linear", "logistic"):
             # the frozen encoder has no trainable parameter: every one of the head's is used in each step, so
             # DDP's search for unused ones (transformers' default) finds none and warns about the extra pass
             self.ddp_find_unused_parameters = False
-        super().__post_init__()
 
     @property
     def logistic_c_grid_values(self) -> tuple[float, ...]:

@@ -1,93 +1,11 @@
 """`ContrastiveTrainer`: stage 1, label-aware contrastive training of an encoder with `transformers.Trainer`.
 
-The trainer is thin: :class:`ContrastiveSetup` builds, from the arguments, everything stage 1 trains
-with — the loss (from explicit settings: :func:`~hf_mlcl.losses.registry.build_contrastive_loss`), the
-label count every part agrees on, the contrast set, the collator and, with a queue, the MoCo piece
-(:class:`~hf_mlcl.training.memory.MomentumContrast`: key encoder + queue + contrast set) — and the
-constructor wires it in. The checks both trainers share live in :mod:`hf_mlcl.training.base`.
+:class:`ContrastiveSetup` builds what stage 1 trains with (the loss, the label count, the contrast set, the
+collator and, with a queue, the MoCo piece); :class:`ContrastiveTrainer` wires it into ``compute_loss``, the
+GradCache step, the loss parameters' optimizer, evaluation (eval loss + kNN probe) and the checkpoint state.
 
-What one training micro-batch does (``compute_loss``):
-
-1. encode the batch with the online encoder -> embeddings z (B, D). With ``n_views=2`` the collator
-   returns 2B rows (rows [0, B) view 1, [B, 2B) view 2; dropout makes them differ) and all 2B rows
-   are anchors and candidates (SupCon's two-crop batch, Khosla et al. 2020, eq. 2).
-2. with ``queue_size > 0`` (MoCo, He et al. 2020): the momentum encoder encodes the key view (view 2
-   when ``n_views=2``, else the same inputs; only view 1 is then encoded by the online encoder) under
-   no_grad, and the keys of *all* processes are gathered (no gradient).
-3. :class:`~hf_mlcl.training.memory.CandidateBuilder` builds the step's anchors and candidates:
-   in batch mode the other in-batch samples; with a queue the loss's contrast set (``contrast_set``:
-   ``"keys"`` — current keys + queue, no query-query pairs (MulSupCon, ws-MulSupCon, HBL and the
-   SupCon-family losses); ``"queries+queue"`` — other in-batch embeddings + queue of previous batches
-   (msc / ABALONE); ``"queries+keys"`` — the union), with the queue left out until filled once when
-   ``queue_warmup`` is on. Under data parallelism the other processes' embeddings are gathered **with
-   gradient** as candidates; anchors stay local (:mod:`hf_mlcl.training.distributed`). A loss that
-   cannot take keys (``supports_keys = False``) instead gets the whole gathered batch as anchors.
-4. the loss (``build_contrastive_loss(args.loss, args.loss_kwargs, temperature=...)``) is computed fully
-   here and its parts (:meth:`~hf_mlcl.losses.core.ContrastiveLoss.components`) are logged
-   (``loss_<name>`` keys, averaged over the logging window).
-5. after the loss, the gathered keys are enqueued (training only), so every process's queue is the
-   same ring buffer.
-
-Loss scaling — the semantics, stated once (``Trainer.training_step``):
-
-* The model has ``accepts_loss_kwargs = False`` and this trainer sets ``loss_is_scaled_for_ga =
-  False``: ``compute_loss`` returns the per-micro-batch loss (the loss's own reduction, e.g. the mean
-  over anchors that have a positive), and ``training_step`` divides it by
-  ``current_gradient_accumulation_steps`` before ``backward``. ``num_items_in_batch`` is ignored.
-* **Gradient accumulation** (``gradient_accumulation_steps = G``): the contrast set of a micro-batch is
-  that micro-batch only (plus keys / queue, plus the other processes' same micro-batch). The optimizer
-  step uses ``(1/G) sum_g grad L(micro-batch g)``: the *mean of the micro-batch gradients*, **not** the
-  gradient of one loss over the G-times larger batch (in-batch contrastive losses are not additive
-  over samples). For a truly larger contrast set use ``gradcache_chunk_size`` (GradCache) or more
-  processes, not accumulation.
-* **Processes** (``W`` ranks, DDP): rank r's loss L_r has its local anchors and the global candidates;
-  the gather's backward sends every rank the gradient of ``sum_s L_s`` w.r.t. its own embeddings, and
-  DDP averages gradients over ranks, so the step follows ``grad (1/W) sum_s L_s``. With equal per-rank
-  numbers of valid anchors (e.g. every anchor has a positive) this equals the loss of one process on
-  the concatenated global batch, and so do the gradients (tested). The logged loss is the mean over
-  ranks. ``average_tokens_across_devices`` has no effect (no ``num_items_in_batch`` scaling).
-* Learnable loss parameters (msc prototypes) are an extra optimizer param group (no weight decay).
-  They are not inside the DDP module, so this trainer all-reduces (averages) their gradients at each
-  optimizer step and zeroes them after it. They are not part of ``max_grad_norm`` clipping. Under
-  DeepSpeed or FSDP the engine's optimizer takes the model's parameters only: the loss parameters then
-  have their own optimizer of the same class and settings, stepped at each optimizer step with the
-  main optimizer's current learning rate (the same update as the extra param group).
-* The momentum encoder is updated once per optimizer step (``on_optimizer_step``), never per
-  micro-batch; the queue is filled per micro-batch (every key batch enters the queue once, after being
-  used as candidates of its own micro-batch). Under DeepSpeed or FSDP (LoRA models only) the key
-  encoder is a second adapter of the sharded model
-  (:class:`~hf_mlcl.training.momentum.AdapterMomentumEncoder`): same keys, same EMA.
-* GradCache does not run under DeepSpeed (the engine reduces gradients and steps inside every
-  backward): a launch asking for both stops at once (:func:`~hf_mlcl.training.launch.launch_problem`).
-
-Host synchronisation: a training step that does not log reads no tensor value on the host, so it
-never waits for the accelerator (``hf_mlcl.host_sync`` counts such reads; the tests hold every loss,
-the queue and GradCache to zero). The loss's components stay on the device and are summed there
-(float64); they become Python floats in :meth:`ContrastiveTrainer.log`. The input checks that read
-values run on the first batch only: its labels must be 0/1 and its embeddings finite (the loss's
-``check_inputs``; ``MultiLabelCollator`` builds 0/1 labels on the host for every batch). Afterwards a
-non-finite loss (non-finite embeddings: a diverging run, fp16 overflow) is counted on the device and
-raises the ValueError at the next logging step or checkpoint save, before a checkpoint of the
-corrupted weights is written. ``logging_nan_inf_filter`` defaults to False for the same reason
-(:class:`~hf_mlcl.training.arguments.ContrastiveTrainingArguments`). What still reads the host:
-label matrices so wide that they go sparse (the sparse products need data-dependent shapes), the
-exchange of per-process batch sizes before each gather under data parallelism
-(:mod:`hf_mlcl.training.distributed`), a segmented encoder (PLM-ICD: the non-empty segments are
-selected) and a batch with an attention mask on a backbone outside BERT / RoBERTa / XLM-RoBERTa under SDPA
-(transformers' attention-mask preparation checks whether the batch is padded; ``MLCLEncoder`` hands those
-three the mask prepared, ``MLCLPreTrainedModel._backbone_mask``, and ``MultiLabelCollator`` leaves the mask
-out of a batch without padding).
-
-Checkpoints: ``<checkpoint>/mlcl_trainer_state.safetensors`` holds the loss state_dict (prototypes),
-the momentum encoder and the queue (and under DeepSpeed / FSDP the loss parameters' optimizer state;
-safetensors, no pickle: :mod:`hf_mlcl.training.checkpoints`); ``resume_from_checkpoint`` restores
-them together with the optimizer (which contains the loss parameters), the scheduler and the RNG
-states, so the next step is identical to the uninterrupted run.
-
-Evaluation: the eval loss (in-batch only, no queue) plus a representation-quality probe on the eval
-set (:func:`hf_mlcl.evaluation.knn.knn_probe_metrics`) — leave-one-out cosine kNN (k = ``args.knn_k``):
-each eval text's label scores are the label frequencies among its k nearest eval neighbours,
-thresholded at 0.5 (majority vote), reported as ``eval_knn_micro_f1``, ``eval_knn_macro_f1``, ``eval_knn_p@1`` (usable as ``metric_for_best_model``).
+References: SupCon two-view batches, Khosla et al. 2020, eq. 2; MoCo, He et al. 2020.
+Design: docs/design.md, "Contrastive training step (hf_mlcl/training/contrastive.py)".
 """
 
 from __future__ import annotations
@@ -109,7 +27,7 @@ from hf_mlcl.losses.input_checks import FirstCallChecks
 from hf_mlcl.losses.registry import build_contrastive_loss
 
 from . import distributed as D
-from .arguments import ContrastiveTrainingArguments
+from .arguments import ContrastiveTrainingArguments, check_n_views
 from .base import MultiLabelTrainer
 from .checkpoints import (
     LEGACY_STATE_FILE,
@@ -172,8 +90,7 @@ class ContrastiveSetup:
         cannot run as asked, a collator with other views, an unknown or supervised loss, a queue with a loss
         that cannot take keys, and a label count that differs between dataset / model / loss / queue /
         collator. The arguments' own checks come first, then the loss, then the label space."""
-        if args.n_views not in (1, 2):
-            raise ValueError(f"n_views must be 1 or 2 (two dropout views of every text); got {args.n_views}")
+        check_n_views(args.n_views)
         problem = launch_problem(args)
         if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
             raise ValueError(problem)

@@ -1,46 +1,11 @@
 """Cross-batch memory for contrastive losses: the MoCo queue, the contrast set of a step, and both wrapped
 around any loss with a momentum key encoder (:class:`MomentumContrast`).
 
-**The queue** (:class:`EmbeddingQueue`, MoCo, He et al. 2020, Sec. 3.2) keeps K embeddings (K, D) and
-their labels as a (K, L) bool matrix or, for large label spaces (MIMIC-IV ICD-10: 25,230 labels), as
-padded label-index lists returned as a torch sparse COO matrix — never a K x L float matrix.
+:class:`EmbeddingQueue` keeps past keys and their labels; :class:`CandidateBuilder` builds a step's
+:class:`ContrastStep` (anchors and candidates) in the loss paper's ``contrast_set``.
 
-**The contrast set of a step** (:class:`CandidateBuilder`, :class:`ContrastStep`).
-In batch mode (no queue) every loss contrasts each anchor with the other in-batch samples (self
-excluded). With a momentum encoder and a queue (MoCo, He et al. 2020; ``queue_size > 0``) the papers
-do not agree on the contrast set, so it is an option, ``contrast_set``, and each loss defaults to its
-own paper's (``default_contrast_set`` of the loss class; ``docs/losses.md`` has the table):
-
-``"keys"`` — MulSupCon (official code ``codes/models.py``: ``scores = q . [k_batch ; queue]``),
-    ws-MulSupCon (eq. 1: A = f_m(B) u Q, s = z_q . z_k) and HBL (built on MulSupCon, positives
-    "within the current queue"): the anchors are the online queries, the candidates are the momentum
-    keys of the current batch (an anchor's own key is a positive) and the queue; there are no
-    query-query pairs. all / any / sd / jaccard have no MoCo setting of their own and follow the
-    SupCon / MulSupCon code they are compared with (the MulSupCon code computes its all / any
-    baselines on the same scores).
-``"queries+queue"`` — ABALONE / MSC (sec. 3: H = I u Q, Q = keys of the K *preceding* instances): the
-    candidates are the other online in-batch embeddings and the queue of keys from previous batches;
-    the current batch's keys are computed only to be enqueued.
-``"queries+keys"`` — none of the papers: the union (other in-batch embeddings + current keys + queue).
-
-Queue warm-up (``queue_warmup``): the MulSupCon official code (and the ws-MulSupCon code built on it)
-leaves the queue out of the contrast set until it has been filled once (its ``QueueFull`` flag); with
-warm-up on, the queue joins once ``len(queue) == queue_size`` (``default_queue_warmup`` of the loss:
-True for the losses that follow that code, False for msc). The official code sets its flag in the step
-whose enqueue fills the queue and then scores that step against the queue as it was *before* the
-enqueue (K - B filled rows plus B rows of its random initialisation); here the queue joins one step
-later, when it holds K real keys.
-
-Under data parallelism the candidates of every set are gathered from all processes
-(:mod:`hf_mlcl.training.distributed`): other ranks' online embeddings with gradient (the in-batch
-part), momentum keys without gradient, and the queue is identical on every rank (it is filled with
-the gathered keys). The anchors stay local.
-
-**One piece** (:class:`MomentumContrast`): a loss, a momentum key encoder
-(:mod:`hf_mlcl.training.momentum`), a queue and the loss paper's contrast set, as pytorch-metric-learning's
-``CrossBatchMemory`` wraps a loss. ``ContrastiveTrainer`` trains with it, the integrations' queues are
-one (:mod:`hf_mlcl.integrations`; their keys come from their own key encoder or are the embeddings
-without gradient), and any training loop can use it (see its docstring).
+References: MoCo, He et al. 2020, Sec. 3.2.
+Design: docs/design.md, "Queue and contrast set (hf_mlcl/training/memory.py)".
 """
 
 from __future__ import annotations
@@ -205,10 +170,7 @@ class CandidateBuilder:
         gather: bool = True,
         supports_keys: bool = True,
     ) -> None:
-        if contrast_set is not None and contrast_set not in CONTRAST_SETS:
-            raise ValueError(f"contrast_set must be None or one of {CONTRAST_SETS}; got {contrast_set!r}")
-        if contrast_set is not None and queue is None:
-            raise ValueError(f"contrast_set={contrast_set!r} needs a queue")
+        check_contrast_set(contrast_set, 0 if queue is None else 1)  # the one check, the one wording
         self.contrast_set = contrast_set
         self.queue = queue
         self.queue_warmup = bool(queue_warmup)
