@@ -47,7 +47,7 @@ def _check_models(model_args, **folders: str | None) -> None:
 def cmd_train(ns, overrides) -> dict:
     from hf_mlcl.recipes import parse_stage
     from hf_mlcl.training import stages
-    from hf_mlcl.training.checkpoints import check_stage
+    from hf_mlcl.training.preflight import check_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
@@ -62,7 +62,7 @@ def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.recipes import parse_stage, stage_output_dir
     from hf_mlcl.training import stages
-    from hf_mlcl.training.checkpoints import check_stage
+    from hf_mlcl.training.preflight import check_stage
 
     recipe, ov = _load(ns.recipe, overrides, ["probe"])
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
@@ -92,7 +92,7 @@ def cmd_run(ns, overrides) -> dict:
     from hf_mlcl.files import atomic_write_json
     from hf_mlcl.recipes import STAGES, parse_stage, stage_output_dir
     from hf_mlcl.training import stages as S
-    from hf_mlcl.training.checkpoints import check_stage
+    from hf_mlcl.training.preflight import check_stage
 
     recipe, _ = _load(ns.recipe, [], STAGES)
     names = recipe.get("stages", list(STAGES))
@@ -148,7 +148,7 @@ def _print_footprint(folder: str) -> None:
 def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
     """:func:`hf_mlcl.hub.check_push_target` as an input error (every process of a launch finds it: said once)."""
     from hf_mlcl.hub import check_push_target, check_repo_id
-    from hf_mlcl.training.checkpoints import InputError
+    from hf_mlcl.training.preflight import InputError
 
     try:
         for name in (repo_id, *more_ids):
@@ -632,8 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit status."""
     from hf_mlcl.hub import PushError
     from hf_mlcl.recipes import RecipeError
-    from hf_mlcl.training.checkpoints import InputError
     from hf_mlcl.training.launch import LaunchFailures
+    from hf_mlcl.training.preflight import InputError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -60,7 +60,7 @@ def test_two_writers_get_two_temp_names(tmp_path):
 
 
 def test_the_trainer_state_file_is_written_through_the_helper(tmp_path, recorded):
-    from hf_mlcl.training.checkpoints import load_state_file, save_state_file
+    from hf_mlcl.training.state_file import load_state_file, save_state_file
 
     path = str(tmp_path / "state.safetensors")
     save_state_file({"queue": {"ptr": 3, "embeddings": torch.ones(2, 2)}}, path)

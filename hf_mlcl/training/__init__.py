@@ -11,8 +11,9 @@
 * :mod:`~hf_mlcl.training.memory` (the MoCo queue, the contrast set of a step, :class:`MomentumContrast`
   wrapping any loss) and :mod:`~hf_mlcl.training.momentum` (the key encoder);
 * :mod:`~hf_mlcl.training.features`: frozen pooled features in memory and on disk (the linear probe);
-* :mod:`~hf_mlcl.training.checkpoints`: launch and output-folder checks before any work,
-  complete-or-absent checkpoints, which one a resume takes, the trainer's extra state as safetensors;
+* :mod:`~hf_mlcl.training.preflight` (launch and output-folder checks before any work),
+  :mod:`~hf_mlcl.training.checkpoints` (complete-or-absent checkpoints, which one a resume takes) and
+  :mod:`~hf_mlcl.training.state_file` (the trainer's extra state as safetensors);
 * :mod:`~hf_mlcl.training.launch` (what the launch asked for — DeepSpeed / FSDP — and got; one failing
   process stops every process of it), :mod:`~hf_mlcl.training.distributed` (gathering with gradient,
   barriers, a clean shutdown) and :mod:`~hf_mlcl.training.gradcache` (GradCache, Gao et al. 2021).

@@ -29,14 +29,6 @@ from hf_mlcl.losses.registry import build_contrastive_loss
 from . import distributed as D
 from .arguments import ContrastiveTrainingArguments, check_n_views
 from .base import MultiLabelTrainer
-from .checkpoints import (
-    LEGACY_STATE_FILE,
-    STATE_FILE,
-    load_state_file,
-    optimizer_state_to_tree,
-    save_state_file,
-    tree_to_optimizer_state,
-)
 from .gradcache import batch_rows, gradcache_backward, slice_batch, slice_rows
 from .launch import launch_problem, shards_parameters
 from .memory import (
@@ -49,6 +41,13 @@ from .memory import (
     resolve_contrast_set,
 )
 from .momentum import build_key_encoder
+from .state_file import (
+    STATE_FILE,
+    load_state_file,
+    optimizer_state_to_tree,
+    save_state_file,
+    tree_to_optimizer_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -552,9 +551,6 @@ class ContrastiveTrainer(MultiLabelTrainer):
 
     def _load_extra_state_file(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, STATE_FILE)
-        legacy = os.path.join(checkpoint, LEGACY_STATE_FILE)
-        if not os.path.isfile(path) and os.path.isfile(legacy):
-            path = legacy  # written before the safetensors format: read with weights_only=True
         if os.path.isfile(path):
             self.load_extra_state_dict(load_state_file(path, device=self.args.device))
         elif self.queue is not None or self._loss_parameters():

@@ -32,14 +32,13 @@ from hf_mlcl.modeling.builders import (
 )
 
 from . import distributed as D
-from .checkpoints import (
+from .checkpoints import remove_checkpoints, resolve_resume
+from .preflight import (
     check_stage,
     finished_stage_metrics,
     preflight,
-    remove_checkpoints,
     remove_previous_checkpoints,
     require_a_step,
-    resolve_resume,
 )
 
 logger = logging.getLogger(__name__)
@@ -507,7 +506,7 @@ def run_stages(
     """The stages of a run, ``stage_args["contrastive"]`` (optional) then ``stage_args["probe"]``, each with its
     model card; returns their results by name.
 
-    Before any work every stage's launch and output folder are checked (:func:`~hf_mlcl.training.checkpoints.check_stage`).
+    Before any work every stage's launch and output folder are checked (:func:`~hf_mlcl.training.preflight.check_stage`).
     The data are loaded once, when a stage first needs them (``data`` when given). On resume a finished stage
     is skipped and its saved metrics reported (``StageResult.skipped``). Stage 2 probes stage 1's encoder
     (else ``encoder_path``, or the model arguments' model). ``evaluate``: the main process writes

@@ -421,7 +421,7 @@ def test_an_input_error_every_process_finds_is_printed_once(monkeypatch, capsys)
     """Under a multi-process launch every rank runs the same input checks: the main process of each node
     prints the line (node 1's main process is global rank 1, local rank 0), the others exit with the same
     status in silence; any other error is printed on every rank."""
-    from hf_mlcl.training.checkpoints import InputError
+    from hf_mlcl.training.preflight import InputError
 
     cases = (
         ("0", "0", InputError, True),

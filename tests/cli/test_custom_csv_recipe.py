@@ -193,7 +193,7 @@ def test_a_dataset_smaller_than_one_batch_stops_before_training(tmp_path, capsys
 def test_the_batch_check_counts_the_per_process_batch_of_every_process():
     import types
 
-    from hf_mlcl.training.checkpoints import check_train_batches
+    from hf_mlcl.training.preflight import check_train_batches
 
     args = types.SimpleNamespace(dataloader_drop_last=True, train_batch_size=8, world_size=2)
     check_train_batches(16, args, "stage 1")  # one batch of 8 on each of the 2 processes

@@ -11,7 +11,7 @@ import torch
 from _training_helpers import base_args, collator, tiny_encoder, tiny_split, tiny_tokenizer
 
 from hf_mlcl.training import ContrastiveTrainer
-from hf_mlcl.training.checkpoints import LEGACY_STATE_FILE, STATE_FILE, load_state_file, save_state_file
+from hf_mlcl.training.state_file import STATE_FILE, load_state_file, save_state_file
 
 
 def test_state_file_round_trips_nested_tensors_and_plain_values(tmp_path):
@@ -76,7 +76,9 @@ def test_resume_reads_the_safetensors_state_without_torch_load(tmp_path, monkeyp
     )
     first.train()
     ckpt = tmp_path / "a" / "checkpoint-2"
-    assert os.path.isfile(ckpt / STATE_FILE) and not os.path.exists(ckpt / LEGACY_STATE_FILE)
+    assert os.path.isfile(ckpt / STATE_FILE) and not any(
+        f.endswith(".pt") and "mlcl" in f for f in os.listdir(ckpt)
+    )
 
     calls = []
     real_load = torch.load
@@ -102,18 +104,3 @@ def test_resume_reads_the_safetensors_state_without_torch_load(tmp_path, monkeyp
         resumed.momentum_encoder.state_dict()["params"].keys()
         == first.momentum_encoder.state_dict()["params"].keys()
     )
-
-    # a checkpoint from before the safetensors format is read with weights_only=True
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    torch.save(first.extra_state_dict(), legacy / LEGACY_STATE_FILE)
-    calls.clear()
-    again = ContrastiveTrainer(
-        model=tiny_encoder(tok, seed=4),
-        args=base_args(tmp_path / "c", **kw),
-        train_dataset=ds,
-        data_collator=collator(tok),
-    )
-    again.load_extra_state_dict(load_state_file(str(legacy / LEGACY_STATE_FILE)))
-    assert calls == [True]
-    assert torch.equal(again.queue.embeddings.cpu(), first.queue.embeddings.cpu())

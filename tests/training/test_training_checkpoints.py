@@ -12,13 +12,13 @@ import hf_mlcl.training.contrastive as contrastive_module
 from hf_mlcl.training import ContrastiveTrainer
 from hf_mlcl.training.checkpoints import (
     SAVING_MARKER,
-    STATE_FILE,
     is_complete_checkpoint,
     last_complete_checkpoint,
     parse_resume,
     resolve_resume,
     wants_resume,
 )
+from hf_mlcl.training.state_file import STATE_FILE
 
 KW = dict(loss="msc", queue_size=8, momentum=0.9, max_steps=4, save_strategy="steps", save_steps=2, knn_k=0)
 

@@ -20,7 +20,7 @@ from _training_helpers import (
 
 from hf_mlcl.evaluation.knn import knn_probe_metrics
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
-from hf_mlcl.training.checkpoints import STATE_FILE
+from hf_mlcl.training.state_file import STATE_FILE
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_mlcl.training.checkpoints import check_launch
 from hf_mlcl.training.launch import launch_problem, requested_engine
+from hf_mlcl.training.preflight import check_launch
 
 
 def _args(**kw):
@@ -74,7 +74,7 @@ def test_check_launch_lets_several_deepspeed_cpu_processes_through(env):
 def test_a_process_that_accelerate_launch_cpu_started_alone_stops(env):
     """`accelerate launch --cpu --num_processes 2` (or --num_machines 2) runs the script once per machine
     with MASTER_ADDR but no WORLD_SIZE: each process would train alone into the same folder."""
-    from hf_mlcl.training.checkpoints import InputError
+    from hf_mlcl.training.preflight import InputError
 
     for name in ("RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "MASTER_ADDR"):
         env.delenv(name, raising=False)

@@ -21,7 +21,7 @@ from hf_mlcl.training import (
     train_contrastive,
     train_probe,
 )
-from hf_mlcl.training.checkpoints import STATE_FILE
+from hf_mlcl.training.state_file import STATE_FILE
 
 
 @pytest.fixture(scope="module")
