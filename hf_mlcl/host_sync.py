@@ -2,7 +2,8 @@
 
 :class:`HostSyncCounter` counts the calls that make the host wait for an accelerator, on any device, so a CPU
 test proves a code path free of them; ``SyncCountingCallback`` counts inside chosen optimizer steps of a
-``Trainer``; :func:`host_reads_are_free` lets code keep its CPU-only shortcuts.
+``Trainer``. The counter only observes: a CPU test of the accelerator's branch enters
+:func:`hf_mlcl.labels.host_reads.accelerator_path` itself.
 
 Design: docs/design.md, "Counting host reads (hf_mlcl/host_sync.py)".
 """
@@ -24,7 +25,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [  # noqa: F822
     "HostSyncCounter",
     "SyncCountingCallback",
-    "host_reads_are_free",
     "SYNCING_CALLS",
     "TRANSFORMERS_MASK_PREPARATION",
 ]
@@ -125,18 +125,6 @@ SYNCING_CALLS = tuple(
 #: MultiLabelCollator for every backbone by leaving the mask out of a batch without padding.
 TRANSFORMERS_MASK_PREPARATION = os.path.join("transformers", "masking_utils.py")
 
-_SIMULATED_ACCELERATOR = 0  # > 0 while a HostSyncCounter with simulate_accelerator=True is active
-
-
-def host_reads_are_free(tensor: torch.Tensor) -> bool:
-    """True when reading ``tensor``'s values on the host costs no synchronisation (a CPU tensor).
-
-    Code may take a value-dependent shortcut when this holds (it never runs for accelerator
-    tensors). Inside a :class:`HostSyncCounter` with ``simulate_accelerator=True`` it returns False,
-    so that a CPU test counts the accelerator path.
-    """
-    return tensor.device.type == "cpu" and _SIMULATED_ACCELERATOR == 0
-
 
 def _has_bool_index(index: Any) -> bool:
     items = index if isinstance(index, (tuple, list)) else (index,)
@@ -183,20 +171,17 @@ class _OperatorCounter(TorchDispatchMode):
 
 
 class HostSyncCounter(TorchFunctionMode):
-    """Counts the calls that read tensor values on the host while it is active (a context manager).
-
-    Args:
-        simulate_accelerator: make :func:`host_reads_are_free` answer False while counting, so that
-            value-dependent CPU shortcuts give way to the accelerator path (default True).
+    """Counts the calls that read tensor values on the host while it is active (a context manager); it
+    changes nothing of what the code runs (``hf_mlcl.labels.host_reads.accelerator_path`` takes the
+    accelerator's branch on the CPU).
 
     Attributes:
         count: number of syncing calls seen.
         events: ``(call name, call site)`` of each, in order; :meth:`report` summarises them.
     """
 
-    def __init__(self, simulate_accelerator: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.simulate_accelerator = bool(simulate_accelerator)
         self.events: list[tuple[str, str]] = []
         self.recording = False  # inside a Python call counted already: its operators are not counted again
         self._operators = _OperatorCounter(self)
@@ -220,21 +205,15 @@ class HostSyncCounter(TorchFunctionMode):
         return [e for e in self.events if not any(part in e[1] for part in path_parts)]
 
     def __enter__(self) -> HostSyncCounter:
-        global _SIMULATED_ACCELERATOR
-        if self.simulate_accelerator:
-            _SIMULATED_ACCELERATOR += 1
         super().__enter__()
         self._operators.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        global _SIMULATED_ACCELERATOR
         try:
             self._operators.__exit__(*exc)
-            super().__exit__(*exc)
         finally:
-            if self.simulate_accelerator:
-                _SIMULATED_ACCELERATOR -= 1
+            super().__exit__(*exc)
 
     def _syncing_call(self, func: Any, args: tuple, kwargs: dict) -> str | None:
         name = _VALUE_READS.get(func)
@@ -279,8 +258,7 @@ class HostSyncCounter(TorchFunctionMode):
 
 @functools.lru_cache(maxsize=1)
 def _sync_counting_callback() -> type:
-    """Defines :class:`SyncCountingCallback` on first use (transformers is imported only then: the
-    losses import :func:`host_reads_are_free` from this module and stay free of transformers)."""
+    """Defines :class:`SyncCountingCallback` on first use (transformers is imported only then)."""
     from transformers import TrainerCallback
 
     class SyncCountingCallback(TrainerCallback):
@@ -289,7 +267,6 @@ def _sync_counting_callback() -> type:
         Args:
             steps: the 1-based optimizer steps to count (``state.global_step + 1`` at ``on_step_begin``);
                 None counts every step.
-            simulate_accelerator: as in :class:`HostSyncCounter`.
 
         Attributes:
             counts: ``{step: number of syncing calls}``; ``counters`` the :class:`HostSyncCounter` of each.
@@ -298,9 +275,8 @@ def _sync_counting_callback() -> type:
         ``on_step_end``, and leaving the block disarms the counter.
         """
 
-        def __init__(self, steps: Iterable[int] | None = None, simulate_accelerator: bool = True) -> None:
+        def __init__(self, steps: Iterable[int] | None = None) -> None:
             self.steps = None if steps is None else {int(s) for s in steps}
-            self.simulate_accelerator = simulate_accelerator
             self.counters: dict[int, HostSyncCounter] = {}
             self._active: HostSyncCounter | None = None
 
@@ -316,7 +292,7 @@ def _sync_counting_callback() -> type:
         def on_step_begin(self, args, state, control, **kwargs):
             step = state.global_step + 1
             if self._active is None and (self.steps is None or step in self.steps):
-                counter = HostSyncCounter(self.simulate_accelerator)
+                counter = HostSyncCounter()
                 self.counters[step] = counter
                 self._active = counter.__enter__()
             return control

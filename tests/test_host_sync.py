@@ -1,11 +1,12 @@
-"""The host-read counter (hf_mlcl.host_sync): which calls it counts and where, what it leaves alone, and the
-accelerator path it makes CPU code take while it counts."""
+"""The host-read counter (hf_mlcl.host_sync): which calls it counts and where, what it leaves alone; it only
+observes, and the accelerator path is a switch of the library's own (hf_mlcl.labels.host_reads)."""
 
 from __future__ import annotations
 
 import torch
 
-from hf_mlcl.host_sync import HostSyncCounter, SyncCountingCallback, host_reads_are_free
+from hf_mlcl.host_sync import HostSyncCounter, SyncCountingCallback
+from hf_mlcl.labels.host_reads import accelerator_path, host_reads_are_free
 
 
 def _count(fn) -> HostSyncCounter:
@@ -57,16 +58,23 @@ def test_device_side_work_is_not_counted():
     assert counter.count == 0, counter.report()
 
 
-def test_cpu_shortcuts_take_the_accelerator_path_while_counting():
+def test_the_counter_only_observes_and_the_accelerator_path_is_its_own_switch():
     t = torch.zeros(2)
     assert host_reads_are_free(t)
     with HostSyncCounter():
+        assert host_reads_are_free(t)  # counting changes no branch
+    with accelerator_path():
         assert not host_reads_are_free(t)
-        with HostSyncCounter(simulate_accelerator=False):
-            assert not host_reads_are_free(t)  # the outer counter still simulates
-    with HostSyncCounter(simulate_accelerator=False):
-        assert host_reads_are_free(t)
+        with accelerator_path():
+            assert not host_reads_are_free(t)
+        assert not host_reads_are_free(t)  # blocks nest
     assert host_reads_are_free(t)
+    try:
+        with accelerator_path():
+            raise RuntimeError
+    except RuntimeError:
+        pass
+    assert host_reads_are_free(t)  # left on an error too
 
 
 def test_report_and_filter_by_site():

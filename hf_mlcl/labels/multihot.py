@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hf_mlcl.host_sync import host_reads_are_free
+from .host_reads import host_reads_are_free
 
 __all__ = [
     "LABEL_DTYPE",

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hf_mlcl.labels import relations as R
+from hf_mlcl.labels.host_reads import host_reads_are_free
 from hf_mlcl.labels.relations import PairRelations
 
-from ..host_sync import host_reads_are_free
 from .core import ContrastContext, ContrastiveLoss, loss_components
 from .registry import LossSettings, get_loss_class, register_loss, resolve_loss_name
 

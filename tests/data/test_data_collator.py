@@ -161,6 +161,7 @@ def test_unpadded_batch_drops_the_attention_mask(bert_tokenizer, tiny_bert_confi
     from transformers import BertForSequenceClassification
 
     from hf_mlcl.host_sync import HostSyncCounter
+    from hf_mlcl.labels.host_reads import accelerator_path
 
     long_text = " ".join(["chest pain"] * 50)
     rows = [{"text": long_text, "labels": [0]}, {"text": long_text + " joy", "labels": [1]}]
@@ -185,9 +186,9 @@ def test_unpadded_batch_drops_the_attention_mask(bert_tokenizer, tiny_bert_confi
     model = BertForSequenceClassification(tiny_bert_config).eval()
     model.config._attn_implementation = "sdpa"
     inputs = {k: v for k, v in kept.items() if k != "labels"}
-    with torch.no_grad(), HostSyncCounter() as with_mask:
+    with torch.no_grad(), accelerator_path(), HostSyncCounter() as with_mask:
         ref = model(**inputs).logits
-    with torch.no_grad(), HostSyncCounter() as without_mask:
+    with torch.no_grad(), accelerator_path(), HostSyncCounter() as without_mask:
         got = model(**{k: v for k, v in unpadded.items() if k != "labels"}).logits
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
     assert with_mask.count == 1 and without_mask.count == 0, (with_mask.report(), without_mask.report())

@@ -366,6 +366,7 @@ def test_a_trainer_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(ti
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     from hf_mlcl.host_sync import TRANSFORMERS_MASK_PREPARATION, SyncCountingCallback
+    from hf_mlcl.labels.host_reads import accelerator_path
 
     train = to_sentence_transformers_dataset(_split(32, seed=1))
     kw = dict(mini_batch_size=4) if cached else {}
@@ -388,7 +389,7 @@ def test_a_trainer_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(ti
     trainer = SentenceTransformerTrainer(
         model=tiny_st, args=args, train_dataset=train, loss=loss, callbacks=[callback]
     )
-    with callback:
+    with accelerator_path(), callback:
         trainer.train()
     counter = callback.counters[2]
     if cached:

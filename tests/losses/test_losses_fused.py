@@ -313,8 +313,9 @@ def test_large_dense_labels_keep_every_label_error():
 def _accelerator_path(fn):
     """``fn()`` on the accelerator path (hf_mlcl.host_sync simulates it on CPU tensors) and its host reads."""
     from hf_mlcl.host_sync import HostSyncCounter
+    from hf_mlcl.labels.host_reads import accelerator_path
 
-    with HostSyncCounter() as counter:
+    with accelerator_path(), HostSyncCounter() as counter:
         out = fn()
     return out, counter
 

@@ -293,6 +293,7 @@ def test_a_contrast_set_smaller_than_k_min_skips_the_term_on_the_accelerator_pat
     from the shapes) closes every gate: on the accelerator path too (no value is read there), the
     structural term is not computed and the loss is the base's; from k_min members on it is computed."""
     from hf_mlcl.host_sync import HostSyncCounter
+    from hf_mlcl.labels.host_reads import accelerator_path
     from hf_mlcl.losses.input_checks import set_input_checks
 
     z, y, kz, yk = random_batch(seed=3, keys=keys)
@@ -302,12 +303,12 @@ def test_a_contrast_set_smaller_than_k_min_skips_the_term_on_the_accelerator_pat
     monkeypatch.setattr(hbl_module, "hbl_per_anchor", lambda *a, **k: called.append(1) or real(*a, **k))
     loss = get_loss("hbl", k_min=size + 1)
     set_input_checks(loss, False)  # as after the first batch: the checks are the only other host reads
-    with HostSyncCounter() as counter:  # simulates an accelerator: the host-read shortcut is off
+    with accelerator_path(), HostSyncCounter() as counter:  # the host-read shortcut is off
         comps = loss.components(z, y, kz, yk)
     assert counter.count == 0 and called == []
     assert comps["hbl"] == 0.0 and comps["gate_open"] == 0.0
     assert torch.equal(comps["loss"], get_loss("mulsupcon")(z, y, kz, yk))
-    with HostSyncCounter():
+    with accelerator_path(), HostSyncCounter():
         get_loss("hbl", k_min=size).components(z, y, kz, yk)
     assert called == [1]
 

@@ -11,6 +11,7 @@ import torch
 from test_losses_robustness import batch, make_loss
 
 from hf_mlcl.host_sync import HostSyncCounter
+from hf_mlcl.labels.host_reads import accelerator_path
 from hf_mlcl.losses.input_checks import FirstCallChecks, set_input_checks
 from hf_mlcl.losses.registry import list_contrastive_losses
 
@@ -67,7 +68,7 @@ def test_forward_and_backward_read_nothing_on_the_host(name, kwargs, mode):
     loss = make_loss(name, **kwargs)
     checked, _ = _run(loss, mode, z, y, zk, yk)  # the input checks on (default): the CPU path
     set_input_checks(loss, False)
-    with HostSyncCounter() as counter:  # the accelerator path
+    with accelerator_path(), HostSyncCounter() as counter:
         unchecked, comps = _run(loss, mode, z, y, zk, yk)
     assert counter.count == 0, counter.report()
     _same(checked, unchecked)  # bit for bit: the checks and the CPU shortcuts change nothing
@@ -81,7 +82,7 @@ def test_forward_and_backward_read_nothing_on_the_host(name, kwargs, mode):
 def test_the_input_checks_are_the_host_reads_and_still_raise():
     z, y = batch(8, L)
     loss = make_loss("sd")
-    with HostSyncCounter() as counter:
+    with accelerator_path(), HostSyncCounter() as counter:
         loss(z, y)
     sites = {site.rsplit(" ", 1)[-1] for _, site in counter.events}
     assert counter.count and sites <= {"(as_multihot)", "(components_on)"}, counter.report()
@@ -116,6 +117,6 @@ def test_first_call_checks_validate_the_first_batch_only():
     with checks():
         first = loss(z, y)
     assert not checks.pending and not loss.check_inputs
-    with HostSyncCounter() as counter, checks():
+    with accelerator_path(), HostSyncCounter() as counter, checks():
         again = loss(z, y)
     assert counter.count == 0 and torch.equal(first, again)

@@ -194,6 +194,7 @@ def test_a_prepared_mask_encodes_as_the_backbone_with_its_own_mask_and_reads_not
     from transformers import AutoConfig
 
     from hf_mlcl.host_sync import HostSyncCounter
+    from hf_mlcl.labels.host_reads import accelerator_path
 
     config = AutoConfig.for_model(
         arch,
@@ -210,14 +211,17 @@ def test_a_prepared_mask_encodes_as_the_backbone_with_its_own_mask_and_reads_not
     batch = _batch(bert_tokenizer)
     assert not bool(batch["attention_mask"].all())  # the batch holds padding
     with torch.no_grad():
-        with HostSyncCounter() as counter:
+        with accelerator_path(), HostSyncCounter() as counter:
             states, mask, _ = model.encode_tokens(**batch)
         reference = model.backbone(**batch).last_hidden_state  # transformers builds the mask itself
     assert counter.count == 0, counter.report()
     real = batch["attention_mask"].bool()
     assert mask is batch["attention_mask"]
     torch.testing.assert_close(states[real], reference[real], atol=1e-6, rtol=1e-6)
-    with HostSyncCounter() as counter:  # the 2-D path the prepared mask replaces makes exactly the one read
+    with (
+        accelerator_path(),
+        HostSyncCounter() as counter,
+    ):  # the 2-D path the prepared mask replaces makes exactly the one read
         with torch.no_grad():
             model.backbone(**batch)
     assert counter.count == 1

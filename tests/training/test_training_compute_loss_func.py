@@ -158,6 +158,7 @@ def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
     plain Trainer with ContrastiveLossFunc on an MLCLEncoder makes no host read (the encoder hands its backbone
     the padding mask prepared); the label ids and values were checked on the first batch."""
     from hf_mlcl.host_sync import SyncCountingCallback
+    from hf_mlcl.labels.host_reads import accelerator_path
 
     tok = tiny_tokenizer()
     for loss in ("sd", "msc"):
@@ -173,7 +174,7 @@ def test_a_step_reads_nothing_on_the_host_with_the_nan_inf_filter_off(tmp_path):
             compute_loss_func=func,
             callbacks=[callback],
         )
-        with callback:
+        with accelerator_path(), callback:
             trainer.train()
         counter = callback.counters[2]
         assert counter.count == 0, counter.report()

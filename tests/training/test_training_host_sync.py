@@ -16,6 +16,7 @@ from _training_helpers import base_args, collator, tiny_encoder, tiny_split, tin
 from transformers import TrainerCallback
 
 from hf_mlcl.host_sync import TRANSFORMERS_MASK_PREPARATION, SyncCountingCallback
+from hf_mlcl.labels.host_reads import accelerator_path
 from hf_mlcl.losses.registry import list_contrastive_losses
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments
 
@@ -39,7 +40,7 @@ def _count_steps(trainer, steps) -> SyncCountingCallback:
     """Train with a counter armed inside ``steps``; no host read may be counted in them."""
     callback = SyncCountingCallback(steps=steps)
     trainer.add_callback(callback)
-    with callback:
+    with accelerator_path(), callback:
         trainer.train()
     assert sorted(callback.counters) == sorted(steps)
     for step, counter in callback.counters.items():
@@ -85,7 +86,7 @@ def test_the_nan_inf_filter_is_off_by_default_because_it_reads_every_step_loss(t
     trainer = _trainer(tmp_path, tok, loss="sd", logging_nan_inf_filter=True)
     callback = SyncCountingCallback(steps=[2])
     trainer.add_callback(callback)
-    with callback:
+    with accelerator_path(), callback:
         trainer.train()
     sites = [site for _, site in callback.counters[2].events_outside(TRANSFORMERS_MASK_PREPARATION)]
     assert sites and all("transformers" in s and "trainer.py" in s for s in sites), sites
