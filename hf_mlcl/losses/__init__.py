@@ -22,7 +22,7 @@ from . import (  # noqa: F401  (importing registers the losses)
 )
 from .all_ import AllLoss
 from .any_ import AnyLoss
-from .core import ContrastContext, ContrastiveLoss, LossTerms, masked_log_softmax, weighted_contrastive_loss
+from .core import ContrastContext, ContrastiveLoss, LossTerms
 from .hbl import HBLLoss
 from .jaccard import JaccardLoss
 from .msc import MSCLoss
@@ -55,8 +55,6 @@ __all__ = [
     "ContrastiveLoss",
     "ContrastContext",
     "LossTerms",
-    "masked_log_softmax",
-    "weighted_contrastive_loss",
     "AllLoss",
     "AnyLoss",
     "SimilarityDissimilarityLoss",

@@ -2,7 +2,7 @@
 
 :class:`ContrastiveLoss` is the base class (``forward``, ``components``, ``positives``); a loss builds its
 :class:`LossTerms` from the label relations of a :class:`ContrastContext`, and :func:`terms_loss` (the fused
-kernel) or :func:`weighted_contrastive_loss` (the general path) computes the loss.
+kernel) computes the loss.
 
 Design: docs/design.md, "Loss engine (hf_mlcl/losses/core.py)".
 """
@@ -27,8 +27,6 @@ __all__ = [
     "ContrastContext",
     "LossTerms",
     "ContrastiveLoss",
-    "masked_log_softmax",
-    "weighted_contrastive_loss",
     "compute_dtype_for",
 ]
 
@@ -42,66 +40,6 @@ def compute_dtype_for(*tensors: Tensor | None) -> torch.dtype:
     return dtype
 
 
-def masked_log_softmax(logits: Tensor, mask: Tensor, log_weights: Tensor | None = None) -> Tensor:
-    """logp_ia = s_ia - log sum_{a: mask_ia} d_ia exp(s_ia) for masked entries; 0 elsewhere.
-
-    Args:
-        logits: (N, M) similarities already divided by the temperature.
-        mask: (N, M) bool, True where candidate a is in the contrast set of anchor i.
-        log_weights: optional log d, broadcastable to (N, M); ``-inf`` removes a candidate from the
-            denominator (d = 0) without touching ``mask``.
-
-    Rows whose contrast set is empty get logp = 0 everywhere (and zero gradient) instead of NaN.
-    """
-    scores = logits if log_weights is None else logits + log_weights
-    masked = scores.masked_fill(~mask, float("-inf"))
-    has_any = (masked > float("-inf")).any(dim=1, keepdim=True)
-    masked = torch.where(has_any, masked, torch.zeros_like(masked))  # empty rows: finite dummy lse
-    lse = torch.logsumexp(masked, dim=1, keepdim=True)
-    return torch.where(mask & has_any, logits - lse, torch.zeros_like(logits))
-
-
-def weighted_contrastive_loss(
-    logits: Tensor,
-    weights: Tensor,
-    mask: Tensor,
-    normalizer: Tensor,
-    log_weights: Tensor | None = None,
-    constant: Tensor | None = None,
-    reduction_denominator: Tensor | float | None = None,
-    anchor_valid: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Reduce the weighted log-softmax to a scalar.
-
-    loss_i = -(sum_a W_ia logp_ia + c_i) / norm_i for valid anchors, where an anchor is valid when it
-    has a positive (some W_ia > 0 inside the contrast set), ``norm_i > 0`` and ``anchor_valid``.
-    Returns ``(loss, per_anchor_loss, valid)``:
-
-    * ``reduction_denominator is None``: loss = mean of loss_i over valid anchors;
-    * otherwise: loss = sum_i loss_i / reduction_denominator (e.g. MulSupCon's number of
-      (anchor, label) pairs, with norm_i = 1); a non-positive denominator is treated as 1.
-
-    With no valid anchor the loss is a zero connected to the graph (gradient 0, never NaN).
-    """
-    logp = masked_log_softmax(logits, mask, log_weights)
-    w = torch.where(mask, weights.to(logits.dtype), torch.zeros_like(logits))
-    valid = (w > 0).any(dim=1) & (normalizer > 0)
-    if anchor_valid is not None:
-        valid = valid & anchor_valid
-    num = (w * logp).sum(dim=1)
-    if constant is not None:
-        num = num + constant.to(logits.dtype)
-    per_anchor = -num / normalizer.to(logits.dtype).clamp_min(torch.finfo(logits.dtype).tiny)
-    per_anchor = torch.where(valid, per_anchor, torch.zeros_like(per_anchor))
-    total = per_anchor.sum()
-    if reduction_denominator is None:
-        denom = valid.sum().clamp_min(1).to(logits.dtype)
-    else:
-        denom = torch.as_tensor(reduction_denominator, dtype=logits.dtype, device=logits.device)
-        denom = torch.where(denom > 0, denom, torch.ones_like(denom))  # 0 only when nothing is valid
-    return total / denom, per_anchor, valid
-
-
 @dataclass
 class LossTerms:
     """What a loss module hands to the engine (all (N, M) unless stated; M = candidates).
@@ -109,13 +47,10 @@ class LossTerms:
     Attributes:
         weights: positive weights W (>= 0; entries outside the contrast set are ignored).
         normalizer: (N,) per-anchor divisor (anchors with normalizer <= 0 are skipped).
-        log_denominator_weights: optional log d (broadcastable to (N, M)); None means d = 1.
         constant: optional (N,) additive term c_i inside the bracket (e.g. sum_p log W for SD with
             ``weight_in_log=True``); must not depend on the embeddings.
         reduction_denominator: None -> mean over valid anchors; else a global divisor of the sum.
         anchor_valid: optional (N,) bool mask of anchors allowed to contribute.
-        logits / contrast_mask: optional overrides when the loss extends the candidate set (e.g. with
-            learnable prototypes appended as extra columns).
         components: extra named parts reported by :meth:`ContrastiveLoss.components` (0-d tensors, or floats).
         weight_sums: optional (N,) ``weights.sum(dim=1)`` when the loss computed it anyway (e.g. as its
             normaliser), so the engine does not sum again.
@@ -125,12 +60,9 @@ class LossTerms:
 
     weights: Tensor
     normalizer: Tensor
-    log_denominator_weights: Tensor | None = None
     constant: Tensor | None = None
     reduction_denominator: Tensor | float | None = None
     anchor_valid: Tensor | None = None
-    logits: Tensor | None = None
-    contrast_mask: Tensor | None = None
     components: dict = field(default_factory=dict)
     weight_sums: Tensor | None = None
     zero_diagonal: bool = False
@@ -259,7 +191,7 @@ class ContrastContext(PairRelations):
             return None
         if self.scores is not None:
             return self.scores
-        if "logits" in self.__dict__:  # computed by the general path
+        if "logits" in self.__dict__:  # computed already, for a loss that reads the logits
             return self.logits.detach() * self.temperature
         return None
 
@@ -272,8 +204,9 @@ class ContrastContext(PairRelations):
 def terms_loss(ctx: ContrastContext, terms: LossTerms) -> Tensor:
     """The scalar loss of ``terms`` on the standard contrast set of ``ctx``, with the fused kernel.
 
-    Same contract as :func:`weighted_contrastive_loss` (valid anchors, normaliser, constant,
-    reduction) with the per-anchor factors folded into one coefficient
+    loss_i = -(sum_a W_ia logp_ia + c_i) / norm_i for the valid anchors (a positive inside the contrast set,
+    norm_i > 0, ``anchor_valid``), reduced by their mean or by ``reduction_denominator``; with no valid anchor a
+    zero connected to the graph. The per-anchor factors fold into one coefficient
     ``coef_i = valid_i / (norm_i * denominator)``, so that
     loss = sum_i coef_i [Wsum_i LSE_i - sum_a W_ia s_ia] - sum_i coef_i c_i
     (:func:`hf_mlcl.losses.fused.fused_contrastive_loss`).
@@ -484,28 +417,10 @@ class ContrastiveLoss(nn.Module):
         return LossTerms(weights=w, normalizer=wsum, weight_sums=wsum, zero_diagonal=True)
 
     def compute(self, ctx: ContrastContext) -> tuple[Tensor, dict]:
-        """Loss and extra components from a prepared context (default: one engine call).
-
-        Terms on the standard contrast set (no logits / mask / denominator-weight override) go
-        through the fused kernel (:func:`terms_loss`); the others through
-        :func:`weighted_contrastive_loss`. Both give the same value and first-order gradients.
-        """
+        """Loss and extra components from a prepared context: the loss's terms through the fused kernel
+        (:func:`terms_loss`)."""
         terms = self.build_terms(ctx)
-        if terms.logits is None and terms.contrast_mask is None and terms.log_denominator_weights is None:
-            return terms_loss(ctx, terms), dict(terms.components)
-        logits = ctx.logits if terms.logits is None else terms.logits
-        mask = ctx.contrast_mask if terms.contrast_mask is None else terms.contrast_mask
-        loss, _, valid = weighted_contrastive_loss(
-            logits,
-            terms.weights,
-            mask,
-            terms.normalizer,
-            log_weights=terms.log_denominator_weights,
-            constant=terms.constant,
-            reduction_denominator=terms.reduction_denominator,
-            anchor_valid=terms.anchor_valid,
-        )
-        return loss, dict(terms.components)
+        return terms_loss(ctx, terms), dict(terms.components)
 
     def forward(
         self,

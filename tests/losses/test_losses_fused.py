@@ -1,7 +1,7 @@
 """The fast paths of the loss engine give the general path's values and gradients (issue 16).
 
 * the fused kernel (:mod:`hf_mlcl.losses.fused`) against autograd through
-  :func:`~hf_mlcl.losses.core.weighted_contrastive_loss` for every ``LossTerms`` loss, in float64,
+  ``weighted_contrastive_loss`` (tests/losses/_reference.py) for every ``LossTerms`` loss, in float64,
   in-batch and with keys, with anchors without positives, empty label rows, sparse labels, a lone
   anchor, extreme temperatures and ``normalize=False``;
 * msc and ws_mulsupcon (paper variant) against their previous autograd formulas;
@@ -17,9 +17,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _reference import weighted_contrastive_loss
 
 from hf_mlcl.labels import multihot as M
-from hf_mlcl.losses import LossTerms, get_loss, weighted_contrastive_loss
+from hf_mlcl.losses import LossTerms, get_loss
 from hf_mlcl.losses.registry import list_contrastive_losses
 from hf_mlcl.losses.ws_mulsupcon import _masked_lse, _weighted_logp_sum
 
@@ -66,7 +67,6 @@ def _general(loss, z, y, zk, yk, anchors_in_candidates=True):
         terms.weights,
         ctx.contrast_mask,
         terms.normalizer,
-        log_weights=terms.log_denominator_weights,
         constant=terms.constant,
         reduction_denominator=terms.reduction_denominator,
         anchor_valid=terms.anchor_valid,

