@@ -46,6 +46,8 @@ class JaccardLoss(LabelSimilarityOption, ContrastiveLoss):
         label_similarity: the positive weight: ``"jaccard"`` (default, the paper's), ``"dice"``,
             ``"overlap"``, ``"cosine"``, a callable ``(S, T) -> (N, M)`` on the label matrices, or an
             (L, L) label-similarity matrix (soft cosine; :mod:`hf_mlcl.losses.label_similarity`).
+        label_similarity_threshold: a candidate is a positive only when its weight exceeds this (None: every
+            candidate with a positive weight, the paper's rule).
 
     Example::
 
@@ -67,15 +69,16 @@ class JaccardLoss(LabelSimilarityOption, ContrastiveLoss):
         temperature: float | None = None,
         normalize: bool = True,
         label_similarity: LabelSimilaritySpec = "jaccard",
+        label_similarity_threshold: float | None = None,
     ) -> None:
         super().__init__(temperature=temperature, normalize=normalize)
-        self.init_label_similarity(label_similarity)
+        self.init_label_similarity(label_similarity, threshold=label_similarity_threshold)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", label_similarity={self.label_similarity_name}"
 
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        if self.label_similarity == "jaccard":
+        if self.label_similarity == "jaccard" and self.label_similarity_threshold is None:
             w = torch.where(self.positives(ctx), ctx.jaccard, 0.0).to(ctx.dtype)  # 0 at the own column
         else:
             w = self.label_weights(ctx)[0]  # 0 at the own column

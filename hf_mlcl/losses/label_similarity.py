@@ -153,30 +153,56 @@ class LabelSimilarityOption(nn.Module):
     def positives(self, rel: Any) -> Tensor:
         """The loss's positive rule under its label similarity: S & T non-empty for a set similarity (the
         default), the candidates with W > 0 for a callable or a matrix (soft positives through related
-        labels). ``rel``: the pairs' :class:`~hf_mlcl.labels.relations.PairRelations` (or a context)."""
-        if isinstance(self.label_similarity, str) and self.label_similarity != "matrix":
+        labels), and with a threshold only the candidates whose W exceeds it. ``rel``: the pairs'
+        :class:`~hf_mlcl.labels.relations.PairRelations` (or a context)."""
+        if (
+            self.label_similarity_threshold is None
+            and isinstance(self.label_similarity, str)
+            and self.label_similarity != "matrix"
+        ):
             return rel.shares_label
         return self.label_weights(rel)[1]
 
-    def init_label_similarity(self, spec: LabelSimilaritySpec, own: tuple[str, ...] = ()) -> None:
-        """Resolve ``spec`` against the set similarities plus the loss's ``own`` names (e.g. ``"sd"``)."""
+    def init_label_similarity(
+        self, spec: LabelSimilaritySpec, own: tuple[str, ...] = (), threshold: float | None = None
+    ) -> None:
+        """Resolve ``spec`` against the set similarities plus the loss's ``own`` names (e.g. ``"sd"``), and
+        the positives' ``threshold`` (None: every candidate with W > 0; ValueError unless finite and >= 0)."""
         resolved = resolve_label_similarity(spec, allowed=own + SET_SIMILARITIES)
         matrix = resolved if isinstance(resolved, Tensor) else None
         self.register_buffer("label_similarity_matrix", matrix, persistent=False)
         self.label_similarity = "matrix" if matrix is not None else resolved
+        if threshold is not None and not (0.0 <= float(threshold) < float("inf")):
+            raise ValueError(
+                f"label_similarity_threshold must be a finite number >= 0 (or None); got {threshold}"
+            )
+        self.label_similarity_threshold = None if threshold is None else float(threshold)
 
     @property
     def label_similarity_name(self) -> str:
-        """The choice as printed in reprs and model cards."""
+        """The choice as printed in reprs and model cards (with its threshold, when there is one)."""
         if self.label_similarity_matrix is not None:
-            return describe_label_similarity(self.label_similarity_matrix)
-        return describe_label_similarity(self.label_similarity)
+            name = describe_label_similarity(self.label_similarity_matrix)
+        else:
+            name = describe_label_similarity(self.label_similarity)
+        threshold = self.label_similarity_threshold
+        return name if threshold is None else f"{name} > {threshold:g}"
 
-    def label_weights(self, ctx: Any) -> tuple[Tensor, Tensor]:
-        """(W, positive) of the chosen similarity on ``ctx`` (:func:`label_similarity_weights`)."""
+    def similarity_weights(self, ctx: Any) -> tuple[Tensor, Tensor]:
+        """(W, positive) of the chosen similarity on ``ctx`` before any threshold
+        (:func:`label_similarity_weights`; a loss with a similarity of its own overrides this for it)."""
         spec = (
             self.label_similarity_matrix
             if self.label_similarity_matrix is not None
             else self.label_similarity
         )
         return label_similarity_weights(spec, ctx, check=getattr(self, "check_inputs", False))
+
+    def label_weights(self, ctx: Any) -> tuple[Tensor, Tensor]:
+        """(W, positive) of the chosen similarity on ``ctx``: with ``label_similarity_threshold`` t, a candidate
+        is a positive only when its W exceeds t, and keeps its weight W (0 elsewhere)."""
+        w, positive = self.similarity_weights(ctx)
+        if self.label_similarity_threshold is None:
+            return w, positive
+        positive = positive & (w > self.label_similarity_threshold)
+        return torch.where(positive, w, torch.zeros((), dtype=w.dtype, device=w.device)), positive

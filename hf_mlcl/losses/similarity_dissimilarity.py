@@ -42,6 +42,9 @@ class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
             -(log(K^s K^d) + log p), whose gradient equals ANY's.
         label_similarity: ``"sd"`` (default: K^s K^d) or another weight in its place (``"jaccard"``,
             ``"dice"``, ``"overlap"``, ``"cosine"``, a callable, an (L, L) matrix; module docstring).
+        label_similarity_threshold: a candidate is a positive only when its weight exceeds this (None: every
+            candidate with a positive weight). ``label_similarity="jaccard"`` with 0.3 and ``temperature=0.1`` is
+            pytorch-metric-learning's multi-label SupCon (docs/losses.md).
 
     Example::
 
@@ -71,10 +74,11 @@ class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
         normalize: bool = True,
         weight_in_log: bool = False,
         label_similarity: LabelSimilaritySpec = "sd",
+        label_similarity_threshold: float | None = None,
     ):
         super().__init__(temperature=temperature, normalize=normalize)
         self.weight_in_log = bool(weight_in_log)
-        self.init_label_similarity(label_similarity, own=("sd",))
+        self.init_label_similarity(label_similarity, own=("sd",), threshold=label_similarity_threshold)
 
     def extra_repr(self) -> str:
         return (
@@ -82,13 +86,16 @@ class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
             + f", weight_in_log={self.weight_in_log}, label_similarity={self.label_similarity_name}"
         )
 
+    def similarity_weights(self, ctx: ContrastContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K^s K^d, S & T non-empty) for ``label_similarity="sd"``, else the chosen similarity's."""
+        if self.label_similarity != "sd":
+            return super().similarity_weights(ctx)
+        positive = ctx.shares_label
+        k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
+        return torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype), positive
+
     def build_terms(self, ctx: ContrastContext) -> LossTerms:
-        if self.label_similarity == "sd":
-            positive = self.positives(ctx)
-            k = similarity_dissimilarity_weights(ctx.inter, ctx.anchor_sizes, ctx.candidate_sizes)
-            k = torch.where(positive, k, torch.zeros_like(k)).to(ctx.dtype)
-        else:
-            k, positive = self.label_weights(ctx)
+        k, positive = self.label_weights(ctx)
         count = positive.to(ctx.dtype)
         if not self.weight_in_log:
             return LossTerms(weights=k, normalizer=count.sum(dim=1), zero_diagonal=True)

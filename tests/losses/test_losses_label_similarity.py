@@ -211,3 +211,67 @@ def test_bad_choices_name_the_problem():
         get_loss("sd", label_similarity=lambda s, t: s @ s.T[:, :2])(z, y)
     with pytest.raises(ValueError, match="negative or non-finite"):
         get_loss("jaccard", label_similarity=lambda s, t: -(s @ t.T))(z, y)
+
+
+def _multisupcon_loop(z, y, zk, yk, threshold, temperature):
+    """pytorch-metric-learning's multi-label SupCon written out: for anchor i, -(1/|P(i)|) sum_{p in P(i)} J_ip
+    log(exp(s_ip) / sum_{a != i} exp(s_ia)), P(i) the candidates whose Jaccard similarity exceeds the threshold,
+    s the cosine similarities over the temperature; the mean over anchors with a positive."""
+    cand_z = z if zk is None else torch.cat([z, zk])
+    cand_y = y if yk is None else torch.cat([y, yk])
+    zn, cn = F.normalize(z, dim=1), F.normalize(cand_z, dim=1)
+    per_anchor = []
+    for i in range(len(z)):
+        others = [a for a in range(len(cand_z)) if a != i]
+        s = {a: float(zn[i] @ cn[a]) / temperature for a in others}
+        log_denominator = math.log(sum(math.exp(v) for v in s.values()))
+        anchor = {j for j in range(y.shape[1]) if y[i, j] > 0}
+        total, count = 0.0, 0
+        for p in others:
+            cand = {j for j in range(y.shape[1]) if cand_y[p, j] > 0}
+            union = anchor | cand
+            jaccard = len(anchor & cand) / len(union) if union else 0.0
+            if jaccard > threshold:
+                total += jaccard * (s[p] - log_denominator)
+                count += 1
+        if count:
+            per_anchor.append(-total / count)
+    return sum(per_anchor) / len(per_anchor)
+
+
+@pytest.mark.parametrize("layout", ["dense", "sparse"])
+@pytest.mark.parametrize("keys", [False, True])
+def test_thresholded_jaccard_positives_are_the_peers_multi_label_supcon(layout, keys):
+    """sd with label_similarity='jaccard' and label_similarity_threshold=0.3 equals the formula of
+    pytorch-metric-learning's multi-label SupCon (positives above the threshold, weighted by their Jaccard
+    similarity, divided by their number) to 1e-9 in float64, in batch mode and with queue keys."""
+    g = torch.Generator().manual_seed(7)
+    for trial in range(3):
+        z = torch.randn(10, 6, generator=g, dtype=torch.float64)
+        y = (torch.rand(10, 7, generator=g) < 0.35).double()
+        y[0] = 0  # an empty label row
+        zk = torch.randn(5, 6, generator=g, dtype=torch.float64) if keys else None
+        yk = (torch.rand(5, 7, generator=g) < 0.35).double() if keys else None
+        want = _multisupcon_loop(z, y, zk, yk, 0.3, 0.1)
+        loss = get_loss("sd", label_similarity="jaccard", label_similarity_threshold=0.3, temperature=0.1)
+        labels = y.to_sparse() if layout == "sparse" else y
+        key_labels = None if yk is None else (yk.to_sparse() if layout == "sparse" else yk)
+        got = loss(z, labels, zk, key_labels)
+        assert abs(float(got) - want) <= 1e-9, (trial, float(got), want)
+    assert "jaccard > 0.3" in repr(loss)
+
+
+def test_a_threshold_drops_the_positives_at_or_below_it():
+    y = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    z = torch.randn(4, 5, dtype=torch.float64)
+    ctx = get_loss("jaccard").prepare(z, y)
+    for threshold, want in (
+        (None, [[0, 1, 1, 0], [1, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]]),
+        (0.5, [[0, 0, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
+    ):
+        loss = get_loss("jaccard", label_similarity_threshold=threshold)
+        w, positive = loss.label_weights(ctx)
+        assert positive.tolist() == [[bool(v) for v in row] for row in want]
+        assert torch.equal(w > 0, positive)  # J(0, 1) = 0.5 is not above 0.5: no weight either
+    with pytest.raises(ValueError, match="label_similarity_threshold must be a finite number >= 0"):
+        get_loss("jaccard", label_similarity_threshold=-0.1)
