@@ -30,6 +30,7 @@ from hf_mlcl.data.label_formats import (
     column_np,
     detect_format,
     encode_rows,
+    is_int_token,
     names_from_file,
     row_tokens,
     separators_in,
@@ -519,6 +520,8 @@ def _label_ids(
     names, names_origin = layout.names, layout.names_origin
     if layout.fmt == "columns":
         return encoded, names, names_origin
+    if names is not None and layout.fmt == "delimited":
+        tokens = _ids_of_given_names(tokens, names)
     if names is None:
         names, names_origin = _train_label_space(tokens, origin, unknown_labels)
     for split, rows in tokens.items():
@@ -541,6 +544,32 @@ def _column_label_ids(ds: Dataset, label_columns: list[str], origin: str, split:
     return [c.tolist() for c in np.split(cols_idx, np.searchsorted(rows_idx, np.arange(1, len(ds))))]
 
 
+def _ids_of_given_names(tokens: dict[str, list[list[Any]]], names: list[str]) -> dict[str, list[list[Any]]]:
+    """Delimited numbers read as ids of the given label names, where they are not names themselves and every
+    one is an id of them (``0 <= id < len(names)``); else the tokens as they are (names)."""
+    known = set(names)
+    flat = [t for rows in tokens.values() for r in rows for t in r]
+    if (
+        not flat
+        or all(t in known for t in flat)
+        or not all(is_int_token(t) and 0 <= int(t) < len(names) for t in flat)
+    ):
+        return tokens
+    return {s: [[int(t) for t in r] for r in rows] for s, rows in tokens.items()}
+
+
+def _check_id_range(ids: list[int], origin: str) -> None:
+    """ValueError in one line when integer label ids span a range far larger than the labels they use (a stray
+    id, or numeric codes that are names): the label space would be ``0 .. max id``."""
+    largest, used = max(ids), len(set(ids))
+    if largest + 1 > 2 * used + 1000:
+        raise ValueError(
+            f"{origin}: the label ids reach {largest} but only {used} distinct ids occur, so the label space would "
+            f"hold {largest + 1} labels; if the numbers are label names (codes), use label_format='names' or "
+            "'delimited', else pass label_names= (a list or file)"
+        )
+
+
 def _train_label_space(
     tokens: dict[str, list[list[Any]]], origin: str, unknown_labels: str
 ) -> tuple[list[str], str]:
@@ -549,6 +578,7 @@ def _train_label_space(
     train_tokens = [t for r in tokens["train"] for t in r]
     names_origin = "the sorted union of the train labels"
     if train_tokens and all(isinstance(t, int) for t in train_tokens):
+        _check_id_range(train_tokens, origin)
         names = [str(i) for i in range(max(train_tokens) + 1)]
         names_origin = "the integer ids of the train split (0 .. max)"
     else:

@@ -82,7 +82,8 @@ def binary_columns(ds: Dataset, exclude: set[str]) -> list[str]:
     return cols
 
 
-def _is_int(token: Any) -> bool:
+def is_int_token(token: Any) -> bool:
+    """True for an int, or a string of one (label ids written as text); never for a bool."""
     if isinstance(token, (bool, np.bool_)):
         return False
     if isinstance(token, (int, np.integer)):
@@ -221,10 +222,8 @@ def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[An
         else:
             toks = split_labels(v if isinstance(v, (list, tuple)) or hasattr(v, "tolist") else [v])
         rows.append(toks)
-    if fmt == "ids" or (
-        fmt == "delimited" and rows and all(_is_int(t) for r in rows for t in r) and any(rows)
-    ):
-        bad = sorted({t for r in rows for t in r if not _is_int(t)})
+    if fmt == "ids":  # delimited numbers stay names ("4019", "0010"): ids only where the user says so
+        bad = sorted({t for r in rows for t in r if not is_int_token(t)})
         if bad:
             raise ValueError(f"label_format='ids' but the label column holds non-integers such as {bad[:5]}")
         rows = [[int(t) for t in r] for r in rows]

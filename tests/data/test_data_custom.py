@@ -481,3 +481,34 @@ def test_the_own_data_options_are_listed_once_and_every_reader_follows_the_list(
     options = DataArguments(**changed).loader_options()
     assert set(options) == set(CUSTOM_OPTIONS) - {"revision"}
     assert (options["config_name"], options["label_names"]) == ("c", "n.txt")
+
+
+def test_numeric_label_names_stay_names():
+    """ICD-9 codes written as numbers are label names: '4019;25000' is two labels, not 25,001, and '0010', '010'
+    and '10' are three labels."""
+    from datasets import Dataset
+
+    from hf_mlcl.data import label_names, load_mlc_dataset
+
+    ds = load_mlc_dataset(Dataset.from_dict({"text": ["x y"] * 20, "labels": ["4019;25000", "0389"] * 10}))
+    assert label_names(ds["train"]) == ["0389", "25000", "4019"]
+    ds = load_mlc_dataset(Dataset.from_dict({"text": ["a b"] * 9, "labels": ["0010", "010", "10"] * 3}))
+    assert label_names(ds["train"]) == ["0010", "010", "10"]
+
+
+def test_delimited_ids_of_given_label_names_and_a_stray_id(tmp_path):
+    from datasets import Dataset
+
+    from hf_mlcl.data import label_names, load_mlc_dataset
+
+    names = ["sports", "politics", "science"]
+    ds = load_mlc_dataset(
+        Dataset.from_dict({"text": ["a b"] * 12, "labels": ["0;2", "1"] * 6}), label_names=names
+    )
+    assert label_names(ds["train"]) == names and sorted({tuple(r) for r in ds["train"]["labels"]}) == [
+        (0, 2),
+        (1,),
+    ]
+    stray = {"text": ["a b"] * 240, "labels": [[i % 5] for i in range(239)] + [[1_000_000]]}
+    with pytest.raises(ValueError, match="the label ids reach 1000000 but only 6 distinct ids occur"):
+        load_mlc_dataset(Dataset.from_dict(stray))
