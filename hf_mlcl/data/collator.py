@@ -142,13 +142,34 @@ class MultiLabelCollator:
 
     # -- labels -------------------------------------------------------------------------------
     def labels_to_tensor(self, label_lists: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter)."""
+        """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter). Rows of floats or
+        bools (``[0., 1., 0., 1.]``, what transformers users pass) are multi-hot rows already, never ids."""
+        if label_lists and _float_or_bool_row(label_lists[0]):
+            dense = self._multi_hot_rows(label_lists)
+            return dense.to_sparse().coalesce() if self.label_format == "sparse" else dense
         return multi_hot_tensor(
             label_lists,
             self.num_labels,
             sparse=self.label_format == "sparse",
             hint="; pass the dataset's num_labels (len(label_names(ds))) to MultiLabelCollator",
         )
+
+    def _multi_hot_rows(self, rows: Sequence[Any]) -> torch.Tensor:
+        """(B, L) float32 from multi-hot rows; ValueError unless each has num_labels 0/1 values."""
+        try:
+            dense = torch.as_tensor(np.asarray(rows, dtype=np.float32))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"multi-hot label rows must all have num_labels={self.num_labels} values ({err})"
+            ) from err
+        if dense.dim() != 2 or dense.shape[1] != self.num_labels:
+            raise ValueError(
+                f"multi-hot label rows (floats / bools) must have num_labels={self.num_labels} values; got shape "
+                f"{tuple(dense.shape)}; pass label ids as integer lists instead"
+            )
+        if not bool(((dense == 0) | (dense == 1)).all()):
+            raise ValueError("multi-hot label rows must hold only 0 and 1")
+        return dense
 
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
@@ -183,6 +204,17 @@ class MultiLabelCollator:
                 else:
                     batch[key] = value.repeat(self.n_views, *([1] * (value.dim() - 1)))
         return batch
+
+
+def _float_or_bool_row(row: Any) -> bool:
+    """True for a label row of floats or bools (a multi-hot row), False for one of integer ids."""
+    if isinstance(row, (torch.Tensor, np.ndarray)):
+        return row.dtype in (torch.bool, np.bool_) or (
+            row.dtype.is_floating_point
+            if isinstance(row, torch.Tensor)
+            else np.issubdtype(row.dtype, np.floating)
+        )
+    return any(isinstance(v, (float, bool, np.floating, np.bool_)) for v in row)
 
 
 def tokenize_dataset(

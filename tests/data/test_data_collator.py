@@ -192,3 +192,28 @@ def test_unpadded_batch_drops_the_attention_mask(bert_tokenizer, tiny_bert_confi
         got = model(**{k: v for k, v in unpadded.items() if k != "labels"}).logits
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
     assert with_mask.count == 1 and without_mask.count == 0, (with_mask.report(), without_mask.report())
+
+
+def test_float_and_bool_multi_hot_rows_are_multi_hot_not_ids(bert_tokenizer):
+    """The form transformers users pass ([0., 1., 0., 1.]) is a multi-hot row, not the label ids {0, 1}."""
+    import numpy as np
+    import pytest
+
+    from hf_mlcl.data import MultiLabelCollator
+
+    want = torch.tensor([[0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    for rows in (
+        [[0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]],
+        [[False, True, False, True], [True, False, False, False]],
+        [np.array([0, 1, 0, 1], dtype=np.float32), np.array([1, 0, 0, 0], dtype=np.float32)],
+    ):
+        examples = [{"text": "a b", "labels": r} for r in rows]
+        for fmt in ("dense", "sparse"):
+            labels = MultiLabelCollator(bert_tokenizer, 4, label_format=fmt)(examples)["labels"]
+            assert torch.equal(labels.to_dense() if fmt == "sparse" else labels, want)
+    ids = MultiLabelCollator(bert_tokenizer, 4)([{"text": "a", "labels": [0, 1]}])["labels"]
+    assert ids.tolist() == [[1.0, 1.0, 0.0, 0.0]]  # integer lists stay ids
+    with pytest.raises(ValueError, match="must have num_labels=4 values"):
+        MultiLabelCollator(bert_tokenizer, 4)([{"text": "a", "labels": [0.0, 1.0]}])
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        MultiLabelCollator(bert_tokenizer, 4)([{"text": "a", "labels": [0.0, 0.5, 0.0, 1.0]}])
