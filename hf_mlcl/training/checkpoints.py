@@ -68,13 +68,14 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
 
 
 def _interrupted_temp(name: str, folder_name: str | None = None) -> bool:
-    """A temp file or folder of an interrupted atomic write: ``.tmp-*`` (:mod:`hf_mlcl.files`), or the
-    ``.<target>.tmp-*`` folder a model save writes before renaming it into place (``.checkpoint-4.tmp-x``
-    inside ``output_dir``; ``.<folder_name>.tmp-x`` beside it for the stage's own final save)."""
-    if name.startswith(TMP_PREFIX):
-        return True
+    """A temp file or folder of an interrupted atomic write: inside ``output_dir`` a ``.tmp-*`` file
+    (:mod:`hf_mlcl.files`) or the ``.checkpoint-N.tmp-*`` folder a checkpoint save writes before renaming it
+    into place; beside it (``folder_name`` given) only the ``.<folder_name>.tmp-*`` folder of the stage's own
+    final save, never another entry of the parent folder."""
     if folder_name is not None:
         return name.startswith(f".{folder_name}.tmp-")
+    if name.startswith(TMP_PREFIX):
+        return True
     return (
         name.startswith(".")
         and _CHECKPOINT_RE.match(name[1:].split(".tmp-", 1)[0]) is not None

@@ -85,11 +85,13 @@ def test_resume_after_kill_9_mid_save_takes_the_last_complete_checkpoint(tmp_pat
     for folder in leftovers:
         os.makedirs(folder)
         open(os.path.join(folder, "model.safetensors"), "wb").write(b"half")
+    (tmp_path / ".tmp-someone-elses").write_text("not the run's")  # beside the run: never deleted
     capsys.readouterr()
 
     assert main([*TRAIN, "--output_dir", out, "--resume_from_checkpoint", "true"]) == 0
     assert f"resuming from {os.path.join(out, 'checkpoint-2')}" in capsys.readouterr().out
     assert not any(os.path.exists(folder) for folder in leftovers)
+    assert (tmp_path / ".tmp-someone-elses").read_text() == "not the run's"
     for step in (2, 4, 6):
         assert is_complete_checkpoint(os.path.join(out, f"checkpoint-{step}")), step
     assert json.load(open(os.path.join(out, "trainer_state.json")))["global_step"] == 6
