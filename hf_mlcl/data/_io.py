@@ -12,15 +12,19 @@ from collections.abc import Iterator
 _SPLIT_RE = re.compile(r"[;,\s]+")
 
 
+def _missing(value) -> bool:
+    """None, or a NaN (what pandas gives an empty cell)."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
 def split_labels(value, sep: str | None = None) -> list[str]:
     """A label field as a list of strings: a list stays a list; a string is split on ``sep``
-    (default: any run of ``;``, ``,`` or whitespace). NaN / None / "" -> []."""
-    if value is None:
-        return []
-    if isinstance(value, float) and value != value:  # NaN from pandas
+    (default: any run of ``;``, ``,`` or whitespace). NaN / None / "" -> [] (missing labels, never a label
+    named 'None' or 'nan'), also as items of a list."""
+    if _missing(value):
         return []
     if isinstance(value, (list, tuple)):
-        return [str(v).strip() for v in value if str(v).strip()]
+        return [str(v).strip() for v in value if not _missing(v) and str(v).strip()]
     if hasattr(value, "tolist"):
         return split_labels(value.tolist(), sep)
     s = str(value).strip()

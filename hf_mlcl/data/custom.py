@@ -517,6 +517,17 @@ def _label_ids(
             if layout.label_column not in ds.column_names:
                 raise ValueError(f"{origin}: split {split!r} has no label column {layout.label_column!r}")
             tokens[split] = row_tokens(column(ds, layout.label_column), layout.fmt, layout.sep)
+    for split, rows in tokens.items():
+        empty = sum(not r for r in rows)
+        if empty:
+            logger.warning(
+                "%s: %d of %d rows of split %r have no label (empty, None or NaN cells); they train as rows "
+                "without a positive",
+                origin,
+                empty,
+                len(rows),
+                split,
+            )
     names, names_origin = layout.names, layout.names_origin
     if layout.fmt == "columns":
         return encoded, names, names_origin

@@ -512,3 +512,23 @@ def test_delimited_ids_of_given_label_names_and_a_stray_id(tmp_path):
     stray = {"text": ["a b"] * 240, "labels": [[i % 5] for i in range(239)] + [[1_000_000]]}
     with pytest.raises(ValueError, match="the label ids reach 1000000 but only 6 distinct ids occur"):
         load_mlc_dataset(Dataset.from_dict(stray))
+
+
+def test_none_and_nan_label_cells_are_missing_labels_with_a_warning(tmp_path, caplog):
+    """An empty, None or NaN label cell (a list cell holding None too) is a row without labels, counted in a
+    warning, never a label named 'None' or 'nan'."""
+    import logging
+
+    import pandas as pd
+
+    from hf_mlcl.data import label_names, load_mlc_dataset
+
+    path = tmp_path / "data.parquet"
+    pd.DataFrame({"text": ["x y"] * 20, "labels": [["a", "b"], None, ["b", None], []] * 5}).to_parquet(path)
+    with caplog.at_level(logging.WARNING):
+        ds = load_mlc_dataset(str(path))
+    assert label_names(ds["train"]) == ["a", "b"]
+    assert "rows of split 'train' have no label" in caplog.text
+    csv = tmp_path / "data.csv"
+    pd.DataFrame({"text": ["x y"] * 20, "labels": ["a;b", "", "b", None] * 5}).to_csv(csv, index=False)
+    assert label_names(load_mlc_dataset(str(csv))["train"]) == ["a", "b"]
