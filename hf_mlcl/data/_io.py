@@ -34,6 +34,27 @@ def split_labels(value, sep: str | None = None) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def check_csv_fields(path: str, sep: str = ",") -> None:
+    """ValueError naming the line when a row of the CSV / TSV ``path`` has more fields than its header: an
+    unquoted cell holding the separator (``hello world,a,b``), which pandas would otherwise read by taking the
+    first column as the index (every text replaced by its first label) or stop on with a tokenising error."""
+    import csv
+
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh, delimiter=sep)
+        header = next(reader, None)
+        if header is None:
+            return
+        for row in reader:
+            if len(row) > len(header):
+                shown = sep.join(row)
+                raise ValueError(
+                    f"{path} line {reader.line_num} has {len(row)} fields but the header {header} has "
+                    f'{len(header)}: {shown[:80]!r}; quote a cell that holds {sep!r} (e.g. "a{sep}b") or '
+                    "separate the labels with ';'"
+                )
+
+
 def check_utf8(path: str) -> None:
     """ValueError naming the file, line and byte when ``path`` is not valid UTF-8 (read line by line)."""
     with open(path, "rb") as f:

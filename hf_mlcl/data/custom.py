@@ -20,7 +20,7 @@ import numpy as np
 from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 
-from hf_mlcl.data._io import check_utf8
+from hf_mlcl.data._io import check_csv_fields, check_utf8
 from hf_mlcl.data.label_formats import (
     LABEL_FORMATS,
     UNKNOWN_LABELS,
@@ -133,6 +133,8 @@ def _load_files(files: Mapping[str, str | Sequence[str]], base: str | None) -> D
             builders.append(_file_builder(path))
             if path.lower().endswith(_TEXT_FILES):
                 check_utf8(path)
+            if builders[-1][0] == "csv":
+                check_csv_fields(path, builders[-1][1]["sep"])
         if len({b for b, _ in builders}) > 1:
             raise ValueError(f"split {split!r} mixes file types {sorted(paths)}; use one format per split")
         builder, extra = builders[0]
@@ -164,6 +166,8 @@ def _load_folder_or_hub(source: str, config_name: str | None, revision: str | No
             for f in files:
                 if f.lower().endswith(_TEXT_FILES):
                     check_utf8(os.path.join(dirpath, f))
+                if f.lower().endswith((".csv", ".tsv")):
+                    check_csv_fields(os.path.join(dirpath, f), "\t" if f.lower().endswith(".tsv") else ",")
     try:
         loaded = load_dataset(source, config_name, revision=revision)
     except (FileNotFoundError, ValueError, ConnectionError) as err:

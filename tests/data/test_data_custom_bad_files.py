@@ -63,3 +63,21 @@ def test_options_of_another_loader_are_one_line_for_own_data(tmp_path):
         ValueError, match=r"options \['min_words', 'num_labels'\] do not apply to your own data"
     ):
         load_mlc_dataset(str(path), num_labels=10, min_words=3)
+
+
+def test_an_unquoted_comma_list_names_the_line_and_the_fix(tmp_path):
+    """'hello world,a,b' under the header text,labels: pandas would take the texts as the index and every
+    document's text would become its first label; the load stops in one line instead, before any work."""
+    from hf_mlcl.data import load_mlc_dataset
+
+    path = tmp_path / "data.csv"
+    path.write_text("text,labels\n" + "".join(f"document {i},a\n" for i in range(8)) + "hello world,a,b\n")
+    with pytest.raises(
+        ValueError, match=r"line 10 has 3 fields but the header \['text', 'labels'\] has 2.*quote"
+    ):
+        load_mlc_dataset(str(path))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train.csv").write_text("text,labels\nhello world,a,b\n")
+    with pytest.raises(ValueError, match="line 2 has 3 fields"):
+        load_mlc_dataset(str(folder))
