@@ -140,8 +140,22 @@ class CardData:
         return self.repo_id or self.folder or self.model_name or f"hf-mlcl-{self.kind}"
 
     def for_hub(self, repo_id: str) -> CardData:
-        """A copy of the card as published to ``repo_id``: the repo named, this machine's paths left out."""
-        return dataclasses.replace(self, repo_id=repo_id, model_name=repo_id, folder=None, local_data={})
+        """A copy of the card as published to ``repo_id``: the repo named, this machine's paths left out (a
+        local base model or encoder path is dropped, a local dataset keeps its file or folder name)."""
+
+        def local(value: Any) -> bool:
+            return isinstance(value, str) and (os.path.isabs(value) or os.path.exists(value))
+
+        return dataclasses.replace(
+            self,
+            repo_id=repo_id,
+            model_name=repo_id,
+            folder=None,
+            local_data={},
+            base_model=None if local(self.base_model) else self.base_model,
+            encoder_path=None if local(self.encoder_path) else self.encoder_path,
+            dataset=os.path.basename(os.path.normpath(self.dataset)) if local(self.dataset) else self.dataset,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

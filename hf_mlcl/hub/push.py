@@ -41,17 +41,61 @@ class PushError(RuntimeError):
 
 
 def files_to_push(folder: str) -> list[str]:
-    """Relative POSIX paths of the files a push uploads (sorted)."""
+    """Relative POSIX paths of the files a push uploads (sorted): regular files inside ``folder`` only, never a
+    symbolic link (it could point anywhere on this machine) nor a hidden or temporary file."""
     out = []
     for dirpath, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not any(fnmatch.fnmatch(d, p) for p in _EXCLUDE_DIRS))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not any(fnmatch.fnmatch(d, p) for p in _EXCLUDE_DIRS)
+            and not os.path.islink(os.path.join(dirpath, d))
+        )
         for name in files:
             if any(fnmatch.fnmatch(name, p) for p in _EXCLUDE_FILES):
+                continue
+            if os.path.islink(os.path.join(dirpath, name)) or not os.path.isfile(os.path.join(dirpath, name)):
                 continue
             if any(fnmatch.fnmatch(name, p) for p in _INCLUDE):
                 rel = os.path.relpath(os.path.join(dirpath, name), folder)
                 out.append(rel.replace(os.sep, "/"))
     return sorted(out)
+
+
+# JSON keys of the model files that name where a model came from: a local path there goes as its folder name
+_PROVENANCE_KEYS = ("backbone_name_or_path", "_name_or_path")
+
+
+def _local_path(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and (os.path.isabs(value) or os.path.exists(value))
+
+
+def _without_local_paths(folder: str, name: str) -> bytes | None:
+    """The bytes to upload for the JSON file ``name`` when it names a path of this machine as a model's origin
+    (``backbone_name_or_path``: its folder name instead), else None (uploaded as it is). ValueError for an
+    adapter whose base model is a local folder: the pushed adapter could not load anywhere else."""
+    if not name.endswith(".json") or "/" in name:
+        return None
+    path = os.path.join(folder, name)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if name == "adapter_config.json" and _local_path(data.get("base_model_name_or_path")):
+        raise ValueError(
+            f"{path}: the adapter's base model is the local folder {data['base_model_name_or_path']!r}, so the "
+            "pushed adapter would load nowhere else; push the base model to the Hub and set "
+            "base_model_name_or_path to its id, or train with merge_lora: true"
+        )
+    local = [k for k in _PROVENANCE_KEYS if _local_path(data.get(k))]
+    if not local:
+        return None
+    for key in local:
+        data[key] = os.path.basename(os.path.normpath(data[key]))
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
 def _commit_operations(folder: str, files: list[str], repo_id: str) -> list[Any]:
@@ -62,7 +106,9 @@ def _commit_operations(folder: str, files: list[str], repo_id: str) -> list[Any]
 
     from .model_card import CardData, render_model_card
 
-    rendered: dict[str, bytes] = {}
+    rendered: dict[str, bytes] = {
+        name: data for name in files if (data := _without_local_paths(folder, name))
+    }
     if CARD_DATA_FILE in files:
         card = CardData.load(folder).for_hub(repo_id)
         rendered[CARD_FILE] = str(render_model_card(card)).encode("utf-8")
@@ -94,6 +140,8 @@ def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
             else "run training through `hf-mlcl train|probe|run`, which writes README.md"
         )
         raise ValueError(f"{folder} has no model card ({CARD_FILE}); {hint}")
+    for name in files:  # before any network call: an adapter on a local base model cannot be published
+        _without_local_paths(folder, name)
     return files
 
 

@@ -320,6 +320,36 @@ def test_push_uploads_model_tokenizer_card_and_metrics_only(tmp_path):
     assert json.loads(api.uploaded["card_data.json"])["dataset"] == "aapd"
 
 
+def test_push_uploads_no_symlink_and_no_local_path(tmp_path):
+    """A symlink inside the folder (to a secret elsewhere, file or folder) is not uploaded, and no uploaded file
+    names a path of this machine: config.json's backbone_name_or_path goes as its folder name, the card's
+    local base model, encoder and dataset paths are left out; an adapter on a local base is refused."""
+    folder = tmp_path / "clf"
+    _fake_checkpoint(str(folder))
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "notes.json").write_text("{}")
+    os.symlink(secret, folder / "plots" / "leak.png")
+    os.symlink(tmp_path / "private", folder / "linked")
+    base = str(tmp_path / "models" / "minilm")
+    (folder / "config.json").write_text(json.dumps({"model_type": "mlcl", "backbone_name_or_path": base}))
+    card = CardData.load(str(folder))
+    card.base_model, card.encoder_path, card.dataset = base, str(tmp_path / "enc"), str(secret)
+    save_model_card(card, str(folder))
+    api = FakeHfApi()
+    push_folder(str(folder), "someone/clf", api=api)
+    assert "plots/leak.png" not in api.uploaded and not any(f.startswith("linked") for f in api.uploaded)
+    everything = b"".join(api.uploaded.values()).decode("utf-8", errors="replace")
+    assert str(tmp_path) not in everything and "password" not in everything
+    assert json.loads(api.uploaded["config.json"])["backbone_name_or_path"] == "minilm"
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base, "r": 4}))
+    api = FakeHfApi()
+    with pytest.raises(ValueError, match="the adapter's base model is the local folder"):
+        push_folder(str(folder), "someone/clf", api=api)
+    assert api.calls == []
+
+
 @pytest.mark.parametrize("fail_on", ["create_repo", "create_commit"])
 def test_failed_push_leaves_the_checkpoint_byte_identical(tmp_path, fail_on):
     _fake_checkpoint(str(tmp_path))
