@@ -313,6 +313,14 @@ class StageTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         self.loss_kwargs = _as_dict(self.loss_kwargs, "loss_kwargs") or {}
         _keep_columns(self)
+        for name in (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
         self.check_stage()
         _no_pinned_memory_without_accelerator(self)
         super().__post_init__()
@@ -433,6 +441,10 @@ class ProbingTrainingArguments(StageTrainingArguments):
     )
 
     def check_stage(self) -> None:
+        if self.logistic_max_iter < 1:
+            raise ValueError(
+                f"logistic_max_iter must be a positive number of lbfgs iterations; got {self.logistic_max_iter}"
+            )
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         check_supervised_loss(self.loss)  # the loss registry answers what a supervised loss is

@@ -124,6 +124,10 @@ def test_probing_bad_configurations(tmp_path, tok):
     with pytest.raises(ValueError, match="unknown probing loss 'nope'"):
         probe_args(tmp_path, loss="nope")
     assert probe_args(tmp_path, loss="asl").loss == "asl"  # an alias the registry knows is a supervised loss
+    with pytest.raises(ValueError, match="per_device_train_batch_size must be a positive integer; got -1"):
+        probe_args(tmp_path, per_device_train_batch_size=-1)
+    with pytest.raises(ValueError, match="logistic_max_iter must be a positive number"):
+        probe_args(tmp_path, logistic_max_iter=0)
 
 
 # ------------------------------------------------------------------------------------ entry points
