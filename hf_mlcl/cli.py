@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -628,6 +629,29 @@ COMMANDS = {
 }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's pre-emption, ``kill``): stops a command as Ctrl-C does, with the resume hint."""
+
+
+def _terminate_like_ctrl_c():
+    """Make SIGTERM raise :class:`Terminated` in the main thread while a command of a single-process run runs
+    (the command line owns its process); returns the handler to restore, None where none is set: off the main
+    thread, and under a multi-process launch, whose launcher stops the other processes with SIGTERM when one
+    fails (a process waiting in a collective would only see the exception once the collective returns)."""
+    import threading
+
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    ):
+        return None
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    return signal.signal(signal.SIGTERM, terminated)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the process exit status."""
     from hf_mlcl.hub import PushError
@@ -641,13 +665,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(ns.log_level)
     # under a multi-process launch: a failure on any process (any node) stops every process, naming it
     failures = LaunchFailures(f"hf-mlcl {ns.command}").start()
+    previous = _terminate_like_ctrl_c()
     try:
         COMMANDS[ns.command](ns, rest)
-    except KeyboardInterrupt:
-        failures.announce("interrupted")
+    except KeyboardInterrupt as err:
+        how = "terminated" if isinstance(err, Terminated) else "interrupted"
+        failures.announce(how)
         if os.environ.get("RANK", "0") == "0":
-            print(f"\nhf-mlcl {ns.command}: interrupted. {_resume_hint(ns.command, argv)}", file=sys.stderr)
-        return 130
+            print(f"\nhf-mlcl {ns.command}: {how}. {_resume_hint(ns.command, argv)}", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     except (RecipeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as err:
         failures.announce(f"{err}")
         # every process found it (the same inputs): say it once per node (node-local folders may differ)
@@ -669,6 +695,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         failures.announce(f"{type(err).__name__}: {err}")
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     failures.stop()
     D.shutdown()  # a clean end of a multi-process run (see hf_mlcl.training.distributed.shutdown)
     return 0
@@ -680,15 +709,27 @@ def _resume_hint(command: str, argv: Sequence[str]) -> str:
 
     if command not in ("train", "probe", "run"):
         return "Nothing to resume."
-    kept, skip_value = [], False
-    for arg in argv:  # any earlier --resume_from_checkpoint (and its value) is replaced
-        if skip_value:
-            skip_value = False
-        elif arg == "--resume_from_checkpoint":
-            skip_value = True
-        elif not arg.startswith("--resume_from_checkpoint="):
+    kept, skip_value = [], None
+    for arg in argv:  # any earlier --resume_from_checkpoint is replaced; a secret is never echoed
+        key = arg.split("=", 1)[0]
+        if skip_value is not None:
+            if skip_value:
+                kept.append("...")
+            skip_value = None
+        elif key == "--resume_from_checkpoint":
+            skip_value = False if "=" not in arg else None
+        elif key.lstrip("-").rsplit(".", 1)[-1] in _SECRET_OPTIONS:
+            kept.append(f"{key}=..." if "=" in arg else arg)
+            skip_value = True if "=" not in arg else None
+        else:
             kept.append(arg)
     return "Resume with: hf-mlcl " + shlex.join([*kept, "--resume_from_checkpoint", "true"])
+
+
+_SECRET_OPTIONS = (
+    "hub_token",
+    "token",
+)  # their values are not printed (an override may carry a stage prefix)
 
 
 if __name__ == "__main__":

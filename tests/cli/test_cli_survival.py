@@ -233,3 +233,26 @@ def test_ctrl_c_prints_one_resume_line(monkeypatch, capsys):
     assert err.endswith(
         f"Resume with: hf-mlcl run {RECIPE} --output_dir 'x y' --max_steps 3 --resume_from_checkpoint true"
     )
+
+
+def test_sigterm_prints_the_resume_line_and_no_token(monkeypatch, capsys):
+    """SIGTERM (pre-emption, kill) stops a command as Ctrl-C does, exit 143, with the resume line, which never
+    echoes a token given on the command line."""
+    import signal
+
+    def terminated(ns, overrides):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setitem(cli.COMMANDS, "run", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = main(
+        ["run", RECIPE, "--output_dir", "out", "--hub_token", "hf_SECRET", "--probe.hub_token=hf_OTHER"]
+    )
+    assert rc == 143 and signal.getsignal(signal.SIGTERM) is before  # the handler is restored
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and "terminated." in err
+    assert "hf_SECRET" not in err and "hf_OTHER" not in err
+    assert err.endswith(
+        f"Resume with: hf-mlcl run {RECIPE} --output_dir out --hub_token ... --probe.hub_token=... "
+        "--resume_from_checkpoint true"
+    )
