@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -303,7 +304,24 @@ def parse_stage(
     defaults["output_dir"] = output_dir or stage_output_dir(recipe, stage, overrides.output_dir)
     parser.set_defaults(**defaults)  # argparse's public API: recipe values become the option defaults
     tokens = [*overrides.common, *overrides.stage.get(stage, [])]
+
+    def stop(message: str) -> None:  # argparse's error(): one line naming where the value came from, no usage
+        raise RecipeError(_where_a_value_came_from(message, tokens, recipe, stage))
+
+    parser.error = stop
     try:
         return tuple(parser.parse_args_into_dataclasses(args=tokens, look_for_args_file=False))
-    except SystemExit as err:  # argparse already printed the problem
+    except SystemExit as err:  # argparse printed something else (e.g. --help)
         raise RecipeError(f"could not parse the {stage} arguments {tokens}") from err
+
+
+def _where_a_value_came_from(message: str, tokens: Sequence[str], recipe: dict, stage: str) -> str:
+    """argparse's ``message`` about an option, said of the recipe key or the command-line option it came from."""
+    found = re.match(r"argument --([\w.-]+)", message)
+    key = found.group(1).replace("-", "_") if found else None
+    given = key is not None and any(t.lstrip("-").split("=", 1)[0].replace("-", "_") == key for t in tokens)
+    if key is None or given:
+        return f"{stage} arguments on the command line: {message}"
+    section = f" under `{stage}:`" if key in (recipe.get(stage) or {}) else ""
+    detail = message.split(": ", 1)[1] if ": " in message else message
+    return f"recipe key {key!r}{section}: {detail}"

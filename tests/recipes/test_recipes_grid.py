@@ -441,3 +441,25 @@ def test_demo_recipe_parses_on_cpu_without_overrides():
     assert args.loss == "similarity_dissimilarity" and args.output_dir == "outputs/tiny_synthetic/encoder"
     _, _, probe = parse_stage(recipe, "probe")
     assert probe.output_dir == "outputs/tiny_synthetic/classifier"
+
+
+def test_a_wrong_type_in_a_recipe_is_one_line_naming_the_key(tmp_path, capsys):
+    """A recipe value of the wrong type stops in one line naming the recipe key (not argparse's usage text,
+    not the command line); a wrong value given on the command line is said of the command line."""
+    from hf_mlcl.cli import main
+
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(
+        f"_base_: {os.path.join(ROOT, 'recipes', 'demo', 'tiny_synthetic.yaml')}\ncontrastive:\n  num_train_epochs: abc\n"
+    )
+    assert main(["train", str(recipe), "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "hf-mlcl train: error: recipe key 'num_train_epochs' under `contrastive:`: invalid float value: 'abc'"
+    ]
+    good = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+    assert (
+        main(["train", good, "--output_dir", str(tmp_path / "o"), "--contrastive.num_train_epochs", "x"]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "on the command line" in err[0] and "'x'" in err[0]
