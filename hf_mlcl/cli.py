@@ -591,7 +591,9 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
         seed=ns.seed,
     )
     print(format_report(report))
-    paths = write_report(report, ns.output_dir, prefix=ns.prefix or ns.dataset)
+    # a dataset given as a path names its files by its file name: the report goes into --output_dir only
+    prefix = ns.prefix or os.path.splitext(os.path.basename(os.path.normpath(ns.dataset)))[0]
+    paths = write_report(report, ns.output_dir, prefix=prefix)
     print("wrote " + ", ".join(paths.values()))
 
 

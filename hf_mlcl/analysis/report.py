@@ -281,7 +281,10 @@ def format_report(report: dict[str, Any]) -> str:
 def write_report(
     report: dict[str, Any], output_dir: str | os.PathLike, prefix: str = "inspect"
 ) -> dict[str, str]:
-    """Write ``<prefix>.json``, ``<prefix>.txt`` (the table) and three PNGs; returns their paths."""
+    """Write ``<prefix>.json``, ``<prefix>.txt`` (the table) and three PNGs into ``output_dir``; returns their
+    paths. ValueError for a ``prefix`` that is a path (the files would land outside ``output_dir``)."""
+    if not prefix or os.path.basename(prefix) != prefix or prefix in (".", ".."):
+        raise ValueError(f"the report's file-name prefix must be a plain name, not a path; got {prefix!r}")
     os.makedirs(output_dir, exist_ok=True)
     paths = {
         k: os.path.join(output_dir, f"{prefix}{suffix}")

@@ -204,6 +204,24 @@ def test_cli_inspect_writes_table_json_and_plots(tmp_path, capsys):
     assert main(["inspect", "synthetic", "--option", "oops"]) == 2
 
 
+def test_cli_inspect_of_a_data_file_writes_into_output_dir_only(tmp_path, capsys):
+    """A dataset given as a file path names the report by its file name, inside --output_dir: nothing is
+    written beside the data."""
+    import csv
+
+    data = tmp_path / "data" / "my_data.csv"
+    data.parent.mkdir()
+    with open(data, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text", "labels"])
+        for i in range(60):
+            writer.writerow([f"document number {i}", ["a;b", "b", "c;a"][i % 3]])
+    out = tmp_path / "insp"
+    assert main(["inspect", str(data), "--batch_size", "8", "--batches", "2", "--output_dir", str(out)]) == 0
+    assert sorted(os.listdir(data.parent)) == ["my_data.csv"]
+    assert (out / "my_data.json").is_file() and (out / "my_data_queue_sweep.png").is_file()
+
+
 @pytest.mark.parametrize("name", ["all", "any", "similarity_dissimilarity", "jaccard"])
 @pytest.mark.parametrize("keys", [False, True])
 def test_each_loss_trains_on_the_positive_rule_inspect_reads(name, keys):
