@@ -40,6 +40,7 @@ from .preflight import (
     remove_previous_checkpoints,
     require_a_step,
 )
+from .run_lock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -441,7 +442,22 @@ def _with_card(
     """Run a stage with the card callback attached, replay the finished trainer's data into it (the logistic
     probe never calls ``Trainer.train``, so its hooks alone would miss it), write the card on the process that
     writes the folder (``args.should_save``: the main process, or each node's with ``save_on_each_node``), then
-    a barrier: no rank reads the folder (stage 2, evaluation, push) before it is complete."""
+    a barrier: no rank reads the folder (stage 2, evaluation, push) before it is complete. That process holds
+    the folder's :class:`~hf_mlcl.training.run_lock.RunLock` meanwhile: a second run into it stops in one line."""
+    lock = RunLock(args.output_dir) if args.should_save else None  # the process that writes the folder
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _run_with_card(train, card_cb, args, *stage_args, data=data)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_with_card(
+    train: Callable[..., StageResult], card_cb: Any, args: Any, *stage_args: Any, data: RunData | None = None
+) -> StageResult:
+    """The stage and its card (see :func:`_with_card`)."""
     result = train(*stage_args, callbacks=[card_cb], data=data)
     trainer = result.trainer
     card_cb.collect_from_trainer(trainer, result.metrics)

@@ -1,0 +1,93 @@
+"""One run per output folder: an advisory lock the process that writes a stage's folder holds while the stage
+runs, so a second run, demo or resume into the same folder stops in one line naming the running one.
+
+The lock is ``fcntl.flock`` on a hidden file in the folder: the kernel releases it when its process ends, even by
+``kill -9``, so a killed run's lock is taken over by the next run without any staleness rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+__all__ = ["LOCK_NAME", "RunLock"]
+
+LOCK_NAME = ".hf_mlcl.lock"
+
+
+class RunLock:
+    """Hold the run lock of ``folder`` (a context manager; :meth:`acquire` / :meth:`release` otherwise).
+
+    Raises:
+        InputError: another process holds the folder's lock (it names its process id, host and start time).
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.path = os.path.join(folder, LOCK_NAME)
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        try:
+            import fcntl
+        except ImportError:  # no advisory locks on this platform: nothing to hold
+            return self
+        from .preflight import InputError
+
+        os.makedirs(self.folder, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise InputError(
+                    f"{self.folder} is in use by another run ({holder}); wait for it to end, or choose another "
+                    "--output_dir"
+                ) from None
+            try:  # the holder before us may have removed the file we opened: lock the one at the path
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(
+            fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.ctime()}).encode()
+        )
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file while still holding it (a later run then locks a new file), then unlock."""
+        if self._fd is None:
+            return
+        import fcntl
+
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    """The holder a lock file names ("process 123 on host h since ..."), or what it holds when unreadable."""
+    try:
+        data = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"process {data['pid']} on host {data['host']} since {data['since']}"
+    except (OSError, ValueError, KeyError):
+        return "a process that has not written its name yet"
