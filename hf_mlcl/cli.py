@@ -71,8 +71,8 @@ def cmd_probe(ns, overrides) -> dict:
     encoder = ns.encoder_path
     if encoder is None and "contrastive" in recipe.get("stages", ["contrastive"]):
         default = stage_output_dir(recipe, "contrastive")
-        if os.path.isfile(os.path.join(default, "config.json")):
-            encoder = default
+        if any(os.path.isfile(os.path.join(default, f)) for f in ("config.json", "adapter_config.json")):
+            encoder = default  # a saved encoder: its own weights, or an adapter over its base
     _check_models(model_args, encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
