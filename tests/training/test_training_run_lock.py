@@ -27,7 +27,11 @@ def test_a_second_holder_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
         pass  # nobody holds it: taken over
 
 
-def test_two_runs_into_one_folder_never_both_finish(tmp_path):
+def test_a_second_run_into_a_running_folder_stops_in_one_line(tmp_path):
+    """While a run trains, its folder's lock is held: another holder is refused, and a second hf-mlcl run into
+    the folder (resuming it) exits 2 with one line naming the first; the first run finishes (exit 0)."""
+    import time
+
     recipe = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
     out = str(tmp_path / "out")
     cmd = [
@@ -42,20 +46,34 @@ def test_two_runs_into_one_folder_never_both_finish(tmp_path):
         "true",
         "--report_to",
         "none",
-        "--contrastive.max_steps",
-        "4",
-        "--overwrite_output_dir",
-        "true",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = [
-        subprocess.Popen(
-            cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    results = [(p.wait(timeout=240), p.stderr.read()) for p in runs]
-    codes = sorted(rc for rc, _ in results)
-    assert codes == [0, 2], results
-    refused = next(err for rc, err in results if rc == 2)
-    assert "is in use by another run" in refused and "Traceback" not in refused
+    first = subprocess.Popen(
+        [*cmd, "--contrastive.max_steps", "1000"],
+        cwd=str(tmp_path),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, LOCK_NAME)) and time.monotonic() < deadline:
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(0.01)
+    with pytest.raises(InputError, match=f"in use by another run \\(process {first.pid} on host"):
+        RunLock(out).acquire()
+    second = subprocess.run(
+        [*cmd, "--resume_from_checkpoint", "true"],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert first.poll() is None, (
+        "the first run ended before the second reached the lock: the test proves nothing"
+    )
+    assert second.returncode == 2, second.stderr[-2000:]
+    err = second.stderr.strip().splitlines()
+    assert "is in use by another run" in err[-1] and "Traceback" not in second.stderr
+    assert first.wait(timeout=240) == 0, first.stderr.read()[-2000:]
