@@ -88,12 +88,9 @@ def _lone_process_of_a_cpu_launch() -> bool:
 def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
     """Stop a new run from writing into ``output_dir`` when it already holds files and neither
     ``overwrite`` nor ``resume`` is asked for (see module doc). Deletes nothing."""
-    from .run_lock import LOCK_NAME
-
-    held = [n for n in os.listdir(output_dir) if n != LOCK_NAME] if os.path.isdir(output_dir) else []
-    if overwrite or wants_resume(resume) or not held:
+    if overwrite or wants_resume(resume) or not os.path.isdir(output_dir) or not os.listdir(output_dir):
         return
-    shown = sorted(held)
+    shown = sorted(os.listdir(output_dir))
     more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
     raise InputError(
         f"output_dir {output_dir} already holds a run ({', '.join(shown[:5])}{more}); pass "

@@ -1,7 +1,8 @@
 """One run per output folder: an advisory lock the process that writes a stage's folder holds while the stage
 runs, so a second run, demo or resume into the same folder stops in one line naming the running one.
 
-The lock is ``fcntl.flock`` on a hidden file in the folder: the kernel releases it when its process ends, even by
+The lock is ``fcntl.flock`` on a hidden file beside the folder (``.<folder>.hf_mlcl.lock``, so taking it creates
+nothing inside a folder that does not exist yet): the kernel releases it when its process ends, even by
 ``kill -9``, so a killed run's lock is taken over by the next run without any staleness rule.
 """
 
@@ -13,9 +14,9 @@ import socket
 import time
 from typing import Any
 
-__all__ = ["LOCK_NAME", "RunLock"]
+__all__ = ["LOCK_SUFFIX", "RunLock"]
 
-LOCK_NAME = ".hf_mlcl.lock"
+LOCK_SUFFIX = ".hf_mlcl.lock"
 
 
 class RunLock:
@@ -26,9 +27,12 @@ class RunLock:
     """
 
     def __init__(self, folder: str) -> None:
-        self.folder = folder
-        self.path = os.path.join(folder, LOCK_NAME)
+        self.folder = os.path.abspath(folder)
+        self.path = os.path.join(
+            os.path.dirname(self.folder), f".{os.path.basename(self.folder)}{LOCK_SUFFIX}"
+        )
         self._fd: int | None = None
+        self._created: list[str] = []
 
     def acquire(self) -> RunLock:
         try:
@@ -37,7 +41,8 @@ class RunLock:
             return self
         from .preflight import InputError
 
-        os.makedirs(self.folder, exist_ok=True)
+        self._created = _missing_folders(os.path.dirname(self.path))
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -64,7 +69,8 @@ class RunLock:
         return self
 
     def release(self) -> None:
-        """Remove the lock file while still holding it (a later run then locks a new file), then unlock."""
+        """Remove the lock file while still holding it (a later run then locks a new file), unlock, and remove
+        the folders taking the lock created where they stayed empty (a stage that failed leaves nothing)."""
         if self._fd is None:
             return
         import fcntl
@@ -76,12 +82,31 @@ class RunLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+        for (
+            folder
+        ) in self._created:  # deepest first: the folders the lock made, where nothing else was written
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
 
     def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def _missing_folders(path: str) -> list[str]:
+    """``path`` and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def _read_holder(fd: int) -> str:

@@ -10,19 +10,22 @@ import sys
 import pytest
 
 from hf_mlcl.training.preflight import InputError
-from hf_mlcl.training.run_lock import LOCK_NAME, RunLock
+from hf_mlcl.training.run_lock import RunLock
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_a_second_holder_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
     folder = str(tmp_path / "run")
+    lock_file = str(tmp_path / ".run.hf_mlcl.lock")  # beside the folder: nothing is created inside it
     with RunLock(folder):
-        assert os.path.isfile(os.path.join(folder, LOCK_NAME))
+        assert os.path.isfile(lock_file) and not os.path.exists(folder)
         with pytest.raises(InputError, match=rf"in use by another run \(process {os.getpid()} on host"):
             RunLock(folder).acquire()
-    assert not os.path.exists(os.path.join(folder, LOCK_NAME))  # removed by its holder
-    (tmp_path / "run" / LOCK_NAME).write_text('{"pid": 1, "host": "gone", "since": "then"}')  # a killed run's
+    assert not os.path.exists(lock_file)  # removed by its holder
+    (tmp_path / ".run.hf_mlcl.lock").write_text(
+        '{"pid": 1, "host": "gone", "since": "then"}'
+    )  # a killed run's
     with RunLock(folder):
         pass  # nobody holds it: taken over
 
@@ -57,7 +60,7 @@ def test_a_second_run_into_a_running_folder_stops_in_one_line(tmp_path):
         text=True,
     )
     deadline = time.monotonic() + 120
-    while not os.path.exists(os.path.join(out, LOCK_NAME)) and time.monotonic() < deadline:
+    while not os.path.exists(str(tmp_path / ".out.hf_mlcl.lock")) and time.monotonic() < deadline:
         assert first.poll() is None, first.stderr.read()
         time.sleep(0.01)
     with pytest.raises(InputError, match=f"in use by another run \\(process {first.pid} on host"):
