@@ -267,9 +267,10 @@ def _interrupt_stage_1(out: str, incomplete_step: int | None) -> None:
     import shutil
 
     encoder = os.path.join(out, "encoder")
-    for name in os.listdir(encoder):
+    for name in os.listdir(encoder):  # the encoder's files and its sentence-transformers module folders
+        path = os.path.join(encoder, name)
         if not name.startswith("checkpoint-"):
-            os.remove(os.path.join(encoder, name))
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     shutil.rmtree(os.path.join(out, "classifier"))
     if os.path.exists(os.path.join(out, "results.json")):
         os.remove(os.path.join(out, "results.json"))
