@@ -122,15 +122,12 @@ def _load_classifier(folder: str) -> Any:
     """The classifier of ``folder``: a native one as the transformers class it is (nothing to convert), any
     other with hf_mlcl's loader."""
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
-    from hf_mlcl.modeling.native_mlcl import MLCL_FILE
+    from hf_mlcl.modeling.builders import folder_layout
 
-    settings = os.path.join(folder, MLCL_FILE)
-    if os.path.isfile(settings):
-        with open(settings, encoding="utf-8") as fh:
-            if json.load(fh).get("kind") == "classifier":
-                from transformers import AutoModelForSequenceClassification
+    if folder_layout(folder) == "transformers":
+        from transformers import AutoModelForSequenceClassification
 
-                return AutoModelForSequenceClassification.from_pretrained(folder)
+        return AutoModelForSequenceClassification.from_pretrained(folder)
     return MLCLForMultiLabelClassification.from_pretrained(folder)
 
 

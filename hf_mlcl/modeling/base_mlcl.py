@@ -293,14 +293,15 @@ class MLCLPreTrainedModel(PreTrainedModel):
         adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)
         native = hub_file(path, MLCL_FILE, hub)
         if native is not None:
-            files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
-            files[ADAPTER_CONFIG_NAME] = adapter_file
             with open(native, encoding="utf-8") as fh:
-                kind = json.load(fh).get("kind", "encoder")
+                settings = json.load(fh)
+            kind = settings.get("kind", "encoder")
             if kind == "classifier" and cls.folder_kind == "classifier":
-                return load_native_classifier(cls, path, files, kwargs)
+                return load_native_classifier(cls, path, settings, kwargs)
             if kind == "encoder" and cls.folder_kind == "encoder":
-                return load_native_encoder(cls, path, files, adapter_file is not None, kwargs)
+                files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
+                files[ADAPTER_CONFIG_NAME] = adapter_file
+                return load_native_encoder(cls, path, settings, files, hub, kwargs)
             if kind == "encoder":
                 raise ValueError(
                     f"{path} is an encoder (a sentence-transformers folder): it has no classification head to load; "

@@ -55,6 +55,23 @@ def _write_backbone(folder: str, config: MLCLConfig, state: dict[str, torch.Tens
     save_file(state, os.path.join(folder, HEADS_WEIGHTS_NAME), metadata={"format": "pt"})
 
 
+def _save_right_padded(tokenizer: Any, folder: str) -> None:
+    """``tokenizer`` (when given) saved into ``folder`` padding on the right: consumers number positions from
+    the first token, which for a decoder gives hf_mlcl's states only without left padding."""
+    if tokenizer is not None:
+        right = copy.deepcopy(tokenizer)
+        right.padding_side = "right"
+        right.save_pretrained(folder)
+
+
+def _remove_hf_mlcl_files(folder: str, *extra: str) -> None:
+    """Remove the remote-code files (and ``extra`` names) a native folder no longer needs, where present."""
+    for name in ("configuration_mlcl.py", "modeling_mlcl.py", *extra):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.remove(path)
+
+
 def to_sentence_transformers(
     folder: str,
     max_seq_length: int | None = None,
@@ -103,10 +120,7 @@ def to_sentence_transformers(
             embedding,
             backbone_config=config.backbone_config if adapter else None,
         )
-        if tokenizer is not None:
-            right = copy.deepcopy(tokenizer)
-            right.padding_side = "right"
-            right.save_pretrained(tmp)
+        _save_right_padded(tokenizer, tmp)
 
     target = folder if target is None else target
     os.makedirs(target, exist_ok=True)
@@ -117,10 +131,7 @@ def to_sentence_transformers(
                     shutil.copyfile(os.path.join(folder, name), tmp)
     save_folder_atomically(target, write)  # also removes the heads' model.safetensors of an adapter folder
     # the remote code goes; so does an adapter folder's config.json, which would hide the base model it names
-    for name in ("configuration_mlcl.py", "modeling_mlcl.py", *(("config.json",) if adapter else ())):
-        path = os.path.join(target, name)
-        if os.path.isfile(path):
-            os.remove(path)
+    _remove_hf_mlcl_files(target, *(("config.json",) if adapter else ()))
     return True
 
 
@@ -168,17 +179,11 @@ def to_native_classifier(folder: str, tokenizer: Any = None, target: str | None 
         native.save_pretrained(tmp)
         with open(os.path.join(tmp, MLCL_FILE), "w", encoding="utf-8") as fh:
             json.dump(settings, fh, indent=2)
-        if tokenizer is not None:
-            right = copy.deepcopy(tokenizer)
-            right.padding_side = "right"
-            right.save_pretrained(tmp)
+        _save_right_padded(tokenizer, tmp)
 
     target = folder if target is None else target
     save_folder_atomically(target, write)
-    for name in ("configuration_mlcl.py", "modeling_mlcl.py"):
-        path = os.path.join(target, name)
-        if os.path.isfile(path):
-            os.remove(path)
+    _remove_hf_mlcl_files(target)
     return True
 
 

@@ -50,13 +50,8 @@ _ST_MODULES = (
     "sentence_transformers.models.Dense",
     "sentence_transformers.models.Dense",
 )
-# the hf_mlcl settings a native folder keeps beside the backbone's own config.json
-NATIVE_FILES = (
-    MLCL_FILE,
-    "config.json",
-    "adapter_model.safetensors",
-    *(f"{d}/model.safetensors" for d in DENSE_DIRS),
-)
+# what an encoder folder is read from beside its settings and its backbone: the adapter and the projection head
+NATIVE_FILES = ("adapter_model.safetensors", *(f"{d}/model.safetensors" for d in DENSE_DIRS))
 _SETTINGS = (
     "pooling",
     "projection_dim",
@@ -216,21 +211,19 @@ def rename_keys(state: Mapping[str, torch.Tensor], rules: list[tuple[str, str]])
     return out
 
 
-def load_native_classifier(cls: Any, path: str, files: Mapping[str, str | None], kwargs: Mapping[str, Any]):
+def load_native_classifier(cls: Any, path: str, settings: Mapping[str, Any], kwargs: Mapping[str, Any]):
     """An ``MLCLForMultiLabelClassification`` (``cls``) with a native head from its family's
     ``XForSequenceClassification`` folder (weights renamed by :func:`classifier_key_rules`, reversed).
 
     Args:
         cls: the classifier class.
         path: the folder or Hub id.
-        files: the local copies of :data:`NATIVE_FILES` (None where absent).
+        settings: its ``mlcl_config.json``.
         kwargs: ``from_pretrained``'s keywords (``dtype``, ``revision``, ``token`` ...).
 
     Returns:
         The classifier in eval mode.
     """
-    with open(files[MLCL_FILE], encoding="utf-8") as fh:
-        settings = json.load(fh)
     loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
     native = AutoModelForSequenceClassification.from_pretrained(path, **loader)
     labels = {k: getattr(native.config, k) for k in ("id2label", "label2id", "problem_type")}
@@ -249,25 +242,31 @@ def load_native_classifier(cls: Any, path: str, files: Mapping[str, str | None],
 
 
 def load_native_encoder(
-    cls: Any, path: str, files: Mapping[str, str | None], adapter: bool, kwargs: Mapping[str, Any]
+    cls: Any,
+    path: str,
+    settings: Mapping[str, Any],
+    files: Mapping[str, str | None],
+    hub: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
 ):
     """An ``MLCLEncoder`` (``cls``) from a native encoder folder.
 
     Args:
         cls: the encoder class.
         path: the folder or Hub id.
-        files: the local copies of :data:`NATIVE_FILES` (None where absent).
-        adapter: the folder is a PEFT adapter; the base model it names is loaded and the adapter applied
-            unmerged (transformers' ``load_adapter``), so a bf16 base keeps every update of its fp32 adapter.
+        settings: its ``mlcl_config.json``.
+        files: the local copies of :data:`NATIVE_FILES` and of ``adapter_config.json`` (None where absent). With
+            an adapter the base model it names is loaded and the adapter applied unmerged (transformers'
+            ``load_adapter``), so a bf16 base keeps every update of its fp32 adapter.
+        hub: the folder's Hub keywords (revision, cache, token).
         kwargs: ``from_pretrained``'s keywords (``dtype``, ``revision``, ``token`` ...), for the backbone.
 
     Returns:
         The encoder in eval mode.
     """
-    with open(files[MLCL_FILE], encoding="utf-8") as fh:
-        settings = json.load(fh)
     loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
     source = path
+    adapter = files.get("adapter_config.json") is not None
     if adapter:
         with open(files["adapter_config.json"], encoding="utf-8") as fh:
             source = json.load(fh).get("base_model_name_or_path")
@@ -279,11 +278,6 @@ def load_native_encoder(
     config = cls.config_class(backbone_config=backbone_config_to_dict(backbone.config), **config_kwargs)
     model = cls(config, backbone=backbone)
     if adapter:
-        hub = {
-            k: kwargs[k]
-            for k in ("revision", "token", "cache_dir", "local_files_only")
-            if kwargs.get(k) is not None
-        }
         apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
     head = {}
     for layer, directory in zip(("dense", "out_proj"), DENSE_DIRS):
