@@ -50,18 +50,29 @@ class WriteWatch:
 
     def _watch_tree(self, path: str, count: str | None) -> None:
         """Watch ``path`` and its sub-folders; ``count``: None (files there before the run), "scanned" (a
-        new folder: files may still be written) or "moved" (a folder moved into place: files are done)."""
-        for folder, _, files in os.walk(path):
-            wd = self._libc.inotify_add_watch(
-                self._fd, os.fsencode(folder), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
-            )
-            if wd >= 0:
-                self._folders[wd] = folder
-            for name in files if count else ():
-                file = os.path.join(folder, name)
-                self._writes[file] += 1
+        new folder: files may still be written) or "moved" (a folder moved into place: files are done).
+
+        Each folder is watched before it is listed, so a file is listed, seen by an event, or both (which
+        counts once); a folder reached twice (by its event and by a listing: one inode, one watch) is
+        walked once."""
+        wd = self._libc.inotify_add_watch(
+            self._fd, os.fsencode(path), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+        )
+        if wd >= 0:
+            if self._folders.get(wd) == path:  # this folder (inode and name) is walked already
+                return
+            self._folders[wd] = path
+        try:
+            entries = list(os.scandir(path))
+        except OSError:  # gone again
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                self._watch_tree(entry.path, count)
+            elif count:
+                self._writes[entry.path] += 1
                 if count == "scanned":
-                    self._scanned.add(file)
+                    self._scanned.add(entry.path)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -83,6 +94,8 @@ class WriteWatch:
                 offset = start + length
                 if mask & IN_Q_OVERFLOW:
                     self.overflow = True
+                if mask & IN_IGNORED:  # the folder is gone; its watch number may be given again
+                    self._folders.pop(wd, None)
                 folder = self._folders.get(wd)
                 if folder is None or mask & (IN_IGNORED | IN_Q_OVERFLOW):
                     continue
