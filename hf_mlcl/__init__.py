@@ -24,8 +24,10 @@ _LAZY = {
     "compute_multilabel_metrics": "hf_mlcl.evaluation",
     "ContrastiveTrainer": "hf_mlcl.training",
     "ProbingTrainer": "hf_mlcl.training",
+    "JointTrainer": "hf_mlcl.training",
     "ContrastiveTrainingArguments": "hf_mlcl.training.arguments",
     "ProbingTrainingArguments": "hf_mlcl.training.arguments",
+    "JointTrainingArguments": "hf_mlcl.training.arguments",
     "ModelArguments": "hf_mlcl.training.arguments",
     "DataArguments": "hf_mlcl.training.arguments",
 }

@@ -23,6 +23,7 @@ from .lora import (
 )
 from .modeling_mlcl import (
     MLCLEncoder,
+    MLCLClassifierOutput,
     MLCLEncoderOutput,
     MLCLForMultiLabelClassification,
     MLCLPreTrainedModel,
@@ -50,6 +51,7 @@ __all__ = [
     "LabelAttentionHead",
     "MLCLConfig",
     "MLCLEncoder",
+    "MLCLClassifierOutput",
     "MLCLEncoderOutput",
     "MLCLForMultiLabelClassification",
     "MLCLPreTrainedModel",

@@ -59,6 +59,19 @@ class MLCLEncoderOutput(ModelOutput):
     pooled: torch.FloatTensor | None = None
 
 
+@dataclass
+class MLCLClassifierOutput(SequenceClassifierOutput):
+    """Output of [`MLCLForMultiLabelClassification`]: ``SequenceClassifierOutput`` and
+
+    Attributes:
+        embeddings: ``(B, hidden_size)`` the pooled representation the linear / native head classifies (what
+            the joint objective's contrastive term reads); None for the ``label_attention`` head and for
+            ``pooled_features`` inputs.
+    """
+
+    embeddings: torch.FloatTensor | None = None
+
+
 # ----------------------------------------------------------------------------------------------------
 # encoder
 # ----------------------------------------------------------------------------------------------------
@@ -155,7 +168,7 @@ class MLCLEncoder(MLCLPreTrainedModel):
 class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
     """Backbone + pooling + multi-label head: ``linear`` (the probe) or ``label_attention`` (PLM-ICD).
 
-    ``forward`` returns ``SequenceClassifierOutput(loss, logits)``; ``loss`` is the mean binary
+    ``forward`` returns ``MLCLClassifierOutput(loss, logits, embeddings)``; ``loss`` is the mean binary
     cross-entropy (computed in fp32) when ``labels`` (B, L) multi-hot, dense or torch-sparse, is given.
     """
 
@@ -256,10 +269,11 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         return_dict: bool | None = True,
         pooled_features: torch.Tensor | None = None,
-    ) -> SequenceClassifierOutput | tuple:
+    ) -> MLCLClassifierOutput | tuple:
         """Logits (and the BCE loss when ``labels`` is given) of tokenized documents, or of
         ``pooled_features`` (B, hidden) already pooled by this encoder (linear head only; then no
         ``input_ids``): the encoder is skipped and only :meth:`logits_from_pooled` runs."""
+        pooled = None
         if pooled_features is not None:
             if input_ids is not None:
                 raise ValueError("pass input_ids or pooled_features, not both")
@@ -268,7 +282,8 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):
                 states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
             if self.config.head != "label_attention":
-                logits = self.logits_from_pooled(self.pool(states, mask, segment))
+                pooled = self.pool(states, mask, segment)
+                logits = self.logits_from_pooled(pooled)
             else:
                 head_dtype = self.classifier.third_linear.weight.dtype
                 logits = self.classifier(states.to(head_dtype), mask)
@@ -284,7 +299,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             loss = F.binary_cross_entropy_with_logits(logits.float(), labels.to(logits.device).float())
         if return_dict is False:
             return (loss, logits) if loss is not None else (logits,)
-        return SequenceClassifierOutput(loss=loss, logits=logits)
+        return MLCLClassifierOutput(loss=loss, logits=logits, embeddings=pooled)
 
     @classmethod
     def from_encoder(
@@ -375,6 +390,7 @@ __all__ = [
     "ADAPTER_WEIGHTS_NAME",
     "HEADS_WEIGHTS_NAME",
     "LabelAttentionHead",
+    "MLCLClassifierOutput",
     "MLCLEncoder",
     "MLCLEncoderOutput",
     "MLCLForMultiLabelClassification",

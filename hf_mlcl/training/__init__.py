@@ -7,7 +7,7 @@
 * :mod:`~hf_mlcl.training.arguments`: the argument dataclasses a recipe parses into;
 * :mod:`~hf_mlcl.training.base`, :mod:`~hf_mlcl.training.contrastive`, :mod:`~hf_mlcl.training.probing`:
   :class:`ContrastiveTrainer` (stage 1) and :class:`ProbingTrainer` (stage 2), ``transformers.Trainer``
-  subclasses on one shared base;
+  subclasses on one shared base; :mod:`~hf_mlcl.training.joint`: :class:`JointTrainer` (both losses at once);
 * :mod:`~hf_mlcl.training.memory` (the MoCo queue, the contrast set of a step, :class:`MomentumContrast`
   wrapping any loss) and :mod:`~hf_mlcl.training.momentum` (the key encoder);
 * :mod:`~hf_mlcl.training.features`: frozen pooled features in memory and on disk (the linear probe);
@@ -22,9 +22,16 @@
 from hf_mlcl.evaluation.knn import knn_probe_metrics  # lives in hf_mlcl.evaluation.knn; kept importable here
 from hf_mlcl.evaluation.logistic import fit_logistic_probe  # lives in hf_mlcl.evaluation.logistic
 
-from .arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments, ProbingTrainingArguments
+from .arguments import (
+    ContrastiveTrainingArguments,
+    DataArguments,
+    JointTrainingArguments,
+    ModelArguments,
+    ProbingTrainingArguments,
+)
 from .contrastive import ContrastiveSetup, ContrastiveTrainer
 from .gradcache import gradcache_backward
+from .joint import JointTrainer
 from .memory import EmbeddingQueue, MomentumContrast
 from .momentum import AdapterMomentumEncoder, MomentumEncoder
 from .probing import ProbingTrainer
@@ -37,6 +44,8 @@ __all__ = [
     "ContrastiveTrainingArguments",
     "DataArguments",
     "EmbeddingQueue",
+    "JointTrainer",
+    "JointTrainingArguments",
     "ModelArguments",
     "MomentumContrast",
     "MomentumEncoder",

@@ -403,16 +403,39 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
 
 
 @dataclass
-class ProbingTrainingArguments(StageTrainingArguments):
+class DecisionThresholdArguments:
+    """The decision threshold of a stage that produces a classifier (the probe, the joint objective)."""
+
+    threshold: str = field(
+        default="global", metadata={"help": "'global' (tuned on validation), 'per_label', or a fixed float."}
+    )
+
+    def check_threshold(self) -> None:
+        """ValueError in one line unless ``threshold`` is a strategy or a number in (0, 1)."""
+        if str(self.threshold) not in THRESHOLDS:
+            try:
+                value = float(self.threshold)
+            except (TypeError, ValueError) as err:
+                raise ValueError(
+                    f"threshold must be 'global', 'per_label' or a number in (0, 1); got {self.threshold!r}"
+                ) from err
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"a fixed threshold must lie in (0, 1); got {value}")
+
+    @property
+    def fixed_threshold(self) -> float | None:
+        """The fixed threshold as a float, or None for the tuned strategies."""
+        return None if str(self.threshold) in THRESHOLDS else float(self.threshold)
+
+
+@dataclass
+class ProbingTrainingArguments(StageTrainingArguments, DecisionThresholdArguments):
     """Stage 2: a multi-label head on the (frozen or fine-tuned) encoder."""
 
     probe: str = field(default="linear", metadata={"help": f"One of {PROBES}."})
     loss: str = field(
         default="bce",
         metadata={"help": "Supervised loss of hf_mlcl.losses: bce, focal, asymmetric (asl) or zlpr."},
-    )
-    threshold: str = field(
-        default="global", metadata={"help": "'global' (tuned on validation), 'per_label', or a fixed float."}
     )
     logistic_c_grid: str = field(
         default="1.0,0.1,0.01",
@@ -464,15 +487,7 @@ class ProbingTrainingArguments(StageTrainingArguments):
                     "feature_cache_dir saves the cached features, but cache_features=False turns them off: "
                     "leave cache_features unset (or true), or leave feature_cache_dir unset"
                 )
-        if str(self.threshold) not in THRESHOLDS:
-            try:
-                value = float(self.threshold)
-            except (TypeError, ValueError) as err:
-                raise ValueError(
-                    f"threshold must be 'global', 'per_label' or a number in (0, 1); got {self.threshold!r}"
-                ) from err
-            if not 0.0 < value < 1.0:
-                raise ValueError(f"a fixed threshold must lie in (0, 1); got {value}")
+        self.check_threshold()
         try:
             grid = self.logistic_c_grid_values
         except ValueError as err:
@@ -493,7 +508,39 @@ class ProbingTrainingArguments(StageTrainingArguments):
         items = value if isinstance(value, (list, tuple)) else str(value).split(",")
         return tuple(float(c) for c in items if str(c).strip())
 
-    @property
-    def fixed_threshold(self) -> float | None:
-        """The fixed threshold as a float, or None for the tuned strategies."""
-        return None if str(self.threshold) in THRESHOLDS else float(self.threshold)
+
+@dataclass
+class JointTrainingArguments(ContrastiveTrainingArguments, DecisionThresholdArguments):
+    """The joint objective: a classifier fine-tuned end to end with ``(1 - w) * supervised + w * contrastive``
+    on each batch (Gunel et al. 2021, eq. 1, with lambda = ``contrastive_weight``). The contrastive term's
+    options are stage 1's (``loss``, ``loss_kwargs``, ``temperature``, the queue, GradCache ...); it reads the
+    pooled representation the head classifies, so ``projection_dim`` is not used, and evaluation reports the
+    classifier's metrics, not the kNN probe (``knn_k`` is not used)."""
+
+    contrastive_weight: float = field(
+        default=0.5,
+        metadata={
+            "help": "w in (1 - w) * supervised + w * contrastive, in [0, 1]; 0 is a plain fine-tune. Default "
+            "0.5, the middle of Gunel et al.'s grid (0.1 ... 0.9): choose it on validation."
+        },
+    )
+    supervised_loss: str = field(
+        default="bce",
+        metadata={"help": "The head's loss: bce, focal, asymmetric (asl) or zlpr (hf_mlcl.losses)."},
+    )
+    supervised_loss_kwargs: str | None = field(
+        default=None, metadata={"help": "Keywords of the supervised loss as a mapping (YAML) or JSON string."}
+    )
+
+    def check_stage(self) -> None:
+        super().check_stage()
+        self.check_threshold()
+        self.supervised_loss_kwargs = _as_dict(self.supervised_loss_kwargs, "supervised_loss_kwargs") or {}
+        check_supervised_loss(self.supervised_loss)
+        if not 0.0 <= self.contrastive_weight <= 1.0:
+            raise ValueError(f"contrastive_weight must lie in [0, 1]; got {self.contrastive_weight}")
+        if self.n_views != 1:
+            raise ValueError(
+                "the joint objective classifies every row once: n_views must be 1 (the contrastive term pairs "
+                f"the batch's documents by their labels); got {self.n_views}"
+            )

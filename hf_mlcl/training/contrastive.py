@@ -84,8 +84,10 @@ class ContrastiveSetup:
         processing_class: Any = None,
         queue: EmbeddingQueue | None = None,
         momentum_encoder: Any = None,
+        embedding_dim: int | None = None,
     ) -> ContrastiveSetup:
-        """The setup of the arguments; ValueError (one line) for: ``n_views`` not in {1, 2}, a launch that
+        """The setup of the arguments (``embedding_dim``: the width the loss reads, default the model's
+        ``projection_dim``); ValueError (one line) for: ``n_views`` not in {1, 2}, a launch that
         cannot run as asked, a collator with other views, an unknown or supervised loss, a queue with a loss
         that cannot take keys, and a label count that differs between dataset / model / loss / queue /
         collator. The arguments' own checks come first, then the loss, then the label space."""
@@ -93,9 +95,10 @@ class ContrastiveSetup:
         problem = launch_problem(args)
         if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
             raise ValueError(problem)
-        embedding_dim = int(
-            getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim
-        )
+        if embedding_dim is None:
+            embedding_dim = int(
+                getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim
+            )
         n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
         collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
         if loss_fn is None:
@@ -281,12 +284,17 @@ class ContrastiveTrainer(MultiLabelTrainer):
             processing_class,
             queue,
             momentum_encoder,
+            self.embedding_width(model, args),
         )
         self.loss_fn, self.num_labels = self._setup.loss_fn, self._setup.num_labels
         # the first batch is checked (labels 0/1, finite embeddings), later ones are not: no host reads
         self._input_checks = FirstCallChecks(self.loss_fn)
         self._window = _LossWindow()  # on the device until a logging step
         return self._setup.data_collator
+
+    def embedding_width(self, model: nn.Module, args: ContrastiveTrainingArguments) -> int | None:
+        """The width of the embeddings the loss reads (None: the model's ``projection_dim``)."""
+        return None
 
     def default_metrics(self) -> Any:
         return self._knn_metrics if self.args.knn_k > 0 else None

@@ -20,11 +20,11 @@ import torch
 import torch.nn as nn
 
 from hf_mlcl.evaluation.inputs import sigmoid
-from hf_mlcl.labels.multihot import to_dense_float
 from hf_mlcl.labels.statistics import resolve_num_labels
 
 from .arguments import ProbingTrainingArguments
 from .base import MultiLabelTrainer
+from .classifier_eval import ClassifierEvaluation
 from .features import FeatureStore, FrozenFeatures, PooledFeatureCollator, PooledFeatureDataset
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ProbingTrainer"]
 
 
-class ProbingTrainer(MultiLabelTrainer):
+class ProbingTrainer(ClassifierEvaluation, MultiLabelTrainer):
     """A `transformers.Trainer` for the probing / fine-tuning stage (see module docstring).
 
     Args: those of :class:`~hf_mlcl.training.base.MultiLabelTrainer`, with
@@ -41,9 +41,8 @@ class ProbingTrainer(MultiLabelTrainer):
         args: ``ProbingTrainingArguments`` (probe, loss, loss_kwargs, threshold, ...).
         loss_fn: a ready supervised loss (default ``get_loss(args.loss, **args.loss_kwargs)``).
 
-    ``evaluate()`` reports the metrics at threshold 0.5 (or the fixed / tuned threshold once
-    :meth:`tune_threshold` ran); :meth:`tune_threshold` and :meth:`split_metrics` implement the
-    validation-tuned test protocol; :meth:`fit_logistic` is the ``logistic`` probe.
+    Evaluation and the threshold protocol are :class:`~hf_mlcl.training.classifier_eval.ClassifierEvaluation`'s;
+    :meth:`fit_logistic` is the ``logistic`` probe.
 
     With ``probe="linear"`` or ``"logistic"`` and ``args.cache_features`` not False, ``self.cache_features``
     is True when the run allows it (linear head; no FSDP / DeepSpeed; no length-grouped sampling; no token
@@ -72,11 +71,8 @@ class ProbingTrainer(MultiLabelTrainer):
             raise ValueError("probe='linear' needs a frozen encoder: from_encoder(..., freeze_encoder=True)")
         if args.probe == "finetune" and freeze is True:
             raise ValueError("probe='finetune' trains the encoder: from_encoder(..., freeze_encoder=False)")
-        self.threshold: float | np.ndarray = args.fixed_threshold if args.fixed_threshold is not None else 0.5
+        self.start_threshold(args)
         return self.collator_for(data_collator, processing_class, self.num_labels, n_views=1)
-
-    def default_metrics(self) -> Any:
-        return self._metrics
 
     def after_setup(self) -> None:
         """The frozen-feature service (the cache needs the prepared accelerator to know the engine)."""
@@ -123,47 +119,6 @@ class ProbingTrainer(MultiLabelTrainer):
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
         loss = self.loss_fn(logits, labels)
         return (loss, outputs) if return_outputs else loss
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
-        _, labels = self.split_labels(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
-        if prediction_loss_only:
-            return loss.detach(), None, None
-        return loss.detach(), logits.detach().float(), to_dense_float(labels)
-
-    def _metrics(self, eval_pred) -> dict[str, float]:
-        scores = sigmoid(np.asarray(eval_pred.predictions, dtype=np.float64))
-        return self.split_metrics(scores, np.asarray(eval_pred.label_ids) > 0.5, None)
-
-    # ------------------------------------------------------------------ threshold protocol
-    def predict_scores(self, dataset: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(probabilities (N, L), multi-hot truth (N, L)) of a dataset with the current model."""
-        out = self.predict(dataset, metric_key_prefix="predict")
-        return sigmoid(np.asarray(out.predictions, dtype=np.float64)), np.asarray(out.label_ids) > 0.5
-
-    def tune_threshold(self, scores: np.ndarray, truth: np.ndarray) -> float | np.ndarray:
-        """Set and return ``self.threshold`` per ``args.threshold`` from validation scores."""
-        from hf_mlcl.evaluation.thresholds import tune_global_threshold, tune_per_label_thresholds
-
-        if self.args.fixed_threshold is not None:
-            self.threshold = float(self.args.fixed_threshold)
-        elif str(self.args.threshold) == "global":
-            self.threshold = float(tune_global_threshold(truth, scores))
-        else:
-            self.threshold = np.asarray(tune_per_label_thresholds(truth, scores), dtype=np.float64)
-        return self.threshold
-
-    def split_metrics(self, scores: np.ndarray, truth: np.ndarray, prefix: str | None) -> dict[str, float]:
-        """``compute_multilabel_metrics`` at the current threshold (NaN metrics left out), keys prefixed
-        ``<prefix>_`` (none with ``prefix=None``)."""
-        from hf_mlcl.evaluation.metrics import compute_multilabel_metrics
-
-        result = compute_multilabel_metrics(truth, scores, threshold=self.threshold)
-        head = "" if prefix is None else f"{prefix}_"
-        return {f"{head}{k}": float(v) for k, v in result.items() if not np.isnan(v)}
 
     # ------------------------------------------------------------------ frozen pooled features
     def cached_features(self, dataset: Any, name: str = "dataset") -> PooledFeatureDataset | None:

@@ -1,0 +1,153 @@
+"""`JointTrainer`: a classifier fine-tuned end to end with ``(1 - w) * supervised + w * contrastive`` per batch.
+
+The supervised loss (bce, focal, asymmetric, zlpr) reads the head's logits, the contrastive loss (any
+registered one, with its queue, contrast set, GradCache and gathers of :class:`ContrastiveTrainer`) the pooled
+representation the head classifies. Evaluation and the threshold protocol are the probe's.
+
+References: Gunel et al. 2021, "Supervised Contrastive Learning for Pre-trained Language Model Fine-tuning",
+eq. 1; Lin et al. 2023, multi-label contrastive terms used jointly with BCE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .arguments import JointTrainingArguments
+from .classifier_eval import ClassifierEvaluation
+from .contrastive import ContrastiveTrainer
+
+__all__ = ["JointTrainer"]
+
+
+class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
+    """A `transformers.Trainer` for the joint objective ``(1 - w) * supervised + w * contrastive``.
+
+    Args: those of :class:`~hf_mlcl.training.ContrastiveTrainer`, with
+        model: an ``MLCLForMultiLabelClassification`` with a trainable encoder and a ``linear`` or ``native``
+            head (``from_encoder(..., freeze_encoder=False)``); its output's ``embeddings`` (the pooled
+            representation) feed the contrastive term, its ``logits`` the supervised one.
+        args: ``JointTrainingArguments`` (``contrastive_weight`` w, ``supervised_loss``, the contrastive
+            options of stage 1, ``threshold``).
+        loss_fn: a ready contrastive loss (default: built from ``args``).
+        supervised_loss_fn (keyword): a ready supervised loss (default: ``get_loss(args.supervised_loss,
+            **args.supervised_loss_kwargs)``).
+
+    Each training log has ``loss`` (the joint value), ``loss_supervised``, ``loss_contrastive`` and the
+    contrastive loss's own parts. Evaluation reports the classifier's metrics (threshold 0.5, or the tuned
+    one after :meth:`tune_threshold`) and the joint loss of each evaluation batch (in-batch candidates).
+
+    Raises:
+        ValueError: what :class:`ContrastiveTrainer` checks, a frozen encoder, a ``label_attention`` head,
+            or a contrastive ``supervised_loss_fn``.
+
+    Example:
+        >>> model = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=names, freeze_encoder=False)
+        >>> args = JointTrainingArguments(output_dir="out", loss="sd", contrastive_weight=0.5)
+        >>> JointTrainer(model=model, args=args, train_dataset=ds, processing_class=tok).train()
+    """
+
+    args_class = JointTrainingArguments
+    args_hint = "JointTrainingArguments(output_dir=..., contrastive_weight=...)"
+    model_hint = "MLCLForMultiLabelClassification.from_encoder(..., freeze_encoder=False)"
+
+    def __init__(self, *positional: Any, supervised_loss_fn: nn.Module | None = None, **kwargs: Any) -> None:
+        self._given_supervised_loss = supervised_loss_fn
+        super().__init__(*positional, **kwargs)
+
+    def stage_setup(self, model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels):
+        """The contrastive setup of stage 1 on the pooled width, the supervised loss and the start threshold."""
+        config = getattr(model, "config", None)
+        if getattr(config, "freeze_encoder", False):
+            raise ValueError(
+                "the joint objective trains the encoder: build the classifier with freeze_encoder=False"
+            )
+        if getattr(config, "head", "linear") == "label_attention":
+            raise ValueError(
+                "the joint objective reads the pooled representation of a linear or native head; "
+                "head='label_attention' pools none"
+            )
+        collator = super().stage_setup(
+            model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels
+        )
+        self.supervised_loss_fn = _supervised_loss(args, self._given_supervised_loss)
+        self._width = self._setup.embedding_dim
+        self.start_threshold(args)
+        return collator
+
+    def embedding_width(self, model: nn.Module, args: Any) -> int:
+        """The pooled representation's width (the backbone's hidden size): what the contrastive term reads."""
+        return int(model.backbone_hidden_size)
+
+    def after_setup(self) -> None:
+        super().after_setup()
+        self.supervised_loss_fn.to(self.args.device)
+
+    # ------------------------------------------------------------------ encoding and loss
+    def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        """``[embeddings | logits]`` (B, hidden + L) in float32: one tensor, so that GradCache caches the
+        gradient of both terms with respect to both outputs."""
+        outputs = model(**batch)
+        return torch.cat([outputs.embeddings.float(), outputs.logits.float()], dim=-1)
+
+    def _loss_parts(
+        self, encoded: torch.Tensor, labels: torch.Tensor, batch_keys: tuple | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``(1 - w) * supervised + w * contrastive`` and its parts (``supervised``, ``contrastive`` and the
+        contrastive loss's own)."""
+        embeddings, logits = encoded[:, : self._width], encoded[:, self._width :]
+        contrastive = super()._loss_parts(embeddings, labels, batch_keys)
+        supervised = self.supervised_loss_fn(logits, labels)
+        w = float(self.args.contrastive_weight)
+        parts = {name: value for name, value in contrastive.items() if name != "loss"}
+        parts.update(contrastive=contrastive["loss"].detach(), supervised=supervised.detach())
+        parts["loss"] = (1.0 - w) * supervised + w * contrastive["loss"]
+        return parts
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The joint loss of one micro-batch; with ``return_outputs`` also ``{"logits": ...}``."""
+        loss, encoded = super().compute_loss(model, inputs, True, num_items_in_batch)
+        return (loss, {"logits": encoded[:, self._width :]}) if return_outputs else loss
+
+    # ------------------------------------------------------------------ evaluation
+    @contextmanager
+    def _every_row(self) -> Iterator[None]:
+        """While an evaluation loader is built: no dropped last batch (training keeps the stage-1 default,
+        equal contrast sets per process; predictions need every row)."""
+        drop, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+        try:
+            yield
+        finally:
+            self.args.dataloader_drop_last = drop
+
+    def get_eval_dataloader(self, eval_dataset: Any = None):
+        with self._every_row():
+            return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset: Any):
+        with self._every_row():
+            return super().get_test_dataloader(test_dataset)
+
+
+def _supervised_loss(args: JointTrainingArguments, loss_fn: nn.Module | None) -> nn.Module:
+    """``loss_fn``, or the supervised loss of ``args``; ValueError for a contrastive one."""
+    if loss_fn is None:
+        from hf_mlcl.losses import get_loss
+
+        try:
+            loss_fn = get_loss(args.supervised_loss, **args.supervised_loss_kwargs)
+        except TypeError as err:
+            raise ValueError(
+                f"cannot build supervised loss {args.supervised_loss!r} with "
+                f"{sorted(args.supervised_loss_kwargs)}: {err}"
+            ) from err
+    if getattr(loss_fn, "is_contrastive", False):
+        raise ValueError(
+            f"supervised_loss_fn {type(loss_fn).__name__} is a contrastive loss; the head trains with bce / "
+            "focal / asymmetric / zlpr"
+        )
+    return loss_fn

@@ -1,0 +1,176 @@
+"""The joint objective, (1 - w) * supervised + w * contrastive: equal to a hand-written training loop step for
+step, GradCache and a queue in it, evaluation of every row, and its one-line errors."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _training_helpers import LABELS, collator, max_rel_diff, tiny_encoder, tiny_split, tiny_tokenizer
+
+from hf_mlcl.modeling import MLCLForMultiLabelClassification
+from hf_mlcl.training import JointTrainer, JointTrainingArguments
+
+TEMPERATURE = 0.1
+
+
+def _classifier(tok, dropout: float = 0.0, seed: int = 0) -> MLCLForMultiLabelClassification:
+    encoder = tiny_encoder(tok, dropout=dropout, seed=seed)
+    torch.manual_seed(seed + 1)
+    return MLCLForMultiLabelClassification.from_encoder(encoder, id2label=LABELS, freeze_encoder=False)
+
+
+def _args(tmp_path, **kw) -> JointTrainingArguments:
+    defaults = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=3,
+        max_steps=3,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        disable_tqdm=True,
+        max_grad_norm=0.0,
+        train_sampling_strategy="sequential",
+        dataloader_num_workers=0,
+        seed=0,
+        loss="any",
+        temperature=TEMPERATURE,
+        contrastive_weight=0.3,
+    )
+    defaults.update(kw)
+    return JointTrainingArguments(**defaults)
+
+
+def _supcon_any(emb: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """SupCon (Khosla et al. eq. 2) with the multi-label ANY rule: positives share a label, written out."""
+    z = F.normalize(emb, dim=-1)
+    sim = z @ z.T / TEMPERATURE
+    eye = torch.eye(len(z), dtype=torch.bool)
+    logp = sim - torch.logsumexp(sim.masked_fill(eye, float("-inf")), dim=1, keepdim=True)
+    pos = ((labels @ labels.T) > 0) & ~eye
+    count = pos.sum(1)
+    per_anchor = -(logp * pos).sum(1) / count.clamp_min(1)
+    has = count > 0
+    return per_anchor[has].mean()
+
+
+def _recorded_losses(trainer) -> list[float]:
+    seen: list[float] = []
+    record = trainer._record_components
+
+    def keep(parts):
+        seen.append(float(parts["loss"].detach()))
+        record(parts)
+
+    trainer._record_components = keep
+    return seen
+
+
+def test_joint_trainer_equals_a_hand_written_bce_plus_supcon_loop(tmp_path):
+    tok = tiny_tokenizer()
+    ds = tiny_split(12)
+    w = 0.3
+    model = _classifier(tok)
+    reference = copy.deepcopy(model)
+    trainer = JointTrainer(model=model, args=_args(tmp_path), train_dataset=ds, data_collator=collator(tok))
+    seen = _recorded_losses(trainer)
+    trainer.train()
+
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-8)
+    rows = [ds[i] for i in range(len(ds))]
+    expected = []
+    for step in range(3):
+        batch = collator(tok)(rows[4 * step : 4 * step + 4])
+        labels = batch.pop("labels").to_dense().float()
+        out = reference(**batch)
+        bce = F.binary_cross_entropy_with_logits(out.logits, labels)
+        loss = (1 - w) * bce + w * _supcon_any(out.embeddings, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(float(loss))
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
+    assert max_rel_diff(dict(model.named_parameters()), dict(reference.named_parameters())) < 1e-5
+
+
+def test_gradcache_and_a_queue_train_the_joint_objective(tmp_path):
+    tok = tiny_tokenizer()
+    ds = tiny_split(16)
+    losses = {}
+    for chunk in (0, 2):
+        model = _classifier(tok)
+        trainer = JointTrainer(
+            model=model,
+            args=_args(tmp_path / f"gc{chunk}", gradcache_chunk_size=chunk, max_steps=2),
+            train_dataset=ds,
+            data_collator=collator(tok),
+        )
+        losses[chunk] = _recorded_losses(trainer)
+        trainer.train()
+    np.testing.assert_allclose(losses[2], losses[0], rtol=1e-5)
+    queued = JointTrainer(
+        model=_classifier(tok),
+        args=_args(tmp_path / "queue", queue_size=8, loss="mulsupcon", max_steps=4),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
+    queued.train()
+    logs = [h for h in queued.state.log_history if "loss" in h]
+    assert len(queued.queue) == 8 and queued.queue.embeddings.shape[1] == 32  # the pooled width
+    assert all({"loss_supervised", "loss_contrastive"} <= set(h) for h in logs)
+
+
+def test_evaluation_scores_every_row_and_tunes_the_threshold(tmp_path):
+    tok = tiny_tokenizer()
+    train, validation = tiny_split(8), tiny_split(10, seed=1)  # 10 rows: eval batches of 3 leave 1
+    trainer = JointTrainer(
+        model=_classifier(tok),
+        args=_args(tmp_path, max_steps=1),
+        train_dataset=train,
+        eval_dataset=validation,
+        data_collator=collator(tok),
+    )
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert "eval_micro_f1" in metrics and "eval_loss" in metrics
+    scores, truth = trainer.predict_scores(validation)
+    assert scores.shape == truth.shape == (10, len(LABELS))
+    assert 0.0 < trainer.tune_threshold(scores, truth) < 1.0
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(contrastive_weight=1.5), "contrastive_weight must lie in"),
+        (dict(n_views=2), "n_views must be 1"),
+        (dict(supervised_loss="sd"), "is a contrastive loss"),
+        (dict(threshold="often"), "threshold must be"),
+    ],
+)
+def test_arguments_stop_in_one_line(tmp_path, kw, message):
+    with pytest.raises(ValueError, match=message):
+        _args(tmp_path, **kw)
+
+
+def test_a_frozen_encoder_or_a_supervised_contrastive_loss_is_refused(tmp_path):
+    tok = tiny_tokenizer()
+    frozen = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), id2label=LABELS)
+    with pytest.raises(ValueError, match="freeze_encoder=False"):
+        JointTrainer(
+            model=frozen, args=_args(tmp_path), train_dataset=tiny_split(8), data_collator=collator(tok)
+        )
+    from hf_mlcl.losses import get_loss
+
+    with pytest.raises(ValueError, match="is a contrastive loss"):
+        JointTrainer(
+            model=_classifier(tok),
+            args=_args(tmp_path),
+            train_dataset=tiny_split(8),
+            data_collator=collator(tok),
+            supervised_loss_fn=get_loss("sd"),
+        )
