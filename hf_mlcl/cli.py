@@ -91,30 +91,31 @@ def cmd_run(ns, overrides) -> dict:
     """Both stages (as the recipe's ``stages`` says), test evaluation with plots, cards, optional push."""
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.files import atomic_write_json
-    from hf_mlcl.recipes import STAGES, parse_stage, stage_output_dir
+    from hf_mlcl.recipes import CLASSIFIER_STAGES, STAGES, parse_stage, recipe_stages, stage_output_dir
     from hf_mlcl.training import stages as S
     from hf_mlcl.training.preflight import check_stage
 
     recipe, _ = _load(ns.recipe, [], STAGES)
-    names = recipe.get("stages", list(STAGES))
-    _, ov = _load(None, overrides, names)
+    names = recipe_stages(recipe)
+    final = next((s for s in names if s in CLASSIFIER_STAGES), "probe")  # the stage writing the classifier
+    _, ov = _load(None, overrides, [*names, final] if final not in names else names)
     parsed = {s: parse_stage(recipe, s, ov) for s in names if s == "contrastive"}
-    parsed["probe"] = parse_stage(recipe, "probe", ov)
+    parsed[final] = parse_stage(recipe, final, ov)
     if ns.push_to:  # before any training: a push that cannot work must not cost two stages
         _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in names else []))
     for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
         check_stage(stage_args)
-    model_args, data_args, pargs = parsed["probe"]
-    _check_models(parsed["contrastive" if "contrastive" in parsed else "probe"][0])  # and the models
+    model_args, data_args, pargs = parsed[final]
+    _check_models(parsed["contrastive" if "contrastive" in parsed else final][0])  # and the models
     stage_args = {name: args for name, (_, _, args) in parsed.items()}
     results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=_announce)
-    metrics = results["probe"].metrics
+    metrics = results[final].metrics
     if pargs.process_index == 0:
         summary = {
             k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"
         }
         run_root = (
-            ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, "probe"))
+            ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, final))
         )
         os.makedirs(run_root, exist_ok=True)
         atomic_write_json(
@@ -180,12 +181,12 @@ def _announce(i: int, n: int, name: str, args, result) -> None:
 
 def cmd_evaluate(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import TABLE_KEYS, format_table
-    from hf_mlcl.recipes import parse_stage
+    from hf_mlcl.recipes import STAGES, parse_stage
     from hf_mlcl.training import stages
 
     _check_models(None, checkpoint=ns.checkpoint)
     recipe, ov = _load(ns.recipe, overrides, [])
-    recipe = {k: v for k, v in recipe.items() if k not in ("contrastive", "probe", "stages")}
+    recipe = {k: v for k, v in recipe.items() if k not in (*STAGES, "stages")}
     if ns.recipe is None:
         recipe = _data_recipe_of(ns.checkpoint, user_dataset="--dataset" in ov.common)
     recipe["probe"] = {}  # only the data arguments matter here
@@ -347,6 +348,17 @@ HELP_TRAINING_KEYS = {
         "seed",
         "report_to",
     ),
+    "joint": (
+        "contrastive_weight",
+        "supervised_loss",
+        "loss",
+        "temperature",
+        "threshold",
+        "learning_rate",
+        "num_train_epochs",
+        "per_device_train_batch_size",
+        "seed",
+    ),
 }
 
 
@@ -383,8 +395,8 @@ def override_keys_help(stages: Sequence[str]) -> str:
         )
     parts += [
         "",
-        "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments and",
-        "ProbingTrainingArguments in hf_mlcl.training.arguments (the last two subclass",
+        "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments,",
+        "ProbingTrainingArguments and JointTrainingArguments in hf_mlcl.training.arguments (the last three subclass",
         "transformers.TrainingArguments, so all of its fields work too); see docs/usage.md (Recipes, Data).",
         "Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails with the nearest",
         "valid name.",
@@ -464,7 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
         "recipe's model: the supervised baseline)",
     )
-    p = add("run", "both stages, test evaluation with plots, and model cards", ["contrastive", "probe"])
+    p = add(
+        "run",
+        "the recipe's stages (contrastive + probe, or joint), test evaluation with plots, and model cards",
+        ["contrastive", "probe", "joint"],
+    )
     p.add_argument("recipe")
     p.add_argument(
         "--push_to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)"

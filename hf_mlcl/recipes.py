@@ -21,9 +21,11 @@ from typing import Any
 import yaml
 
 BASE_KEY = "_base_"
-STAGES = ("contrastive", "probe")
+STAGES = ("contrastive", "probe", "joint")
+DEFAULT_STAGES = ("contrastive", "probe")  # a recipe without `stages:`
+CLASSIFIER_STAGES = ("probe", "joint")  # the stages that write the classifier (one per run)
 META_KEYS = (BASE_KEY, "description", "output_dir", "stages", *STAGES)
-STAGE_DIRS = {"contrastive": "encoder", "probe": "classifier"}
+STAGE_DIRS = {"contrastive": "encoder", "probe": "classifier", "joint": "classifier"}
 DEFAULT_OUTPUT_ROOT = "outputs/run"
 
 
@@ -137,6 +139,7 @@ def _arg_classes(stage: str) -> tuple[type, type, type]:
     from hf_mlcl.training.arguments import (
         ContrastiveTrainingArguments,
         DataArguments,
+        JointTrainingArguments,
         ModelArguments,
         ProbingTrainingArguments,
     )
@@ -145,11 +148,13 @@ def _arg_classes(stage: str) -> tuple[type, type, type]:
         return ModelArguments, DataArguments, ContrastiveTrainingArguments
     if stage == "probe":
         return ModelArguments, DataArguments, ProbingTrainingArguments
+    if stage == "joint":
+        return ModelArguments, DataArguments, JointTrainingArguments
     raise RecipeError(f"unknown stage {stage!r}; choose one of {STAGES}")
 
 
 def argument_classes(stage: str) -> tuple[type, type, type]:
-    """``(ModelArguments, DataArguments, <Stage>TrainingArguments)`` of ``stage`` ("contrastive" / "probe")."""
+    """``(ModelArguments, DataArguments, <Stage>TrainingArguments)`` of ``stage`` (one of ``STAGES``)."""
     return _arg_classes(stage)
 
 
@@ -184,13 +189,17 @@ def validate_recipe(recipe: dict, source: str = "recipe") -> None:
                 if key in stage_keys(stage):
                     raise RecipeError(
                         f"key {key!r} in {source} is a training argument: put it under "
-                        f"`contrastive:` or `probe:` (or both)"
+                        f"`contrastive:`, `probe:` or `joint:`"
                     )
             raise _unknown(key, top, source)
-    stages = recipe.get("stages", list(STAGES))
+    stages = recipe_stages(recipe)
     if not isinstance(stages, list) or not stages or any(s not in STAGES for s in stages):
         raise RecipeError(
             f"{source}: stages must be a non-empty list drawn from {list(STAGES)}; got {stages!r}"
+        )
+    if sum(s in CLASSIFIER_STAGES for s in stages) > 1:
+        raise RecipeError(
+            f"{source}: stages {stages} train two classifiers into one folder; keep one of {list(CLASSIFIER_STAGES)}"
         )
     for stage in STAGES:
         section = recipe.get(stage) or {}
@@ -200,6 +209,11 @@ def validate_recipe(recipe: dict, source: str = "recipe") -> None:
         for key in section:
             if key not in allowed:
                 raise _unknown(key, allowed, f"{source} [{stage}]")
+
+
+def recipe_stages(recipe: dict) -> list[str]:
+    """The stages a recipe runs, in order: its ``stages`` list, else ``DEFAULT_STAGES``."""
+    return recipe.get("stages", list(DEFAULT_STAGES))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ MIMIC = (
     "mimic4_icd10_50",
 )
 DATASETS = GENERAL + MIMIC
-LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl", "bce", "zlpr")
+LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl", "bce", "zlpr", "joint")
 
 
 def encoders_for(dataset: str) -> tuple[str, ...]:
@@ -61,13 +61,18 @@ def render(dataset: str, encoder: str, loss: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def losses_for(encoder: str) -> tuple[str, ...]:
+    """Every loss; the joint objective reads a pooled representation, which PLM-ICD's label attention has not."""
+    return tuple(loss for loss in LOSSES if not (loss == "joint" and encoder == "plm-icd"))
+
+
 def grid() -> dict[str, str]:
     """Relative path -> file text for every cell of the grid."""
     return {
         os.path.join(d, e, f"{loss}.yaml"): render(d, e, loss)
         for d in DATASETS
         for e in encoders_for(d)
-        for loss in LOSSES
+        for loss in losses_for(e)
     }
 
 

@@ -149,6 +149,14 @@ class ModelCardCallback(TrainerCallback):
         self.card.loss_kwargs = dict(getattr(args, "loss_kwargs", None) or {})
         if self.card.kind == "classifier":
             self.card.probe = getattr(args, "probe", None)
+        if self.card.kind == "classifier" and hasattr(args, "contrastive_weight"):  # the joint objective
+            self.card.probe = "joint"
+            self.card.loss = args.supervised_loss
+            self.card.loss_kwargs = dict(args.supervised_loss_kwargs or {})
+            self.card.contrastive_loss = args.loss
+            self.card.hyperparameters["contrastive_weight"] = float(args.contrastive_weight)
+            self.card.hyperparameters["contrastive_loss_kwargs"] = dict(args.loss_kwargs or {})
+            self.card.hyperparameters.pop("projection_dim", None)  # the term reads the pooled representation
         if getattr(args, "hub_model_id", None):
             self.card.model_name = self.card.model_name or args.hub_model_id
             self.card.repo_id = args.hub_model_id

@@ -30,6 +30,7 @@ from hf_mlcl.modeling.builders import (
     segment_multiple,
     with_lora,
 )
+from hf_mlcl.recipes import CLASSIFIER_STAGES, STAGES
 
 from . import distributed as D
 from .checkpoints import remove_checkpoints, resolve_resume
@@ -55,10 +56,12 @@ __all__ = [
     "load_run_data",
     "require_classifier",
     "run_contrastive_stage",
+    "run_joint_stage",
     "run_probe_stage",
     "run_stages",
     "score_classifier",
     "train_contrastive",
+    "train_joint",
     "train_probe",
 ]
 
@@ -370,6 +373,23 @@ def train_probe(
     else:
         metrics.update(_fit(trainer, created, "stage 2 (probe)"))
         scores = {"validation": trainer.predict_scores(data.dataset["validation"])}
+    save = partial(
+        _save_classifier, trainer, tokenizer, model_args, encoder_path, lora_finetune, probing_args.probe
+    )
+    return _finish_classifier(trainer, tokenizer, data, metrics, scores, save)
+
+
+def _finish_classifier(
+    trainer: Any,
+    tokenizer: Any,
+    data: RunData,
+    metrics: dict[str, Any],
+    scores: dict[str, Any],
+    save: Callable[[], bool],
+) -> StageResult:
+    """After a classifier stage's training: the threshold tuned on the validation ``scores``, the test split
+    scored with it, ``metrics.json``, ``thresholds.json`` and the model (``save``); the result."""
+    args = trainer.args
     threshold = trainer.tune_threshold(*scores["validation"])
     metrics.update(trainer.split_metrics(*scores["validation"], "validation"))
     if "test" in data.dataset and len(data.dataset["test"]):
@@ -377,29 +397,70 @@ def train_probe(
         metrics.update(trainer.split_metrics(*scores["test"], "test"))
     thr_value = threshold.tolist() if isinstance(threshold, np.ndarray) else float(threshold)
     metrics["threshold"] = thr_value
-    metrics["threshold_strategy"] = str(probing_args.threshold)
+    metrics["threshold_strategy"] = str(args.threshold)
     trainer.accelerator.unwrap_model(trainer.model).config.decision_threshold = thr_value
     files = {
         METRICS_FILE: metrics,
         THRESHOLDS_FILE: {
-            "strategy": str(probing_args.threshold),
+            "strategy": str(args.threshold),
             "threshold": thr_value,
             "label_names": data.label_names,
         },
     }
-    _save_stage(
-        trainer,
-        tokenizer,
-        files,
-        lambda: _save_classifier(trainer, tokenizer, model_args, encoder_path, lora_finetune),
+    _save_stage(trainer, tokenizer, files, save)
+    return StageResult(args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold)
+
+
+def train_joint(
+    model_args: Any,
+    data_args: Any,
+    joint_args: Any,
+    encoder_path: str | None = None,
+    callbacks: list | None = None,
+    data: RunData | None = None,
+) -> StageResult:
+    """The joint objective: a classifier fine-tuned with ``(1 - w) * supervised + w * contrastive``
+    (:class:`~hf_mlcl.training.joint.JointTrainer`), then its threshold, test metrics and folder as stage 2's.
+
+    ``encoder_path``: a saved hf_mlcl encoder (stage 1's output_dir) or a backbone id / path; None uses
+    ``model_args``. With ``model_args.use_lora`` the backbone trains through LoRA adapters, saved as stage 2's
+    LoRA fine-tune is. ``metrics.json`` records ``contrastive_weight`` and both losses.
+    """
+    from transformers import set_seed
+
+    from .joint import JointTrainer
+
+    stage = "joint"
+    set_seed(joint_args.seed)  # before the classifier head is initialised
+    data = data if data is not None else load_run_data(data_args)
+    lora = (model_args, encoder_path, adapter_encoder(encoder_path)) if model_args.use_lora else None
+    created = preflight(joint_args, stage, len(data.dataset["train"]), lora)
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, data.dataset["train"]["text"], source=encoder_path
     )
-    return StageResult(
-        probing_args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold
+    model = probe_model(encoder, model_args, data.label_names, "finetune", _checkpointing(joint_args))
+    collator = _collator(tokenizer, model, data, data_args)
+    align_special_tokens(model, tokenizer)
+    trainer = JointTrainer(
+        model=model, args=joint_args, **_trainer_data(data, collator, tokenizer, callbacks)
     )
+    metrics: dict[str, Any] = {
+        "probe": stage,
+        "loss": joint_args.supervised_loss,
+        "contrastive_loss": joint_args.loss,
+        "contrastive_weight": joint_args.contrastive_weight,
+        "dataset": data_args.dataset,
+    }
+    metrics.update(_fit(trainer, created, stage))
+    scores = {"validation": trainer.predict_scores(data.dataset["validation"])}
+    save = partial(
+        _save_classifier, trainer, tokenizer, model_args, encoder_path, model_args.use_lora, "finetune"
+    )
+    return _finish_classifier(trainer, tokenizer, data, metrics, scores, save)
 
 
 def _save_classifier(
-    trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool
+    trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool, probe: str
 ) -> bool:
     """Every rank (FSDP / ZeRO-3 gather); the process that writes the folder writes: a LoRA fine-tune as an
     adapter folder (merged when the encoder was itself an adapter: the new adapter applies to it, not to the
@@ -419,7 +480,7 @@ def _save_classifier(
             accelerator=trainer.accelerator,
             is_main_process=args.should_save,
         )
-    elif on_adapter and args.probe in ("linear", "logistic") and not model_args.merge_lora:
+    elif on_adapter and probe in ("linear", "logistic") and not model_args.merge_lora:
         save_heads_with_adapter(
             trainer.model_wrapped,
             out,
@@ -510,6 +571,25 @@ def run_probe_stage(
     )
 
 
+def run_joint_stage(
+    model_args: Any,
+    data_args: Any,
+    joint_args: Any,
+    encoder_path: str | None,
+    contrastive_loss: str | None = None,
+    data: RunData | None = None,
+) -> StageResult:
+    """The joint objective (:func:`train_joint`) with the classifier's model card written into its output_dir."""
+    from hf_mlcl.hub import ModelCardCallback
+
+    card_cb = ModelCardCallback(
+        "classifier", model_args=model_args, data_args=data_args, encoder_path=encoder_path
+    )
+    return _with_card(
+        train_joint, card_cb, joint_args, model_args, data_args, joint_args, encoder_path, data=data
+    )
+
+
 def run_stages(
     model_args: Any,
     data_args: Any,
@@ -531,7 +611,7 @@ def run_stages(
     ``announce(i, n, name, args, result)`` is called before each stage (``result`` None) and after it (the
     command line prints a header and where the stage saved its model).
     """
-    names = [name for name in ("contrastive", "probe") if name in stage_args]
+    names = [name for name in STAGES if name in stage_args]
     for name in names:
         check_stage(stage_args[name])
     results: dict[str, StageResult] = {}
@@ -548,13 +628,15 @@ def run_stages(
             results[name] = run_contrastive_stage(model_args, data_args, args, data=data)
         else:
             data = data if data is not None else load_run_data(data_args)
-            results[name] = run_probe_stage(model_args, data_args, args, encoder_path, loss, data=data)
+            run = run_probe_stage if name == "probe" else run_joint_stage
+            results[name] = run(model_args, data_args, args, encoder_path, loss, data=data)
         if name == "contrastive":
             encoder_path, loss = args.output_dir, args.loss
         if announce is not None:
             announce(i, len(names), name, args, results[name])
-    if evaluate and "probe" in results and stage_args["probe"].process_index == 0:
-        _evaluation_files(results["probe"], data_args, data)
+    classifier = next((name for name in CLASSIFIER_STAGES if name in results), None)
+    if evaluate and classifier is not None and stage_args[classifier].process_index == 0:
+        _evaluation_files(results[classifier], data_args, data)
     return results
 
 

@@ -16,6 +16,7 @@ from hf_mlcl.recipes import (
     RecipeError,
     load_recipe,
     parse_stage,
+    recipe_stages,
     split_overrides,
     validate_recipe,
 )
@@ -43,8 +44,9 @@ def _cpu_overrides():
 
 def test_grid_is_complete_and_generated_files_are_current():
     assert GEN.main(["--check"]) == 0
-    # 3 general datasets x 2 encoders + 6 MIMIC settings x 3 encoders, each with 10 losses
-    assert len(CELLS) == (3 * 2 + 6 * 3) * 10 == 240
+    # 3 general datasets x 2 encoders + 6 MIMIC settings x 3 encoders, each with 10 losses and the joint
+    # objective (not on PLM-ICD: its label attention pools no representation)
+    assert len(CELLS) == (3 * 2 + 6 * 3) * 11 - 6 == 258
     on_disk = set()
     for dataset in GEN.DATASETS:
         for dirpath, _dirs, files in os.walk(os.path.join(RECIPES, dataset)):
@@ -74,7 +76,7 @@ def test_every_hand_written_recipe_parses(rel):
     recipe = load_recipe(os.path.join(ROOT, rel))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        for stage in recipe.get("stages", STAGES):
+        for stage in recipe_stages(recipe):
             model_args, data_args, args = parse_stage(recipe, stage, _cpu_overrides())
             assert data_args.dataset and args.output_dir
 
@@ -88,7 +90,7 @@ def test_every_recipe_parses_with_the_real_argument_classes():
         for rel in CELLS:
             recipe = load_recipe(os.path.join(RECIPES, rel))
             dataset, encoder, loss = rel[: -len(".yaml")].split(os.sep)
-            for stage in recipe.get("stages", STAGES):
+            for stage in recipe_stages(recipe):
                 model_args, data_args, args = parse_stage(recipe, stage, overrides)
                 n += 1
                 assert args.bf16 is True and args.weight_decay == 0.01 and args.max_grad_norm == 1.0
@@ -101,16 +103,20 @@ def test_every_recipe_parses_with_the_real_argument_classes():
                     assert str(args.lr_scheduler_type.value) == "cosine"
                     assert args.projection_dim == 256
                     assert args.loss == {"sd": "similarity_dissimilarity"}.get(loss, loss)
+                elif stage == "joint":
+                    assert args.loss == "jaccard" and args.supervised_loss == "bce"
+                    assert args.contrastive_weight == 0.5 and args.per_device_train_batch_size in (32, 128)
                 else:
                     assert args.loss == (loss if loss in SUPERVISED_BASELINES else "bce")
                     assert args.probe == ("finetune" if loss in SUPERVISED_BASELINES else "linear")
-    assert n == 240 + 192  # the 24 BCE and 24 ZLPR baselines have no contrastive stage
+    # the 24 BCE and 24 ZLPR baselines have no contrastive stage; the 18 joint recipes one stage
+    assert n == 240 + 192 + 18
 
 
 SUPERVISED_BASELINES = ("bce", "zlpr")
 
 
-GEN_STAGE_DIR = {"contrastive": "encoder", "probe": "classifier"}
+GEN_STAGE_DIR = {"contrastive": "encoder", "probe": "classifier", "joint": "classifier"}
 
 
 @pytest.mark.parametrize(
