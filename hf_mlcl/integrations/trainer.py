@@ -1,7 +1,8 @@
 """Any hf_mlcl contrastive loss in a plain ``transformers.Trainer``, through its ``compute_loss_func`` hook.
 
 :class:`ContrastiveLossFunc` reads the embeddings from the model's output, turns the labels into a multi-hot
-matrix and returns the loss (scaled for gradient accumulation), optionally with a queue of past embeddings.
+matrix and returns the loss (scaled for gradient accumulation), optionally with a queue of past embeddings;
+:class:`JointLossFunc` adds a supervised loss on the output's logits: the joint objective of ``JointTrainer``.
 
 References: cross-batch memory, Wang et al., CVPR 2020.
 Design: docs/design.md, "Losses in a plain Trainer (hf_mlcl/integrations/trainer.py)".
@@ -16,14 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS
+from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, labels_to_multihot
 from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
 
 from ._batches import BatchLoss
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ContrastiveLossFunc", "EMBEDDING_KEYS"]
+__all__ = ["ContrastiveLossFunc", "EMBEDDING_KEYS", "JointLossFunc"]
 
 EMBEDDING_KEYS = ("embeddings", "sentence_embedding", "pooler_output", "pooled")
 
@@ -136,3 +137,68 @@ class ContrastiveLossFunc:
 
     def __repr__(self) -> str:
         return f"ContrastiveLossFunc(loss={self.loss_name!r}, {self.loss_fn.extra_repr()})"
+
+
+class JointLossFunc:
+    """``compute_loss_func`` for ``transformers.Trainer``: ``(1 - w) * supervised + w * contrastive`` of a classifier
+    whose output has ``logits`` and pooled ``embeddings`` (``MLCLForMultiLabelClassification``), as
+    :class:`~hf_mlcl.training.JointTrainer` trains it (Gunel et al. 2021, eq. 1).
+
+    Args:
+        loss: the contrastive loss name; ``**loss_kwargs`` and the keywords of :class:`ContrastiveLossFunc`
+            (``num_labels``, ``label_format``, ``embeddings_key``, ``temperature``, ``queue_size`` ...) configure it.
+        contrastive_weight: w in [0, 1].
+        supervised_loss: ``"bce"``, ``"focal"``, ``"asymmetric"`` or ``"zlpr"``, with ``supervised_loss_kwargs``.
+
+    Raises:
+        ValueError: w outside [0, 1], a contrastive ``supervised_loss``, or what :class:`ContrastiveLossFunc` raises.
+
+    Example:
+        >>> trainer = Trainer(model=classifier, args=args, train_dataset=ds, data_collator=collator,
+        ...                   compute_loss_func=JointLossFunc("jaccard", contrastive_weight=0.5, num_labels=28))
+    """
+
+    def __init__(
+        self,
+        loss: str = "sd",
+        *,
+        contrastive_weight: float = 0.5,
+        supervised_loss: str = "bce",
+        supervised_loss_kwargs: Mapping[str, Any] | None = None,
+        **contrastive_kwargs: Any,
+    ) -> None:
+        from hf_mlcl.losses import get_loss
+        from hf_mlcl.losses.registry import check_supervised_loss
+
+        if not 0.0 <= float(contrastive_weight) <= 1.0:
+            raise ValueError(f"contrastive_weight must lie in [0, 1]; got {contrastive_weight}")
+        self.contrastive_weight = float(contrastive_weight)
+        self.contrastive = ContrastiveLossFunc(loss, **contrastive_kwargs)
+        self.supervised_fn = get_loss(
+            check_supervised_loss(supervised_loss), **dict(supervised_loss_kwargs or {})
+        )
+
+    def parameters(self):
+        """The contrastive loss's learnable parameters (e.g. ``msc`` prototypes), for the optimizer."""
+        return self.contrastive.parameters()
+
+    def __call__(self, outputs: Any, labels: Tensor | None, num_items_in_batch: Any = None) -> Tensor:
+        contrastive = self.contrastive(outputs, labels, num_items_in_batch)
+        logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs.logits
+        multi_hot = labels_to_multihot(
+            labels, self.contrastive.num_labels or logits.shape[-1], self.contrastive.label_format
+        )
+        supervised = self.supervised_fn(logits, multi_hot.to(logits.device))
+        if num_items_in_batch is not None:  # the accumulation contract, as the contrastive part's
+            counted = torch.as_tensor(num_items_in_batch, dtype=supervised.dtype, device=supervised.device)
+            supervised = (
+                supervised * (labels.shape[0] * labels.shape[1]) / counted.reshape(-1)[0].clamp_min(1)
+            )
+        w = self.contrastive_weight
+        return (1.0 - w) * supervised + w * contrastive
+
+    def __repr__(self) -> str:
+        return (
+            f"JointLossFunc(w={self.contrastive_weight}, supervised={type(self.supervised_fn).__name__}, "
+            f"contrastive={self.contrastive!r})"
+        )
