@@ -429,7 +429,7 @@ class DecisionThresholdArguments:
 
 
 @dataclass
-class ProbingTrainingArguments(StageTrainingArguments, DecisionThresholdArguments):
+class ProbingTrainingArguments(DecisionThresholdArguments, StageTrainingArguments):
     """Stage 2: a multi-label head on the (frozen or fine-tuned) encoder."""
 
     probe: str = field(default="linear", metadata={"help": f"One of {PROBES}."})
@@ -510,7 +510,7 @@ class ProbingTrainingArguments(StageTrainingArguments, DecisionThresholdArgument
 
 
 @dataclass
-class JointTrainingArguments(ContrastiveTrainingArguments, DecisionThresholdArguments):
+class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArguments):
     """The joint objective: a classifier fine-tuned end to end with ``(1 - w) * supervised + w * contrastive``
     on each batch (Gunel et al. 2021, eq. 1, with lambda = ``contrastive_weight``). The contrastive term's
     options are stage 1's (``loss``, ``loss_kwargs``, ``temperature``, the queue, GradCache ...); it reads the

@@ -20,10 +20,10 @@ def _blocks() -> list[str]:
 
 
 def test_the_section_has_its_examples():
-    assert len(_blocks()) == 6
+    assert len(_blocks()) == 7
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_usage_example_runs(index, tmp_path, monkeypatch, capsys):
     script = tmp_path / f"usage_example_{index}.py"
     script.write_text(_blocks()[index])
@@ -34,6 +34,7 @@ def test_usage_example_runs(index, tmp_path, monkeypatch, capsys):
         "soft positives",
         "zlpr",
         "[[[0, 1], [0], [0], [1]], [[1, 2], [1], [2], [2]]]",
+        "test ",
         "same embeddings: True",
         "label_format='bool', filled=32",
         "{'train': 3, 'validation': 1}",

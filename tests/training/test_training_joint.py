@@ -161,6 +161,13 @@ def test_arguments_stop_in_one_line(tmp_path, kw, message):
         _args(tmp_path, **kw)
 
 
+def test_output_dir_stays_the_first_positional_argument(tmp_path):
+    from hf_mlcl.training import ContrastiveTrainingArguments, ProbingTrainingArguments
+
+    for cls in (ContrastiveTrainingArguments, ProbingTrainingArguments, JointTrainingArguments):
+        assert cls(str(tmp_path / cls.__name__), use_cpu=True).output_dir == str(tmp_path / cls.__name__)
+
+
 def test_a_frozen_encoder_or_a_supervised_contrastive_loss_is_refused(tmp_path):
     tok = tiny_tokenizer()
     frozen = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), id2label=LABELS)
