@@ -7,6 +7,7 @@ Design: docs/design.md, "Output folders and checkpoints (hf_mlcl/training/checkp
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -18,11 +19,13 @@ from transformers import TrainerCallback
 from hf_mlcl.files import TMP_PREFIX
 
 from . import distributed as D
+from .checksums import check_checkpoint, write_checksums
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "SAVING_MARKER",
+    "CheckpointSaveError",
     "CompleteCheckpointsMixin",
     "checkpoint_folders",
     "is_complete_checkpoint",
@@ -161,9 +164,43 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
             f"resume_from_checkpoint={path} {why}; pass --resume_from_checkpoint true to take the last "
             "complete checkpoint of output_dir"
         )
+    damage = check_checkpoint(path)
+    if damage.damaged:
+        raise ValueError(
+            f"resume_from_checkpoint={path} is damaged: {damage.describe()} differ from what was saved; pass "
+            "--resume_from_checkpoint true to take the last undamaged checkpoint of output_dir"
+        )
+    _warn_missing_rng(path, damage.missing_rng, is_main_process)
     if is_main_process:
         print(f"resuming from {path}", flush=True)
     return path
+
+
+def _warn_missing_rng(path: str, missing: list[str], is_main_process: bool) -> None:
+    if missing and is_main_process:
+        logger.warning(
+            f"{path} lacks {', '.join(missing)}: the resumed run draws other random numbers (data order, "
+            "dropout) than the uninterrupted one would"
+        )
+
+
+def _intact_steps(output_dir: str, check: bool) -> tuple[list[int], str | None]:
+    """The steps of the complete checkpoints of ``output_dir`` without the damaged newest ones (``check``: the
+    process that reads the folder compares checksums, newest first, until an undamaged one), and a note naming
+    the damaged ones when no checkpoint is left."""
+    complete = [p for p in checkpoint_folders(output_dir) if is_complete_checkpoint(p)]
+    if not check:
+        return [_step(p) for p in complete], None
+    damaged = []
+    while complete:
+        found = check_checkpoint(complete[-1]).damaged
+        if not found:
+            break
+        path = complete.pop()
+        damaged.append(f"{os.path.basename(path)}: {', '.join(found)}")
+        logger.warning(f"{path} is damaged ({', '.join(found)}): resuming from the checkpoint before it")
+    note = "; ".join(damaged) if damaged and not complete else None
+    return [_step(p) for p in complete], note
 
 
 def whole_run_train_loss(log_history: list[dict], start_step: int, end_step: int, this_call: float) -> float:
@@ -219,8 +256,14 @@ def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> s
     steps, which never meet in their collectives. So the processes agree on the newest step complete
     everywhere, and the main process of a folder removes its checkpoints past that step (the resumed run
     writes them again). ValueError when some node has checkpoints but none is complete on every node."""
-    steps = [_step(p) for p in checkpoint_folders(output_dir) if is_complete_checkpoint(p)]
-    every = D.all_gather_object(steps)
+    found = D.all_gather_object(_intact_steps(output_dir, is_main_process))
+    notes = [note for _, note in found if note]
+    if notes:
+        raise ValueError(
+            f"resume_from_checkpoint: every checkpoint of {output_dir} is damaged ({notes[0]}); pass "
+            "--overwrite_output_dir true without --resume_from_checkpoint to train this stage again"
+        )
+    every = [steps for steps, _ in found]
     common = set(every[0]).intersection(*every[1:])
     if not common:
         if any(every):
@@ -242,7 +285,15 @@ def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> s
                     f"removed {path}: newer than checkpoint-{step}, the newest complete on every node"
                 )
     D.barrier()
-    return os.path.join(output_dir, f"checkpoint-{step}")
+    chosen = os.path.join(output_dir, f"checkpoint-{step}")
+    _warn_missing_rng(
+        chosen, check_checkpoint(chosen).missing_rng if is_main_process else [], is_main_process
+    )
+    return chosen
+
+
+class CheckpointSaveError(ValueError):
+    """A checkpoint could not be written (the device is full); the earlier ones are intact."""
 
 
 class CompleteCheckpointsMixin:
@@ -285,11 +336,21 @@ class CompleteCheckpointsMixin:
         limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
             super()._save_checkpoint(model, trial)
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+            raise CheckpointSaveError(
+                f"no space left on the device while writing {folder} (it stays marked incomplete and is never "
+                "resumed from; the earlier checkpoints are intact): free space, then resume with "
+                "--resume_from_checkpoint true"
+            ) from err
         finally:
             self.args.save_total_limit = limit
         if self.args.should_save and os.path.isdir(folder):
             self.save_extra_checkpoint_files(folder)
         D.barrier()  # every rank's shards / optimizer states are on disk
+        if self.args.should_save and os.path.isdir(folder):
+            write_checksums(folder, skip=(SAVING_MARKER,))  # checked before a resume reads the folder
         if self.args.should_save and os.path.exists(marker):
             os.unlink(marker)
         if self.args.should_save:

@@ -98,6 +98,7 @@ CHECKPOINT_FILES = MODEL_FILES | {
     "mlcl_trainer_state.safetensors",
     "rng_state_0.pth",
     "rng_state_1.pth",
+    "checksums.json",
 }
 NODE_TIMEOUT = 240  # seconds for both nodes of one launch; a run takes about 40 s on two busy cores
 
