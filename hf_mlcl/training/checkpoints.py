@@ -20,6 +20,7 @@ from hf_mlcl.files import TMP_PREFIX
 
 from . import distributed as D
 from .checksums import check_checkpoint, write_checksums
+from .run_settings import write_run_settings
 
 logger = logging.getLogger(__name__)
 
@@ -302,6 +303,9 @@ class CompleteCheckpointsMixin:
     the folder is still marked."""
 
     train_start_step = 0  # the step the last train() call started from (> 0 after a resume)
+    run_settings: dict | None = (
+        None  # what the result depends on (run_settings.stage_settings), kept per checkpoint
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -348,6 +352,7 @@ class CompleteCheckpointsMixin:
             self.args.save_total_limit = limit
         if self.args.should_save and os.path.isdir(folder):
             self.save_extra_checkpoint_files(folder)
+            write_run_settings(folder, self.run_settings)
         D.barrier()  # every rank's shards / optimizer states are on disk
         if self.args.should_save and os.path.isdir(folder):
             write_checksums(folder, skip=(SAVING_MARKER,))  # checked before a resume reads the folder

@@ -15,6 +15,7 @@ import torch
 
 from . import distributed as D
 from .checkpoints import remove_checkpoints, wants_resume
+from .run_settings import check_resume_settings, settings_differ
 
 logger = logging.getLogger(__name__)
 
@@ -129,15 +130,20 @@ def check_stage(args: Any) -> None:
     check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
 
 
-def finished_stage_metrics(args: Any) -> dict | None:
+def finished_stage_metrics(args: Any, settings: dict | None = None) -> dict | None:
     """When resuming and the stage's folder already holds its finished output (:func:`stage_finished`): its
     saved metrics (the stage is not redone). Otherwise None. Under several processes the stage counts as
     finished only when it is in every process's folder (node-local folders may differ), so every process
-    takes the same path (every process calls this)."""
+    takes the same path (every process calls this). ``settings``: the new run's
+    (:func:`~hf_mlcl.training.run_settings.stage_settings`); a finished stage trained with others is a
+    ValueError listing them, or with ``overwrite_output_dir`` trained again (None)."""
     if not wants_resume(args.resume_from_checkpoint):
         return None
     if not all(D.all_gather_object(stage_finished(args.output_dir))):
         return None
+    check_resume_settings(args.output_dir, settings, args.overwrite_output_dir)
+    if args.overwrite_output_dir and settings_differ(args.output_dir, settings):
+        return None  # trained again with the new settings
     print(f"{args.output_dir} is finished; resuming after it")
     with open(os.path.join(args.output_dir, FINISHED_FILES[0]), encoding="utf-8") as fh:
         return json.load(fh)

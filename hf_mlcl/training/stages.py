@@ -42,6 +42,7 @@ from .preflight import (
     require_a_step,
 )
 from .run_lock import RunLock
+from .run_settings import RUN_SETTINGS_FILE, check_resume_settings, stage_settings
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ def _fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:
         args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, writes
     )
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes)
+    check_resume_settings(resume, trainer.run_settings, args.overwrite_output_dir)
     metrics = dict(trainer.train(resume_from_checkpoint=resume).metrics)
     require_a_step(trainer, created, stage)
     return metrics
@@ -187,6 +189,8 @@ def _save_stage(
     the model's save did not), ``trainer_state.json`` (trained stages) and ``files`` (name -> JSON data); a
     barrier: the folder is complete before any rank goes on."""
     wrote_tokenizer = save_model()
+    if trainer.run_settings is not None:
+        files = {**files, RUN_SETTINGS_FILE: trainer.run_settings}
     if trainer.args.should_save:
         out = trainer.args.output_dir
         if not wrote_tokenizer:
@@ -268,6 +272,7 @@ def train_contrastive(
     trainer = ContrastiveTrainer(
         model=encoder, args=training_args, **_trainer_data(data, collator, tokenizer, callbacks)
     )
+    trainer.run_settings = stage_settings(training_args, model_args, data_args)
     return _finish_contrastive(
         trainer, tokenizer, _fit(trainer, created, "stage 1 (contrastive)"), model_args, data_args, data
     )
@@ -356,6 +361,7 @@ def train_probe(
     trainer = ProbingTrainer(
         model=model, args=probing_args, **_trainer_data(data, collator, tokenizer, callbacks)
     )
+    trainer.run_settings = stage_settings(probing_args, model_args, data_args, encoder_path)
     metrics: dict[str, Any] = {
         "probe": probing_args.probe,
         "loss": probing_args.loss,
@@ -444,6 +450,7 @@ def train_joint(
     trainer = JointTrainer(
         model=model, args=joint_args, **_trainer_data(data, collator, tokenizer, callbacks)
     )
+    trainer.run_settings = stage_settings(joint_args, model_args, data_args, encoder_path)
     metrics: dict[str, Any] = {
         "probe": stage,
         "loss": joint_args.supervised_loss,
@@ -620,7 +627,7 @@ def run_stages(
         args = stage_args[name]
         if announce is not None:
             announce(i, len(names), name, args, None)
-        metrics = finished_stage_metrics(args)
+        metrics = finished_stage_metrics(args, stage_settings(args, model_args, data_args, encoder_path))
         if metrics is not None:
             results[name] = StageResult(args.output_dir, metrics, skipped=True)
         elif name == "contrastive":

@@ -78,7 +78,13 @@ MODEL_FILES = {
     "tokenizer_config.json",
     "training_args.bin",
 }
-STAGE_FILES = MODEL_FILES | {"README.md", "card_data.json", "metrics.json", "trainer_state.json"}
+STAGE_FILES = MODEL_FILES | {
+    "README.md",
+    "card_data.json",
+    "metrics.json",
+    "trainer_state.json",
+    "run_settings.json",
+}
 # stage 1's encoder, a sentence-transformers folder (hf_mlcl.modeling.native)
 ENCODER_FILES = (STAGE_FILES - {"configuration_mlcl.py", "modeling_mlcl.py", "training_args.bin"}) | {
     "modules.json",
@@ -99,6 +105,7 @@ CHECKPOINT_FILES = MODEL_FILES | {
     "rng_state_0.pth",
     "rng_state_1.pth",
     "checksums.json",
+    "run_settings.json",
 }
 NODE_TIMEOUT = 240  # seconds for both nodes of one launch; a run takes about 40 s on two busy cores
 

@@ -1,0 +1,177 @@
+"""The settings a stage's result depends on (loss and its options, data, schedule, model), stored with its
+checkpoints and its finished folder, and compared when a run resumes: a resume with other settings would
+report results of a run that never had them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+from transformers import TrainingArguments
+
+from hf_mlcl.files import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RUN_SETTINGS_FILE",
+    "check_resume_settings",
+    "settings_differ",
+    "stage_settings",
+    "write_run_settings",
+]
+
+RUN_SETTINGS_FILE = "run_settings.json"
+
+_MODEL_KEYS = (
+    "model_name_or_path",
+    "backbone_config",
+    "pooling",
+    "projection_hidden_dim",
+    "head",
+    "chunk_size",
+    "use_lora",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+)
+_DATA_KEYS = (
+    "dataset",
+    "dataset_options",
+    "data_files",
+    "dataset_config",
+    "text_column",
+    "label_column",
+    "label_columns",
+    "label_format",
+    "label_separator",
+    "label_names_file",
+    "unknown_labels",
+    "validation_fraction",
+    "test_fraction",
+    "split_seed",
+    "split_strategy",
+    "max_length",
+    "max_train_samples",
+    "subset_seed",
+)
+_TRAINER_KEYS = (
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "seed",
+    "weight_decay",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "optim",
+    "max_grad_norm",
+    "bf16",
+    "fp16",
+)
+# fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
+_POLICY_KEYS = {
+    "overwrite_output_dir",
+    "keep_checkpoints",
+    "remove_unused_columns",
+    "restore_callback_states_from_checkpoint",
+    "logging_nan_inf_filter",
+    "knn_k",
+    "cache_features",
+    "feature_cache_dir",
+}
+
+
+def _canonical_loss(name: str) -> str:
+    from hf_mlcl.losses.registry import resolve_loss_name
+
+    try:
+        return resolve_loss_name(name)
+    except ValueError:  # not a registered name: the arguments' own checks say so
+        return name
+
+
+def _plain(value: Any) -> Any:
+    value = getattr(value, "value", value)  # enums (lr_scheduler_type, optim)
+    return json.loads(json.dumps(value, default=str))
+
+
+def stage_settings(
+    args: Any, model_args: Any = None, data_args: Any = None, encoder_path: str | None = None
+) -> dict[str, Any]:
+    """``{key: value}`` of what the stage's result depends on: its own fields (those hf_mlcl adds to
+    ``TrainingArguments``, but the keeping / watching ones), the schedule and precision, the model, the data and,
+    for a stage on a trained encoder (``encoder_path``), that encoder's own settings."""
+    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    own = [
+        f.name
+        for f in dataclasses.fields(args)
+        if f.name not in trainer_fields and f.name not in _POLICY_KEYS
+    ]
+    out = {key: _plain(getattr(args, key)) for key in (*_TRAINER_KEYS, *own) if hasattr(args, key)}
+    for key in ("loss", "supervised_loss"):  # an alias names the same loss ("sd", "similarity_dissimilarity")
+        if isinstance(out.get(key), str):
+            out[key] = _canonical_loss(out[key])
+    for source, keys in ((model_args, _MODEL_KEYS), (data_args, _DATA_KEYS)):
+        if source is not None:
+            out.update({key: _plain(getattr(source, key)) for key in keys if hasattr(source, key)})
+    upstream = None if encoder_path is None else os.path.join(encoder_path, RUN_SETTINGS_FILE)
+    if upstream is not None and os.path.isfile(upstream):
+        with open(upstream, encoding="utf-8") as fh:
+            out["encoder"] = json.load(fh)
+    return out
+
+
+def write_run_settings(folder: str, settings: dict[str, Any] | None) -> None:
+    """``folder/run_settings.json`` (nothing when ``settings`` is None)."""
+    if settings is not None:
+        atomic_write_json(os.path.join(folder, RUN_SETTINGS_FILE), settings)
+
+
+def _differences(stored: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """``"key old -> new"`` for every setting that differs (the encoder's as ``encoder.key``)."""
+    out = []
+    for key in sorted(set(stored) | set(new)):
+        old, now = stored.get(key), new.get(key)
+        if isinstance(old, dict) and isinstance(now, dict) and key == "encoder":
+            out += _differences(old, now, f"{prefix}{key}.")
+        elif old != now:
+            out.append(f"{prefix}{key} {old!r} -> {now!r}")
+    return out
+
+
+def _changes(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
+    """The differences between ``folder``'s stored settings and ``settings`` (none when either is unknown)."""
+    path = None if folder is None else os.path.join(folder, RUN_SETTINGS_FILE)
+    if settings is None or path is None or not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return _differences(json.load(fh), settings)
+
+
+def settings_differ(folder: str | None, settings: dict[str, Any] | None) -> bool:
+    """True when ``folder`` was trained with settings other than ``settings``."""
+    return bool(_changes(folder, settings))
+
+
+def check_resume_settings(folder: str | None, settings: dict[str, Any] | None, overwrite: bool) -> None:
+    """ValueError (one line, listing the differences) when the run resumed from ``folder`` (a checkpoint or a
+    finished stage's folder) had other settings than ``settings``; with ``overwrite`` a warning instead (the new
+    settings win). Nothing to compare when either side is unknown."""
+    changed = _changes(folder, settings)
+    if not changed:
+        return
+    listed = "; ".join(changed)
+    if overwrite:
+        logger.warning(f"resuming {folder} with other settings (--overwrite_output_dir true): {listed}")
+        return
+    raise ValueError(
+        f"--resume_from_checkpoint: {folder} was trained with other settings: {listed}; resume with the run's "
+        "settings, or pass --overwrite_output_dir true to go on with these"
+    )

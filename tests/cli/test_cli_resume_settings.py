@@ -1,0 +1,61 @@
+"""A resume with other settings than the run's stops and lists them (a checkpoint mid-stage, or a finished stage
+that would be skipped and its old results reported), unless --overwrite_output_dir true lets the new ones win."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from hf_mlcl.cli import main
+from hf_mlcl.training.run_settings import RUN_SETTINGS_FILE
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+TINY_DATA = json.dumps(
+    {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
+)
+COMMON = ["--dataset_options", TINY_DATA, "--disable_tqdm", "true", "--per_device_train_batch_size", "16"]
+
+
+def test_a_checkpoint_resumed_with_another_learning_rate_stops_listing_it(tmp_path, capsys):
+    out = str(tmp_path / "encoder")
+    train = ["train", RECIPE, "--output_dir", out, *COMMON, "--save_strategy", "steps", "--save_steps", "2"]
+    assert main([*train, "--max_steps", "2", "--keep_checkpoints", "true"]) == 0
+    stored = json.load(open(os.path.join(out, "checkpoint-2", RUN_SETTINGS_FILE)))
+    assert stored["loss"] == "similarity_dissimilarity" and stored["max_steps"] == 2
+    os.remove(os.path.join(out, "metrics.json"))  # the stage looks interrupted after its checkpoint
+    capsys.readouterr()
+    resume = [*train, "--max_steps", "4", "--resume_from_checkpoint", "true"]
+    assert main([*resume, "--learning_rate", "5e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "was trained with other settings" in err and "learning_rate 0.001 -> 0.005" in err
+    assert "max_steps 2 -> 4" in err and "--overwrite_output_dir true" in err
+    assert main([*resume, "--learning_rate", "5e-3", "--overwrite_output_dir", "true"]) == 0
+    state = json.load(open(os.path.join(out, "trainer_state.json")))
+    assert state["global_step"] == 4  # resumed at step 2 with the new settings
+    assert json.load(open(os.path.join(out, RUN_SETTINGS_FILE)))["learning_rate"] == 5e-3
+
+
+def test_a_finished_stage_with_another_loss_is_not_reported_as_done(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    run = ["run", RECIPE, "--output_dir", out, *COMMON, "--max_steps", "2", "--no-plots"]
+    assert main(run) == 0
+    first = json.load(open(os.path.join(out, "encoder", "metrics.json")))
+    capsys.readouterr()
+    assert main([*run, "--resume_from_checkpoint", "true"]) == 0  # the same settings: both stages skipped
+    assert "encoder is finished" in capsys.readouterr().out
+    changed = [*run, "--resume_from_checkpoint", "true", "--contrastive.loss", "msc"]
+    assert main(changed) == 2
+    assert "loss 'similarity_dissimilarity' -> 'msc'" in capsys.readouterr().err
+    assert json.load(open(os.path.join(out, "encoder", "metrics.json"))) == first
+    assert main([*changed, "--overwrite_output_dir", "true"]) == 0  # trained again with msc
+    assert json.load(open(os.path.join(out, "encoder", "metrics.json")))["loss"] == "msc"
+    probe = json.load(open(os.path.join(out, "classifier", RUN_SETTINGS_FILE)))
+    assert probe["encoder"]["loss"] == "msc"  # the probe was trained again on the new encoder
+    capsys.readouterr()
+    # stage 1 trained again on its own: the probe of the old encoder is not reported as done
+    train = ["train", RECIPE, "--output_dir", os.path.join(out, "encoder"), *COMMON, "--max_steps", "2"]
+    assert main([*train, "--loss", "sd", "--overwrite_output_dir", "true"]) == 0
+    capsys.readouterr()
+    assert main([*run, "--resume_from_checkpoint", "true", "--contrastive.loss", "sd"]) == 2
+    assert "encoder.loss 'msc' -> 'similarity_dissimilarity'" in capsys.readouterr().err
