@@ -1,5 +1,6 @@
 """`hf-mlcl` end to end on the synthetic corpus with a tiny random BERT: run (both stages + evaluation +
-cards), evaluate, push (mocked Hub), the demo with tiny sizes, typo errors, and `python -m hf_mlcl.cli`."""
+cards), evaluate, push (mocked Hub), the demo with tiny sizes (its BCE baseline's budget included), typo
+errors, and `python -m hf_mlcl.cli`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from hf_mlcl.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RECIPE = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+DEMO_DATA = {
+    "num_labels": 6,
+    "num_train": 96,
+    "num_validation": 32,
+    "num_test": 32,
+    "min_words": 8,
+    "max_words": 20,
+}
 TINY_DATA = json.dumps(
     {"num_labels": 6, "num_train": 64, "num_validation": 32, "num_test": 32, "min_words": 8, "max_words": 20}
 )
@@ -228,14 +237,7 @@ def test_demo_with_tiny_sizes(tmp_path, capsys):
         epochs=1,
         probe_epochs=1,
         max_length=32,
-        synthetic_options={
-            "num_labels": 6,
-            "num_train": 96,
-            "num_validation": 32,
-            "num_test": 32,
-            "min_words": 8,
-            "max_words": 20,
-        },
+        synthetic_options=DEMO_DATA,
     )
     assert [r["method"] for r in result["rows"]] == ["sd", "bce (fine-tuned)"]
     for name in (
@@ -251,3 +253,69 @@ def test_demo_with_tiny_sizes(tmp_path, capsys):
         assert (tmp_path / name).is_file(), name
     printed = capsys.readouterr().out
     assert "| method | micro_f1 | macro_f1 | p@1 | p@5 | silhouette |" in printed and "| sd |" in printed
+    # a tiny random BERT: the BCE baseline trains at the demo's rate for stage 1's epochs (logistic probe)
+    assert result["baseline"] == {"learning_rate": 1e-3, "num_train_epochs": 1.0}
+    assert "baseline: BCE fine-tuning, 1 epochs at lr 0.001" in printed
+    _assert_trained_as_claimed(tmp_path / "bce" / "classifier", 1e-3, 1.0)
+
+
+def _assert_trained_as_claimed(folder, learning_rate: float, epochs: float) -> int:
+    """The BCE classifier in ``folder`` trained at ``learning_rate`` for ``epochs``; returns its steps."""
+    card = json.load(open(folder / "card_data.json"))["hyperparameters"]
+    assert card["learning_rate"] == learning_rate and card["num_train_epochs"] == epochs
+    state = json.load(open(folder / "trainer_state.json"))
+    assert state["epoch"] == epochs
+    assert not list(folder.glob("checkpoint-*"))  # the best epoch's model is saved, its checkpoints removed
+    return state["global_step"]
+
+
+@pytest.mark.parametrize(
+    "dataset, pretrained, epochs, probe, probe_epochs, want",
+    [
+        ("goemotions", True, 1.0, "logistic", 3.0, (1e-4, 5.0)),  # README's GoEmotions demo
+        ("goemotions", True, 1.0, "linear", 3.0, (1e-4, 5.0)),
+        ("reuters21578", True, 1.0, "logistic", 3.0, (2e-4, 5.0)),
+        ("synthetic", True, 4.0, "linear", 3.0, (1e-4, 7.0)),  # never fewer than stage 1 + probe epochs
+        ("synthetic", False, 10.0, "logistic", 5.0, (1e-3, 10.0)),
+        ("synthetic", False, 10.0, "linear", 5.0, (1e-3, 15.0)),
+    ],
+)
+def test_demo_bce_budget_is_the_studys(dataset, pretrained, epochs, probe, probe_epochs, want):
+    """docs/RESULTS.md's BCE fine-tune of MiniLM: lr 1e-4 (GoEmotions) / 2e-4 (Reuters), up to 5 epochs."""
+    from hf_mlcl.demo import _bce_budget
+
+    assert _bce_budget(dataset, pretrained, 1e-3, epochs, probe, probe_epochs) == want
+
+
+def test_demo_bce_baseline_on_a_pretrained_encoder(tmp_path, capsys, tiny_bert_config, bert_tokenizer):
+    """With ``--model`` the BCE row trains as the demo says: the study's rate, at least as many epochs and
+    steps as a contrastive row's stage 1 + linear probe."""
+    from transformers import BertModel
+
+    from hf_mlcl.demo import STUDY_BCE_EPOCHS, STUDY_BCE_LR, run_demo
+
+    model = tmp_path / "pretrained"
+    BertModel(tiny_bert_config).save_pretrained(model)
+    bert_tokenizer.save_pretrained(model)
+    out = tmp_path / "demo"
+    result = run_demo(
+        output_dir=str(out),
+        model=str(model),
+        losses=["sd"],
+        epochs=1,
+        probe="linear",
+        probe_epochs=1,
+        max_length=32,
+        synthetic_options=DEMO_DATA,
+    )
+    lr, epochs = STUDY_BCE_LR["goemotions"], STUDY_BCE_EPOCHS
+    assert (lr, epochs) == (1e-4, 5.0)
+    assert result["baseline"] == {"learning_rate": lr, "num_train_epochs": epochs}
+    claim = "baseline: BCE fine-tuning, 5 epochs at lr 0.0001 (docs/RESULTS.md's BCE recipe)"
+    assert claim in capsys.readouterr().out and claim in (out / "results.md").read_text()
+    bce_steps = _assert_trained_as_claimed(out / "bce" / "classifier", lr, epochs)
+    sd_steps = sum(
+        json.load(open(out / "sd" / stage / "trainer_state.json"))["global_step"]
+        for stage in ("encoder", "classifier")
+    )
+    assert bce_steps >= sd_steps > 0
