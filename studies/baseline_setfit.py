@@ -34,9 +34,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py)
+import scale  # noqa: E402  (studies/scale.py: training subsets, SetFit's steps at a subset size)
 
-PAIRS_PER_STEP = 32  # 64 texts per step, the batch of the study's stage 1
-STAGE1_BATCH = 64
+PAIRS_PER_STEP = 32  # 64 texts per step, the batch of the study's stage 1 (scale.STAGE1_BATCH)
 
 
 def any_overlap_pairs(
@@ -106,9 +106,11 @@ def run_cell(
     force: bool = False,
     model_path: str | None = None,
     steps: int | None = None,
+    train_size: int | None = None,
 ) -> dict:
-    """One SetFit cell; ``model_path`` (default: the study's MiniLM) and ``steps`` (default: the stage-1
-    budget) exist for the tests."""
+    """One SetFit cell; ``train_size``: a training subset of that many rows, trained for as many steps as stage 1
+    at that size (studies/scale.py); ``model_path`` (default: the study's MiniLM) and ``steps`` (default: the
+    stage-1 budget) exist for the tests."""
     import setfit
     from datasets import Dataset
     from setfit import SetFitModel, TrainingArguments
@@ -116,15 +118,17 @@ def run_cell(
     sys.path.insert(0, os.path.join(cell_io.REPO, "benchmarks"))
     from minilm import find_minilm
 
-    if cell_io.skip_finished(study, "setfit_logistic", seed, force):
+    cell = scale.cell_name("setfit_logistic", scale.check_size(study, train_size))
+    if cell_io.skip_finished(study, cell, seed, force):
         return {}
+    overrides = [*overrides, *scale.subset_overrides(train_size)]
     data = cell_io.labelled_data(study, overrides)
     ds, _, data_args, y = data
-    steps = steps or len(ds["train"]) // STAGE1_BATCH
+    steps = steps or scale.setfit_steps(study, train_size, len(ds["train"]))  # stage 1's steps at that size
     model = SetFitModel.from_pretrained(model_path or find_minilm(), multi_target_strategy="one-vs-rest")
     model.model_body.max_seq_length = data_args.max_length
     args = TrainingArguments(
-        output_dir=os.path.join(cell_io.RUNS, study, "setfit", f"seed{seed}"),
+        output_dir=os.path.join(cell_io.RUNS, study, scale.cell_name("setfit", train_size), f"seed{seed}"),
         batch_size=(PAIRS_PER_STEP, 16),
         num_epochs=1,
         max_steps=steps,
@@ -151,6 +155,7 @@ def run_cell(
         "setfit": setfit.__version__,
         "pairs": steps * PAIRS_PER_STEP,
         "steps": steps,
+        "train_size": train_size,
         "pairs_per_step": PAIRS_PER_STEP,
         "body_learning_rate": args.body_embedding_learning_rate,
         "warmup_proportion": args.warmup_proportion,
@@ -164,13 +169,23 @@ def run_cell(
         "scoring_s": round(time.time() - t2, 1),
     }
     return cell_io.write_baseline(
-        study, "setfit", "logistic", seed, overrides, data, scores["test"], metrics, settings, wall
+        study,
+        "setfit",
+        "logistic",
+        seed,
+        overrides,
+        data,
+        scores["test"],
+        metrics,
+        settings,
+        wall,
+        train_size,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     args, overrides = cell_io.baseline_parser(__doc__).parse_known_args(argv)
-    run_cell(args.study, args.seed, overrides, force=args.force)
+    run_cell(args.study, args.seed, overrides, force=args.force, train_size=args.train_size)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py)
+import scale  # noqa: E402  (studies/scale.py: training subsets)
 
 C_START = (1.0, 10.0, 100.0)
 C_LIMITS = (1e-3, 1e4)
@@ -115,12 +116,22 @@ def choose_c(
     return best, fitted[best], {str(c): v for c, v in sorted(scores.items())}, fit_s
 
 
-def run_cell(study: str, model: str, seed: int, overrides: list[str], force: bool = False) -> dict:
+def run_cell(
+    study: str,
+    model: str,
+    seed: int,
+    overrides: list[str],
+    force: bool = False,
+    train_size: int | None = None,
+) -> dict:
+    """One TF-IDF cell; ``train_size``: a training subset of that many rows (studies/scale.py)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     classifier(model, 1.0, seed)  # an unknown --model stops here, before the data is read
-    if cell_io.skip_finished(study, f"tfidf_{model}", seed, force):
+    cell = scale.cell_name(f"tfidf_{model}", scale.check_size(study, train_size))
+    if cell_io.skip_finished(study, cell, seed, force):
         return {}
+    overrides = [*overrides, *scale.subset_overrides(train_size)]
     data = cell_io.labelled_data(study, overrides)
     ds, _, _, y = data
     t0 = time.time()
@@ -145,7 +156,7 @@ def run_cell(study: str, model: str, seed: int, overrides: list[str], force: boo
         "probe_s": round(features_s + fit_s, 1),
     }
     return cell_io.write_baseline(
-        study, "tfidf", model, seed, overrides, data, test_scores, metrics, settings, wall
+        study, "tfidf", model, seed, overrides, data, test_scores, metrics, settings, wall, train_size
     )
 
 
@@ -153,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = cell_io.baseline_parser(__doc__)
     ap.add_argument("--model", required=True, choices=MODELS)
     args, overrides = ap.parse_known_args(argv)
-    run_cell(args.study, args.model, args.seed, overrides, force=args.force)
+    run_cell(args.study, args.model, args.seed, overrides, force=args.force, train_size=args.train_size)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scale import split_cell  # noqa: E402  (studies/scale.py: a subset's cells end in -n<N>)
+
 HERE = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "results"
 )  # studies/results: the study's cells
@@ -35,24 +38,29 @@ def _validation_macro_f1(path: str) -> float:
         return float(json.load(fh)["metrics"]["validation_macro_f1"])
 
 
-def bce_validation_scores(study: str, results: str = RESULTS) -> dict[str, float]:
-    """Validation macro-F1 of each finished ``bce_finetune-lr*`` seed-1 cell of ``study``, by learning rate
-    (budget variants such as ``bce_finetune-long-lr*`` are no points of the grid)."""
+def bce_validation_scores(
+    study: str, results: str = RESULTS, train_size: int | None = None
+) -> dict[str, float]:
+    """Validation macro-F1 of each finished ``bce_finetune-lr*`` seed-1 cell of ``study`` trained on
+    ``train_size`` rows (None: the whole split; a subset's cells end in ``-n<N>``, studies/scale.py), by
+    learning rate (budget variants such as ``bce_finetune-long-lr*`` are no points of the grid)."""
     scores = {}
     for path in glob.glob(os.path.join(results, study, "bce_finetune-lr*", "seed1", "metrics.json")):
-        cell = os.path.basename(os.path.dirname(os.path.dirname(path)))
-        scores[cell[len("bce_finetune-lr") :]] = _validation_macro_f1(path)
+        cell, size = split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))
+        if size == train_size:
+            scores[cell[len("bce_finetune-lr") :]] = _validation_macro_f1(path)
     return scores
 
 
-def best_bce_lr(study: str, results: str = RESULTS) -> str:
+def best_bce_lr(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
     """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` seed-1 cell of ``study``
-    with the highest validation macro-F1. ValueError when none has finished yet."""
-    scores = bce_validation_scores(study, results)
+    (at ``train_size`` rows) with the highest validation macro-F1. ValueError when none has finished yet."""
+    scores = bce_validation_scores(study, results, train_size)
     if not scores:
+        size = "" if train_size is None else f" at --train-size {train_size}"
         raise ValueError(
-            f"--lr best: no finished bce_finetune-lr* seed-1 cell under {os.path.join(results, study)}; "
-            "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base)"
+            f"--lr best: no finished bce_finetune-lr* seed-1 cell{size} under {os.path.join(results, study)}; "
+            "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base / scale)"
         )
     return max((score, lr) for lr, score in scores.items())[1]
 

@@ -154,23 +154,33 @@ def write_baseline(
     metrics: dict,
     settings: dict,
     wall_s: dict,
+    train_size: int | None = None,
 ) -> dict:
-    """Write a baseline cell (``<loss>_<probe>``): its per_label_f1.json and its metrics.json, in the trained
-    cells' layout (``data``: :func:`labelled_data`'s tuple; ``settings``: what the baseline chose and used;
-    ``wall_s``: its seconds, ``probe_s`` (+ ``stage1_s``) being what the tables count as training)."""
+    """Write a baseline cell (``<loss>_<probe>``, ``-n<N>`` on a training subset of N rows, studies/scale.py):
+    its per_label_f1.json and its metrics.json, in the trained cells' layout (``data``: :func:`labelled_data`'s
+    tuple; ``settings``: what the baseline chose and used; ``wall_s``: its seconds, ``probe_s`` (+ ``stage1_s``)
+    being what the tables count as training)."""
+    from scale import cell_name
+
     ds, names, data_args, y = data
-    out = cell_dir(study, f"{loss}_{probe}", seed)
+    cell = cell_name(f"{loss}_{probe}", train_size)
+    out = cell_dir(study, cell, seed)
     result = {
         "dataset": study,
         "loss": loss,
         "probe": probe,
         "seed": seed,
         "tag": None,
+        "train_size": train_size,  # None: the whole training split
         "overrides": overrides,
         "git_commit": git_commit(),
         "device": device(),
         "baseline": settings,
-        "data": {"data_dir": data_args.data_dir, **{s: len(ds[s]) for s in ("train", "validation", "test")}},
+        "data": {
+            "data_dir": data_args.data_dir,
+            "subset_seed": getattr(data_args, "subset_seed", None),
+            **{s: len(ds[s]) for s in ("train", "validation", "test")},
+        },
         "metrics": metrics,
         "wall_s": wall_s,
         "process_cpu_s": round(time.process_time(), 1),
@@ -181,7 +191,7 @@ def write_baseline(
     )
     write_json(os.path.join(out, "metrics.json"), result)
     print(
-        f"RESULT {study} {loss}_{probe} seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
+        f"RESULT {study} {cell} seed{seed}: test micro-F1 {metrics['test_micro_f1']:.4f} macro-F1 "
         f"{metrics['test_macro_f1']:.4f}, {sum(wall_s.get(k, 0.0) for k in ('stage1_s', 'probe_s')):.0f} s",
         flush=True,
     )
@@ -189,12 +199,19 @@ def write_baseline(
 
 
 def baseline_parser(doc: str):
-    """The command line every baseline script shares: the study, ``--seed``, ``--force``; the rest are recipe
-    overrides (``--data_dir ...``)."""
+    """The command line every baseline script shares: the study, ``--seed``, ``--train-size``, ``--force``; the
+    rest are recipe overrides (``--data_dir ...``)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("study", choices=("reuters21578", "goemotions_full"))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        help="train on this many rows of the training split, the seeded subset every method shares "
+        "(studies/scale.py; cell <cell>-n<N>); default: all",
+    )
     ap.add_argument("--force", action="store_true", help="rerun a finished cell")
     return ap

@@ -79,11 +79,14 @@ def load(
 ) -> dict[tuple[str, str], list[dict]]:
     """Runs by (loss, probe): the main grid, or (``tagged``) the stage-2 variants by (loss, probe-tag); those
     of stage 1 trained with ``batch_sampler`` (``run.py --batch-sampler``: every table but the sampler's
-    reads the random batches)."""
+    reads the random batches). Whole training sets only: the data-scale study's subset cells (``-n<N>``,
+    studies/scale.py) are no rows of these tables."""
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for path in sorted(glob.glob(os.path.join(HERE, dataset, "*", "seed*", "metrics.json"))):
         with open(path, encoding="utf-8") as fh:
             r = json.load(fh)
+        if r.get("train_size") is not None:
+            continue
         if _stage1_sampler(r) != batch_sampler:
             continue
         if batch_sampler != "random":

@@ -38,6 +38,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py: the cell files every runner of the study writes)
+import scale  # noqa: E402  (studies/scale.py: the data-scale study's subsets, epoch rule and cell names)
 
 REPO = cell_io.REPO
 RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))  # beside the checkout
@@ -92,28 +93,73 @@ def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
     ]
 
 
-def best_bce_lr(dataset: str) -> str:
-    """The fine-tuning learning rate chosen on validation (``bce_choice.best_bce_lr``; ValueError until a
-    BCE learning-rate cell has finished)."""
+def best_bce_lr(dataset: str, train_size: int | None = None) -> str:
+    """The fine-tuning learning rate chosen on validation among the BCE cells of the same training size
+    (``bce_choice.best_bce_lr``; ValueError until a BCE learning-rate cell of that size has finished)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
 
-    return bce_choice.best_bce_lr(dataset, RESULTS)
+    return bce_choice.best_bce_lr(dataset, RESULTS, train_size)
 
 
-def extended_bce_lr(dataset: str) -> str:
-    """The grid's third learning rate, chosen on validation from the first two (studies/lr_grid.py)."""
+def extended_bce_lr(dataset: str, train_size: int | None = None) -> str:
+    """The grid's third learning rate, chosen on validation from the first two of the same training size
+    (studies/lr_grid.py)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bce_choice import bce_validation_scores
     from lr_grid import FIRST, third_lr
 
-    third = third_lr(bce_validation_scores(dataset, RESULTS))
+    third = third_lr(bce_validation_scores(dataset, RESULTS, train_size))
     if third is None:
+        size = "" if train_size is None else f" --train-size {train_size}"
         raise ValueError(
-            f"--lr extend: the BCE cells at learning rates {' and '.join(FIRST)} (seed 1) must finish first; "
-            f"run them with --lr {FIRST[0]} / --lr {FIRST[1]}"
+            f"--lr extend: the BCE cells at learning rates {' and '.join(FIRST)} (seed 1{size}) must finish "
+            f"first; run them with --lr {FIRST[0]} / --lr {FIRST[1]}{size}"
         )
     return third
+
+
+def scale_tokens(
+    recipe: dict, dataset: str, stage1: bool, probe: str, train_size: int | None, stage2: str = "probe"
+) -> list[str]:
+    """The overrides of a cell trained on ``train_size`` rows (studies/scale.py; none at full size): the seeded
+    training subset, each trained stage's epochs by the epoch rule (``scale.scaled_epochs`` of the recipe's
+    own; stage 1 only where ``stage1``), and a fine-tune or linear probe that evaluates (and keeps its best
+    model) once per epoch."""
+    if scale.check_size(dataset, train_size) is None:
+        return []
+    full = scale.FULL_TRAIN[dataset]
+    tokens = scale.subset_overrides(train_size)
+    if stage1:
+        epochs = scale.scaled_epochs(recipe["contrastive"]["num_train_epochs"], full, train_size)
+        tokens += ["--contrastive.num_train_epochs", f"{epochs:g}"]
+    if probe == "finetune":
+        epochs = scale.scaled_epochs(recipe[stage2]["num_train_epochs"], full, train_size)
+        tokens += [f"--{stage2}.num_train_epochs", f"{epochs:g}"]
+    if probe != "logistic":  # GoEmotions' recipe evaluates every 452 steps: more than a subset's epoch
+        tokens += [f"--{stage2}.eval_strategy", "epoch", f"--{stage2}.save_strategy", "epoch"]
+    return tokens
+
+
+def best_joint_weight(dataset: str, train_size: int | None = None) -> str:
+    """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr*`` cell of the same
+    training size with the highest validation macro-F1 (ValueError until one has finished)."""
+    import glob
+    import re
+
+    pattern = os.path.join(RESULTS, dataset, "joint_finetune-w*", "seed1", "metrics.json")
+    scores = {}
+    for path in glob.glob(pattern):
+        cell, size = scale.split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))
+        found = re.match(r"^joint_finetune-w([0-9.]+)-lr.+$", cell)
+        if found and size == train_size:
+            with open(path, encoding="utf-8") as fh:
+                scores[found[1]] = json.load(fh)["metrics"]["validation_macro_f1"]
+    if not scores:
+        raise ValueError(
+            f"--weight best: no finished joint_finetune-w* seed-1 cell of {dataset} at this size"
+        )
+    return max(scores, key=scores.get)
 
 
 def run_cell(
@@ -128,24 +174,40 @@ def run_cell(
     patience: int = 2,
     test_each_epoch: bool = False,
     batch_sampler: str = "random",
+    train_size: int | None = None,
+    weight: str | None = None,
 ) -> dict:
 
     from hf_mlcl.data import label_names, train_frequency
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
-    from hf_mlcl.training.stages import train_contrastive, train_probe
+    from hf_mlcl.training.stages import train_contrastive, train_joint, train_probe
 
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from minilm import find_minilm
 
     os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
     recipe = load_recipe(cell_io.recipe_path(dataset, loss))
+    joint = loss == "joint"  # one fine-tune with (1 - w) * BCE + w * contrastive: no stage 1, no probe stage
+    stage2 = "joint" if joint else "probe"
+    if joint and (probe != "finetune" or weight is None):
+        raise ValueError("--loss joint fine-tunes: use it with --probe finetune and --weight W (or best)")
+    if weight is not None:
+        if not joint:
+            raise ValueError("--weight is the joint objective's w: use it with --loss joint")
+        weight = best_joint_weight(dataset, train_size) if weight == "best" else weight
+        float(weight)  # a number, or a clear error before any work
+        tag = f"w{weight}" if tag is None else f"{tag}-w{weight}"
+        extra = [*extra, "--joint.contrastive_weight", weight]
+    # a training subset: its rows and epochs come first, so that an explicit override in ``extra`` wins
+    stage1_trained = loss not in ("bce", "pretrained", "joint")
+    extra = [*scale_tokens(recipe, dataset, stage1_trained, probe, train_size, stage2), *extra]
     if lr is not None:  # the fine-tuning learning rate under test; names the cell
         if probe != "finetune":
             raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
-        lr = {"best": best_bce_lr, "extend": extended_bce_lr}.get(lr, lambda _: lr)(dataset)
+        lr = {"best": best_bce_lr, "extend": extended_bce_lr}.get(lr, lambda *_: lr)(dataset, train_size)
         float(lr)  # a number, or a clear error before any work
         tag = f"lr{lr}" if tag is None else f"{tag}-lr{lr}"  # e.g. finetune-long-lr2e-4: never read as an lr
-        extra = [*extra, "--probe.learning_rate", lr]
+        extra = [*extra, f"--{stage2}.learning_rate", lr]
     minilm = find_minilm()
     stage1 = loss
     if (
@@ -156,14 +218,17 @@ def run_cell(
         stage1 = f"{loss}-{batch_sampler}"
         tag = batch_sampler if tag is None else f"{batch_sampler}-{tag}"
         extra = [*extra, "--contrastive.batch_sampler", batch_sampler]
+    stage1 = scale.cell_name(stage1, train_size)  # a subset's encoders and probes: <loss>-n<N>/seed<S>/
     run_dir = os.path.join(RUNS, dataset, stage1, f"seed{seed}")
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
+    cell = scale.cell_name(cell, train_size)  # a training subset of N rows: <cell>-n<N>
     out_dir = os.path.join(RESULTS, dataset, cell, f"seed{seed}")
     if not force and os.path.isfile(os.path.join(out_dir, "metrics.json")):
         print(f"SKIP {dataset} {cell} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
         with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
             return json.load(fh)
-    tokens = ["--model_name_or_path", minilm, "--seed", str(seed), "--probe.probe", probe, *extra]
+    tokens = ["--model_name_or_path", minilm, "--seed", str(seed), *extra]
+    tokens += [] if joint else ["--probe.probe", probe]
     result: dict = {
         "dataset": dataset,
         "loss": loss,
@@ -172,13 +237,14 @@ def run_cell(
         "overrides": extra,
         "tag": tag,
         "batch_sampler": batch_sampler,
+        "train_size": train_size,  # None: the whole training split (studies/scale.py)
         "git_commit": cell_io.git_commit(),
         "device": cell_io.device(),
     }
     wall: dict[str, float] = {}
 
     encoder_path = None
-    if loss not in ("bce", "pretrained"):
+    if stage1_trained:
         encoder_path = os.path.join(run_dir, "encoder")
         done = os.path.join(encoder_path, "metrics.json")
         ov = split_overrides([*tokens, "--max_eval_samples", "256"], ["contrastive"])
@@ -220,16 +286,16 @@ def run_cell(
 
     if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
         tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(RUNS, dataset, "features")]
-    ov = split_overrides(tokens, ["probe"])
+    ov = split_overrides(tokens, [stage2])
     probe_dir = os.path.join(run_dir, probe + (f"-{tag}" if tag else ""))
-    m_args, d_args, p_args = parse_stage(recipe, "probe", ov, output_dir=probe_dir)
+    m_args, d_args, p_args = parse_stage(recipe, stage2, ov, output_dir=probe_dir)
     if loss == "bce":
         p_args.loss = "bce"
     if probe != "logistic" and _has_checkpoint(probe_dir):
         p_args.resume_from_checkpoint = True
         print(f"RESUME stage 2 from the last checkpoint in {probe_dir}", flush=True)
     t0 = time.time()
-    stage = train_probe(
+    stage = (train_joint if joint else train_probe)(
         m_args,
         d_args,
         p_args,
@@ -265,9 +331,15 @@ def run_cell(
             "per_device_train_batch_size",
             "logistic_c_grid",
             "seed",
+            "contrastive_weight",
+            "supervised_loss",
+            "temperature",
         )
+        if hasattr(p_args, k)
     }
     result["data"] = {
+        "train": len(trainer.train_dataset),  # the rows trained on
+        "subset_seed": d_args.subset_seed,
         "max_train_samples": d_args.max_train_samples,
         "max_eval_samples": d_args.max_eval_samples,
         "max_test_samples": d_args.max_test_samples,
@@ -332,6 +404,19 @@ def main(argv: list[str] | None = None) -> None:
         "hf_mlcl.data.sampler); a variant other than 'random' has its own stage-1 encoder and tags the "
         "cell <loss>_<probe>-<sampler>",
     )
+    ap.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        help="cell: train on this many rows of the training split, the same seeded subset for every method "
+        "and seed, with epochs by the epoch rule (studies/scale.py; cell <cell>-n<N>); default: all",
+    )
+    ap.add_argument(
+        "--weight",
+        default=None,
+        help="cell, --loss joint: w of (1 - w) * BCE + w * contrastive (the cell joint_finetune-w<w>-lr<lr>), or "
+        "'best': the w of the seed-1 joint cells of this size with the best validation macro-F1",
+    )
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
     ap.add_argument(
         "--test-each-epoch",
@@ -352,6 +437,8 @@ def main(argv: list[str] | None = None) -> None:
         patience=args.patience,
         test_each_epoch=args.test_each_epoch,
         batch_sampler=args.batch_sampler,
+        train_size=args.train_size,
+        weight=args.weight,
     )
 
 

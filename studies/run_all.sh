@@ -17,6 +17,11 @@
 #   bash studies/run_all.sh baselines   # TF-IDF (logistic regression, linear SVM) and SetFit on both studies
 #   bash studies/run_all.sh full-cell reuters21578 --loss bce --probe finetune --lr best --seed 2 --patience 2
 #     # one cell, logged like the phases' cells
+#   bash studies/run_all.sh scale-reuters     # the data-scale study (issue 52, studies/scale.py) at Reuters'
+#   bash studies/run_all.sh scale-goemotions  # subset sizes (500, 2,000) resp. GoEmotions' (1,000, 4,000);
+#   bash studies/run_all.sh scale             # both, one queue (the two above: two queues side by side)
+#   bash studies/run_all.sh joint-reuters     # the joint objective on the whole training sets: w 0.2 and 0.5
+#   bash studies/run_all.sh joint-goemotions  # (seed 1), seeds 2-3 at the better w on validation
 # Long runs: nohup nice -n 19 bash studies/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on 2 cores); two queues of different studies side by side with
@@ -110,6 +115,55 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
   for S in 2 3; do finetune_cells "$study" "$pat" "$S" "$@"; done
 }
 
+# The data-scale study (issue 52; studies/scale.py): each subset size's cells, run.py / the baselines with
+# --train-size N (cells <cell>-n<N>; the full-size cells are its "all" rows). Every choice on validation per
+# size: the BCE learning rate from the same grid (5e-5, 1e-4, then a third past the better), the fine-tunes
+# from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size). Epochs by
+# the epoch rule (up to 10), patience 3 epochs. Order: cheap and most informative first, each step over the
+# sizes smallest first. Estimated minutes per run (python studies/scale.py plan: the full-size cells' median
+# rates scaled by size, every epoch run; those cells mostly ran two side by side, one thread each):
+#                                   Reuters n500  n2000   GoEmotions n1000  n4000
+#   TF-IDF + logistic regression (1 run)   <5     <20                 0      0   (n500 measured: 3 s)
+#   BCE fine-tune (3 lrs seed 1, 2 seeds)  17      48                17     33
+#   stage 1 + logistic probe (2 x 3)       17      20                 8     27
+#   stage 1 + fine-tune (2 x 3)            17      48                17     33
+#   SetFit (3)                              8      10                 4     15
+#   queues: Reuters 16.9 h, GoEmotions 13.6 h; side by side (OMP_NUM_THREADS=1 each) about 17 h of the machine
+#   joint objective (2 w seed 1, 2 seeds)  17      48                17     33   (per run: as BCE's fine-tune)
+SCALE_PAT=3  # epochs without a better validation macro-F1 (a subset's epoch is 16-125 steps)
+# The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from
+# JOINT_WEIGHTS on seed 1 at BCE's learning rate (chosen on validation at that size), seeds 2-3 at the w with the
+# better validation macro-F1. joint_cells STUDY PATIENCE [N]: at N training rows (without N: the whole split).
+JOINT_WEIGHTS="0.2 0.5"
+joint_cells() {
+  local study=$1 pat=$2 n=${3:-} W S
+  local size=()
+  [ -n "$n" ] && size=(--train-size "$n")
+  for W in $JOINT_WEIGHTS; do
+    fcell "$study" --loss joint --probe finetune --lr best --weight "$W" --seed 1 --patience "$pat" "${size[@]}"
+  done
+  for S in 2 3; do
+    fcell "$study" --loss joint --probe finetune --lr best --weight best --seed "$S" --patience "$pat" "${size[@]}"
+  done
+}
+scell() { local study=$1 n=$2; shift 2; fcell "$study" "$@" --train-size "$n"; }  # a run.py cell at N rows
+scale_cells() {  # scale_cells STUDY: every subset size's cells of the data-scale study
+  local study=$1 sizes L2 N S L LR
+  sizes=$($PY studies/scale.py sizes "$study") || return 1
+  L2=$(pick "") || return 1
+  for N in $sizes; do bcell tfidf "$study" --model logreg --seed 1 --train-size "$N"; done  # no seed changes it
+  for N in $sizes; do
+    for LR in $LRS; do scell "$study" "$N" --loss bce --probe finetune --lr "$LR" --seed 1 --patience $SCALE_PAT; done
+    for S in 2 3; do scell "$study" "$N" --loss bce --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
+  done
+  for N in $sizes; do for S in 1 2 3; do for L in $L2; do scell "$study" "$N" --loss "$L" --probe logistic --seed "$S"; done; done; done
+  for N in $sizes; do joint_cells "$study" $SCALE_PAT "$N"; done
+  for N in $sizes; do for S in 1 2 3; do for L in $L2; do
+    scell "$study" "$N" --loss "$L" --probe finetune --lr best --seed "$S" --patience $SCALE_PAT
+  done; done; done
+  for N in $sizes; do for S in 1 2 3; do bcell setfit "$study" --seed "$S" --train-size "$N"; done; done
+}
+
 case "${1:-}" in
 full-reuters-base) base_cells reuters21578 2 ;;
 full-goemotions-base) base_cells goemotions_full 3 ;;
@@ -155,5 +209,10 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
   seed_cells reuters21578 2 $L2
   seed_cells goemotions_full 3 $L2
   ;;
-*) echo "usage: $0 full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines" ; exit 2 ;;
+scale-reuters) scale_cells reuters21578 ;;       # one queue per study: run side by side with
+scale-goemotions) scale_cells goemotions_full ;;  # OMP_NUM_THREADS=1 each, as full-reuters / full-goemotions
+scale) scale_cells reuters21578; scale_cells goemotions_full ;;
+joint-reuters) joint_cells reuters21578 2 ;;      # the joint objective on the whole training sets (the
+joint-goemotions) joint_cells goemotions_full 3 ;;  # patience of the study's full-size fine-tunes)
+*) echo "usage: $0 full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines|scale|scale-reuters|scale-goemotions|joint-reuters|joint-goemotions" ; exit 2 ;;
 esac

@@ -1,0 +1,180 @@
+"""The data-scale study (issue 52): training subsets, the epoch rule, the cells' names and their cost plan.
+
+Reuters-21578 at 500 and 2,000 training documents, GoEmotions at 1,000 and 4,000; the existing full-size cells
+are the "all" rows. A size N keeps N rows of the training split drawn with ``SUBSET_SEED`` (DataArguments'
+``max_train_samples`` + ``subset_seed``: the same rows for every method and training seed); validation and test
+stay whole. Its cells are ``<cell>-n<N>`` (``bce_finetune-lr1e-4-n500``, ``sd_logistic-n500``) and record
+``train_size`` in metrics.json; their checkpoints go under ``$MLCL_RUNS/<study>/<loss>-n<N>/``.
+
+Epoch rule (:func:`scaled_epochs`): a trained stage keeps the full-size recipe's number of optimizer steps
+(same batch, epochs x full size / N, rounded), never fewer epochs than that recipe and at most 10 (``EPOCH_CAP``);
+fine-tunes stop early on validation (run_all.sh: patience 3 epochs). Stage 1: 1 epoch at full size -> 10
+(Reuters 500), 3 (2,000), 10 (GoEmotions 1,000 and 4,000); fine-tunes: 5 -> 10 at every size. SetFit takes
+as many steps as stage 1 (:func:`setfit_steps`). Cost at the full-size cells' median rates, every epoch run:
+17 h for Reuters' cells, 14 h for GoEmotions' (run_all.sh scale-reuters / scale-goemotions: two queues side by
+side, one thread each, as the full study mostly ran, so about 17 h of the 2-core machine):
+
+    python studies/scale.py plan     # each cell's estimated minutes, from the full-size cells' wall times
+    python studies/scale.py sizes reuters21578     # "500 2000" (run_all.sh's scale phases)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+SIZES = {"reuters21578": (500, 2000), "goemotions_full": (1000, 4000)}  # the sizes below "all"
+FULL_TRAIN = {"reuters21578": 6993, "goemotions_full": 43410}  # training rows of the full-size recipes
+EVAL_ROWS = {"reuters21578": (777, 3019), "goemotions_full": (5426, 5427)}  # validation, test (whole)
+SUBSET_SEED = 52  # draws the subsets; not a training seed (1-3), so every seed trains on the same rows
+EPOCH_CAP = 10  # twice the full-size fine-tune's 5 epochs
+STAGE1_BATCH = 64  # stage 1's batch (studies/recipes/full_minilm.yaml), SetFit's texts per step
+PHASES = {"reuters21578": "scale-reuters", "goemotions_full": "scale-goemotions"}  # run_all.sh's queues
+_SUFFIX = re.compile(r"^(?P<base>.+)-n(?P<n>[0-9]+)$")
+
+
+def scaled_epochs(full_epochs: float, full_size: int, size: int | None, cap: float = EPOCH_CAP) -> float:
+    """Epochs of a stage trained on ``size`` rows whose full-size recipe runs ``full_epochs`` over ``full_size``
+    rows: the full recipe's optimizer steps kept (``full_epochs * full_size / size``, rounded to whole epochs),
+    at least ``full_epochs`` and at most ``cap`` (never below ``full_epochs``); ``size`` None (all) keeps
+    ``full_epochs``."""
+    if size is None or size >= full_size:
+        return full_epochs
+    if size <= 0:
+        raise ValueError(f"a training size is a positive number of rows; got {size}")
+    kept = round(full_epochs * full_size / size)
+    return max(full_epochs, min(cap, kept))
+
+
+def check_size(study: str, size: int | None) -> int | None:
+    """``size`` when it is a subset size of ``study`` (below its full training split), else ValueError."""
+    if size is None:
+        return None
+    if study not in FULL_TRAIN:
+        raise ValueError(
+            f"--train-size: no data-scale study for {study!r} (studies: {', '.join(FULL_TRAIN)})"
+        )
+    if not 0 < size < FULL_TRAIN[study]:
+        raise ValueError(
+            f"--train-size {size}: {study} has {FULL_TRAIN[study]} training rows; a subset is smaller "
+            "(the full-size cells are the 'all' rows: leave --train-size out)"
+        )
+    return size
+
+
+def cell_name(base: str, size: int | None) -> str:
+    """The cell folder of ``base`` (``<loss>_<probe>[-<tag>]``) at ``size`` rows: ``<base>-n<size>``."""
+    return base if size is None else f"{base}-n{size}"
+
+
+def split_cell(cell: str) -> tuple[str, int | None]:
+    """(``base``, size) of a cell folder name; size None for a full-size cell."""
+    found = _SUFFIX.match(cell)
+    return (cell, None) if found is None else (found["base"], int(found["n"]))
+
+
+def subset_overrides(size: int | None) -> list[str]:
+    """The recipe overrides that keep ``size`` training rows drawn with ``SUBSET_SEED`` (none at full size)."""
+    return [] if size is None else ["--max_train_samples", str(size), "--subset_seed", str(SUBSET_SEED)]
+
+
+def setfit_steps(study: str, size: int | None, rows: int | None = None) -> int:
+    """SetFit's pair-training steps at ``size`` (None: all): as many as stage 1 takes there, 64 texts a step, its
+    one full-size epoch scaled by the epoch rule; ``rows``: the training rows when not ``size`` / the full size."""
+    rows = rows or (FULL_TRAIN[study] if size is None else size)
+    return int(scaled_epochs(1, FULL_TRAIN[study], size) * (rows // STAGE1_BATCH))
+
+
+def _records(results: str, study: str) -> list[dict]:
+    """The full-size cells' metrics.json records of ``study``."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(results, study, "*", "seed*", "metrics.json"))):
+        if split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))[1] is None:
+            with open(path, encoding="utf-8") as fh:
+                out.append(json.load(fh))
+    return out
+
+
+def rates(study: str, results: str) -> dict[str, float]:
+    """Median wall seconds of the full-size cells, per unit of work: a fine-tune epoch and a stage-1 epoch per
+    training row, one validation pass, a logistic probe that encodes per encoded row, TF-IDF + logistic
+    regression per training row, a SetFit step, its head per training row and its scoring."""
+    recs, n = _records(results, study), FULL_TRAIN[study]
+    med = statistics.median
+    ft = [r for r in recs if r["probe"] == "finetune"]
+    stage1 = {
+        (r["loss"], r["seed"], r.get("batch_sampler")): r["wall_s"]["stage1_s"]
+        for r in recs
+        if r["loss"] != "setfit" and (r.get("wall_s") or {}).get("stage1_s")
+    }
+    logistic = [
+        r["wall_s"]["probe_s"]
+        for r in recs
+        if r["probe"] == "logistic"
+        and r["loss"] not in ("setfit", "pretrained")
+        and (r.get("features") or {}).get("train") != "loaded"
+    ]
+    setfit = [r["wall_s"] for r in recs if r["loss"] == "setfit"]
+    return {
+        "finetune_epoch_row": med(s for r in ft for s in r["epochs"]["epoch_s"]) / n,
+        "eval": med(e["eval_s"] for r in ft for e in r["epochs"]["evaluations"] if e.get("eval_s")),
+        "stage1_epoch_row": med(stage1.values()) / n,
+        "logistic_row": med(logistic) / (n + sum(EVAL_ROWS[study])),
+        "tfidf_row": med(
+            r["wall_s"]["probe_s"] for r in recs if r["loss"] == "tfidf" and r["probe"] == "logreg"
+        )
+        / n,
+        "setfit_step": med(w["stage1_s"] for w in setfit) / setfit_steps(study, None),
+        "setfit_head_row": med(w["probe_s"] for w in setfit) / n,
+        "setfit_scoring": med(w["scoring_s"] for w in setfit),
+    }
+
+
+def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
+    """(cell, size, number of runs, estimated seconds of one run, every epoch run) of the study's cells at each
+    subset size, in run_all.sh's order: TF-IDF + logistic regression (one run: no seed changes it), BCE fine-tunes
+    (3 learning rates on seed 1, then seeds 2-3), stage 1 + logistic probe and stage 1 + fine-tune of the two
+    best losses (seeds 1-3 each), SetFit (seeds 1-3)."""
+    r, full, rows = rates(study, results), FULL_TRAIN[study], []
+    for n in SIZES[study]:
+        e_ft, e_s1 = scaled_epochs(5, full, n), scaled_epochs(1, full, n)
+        val, test = EVAL_ROWS[study]
+        # every epoch and its validation pass, then the best model's validation and test scoring
+        finetune = e_ft * (n * r["finetune_epoch_row"] + r["eval"]) + r["eval"] * (val + test) / val
+        stage1 = e_s1 * n * r["stage1_epoch_row"]
+        logistic = (n + val + test) * r["logistic_row"]
+        setfit = setfit_steps(study, n) * r["setfit_step"] + n * r["setfit_head_row"] + r["setfit_scoring"]
+        rows += [
+            ("tfidf_logreg", n, 1, n * r["tfidf_row"]),
+            (f"bce_finetune, {e_ft:g} epochs", n, 5, finetune),
+            (f"<loss>_logistic (stage 1: {e_s1:g} epochs)", n, 6, stage1 + logistic),
+            (f"<loss>_finetune, {e_ft:g} epochs", n, 6, finetune),
+            (f"setfit_logistic, {setfit_steps(study, n)} steps", n, 3, setfit),
+        ]
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    here = os.environ.get("MLCL_RESULTS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    if argv[:1] == ["sizes"] and len(argv) == 2 and argv[1] in SIZES:
+        print(" ".join(str(n) for n in SIZES[argv[1]]))
+    elif argv == ["plan"]:
+        total = 0.0
+        for study in SIZES:
+            rows = plan(study, here)
+            queue = sum(k * s for _, _, k, s in rows)
+            total += queue
+            for cell, n, k, s in rows:
+                print(f"{study} n{n}: {cell}: {k} x {s / 60:.0f} min")
+            print(f"{study}: {queue / 3600:.1f} h (run_all.sh {PHASES[study]})")
+        print(f"both: {total / 3600:.1f} h at the full-size cells' median rates, every epoch run")
+    else:
+        sys.exit("usage: python studies/scale.py plan | sizes reuters21578|goemotions_full")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,304 @@
+"""The data-scale study (studies/scale.py): the epoch rule, one seeded training subset shared by every method
+and seed, a cell folder per size, a finished cell skipped, choices per size, and run_all.sh's scale queue."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+STUDIES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(STUDIES)
+sys.path.insert(0, STUDIES)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(STUDIES, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_epoch_rule_keeps_the_full_recipes_steps_between_its_epochs_and_the_cap():
+    scale = _module("scale")
+    rule = scale.scaled_epochs
+    assert rule(5, 6993, None) == 5 and rule(5, 6993, 6993) == 5  # the full size keeps its recipe
+    assert rule(1, 6993, 2000) == 3  # 6,993 / 2,000 = 3.5 epochs of the same steps, rounded
+    assert rule(1, 43410, 4000) == 10 and rule(5, 6993, 500) == 10  # 11 and 70 epochs: capped at 10
+    assert rule(1, 6993, 500) == 10 and rule(5, 43410, 1000) == 10
+    assert rule(1, 6993, 5000) == 1  # 1.4 rounds to 1: never below the full recipe's epochs
+    assert rule(5, 6993, 4000) == 9 and rule(2, 100, 40, cap=3) == 3 and rule(5, 100, 90, cap=3) == 5
+    with pytest.raises(ValueError, match="positive number of rows"):
+        rule(1, 100, 0)
+    # SetFit: as many steps of 64 texts as stage 1 at that size
+    assert scale.setfit_steps("reuters21578", None) == 6993 // 64
+    assert scale.setfit_steps("reuters21578", 500) == 10 * (500 // 64)
+    assert scale.setfit_steps("goemotions_full", 4000) == 10 * (4000 // 64)
+
+
+def test_cell_names_and_sizes():
+    scale = _module("scale")
+    assert scale.cell_name("bce_finetune-lr1e-4", 500) == "bce_finetune-lr1e-4-n500"
+    assert scale.cell_name("sd_logistic", None) == "sd_logistic"
+    assert scale.split_cell("bce_finetune-lr1e-4-n500") == ("bce_finetune-lr1e-4", 500)
+    assert scale.split_cell("bce_finetune-lr1e-4") == ("bce_finetune-lr1e-4", None)
+    assert scale.split_cell("sd_linear-positives") == ("sd_linear-positives", None)
+    assert (
+        scale.check_size("reuters21578", 2000) == 2000 and scale.check_size("goemotions_full", None) is None
+    )
+    for bad in (6993, 0):
+        with pytest.raises(ValueError, match="6993 training rows"):
+            scale.check_size("reuters21578", bad)
+    assert all(n < scale.FULL_TRAIN[s] for s, sizes in scale.SIZES.items() for n in sizes)
+
+
+@pytest.mark.parametrize("study", ["reuters21578", "goemotions_full"])
+def test_full_train_matches_the_recorded_full_size_cells(study):
+    """The epoch rule's full sizes are the training rows the full-size cells recorded."""
+    scale = _module("scale")
+    path = os.path.join(STUDIES, "results", study, "tfidf_logreg", "seed1", "metrics.json")
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)["data"]
+    assert data["train"] == scale.FULL_TRAIN[study]
+    assert (data["validation"], data["test"]) == scale.EVAL_ROWS[study]
+
+
+@pytest.fixture()
+def scale_env(tmp_path, monkeypatch):
+    """run.py and the baselines on a synthetic corpus (300 / 40 / 40 rows) read through the real recipe and
+    ``load_run_data``; training is replaced by fakes that record what each stage was given."""
+    from datasets import DatasetDict
+
+    import hf_mlcl.data
+    import hf_mlcl.training.stages as stages
+    from hf_mlcl.data import make_synthetic_corpus
+
+    corpus = make_synthetic_corpus(
+        num_labels=5, num_train=300, num_validation=40, num_test=40, min_words=5, max_words=12
+    )
+    # a new DatasetDict per call, as the real loader returns (load_run_data replaces its splits by the subsets)
+    monkeypatch.setattr(hf_mlcl.data, "load_mlc_dataset", lambda *a, **k: DatasetDict(dict(corpus)))
+    monkeypatch.setenv("MLCL_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("MLCL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)  # run_cell changes into the repository: back after the test
+    calls: list[dict] = []
+
+    def train_contrastive(m_args, d_args, c_args, callbacks=None):
+        data = stages.load_run_data(d_args)
+        calls.append({"stage": "contrastive", "args": c_args, "train": list(data.dataset["train"]["text"])})
+        os.makedirs(c_args.output_dir, exist_ok=True)
+        with open(os.path.join(c_args.output_dir, "metrics.json"), "w", encoding="utf-8") as fh:
+            json.dump({"train_loss": 1.0}, fh)
+
+    def train_probe(m_args, d_args, p_args, encoder_path=None, callbacks=None):
+        data = stages.load_run_data(d_args)
+        ds = data.dataset
+        calls.append(
+            {
+                "stage": "probe",
+                "args": p_args,
+                "encoder": encoder_path,
+                "train": list(ds["train"]["text"]),
+                "eval": (len(ds["validation"]), len(ds["test"])),
+            }
+        )
+        truth = np.zeros((len(ds["test"]), 5), dtype=bool)
+        for i, labels in enumerate(ds["test"]["labels"]):
+            truth[i, labels] = True
+        trainer = SimpleNamespace(
+            train_dataset=ds["train"],
+            state=SimpleNamespace(best_model_checkpoint=None, best_metric=0.5),
+            callback_handler=SimpleNamespace(callbacks=callbacks or []),
+        )
+        metrics = {"threshold": 0.5, "test_micro_f1": 0.5, "test_macro_f1": 0.4, "validation_macro_f1": 0.3}
+        scores = {"test": (truth.astype(float) * 0.8, truth)}
+        return SimpleNamespace(trainer=trainer, metrics=metrics, scores=scores)
+
+    monkeypatch.setattr(stages, "train_contrastive", train_contrastive)
+    monkeypatch.setattr(stages, "train_probe", train_probe)
+    run = _module("run")  # reads $MLCL_RESULTS / $MLCL_RUNS on import
+    return SimpleNamespace(run=run, calls=calls, results=tmp_path / "results", runs=tmp_path / "runs")
+
+
+def _saved(results, cell: str, seed: int = 1) -> dict:
+    with open(results / "reuters21578" / cell / f"seed{seed}" / "metrics.json", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def test_every_method_and_seed_trains_on_the_same_subset_in_its_own_cell_folder(scale_env, monkeypatch):
+    run, calls, results = scale_env.run, scale_env.calls, scale_env.results
+    run.run_cell("reuters21578", "bce", "finetune", 1, [], lr="1e-4", train_size=100)
+    run.run_cell("reuters21578", "bce", "finetune", 2, [], lr="1e-4", train_size=100)
+    run.run_cell("reuters21578", "sd", "logistic", 3, [], train_size=100)
+    run.run_cell("reuters21578", "bce", "finetune", 1, [], lr="1e-4", train_size=200)
+    run.run_cell("reuters21578", "bce", "finetune", 1, [], lr="1e-4")  # the full size: no subset
+    bce1, bce2, stage1, sd_probe, bce200, full = calls
+    assert stage1["stage"] == "contrastive" and sd_probe["encoder"].endswith(
+        os.path.join("sd-n100", "seed3", "encoder")
+    )
+    assert (
+        len(bce1["train"]) == 100 and bce1["train"] == bce2["train"] == stage1["train"] == sd_probe["train"]
+    )
+    assert len(bce200["train"]) == 200 and bce200["train"] != bce1["train"] and len(full["train"]) == 300
+    assert bce1["eval"] == sd_probe["eval"] == bce200["eval"] == full["eval"] == (40, 40)  # whole splits
+    # TF-IDF reads the same rows through the baselines' data path
+    tfidf = _module("baseline_tfidf")
+    monkeypatch.setattr(tfidf.cell_io, "RESULTS", str(results))
+    ds = tfidf.cell_io.labelled_data("reuters21578", tfidf.scale.subset_overrides(100))[0]
+    assert list(ds["train"]["text"]) == bce1["train"]
+    result = tfidf.run_cell("reuters21578", "logreg", 1, [], train_size=100)
+    assert result["train_size"] == 100 and result["data"]["train"] == 100
+    assert (results / "reuters21578" / "tfidf_logreg-n100" / "seed1" / "metrics.json").is_file()
+    assert tfidf.run_cell("reuters21578", "logreg", 1, [], train_size=100) == {}  # finished: skipped
+    # the epoch rule, a per-epoch evaluation, and the record of the size
+    assert bce1["args"].num_train_epochs == 10 and full["args"].num_train_epochs == 5
+    assert str(getattr(bce1["args"].eval_strategy, "value", bce1["args"].eval_strategy)) == "epoch"
+    assert stage1["args"].num_train_epochs == 10  # 6,993 / 100 epochs of stage 1, capped
+    rec = _saved(results, "bce_finetune-lr1e-4-n100")
+    assert rec["train_size"] == 100 and rec["data"]["train"] == 100 and rec["data"]["subset_seed"] == 52
+    assert _saved(results, "bce_finetune-lr1e-4")["train_size"] is None
+    assert _saved(results, "bce_finetune-lr1e-4-n200")["data"]["train"] == 200
+    assert _saved(results, "sd_logistic-n100", 3)["train_size"] == 100
+    assert bce2["args"].output_dir == str(
+        scale_env.runs / "reuters21578" / "bce-n100" / "seed2" / "finetune-lr1e-4"
+    )
+    assert full["args"].output_dir == str(
+        scale_env.runs / "reuters21578" / "bce" / "seed1" / "finetune-lr1e-4"
+    )
+
+
+def test_a_finished_cell_is_skipped_and_an_explicit_epoch_count_wins(scale_env, capsys):
+    run, calls = scale_env.run, scale_env.calls
+    run.run_cell(
+        "reuters21578", "bce", "finetune", 1, ["--probe.num_train_epochs", "1"], lr="5e-5", train_size=100
+    )
+    assert calls[0]["args"].num_train_epochs == 1  # a smoke run's cap on the command line overrides the rule
+    again = run.run_cell("reuters21578", "bce", "finetune", 1, [], lr="5e-5", train_size=100)
+    assert len(calls) == 1 and again["train_size"] == 100
+    assert "SKIP reuters21578 bce_finetune-lr5e-5-n100 seed1" in capsys.readouterr().out
+    run.run_cell("reuters21578", "bce", "finetune", 1, [], lr="5e-5", train_size=200)  # another size: runs
+    assert len(calls) == 2
+
+
+def test_the_learning_rate_is_chosen_on_each_sizes_own_validation_cells(tmp_path):
+    choice = _module("bce_choice")
+
+    def cell(name: str, val: float) -> None:
+        path = tmp_path / "reuters21578" / name / "seed1" / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"metrics": {"validation_macro_f1": val}}))
+
+    cell("bce_finetune-lr5e-5", 0.30)
+    cell("bce_finetune-lr1e-4", 0.20)
+    cell("bce_finetune-lr5e-5-n500", 0.10)
+    cell("bce_finetune-lr1e-4-n500", 0.40)
+    assert choice.bce_validation_scores("reuters21578", str(tmp_path)) == {"5e-5": 0.30, "1e-4": 0.20}
+    assert choice.best_bce_lr("reuters21578", str(tmp_path)) == "5e-5"
+    assert choice.best_bce_lr("reuters21578", str(tmp_path), 500) == "1e-4"
+    with pytest.raises(ValueError, match="at --train-size 2000"):
+        choice.best_bce_lr("reuters21578", str(tmp_path), 2000)
+
+
+def test_tables_of_the_full_study_leave_the_subset_cells_out(tmp_path, monkeypatch):
+    tables = _module("make_tables")
+    monkeypatch.setattr(tables, "HERE", str(tmp_path))
+    for cell, size in (("sd_logistic", None), ("sd_logistic-n500", 500)):
+        path = tmp_path / "reuters21578" / cell / "seed1" / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"loss": "sd", "probe": "logistic", "tag": None, "train_size": size}))
+    assert {k: len(v) for k, v in tables.load("reuters21578").items()} == {("sd", "logistic"): 1}
+
+
+def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
+    """run_all.sh scale-reuters: TF-IDF, the BCE grid and seeds, the two best losses' probes, the joint objective
+    (two w, then seeds 2-3 at the better), the losses' fine-tunes, SetFit; every cell with --train-size, smallest size first within each step."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"  # records the cells; runs scale.py and loss_choice.py for real
+    fake.write_text(
+        f'#!/bin/sh\ncase "$1" in *run.py|*baseline_*) echo "$@" >> {calls}; echo "RESULT $*";; '
+        f'*) exec {sys.executable} "$@";; esac\n'
+    )
+    fake.chmod(0o755)
+    for loss, val in {"jaccard": 0.5, "mulsupcon": 0.45}.items():  # the rest: 0.1
+        for probe in ("logistic", "linear"):
+            path = tmp_path / "reuters21578" / f"{loss}_{probe}" / "seed1" / "metrics.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"metrics": {"validation_macro_f1": val}}))
+    for loss in ("all", "any", "sd", "msc", "ws_mulsupcon", "hbl"):
+        for probe in ("logistic", "linear"):
+            path = tmp_path / "reuters21578" / f"{loss}_{probe}" / "seed1" / "metrics.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"metrics": {"validation_macro_f1": 0.1}}))
+    env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
+    proc = subprocess.run(
+        ["bash", os.path.join(STUDIES, "run_all.sh"), "scale-reuters"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout + proc.stderr
+    cells = [line.split() for line in calls.read_text().splitlines()]
+    assert all(c[c.index("--train-size") + 1] in ("500", "2000") for c in cells)
+    words = [" ".join(c) for c in cells]
+    ft = "--probe finetune --lr {} --seed {} --patience 3 --train-size {}"
+    expected = [
+        f"studies/baseline_tfidf.py reuters21578 --model logreg --seed 1 --train-size {n}"
+        for n in (500, 2000)
+    ]
+    for n in (500, 2000):
+        expected += [
+            "studies/run.py cell reuters21578 --loss bce " + ft.format(lr, 1, n)
+            for lr in ("5e-5", "1e-4", "extend")
+        ]
+        expected += ["studies/run.py cell reuters21578 --loss bce " + ft.format("best", s, n) for s in (2, 3)]
+    for n in (500, 2000):
+        expected += [
+            f"studies/run.py cell reuters21578 --loss {loss} --probe logistic --seed {s} --train-size {n}"
+            for s in (1, 2, 3)
+            for loss in ("jaccard", "mulsupcon")
+        ]
+    joint = "studies/run.py cell reuters21578 --loss joint --probe finetune --lr best --weight {} --seed {} "
+    for n in (500, 2000):
+        expected += [joint.format(w, 1) + f"--patience 3 --train-size {n}" for w in ("0.2", "0.5")]
+        expected += [joint.format("best", s) + f"--patience 3 --train-size {n}" for s in (2, 3)]
+    for n in (500, 2000):
+        expected += [
+            f"studies/run.py cell reuters21578 --loss {loss} " + ft.format("best", s, n)
+            for s in (1, 2, 3)
+            for loss in ("jaccard", "mulsupcon")
+        ]
+    for n in (500, 2000):
+        expected += [
+            f"studies/baseline_setfit.py reuters21578 --seed {s} --train-size {n}" for s in (1, 2, 3)
+        ]
+    assert [w.split(" --data_dir")[0] for w in words] == expected
+
+
+def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_path, monkeypatch):
+    import run
+
+    monkeypatch.setattr(run, "RESULTS", str(tmp_path))
+    scores = {
+        "joint_finetune-w0.2-lr1e-4-n500": 0.30,
+        "joint_finetune-w0.5-lr1e-4-n500": 0.25,
+        "joint_finetune-w0.2-lr2e-4": 0.40,  # the whole training set: another size
+        "joint_finetune-w0.5-lr2e-4": 0.45,
+    }
+    for cell, value in scores.items():
+        path = tmp_path / "reuters21578" / cell / "seed1" / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"metrics": {"validation_macro_f1": value}}))
+    assert run.best_joint_weight("reuters21578", 500) == "0.2"
+    assert run.best_joint_weight("reuters21578", None) == "0.5"
+    with pytest.raises(ValueError, match="no finished joint_finetune"):
+        run.best_joint_weight("reuters21578", 2000)
+    with pytest.raises(ValueError, match="--loss joint fine-tunes"):
+        run.run_cell("reuters21578", "joint", "logistic", 1, [], weight="0.5")
