@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         model_name_or_path=None if a.tiny else a.model,
         backbone_config=TINY_BERT if a.tiny else None,
         pooling="mean",
+        projection_dim=64,
     )
     data_args = DataArguments(
         dataset=a.csv, text_column=a.text_column, label_column=a.label_column, max_length=128
@@ -80,7 +81,6 @@ def main(argv: list[str] | None = None) -> dict:
             encoder_dir,
             loss=a.loss,
             learning_rate=5e-5 if not a.tiny else 1e-3,
-            projection_dim=64,
             remove_unused_columns=False,
             **common,
         ),

@@ -310,6 +310,7 @@ HELP_MODEL_DATA_KEYS = (
     "model_name_or_path",
     "tokenizer_name_or_path",
     "pooling",
+    "projection_dim",
     "dataset",
     "data_dir",
     "dataset_options",
@@ -325,7 +326,6 @@ HELP_TRAINING_KEYS = {
     "contrastive": (
         "loss",
         "temperature",
-        "projection_dim",
         "queue_size",
         "learning_rate",
         "num_train_epochs",

@@ -251,7 +251,7 @@ def _plan(
         f"{len(ds['test']) if 'test' in ds else 0} test documents, {len(data.label_names)} labels"
     )
     if pretrained:
-        model_args = ModelArguments(model_name_or_path=model, pooling="mean")
+        model_args = ModelArguments(model_name_or_path=model, pooling="mean", projection_dim=256)
         tokenizer, lr, batch = AutoTokenizer.from_pretrained(model), 3e-5, 32
     else:
         tok_dir = os.path.join(output_dir, "tokenizer")
@@ -264,7 +264,7 @@ def _plan(
         tokenizer.save_pretrained(tok_dir)
         _say(f"trained a WordPiece tokenizer ({len(tokenizer)} tokens) -> {tok_dir}")
         model_args = ModelArguments(
-            backbone_config=dict(TINY_BERT), tokenizer_name_or_path=tok_dir, pooling="mean"
+            backbone_config=dict(TINY_BERT), tokenizer_name_or_path=tok_dir, pooling="mean", projection_dim=64
         )
         lr, batch = 1e-3, 64
     epochs = epochs if epochs is not None else (1.0 if pretrained else 10.0)
@@ -361,7 +361,6 @@ def _contrastive_run(plan: _Plan, loss: str, i: int, n_runs: int) -> dict[str, A
             lr_scheduler_type="cosine",
             warmup_steps=0.05,
             weight_decay=0.01,
-            projection_dim=64 if not plan.pretrained else 256,
             dataloader_drop_last=True,
         )
     )

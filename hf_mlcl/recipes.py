@@ -173,7 +173,15 @@ def stage_keys(stage: str) -> set[str]:
     return _init_fields(_arg_classes(stage)[2])
 
 
+# keys that moved between the argument classes: where they live now
+MOVED_KEYS = {
+    "projection_dim": "the top level of the recipe (a model argument, beside projection_hidden_dim)"
+}
+
+
 def _unknown(key: str, allowed: set[str], where: str) -> RecipeError:
+    if key in MOVED_KEYS:
+        return RecipeError(f"key {key!r} in {where} belongs at {MOVED_KEYS[key]}")
     close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return RecipeError(f"unknown key {key!r} in {where}{hint}")

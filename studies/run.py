@@ -255,7 +255,6 @@ def run_cell(
                 "loss",
                 "loss_kwargs",
                 "temperature",
-                "projection_dim",
                 "learning_rate",
                 "num_train_epochs",
                 "per_device_train_batch_size",

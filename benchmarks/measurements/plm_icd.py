@@ -115,7 +115,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     encoder = MLCLEncoder.from_backbone(
         folder,
         pooling=model_args.pooling,
-        projection_dim=targs.projection_dim if stage == "contrastive" else 256,
+        projection_dim=model_args.projection_dim,
         chunk_size=chunk,
         segmented=True,
     )

@@ -37,7 +37,6 @@ _TRAINING_KEYS = (
     "fp16",
     # ContrastiveTrainingArguments
     "temperature",
-    "projection_dim",
     "n_views",
     "queue_size",
     "momentum",
@@ -156,7 +155,6 @@ class ModelCardCallback(TrainerCallback):
             self.card.contrastive_loss = args.loss
             self.card.hyperparameters["contrastive_weight"] = float(args.contrastive_weight)
             self.card.hyperparameters["contrastive_loss_kwargs"] = dict(args.loss_kwargs or {})
-            self.card.hyperparameters.pop("projection_dim", None)  # the term reads the pooled representation
         if getattr(args, "hub_model_id", None):
             self.card.model_name = self.card.model_name or args.hub_model_id
             self.card.repo_id = args.hub_model_id

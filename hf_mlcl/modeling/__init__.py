@@ -22,8 +22,8 @@ from .lora import (
     save_lora_model,
 )
 from .modeling_mlcl import (
-    MLCLEncoder,
     MLCLClassifierOutput,
+    MLCLEncoder,
     MLCLEncoderOutput,
     MLCLForMultiLabelClassification,
     MLCLPreTrainedModel,

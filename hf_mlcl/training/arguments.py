@@ -115,6 +115,9 @@ class ModelArguments:
         default=None, metadata={"help": "Defaults to model_name_or_path."}
     )
     pooling: str = field(default="cls", metadata={"help": f"One of {POOLINGS}."})
+    projection_dim: int = field(
+        default=256, metadata={"help": "Output size of the projection head (the stage-1 embedding)."}
+    )
     projection_hidden_dim: int | None = field(
         default=None,
         metadata={"help": "Hidden size of the 2-layer projection head (default: backbone hidden size)."},
@@ -157,6 +160,8 @@ class ModelArguments:
             raise ValueError(f"unknown head {self.head!r}; choose one of {HEADS}")
         if self.chunk_size <= 0:
             raise ValueError(f"chunk_size must be a positive number of tokens; got {self.chunk_size}")
+        if self.projection_dim <= 0:
+            raise ValueError(f"projection_dim must be positive; got {self.projection_dim}")
 
 
 # the own-data fields whose loader option (hf_mlcl.data.custom.CUSTOM_OPTIONS) has another name
@@ -335,7 +340,6 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
 
     loss: str = field(default="sd", metadata={"help": "A name from hf_mlcl.losses.list_losses()."})
     temperature: float | None = field(default=None, metadata={"help": "Default: the loss paper's value."})
-    projection_dim: int = field(default=256, metadata={"help": "Output size of the projection head."})
     n_views: int = field(default=1, metadata={"help": "1, or 2 for two dropout views of every text."})
     queue_size: int = field(
         default=0, metadata={"help": "MoCo queue length K; 0 = in-batch candidates only."}
@@ -394,8 +398,6 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
             raise ValueError(f"gradcache_chunk_size must be >= 0 (0 = off); got {self.gradcache_chunk_size}")
         if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"temperature must be > 0; got {self.temperature}")
-        if self.projection_dim <= 0:
-            raise ValueError(f"projection_dim must be positive; got {self.projection_dim}")
         if self.knn_k < 0:
             raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
         if self.batch_sampler not in BATCH_SAMPLERS:
@@ -514,8 +516,8 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
     """The joint objective: a classifier fine-tuned end to end with ``(1 - w) * supervised + w * contrastive``
     on each batch (Gunel et al. 2021, eq. 1, with lambda = ``contrastive_weight``). The contrastive term's
     options are stage 1's (``loss``, ``loss_kwargs``, ``temperature``, the queue, GradCache ...); it reads the
-    pooled representation the head classifies, so ``projection_dim`` is not used, and evaluation reports the
-    classifier's metrics, not the kNN probe (``knn_k`` is not used)."""
+    pooled representation the head classifies (no projection head), and evaluation reports the classifier's
+    metrics, not the kNN probe (``knn_k`` is not used)."""
 
     contrastive_weight: float = field(
         default=0.5,

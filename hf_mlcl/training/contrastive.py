@@ -67,7 +67,7 @@ class ContrastiveSetup:
     loss_fn: nn.Module
     num_labels: int
     data_collator: Any
-    embedding_dim: int
+    embedding_dim: int | None
     queue: EmbeddingQueue | None = None
     momentum_encoder: Any = None
 
@@ -95,10 +95,11 @@ class ContrastiveSetup:
         problem = launch_problem(args)
         if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
             raise ValueError(problem)
-        if embedding_dim is None:
-            embedding_dim = int(
-                getattr(getattr(model, "config", None), "projection_dim", None) or args.projection_dim
-            )
+        if (
+            embedding_dim is None
+        ):  # the model's projection head (MLCLEncoder), else unknown until a queue needs it
+            width = getattr(getattr(model, "config", None), "projection_dim", None)
+            embedding_dim = int(width) if width else None
         n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
         collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
         if loss_fn is None:
@@ -134,6 +135,11 @@ class ContrastiveSetup:
         key_encoder = self.momentum_encoder or build_key_encoder(
             model, args.momentum, sharded, runner, args.queue_size
         )
+        if self.queue is None and self.embedding_dim is None:
+            raise ValueError(
+                f"queue_size={args.queue_size}: the queue needs the embeddings' width; use a model whose config "
+                "has projection_dim (MLCLEncoder) or pass a ready EmbeddingQueue(queue=...)"
+            )
         queue = self.queue or EmbeddingQueue(
             args.queue_size, self.embedding_dim, self.num_labels, device=args.device
         )

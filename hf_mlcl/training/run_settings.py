@@ -31,6 +31,7 @@ _MODEL_KEYS = (
     "model_name_or_path",
     "backbone_config",
     "pooling",
+    "projection_dim",
     "projection_hidden_dim",
     "head",
     "chunk_size",

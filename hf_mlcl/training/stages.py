@@ -263,7 +263,7 @@ def train_contrastive(
         (model_args, None, False) if model_args.use_lora else None,
     )
     tokenizer, encoder = build_tokenizer_and_encoder(
-        model_args, data.dataset["train"]["text"], training_args.projection_dim, label_names=data.label_names
+        model_args, data.dataset["train"]["text"], model_args.projection_dim, label_names=data.label_names
     )
     if model_args.use_lora:
         encoder = with_lora(encoder, model_args, _checkpointing(training_args))

@@ -34,10 +34,10 @@ backbone_config: {model_type: bert, vocab_size: 500, hidden_size: 32, num_hidden
                   intermediate_size: 64, max_position_embeddings: 64, hidden_dropout_prob: 0.0,
                   attention_probs_dropout_prob: 0.0}
 pooling: mean
+projection_dim: 16
 max_length: 32
 contrastive:
   loss: similarity_dissimilarity
-  projection_dim: 16
   learning_rate: 1.0e-3
   max_steps: 2
   per_device_train_batch_size: 8

@@ -119,7 +119,7 @@ def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_toke
         "16",
         "--contrastive.per_device_train_batch_size",
         "8",
-        "--contrastive.projection_dim",
+        "--projection_dim",
         "8",
         "--probe.per_device_train_batch_size",
         "8",

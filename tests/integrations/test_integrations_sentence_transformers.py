@@ -587,16 +587,18 @@ def test_queue_trains_as_contrastive_trainer(
         queue_size=16,
         contrast_set=contrast_set,
         momentum=0.0 if momentum is None else momentum,
-        projection_dim=32,
         dataloader_num_workers=0,
         **common,
     )
+    from hf_mlcl.training import EmbeddingQueue
+
     ref = ContrastiveTrainer(
         model=ref_model,
         args=ref_args,
         train_dataset=split,
         processing_class=bert_tokenizer,
         num_labels=len(NAMES),
+        queue=EmbeddingQueue(16, 32, len(NAMES)),  # the embedder has no config naming its width
     )
     ref.train()
     ref_losses = [h["loss"] for h in ref.state.log_history if "loss" in h]

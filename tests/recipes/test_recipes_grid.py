@@ -101,7 +101,7 @@ def test_every_recipe_parses_with_the_real_argument_classes():
                 assert model_args.model_name_or_path
                 if stage == "contrastive":
                     assert str(args.lr_scheduler_type.value) == "cosine"
-                    assert args.projection_dim == 256
+                    assert model_args.projection_dim == 256
                     assert args.loss == {"sd": "similarity_dissimilarity"}.get(loss, loss)
                 elif stage == "joint":
                     assert args.loss == "jaccard" and args.supervised_loss == "bce"
@@ -469,3 +469,13 @@ def test_a_wrong_type_in_a_recipe_is_one_line_naming_the_key(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "on the command line" in err[0] and "'x'" in err[0]
+
+
+def test_a_key_that_moved_says_where_it_lives_now():
+    with pytest.raises(
+        RecipeError, match="'projection_dim' in r.yaml \\[contrastive\\] belongs at the top level"
+    ):
+        validate_recipe({"contrastive": {"projection_dim": 128}}, "r.yaml")
+    recipe = {"projection_dim": 64, "stages": ["contrastive"], "contrastive": {"use_cpu": True}}
+    model_args, _, _ = parse_stage(recipe, "contrastive")
+    assert model_args.projection_dim == 64

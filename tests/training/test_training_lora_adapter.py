@@ -72,12 +72,12 @@ def _train(base: str, out, **model_kw):
         lora_alpha=8,
         lora_dropout=0.0,
         pooling="last_token",
+        projection_dim=8,
         **model_kw,
     )
     args = ContrastiveTrainingArguments(
         output_dir=str(out),
         loss="sd",
-        projection_dim=8,
         per_device_train_batch_size=8,
         max_steps=2,
         learning_rate=1e-2,
@@ -235,11 +235,11 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
             lora_alpha=8,
             lora_dropout=0.0,
             pooling="last_token",
+            projection_dim=8,
         )
         args = ContrastiveTrainingArguments(
             output_dir=str(tmp_path / f"gc{int(flag)}"),
             loss="mulsupcon",
-            projection_dim=8,
             queue_size=16,
             momentum=0.9,
             per_device_train_batch_size=8,

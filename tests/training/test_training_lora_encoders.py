@@ -80,13 +80,18 @@ def _inputs(tok):
 def test_stage_one_and_finetune_save_adapters_that_reload(tmp_path, base, bert_tokenizer):
     kind, path = base
     model_args = ModelArguments(
-        model_name_or_path=path, use_lora=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, pooling="mean"
+        model_name_or_path=path,
+        use_lora=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        pooling="mean",
+        projection_dim=8,
     )
     enc_dir = tmp_path / "encoder"
     args = ContrastiveTrainingArguments(
         output_dir=str(enc_dir),
         loss="sd",
-        projection_dim=8,
         per_device_train_batch_size=8,
         max_steps=2,
         learning_rate=1e-2,

@@ -181,13 +181,12 @@ def test_load_data_caps_first_rows_or_a_seeded_random_subset():
 def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE), projection_dim=16)
     enc_dir = tmp_path / "encoder"
     cargs = ContrastiveTrainingArguments(
         output_dir=str(enc_dir),
         loss="sd",
         n_views=2,
-        projection_dim=16,
         per_device_train_batch_size=8,
         max_steps=3,
         report_to=[],
@@ -278,13 +277,12 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
     """Same seed -> identical weights and metrics: the seed is set before heads are initialised."""
     from safetensors.torch import load_file
 
-    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE), projection_dim=16)
 
     def stage1(name, seed):
         cargs = ContrastiveTrainingArguments(
             output_dir=str(tmp_path / name),
             loss="mulsupcon",
-            projection_dim=16,
             per_device_train_batch_size=8,
             max_steps=2,
             report_to=[],
@@ -318,12 +316,11 @@ def test_entry_points_are_reproducible_for_a_seed(tmp_path):
 
 
 def test_entry_points_forward_callbacks_to_the_trainer(tmp_path):
-    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE))
+    model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE), projection_dim=16)
     rec = _Recorder()
     cargs = ContrastiveTrainingArguments(
         output_dir=str(tmp_path / "enc"),
         loss="mulsupcon",
-        projection_dim=16,
         per_device_train_batch_size=8,
         max_steps=2,
         report_to=[],
@@ -354,13 +351,15 @@ def test_lora_encoder_round_trip(tmp_path):
     """use_lora: checkpoints hold adapters (+ mlcl state), the final encoder is saved merged and probes load it."""
     enc_dir = tmp_path / "lora"
     model_args = ModelArguments(
-        backbone_config=json.dumps(_BACKBONE), use_lora=True, lora_target_modules=["query", "value"]
+        backbone_config=json.dumps(_BACKBONE),
+        use_lora=True,
+        lora_target_modules=["query", "value"],
+        projection_dim=16,
     )
     cargs = ContrastiveTrainingArguments(
         output_dir=str(enc_dir),
         loss="sd",
         queue_size=16,
-        projection_dim=16,
         per_device_train_batch_size=8,
         max_steps=2,
         report_to=[],
