@@ -6,25 +6,15 @@
     python benchmarks/gpu_suite.py --only llama_lora --cells '*-plain*'   # some cells (shell patterns)
     python benchmarks/gpu_suite.py --tiny          # every measurement at toy sizes on the CPU (a check)
 
-Measurements (priority order; each lives in ``benchmarks/measurements/<name>.py`` with its docstring):
-
-1. ``llama_lora``  Llama-3.1-8B + LoRA (AAPD recipes) under a plain process, FSDP and ZeRO-3
-2. ``throughput``  stage-1 samples/s: ContrastiveTrainer vs Trainer + BCE vs SentenceTransformerTrainer
-                   (MiniLM-L6 and RoBERTa-base shapes), and the host syncs of one training step
-3. ``plm_icd``     PLM-ICD with label attention at MIMIC-IV ICD-10 full (25,230 labels, 3,072 tokens)
-4. ``losses``      benchmarks/loss_speed.py's tables on the device, fp32 and bf16 inputs
-5. ``gradcache``   MiniLM stage 1 with a 4,096 contrast set through GradCache vs the largest plain batch
-
-Each measurement writes ``benchmarks/results/<device>/<name>.json`` (``<device>`` is the GPU's name in
-lower case, or ``cpu-tiny``): the device, the versions, the git commit, the command, and one entry per
-cell with its figures, or its error. Every cell runs in its own process (its own peak memory, and a
-crash or out-of-memory stops that cell only), under its launcher: ``python`` or ``accelerate launch
---config_file recipes/accelerate/<launcher>.yaml --num_processes 1``. A cell already measured is
-skipped (``--force`` measures it again), so a run that was cut off resumes where it stopped; a failed
-cell is tried again. The exit status is 1 when any cell failed. Under ``--tiny`` the plain cells of a
-measurement share one process (the interpreter's start-up, not the toy work, is most of a CPU cell's time;
-their ``rss_gib`` is then the shared process's peak): a cell that raises still fails alone. docs/PERFORMANCE.md is generated from
-these files (``python benchmarks/performance_doc.py``).
+Measurements, in priority order (``MEASUREMENTS``; each in ``benchmarks/measurements/<name>.py``, with its
+docstring): ``llama_lora``, ``throughput``, ``plm_icd``, ``losses``, ``gradcache``. Each writes
+``benchmarks/results/<device>/<name>.json`` (the GPU's name in lower case, or ``cpu-tiny``): the device, the
+versions, the last run's commit and command, and one entry per cell: its figures or its error, its seconds
+and the commit it ran at. Every cell runs in its own process under its launcher (``python`` or ``accelerate
+launch --config_file recipes/accelerate/<launcher>.yaml``), so a crash or out-of-memory stops that cell only;
+under ``--tiny`` the plain cells of a measurement share one process. A measured cell is skipped (``--force``
+measures it again), a failed one is tried again; the exit status is 1 when any cell failed. One device call
+within a time budget: ``benchmarks/device_plan.py``. docs/PERFORMANCE.md is written from these files.
 """
 
 from __future__ import annotations
@@ -36,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -211,27 +202,44 @@ def header(name: str, module, tiny: bool, command: str) -> dict[str, Any]:
     }
 
 
-def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[Any, dict[str, Any]]]:
+def run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int | str, str]:
+    """(exit status or ``"timeout"``, stdout + stderr) of a child run in its own process group: at the
+    timeout the whole group is killed (a launcher's workers too, so none keeps the GPU)."""
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        preexec_fn=os.setpgrp,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        return "timeout", (out or "") + (err or "")
+
+
+def run_group(
+    name: str, group: list, tiny: bool, cache_dir: str, limit_s: float | None = None
+) -> list[tuple[Any, dict[str, Any]]]:
     """Run cells in one child process under their launcher; each cell's results entry: its figures, or the
-    check that failed, or its error and the log's tail."""
+    check that failed, or its error and the log's tail. ``limit_s`` caps the cells' own timeout (a device
+    call's deadline); a cell stopped by it says so (``cut_at_deadline``)."""
     result_dir = tempfile.mkdtemp(prefix=f"{name}-")
     cmd = cell_command(name, group, tiny, result_dir, cache_dir)
     label = f"{name}/{','.join(c.name for c in group)}"
     print(f"[{label}] {' '.join(cmd)}", flush=True)
+    own_timeout = sum(c.timeout for c in group)
+    timeout = own_timeout if limit_s is None else max(1.0, min(own_timeout, limit_s))
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=child_env(tiny),
-            capture_output=True,
-            text=True,
-            timeout=sum(c.timeout for c in group),
-            cwd=REPO,
-        )
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as err:
-        rc = "timeout"
-        log = (err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace")
+    rc, log = run_child(cmd, child_env(tiny), timeout)
     seconds = time.perf_counter() - t0
     command = " ".join(
         os.path.relpath(c, REPO) if c.startswith(REPO) else c
@@ -251,6 +259,7 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
             "launcher": cell.launcher,
             "params": cell.params,
             "command": command,
+            "git_commit": git_commit(),
             "seconds": round(seconds if len(group) == 1 or own is None else own, 1),
         }
         if len(group) > 1:
@@ -269,6 +278,9 @@ def run_group(name: str, group: list, tiny: bool, cache_dir: str) -> list[tuple[
                 line.replace(REPO + os.sep, "") for line in log.splitlines() if line.strip()
             ]  # paths in the tree
             error = raised or first_error(lines)
+            if rc == "timeout" and timeout < own_timeout:
+                entry["cut_at_deadline"] = True
+                error = f"stopped at the call's deadline after {seconds:.0f} s"
             entry.update(status="failed", returncode=rc, error=error.strip()[-500:], log_tail=lines[-40:])
             if where:
                 entry["traceback"] = where
@@ -286,12 +298,17 @@ def run_measurement(
     cache_dir: str,
     command: str,
     patterns: list[str] | None = None,
+    limit_s: float | None = None,
 ) -> bool:
     """Run the pending cells of one measurement (those matching ``patterns``, when given); True when every
-    cell that ran was measured."""
+    cell that ran was measured. ``limit_s`` caps each cell's time (:func:`run_group`); a cell stopped by it
+    keeps its earlier result, if any, noting the cut (``cut_at_deadline_s``)."""
     module = measurement(name)
     path = os.path.join(out_dir, f"{name}.json")
     data = load_results(path)
+    for entry in data.get("cells", {}).values():  # a cell measured before cells named their own commit
+        if data.get("git_commit") and "git_commit" not in entry and entry.get("status") != "not_run":
+            entry["git_commit"] = data["git_commit"]
     data.update(header(name, module, tiny, command))
     cells = data.setdefault("cells", {})
     plan = module.cells(tiny)
@@ -311,7 +328,10 @@ def run_measurement(
             continue
         pending.append(cell)
     for group in launch_groups(pending, tiny):
-        for cell, entry in run_group(name, group, tiny, cache_dir):
+        for cell, entry in run_group(name, group, tiny, cache_dir, limit_s):
+            if entry.get("cut_at_deadline") and cell.name in cells:
+                cells[cell.name]["cut_at_deadline_s"] = entry["seconds"]
+                continue
             cells[cell.name] = entry
         data["complete"] = all(cells.get(c.name, {}).get("status") in ("ok", "not_run") for c in plan)
         save(path, data)

@@ -4,10 +4,11 @@
     python benchmarks/performance_doc.py --check    # exit 1 when the committed file differs
 
 One section per measurement of ``benchmarks/gpu_suite.py`` (in its priority order), one table per device
-that measured it, with the device, the versions, the commit and the exact command. GPU rows are absolute
-figures; rows of the CPU check (``--tiny``, toy sizes on two shared cores) show only ratios and the
-checks, since their absolute times say nothing about the product. A cell without a result says "not yet
-measured"; a failed cell shows its error.
+that measured it, with the device, the versions and the last command. GPU rows are absolute figures; rows of
+the CPU check (``--tiny``, toy sizes on two shared cores) show only ratios and the checks. Every cell's
+status names the commit it was measured at, and **stale** where its sources (``cell_sources``) changed in
+git between that commit and HEAD. A cell without a result says "not yet measured"; a failed cell shows its
+error.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 DOC = os.path.join(REPO, "docs", "PERFORMANCE.md")
+STALE = "**stale**"
+UNKNOWN = "(freshness unknown)"
 # Where this generator's part of docs/PERFORMANCE.md ends: studies/make_tables.py writes what follows (the
 # training cost of the results study, from its cells' records); --check compares the part before it only.
 STUDY_MARK = (
@@ -85,13 +88,51 @@ def one_line(error: str, limit: int) -> str:
 
 
 def status(cell: dict[str, Any] | None) -> str:
+    """A cell's status, with the commit it was measured at (``_at``, from :func:`annotate`)."""
     if cell is None:
         return "not yet measured"
+    at = f" at {cell['_at']}" if cell.get("_at") else ""
     if cell["status"] == "ok":
-        return "ok"
+        return f"ok{at}"
     if cell["status"] == "not_run":
         return f"not run: {cell['reason']}"
-    return f"**failed**: `{one_line(cell.get('error', ''), 160)}`"
+    return f"**failed**{at}: `{one_line(cell.get('error', ''), 160)}`"
+
+
+def measured_at(commit: str | None, freshness: str) -> str:
+    """```<commit>```, then **stale** or (freshness unknown) where that applies."""
+    if not commit:
+        return f"an unrecorded commit {UNKNOWN}"
+    sha, plus, extra = commit.partition("+")
+    mark = {"stale": f" {STALE}", "unknown": f" {UNKNOWN}"}.get(freshness, "")
+    return f"`{sha[:10]}{plus}{extra}`{mark}"
+
+
+def annotate(results: dict, changes) -> None:
+    """Give every recorded cell ``_at``: the commit it was measured at (its own, else its file's: the last
+    run's) and whether its sources changed since (``changes``: ``cell_sources.Changes``)."""
+    import cell_sources
+
+    for name, devices in results.items():
+        for data in devices.values():
+            for cell, entry in data.get("cells", {}).items():
+                if entry.get("status") == "not_run":
+                    continue
+                commit = entry.get("git_commit") or data.get("git_commit")
+                state, _ = changes.freshness(commit, cell_sources.sources(name, cell))
+                entry["_at"] = measured_at(commit, state)
+
+
+def sources_line(name: str) -> str:
+    """What a measurement's figures are stale against (``cell_sources``)."""
+    import cell_sources
+
+    paths = ", ".join(f"`{p}`" for p in cell_sources.LIBRARY[name])
+    extra = {
+        "llama_lora": ", the cell's recipe with its `_base_` files and its launcher's accelerate config",
+        "plm_icd": ", the cell's recipe with its `_base_` files",
+    }.get(name, "")
+    return f"Sources (a figure is **stale** when one changed after its commit): {paths}{extra}."
 
 
 def provenance(data: dict[str, Any], folder: str) -> list[str]:
@@ -108,7 +149,7 @@ def provenance(data: dict[str, Any], folder: str) -> list[str]:
     )
     versions = ", ".join(f"{k} {val}" for k, val in v.items() if val)
     return [
-        f"*{name}{peak}. {versions}. Commit `{(data.get('git_commit') or '?')[:10]}`. Last command: "
+        f"*{name}{peak}. {versions}. Last run at commit `{(data.get('git_commit') or '?')[:10]}`: "
         f"`{data['command']}` (each cell's own command: `benchmarks/results/{folder}/{data['measurement']}.json`).*",
         "",
     ]
@@ -454,14 +495,19 @@ def gradcache(data: dict[str, Any], cells: list, gpu: bool) -> list[str]:
     return table(head, rows)
 
 
+def _label(cell: str, entry: dict[str, Any]) -> str:
+    """A cell's name with the commit it was measured at (:func:`annotate`)."""
+    return f"{cell} ({entry['_at']})" if entry.get("_at") else cell
+
+
 def _gpu_cells(results, name):
-    """(device name, cell name, figures) of every measured GPU cell of a measurement."""
+    """(device, cell name with its commit, figures) of every measured GPU cell of a measurement."""
     for data in results.get(name, {}).values():
         if data["device"]["kind"] != "cuda":
             continue
         for cell, entry in data["cells"].items():
             if entry.get("figures"):
-                yield data["device"], cell, entry["figures"]
+                yield data["device"], _label(cell, entry), entry["figures"]
 
 
 def goals(results) -> list[str]:
@@ -499,7 +545,7 @@ def goals(results) -> list[str]:
         if e.get("launcher") in ("fsdp", "deepspeed")
     }
     said = [
-        f"{c}: "
+        f"{_label(c, e)}: "
         + (
             "reloads"
             if e.get("figures", {}).get("reload", {}).get("same")
@@ -550,18 +596,27 @@ def goals(results) -> list[str]:
     return ["## Goals", "", *table(["goal", "measured", "verdict"], rows), ""]
 
 
-def render(root: str = os.path.join(HERE, "results")) -> str:
-    """The whole of docs/PERFORMANCE.md from the results under ``root``."""
+def render(root: str = os.path.join(HERE, "results"), repo: str = REPO) -> str:
+    """The whole of docs/PERFORMANCE.md from the results under ``root``; a figure is stale when its sources
+    changed in ``repo``'s git between the commit it was measured at and HEAD."""
+    import cell_sources
     import gpu_suite
 
     results = load(root)
+    annotate(results, cell_sources.Changes(repo, against="HEAD"))
     lines = [
         "# Performance",
         "",
         "Measured by `benchmarks/gpu_suite.py` and written by `benchmarks/performance_doc.py` from "
         "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "
         "`python benchmarks/gpu_suite.py` (on a machine without internet: `benchmarks/prepare_device.py` "
-        "here, then `bash benchmarks/device_run.sh` there), then `python benchmarks/performance_doc.py`.",
+        "here, then `bash benchmarks/device_run.sh` there: the cells one 540 s call measures, most needed "
+        "first, which `bash benchmarks/device_run.sh --plan` prints), then `python benchmarks/performance_doc.py`.",
+        "",
+        "Every figure names the commit it was measured at. **stale** marks a figure whose sources (listed "
+        "under each measurement) changed in git after that commit, so it may no longer describe the code; "
+        f"{UNKNOWN} marks one whose commit git here cannot compare (outside this clone, or measured with "
+        "uncommitted changes: `<commit>+uncommitted`).",
         "",
     ]
     lines += goals(results)
@@ -579,6 +634,8 @@ def render(root: str = os.path.join(HERE, "results")) -> str:
             "",
             (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
             "",
+            sources_line(name),
+            "",
         ]
         devices = results.get(name, {})
         gpu_devices = [d for d, data in devices.items() if data["device"]["kind"] == "cuda"]
@@ -592,6 +649,11 @@ def render(root: str = os.path.join(HERE, "results")) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def without_freshness(text: str) -> str:
+    """``text`` without the stale / unknown marks: what --check compares."""
+    return text.replace(f" {STALE}", "").replace(f" {UNKNOWN}", "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true")
@@ -599,11 +661,12 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     current = open(DOC, encoding="utf-8").read() if os.path.isfile(DOC) else ""
     own, study = split_generated(current)
-    if opts.check:
-        if own.rstrip("\n") != text.rstrip("\n"):
-            print(f"{DOC} is out of date: run python benchmarks/performance_doc.py", file=sys.stderr)
-            return 1
-        return 0
+    if opts.check:  # the marks say how old a figure is against the commit the page was written at: a later
+        # commit may age a figure without making the page wrong, so the check compares the page without them
+        if without_freshness(own).rstrip("\n") == without_freshness(text).rstrip("\n"):
+            return 0
+        print(f"{DOC} is out of date: run python benchmarks/performance_doc.py", file=sys.stderr)
+        return 1
     with open(DOC, "w", encoding="utf-8") as fh:
         fh.write(text + ("\n" + study if study else ""))  # the results study's part is kept as it is
     print(f"wrote {os.path.relpath(DOC, REPO)}")

@@ -1,18 +1,21 @@
-"""Prepare ``.device/``: what ``benchmarks/gpu_suite.py`` needs on a GPU machine that has no internet.
+"""Prepare ``.device/``: what a device call needs that can be made here (the GPU machine has no internet).
 
 Run it in the project's environment (``.venv/bin/python benchmarks/prepare_device.py``) on a machine with
-PyPI access. It writes, into ``.device/`` (git-ignored, about 25 MB):
+PyPI access. It writes, into ``.device/`` (git-ignored, about 21 MiB; with the tree about 25 of the 64 MiB
+a copy may carry):
 
-* ``wheels/``: wheels for CPython 3.12 on x86-64 Linux of the exact versions installed here of the
-  packages the suite imports beyond a stock CUDA PyTorch image (transformers, peft, datasets,
-  sentence-transformers, pytorch-metric-learning, deepspeed and what they need), so the GPU runs the
-  versions the tests ran. DeepSpeed is published as source only: its wheel is built here without
-  compiled ops (``DS_BUILD_OPS=0``; ops are compiled just in time where used).
+* ``wheels/``: CPython 3.12 x86-64 Linux wheels of the exact versions installed here of the packages the
+  suite imports beyond a stock CUDA PyTorch image (transformers, peft, datasets, sentence-transformers,
+  pytorch-metric-learning, deepspeed and what they need). DeepSpeed is published as source only: its wheel
+  is built here without compiled ops (``DS_BUILD_OPS=0``), so nothing is built there.
 * ``data/mimic3_full_codes.txt``: the MIMIC-III full ICD-9 code list of ``../shared/data/mimic_splits``
   (8,921 codes, PLM-ICD's ``ALL_CODES.txt``), for the ``plm_icd`` measurement's MIMIC-III cell.
+* ``plan.json`` (``benchmarks/device_plan.py --write``): the commit measured and what changed since each
+  recorded commit, which the call's plan needs and git gives only here. Refresh it before every call.
 
-On the GPU machine, ``bash benchmarks/device_run.sh [gpu_suite.py options]`` installs the wheels into a
-private folder and runs the suite.
+On the GPU machine, over a copy of the tree that carries ``.device``: ``bash benchmarks/device_run.sh``
+(allow it 600 s). What that machine still makes itself: the random-weight 8B base (16 GB, once per call) and torch.compile's
+kernels (``in-batch-compiled``).
 """
 
 from __future__ import annotations
@@ -128,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(codes, os.path.join(data, "mimic3_full_codes.txt"))
     else:
         print(f"{codes} not found: the plm_icd measurement's MIMIC-III cell will say so", file=sys.stderr)
+    import device_plan
+
+    device_plan.main(["--write", "--plan-file", os.path.join(opts.out, "plan.json")])
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(opts.out) for f in fs)
     print(f"{opts.out}: {len(os.listdir(wheels))} wheels, {size / 2**20:.1f} MiB")
     return 0
