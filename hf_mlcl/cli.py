@@ -396,10 +396,10 @@ def override_keys_help(stages: Sequence[str]) -> str:
     parts += [
         "",
         "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments,",
-        "ProbingTrainingArguments and JointTrainingArguments in hf_mlcl.training.arguments (the last three subclass",
-        "transformers.TrainingArguments, so all of its fields work too); see docs/usage.md (Recipes, Data).",
-        "Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails with the nearest",
-        "valid name.",
+        "ProbingTrainingArguments and JointTrainingArguments in hf_mlcl.training.arguments (the last three",
+        "subclass transformers.TrainingArguments, so all of its fields work too); see docs/usage.md",
+        "(Recipes, Data). Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails",
+        "with the nearest valid name.",
     ]
     return "\n".join(parts)
 

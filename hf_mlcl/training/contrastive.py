@@ -140,9 +140,9 @@ class ContrastiveSetup:
                 f"queue_size={args.queue_size}: the queue needs the embeddings' width; use a model whose config "
                 "has projection_dim (MLCLEncoder) or pass a ready EmbeddingQueue(queue=...)"
             )
-        queue = self.queue or EmbeddingQueue(
-            args.queue_size, self.embedding_dim, self.num_labels, device=args.device
-        )
+        queue = self.queue
+        if queue is None:  # a given queue is empty, hence falsy: never `or`
+            queue = EmbeddingQueue(args.queue_size, self.embedding_dim, self.num_labels, device=args.device)
         moco = MomentumContrast(
             self.loss_fn,
             key_encoder,
