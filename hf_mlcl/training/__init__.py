@@ -1,9 +1,10 @@
-"""hf_mlcl.training: the two stages, their trainers and what they train with. One module per role:
+"""hf_mlcl.training: the stages, their trainers and what they train with. One module per role:
 
-* :mod:`~hf_mlcl.training.stages`: the orchestrator — ``train_contrastive`` / ``train_probe`` (data ->
-  tokenizer -> model -> trainer -> train -> evaluate -> save, each returning a :class:`StageResult`),
-  ``run_stages`` (both stages with their model cards: what the CLI, the demo and the study call),
-  ``evaluate_checkpoint`` (a saved classifier on a split);
+* :mod:`~hf_mlcl.training.stages`: the orchestrator — each stage with its model card and ``run_stages`` (what
+  the CLI, the demo and the study call); the stages themselves: :mod:`~hf_mlcl.training.encoder_stage`
+  (``train_contrastive``), :mod:`~hf_mlcl.training.classifier_stages` (``train_probe``, ``train_joint``), the
+  steps they share (:mod:`~hf_mlcl.training.stage_steps`: data, fit, save) and a saved classifier's
+  evaluation (:mod:`~hf_mlcl.training.saved_evaluation`);
 * :mod:`~hf_mlcl.training.arguments`: the argument dataclasses a recipe parses into;
 * :mod:`~hf_mlcl.training.base`, :mod:`~hf_mlcl.training.contrastive`, :mod:`~hf_mlcl.training.probing`:
   :class:`ContrastiveTrainer` (stage 1) and :class:`ProbingTrainer` (stage 2), ``transformers.Trainer``

@@ -1,0 +1,221 @@
+"""The stages that write a classifier: :func:`train_probe` (a head on a frozen or fine-tuned encoder) and
+:func:`train_joint` (one fine-tune with the joint objective); both tune the threshold on validation, score the
+test split with it and save the classifier in its family's own format where it has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from hf_mlcl.modeling.builders import (
+    adapter_encoder,
+    align_special_tokens,
+    build_tokenizer_and_encoder,
+    probe_model,
+)
+
+from .preflight import preflight, remove_previous_checkpoints
+from .run_settings import stage_settings
+from .stage_steps import (
+    METRICS_FILE,
+    THRESHOLDS_FILE,
+    RunData,
+    StageResult,
+    checkpointing,
+    fit,
+    load_run_data,
+    make_collator,
+    save_stage,
+    staged_save,
+    trainer_data,
+    trainer_save,
+)
+
+__all__ = ["train_joint", "train_probe"]
+
+
+def train_probe(
+    model_args: Any,
+    data_args: Any,
+    probing_args: Any,
+    encoder_path: str | None = None,
+    callbacks: list | None = None,
+    data: RunData | None = None,
+) -> StageResult:
+    """Stage 2: probe / fine-tune a classifier (writes what the module docstring lists).
+
+    ``encoder_path``: a saved hf_mlcl encoder (stage 1's output_dir), a plain backbone id / path (BCE
+    baseline: ``probe="finetune"`` with ``loss="bce"``), or None to use ``model_args``. ``probe="linear"`` /
+    ``"logistic"`` freeze the encoder, ``"finetune"`` trains it (with ``model_args.use_lora``: LoRA adapters
+    and the head, saved as an adapter folder, merged with ``merge_lora`` or when the encoder was itself saved
+    as an adapter). The threshold is tuned on validation per ``probing_args.threshold`` and the test split
+    (if any) is scored with it; both splits' scores come back in ``StageResult.scores``. The ``logistic``
+    probe fits without ``Trainer.train``, so training hooks do not fire for it.
+    """
+    from transformers import set_seed
+
+    from .probing import ProbingTrainer
+
+    lora_finetune = model_args.use_lora and probing_args.probe == "finetune"
+    set_seed(probing_args.seed)  # before the classifier head is initialised
+    data = data if data is not None else load_run_data(data_args)
+    train_rows = (
+        None if probing_args.probe == "logistic" else len(data.dataset["train"])
+    )  # logistic: all rows at once
+    created = preflight(
+        probing_args,
+        "stage 2 (probe)",
+        train_rows,
+        (model_args, encoder_path, adapter_encoder(encoder_path)) if lora_finetune else None,
+    )
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, data.dataset["train"]["text"], source=encoder_path
+    )
+    model = probe_model(
+        encoder, model_args, data.label_names, probing_args.probe, checkpointing(probing_args)
+    )
+    collator = make_collator(tokenizer, model, data, data_args)
+    align_special_tokens(model, tokenizer)
+    trainer = ProbingTrainer(
+        model=model, args=probing_args, **trainer_data(data, collator, tokenizer, callbacks)
+    )
+    trainer.run_settings = stage_settings(probing_args, model_args, data_args, encoder_path)
+    metrics: dict[str, Any] = {
+        "probe": probing_args.probe,
+        "loss": probing_args.loss,
+        "dataset": data_args.dataset,
+    }
+    if probing_args.probe == "logistic":
+        remove_previous_checkpoints(
+            probing_args.output_dir,
+            probing_args.overwrite_output_dir,
+            probing_args.resume_from_checkpoint,
+            probing_args.should_save,
+        )
+        metrics.update(trainer.fit_logistic(data.dataset["validation"]))
+        scores = {"validation": trainer.logistic_validation_scores}  # no second pass over validation
+    else:
+        metrics.update(fit(trainer, created, "stage 2 (probe)"))
+        scores = {"validation": trainer.predict_scores(data.dataset["validation"])}
+    save = partial(
+        _save_classifier, trainer, tokenizer, model_args, encoder_path, lora_finetune, probing_args.probe
+    )
+    return _finish_classifier(trainer, tokenizer, data, metrics, scores, save)
+
+
+def _finish_classifier(
+    trainer: Any,
+    tokenizer: Any,
+    data: RunData,
+    metrics: dict[str, Any],
+    scores: dict[str, Any],
+    save: Callable[[], bool],
+) -> StageResult:
+    """After a classifier stage's training: the threshold tuned on the validation ``scores``, the test split
+    scored with it, ``metrics.json``, ``thresholds.json`` and the model (``save``); the result."""
+    args = trainer.args
+    threshold = trainer.tune_threshold(*scores["validation"])
+    metrics.update(trainer.split_metrics(*scores["validation"], "validation"))
+    if "test" in data.dataset and len(data.dataset["test"]):
+        scores["test"] = trainer.predict_scores(data.dataset["test"])
+        metrics.update(trainer.split_metrics(*scores["test"], "test"))
+    thr_value = threshold.tolist() if isinstance(threshold, np.ndarray) else float(threshold)
+    metrics["threshold"] = thr_value
+    metrics["threshold_strategy"] = str(args.threshold)
+    trainer.accelerator.unwrap_model(trainer.model).config.decision_threshold = thr_value
+    files = {
+        METRICS_FILE: metrics,
+        THRESHOLDS_FILE: {
+            "strategy": str(args.threshold),
+            "threshold": thr_value,
+            "label_names": data.label_names,
+        },
+    }
+    save_stage(trainer, tokenizer, files, save)
+    return StageResult(args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold)
+
+
+def train_joint(
+    model_args: Any,
+    data_args: Any,
+    joint_args: Any,
+    encoder_path: str | None = None,
+    callbacks: list | None = None,
+    data: RunData | None = None,
+) -> StageResult:
+    """The joint objective: a classifier fine-tuned with ``(1 - w) * supervised + w * contrastive``
+    (:class:`~hf_mlcl.training.joint.JointTrainer`), then its threshold, test metrics and folder as stage 2's.
+
+    ``encoder_path``: a saved hf_mlcl encoder (stage 1's output_dir) or a backbone id / path; None uses
+    ``model_args``. With ``model_args.use_lora`` the backbone trains through LoRA adapters, saved as stage 2's
+    LoRA fine-tune is. ``metrics.json`` records ``contrastive_weight`` and both losses.
+    """
+    from transformers import set_seed
+
+    from .joint import JointTrainer
+
+    stage = "joint"
+    set_seed(joint_args.seed)  # before the classifier head is initialised
+    data = data if data is not None else load_run_data(data_args)
+    lora = (model_args, encoder_path, adapter_encoder(encoder_path)) if model_args.use_lora else None
+    created = preflight(joint_args, stage, len(data.dataset["train"]), lora)
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, data.dataset["train"]["text"], source=encoder_path
+    )
+    model = probe_model(encoder, model_args, data.label_names, "finetune", checkpointing(joint_args))
+    collator = make_collator(tokenizer, model, data, data_args)
+    align_special_tokens(model, tokenizer)
+    trainer = JointTrainer(model=model, args=joint_args, **trainer_data(data, collator, tokenizer, callbacks))
+    trainer.run_settings = stage_settings(joint_args, model_args, data_args, encoder_path)
+    metrics: dict[str, Any] = {
+        "probe": stage,
+        "loss": joint_args.supervised_loss,
+        "contrastive_loss": joint_args.loss,
+        "contrastive_weight": joint_args.contrastive_weight,
+        "dataset": data_args.dataset,
+    }
+    metrics.update(fit(trainer, created, stage))
+    scores = {"validation": trainer.predict_scores(data.dataset["validation"])}
+    save = partial(
+        _save_classifier, trainer, tokenizer, model_args, encoder_path, model_args.use_lora, "finetune"
+    )
+    return _finish_classifier(trainer, tokenizer, data, metrics, scores, save)
+
+
+def _save_classifier(
+    trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool, probe: str
+) -> bool:
+    """Every rank (FSDP / ZeRO-3 gather); the process that writes the folder writes: a LoRA fine-tune as an
+    adapter folder (merged when the encoder was itself an adapter: the new adapter applies to it, not to the
+    base), a frozen probe on an adapter encoder as that adapter + its head, anything else as a full model, in
+    its family's own format with a native head (:func:`~hf_mlcl.modeling.native.to_native_classifier`).
+    True when the tokenizer was written with it (:func:`trainer_save`)."""
+    from hf_mlcl.modeling.lora import save_heads_with_adapter, save_lora_model
+    from hf_mlcl.modeling.native import to_native_classifier
+
+    args = trainer.args
+    out, on_adapter = args.output_dir, adapter_encoder(encoder_path)
+    if lora_finetune:
+        save_lora_model(
+            trainer.model_wrapped,
+            out,
+            merge=model_args.merge_lora or on_adapter,
+            accelerator=trainer.accelerator,
+            is_main_process=args.should_save,
+        )
+    elif on_adapter and probe in ("linear", "logistic") and not model_args.merge_lora:
+        save_heads_with_adapter(
+            trainer.model_wrapped,
+            out,
+            encoder_path,
+            accelerator=trainer.accelerator,
+            is_main_process=args.should_save,
+        )
+    else:
+        native = partial(to_native_classifier, tokenizer=tokenizer, target=out)
+        return staged_save(trainer, partial(trainer_save, trainer), native)
+    return False

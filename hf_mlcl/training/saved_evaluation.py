@@ -1,0 +1,178 @@
+"""A saved classifier on a split: :func:`evaluate_checkpoint` scores it at its stored threshold and writes
+``eval_<split>.json`` with the per-label F1 plot (:func:`write_evaluation`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from hf_mlcl.files import atomic_write_json
+from hf_mlcl.modeling.builders import segment_multiple
+
+from .stage_steps import METRICS_FILE, PLOTS_DIR, RunData, StageResult, load_run_data
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "encoder_loss",
+    "evaluate_checkpoint",
+    "require_classifier",
+    "score_classifier",
+    "write_evaluation",
+]
+
+
+def encoder_loss(encoder_path: str | None) -> str | None:
+    """The contrastive loss recorded in an encoder folder's card_data.json / metrics.json, if any."""
+    if not encoder_path:
+        return None
+    for name in ("card_data.json", METRICS_FILE):
+        path = os.path.join(encoder_path, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                value = json.load(fh).get("loss")
+            if value:
+                return value
+    return None
+
+
+def score_classifier(
+    model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int = 32
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sigmoid scores (N, L) and multi-hot truth (N, L) of ``dataset`` (batched, no gradient)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from hf_mlcl.data import MultiLabelCollator
+
+    collator = MultiLabelCollator(
+        tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=segment_multiple(model)
+    )
+    device = next(model.parameters()).device
+    scores, truth = [], []
+    model.eval()
+    with torch.no_grad():
+        for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
+            labels = batch.pop("labels")
+            inputs = {
+                k: v.to(device)
+                for k, v in batch.items()
+                if k in ("input_ids", "attention_mask", "token_type_ids")
+            }
+            scores.append(torch.sigmoid(model(**inputs).logits.float()).cpu().numpy())
+            truth.append(labels.to_dense().numpy() if labels.is_sparse else labels.numpy())
+    return np.concatenate(scores), np.concatenate(truth) > 0.5
+
+
+def require_classifier(checkpoint: str) -> None:
+    """ValueError in one line when ``checkpoint`` is a stage-1 encoder folder, not a classifier: scoring it
+    would put a randomly initialised head on the encoder. Reads ``config.json`` only (before any loading)."""
+    from hf_mlcl.modeling.builders import is_native_encoder
+
+    path = os.path.join(checkpoint, "config.json")
+    architectures = []
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            architectures = json.load(fh).get("architectures") or []
+    if "MLCLEncoder" in architectures or is_native_encoder(checkpoint):
+        raise ValueError(
+            f"{checkpoint} is an encoder (stage 1), but evaluate needs a classifier: train a head on it with "
+            f"`hf-mlcl probe RECIPE --encoder_path {checkpoint}` (or `hf-mlcl run RECIPE`) and evaluate the "
+            "classifier folder it writes"
+        )
+
+
+def write_evaluation(
+    out: str,
+    split: str,
+    scores: np.ndarray,
+    truth: np.ndarray,
+    threshold: Any,
+    data: RunData,
+    dataset_name: str,
+    plots: bool = True,
+) -> dict[str, float]:
+    """``eval_<split>.json`` (the metrics at ``threshold``, keys prefixed with the split) and, with ``plots``,
+    ``plots/f1_vs_frequency_<split>.png`` into ``out``; returns the metrics."""
+    from hf_mlcl.data import train_frequency
+    from hf_mlcl.evaluation import compute_multilabel_metrics, per_label_f1, plot_f1_vs_frequency
+
+    metrics = {
+        f"{split}_{k}": float(v)
+        for k, v in compute_multilabel_metrics(truth, scores, threshold=threshold).items()
+    }
+    os.makedirs(out, exist_ok=True)
+    atomic_write_json(os.path.join(out, f"eval_{split}.json"), metrics)
+    if plots and len(data.dataset["train"]):
+        freq = train_frequency(data.dataset["train"], len(data.label_names))
+        plot_f1_vs_frequency(
+            per_label_f1(truth, scores >= threshold),
+            freq,
+            os.path.join(out, PLOTS_DIR, f"f1_vs_frequency_{split}.png"),
+            title=f"{dataset_name}: per-label F1 ({split})",
+        )
+    return metrics
+
+
+def evaluation_files(probe: StageResult, data_args: Any, data: RunData | None) -> None:
+    """The classifier's evaluation files on test (validation without a test split), from the probe's scores."""
+    split = "test" if any(k.startswith("test_") for k in probe.metrics) else "validation"
+    if probe.skipped or split not in probe.scores:  # finished before: score the saved classifier
+        evaluate_checkpoint(probe.output_dir, data_args, split=split, data=data)
+        return
+    scores, truth = probe.scores[split]
+    threshold = (
+        np.asarray(probe.threshold) if isinstance(probe.threshold, np.ndarray) else float(probe.threshold)
+    )
+    write_evaluation(probe.output_dir, split, scores, truth, threshold, data, data_args.dataset)
+
+
+def evaluate_checkpoint(
+    checkpoint: str,
+    data_args: Any,
+    split: str = "test",
+    batch_size: int = 32,
+    plots: bool = True,
+    output_dir: str | None = None,
+    data: RunData | None = None,
+) -> dict[str, float]:
+    """Score a saved classifier on ``split`` at its stored decision threshold; write ``eval_<split>.json`` and
+    ``plots/f1_vs_frequency_<split>.png`` into ``output_dir`` (default: the checkpoint folder). Returns the
+    metrics, keys prefixed with the split name. An encoder folder is refused before anything is loaded."""
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.modeling.sharded import loading_whole_models
+
+    require_classifier(checkpoint)
+    with loading_whole_models():  # the main process alone scores the classifier, also in a ZeRO-3 run
+        model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    data = data if data is not None else load_run_data(data_args)
+    if split not in data.dataset:
+        raise ValueError(
+            f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}"
+        )
+    trained = [str(model.config.id2label[i]) for i in range(model.config.num_labels)]
+    if trained != [str(n) for n in data.label_names]:
+        raise ValueError(
+            f"the checkpoint's {len(trained)} labels differ from dataset {data_args.dataset!r}'s "
+            f"{len(data.label_names)} labels; evaluate on the dataset (and dataset_options) it was trained on"
+        )
+    scores, truth = score_classifier(
+        model, tokenizer, data.dataset[split], len(data.label_names), data_args.max_length, batch_size
+    )
+    threshold = getattr(model.config, "decision_threshold", None)
+    threshold = (
+        0.5
+        if threshold is None
+        else (np.asarray(threshold) if isinstance(threshold, list) else float(threshold))
+    )
+    return write_evaluation(
+        output_dir or checkpoint, split, scores, truth, threshold, data, data_args.dataset, plots
+    )
