@@ -219,15 +219,21 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _checkpointed_layers(model) -> int:
-    return sum(bool(getattr(m, "gradient_checkpointing", False)) for m in model.modules())
+def _checkpointed_layers(model) -> list[int]:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [
+        int(m.gradient_checkpointing) for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
+    ]
 
 
 def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losses(tmp_path, base_model):
-    """`activation_checkpointing: true` (the Llama recipe's) reaches the LoRA backbone, and with the momentum
-    encoder and queue (MoCo, mulsupcon's `keys` contrast set) the logged losses equal a run without it."""
+    """`activation_checkpointing: true` (the Llama recipe's) reaches the LoRA backbone, on every layer or, with
+    `activation_checkpointing_kwargs: {every_n_layers: 2}` (the lever that trades memory for speed), on every
+    second one; with the momentum encoder and queue (MoCo, mulsupcon's `keys` contrast set) the logged losses
+    equal a run without it."""
     losses = {}
-    for flag in (False, True):
+    for flag, every in ((False, 1), (True, 1), (True, 2)):
         model_args = ModelArguments(
             model_name_or_path=base_model,
             use_lora=True,
@@ -238,7 +244,7 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
             projection_dim=8,
         )
         args = ContrastiveTrainingArguments(
-            output_dir=str(tmp_path / f"gc{int(flag)}"),
+            output_dir=str(tmp_path / f"gc{int(flag)}-{every}"),
             loss="mulsupcon",
             queue_size=16,
             momentum=0.9,
@@ -252,15 +258,19 @@ def test_activation_checkpointing_with_lora_and_momentum_encoder_keeps_the_losse
             save_strategy="no",
             knn_k=0,
             activation_checkpointing=flag,
+            activation_checkpointing_kwargs={"every_n_layers": every} if every > 1 else None,
         )
         result = train_contrastive(model_args, _data_args(), args)
         trainer = result.trainer
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        assert (_checkpointed_layers(model) > 0) is flag
+        layers = _checkpointed_layers(trainer.accelerator.unwrap_model(trainer.model))
+        assert layers == [int(flag and i % every == 0) for i in range(len(layers))] and len(layers) >= 2
         assert len(trainer.queue) == 16  # the momentum keys were enqueued
-        losses[flag] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert len(losses[True]) == 3
-    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-4, atol=1e-6)
+        losses[flag, every] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses[True, 1]) == 3
+    for setting in ((True, 1), (True, 2)):
+        torch.testing.assert_close(
+            torch.tensor(losses[setting]), torch.tensor(losses[False, 1]), rtol=1e-4, atol=1e-6
+        )
 
 
 def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_classifier(
