@@ -137,6 +137,28 @@ def build_contrastive_loss(
         raise ValueError(f"cannot build loss {name!r} with keywords {sorted(kwargs)}: {err}") from err
 
 
+def supervised_loss(
+    name: str,
+    loss_kwargs: Mapping[str, Any] | None = None,
+    given: nn.Module | None = None,
+    role: str = "loss_fn",
+) -> nn.Module:
+    """``given``, or the supervised loss registered as ``name`` with ``loss_kwargs``; ValueError in one line for
+    keywords it does not take or a contrastive loss (``role`` names the argument in the message)."""
+    if given is None:
+        kwargs = dict(loss_kwargs or {})
+        try:
+            given = get_loss(name, **kwargs)
+        except TypeError as err:
+            raise ValueError(f"cannot build supervised loss {name!r} with {sorted(kwargs)}: {err}") from err
+    if getattr(given, "is_contrastive", False):
+        raise ValueError(
+            f"{role} {type(given).__name__} is a contrastive loss; a classifier's head trains with a supervised "
+            f"loss: one of {list_supervised_losses()}"
+        )
+    return given
+
+
 def check_supervised_loss(name: str) -> str:
     """The canonical name of the supervised loss ``name`` (an alias too, e.g. ``"asl"``); ValueError in one line
     for an unknown or a contrastive loss. The registry alone answers whether a loss is supervised."""

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from hf_mlcl.losses.registry import supervised_loss
+
 from .arguments import JointTrainingArguments
 from .classifier_eval import ClassifierEvaluation
 from .contrastive import ContrastiveTrainer
@@ -74,7 +76,12 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
         collator = super().stage_setup(
             model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels
         )
-        self.supervised_loss_fn = _supervised_loss(args, self._given_supervised_loss)
+        self.supervised_loss_fn = supervised_loss(
+            args.supervised_loss,
+            args.supervised_loss_kwargs,
+            self._given_supervised_loss,
+            "supervised_loss_fn",
+        )
         self._width = self._setup.embedding_dim
         self.start_threshold(args)
         return collator
@@ -131,23 +138,3 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
     def get_test_dataloader(self, test_dataset: Any):
         with self._every_row():
             return super().get_test_dataloader(test_dataset)
-
-
-def _supervised_loss(args: JointTrainingArguments, loss_fn: nn.Module | None) -> nn.Module:
-    """``loss_fn``, or the supervised loss of ``args``; ValueError for a contrastive one."""
-    if loss_fn is None:
-        from hf_mlcl.losses import get_loss
-
-        try:
-            loss_fn = get_loss(args.supervised_loss, **args.supervised_loss_kwargs)
-        except TypeError as err:
-            raise ValueError(
-                f"cannot build supervised loss {args.supervised_loss!r} with "
-                f"{sorted(args.supervised_loss_kwargs)}: {err}"
-            ) from err
-    if getattr(loss_fn, "is_contrastive", False):
-        raise ValueError(
-            f"supervised_loss_fn {type(loss_fn).__name__} is a contrastive loss; the head trains with bce / "
-            "focal / asymmetric / zlpr"
-        )
-    return loss_fn

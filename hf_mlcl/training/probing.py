@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from hf_mlcl.evaluation.inputs import sigmoid
 from hf_mlcl.labels.statistics import resolve_num_labels
+from hf_mlcl.losses.registry import supervised_loss
 
 from .arguments import ProbingTrainingArguments
 from .base import MultiLabelTrainer
@@ -65,7 +65,7 @@ class ProbingTrainer(ClassifierEvaluation, MultiLabelTrainer):
         """The probing loss (bce / focal / asymmetric / zlpr), the label count and a one-view collator; the encoder
         must be frozen for the linear probe and trainable for a fine-tune."""
         self.num_labels = resolve_num_labels(train_dataset, num_labels, self.label_column, model=model)
-        self.loss_fn = _probing_loss(args, loss_fn)
+        self.loss_fn = supervised_loss(args.loss, args.loss_kwargs, loss_fn)
         freeze = getattr(getattr(model, "config", None), "freeze_encoder", None)
         if args.probe == "linear" and freeze is False:
             raise ValueError("probe='linear' needs a frozen encoder: from_encoder(..., freeze_encoder=True)")
@@ -235,24 +235,6 @@ class ProbingTrainer(ClassifierEvaluation, MultiLabelTrainer):
                 logits = head(feats).float().cpu().numpy()
                 self.logistic_validation_scores = (sigmoid(logits.astype(np.float64)), y_va)
         return {"logistic_num_train": int(x_tr.shape[0]), "logistic_median_C": float(np.nanmedian(chosen))}
-
-
-def _probing_loss(args: ProbingTrainingArguments, loss_fn: nn.Module | None) -> nn.Module:
-    """``loss_fn``, or ``get_loss(args.loss, **args.loss_kwargs)``; ValueError for a contrastive loss."""
-    if loss_fn is None:
-        from hf_mlcl.losses import get_loss
-
-        try:
-            loss_fn = get_loss(args.loss, **args.loss_kwargs)
-        except TypeError as err:
-            raise ValueError(
-                f"cannot build probing loss {args.loss!r} with {sorted(args.loss_kwargs)}: {err}"
-            ) from err
-    if getattr(loss_fn, "is_contrastive", False):
-        raise ValueError(
-            f"{type(loss_fn).__name__} is a contrastive loss; probing trains logits with bce / focal / asymmetric / zlpr"
-        )
-    return loss_fn
 
 
 def _labels_to_tensor(data_collator: Any, num_labels: int):
