@@ -68,7 +68,8 @@ def collator(tok, n_views: int = 1, num_labels: int = 4):
     return MultiLabelCollator(tok, num_labels, max_length=32, n_views=n_views)
 
 
-def base_args(tmp_path, **kw):
+def base_args(tmp_path, args_class=None, **kw):
+    """Stage-1 arguments of a short CPU run (``args_class``: another ContrastiveTrainingArguments subclass)."""
     from hf_mlcl.training import ContrastiveTrainingArguments
 
     defaults = dict(
@@ -88,7 +89,7 @@ def base_args(tmp_path, **kw):
         seed=0,
     )
     defaults.update(kw)
-    return ContrastiveTrainingArguments(**defaults)
+    return (args_class or ContrastiveTrainingArguments)(**defaults)
 
 
 def gloo_threads() -> list[str]:

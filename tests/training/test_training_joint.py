@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _training_helpers import LABELS, collator, max_rel_diff, tiny_encoder, tiny_split, tiny_tokenizer
+from _training_helpers import (
+    LABELS,
+    base_args,
+    collator,
+    max_rel_diff,
+    tiny_encoder,
+    tiny_split,
+    tiny_tokenizer,
+)
 
 from hf_mlcl.modeling import MLCLForMultiLabelClassification
 from hf_mlcl.training import JointTrainer, JointTrainingArguments
@@ -22,28 +30,9 @@ def _classifier(tok, dropout: float = 0.0, seed: int = 0) -> MLCLForMultiLabelCl
 
 
 def _args(tmp_path, **kw) -> JointTrainingArguments:
-    defaults = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=3,
-        max_steps=3,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        use_cpu=True,
-        disable_tqdm=True,
-        max_grad_norm=0.0,
-        train_sampling_strategy="sequential",
-        dataloader_num_workers=0,
-        seed=0,
-        loss="any",
-        temperature=TEMPERATURE,
-        contrastive_weight=0.3,
-    )
-    defaults.update(kw)
-    return JointTrainingArguments(**defaults)
+    defaults = dict(per_device_eval_batch_size=3, max_steps=3, lr_scheduler_type="constant", loss="any")
+    defaults.update(temperature=TEMPERATURE, contrastive_weight=0.3)
+    return base_args(tmp_path, JointTrainingArguments, **{**defaults, **kw})
 
 
 def _supcon_any(emb: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
