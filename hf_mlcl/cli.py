@@ -89,11 +89,10 @@ def cmd_probe(ns, overrides) -> dict:
 
 def cmd_run(ns, overrides) -> dict:
     """Both stages (as the recipe's ``stages`` says), test evaluation with plots, cards, optional push."""
-    from hf_mlcl.evaluation.tables import format_table
-    from hf_mlcl.files import atomic_write_json
     from hf_mlcl.recipes import CLASSIFIER_STAGES, STAGES, parse_stage, recipe_stages, stage_output_dir
     from hf_mlcl.training import stages as S
     from hf_mlcl.training.preflight import check_stage
+    from hf_mlcl.training.run_lock import RunLock
 
     recipe, _ = _load(ns.recipe, [], STAGES)
     names = recipe_stages(recipe)
@@ -108,36 +107,49 @@ def cmd_run(ns, overrides) -> dict:
     model_args, data_args, pargs = parsed[final]
     _check_models(parsed["contrastive" if "contrastive" in parsed else final][0])  # and the models
     stage_args = {name: args for name, (_, _, args) in parsed.items()}
-    results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=_announce)
-    metrics = results[final].metrics
-    if pargs.process_index == 0:
-        summary = {
-            k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"
-        }
-        run_root = (
-            ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, final))
+    run_root = ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, final))
+    # one run per run folder, held for all its stages, the evaluation and results.json: a second run (or a
+    # resume) into it stops in one line, never between two stages of this one
+    lock = RunLock(run_root) if pargs.should_save else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        results = S.run_stages(
+            model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=_announce
         )
-        os.makedirs(run_root, exist_ok=True)
-        atomic_write_json(
-            os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()}, default=str
-        )
-        print(
-            format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True)
-        )
-        print(
-            f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
-            f"{pargs.output_dir}",
-            flush=True,
-        )
-        if ns.push_to:
-            from hf_mlcl.hub import push_folder
-
-            push_folder(pargs.output_dir, ns.push_to, private=ns.private)
-            if "contrastive" in results:
-                push_folder(results["contrastive"].output_dir, f"{ns.push_to}-encoder", private=ns.private)
-            print(f"pushed to https://huggingface.co/{ns.push_to}")
-        _print_footprint(run_root)
+        if pargs.process_index == 0:
+            _report_run(ns, run_root, results, final, pargs.output_dir)
+    finally:
+        if lock is not None:
+            lock.release()
     return {k: r.metrics for k, r in results.items()}
+
+
+def _report_run(ns, run_root: str, results: dict, final: str, classifier_dir: str) -> None:
+    """The main process's end of ``run``: results.json, the table, the optional push and the footprint."""
+    from hf_mlcl.evaluation.tables import format_table
+    from hf_mlcl.files import atomic_write_json
+
+    metrics = results[final].metrics
+    summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
+    os.makedirs(run_root, exist_ok=True)
+    atomic_write_json(
+        os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()}, default=str
+    )
+    print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True))
+    print(
+        f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
+        f"{classifier_dir}",
+        flush=True,
+    )
+    if ns.push_to:
+        from hf_mlcl.hub import push_folder
+
+        push_folder(classifier_dir, ns.push_to, private=ns.private)
+        if "contrastive" in results:
+            push_folder(results["contrastive"].output_dir, f"{ns.push_to}-encoder", private=ns.private)
+        print(f"pushed to https://huggingface.co/{ns.push_to}")
+    _print_footprint(run_root)
 
 
 def _print_footprint(folder: str) -> None:

@@ -33,6 +33,7 @@ from hf_mlcl.training.arguments import (
     ModelArguments,
     ProbingTrainingArguments,
 )
+from hf_mlcl.training.run_lock import RunLock
 from hf_mlcl.training.stages import load_run_data, run_stages
 
 SYNTHETIC = dict(num_labels=20, num_train=1000, num_validation=200, num_test=200, min_words=20, max_words=60)
@@ -164,52 +165,62 @@ def run_demo(
     losses = list(losses)
     for name in losses:
         get_loss(name)  # unknown name -> ValueError listing the registered losses, before any work
-    os.makedirs(output_dir, exist_ok=True)
-    plan = _plan(
-        output_dir,
-        dataset,
-        data_dir,
-        model,
-        epochs,
-        probe_epochs,
-        probe,
-        seed,
-        synthetic_options,
-        max_train_samples,
-        max_eval_samples,
-        max_length,
-    )
-    results: dict[str, Any] = {}  # method -> stage results of its run
-    n_runs = len(losses) + 1
-    for i, loss in enumerate(losses, 1):
-        results[loss] = _contrastive_run(plan, loss, i, n_runs)
-    results["bce (fine-tuned)"] = _bce_run(plan, n_runs)
-    _say("scoring the test split, embedding quality and plots")
-    rows, table, split = _report(plan, results)
-    seconds = time.time() - start
-    atomic_write_text(
-        os.path.join(output_dir, "results.md"),
-        f"# hf-mlcl demo ({dataset}, {split} split)\n\nbaseline: {_bce_desc(plan)}\n\n{table}\n\n"
-        f"wall time: {seconds:.0f} s\n",
-    )
-    atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(rows, indent=2, default=float))
-    print()
-    probe_desc = (
-        "per-label logistic regressions"
-        if probe == "logistic"
-        else f"{probe} probe, {plan.probe_epochs:g} epochs"
-    )
-    print(
-        f"hf-mlcl demo: {dataset}, {len(plan.data.label_names)} labels, {split} split; contrastive stage "
-        f"{plan.epochs:g} epochs, then {probe_desc} on the frozen encoder; baseline: {_bce_desc(plan)}"
-    )
-    print(table)
-    print(
-        f"plots: {os.path.join(output_dir, 'plots')}   checkpoints + model cards: {output_dir}/<method>/   "
-        f"wall time: {seconds:.0f} s"
-    )
-    baseline = {"learning_rate": plan.bce_lr, "num_train_epochs": plan.bce_epochs}
-    return {"rows": rows, "table": table, "seconds": seconds, "output_dir": output_dir, "baseline": baseline}
+    lock = RunLock(output_dir).acquire()  # one demo per folder: a second one into it stops in one line
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        plan = _plan(
+            output_dir,
+            dataset,
+            data_dir,
+            model,
+            epochs,
+            probe_epochs,
+            probe,
+            seed,
+            synthetic_options,
+            max_train_samples,
+            max_eval_samples,
+            max_length,
+        )
+        results: dict[str, Any] = {}  # method -> stage results of its run
+        n_runs = len(losses) + 1
+        for i, loss in enumerate(losses, 1):
+            results[loss] = _contrastive_run(plan, loss, i, n_runs)
+        results["bce (fine-tuned)"] = _bce_run(plan, n_runs)
+        _say("scoring the test split, embedding quality and plots")
+        rows, table, split = _report(plan, results)
+        seconds = time.time() - start
+        atomic_write_text(
+            os.path.join(output_dir, "results.md"),
+            f"# hf-mlcl demo ({dataset}, {split} split)\n\nbaseline: {_bce_desc(plan)}\n\n{table}\n\n"
+            f"wall time: {seconds:.0f} s\n",
+        )
+        atomic_write_text(os.path.join(output_dir, "results.json"), json.dumps(rows, indent=2, default=float))
+        print()
+        probe_desc = (
+            "per-label logistic regressions"
+            if probe == "logistic"
+            else f"{probe} probe, {plan.probe_epochs:g} epochs"
+        )
+        print(
+            f"hf-mlcl demo: {dataset}, {len(plan.data.label_names)} labels, {split} split; contrastive stage "
+            f"{plan.epochs:g} epochs, then {probe_desc} on the frozen encoder; baseline: {_bce_desc(plan)}"
+        )
+        print(table)
+        print(
+            f"plots: {os.path.join(output_dir, 'plots')}   checkpoints + model cards: {output_dir}/<method>/   "
+            f"wall time: {seconds:.0f} s"
+        )
+        baseline = {"learning_rate": plan.bce_lr, "num_train_epochs": plan.bce_epochs}
+        return {
+            "rows": rows,
+            "table": table,
+            "seconds": seconds,
+            "output_dir": output_dir,
+            "baseline": baseline,
+        }
+    finally:
+        lock.release()
 
 
 def _plan(

@@ -19,7 +19,7 @@ from . import distributed as D
 from .checkpoints import remove_checkpoints
 from .classifier_stages import train_joint, train_probe
 from .encoder_stage import train_contrastive
-from .preflight import check_stage, finished_stage_metrics
+from .preflight import check_output_dir, check_stage, finished_stage_metrics
 from .run_lock import RunLock
 from .run_settings import stage_settings
 from .saved_evaluation import (
@@ -55,17 +55,29 @@ __all__ = [
 
 
 def _with_card(
-    train: Callable[..., StageResult], card_cb: Any, args: Any, *stage_args: Any, data: RunData | None = None
+    train: Callable[..., StageResult],
+    card_cb: Any,
+    args: Any,
+    *stage_args: Any,
+    data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
     """Run a stage with the card callback attached, replay the finished trainer's data into it (the logistic
     probe never calls ``Trainer.train``, so its hooks alone would miss it), write the card on the process that
     writes the folder (``args.should_save``: the main process, or each node's with ``save_on_each_node``), then
     a barrier: no rank reads the folder (stage 2, evaluation, push) before it is complete. That process holds
-    the folder's :class:`~hf_mlcl.training.run_lock.RunLock` meanwhile: a second run into it stops in one line."""
+    the folder's :class:`~hf_mlcl.training.run_lock.RunLock` meanwhile: a second run into it stops in one line.
+
+    Under the lock the folder is checked again (a run may have filled it since this one's first check) and a
+    finished stage with the same ``settings`` is not trained again on resume (``StageResult.skipped``)."""
     lock = RunLock(args.output_dir) if args.should_save else None  # the process that writes the folder
     if lock is not None:
         lock.acquire()
+        check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
     try:
+        metrics = finished_stage_metrics(args, settings)
+        if metrics is not None:
+            return StageResult(args.output_dir, metrics, skipped=True)
         return _run_with_card(train, card_cb, args, *stage_args, data=data)
     finally:
         if lock is not None:
@@ -100,8 +112,16 @@ def run_contrastive_stage(
     from hf_mlcl.hub import ModelCardCallback
 
     card_cb = ModelCardCallback("encoder", model_args=model_args, data_args=data_args)
+    settings = stage_settings(training_args, model_args, data_args)
     return _with_card(
-        train_contrastive, card_cb, training_args, model_args, data_args, training_args, data=data
+        train_contrastive,
+        card_cb,
+        training_args,
+        model_args,
+        data_args,
+        training_args,
+        data=data,
+        settings=settings,
     )
 
 
@@ -123,8 +143,17 @@ def run_probe_stage(
         contrastive_loss=contrastive_loss,
         encoder_path=encoder_path,
     )
+    settings = stage_settings(probing_args, model_args, data_args, encoder_path)
     return _with_card(
-        train_probe, card_cb, probing_args, model_args, data_args, probing_args, encoder_path, data=data
+        train_probe,
+        card_cb,
+        probing_args,
+        model_args,
+        data_args,
+        probing_args,
+        encoder_path,
+        data=data,
+        settings=settings,
     )
 
 
@@ -142,8 +171,17 @@ def run_joint_stage(
     card_cb = ModelCardCallback(
         "classifier", model_args=model_args, data_args=data_args, encoder_path=encoder_path
     )
+    settings = stage_settings(joint_args, model_args, data_args, encoder_path)
     return _with_card(
-        train_joint, card_cb, joint_args, model_args, data_args, joint_args, encoder_path, data=data
+        train_joint,
+        card_cb,
+        joint_args,
+        model_args,
+        data_args,
+        joint_args,
+        encoder_path,
+        data=data,
+        settings=settings,
     )
 
 
@@ -177,6 +215,7 @@ def run_stages(
         args = stage_args[name]
         if announce is not None:
             announce(i, len(names), name, args, None)
+        # a finished stage on resume loads no data (the stage checks again under its lock)
         metrics = finished_stage_metrics(args, stage_settings(args, model_args, data_args, encoder_path))
         if metrics is not None:
             results[name] = StageResult(args.output_dir, metrics, skipped=True)

@@ -80,3 +80,39 @@ def test_a_second_run_into_a_running_folder_stops_in_one_line(tmp_path):
     err = second.stderr.strip().splitlines()
     assert "is in use by another run" in err[-1] and "Traceback" not in second.stderr
     assert first.wait(timeout=240) == 0, first.stderr.read()[-2000:]
+
+
+def test_a_run_folder_is_held_for_all_its_stages_and_a_demo_folder_for_the_whole_demo(tmp_path, capsys):
+    """`run` holds its root folder's lock from its first stage to results.json, so a second run or a resume into
+    it stops at once rather than between two stages; the demo holds its folder the same way."""
+    from hf_mlcl.cli import main
+    from hf_mlcl.demo import run_demo
+
+    recipe = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+    out = str(tmp_path / "out")
+    with RunLock(out):
+        assert (
+            main(["run", recipe, "--output_dir", out, "--max_steps", "1", "--resume_from_checkpoint", "true"])
+            == 2
+        )
+        assert "in use by another run" in capsys.readouterr().err
+        with pytest.raises(InputError, match="in use by another run"):
+            run_demo(output_dir=out, losses=["sd"])
+    assert not os.path.exists(os.path.join(out, "encoder"))  # refused before any stage wrote
+
+
+def test_train_resumed_on_a_finished_encoder_keeps_it(tmp_path, capsys):
+    """`hf-mlcl train --resume_from_checkpoint true` into a finished stage (same settings) reports it and trains
+    nothing: it used to train a new encoder over the finished one, under a classifier built on the old."""
+    from hf_mlcl.cli import main
+
+    recipe = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
+    out = str(tmp_path / "encoder")
+    train = ["train", recipe, "--output_dir", out, "--max_steps", "2", "--disable_tqdm", "true"]
+    assert main(train) == 0
+    weights = os.path.join(out, "model.safetensors")
+    before = os.stat(weights).st_mtime_ns
+    capsys.readouterr()
+    assert main([*train, "--resume_from_checkpoint", "true"]) == 0
+    assert f"{out} is finished" in capsys.readouterr().out
+    assert os.stat(weights).st_mtime_ns == before
