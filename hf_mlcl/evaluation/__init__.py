@@ -1,9 +1,10 @@
 """hf_mlcl.evaluation: multi-label metrics, threshold tuning, embedding-space quality and plots.
 
 One module per concept: ``inputs`` (checked arrays, sigmoid), ``metrics`` (the scores of a split),
-``ranking`` (AP / AUC / top-k engines), ``thresholds`` (tuning), ``trainer_metrics`` (the
-``compute_metrics`` adapter), ``knn`` (the kNN probe of an embedding space), ``embedding``
-(embedding-space quality), ``plots`` and ``tables`` (Markdown result tables).
+``ranking`` (AP / AUC / top-k engines), ``thresholds`` (tuning), ``streaming`` (a split in row chunks,
+for large label counts), ``trainer_metrics`` (the ``compute_metrics`` adapter), ``knn`` (the kNN probe
+of an embedding space), ``embedding`` (embedding-space quality), ``plots`` and ``tables`` (Markdown
+result tables).
 
 Metric key names and 0/0 conventions are documented in :mod:`hf_mlcl.evaluation.metrics`. The
 ``evaluate`` module lives in the folder ``METRIC_PATH``::
@@ -28,6 +29,7 @@ from hf_mlcl.evaluation.metrics import (
     per_label_f1,
     per_label_scores,
 )
+from hf_mlcl.evaluation.streaming import MultiLabelAccumulator
 from hf_mlcl.evaluation.thresholds import (
     threshold_grid,
     tune_and_evaluate,
@@ -53,6 +55,7 @@ __all__ = [
     "DEFAULT_KS",
     "METRIC_KEYS",
     "METRIC_PATH",
+    "MultiLabelAccumulator",
     "apply_threshold",
     "compute_multilabel_metrics",
     "make_compute_metrics",

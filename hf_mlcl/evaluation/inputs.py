@@ -140,11 +140,10 @@ def sigmoid(x: Any) -> np.ndarray:
     x = to_numpy(x, "x")
     if not np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float64)
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    ex = np.exp(x[~pos])
-    out[~pos] = ex / (1.0 + ex)
+    e = np.exp(-np.abs(x))  # exp(-x) for x >= 0, exp(x) below: never overflows
+    den = 1.0 + e
+    out = np.divide(e, den)  # e / (1 + e) for x < 0
+    np.divide(1.0, den, out=out, where=x >= 0)  # 1 / (1 + e) for x >= 0
     return out
 
 

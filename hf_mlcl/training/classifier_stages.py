@@ -53,8 +53,10 @@ def train_probe(
     ``"logistic"`` freeze the encoder, ``"finetune"`` trains it (with ``model_args.use_lora``: LoRA adapters
     and the head, saved as an adapter folder, merged with ``merge_lora`` or when the encoder was itself saved
     as an adapter). The threshold is tuned on validation per ``probing_args.threshold`` and the test split
-    (if any) is scored with it; both splits' scores come back in ``StageResult.scores``. The ``logistic``
-    probe fits without ``Trainer.train``, so training hooks do not fire for it.
+    (if any) is scored with it. Both splits' dense scores come back in ``StageResult.scores`` up to
+    ``exact_eval_cells`` rows x labels (:class:`~hf_mlcl.training.classifier_eval.ClassifierEvaluation`), their
+    streamed evaluations at any size in ``StageResult.trainer.evaluations``. The ``logistic`` probe fits without
+    ``Trainer.train``, so training hooks do not fire for it.
     """
     from transformers import set_seed
 
@@ -97,14 +99,15 @@ def train_probe(
             probing_args.should_save,
         )
         metrics.update(trainer.fit_logistic(data.dataset["validation"]))
-        scores = {"validation": trainer.logistic_validation_scores}  # no second pass over validation
+        # no second pass over validation
+        evaluations = {"validation": trainer.evaluation_of_scores(*trainer.logistic_validation_scores)}
     else:
         metrics.update(fit(trainer, created, "stage 2 (probe)"))
-        scores = {"validation": trainer.predict_scores(data.dataset["validation"])}
+        evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
     save = partial(
         _save_classifier, trainer, tokenizer, model_args, encoder_path, lora_finetune, probing_args.probe
     )
-    return _finish_classifier(trainer, tokenizer, data, metrics, scores, save)
+    return _finish_classifier(trainer, tokenizer, data, metrics, evaluations, save)
 
 
 def _finish_classifier(
@@ -112,17 +115,20 @@ def _finish_classifier(
     tokenizer: Any,
     data: RunData,
     metrics: dict[str, Any],
-    scores: dict[str, Any],
+    evaluations: dict[str, Any],
     save: Callable[[], bool],
 ) -> StageResult:
-    """After a classifier stage's training: the threshold tuned on the validation ``scores``, the test split
-    scored with it, ``metrics.json``, ``thresholds.json`` and the model (``save``); the result."""
+    """After a classifier stage's training: the threshold tuned on the validation split's streamed
+    ``evaluations``, the test split scored with it, ``metrics.json``, ``thresholds.json`` and the model
+    (``save``); the result (dense scores of the splits evaluated exactly, ``trainer.evaluations`` of all)."""
     args = trainer.args
-    threshold = trainer.tune_threshold(*scores["validation"])
-    metrics.update(trainer.split_metrics(*scores["validation"], "validation"))
+    threshold = trainer.tune_threshold(evaluations["validation"])
+    metrics.update(trainer.split_metrics(evaluations["validation"], None, "validation"))
     if "test" in data.dataset and len(data.dataset["test"]):
-        scores["test"] = trainer.predict_scores(data.dataset["test"])
-        metrics.update(trainer.split_metrics(*scores["test"], "test"))
+        evaluations["test"] = trainer.predict_evaluation(data.dataset["test"])
+        metrics.update(trainer.split_metrics(evaluations["test"], None, "test"))
+    trainer.evaluations = evaluations
+    scores = {split: ev.dense() for split, ev in evaluations.items() if ev.exact}
     thr_value = threshold.tolist() if isinstance(threshold, np.ndarray) else float(threshold)
     metrics["threshold"] = thr_value
     metrics["threshold_strategy"] = str(args.threshold)
@@ -179,11 +185,11 @@ def train_joint(
         "dataset": data_args.dataset,
     }
     metrics.update(fit(trainer, created, stage))
-    scores = {"validation": trainer.predict_scores(data.dataset["validation"])}
+    evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
     save = partial(
         _save_classifier, trainer, tokenizer, model_args, encoder_path, model_args.use_lora, "finetune"
     )
-    return _finish_classifier(trainer, tokenizer, data, metrics, scores, save)
+    return _finish_classifier(trainer, tokenizer, data, metrics, evaluations, save)
 
 
 def _save_classifier(

@@ -1,5 +1,6 @@
-"""A saved classifier on a split: :func:`evaluate_checkpoint` scores it at its stored threshold and writes
-``eval_<split>.json`` with the per-label F1 plot (:func:`write_evaluation`).
+"""A saved classifier on a split: :func:`evaluate_checkpoint` scores it at its stored threshold (streamed in
+batches, :func:`stream_classifier`) and writes ``eval_<split>.json`` with the per-label F1 plot
+(:func:`write_evaluation`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hf_mlcl.evaluation.streaming import EXACT_CELLS, MultiLabelAccumulator
 from hf_mlcl.files import atomic_write_json
 from hf_mlcl.modeling.builders import segment_multiple
 
@@ -23,6 +25,7 @@ __all__ = [
     "evaluate_checkpoint",
     "require_classifier",
     "score_classifier",
+    "stream_classifier",
     "write_evaluation",
 ]
 
@@ -41,10 +44,10 @@ def encoder_loss(encoder_path: str | None) -> str | None:
     return None
 
 
-def score_classifier(
-    model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int = 32
-) -> tuple[np.ndarray, np.ndarray]:
-    """Sigmoid scores (N, L) and multi-hot truth (N, L) of ``dataset`` (batched, no gradient)."""
+def _scored_batches(
+    model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int
+) -> Any:
+    """(sigmoid scores (B, L) float32, multi-hot truth (B, L)) of each batch of ``dataset`` (no gradient)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -54,7 +57,6 @@ def score_classifier(
         tokenizer, num_labels, max_length=max_length, pad_to_multiple_of=segment_multiple(model)
     )
     device = next(model.parameters()).device
-    scores, truth = [], []
     model.eval()
     with torch.no_grad():
         for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
@@ -64,9 +66,40 @@ def score_classifier(
                 for k, v in batch.items()
                 if k in ("input_ids", "attention_mask", "token_type_ids")
             }
-            scores.append(torch.sigmoid(model(**inputs).logits.float()).cpu().numpy())
-            truth.append(labels.to_dense().numpy() if labels.is_sparse else labels.numpy())
+            scores = torch.sigmoid(model(**inputs).logits.float()).cpu().numpy()
+            yield scores, labels.to_dense().numpy() if labels.is_sparse else labels.numpy()
+
+
+def score_classifier(
+    model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int = 32
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sigmoid scores (N, L) and multi-hot truth (N, L) of ``dataset`` (batched, no gradient; dense: for small
+    splits, :func:`stream_classifier` streams)."""
+    scores, truth = [], []
+    for s, t in _scored_batches(model, tokenizer, dataset, num_labels, max_length, batch_size):
+        scores.append(s)
+        truth.append(t)
     return np.concatenate(scores), np.concatenate(truth) > 0.5
+
+
+def stream_classifier(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    num_labels: int,
+    max_length: int,
+    batch_size: int = 32,
+    threshold: Any = 0.5,
+    exact_cells: int = EXACT_CELLS,
+) -> MultiLabelAccumulator:
+    """:func:`score_classifier`'s float32 scores streamed into a :class:`MultiLabelAccumulator` counting at
+    ``threshold`` (no (N, L) array held; exact up to ``exact_cells`` rows x labels)."""
+    acc = MultiLabelAccumulator(
+        num_labels, thresholds=[threshold], from_logits=False, exact_cells=exact_cells
+    )
+    for s, t in _scored_batches(model, tokenizer, dataset, num_labels, max_length, batch_size):
+        acc.add_batch(s, t > 0.5)
+    return acc
 
 
 def require_classifier(checkpoint: str) -> None:
@@ -90,28 +123,32 @@ def require_classifier(checkpoint: str) -> None:
 def write_evaluation(
     out: str,
     split: str,
-    scores: np.ndarray,
-    truth: np.ndarray,
+    scores: np.ndarray | MultiLabelAccumulator,
+    truth: np.ndarray | None,
     threshold: Any,
     data: RunData,
     dataset_name: str,
     plots: bool = True,
 ) -> dict[str, float]:
     """``eval_<split>.json`` (the metrics at ``threshold``, keys prefixed with the split) and, with ``plots``,
-    ``plots/f1_vs_frequency_<split>.png`` into ``out``; returns the metrics."""
+    ``plots/f1_vs_frequency_<split>.png`` into ``out``; returns the metrics. ``scores`` dense (N, L) with
+    ``truth``, or a :class:`MultiLabelAccumulator` with ``truth=None``."""
     from hf_mlcl.data import train_frequency
     from hf_mlcl.evaluation import compute_multilabel_metrics, per_label_f1, plot_f1_vs_frequency
 
-    metrics = {
-        f"{split}_{k}": float(v)
-        for k, v in compute_multilabel_metrics(truth, scores, threshold=threshold).items()
-    }
+    streamed = isinstance(scores, MultiLabelAccumulator)
+    result = (
+        scores.compute(threshold)
+        if streamed
+        else compute_multilabel_metrics(truth, scores, threshold=threshold)
+    )
+    metrics = {f"{split}_{k}": float(v) for k, v in result.items()}
     os.makedirs(out, exist_ok=True)
     atomic_write_json(os.path.join(out, f"eval_{split}.json"), metrics)
     if plots and len(data.dataset["train"]):
         freq = train_frequency(data.dataset["train"], len(data.label_names))
         plot_f1_vs_frequency(
-            per_label_f1(truth, scores >= threshold),
+            scores.per_label_f1(threshold) if streamed else per_label_f1(truth, scores >= threshold),
             freq,
             os.path.join(out, PLOTS_DIR, f"f1_vs_frequency_{split}.png"),
             title=f"{dataset_name}: per-label F1 ({split})",
@@ -120,12 +157,14 @@ def write_evaluation(
 
 
 def evaluation_files(probe: StageResult, data_args: Any, data: RunData | None) -> None:
-    """The classifier's evaluation files on test (validation without a test split), from the probe's scores."""
+    """The classifier's evaluation files on test (validation without a test split), from the probe's scores
+    (dense, or its trainer's streamed evaluation of the split)."""
     split = "test" if any(k.startswith("test_") for k in probe.metrics) else "validation"
-    if probe.skipped or split not in probe.scores:  # finished before: score the saved classifier
-        evaluate_checkpoint(probe.output_dir, data_args, split=split, data=data)
+    streamed = getattr(probe.trainer, "evaluations", None) or {}
+    if probe.skipped or (split not in probe.scores and split not in streamed):
+        evaluate_checkpoint(probe.output_dir, data_args, split=split, data=data)  # score the saved classifier
         return
-    scores, truth = probe.scores[split]
+    scores, truth = probe.scores[split] if split in probe.scores else (streamed[split], None)
     threshold = (
         np.asarray(probe.threshold) if isinstance(probe.threshold, np.ndarray) else float(probe.threshold)
     )
@@ -164,15 +203,21 @@ def evaluate_checkpoint(
             f"the checkpoint's {len(trained)} labels differ from dataset {data_args.dataset!r}'s "
             f"{len(data.label_names)} labels; evaluate on the dataset (and dataset_options) it was trained on"
         )
-    scores, truth = score_classifier(
-        model, tokenizer, data.dataset[split], len(data.label_names), data_args.max_length, batch_size
-    )
     threshold = getattr(model.config, "decision_threshold", None)
     threshold = (
         0.5
         if threshold is None
         else (np.asarray(threshold) if isinstance(threshold, list) else float(threshold))
     )
+    evaluation = stream_classifier(
+        model,
+        tokenizer,
+        data.dataset[split],
+        len(data.label_names),
+        data_args.max_length,
+        batch_size,
+        threshold=threshold,
+    )
     return write_evaluation(
-        output_dir or checkpoint, split, scores, truth, threshold, data, data_args.dataset, plots
+        output_dir or checkpoint, split, evaluation, None, threshold, data, data_args.dataset, plots
     )
