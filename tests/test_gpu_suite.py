@@ -75,6 +75,7 @@ def test_the_performance_page_keeps_the_results_study_part_that_follows_its_mark
     assert performance_doc.main(["--check"]) == 0
 
 
+@pytest.mark.slow  # runs every cell of the tiny suite; the planner and the page have fast tests of their own
 @pytest.mark.timeout(420)
 def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tmp_path):
     out, cache = tmp_path / "results" / "cpu-tiny", tmp_path / "cache"
