@@ -165,8 +165,7 @@ def run_demo(
     losses = list(losses)
     for name in losses:
         get_loss(name)  # unknown name -> ValueError listing the registered losses, before any work
-    lock = RunLock(output_dir).acquire()  # one demo per folder: a second one into it stops in one line
-    try:
+    with RunLock(output_dir):  # one demo per folder: a second one into it stops in one line
         os.makedirs(output_dir, exist_ok=True)
         plan = _plan(
             output_dir,
@@ -219,8 +218,6 @@ def run_demo(
             "output_dir": output_dir,
             "baseline": baseline,
         }
-    finally:
-        lock.release()
 
 
 def _plan(
