@@ -9,7 +9,7 @@ repository); only ``metrics.json`` and ``per_label_f1.json`` land in ``studies/r
 The studies (``studies/recipes/<study>/``: reuters21578, goemotions_full) probe each stage-1 encoder with
 ABALONE's ``logistic`` probe and the SD paper's ``linear`` probe, and fine-tune with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
 rate with the highest validation macro-F1 among the study's finished seed-1 cells; ``--lr extend`` the
-third point of the BCE grid, chosen on validation from the first two, see ``lr_grid.py``):
+third point of the BCE grid, chosen on validation from the first two, ``extend2`` a fourth, see ``lr_grid.py``):
 
     python studies/run.py cell reuters21578 --loss bce --probe finetune --lr 5e-5 --seed 1
     python studies/run.py cell reuters21578 --loss pretrained --probe linear --seed 1
@@ -102,21 +102,18 @@ def best_bce_lr(dataset: str, train_size: int | None = None) -> str:
     return bce_choice.best_bce_lr(dataset, RESULTS, train_size)
 
 
-def extended_bce_lr(dataset: str, train_size: int | None = None) -> str:
-    """The grid's third learning rate, chosen on validation from the first two of the same training size
-    (studies/lr_grid.py)."""
+def extended_bce_lr(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:
+    """The grid's ``k``-th extension, chosen on validation from the points before it at the same training
+    size (studies/lr_grid.py); None when the best learning rate lies inside the grid."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bce_choice import bce_validation_scores
-    from lr_grid import FIRST, third_lr
+    from lr_grid import NotReady, extension_lr
 
-    third = third_lr(bce_validation_scores(dataset, RESULTS, train_size))
-    if third is None:
+    try:
+        return extension_lr(bce_validation_scores(dataset, RESULTS, train_size), k)
+    except NotReady as err:
         size = "" if train_size is None else f" --train-size {train_size}"
-        raise ValueError(
-            f"--lr extend: the BCE cells at learning rates {' and '.join(FIRST)} (seed 1{size}) must finish "
-            f"first; run them with --lr {FIRST[0]} / --lr {FIRST[1]}{size}"
-        )
-    return third
+        raise ValueError(f"--lr extend{k if k > 1 else ''}: {err} (seed 1{size}); run them first") from None
 
 
 def scale_tokens(
@@ -125,7 +122,7 @@ def scale_tokens(
     """The overrides of a cell trained on ``train_size`` rows (studies/scale.py; none at full size): the seeded
     training subset, each trained stage's epochs by the epoch rule (``scale.scaled_epochs`` of the recipe's
     own; stage 1 only where ``stage1``), and a fine-tune or linear probe that evaluates (and keeps its best
-    model) once per epoch."""
+    model) ``scale.EVALUATIONS`` times, evenly over its steps."""
     if scale.check_size(dataset, train_size) is None:
         return []
     full = scale.FULL_TRAIN[dataset]
@@ -133,11 +130,15 @@ def scale_tokens(
     if stage1:
         epochs = scale.scaled_epochs(recipe["contrastive"]["num_train_epochs"], full, train_size)
         tokens += ["--contrastive.num_train_epochs", f"{epochs:g}"]
+    epochs = recipe[stage2]["num_train_epochs"]
     if probe == "finetune":
-        epochs = scale.scaled_epochs(recipe[stage2]["num_train_epochs"], full, train_size)
+        epochs = scale.scaled_epochs(epochs, full, train_size)
         tokens += [f"--{stage2}.num_train_epochs", f"{epochs:g}"]
-    if probe != "logistic":  # GoEmotions' recipe evaluates every 452 steps: more than a subset's epoch
-        tokens += [f"--{stage2}.eval_strategy", "epoch", f"--{stage2}.save_strategy", "epoch"]
+    if probe != "logistic":
+        every = str(scale.eval_every(epochs, train_size, recipe[stage2]["per_device_train_batch_size"]))
+        for key, value in (("eval_strategy", "steps"), ("save_strategy", "steps"), ("eval_steps", every)):
+            tokens += [f"--{stage2}.{key}", value]
+        tokens += [f"--{stage2}.save_steps", every]
     return tokens
 
 
@@ -204,7 +205,15 @@ def run_cell(
     if lr is not None:  # the fine-tuning learning rate under test; names the cell
         if probe != "finetune":
             raise ValueError("--lr is the fine-tuning learning rate: use it with --probe finetune")
-        lr = {"best": best_bce_lr, "extend": extended_bce_lr}.get(lr, lambda *_: lr)(dataset, train_size)
+        chosen = {
+            "best": best_bce_lr,
+            "extend": extended_bce_lr,
+            "extend2": lambda *a: extended_bce_lr(*a, k=2),
+        }.get(lr, lambda *_: lr)(dataset, train_size)
+        if chosen is None:
+            print(f"SKIP {dataset} bce --lr {lr}: the best learning rate lies inside the grid", flush=True)
+            return {}
+        lr = chosen
         float(lr)  # a number, or a clear error before any work
         tag = f"lr{lr}" if tag is None else f"{tag}-lr{lr}"  # e.g. finetune-long-lr2e-4: never read as an lr
         extra = [*extra, f"--{stage2}.learning_rate", lr]
@@ -378,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="cell, --probe finetune: learning rate under test (names the cell "
         "lr<value>), 'best' for the BCE one with the highest validation macro-F1 (seed 1), or 'extend' "
-        "for the BCE grid's third point, chosen on validation from the first two (lr_grid.py)",
+        "for the BCE grid's third point, chosen on validation from the first two, 'extend2' for a fourth past "
+        "the third when it is the best (lr_grid.py)",
     )
     ap.add_argument(
         "--patience",

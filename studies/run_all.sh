@@ -117,20 +117,22 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
 
 # The data-scale study (issue 52; studies/scale.py): each subset size's cells, run.py / the baselines with
 # --train-size N (cells <cell>-n<N>; the full-size cells are its "all" rows). Every choice on validation per
-# size: the BCE learning rate from the same grid (5e-5, 1e-4, then a third past the better), the fine-tunes
+# size: the BCE learning rate from the same grid (5e-5, 1e-4, then past the better edge, twice), the fine-tunes
 # from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size). Epochs by
-# the epoch rule (up to 10), patience 3 epochs. Order: cheap and most informative first, each step over the
-# sizes smallest first. Estimated minutes per run (python studies/scale.py plan: the full-size cells' median
-# rates scaled by size, every epoch run; those cells mostly ran two side by side, one thread each):
+# the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3 evaluations. Order: cheap and
+# most informative first, each step over the sizes smallest first. Estimated minutes per run, every step run
+# (python studies/scale.py plan: the full-size cells' median rates; those cells mostly ran two side by side,
+# one thread each; early stopping ends most fine-tunes sooner):
 #                                   Reuters n500  n2000   GoEmotions n1000  n4000
-#   TF-IDF + logistic regression (1 run)   <5     <20                 0      0   (n500 measured: 3 s)
-#   BCE fine-tune (3 lrs seed 1, 2 seeds)  17      48                17     33
-#   stage 1 + logistic probe (2 x 3)       17      20                 8     27
-#   stage 1 + fine-tune (2 x 3)            17      48                17     33
-#   SetFit (3)                              8      10                 4     15
-#   queues: Reuters 16.9 h, GoEmotions 13.6 h; side by side (OMP_NUM_THREADS=1 each) about 17 h of the machine
-#   joint objective (2 w seed 1, 2 seeds)  17      48                17     33   (per run: as BCE's fine-tune)
-SCALE_PAT=3  # epochs without a better validation macro-F1 (a subset's epoch is 16-125 steps)
+#   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
+#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               127    126
+#   stage 1 + logistic probe (2 x 3)       22     20                28     29
+#   stage 1 + fine-tune (2 x 3)            79     77               127    126
+#   SetFit (3)                             10     10                15     16
+#   queues: Reuters 37 h, GoEmotions 58 h, every step run
+#   joint objective (2 w seed 1, 2 seeds)  79     77               127    126   (per run: as BCE's fine-tune)
+SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
+SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
 # The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from
 # JOINT_WEIGHTS on seed 1 at BCE's learning rate (chosen on validation at that size), seeds 2-3 at the w with the
 # better validation macro-F1. joint_cells STUDY PATIENCE [N]: at N training rows (without N: the whole split).
@@ -153,7 +155,7 @@ scale_cells() {  # scale_cells STUDY: every subset size's cells of the data-scal
   L2=$(pick "") || return 1
   for N in $sizes; do bcell tfidf "$study" --model logreg --seed 1 --train-size "$N"; done  # no seed changes it
   for N in $sizes; do
-    for LR in $LRS; do scell "$study" "$N" --loss bce --probe finetune --lr "$LR" --seed 1 --patience $SCALE_PAT; done
+    for LR in $SCALE_LRS; do scell "$study" "$N" --loss bce --probe finetune --lr "$LR" --seed 1 --patience $SCALE_PAT; done
     for S in 2 3; do scell "$study" "$N" --loss bce --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
   done
   for N in $sizes; do for S in 1 2 3; do for L in $L2; do scell "$study" "$N" --loss "$L" --probe logistic --seed "$S"; done; done; done

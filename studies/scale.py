@@ -7,12 +7,12 @@ stay whole. Its cells are ``<cell>-n<N>`` (``bce_finetune-lr1e-4-n500``, ``sd_lo
 ``train_size`` in metrics.json; their checkpoints go under ``$MLCL_RUNS/<study>/<loss>-n<N>/``.
 
 Epoch rule (:func:`scaled_epochs`): a trained stage keeps the full-size recipe's number of optimizer steps
-(same batch, epochs x full size / N, rounded), never fewer epochs than that recipe and at most 10 (``EPOCH_CAP``);
-fine-tunes stop early on validation (run_all.sh: patience 3 epochs). Stage 1: 1 epoch at full size -> 10
-(Reuters 500), 3 (2,000), 10 (GoEmotions 1,000 and 4,000); fine-tunes: 5 -> 10 at every size. SetFit takes
-as many steps as stage 1 (:func:`setfit_steps`). Cost at the full-size cells' median rates, every epoch run:
-17 h for Reuters' cells, 14 h for GoEmotions' (run_all.sh scale-reuters / scale-goemotions: two queues side by
-side, one thread each, as the full study mostly ran, so about 17 h of the 2-core machine):
+(same batch, epochs x full size / N, rounded), never fewer epochs than that recipe: a subset trains as long
+as the whole set, so a small size is not under-trained by a shorter schedule. Stage 1: 1 epoch at full size
+-> 14 (Reuters 500), 3 (2,000), 43 (GoEmotions 1,000), 11 (4,000); fine-tunes: 5 -> 70, 17, 217, 54. A
+fine-tune evaluates ``EVALUATIONS`` times, evenly over its steps (:func:`eval_every`), keeps its best
+evaluation and stops early on validation (run_all.sh: patience 3 evaluations). SetFit takes as many steps as
+stage 1 (:func:`setfit_steps`). Estimated cost, every step run:
 
     python studies/scale.py plan     # each cell's estimated minutes, from the full-size cells' wall times
     python studies/scale.py sizes reuters21578     # "500 2000" (run_all.sh's scale phases)
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -31,23 +32,28 @@ SIZES = {"reuters21578": (500, 2000), "goemotions_full": (1000, 4000)}  # the si
 FULL_TRAIN = {"reuters21578": 6993, "goemotions_full": 43410}  # training rows of the full-size recipes
 EVAL_ROWS = {"reuters21578": (777, 3019), "goemotions_full": (5426, 5427)}  # validation, test (whole)
 SUBSET_SEED = 52  # draws the subsets; not a training seed (1-3), so every seed trains on the same rows
-EPOCH_CAP = 10  # twice the full-size fine-tune's 5 epochs
+EVALUATIONS = 10  # validation passes of a subset's fine-tune, evenly spaced over its steps
 STAGE1_BATCH = 64  # stage 1's batch (studies/recipes/full_minilm.yaml), SetFit's texts per step
 PHASES = {"reuters21578": "scale-reuters", "goemotions_full": "scale-goemotions"}  # run_all.sh's queues
 _SUFFIX = re.compile(r"^(?P<base>.+)-n(?P<n>[0-9]+)$")
 
 
-def scaled_epochs(full_epochs: float, full_size: int, size: int | None, cap: float = EPOCH_CAP) -> float:
+def scaled_epochs(full_epochs: float, full_size: int, size: int | None) -> float:
     """Epochs of a stage trained on ``size`` rows whose full-size recipe runs ``full_epochs`` over ``full_size``
     rows: the full recipe's optimizer steps kept (``full_epochs * full_size / size``, rounded to whole epochs),
-    at least ``full_epochs`` and at most ``cap`` (never below ``full_epochs``); ``size`` None (all) keeps
-    ``full_epochs``."""
+    never below ``full_epochs``; ``size`` None (all) keeps ``full_epochs``."""
     if size is None or size >= full_size:
         return full_epochs
     if size <= 0:
         raise ValueError(f"a training size is a positive number of rows; got {size}")
-    kept = round(full_epochs * full_size / size)
-    return max(full_epochs, min(cap, kept))
+    return max(full_epochs, round(full_epochs * full_size / size))
+
+
+def eval_every(epochs: float, size: int, batch: int, evaluations: int = EVALUATIONS) -> int:
+    """Optimizer steps between the validation passes of a stage of ``epochs`` over ``size`` rows in batches
+    of ``batch`` (the last partial batch is a step): ``evaluations`` passes evenly over its steps."""
+    steps = math.ceil(epochs * math.ceil(size / batch))
+    return max(1, math.ceil(steps / evaluations))
 
 
 def check_size(study: str, size: int | None) -> int | None:
@@ -135,22 +141,22 @@ def rates(study: str, results: str) -> dict[str, float]:
 
 
 def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
-    """(cell, size, number of runs, estimated seconds of one run, every epoch run) of the study's cells at each
+    """(cell, size, number of runs, estimated seconds of one run, every step run) of the study's cells at each
     subset size, in run_all.sh's order: TF-IDF + logistic regression (one run: no seed changes it), BCE fine-tunes
-    (3 learning rates on seed 1, then seeds 2-3), stage 1 + logistic probe and stage 1 + fine-tune of the two
+    (up to 4 learning rates on seed 1, then seeds 2-3), stage 1 + logistic probe and stage 1 + fine-tune of the two
     best losses (seeds 1-3 each), SetFit (seeds 1-3)."""
     r, full, rows = rates(study, results), FULL_TRAIN[study], []
     for n in SIZES[study]:
         e_ft, e_s1 = scaled_epochs(5, full, n), scaled_epochs(1, full, n)
         val, test = EVAL_ROWS[study]
-        # every epoch and its validation pass, then the best model's validation and test scoring
-        finetune = e_ft * (n * r["finetune_epoch_row"] + r["eval"]) + r["eval"] * (val + test) / val
+        # every step, its evaluations, then the best model's validation and test scoring
+        finetune = e_ft * n * r["finetune_epoch_row"] + (EVALUATIONS + (val + test) / val) * r["eval"]
         stage1 = e_s1 * n * r["stage1_epoch_row"]
         logistic = (n + val + test) * r["logistic_row"]
         setfit = setfit_steps(study, n) * r["setfit_step"] + n * r["setfit_head_row"] + r["setfit_scoring"]
         rows += [
             ("tfidf_logreg", n, 1, n * r["tfidf_row"]),
-            (f"bce_finetune, {e_ft:g} epochs", n, 5, finetune),
+            (f"bce_finetune, {e_ft:g} epochs", n, 6, finetune),
             (f"<loss>_logistic (stage 1: {e_s1:g} epochs)", n, 6, stage1 + logistic),
             (f"<loss>_finetune, {e_ft:g} epochs", n, 6, finetune),
             (f"setfit_logistic, {setfit_steps(study, n)} steps", n, 3, setfit),
@@ -171,7 +177,7 @@ def main(argv: list[str]) -> None:
             for cell, n, k, s in rows:
                 print(f"{study} n{n}: {cell}: {k} x {s / 60:.0f} min")
             print(f"{study}: {queue / 3600:.1f} h (run_all.sh {PHASES[study]})")
-        print(f"both: {total / 3600:.1f} h at the full-size cells' median rates, every epoch run")
+        print(f"both: {total / 3600:.1f} h at the full-size cells' median rates, every step run")
     else:
         sys.exit("usage: python studies/scale.py plan | sizes reuters21578|goemotions_full")
 

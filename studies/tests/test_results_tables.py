@@ -169,6 +169,13 @@ def test_lr_grid_third_point_is_chosen_on_validation(tables, tmp_path):
     assert grid.third_lr({"5e-5": 0.2}) is None and grid.planned_lrs({}) == ("5e-5", "1e-4")
     assert grid.third_lr({"5e-5": 0.2, "1e-4": 0.3}) == "2e-4"
     assert grid.third_lr({"5e-5": 0.3, "1e-4": 0.2}) == "2e-5"
+    # the second extension: one ladder step further when the third is the best, none inside the grid
+    scores = {"5e-5": 0.2, "1e-4": 0.3, "2e-4": 0.4}
+    assert grid.extension_lr(scores, 2) == "5e-4" and grid.extension_lr({**scores, "2e-4": 0.25}, 2) is None
+    assert grid.extension_lr({"5e-5": 0.3, "1e-4": 0.2, "2e-5": 0.4}, 2) == "1e-5"
+    assert grid.extension_lr({"5e-5": 0.3, "1e-4": 0.3}, 1) == "2e-4"  # a tie goes to the larger rate
+    with pytest.raises(grid.NotReady, match="2e-4"):
+        grid.extension_lr({"5e-5": 0.2, "1e-4": 0.3}, 2)
     curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
     _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.10, tag="lr5e-5", epochs=curve, best=0.3)
     lr = tables.lr_table("reuters21578")
@@ -309,11 +316,15 @@ def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatc
     spec = importlib.util.spec_from_file_location("study_run", os.path.join(ROOT, "studies", "run.py"))
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    with pytest.raises(ValueError, match="must finish first"):
+    with pytest.raises(ValueError, match="5e-5, 1e-4 have not run .*run them first"):
         run.extended_bce_lr("reuters21578")
     _full_run(tmp_path, "bce", "finetune", 1, 0.30, 0.50, tag="lr5e-5")  # the better test score: ignored
     _full_run(tmp_path, "bce", "finetune", 1, 0.20, 0.10, tag="lr1e-4")
     assert run.extended_bce_lr("reuters21578") == "2e-5"  # 5e-5 is better on validation: extend below
+    with pytest.raises(ValueError, match="extend2: the learning rates 2e-5 have not run"):
+        run.extended_bce_lr("reuters21578", k=2)
+    _full_run(tmp_path, "bce", "finetune", 1, 0.25, 0.60, tag="lr2e-5")
+    assert run.extended_bce_lr("reuters21578", k=2) is None  # 5e-5 is the best, inside the grid
     assert run.best_bce_lr("reuters21578") == "5e-5"
     _full_run(tmp_path, "bce", "finetune", 1, 0.90, 0.90, tag="long-lr1e-4")  # a budget variant, not an lr
     assert run.best_bce_lr("reuters21578") == "5e-5"

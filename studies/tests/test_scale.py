@@ -26,21 +26,23 @@ def _module(name: str):
     return mod
 
 
-def test_epoch_rule_keeps_the_full_recipes_steps_between_its_epochs_and_the_cap():
+def test_epoch_rule_keeps_the_full_recipes_steps_and_evaluates_evenly_over_them():
     scale = _module("scale")
     rule = scale.scaled_epochs
     assert rule(5, 6993, None) == 5 and rule(5, 6993, 6993) == 5  # the full size keeps its recipe
     assert rule(1, 6993, 2000) == 3  # 6,993 / 2,000 = 3.5 epochs of the same steps, rounded
-    assert rule(1, 43410, 4000) == 10 and rule(5, 6993, 500) == 10  # 11 and 70 epochs: capped at 10
-    assert rule(1, 6993, 500) == 10 and rule(5, 43410, 1000) == 10
+    assert rule(1, 43410, 4000) == 11 and rule(5, 6993, 500) == 70 and rule(5, 43410, 1000) == 217
     assert rule(1, 6993, 5000) == 1  # 1.4 rounds to 1: never below the full recipe's epochs
-    assert rule(5, 6993, 4000) == 9 and rule(2, 100, 40, cap=3) == 3 and rule(5, 100, 90, cap=3) == 5
+    assert rule(5, 6993, 4000) == 9 and rule(5, 100, 95) == 5
     with pytest.raises(ValueError, match="positive number of rows"):
         rule(1, 100, 0)
+    # 70 epochs of 16 steps (500 rows, batch 32, the last one partial): 1,120 steps, 10 evaluations
+    assert scale.eval_every(70, 500, 32) == 112 and scale.eval_every(17, 2000, 32) == 108
+    assert scale.eval_every(1, 5, 32) == 1 and scale.eval_every(3, 64, 32, evaluations=3) == 2
     # SetFit: as many steps of 64 texts as stage 1 at that size
     assert scale.setfit_steps("reuters21578", None) == 6993 // 64
-    assert scale.setfit_steps("reuters21578", 500) == 10 * (500 // 64)
-    assert scale.setfit_steps("goemotions_full", 4000) == 10 * (4000 // 64)
+    assert scale.setfit_steps("reuters21578", 500) == 14 * (500 // 64)
+    assert scale.setfit_steps("goemotions_full", 4000) == 11 * (4000 // 64)
 
 
 def test_cell_names_and_sizes():
@@ -157,10 +159,12 @@ def test_every_method_and_seed_trains_on_the_same_subset_in_its_own_cell_folder(
     assert result["train_size"] == 100 and result["data"]["train"] == 100
     assert (results / "reuters21578" / "tfidf_logreg-n100" / "seed1" / "metrics.json").is_file()
     assert tfidf.run_cell("reuters21578", "logreg", 1, [], train_size=100) == {}  # finished: skipped
-    # the epoch rule, a per-epoch evaluation, and the record of the size
-    assert bce1["args"].num_train_epochs == 10 and full["args"].num_train_epochs == 5
-    assert str(getattr(bce1["args"].eval_strategy, "value", bce1["args"].eval_strategy)) == "epoch"
-    assert stage1["args"].num_train_epochs == 10  # 6,993 / 100 epochs of stage 1, capped
+    # the epoch rule, evaluations evenly over the steps, and the record of the size
+    assert bce1["args"].num_train_epochs == 350 and full["args"].num_train_epochs == 5  # 5 x 6,993 / 100
+    assert str(getattr(bce1["args"].eval_strategy, "value", bce1["args"].eval_strategy)) == "steps"
+    assert bce1["args"].eval_steps == bce1["args"].save_steps == 140  # 350 epochs of 4 steps, 10 evaluations
+    assert str(getattr(full["args"].eval_strategy, "value", full["args"].eval_strategy)) == "epoch"
+    assert stage1["args"].num_train_epochs == 70  # 6,993 / 100 epochs of stage 1
     rec = _saved(results, "bce_finetune-lr1e-4-n100")
     assert rec["train_size"] == 100 and rec["data"]["train"] == 100 and rec["data"]["subset_seed"] == 52
     assert _saved(results, "bce_finetune-lr1e-4")["train_size"] is None
@@ -256,7 +260,7 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
     for n in (500, 2000):
         expected += [
             "studies/run.py cell reuters21578 --loss bce " + ft.format(lr, 1, n)
-            for lr in ("5e-5", "1e-4", "extend")
+            for lr in ("5e-5", "1e-4", "extend", "extend2")
         ]
         expected += ["studies/run.py cell reuters21578 --loss bce " + ft.format("best", s, n) for s in (2, 3)]
     for n in (500, 2000):
