@@ -14,6 +14,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from hf_mlcl.files import atomic_write_json
+from hf_mlcl.training.arguments import DecisionThresholdArguments
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ _MODEL_KEYS = (
     "model_name_or_path",
     "backbone_config",
     "pooling",
-    "projection_dim",
-    "projection_hidden_dim",
     "head",
     "chunk_size",
     "use_lora",
@@ -41,6 +40,10 @@ _MODEL_KEYS = (
     "lora_dropout",
     "lora_target_modules",
 )
+_PROJECTION_KEYS = (
+    "projection_dim",
+    "projection_hidden_dim",
+)  # the contrastive stage's head; no classifier has it
 _DATA_KEYS = (
     "dataset",
     "dataset_options",
@@ -119,7 +122,10 @@ def stage_settings(
     for key in ("loss", "supervised_loss"):  # an alias names the same loss ("sd", "similarity_dissimilarity")
         if isinstance(out.get(key), str):
             out[key] = _canonical_loss(out[key])
-    for source, keys in ((model_args, _MODEL_KEYS), (data_args, _DATA_KEYS)):
+    model_keys = _MODEL_KEYS
+    if not isinstance(args, DecisionThresholdArguments):  # a classifier stage has no projection head
+        model_keys += _PROJECTION_KEYS
+    for source, keys in ((model_args, model_keys), (data_args, _DATA_KEYS)):
         if source is not None:
             out.update({key: _plain(getattr(source, key)) for key in keys if hasattr(source, key)})
     upstream = None if encoder_path is None else os.path.join(encoder_path, RUN_SETTINGS_FILE)
@@ -136,9 +142,10 @@ def write_run_settings(folder: str, settings: dict[str, Any] | None) -> None:
 
 
 def _differences(stored: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """``"key old -> new"`` for every setting that differs (the encoder's as ``encoder.key``)."""
+    """``"key old -> new"`` for every setting that differs (the encoder's as ``encoder.key``); a stored key the
+    stage no longer depends on (absent from ``new``) is no difference."""
     out = []
-    for key in sorted(set(stored) | set(new)):
+    for key in sorted(new):
         old, now = stored.get(key), new.get(key)
         if isinstance(old, dict) and isinstance(now, dict) and key == "encoder":
             out += _differences(old, now, f"{prefix}{key}.")

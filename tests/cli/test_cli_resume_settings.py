@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from hf_mlcl.cli import main
 from hf_mlcl.training.run_settings import RUN_SETTINGS_FILE
 
@@ -59,3 +61,27 @@ def test_a_finished_stage_with_another_loss_is_not_reported_as_done(tmp_path, ca
     capsys.readouterr()
     assert main([*run, "--resume_from_checkpoint", "true", "--contrastive.loss", "sd"]) == 2
     assert "encoder.loss 'msc' -> 'similarity_dissimilarity'" in capsys.readouterr().err
+
+
+def test_a_classifier_stage_does_not_depend_on_the_projection_head(tmp_path):
+    """The projection head shapes stage 1 only: a probe or joint fine-tune records no projection_dim, and a
+    checkpoint that stored a key its stage no longer depends on resumes without a difference."""
+    from hf_mlcl.training.arguments import (
+        ContrastiveTrainingArguments,
+        JointTrainingArguments,
+        ModelArguments,
+        ProbingTrainingArguments,
+    )
+    from hf_mlcl.training.run_settings import check_resume_settings, stage_settings
+
+    model = ModelArguments(model_name_or_path="m", projection_dim=64)
+    out = str(tmp_path)
+    assert stage_settings(ContrastiveTrainingArguments(output_dir=out), model)["projection_dim"] == 64
+    for args in (ProbingTrainingArguments(output_dir=out), JointTrainingArguments(output_dir=out)):
+        assert "projection_dim" not in stage_settings(args, model)
+    joint = stage_settings(JointTrainingArguments(output_dir=out), model)
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({**joint, "projection_dim": 256}))
+    check_resume_settings(out, joint, overwrite=False)  # no difference: nothing raised
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({**joint, "learning_rate": 1.0}))
+    with pytest.raises(ValueError, match=r"learning_rate 1.0 -> 5e-05"):
+        check_resume_settings(out, joint, overwrite=False)
