@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
     )
     print(
-        f"classifier saved to {classifier_dir} (load it with pipeline('text-classification', "
-        f"model={classifier_dir!r}, trust_remote_code=True, top_k=None))"
+        f"classifier saved to {classifier_dir} (SentenceTransformer({classifier_dir!r}).encode(texts) gives each "
+        "label's probability; label names and threshold in its mlcl_config.json)"
     )
     return {"contrastive": stage1.metrics, "probe": stage2.metrics}
 

@@ -123,7 +123,8 @@ class CardData:
     # named it); the "How to use" code names the first one set
     repo_id: str | None = None
     folder: str | None = None
-    # the saved folder's format (hf_mlcl.modeling.builders.folder_layout): "sentence-transformers" (an encoder),
+    # the saved folder's format (hf_mlcl.modeling.builders.folder_layout): "sentence-transformers" (an encoder,
+    # or a classifier with a linear head),
     # "transformers" (a classifier with a native head) or "hf_mlcl" (hf_mlcl's classes, shipped as remote code)
     layout: str = "hf_mlcl"
     # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
@@ -271,7 +272,9 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
     results = eval_results(card)
     name = card.model_name or f"hf-mlcl-{card.kind}"
     st = card.layout == SENTENCE_TRANSFORMERS
-    if st:
+    if st and card.kind == "classifier":  # a sentence-transformers model whose output is label probabilities
+        library, pipeline_tag, tags = SENTENCE_TRANSFORMERS, "text-classification", [SENTENCE_TRANSFORMERS]
+    elif st:
         library, pipeline_tag, tags = (
             SENTENCE_TRANSFORMERS,
             "sentence-similarity",

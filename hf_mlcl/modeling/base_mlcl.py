@@ -32,7 +32,14 @@ from .folders_mlcl import (
     load_adapter_folder,
     save_folder_atomically,
 )
-from .native_mlcl import MLCL_FILE, NATIVE_FILES, load_native_classifier, load_native_encoder
+from .native_mlcl import (
+    MLCL_FILE,
+    NATIVE_FILES,
+    SENTENCE_TRANSFORMERS,
+    load_classifier_folder,
+    load_native_classifier,
+    load_native_encoder,
+)
 
 # Bidirectional encoders whose transformers implementation (masking_utils.create_bidirectional_mask)
 # hands a prepared 4-D attention mask to the attention function unchanged (MLCLPreTrainedModel._backbone_mask);
@@ -296,12 +303,14 @@ class MLCLPreTrainedModel(PreTrainedModel):
             with open(native, encoding="utf-8") as fh:
                 settings = json.load(fh)
             kind = settings.get("kind", "encoder")
-            if kind == "classifier" and cls.folder_kind == "classifier":
-                return load_native_classifier(cls, path, settings, kwargs)
-            if kind == "encoder" and cls.folder_kind == "encoder":
+            st_folder = kind == "encoder" or settings.get("layout") == SENTENCE_TRANSFORMERS
+            if kind == cls.folder_kind and st_folder:  # the files it reads beside its settings and backbone
                 files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
                 files[ADAPTER_CONFIG_NAME] = adapter_file
-                return load_native_encoder(cls, path, settings, files, hub, kwargs)
+                load = load_native_encoder if kind == "encoder" else load_classifier_folder
+                return load(cls, path, settings, files, hub, kwargs)
+            if kind == "classifier" and cls.folder_kind == "classifier":
+                return load_native_classifier(cls, path, settings, kwargs)
             if kind == "encoder":
                 raise ValueError(
                     f"{path} is an encoder (a sentence-transformers folder): it has no classification head to load; "

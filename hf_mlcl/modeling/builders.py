@@ -63,21 +63,33 @@ def is_mlcl_checkpoint(path: str | None) -> bool:
         return json.load(fh).get("model_type") == "mlcl"
 
 
-def folder_layout(path: str) -> str:
-    """The format of a saved model folder: ``"sentence-transformers"`` (an encoder), ``"transformers"`` (a
-    classifier with a native head) or ``"hf_mlcl"`` (hf_mlcl's classes, with remote code)."""
+def _native_settings(path: str) -> dict | None:
+    """A native folder's ``mlcl_config.json`` (None for a folder in hf_mlcl's format)."""
     from .native_mlcl import MLCL_FILE
 
     settings = os.path.join(path, MLCL_FILE)
     if not os.path.isfile(settings):
-        return "hf_mlcl"
+        return None
     with open(settings, encoding="utf-8") as fh:
-        return "transformers" if json.load(fh).get("kind") == "classifier" else "sentence-transformers"
+        return json.load(fh)
+
+
+def folder_layout(path: str) -> str:
+    """The format of a saved model folder: ``"sentence-transformers"`` (an encoder, or a classifier with a
+    linear head), ``"transformers"`` (a classifier with a native head) or ``"hf_mlcl"`` (hf_mlcl's classes, with
+    remote code)."""
+    settings = _native_settings(path)
+    if settings is None:
+        return "hf_mlcl"
+    if settings.get("kind") == "classifier":
+        return settings.get("layout", "transformers")
+    return "sentence-transformers"
 
 
 def is_native_encoder(path: str | None) -> bool:
     """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
-    return bool(path) and folder_layout(path) == "sentence-transformers"
+    settings = _native_settings(path) if path else None
+    return settings is not None and settings.get("kind", "encoder") == "encoder"
 
 
 def _tokenizer_style(model_type: str) -> str:

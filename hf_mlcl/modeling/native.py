@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ __all__ = ["save_native", "to_native_classifier", "to_sentence_transformers"]
 _INDEX_NAME = "model.safetensors.index.json"
 _BACKBONE = "backbone."
 _HEAD = "projection_head."
+_CLASSIFIER = "classifier."
 
 
 def _saved_state(folder: str) -> dict[str, torch.Tensor]:
@@ -105,6 +107,26 @@ def to_sentence_transformers(
         return False
     state = _saved_state(folder)
     head = {k[len(_HEAD) :]: v for k, v in state.items() if k.startswith(_HEAD)}
+
+    def files(tmp: str, backbone_config: dict | None) -> None:
+        write_sentence_transformers_files(tmp, config, head, max_seq_length, embedding, backbone_config)
+
+    _write_st_folder(folder, config, state, files, tokenizer, target)
+    return True
+
+
+def _write_st_folder(
+    folder: str,
+    config: MLCLConfig,
+    state: dict[str, torch.Tensor],
+    files: Callable[[str, dict | None], None],
+    tokenizer: Any,
+    target: str | None,
+) -> None:
+    """The sentence-transformers folder of the hf_mlcl folder ``folder`` (its ``config`` and saved ``state``):
+    the backbone in its own architecture, or its PEFT adapter copied first (the folder never holds modules and
+    settings without it); ``files(tmp, backbone_config)`` writes the modules and settings (``backbone_config``
+    given for an adapter folder, which has no ``config.json``); the remote code goes."""
     adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
 
     def write(tmp: str) -> None:
@@ -112,19 +134,12 @@ def to_sentence_transformers(
             _write_backbone(
                 tmp, config, {k[len(_BACKBONE) :]: v for k, v in state.items() if k.startswith(_BACKBONE)}
             )
-        write_sentence_transformers_files(
-            tmp,
-            config,
-            head,
-            max_seq_length,
-            embedding,
-            backbone_config=config.backbone_config if adapter else None,
-        )
+        files(tmp, config.backbone_config if adapter else None)
         _save_right_padded(tokenizer, tmp)
 
     target = folder if target is None else target
     os.makedirs(target, exist_ok=True)
-    if adapter:  # copied first: the folder never holds Dense modules and settings without the adapter
+    if adapter:
         for name in (ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME):
             if os.path.abspath(target) != os.path.abspath(folder):
                 with atomic_path(os.path.join(target, name)) as tmp:
@@ -132,32 +147,50 @@ def to_sentence_transformers(
     save_folder_atomically(target, write)  # also removes the heads' model.safetensors of an adapter folder
     # the remote code goes; so does an adapter folder's config.json, which would hide the base model it names
     _remove_hf_mlcl_files(target, *(("config.json",) if adapter else ()))
-    return True
 
 
-def to_native_classifier(folder: str, tokenizer: Any = None, target: str | None = None) -> bool:
-    """Rewrite a classifier folder ``save_pretrained`` wrote, whose head is ``"native"``, as its backbone
-    family's ``XForSequenceClassification`` folder (``problem_type`` multi-label, ``id2label``, the tuned
-    ``decision_threshold``), with hf_mlcl's settings in ``mlcl_config.json``; the remote-code files go.
+def to_native_classifier(
+    folder: str, tokenizer: Any = None, target: str | None = None, max_seq_length: int | None = None
+) -> bool:
+    """Rewrite a classifier folder ``save_pretrained`` or a LoRA save wrote in its native form: with a
+    ``"native"`` head as its backbone family's ``XForSequenceClassification`` folder (``problem_type``
+    multi-label, ``id2label``, the tuned ``decision_threshold``), with a ``"linear"`` head as a
+    sentence-transformers folder whose output is each label's probability (the backbone in its own architecture
+    or a PEFT adapter, its pooling, the head as a ``Dense`` module with a sigmoid); hf_mlcl's settings go to
+    ``mlcl_config.json`` and the remote-code files go.
 
     Args:
         folder: the classifier folder (``model_type`` mlcl in its ``config.json``).
         tokenizer: the classifier's tokenizer, saved into the folder padding on the right (as in
             :func:`to_sentence_transformers`).
         target: write the new folder there instead (``folder`` is then only read); default: ``folder``.
+        max_seq_length: the token length the classifier was trained at (a sentence-transformers folder
+            truncates there).
 
     Returns:
-        True when written; False (nothing written) for another head or a LoRA adapter folder.
+        True when written; False (nothing written) for a classifier without a native form (PLM-ICD's label
+        attention, a native head saved as an adapter).
     """
     from .native_mlcl import (
         CLASSIFIER_SETTINGS,
         MLCL_FILE,
         classifier_key_rules,
         native_classifier_class,
+        native_classifier_reason,
         rename_keys,
+        write_classifier_files,
     )
 
     config = MLCLConfig.from_pretrained(folder)
+    if native_classifier_reason(config) is None:
+        state = _saved_state(folder)
+        head = {k[len(_CLASSIFIER) :]: v for k, v in state.items() if k.startswith(_CLASSIFIER)}
+
+        def files(tmp: str, backbone_config: dict | None) -> None:
+            write_classifier_files(tmp, config, head, max_seq_length, backbone_config)
+
+        _write_st_folder(folder, config, state, files, tokenizer, target)
+        return True
     if config.head != "native" or os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME)):
         return False
     backbone_config = config.get_backbone_config()
@@ -190,13 +223,14 @@ def to_native_classifier(folder: str, tokenizer: Any = None, target: str | None 
 def save_native(model: Any, folder: str, tokenizer: Any = None, max_seq_length: int | None = None) -> bool:
     """``model.save_pretrained(folder)`` (and the tokenizer), then, where the model has one, its native form in
     place: an ``MLCLEncoder`` as a sentence-transformers folder (:func:`to_sentence_transformers`), a classifier
-    with ``head="native"`` as its family's ``XForSequenceClassification`` (:func:`to_native_classifier`).
+    with ``head="native"`` as its family's ``XForSequenceClassification``, one with ``head="linear"`` as a
+    sentence-transformers folder giving each label's probability (:func:`to_native_classifier`).
 
     Args:
         model: an ``MLCLEncoder`` or ``MLCLForMultiLabelClassification``.
         folder: where it goes.
         tokenizer: its tokenizer, saved with it.
-        max_seq_length: an encoder's training length (sentence-transformers truncates there).
+        max_seq_length: the training length (sentence-transformers truncates there).
 
     Returns:
         True when the folder is in a native form; False when it keeps hf_mlcl's format (with remote code).
@@ -213,4 +247,4 @@ def save_native(model: Any, folder: str, tokenizer: Any = None, max_seq_length: 
         tokenizer.save_pretrained(folder)
     if isinstance(model, MLCLEncoder):
         return to_sentence_transformers(folder, max_seq_length, tokenizer=tokenizer)
-    return to_native_classifier(folder, tokenizer=tokenizer)
+    return to_native_classifier(folder, tokenizer=tokenizer, max_seq_length=max_seq_length)

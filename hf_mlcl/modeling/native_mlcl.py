@@ -27,7 +27,11 @@ __all__ = [
     "CLASSIFIER_SETTINGS",
     "classifier_key_rules",
     "load_native_classifier",
+    "load_classifier_folder",
     "load_native_encoder",
+    "native_classifier_reason",
+    "SENTENCE_TRANSFORMERS",
+    "write_classifier_files",
     "native_classifier_class",
     "rename_keys",
     "POOLING_DIR",
@@ -44,6 +48,16 @@ _ST_POOLING_KEYS = {
     "mean": "pooling_mode_mean_tokens",
     "last_token": "pooling_mode_lasttoken",
 }
+_ST_POOLING_MODES = (
+    "pooling_mode_cls_token",
+    "pooling_mode_mean_tokens",
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+    "pooling_mode_lasttoken",
+)
+SENTENCE_TRANSFORMERS = "sentence-transformers"  # a native folder's layout (mlcl_config.json "layout")
+_LABEL_SETTINGS = ("id2label", "label2id", "problem_type", "decision_threshold")
 _ST_MODULES = (
     "sentence_transformers.models.Transformer",
     "sentence_transformers.models.Pooling",
@@ -77,6 +91,56 @@ def _write_json(path: str, data: Any) -> None:
         fh.write("\n")
 
 
+def _write_modules(
+    folder: str,
+    pooling: str,
+    hidden: int,
+    dense: list[tuple[str, torch.Tensor, torch.Tensor, str]],
+    listed: int,
+    max_seq_length: int | None,
+) -> None:
+    """The sentence-transformers files of a folder whose backbone is (or will be) saved there in its own
+    architecture: ``1_Pooling`` with hf_mlcl's ``pooling`` of ``hidden`` states, each ``(directory, weight, bias,
+    activation)`` of ``dense`` as a ``Dense`` module, ``modules.json`` listing the first ``listed`` modules, and the
+    configs (truncation at ``max_seq_length``)."""
+    config = {key: False for key in _ST_POOLING_MODES}
+    config.update(word_embedding_dimension=hidden, include_prompt=True)
+    config[_ST_POOLING_KEYS[pooling]] = True
+    _write_json(os.path.join(folder, POOLING_DIR, "config.json"), config)
+    for directory, weight, bias, activation in dense:
+        _write_json(
+            os.path.join(folder, directory, "config.json"),
+            {
+                "in_features": int(weight.shape[1]),
+                "out_features": int(weight.shape[0]),
+                "bias": True,
+                "activation_function": activation,
+            },
+        )
+        tensors = {"linear.weight": weight, "linear.bias": bias}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+        save_file(tensors, os.path.join(folder, directory, "model.safetensors"), metadata={"format": "pt"})
+    paths = ("", POOLING_DIR, *(d[0] for d in dense))[:listed]
+    modules = [
+        {"idx": i, "name": str(i), "path": path, "type": kind}
+        for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
+    ]
+    _write_json(os.path.join(folder, "modules.json"), modules)
+    _write_json(
+        os.path.join(folder, "sentence_bert_config.json"),
+        {"max_seq_length": max_seq_length, "do_lower_case": False},
+    )
+    _write_json(
+        os.path.join(folder, "config_sentence_transformers.json"),
+        {
+            "__version__": {"pytorch": torch.__version__},
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
+
+
 def write_sentence_transformers_files(
     folder: str,
     config: Any,
@@ -106,55 +170,59 @@ def write_sentence_transformers_files(
     reason = native_encoder_reason(config)
     if reason is not None:
         raise ValueError(f"this encoder has no sentence-transformers form: {reason}")
-    hidden = int(projection_head["dense.weight"].shape[1])
-    pooling = {
-        "word_embedding_dimension": hidden,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": False,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-        "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": False,
-        "include_prompt": True,
-    }
-    pooling[_ST_POOLING_KEYS[config.pooling]] = True
-    _write_json(os.path.join(folder, POOLING_DIR, "config.json"), pooling)
     activations = ("torch.nn.modules.activation.ReLU", "torch.nn.modules.linear.Identity")
-    for directory, layer, activation in zip(DENSE_DIRS, ("dense", "out_proj"), activations):
-        weight = projection_head[f"{layer}.weight"]
-        _write_json(
-            os.path.join(folder, directory, "config.json"),
-            {
-                "in_features": int(weight.shape[1]),
-                "out_features": int(weight.shape[0]),
-                "bias": True,
-                "activation_function": activation,
-            },
-        )
-        tensors = {"linear.weight": weight, "linear.bias": projection_head[f"{layer}.bias"]}
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-        save_file(tensors, os.path.join(folder, directory, "model.safetensors"), metadata={"format": "pt"})
-    paths = ("", POOLING_DIR, *DENSE_DIRS)[: 2 if embedding == "pooled" else 4]
-    modules = [
-        {"idx": i, "name": str(i), "path": path, "type": kind}
-        for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
+    dense = [
+        (directory, projection_head[f"{layer}.weight"], projection_head[f"{layer}.bias"], activation)
+        for directory, layer, activation in zip(DENSE_DIRS, ("dense", "out_proj"), activations)
     ]
-    _write_json(os.path.join(folder, "modules.json"), modules)
-    _write_json(
-        os.path.join(folder, "sentence_bert_config.json"),
-        {"max_seq_length": max_seq_length, "do_lower_case": False},
-    )
-    _write_json(
-        os.path.join(folder, "config_sentence_transformers.json"),
-        {
-            "__version__": {"pytorch": torch.__version__},
-            "prompts": {},
-            "default_prompt_name": None,
-            "similarity_fn_name": "cosine",
-        },
-    )
+    hidden = int(projection_head["dense.weight"].shape[1])
+    _write_modules(folder, config.pooling, hidden, dense, 2 if embedding == "pooled" else 4, max_seq_length)
     settings = {"kind": "encoder", **{key: getattr(config, key) for key in _SETTINGS}}
     settings.update(embedding=embedding, max_seq_length=max_seq_length)
+    if backbone_config is not None:
+        settings["backbone_config"] = dict(backbone_config)
+    _write_json(os.path.join(folder, MLCL_FILE), settings)
+
+
+def native_classifier_reason(config: Any) -> str | None:
+    """Why a classifier with this ``MLCLConfig`` has no sentence-transformers form (only a ``linear`` head on a
+    pooled representation has one), or None when it has one."""
+    if config.head != "linear":
+        return f"its head is {config.head!r}, not a linear layer on a pooled representation"
+    return native_encoder_reason(config)
+
+
+def write_classifier_files(
+    folder: str,
+    config: Any,
+    classifier: Mapping[str, torch.Tensor],
+    max_seq_length: int | None = None,
+    backbone_config: Mapping[str, Any] | None = None,
+) -> None:
+    """Write the sentence-transformers files of a classifier with a ``linear`` head whose backbone is (or will
+    be) saved in ``folder`` in its own architecture: its pooling, then the head as a ``Dense`` module with a
+    sigmoid, so ``SentenceTransformer(folder).encode(texts)`` gives each label's probability; the labels, the
+    tuned decision threshold and hf_mlcl's settings in ``mlcl_config.json``.
+
+    Args:
+        folder: the model folder.
+        config: the classifier's ``MLCLConfig``.
+        classifier: the head's weights (``weight`` (L, H), ``bias`` (L,)).
+        max_seq_length: the length the classifier was trained at; sentence-transformers truncates there.
+        backbone_config: the backbone's config dict, kept for a folder without ``config.json`` (an adapter).
+
+    Raises:
+        ValueError: a classifier without this form (:func:`native_classifier_reason`).
+    """
+    reason = native_classifier_reason(config)
+    if reason is not None:
+        raise ValueError(f"this classifier has no sentence-transformers form: {reason}")
+    weight = classifier["weight"]
+    dense = [(DENSE_DIRS[0], weight, classifier["bias"], "torch.nn.modules.activation.Sigmoid")]
+    _write_modules(folder, config.pooling, int(weight.shape[1]), dense, 3, max_seq_length)
+    settings = {"kind": "classifier", "layout": SENTENCE_TRANSFORMERS}
+    settings.update({key: getattr(config, key, None) for key in (*_LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
+    settings["max_seq_length"] = max_seq_length
     if backbone_config is not None:
         settings["backbone_config"] = dict(backbone_config)
     _write_json(os.path.join(folder, MLCL_FILE), settings)
@@ -241,6 +309,32 @@ def load_native_classifier(cls: Any, path: str, settings: Mapping[str, Any], kwa
     return model.eval()
 
 
+def _native_backbone(
+    path: str, files: Mapping[str, str | None], kwargs: Mapping[str, Any]
+) -> tuple[Any, bool]:
+    """(backbone, whether the folder is an adapter) of a sentence-transformers folder: the backbone saved in it,
+    or the base model its ``adapter_config.json`` names (the adapter is applied once the model is built)."""
+    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
+    source = path
+    adapter = files.get("adapter_config.json") is not None
+    if adapter:
+        with open(files["adapter_config.json"], encoding="utf-8") as fh:
+            source = json.load(fh).get("base_model_name_or_path")
+        if not source:
+            raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
+        loader.pop("revision", None)  # the adapter's revision, not the base model's
+    return AutoModel.from_pretrained(source, **loader), adapter
+
+
+def _dense(files: Mapping[str, str | None], directory: str, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of the folder's ``directory`` Dense module; ValueError when it is missing."""
+    local = files.get(f"{directory}/model.safetensors")
+    if local is None:
+        raise ValueError(f"{path} has no {directory}/model.safetensors: its head's weights are missing")
+    tensors = load_file(local)
+    return tensors["linear.weight"], tensors["linear.bias"]
+
+
 def load_native_encoder(
     cls: Any,
     path: str,
@@ -264,16 +358,7 @@ def load_native_encoder(
     Returns:
         The encoder in eval mode.
     """
-    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
-    source = path
-    adapter = files.get("adapter_config.json") is not None
-    if adapter:
-        with open(files["adapter_config.json"], encoding="utf-8") as fh:
-            source = json.load(fh).get("base_model_name_or_path")
-        if not source:
-            raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
-        loader.pop("revision", None)  # the adapter's revision, not the base model's
-    backbone = AutoModel.from_pretrained(source, **loader)
+    backbone, adapter = _native_backbone(path, files, kwargs)
     config_kwargs = {key: settings[key] for key in _SETTINGS if settings.get(key) is not None}
     config = cls.config_class(backbone_config=backbone_config_to_dict(backbone.config), **config_kwargs)
     model = cls(config, backbone=backbone)
@@ -281,8 +366,39 @@ def load_native_encoder(
         apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
     head = {}
     for layer, directory in zip(("dense", "out_proj"), DENSE_DIRS):
-        tensors = load_file(files[f"{directory}/model.safetensors"])
-        head[f"{layer}.weight"], head[f"{layer}.bias"] = tensors["linear.weight"], tensors["linear.bias"]
+        head[f"{layer}.weight"], head[f"{layer}.bias"] = _dense(files, directory, path)
     model.projection_head.load_state_dict(head)
+    model.to(next(backbone.parameters()).device)
+    return model.eval()
+
+
+def load_classifier_folder(
+    cls: Any,
+    path: str,
+    settings: Mapping[str, Any],
+    files: Mapping[str, str | None],
+    hub: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+):
+    """An ``MLCLForMultiLabelClassification`` (``cls``) with a ``linear`` head from its sentence-transformers
+    folder (:func:`write_classifier_files`); the arguments as :func:`load_native_encoder`'s.
+
+    Returns:
+        The classifier in eval mode.
+    """
+    backbone, adapter = _native_backbone(path, files, kwargs)
+    labels = {key: settings[key] for key in _LABEL_SETTINGS if settings.get(key) is not None}
+    if "id2label" in labels:
+        labels["id2label"] = {int(k): v for k, v in labels["id2label"].items()}
+    config = cls.config_class(
+        backbone_config=backbone_config_to_dict(backbone.config),
+        **labels,
+        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
+    )
+    model = cls(config, backbone=backbone)
+    if adapter:
+        apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
+    weight, bias = _dense(files, DENSE_DIRS[0], path)
+    model.classifier.load_state_dict({"weight": weight, "bias": bias})
     model.to(next(backbone.parameters()).device)
     return model.eval()

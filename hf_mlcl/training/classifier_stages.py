@@ -105,7 +105,14 @@ def train_probe(
         metrics.update(fit(trainer, created, "stage 2 (probe)"))
         evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
     save = partial(
-        _save_classifier, trainer, tokenizer, model_args, encoder_path, lora_finetune, probing_args.probe
+        _save_classifier,
+        trainer,
+        tokenizer,
+        model_args,
+        encoder_path,
+        lora_finetune,
+        probing_args.probe,
+        data_args.max_length,
     )
     return _finish_classifier(trainer, tokenizer, data, metrics, evaluations, save)
 
@@ -187,41 +194,61 @@ def train_joint(
     metrics.update(fit(trainer, created, stage))
     evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
     save = partial(
-        _save_classifier, trainer, tokenizer, model_args, encoder_path, model_args.use_lora, "finetune"
+        _save_classifier,
+        trainer,
+        tokenizer,
+        model_args,
+        encoder_path,
+        model_args.use_lora,
+        "finetune",
+        data_args.max_length,
     )
     return _finish_classifier(trainer, tokenizer, data, metrics, evaluations, save)
 
 
 def _save_classifier(
-    trainer: Any, tokenizer: Any, model_args: Any, encoder_path: str | None, lora_finetune: bool, probe: str
+    trainer: Any,
+    tokenizer: Any,
+    model_args: Any,
+    encoder_path: str | None,
+    lora_finetune: bool,
+    probe: str,
+    max_length: int | None,
 ) -> bool:
-    """Every rank (FSDP / ZeRO-3 gather); the process that writes the folder writes: a LoRA fine-tune as an
-    adapter folder (merged when the encoder was itself an adapter: the new adapter applies to it, not to the
-    base), a frozen probe on an adapter encoder as that adapter + its head, anything else as a full model, in
-    its family's own format with a native head (:func:`~hf_mlcl.modeling.native.to_native_classifier`).
-    True when the tokenizer was written with it (:func:`trainer_save`)."""
+    """Every rank (FSDP / ZeRO-3 gather) saves into a staging folder, then the process that writes the folder
+    writes the classifier's native form (:func:`~hf_mlcl.modeling.native.to_native_classifier`; truncation at
+    ``max_length``), or hf_mlcl's format where it has none. Staged: a LoRA fine-tune as an adapter folder (merged
+    when the encoder was itself an adapter: the new adapter applies to it, not to the base), a frozen probe on an
+    adapter encoder as that adapter + its head, anything else as a full model. True when the tokenizer was
+    written with it (:func:`trainer_save`)."""
     from hf_mlcl.modeling.lora import save_heads_with_adapter, save_lora_model
     from hf_mlcl.modeling.native import to_native_classifier
 
     args = trainer.args
-    out, on_adapter = args.output_dir, adapter_encoder(encoder_path)
-    if lora_finetune:
-        save_lora_model(
-            trainer.model_wrapped,
-            out,
-            merge=model_args.merge_lora or on_adapter,
-            accelerator=trainer.accelerator,
-            is_main_process=args.should_save,
-        )
-    elif on_adapter and probe in ("linear", "logistic") and not model_args.merge_lora:
-        save_heads_with_adapter(
-            trainer.model_wrapped,
-            out,
-            encoder_path,
-            accelerator=trainer.accelerator,
-            is_main_process=args.should_save,
-        )
-    else:
-        native = partial(to_native_classifier, tokenizer=tokenizer, target=out)
-        return staged_save(trainer, partial(trainer_save, trainer), native)
-    return False
+    on_adapter = adapter_encoder(encoder_path)
+
+    def save(folder: str) -> bool:
+        if lora_finetune:
+            save_lora_model(
+                trainer.model_wrapped,
+                folder,
+                merge=model_args.merge_lora or on_adapter,
+                accelerator=trainer.accelerator,
+                is_main_process=args.should_save,
+            )
+        elif on_adapter and probe in ("linear", "logistic") and not model_args.merge_lora:
+            save_heads_with_adapter(
+                trainer.model_wrapped,
+                folder,
+                encoder_path,
+                accelerator=trainer.accelerator,
+                is_main_process=args.should_save,
+            )
+        else:
+            return trainer_save(trainer, folder)
+        return False
+
+    native = partial(
+        to_native_classifier, tokenizer=tokenizer, target=args.output_dir, max_seq_length=max_length
+    )
+    return staged_save(trainer, save, native)

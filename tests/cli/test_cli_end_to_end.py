@@ -81,15 +81,15 @@ def test_run_writes_both_stages_cards_metrics_and_plots(run_dir):
     assert evaluated["test_micro_f1"] == pytest.approx(results["probe"]["test_micro_f1"], abs=1e-6)
 
 
-def test_classifier_loads_in_a_pipeline_with_remote_code(run_dir):
-    from transformers import pipeline
+def test_classifier_loads_in_sentence_transformers_without_remote_code(run_dir):
+    from sentence_transformers import SentenceTransformer
 
-    clf = pipeline(
-        "text-classification", model=os.path.join(run_dir, "classifier"), trust_remote_code=True, top_k=None
-    )
-    out = clf("the patient was admitted with chest pain")
-    scores = out[0] if isinstance(out[0], list) else out
-    assert len(scores) == 6 and all(0.0 <= s["score"] <= 1.0 for s in scores)
+    clf = os.path.join(run_dir, "classifier")
+    assert not os.path.exists(os.path.join(clf, "modeling_mlcl.py"))
+    probs = SentenceTransformer(clf, device="cpu").encode(["the patient was admitted with chest pain"])
+    assert probs.shape == (1, 6) and ((probs >= 0.0) & (probs <= 1.0)).all()
+    settings = json.load(open(os.path.join(clf, "mlcl_config.json")))
+    assert len(settings["id2label"]) == 6 and settings["decision_threshold"] is not None
 
 
 def test_evaluate_command_on_the_validation_split(run_dir, tmp_path, capsys):
@@ -165,11 +165,15 @@ def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
         "tokenizer.json",
         "README.md",
         "metrics.json",
-        "modeling_mlcl.py",
+        "modules.json",
+        "mlcl_config.json",
+        "2_Dense/model.safetensors",
         "plots/f1_vs_frequency_test.png",
     } <= set(operations)
     assert "training_args.bin" not in operations
-    assert b'model="me/tiny"' in operations["README.md"].path_or_fileobj  # the card names the repo it goes to
+    assert (
+        b'SentenceTransformer("me/tiny")' in operations["README.md"].path_or_fileobj
+    )  # the card names the repo it goes to
     assert "pushed" in capsys.readouterr().out
 
 

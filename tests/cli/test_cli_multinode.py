@@ -97,6 +97,10 @@ ENCODER_FILES = (STAGE_FILES - {"configuration_mlcl.py", "modeling_mlcl.py", "tr
     "3_Dense/config.json",
     "3_Dense/model.safetensors",
 }
+# the classifier, a linear head on pooled states: a sentence-transformers folder whose Dense module is the head
+CLASSIFIER_FILES = (ENCODER_FILES - {"3_Dense/config.json", "3_Dense/model.safetensors"}) | {
+    "thresholds.json"
+}
 CHECKPOINT_FILES = MODEL_FILES | {
     "trainer_state.json",
     "optimizer.pt",
@@ -145,9 +149,7 @@ def _logged_losses(stage_folder: str) -> list[float]:
 
 def _expected_run_files(features: int = 2) -> set[str]:
     files = {"data.csv", "recipe.yaml", "out/results.json"}
-    files |= {f"out/encoder/{f}" for f in ENCODER_FILES} | {
-        f"out/classifier/{f}" for f in STAGE_FILES | {"thresholds.json"}
-    }
+    files |= {f"out/encoder/{f}" for f in ENCODER_FILES} | {f"out/classifier/{f}" for f in CLASSIFIER_FILES}
     files |= {f"out/encoder/checkpoint-{s}/{f}" for s in (1, 2) for f in CHECKPOINT_FILES}
     return files | {f"features/{i}" for i in range(features)}  # feature files are named by their key
 
@@ -341,7 +343,7 @@ def test_two_nodes_with_node_local_folders_each_hold_the_run_and_resume_together
         assert is_complete_checkpoint(os.path.join(encoder, "checkpoint-2"))
         # resumed at step 1 on both nodes: step 2 trained again, the same losses as the uninterrupted run
         assert _logged_losses(encoder) == pytest.approx(losses, rel=1e-5)
-        assert os.path.isfile(os.path.join(folder, "out", "classifier", "model.safetensors"))
+        assert os.path.isfile(os.path.join(folder, "out", "classifier", "2_Dense", "model.safetensors"))
     assert "newest complete on every node" in nodes[0].stderr + nodes[0].stdout, describe(nodes)
 
 
@@ -365,7 +367,7 @@ def test_two_nodes_resume_in_a_shared_folder_and_match_one_node_of_two_processes
     assert [n.returncode for n in nodes] == [0, 0], describe(nodes)
     assert is_complete_checkpoint(os.path.join(encoder, "checkpoint-2"))
     assert _logged_losses(encoder) == pytest.approx(losses, rel=1e-5)
-    assert os.path.isfile(os.path.join(shared, "out", "classifier", "model.safetensors"))
+    assert os.path.isfile(os.path.join(shared, "out", "classifier", "2_Dense", "model.safetensors"))
     # one node, two processes (the cpu.yaml launch the README shows)
     one_node = run_launch(
         [

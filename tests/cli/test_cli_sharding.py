@@ -132,7 +132,10 @@ def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_toke
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
     encoder, classifier = out / "encoder", out / "classifier"
-    for folder, weights in ((encoder, "2_Dense/model.safetensors"), (classifier, "model.safetensors")):
+    for folder, weights in (
+        (encoder, "3_Dense/model.safetensors"),
+        (classifier, "2_Dense/model.safetensors"),
+    ):
         files = set(os.listdir(folder))
         assert {
             "adapter_config.json",
@@ -147,11 +150,11 @@ def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_toke
     assert state["global_step"] == 2 and state["train_batch_size"] == 8
     assert "modules.json" in os.listdir(encoder) and "model.safetensors" not in os.listdir(encoder)
     assert MLCLEncoder.from_pretrained(encoder).config.projection_dim == 8
-    heads = load_file(classifier / "model.safetensors")
-    assert sorted(heads) == ["classifier.bias", "classifier.weight"] and heads["classifier.weight"].shape == (
-        6,
-        64,
-    )
+    heads = load_file(
+        classifier / "2_Dense" / "model.safetensors"
+    )  # the head as a sentence-transformers Dense
+    assert sorted(heads) == ["linear.bias", "linear.weight"] and heads["linear.weight"].shape == (6, 64)
+    assert "model.safetensors" not in os.listdir(classifier)
     # the trained (sharded) classifier's test metrics and those of the folder reloaded on one process
     live = json.loads((classifier / "metrics.json").read_text())
     reloaded = json.loads((classifier / "eval_test.json").read_text())

@@ -37,9 +37,9 @@ def test_every_block_of_use_your_model_runs(tmp_path, tiny_bert_config, bert_tok
         encoder, id2label=["sports", "politics"]
     )  # the recipe's
     clf.config.decision_threshold = [0.4, 0.6]
-    assert not save_native(
-        clf, str(tmp_path / "outputs/my_csv/classifier"), tokenizer=bert_tokenizer
-    )  # remote code
+    assert save_native(  # a sentence-transformers folder: the head as a Dense module with a sigmoid
+        clf, str(tmp_path / "outputs/my_csv/classifier"), tokenizer=bert_tokenizer, max_seq_length=128
+    )
     (tmp_path / "new_texts.csv").write_text("text\nthe match ended late\nthe vote was close\n")
 
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
@@ -57,12 +57,13 @@ def test_every_block_of_use_your_model_runs(tmp_path, tiny_bert_config, bert_tok
     script = (
         "import os\nos.chdir(SPEC['cwd'])\n"
         + "\n".join(python)
-        + "\nREPORT['shapes'] = [list(embeddings.shape), list(logits.shape)]\nREPORT['labels'] = labels\n"
+        + "\nREPORT['shapes'] = [list(embeddings.shape), list(logits.shape), list(probs.shape)]"
+        + "\nREPORT['labels'] = labels\n"
     )
     report = run_outside(
         tmp_path / "child", script, {"cwd": str(tmp_path)}, consumers=("sentence_transformers", "onnxruntime")
     )
-    assert report["shapes"] == [[2, 32], [1, 2]]
+    assert report["shapes"] == [[2, 32], [1, 2], [1, 2]]
     batch = bert_tokenizer(["a new document"], return_tensors="pt")
     with torch.no_grad():
         probs = torch.sigmoid(clf.eval()(**batch).logits)[0]

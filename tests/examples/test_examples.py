@@ -40,7 +40,7 @@ def test_own_csv_example(tiny_csv, tmp_path, capsys):
     assert "validation_micro_f1" in out["probe"] and not any(k.startswith("test_") for k in out["probe"])
     printed = capsys.readouterr().out
     assert "carved from train (6 of 64 rows" in printed
-    cfg = json.load(open(tmp_path / "run" / "classifier" / "config.json"))
+    cfg = json.load(open(tmp_path / "run" / "classifier" / "mlcl_config.json"))
     assert sorted(cfg["id2label"].values()) == ["politics", "science", "sports"]
 
 

@@ -222,7 +222,8 @@ from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer, pipeline
 
 REPORT["st"] = SentenceTransformer(SPEC["encoder"], device="cpu").encode(SPEC["texts"]).tolist()
-for name in ("encoder", "classifier"):
+REPORT["st_linear"] = SentenceTransformer(SPEC["linear"], device="cpu").encode(SPEC["texts"]).tolist()
+for name in ("encoder", "classifier", "linear"):
     session = onnxruntime.InferenceSession(SPEC[name] + "/onnx/model.onnx", providers=["CPUExecutionProvider"])
     batch = AutoTokenizer.from_pretrained(SPEC[name])(SPEC["texts"], padding=True, truncation=True, max_length=128,
                                                       return_tensors="np")
@@ -234,9 +235,9 @@ REPORT["pipeline"] = [{r["label"]: r["score"] for r in row} for row in rows]
 
 @pytest.mark.slow
 def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm_path):
-    """The real all-MiniLM-L6-v2 as an hf_mlcl encoder (mean pooling) and a native classifier: sentence-transformers,
-    pipeline and onnxruntime without hf_mlcl give hf_mlcl's outputs (fp32: cosine >= 0.99999, max abs <= 1e-5;
-    ONNX within 1e-4)."""
+    """The real all-MiniLM-L6-v2 as an hf_mlcl encoder (mean pooling), a native classifier and a linear-head
+    classifier on mean-pooled states (the custom-CSV recipe's): sentence-transformers, pipeline and onnxruntime
+    without hf_mlcl give hf_mlcl's outputs (fp32: cosine >= 0.99999, max abs <= 1e-5; ONNX within 1e-4)."""
     from transformers import AutoTokenizer
 
     from hf_mlcl.cli import main
@@ -249,11 +250,14 @@ def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm
     clf = MLCLForMultiLabelClassification.from_encoder(
         MLCLEncoder.from_backbone(minilm_path), id2label=names, head="native"
     ).eval()
+    linear = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=names).eval()
     with torch.no_grad():
         clf.classifier.weight.normal_(0, 0.5)
-    folders = {"encoder": str(tmp_path / "encoder"), "classifier": str(tmp_path / "classifier")}
+        linear.classifier.weight.normal_(0, 0.5)
+    folders = {name: str(tmp_path / name) for name in ("encoder", "classifier", "linear")}
     assert save_native(encoder, folders["encoder"], tokenizer=tokenizer, max_seq_length=128)
     assert save_native(clf, folders["classifier"], tokenizer=tokenizer)
+    assert save_native(linear, folders["linear"], tokenizer=tokenizer, max_seq_length=128)
     for folder in folders.values():
         assert main(["export", folder, "--to", "onnx"]) == 0
     texts = TEXTS + ["a much longer document about renal failure, cardiology and quantum field theory " * 4]
@@ -261,6 +265,7 @@ def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm
     with torch.no_grad():
         pooled = encoder(**batch).pooled
         logits = clf(**batch).logits
+        linear_logits = linear(**batch).logits
     report = run_outside(
         tmp_path / "child",
         _MINILM_CONSUMERS,
@@ -271,3 +276,5 @@ def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm
     assert (torch.tensor(report["onnx_encoder"]) - pooled).abs().max() <= 1e-4
     assert (torch.tensor(report["onnx_classifier"]) - logits).abs().max() <= 1e-4
     _close([[row[n] for n in names] for row in report["pipeline"]], torch.sigmoid(logits))
+    _close(report["st_linear"], torch.sigmoid(linear_logits))
+    assert (torch.tensor(report["onnx_linear"]) - linear_logits).abs().max() <= 1e-4

@@ -19,13 +19,16 @@ from hf_mlcl.training import ContrastiveTrainingArguments, DataArguments, ModelA
 
 R = 4
 TEXTS = ["heart failure kidney renal acute", "graph neural network", "joy anger sadness love fear surprise"]
+# a LoRA classifier: a PEFT adapter over its base and a sentence-transformers folder whose output is each label's
+# probability (tests/modeling/test_native_linear_classifiers.py)
 ADAPTER_FILES = {
     "adapter_config.json",
     "adapter_model.safetensors",
-    "model.safetensors",
-    "config.json",
-    "configuration_mlcl.py",
-    "modeling_mlcl.py",
+    "mlcl_config.json",
+    "modules.json",
+    "1_Pooling",
+    "2_Dense",
+    "sentence_bert_config.json",
     "tokenizer_config.json",
 }
 # a LoRA encoder: a PEFT adapter over its base and a sentence-transformers folder (tests/modeling/test_native_*)
@@ -171,7 +174,6 @@ def test_merge_lora_keeps_the_merged_output(tmp_path, base_model, llama_tokenize
 def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(
     tmp_path, base_model, llama_tokenizer
 ):
-    from transformers import pipeline
 
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
     from hf_mlcl.training import ProbingTrainingArguments, train_probe
@@ -196,7 +198,7 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(
     assert (clf / "adapter_model.safetensors").read_bytes() == (
         encoder / "adapter_model.safetensors"
     ).read_bytes()
-    assert all(k.startswith("classifier.") for k in load_file(clf / "model.safetensors"))
+    assert not {"config.json", "model.safetensors", "modeling_mlcl.py"} & set(os.listdir(clf))
 
     batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -204,18 +206,15 @@ def test_linear_probe_on_an_adapter_encoder_saves_an_adapter_classifier(
         trained = trainer.accelerator.unwrap_model(trainer.model).eval()(**inputs).logits
         loaded = MLCLForMultiLabelClassification.from_pretrained(clf)(**inputs).logits
     torch.testing.assert_close(loaded, trained, rtol=1e-5, atol=1e-5)
-    tagger = pipeline("text-classification", model=str(clf), trust_remote_code=True, top_k=None)
-    scores = tagger(TEXTS[:1])[0]
-    by_label = {row["label"]: row["score"] for row in scores}
-    names = [tagger.model.config.id2label[i] for i in range(trained.shape[1])]
-    got = torch.tensor([by_label[n] for n in names])
-    single = llama_tokenizer(TEXTS[:1], return_tensors="pt")
-    with torch.no_grad():
-        want = torch.sigmoid(
-            trainer.accelerator.unwrap_model(trainer.model)(
-                input_ids=single["input_ids"], attention_mask=single["attention_mask"]
-            ).logits[0]
-        )
+    from sentence_transformers import SentenceTransformer
+
+    got = SentenceTransformer(str(clf), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    short = llama_tokenizer(TEXTS, padding=True, truncation=True, max_length=16, return_tensors="pt")
+    with torch.no_grad():  # the folder truncates at the length it was trained at
+        logits = trainer.accelerator.unwrap_model(trainer.model)(
+            input_ids=short["input_ids"], attention_mask=short["attention_mask"]
+        ).logits
+    want = torch.sigmoid(logits)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -278,7 +277,6 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
 ):
     """`use_lora` with `probe: finetune` (the Llama bce.yaml recipe): LoRA adapters + the classifier head train,
     the base weights stay as loaded, and the adapter folder reloads to the same logits."""
-    from transformers import AutoModelForSequenceClassification
 
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
     from hf_mlcl.training import ProbingTrainingArguments, train_probe
@@ -326,19 +324,16 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
 
     assert ADAPTER_FILES <= set(os.listdir(out)), sorted(os.listdir(out))
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == base_model
-    assert sorted(load_file(out / "model.safetensors")) == ["classifier.bias", "classifier.weight"]
-    config = json.loads((out / "config.json").read_text())
+    assert sorted(load_file(out / "2_Dense" / "model.safetensors")) == ["linear.bias", "linear.weight"]
+    config = json.loads((out / "mlcl_config.json").read_text())
     assert config["decision_threshold"] == metrics["threshold"] and len(config["id2label"]) == 6
 
     batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         trained = model.eval()(**inputs).logits
-        for cls in (MLCLForMultiLabelClassification, AutoModelForSequenceClassification):
-            kwargs = {"trust_remote_code": True} if cls is AutoModelForSequenceClassification else {}
-            loaded = cls.from_pretrained(out, **kwargs)
-            assert type(loaded).__name__ == "MLCLForMultiLabelClassification"
-            torch.testing.assert_close(loaded(**inputs).logits, trained, rtol=1e-5, atol=1e-5)
+        loaded = MLCLForMultiLabelClassification.from_pretrained(out)
+        torch.testing.assert_close(loaded(**inputs).logits, trained, rtol=1e-5, atol=1e-5)
 
 
 def test_lora_finetune_on_an_adapter_encoder_starts_from_the_encoders_outputs(

@@ -144,7 +144,7 @@ def test_stage_one_and_finetune_save_adapters_that_reload(tmp_path, base, bert_t
     }
     assert frozen.keys() <= base_state.keys() and all(torch.equal(frozen[k], base_state[k]) for k in frozen)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(clf_dir))
-    assert sorted(load_file(clf_dir / "model.safetensors")) == ["classifier.bias", "classifier.weight"]
+    assert sorted(load_file(clf_dir / "2_Dense" / "model.safetensors")) == ["linear.bias", "linear.weight"]
     with torch.no_grad():
         want = model.eval()(**inputs).logits
         got = MLCLForMultiLabelClassification.from_pretrained(clf_dir)(**inputs).logits

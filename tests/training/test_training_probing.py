@@ -179,7 +179,8 @@ def test_load_data_caps_first_rows_or_a_seeded_random_subset():
 
 
 def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
 
     model_args = ModelArguments(backbone_config=json.dumps(_BACKBONE), projection_dim=16)
     enc_dir = tmp_path / "encoder"
@@ -225,20 +226,25 @@ def test_train_contrastive_then_probe_saves_hub_loadable_classifier(tmp_path):
         assert (
             (len(thr["threshold"]) == 6) if threshold == "per_label" else isinstance(thr["threshold"], float)
         )
-        # Hub-style reload: auto class + tokenizer from the folder alone; same logits; label names kept
-        clf = AutoModelForSequenceClassification.from_pretrained(out).eval()
+        # Hub-style reload: a sentence-transformers folder giving each label's probability, and hf_mlcl's class;
+        # the tokenizer from the folder alone; same logits; label names and threshold kept
+        assert json.loads((out / "config.json").read_text())["model_type"] == "bert"
+        clf = MLCLForMultiLabelClassification.from_pretrained(out).eval()
         tokz = AutoTokenizer.from_pretrained(out)
         assert (
             clf.config.id2label == ptrainer.model.config.id2label
-            and clf.config.decision_threshold is not None
+            and clf.config.decision_threshold == pmetrics["threshold"]
         )
-        batch = tokz(["some text here", "another one"], return_tensors="pt", padding=True)
+        texts = ["some text here", "another one"]
+        batch = tokz(texts, return_tensors="pt", padding=True)
         with torch.no_grad():
             ref = ptrainer.model.eval()(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
             ).logits
             got = clf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         torch.testing.assert_close(got, ref)
+        probs = SentenceTransformer(str(out), device="cpu").encode(texts, convert_to_tensor=True)
+        torch.testing.assert_close(probs, torch.sigmoid(ref), rtol=1e-5, atol=1e-5)
 
 
 def test_bce_baseline_finetunes_raw_backbone(tmp_path):

@@ -1,0 +1,148 @@
+"""Classifiers with a linear head (any pooling, full or LoRA) save as sentence-transformers folders whose output is
+each label's probability: SentenceTransformer loads them without hf_mlcl or remote code and gives hf_mlcl's
+probabilities; hf_mlcl reads them back bit for bit; a PLM-ICD classifier keeps hf_mlcl's format."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from _outside import run_outside
+from transformers import LlamaModel
+
+from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora, save_native
+from hf_mlcl.modeling.builders import folder_layout
+from hf_mlcl.modeling.lora import save_lora_adapter
+from hf_mlcl.modeling.native import to_native_classifier
+
+TEXTS = [
+    "the patient was admitted with chest pain and shortness of breath",
+    "graph neural network learning theory quantum physics",
+    "joy anger",
+]
+NAMES = ["cardio", "renal", "neuro"]
+
+_ST = """
+import json
+from sentence_transformers import SentenceTransformer
+
+for name, folder in SPEC["folders"].items():
+    model = SentenceTransformer(folder, trust_remote_code=False, device="cpu")
+    settings = json.load(open(folder + "/mlcl_config.json"))
+    probs = model.encode(SPEC["texts"], convert_to_tensor=True)
+    names = [settings["id2label"][str(j)] for j in range(probs.shape[1])]
+    labels = [[names[j] for j in row.nonzero().flatten().tolist()] for row in probs > settings["decision_threshold"]]
+    REPORT[name] = {"probs": probs.float().tolist(), "labels": labels,
+                    "adapter": any("lora_" in n for n, _ in model.named_parameters())}
+"""
+
+
+def _linear(config, pooling: str) -> MLCLForMultiLabelClassification:
+    encoder = MLCLEncoder.from_backbone(config, pooling=pooling, projection_dim=8)
+    clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES)
+    with torch.no_grad():
+        clf.classifier.weight.normal_(0, 0.5)
+        clf.classifier.bias.normal_(0, 0.5)
+    clf.config.decision_threshold = 0.4
+    return clf.eval()
+
+
+def _probs(clf, tokenizer, max_length: int = 32) -> torch.Tensor:
+    batch = tokenizer(TEXTS, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    batch = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        return torch.sigmoid(clf(**batch).logits)
+
+
+def _close(got, want) -> None:
+    got = torch.as_tensor(got, dtype=torch.float32)
+    cosine = torch.nn.functional.cosine_similarity(got, want).min()
+    assert cosine >= 0.99999 and (got - want).abs().max() <= 1e-5, (cosine, (got - want).abs().max())
+
+
+def test_linear_classifiers_load_in_sentence_transformers_without_hf_mlcl(
+    tmp_path, tiny_bert_config, tiny_roberta_config, tiny_llama_config, bert_tokenizer, llama_tokenizer
+):
+    torch.manual_seed(0)
+    folders, want, made = {}, {}, {}
+    for name, config, tokenizer, pooling in (
+        ("bert_mean", tiny_bert_config, bert_tokenizer, "mean"),
+        ("roberta_cls", tiny_roberta_config, bert_tokenizer, "cls"),
+        ("llama_last", tiny_llama_config, llama_tokenizer, "last_token"),
+    ):
+        clf = _linear(config, pooling)
+        folder = tmp_path / name
+        assert save_native(clf, str(folder), tokenizer=tokenizer, max_seq_length=32)
+        assert folder_layout(str(folder)) == "sentence-transformers"
+        assert not any(f.endswith(".py") for f in os.listdir(folder))
+        assert json.loads((folder / "config.json").read_text())["model_type"] != "mlcl"
+        folders[name], want[name], made[name] = str(folder), _probs(clf, tokenizer), clf
+    report = run_outside(
+        tmp_path / "child", _ST, {"folders": folders, "texts": TEXTS}, consumers=("sentence_transformers",)
+    )
+    for name, got in report.items():
+        if name == "loaded":
+            continue
+        _close(got["probs"], want[name])
+        expected = [[NAMES[j] for j in row.nonzero().flatten().tolist()] for row in want[name] > 0.4]
+        assert got["labels"] == expected and not got["adapter"]
+    for name, folder in folders.items():  # hf_mlcl reads them back bit for bit
+        loaded = MLCLForMultiLabelClassification.from_pretrained(folder)
+        assert loaded.config.head == "linear" and loaded.config.decision_threshold == 0.4
+        assert (
+            loaded.config.id2label == dict(enumerate(NAMES))
+            and loaded.config.pooling == made[name].config.pooling
+        )
+        for key, value in made[name].state_dict().items():
+            assert torch.equal(loaded.state_dict()[key], value), (name, key)
+    with pytest.raises(ValueError, match="is a classifier"):
+        MLCLEncoder.from_pretrained(folders["bert_mean"])
+
+
+def test_lora_classifier_loads_as_a_peft_adapter_in_sentence_transformers(
+    tmp_path, tiny_llama_config, llama_tokenizer
+):
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    LlamaModel(tiny_llama_config).save_pretrained(base)
+    llama_tokenizer.save_pretrained(base)
+    encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token", projection_dim=8)
+    clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES)
+    clf.config.decision_threshold = 0.4
+    model = apply_lora(clf, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "classifier" in name:
+                p.normal_(0, 0.3)
+    model.eval()
+    saved = tmp_path / "saved"
+    save_lora_adapter(model, str(saved), str(base))
+    folder = tmp_path / "classifier"
+    assert to_native_classifier(str(saved), tokenizer=llama_tokenizer, target=str(folder), max_seq_length=32)
+    names = set(os.listdir(folder))
+    assert {"adapter_config.json", "adapter_model.safetensors", "modules.json", "mlcl_config.json"} <= names
+    assert {"1_Pooling", "2_Dense"} <= names and not any(n.endswith(".py") for n in names)
+    assert not (folder / "config.json").exists() and not (folder / "model.safetensors").exists()
+    want = _probs(model.base_model.model, llama_tokenizer)
+    report = run_outside(
+        tmp_path / "child",
+        _ST,
+        {"folders": {"lora": str(folder)}, "texts": TEXTS},
+        consumers=("sentence_transformers", "peft"),
+    )
+    assert report["lora"]["adapter"]  # applied as an adapter, not merged
+    _close(report["lora"]["probs"], want)
+    loaded = MLCLForMultiLabelClassification.from_pretrained(str(folder))
+    _close(_probs(loaded, llama_tokenizer), want)
+
+
+def test_a_plm_icd_classifier_keeps_the_hf_mlcl_format(tmp_path, tiny_bert_config, bert_tokenizer):
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", segmented=True, chunk_size=8)
+    clf = MLCLForMultiLabelClassification.from_encoder(
+        encoder, id2label=NAMES, head="label_attention", label_attention_dim=8
+    )
+    assert not save_native(clf, str(tmp_path / "plm"), tokenizer=bert_tokenizer, max_seq_length=32)
+    assert folder_layout(str(tmp_path / "plm")) == "hf_mlcl"
+    assert (tmp_path / "plm" / "modeling_mlcl.py").is_file()
