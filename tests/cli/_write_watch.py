@@ -4,10 +4,12 @@ A file counts one write each time it is closed after being opened for writing (`
 moved into place under its name (``IN_MOVED_TO``: the temp-file-and-rename of an atomic write); a folder
 moved into place (``save_pretrained``'s atomic folder) counts one write for every file it holds. Any
 writer counts (Python, the Rust writers of safetensors and tokenizers, torch.save), in any process, so two
-processes writing one file show as 2. Folders created during the run are watched as they appear; a file
-already in such a folder when its watch starts is counted once, merged with the event of that write if
-it comes later (so a count is never inflated by the watch starting late; at worst a second write in
-that instant goes uncounted).
+processes writing one file show as 2, unless their events follow each other unread (the kernel merges two
+identical unread events into one). Folders created during the run are watched as they appear (when the watcher's thread reads their
+creation); a file already in such a folder when it is listed is counted once, merged with its next event
+(the event of that write, if it comes later), so a count is never inflated by the watch starting late; the
+price: writes of a file before its new folder is listed, and the first one after, count as one
+(:meth:`WriteWatch.listed` says when a folder's files count by their own events).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class WriteWatch:
             set()
         )  # counted by a scan; their event, if it still comes, is the same write
         self.overflow = False  # the kernel queue overflowed: counts are incomplete
+        self._listed: set[str] = set()  # folders watched and listed
         self._stop = threading.Event()
         self._watch_tree(self.root, count=None)
         self._thread = threading.Thread(target=self._run, name="write-watch", daemon=True)
@@ -73,6 +76,16 @@ class WriteWatch:
                 self._writes[entry.path] += 1
                 if count == "scanned":
                     self._scanned.add(entry.path)
+        self._listed.add(path)
+
+    def seen(self, path: str) -> int:
+        """The writes of ``path`` counted so far (the kernel merges two identical events not yet read, so a test
+        that writes a file twice waits for the first to be seen)."""
+        return self._writes[os.path.abspath(path)]
+
+    def listed(self, path: str) -> bool:
+        """True once ``path`` is watched and listed: from then on each write there counts by its own event."""
+        return os.path.abspath(path) in self._listed
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -24,14 +24,27 @@ def _settle() -> None:
     time.sleep(0.3)  # the watcher's thread reads the events of the writes above
 
 
+def _until(done, what: str) -> None:
+    """Wait for the watcher's thread (a loaded machine can delay it past any fixed sleep)."""
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, f"the watcher never {what}"
+        time.sleep(0.01)
+
+
 def test_writes_in_new_nested_folders_and_moved_folders_are_counted(tmp_path):
     _write(str(tmp_path / "before.txt"))
     watch = _watch(tmp_path)
     os.makedirs(tmp_path / "a" / "b")
-    _write(str(tmp_path / "a" / "b" / "once.txt"))
-    _write(str(tmp_path / "a" / "twice.txt"))
-    _settle()
-    _write(str(tmp_path / "a" / "twice.txt"))
+    _write(str(tmp_path / "a" / "b" / "once.txt"))  # before or after the folder's listing: once either way
+    # a new folder is watched when the thread reads its creation; writes before its listing count as one
+    _until(
+        lambda: watch.listed(str(tmp_path / "a")) and watch.listed(str(tmp_path / "a" / "b")), "listed a/b"
+    )
+    twice = str(tmp_path / "a" / "twice.txt")
+    _write(twice)  # after the listing: each write counts by its own event
+    _until(lambda: watch.seen(twice) == 1, "saw the first write")  # two unread identical events merge
+    _write(twice)
     staging = tmp_path / "a" / ".staging"
     os.makedirs(staging)
     _write(str(staging / "moved.txt"))
