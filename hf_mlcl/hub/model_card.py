@@ -125,7 +125,8 @@ class CardData:
     folder: str | None = None
     # the saved folder's format (hf_mlcl.modeling.builders.folder_layout): "sentence-transformers" (an encoder,
     # or a classifier with a linear head),
-    # "transformers" (a classifier with a native head) or "hf_mlcl" (hf_mlcl's classes, shipped as remote code)
+    # "transformers" (a classifier with a native head), "peft" (the same as a LoRA adapter) or "hf_mlcl"
+    # (hf_mlcl's classes, shipped as remote code)
     layout: str = "hf_mlcl"
     # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
     # `hf-mlcl evaluate` finds the data from any working directory; never pushed (:meth:`for_hub`)
@@ -280,6 +281,8 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
             "sentence-similarity",
             [SENTENCE_TRANSFORMERS, "feature-extraction"],
         )
+    elif card.layout == "peft":  # a LoRA classifier with a native head: a PEFT SEQ_CLS adapter
+        library, pipeline_tag, tags = "peft", "text-classification", ["lora"]
     else:
         library, tags = "transformers", []
         pipeline_tag = "text-classification" if card.kind == "classifier" else "feature-extraction"

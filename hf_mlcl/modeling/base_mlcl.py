@@ -35,10 +35,12 @@ from .folders_mlcl import (
 from .native_mlcl import (
     MLCL_FILE,
     NATIVE_FILES,
+    PEFT,
     SENTENCE_TRANSFORMERS,
     load_classifier_folder,
     load_native_classifier,
     load_native_encoder,
+    load_peft_classifier,
 )
 
 # Bidirectional encoders whose transformers implementation (masking_utils.create_bidirectional_mask)
@@ -303,11 +305,16 @@ class MLCLPreTrainedModel(PreTrainedModel):
             with open(native, encoding="utf-8") as fh:
                 settings = json.load(fh)
             kind = settings.get("kind", "encoder")
-            st_folder = kind == "encoder" or settings.get("layout") == SENTENCE_TRANSFORMERS
-            if kind == cls.folder_kind and st_folder:  # the files it reads beside its settings and backbone
+            layout = SENTENCE_TRANSFORMERS if kind == "encoder" else settings.get("layout")
+            if kind == cls.folder_kind and layout in (
+                SENTENCE_TRANSFORMERS,
+                PEFT,
+            ):  # files beside the settings
                 files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
                 files[ADAPTER_CONFIG_NAME] = adapter_file
-                load = load_native_encoder if kind == "encoder" else load_classifier_folder
+                if kind == "encoder":
+                    return load_native_encoder(cls, path, settings, files, hub, kwargs)
+                load = load_classifier_folder if layout == SENTENCE_TRANSFORMERS else load_peft_classifier
                 return load(cls, path, settings, files, hub, kwargs)
             if kind == "classifier" and cls.folder_kind == "classifier":
                 return load_native_classifier(cls, path, settings, kwargs)

@@ -76,8 +76,8 @@ def _native_settings(path: str) -> dict | None:
 
 def folder_layout(path: str) -> str:
     """The format of a saved model folder: ``"sentence-transformers"`` (an encoder, or a classifier with a
-    linear head), ``"transformers"`` (a classifier with a native head) or ``"hf_mlcl"`` (hf_mlcl's classes, with
-    remote code)."""
+    linear head), ``"transformers"`` (a classifier with a native head), ``"peft"`` (a LoRA classifier with a
+    native head, a ``SEQ_CLS`` adapter) or ``"hf_mlcl"`` (hf_mlcl's classes, with remote code)."""
     settings = _native_settings(path)
     if settings is None:
         return "hf_mlcl"

@@ -30,6 +30,7 @@ _INDEX_NAME = "model.safetensors.index.json"
 _BACKBONE = "backbone."
 _HEAD = "projection_head."
 _CLASSIFIER = "classifier."
+_PEFT_MODEL = "base_model.model."  # PEFT's prefix of the wrapped model's keys
 
 
 def _saved_state(folder: str) -> dict[str, torch.Tensor]:
@@ -169,7 +170,7 @@ def to_native_classifier(
 
     Returns:
         True when written; False (nothing written) for a classifier without a native form (PLM-ICD's label
-        attention, a native head saved as an adapter).
+        attention; a native head saved as an adapter on a family whose head an adapter cannot hold, RoBERTa's).
     """
     from .native_mlcl import (
         CLASSIFIER_SETTINGS,
@@ -191,8 +192,10 @@ def to_native_classifier(
 
         _write_st_folder(folder, config, state, files, tokenizer, target)
         return True
-    if config.head != "native" or os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME)):
+    if config.head != "native":
         return False
+    if os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME)):
+        return _to_peft_classifier(folder, config, tokenizer, target, max_seq_length)
     backbone_config = config.get_backbone_config()
     model_type = backbone_config.model_type
     cls = native_classifier_class(model_type)
@@ -217,6 +220,57 @@ def to_native_classifier(
     target = folder if target is None else target
     save_folder_atomically(target, write)
     _remove_hf_mlcl_files(target)
+    return True
+
+
+def _to_peft_classifier(
+    folder: str, config: MLCLConfig, tokenizer: Any, target: str | None, max_seq_length: int | None
+) -> bool:
+    """A LoRA classifier with a native head as a PEFT adapter of task type ``SEQ_CLS`` over its family's
+    ``XForSequenceClassification``: the LoRA matrices keyed as in that class, the head as a saved module
+    (``modules_to_save``), the labels, threshold and hf_mlcl's settings in ``mlcl_config.json``; no
+    ``config.json``, so loaders read the base model the adapter names. False (nothing written) for a family
+    whose head an adapter cannot hold (:func:`~hf_mlcl.modeling.native_mlcl.peft_head_modules`)."""
+    from .native_mlcl import (
+        CLASSIFIER_SETTINGS,
+        LABEL_SETTINGS,
+        MLCL_FILE,
+        PEFT,
+        classifier_key_rules,
+        native_classifier_class,
+        peft_head_modules,
+        rename_keys,
+    )
+
+    model_type = config.backbone_config["model_type"]
+    saved = peft_head_modules(model_type)
+    if saved is None:
+        return False
+    with open(os.path.join(folder, ADAPTER_CONFIG_NAME), encoding="utf-8") as fh:
+        adapter_config = json.load(fh)
+    adapter_config.update(task_type="SEQ_CLS", modules_to_save=saved)
+    prefix = f"{_PEFT_MODEL}{native_classifier_class(model_type).base_model_prefix}."
+    weights = {
+        prefix + k.removeprefix(_PEFT_MODEL): v
+        for k, v in load_file(os.path.join(folder, ADAPTER_WEIGHTS_NAME)).items()
+    }
+    heads = {k: v for k, v in _saved_state(folder).items() if k.startswith(_CLASSIFIER)}
+    rules = [rule for rule in classifier_key_rules(model_type) if rule[0] == _CLASSIFIER]
+    weights.update({_PEFT_MODEL + k: v for k, v in rename_keys(heads, rules).items()})
+    settings = {"kind": "classifier", "layout": PEFT, "max_seq_length": max_seq_length}
+    settings.update({key: getattr(config, key, None) for key in (*LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
+    settings["backbone_config"] = dict(config.backbone_config)
+
+    def write(tmp: str) -> None:
+        save_file(weights, os.path.join(tmp, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+        for name, data in ((ADAPTER_CONFIG_NAME, adapter_config), (MLCL_FILE, settings)):
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=2)
+        _save_right_padded(tokenizer, tmp)
+
+    target = folder if target is None else target
+    save_folder_atomically(target, write)  # also removes the heads' model.safetensors
+    _remove_hf_mlcl_files(target, "config.json")
     return True
 
 

@@ -28,6 +28,10 @@ __all__ = [
     "classifier_key_rules",
     "load_native_classifier",
     "load_classifier_folder",
+    "load_peft_classifier",
+    "LABEL_SETTINGS",
+    "PEFT",
+    "peft_head_modules",
     "load_native_encoder",
     "native_classifier_reason",
     "SENTENCE_TRANSFORMERS",
@@ -57,7 +61,8 @@ _ST_POOLING_MODES = (
     "pooling_mode_lasttoken",
 )
 SENTENCE_TRANSFORMERS = "sentence-transformers"  # a native folder's layout (mlcl_config.json "layout")
-_LABEL_SETTINGS = ("id2label", "label2id", "problem_type", "decision_threshold")
+PEFT = "peft"  # a LoRA classifier with a native head: a PEFT adapter of task type SEQ_CLS over its family's class
+LABEL_SETTINGS = ("id2label", "label2id", "problem_type", "decision_threshold")
 _ST_MODULES = (
     "sentence_transformers.models.Transformer",
     "sentence_transformers.models.Pooling",
@@ -221,7 +226,7 @@ def write_classifier_files(
     dense = [(DENSE_DIRS[0], weight, classifier["bias"], "torch.nn.modules.activation.Sigmoid")]
     _write_modules(folder, config.pooling, int(weight.shape[1]), dense, 3, max_seq_length)
     settings = {"kind": "classifier", "layout": SENTENCE_TRANSFORMERS}
-    settings.update({key: getattr(config, key, None) for key in (*_LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
+    settings.update({key: getattr(config, key, None) for key in (*LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
     settings["max_seq_length"] = max_seq_length
     if backbone_config is not None:
         settings["backbone_config"] = dict(backbone_config)
@@ -387,7 +392,7 @@ def load_classifier_folder(
         The classifier in eval mode.
     """
     backbone, adapter = _native_backbone(path, files, kwargs)
-    labels = {key: settings[key] for key in _LABEL_SETTINGS if settings.get(key) is not None}
+    labels = {key: settings[key] for key in LABEL_SETTINGS if settings.get(key) is not None}
     if "id2label" in labels:
         labels["id2label"] = {int(k): v for k, v in labels["id2label"].items()}
     config = cls.config_class(
@@ -400,5 +405,69 @@ def load_classifier_folder(
         apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
     weight, bias = _dense(files, DENSE_DIRS[0], path)
     model.classifier.load_state_dict({"weight": weight, "bias": bias})
+    model.to(next(backbone.parameters()).device)
+    return model.eval()
+
+
+def peft_head_modules(model_type: str) -> list[str] | None:
+    """The modules a PEFT ``SEQ_CLS`` adapter saves whole (``modules_to_save``) for a native-head LoRA classifier
+    of this family: the linear layer, which is all the head holds apart from the backbone (a decoder's ``score``,
+    BERT's ``classifier`` on its own pooler); None where the family's head holds more (RoBERTa's head holds the
+    pooler's dense, which an adapter over the base would lack)."""
+    if NATIVE_HEAD_POOLING.get(model_type) == "last_token":
+        return ["score"]
+    return ["classifier"] if model_type == "bert" else None
+
+
+def load_peft_classifier(
+    cls: Any,
+    path: str,
+    settings: Mapping[str, Any],
+    files: Mapping[str, str | None],
+    hub: Mapping[str, Any],
+    kwargs: Mapping[str, Any],
+):
+    """An ``MLCLForMultiLabelClassification`` (``cls``) with a native head from a PEFT ``SEQ_CLS`` adapter folder:
+    the base model it names as its family's ``XForSequenceClassification``, the adapter applied unmerged with its
+    weights in float32 as saved (transformers' ``load_adapter``, which needs peft), the head from the adapter's
+    saved modules; the arguments as :func:`load_native_encoder`'s.
+
+    Returns:
+        The classifier in eval mode.
+    """
+    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info", "revision")}
+    with open(files["adapter_config.json"], encoding="utf-8") as fh:
+        base = json.load(fh).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
+    model_type = settings["backbone_config"]["model_type"]
+    labels = {key: settings[key] for key in LABEL_SETTINGS if settings.get(key) is not None}
+    labels["id2label"] = {int(k): v for k, v in labels["id2label"].items()}
+    pad = settings["backbone_config"].get("pad_token_id")
+    shape = {key: labels[key] for key in ("id2label", "label2id", "problem_type") if key in labels}
+    native = native_classifier_class(model_type).from_pretrained(base, **shape, pad_token_id=pad, **loader)
+    native.load_adapter(path, adapter_name="default", **hub)
+    params = dict(native.named_parameters())
+    for key, value in load_file(files["adapter_model.safetensors"]).items():
+        module, _, leaf = key.removeprefix("base_model.model.").rpartition(".")
+        name = f"{module}.default.{leaf}" if ".lora_" in key else f"{module}.modules_to_save.default.{leaf}"
+        if name not in params:
+            raise ValueError(f"{path}: {key} matches no weight of the loaded model ({name})")
+        params[name].data = value.to(
+            params[name].device, torch.float32 if ".lora_" in key else params[name].dtype
+        )
+    backbone = getattr(native, native.base_model_prefix)
+    config = cls.config_class(
+        backbone_config=backbone_config_to_dict(backbone.config),
+        **labels,
+        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
+    )
+    model = cls(config, backbone=backbone)
+    rules = [(new, old) for old, new in classifier_key_rules(model_type) if old == "classifier."]
+    saved = ".modules_to_save.default."
+    head = {k.replace(saved, "."): v for k, v in native.state_dict().items() if saved in k}
+    model.classifier.load_state_dict(
+        {k.removeprefix("classifier."): v for k, v in rename_keys(head, rules).items()}
+    )
     model.to(next(backbone.parameters()).device)
     return model.eval()

@@ -4,14 +4,17 @@ probabilities; hf_mlcl reads them back bit for bit; a PLM-ICD classifier keeps h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 
 import pytest
 import torch
 from _outside import run_outside
 from transformers import LlamaModel
 
+from hf_mlcl.hub.model_card import CardData, render_model_card
 from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification, apply_lora, save_native
 from hf_mlcl.modeling.builders import folder_layout
 from hf_mlcl.modeling.lora import save_lora_adapter
@@ -146,3 +149,96 @@ def test_a_plm_icd_classifier_keeps_the_hf_mlcl_format(tmp_path, tiny_bert_confi
     assert not save_native(clf, str(tmp_path / "plm"), tokenizer=bert_tokenizer, max_seq_length=32)
     assert folder_layout(str(tmp_path / "plm")) == "hf_mlcl"
     assert (tmp_path / "plm" / "modeling_mlcl.py").is_file()
+
+
+_PEFT_SEQ_CLS = """
+import json
+import torch
+from peft import AutoPeftModelForSequenceClassification
+from transformers import AutoTokenizer
+
+folder = SPEC["folder"]
+settings = json.load(open(folder + "/mlcl_config.json"))
+id2label = {int(k): v for k, v in settings["id2label"].items()}
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoPeftModelForSequenceClassification.from_pretrained(
+    folder, id2label=id2label, pad_token_id=tokenizer.pad_token_id, problem_type="multi_label_classification"
+).eval()
+batch = tokenizer(SPEC["texts"], padding=True, truncation=True, max_length=32, return_tensors="pt")
+with torch.no_grad():
+    REPORT["probs"] = torch.sigmoid(model(**batch).logits).tolist()
+REPORT["class"] = type(model.base_model.model).__name__
+"""
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_lora_classifier_with_a_native_head_is_a_peft_seq_cls_adapter(
+    tmp_path, tiny_llama_config, llama_tokenizer, bf16
+):
+    """A Llama LoRA classifier with head='native' (the last token, a linear layer without bias) saves as a PEFT
+    adapter of task type SEQ_CLS over LlamaForSequenceClassification: peft's AutoPeftModelForSequenceClassification
+    gives hf_mlcl's probabilities without hf_mlcl; hf_mlcl reads it back unmerged (a bf16 base keeps its fp32
+    adapter)."""
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    backbone = LlamaModel(tiny_llama_config)
+    (backbone.to(torch.bfloat16) if bf16 else backbone).save_pretrained(base)
+    llama_tokenizer.save_pretrained(base)
+    encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token")
+    clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES, head="native")
+    clf.config.decision_threshold = 0.4
+    model = apply_lora(clf, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=bf16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(1e-4) if bf16 else p.normal_(0, 0.3)  # bf16: updates below its resolution
+            elif "classifier" in name:
+                p.normal_(0, 0.5)
+    model.eval()
+    saved = tmp_path / "saved"
+    save_lora_adapter(model, str(saved), str(base))
+    folder = tmp_path / "classifier"
+    assert to_native_classifier(str(saved), tokenizer=llama_tokenizer, target=str(folder), max_seq_length=32)
+    assert folder_layout(str(folder)) == "peft"
+    names = set(os.listdir(folder))
+    assert {"adapter_config.json", "adapter_model.safetensors", "mlcl_config.json"} <= names
+    assert not {"config.json", "model.safetensors", "modeling_mlcl.py"} & names
+    adapter = json.loads((folder / "adapter_config.json").read_text())
+    assert adapter["task_type"] == "SEQ_CLS" and adapter["modules_to_save"] == ["score"]
+    want = _probs(model.base_model.model, llama_tokenizer).float()
+    loaded = MLCLForMultiLabelClassification.from_pretrained(str(folder))
+    assert loaded.config.head == "native" and loaded.config.decision_threshold == 0.4
+    got = _probs(loaded, llama_tokenizer).float()
+    assert torch.nn.functional.cosine_similarity(got, want).min() >= (0.9999 if bf16 else 0.99999)
+    if not bf16:
+        _close(got, want)
+        report = run_outside(
+            tmp_path / "child",
+            _PEFT_SEQ_CLS,
+            {"folder": str(folder), "texts": TEXTS},
+            consumers=("peft",),
+        )
+        assert report["class"] == "LlamaForSequenceClassification"
+        _close(report["probs"], want)
+        # the card's snippet, verbatim, where hf_mlcl cannot be imported
+        card = CardData(
+            kind="classifier",
+            dataset="synthetic",
+            loss="bce",
+            probe="finetune",
+            layout="peft",
+            folder=str(folder),
+        )
+        text = str(render_model_card(dataclasses.replace(card, hyperparameters={"max_length": 32})))
+        assert "library_name: peft" in text and "trust_remote_code" not in text
+        snippet = re.findall(
+            r"```python\n(.*?)```", text.split("## How to use", 1)[1].split("\n## ", 1)[0], re.S
+        )
+        assert len(snippet) == 1
+        report = run_outside(
+            tmp_path / "card", snippet[0] + "\nREPORT['probs'] = probs.tolist()\n", {}, consumers=("peft",)
+        )
+        batch = llama_tokenizer(["a document to label"], return_tensors="pt")
+        with torch.no_grad():
+            doc = torch.sigmoid(model.base_model.model(**batch).logits)
+        _close(report["probs"], doc)
