@@ -45,6 +45,7 @@ def train_probe(
     encoder_path: str | None = None,
     callbacks: list | None = None,
     data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
     """Stage 2: probe / fine-tune a classifier (writes what the module docstring lists).
 
@@ -57,6 +58,7 @@ def train_probe(
     ``exact_eval_cells`` rows x labels (:class:`~hf_mlcl.training.classifier_eval.ClassifierEvaluation`), their
     streamed evaluations at any size in ``StageResult.trainer.evaluations``. The ``logistic`` probe fits without
     ``Trainer.train``, so training hooks do not fire for it.
+    ``settings``: the stage's :func:`~hf_mlcl.training.run_settings.stage_settings` (default: computed here).
     """
     from transformers import set_seed
 
@@ -85,7 +87,7 @@ def train_probe(
     trainer = ProbingTrainer(
         model=model, args=probing_args, **trainer_data(data, collator, tokenizer, callbacks)
     )
-    trainer.run_settings = stage_settings(probing_args, model_args, data_args, encoder_path)
+    trainer.run_settings = settings or stage_settings(probing_args, model_args, data_args, encoder_path)
     metrics: dict[str, Any] = {
         "probe": probing_args.probe,
         "loss": probing_args.loss,
@@ -159,6 +161,7 @@ def train_joint(
     encoder_path: str | None = None,
     callbacks: list | None = None,
     data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
     """The joint objective: a classifier fine-tuned with ``(1 - w) * supervised + w * contrastive``
     (:class:`~hf_mlcl.training.joint.JointTrainer`), then its threshold, test metrics and folder as stage 2's.
@@ -166,6 +169,7 @@ def train_joint(
     ``encoder_path``: a saved hf_mlcl encoder (stage 1's output_dir) or a backbone id / path; None uses
     ``model_args``. With ``model_args.use_lora`` the backbone trains through LoRA adapters, saved as stage 2's
     LoRA fine-tune is. ``metrics.json`` records ``contrastive_weight`` and both losses.
+    ``settings``: the stage's :func:`~hf_mlcl.training.run_settings.stage_settings` (default: computed here).
     """
     from transformers import set_seed
 
@@ -183,7 +187,7 @@ def train_joint(
     collator = make_collator(tokenizer, model, data, data_args)
     align_special_tokens(model, tokenizer)
     trainer = JointTrainer(model=model, args=joint_args, **trainer_data(data, collator, tokenizer, callbacks))
-    trainer.run_settings = stage_settings(joint_args, model_args, data_args, encoder_path)
+    trainer.run_settings = settings or stage_settings(joint_args, model_args, data_args, encoder_path)
     metrics: dict[str, Any] = {
         "probe": stage,
         "loss": joint_args.supervised_loss,

@@ -33,11 +33,13 @@ def train_contrastive(
     training_args: Any,
     callbacks: list | None = None,
     data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
     """Stage 1: contrastive training of an encoder (writes what the module docstring lists).
 
     ``callbacks``: extra ``transformers.TrainerCallback`` objects for the trainer (e.g. a
     ``hf_mlcl.hub.ModelCardCallback``). ``data``: the run's :class:`RunData` (default: loaded here).
+    ``settings``: the stage's :func:`~hf_mlcl.training.run_settings.stage_settings` (default: computed here).
     Resumes from ``training_args.resume_from_checkpoint`` when set (a path, or True for the last
     complete checkpoint in ``output_dir``).
     """
@@ -63,7 +65,7 @@ def train_contrastive(
     trainer = ContrastiveTrainer(
         model=encoder, args=training_args, **trainer_data(data, collator, tokenizer, callbacks)
     )
-    trainer.run_settings = stage_settings(training_args, model_args, data_args)
+    trainer.run_settings = settings or stage_settings(training_args, model_args, data_args)
     return _finish_contrastive(
         trainer, tokenizer, fit(trainer, created, "stage 1 (contrastive)"), model_args, data_args, data
     )

@@ -78,17 +78,22 @@ def _with_card(
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             return StageResult(args.output_dir, metrics, skipped=True)
-        return _run_with_card(train, card_cb, args, *stage_args, data=data)
+        return _run_with_card(train, card_cb, args, *stage_args, data=data, settings=settings)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_with_card(
-    train: Callable[..., StageResult], card_cb: Any, args: Any, *stage_args: Any, data: RunData | None = None
+    train: Callable[..., StageResult],
+    card_cb: Any,
+    args: Any,
+    *stage_args: Any,
+    data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
     """The stage and its card (see :func:`_with_card`)."""
-    result = train(*stage_args, callbacks=[card_cb], data=data)
+    result = train(*stage_args, callbacks=[card_cb], data=data, settings=settings)
     trainer = result.trainer
     card_cb.collect_from_trainer(trainer, result.metrics)
     if args.should_save:
@@ -106,13 +111,19 @@ def _run_with_card(
 
 
 def run_contrastive_stage(
-    model_args: Any, data_args: Any, training_args: Any, data: RunData | None = None
+    model_args: Any,
+    data_args: Any,
+    training_args: Any,
+    data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
-    """Stage 1 (:func:`train_contrastive`) with the encoder's model card written into its output_dir."""
+    """Stage 1 (:func:`train_contrastive`) with the encoder's model card written into its output_dir;
+    ``settings``: its :func:`~hf_mlcl.training.run_settings.stage_settings` when the caller has them."""
     from hf_mlcl.hub import ModelCardCallback
 
     card_cb = ModelCardCallback("encoder", model_args=model_args, data_args=data_args)
-    settings = stage_settings(training_args, model_args, data_args)
+    if settings is None:
+        settings = stage_settings(training_args, model_args, data_args)
     return _with_card(
         train_contrastive,
         card_cb,
@@ -132,8 +143,10 @@ def run_probe_stage(
     encoder_path: str | None,
     contrastive_loss: str | None = None,
     data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
-    """Stage 2 (:func:`train_probe`) with the classifier's model card written into its output_dir."""
+    """Stage 2 (:func:`train_probe`) with the classifier's model card written into its output_dir
+    (``settings`` as in :func:`run_contrastive_stage`)."""
     from hf_mlcl.hub import ModelCardCallback
 
     card_cb = ModelCardCallback(
@@ -143,7 +156,8 @@ def run_probe_stage(
         contrastive_loss=contrastive_loss,
         encoder_path=encoder_path,
     )
-    settings = stage_settings(probing_args, model_args, data_args, encoder_path)
+    if settings is None:
+        settings = stage_settings(probing_args, model_args, data_args, encoder_path)
     return _with_card(
         train_probe,
         card_cb,
@@ -164,14 +178,17 @@ def run_joint_stage(
     encoder_path: str | None,
     contrastive_loss: str | None = None,
     data: RunData | None = None,
+    settings: dict | None = None,
 ) -> StageResult:
-    """The joint objective (:func:`train_joint`) with the classifier's model card written into its output_dir."""
+    """The joint objective (:func:`train_joint`) with the classifier's model card written into its output_dir
+    (``settings`` as in :func:`run_contrastive_stage`)."""
     from hf_mlcl.hub import ModelCardCallback
 
     card_cb = ModelCardCallback(
         "classifier", model_args=model_args, data_args=data_args, encoder_path=encoder_path
     )
-    settings = stage_settings(joint_args, model_args, data_args, encoder_path)
+    if settings is None:
+        settings = stage_settings(joint_args, model_args, data_args, encoder_path)
     return _with_card(
         train_joint,
         card_cb,
@@ -216,16 +233,17 @@ def run_stages(
         if announce is not None:
             announce(i, len(names), name, args, None)
         # a finished stage on resume loads no data (the stage checks again under its lock)
-        metrics = finished_stage_metrics(args, stage_settings(args, model_args, data_args, encoder_path))
+        settings = stage_settings(args, model_args, data_args, encoder_path)  # once per stage
+        metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             results[name] = StageResult(args.output_dir, metrics, skipped=True)
         elif name == "contrastive":
             data = data if data is not None else load_run_data(data_args)
-            results[name] = run_contrastive_stage(model_args, data_args, args, data=data)
+            results[name] = run_contrastive_stage(model_args, data_args, args, data=data, settings=settings)
         else:
             data = data if data is not None else load_run_data(data_args)
             run = run_probe_stage if name == "probe" else run_joint_stage
-            results[name] = run(model_args, data_args, args, encoder_path, loss, data=data)
+            results[name] = run(model_args, data_args, args, encoder_path, loss, data=data, settings=settings)
         if name == "contrastive":
             encoder_path, loss = args.output_dir, args.loss
         if announce is not None:

@@ -39,11 +39,11 @@ def test_run_prints_stage_headers_and_output_paths(monkeypatch, capsys, tmp_path
 
     calls = []
 
-    def contrastive(model_args, data_args, args, data=None):
+    def contrastive(model_args, data_args, args, data=None, settings=None):
         calls.append("contrastive")
         return stages.StageResult(args.output_dir, {"train_loss": 1.0})
 
-    def probe(model_args, data_args, args, encoder, loss, data=None):
+    def probe(model_args, data_args, args, encoder, loss, data=None, settings=None):
         calls.append(("probe", encoder, loss))
         trainer = types.SimpleNamespace(is_world_process_zero=lambda: True)
         return stages.StageResult(
