@@ -1,7 +1,8 @@
 """How the full-data studies (docs/RESULTS.md) choose their BCE fine-tuning baseline, on validation only.
 
 * **Learning rate**: the ``bce_finetune-lr<lr>`` seed-1 cell with the highest validation macro-F1
-  (``run.py --lr best``; the grid itself is ``lr_grid.py``).
+  (``run.py --lr best``; the grid itself is ``lr_grid.py``); the joint objective's w likewise
+  (``run.py --weight best``).
 * **Budget**: where the chosen run ended its 5 epochs still improving (``LONG_BUDGET``), the same fine-tune
   also runs with a longer budget (``run.py --tag long``: cell ``bce_finetune-long-lr<lr>``). That run becomes
   the bar when its seed-1 validation macro-F1 is higher than the 5-epoch run's (a tie keeps the cheaper
@@ -18,6 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,18 +40,37 @@ def _validation_macro_f1(path: str) -> float:
         return float(json.load(fh)["metrics"]["validation_macro_f1"])
 
 
+def _seed1_scores(
+    study: str, glob_name: str, key: str, results: str, train_size: int | None
+) -> dict[str, float]:
+    """Validation macro-F1 of each finished seed-1 cell of ``study`` whose folder matches ``glob_name`` and
+    whose base name (without a subset's ``-n<N>``) matches the regular expression ``key`` at ``train_size``
+    rows, by ``key``'s first group."""
+    scores = {}
+    for path in glob.glob(os.path.join(results, study, glob_name, "seed1", "metrics.json")):
+        cell, size = split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))
+        found = re.fullmatch(key, cell)
+        if found and size == train_size:
+            scores[found[1]] = _validation_macro_f1(path)
+    return scores
+
+
 def bce_validation_scores(
     study: str, results: str = RESULTS, train_size: int | None = None
 ) -> dict[str, float]:
     """Validation macro-F1 of each finished ``bce_finetune-lr*`` seed-1 cell of ``study`` trained on
     ``train_size`` rows (None: the whole split; a subset's cells end in ``-n<N>``, studies/scale.py), by
     learning rate (budget variants such as ``bce_finetune-long-lr*`` are no points of the grid)."""
-    scores = {}
-    for path in glob.glob(os.path.join(results, study, "bce_finetune-lr*", "seed1", "metrics.json")):
-        cell, size = split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))
-        if size == train_size:
-            scores[cell[len("bce_finetune-lr") :]] = _validation_macro_f1(path)
-    return scores
+    return _seed1_scores(study, "bce_finetune-lr*", r"bce_finetune-lr(.+)", results, train_size)
+
+
+def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
+    """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr*`` cell of ``study``
+    at ``train_size`` rows with the highest validation macro-F1 (ValueError until one has finished)."""
+    scores = _seed1_scores(study, "joint_finetune-w*", r"joint_finetune-w([0-9.]+)-lr.+", results, train_size)
+    if not scores:
+        raise ValueError(f"--weight best: no finished joint_finetune-w* seed-1 cell of {study} at this size")
+    return max(scores, key=scores.get)
 
 
 def best_bce_lr(study: str, results: str = RESULTS, train_size: int | None = None) -> str:

@@ -143,24 +143,11 @@ def scale_tokens(
 
 
 def best_joint_weight(dataset: str, train_size: int | None = None) -> str:
-    """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr*`` cell of the same
-    training size with the highest validation macro-F1 (ValueError until one has finished)."""
-    import glob
-    import re
+    """The joint objective's w chosen on validation at this training size (``bce_choice.best_joint_weight``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bce_choice
 
-    pattern = os.path.join(RESULTS, dataset, "joint_finetune-w*", "seed1", "metrics.json")
-    scores = {}
-    for path in glob.glob(pattern):
-        cell, size = scale.split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))
-        found = re.match(r"^joint_finetune-w([0-9.]+)-lr.+$", cell)
-        if found and size == train_size:
-            with open(path, encoding="utf-8") as fh:
-                scores[found[1]] = json.load(fh)["metrics"]["validation_macro_f1"]
-    if not scores:
-        raise ValueError(
-            f"--weight best: no finished joint_finetune-w* seed-1 cell of {dataset} at this size"
-        )
-    return max(scores, key=scores.get)
+    return bce_choice.best_joint_weight(dataset, RESULTS, train_size)
 
 
 def run_cell(
