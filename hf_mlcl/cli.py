@@ -1,7 +1,8 @@
 """``hf-mlcl``: the command-line entry point (``python -m hf_mlcl``, ``accelerate launch -m hf_mlcl.cli``).
 
-:func:`build_parser` and :func:`main` run the sub-commands (``train``, ``probe``, ``run``, ``evaluate``,
-``predict``, ``export``, ``push``, ``demo``, ``inspect``); the module only parses arguments and prints, and
+:func:`main` runs the sub-commands (``train``, ``probe``, ``run``, ``evaluate``, ``predict``, ``export``,
+``push``, ``demo``, ``inspect``) of the parser :func:`~hf_mlcl.cli_parser.build_parser` builds; what they
+print around a run is in :mod:`hf_mlcl.cli_report`. The command line only parses arguments and prints, and
 nothing in the library imports it.
 
 Design: docs/design.md, "Command line (hf_mlcl/cli.py)".
@@ -18,9 +19,31 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hf_mlcl.cli_parser import HELP_MODEL_DATA_KEYS, HELP_TRAINING_KEYS, build_parser, override_keys_help
+from hf_mlcl.cli_report import announce, print_footprint, report_run, say
 from hf_mlcl.training import distributed as D
 
 logger = logging.getLogger("hf_mlcl.cli")
+
+__all__ = [
+    "COMMANDS",
+    "HELP_MODEL_DATA_KEYS",
+    "HELP_TRAINING_KEYS",
+    "Terminated",
+    "build_parser",
+    "cmd_demo",
+    "cmd_evaluate",
+    "cmd_export",
+    "cmd_inspect",
+    "cmd_predict",
+    "cmd_probe",
+    "cmd_push",
+    "cmd_run",
+    "cmd_train",
+    "configure_logging",
+    "main",
+    "override_keys_help",
+]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -83,7 +106,7 @@ def cmd_probe(ns, overrides) -> dict:
                 show_split=True,
             )
         )
-        _print_footprint(args.output_dir)
+        print_footprint(args.output_dir)
     return result.metrics
 
 
@@ -114,49 +137,13 @@ def cmd_run(ns, overrides) -> dict:
     if lock is not None:
         lock.acquire()
     try:
-        results = S.run_stages(
-            model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=_announce
-        )
+        results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=announce)
         if pargs.process_index == 0:
-            _report_run(ns, run_root, results, final, pargs.output_dir)
+            report_run(ns, run_root, results, final, pargs.output_dir)
     finally:
         if lock is not None:
             lock.release()
     return {k: r.metrics for k, r in results.items()}
-
-
-def _report_run(ns, run_root: str, results: dict, final: str, classifier_dir: str) -> None:
-    """The main process's end of ``run``: results.json, the table, the optional push and the footprint."""
-    from hf_mlcl.evaluation.tables import format_table
-    from hf_mlcl.files import atomic_write_json
-
-    metrics = results[final].metrics
-    summary = {k: v for k, v in metrics.items() if k.startswith(("test_", "validation_")) or k == "threshold"}
-    os.makedirs(run_root, exist_ok=True)
-    atomic_write_json(
-        os.path.join(run_root, "results.json"), {k: r.metrics for k, r in results.items()}, default=str
-    )
-    print(format_table([{"run": os.path.basename(os.path.normpath(run_root)), **summary}], show_split=True))
-    print(
-        f"results: {os.path.join(run_root, 'results.json')}   classifier (model card, metrics, plots): "
-        f"{classifier_dir}",
-        flush=True,
-    )
-    if ns.push_to:
-        from hf_mlcl.hub import push_folder
-
-        push_folder(classifier_dir, ns.push_to, private=ns.private)
-        if "contrastive" in results:
-            push_folder(results["contrastive"].output_dir, f"{ns.push_to}-encoder", private=ns.private)
-        print(f"pushed to https://huggingface.co/{ns.push_to}")
-    _print_footprint(run_root)
-
-
-def _print_footprint(folder: str) -> None:
-    """One line with what a run leaves on disk: ``outputs/x: 12 MB``."""
-    from hf_mlcl.files import folder_size, format_size
-
-    print(f"{folder}: {format_size(folder_size(folder))}", flush=True)
 
 
 def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
@@ -170,25 +157,6 @@ def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
         check_push_target(repo_id, token=token)
     except (ValueError, ConnectionError) as err:
         raise InputError(str(err)) from err
-
-
-def _say(msg: str) -> None:
-    """Print on the main process only (``accelerate launch`` sets RANK on every process)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(msg, flush=True)
-
-
-def _announce(i: int, n: int, name: str, args, result) -> None:
-    """``hf-mlcl run``'s lines around a stage: a header before it, where its model went after it."""
-    if result is None:
-        what = (
-            f"contrastive training of the encoder (loss: {args.loss})"
-            if name == "contrastive"
-            else "multi-label head on the encoder"
-        )
-        _say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {args.output_dir}")
-    else:
-        _say(f"{'encoder' if name == 'contrastive' else 'classifier'} saved to {args.output_dir}")
 
 
 def cmd_evaluate(ns, overrides) -> dict:
@@ -244,7 +212,7 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
             recipe.setdefault("dataset_options", {})["data_files"] = local["data_files"]
     if card.hyperparameters.get("max_length") is not None:
         recipe["max_length"] = int(card.hyperparameters["max_length"])
-    _say(f"evaluate: data arguments from {os.path.join(checkpoint, CARD_DATA_FILE)}: {recipe}")
+    say(f"evaluate: data arguments from {os.path.join(checkpoint, CARD_DATA_FILE)}: {recipe}")
     return recipe
 
 
@@ -263,7 +231,7 @@ def cmd_predict(ns, overrides) -> dict:
         device=ns.device,
         all_scores=ns.all_scores,
     )
-    _say(
+    say(
         f"predicted {summary['rows']} texts ({summary['labels_per_text']:.2f} labels per text, threshold "
         f"{summary['threshold']}) into {summary['output']}"
     )
@@ -276,9 +244,7 @@ def cmd_export(ns, overrides) -> dict:
     if overrides:
         raise SystemExit(f"hf-mlcl export: unexpected arguments {overrides}")
     info = export_onnx(ns.folder, opset=ns.opset)
-    _say(
-        f"exported the {info['kind']} to {info['path']} (inputs {info['inputs']}, outputs {info['outputs']})"
-    )
+    say(f"exported the {info['kind']} to {info['path']} (inputs {info['inputs']}, outputs {info['outputs']})")
     return info
 
 
@@ -312,278 +278,6 @@ def cmd_demo(ns, overrides) -> dict:
         max_length=ns.max_length,
         seed=ns.seed,
     )
-
-
-# ----------------------------------------------------------------------------------------------------
-# argument parsing
-# ----------------------------------------------------------------------------------------------------
-# The keys a `--help` lists (a test checks each is a real field); all of them: docs/usage.md.
-HELP_MODEL_DATA_KEYS = (
-    "model_name_or_path",
-    "tokenizer_name_or_path",
-    "pooling",
-    "projection_dim",
-    "dataset",
-    "data_dir",
-    "dataset_options",
-    "data_files",
-    "text_column",
-    "label_column",
-    "label_format",
-    "max_length",
-    "max_train_samples",
-    "max_eval_samples",
-)
-HELP_TRAINING_KEYS = {
-    "contrastive": (
-        "loss",
-        "temperature",
-        "queue_size",
-        "learning_rate",
-        "num_train_epochs",
-        "max_steps",
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "seed",
-        "bf16",
-        "use_cpu",
-        "report_to",
-    ),
-    "probe": (
-        "probe",
-        "loss",
-        "threshold",
-        "learning_rate",
-        "num_train_epochs",
-        "max_steps",
-        "per_device_train_batch_size",
-        "seed",
-        "report_to",
-    ),
-    "joint": (
-        "contrastive_weight",
-        "supervised_loss",
-        "loss",
-        "temperature",
-        "threshold",
-        "learning_rate",
-        "num_train_epochs",
-        "per_device_train_batch_size",
-        "seed",
-    ),
-}
-
-
-def override_keys_help(stages: Sequence[str]) -> str:
-    """The ``--help`` section listing the common keys a command accepts, with each field's own help."""
-    import dataclasses
-
-    from hf_mlcl.recipes import argument_classes as _arg_classes
-
-    def lines(classes, keys):
-        fields = {f.name: f for cls in classes for f in dataclasses.fields(cls)}
-        out = []
-        for key in keys:
-            text = " ".join(str(fields[key].metadata.get("help", "")).split())
-            text = text if len(text) <= 64 else text[:61] + "..."
-            out.append(f"  --{key:<30} {text}".rstrip())
-        return out
-
-    model_cls, data_cls, _ = _arg_classes("probe")
-    parts = [
-        "recipe keys (override any of them: --key value; a recipe holds the same keys):",
-        "model and data:",
-        *lines((model_cls, data_cls), HELP_MODEL_DATA_KEYS),
-    ]
-    for stage in stages:
-        prefix = f"--{stage}.key or " if len(stages) > 1 else ""
-        parts += [
-            f"{stage} stage training ({prefix}--key):",
-            *lines((_arg_classes(stage)[2],), HELP_TRAINING_KEYS[stage]),
-        ]
-    if stages:
-        parts.append(
-            "  --output_dir                     the run's root folder (run) or the stage's folder (train, probe)"
-        )
-    parts += [
-        "",
-        "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments,",
-        "ProbingTrainingArguments and JointTrainingArguments in hf_mlcl.training.arguments (the last three",
-        "subclass transformers.TrainingArguments, so all of its fields work too); see docs/usage.md",
-        "(Recipes, Data). Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails",
-        "with the nearest valid name.",
-    ]
-    return "\n".join(parts)
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Shows only the documented spelling of an option (``--encoder_path``), not its dashed alias."""
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        if action.option_strings and action.nargs != 0:
-            return f"{action.option_strings[0]} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
-        if action.option_strings:
-            return (
-                action.option_strings[0]
-                if action.option_strings[0] != "-h"
-                else ", ".join(action.option_strings)
-            )
-        return super()._format_action_invocation(action)
-
-
-class _CommandParser(argparse.ArgumentParser):
-    """``hf-mlcl``'s parsers: every ``--multi_word`` option also answers to ``--multi-word`` (the keys
-    are dataclass fields, so the underscore spelling is the documented one), and a sub-command's
-    ``--help`` ends with the recipe keys it accepts (built only when asked, so that plain commands do not
-    import transformers to print help)."""
-
-    override_stages: tuple[str, ...] = ()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
-        spellings: list[str] = []
-        for name in names:
-            if name.startswith("--"):
-                documented = "--" + name[2:].replace("-", "_")
-                spellings += [documented] + ([name] if name != documented else [])
-                if name[2:].count("_"):
-                    spellings.append("--" + name[2:].replace("_", "-"))
-            else:
-                spellings.append(name)
-        return super().add_argument(*dict.fromkeys(spellings), **kwargs)
-
-    def format_help(self) -> str:
-        text = super().format_help()
-        if self.override_stages or self.prog.endswith(" evaluate"):
-            text += "\n" + override_keys_help(self.override_stages) + "\n"
-        return text
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _CommandParser(
-        prog="hf-mlcl",
-        description="Multi-label supervised contrastive learning on the HuggingFace Trainer.",
-        epilog="Recipe overrides: --key value (any argument field), --contrastive.key / --probe.key for one stage.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--log_level", default="warning", choices=["debug", "info", "warning", "error"])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
-
-    def add(name, help_text, stages=()):
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.override_stages = tuple(stages)
-        return p
-
-    p = add("train", "stage 1: contrastive training of the encoder", ["contrastive"])
-    p.add_argument("recipe", help="recipe YAML (recipes/<dataset>/<encoder>/<loss>.yaml)")
-    p = add("probe", "stage 2: train a multi-label head on a (frozen) encoder", ["probe"])
-    p.add_argument("recipe")
-    p.add_argument(
-        "--encoder_path",
-        default=None,
-        help="trained encoder folder (default: the recipe's stage-1 output if it exists, else the "
-        "recipe's model: the supervised baseline)",
-    )
-    p = add(
-        "run",
-        "the recipe's stages (contrastive + probe, or joint), test evaluation with plots, and model cards",
-        ["contrastive", "probe", "joint"],
-    )
-    p.add_argument("recipe")
-    p.add_argument(
-        "--push_to", default=None, help="Hub repo id for the classifier (encoder goes to <id>-encoder)"
-    )
-    p.add_argument("--private", action="store_true")
-    p.add_argument("--no_plots", action="store_true")
-    p = add("evaluate", "score a trained classifier on a split (metrics JSON + per-label F1 plot)")
-    p.add_argument("checkpoint", help="classifier folder written by `probe` / `run`")
-    p.add_argument(
-        "recipe",
-        nargs="?",
-        default=None,
-        help="recipe naming the dataset (default: the dataset, its options and max_length stored in "
-        "the checkpoint's card_data.json; --dataset ... overrides)",
-    )
-    p.add_argument("--split", default="test")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--output_dir", default=None, help="where metrics and plots go (default: the checkpoint)")
-    p.add_argument("--no_plots", action="store_true")
-    p = add("predict", "label a file of new texts with a trained classifier at its tuned threshold")
-    p.add_argument("classifier", help="classifier folder written by `probe` / `run`")
-    p.add_argument(
-        "input", help="CSV / TSV / JSON lines / parquet with a text column, or a .txt file, one text per line"
-    )
-    p.add_argument("--output", required=True, help="predictions file: .jsonl or .csv")
-    p.add_argument("--text_column", default="text")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument(
-        "--max_length", type=int, default=None, help="default: the length the classifier was trained at"
-    )
-    p.add_argument("--device", default=None, help="default: the GPU if there is one, else the CPU")
-    p.add_argument(
-        "--all_scores", action="store_true", help="write every label's score, not only the predicted ones"
-    )
-    p = add("export", "write a trained encoder or classifier as ONNX (onnx/model.onnx beside its config)")
-    p.add_argument("folder", help="encoder or classifier folder written by `train` / `probe` / `run`")
-    p.add_argument("--to", default="onnx", choices=["onnx"])
-    p.add_argument("--opset", type=int, default=18)
-    p = add("push", "upload a trained folder (model, tokenizer, card, metrics) to the Hub")
-    p.add_argument("folder")
-    p.add_argument("--repo_id", required=True)
-    p.add_argument("--private", action="store_true")
-    p.add_argument("--token", default=None, help="default: the token `hf auth login` saved, or HF_TOKEN")
-    p.add_argument("--revision", default=None)
-    p = add(
-        "demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots"
-    )
-    p.add_argument("--output_dir", default="./hf_mlcl_demo")
-    p.add_argument(
-        "--dataset", default="synthetic", help="synthetic (default) or a registry name, e.g. goemotions"
-    )
-    p.add_argument("--data_dir", default=None)
-    p.add_argument("--model", default=None, help="pretrained encoder path/id (default: a tiny random BERT)")
-    p.add_argument("--losses", default="sd,mulsupcon,all", help="comma-separated contrastive losses")
-    p.add_argument(
-        "--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)"
-    )
-    p.add_argument(
-        "--probe",
-        default="logistic",
-        choices=["logistic", "linear"],
-        help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head",
-    )
-    p.add_argument("--max_train_samples", type=int, default=None)
-    p.add_argument(
-        "--max_eval_samples",
-        type=int,
-        default=None,
-        help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)",
-    )
-    p.add_argument("--max_length", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42)
-    p = add(
-        "inspect",
-        "how each loss sees a dataset: relations R1-R5, positives, wasted anchors, HBL gate, queue advice",
-    )
-    p.add_argument("dataset", help="a registry name (hf_mlcl.data.list_datasets())")
-    p.add_argument("--data_dir", default=None)
-    p.add_argument(
-        "--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)"
-    )
-    p.add_argument("--option", action="append", default=[], help="loader keyword as key=value (repeatable)")
-    p.add_argument("--batch_size", type=int, default=32, help="per-process batch size")
-    p.add_argument("--queue_size", type=int, default=0)
-    p.add_argument("--num_processes", type=int, default=1)
-    p.add_argument("--k_min", type=int, default=128, help="HBL's reliability gate")
-    p.add_argument("--batches", type=int, default=50, help="sampled batches per queue size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output_dir", default="./hf_mlcl_inspect")
-    p.add_argument("--prefix", default=None, help="file-name prefix (default: the dataset name)")
-    return parser
 
 
 def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:

@@ -9,7 +9,13 @@ import os
 import pytest
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hf_mlcl")
-PRODUCT_SURFACE = {"hf_mlcl.cli", "hf_mlcl.demo", "hf_mlcl.__main__"}
+PRODUCT_SURFACE = {
+    "hf_mlcl.cli",
+    "hf_mlcl.cli_parser",
+    "hf_mlcl.cli_report",
+    "hf_mlcl.demo",
+    "hf_mlcl.__main__",
+}
 
 
 def _module_name(path: str) -> str:

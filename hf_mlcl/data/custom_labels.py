@@ -1,0 +1,233 @@
+"""How a custom dataset's labels are laid out and read: the label column(s), format and names, then label ids.
+
+:func:`label_layout` finds the :class:`LabelLayout` of a source from its train split and the options;
+:func:`label_ids` reads every split's rows as label ids in its label space. Used by
+:func:`hf_mlcl.data.custom.load_custom_dataset`.
+
+Design: docs/design.md, "Your own dataset (hf_mlcl/data/custom.py)".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from datasets import Dataset, DatasetDict
+
+from hf_mlcl.data.label_formats import (
+    binary_columns,
+    classlabel_names,
+    column,
+    column_np,
+    detect_format,
+    encode_rows,
+    is_int_token,
+    names_from_file,
+    row_tokens,
+    separators_in,
+)
+
+# the loader's own logger: what these helpers log reads as load_custom_dataset's
+logger = logging.getLogger("hf_mlcl.data.custom")
+
+
+@dataclass
+class LabelLayout:
+    """How the label column(s) of a source are read: the format (with its separator), the label column or
+    the 0/1 label columns, and the label names with where they come from (None: the train union, later)."""
+
+    fmt: str
+    sep: str | None
+    label_column: str | None
+    label_columns: list[str] | None
+    names: list[str] | None
+    names_origin: str
+
+
+def label_layout(
+    train: Dataset,
+    origin: str,
+    text_column: str,
+    label_column: str | None,
+    label_columns,
+    label_format: str,
+    label_separator: str | None,
+    label_names,
+) -> LabelLayout:
+    """The :class:`LabelLayout` of a source from its train split and the options: the label names of a file /
+    list (else a ClassLabel feature, else the 0/1 columns' names, else later the train union), the label column
+    (``""``: one 0/1 column per label; default ``labels`` / ``label``), the format (``"auto"``:
+    :func:`~hf_mlcl.data.label_formats.detect_format`)."""
+    cols = list(train.column_names)
+    names: list[str] | None = None
+    names_origin = "the sorted union of the train labels"
+    if isinstance(label_names, (str, os.PathLike)):
+        names, names_origin = names_from_file(os.fspath(label_names)), f"label_names file {label_names}"
+    elif label_names is not None:
+        names, names_origin = [str(n) for n in label_names], "the given label_names"
+    if label_column == "":  # "no label column": one 0/1 column per label
+        if label_format not in ("auto", "columns"):
+            raise ValueError(
+                f"label_column='' (no label column) reads one 0/1 column per label, but label_format is "
+                f"{label_format!r}; pass label_format='columns' or name the label column"
+            )
+        label_column, label_format = None, "columns"
+    if label_column is None and label_format != "columns" and not label_columns:
+        label_column = next((c for c in ("labels", "label") if c in cols), None)
+        if label_column is None and label_format not in ("auto", "columns"):
+            raise ValueError(f"{origin}: no 'labels'/'label' column (columns: {cols}); set label_column=")
+    elif label_column is not None and label_column not in cols:
+        raise ValueError(f"{origin}: no label column {label_column!r} (columns: {cols}); set label_column=")
+    sep = label_separator
+    fmt = label_format
+    if label_format == "auto":
+        fmt, sep = detect_format(train, label_column, label_columns, label_separator)
+    if fmt == "columns":
+        if not label_columns:
+            label_columns = list(names) if names is not None else binary_columns(train, {text_column})
+            if not label_columns:
+                raise ValueError(
+                    f"{origin}: found no label column ('labels'/'label') and no 0/1 columns; "
+                    f"set label_column= or label_columns= (columns: {cols})"
+                )
+            if names is None:
+                logger.warning("one 0/1 column per label, detected: %s", label_columns)
+        missing = [c for c in label_columns if c not in cols]
+        if missing:
+            raise ValueError(f"{origin}: label columns {missing} are missing (columns: {cols})")
+        names_origin = "the label columns" if label_names is None else names_origin
+        names = [str(c) for c in label_columns] if names is None else names
+    elif names is None:
+        names = classlabel_names(train.features[label_column])
+        if names is not None:
+            names_origin = f"the ClassLabel feature of {label_column!r}"
+    if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
+        sep = next(iter(separators_in(column(train, label_column))), None)
+    return LabelLayout(
+        fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin
+    )
+
+
+def label_ids(
+    raw: DatasetDict,
+    order: list[str],
+    layout: LabelLayout,
+    origin: str,
+    text_column: str,
+    unknown_labels: str,
+) -> tuple[dict[str, list[list[int]]], list[str], str]:
+    """Every split's rows as label ids, the label names and where they come from. One 0/1 column per label:
+    the columns' non-zeros; a label column: its tokens (:func:`~hf_mlcl.data.label_formats.row_tokens`) in
+    the label space, which is the train union when no names were given (a label seen only outside train is
+    an error naming it, or dropped with ``unknown_labels="drop"``)."""
+    encoded: dict[str, list[list[int]]] = {}
+    tokens: dict[str, list[list[Any]]] = {}
+    for split in order:
+        ds = raw[split]
+        if text_column not in ds.column_names:
+            raise ValueError(f"{origin}: split {split!r} has no text column {text_column!r}")
+        if layout.fmt == "columns":
+            encoded[split] = _column_label_ids(ds, layout.label_columns, origin, split)
+        else:
+            if layout.label_column not in ds.column_names:
+                raise ValueError(f"{origin}: split {split!r} has no label column {layout.label_column!r}")
+            tokens[split] = row_tokens(column(ds, layout.label_column), layout.fmt, layout.sep)
+    for split, rows in tokens.items():
+        empty = sum(not r for r in rows)
+        if empty:
+            logger.warning(
+                "%s: %d of %d rows of split %r have no label (empty, None or NaN cells); they train as rows "
+                "without a positive",
+                origin,
+                empty,
+                len(rows),
+                split,
+            )
+    names, names_origin = layout.names, layout.names_origin
+    if layout.fmt == "columns":
+        return encoded, names, names_origin
+    if names is not None and layout.fmt == "delimited":
+        tokens = _ids_of_given_names(tokens, names)
+    if names is None:
+        names, names_origin = _train_label_space(tokens, origin, unknown_labels)
+    for split, rows in tokens.items():
+        encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
+    return encoded, names, names_origin
+
+
+def _column_label_ids(ds: Dataset, label_columns: list[str], origin: str, split: str) -> list[list[int]]:
+    """The label ids of every row of ``ds`` from its 0/1 label columns (ValueError naming other values)."""
+    absent = [c for c in label_columns if c not in ds.column_names]
+    if absent:
+        raise ValueError(f"{origin}: split {split!r} lacks label columns {absent}")
+    if not len(ds):
+        return []
+    mat = np.stack([column_np(ds, c) for c in label_columns], axis=1)
+    if mat.size and not np.isin(mat, (0, 1)).all():
+        bad = [c for j, c in enumerate(label_columns) if not np.isin(mat[:, j], (0, 1)).all()]
+        raise ValueError(f"{origin}: label columns {bad[:10]} of split {split!r} hold values other than 0/1")
+    rows_idx, cols_idx = np.nonzero(mat.astype(bool))
+    return [c.tolist() for c in np.split(cols_idx, np.searchsorted(rows_idx, np.arange(1, len(ds))))]
+
+
+def _ids_of_given_names(tokens: dict[str, list[list[Any]]], names: list[str]) -> dict[str, list[list[Any]]]:
+    """Delimited numbers read as ids of the given label names, where they are not names themselves and every
+    one is an id of them (``0 <= id < len(names)``); else the tokens as they are (names)."""
+    known = set(names)
+    flat = [t for rows in tokens.values() for r in rows for t in r]
+    if (
+        not flat
+        or all(t in known for t in flat)
+        or not all(is_int_token(t) and 0 <= int(t) < len(names) for t in flat)
+    ):
+        return tokens
+    return {s: [[int(t) for t in r] for r in rows] for s, rows in tokens.items()}
+
+
+def _check_id_range(ids: list[int], origin: str) -> None:
+    """ValueError in one line when integer label ids span a range far larger than the labels they use (a stray
+    id, or numeric codes that are names): the label space would be ``0 .. max id``."""
+    largest, used = max(ids), len(set(ids))
+    if largest + 1 > 2 * used + 1000:
+        raise ValueError(
+            f"{origin}: the label ids reach {largest} but only {used} distinct ids occur, so the label space would "
+            f"hold {largest + 1} labels; if the numbers are label names (codes), use label_format='names' or "
+            "'delimited', else pass label_names= (a list or file)"
+        )
+
+
+def _train_label_space(
+    tokens: dict[str, list[list[Any]]], origin: str, unknown_labels: str
+) -> tuple[list[str], str]:
+    """The label names when none were given: ``"0" .. max id`` for integer ids, else the sorted union of the
+    train labels; a label of another split outside it is a ValueError (unless ``unknown_labels="drop"``)."""
+    train_tokens = [t for r in tokens["train"] for t in r]
+    names_origin = "the sorted union of the train labels"
+    if train_tokens and all(isinstance(t, int) for t in train_tokens):
+        _check_id_range(train_tokens, origin)
+        names = [str(i) for i in range(max(train_tokens) + 1)]
+        names_origin = "the integer ids of the train split (0 .. max)"
+    else:
+        names = sorted({str(t) for t in train_tokens})
+    if not names:
+        raise ValueError(f"{origin}: the train split holds no labels; check label_column/label_format")
+    known = set(names)
+
+    def unseen(t: Any) -> bool:
+        return t >= len(names) if isinstance(t, int) else str(t) not in known
+
+    outside = {
+        s: sorted({t for r in rows for t in r if unseen(t)}, key=str)
+        for s, rows in tokens.items()
+        if s != "train"
+    }
+    outside = {s: v for s, v in outside.items() if v}
+    if outside and unknown_labels == "error":
+        raise ValueError(
+            f"labels seen only outside train: {outside}. The label space is the union of the train labels; "
+            "pass label_names= (a list or file) to include them, or unknown_labels='drop' to drop them"
+        )
+    return names, names_origin
