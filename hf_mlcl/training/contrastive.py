@@ -1,8 +1,10 @@
 """`ContrastiveTrainer`: stage 1, label-aware contrastive training of an encoder with `transformers.Trainer`.
 
-:class:`ContrastiveSetup` builds what stage 1 trains with (the loss, the label count, the contrast set, the
-collator and, with a queue, the MoCo piece); :class:`ContrastiveTrainer` wires it into ``compute_loss``, the
-GradCache step, the loss parameters' optimizer, evaluation (eval loss + kNN probe) and the checkpoint state.
+:class:`ContrastiveSetup` (:mod:`hf_mlcl.training.contrastive_setup`) builds what stage 1 trains with (the
+loss, the label count, the contrast set, the collator and, with a queue, the MoCo piece);
+:class:`ContrastiveTrainer` wires it into ``compute_loss``, the GradCache step, the loss parameters'
+optimizer, evaluation (eval loss + kNN probe), logging (:mod:`hf_mlcl.training.loss_window`) and the
+checkpoint state.
 
 References: SupCon two-view batches, Khosla et al. 2020, eq. 2; MoCo, He et al. 2020.
 Design: docs/design.md, "Contrastive training step (hf_mlcl/training/contrastive.py)".
@@ -12,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,26 +21,19 @@ import torch.nn as nn
 from transformers import Trainer, TrainerCallback
 
 from hf_mlcl.data.sampler import PositiveEnsuredSampler
-from hf_mlcl.labels.multihot import dataset_label_matrix, to_dense_float
-from hf_mlcl.labels.statistics import resolve_num_labels
+from hf_mlcl.labels.multihot import to_dense_float
 from hf_mlcl.losses.input_checks import FirstCallChecks
-from hf_mlcl.losses.registry import build_contrastive_loss
 
 from . import distributed as D
-from .arguments import ContrastiveTrainingArguments, check_n_views
 from .base import MultiLabelTrainer
+from .contrast_sets import CandidateBuilder
+from .contrastive_setup import ContrastiveSetup, warn_if_gate_cannot_open
+from .embedding_queue import EmbeddingQueue
 from .gradcache import batch_rows, gradcache_backward, slice_batch, slice_rows
-from .launch import launch_problem, shards_parameters
-from .memory import (
-    CandidateBuilder,
-    EmbeddingQueue,
-    MomentumContrast,
-    check_queue_loss,
-    max_candidates,
-    output_embeddings,
-    resolve_contrast_set,
-)
-from .momentum import build_key_encoder
+from .launch import shards_parameters
+from .loss_window import LossWindow as _LossWindow
+from .memory import output_embeddings
+from .stage_arguments import ContrastiveTrainingArguments
 from .state_file import (
     STATE_FILE,
     load_state_file,
@@ -52,180 +45,6 @@ from .state_file import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["ContrastiveSetup", "ContrastiveTrainer", "STATE_FILE"]
-
-
-@dataclass
-class ContrastiveSetup:
-    """What stage 1 trains with, built from its arguments before the Trainer exists (:meth:`from_args`); the
-    MoCo piece and its contrast set follow once the trainer knows whether an engine shards the model
-    (:meth:`memory`).
-
-    Attributes: the loss, the label count (dataset, model, loss and queue agree on it), the collator, the
-    embedding width, and ready MoCo parts given by the caller.
-    """
-
-    loss_fn: nn.Module
-    num_labels: int
-    data_collator: Any
-    embedding_dim: int | None
-    queue: EmbeddingQueue | None = None
-    momentum_encoder: Any = None
-
-    @classmethod
-    def from_args(
-        cls,
-        args: ContrastiveTrainingArguments,
-        model: nn.Module,
-        train_dataset: Any,
-        label_column: str,
-        num_labels: int | None = None,
-        loss_fn: nn.Module | None = None,
-        data_collator: Any = None,
-        processing_class: Any = None,
-        queue: EmbeddingQueue | None = None,
-        momentum_encoder: Any = None,
-        embedding_dim: int | None = None,
-    ) -> ContrastiveSetup:
-        """The setup of the arguments (``embedding_dim``: the width the loss reads, default the model's
-        ``projection_dim``); ValueError (one line) for: ``n_views`` not in {1, 2}, a launch that
-        cannot run as asked, a collator with other views, an unknown or supervised loss, a queue with a loss
-        that cannot take keys, and a label count that differs between dataset / model / loss / queue /
-        collator. The arguments' own checks come first, then the loss, then the label space."""
-        check_n_views(args.n_views)
-        problem = launch_problem(args)
-        if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
-            raise ValueError(problem)
-        if (
-            embedding_dim is None
-        ):  # the model's projection head (MLCLEncoder), else unknown until a queue needs it
-            width = getattr(getattr(model, "config", None), "projection_dim", None)
-            embedding_dim = int(width) if width else None
-        n_labels = resolve_num_labels(train_dataset, num_labels, label_column, model=model)
-        collator = MultiLabelTrainer.collator_for(data_collator, processing_class, n_labels, args.n_views)
-        if loss_fn is None:
-            loss_fn = build_contrastive_loss(
-                args.loss, args.loss_kwargs, args.temperature, n_labels, embedding_dim
-            )
-        elif not getattr(loss_fn, "is_contrastive", False):
-            raise ValueError(
-                f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)"
-            )
-        check_queue_loss(loss_fn, args.queue_size)
-        resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
-        if getattr(loss_fn, "requires_label_statistics", False):
-            if train_dataset is None:
-                raise ValueError(
-                    f"{type(loss_fn).__name__} needs training-set label statistics; pass train_dataset"
-                )
-            loss_fn.set_label_statistics(dataset_label_matrix(train_dataset, label_column, n_labels))
-        return cls(loss_fn, n_labels, collator, embedding_dim, queue, momentum_encoder)
-
-    def memory(
-        self, args: ContrastiveTrainingArguments, model: nn.Module, sharded: bool, runner
-    ) -> MomentumContrast | None:
-        """The MoCo piece (``queue_size > 0``), on the training device: the loss paper's contrast set (or
-        ``args.contrast_set``: ValueError when the loss cannot take it), the key encoder (a copy sharing the
-        frozen base, or under DeepSpeed / FSDP a second adapter of the prepared model ``runner()``) and the
-        queue (built on the device: its label format depends on it); None in batch mode."""
-        if args.queue_size <= 0:
-            return None
-        resolve_contrast_set(
-            self.loss_fn, args.contrast_set, args.queue_size
-        )  # before the key encoder is built
-        key_encoder = self.momentum_encoder or build_key_encoder(
-            model, args.momentum, sharded, runner, args.queue_size
-        )
-        if self.queue is None and self.embedding_dim is None:
-            raise ValueError(
-                f"queue_size={args.queue_size}: the queue needs the embeddings' width; use a model whose config "
-                "has projection_dim (MLCLEncoder) or pass a ready EmbeddingQueue(queue=...)"
-            )
-        queue = self.queue
-        if queue is None:  # a given queue is empty, hence falsy: never `or`
-            queue = EmbeddingQueue(args.queue_size, self.embedding_dim, self.num_labels, device=args.device)
-        moco = MomentumContrast(
-            self.loss_fn,
-            key_encoder,
-            queue,
-            args.contrast_set,
-            args.queue_warmup,
-            gather=args.gather_across_devices,
-        )
-        return moco.to(args.device)
-
-
-def _warn_if_gate_cannot_open(
-    loss_fn: nn.Module, args: ContrastiveTrainingArguments, contrast_set: str | None
-) -> None:
-    """One warning when HBL's reliability gate (abs(P) >= k_min) can never open: fewer candidates than k_min
-    per anchor in batch + queue, so the structural term is exactly zero."""
-    k_min = getattr(loss_fn, "k_min", None)
-    if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
-        return
-    world = max(1, args.world_size)
-    reach = max_candidates(
-        args.per_device_train_batch_size, world, args.n_views, args.queue_size, contrast_set
-    )
-    if reach < k_min:
-        warnings.warn(
-            f"{type(loss_fn).__name__}: k_min={k_min} but an anchor has at most {reach} candidates per step "
-            f"(batch {args.per_device_train_batch_size} x {world} processes, queue_size={args.queue_size}, "
-            f"contrast set {contrast_set or 'in-batch'}): the reliability gate never opens and the HBL term "
-            "adds exactly 0; raise queue_size / the batch size or lower k_min",
-            UserWarning,
-            stacklevel=5,
-        )
-
-
-def _sum_dtype(device: torch.device) -> torch.dtype:
-    """float64 for the on-device sums of logged values (float32 where the device has no float64: mps)."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-class _LossWindow:
-    """The loss parts of the micro-batches since the last log, summed on the device (float64: the values
-    Python floats summed in the same order would give), and the count of non-finite training losses."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.count = 0
-        self.nonfinite: torch.Tensor | None = None
-
-    def add(self, parts: dict[str, torch.Tensor]) -> None:
-        for name, value in parts.items():
-            if name != "loss":
-                value = value.detach().to(_sum_dtype(value.device))
-                total = self.sums.get(name)
-                self.sums[name] = value if total is None else total + value
-        self.count += 1
-        with torch.no_grad():
-            loss = parts["loss"]
-            bad = torch.ne(
-                loss - loss, 0
-            ).long()  # x - x is NaN exactly for NaN and +-inf (fewer ops than isfinite)
-        self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
-
-    def averages(self) -> dict[str, float]:
-        """``loss_<name>``: each part's window average, read on the host; the window restarts."""
-        out = (
-            {f"loss_{name}": float(total) / self.count for name, total in self.sums.items()}
-            if self.count
-            else {}
-        )
-        self.sums, self.count = {}, 0
-        return out
-
-    def raise_if_not_finite(self) -> None:
-        """ValueError when a training loss since the last check was NaN or inf (one host read)."""
-        if self.nonfinite is None:
-            return
-        bad, self.nonfinite = int(self.nonfinite), None
-        if bad:
-            raise ValueError(
-                f"the contrastive loss was NaN or inf in {bad} training micro-batch(es) since the last logging "
-                "step or checkpoint: the embeddings contain NaN or inf values; check the encoder output (learning "
-                "rate, fp16 overflow). Training stops here, before a checkpoint of these weights is written."
-            )
 
 
 class _StepCallback(TrainerCallback):
@@ -326,7 +145,7 @@ class ContrastiveTrainer(MultiLabelTrainer):
                 supports_keys=getattr(self.loss_fn, "supports_keys", False),
             )
         )
-        _warn_if_gate_cannot_open(self.loss_fn, args, self.candidates.contrast_set)
+        warn_if_gate_cannot_open(self.loss_fn, args, self.candidates.contrast_set)
         if self.memory is not None or self._loss_parameters():
             self.add_callback(_StepCallback(self))
 

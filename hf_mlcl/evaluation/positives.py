@@ -1,0 +1,75 @@
+"""The positives of a batch streamed into :class:`~hf_mlcl.evaluation.streaming.MultiLabelAccumulator`:
+their (row, label) coordinates from any truth format (dense or sparse multi-hot, label-id lists), and the
+counts that rank a positive's score within its row or its group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hf_mlcl.evaluation.inputs import check_true
+
+__all__ = ["count_below", "ge_within", "reference_positives"]
+
+
+def reference_positives(references: Any, rows: int, num_labels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, label) of every positive of a batch, sorted by row then label, from a dense multi-hot
+    matrix (numpy / torch), a sparse one (torch, scipy) or a list of label-id lists (one per row)."""
+    if isinstance(references, (list, tuple)):
+        ids = [np.asarray(r, dtype=np.int64).ravel() for r in references]
+        if len(ids) != rows:
+            raise ValueError(f"{len(ids)} label-id lists for {rows} prediction rows.")
+        cols = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        if cols.size and (cols.min() < 0 or cols.max() >= num_labels):
+            raise ValueError(f"label ids must lie in [0, {num_labels}), got {cols.min()}..{cols.max()}.")
+        row = np.repeat(np.arange(rows, dtype=np.int64), [r.size for r in ids])
+        key = np.unique(row * num_labels + cols)
+        return key // num_labels, key % num_labels
+    if hasattr(references, "tocsr"):  # scipy sparse
+        m = references.tocsr()
+        m.sum_duplicates()
+        m.eliminate_zeros()
+        if m.shape != (rows, num_labels):
+            raise ValueError(f"references have shape {m.shape}, predictions ({rows}, {num_labels}).")
+        if m.nnz and not np.all(m.data == 1):
+            raise ValueError("references must contain only 0 and 1 (multi-hot).")
+        return np.repeat(np.arange(rows, dtype=np.int64), np.diff(m.indptr)), m.indices.astype(np.int64)
+    y = check_true(references, "references")
+    if y.shape != (rows, num_labels):
+        raise ValueError(f"references have shape {y.shape}, predictions ({rows}, {num_labels}).")
+    r, c = np.nonzero(y)
+    return r.astype(np.int64), c.astype(np.int64)
+
+
+def count_below(sorted_rows: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each (row, value): number of entries of ``sorted_rows[row]`` (ascending) below ``value``."""
+    width = sorted_rows.shape[1]
+    lo = np.zeros(rows.size, dtype=np.int64)
+    hi = np.full(rows.size, width, dtype=np.int64)
+    for _ in range(max(1, int(width).bit_length() + 1)):  # vectorised bisection, every query at once
+        active = lo < hi
+        if not active.any():
+            break
+        mid = (lo + hi) // 2
+        below = active & (sorted_rows[rows, np.minimum(mid, width - 1)] < values)
+        lo = np.where(below, mid + 1, lo)
+        hi = np.where(active & ~below, mid, hi)
+    return lo
+
+
+def ge_within(groups: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each item: number of items of its group with a value >= its value (ties included)."""
+    if groups.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    new_group = np.r_[True, g[1:] != g[:-1]]
+    new_value = new_group | np.r_[True, v[1:] != v[:-1]]
+    start = np.maximum.accumulate(np.where(new_value, np.arange(g.size), 0))
+    end = np.r_[np.flatnonzero(new_group)[1:], g.size]  # one past each group's last item
+    group_end = end[np.cumsum(new_group) - 1]
+    out = np.empty(g.size, dtype=np.int64)
+    out[order] = group_end - start
+    return out
