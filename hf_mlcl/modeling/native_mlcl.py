@@ -377,6 +377,23 @@ def load_native_encoder(
     return model.eval()
 
 
+def _labels(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The label settings of a classifier folder's ``mlcl_config.json`` (``id2label`` keyed by int)."""
+    labels = {key: settings[key] for key in LABEL_SETTINGS if settings.get(key) is not None}
+    if "id2label" in labels:
+        labels["id2label"] = {int(k): v for k, v in labels["id2label"].items()}
+    return labels
+
+
+def _classifier_config(cls: Any, backbone: Any, settings: Mapping[str, Any]) -> Any:
+    """The ``MLCLConfig`` of a classifier on ``backbone`` with the labels and settings of its folder."""
+    return cls.config_class(
+        backbone_config=backbone_config_to_dict(backbone.config),
+        **_labels(settings),
+        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
+    )
+
+
 def load_classifier_folder(
     cls: Any,
     path: str,
@@ -392,15 +409,7 @@ def load_classifier_folder(
         The classifier in eval mode.
     """
     backbone, adapter = _native_backbone(path, files, kwargs)
-    labels = {key: settings[key] for key in LABEL_SETTINGS if settings.get(key) is not None}
-    if "id2label" in labels:
-        labels["id2label"] = {int(k): v for k, v in labels["id2label"].items()}
-    config = cls.config_class(
-        backbone_config=backbone_config_to_dict(backbone.config),
-        **labels,
-        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
-    )
-    model = cls(config, backbone=backbone)
+    model = cls(_classifier_config(cls, backbone, settings), backbone=backbone)
     if adapter:
         apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
     weight, bias = _dense(files, DENSE_DIRS[0], path)
@@ -441,8 +450,7 @@ def load_peft_classifier(
     if not base:
         raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
     model_type = settings["backbone_config"]["model_type"]
-    labels = {key: settings[key] for key in LABEL_SETTINGS if settings.get(key) is not None}
-    labels["id2label"] = {int(k): v for k, v in labels["id2label"].items()}
+    labels = _labels(settings)
     pad = settings["backbone_config"].get("pad_token_id")
     shape = {key: labels[key] for key in ("id2label", "label2id", "problem_type") if key in labels}
     native = native_classifier_class(model_type).from_pretrained(base, **shape, pad_token_id=pad, **loader)
@@ -457,12 +465,7 @@ def load_peft_classifier(
             params[name].device, torch.float32 if ".lora_" in key else params[name].dtype
         )
     backbone = getattr(native, native.base_model_prefix)
-    config = cls.config_class(
-        backbone_config=backbone_config_to_dict(backbone.config),
-        **labels,
-        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
-    )
-    model = cls(config, backbone=backbone)
+    model = cls(_classifier_config(cls, backbone, settings), backbone=backbone)
     rules = [(new, old) for old, new in classifier_key_rules(model_type) if old == "classifier."]
     saved = ".modules_to_save.default."
     head = {k.replace(saved, "."): v for k, v in native.state_dict().items() if saved in k}
