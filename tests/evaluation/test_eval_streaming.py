@@ -250,3 +250,17 @@ def test_rows_added_after_compute_count():
     _same(acc.compute(), compute_multilabel_metrics(y[:10], s[:10]))
     acc.add_batch(z[10:], y[10:])
     _same(acc.compute(), compute_multilabel_metrics(y, s))
+
+
+def test_rows_of_a_wider_dtype_after_narrower_ones_keep_their_precision(monkeypatch):
+    """The chunk buffer takes the first batch's dtype; a float64 batch after float32 ones is not rounded."""
+    y, z = _split()
+    monkeypatch.setattr(inp, "CHUNK_CELLS", 7 * y.shape[1])
+    half = len(y) // 2
+    z32 = z[:half].astype(np.float32)
+    acc = MultiLabelAccumulator(y.shape[1])
+    acc.add_batch(z32, y[:half].astype(np.float32))
+    acc.add_batch(z[half:].astype(np.float64), y[half:].astype(np.float32))
+    scores, truth = acc.dense()
+    want = sigmoid(np.concatenate([z32.astype(np.float64), z[half:].astype(np.float64)]))
+    assert np.array_equal(scores, want) and np.array_equal(truth, y)
