@@ -215,9 +215,10 @@ def adapter_encoder(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME))
 
 
-def with_lora(model: Any, model_args: Any, activation_checkpointing: bool) -> Any:
+def with_lora(model: Any, model_args: Any) -> Any:
     """``model`` wrapped by ``hf_mlcl.modeling.apply_lora`` with the recipe's LoRA settings (our heads in
-    ``modules_to_save``)."""
+    ``modules_to_save``). Activation checkpointing is the Trainer's to switch on (its ``activation_checkpointing``
+    and ``activation_checkpointing_kwargs`` reach the wrapped model when training starts)."""
     from .lora import apply_lora
 
     return apply_lora(
@@ -226,13 +227,11 @@ def with_lora(model: Any, model_args: Any, activation_checkpointing: bool) -> An
         alpha=model_args.lora_alpha,
         dropout=model_args.lora_dropout,
         target_modules=model_args.lora_target_modules,
-        gradient_checkpointing=activation_checkpointing,
+        gradient_checkpointing=False,
     )
 
 
-def probe_model(
-    encoder: Any, model_args: Any, label_names: Sequence[str], probe: str, activation_checkpointing: bool
-):
+def probe_model(encoder: Any, model_args: Any, label_names: Sequence[str], probe: str):
     """The stage-2 classifier on ``encoder`` (``MLCLForMultiLabelClassification.from_encoder``): a LoRA encoder
     is merged first for a fine-tune or with ``merge_lora`` (a frozen one keeps a loaded adapter unmerged); ``probe`` ``"linear"`` / ``"logistic"`` freeze the encoder, ``"finetune"`` trains it,
     with ``model_args.use_lora`` as LoRA adapters + the classifier head (the backbone stays frozen)."""
@@ -256,7 +255,7 @@ def probe_model(
     if (
         model_args.use_lora and probe == "finetune"
     ):  # adapters + classifier head train; the backbone stays frozen
-        model = with_lora(model, model_args, activation_checkpointing)
+        model = with_lora(model, model_args)
     return model
 
 

@@ -25,7 +25,6 @@ from .stage_steps import (
     THRESHOLDS_FILE,
     RunData,
     StageResult,
-    checkpointing,
     fit,
     load_run_data,
     make_collator,
@@ -79,9 +78,7 @@ def train_probe(
     tokenizer, encoder = build_tokenizer_and_encoder(
         model_args, data.dataset["train"]["text"], source=encoder_path
     )
-    model = probe_model(
-        encoder, model_args, data.label_names, probing_args.probe, checkpointing(probing_args)
-    )
+    model = probe_model(encoder, model_args, data.label_names, probing_args.probe)
     collator = make_collator(tokenizer, model, data, data_args)
     align_special_tokens(model, tokenizer)
     trainer = ProbingTrainer(
@@ -183,7 +180,7 @@ def train_joint(
     tokenizer, encoder = build_tokenizer_and_encoder(
         model_args, data.dataset["train"]["text"], source=encoder_path
     )
-    model = probe_model(encoder, model_args, data.label_names, "finetune", checkpointing(joint_args))
+    model = probe_model(encoder, model_args, data.label_names, "finetune")
     collator = make_collator(tokenizer, model, data, data_args)
     align_special_tokens(model, tokenizer)
     trainer = JointTrainer(model=model, args=joint_args, **trainer_data(data, collator, tokenizer, callbacks))

@@ -14,7 +14,6 @@ from .stage_steps import (
     METRICS_FILE,
     RunData,
     StageResult,
-    checkpointing,
     fit,
     load_run_data,
     make_collator,
@@ -59,7 +58,7 @@ def train_contrastive(
         model_args, data.dataset["train"]["text"], model_args.projection_dim, label_names=data.label_names
     )
     if model_args.use_lora:
-        encoder = with_lora(encoder, model_args, checkpointing(training_args))
+        encoder = with_lora(encoder, model_args)
     collator = make_collator(tokenizer, encoder, data, data_args, n_views=training_args.n_views)
     align_special_tokens(encoder, tokenizer)
     trainer = ContrastiveTrainer(

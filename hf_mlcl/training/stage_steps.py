@@ -31,7 +31,6 @@ __all__ = [
     "THRESHOLDS_FILE",
     "RunData",
     "StageResult",
-    "checkpointing",
     "fit",
     "load_run_data",
     "make_collator",
@@ -209,8 +208,3 @@ def trainer_save(trainer: Any, folder: str | None = None) -> bool:
     if trainer.is_fsdp_enabled:
         return "FULL_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
     return True
-
-
-def checkpointing(args: Any) -> bool:
-    """The Trainer's activation-checkpointing flag (``activation_checkpointing``, or its alias ``gradient_checkpointing``)."""
-    return bool(args.activation_checkpointing or args.gradient_checkpointing)

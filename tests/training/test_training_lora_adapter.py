@@ -353,7 +353,7 @@ def test_lora_finetune_on_an_adapter_encoder_starts_from_the_encoders_outputs(
     model_args = ModelArguments(
         model_name_or_path=base_model, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0
     )
-    model = probe_model(encoder, model_args, ["a", "b"], "finetune", activation_checkpointing=False).eval()
+    model = probe_model(encoder, model_args, ["a", "b"], "finetune").eval()
     inner = model.base_model.model
     assert not any(
         "lora_" in n for n, _ in inner.backbone.named_parameters() if ".default." in n and "base_layer" in n
