@@ -4,6 +4,7 @@ first, the lock of a killed run taken over, and two CLI runs into one folder nev
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -32,7 +33,8 @@ def test_a_second_holder_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
 
 def test_a_second_run_into_a_running_folder_stops_in_one_line(tmp_path):
     """While a run trains, its folder's lock is held: another holder is refused, and a second hf-mlcl run into
-    the folder (resuming it) exits 2 with one line naming the first; the first run finishes (exit 0)."""
+    the folder (resuming it) exits 2 with one line naming the first; the first run trains on undisturbed until
+    it is stopped (SIGTERM: exit 143 with its resume hint), and its lock is free again."""
     import time
 
     recipe = os.path.join(ROOT, "recipes", "demo", "tiny_synthetic.yaml")
@@ -79,7 +81,12 @@ def test_a_second_run_into_a_running_folder_stops_in_one_line(tmp_path):
     assert second.returncode == 2, second.stderr[-2000:]
     err = second.stderr.strip().splitlines()
     assert "is in use by another run" in err[-1] and "Traceback" not in second.stderr
-    assert first.wait(timeout=240) == 0, first.stderr.read()[-2000:]
+    assert first.poll() is None  # still training: the refused second run left it alone
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=240) == 143, first.stderr.read()[-2000:]
+    assert "--resume_from_checkpoint" in first.stderr.read()
+    with RunLock(out):
+        pass  # released by the stopped run
 
 
 def test_a_run_folder_is_held_for_all_its_stages_and_a_demo_folder_for_the_whole_demo(tmp_path, capsys):
