@@ -65,6 +65,8 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+# make test-slow: ZeRO-3 + LoRA training and reloading stay in the default suite (tests/training)
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_tokenizer):
     torch.manual_seed(0)

@@ -161,6 +161,8 @@ def test_lora_bce_finetune_under_zero3_matches_the_plain_run_and_its_adapter_rel
         torch.testing.assert_close(outputs(loaded, tok, "logits"), got["logits"], rtol=1e-5, atol=1e-5)
 
 
+# make test-slow: ZeRO-3 training, saving and reloading stay in the default suite above
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_zero3_resume_restores_prototypes_momentum_and_queue(setup):
     """A two-process ZeRO-3 run resumed from its step-2 checkpoint (the engine's checkpoint plus
