@@ -232,14 +232,14 @@ def _to_peft_classifier(
     ``config.json``, so loaders read the base model the adapter names. False (nothing written) for a family
     whose head an adapter cannot hold (:func:`~hf_mlcl.modeling.native_mlcl.peft_head_modules`)."""
     from .native_mlcl import (
-        CLASSIFIER_SETTINGS,
-        LABEL_SETTINGS,
         MLCL_FILE,
         PEFT,
         classifier_key_rules,
+        classifier_settings,
         native_classifier_class,
         peft_head_modules,
         rename_keys,
+        write_json,
     )
 
     model_type = config.backbone_config["model_type"]
@@ -257,15 +257,12 @@ def _to_peft_classifier(
     heads = {k: v for k, v in _saved_state(folder).items() if k.startswith(_CLASSIFIER)}
     rules = [rule for rule in classifier_key_rules(model_type) if rule[0] == _CLASSIFIER]
     weights.update({_PEFT_MODEL + k: v for k, v in rename_keys(heads, rules).items()})
-    settings = {"kind": "classifier", "layout": PEFT, "max_seq_length": max_seq_length}
-    settings.update({key: getattr(config, key, None) for key in (*LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
-    settings["backbone_config"] = dict(config.backbone_config)
+    settings = classifier_settings(config, PEFT, max_seq_length, config.backbone_config)
 
     def write(tmp: str) -> None:
         save_file(weights, os.path.join(tmp, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
         for name, data in ((ADAPTER_CONFIG_NAME, adapter_config), (MLCL_FILE, settings)):
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=2)
+            write_json(os.path.join(tmp, name), data)
         _save_right_padded(tokenizer, tmp)
 
     target = folder if target is None else target

@@ -36,6 +36,8 @@ __all__ = [
     "native_classifier_reason",
     "SENTENCE_TRANSFORMERS",
     "write_classifier_files",
+    "classifier_settings",
+    "write_json",
     "native_classifier_class",
     "rename_keys",
     "POOLING_DIR",
@@ -89,7 +91,8 @@ def native_encoder_reason(config: Any) -> str | None:
     return None
 
 
-def _write_json(path: str, data: Any) -> None:
+def write_json(path: str, data: Any) -> None:
+    """``data`` as indented JSON at ``path`` (its folder made where missing)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2)
@@ -111,9 +114,9 @@ def _write_modules(
     config = {key: False for key in _ST_POOLING_MODES}
     config.update(word_embedding_dimension=hidden, include_prompt=True)
     config[_ST_POOLING_KEYS[pooling]] = True
-    _write_json(os.path.join(folder, POOLING_DIR, "config.json"), config)
+    write_json(os.path.join(folder, POOLING_DIR, "config.json"), config)
     for directory, weight, bias, activation in dense:
-        _write_json(
+        write_json(
             os.path.join(folder, directory, "config.json"),
             {
                 "in_features": int(weight.shape[1]),
@@ -130,12 +133,12 @@ def _write_modules(
         {"idx": i, "name": str(i), "path": path, "type": kind}
         for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
     ]
-    _write_json(os.path.join(folder, "modules.json"), modules)
-    _write_json(
+    write_json(os.path.join(folder, "modules.json"), modules)
+    write_json(
         os.path.join(folder, "sentence_bert_config.json"),
         {"max_seq_length": max_seq_length, "do_lower_case": False},
     )
-    _write_json(
+    write_json(
         os.path.join(folder, "config_sentence_transformers.json"),
         {
             "__version__": {"pytorch": torch.__version__},
@@ -186,7 +189,7 @@ def write_sentence_transformers_files(
     settings.update(embedding=embedding, max_seq_length=max_seq_length)
     if backbone_config is not None:
         settings["backbone_config"] = dict(backbone_config)
-    _write_json(os.path.join(folder, MLCL_FILE), settings)
+    write_json(os.path.join(folder, MLCL_FILE), settings)
 
 
 def native_classifier_reason(config: Any) -> str | None:
@@ -225,12 +228,20 @@ def write_classifier_files(
     weight = classifier["weight"]
     dense = [(DENSE_DIRS[0], weight, classifier["bias"], "torch.nn.modules.activation.Sigmoid")]
     _write_modules(folder, config.pooling, int(weight.shape[1]), dense, 3, max_seq_length)
-    settings = {"kind": "classifier", "layout": SENTENCE_TRANSFORMERS}
+    settings = classifier_settings(config, SENTENCE_TRANSFORMERS, max_seq_length, backbone_config)
+    write_json(os.path.join(folder, MLCL_FILE), settings)
+
+
+def classifier_settings(
+    config: Any, layout: str, max_seq_length: int | None, backbone_config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``mlcl_config.json`` of a classifier folder in ``layout``: its labels, tuned threshold and hf_mlcl's
+    settings, the training length and, for a folder without ``config.json`` (an adapter), the backbone's config."""
+    settings = {"kind": "classifier", "layout": layout, "max_seq_length": max_seq_length}
     settings.update({key: getattr(config, key, None) for key in (*LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
-    settings["max_seq_length"] = max_seq_length
     if backbone_config is not None:
         settings["backbone_config"] = dict(backbone_config)
-    _write_json(os.path.join(folder, MLCL_FILE), settings)
+    return settings
 
 
 CLASSIFIER_SETTINGS = (
