@@ -37,19 +37,26 @@ print(json.dumps(sorted(tok.get_vocab().items())))
 
 
 def test_bert_tokenizer_is_identical_across_processes():
-    """Same texts -> same vocabulary *and ids* in separate processes (the `tokenizers` trainers break
-    ties in per-process hash order; this corpus has many equally frequent words and pairs)."""
+    """Same texts -> same vocabulary *and ids* in separate processes of different hash orders (the
+    `tokenizers` trainers break ties in per-process hash order; this corpus has many equally frequent words
+    and pairs)."""
     import json
+    import os
     import subprocess
     import sys
 
     runs = [
-        subprocess.run(
-            [sys.executable, "-c", _VOCAB_SCRIPT, "bert"], capture_output=True, text=True, check=True
+        subprocess.Popen(
+            [sys.executable, "-c", _VOCAB_SCRIPT, "bert"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
         )
-        for _ in range(3)
+        for seed in ("1", "2", "random")
     ]
-    vocabs = [json.loads(r.stdout) for r in runs]
+    outputs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0]
+    vocabs = [json.loads(out) for out in outputs]
     assert len(vocabs[0]) == 120 and vocabs[0] == vocabs[1] == vocabs[2]
 
 

@@ -131,6 +131,7 @@ def test_msc_under_zero3_matches_the_plain_run_and_its_adapter_reloads(setup, pr
     )  # training changed the model
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_lora_bce_finetune_under_zero3_matches_the_plain_run_and_its_adapter_reloads(setup):
     """The Llama bce.yaml recipe's stage: a classifier with LoRA adapters + its head, fine-tuned with BCE on two
