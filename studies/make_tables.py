@@ -10,7 +10,8 @@ The full-data studies (FULL_STUDIES) get their own tables: ``<study>-full`` (eve
 without a metrics.json marked "not yet run"; fine-tuning rows at the learning rate chosen on validation)
 ``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
 contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation) and
-``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell).
+``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell); ``<study>-scale`` and
+``<study>-joint`` come from studies/scale_table.py.
 
 The same study run on one GPU in bf16 (``run_gpu.sh``, outputs in ``studies/results/gpu_bf16/<study>/``) gets
 ``gpu-<study>-full``, ``gpu-<study>-lr`` and ``gpu-<study>-vs-bce`` (the same tables, read from that tree with
@@ -33,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bce_choice  # noqa: E402  (studies/bce_choice.py: the BCE baseline's learning rate and budget)
 import loss_choice  # noqa: E402  (studies/loss_choice.py: the losses that get GoEmotions runs and seeds)
 import lr_grid  # noqa: E402  (studies/lr_grid.py: the BCE learning-rate grid)
+import scale_table  # noqa: E402  (studies/scale_table.py: the data-scale and joint-objective tables)
 from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with a longer-budget BCE run)
 
 STUDIES = os.path.dirname(os.path.abspath(__file__))
@@ -915,6 +917,8 @@ def main(argv: list[str]) -> None:
     tables.update({f"{d}-lr": lr_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-tail": tail_table(d) for d in FULL_STUDIES})
+    tables.update({f"{d}-scale": scale_table.scale_table(d, HERE) for d in FULL_STUDIES})
+    tables.update({f"{d}-joint": scale_table.joint_table(d, HERE) for d in FULL_STUDIES})
     tables.update(gpu_tables())
     if "--print" in argv:
         for d, t in tables.items():

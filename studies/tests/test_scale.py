@@ -306,3 +306,34 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
         run.best_joint_weight("reuters21578", 2000)
     with pytest.raises(ValueError, match="--loss joint fine-tunes"):
         run.run_cell("reuters21578", "joint", "logistic", 1, [], weight="0.5")
+
+
+def _cell(root, cell: str, seed: int, val: float, test: float) -> None:
+    folder = root / "reuters21578" / cell / f"seed{seed}"
+    folder.mkdir(parents=True)
+    metrics = {"validation_macro_f1": val, "test_macro_f1": test, "test_micro_f1": test + 0.5}
+    (folder / "metrics.json").write_text(json.dumps({"seed": seed, "metrics": metrics}))
+
+
+def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp_path):
+    tables = _module("scale_table")
+    _cell(tmp_path, "tfidf_logreg-n500", 1, 0.1, 0.18)
+    _cell(tmp_path, "bce_finetune-lr5e-5-n500", 1, 0.10, 0.90)  # lower on validation: not the row
+    for seed, test in ((1, 0.30), (2, 0.32), (3, 0.34)):
+        _cell(tmp_path, "bce_finetune-lr1e-4-n500", seed, 0.20, test)
+    _cell(tmp_path, "joint_finetune-w0.2-lr1e-4-n500", 1, 0.25, 0.40)
+    _cell(tmp_path, "joint_finetune-w0.5-lr1e-4-n500", 1, 0.15, 0.99)
+    _cell(tmp_path, "bce_finetune-lr2e-4", 1, 0.35, 0.36)
+    lines = tables.scale_table("reuters21578", str(tmp_path)).splitlines()
+    assert lines[0] == "| method | 500 training texts | 2,000 training texts | all (6,993) |"
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
+    assert rows["TF-IDF + logistic regression"][0] == "0.180 (n=1)"
+    assert rows["BCE fine-tune"] == ["0.320 ± 0.020 (n=3)", "not yet run", "0.360 (n=1) |"]
+    assert rows["joint: (1 - w) BCE + w jaccard"][0] == "0.400 (n=1)"
+    assert rows["SetFit"] == ["not yet run"] * 2 + ["not yet run |"]
+    joint = tables.joint_table("reuters21578", str(tmp_path)).splitlines()[2:]
+    assert joint == [
+        "| 500 | 0.2 | 1e-4 | 0.250 (n=1) | 0.400 (n=1) | 0.900 (n=1) | 0.200 ± 0.000 (n=3) | 0.320 ± 0.020 (n=3) |",
+        "| 500 | 0.5 | 1e-4 | 0.150 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
+        "| 0.320 ± 0.020 (n=3) |",
+    ]
