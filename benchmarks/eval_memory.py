@@ -10,9 +10,9 @@ Trainer's float32 logits and labels, float64 probabilities, ``tune_*_threshold``
 ``compute_multilabel_metrics`` on whole arrays), run at ``--dense-rows`` rows and extrapolated per cell.
 Each path runs in its own process; peak RSS is ``ru_maxrss``. ``--approx-rows``: the streamed metrics at
 that many rows, exact (every input kept) against histogram estimates. ``--trainer``: the same split through
-``ProbingTrainer.predict_evaluation`` (a tiny BERT, random head), run twice: with glibc's default allocator,
-whose dynamic mmap threshold leaves the Trainer loop's per-batch (B, L) tensors fragmenting the heap, and
-with ``MALLOC_MMAP_THRESHOLD_=131072`` (trainer*). Results go to ``--out`` as JSON.
+``ProbingTrainer.predict_evaluation`` (a tiny BERT, random head, cached frozen features), run twice: with
+glibc's default allocator and with ``MALLOC_MMAP_THRESHOLD_=131072`` (trainer*), the difference being heap the
+allocator keeps. Results go to ``--out`` as JSON.
 
     python benchmarks/eval_memory.py --trainer             # the goal: 20,000 x 25,000, 10 labels a row
     python benchmarks/eval_memory.py --rows 2000 --dense-rows 500 --approx-rows 0   (a quick check)

@@ -34,6 +34,7 @@ __all__ = [
     "label_coordinates",
     "labels_to_multihot",
     "multi_hot_tensor",
+    "multihot_to_ids",
     "nonzero_pairs",
     "resolve_label_format",
     "to_dense_bool",
@@ -248,6 +249,22 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values
     out = torch.zeros(ids.shape[0], num_labels + 1, dtype=LABEL_DTYPE, device=ids.device)
     out.scatter_(1, index.long(), 1.0)
     return out[:, :num_labels]
+
+
+def multihot_to_ids(labels: Tensor, pad_id: int = -1) -> Tensor:
+    """(N, L) multi-hot matrix (dense or torch sparse) -> (N, K) int64 label ids, each row's ids ascending and
+    padded with ``pad_id``, K the most labels of a row (the inverse of :func:`ids_to_multihot`).
+
+    A compact form of a batch's labels at large label counts: K columns instead of L.
+    """
+    rows, cols = nonzero_pairs(labels)
+    n = labels.shape[0]
+    counts = torch.bincount(rows, minlength=n)
+    width = int(counts.max()) if n else 0
+    starts = torch.cumsum(counts, 0) - counts
+    out = torch.full((n, width), pad_id, dtype=torch.int64, device=cols.device)
+    out[rows, torch.arange(rows.numel(), device=rows.device) - starts[rows]] = cols
+    return out
 
 
 LABEL_INPUT_FORMATS = ("auto", "multi_hot", "ids")

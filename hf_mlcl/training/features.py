@@ -9,12 +9,14 @@ Design: docs/design.md, "Frozen features (hf_mlcl/training/features.py)".
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -50,15 +52,16 @@ class PooledFeatureDataset(torch.utils.data.Dataset):
 
     @classmethod
     def from_batches(cls, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> PooledFeatureDataset:
-        """Collect ``(pooled (b, H), multi-hot (b, L))`` batches, in dataset order, into one dataset."""
+        """Collect ``(pooled (b, H), label ids (b, K) padded with -1)`` batches, in dataset order, into one
+        dataset."""
         feats: list[torch.Tensor] = []
         counts: list[np.ndarray] = []
         indices: list[np.ndarray] = []
-        for pooled, multi_hot in batches:
-            rows, cols = (multi_hot > 0.5).nonzero(as_tuple=True)  # row-major: sorted by row
+        for pooled, ids in batches:
+            kept = ids >= 0
             feats.append(pooled.detach().float().cpu())
-            counts.append(torch.bincount(rows, minlength=multi_hot.shape[0]).cpu().numpy())
-            indices.append(cols.cpu().numpy())
+            counts.append(kept.sum(dim=1).cpu().numpy())
+            indices.append(ids[kept].cpu().numpy())  # row-major: sorted by row
         if not feats:
             raise ValueError("cannot cache the features of an empty dataset")
         indptr = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
@@ -227,6 +230,26 @@ class FeatureStore:
             return None
 
 
+@contextmanager
+def _sparse_labels(trainer: Any) -> Iterator[None]:
+    """While an encoding pass builds and iterates its loader: the trainer's
+    :class:`~hf_mlcl.data.MultiLabelCollator` with ``label_format="sparse"``, so no batch holds (b, L) dense
+    label rows (other collators are left as they are)."""
+    from hf_mlcl.data.collator import MultiLabelCollator
+
+    collator = trainer.data_collator
+    if not isinstance(collator, MultiLabelCollator) or collator.label_format == "sparse":
+        yield
+        return
+    sparse = copy.copy(collator)
+    sparse.label_format = "sparse"
+    trainer.data_collator = sparse
+    try:
+        yield
+    finally:
+        trainer.data_collator = collator
+
+
 class FrozenFeatures:
     """The pooled features of a frozen-encoder probe, one encoder pass per dataset (the service behind
     ``ProbingTrainer(cache_features=...)``).
@@ -289,11 +312,12 @@ class FrozenFeatures:
         return features
 
     def batches(self, dataset: Any, desc: str = "Encoding") -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        """``(pooled (b, H) float32, multi-hot (b, L) bool)`` of every batch of ``dataset``, in dataset order,
-        from one encoder pass (see the class docstring)."""
+        """``(pooled (b, H) float32, label ids (b, K) int64 padded with -1)`` of every batch of ``dataset``, in
+        dataset order, from one encoder pass (see the class docstring). The labels travel as ids, never as
+        (b, L) multi-hot rows: a :class:`~hf_mlcl.data.MultiLabelCollator` hands them over sparse for the pass."""
         from tqdm.auto import tqdm
 
-        from hf_mlcl.labels.multihot import to_dense_float
+        from hf_mlcl.labels.multihot import multihot_to_ids
 
         tr = self.trainer
         model = tr.accelerator.unwrap_model(tr.model)
@@ -301,7 +325,7 @@ class FrozenFeatures:
         model.eval()
         bar = None
         try:
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), _sparse_labels(tr):
                 loader = tr.text_test_dataloader(dataset)
                 bar = tqdm(loader, desc=desc, disable=tr.args.disable_tqdm or not tr.is_local_process_zero())
                 for batch in bar:
@@ -313,10 +337,9 @@ class FrozenFeatures:
                             model_inputs.get("token_type_ids"),
                         )
                         pooled = model.pool(states, mask, segment)
-                    pooled, y = tr.accelerator.gather_for_metrics(
-                        (pooled.float().contiguous(), to_dense_float(y))
-                    )
-                    yield pooled.cpu(), y.cpu() > 0.5
+                    ids = tr.accelerator.pad_across_processes(multihot_to_ids(y), dim=1, pad_index=-1)
+                    pooled, ids = tr.accelerator.gather_for_metrics((pooled.float().contiguous(), ids))
+                    yield pooled.cpu(), ids.cpu()
         finally:
             if bar is not None:
                 bar.close()

@@ -142,13 +142,10 @@ class ProbingTrainer(ClassifierEvaluation, MultiLabelTrainer):
     def pooled_features(self, dataset: Any, name: str = "dataset") -> tuple[np.ndarray, np.ndarray]:
         """Frozen pooled representations (the head's input) and multi-hot labels of a whole dataset: the
         :meth:`cached_features` when this trainer caches, else one encoder pass."""
-        cached = self.cached_features(dataset, name)
-        if cached is not None:
-            return cached.features.numpy(), cached.multi_hot(self.num_labels)
-        batches = list(self.features.batches(dataset))
-        return np.concatenate([p.numpy() for p, _ in batches]), np.concatenate(
-            [y.numpy() for _, y in batches]
-        )
+        features = self.cached_features(dataset, name)
+        if features is None:
+            features = PooledFeatureDataset.from_batches(self.features.batches(dataset))
+        return features.features.numpy(), features.multi_hot(self.num_labels)
 
     def text_test_dataloader(self, dataset: Any):
         """Trainer's test dataloader over the texts of ``dataset`` (never the cached features)."""

@@ -219,3 +219,19 @@ def test_cat_labels_of_sparse_matrices_is_coalesced_and_exact():
     assert torch.equal(both.indices(), resorted.indices())
     mixed = R.cat_labels(M.as_multihot(torch.tensor([[1.0, 0, 0]])), b)  # dense + sparse
     assert torch.equal(mixed.to_dense(), torch.cat([torch.tensor([[1.0, 0, 0]]), b.to_dense()]))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_multihot_to_ids_is_the_inverse_of_ids_to_multihot(sparse):
+    y = torch.zeros(5, 7)
+    y[0, [1, 4, 6]] = 1  # three labels, a row with none (1), one (2), all seven (3), one (4)
+    y[2, 5] = 1
+    y[3] = 1
+    y[4, 0] = 1
+    ids = M.multihot_to_ids(y.to_sparse() if sparse else y)
+    assert ids.dtype == torch.int64 and ids.shape == (5, 7)
+    assert ids[0].tolist() == [1, 4, 6, -1, -1, -1, -1] and ids[1].tolist() == [-1] * 7
+    assert ids[3].tolist() == list(range(7))
+    assert torch.equal(M.ids_to_multihot(ids, 7), y)
+    assert M.multihot_to_ids(torch.zeros(0, 7)).shape == (0, 0)
+    assert M.multihot_to_ids(torch.zeros(2, 7), pad_id=-9).shape == (2, 0)

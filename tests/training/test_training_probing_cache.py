@@ -217,3 +217,34 @@ def test_label_attention_head_falls_back_or_refuses_caching(tmp_path, tok, data)
         ProbingTrainingArguments(output_dir=str(tmp_path), probe="finetune", cache_features=True)
     with pytest.raises(ValueError, match="cache_features=True cannot apply.*group_by_length"):
         _trainer(tmp_path / "grouped", tok, data, cache=True, train_sampling_strategy="group_by_length")
+
+
+class _FormatSpy(MultiLabelCollator):
+    """A collator that records the label layout of every batch it builds."""
+
+    seen: list[str]
+
+    def __call__(self, examples):
+        batch = super().__call__(examples)
+        self.seen.append("sparse" if batch["labels"].is_sparse else "dense")
+        return batch
+
+
+def test_encoding_pass_hands_labels_over_sparse_and_keeps_the_collator(tmp_path, tok, data):
+    """The features pass never builds (b, L) dense label rows (at large label counts those per-batch matrices
+    fragment the heap: ``python benchmarks/eval_memory.py --trainer``); the trainer's collator is left as it
+    was."""
+    tr, _ = _trainer(tmp_path, tok, data, cache=True)
+    spy = _FormatSpy(tok, 4, max_length=32)
+    spy.seen = []
+    tr.data_collator = spy
+    features = tr.cached_features(data["eval"], "eval")
+    assert spy.seen and set(spy.seen) == {"sparse"}
+    assert tr.data_collator is spy and spy.label_format == "dense"
+    truth = np.zeros((N_EVAL, 4), dtype=bool)
+    for i, ids in enumerate(data["eval"]["labels"]):
+        truth[i, ids] = True
+    np.testing.assert_array_equal(features.multi_hot(4), truth)
+    spy.seen = []
+    tr.evaluate()  # the cached rows' batches: dense labels for the loss, from the feature collator
+    assert spy.seen == []
