@@ -84,6 +84,8 @@ def predict_texts(
     """
     from tqdm.auto import tqdm
 
+    from hf_mlcl.modeling.modeling_mlcl import model_inputs
+
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive; got {batch_size}")
     length = max_length or min(int(getattr(tokenizer, "model_max_length", 512) or 512), 512)
@@ -91,18 +93,7 @@ def predict_texts(
     scores = np.zeros((len(texts), int(model.config.num_labels)), dtype=np.float32)
     with tqdm(total=len(texts), desc="Predicting", unit="text", disable=not progress) as bar:
         for rows in _batches(texts, batch_size):
-            batch = tokenizer(
-                [texts[i] for i in rows],
-                padding=True,
-                truncation=True,
-                max_length=length,
-                return_tensors="pt",
-            )
-            inputs = {
-                k: v.to(device)
-                for k, v in batch.items()
-                if k in ("input_ids", "attention_mask", "token_type_ids")
-            }
+            inputs = model_inputs(tokenizer, [texts[i] for i in rows], device, length)
             scores[rows] = torch.sigmoid(model(**inputs).logits.float()).cpu().numpy()
             bar.update(len(rows))
     return scores

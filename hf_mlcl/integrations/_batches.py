@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from hf_mlcl.labels.multihot import labels_to_multihot, resolve_label_format
 from hf_mlcl.losses.input_checks import FirstCallChecks
+from hf_mlcl.losses.registry import build_contrastive_loss
 from hf_mlcl.training import distributed as D
 from hf_mlcl.training.memory import (
     CandidateBuilder,
@@ -26,7 +27,7 @@ from hf_mlcl.training.memory import (
     resolve_queue_warmup,
 )
 
-__all__ = ["BatchLoss"]
+__all__ = ["BatchLoss", "contrastive_batch_loss"]
 
 
 class BatchLoss:
@@ -122,3 +123,26 @@ class BatchLoss:
             with torch.no_grad():
                 raw = keys() if keys is not None else embeddings.detach()
             return self.memory(embeddings, y, self.memory.gather_keys(raw, y))  # the loss, then the enqueue
+
+
+def contrastive_batch_loss(
+    loss: str,
+    loss_kwargs: dict,
+    temperature: float | None,
+    embedding_dim: int | None,
+    num_labels: int | None,
+    label_format: str,
+    gather_across_devices: bool,
+    queue_size: int,
+    contrast_set: str | None,
+    queue_warmup: bool | None,
+) -> BatchLoss:
+    """The :class:`BatchLoss` of an integration's contrastive loss ``loss`` (its ``loss_kwargs`` and the run's
+    ``temperature``, ``num_labels`` and ``embedding_dim``: :func:`~hf_mlcl.losses.registry.build_contrastive_loss`),
+    the other arguments as :class:`BatchLoss`'s."""
+    loss_fn = build_contrastive_loss(
+        loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=embedding_dim
+    )
+    return BatchLoss(
+        loss_fn, num_labels, label_format, gather_across_devices, queue_size, contrast_set, queue_warmup
+    )

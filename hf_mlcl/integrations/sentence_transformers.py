@@ -28,12 +28,12 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 from hf_mlcl.hub.model_card import loss_paper
 from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, ids_to_multihot, labels_to_multihot
-from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
+from hf_mlcl.losses.registry import resolve_loss_name
 from hf_mlcl.modeling.sharded import sharding_kind
 from hf_mlcl.training.gradcache import split_inputs
 from hf_mlcl.training.momentum import MomentumEncoder, UpdateAfterOptimizerSteps
 
-from ._batches import BatchLoss
+from ._batches import contrastive_batch_loss
 
 __all__ = [
     "MultiLabelContrastiveLoss",
@@ -117,15 +117,11 @@ class MultiLabelContrastiveLoss(nn.Module):
         self.label_format = label_format
         self.gather_across_devices = bool(gather_across_devices)
         self.loss_kwargs = dict(loss_kwargs)
-        self.loss_fn = build_contrastive_loss(
+        self._batch_loss = contrastive_batch_loss(
             loss,
             loss_kwargs,
-            temperature=temperature,
-            num_labels=num_labels,
-            embedding_dim=_embedding_dim(model),
-        )
-        self._batch_loss = BatchLoss(
-            self.loss_fn,
+            temperature,
+            _embedding_dim(model),
             num_labels,
             label_format,
             self.gather_across_devices,
@@ -133,6 +129,7 @@ class MultiLabelContrastiveLoss(nn.Module):
             contrast_set,
             queue_warmup,
         )
+        self.loss_fn = self._batch_loss.loss_fn
         if momentum is not None and not 0.0 <= float(momentum) < 1.0:
             raise ValueError(
                 f"momentum must be in [0, 1) (MoCo uses 0.999) or None (no key encoder); got {momentum}"

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from hf_mlcl.labels.multihot import LABEL_INPUT_FORMATS, labels_to_multihot
-from hf_mlcl.losses.registry import build_contrastive_loss, resolve_loss_name
+from hf_mlcl.losses.registry import resolve_loss_name
 
-from ._batches import BatchLoss
+from ._batches import contrastive_batch_loss
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +72,11 @@ class ContrastiveLossFunc:
         self.label_format = label_format
         self.embeddings_key = embeddings_key
         self.gather_across_devices = bool(gather_across_devices)
-        self.loss_fn = build_contrastive_loss(
-            loss, loss_kwargs, temperature=temperature, num_labels=num_labels, embedding_dim=embedding_dim
-        )
-        self._batch_loss = BatchLoss(
-            self.loss_fn,
+        self._batch_loss = contrastive_batch_loss(
+            loss,
+            loss_kwargs,
+            temperature,
+            embedding_dim,
             num_labels,
             label_format,
             self.gather_across_devices,
@@ -84,6 +84,7 @@ class ContrastiveLossFunc:
             contrast_set,
             queue_warmup,
         )
+        self.loss_fn = self._batch_loss.loss_fn
         if any(True for _ in self.loss_fn.parameters()):
             logger.warning(
                 "loss %r has learnable parameters: add ContrastiveLossFunc.parameters() to the optimizer "

@@ -132,31 +132,13 @@ class _FusedContrastive(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss: Tensor, _grad_bracket: Tensor | None, _grad_scores: Tensor | None):  # type: ignore[override]
-        return _closed_form_backward(ctx, grad_loss, *ctx.saved_tensors)
+        return _closed_form_backward(ctx, grad_loss)
 
 
-def _closed_form_backward(
-    ctx,
-    grad_loss,
-    anchors,
-    keys,
-    extra,
-    weights,
-    e_rows,
-    e_cols,
-    e_vals,
-    coef,
-    wsum,
-    e,
-    total,
-    a_inv,
-    a_act,
-    k_inv,
-    k_act,
-    e_inv,
-    e_act,
-):
+def _closed_form_backward(ctx, grad_loss):
     """Gradients of :class:`_FusedContrastive` (see the module docstring) from its saved tensors."""
+    anchors, keys, extra, weights, e_rows, e_cols, e_vals, coef, wsum, e, total, *norms = ctx.saved_tensors
+    a_inv, a_act, k_inv, k_act, e_inv, e_act = norms
     n = ctx.n
     m = weights.shape[1]
     b = coef * (grad_loss * ctx.inv_tau)  # d loss / d bracket_i, times 1/tau (for d s / d z)

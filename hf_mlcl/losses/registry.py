@@ -151,11 +151,7 @@ def supervised_loss(
             given = get_loss(name, **kwargs)
         except TypeError as err:
             raise ValueError(f"cannot build supervised loss {name!r} with {sorted(kwargs)}: {err}") from err
-    if getattr(given, "is_contrastive", False):
-        raise ValueError(
-            f"{role} {type(given).__name__} is a contrastive loss; a classifier's head trains with a supervised "
-            f"loss: one of {list_supervised_losses()}"
-        )
+    _require_supervised(given, f"{role} {type(given).__name__}", "a classifier's head trains")
     return given
 
 
@@ -166,12 +162,17 @@ def check_supervised_loss(name: str) -> str:
         cls = get_loss_class(name)
     except ValueError as err:
         raise ValueError(f"unknown probing loss {name!r}; choose one of {list_supervised_losses()}") from err
-    if getattr(cls, "is_contrastive", False):
-        raise ValueError(
-            f"{name!r} is a contrastive loss; the probe trains its head with a supervised loss: one of "
-            f"{list_supervised_losses()}"
-        )
+    _require_supervised(cls, repr(name), "the probe trains its head")
     return cls.loss_name
+
+
+def _require_supervised(loss: Any, what: str, trains: str) -> None:
+    """ValueError in one line when ``loss`` (a loss or its class, named ``what`` in the message) is contrastive:
+    ``trains`` (e.g. "the probe trains its head") with a supervised loss."""
+    if getattr(loss, "is_contrastive", False):
+        raise ValueError(
+            f"{what} is a contrastive loss; {trains} with a supervised loss: one of {list_supervised_losses()}"
+        )
 
 
 def list_supervised_losses() -> list[str]:

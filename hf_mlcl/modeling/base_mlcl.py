@@ -37,6 +37,7 @@ from .native_mlcl import (
     NATIVE_FILES,
     PEFT,
     SENTENCE_TRANSFORMERS,
+    NativeFolder,
     load_classifier_folder,
     load_native_classifier,
     load_native_encoder,
@@ -312,10 +313,11 @@ class MLCLPreTrainedModel(PreTrainedModel):
             ):  # files beside the settings
                 files = {name: hub_file(path, name, hub) for name in NATIVE_FILES}
                 files[ADAPTER_CONFIG_NAME] = adapter_file
+                folder = NativeFolder(path, settings, files, hub, kwargs)
                 if kind == "encoder":
-                    return load_native_encoder(cls, path, settings, files, hub, kwargs)
+                    return load_native_encoder(cls, folder)
                 load = load_classifier_folder if layout == SENTENCE_TRANSFORMERS else load_peft_classifier
-                return load(cls, path, settings, files, hub, kwargs)
+                return load(cls, folder)
             if kind == "classifier" and cls.folder_kind == "classifier":
                 return load_native_classifier(cls, path, settings, kwargs)
             if kind == "encoder":

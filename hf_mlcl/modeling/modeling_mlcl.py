@@ -45,6 +45,19 @@ from .folders_mlcl import (
 from .layers_mlcl import LabelAttentionHead, ProjectionHead, last_token_index, masked_mean, pool_states
 
 
+def model_inputs(
+    tokenizer: Any, texts: list[str], device: Any, max_length: int | None
+) -> dict[str, torch.Tensor]:
+    """``texts`` tokenized as one padded batch (truncated at ``max_length`` unless it is None): the model's inputs
+    (``input_ids``, ``attention_mask``, ``token_type_ids`` where the tokenizer gives them) on ``device``."""
+    batch = tokenizer(
+        texts, padding=True, truncation=max_length is not None, max_length=max_length, return_tensors="pt"
+    )
+    return {
+        k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")
+    }
+
+
 @dataclass
 class MLCLEncoderOutput(ModelOutput):
     """Output of [`MLCLEncoder`].
@@ -135,19 +148,9 @@ class MLCLEncoder(MLCLPreTrainedModel):
         parts = []
         try:
             for start in range(0, len(texts), batch_size):
-                batch = tokenizer(
-                    list(texts[start : start + batch_size]),
-                    padding=True,
-                    truncation=max_length is not None,
-                    max_length=max_length,
-                    return_tensors="pt",
+                out = self(
+                    **model_inputs(tokenizer, list(texts[start : start + batch_size]), device, max_length)
                 )
-                batch = {
-                    k: v.to(device)
-                    for k, v in batch.items()
-                    if k in ("input_ids", "attention_mask", "token_type_ids")
-                }
-                out = self(**batch)
                 vec = (out.embeddings if output == "embeddings" else out.pooled).float()
                 if normalize:
                     vec = F.normalize(vec, dim=-1)
@@ -399,5 +402,6 @@ __all__ = [
     "last_token_index",
     "masked_mean",
     "merge_lora_weights",
+    "model_inputs",
     "pool_states",
 ]

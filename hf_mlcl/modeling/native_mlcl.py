@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ __all__ = [
     "EMBEDDINGS",
     "MLCL_FILE",
     "NATIVE_FILES",
+    "NativeFolder",
     "CLASSIFIER_SETTINGS",
     "classifier_key_rules",
     "load_native_classifier",
@@ -325,44 +327,12 @@ def load_native_classifier(cls: Any, path: str, settings: Mapping[str, Any], kwa
     return model.eval()
 
 
-def _native_backbone(
-    path: str, files: Mapping[str, str | None], kwargs: Mapping[str, Any]
-) -> tuple[Any, bool]:
-    """(backbone, whether the folder is an adapter) of a sentence-transformers folder: the backbone saved in it,
-    or the base model its ``adapter_config.json`` names (the adapter is applied once the model is built)."""
-    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info")}
-    source = path
-    adapter = files.get("adapter_config.json") is not None
-    if adapter:
-        with open(files["adapter_config.json"], encoding="utf-8") as fh:
-            source = json.load(fh).get("base_model_name_or_path")
-        if not source:
-            raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
-        loader.pop("revision", None)  # the adapter's revision, not the base model's
-    return AutoModel.from_pretrained(source, **loader), adapter
-
-
-def _dense(files: Mapping[str, str | None], directory: str, path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight, bias) of the folder's ``directory`` Dense module; ValueError when it is missing."""
-    local = files.get(f"{directory}/model.safetensors")
-    if local is None:
-        raise ValueError(f"{path} has no {directory}/model.safetensors: its head's weights are missing")
-    tensors = load_file(local)
-    return tensors["linear.weight"], tensors["linear.bias"]
-
-
-def load_native_encoder(
-    cls: Any,
-    path: str,
-    settings: Mapping[str, Any],
-    files: Mapping[str, str | None],
-    hub: Mapping[str, Any],
-    kwargs: Mapping[str, Any],
-):
-    """An ``MLCLEncoder`` (``cls``) from a native encoder folder.
+@dataclass(frozen=True)
+class NativeFolder:
+    """A native folder as its loaders read it (:func:`load_native_encoder`, :func:`load_classifier_folder`,
+    :func:`load_peft_classifier`).
 
     Args:
-        cls: the encoder class.
         path: the folder or Hub id.
         settings: its ``mlcl_config.json``.
         files: the local copies of :data:`NATIVE_FILES` and of ``adapter_config.json`` (None where absent). With
@@ -370,22 +340,74 @@ def load_native_encoder(
             ``load_adapter``), so a bf16 base keeps every update of its fp32 adapter.
         hub: the folder's Hub keywords (revision, cache, token).
         kwargs: ``from_pretrained``'s keywords (``dtype``, ``revision``, ``token`` ...), for the backbone.
+    """
+
+    path: str
+    settings: Mapping[str, Any]
+    files: Mapping[str, str | None]
+    hub: Mapping[str, Any]
+    kwargs: Mapping[str, Any]
+
+    def adapter_base(self) -> str:
+        """The base model the folder's ``adapter_config.json`` names; ValueError when it names none."""
+        with open(self.files["adapter_config.json"], encoding="utf-8") as fh:
+            base = json.load(fh).get("base_model_name_or_path")
+        if not base:
+            raise ValueError(f"{self.path}/adapter_config.json names no base model (base_model_name_or_path)")
+        return base
+
+    def dense(self, directory: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, bias) of the folder's ``directory`` Dense module; ValueError when it is missing."""
+        local = self.files.get(f"{directory}/model.safetensors")
+        if local is None:
+            raise ValueError(
+                f"{self.path} has no {directory}/model.safetensors: its head's weights are missing"
+            )
+        tensors = load_file(local)
+        return tensors["linear.weight"], tensors["linear.bias"]
+
+
+def _native_model(
+    cls: Any, folder: NativeFolder, config: Mapping[str, Any], load_head: Callable[[Any], None]
+) -> Any:
+    """``cls`` configured by ``config`` on the backbone of a sentence-transformers ``folder``: the backbone saved
+    in it, or the base model its ``adapter_config.json`` names with the adapter applied once the model is built;
+    its head loaded by ``load_head(model)``. In eval mode, on the backbone's device."""
+    loader = {k: v for k, v in folder.kwargs.items() if k not in ("config", "output_loading_info")}
+    source = folder.path
+    adapter = folder.files.get("adapter_config.json") is not None
+    if adapter:
+        source = folder.adapter_base()
+        loader.pop("revision", None)  # the adapter's revision, not the base model's
+    backbone = AutoModel.from_pretrained(source, **loader)
+    model = cls(_config_on(cls, backbone, config), backbone=backbone)
+    if adapter:
+        apply_adapter(model.backbone, folder.path, folder.files["adapter_model.safetensors"], folder.hub)
+    load_head(model)
+    model.to(next(backbone.parameters()).device)
+    return model.eval()
+
+
+def load_native_encoder(cls: Any, folder: NativeFolder) -> Any:
+    """An ``MLCLEncoder`` (``cls``) from a native encoder ``folder``.
 
     Returns:
         The encoder in eval mode.
     """
-    backbone, adapter = _native_backbone(path, files, kwargs)
-    config_kwargs = {key: settings[key] for key in _SETTINGS if settings.get(key) is not None}
-    config = cls.config_class(backbone_config=backbone_config_to_dict(backbone.config), **config_kwargs)
-    model = cls(config, backbone=backbone)
-    if adapter:
-        apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
-    head = {}
-    for layer, directory in zip(("dense", "out_proj"), DENSE_DIRS):
-        head[f"{layer}.weight"], head[f"{layer}.bias"] = _dense(files, directory, path)
-    model.projection_head.load_state_dict(head)
-    model.to(next(backbone.parameters()).device)
-    return model.eval()
+
+    def load_head(model: Any) -> None:
+        head = {}
+        for layer, directory in zip(("dense", "out_proj"), DENSE_DIRS):
+            head[f"{layer}.weight"], head[f"{layer}.bias"] = folder.dense(directory)
+        model.projection_head.load_state_dict(head)
+
+    config = {key: folder.settings[key] for key in _SETTINGS if folder.settings.get(key) is not None}
+    return _native_model(cls, folder, config, load_head)
+
+
+def _config_on(cls: Any, backbone: Any, config: Mapping[str, Any]) -> Any:
+    """The ``MLCLConfig`` of ``cls`` on ``backbone`` with the folder's settings ``config``."""
+    return cls.config_class(backbone_config=backbone_config_to_dict(backbone.config), **config)
 
 
 def _labels(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -396,37 +418,25 @@ def _labels(settings: Mapping[str, Any]) -> dict[str, Any]:
     return labels
 
 
-def _classifier_config(cls: Any, backbone: Any, settings: Mapping[str, Any]) -> Any:
-    """The ``MLCLConfig`` of a classifier on ``backbone`` with the labels and settings of its folder."""
-    return cls.config_class(
-        backbone_config=backbone_config_to_dict(backbone.config),
-        **_labels(settings),
-        **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
-    )
+def _classifier_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The config keywords of a classifier folder's ``mlcl_config.json``: its labels and classifier settings."""
+    labels = _labels(settings)
+    return {**labels, **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None}}
 
 
-def load_classifier_folder(
-    cls: Any,
-    path: str,
-    settings: Mapping[str, Any],
-    files: Mapping[str, str | None],
-    hub: Mapping[str, Any],
-    kwargs: Mapping[str, Any],
-):
+def load_classifier_folder(cls: Any, folder: NativeFolder) -> Any:
     """An ``MLCLForMultiLabelClassification`` (``cls``) with a ``linear`` head from its sentence-transformers
-    folder (:func:`write_classifier_files`); the arguments as :func:`load_native_encoder`'s.
+    ``folder`` (:func:`write_classifier_files`).
 
     Returns:
         The classifier in eval mode.
     """
-    backbone, adapter = _native_backbone(path, files, kwargs)
-    model = cls(_classifier_config(cls, backbone, settings), backbone=backbone)
-    if adapter:
-        apply_adapter(model.backbone, path, files["adapter_model.safetensors"], hub)
-    weight, bias = _dense(files, DENSE_DIRS[0], path)
-    model.classifier.load_state_dict({"weight": weight, "bias": bias})
-    model.to(next(backbone.parameters()).device)
-    return model.eval()
+
+    def load_head(model: Any) -> None:
+        weight, bias = folder.dense(DENSE_DIRS[0])
+        model.classifier.load_state_dict({"weight": weight, "bias": bias})
+
+    return _native_model(cls, folder, _classifier_settings(folder.settings), load_head)
 
 
 def peft_head_modules(model_type: str) -> list[str] | None:
@@ -439,33 +449,26 @@ def peft_head_modules(model_type: str) -> list[str] | None:
     return ["classifier"] if model_type == "bert" else None
 
 
-def load_peft_classifier(
-    cls: Any,
-    path: str,
-    settings: Mapping[str, Any],
-    files: Mapping[str, str | None],
-    hub: Mapping[str, Any],
-    kwargs: Mapping[str, Any],
-):
-    """An ``MLCLForMultiLabelClassification`` (``cls``) with a native head from a PEFT ``SEQ_CLS`` adapter folder:
-    the base model it names as its family's ``XForSequenceClassification``, the adapter applied unmerged with its
-    weights in float32 as saved (transformers' ``load_adapter``, which needs peft), the head from the adapter's
-    saved modules; the arguments as :func:`load_native_encoder`'s.
+def load_peft_classifier(cls: Any, folder: NativeFolder) -> Any:
+    """An ``MLCLForMultiLabelClassification`` (``cls``) with a native head from a PEFT ``SEQ_CLS`` adapter
+    ``folder``: the base model it names as its family's ``XForSequenceClassification``, the adapter applied
+    unmerged with its weights in float32 as saved (transformers' ``load_adapter``, which needs peft), the head
+    from the adapter's saved modules.
 
     Returns:
         The classifier in eval mode.
     """
-    loader = {k: v for k, v in kwargs.items() if k not in ("config", "output_loading_info", "revision")}
-    with open(files["adapter_config.json"], encoding="utf-8") as fh:
-        base = json.load(fh).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{path}/adapter_config.json names no base model (base_model_name_or_path)")
+    path, settings, files = folder.path, folder.settings, folder.files
+    loader = {
+        k: v for k, v in folder.kwargs.items() if k not in ("config", "output_loading_info", "revision")
+    }
+    base = folder.adapter_base()
     model_type = settings["backbone_config"]["model_type"]
     labels = _labels(settings)
     pad = settings["backbone_config"].get("pad_token_id")
     shape = {key: labels[key] for key in ("id2label", "label2id", "problem_type") if key in labels}
     native = native_classifier_class(model_type).from_pretrained(base, **shape, pad_token_id=pad, **loader)
-    native.load_adapter(path, adapter_name="default", **hub)
+    native.load_adapter(path, adapter_name="default", **folder.hub)
     params = dict(native.named_parameters())
     for key, value in load_file(files["adapter_model.safetensors"]).items():
         module, _, leaf = key.removeprefix("base_model.model.").rpartition(".")
@@ -476,7 +479,7 @@ def load_peft_classifier(
             params[name].device, torch.float32 if ".lora_" in key else params[name].dtype
         )
     backbone = getattr(native, native.base_model_prefix)
-    model = cls(_classifier_config(cls, backbone, settings), backbone=backbone)
+    model = cls(_config_on(cls, backbone, _classifier_settings(settings)), backbone=backbone)
     rules = [(new, old) for old, new in classifier_key_rules(model_type) if old == "classifier."]
     saved = ".modules_to_save.default."
     head = {k.replace(saved, "."): v for k, v in native.state_dict().items() if saved in k}

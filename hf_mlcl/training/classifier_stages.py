@@ -5,18 +5,12 @@ test split with it and save the classifier in its family's own format where it h
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from hf_mlcl.modeling.builders import (
-    adapter_encoder,
-    align_special_tokens,
-    build_tokenizer_and_encoder,
-    probe_model,
-)
+from hf_mlcl.modeling.builders import adapter_encoder, build_tokenizer_and_encoder, probe_model
 
 from .preflight import preflight, remove_previous_checkpoints
 from .run_settings import stage_settings
@@ -27,10 +21,9 @@ from .stage_steps import (
     StageResult,
     fit,
     load_run_data,
-    make_collator,
     save_stage,
+    stage_trainer,
     staged_save,
-    trainer_data,
     trainer_save,
 )
 
@@ -63,34 +56,26 @@ def train_probe(
 
     from .probing import ProbingTrainer
 
-    lora_finetune = model_args.use_lora and probing_args.probe == "finetune"
+    probe = probing_args.probe
+    lora_finetune = model_args.use_lora and probe == "finetune"
     set_seed(probing_args.seed)  # before the classifier head is initialised
     data = data if data is not None else load_run_data(data_args)
-    train_rows = (
-        None if probing_args.probe == "logistic" else len(data.dataset["train"])
-    )  # logistic: all rows at once
+    train_rows = None if probe == "logistic" else len(data.dataset["train"])  # logistic: all rows at once
     created = preflight(
         probing_args,
         "stage 2 (probe)",
         train_rows,
         (model_args, encoder_path, adapter_encoder(encoder_path)) if lora_finetune else None,
     )
-    tokenizer, encoder = build_tokenizer_and_encoder(
-        model_args, data.dataset["train"]["text"], source=encoder_path
-    )
-    model = probe_model(encoder, model_args, data.label_names, probing_args.probe)
-    collator = make_collator(tokenizer, model, data, data_args)
-    align_special_tokens(model, tokenizer)
-    trainer = ProbingTrainer(
-        model=model, args=probing_args, **trainer_data(data, collator, tokenizer, callbacks)
-    )
+    tokenizer, model = _classifier_model(model_args, data, encoder_path, probe)
+    trainer = stage_trainer(ProbingTrainer, model, tokenizer, probing_args, data, data_args, callbacks)
     trainer.run_settings = settings or stage_settings(probing_args, model_args, data_args, encoder_path)
     metrics: dict[str, Any] = {
-        "probe": probing_args.probe,
+        "probe": probe,
         "loss": probing_args.loss,
         "dataset": data_args.dataset,
     }
-    if probing_args.probe == "logistic":
+    if probe == "logistic":
         remove_previous_checkpoints(
             probing_args.output_dir,
             probing_args.overwrite_output_dir,
@@ -103,17 +88,20 @@ def train_probe(
     else:
         metrics.update(fit(trainer, created, "stage 2 (probe)"))
         evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
-    save = partial(
-        _save_classifier,
-        trainer,
-        tokenizer,
-        model_args,
-        encoder_path,
-        lora_finetune,
-        probing_args.probe,
-        data_args.max_length,
+    return _finish_classifier(
+        trainer, tokenizer, data, metrics, evaluations, model_args, data_args, encoder_path, probe
     )
-    return _finish_classifier(trainer, tokenizer, data, metrics, evaluations, save)
+
+
+def _classifier_model(
+    model_args: Any, data: RunData, encoder_path: str | None, probe: str
+) -> tuple[Any, Any]:
+    """(tokenizer, classifier): ``probe``'s classifier (:func:`~hf_mlcl.modeling.builders.probe_model`) on the
+    encoder at ``encoder_path`` (None: ``model_args``'s model)."""
+    tokenizer, encoder = build_tokenizer_and_encoder(
+        model_args, data.dataset["train"]["text"], source=encoder_path
+    )
+    return tokenizer, probe_model(encoder, model_args, data.label_names, probe)
 
 
 def _finish_classifier(
@@ -122,11 +110,15 @@ def _finish_classifier(
     data: RunData,
     metrics: dict[str, Any],
     evaluations: dict[str, Any],
-    save: Callable[[], bool],
+    model_args: Any,
+    data_args: Any,
+    encoder_path: str | None,
+    probe: str,
 ) -> StageResult:
     """After a classifier stage's training: the threshold tuned on the validation split's streamed
     ``evaluations``, the test split scored with it, ``metrics.json``, ``thresholds.json`` and the model
-    (``save``); the result (dense scores of the splits evaluated exactly, ``trainer.evaluations`` of all)."""
+    (:func:`_save_classifier`); the result (dense scores of the splits evaluated exactly,
+    ``trainer.evaluations`` of all)."""
     args = trainer.args
     threshold = trainer.tune_threshold(evaluations["validation"])
     metrics.update(trainer.split_metrics(evaluations["validation"], None, "validation"))
@@ -147,6 +139,9 @@ def _finish_classifier(
             "label_names": data.label_names,
         },
     }
+    save = partial(
+        _save_classifier, trainer, tokenizer, model_args, encoder_path, probe, data_args.max_length
+    )
     save_stage(trainer, tokenizer, files, save)
     return StageResult(args.output_dir, metrics, data.label_names, data.notes, trainer, scores, threshold)
 
@@ -177,13 +172,8 @@ def train_joint(
     data = data if data is not None else load_run_data(data_args)
     lora = (model_args, encoder_path, adapter_encoder(encoder_path)) if model_args.use_lora else None
     created = preflight(joint_args, stage, len(data.dataset["train"]), lora)
-    tokenizer, encoder = build_tokenizer_and_encoder(
-        model_args, data.dataset["train"]["text"], source=encoder_path
-    )
-    model = probe_model(encoder, model_args, data.label_names, "finetune")
-    collator = make_collator(tokenizer, model, data, data_args)
-    align_special_tokens(model, tokenizer)
-    trainer = JointTrainer(model=model, args=joint_args, **trainer_data(data, collator, tokenizer, callbacks))
+    tokenizer, model = _classifier_model(model_args, data, encoder_path, "finetune")
+    trainer = stage_trainer(JointTrainer, model, tokenizer, joint_args, data, data_args, callbacks)
     trainer.run_settings = settings or stage_settings(joint_args, model_args, data_args, encoder_path)
     metrics: dict[str, Any] = {
         "probe": stage,
@@ -194,17 +184,9 @@ def train_joint(
     }
     metrics.update(fit(trainer, created, stage))
     evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
-    save = partial(
-        _save_classifier,
-        trainer,
-        tokenizer,
-        model_args,
-        encoder_path,
-        model_args.use_lora,
-        "finetune",
-        data_args.max_length,
+    return _finish_classifier(
+        trainer, tokenizer, data, metrics, evaluations, model_args, data_args, encoder_path, "finetune"
     )
-    return _finish_classifier(trainer, tokenizer, data, metrics, evaluations, save)
 
 
 def _save_classifier(
@@ -212,7 +194,6 @@ def _save_classifier(
     tokenizer: Any,
     model_args: Any,
     encoder_path: str | None,
-    lora_finetune: bool,
     probe: str,
     max_length: int | None,
 ) -> bool:
@@ -227,6 +208,7 @@ def _save_classifier(
 
     args = trainer.args
     on_adapter = adapter_encoder(encoder_path)
+    lora_finetune = model_args.use_lora and probe == "finetune"
 
     def save(folder: str) -> bool:
         if lora_finetune:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_mlcl.modeling.builders import align_special_tokens, build_tokenizer_and_encoder, with_lora
+from hf_mlcl.modeling.builders import build_tokenizer_and_encoder, with_lora
 
 from .preflight import preflight
 from .run_settings import stage_settings
@@ -16,10 +16,9 @@ from .stage_steps import (
     StageResult,
     fit,
     load_run_data,
-    make_collator,
     save_stage,
+    stage_trainer,
     staged_save,
-    trainer_data,
     trainer_save,
 )
 
@@ -59,10 +58,15 @@ def train_contrastive(
     )
     if model_args.use_lora:
         encoder = with_lora(encoder, model_args)
-    collator = make_collator(tokenizer, encoder, data, data_args, n_views=training_args.n_views)
-    align_special_tokens(encoder, tokenizer)
-    trainer = ContrastiveTrainer(
-        model=encoder, args=training_args, **trainer_data(data, collator, tokenizer, callbacks)
+    trainer = stage_trainer(
+        ContrastiveTrainer,
+        encoder,
+        tokenizer,
+        training_args,
+        data,
+        data_args,
+        callbacks,
+        training_args.n_views,
     )
     trainer.run_settings = settings or stage_settings(training_args, model_args, data_args)
     return _finish_contrastive(

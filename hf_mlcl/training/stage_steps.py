@@ -1,6 +1,7 @@
-"""The steps every stage takes: the run's data (:func:`load_run_data`), the collator and the trainer's inputs,
-the training with its resume (:func:`fit`) and the save of a stage's folder, written once through a staging
-folder (:func:`save_stage`, :func:`staged_save`); what a stage hands back (:class:`StageResult`).
+"""The steps every stage takes: the run's data (:func:`load_run_data`), the stage's trainer
+(:func:`stage_trainer`), the training with its resume (:func:`fit`) and the save of a stage's folder, written
+once through a staging folder (:func:`save_stage`, :func:`staged_save`); what a stage hands back
+(:class:`StageResult`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from hf_mlcl.files import atomic_write_json, move_into
-from hf_mlcl.modeling.builders import is_mlcl_checkpoint, segment_multiple
+from hf_mlcl.modeling.builders import align_special_tokens, is_mlcl_checkpoint, segment_multiple
 
 from . import distributed as D
 from .checkpoints import resolve_resume
@@ -33,10 +34,9 @@ __all__ = [
     "StageResult",
     "fit",
     "load_run_data",
-    "make_collator",
     "save_stage",
+    "stage_trainer",
     "staged_save",
-    "trainer_data",
     "trainer_save",
 ]
 
@@ -114,28 +114,39 @@ def load_run_data(data_args: Any) -> RunData:
     return RunData(ds, list(label_names(ds["train"])), notes)
 
 
-def make_collator(tokenizer: Any, model: Any, data: RunData, data_args: Any, n_views: int = 1) -> Any:
+def stage_trainer(
+    trainer_class: Any,
+    model: Any,
+    tokenizer: Any,
+    args: Any,
+    data: RunData,
+    data_args: Any,
+    callbacks: list | None,
+    n_views: int = 1,
+) -> Any:
+    """The stage's ``trainer_class`` on ``model``: the multi-label collator (``n_views`` views a row, padded to
+    the model's segment multiple), the model's special token ids set to the tokenizer's, the train and
+    validation splits, the label count and ``callbacks``."""
     from hf_mlcl.data import MultiLabelCollator
 
-    return MultiLabelCollator(
+    collator = MultiLabelCollator(
         tokenizer,
         len(data.label_names),
         max_length=data_args.max_length,
         n_views=n_views,
         pad_to_multiple_of=segment_multiple(model),
     )
-
-
-def trainer_data(data: RunData, collator: Any, tokenizer: Any, callbacks: list | None) -> dict[str, Any]:
-    """The keywords both stages hand their trainer: splits, collator, tokenizer, label count, callbacks."""
-    return {
-        "data_collator": collator,
-        "train_dataset": data.dataset["train"],
-        "eval_dataset": data.dataset["validation"],
-        "processing_class": tokenizer,
-        "num_labels": len(data.label_names),
-        "callbacks": callbacks,
-    }
+    align_special_tokens(model, tokenizer)
+    return trainer_class(
+        model=model,
+        args=args,
+        data_collator=collator,
+        train_dataset=data.dataset["train"],
+        eval_dataset=data.dataset["validation"],
+        processing_class=tokenizer,
+        num_labels=len(data.label_names),
+        callbacks=callbacks,
+    )
 
 
 def fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:

@@ -78,22 +78,15 @@ def _with_card(
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             return StageResult(args.output_dir, metrics, skipped=True)
-        return _run_with_card(train, card_cb, args, *stage_args, data=data, settings=settings)
+        result = train(*stage_args, callbacks=[card_cb], data=data, settings=settings)
+        return _write_card(card_cb, args, result)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_with_card(
-    train: Callable[..., StageResult],
-    card_cb: Any,
-    args: Any,
-    *stage_args: Any,
-    data: RunData | None = None,
-    settings: dict | None = None,
-) -> StageResult:
-    """The stage and its card (see :func:`_with_card`)."""
-    result = train(*stage_args, callbacks=[card_cb], data=data, settings=settings)
+def _write_card(card_cb: Any, args: Any, result: StageResult) -> StageResult:
+    """After the stage: its card (see :func:`_with_card`), then the barrier; ``result``."""
     trainer = result.trainer
     card_cb.collect_from_trainer(trainer, result.metrics)
     if args.should_save:
@@ -147,27 +140,8 @@ def run_probe_stage(
 ) -> StageResult:
     """Stage 2 (:func:`train_probe`) with the classifier's model card written into its output_dir
     (``settings`` as in :func:`run_contrastive_stage`)."""
-    from hf_mlcl.hub import ModelCardCallback
-
-    card_cb = ModelCardCallback(
-        "classifier",
-        model_args=model_args,
-        data_args=data_args,
-        contrastive_loss=contrastive_loss,
-        encoder_path=encoder_path,
-    )
-    if settings is None:
-        settings = stage_settings(probing_args, model_args, data_args, encoder_path)
-    return _with_card(
-        train_probe,
-        card_cb,
-        probing_args,
-        model_args,
-        data_args,
-        probing_args,
-        encoder_path,
-        data=data,
-        settings=settings,
+    return _classifier_stage(
+        train_probe, model_args, data_args, probing_args, encoder_path, data, settings, contrastive_loss
     )
 
 
@@ -182,23 +156,34 @@ def run_joint_stage(
 ) -> StageResult:
     """The joint objective (:func:`train_joint`) with the classifier's model card written into its output_dir
     (``settings`` as in :func:`run_contrastive_stage`)."""
+    return _classifier_stage(train_joint, model_args, data_args, joint_args, encoder_path, data, settings)
+
+
+def _classifier_stage(
+    train: Callable[..., StageResult],
+    model_args: Any,
+    data_args: Any,
+    args: Any,
+    encoder_path: str | None,
+    data: RunData | None,
+    settings: dict | None,
+    contrastive_loss: str | None = None,
+) -> StageResult:
+    """A classifier stage, ``train(model_args, data_args, args, encoder_path)``, with its model card (the
+    encoder's ``contrastive_loss`` on it when given) and ``settings`` (default: computed here)."""
     from hf_mlcl.hub import ModelCardCallback
 
     card_cb = ModelCardCallback(
-        "classifier", model_args=model_args, data_args=data_args, encoder_path=encoder_path
+        "classifier",
+        model_args=model_args,
+        data_args=data_args,
+        contrastive_loss=contrastive_loss,
+        encoder_path=encoder_path,
     )
     if settings is None:
-        settings = stage_settings(joint_args, model_args, data_args, encoder_path)
+        settings = stage_settings(args, model_args, data_args, encoder_path)
     return _with_card(
-        train_joint,
-        card_cb,
-        joint_args,
-        model_args,
-        data_args,
-        joint_args,
-        encoder_path,
-        data=data,
-        settings=settings,
+        train, card_cb, args, model_args, data_args, args, encoder_path, data=data, settings=settings
     )
 
 
