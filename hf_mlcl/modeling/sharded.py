@@ -59,13 +59,17 @@ def _is_fsdp1(model: nn.Module) -> bool:
 
 
 def unwrap_engine(model: nn.Module) -> nn.Module:
-    """The model inside DDP / DataParallel / DeepSpeedEngine wrappers (an FSDP1 root is kept: its
-    parameters can only be unsharded through it)."""
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) or (
-        type(model).__name__ == "DeepSpeedEngine" and hasattr(model, "module")
-    ):
-        model = model.module
-    return model
+    """The model inside DDP / DataParallel / DeepSpeedEngine wrappers and ``torch.compile``'s module (an FSDP1
+    root is kept: its parameters can only be unsharded through it)."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) or (
+            type(model).__name__ == "DeepSpeedEngine" and hasattr(model, "module")
+        ):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            model = model._orig_mod  # torch.compile (TrainingArguments.torch_compile)
+        else:
+            return model
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

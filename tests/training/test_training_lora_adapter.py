@@ -67,7 +67,7 @@ def _data_args() -> DataArguments:
     return DataArguments(dataset="synthetic", dataset_options=json.dumps(opts), max_length=16)
 
 
-def _train(base: str, out, **model_kw):
+def _train(base: str, out, train_kw: dict | None = None, **model_kw):
     model_args = ModelArguments(
         model_name_or_path=base,
         use_lora=True,
@@ -89,6 +89,7 @@ def _train(base: str, out, **model_kw):
         disable_tqdm=True,
         save_strategy="no",
         knn_k=0,
+        **(train_kw or {}),
     )
     return train_contrastive(model_args, _data_args(), args)
 
@@ -157,6 +158,25 @@ def test_lora_run_saves_an_adapter_that_reloads_to_the_same_embeddings(tmp_path,
 
     pushed = set(files_to_push(str(out)))  # hf-mlcl push uploads the adapter folder as is
     assert ENCODER_FILES <= {f.split("/")[0] for f in pushed} and "2_Dense/model.safetensors" in pushed
+
+
+def test_a_compiled_run_saves_an_adapter_that_reloads_to_its_embeddings(
+    tmp_path, base_model, llama_tokenizer
+):
+    """``torch_compile`` wraps the model in ``torch.compile``'s module (``_orig_mod.`` keys): the adapter and
+    heads are still found, saved under their own names and reload to the trained embeddings. The eager backend
+    traces with dynamo without generating kernels (the wrapper is the same)."""
+    out = tmp_path / "compiled"
+    trainer = _train(base_model, out, {"torch_compile": True, "torch_compile_backend": "eager"}).trainer
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    assert ENCODER_FILES <= set(os.listdir(out))
+    saved = load_file(out / "adapter_model.safetensors")
+    assert saved and all(k.startswith("base_model.model.layers.") and "lora_" in k for k in saved)
+    loaded = MLCLEncoder.from_pretrained(out)
+    trained = trainer.accelerator.unwrap_model(trainer.model).eval()
+    torch.testing.assert_close(
+        _embed(loaded, llama_tokenizer), _embed(trained, llama_tokenizer), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_merge_lora_keeps_the_merged_output(tmp_path, base_model, llama_tokenizer):
