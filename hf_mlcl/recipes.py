@@ -20,10 +20,9 @@ from typing import Any
 
 import yaml
 
+from hf_mlcl.stage_names import CLASSIFIER_STAGES, DEFAULT_STAGES, STAGES
+
 BASE_KEY = "_base_"
-STAGES = ("contrastive", "probe", "joint")
-DEFAULT_STAGES = ("contrastive", "probe")  # a recipe without `stages:`
-CLASSIFIER_STAGES = ("probe", "joint")  # the stages that write the classifier (one per run)
 META_KEYS = (BASE_KEY, "description", "output_dir", "stages", *STAGES)
 STAGE_DIRS = {"contrastive": "encoder", "probe": "classifier", "joint": "classifier"}
 DEFAULT_OUTPUT_ROOT = "outputs/run"

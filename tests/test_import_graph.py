@@ -1,4 +1,4 @@
-"""Architecture checks: no import cycle inside hf_mlcl, library code never imports the CLI or the demo,
+"""Architecture checks: no import cycle inside hf_mlcl (between modules or between folders), library code never imports the CLI or the demo,
 every module opens with a docstring naming what it holds, and the formatter owns the layout."""
 
 from __future__ import annotations
@@ -142,6 +142,21 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_no_import_cycle_between_modules():
     """Every import counts, module-level or inside a function (a lazy import only hides a cycle)."""
     cycle = _find_cycle(_module_edges())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def _room(module: str) -> str:
+    """The room of a module: its sub-package of hf_mlcl (``hf_mlcl.training``), or the module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_folders():
+    """The folders and top-level modules form layers: no two of them import each other, even through a lazy
+    import (an arrow that runs back up the layers)."""
+    rooms: dict[str, set[str]] = {}
+    for mod, targets in _module_edges().items():
+        rooms.setdefault(_room(mod), set()).update(_room(t) for t in targets if _room(t) != _room(mod))
+    cycle = _find_cycle(rooms)
     assert cycle is None, " -> ".join(cycle)
 
 

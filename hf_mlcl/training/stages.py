@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hf_mlcl.recipes import CLASSIFIER_STAGES, STAGES
+from hf_mlcl.stage_names import CLASSIFIER_STAGES, STAGES
 
 from . import distributed as D
 from .checkpoints import remove_checkpoints
