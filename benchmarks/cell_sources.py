@@ -86,11 +86,13 @@ def recipe_files(path: str, repo: str = REPO) -> list[str]:
 def sources(measurement: str, cell: str, repo: str = REPO) -> tuple[str, ...]:
     """The paths (folders end in ``/``) whose code the cell ``measurement/cell`` measures."""
     paths = list(LIBRARY.get(measurement, ("hf_mlcl/",)))
-    if measurement == "llama_lora":  # <run>-<launcher>[-direct]
+    if measurement == "llama_lora":  # <run>-<launcher>[-direct | -fit80 | -fit141]
         run, launcher = cell.split("-")[:2]
         if run == "bce":
             paths.remove("hf_mlcl/losses/")
         paths += recipe_files(f"recipes/aapd/llama-3.1-8b-lora/{run}.yaml", repo)
+        if "-fit" in cell:  # its settings are the memory model's choice
+            paths.append("benchmarks/memory_plan.py")
         if launcher in LAUNCHER_CONFIGS:
             paths.append(LAUNCHER_CONFIGS[launcher])
     elif measurement == "plm_icd":  # <run>-<dataset>

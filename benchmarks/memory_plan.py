@@ -72,6 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "per_device_train_batch_size": 8,
     "gradcache_chunk_size": 0,
     "activation_checkpointing": None,  # transformers: None = off
+    "activation_checkpointing_kwargs": None,
     "queue_size": 0,
     "n_views": 1,
     "bf16": False,
@@ -282,6 +283,8 @@ def predict(settings: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
     chunk = int(s.get("gradcache_chunk_size") or 0) if contrastive else 0
     rows = min(chunk, batch) if chunk > 0 else batch
     ckpt = bool(s["activation_checkpointing"])
+    # activation_checkpointing_kwargs {every_n_layers: k}: transformers checkpoints the layers i % k == 0 only
+    every = int((s.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1)) if ckpt else 1
     proj_dim = int(s["projection_dim"])
     proj_hidden = int(s.get("projection_hidden_dim") or d)
     num_labels = int(s.get("num_labels", 54))  # --num_labels; 54: AAPD
@@ -325,12 +328,26 @@ def predict(settings: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
         )
     saved, block_input = layer_saved_bytes(shape, s, seq)
     tokens = rows * seq
-    if ckpt:
-        acts = layers * block_input + saved
+    # in fp32 the first norm saves the block's input itself; under autocast its fp32 copy (in ``saved``)
+    kept = saved + (0 if s["bf16"] else block_input)
+    checked = [ckpt and i % every == 0 for i in range(layers)]
+    checkpointed = sum(checked)
+    # backward runs from the top block down: a checkpointed block recomputes its saved tensors once the blocks
+    # above it have freed theirs, so it adds to the stored peak only what those freed tensors do not cover
+    recompute, freed = 0, 0
+    for is_checked in reversed(checked):
+        if is_checked:
+            recompute = max(recompute, saved - freed)
+        freed += block_input if is_checked else kept
+    acts = checkpointed * block_input + (layers - checkpointed) * kept + recompute
+    if checkpointed == layers:
         how = f"{layers} block inputs + one block recomputed, {rows} rows x {seq} tokens"
+    elif checkpointed:
+        how = (
+            f"{checkpointed} checkpointed block inputs (one block in {every}) + one recomputed + "
+            f"{layers - checkpointed} blocks' saved tensors, {rows} rows x {seq} tokens"
+        )
     else:
-        # in fp32 the first norm saves the block's input itself; under autocast its fp32 copy (in ``saved``)
-        acts = layers * (saved + (0 if s["bf16"] else block_input))
         how = f"{layers} blocks' saved tensors, {rows} rows x {seq} tokens"
     a = 2 if s["bf16"] else 4
     # the last block's output and the final norm's saved tensors (outside the checkpointed blocks)
@@ -381,6 +398,46 @@ def predict(settings: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
         "rows_per_pass": rows,
         "heads": heads,
     }
+
+
+# ------------------------------------------------------------------------------------------ speed levers
+CHECKPOINT_EVERY = (None, 8, 4, 3, 2, 1)  # every_n_layers tried (None: no activation checkpointing)
+
+
+def forward_units(settings: dict[str, Any], layers: int) -> float:
+    """The work of a training step in forwards of the model: 1 forward + 2 for the backward, plus the share of
+    the layers activation checkpointing recomputes, plus GradCache's no-grad forward of the whole batch."""
+    units = 3.0
+    if settings["activation_checkpointing"]:
+        every = int((settings.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1))
+        units += -(-layers // every) / layers
+    return units + (1.0 if int(settings.get("gradcache_chunk_size") or 0) > 0 else 0.0)
+
+
+def fastest_fitting(settings: dict[str, Any], shape: dict[str, Any], gpu_gib: float) -> dict[str, Any] | None:
+    """The lever settings of ``settings`` with the least work (:func:`forward_units`) whose predicted device
+    total fits ``gpu_gib``: LoRA dropout 0 (no dropout copy of the adapted inputs), activation checkpointing
+    off or on every k-th layer (:data:`CHECKPOINT_EVERY`), GradCache off or at the recipe's chunk; a tie goes to
+    the smaller peak. Returns the overrides with ``units`` and ``plan`` (:func:`predict`), None if none fits."""
+    layers = _dims(shape)[1]
+    chunks = sorted({0, int(settings.get("gradcache_chunk_size") or 0)})
+    best = None
+    for every in CHECKPOINT_EVERY:
+        for chunk in chunks:
+            levers = {
+                "lora_dropout": 0.0,
+                "activation_checkpointing": every is not None,
+                "activation_checkpointing_kwargs": {"every_n_layers": every} if every else None,
+                "gradcache_chunk_size": chunk,
+            }
+            trial = {**settings, **levers}
+            plan = predict(trial, shape)
+            if plan["device_total"] > gpu_gib * GIB:
+                continue
+            key = (forward_units(trial, layers), plan["device_total"])
+            if best is None or key < best[0]:
+                best = (key, {**levers, "units": key[0], "plan": plan})
+    return None if best is None else best[1]
 
 
 # ------------------------------------------------------------------------------------------ measurement
@@ -528,7 +585,13 @@ def cell_tokens(figures: dict[str, Any]) -> list[str]:
         *("--max_length", str(figures["seq_len"]), "--bf16", "true"),
         *("--activation_checkpointing", str(bool(figures["activation_checkpointing"])).lower()),
         *("--num_labels", str(figures["num_labels"])),
+        *("--lora_dropout", str(figures["lora"]["dropout"])),
     ]
+    if figures.get("every_n_layers", 1) > 1:
+        tokens += [
+            "--activation_checkpointing_kwargs",
+            json.dumps({"every_n_layers": figures["every_n_layers"]}),
+        ]
     if figures["recipe"].endswith("bce.yaml"):
         return tokens
     return [
@@ -558,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compare", action="store_true", help="also the recorded GPU cells (llama_lora.json)"
     )
+    parser.add_argument(
+        "--fastest",
+        action="store_true",
+        help="also the levers with the least work that fit --gpu-gib (checkpointing, GradCache, LoRA dropout)",
+    )
     args, overrides = parser.parse_known_args(argv)
     settings = resolve_settings(args.recipe, overrides)
     shape = load_shape(settings, args.config)
@@ -580,6 +648,18 @@ def main(argv: list[str] | None = None) -> int:
     total = plan["device_total"]
     verdict = "fits" if total <= args.gpu_gib * GIB else "does NOT fit"
     print(f"verdict: {total / GIB:.1f} GiB predicted {verdict} a {args.gpu_gib:g} GiB GPU")
+    if args.fastest:
+        best = fastest_fitting(settings, shape, args.gpu_gib)
+        if best is None:
+            print(f"fastest that fits: none of the levers fits a {args.gpu_gib:g} GiB GPU")
+        else:
+            every = (best["activation_checkpointing_kwargs"] or {}).get("every_n_layers")
+            print(
+                f"fastest that fits: lora_dropout 0, activation checkpointing "
+                f"{'every ' + str(every) + ' layers' if every and every > 1 else 'on every layer' if every else 'off'}, "
+                f"GradCache chunk {best['gradcache_chunk_size']}: {best['units']:.2f} forwards a step "
+                f"(now {forward_units(settings, _dims(shape)[1]):.2f}), {best['plan']['device_total'] / GIB:.1f} GiB"
+            )
     if args.compare:
         print("recorded plain-process GPU cells (benchmarks/results/*/llama_lora.json), allocated peak:")
         for device, name, figures in recorded_cells():

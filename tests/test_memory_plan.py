@@ -44,6 +44,10 @@ TINY = [
 CASES = {
     "plain": ["--gradcache_chunk_size", "0", "--activation_checkpointing", "false"],
     "checkpointing": ["--gradcache_chunk_size", "0", "--activation_checkpointing", "true"],
+    "every second layer": [
+        *("--gradcache_chunk_size", "0", "--activation_checkpointing", "true"),
+        *("--activation_checkpointing_kwargs", '{"every_n_layers": 2}'),
+    ],
     "gradcache": ["--gradcache_chunk_size", "2", "--activation_checkpointing", "false"],
     "both": ["--gradcache_chunk_size", "2", "--activation_checkpointing", "true"],
 }
@@ -120,3 +124,24 @@ def test_the_command_prints_a_verdict(capsys):
     assert mp.main([RECIPE, "--gpu-gib", "16", "--per_device_train_batch_size", "16"]) == 0
     out = capsys.readouterr().out
     assert "batch 16 x 512" in out and "verdict:" in out and "does NOT fit a 16 GiB GPU" in out
+
+
+def test_the_fastest_levers_that_fit_a_gpu():
+    """The levers with the least work whose predicted total fits: on an 80 GB GPU (less a tenth) the recipe's
+    checkpointing without GradCache, on a 141 GB one checkpointing every 4th layer; the next faster setting
+    does not fit, and nothing fits 10 GiB."""
+    settings = mp.resolve_settings(RECIPE, [])
+    shape = mp.BUILTIN_SHAPES["meta-llama/Llama-3.1-8B"]
+    assert mp.forward_units(settings, shape["num_hidden_layers"]) == 5.0  # checkpointing + GradCache
+    h100 = mp.fastest_fitting(settings, shape, 0.9 * 79.6)
+    assert (
+        h100["activation_checkpointing_kwargs"] == {"every_n_layers": 1} and h100["gradcache_chunk_size"] == 0
+    )
+    assert h100["lora_dropout"] == 0.0 and h100["units"] == 4.0
+    h200 = mp.fastest_fitting(settings, shape, 0.9 * 139.8)
+    assert h200["activation_checkpointing_kwargs"] == {"every_n_layers": 4} and h200["units"] == 3.25
+    assert h200["plan"]["device_total"] <= 0.9 * 139.8 * mp.GIB
+    every_8th = {**settings, "lora_dropout": 0.0, "gradcache_chunk_size": 0}
+    every_8th["activation_checkpointing_kwargs"] = {"every_n_layers": 8}
+    assert mp.predict(every_8th, shape)["device_total"] > 0.9 * 139.8 * mp.GIB
+    assert mp.fastest_fitting(settings, shape, 10.0) is None

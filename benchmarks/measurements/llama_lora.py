@@ -13,7 +13,9 @@ multi-hot labels (54 labels): stage 1 with ``sd`` (in-batch), stage 1 with ``msc
 computes the outputs of 4 rows in eval mode, saves the adapter folder and loads it onto a fresh base with
 the LoRA layers kept apart, as in training: the outputs must be the trained model's (cosine >= 0.9999,
 max difference <= 1 % of the largest output). The library's ``from_pretrained``, which merges the adapter
-into the base weights, is compared too (``merged_load``).
+into the base weights, is compared too (``merged_load``). The ``-fit80`` / ``-fit141`` cells run the recipe
+at the levers benchmarks/memory_plan.py predicts to do the least work within an 80 GB / a 141 GB GPU
+(:func:`fit_params`: LoRA dropout, GradCache, activation checkpointing on every k-th layer).
 
 Model FLOPs per token (:func:`flops_per_token`, the convention of PaLM, Chowdhery et al. 2022, App. B,
 adapted to a frozen base): forward ``2 N + 4 n_layers s d`` (N the non-embedding matmul weights, the
@@ -21,7 +23,7 @@ attention products counted in full); backward of the frozen base computes input 
 FLOPs as the forward; the LoRA matrices cost ``6 N_lora``; ``msc``'s momentum encoder adds one more
 forward of the same tokens. Recomputation (activation checkpointing) and GradCache's extra no-grad
 forward are not model FLOPs. MFU = model FLOPs/s over the device's bf16 dense peak. HFU counts what the
-device runs (:func:`hardware_flops_per_token`): one more forward for activation checkpointing and one for
+device runs (:func:`hardware_flops_per_token`): one more forward of the checkpointed layers and one for
 GradCache's no-grad forward, so a GradCache run with checkpointing runs twice sd's model FLOPs and MFU can
 reach at most half the share of the peak the device sustains.
 """
@@ -29,6 +31,7 @@ reach at most half the share of the peak the device sustains.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import tempfile
 import time
@@ -48,15 +51,49 @@ LAUNCHER_CONFIGS = {
     "fsdp": os.path.join("recipes", "accelerate", "fsdp_llama_lora.yaml"),
     "deepspeed": os.path.join("recipes", "accelerate", "deepspeed_zero3.yaml"),
 }
+# the fastest settings that fit a GPU (benchmarks/memory_plan.py fastest_fitting): an 80 GB H100 and a 141 GB
+# H200 (the memory torch reports, GiB), less a tenth for the prediction's error
+FIT_GIB = {"fit80": 79.6, "fit141": 139.8}
+FIT_SAFETY = 0.9
 _FSDP_ON_CPU = (
     "accelerate applies FSDP only on accelerator devices (AcceleratorState keeps MULTI_CPU for CPU "
     "processes), so on a CPU-only machine this cell would silently train without FSDP"
 )
 
 
+def fit_params(run: str, fit: str) -> dict[str, Any]:
+    """The levers of ``run``'s recipe with the least work that fit ``FIT_GIB[fit]`` (less ``FIT_SAFETY``), as
+    memory_plan.fastest_fitting predicts them at the cell's shapes: GradCache chunk, LoRA dropout and
+    ``every_n_layers`` (0: activation checkpointing off)."""
+    import sys
+
+    benchmarks = os.path.join(REPO, "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    import memory_plan
+
+    tokens = ["--contrastive.queue_size", str(QUEUE)] if run == "msc" else []
+    settings = memory_plan.resolve_settings(os.path.join(REPO, RECIPE_DIR, f"{run}.yaml"), tokens)
+    shape = memory_plan.BUILTIN_SHAPES["meta-llama/Llama-3.1-8B"]
+    best = memory_plan.fastest_fitting(settings, shape, FIT_SAFETY * FIT_GIB[fit])
+    if best is None:
+        raise ValueError(f"no lever setting of {run} is predicted to fit {FIT_GIB[fit]} GiB")
+    every = (best["activation_checkpointing_kwargs"] or {}).get("every_n_layers", 1)
+    return {
+        "gradcache_chunk_size": best["gradcache_chunk_size"],
+        "lora_dropout": best["lora_dropout"],
+        "every_n_layers": every if best["activation_checkpointing"] else 0,
+    }
+
+
 def cells(tiny: bool) -> list[Cell]:
-    """Priority order: the plain-process cells (the MFU goal), then FSDP, then ZeRO-3."""
+    """Priority order: the plain-process cells (the MFU goal; the ``-fit80`` / ``-fit141`` ones at the fastest
+    settings predicted to fit an 80 GB / a 141 GB GPU), then FSDP, then ZeRO-3."""
     plan = [
+        ("msc", "plain", "fit141"),
+        ("sd", "plain", "fit141"),
+        ("msc", "plain", "fit80"),
+        ("sd", "plain", "fit80"),
         ("msc", "plain", None),
         ("msc", "plain", 0),
         ("sd", "plain", None),
@@ -70,11 +107,15 @@ def cells(tiny: bool) -> list[Cell]:
         ("bce", "deepspeed", None),
     ]
     out = []
-    for run, launcher, gradcache in plan:
-        name = f"{run}-{launcher}" + ("-direct" if gradcache == 0 else "")
+    for run, launcher, variant in plan:
         params: dict[str, Any] = {"run": run}
-        if gradcache is not None:
-            params["gradcache_chunk_size"] = gradcache
+        if isinstance(variant, str):
+            name = f"{run}-{launcher}-{variant}"
+            params.update(fit_params(run, variant))
+        else:
+            name = f"{run}-{launcher}" + ("-direct" if variant == 0 else "")
+            if variant is not None:
+                params["gradcache_chunk_size"] = variant
         out.append(
             Cell(
                 name,
@@ -126,9 +167,12 @@ def flops_per_token(
 
 def hardware_flops_per_token(figures: dict[str, Any]) -> float:
     """FLOPs the device runs per trained token, from a cell's figures: the model FLOPs, plus one forward
-    when activation checkpointing recomputes each layer in the backward, plus one when GradCache first
+    of the layers activation checkpointing recomputes in the backward, plus one when GradCache first
     encodes the whole batch without gradients (``gradcache_chunk_size`` > 0)."""
-    extra = int(bool(figures["activation_checkpointing"])) + int(bool(figures["gradcache_chunk_size"]))
+    checkpointed = int(bool(figures["activation_checkpointing"]))
+    if figures.get("layers"):  # the share of the layers checkpointed (every_n_layers)
+        checkpointed = figures["checkpointed_layers"] / figures["layers"]
+    extra = checkpointed + int(bool(figures["gradcache_chunk_size"]))
     return figures["flops_per_token"] + extra * figures["forward_flops_per_token"]
 
 
@@ -326,15 +370,21 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "per_device_train_batch_size": batch,
         "bf16": bf16,
     }
+    top: dict[str, Any] = {"model_name_or_path": base, "max_length": seq}
+    if "lora_dropout" in cell.params:
+        top["lora_dropout"] = cell.params["lora_dropout"]
+    every = cell.params.get("every_n_layers")  # 0: no activation checkpointing; k: every k-th layer
+    if every is not None:
+        training["activation_checkpointing"] = every > 0
+        if every > 1:
+            training["activation_checkpointing_kwargs"] = json.dumps({"every_n_layers": every})
     if stage == "contrastive":
         training.update(knn_k=0, gradcache_chunk_size=gradcache)
         if run_name == "msc":
             training["queue_size"] = 16 if tiny else QUEUE
     else:
         training["load_best_model_at_end"] = False
-    _, (model_args, _data_args, targs) = recipe_stage(
-        recipe_path, stage, {"model_name_or_path": base, "max_length": seq}, training, out_root
-    )
+    _, (model_args, _data_args, targs) = recipe_stage(recipe_path, stage, top, training, out_root)
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     load_kwargs: dict[str, Any] = {"dtype": dtype}
@@ -380,6 +430,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     trainer.train()
     train_s = time.perf_counter() - t0
     memory = peak_memory()
+    layer_flags = [
+        m.gradient_checkpointing for m in model.modules() if type(m).__name__.endswith("DecoderLayer")
+    ]
     wrapper = _wrapper_check(trainer, launcher)
     reference = _outputs(trainer.model_wrapped, probe_batch, run_name, bf16)
     trained = _trained_weights(trainer)
@@ -447,6 +500,9 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "gradcache_chunk_size": gradcache,
         "queue_size": int(getattr(targs, "queue_size", 0) or 0),
         "activation_checkpointing": checkpointing,
+        "every_n_layers": int((targs.activation_checkpointing_kwargs or {}).get("every_n_layers", 1)),
+        "checkpointed_layers": sum(bool(f) for f in layer_flags),
+        "layers": len(layer_flags),
         "lora": {
             "r": model_args.lora_r,
             "alpha": model_args.lora_alpha,
