@@ -11,7 +11,7 @@ without a metrics.json marked "not yet run"; fine-tuning rows at the learning ra
 ``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
 contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation) and
 ``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell); ``<study>-scale`` and
-``<study>-joint`` come from studies/scale_table.py.
+``joint`` come from studies/scale_table.py.
 
 The same study run on one GPU in bf16 (``run_gpu.sh``, outputs in ``studies/results/gpu_bf16/<study>/``) gets
 ``gpu-<study>-full``, ``gpu-<study>-lr`` and ``gpu-<study>-vs-bce`` (the same tables, read from that tree with
@@ -99,14 +99,6 @@ def load(
     return cells
 
 
-def _fmt(values: list[float]) -> str:
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.3f} (n=1)"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f} (n={len(values)})"
-
-
 def stage2_seconds(run: dict) -> tuple[float | None, bool]:
     """(stage-2 wall seconds, whether they are a lower bound). ``wall_s["probe_s"]`` times the process that
     finished the stage only; the epoch records (``timeline.jsonl``, kept across processes) time every finished
@@ -153,7 +145,7 @@ def _per_epoch(runs: list[dict]) -> str:
 
 
 def _metric(runs: list[dict], key: str) -> str:
-    return _fmt([float(r["metrics"][key]) for r in runs if key in r["metrics"]])
+    return scale_table.summary(runs, key, missing="—")
 
 
 def _best_epoch(runs: list[dict]) -> str:
@@ -254,21 +246,7 @@ def full_table(study: str) -> str:
     return "\n".join(rows)
 
 
-def _delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str] | None:
-    """(mean difference, verdict) of ``key`` between two groups of seeds; the verdict says whether the
-    difference exceeds the seed spread, the sum of the two sample standard deviations (ddof 1), and is
-    only given when both groups have at least two seeds."""
-    a = [float(r["metrics"][key]) for r in runs if key in r["metrics"]]
-    b = [float(r["metrics"][key]) for r in ref if key in r["metrics"]]
-    if not a or not b:
-        return None
-    d = float(np.mean(a) - np.mean(b))
-    if min(len(a), len(b)) < 2:
-        return d, f"undecided: seeds {len(a)} vs {len(b)}"
-    spread = float(np.std(a, ddof=1) + np.std(b, ddof=1))
-    return d, (
-        f"yes: {abs(d):.3f} > {spread:.3f}" if abs(d) > spread else f"no: {abs(d):.3f} <= {spread:.3f}"
-    )
+_delta = scale_table.seed_delta  # (mean difference, seed-spread verdict) of two groups of seeds
 
 
 def _signed(delta: tuple[float, str] | None, missing: str = "—") -> str:
@@ -918,7 +896,7 @@ def main(argv: list[str]) -> None:
     tables.update({f"{d}-vs-bce": comparison_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-tail": tail_table(d) for d in FULL_STUDIES})
     tables.update({f"{d}-scale": scale_table.scale_table(d, HERE) for d in FULL_STUDIES})
-    tables.update({f"{d}-joint": scale_table.joint_table(d, HERE) for d in FULL_STUDIES})
+    tables["joint"] = scale_table.joint_table(list(FULL_STUDIES), HERE)
     tables.update(gpu_tables())
     if "--print" in argv:
         for d, t in tables.items():
@@ -929,6 +907,8 @@ def main(argv: list[str]) -> None:
         if os.path.isdir(os.path.join(HERE, d)):
             print("plot:", full_f1_plot(d))
     print("plot:", compute_figure())
+    for d in FULL_STUDIES:
+        print("plot:", scale_table.scale_figure(d, HERE, os.path.join(FIGURES, d, "macro_f1_vs_size.png")))
     with open(RESULTS_MD, encoding="utf-8") as fh:
         text = fh.read()
     for d, t in tables.items():

@@ -1,14 +1,15 @@
-"""The data-scale and joint-objective tables of docs/RESULTS.md (``<study>-scale``, ``<study>-joint``).
+"""The data-scale and joint-objective tables of docs/RESULTS.md (``<study>-scale``, ``joint``).
 
 ``<study>-scale``: each method's test macro-F1 (mean ± sample standard deviation over the seeds, and n) at each
 training size of studies/scale.py, every choice made on validation at that size: BCE's learning rate
 (``bce_choice.best_bce_lr``), the joint objective's w (``bce_choice.best_joint_weight``), the two losses
 chosen on Reuters' frozen probes (``loss_choice.best_losses``); the fine-tunes run at BCE's learning rate.
-``<study>-joint``: every joint cell (w, learning rate, size) beside BCE at the same learning rate and size; the
-test columns of the w chosen on validation only.
+Each method's cell adds its difference to BCE at that size and the seed-spread verdict (yes / no / undecided);
+:func:`scale_figure` draws the table. ``joint``: every joint cell (dataset, size, w, learning rate) beside BCE
+at the same learning rate and size; the test columns of the w chosen on validation only.
 A cell without a finished run reads "not yet run".
 
-    python studies/scale_table.py reuters21578     # print both tables
+    python studies/scale_table.py reuters21578     # print its scale table and the joint table
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import loss_choice  # noqa: E402  (studies/loss_choice.py: the two losses chosen
 import scale  # noqa: E402  (studies/scale.py: the sizes and the cells' names)
 
 NOT_RUN = "not yet run"
+BCE = "BCE fine-tune"
 
 
 def runs_by_cell(results: str, study: str) -> dict[tuple[str, int | None], list[dict]]:
@@ -40,14 +42,31 @@ def runs_by_cell(results: str, study: str) -> dict[tuple[str, int | None], list[
     return out
 
 
-def summary(runs: list[dict], key: str) -> str:
+def summary(runs: list[dict], key: str, missing: str = NOT_RUN) -> str:
     """``key`` over the seeds: the value and n=1, or mean ± sample standard deviation (ddof 1) and n."""
     values = [float(r["metrics"][key]) for r in runs if key in r["metrics"]]
     if not values:
-        return NOT_RUN
+        return missing
     if len(values) == 1:
         return f"{values[0]:.3f} (n=1)"
     return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f} (n={len(values)})"
+
+
+def seed_delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str] | None:
+    """(mean difference, verdict) of ``key`` between two groups of seeds; the verdict says whether the
+    difference exceeds the seed spread, the sum of the two sample standard deviations (ddof 1), and is
+    only given when both groups have at least two seeds."""
+    a = [float(r["metrics"][key]) for r in runs if key in r["metrics"]]
+    b = [float(r["metrics"][key]) for r in ref if key in r["metrics"]]
+    if not a or not b:
+        return None
+    d = float(np.mean(a) - np.mean(b))
+    if min(len(a), len(b)) < 2:
+        return d, f"undecided: seeds {len(a)} vs {len(b)}"
+    spread = float(np.std(a, ddof=1) + np.std(b, ddof=1))
+    return d, (
+        f"yes: {abs(d):.3f} > {spread:.3f}" if abs(d) > spread else f"no: {abs(d):.3f} <= {spread:.3f}"
+    )
 
 
 def _chosen(choice, study: str, results: str, size: int | None) -> str | None:
@@ -68,7 +87,7 @@ def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, 
         losses = []
     rows: list[tuple[str, str | None]] = [
         ("TF-IDF + logistic regression", "tfidf_logreg"),
-        ("BCE fine-tune", f"bce_finetune-lr{lr}" if lr else None),
+        (BCE, f"bce_finetune-lr{lr}" if lr else None),
         ("joint: (1 - w) BCE + w jaccard", f"joint_finetune-w{w}-lr{lr}" if lr and w else None),
     ]
     for loss in losses:
@@ -78,48 +97,115 @@ def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, 
     return rows
 
 
-def scale_table(study: str, results: str) -> str:
-    """Test macro-F1 by method and training size (see the module docstring)."""
+def scale_runs(study: str, results: str) -> tuple[list[int | None], dict[str, list[list[dict]]]]:
+    """(the sizes, smallest first, None for the whole split; each method's finished seeds at each size)."""
     cells = runs_by_cell(results, study)
     sizes: list[int | None] = [*scale.SIZES[study], None]
-    head = " | ".join(f"{n:,} training texts" if n else f"all ({scale.FULL_TRAIN[study]:,})" for n in sizes)
-    rows = [f"| method | {head} |", "|---|" + "---|" * len(sizes)]
     per_size = [dict(method_cells(study, results, n)) for n in sizes]
-    for name in per_size[-1]:
-        values = [
-            summary(cells.get((chosen[name], n), []), "test_macro_f1") if chosen.get(name) else NOT_RUN
-            for chosen, n in zip(per_size, sizes)
+    runs = {
+        name: [
+            cells.get((chosen[name], n), []) if chosen.get(name) else [] for chosen, n in zip(per_size, sizes)
         ]
-        rows.append(f"| {name} | {' | '.join(values)} |")
+        for name in per_size[-1]
+    }
+    return sizes, runs
+
+
+def _size_head(study: str, sizes: list[int | None]) -> str:
+    return " | ".join(f"{n:,} training texts" if n else f"all ({scale.FULL_TRAIN[study]:,})" for n in sizes)
+
+
+def _verdict(delta: tuple[float, str] | None) -> str:
+    """``+0.186 yes`` / ``-0.014 no`` / ``+0.066 undecided`` (:func:`seed_delta`), empty without a difference."""
+    return f", {delta[0]:+.3f} {delta[1].split(':')[0]}" if delta else ""
+
+
+def scale_table(study: str, results: str) -> str:
+    """Test macro-F1 by method and training size, each method's difference to BCE at the same size with the
+    seed-spread verdict (see the module docstring)."""
+    sizes, runs = scale_runs(study, results)
+    rows = [f"| method | {_size_head(study, sizes)} |", "|---|" + "---|" * len(sizes)]
+    for name, by_size in runs.items():
+        cells = [
+            summary(r, "test_macro_f1")
+            + ("" if name == BCE else _verdict(seed_delta(r, ref, "test_macro_f1")))
+            for r, ref in zip(by_size, runs[BCE])
+        ]
+        rows.append(f"| {name} | {' | '.join(cells)} |")
     return "\n".join(rows)
 
 
-def joint_table(study: str, results: str) -> str:
-    """Every joint cell beside BCE at its learning rate and size: validation and test macro-F1, test micro-F1."""
-    cells = runs_by_cell(results, study)
+def scale_figure(study: str, results: str, out: str) -> str | None:
+    """Test macro-F1 against training size, one line per method (mean over the seeds, error bars one sample
+    standard deviation), written to ``out``; None while no method has a finished size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes, runs = scale_runs(study, results)
+    x = [n or scale.FULL_TRAIN[study] for n in sizes]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    drawn = 0
+    for name, by_size in runs.items():
+        points = [
+            (xi, [float(r["metrics"]["test_macro_f1"]) for r in rs if "test_macro_f1" in r["metrics"]])
+            for xi, rs in zip(x, by_size)
+        ]
+        points = [(xi, v) for xi, v in points if v]
+        if not points:
+            continue
+        means = [float(np.mean(v)) for _, v in points]
+        errors = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in points]
+        ax.errorbar([p[0] for p in points], means, yerr=errors, marker="o", capsize=3, label=name)
+        drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_xticks(x, [f"{v:,}" for v in x])
+    ax.minorticks_off()
+    ax.set_xlabel("training texts")
+    ax.set_ylabel("test macro-F1")
+    ax.set_title(f"{study}: test macro-F1 by training size (mean ± sd over seeds)", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def joint_table(studies: list[str], results: str) -> str:
+    """Every joint cell of ``studies`` beside BCE at its learning rate and size: validation and test macro-F1,
+    test micro-F1 (the test columns of the w chosen on validation only)."""
     rows = [
-        "| training rows | w | lr | validation macro-F1 | test macro-F1 | test micro-F1 "
+        "| dataset | training rows | w | lr | validation macro-F1 | test macro-F1 | test micro-F1 "
         "| BCE, same lr: validation macro-F1 | BCE: test macro-F1 |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    joint = sorted(
-        (k for k in cells if k[0].startswith("joint_finetune-w")), key=lambda k: (k[1] or 1 << 30, k[0])
-    )
-    for base, size in joint:
-        w, lr = base.removeprefix("joint_finetune-w").split("-lr")
-        runs, bce = cells[(base, size)], cells.get((f"bce_finetune-lr{lr}", size), [])
-        chosen = _chosen(bce_choice.best_joint_weight, study, results, size) == w
-        test = [summary(runs, k) if chosen else "(w not chosen)" for k in ("test_macro_f1", "test_micro_f1")]
-        rows.append(
-            f"| {size or 'all'} | {w} | {lr} | {summary(runs, 'validation_macro_f1')} | {test[0]} | {test[1]} "
-            f"| {summary(bce, 'validation_macro_f1')} | {summary(bce, 'test_macro_f1')} |"
+    for study in studies:
+        cells = runs_by_cell(results, study)
+        joint = sorted(
+            (k for k in cells if k[0].startswith("joint_finetune-w")), key=lambda k: (k[1] or 1 << 30, k[0])
         )
+        for base, size in joint:
+            w, lr = base.removeprefix("joint_finetune-w").split("-lr")
+            runs, bce = cells[(base, size)], cells.get((f"bce_finetune-lr{lr}", size), [])
+            chosen = _chosen(bce_choice.best_joint_weight, study, results, size) == w
+            test = [
+                summary(runs, k) if chosen else "(w not chosen)" for k in ("test_macro_f1", "test_micro_f1")
+            ]
+            rows.append(
+                f"| {study} | {size or 'all'} | {w} | {lr} | {summary(runs, 'validation_macro_f1')} | {test[0]} "
+                f"| {test[1]} | {summary(bce, 'validation_macro_f1')} | {summary(bce, 'test_macro_f1')} |"
+            )
     if len(rows) == 2:
-        rows.append(f"| {NOT_RUN} | | | | | | | |")
+        rows.append(f"| {NOT_RUN} | | | | | | | | |")
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(scale.SIZES):
         print(f"## {name}-scale\n{scale_table(name, bce_choice.RESULTS)}\n")
-        print(f"## {name}-joint\n{joint_table(name, bce_choice.RESULTS)}\n")
+    print(f"## joint\n{joint_table(sys.argv[1:] or list(scale.SIZES), bce_choice.RESULTS)}")

@@ -327,13 +327,17 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     lines = tables.scale_table("reuters21578", str(tmp_path)).splitlines()
     assert lines[0] == "| method | 500 training texts | 2,000 training texts | all (6,993) |"
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
-    assert rows["TF-IDF + logistic regression"][0] == "0.180 (n=1)"
+    assert rows["TF-IDF + logistic regression"][0] == "0.180 (n=1), -0.140 undecided"  # vs BCE at 500
     assert rows["BCE fine-tune"] == ["0.320 ± 0.020 (n=3)", "not yet run", "0.360 (n=1) |"]
-    assert rows["joint: (1 - w) BCE + w jaccard"][0] == "0.400 (n=1)"
+    assert rows["joint: (1 - w) BCE + w jaccard"][0] == "0.400 (n=1), +0.080 undecided"
     assert rows["SetFit"] == ["not yet run"] * 2 + ["not yet run |"]
-    joint = tables.joint_table("reuters21578", str(tmp_path)).splitlines()[2:]
+    joint = tables.joint_table(["reuters21578", "goemotions_full"], str(tmp_path)).splitlines()[2:]
     assert joint == [
-        "| 500 | 0.2 | 1e-4 | 0.250 (n=1) | 0.400 (n=1) | 0.900 (n=1) | 0.200 ± 0.000 (n=3) | 0.320 ± 0.020 (n=3) |",
-        "| 500 | 0.5 | 1e-4 | 0.150 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
+        "| reuters21578 | 500 | 0.2 | 1e-4 | 0.250 (n=1) | 0.400 (n=1) | 0.900 (n=1) | 0.200 ± 0.000 (n=3) "
+        "| 0.320 ± 0.020 (n=3) |",
+        "| reuters21578 | 500 | 0.5 | 1e-4 | 0.150 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
         "| 0.320 ± 0.020 (n=3) |",
     ]
+    png = tmp_path / "figures" / "size.png"
+    assert tables.scale_figure("reuters21578", str(tmp_path), str(png)) == str(png) and png.stat().st_size > 0
+    assert tables.scale_figure("goemotions_full", str(tmp_path), str(tmp_path / "none.png")) is None
