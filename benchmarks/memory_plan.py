@@ -24,33 +24,16 @@ import sys
 import weakref
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the measurements package
+from measurements import shapes  # noqa: E402  (the published shapes, torch-free)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 1024**3
 
-# The bases of the shipped recipes, for a Hub model that is not available offline.
+# The bases of the shipped recipes, for a Hub model that is not available offline (their published configs)
 BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
-    # meta-llama/Llama-3.1-8B, config.json on the Hub (as benchmarks/measurements/common.py LLAMA_31_8B)
-    "meta-llama/Llama-3.1-8B": dict(
-        model_type="llama",
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-    ),
-    # FacebookAI/roberta-base, config.json on the Hub
-    "FacebookAI/roberta-base": dict(
-        model_type="roberta",
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        vocab_size=50265,
-        max_position_embeddings=514,
-        type_vocab_size=1,
-    ),
+    "meta-llama/Llama-3.1-8B": {"model_type": "llama", "tie_word_embeddings": False, **shapes.LLAMA_31_8B},
+    "FacebookAI/roberta-base": dict(shapes.ROBERTA_BASE),
 }
 DECODERS = ("llama", "mistral", "qwen2", "qwen3")
 ENCODERS = ("bert", "roberta", "xlm-roberta")
@@ -174,15 +157,10 @@ def _linears(shape: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """(in, out) of every linear layer of one block, by module name."""
     d, _, _, kv, inter, _ = _dims(shape)
     if _family(shape) == "decoder":
-        return {
-            "q_proj": (d, d),
-            "k_proj": (d, kv),
-            "v_proj": (d, kv),
-            "o_proj": (d, d),
-            "gate_proj": (d, inter),
-            "up_proj": (d, inter),
-            "down_proj": (inter, d),
-        }
+        heads = shape["num_attention_heads"]
+        return shapes.decoder_linears(
+            {**shape, "num_key_value_heads": shape.get("num_key_value_heads") or heads}
+        )
     # BERT / RoBERTa: attention.self.{query,key,value}, attention.output.dense, intermediate.dense,
     # output.dense ("dense" matches the last three)
     return {

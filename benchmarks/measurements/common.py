@@ -35,74 +35,7 @@ BF16_DENSE_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("L4", 121.0),
 )
 
-# Llama-3.1-8B (Grattafiori et al., 2024; the config of meta-llama/Llama-3.1-8B).
-LLAMA_31_8B: dict[str, Any] = dict(
-    hidden_size=4096,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    intermediate_size=14336,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-    rms_norm_eps=1e-5,
-    bos_token_id=128000,
-    eos_token_id=128001,
-    pad_token_id=128004,
-    rope_scaling={
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-)
-LLAMA_TINY: dict[str, Any] = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=1000,
-    max_position_embeddings=4096,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
-# all-MiniLM-L6-v2's BERT (sentence-transformers/all-MiniLM-L6-v2 config.json).
-MINILM_L6: dict[str, Any] = dict(
-    model_type="bert",
-    vocab_size=30522,
-    hidden_size=384,
-    num_hidden_layers=6,
-    num_attention_heads=12,
-    intermediate_size=1536,
-    max_position_embeddings=512,
-)
-# FacebookAI/roberta-base config.json.
-ROBERTA_BASE: dict[str, Any] = dict(
-    model_type="roberta",
-    vocab_size=50265,
-    hidden_size=768,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    intermediate_size=3072,
-    max_position_embeddings=514,
-    type_vocab_size=1,
-    pad_token_id=1,
-    bos_token_id=0,
-    eos_token_id=2,
-    layer_norm_eps=1e-5,
-)
-BERT_TINY: dict[str, Any] = dict(
-    model_type="bert",
-    vocab_size=1000,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=512,
-)
+from .shapes import BERT_TINY, LLAMA_31_8B, LLAMA_TINY, MINILM_L6, ROBERTA_BASE  # noqa: E402,F401 (re-exported)
 
 
 @dataclass

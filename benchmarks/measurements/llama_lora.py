@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from .common import LLAMA_31_8B, LLAMA_TINY, REPO, Cell
+from .shapes import decoder_linears
 
 DESCRIPTION = (
     "Llama-3.1-8B + LoRA (AAPD recipes): stage 1 sd, stage 1 msc with momentum encoder and 4,096 queue, "
@@ -131,17 +132,7 @@ def cells(tiny: bool) -> list[Cell]:
 # ------------------------------------------------------------------------------------------ FLOPs
 def lora_parameters(shape: dict[str, Any], r: int, targets: list[str]) -> int:
     """Parameters of rank-``r`` LoRA pairs (A: r x in, B: out x r) on the named Llama projections."""
-    h, inter = shape["hidden_size"], shape["intermediate_size"]
-    kv = shape["num_key_value_heads"] * (h // shape["num_attention_heads"])
-    dims = {
-        "q_proj": (h, h),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (h, h),
-        "gate_proj": (h, inter),
-        "up_proj": (h, inter),
-        "down_proj": (inter, h),
-    }
+    dims = decoder_linears(shape)
     return shape["num_hidden_layers"] * sum(r * (dims[t][0] + dims[t][1]) for t in targets)
 
 
