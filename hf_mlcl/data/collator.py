@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_mlcl.labels.multihot import multi_hot_tensor
+from hf_mlcl.labels.multihot import multi_hot_tensor, multihot_to_ids
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+LABEL_FORMATS = ("dense", "sparse", "ids")
 
 
 class MultiLabelCollator:
@@ -26,7 +27,9 @@ class MultiLabelCollator:
     ``input_ids`` (+ optional ``attention_mask`` / ``token_type_ids``; truncated, then padded), and
     ``label_column`` with label ids (``None`` -> no labels, for inference). Extra columns are ignored.
 
-    ``label_format="dense"`` -> float32 (B, L); ``"sparse"`` -> ``torch.sparse_coo_tensor`` (B, L).
+    ``label_format="dense"`` -> float32 (B, L); ``"sparse"`` -> ``torch.sparse_coo_tensor`` (B, L); ``"ids"`` ->
+    int64 (B, K) label ids, each row's ascending and padded with -1, K >= 1 the most labels of a row (a compact
+    form at large label counts that, unlike a sparse tensor, can be sliced and gathered).
     ``n_views=2`` -> 2B rows: rows [0, B) view 1 and rows [B, 2B) view 2 (identical inputs; dropout
     in the model makes the views differ, as in SimCSE/SupCon two-crop batches); labels repeated.
     ``pad_to_multiple_of`` (e.g. the model's ``chunk_size``) rounds the padded length up.
@@ -60,8 +63,8 @@ class MultiLabelCollator:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         if n_views < 1:
             raise ValueError(f"n_views must be >= 1 (2 for two-view contrastive batches), got {n_views}")
-        if label_format not in ("dense", "sparse"):
-            raise ValueError(f"label_format must be 'dense' or 'sparse', got {label_format!r}")
+        if label_format not in LABEL_FORMATS:
+            raise ValueError(f"label_format must be one of {LABEL_FORMATS}, got {label_format!r}")
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
@@ -142,17 +145,21 @@ class MultiLabelCollator:
 
     # -- labels -------------------------------------------------------------------------------
     def labels_to_tensor(self, label_lists: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter). Rows of floats or
+        """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter), or the padded id
+        matrix of ``label_format="ids"``. Rows of floats or
         bools (``[0., 1., 0., 1.]``, what transformers users pass) are multi-hot rows already, never ids."""
         if label_lists and _float_or_bool_row(label_lists[0]):
             dense = self._multi_hot_rows(label_lists)
+            if self.label_format == "ids":
+                return multihot_to_ids(dense, min_width=1)
             return dense.to_sparse().coalesce() if self.label_format == "sparse" else dense
-        return multi_hot_tensor(
+        labels = multi_hot_tensor(
             label_lists,
             self.num_labels,
-            sparse=self.label_format == "sparse",
+            sparse=self.label_format != "dense",
             hint="; pass the dataset's num_labels (len(label_names(ds))) to MultiLabelCollator",
         )
+        return multihot_to_ids(labels, min_width=1) if self.label_format == "ids" else labels
 
     def _multi_hot_rows(self, rows: Sequence[Any]) -> torch.Tensor:
         """(B, L) float32 from multi-hot rows; ValueError unless each has num_labels 0/1 values."""

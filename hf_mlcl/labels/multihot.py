@@ -29,6 +29,7 @@ __all__ = [
     "cast",
     "coalesced",
     "dataset_label_matrix",
+    "id_pairs",
     "ids_to_multihot",
     "is_sparse",
     "label_coordinates",
@@ -251,20 +252,28 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values
     return out[:, :num_labels]
 
 
-def multihot_to_ids(labels: Tensor, pad_id: int = -1) -> Tensor:
+def multihot_to_ids(labels: Tensor, pad_id: int = -1, min_width: int = 0) -> Tensor:
     """(N, L) multi-hot matrix (dense or torch sparse) -> (N, K) int64 label ids, each row's ids ascending and
-    padded with ``pad_id``, K the most labels of a row (the inverse of :func:`ids_to_multihot`).
+    padded with ``pad_id``, K the most labels of a row but at least ``min_width`` (the inverse of
+    :func:`ids_to_multihot`).
 
     A compact form of a batch's labels at large label counts: K columns instead of L.
     """
     rows, cols = nonzero_pairs(labels)
     n = labels.shape[0]
     counts = torch.bincount(rows, minlength=n)
-    width = int(counts.max()) if n else 0
+    width = max(int(counts.max()) if n else 0, min_width)
     starts = torch.cumsum(counts, 0) - counts
     out = torch.full((n, width), pad_id, dtype=torch.int64, device=cols.device)
     out[rows, torch.arange(rows.numel(), device=rows.device) - starts[rows]] = cols
     return out
+
+
+def id_pairs(ids: Tensor, pad_id: int = -1) -> tuple[Tensor, Tensor]:
+    """(row, col) int64 index vectors of the labels in an (N, K) id matrix padded with ``pad_id``, in row-major
+    order (what :func:`nonzero_pairs` gives for the multi-hot matrix of ids given ascending)."""
+    nz = (ids != pad_id).nonzero()
+    return nz[:, 0], ids[nz[:, 0], nz[:, 1]].long()
 
 
 LABEL_INPUT_FORMATS = ("auto", "multi_hot", "ids")

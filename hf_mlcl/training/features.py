@@ -231,23 +231,31 @@ class FeatureStore:
 
 
 @contextmanager
-def _sparse_labels(trainer: Any) -> Iterator[None]:
+def _id_labels(trainer: Any) -> Iterator[bool]:
     """While an encoding pass builds and iterates its loader: the trainer's
-    :class:`~hf_mlcl.data.MultiLabelCollator` with ``label_format="sparse"``, so no batch holds (b, L) dense
-    label rows (other collators are left as they are)."""
+    :class:`~hf_mlcl.data.MultiLabelCollator` with ``label_format="ids"``, so no batch holds (b, L) label rows;
+    yields whether the labels come as padded ids (other collators are left as they are: multi-hot)."""
     from hf_mlcl.data.collator import MultiLabelCollator
 
     collator = trainer.data_collator
-    if not isinstance(collator, MultiLabelCollator) or collator.label_format == "sparse":
-        yield
+    if not isinstance(collator, MultiLabelCollator):
+        yield False
         return
-    sparse = copy.copy(collator)
-    sparse.label_format = "sparse"
-    trainer.data_collator = sparse
+    ids = copy.copy(collator)  # shares the tokenizer; the trainer's own collator is put back below
+    ids.label_format = "ids"
+    trainer.data_collator = ids
     try:
-        yield
+        yield True
     finally:
         trainer.data_collator = collator
+
+
+def _padded_ids(labels: torch.Tensor, as_ids: bool) -> torch.Tensor:
+    """A batch's labels as (b, K >= 1) ids padded with -1: as they are from an ids collator, else from the
+    multi-hot matrix (K >= 1 keeps the gather across processes well-formed when no row has a label)."""
+    from hf_mlcl.labels.multihot import multihot_to_ids
+
+    return labels if as_ids else multihot_to_ids(labels, min_width=1)
 
 
 class FrozenFeatures:
@@ -314,10 +322,8 @@ class FrozenFeatures:
     def batches(self, dataset: Any, desc: str = "Encoding") -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         """``(pooled (b, H) float32, label ids (b, K) int64 padded with -1)`` of every batch of ``dataset``, in
         dataset order, from one encoder pass (see the class docstring). The labels travel as ids, never as
-        (b, L) multi-hot rows: a :class:`~hf_mlcl.data.MultiLabelCollator` hands them over sparse for the pass."""
+        (b, L) multi-hot rows: a :class:`~hf_mlcl.data.MultiLabelCollator` hands them over as ids for the pass."""
         from tqdm.auto import tqdm
-
-        from hf_mlcl.labels.multihot import multihot_to_ids
 
         tr = self.trainer
         model = tr.accelerator.unwrap_model(tr.model)
@@ -325,7 +331,7 @@ class FrozenFeatures:
         model.eval()
         bar = None
         try:
-            with torch.random.fork_rng(devices=[]), _sparse_labels(tr):
+            with torch.random.fork_rng(devices=[]), _id_labels(tr) as as_ids:
                 loader = tr.text_test_dataloader(dataset)
                 bar = tqdm(loader, desc=desc, disable=tr.args.disable_tqdm or not tr.is_local_process_zero())
                 for batch in bar:
@@ -337,7 +343,7 @@ class FrozenFeatures:
                             model_inputs.get("token_type_ids"),
                         )
                         pooled = model.pool(states, mask, segment)
-                    ids = tr.accelerator.pad_across_processes(multihot_to_ids(y), dim=1, pad_index=-1)
+                    ids = tr.accelerator.pad_across_processes(_padded_ids(y, as_ids), dim=1, pad_index=-1)
                     pooled, ids = tr.accelerator.gather_for_metrics((pooled.float().contiguous(), ids))
                     yield pooled.cpu(), ids.cpu()
         finally:
@@ -375,7 +381,7 @@ class FrozenFeatures:
     def _key(self, dataset: Any) -> tuple[str, int]:
         """:meth:`FeatureStore.key` of ``dataset`` as the trainer would encode it: its collator over the rows in
         order (not sharded across processes, so every process and world size gets the same key)."""
-        from hf_mlcl.labels.multihot import nonzero_pairs
+        from hf_mlcl.labels.multihot import id_pairs, nonzero_pairs
 
         tr = self.trainer
         model = tr.accelerator.unwrap_model(tr.model)
@@ -394,13 +400,12 @@ class FrozenFeatures:
             settings["head"] = "native"
 
         def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
-            return torch.stack(
-                nonzero_pairs(tr.split_labels(batch)[1]), dim=1
-            )  # dense or sparse, never densified
+            labels = tr.split_labels(batch)[1]
+            return torch.stack(id_pairs(labels) if as_ids else nonzero_pairs(labels), dim=1)
 
         # iterating a DataLoader draws a seed from the global generator: keep the run's random streams as
         # they are, so dropout masks do not depend on whether a store is used
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _id_labels(tr) as as_ids:
             loader = torch.utils.data.DataLoader(
                 dataset,
                 batch_size=tr.args.per_device_eval_batch_size,

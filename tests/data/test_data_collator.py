@@ -34,6 +34,20 @@ def test_sparse_labels_match_dense(bert_tokenizer):
     assert torch.equal(batch["labels"].to_dense(), DENSE)
 
 
+def test_id_labels_are_padded_ids_of_at_least_one_column(bert_tokenizer):
+    batch = MultiLabelCollator(bert_tokenizer, num_labels=5, label_format="ids")(EXAMPLES)
+    assert batch["labels"].dtype == torch.int64 and batch["labels"].tolist() == [[0, 3], [2, -1], [-1, -1]]
+    none = MultiLabelCollator(bert_tokenizer, num_labels=5, label_format="ids")([EXAMPLES[2]])
+    assert none["labels"].tolist() == [[-1]]  # no label in the batch: still one column
+    rows = [{"text": "a b", "labels": [0.0, 1.0, 0.0, 1.0, 1.0]}, {"text": "c", "labels": [0.0] * 5}]
+    floats = MultiLabelCollator(bert_tokenizer, num_labels=5, label_format="ids")(rows)
+    assert floats["labels"].tolist() == [[1, 3, 4], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="label id 7"):
+        MultiLabelCollator(bert_tokenizer, num_labels=5, label_format="ids")([{"text": "x", "labels": [7]}])
+    with pytest.raises(ValueError, match="label_format must be one of"):
+        MultiLabelCollator(bert_tokenizer, num_labels=5, label_format="csr")
+
+
 @pytest.mark.parametrize("label_format", ["dense", "sparse"])
 def test_two_views(bert_tokenizer, label_format):
     one = MultiLabelCollator(bert_tokenizer, num_labels=5)(EXAMPLES)

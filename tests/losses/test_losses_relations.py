@@ -235,3 +235,7 @@ def test_multihot_to_ids_is_the_inverse_of_ids_to_multihot(sparse):
     assert torch.equal(M.ids_to_multihot(ids, 7), y)
     assert M.multihot_to_ids(torch.zeros(0, 7)).shape == (0, 0)
     assert M.multihot_to_ids(torch.zeros(2, 7), pad_id=-9).shape == (2, 0)
+    assert M.multihot_to_ids(torch.zeros(2, 7), min_width=1).tolist() == [[-1], [-1]]
+    rows, cols = M.id_pairs(ids)
+    want_rows, want_cols = M.nonzero_pairs(y)
+    assert torch.equal(rows, want_rows) and torch.equal(cols, want_cols)

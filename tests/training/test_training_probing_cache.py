@@ -226,25 +226,45 @@ class _FormatSpy(MultiLabelCollator):
 
     def __call__(self, examples):
         batch = super().__call__(examples)
-        self.seen.append("sparse" if batch["labels"].is_sparse else "dense")
+        labels = batch["labels"]
+        self.seen.append("sparse" if labels.is_sparse else "ids" if labels.dtype == torch.int64 else "dense")
         return batch
 
 
-def test_encoding_pass_hands_labels_over_sparse_and_keeps_the_collator(tmp_path, tok, data):
-    """The features pass never builds (b, L) dense label rows (at large label counts those per-batch matrices
-    fragment the heap: ``python benchmarks/eval_memory.py --trainer``); the trainer's collator is left as it
-    was."""
+def _truth(split) -> np.ndarray:
+    truth = np.zeros((len(split), 4), dtype=bool)
+    for i, ids in enumerate(split["labels"]):
+        truth[i, ids] = True
+    return truth
+
+
+def test_encoding_pass_hands_labels_over_as_ids_and_keeps_the_collator(tmp_path, tok, data):
+    """The features pass never builds (b, L) label rows (at large label counts those per-batch matrices
+    fragment the heap: ``python benchmarks/eval_memory.py --trainer``): its batches carry -1-padded ids, which,
+    unlike a sparse tensor, accelerate can slice and gather; the trainer's collator is left as it was."""
     tr, _ = _trainer(tmp_path, tok, data, cache=True)
     spy = _FormatSpy(tok, 4, max_length=32)
     spy.seen = []
     tr.data_collator = spy
     features = tr.cached_features(data["eval"], "eval")
-    assert spy.seen and set(spy.seen) == {"sparse"}
+    assert spy.seen and set(spy.seen) == {"ids"}
     assert tr.data_collator is spy and spy.label_format == "dense"
-    truth = np.zeros((N_EVAL, 4), dtype=bool)
-    for i, ids in enumerate(data["eval"]["labels"]):
-        truth[i, ids] = True
-    np.testing.assert_array_equal(features.multi_hot(4), truth)
+    np.testing.assert_array_equal(features.multi_hot(4), _truth(data["eval"]))
     spy.seen = []
     tr.evaluate()  # the cached rows' batches: dense labels for the loss, from the feature collator
     assert spy.seen == []
+
+
+def test_pooled_features_of_an_iterable_dataset_and_of_unlabelled_rows(tmp_path, tok, data):
+    """An iterable dataset goes through accelerate's batch dispatcher, which slices every batch tensor; rows
+    without labels give batches of no label at all (ids padded to one column)."""
+    tr, _ = _trainer(tmp_path, tok, data, cache=False)
+    x_map, y_map = tr.pooled_features(data["eval"])
+    x_it, y_it = tr.pooled_features(data["eval"].to_iterable_dataset())
+    np.testing.assert_allclose(x_it, x_map, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(y_it, y_map)
+    np.testing.assert_array_equal(y_map, _truth(data["eval"]))
+    empty = data["eval"].map(lambda _: {"labels": []})
+    x_empty, y_empty = tr.pooled_features(empty)
+    np.testing.assert_allclose(x_empty, x_map, rtol=1e-6, atol=1e-6)
+    assert y_empty.shape == (N_EVAL, 4) and not y_empty.any()
