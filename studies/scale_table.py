@@ -7,7 +7,8 @@ chosen on Reuters' frozen probes (``loss_choice.best_losses``); the fine-tunes r
 Each method's cell adds its difference to BCE at that size and the seed-spread verdict (yes / no / undecided);
 :func:`scale_figure` draws the table. ``joint``: every joint cell (dataset, size, w, learning rate) beside BCE
 at the same learning rate and size; the test columns of the w chosen on validation only.
-A cell without a finished run reads "not yet run".
+A cell without a finished run reads "not yet run", one whose choice waits for the rest of its grid "choice
+pending".
 
     python studies/scale_table.py reuters21578     # print its scale table and the joint table
 """
@@ -25,9 +26,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bce_choice  # noqa: E402  (studies/bce_choice.py: the choices made on validation)
 import loss_choice  # noqa: E402  (studies/loss_choice.py: the two losses chosen on Reuters)
+import lr_grid  # noqa: E402  (studies/lr_grid.py: BCE's learning-rate grid)
 import scale  # noqa: E402  (studies/scale.py: the sizes and the cells' names)
 
 NOT_RUN = "not yet run"
+PENDING = "choice pending"  # a cell chosen on validation whose grid has not run every point yet
 BCE = "BCE fine-tune"
 
 
@@ -77,10 +80,43 @@ def _chosen(choice, study: str, results: str, size: int | None) -> str | None:
         return None
 
 
+def bce_grid_done(study: str, results: str, size: int | None) -> bool:
+    """Whether every point of BCE's learning-rate grid at ``size`` has its seed-1 cell (the first two and the
+    extension; at a subset also the second extension, run_all.sh's SCALE_LRS): only then is the choice final."""
+    scores = bce_choice.bce_validation_scores(study, results, size)
+    try:
+        for k in range(1, 2 if size is None else 3):
+            lr = lr_grid.extension_lr(scores, k)
+            if lr is None:
+                return True
+            if lr not in scores:
+                return False
+    except lr_grid.NotReady:
+        return False
+    return True
+
+
+def joint_grid_done(study: str, results: str, size: int | None, lr: str) -> bool:
+    """Whether every w of ``bce_choice.JOINT_WEIGHTS`` has its seed-1 joint cell at ``lr`` and ``size``."""
+    return all(
+        os.path.isfile(
+            os.path.join(
+                results, study, scale.cell_name(f"joint_finetune-w{w}-lr{lr}", size), "seed1", "metrics.json"
+            )
+        )
+        for w in bce_choice.JOINT_WEIGHTS
+    )
+
+
 def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, str | None]]:
-    """(row name, cell base name or None when its choice cannot be made yet) of each method at ``size``."""
-    lr = _chosen(bce_choice.best_bce_lr, study, results, size)
-    w = _chosen(bce_choice.best_joint_weight, study, results, size)
+    """(row name, cell base name, or None while its choice is pending) of each method at ``size``: a choice is
+    made once every point of its grid has run on validation (:func:`bce_grid_done`, :func:`joint_grid_done`)."""
+    lr = (
+        _chosen(bce_choice.best_bce_lr, study, results, size) if bce_grid_done(study, results, size) else None
+    )
+    w = None
+    if lr and joint_grid_done(study, results, size, lr):
+        w = _chosen(bce_choice.best_joint_weight, study, results, size)
     try:
         losses = loss_choice.best_losses("reuters21578", 2, results)
     except ValueError:
@@ -97,14 +133,15 @@ def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, 
     return rows
 
 
-def scale_runs(study: str, results: str) -> tuple[list[int | None], dict[str, list[list[dict]]]]:
-    """(the sizes, smallest first, None for the whole split; each method's finished seeds at each size)."""
+def scale_runs(study: str, results: str) -> tuple[list[int | None], dict[str, list[list[dict] | None]]]:
+    """(the sizes, smallest first, None for the whole split; each method's finished seeds at each size, None
+    while its choice there is pending)."""
     cells = runs_by_cell(results, study)
     sizes: list[int | None] = [*scale.SIZES[study], None]
     per_size = [dict(method_cells(study, results, n)) for n in sizes]
     runs = {
         name: [
-            cells.get((chosen[name], n), []) if chosen.get(name) else [] for chosen, n in zip(per_size, sizes)
+            cells.get((chosen[name], n), []) if chosen[name] else None for chosen, n in zip(per_size, sizes)
         ]
         for name in per_size[-1]
     }
@@ -127,8 +164,10 @@ def scale_table(study: str, results: str) -> str:
     rows = [f"| method | {_size_head(study, sizes)} |", "|---|" + "---|" * len(sizes)]
     for name, by_size in runs.items():
         cells = [
-            summary(r, "test_macro_f1")
-            + ("" if name == BCE else _verdict(seed_delta(r, ref, "test_macro_f1")))
+            PENDING
+            if r is None
+            else summary(r, "test_macro_f1")
+            + ("" if name == BCE or ref is None else _verdict(seed_delta(r, ref, "test_macro_f1")))
             for r, ref in zip(by_size, runs[BCE])
         ]
         rows.append(f"| {name} | {' | '.join(cells)} |")
@@ -137,7 +176,8 @@ def scale_table(study: str, results: str) -> str:
 
 def scale_figure(study: str, results: str, out: str) -> str | None:
     """Test macro-F1 against training size, one line per method (mean over the seeds, error bars one sample
-    standard deviation), written to ``out``; None while no method has a finished size."""
+    standard deviation; an open marker: one seed), written to ``out``; None while no method has a finished
+    size."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,28 +186,47 @@ def scale_figure(study: str, results: str, out: str) -> str | None:
     sizes, runs = scale_runs(study, results)
     x = [n or scale.FULL_TRAIN[study] for n in sizes]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    markers = "osD^v<>ph*"
     drawn = 0
-    for name, by_size in runs.items():
+    for i, (name, by_size) in enumerate(runs.items()):
+        # each method a little apart along x (3 % a step), so that equal values stay visible
+        shift = 1.03 ** (i - (len(runs) - 1) / 2)
         points = [
-            (xi, [float(r["metrics"]["test_macro_f1"]) for r in rs if "test_macro_f1" in r["metrics"]])
+            (
+                xi * shift,
+                [float(r["metrics"]["test_macro_f1"]) for r in rs if "test_macro_f1" in r["metrics"]],
+            )
             for xi, rs in zip(x, by_size)
+            if rs
         ]
         points = [(xi, v) for xi, v in points if v]
         if not points:
             continue
+        marker = markers[i % len(markers)]
         means = [float(np.mean(v)) for _, v in points]
-        errors = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for _, v in points]
-        ax.errorbar([p[0] for p in points], means, yerr=errors, marker="o", capsize=3, label=name)
+        line = ax.plot([p[0] for p in points], means, marker=marker, markerfacecolor="white", label=name)[0]
+        for xi, v in points:  # a filled marker with its error bar for 2+ seeds, an open one for a single seed
+            err = float(np.std(v, ddof=1)) if len(v) > 1 else None
+            ax.errorbar(
+                [xi],
+                [float(np.mean(v))],
+                yerr=None if err is None else [err],
+                marker=marker,
+                color=line.get_color(),
+                markerfacecolor=line.get_color() if err is not None else "white",
+                capsize=3,
+            )
         drawn += 1
     if not drawn:
         plt.close(fig)
         return None
     ax.set_xscale("log")
+    ax.set_xlim(min(x) / 1.4, max(x) * 1.4)
     ax.set_xticks(x, [f"{v:,}" for v in x])
     ax.minorticks_off()
     ax.set_xlabel("training texts")
     ax.set_ylabel("test macro-F1")
-    ax.set_title(f"{study}: test macro-F1 by training size (mean ± sd over seeds)", fontsize=10)
+    ax.set_title(f"{study}: test macro-F1 by training size (mean ± sd; open: one seed)", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -192,10 +251,12 @@ def joint_table(studies: list[str], results: str) -> str:
         for base, size in joint:
             w, lr = base.removeprefix("joint_finetune-w").split("-lr")
             runs, bce = cells[(base, size)], cells.get((f"bce_finetune-lr{lr}", size), [])
-            chosen = _chosen(bce_choice.best_joint_weight, study, results, size) == w
-            test = [
-                summary(runs, k) if chosen else "(w not chosen)" for k in ("test_macro_f1", "test_micro_f1")
-            ]
+            if not joint_grid_done(study, results, size, lr):
+                test = ["(choice pending)"] * 2  # test is read for the chosen w only, once every w has run
+            elif _chosen(bce_choice.best_joint_weight, study, results, size) == w:
+                test = [summary(runs, k) for k in ("test_macro_f1", "test_micro_f1")]
+            else:
+                test = ["(w not chosen)"] * 2
             rows.append(
                 f"| {study} | {size or 'all'} | {w} | {lr} | {summary(runs, 'validation_macro_f1')} | {test[0]} "
                 f"| {test[1]} | {summary(bce, 'validation_macro_f1')} | {summary(bce, 'test_macro_f1')} |"

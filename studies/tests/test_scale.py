@@ -319,6 +319,7 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     tables = _module("scale_table")
     _cell(tmp_path, "tfidf_logreg-n500", 1, 0.1, 0.18)
     _cell(tmp_path, "bce_finetune-lr5e-5-n500", 1, 0.10, 0.90)  # lower on validation: not the row
+    _cell(tmp_path, "bce_finetune-lr2e-4-n500", 1, 0.15, 0.95)  # the extension: 1e-4 stays inside the grid
     for seed, test in ((1, 0.30), (2, 0.32), (3, 0.34)):
         _cell(tmp_path, "bce_finetune-lr1e-4-n500", seed, 0.20, test)
     _cell(tmp_path, "joint_finetune-w0.2-lr1e-4-n500", 1, 0.25, 0.40)
@@ -328,7 +329,8 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     assert lines[0] == "| method | 500 training texts | 2,000 training texts | all (6,993) |"
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
     assert rows["TF-IDF + logistic regression"][0] == "0.180 (n=1), -0.140 undecided"  # vs BCE at 500
-    assert rows["BCE fine-tune"] == ["0.320 ± 0.020 (n=3)", "not yet run", "0.360 (n=1) |"]
+    # the whole split's grid has one point of three: its choice, and the rows that follow it, wait
+    assert rows["BCE fine-tune"] == ["0.320 ± 0.020 (n=3)", "choice pending", "choice pending |"]
     assert rows["joint: (1 - w) BCE + w jaccard"][0] == "0.400 (n=1), +0.080 undecided"
     assert rows["SetFit"] == ["not yet run"] * 2 + ["not yet run |"]
     joint = tables.joint_table(["reuters21578", "goemotions_full"], str(tmp_path)).splitlines()[2:]
@@ -341,3 +343,18 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     png = tmp_path / "figures" / "size.png"
     assert tables.scale_figure("reuters21578", str(tmp_path), str(png)) == str(png) and png.stat().st_size > 0
     assert tables.scale_figure("goemotions_full", str(tmp_path), str(tmp_path / "none.png")) is None
+    (tmp_path / "reuters21578" / "joint_finetune-w0.5-lr1e-4-n500" / "seed1" / "metrics.json").unlink()
+    pending = tables.joint_table(["reuters21578"], str(tmp_path)).splitlines()[2:]
+    assert pending == [
+        "| reuters21578 | 500 | 0.2 | 1e-4 | 0.250 (n=1) | (choice pending) | (choice pending) "
+        "| 0.200 ± 0.000 (n=3) | 0.320 ± 0.020 (n=3) |"
+    ]
+    assert "| joint: (1 - w) BCE + w jaccard | choice pending |" in tables.scale_table(
+        "reuters21578", str(tmp_path)
+    )
+
+
+def test_the_joint_grid_is_run_all_s():
+    bce_choice = _module("bce_choice")
+    line = next(x for x in open(os.path.join(STUDIES, "run_all.sh")) if x.startswith("JOINT_WEIGHTS="))
+    assert tuple(line.split("=", 1)[1].strip().strip('"').split()) == bce_choice.JOINT_WEIGHTS
