@@ -91,8 +91,12 @@ def sources(measurement: str, cell: str, repo: str = REPO) -> tuple[str, ...]:
         if run == "bce":
             paths.remove("hf_mlcl/losses/")
         paths += recipe_files(f"recipes/aapd/llama-3.1-8b-lora/{run}.yaml", repo)
-        if "-fit" in cell:  # its settings are the memory model's choice
-            paths.append("benchmarks/memory_plan.py")
+        if "-fit" in cell:  # its settings are the memory model's choice, for the GPU sizes of llama_lora.py
+            paths += [
+                "benchmarks/memory_plan.py",
+                "benchmarks/measurements/shapes.py",
+                "benchmarks/measurements/llama_lora.py",
+            ]
         if launcher in LAUNCHER_CONFIGS:
             paths.append(LAUNCHER_CONFIGS[launcher])
     elif measurement == "plm_icd":  # <run>-<dataset>

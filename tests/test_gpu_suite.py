@@ -53,6 +53,9 @@ def test_llama_flops_and_lora_sizes_are_the_architecture_s():
     assert llama_lora.hardware_flops_per_token({**fig, "gradcache_chunk_size": 0}) == 3 * forward + 2 * lora
     no_recompute = {**fig, "gradcache_chunk_size": 0, "activation_checkpointing": False}
     assert llama_lora.hardware_flops_per_token(no_recompute) == 2 * forward + 2 * lora
+    # checkpointing on every 4th layer (every_n_layers 4): a quarter of a forward recomputed
+    every_4th = {**fig, "gradcache_chunk_size": 0, "checkpointed_layers": 8, "layers": 32}
+    assert llama_lora.hardware_flops_per_token(every_4th) == 2.25 * forward + 2 * lora
 
 
 def test_the_committed_performance_page_is_generated_from_the_committed_results():
