@@ -165,6 +165,7 @@ def apply_adapter(backbone: nn.Module, path: str, weights_file: str, hub: Mappin
     """The PEFT adapter of the folder ``path`` on ``backbone``, unmerged (transformers' ``load_adapter``, which
     needs peft), with its weights as saved in float32, the dtype peft trains them in (``load_adapter`` casts them
     to the backbone's dtype, which for a bf16 base rounds them): a bf16 base keeps every update of its adapter.
+    Modules the adapter saves whole (``modules_to_save``) keep the model's dtype.
     ``weights_file``: the local copy of its ``adapter_model.safetensors``; ``hub``: the folder's Hub keywords."""
     from safetensors.torch import load_file
 
@@ -172,10 +173,11 @@ def apply_adapter(backbone: nn.Module, path: str, weights_file: str, hub: Mappin
     params = dict(backbone.named_parameters())
     for key, value in load_file(weights_file).items():
         module, _, leaf = key.removeprefix(_PEFT_PREFIX).rpartition(".")
-        name = f"{module}.default.{leaf}"
+        lora = ".lora_" in key  # else a module the adapter saves whole (``modules_to_save``: a native head)
+        name = f"{module}.default.{leaf}" if lora else f"{module}.modules_to_save.default.{leaf}"
         if name not in params:
             raise ValueError(f"{weights_file}: {key} matches no adapter weight of the loaded model ({name})")
-        params[name].data = value.to(params[name].device, torch.float32)
+        params[name].data = value.to(params[name].device, torch.float32 if lora else params[name].dtype)
 
 
 def load_adapter_folder(

@@ -468,16 +468,7 @@ def load_peft_classifier(cls: Any, folder: NativeFolder) -> Any:
     pad = settings["backbone_config"].get("pad_token_id")
     shape = {key: labels[key] for key in ("id2label", "label2id", "problem_type") if key in labels}
     native = native_classifier_class(model_type).from_pretrained(base, **shape, pad_token_id=pad, **loader)
-    native.load_adapter(path, adapter_name="default", **folder.hub)
-    params = dict(native.named_parameters())
-    for key, value in load_file(files["adapter_model.safetensors"]).items():
-        module, _, leaf = key.removeprefix("base_model.model.").rpartition(".")
-        name = f"{module}.default.{leaf}" if ".lora_" in key else f"{module}.modules_to_save.default.{leaf}"
-        if name not in params:
-            raise ValueError(f"{path}: {key} matches no weight of the loaded model ({name})")
-        params[name].data = value.to(
-            params[name].device, torch.float32 if ".lora_" in key else params[name].dtype
-        )
+    apply_adapter(native, path, files["adapter_model.safetensors"], folder.hub)
     backbone = getattr(native, native.base_model_prefix)
     model = cls(_config_on(cls, backbone, _classifier_settings(settings)), backbone=backbone)
     rules = [(new, old) for old, new in classifier_key_rules(model_type) if old == "classifier."]
