@@ -364,8 +364,18 @@ def lr_table(study: str) -> str:
 
 
 def _per_label(study: str, cell: str) -> dict:
-    with open(os.path.join(HERE, study, cell, "seed1", "per_label_f1.json"), encoding="utf-8") as fh:
-        return json.load(fh)
+    """A cell's per-label test F1 over its seeds that wrote a per_label_f1.json: ``seeds_f1`` (one (L,) array a
+    seed), ``test_f1`` (their mean, label by label), ``train_count`` (the same training set for every seed)."""
+    records = []
+    for path in sorted(glob.glob(os.path.join(HERE, study, cell, "seed*", "per_label_f1.json"))):
+        with open(path, encoding="utf-8") as fh:
+            records.append(json.load(fh))
+    if not records:
+        raise FileNotFoundError(f"no per_label_f1.json under {os.path.join(HERE, study, cell)}")
+    if any(r["train_count"] != records[0]["train_count"] for r in records):
+        raise ValueError(f"{study}/{cell}: the seeds' training label counts differ")
+    seeds_f1 = [np.asarray(r["test_f1"], dtype=float) for r in records]
+    return {**records[0], "seeds_f1": seeds_f1, "test_f1": np.mean(seeds_f1, axis=0).tolist()}
 
 
 def _cell_label(loss: str, probe: str) -> str:
@@ -417,7 +427,7 @@ def _tail_baseline(study: str) -> tuple[str, dict] | None:
 
 def full_f1_plot(study: str) -> str | None:
     """Per-label test F1 against training frequency: BCE fine-tuning (chosen lr; also the longer budget once it
-    has run) vs the contrastive cell with the highest validation macro-F1 (seed 1)."""
+    has run) vs the contrastive cell with the highest validation macro-F1 (each the mean over its seeds)."""
     from hf_mlcl.evaluation import plot_f1_vs_frequency
 
     series = _tail_series(study)
@@ -430,7 +440,7 @@ def full_f1_plot(study: str) -> str | None:
         {label: np.asarray(r["test_f1"]) for label, r in series},
         np.asarray(series[0][1]["train_count"]),
         out,
-        title=f"{study}: per-label test F1 vs training frequency (seed 1)",
+        title=f"{study}: per-label test F1 vs training frequency (mean over the seeds)",
     )
     return out
 
@@ -443,7 +453,8 @@ def _edge(v: float) -> str:
 def tail_table(study: str) -> str:
     """The plot's binned means as a table: mean per-label test F1 of BCE (and of BCE with the longer budget, once
     it has run), of the best contrastive cell and of the best baseline (:func:`_tail_baseline`) in each
-    log-spaced bin of training frequency (seed 1), with the best contrastive cell's difference to each BCE run."""
+    log-spaced bin of training frequency, with the best contrastive cell's difference to each BCE run. A column
+    with several seeds gives their mean ± sample standard deviation of the bin's mean F1 (n in its header)."""
     from hf_mlcl.evaluation import f1_by_frequency_bin
 
     series = _tail_series(study)
@@ -452,15 +463,22 @@ def tail_table(study: str) -> str:
     (best_label, _), bces = series[-1], series[:-1]
     series += [x for x in (_tail_baseline(study),) if x]  # the best baseline on validation, for reference
     counts = series[0][1]["train_count"]
-    bins = f1_by_frequency_bin({label: np.asarray(r["test_f1"]) for label, r in series}, np.asarray(counts))
+    per_seed = {(label, k): f1 for label, r in series for k, f1 in enumerate(r["seeds_f1"])}
+    bins = f1_by_frequency_bin(per_seed, np.asarray(counts))
     diffs = [f"difference to {label}" for label, _ in bces]
+    heads = [label + (f" (n={len(r['seeds_f1'])})" if len(r["seeds_f1"]) > 1 else "") for label, r in series]
     rows = [
-        f"| training documents per label (bin) | labels | {' | '.join(label for label, _ in series)} | {' | '.join(diffs)} |",
+        f"| training documents per label (bin) | labels | {' | '.join(heads)} | {' | '.join(diffs)} |",
         "|---|---|" + "---|" * (len(series) + len(bces)),
     ]
     for x in bins:
-        means = x["mean_f1"]
-        cells = [f"{means[label]:.2f}" for label, _ in series]
+        seeds = {label: [x["mean_f1"][(label, k)] for k in range(len(r["seeds_f1"]))] for label, r in series}
+        means = {label: float(np.mean(v)) for label, v in seeds.items()}
+        cells = [
+            f"{means[label]:.2f}"
+            + (f" ± {np.std(seeds[label], ddof=1):.2f}" if len(seeds[label]) > 1 else "")
+            for label, _ in series
+        ]
         cells += [f"{means[best_label] - means[label]:+.2f}" for label, _ in bces]
         rows.append(f"| {_edge(x['low'])}-{_edge(x['high'])} | {x['n_labels']} | {' | '.join(cells)} |")
     unseen = int(sum(c == 0 for c in counts))

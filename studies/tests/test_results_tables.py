@@ -654,6 +654,15 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     assert rows[2] == "| 1-1.28 | 1 | 0.10 | 0.30 | 0.50 | 0.20 | +0.40 | +0.20 |"
     plot = tables.full_f1_plot("reuters21578")
     assert plot is not None and os.path.getsize(plot) > 0
+    # a second seed of the best contrastive cell: its column gives mean ± sd of the bin over the seeds, and the
+    # differences use the mean
+    (tmp_path / "reuters21578" / "jaccard_logistic" / "seed2").mkdir()
+    (tmp_path / "reuters21578" / "jaccard_logistic" / "seed2" / "per_label_f1.json").write_text(
+        json.dumps({"test_f1": [0.7] * 6, "train_count": counts})
+    )
+    rows = tables.tail_table("reuters21578").splitlines()
+    assert rows[0].split(" | ")[4] == "jaccard stage 1 + logistic probe (ABALONE) (n=2)"
+    assert rows[2] == "| 1-1.28 | 1 | 0.10 | 0.30 | 0.60 ± 0.14 | 0.20 | +0.50 | +0.30 |"
     # a fine-tune cell is named by its stage 1 and learning rate, not by its folder
     assert tables._cell_label("hbl", "finetune-lr1e-4") == "mulsupcon + hbl stage 1 + fine-tune, lr 1e-4"
 
