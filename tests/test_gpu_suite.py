@@ -104,9 +104,14 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
         assert fig["reload"]["same"] and fig["reload"]["max_abs_diff"] <= 1e-5
         assert 0 < fig["trainable_parameters"] < fig["parameters"]
         assert fig["queue_size"] == (16 if fig["run"] == "msc" else 0)
+        fit = "-fit" in name  # the levers predicted fastest: no GradCache, LoRA dropout 0, every k-th layer
         assert fig["gradcache_chunk_size"] == (
-            0 if name.endswith(("-direct", "deepspeed")) or fig["run"] == "bce" else 2
+            0 if name.endswith(("-direct", "deepspeed")) or fig["run"] == "bce" or fit else 2
         )
+        if fit:
+            every = llama_lora.fit_params(fig["run"], name.rsplit("-", 1)[1])["every_n_layers"]
+            assert fig["lora"]["dropout"] == 0.0 and fig["every_n_layers"] == every
+            assert fig["checkpointed_layers"] == -(-fig["layers"] // every)
     throughput = json.loads((out / "throughput.json").read_text())["cells"]
     for entry in throughput.values():
         rows = entry["figures"]["rows"]
