@@ -62,8 +62,8 @@ DEFAULTS: dict[str, Any] = {
     "probe": "linear",
 }
 # Allowances (bytes), stated rather than derived: the CUDA context and kernels that torch's allocator does
-# not count, and the caching allocator's slack over the allocated peak (reserved / allocated of the
-# recorded H100 cells: 1.01-1.08).
+# not count, and the caching allocator's slack over the allocated peak (the upper end of the reserved /
+# allocated ratios in benchmarks/results/*/llama_lora.json).
 CUDA_CONTEXT = 0.75 * GIB
 ALLOCATOR_SLACK = 0.08
 # Copies of the (anchors x candidates) matrices a contrastive loss holds at once (logits, exp / softmax,
