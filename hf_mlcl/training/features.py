@@ -63,7 +63,7 @@ class PooledFeatureDataset(torch.utils.data.Dataset):
             counts.append(kept.sum(dim=1).cpu().numpy())
             indices.append(ids[kept].cpu().numpy())  # row-major: sorted by row
         if not feats:
-            raise ValueError("cannot cache the features of an empty dataset")
+            raise ValueError("no rows to encode: the dataset is empty")
         indptr = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
         return cls(torch.cat(feats), indptr, np.concatenate(indices))
 
