@@ -152,6 +152,7 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
     assert "not run: accelerate applies FSDP only on accelerator devices" in page
 
 
+@pytest.mark.slow  # keeps the default suite within its 10 minutes (make test-slow)
 def test_without_a_gpu_the_full_sizes_stop_with_the_way_out():
     proc = _suite("--only", "gradcache", timeout=120)
     assert proc.returncode == 2 and "--tiny" in proc.stderr

@@ -84,6 +84,7 @@ def _logged_losses(folder: str) -> list[float]:
     return [h["loss"] for h in state["log_history"] if "loss" in h]
 
 
+@pytest.mark.slow  # keeps the default suite within its 10 minutes (make test-slow)
 @pytest.mark.timeout(600)
 def test_two_process_run_saves_once_and_matches_one_process(tmp_path):
     two, one = str(tmp_path / "two"), str(tmp_path / "one")
@@ -125,6 +126,7 @@ def test_two_process_run_saves_once_and_matches_one_process(tmp_path):
     assert two_losses == pytest.approx(one_losses, rel=1e-5)
 
 
+@pytest.mark.slow  # keeps the default suite within its 10 minutes (make test-slow)
 @pytest.mark.timeout(300)
 def test_multi_gpu_config_on_a_cpu_machine_names_the_missing_flag(tmp_path):
     import torch

@@ -164,6 +164,7 @@ def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_toke
         assert reloaded[key] == pytest.approx(live[key], abs=1e-6), key
 
 
+@pytest.mark.slow  # keeps the default suite within its 10 minutes (make test-slow)
 @pytest.mark.timeout(120)
 def test_zero3_launch_of_the_llama_recipe_names_the_gradcache_fix(tmp_path):
     """The unchanged recipe (gradcache_chunk_size 8, meta-llama/Llama-3.1-8B): one line naming the fix, before any
@@ -185,9 +186,12 @@ def test_zero3_launch_of_the_llama_recipe_names_the_gradcache_fix(tmp_path):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "extra",
-    [["--bf16", "false"], pytest.param(["--use_cpu", "true"], marks=pytest.mark.slow)],
+    [
+        pytest.param(["--bf16", "false"], marks=pytest.mark.slow),
+        pytest.param(["--use_cpu", "true"], marks=pytest.mark.slow),
+    ],
     ids=["no-gpu", "use_cpu"],
-)  # the same guard through --use_cpu: make test-slow
+)  # both in make test-slow, which keeps the default suite within its 10 minutes
 def test_fsdp_launch_on_a_cpu_machine_stops_instead_of_training_ddp(tmp_path, extra):
     out = tmp_path / "out"
     proc = _launch("fsdp_llama_lora.yaml", 1, ["train", RECIPE, "--output_dir", str(out), *extra])

@@ -8,9 +8,12 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # keeps the default suite within its 10 minutes (make test-slow)
 def test_wheel_ships_model_card_templates_and_renders_cards_outside_the_repo(tmp_path):
     # build from a copy of the sources, so the build leaves nothing (build/, egg-info) in the checkout
     src = tmp_path / "src"

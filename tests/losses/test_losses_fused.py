@@ -521,6 +521,7 @@ def test_terms_that_skip_the_diagonal_check_have_a_zero_diagonal(name, kwargs):
         torch.testing.assert_close(terms.weight_sums, terms.weights.sum(dim=1))
 
 
+@pytest.mark.slow  # keeps the default suite within its 10 minutes (make test-slow)
 def test_loss_speed_benchmark_quick_run_prints_every_table_with_equal_values():
     """benchmarks/loss_speed.py --quick runs end to end: the small-step table with wall ratios, the dense vs
     sparse table with its read floor, the MIMIC-scale table, and the Python-loop versions give the same
