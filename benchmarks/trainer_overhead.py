@@ -46,18 +46,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hf_mlcl.modeling import MLCLEncoder  # noqa: E402
 from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the measurements package
+from measurements.shapes import MINILM_L6  # noqa: E402  (all-MiniLM-L6-v2's published shape)
+
 BATCH, SEQ, LABELS = 32, 128, 20
 
 
 def minilm_config() -> BertConfig:
-    return BertConfig(
-        vocab_size=30522,
-        hidden_size=384,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        intermediate_size=1536,
-        max_position_embeddings=512,
-    )
+    return BertConfig(**{k: v for k, v in MINILM_L6.items() if k != "model_type"})
 
 
 def make_data(n: int, seed: int = 0) -> list[dict]:
