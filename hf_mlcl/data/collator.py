@@ -42,6 +42,12 @@ class MultiLabelCollator:
     without transformers' host read of the mask (``padding_mask.all()``, a device synchronisation per
     forward on an accelerator). The check is made here, on the host, where it costs nothing. False keeps
     the all-ones mask in every batch (for code that reads ``batch["attention_mask"]``).
+
+    ``padding_free=True`` concatenates the batch's rows into one row without padding (decoder backbones:
+    :class:`~hf_mlcl.modeling.MLCLPreTrainedModel` takes it): ``input_ids`` (1, T) with T the batch's real
+    tokens, ``position_ids`` (1, T) restarting at 0 for every row, ``cu_seq_lens`` int32 (B + 1,) the rows'
+    offsets, ``max_seq_len`` the longest row (an int), ``labels`` (B, L) first (Trainer counts a batch's rows
+    from its first tensor). No row may be empty.
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class MultiLabelCollator:
         pad_to_multiple_of: int | None = None,
         padding: str = "longest",
         drop_unpadded_attention_mask: bool = True,
+        padding_free: bool = False,
     ) -> None:
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
@@ -88,6 +95,7 @@ class MultiLabelCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.padding = padding
         self.drop_unpadded_attention_mask = bool(drop_unpadded_attention_mask)
+        self.padding_free = bool(padding_free)
 
     # -- tokens -------------------------------------------------------------------------------
     def _encode(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
@@ -210,7 +218,33 @@ class MultiLabelCollator:
                     ).coalesce()
                 else:
                     batch[key] = value.repeat(self.n_views, *([1] * (value.dim() - 1)))
-        return batch
+        return pack_rows(batch) if self.padding_free else batch
+
+
+def pack_rows(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """A padded batch (``input_ids`` (B, W), ``attention_mask`` (B, W) or none: no padding) as one row without
+    padding: ``labels`` (when present), ``input_ids`` and ``token_type_ids`` (1, T), ``position_ids`` (1, T)
+    counting from 0 in every row, ``cu_seq_lens`` int32 (B + 1,) and ``max_seq_len`` (int). Host tensors only.
+    ValueError for a row without tokens (it would have no token to pool)."""
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask")
+    mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    lengths = mask.sum(1)
+    if not bool((lengths > 0).all()):
+        raise ValueError("padding_free batches need at least one token in every row; a row is empty")
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    total = int(offsets[-1])
+    starts = torch.repeat_interleave(offsets[:-1], lengths, output_size=total)
+    packed: dict[str, Any] = {}
+    if "labels" in batch:
+        packed["labels"] = batch["labels"]
+    for key in ("input_ids", "token_type_ids"):
+        if batch.get(key) is not None:
+            packed[key] = batch[key][mask][None]
+    packed["position_ids"] = (torch.arange(total) - starts)[None]
+    packed["cu_seq_lens"] = offsets.to(torch.int32)
+    packed["max_seq_len"] = int(lengths.max())
+    return packed
 
 
 def _float_or_bool_row(row: Any) -> bool:

@@ -32,6 +32,7 @@ from .folders_mlcl import (
     load_adapter_folder,
     save_folder_atomically,
 )
+from .layers_mlcl import unpack_rows
 from .native_mlcl import (
     MLCL_FILE,
     NATIVE_FILES,
@@ -161,13 +162,83 @@ class MLCLPreTrainedModel(PreTrainedModel):
         out = self.backbone(**kwargs, return_dict=True)
         return out.last_hidden_state
 
+    def _backbone_is_causal(self) -> bool:
+        """Whether every attention module of the backbone is causal (a decoder): transformers then builds the
+        attention mask of packed rows from their position ids, so a row never attends to another."""
+        cache = self.__dict__.setdefault("_mlcl_backbone_params", {})
+        if "<causal>" not in cache:
+            flags = [
+                m.is_causal
+                for m in self.backbone.modules()
+                if isinstance(getattr(m, "is_causal", None), bool)
+            ]
+            cache["<causal>"] = bool(flags) and all(flags)
+        return cache["<causal>"]
+
+    def check_padding_free(self) -> None:
+        """ValueError (one line) unless this model can encode rows packed without padding: a decoder backbone
+        (causal attention that takes position ids; a bidirectional encoder's rows would attend to each other)
+        and no segmenting (PLM-ICD)."""
+        if self.config.segmented:
+            raise ValueError("padding_free batches cannot be segmented (PLM-ICD); use padded batches")
+        if not (self._backbone_is_causal() and self._backbone_accepts("position_ids")):
+            raise ValueError(
+                "padding_free batches need a decoder backbone (causal attention that takes position ids); "
+                f"{type(self.backbone).__name__} is not one: use padded batches"
+            )
+
+    def _attention_is_flash(self) -> bool:
+        """Whether the backbone runs a flash attention kernel (``flash_attention_2`` / ``_3``, or a hub kernel)."""
+        return "flash" in str(getattr(self.backbone.config, "_attn_implementation", ""))
+
+    def _encode_packed(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        cu_seq_lens: torch.Tensor,
+        max_seq_len: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows packed into one (1, T) row: right-padded states (B, max_seq_len, H) and their mask.
+
+        transformers separates the rows by their ``position_ids`` (its causal masks detect packed rows where
+        no attention mask is given); flash attention also gets the rows' offsets (``cu_seq_lens_q/k``,
+        ``max_length_q/k``) for its variable-length kernel, which then need not be derived from the position
+        ids. ValueError where :meth:`check_padding_free` says the model cannot take packed rows.
+        """
+        self.check_padding_free()
+        if position_ids is None or max_seq_len is None:
+            raise ValueError("packed rows need position_ids, cu_seq_lens and max_seq_len together")
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids}
+        if token_type_ids is not None and self._backbone_accepts("token_type_ids"):
+            kwargs["token_type_ids"] = token_type_ids
+        if self._backbone_accepts("use_cache"):
+            kwargs["use_cache"] = False
+        if self._attention_is_flash():
+            offsets = cu_seq_lens.to(device=input_ids.device, dtype=torch.int32)
+            kwargs.update(
+                cu_seq_lens_q=offsets,
+                cu_seq_lens_k=offsets,
+                max_length_q=max_seq_len,
+                max_length_k=max_seq_len,
+            )
+        states = self.backbone(**kwargs, return_dict=True).last_hidden_state
+        return unpack_rows(states, position_ids, cu_seq_lens, int(max_seq_len))
+
     def encode_tokens(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cu_seq_lens: torch.Tensor | None = None,
+        max_seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, int | None]:
         """Token states (B, N, H), mask (B, N) and the segment length (None when not segmented).
+
+        Rows packed without padding (``cu_seq_lens``, ``position_ids`` and ``max_seq_len`` of
+        :class:`~hf_mlcl.data.MultiLabelCollator` ``(padding_free=True)``) are encoded as one row, each row
+        attending only to itself, and handed back right-padded (:meth:`_encode_packed`).
 
         The mask is None when no ``attention_mask`` was given and the model is not segmented (every
         position is a real token; :func:`~hf_mlcl.modeling.layers_mlcl.pool_states` and the label-attention
@@ -186,6 +257,11 @@ class MLCLPreTrainedModel(PreTrainedModel):
         """
         if input_ids is None:
             raise ValueError("input_ids is required (tokenize the texts first)")
+        if cu_seq_lens is not None:
+            return (
+                *self._encode_packed(input_ids, token_type_ids, position_ids, cu_seq_lens, max_seq_len),
+                None,
+            )
         if not self.config.segmented:
             states = self._run_backbone(input_ids, attention_mask, token_type_ids)
             return states, attention_mask, None

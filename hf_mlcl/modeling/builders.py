@@ -123,7 +123,8 @@ def build_tokenizer_and_encoder(
     source: str | None = None,
     label_names: Sequence[str] | None = None,
 ):
-    """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``.
+    """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``,
+    its backbone on ``model_args.attn_implementation`` where that is set.
 
     ``source`` overrides ``model_args.model_name_or_path`` (stage 2's ``encoder_path``); ``label_names``,
     when given, become the encoder config's ``id2label`` / ``label2id``. A tokenizer trained on the fly
@@ -137,6 +138,8 @@ def build_tokenizer_and_encoder(
 
     path = source or model_args.model_name_or_path
     extra = {"trust_remote_code": True} if model_args.trust_remote_code else {}
+    attention = getattr(model_args, "attn_implementation", None)
+    loader = {"attn_implementation": attention} if attention else {}
     if path:
         tok_path = model_args.tokenizer_name_or_path or path
         if (
@@ -151,9 +154,9 @@ def build_tokenizer_and_encoder(
             tok_path = model_args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(tok_path, **extra)
         if is_mlcl_checkpoint(path) or is_native_encoder(path):
-            encoder = MLCLEncoder.from_pretrained(path)
+            encoder = MLCLEncoder.from_pretrained(path, **loader)
         else:
-            encoder = _encoder_from_backbone(path, model_args, projection_dim, **extra)
+            encoder = _encoder_from_backbone(path, model_args, projection_dim, **extra, **loader)
     elif model_args.backbone_config:
         cfg = dict(model_args.backbone_config)
         if "model_type" not in cfg:
@@ -184,7 +187,7 @@ def build_tokenizer_and_encoder(
             value = getattr(tokenizer, name, None)
             if value is not None and cfg.get("model_type") not in _ENCODER_MODEL_TYPES:
                 cfg[name] = value
-        encoder = _encoder_from_backbone(cfg, model_args, projection_dim)
+        encoder = _encoder_from_backbone(cfg, model_args, projection_dim, **loader)
     else:
         raise ValueError(
             "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"

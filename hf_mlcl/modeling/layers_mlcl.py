@@ -12,7 +12,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["LabelAttentionHead", "ProjectionHead", "last_token_index", "masked_mean", "pool_states"]
+__all__ = [
+    "LabelAttentionHead",
+    "ProjectionHead",
+    "last_token_index",
+    "masked_mean",
+    "pool_states",
+    "unpack_rows",
+]
 
 
 def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -25,6 +32,22 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     """Index of the last non-pad position per row of ``mask`` (B, N); works for left and right padding."""
     positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device)
     return ((positions * mask.long()).argmax(-1)).long()
+
+
+def unpack_rows(
+    states: torch.Tensor, position_ids: torch.Tensor, cu_seq_lens: torch.Tensor, max_seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token states of rows packed into one (1, T, H) back as right-padded (B, max_seq_len, H) states and
+    their mask (B, max_seq_len): a row starts where ``position_ids`` (1, T) is 0, B is ``cu_seq_lens``'s
+    length less one. Reads no tensor value on the host; gradients flow back to the packed states."""
+    flat = states.reshape(-1, states.shape[-1])
+    positions = position_ids.reshape(-1)
+    row = (positions == 0).long().cumsum(0) - 1
+    rows = cu_seq_lens.shape[0] - 1
+    padded = flat.new_zeros(rows, max_seq_len, flat.shape[-1]).index_put((row, positions), flat)
+    lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).long()
+    mask = (torch.arange(max_seq_len, device=states.device)[None, :] < lengths[:, None]).long()
+    return padded, mask
 
 
 def pool_states(

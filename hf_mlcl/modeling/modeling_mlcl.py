@@ -114,8 +114,15 @@ class MLCLEncoder(MLCLPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         return_dict: bool | None = True,
+        position_ids: torch.Tensor | None = None,
+        cu_seq_lens: torch.Tensor | None = None,
+        max_seq_len: int | None = None,
     ) -> MLCLEncoderOutput | tuple[torch.Tensor, torch.Tensor]:
-        states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
+        """Embeddings (B, projection_dim) and pooled states (B, hidden) of tokenized rows: padded (B, N), or
+        packed into one row (``position_ids``, ``cu_seq_lens``, ``max_seq_len``: :meth:`encode_tokens`)."""
+        states, mask, segment = self.encode_tokens(
+            input_ids, attention_mask, token_type_ids, position_ids, cu_seq_lens, max_seq_len
+        )
         pooled = pool_states(states, mask, self.config.pooling, segment)
         head_dtype = self.projection_head.dense.weight.dtype
         embeddings = self.projection_head(pooled.to(head_dtype))
@@ -272,10 +279,14 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         token_type_ids: torch.Tensor | None = None,
         return_dict: bool | None = True,
         pooled_features: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cu_seq_lens: torch.Tensor | None = None,
+        max_seq_len: int | None = None,
     ) -> MLCLClassifierOutput | tuple:
-        """Logits (and the BCE loss when ``labels`` is given) of tokenized documents, or of
-        ``pooled_features`` (B, hidden) already pooled by this encoder (linear head only; then no
-        ``input_ids``): the encoder is skipped and only :meth:`logits_from_pooled` runs."""
+        """Logits (and the BCE loss when ``labels`` is given) of tokenized documents (padded, or packed into
+        one row: :meth:`encode_tokens`), or of ``pooled_features`` (B, hidden) already pooled by this encoder
+        (linear head only; then no ``input_ids``): the encoder is skipped and only :meth:`logits_from_pooled`
+        runs."""
         pooled = None
         if pooled_features is not None:
             if input_ids is not None:
@@ -283,7 +294,9 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             logits = self.logits_from_pooled(pooled_features)
         else:
             with torch.set_grad_enabled(torch.is_grad_enabled() and self._backbone_trainable()):
-                states, mask, segment = self.encode_tokens(input_ids, attention_mask, token_type_ids)
+                states, mask, segment = self.encode_tokens(
+                    input_ids, attention_mask, token_type_ids, position_ids, cu_seq_lens, max_seq_len
+                )
             if self.config.head != "label_attention":
                 pooled = self.pool(states, mask, segment)
                 logits = self.logits_from_pooled(pooled)

@@ -233,8 +233,9 @@ class FeatureStore:
 @contextmanager
 def _id_labels(trainer: Any) -> Iterator[bool]:
     """While an encoding pass builds and iterates its loader: the trainer's
-    :class:`~hf_mlcl.data.MultiLabelCollator` with ``label_format="ids"``, so no batch holds (b, L) label rows;
-    yields whether the labels come as padded ids (other collators are left as they are: multi-hot)."""
+    :class:`~hf_mlcl.data.MultiLabelCollator` with ``label_format="ids"``, so no batch holds (b, L) label rows,
+    and padded rows (``padding_free`` off: the pass and the feature-store key read a row per document); yields
+    whether the labels come as padded ids (other collators are left as they are: multi-hot)."""
     from hf_mlcl.data.collator import MultiLabelCollator
 
     collator = trainer.data_collator
@@ -243,6 +244,7 @@ def _id_labels(trainer: Any) -> Iterator[bool]:
         return
     ids = copy.copy(collator)  # shares the tokenizer; the trainer's own collator is put back below
     ids.label_format = "ids"
+    ids.padding_free = False
     trainer.data_collator = ids
     try:
         yield True
@@ -341,7 +343,7 @@ class FrozenFeatures:
                             model_inputs["input_ids"],
                             model_inputs.get("attention_mask"),
                             model_inputs.get("token_type_ids"),
-                        )
+                        )  # padded rows: _id_labels turns packing off for the pass
                         pooled = model.pool(states, mask, segment)
                     ids = tr.accelerator.pad_across_processes(_padded_ids(y, as_ids), dim=1, pad_index=-1)
                     pooled, ids = tr.accelerator.gather_for_metrics((pooled.float().contiguous(), ids))

@@ -84,6 +84,13 @@ class ModelArguments:
             "(hf_mlcl.modeling.lora.LORA_TARGETS_BY_MODEL_TYPE: Llama, BERT, RoBERTa, MiniLM, ModernBERT ...)."
         },
     )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "The backbone's attention kernel, as transformers names it (sdpa, eager, flash_attention_2, "
+            "flex_attention ...); default: transformers' choice (sdpa)."
+        },
+    )
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
@@ -177,6 +184,13 @@ class DataArguments:
     )
     max_length: int = field(
         default=512, metadata={"help": "Maximum tokens per document (3,072 for PLM-ICD)."}
+    )
+    padding_free: bool = field(
+        default=False,
+        metadata={
+            "help": "Train on batches without padding: a batch's rows packed into one row (decoder backbones; "
+            "flash attention runs them without padding's work). Not with GradCache."
+        },
     )
     max_train_samples: int | None = field(
         default=None,
