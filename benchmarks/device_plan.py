@@ -64,6 +64,8 @@ GOALS = (
             "sd-plain-fit141",
             "msc-plain-fit80",
             "sd-plain-fit80",
+            "msc-plain-fit141-liger",
+            "sd-plain-fit141-liger",
             "msc-plain",
             "msc-plain-direct",
             "sd-plain",
@@ -179,7 +181,7 @@ def estimate(measurement: str, cell: str, results: dict, target: str = TARGET) -
         entry = data.get("cells", {}).get(cell)
         if entry and entry.get("figures") and entry.get("seconds"):
             return MARGIN * float(entry["seconds"]), f"{entry['seconds']:.0f} s recorded on {folder}"
-    sibling = re.sub(r"-fit[0-9]+$", "-direct", cell)  # the same run without GradCache
+    sibling = re.sub(r"-fit[0-9]+(-liger)?$", "-direct", cell)  # the same run without GradCache
     if sibling != cell:
         seconds, why = estimate(measurement, sibling, results, target)
         return seconds, f"as {sibling}: {why}"

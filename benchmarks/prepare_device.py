@@ -6,7 +6,8 @@ a copy may carry):
 
 * ``wheels/``: CPython 3.12 x86-64 Linux wheels of the exact versions installed here of the packages the
   suite imports beyond a stock CUDA PyTorch image (transformers, peft, datasets, sentence-transformers,
-  pytorch-metric-learning, deepspeed and what they need). DeepSpeed is published as source only: its wheel
+  pytorch-metric-learning, deepspeed and what they need; liger-kernel at a pinned version, as it does not
+  install here). DeepSpeed is published as source only: its wheel
   is built here without compiled ops (``DS_BUILD_OPS=0``), so nothing is built there.
 * ``data/mimic3_full_codes.txt``: the MIMIC-III full ICD-9 code list of ``../shared/data/mimic_splits``
   (8,921 codes, PLM-ICD's ``ALL_CODES.txt``), for the ``plm_icd`` measurement's MIMIC-III cell.
@@ -46,6 +47,8 @@ PACKAGES = (
     "typing-inspection",
 )
 SOURCE_ONLY = ("deepspeed",)
+# GPU-only packages this machine does not install (Liger-Kernel needs Triton): pure-Python wheels, pinned here
+GPU_ONLY = {"liger-kernel": "0.8.5"}
 PLATFORMS = (
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             wheels,
             f"{name}=={installed(name)}",
         )
+    for name, version in GPU_ONLY.items():
+        pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", wheels, f"{name}=={version}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in SOURCE_ONLY:
             pip(

@@ -15,7 +15,8 @@ the LoRA layers kept apart, as in training: the outputs must be the trained mode
 max difference <= 1 % of the largest output). The library's ``from_pretrained``, which merges the adapter
 into the base weights, is compared too (``merged_load``). The ``-fit80`` / ``-fit141`` cells run the recipe
 at the levers benchmarks/memory_plan.py predicts to do the least work within an 80 GB / a 141 GB GPU
-(:func:`fit_params`: LoRA dropout, GradCache, activation checkpointing on every k-th layer).
+(:func:`fit_params`: LoRA dropout, GradCache, activation checkpointing on every k-th layer); the ``-liger``
+cells add Liger-Kernel on the backbone (``use_liger_kernel``; its wheel travels in ``.device/wheels``).
 
 Model FLOPs per token (:func:`flops_per_token`, the convention of PaLM, Chowdhery et al. 2022, App. B,
 adapted to a frozen base): forward ``2 N + 4 n_layers s d`` (N the non-embedding matmul weights, the
@@ -62,6 +63,9 @@ _FSDP_ON_CPU = (
 )
 
 
+_LIGER_ON_CPU = "Liger-Kernel's kernels are Triton GPU kernels"
+
+
 def fit_params(run: str, fit: str) -> dict[str, Any]:
     """The levers of ``run``'s recipe with the least work that fit ``FIT_GIB[fit]`` (less ``FIT_SAFETY``), as
     memory_plan.fastest_fitting predicts them at the cell's shapes: GradCache chunk, LoRA dropout and
@@ -95,6 +99,8 @@ def cells(tiny: bool) -> list[Cell]:
         ("sd", "plain", "fit141"),
         ("msc", "plain", "fit80"),
         ("sd", "plain", "fit80"),
+        ("msc", "plain", "fit141-liger"),
+        ("sd", "plain", "fit141-liger"),
         ("msc", "plain", None),
         ("msc", "plain", 0),
         ("sd", "plain", None),
@@ -110,9 +116,14 @@ def cells(tiny: bool) -> list[Cell]:
     out = []
     for run, launcher, variant in plan:
         params: dict[str, Any] = {"run": run}
+        cpu_reason = _FSDP_ON_CPU if launcher == "fsdp" else None
         if isinstance(variant, str):
             name = f"{run}-{launcher}-{variant}"
-            params.update(fit_params(run, variant))
+            fit, _, kernels = variant.partition("-")
+            params.update(fit_params(run, fit))
+            if kernels == "liger":  # Liger-Kernel's RMSNorm / SwiGLU / RoPE on the backbone
+                params["use_liger_kernel"] = True
+                cpu_reason = _LIGER_ON_CPU
         else:
             name = f"{run}-{launcher}" + ("-direct" if variant == 0 else "")
             if variant is not None:
@@ -123,7 +134,7 @@ def cells(tiny: bool) -> list[Cell]:
                 launcher,
                 params,
                 timeout=300 if tiny else 900,
-                cpu_reason=_FSDP_ON_CPU if launcher == "fsdp" else None,
+                cpu_reason=cpu_reason,
             )
         )
     return out
@@ -364,6 +375,8 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
     top: dict[str, Any] = {"model_name_or_path": base, "max_length": seq}
     if "lora_dropout" in cell.params:
         top["lora_dropout"] = cell.params["lora_dropout"]
+    if cell.params.get("use_liger_kernel"):
+        training["use_liger_kernel"] = True
     every = cell.params.get("every_n_layers")  # 0: no activation checkpointing; k: every k-th layer
     if every is not None:
         training["activation_checkpointing"] = every > 0

@@ -7,6 +7,7 @@ in common.
   label column, the model leaves the loss to the trainer (``accepts_loss_kwargs`` False:
   transformers#47688), the collator (a ``MultiLabelCollator`` by default) has the label count and the
   number of views;
+* Liger-Kernel on the backbone with ``use_liger_kernel`` (:mod:`hf_mlcl.modeling.liger`);
 * after it: the launch got the DeepSpeed / FSDP engine it asked for (:mod:`hf_mlcl.training.launch`),
   checked again when training starts, and the loss sits on the training device;
 * checkpoints are complete or marked incomplete (:class:`~hf_mlcl.training.checkpoints.CompleteCheckpointsMixin`);
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer
+
+from hf_mlcl.modeling.liger import apply_liger_kernel_to_backbone
 
 from .checkpoints import CompleteCheckpointsMixin
 from .launch import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
@@ -95,6 +98,8 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
         **kwargs: Any,
     ) -> None:
         self.check_inputs(model, args, train_dataset, eval_dataset, label_column)
+        if args.use_liger_kernel:  # Trainer's own call finds no kernels for the wrapper's model type
+            apply_liger_kernel_to_backbone(model, args.liger_kernel_config)
         self.label_column = label_column
         data_collator = self.stage_setup(
             model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels
