@@ -49,6 +49,42 @@ from .native_mlcl import (
 # hands a prepared 4-D attention mask to the attention function unchanged (MLCLPreTrainedModel._backbone_mask);
 # tests/modeling compare each with its own 2-D mask path.
 PREPARED_MASK_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})
+# Decoder families whose transformers implementation keeps rows packed into one row apart by their position ids
+# (masking_utils detects the packed rows; OPT, for one, builds its mask without them and its rows would attend to
+# each other); tests/modeling/test_padding_free.py compares each with padded rows under sdpa and eager.
+PACKED_ROW_MODEL_TYPES = frozenset(
+    {
+        "cohere",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "granite",
+        "llama",
+        "mistral",
+        "mixtral",
+        "olmo2",
+        "phi3",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "starcoder2",
+    }
+)
+
+
+def padding_free_reason(model_type: Any, is_causal: Any = True, segmented: bool = False) -> str | None:
+    """Why a backbone of ``model_type`` cannot encode rows packed without padding (None: it can): it must be
+    a family of :data:`PACKED_ROW_MODEL_TYPES` with causal attention (``config.is_causal`` not False), not
+    segmented (PLM-ICD)."""
+    if segmented:
+        return "padding_free batches cannot be segmented (PLM-ICD); use padded batches"
+    if model_type not in PACKED_ROW_MODEL_TYPES or is_causal is False:
+        kind = f"{model_type!r}" + (" with is_causal false" if is_causal is False else "")
+        return (
+            "padding_free batches need a decoder whose rows transformers keeps apart by their position ids "
+            f"({', '.join(sorted(PACKED_ROW_MODEL_TYPES))}); {kind} is not one: use padded batches"
+        )
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -162,30 +198,17 @@ class MLCLPreTrainedModel(PreTrainedModel):
         out = self.backbone(**kwargs, return_dict=True)
         return out.last_hidden_state
 
-    def _backbone_is_causal(self) -> bool:
-        """Whether every attention module of the backbone is causal (a decoder): transformers then builds the
-        attention mask of packed rows from their position ids, so a row never attends to another."""
-        cache = self.__dict__.setdefault("_mlcl_backbone_params", {})
-        if "<causal>" not in cache:
-            flags = [
-                m.is_causal
-                for m in self.backbone.modules()
-                if isinstance(getattr(m, "is_causal", None), bool)
-            ]
-            cache["<causal>"] = bool(flags) and all(flags)
-        return cache["<causal>"]
-
     def check_padding_free(self) -> None:
-        """ValueError (one line) unless this model can encode rows packed without padding: a decoder backbone
-        (causal attention that takes position ids; a bidirectional encoder's rows would attend to each other)
-        and no segmenting (PLM-ICD)."""
-        if self.config.segmented:
-            raise ValueError("padding_free batches cannot be segmented (PLM-ICD); use padded batches")
-        if not (self._backbone_is_causal() and self._backbone_accepts("position_ids")):
-            raise ValueError(
-                "padding_free batches need a decoder backbone (causal attention that takes position ids); "
-                f"{type(self.backbone).__name__} is not one: use padded batches"
-            )
+        """ValueError (one line) unless this model can encode rows packed without padding
+        (:func:`padding_free_reason`)."""
+        config = self.backbone.config
+        reason = padding_free_reason(
+            getattr(config, "model_type", None),
+            getattr(config, "is_causal", True),
+            bool(self.config.segmented),
+        )
+        if reason is not None:
+            raise ValueError(reason)
 
     def _attention_is_flash(self) -> bool:
         """Whether the backbone runs a flash attention kernel (``flash_attention_2`` / ``_3``, or a hub kernel)."""

@@ -211,6 +211,32 @@ def segment_multiple(model) -> int | None:
     return int(cfg.chunk_size) if cfg is not None and getattr(cfg, "segmented", False) else None
 
 
+def backbone_config_dict(model_args: Any, source: str | None = None) -> dict | None:
+    """The backbone's config as a dict, read without loading weights: ``model_args.backbone_config``, or the
+    ``config.json`` of the folder ``source`` (or ``model_name_or_path``) names (an hf_mlcl folder's backbone config,
+    an adapter folder's base model), or transformers' ``AutoConfig`` of a Hub id. None where it cannot be read."""
+    path = source or model_args.model_name_or_path
+    if not path:
+        return dict(model_args.backbone_config) if model_args.backbone_config else None
+    try:
+        if os.path.isdir(path):
+            from .folders_mlcl import ADAPTER_CONFIG_NAME
+
+            config_file = os.path.join(path, "config.json")
+            if not os.path.isfile(config_file) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME)):
+                with open(os.path.join(path, ADAPTER_CONFIG_NAME), encoding="utf-8") as fh:
+                    base = json.load(fh).get("base_model_name_or_path")
+                return backbone_config_dict(model_args, base) if base and base != path else None
+            with open(config_file, encoding="utf-8") as fh:
+                config = json.load(fh)
+            return config.get("backbone_config") if config.get("model_type") == "mlcl" else config
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(path, trust_remote_code=model_args.trust_remote_code).to_dict()
+    except (OSError, ValueError):
+        return None
+
+
 def adapter_encoder(path: str | None) -> bool:
     """True when ``path`` is an encoder folder saved as a LoRA adapter (``save_lora_adapter``)."""
     from .folders_mlcl import ADAPTER_CONFIG_NAME

@@ -6,7 +6,7 @@ in common.
   the arguments are the stage's ``TrainingArguments`` subclass, there is a model, every dataset has the
   label column, the model leaves the loss to the trainer (``accepts_loss_kwargs`` False:
   transformers#47688), the collator (a ``MultiLabelCollator`` by default) has the label count and the
-  number of views;
+  number of views, and a collator packing rows without padding a model and arguments that take them;
 * Liger-Kernel on the backbone with ``use_liger_kernel`` (:mod:`hf_mlcl.modeling.liger`);
 * after it: the launch got the DeepSpeed / FSDP engine it asked for (:mod:`hf_mlcl.training.launch`),
   checked again when training starts, and the loss sits on the training device;
@@ -29,6 +29,7 @@ from hf_mlcl.modeling.liger import apply_liger_kernel_to_backbone
 
 from .checkpoints import CompleteCheckpointsMixin
 from .launch import EngineCheckCallback, check_engine_applied, clear_previous_deepspeed_state
+from .padding_free import check_padding_free_args, check_padding_free_model
 
 __all__ = ["MultiLabelTrainer", "check_label_column", "dataset_columns"]
 
@@ -104,6 +105,11 @@ class MultiLabelTrainer(CompleteCheckpointsMixin, Trainer):
         data_collator = self.stage_setup(
             model, args, train_dataset, data_collator, processing_class, loss_fn, num_labels
         )
+        if getattr(
+            data_collator, "padding_free", False
+        ):  # rows packed into one: model and arguments must take it
+            check_padding_free_args(args)
+            check_padding_free_model(model)
         super().__init__(
             model=model,
             args=args,

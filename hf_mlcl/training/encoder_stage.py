@@ -8,6 +8,7 @@ from typing import Any
 
 from hf_mlcl.modeling.builders import build_tokenizer_and_encoder, with_lora
 
+from .padding_free import check_padding_free_run
 from .preflight import preflight
 from .run_settings import stage_settings
 from .stage_steps import (
@@ -46,6 +47,8 @@ def train_contrastive(
     from .contrastive import ContrastiveTrainer
 
     set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
+    if getattr(data_args, "padding_free", False):
+        check_padding_free_run(model_args, training_args)
     data = data if data is not None else load_run_data(data_args)
     created = preflight(
         training_args,

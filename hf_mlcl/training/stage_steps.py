@@ -32,7 +32,6 @@ __all__ = [
     "THRESHOLDS_FILE",
     "RunData",
     "StageResult",
-    "check_padding_free",
     "fit",
     "load_run_data",
     "save_stage",
@@ -115,32 +114,6 @@ def load_run_data(data_args: Any) -> RunData:
     return RunData(ds, list(label_names(ds["train"])), notes)
 
 
-def check_padding_free(model: Any, args: Any, n_views: int) -> None:
-    """ValueError (one line) where a stage cannot train on rows packed without padding: GradCache (it splits a
-    batch by rows), a queue with two views (the key view is sliced off by rows) or a model that cannot encode
-    packed rows (``check_padding_free`` of the hf_mlcl model: a bidirectional or segmented one)."""
-    if getattr(args, "gradcache_chunk_size", 0) > 0:
-        raise ValueError(
-            "padding_free batches cannot be split into GradCache chunks; set gradcache_chunk_size 0 or "
-            "padding_free false"
-        )
-    if n_views > 1 and getattr(args, "queue_size", 0) > 0:
-        raise ValueError(
-            "padding_free batches with a queue need n_views 1 (the key view is split off by rows)"
-        )
-    check = getattr(model, "check_padding_free", None)
-    if check is None:
-        raise ValueError(f"padding_free batches need an hf_mlcl model; got {type(model).__name__}")
-    check()
-    kernel = str(getattr(model.backbone.config, "_attn_implementation", None))
-    if "flash" not in kernel and "flex" not in kernel:
-        logger.warning(
-            "padding_free with %s attention: transformers masks the packed row as a whole (T x T for T tokens), "
-            "which can cost more than padding; flash_attention_2 or flex_attention attend row by row",
-            kernel,
-        )
-
-
 def stage_trainer(
     trainer_class: Any,
     model: Any,
@@ -152,14 +125,11 @@ def stage_trainer(
     n_views: int = 1,
 ) -> Any:
     """The stage's ``trainer_class`` on ``model``: the multi-label collator (``n_views`` views a row, padded to
-    the model's segment multiple, or packed without padding with ``data_args.padding_free``:
-    :func:`check_padding_free`), the model's special token ids set to the tokenizer's, the train and
+    the model's segment multiple, or packed without padding with ``data_args.padding_free``), the model's special token ids set to the tokenizer's, the train and
     validation splits, the label count and ``callbacks``."""
     from hf_mlcl.data import MultiLabelCollator
 
-    padding_free = bool(getattr(data_args, "padding_free", False))
-    if padding_free:
-        check_padding_free(model, args, n_views)
+    padding_free = bool(getattr(data_args, "padding_free", False))  # the trainer checks model and arguments
     collator = MultiLabelCollator(
         tokenizer,
         len(data.label_names),

@@ -7,6 +7,7 @@ import torch
 
 from hf_mlcl.data import MultiLabelCollator
 from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
+from hf_mlcl.modeling.base_mlcl import PACKED_ROW_MODEL_TYPES
 
 TEXTS = [  # rows of different lengths
     "the patient was admitted with chest pain",
@@ -108,7 +109,7 @@ def test_packed_rows_never_attend_to_each_other(tiny_llama_config, llama_tokeniz
 
 
 def test_packed_rows_pass_the_flash_attention_offsets(tiny_llama_config, llama_tokenizer, monkeypatch):
-    """Under flash attention the backbone also gets the rows' offsets (no host read of them there)."""
+    """Under flash attention the backbone also gets the rows' offsets for its variable-length kernel."""
     model = MLCLEncoder.from_backbone(tiny_llama_config, pooling="mean", projection_dim=8).eval()
     seen: dict = {}
     forward = model.backbone.forward
@@ -133,8 +134,77 @@ def test_packed_rows_refused_where_rows_would_attend_to_each_other(tiny_bert_con
     model = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=8)
     _, packed = _batches(bert_tokenizer)
     inputs = {k: v for k, v in packed.items() if k != "labels"}
-    with pytest.raises(ValueError, match="need a decoder backbone.*BertModel is not one"):
+    with pytest.raises(
+        ValueError, match="need a decoder whose rows transformers keeps apart.*'bert' is not one"
+    ):
         model(**inputs)
+
+
+def _family(model_type: str, attention: str, **extra) -> MLCLEncoder:
+    from transformers import AutoConfig
+
+    sizes = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8
+    )
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=100,
+        intermediate_size=64,
+        pad_token_id=0,
+        max_position_embeddings=64,
+        **sizes,
+        **extra,
+    )
+    torch.manual_seed(0)
+    return MLCLEncoder.from_backbone(
+        config, pooling="mean", projection_dim=8, attn_implementation=attention
+    ).eval()
+
+
+def _ragged_rows() -> tuple[dict, dict]:
+    from hf_mlcl.data.collator import pack_rows
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 100, (n,), generator=g) for n in (5, 9, 3, 7)]
+    ids = torch.zeros(4, 9, dtype=torch.long)
+    mask = torch.zeros(4, 9, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    padded = {"input_ids": ids, "attention_mask": mask}
+    return padded, pack_rows(padded)
+
+
+# transformers runs Gemma-2 with eager attention only
+FAMILY_KERNELS = [
+    (t, a) for t in sorted(PACKED_ROW_MODEL_TYPES) for a in ("sdpa", "eager") if (t, a) != ("gemma2", "sdpa")
+]
+
+
+@pytest.mark.parametrize("model_type,attention", FAMILY_KERNELS)
+def test_every_family_named_for_packed_rows_keeps_them_apart(model_type, attention):
+    model = _family(model_type, attention)
+    padded, packed = _ragged_rows()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**packed).pooled, model(**padded).pooled, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model_type,extra,named",
+    [("opt", {}, "'opt' is not one"), ("llama", {"is_causal": False}, "is_causal false")],
+)
+def test_decoders_whose_packed_rows_attend_to_each_other_are_refused(model_type, extra, named, monkeypatch):
+    """OPT builds its mask without the position ids; a Llama with is_causal false gets a bidirectional mask:
+    in both, packed rows would attend to each other (seen here with the check off), so they are refused."""
+    model = _family(model_type, "sdpa", **extra)
+    padded, packed = _ragged_rows()
+    with torch.no_grad():
+        reference = model(**padded).pooled
+        with monkeypatch.context() as patch:
+            patch.setattr(model, "check_padding_free", lambda: None)
+            leaked = model(**packed).pooled
+    assert not torch.allclose(leaked, reference, atol=1e-3)
+    with pytest.raises(ValueError, match=named):
+        model(**packed)
 
 
 @pytest.mark.slow  # flex attention compiles its kernel first (tens of seconds on 2 cores)

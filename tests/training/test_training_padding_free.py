@@ -113,7 +113,18 @@ def test_stage_one_with_a_queue_and_the_fine_tune_train_as_on_padded_batches(tmp
     assert batch["input_ids"].shape[0] == 1 and batch["cu_seq_lens"].shape == (9,)
 
 
-def test_padding_free_stops_before_training_where_rows_cannot_be_packed(tmp_path):
+def test_padding_free_stops_before_loading_where_rows_cannot_be_packed(tmp_path, monkeypatch, bert_tokenizer):
+    """The stage functions check the arguments and the backbone's family (read from its config) first."""
+    from transformers import BertConfig, BertModel
+
+    import hf_mlcl.training.classifier_stages as classifier_stages
+    import hf_mlcl.training.encoder_stage as encoder_stage
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the data were loaded before the check")
+
+    monkeypatch.setattr(encoder_stage, "load_run_data", no_loading)
+    monkeypatch.setattr(classifier_stages, "load_run_data", no_loading)
     gradcache = ContrastiveTrainingArguments(
         **_common(tmp_path, "gc"), loss="sd", gradcache_chunk_size=4, knn_k=0
     )
@@ -121,6 +132,38 @@ def test_padding_free_stops_before_training_where_rows_cannot_be_packed(tmp_path
         train_contrastive(_model_args(), _data_args(True), gradcache)
     bert = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"} | {"model_type": "bert"}
     args = ContrastiveTrainingArguments(**_common(tmp_path, "bert"), loss="sd", knn_k=0)
-    with pytest.raises(ValueError, match="need a decoder backbone.*BertModel is not one"):
+    with pytest.raises(ValueError, match="need a decoder whose rows.*'bert' is not one"):
         train_contrastive(_model_args(bert, pooling="mean"), _data_args(True), args)
-    assert not (tmp_path / "bert").exists() or not any((tmp_path / "bert").glob("checkpoint-*"))
+    saved = tmp_path / "bert-base"  # a backbone folder, read from its config.json in stage 2
+    BertModel(
+        BertConfig(
+            vocab_size=len(bert_tokenizer),
+            **{k: LLAMA[k] for k in ("hidden_size", "intermediate_size")},
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        )
+    ).save_pretrained(saved)
+    pargs = ProbingTrainingArguments(**_common(tmp_path, "clf"), probe="finetune", loss="bce")
+    with pytest.raises(ValueError, match="'bert' is not one"):
+        train_probe(_model_args(pooling="mean"), _data_args(True), pargs, str(saved))
+
+
+def test_the_trainer_refuses_packed_batches_it_would_split_by_rows(tmp_path):
+    """A ContrastiveTrainer built directly (no stage function) with a packing collator: GradCache would run one
+    chunk of the whole batch, a queue with two views would slice an empty anchor batch."""
+    from hf_mlcl.data import MultiLabelCollator
+    from hf_mlcl.modeling.builders import build_tokenizer_and_encoder
+    from hf_mlcl.training import ContrastiveTrainer, load_run_data
+
+    data = load_run_data(_data_args(True))
+    tok, encoder = build_tokenizer_and_encoder(_model_args(), data.dataset["train"]["text"], 8)
+    for extra, message in (
+        ({"gradcache_chunk_size": 2}, "cannot be split into GradCache chunks"),
+        ({"n_views": 2, "queue_size": 16}, "with a queue need n_views 1"),
+    ):
+        args = ContrastiveTrainingArguments(**_common(tmp_path, "direct"), loss="sd", knn_k=0, **extra)
+        packing = MultiLabelCollator(tok, 5, n_views=args.n_views, padding_free=True)
+        with pytest.raises(ValueError, match=message):
+            ContrastiveTrainer(
+                model=encoder, args=args, train_dataset=data.dataset["train"], data_collator=packing
+            )
