@@ -62,3 +62,19 @@ def test_carve_strata_prints_both_carves():
     strat_row = re.search(r"stratified\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)", text)
     assert random_row and strat_row, text
     assert float(strat_row.group(2)) <= 1.0 < float(random_row.group(2))  # largest deviation from the share
+
+
+def test_padding_share_counts_padding_and_attention_work():
+    """benchmarks/padding_share.py's figures on rows of known lengths."""
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from padding_share import batch_figures
+
+    lengths = np.array([4, 2, 3, 1])
+    # batches [4, 2] and [3, 1]: 10 real tokens of 2 * 4 + 2 * 3 = 14; attention 16 + 4 + 9 + 1 = 30 of 32 + 18
+    figures = batch_figures(lengths, np.arange(4), batch=2)
+    assert figures["padding_share"] == pytest.approx(4 / 14)
+    assert figures["tokens_packed_over_padded"] == pytest.approx(10 / 14)
+    assert figures["attention_packed_over_padded"] == pytest.approx(30 / 50)
+    assert batch_figures(lengths, np.array([0, 2, 1, 3]), batch=2)["padding_share"] == pytest.approx(2 / 12)
