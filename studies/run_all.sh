@@ -125,8 +125,8 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
 # one thread each; early stopping ends most fine-tunes sooner):
 #                                   Reuters n500  n2000   GoEmotions n1000  n4000
 #   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
-#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               127    126
 #   stage 1 + logistic probe (2 x 3)       22     20                28     29
+#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               127    126
 #   stage 1 + fine-tune (2 x 3)            79     77               127    126
 #   SetFit (3)                             10     10                15     16
 #   queues: Reuters 37 h, GoEmotions 58 h, every step run
@@ -154,11 +154,12 @@ scale_cells() {  # scale_cells STUDY: every subset size's cells of the data-scal
   sizes=$($PY studies/scale.py sizes "$study") || return 1
   L2=$(pick "") || return 1
   for N in $sizes; do bcell tfidf "$study" --model logreg --seed 1 --train-size "$N"; done  # no seed changes it
+  # stage 1 + logistic probe needs no choice of BCE's (minutes a run; the rows where contrastive paid at full size)
+  for N in $sizes; do for S in 1 2 3; do for L in $L2; do scell "$study" "$N" --loss "$L" --probe logistic --seed "$S"; done; done; done
   for N in $sizes; do
     for LR in $SCALE_LRS; do scell "$study" "$N" --loss bce --probe finetune --lr "$LR" --seed 1 --patience $SCALE_PAT; done
     for S in 2 3; do scell "$study" "$N" --loss bce --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
   done
-  for N in $sizes; do for S in 1 2 3; do for L in $L2; do scell "$study" "$N" --loss "$L" --probe logistic --seed "$S"; done; done; done
   for N in $sizes; do joint_cells "$study" $SCALE_PAT "$N"; done
   for N in $sizes; do for S in 1 2 3; do for L in $L2; do
     scell "$study" "$N" --loss "$L" --probe finetune --lr best --seed "$S" --patience $SCALE_PAT

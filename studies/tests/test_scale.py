@@ -221,7 +221,7 @@ def test_tables_of_the_full_study_leave_the_subset_cells_out(tmp_path, monkeypat
 
 
 def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
-    """run_all.sh scale-reuters: TF-IDF, the BCE grid and seeds, the two best losses' probes, the joint objective
+    """run_all.sh scale-reuters: TF-IDF, the two best losses' probes, the BCE grid and seeds, the joint objective
     (two w, then seeds 2-3 at the better), the losses' fine-tunes, SetFit; every cell with --train-size, smallest size first within each step."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "python"  # records the cells; runs scale.py and loss_choice.py for real
@@ -259,16 +259,16 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
     ]
     for n in (500, 2000):
         expected += [
-            "studies/run.py cell reuters21578 --loss bce " + ft.format(lr, 1, n)
-            for lr in ("5e-5", "1e-4", "extend", "extend2")
-        ]
-        expected += ["studies/run.py cell reuters21578 --loss bce " + ft.format("best", s, n) for s in (2, 3)]
-    for n in (500, 2000):
-        expected += [
             f"studies/run.py cell reuters21578 --loss {loss} --probe logistic --seed {s} --train-size {n}"
             for s in (1, 2, 3)
             for loss in ("jaccard", "mulsupcon")
         ]
+    for n in (500, 2000):
+        expected += [
+            "studies/run.py cell reuters21578 --loss bce " + ft.format(lr, 1, n)
+            for lr in ("5e-5", "1e-4", "extend", "extend2")
+        ]
+        expected += ["studies/run.py cell reuters21578 --loss bce " + ft.format("best", s, n) for s in (2, 3)]
     joint = "studies/run.py cell reuters21578 --loss joint --probe finetune --lr best --weight {} --seed {} "
     for n in (500, 2000):
         expected += [joint.format(w, 1) + f"--patience 3 --train-size {n}" for w in ("0.2", "0.5")]
