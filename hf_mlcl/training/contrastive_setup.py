@@ -64,6 +64,14 @@ class ContrastiveSetup:
         that cannot take keys, and a label count that differs between dataset / model / loss / queue /
         collator. The arguments' own checks come first, then the loss, then the label space."""
         check_n_views(args.n_views)
+        if getattr(args, "train_sampling_strategy", None) == "group_by_length":
+            warnings.warn(
+                "train_sampling_strategy group_by_length batches rows of similar length together: every step's "
+                "contrast set then depends on the texts' lengths; padding_free removes padding with random "
+                "batches (decoder backbones)",
+                UserWarning,
+                stacklevel=4,
+            )
         problem = launch_problem(args)
         if problem:  # e.g. GradCache under DeepSpeed: before the Trainer builds anything
             raise ValueError(problem)

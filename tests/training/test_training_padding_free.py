@@ -5,6 +5,7 @@ stop before training."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -167,3 +168,21 @@ def test_the_trainer_refuses_packed_batches_it_would_split_by_rows(tmp_path):
             ContrastiveTrainer(
                 model=encoder, args=args, train_dataset=data.dataset["train"], data_collator=packing
             )
+
+
+def test_length_grouped_batches_warn_that_they_change_the_contrast_sets(tmp_path):
+    from _training_helpers import base_args, collator, tiny_encoder, tiny_split, tiny_tokenizer
+
+    from hf_mlcl.training import ContrastiveTrainer
+
+    tok = tiny_tokenizer()
+    for strategy, warned in (("group_by_length", True), ("random", False)):
+        args = base_args(tmp_path, loss="sd", train_sampling_strategy=strategy)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ContrastiveTrainer(
+                model=tiny_encoder(tok), args=args, train_dataset=tiny_split(8), data_collator=collator(tok)
+            )
+        assert (
+            any("contrast set then depends on the texts' lengths" in str(w.message) for w in seen) == warned
+        )
