@@ -104,6 +104,7 @@ def run_cell(
     seed: int,
     overrides: list[str],
     force: bool = False,
+    without_per_label: bool = False,
     model_path: str | None = None,
     steps: int | None = None,
     train_size: int | None = None,
@@ -119,7 +120,7 @@ def run_cell(
     from minilm import find_minilm
 
     cell = scale.cell_name("setfit_logistic", scale.check_size(study, train_size))
-    if cell_io.skip_finished(study, cell, seed, force):
+    if cell_io.skip_finished(study, cell, seed, force, without_per_label):
         return {}
     overrides = [*overrides, *scale.subset_overrides(train_size)]
     data = cell_io.labelled_data(study, overrides)
@@ -185,7 +186,14 @@ def run_cell(
 
 def main(argv: list[str] | None = None) -> None:
     args, overrides = cell_io.baseline_parser(__doc__).parse_known_args(argv)
-    run_cell(args.study, args.seed, overrides, force=args.force, train_size=args.train_size)
+    run_cell(
+        args.study,
+        args.seed,
+        overrides,
+        force=args.force,
+        train_size=args.train_size,
+        without_per_label=args.rerun_without_per_label,
+    )
 
 
 if __name__ == "__main__":

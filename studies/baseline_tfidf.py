@@ -122,6 +122,7 @@ def run_cell(
     seed: int,
     overrides: list[str],
     force: bool = False,
+    without_per_label: bool = False,
     train_size: int | None = None,
 ) -> dict:
     """One TF-IDF cell; ``train_size``: a training subset of that many rows (studies/scale.py)."""
@@ -129,7 +130,7 @@ def run_cell(
 
     classifier(model, 1.0, seed)  # an unknown --model stops here, before the data is read
     cell = scale.cell_name(f"tfidf_{model}", scale.check_size(study, train_size))
-    if cell_io.skip_finished(study, cell, seed, force):
+    if cell_io.skip_finished(study, cell, seed, force, without_per_label):
         return {}
     overrides = [*overrides, *scale.subset_overrides(train_size)]
     data = cell_io.labelled_data(study, overrides)
@@ -164,7 +165,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = cell_io.baseline_parser(__doc__)
     ap.add_argument("--model", required=True, choices=MODELS)
     args, overrides = ap.parse_known_args(argv)
-    run_cell(args.study, args.model, args.seed, overrides, force=args.force, train_size=args.train_size)
+    run_cell(
+        args.study,
+        args.model,
+        args.seed,
+        overrides,
+        force=args.force,
+        train_size=args.train_size,
+        without_per_label=args.rerun_without_per_label,
+    )
 
 
 if __name__ == "__main__":

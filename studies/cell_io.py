@@ -127,12 +127,23 @@ def per_label_record(names, test_true: np.ndarray, test_scores: np.ndarray, thre
     }
 
 
-def skip_finished(study: str, cell: str, seed: int, force: bool) -> bool:
-    """True (and a SKIP line) when the cell's metrics.json exists and ``force`` is off."""
-    path = os.path.join(cell_dir(study, cell, seed), "metrics.json")
-    if force or not os.path.isfile(path):
+RERUN_HELP = "rerun a finished cell that has no per_label_f1.json (it ran before those files were written)"
+
+
+def finished(out_dir: str, force: bool, without_per_label: bool = False) -> bool:
+    """Whether the cell in ``out_dir`` is done: its metrics.json exists, ``force`` is off, and with
+    ``without_per_label`` its per_label_f1.json exists too (a cell run before those files is run again)."""
+    if force or not os.path.isfile(os.path.join(out_dir, "metrics.json")):
         return False
-    print(f"SKIP {study} {cell} seed{seed}: {path} exists (--force reruns)", flush=True)
+    return not without_per_label or os.path.isfile(os.path.join(out_dir, "per_label_f1.json"))
+
+
+def skip_finished(study: str, cell: str, seed: int, force: bool, without_per_label: bool = False) -> bool:
+    """True (and a SKIP line) when the cell is :func:`finished`."""
+    out_dir = cell_dir(study, cell, seed)
+    if not finished(out_dir, force, without_per_label):
+        return False
+    print(f"SKIP {study} {cell} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
     return True
 
 
@@ -214,4 +225,5 @@ def baseline_parser(doc: str):
         "(studies/scale.py; cell <cell>-n<N>); default: all",
     )
     ap.add_argument("--force", action="store_true", help="rerun a finished cell")
+    ap.add_argument("--rerun-without-per-label", action="store_true", help=RERUN_HELP)
     return ap

@@ -164,6 +164,7 @@ def run_cell(
     batch_sampler: str = "random",
     train_size: int | None = None,
     weight: str | None = None,
+    without_per_label: bool = False,
 ) -> dict:
 
     from hf_mlcl.data import label_names, train_frequency
@@ -219,7 +220,7 @@ def run_cell(
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
     cell = scale.cell_name(cell, train_size)  # a training subset of N rows: <cell>-n<N>
     out_dir = os.path.join(RESULTS, dataset, cell, f"seed{seed}")
-    if not force and os.path.isfile(os.path.join(out_dir, "metrics.json")):
+    if cell_io.finished(out_dir, force, without_per_label):
         print(f"SKIP {dataset} {cell} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
         with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
             return json.load(fh)
@@ -414,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         "'best': the w of the seed-1 joint cells of this size with the best validation macro-F1",
     )
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
+    ap.add_argument("--rerun-without-per-label", action="store_true", help="cell: " + cell_io.RERUN_HELP)
     ap.add_argument(
         "--test-each-epoch",
         action="store_true",
@@ -435,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         batch_sampler=args.batch_sampler,
         train_size=args.train_size,
         weight=args.weight,
+        without_per_label=args.rerun_without_per_label,
     )
 
 

@@ -20,6 +20,7 @@
 #   bash studies/run_all.sh scale-reuters     # the data-scale study (issue 52, studies/scale.py) at Reuters'
 #   bash studies/run_all.sh scale-goemotions  # subset sizes (500, 2,000) resp. GoEmotions' (1,000, 4,000);
 #   bash studies/run_all.sh scale             # both, one queue (the two above: two queues side by side)
+#   bash studies/run_all.sh tail-seeds reuters21578  # seeds 2-3 of the tail table's cells, with per-label F1
 #   bash studies/run_all.sh joint-reuters     # the joint objective on the whole training sets: w 0.2 and 0.5
 #   bash studies/run_all.sh joint-goemotions  # (seed 1), seeds 2-3 at the better w on validation
 # Long runs: nohup nice -n 19 bash studies/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
@@ -85,7 +86,7 @@ loss_cells() {  # every loss gets its probe rows before the first long fine-tune
 # Reuters' chosen BCE run (2e-4) ended its 5 epochs still improving on validation (0.284, 0.324, 0.364):
 # the same fine-tune with up to 20 epochs (patience 3) says whether the comparisons survive a converged
 # baseline (cell bce_finetune-long-lr<lr>; studies/bce_choice.py LONG_BUDGET lists the studies that have it)
-long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed "${2:-1}" --patience 3 --tag long --probe.num_train_epochs 20; }
+long_bce() { fcell "$1" --loss bce --probe finetune --lr best --seed "${2:-1}" --patience 3 --tag long --probe.num_train_epochs 20 "${@:3}"; }
 # the bar's budget, chosen on validation (studies/bce_choice.py): "long" when that run beat the 5 epochs
 bce_budget() {
   local b; b=$($PY studies/bce_choice.py "$1") || { echo "FAILED: bce_choice.py $1 (no seeds 2-3 of the longer BCE run)" >&2; return; }
@@ -113,6 +114,18 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
   for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat"; done
   if [ "$(bce_budget "$study")" = long ]; then for S in 2 3; do long_bce "$study" "$S"; done; fi
   for S in 2 3; do finetune_cells "$study" "$pat" "$S" "$@"; done
+}
+
+# Seeds 2-3 of the tail table's cells (the per-label F1 plot) again where they ran before per_label_f1.json was
+# written (--rerun-without-per-label skips the others): TF-IDF SVM (seconds), the two best losses' logistic
+# probes (minutes), BCE at its chosen learning rate and the longer budget where it was chosen (hours)
+tail_seeds() {
+  local study=$1 pat=$2 L2 S L again=--rerun-without-per-label
+  L2=$(pick "") || return 1
+  for S in 2 3; do bcell tfidf "$study" --model svm --seed "$S" $again; done
+  for S in 2 3; do for L in $L2; do fcell "$study" --loss "$L" --probe logistic --seed "$S" $again; done; done
+  for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat" $again; done
+  if [ "$(bce_budget "$study")" = long ]; then for S in 2 3; do long_bce "$study" "$S" $again; done; fi
 }
 
 # The data-scale study (issue 52; studies/scale.py): each subset size's cells, run.py / the baselines with
@@ -215,7 +228,11 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
 scale-reuters) scale_cells reuters21578 ;;       # one queue per study: run side by side with
 scale-goemotions) scale_cells goemotions_full ;;  # OMP_NUM_THREADS=1 each, as full-reuters / full-goemotions
 scale) scale_cells reuters21578; scale_cells goemotions_full ;;
+tail-seeds)  # seeds 2-3 of the tail table's cells that predate their per-label F1 files
+  study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
+  tail_seeds "$study" "$pat"
+  ;;
 joint-reuters) joint_cells reuters21578 2 ;;      # the joint objective on the whole training sets (the
 joint-goemotions) joint_cells goemotions_full 3 ;;  # patience of the study's full-size fine-tunes)
-*) echo "usage: $0 full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines|scale|scale-reuters|scale-goemotions|joint-reuters|joint-goemotions" ; exit 2 ;;
+*) echo "usage: $0 full|full-reuters|full-goemotions|full-reuters-base|full-goemotions-base|full-reuters-losses|full-goemotions-losses|full-seeds|full-cell|baselines|scale|scale-reuters|scale-goemotions|tail-seeds|joint-reuters|joint-goemotions" ; exit 2 ;;
 esac

@@ -1038,3 +1038,64 @@ def test_sampler_cells_have_their_own_table_and_stay_out_of_the_others(tables, t
     assert tables.load("reuters21578")[("jaccard", "logistic")][0]["metrics"]["test_macro_f1"] == 0.30
     assert ("jaccard", "logistic-positives") not in tables.load("reuters21578", tagged=True)
     assert "0.350" not in tables.full_table("reuters21578")
+
+
+def test_tail_seeds_rerun_seeds_2_3_of_the_tail_cells_only_where_per_label_files_are_missing(
+    tmp_path, monkeypatch
+):
+    """run_all.sh tail-seeds: the SVM, the two best losses' logistic probes and BCE (the longer budget where it
+    won) for seeds 2-3, each with --rerun-without-per-label; cell_io.finished skips a cell that has both files."""
+    import subprocess
+    import sys
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "studies"))
+    import cell_io
+
+    folder = tmp_path / "cell"
+    folder.mkdir()
+    assert not cell_io.finished(str(folder), force=False)
+    (folder / "metrics.json").write_text("{}")
+    assert cell_io.finished(str(folder), force=False) and not cell_io.finished(str(folder), force=True)
+    assert not cell_io.finished(str(folder), force=False, without_per_label=True)
+    (folder / "per_label_f1.json").write_text("{}")
+    assert cell_io.finished(str(folder), force=False, without_per_label=True)
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"  # records the runners' cells, runs everything else (the choices) for real
+    fake.write_text(
+        f'#!/bin/sh\ncase "$1" in *run.py|*baseline_*) echo "$@" >> {calls}; echo "RESULT $*";; '
+        f'*) exec {sys.executable} "$@";; esac\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
+    _probe_rows(tmp_path, {**SCORES, "hbl": 0.45})
+    for loss, val in {**SCORES, "hbl": 0.45}.items():
+        _full_run(tmp_path, loss, "linear", 1, val - 0.05, 0.5)
+    _full_run(tmp_path, "bce", "finetune", 1, 0.30, 0.1, tag="lr2e-4")
+    _full_run(tmp_path, "bce", "finetune", 1, 0.35, 0.1, tag="long-lr2e-4")
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "studies", "run_all.sh"), "tail-seeds", "reuters21578"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0 and "FAILED" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    words = [line.split()[1:] for line in calls.read_text().splitlines()]  # without the script
+    cells = [" ".join(w[1:] if w[0] == "cell" else w).split(" --data_dir")[0] for w in words]
+    again = "--rerun-without-per-label"
+    expected = [f"reuters21578 --model svm --seed {s} {again}" for s in (2, 3)]
+    expected += [
+        f"reuters21578 --loss {loss} --probe logistic --seed {s} {again}"
+        for s in (2, 3)
+        for loss in ("any", "hbl")
+    ]
+    expected += [
+        f"reuters21578 --loss bce --probe finetune --lr best --seed {s} --patience 2 {again}" for s in (2, 3)
+    ]
+    expected += [
+        f"reuters21578 --loss bce --probe finetune --lr best --seed {s} --patience 3 --tag long "
+        f"--probe.num_train_epochs 20 {again}"
+        for s in (2, 3)
+    ]
+    assert cells == expected
