@@ -179,10 +179,13 @@ class MLCLPreTrainedModel(PreTrainedModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
+        **extra: Any,
     ) -> torch.Tensor:
+        """The backbone's last hidden states; ``extra`` (packed rows' position ids and offsets) is passed on."""
         kwargs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": self._backbone_mask(attention_mask),
+            **extra,
         }
         if token_type_ids is not None and self._backbone_accepts("token_type_ids"):
             kwargs["token_type_ids"] = token_type_ids
@@ -232,20 +235,16 @@ class MLCLPreTrainedModel(PreTrainedModel):
         self.check_padding_free()
         if position_ids is None or max_seq_len is None:
             raise ValueError("packed rows need position_ids, cu_seq_lens and max_seq_len together")
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids}
-        if token_type_ids is not None and self._backbone_accepts("token_type_ids"):
-            kwargs["token_type_ids"] = token_type_ids
-        if self._backbone_accepts("use_cache"):
-            kwargs["use_cache"] = False
+        extra: dict[str, Any] = {"position_ids": position_ids}
         if self._attention_is_flash():
             offsets = cu_seq_lens.to(device=input_ids.device, dtype=torch.int32)
-            kwargs.update(
+            extra.update(
                 cu_seq_lens_q=offsets,
                 cu_seq_lens_k=offsets,
                 max_length_q=max_seq_len,
                 max_length_k=max_seq_len,
             )
-        states = self.backbone(**kwargs, return_dict=True).last_hidden_state
+        states = self._run_backbone(input_ids, None, token_type_ids, **extra)
         return unpack_rows(states, position_ids, cu_seq_lens, int(max_seq_len))
 
     def encode_tokens(

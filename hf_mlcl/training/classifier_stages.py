@@ -60,8 +60,7 @@ def train_probe(
     probe = probing_args.probe
     lora_finetune = model_args.use_lora and probe == "finetune"
     set_seed(probing_args.seed)  # before the classifier head is initialised
-    if getattr(data_args, "padding_free", False):
-        check_padding_free_run(model_args, probing_args, encoder_path)
+    check_padding_free_run(model_args, data_args, probing_args, encoder_path)
     data = data if data is not None else load_run_data(data_args)
     train_rows = None if probe == "logistic" else len(data.dataset["train"])  # logistic: all rows at once
     created = preflight(
@@ -172,8 +171,7 @@ def train_joint(
 
     stage = "joint"
     set_seed(joint_args.seed)  # before the classifier head is initialised
-    if getattr(data_args, "padding_free", False):
-        check_padding_free_run(model_args, joint_args, encoder_path)
+    check_padding_free_run(model_args, data_args, joint_args, encoder_path)
     data = data if data is not None else load_run_data(data_args)
     lora = (model_args, encoder_path, adapter_encoder(encoder_path)) if model_args.use_lora else None
     created = preflight(joint_args, stage, len(data.dataset["train"]), lora)

@@ -47,8 +47,7 @@ def train_contrastive(
     from .contrastive import ContrastiveTrainer
 
     set_seed(training_args.seed)  # before any weight is initialised (projection head, fresh backbones)
-    if getattr(data_args, "padding_free", False):
-        check_padding_free_run(model_args, training_args)
+    check_padding_free_run(model_args, data_args, training_args)
     data = data if data is not None else load_run_data(data_args)
     created = preflight(
         training_args,

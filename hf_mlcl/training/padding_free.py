@@ -43,9 +43,12 @@ def check_padding_free_model(model: Any) -> None:
         )
 
 
-def check_padding_free_run(model_args: Any, args: Any, source: str | None = None) -> None:
-    """Before a stage loads anything: :func:`check_padding_free_args` and the backbone's family read from its
-    config (``source``: the stage's encoder folder or backbone, default ``model_args``'s)."""
+def check_padding_free_run(model_args: Any, data_args: Any, args: Any, source: str | None = None) -> None:
+    """Before a stage loads anything, where ``data_args.padding_free`` is on: :func:`check_padding_free_args` and
+    the backbone's family read from its config (``source``: the stage's encoder folder or backbone, default
+    ``model_args``'s)."""
+    if not getattr(data_args, "padding_free", False):
+        return
     check_padding_free_args(args)
     config = backbone_config_dict(model_args, source)
     if config is not None:

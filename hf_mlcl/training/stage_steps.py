@@ -125,8 +125,9 @@ def stage_trainer(
     n_views: int = 1,
 ) -> Any:
     """The stage's ``trainer_class`` on ``model``: the multi-label collator (``n_views`` views a row, padded to
-    the model's segment multiple, or packed without padding with ``data_args.padding_free``), the model's special token ids set to the tokenizer's, the train and
-    validation splits, the label count and ``callbacks``."""
+    the model's segment multiple, or packed without padding with ``data_args.padding_free``), the model's
+    special token ids set to the tokenizer's, the train and validation splits, the label count and
+    ``callbacks``."""
     from hf_mlcl.data import MultiLabelCollator
 
     padding_free = bool(getattr(data_args, "padding_free", False))  # the trainer checks model and arguments
