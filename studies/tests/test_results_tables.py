@@ -402,6 +402,20 @@ def _loss_choice():
     return mod
 
 
+def _recording_python(tmp_path, calls, runners: str = "*run.py"):
+    """A stand-in for run_all.sh's ``$PY``: the runner scripts matching ``runners`` (a shell case pattern) append
+    their arguments to ``calls`` and print a RESULT line; every other script (the choices) runs for real."""
+    import sys
+
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\ncase "$1" in {runners}) echo "$@" >> {calls}; echo "RESULT $*";; '
+        f'*) exec {sys.executable} "$@";; esac\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
 def _probe_rows(root, scores: dict[str, float]) -> None:
     """A seed-1 logistic probe row per loss with the given validation macro-F1 (test inverted)."""
     for loss, val in scores.items():
@@ -509,15 +523,10 @@ def test_bce_choice_takes_the_longer_budget_only_when_it_wins_on_validation(tmp_
 def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
     """run_all.sh full-seeds without names: loss_choice.py names the losses, then seeds 2-3 run probes, BCE, fine-tunes."""
     import subprocess
-    import sys
 
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"  # records the runner's cells, runs everything else (loss_choice.py) for real
-    fake.write_text(
-        f'#!/bin/sh\ncase "$1" in *run.py) echo "$@" >> {calls}; echo "RESULT $*";; '
-        f'*) exec {sys.executable} "$@";; esac\n'
-    )
-    fake.chmod(0o755)
+    # records the runner's cells, runs everything else (loss_choice.py) for real
+    fake = _recording_python(tmp_path, calls)
     env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
     script = os.path.join(ROOT, "studies", "run_all.sh")
     _probe_rows(tmp_path, SCORES)
@@ -678,16 +687,10 @@ def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate(tables):
 def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
     """full-goemotions runs beside full-reuters: it polls loss_choice.py until every Reuters probe row exists."""
     import subprocess
-    import sys
     import time
 
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"
-    fake.write_text(
-        f'#!/bin/sh\ncase "$1" in *run.py) echo "$@" >> {calls}; echo "RESULT $*";; '
-        f'*) exec {sys.executable} "$@";; esac\n'
-    )
-    fake.chmod(0o755)
+    fake = _recording_python(tmp_path, calls)
     env = {
         **os.environ,
         "PY": str(fake),
@@ -795,15 +798,10 @@ def test_run_gpu_runs_every_cell_in_bf16_with_the_alone_cells_first(tmp_path):
     cells run alone before the side-by-side ones, the grid's third point after its first two, the fine-tunes
     last; goemotions_full names the two best losses from the GPU tree's Reuters rows."""
     import subprocess
-    import sys
 
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"  # records the runner's cells (appends are atomic: the queues run side by side)
-    fake.write_text(
-        f'#!/bin/sh\ncase "$1" in *run.py) echo "$@" >> {calls}; echo "RESULT $*";; '
-        f'*) exec {sys.executable} "$@";; esac\n'
-    )
-    fake.chmod(0o755)
+    # records the runner's cells (appends are atomic: the queues run side by side)
+    fake = _recording_python(tmp_path, calls)
     gpu = tmp_path / "gpu"
     env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(gpu), "MLCL_RUNS": str(tmp_path / "runs")}
     script = os.path.join(ROOT, "studies", "run_gpu.sh")
@@ -1046,7 +1044,6 @@ def test_tail_seeds_rerun_seeds_2_3_of_the_tail_cells_only_where_per_label_files
     """run_all.sh tail-seeds: the SVM, the two best losses' logistic probes and BCE (the longer budget where it
     won) for seeds 2-3, each with --rerun-without-per-label; cell_io.finished skips a cell that has both files."""
     import subprocess
-    import sys
 
     monkeypatch.syspath_prepend(os.path.join(ROOT, "studies"))
     import cell_io
@@ -1061,12 +1058,8 @@ def test_tail_seeds_rerun_seeds_2_3_of_the_tail_cells_only_where_per_label_files
     assert cell_io.finished(str(folder), force=False, without_per_label=True)
 
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"  # records the runners' cells, runs everything else (the choices) for real
-    fake.write_text(
-        f'#!/bin/sh\ncase "$1" in *run.py|*baseline_*) echo "$@" >> {calls}; echo "RESULT $*";; '
-        f'*) exec {sys.executable} "$@";; esac\n'
-    )
-    fake.chmod(0o755)
+    # records the runners' cells, runs everything else (the choices) for real
+    fake = _recording_python(tmp_path, calls, "*run.py|*baseline_*")
     env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
     _probe_rows(tmp_path, {**SCORES, "hbl": 0.45})
     for loss, val in {**SCORES, "hbl": 0.45}.items():
