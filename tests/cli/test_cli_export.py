@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from _outside import run_outside
 
@@ -32,6 +33,7 @@ def _batch(tokenizer):
     return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
 
+@pytest.mark.slow  # the fast version: tests/cli/test_readme_use_your_model.py (README's export in onnxruntime)
 def test_export_to_onnx_runs_in_onnxruntime_without_hf_mlcl(
     tmp_path, tiny_bert_config, tiny_llama_config, bert_tokenizer, llama_tokenizer
 ):

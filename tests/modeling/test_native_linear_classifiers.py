@@ -171,7 +171,9 @@ REPORT["class"] = type(model.base_model.model).__name__
 """
 
 
-@pytest.mark.parametrize("bf16", [False, True])
+# bf16=False also loads the adapter with peft outside hf_mlcl and runs the card's snippet (make test-slow; the
+# default suite's peft load of such a folder: tests/cli/test_readme_use_your_model.py)
+@pytest.mark.parametrize("bf16", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_lora_classifier_with_a_native_head_is_a_peft_seq_cls_adapter(
     tmp_path, tiny_llama_config, llama_tokenizer, bf16
 ):

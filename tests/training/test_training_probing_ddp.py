@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_ddp_probe_worker.py")
 
 
+@pytest.mark.slow  # the fast version: tests/cli/test_cli_multinode.py (a cached linear probe on two processes)
 @pytest.mark.timeout(300)
 def test_two_process_cached_probe_shards_rows_and_matches_one_process(tmp_path):
     tok = tiny_tokenizer()
