@@ -4,7 +4,6 @@ probabilities; hf_mlcl reads them back bit for bit; a PLM-ICD classifier keeps h
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -171,21 +170,13 @@ REPORT["class"] = type(model.base_model.model).__name__
 """
 
 
-# bf16=False also loads the adapter with peft outside hf_mlcl and runs the card's snippet (make test-slow; the
-# default suite's peft load of such a folder: tests/cli/test_readme_use_your_model.py)
-@pytest.mark.parametrize("bf16", [pytest.param(False, marks=pytest.mark.slow), True])
-def test_lora_classifier_with_a_native_head_is_a_peft_seq_cls_adapter(
-    tmp_path, tiny_llama_config, llama_tokenizer, bf16
-):
-    """A Llama LoRA classifier with head='native' (the last token, a linear layer without bias) saves as a PEFT
-    adapter of task type SEQ_CLS over LlamaForSequenceClassification: peft's AutoPeftModelForSequenceClassification
-    gives hf_mlcl's probabilities without hf_mlcl; hf_mlcl reads it back unmerged (a bf16 base keeps its fp32
-    adapter)."""
+def _native_lora_classifier(tmp_path, config, tokenizer, bf16: bool):
+    """A Llama LoRA classifier with head='native' (random adapter and head) and its PEFT-layout folder."""
     torch.manual_seed(0)
     base = tmp_path / "base"
-    backbone = LlamaModel(tiny_llama_config)
+    backbone = LlamaModel(config)
     (backbone.to(torch.bfloat16) if bf16 else backbone).save_pretrained(base)
-    llama_tokenizer.save_pretrained(base)
+    tokenizer.save_pretrained(base)
     encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token")
     clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES, head="native")
     clf.config.decision_threshold = 0.4
@@ -200,7 +191,18 @@ def test_lora_classifier_with_a_native_head_is_a_peft_seq_cls_adapter(
     saved = tmp_path / "saved"
     save_lora_adapter(model, str(saved), str(base))
     folder = tmp_path / "classifier"
-    assert to_native_classifier(str(saved), tokenizer=llama_tokenizer, target=str(folder), max_seq_length=32)
+    assert to_native_classifier(str(saved), tokenizer=tokenizer, target=str(folder), max_seq_length=32)
+    return model, folder
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_lora_classifier_with_a_native_head_is_a_peft_seq_cls_adapter(
+    tmp_path, tiny_llama_config, llama_tokenizer, bf16
+):
+    """A Llama LoRA classifier with head='native' (the last token, a linear layer without bias) saves as a PEFT
+    adapter of task type SEQ_CLS over LlamaForSequenceClassification; hf_mlcl reads it back unmerged (a bf16 base
+    keeps its fp32 adapter)."""
+    model, folder = _native_lora_classifier(tmp_path, tiny_llama_config, llama_tokenizer, bf16)
     assert folder_layout(str(folder)) == "peft"
     names = set(os.listdir(folder))
     assert {"adapter_config.json", "adapter_model.safetensors", "mlcl_config.json"} <= names
@@ -214,33 +216,47 @@ def test_lora_classifier_with_a_native_head_is_a_peft_seq_cls_adapter(
     assert torch.nn.functional.cosine_similarity(got, want).min() >= (0.9999 if bf16 else 0.99999)
     if not bf16:
         _close(got, want)
-        report = run_outside(
-            tmp_path / "child",
-            _PEFT_SEQ_CLS,
-            {"folder": str(folder), "texts": TEXTS},
-            consumers=("peft",),
-        )
-        assert report["class"] == "LlamaForSequenceClassification"
-        _close(report["probs"], want)
-        # the card's snippet, verbatim, where hf_mlcl cannot be imported
-        card = CardData(
-            kind="classifier",
-            dataset="synthetic",
-            loss="bce",
-            probe="finetune",
-            layout="peft",
-            folder=str(folder),
-        )
-        text = str(render_model_card(dataclasses.replace(card, hyperparameters={"max_length": 32})))
-        assert "library_name: peft" in text and "trust_remote_code" not in text
-        snippet = re.findall(
-            r"```python\n(.*?)```", text.split("## How to use", 1)[1].split("\n## ", 1)[0], re.S
-        )
-        assert len(snippet) == 1
-        report = run_outside(
-            tmp_path / "card", snippet[0] + "\nREPORT['probs'] = probs.tolist()\n", {}, consumers=("peft",)
-        )
-        batch = llama_tokenizer(["a document to label"], return_tensors="pt")
-        with torch.no_grad():
-            doc = torch.sigmoid(model.base_model.model(**batch).logits)
-        _close(report["probs"], doc)
+
+
+def test_the_card_snippet_of_a_peft_classifier_runs_without_hf_mlcl(
+    tmp_path, tiny_llama_config, llama_tokenizer
+):
+    """The model card's "How to use" snippet of a PEFT-layout classifier, verbatim, where hf_mlcl cannot be
+    imported: peft loads the adapter and the snippet prints hf_mlcl's probabilities."""
+    model, folder = _native_lora_classifier(tmp_path, tiny_llama_config, llama_tokenizer, bf16=False)
+    card = CardData(
+        kind="classifier",
+        dataset="synthetic",
+        loss="bce",
+        probe="finetune",
+        layout="peft",
+        folder=str(folder),
+        hyperparameters={"max_length": 32},
+    )
+    text = str(render_model_card(card))
+    assert "library_name: peft" in text and "trust_remote_code" not in text
+    snippet = re.findall(r"```python\n(.*?)```", text.split("## How to use", 1)[1].split("\n## ", 1)[0], re.S)
+    assert len(snippet) == 1 and "AutoPeftModelForSequenceClassification" in snippet[0]
+    report = run_outside(
+        tmp_path / "card", snippet[0] + "\nREPORT['probs'] = probs.tolist()\n", {}, consumers=("peft",)
+    )
+    batch = llama_tokenizer(["a document to label"], return_tensors="pt")
+    with torch.no_grad():
+        doc = torch.sigmoid(model.base_model.model(**batch).logits)
+    _close(report["probs"], doc)
+
+
+# make test-slow: the default suite's peft load of such a folder outside hf_mlcl is the card's snippet above
+@pytest.mark.slow
+def test_peft_loads_a_native_lora_classifier_as_llama_for_sequence_classification(
+    tmp_path, tiny_llama_config, llama_tokenizer
+):
+    """peft's AutoPeftModelForSequenceClassification, without hf_mlcl, builds LlamaForSequenceClassification from
+    the folder and gives hf_mlcl's probabilities on a padded batch."""
+    model, folder = _native_lora_classifier(tmp_path, tiny_llama_config, llama_tokenizer, bf16=False)
+    want = _probs(model.base_model.model, llama_tokenizer).float()
+    report = run_outside(
+        tmp_path / "child", _PEFT_SEQ_CLS, {"folder": str(folder), "texts": TEXTS}, consumers=("peft",)
+    )
+    assert report["class"] == "LlamaForSequenceClassification"
+    _close(report["probs"], want)
