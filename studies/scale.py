@@ -108,7 +108,8 @@ def _records(results: str, study: str) -> list[dict]:
 def rates(study: str, results: str) -> dict[str, float]:
     """Median wall seconds of the full-size cells, per unit of work: a fine-tune epoch and a stage-1 epoch per
     training row, one validation pass, a logistic probe that encodes per encoded row, TF-IDF + logistic
-    regression per training row, a SetFit step, its head per training row and its scoring."""
+    regression per training row, a SetFit step, its head per training row and its scoring; a joint fine-tune's
+    epoch per row from the full-size joint cells (a plain fine-tune's until one is recorded)."""
     recs, n = _records(results, study), FULL_TRAIN[study]
     med = statistics.median
     ft = [r for r in recs if r["probe"] == "finetune"]
@@ -125,8 +126,11 @@ def rates(study: str, results: str) -> dict[str, float]:
         and (r.get("features") or {}).get("train") != "loaded"
     ]
     setfit = [r["wall_s"] for r in recs if r["loss"] == "setfit"]
+    joint = [s for r in ft if r["loss"] == "joint" for s in r["epochs"]["epoch_s"]]
+    ft_epoch_row = med(s for r in ft for s in r["epochs"]["epoch_s"]) / n
     return {
-        "finetune_epoch_row": med(s for r in ft for s in r["epochs"]["epoch_s"]) / n,
+        "finetune_epoch_row": ft_epoch_row,
+        "joint_epoch_row": med(joint) / n if joint else ft_epoch_row,
         "eval": med(e["eval_s"] for r in ft for e in r["epochs"]["evaluations"] if e.get("eval_s")),
         "stage1_epoch_row": med(stage1.values()) / n,
         "logistic_row": med(logistic) / (n + sum(EVAL_ROWS[study])),
@@ -143,14 +147,16 @@ def rates(study: str, results: str) -> dict[str, float]:
 def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
     """(cell, size, number of runs, estimated seconds of one run, every step run) of the study's cells at each
     subset size, in run_all.sh's order: TF-IDF + logistic regression (one run: no seed changes it), BCE fine-tunes
-    (up to 4 learning rates on seed 1, then seeds 2-3), stage 1 + logistic probe and stage 1 + fine-tune of the two
-    best losses (seeds 1-3 each), SetFit (seeds 1-3)."""
+    (up to 4 learning rates on seed 1, then seeds 2-3), stage 1 + logistic probe of the two best losses (seeds 1-3
+    each), the joint objective (two w on seed 1, seeds 2-3 at the better), stage 1 + fine-tune of the two best
+    losses, SetFit (seeds 1-3)."""
     r, full, rows = rates(study, results), FULL_TRAIN[study], []
     for n in SIZES[study]:
         e_ft, e_s1 = scaled_epochs(5, full, n), scaled_epochs(1, full, n)
         val, test = EVAL_ROWS[study]
         # every step, its evaluations, then the best model's validation and test scoring
-        finetune = e_ft * n * r["finetune_epoch_row"] + (EVALUATIONS + (val + test) / val) * r["eval"]
+        evals = (EVALUATIONS + (val + test) / val) * r["eval"]
+        finetune = e_ft * n * r["finetune_epoch_row"] + evals
         stage1 = e_s1 * n * r["stage1_epoch_row"]
         logistic = (n + val + test) * r["logistic_row"]
         setfit = setfit_steps(study, n) * r["setfit_step"] + n * r["setfit_head_row"] + r["setfit_scoring"]
@@ -158,6 +164,7 @@ def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
             ("tfidf_logreg", n, 1, n * r["tfidf_row"]),
             (f"bce_finetune, {e_ft:g} epochs", n, 6, finetune),
             (f"<loss>_logistic (stage 1: {e_s1:g} epochs)", n, 6, stage1 + logistic),
+            (f"joint_finetune, {e_ft:g} epochs", n, 4, e_ft * n * r["joint_epoch_row"] + evals),
             (f"<loss>_finetune, {e_ft:g} epochs", n, 6, finetune),
             (f"setfit_logistic, {setfit_steps(study, n)} steps", n, 3, setfit),
         ]

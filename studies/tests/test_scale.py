@@ -220,11 +220,11 @@ def test_tables_of_the_full_study_leave_the_subset_cells_out(tmp_path, monkeypat
     assert {k: len(v) for k, v in tables.load("reuters21578").items()} == {("sd", "logistic"): 1}
 
 
-def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
-    """run_all.sh scale-reuters: TF-IDF, the two best losses' probes, the BCE grid and seeds, the joint objective
-    (two w, then seeds 2-3 at the better), the losses' fine-tunes, SetFit; every cell with --train-size, smallest size first within each step."""
+def _scale_queue(tmp_path) -> list[list[str]]:
+    """The cells ``run_all.sh scale-reuters`` starts (a fake python records run.py's and the baselines' calls and
+    runs scale.py and loss_choice.py for real), with jaccard and mulsupcon the two best losses on validation."""
     calls = tmp_path / "calls.txt"
-    fake = tmp_path / "python"  # records the cells; runs scale.py and loss_choice.py for real
+    fake = tmp_path / "python"
     fake.write_text(
         f'#!/bin/sh\ncase "$1" in *run.py|*baseline_*) echo "$@" >> {calls}; echo "RESULT $*";; '
         f'*) exec {sys.executable} "$@";; esac\n'
@@ -249,7 +249,13 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
         text=True,
     )
     assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout + proc.stderr
-    cells = [line.split() for line in calls.read_text().splitlines()]
+    return [line.split() for line in calls.read_text().splitlines()]
+
+
+def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
+    """run_all.sh scale-reuters: TF-IDF, the two best losses' probes, the BCE grid and seeds, the joint objective
+    (two w, then seeds 2-3 at the better), the losses' fine-tunes, SetFit; every cell with --train-size, smallest size first within each step."""
+    cells = _scale_queue(tmp_path)
     assert all(c[c.index("--train-size") + 1] in ("500", "2000") for c in cells)
     words = [" ".join(c) for c in cells]
     ft = "--probe finetune --lr {} --seed {} --patience 3 --train-size {}"
@@ -284,6 +290,32 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
             f"studies/baseline_setfit.py reuters21578 --seed {s} --train-size {n}" for s in (1, 2, 3)
         ]
     assert [w.split(" --data_dir")[0] for w in words] == expected
+
+
+def test_the_cost_plan_counts_every_run_the_scale_queue_starts(tmp_path):
+    """``scale.py plan`` states a cost for every cell of run_all.sh's scale queue: per size, its runs of each
+    method equal the queue's (the joint objective included), from the recorded full-size cells' rates."""
+    scale = _module("scale")
+
+    def method(cell: list[str]) -> str:
+        if "baseline_tfidf.py" in cell[0]:
+            return "tfidf"
+        if "baseline_setfit.py" in cell[0]:
+            return "setfit"
+        loss, probe = cell[cell.index("--loss") + 1], cell[cell.index("--probe") + 1]
+        return loss if loss in ("bce", "joint") else f"<loss>_{probe}"
+
+    queued: dict[tuple[int, str], int] = {}
+    for cell in _scale_queue(tmp_path):
+        key = (int(cell[cell.index("--train-size") + 1]), method(cell))
+        queued[key] = queued.get(key, 0) + 1
+    planned: dict[tuple[int, str], int] = {}
+    for name, n, runs, seconds in scale.plan("reuters21578", os.path.join(STUDIES, "results")):
+        kind = name.split(",")[0].split(" ")[0].replace("_finetune", "").replace("_logreg", "")
+        kind = {"setfit_logistic": "setfit", "<loss>": "<loss>_finetune"}.get(kind, kind)
+        planned[n, kind] = runs
+        assert seconds > 0, name
+    assert planned == queued
 
 
 def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_path, monkeypatch):
