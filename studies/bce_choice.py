@@ -37,6 +37,9 @@ JOINT_WEIGHTS = (
     "0.2",
     "0.5",
 )  # the joint objective's grid of w (run_all.sh's JOINT_WEIGHTS: keep the two in step)
+# its extensions past the better edge (lr_grid.extend_grid, run.py --weight extend / extend2): the BCE term is a
+# mean over the batch's N x L entries, the contrastive one over anchors, so the better w can lie far below 0.2
+JOINT_LADDER = ("0.01", "0.05", "0.2", "0.5", "0.8")
 
 
 def _validation_macro_f1(path: str) -> float:
@@ -68,10 +71,30 @@ def bce_validation_scores(
     return _seed1_scores(study, "bce_finetune-lr*", r"bce_finetune-lr(.+)", results, train_size)
 
 
+def joint_validation_scores(
+    study: str, results: str = RESULTS, train_size: int | None = None
+) -> dict[str, float]:
+    """Validation macro-F1 of each finished seed-1 ``joint_finetune-w<w>-lr*`` cell of ``study`` at
+    ``train_size`` rows, by w."""
+    return _seed1_scores(study, "joint_finetune-w*", r"joint_finetune-w([0-9.]+)-lr.+", results, train_size)
+
+
+def extended_joint_weight(
+    study: str, results: str = RESULTS, train_size: int | None = None, k: int = 1
+) -> str | None:
+    """The w grid's ``k``-th extension (``JOINT_WEIGHTS``, then one ``JOINT_LADDER`` step past the better edge;
+    lr_grid.extend_grid): None when the best w lies inside the grid, NotReady before its points have run."""
+    import lr_grid
+
+    return lr_grid.extend_grid(
+        joint_validation_scores(study, results, train_size), JOINT_WEIGHTS, JOINT_LADDER, k, "weights"
+    )
+
+
 def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
     """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr*`` cell of ``study``
     at ``train_size`` rows with the highest validation macro-F1 (ValueError until one has finished)."""
-    scores = _seed1_scores(study, "joint_finetune-w*", r"joint_finetune-w([0-9.]+)-lr.+", results, train_size)
+    scores = joint_validation_scores(study, results, train_size)
     if not scores:
         raise ValueError(f"--weight best: no finished joint_finetune-w* seed-1 cell of {study} at this size")
     return max(scores, key=scores.get)

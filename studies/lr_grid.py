@@ -1,4 +1,4 @@
-"""The BCE fine-tuning learning rates of the full-data studies (docs/RESULTS.md) and the rule for the third.
+"""The BCE fine-tuning learning rates of the full-data studies (docs/RESULTS.md) and the rule that extends a grid.
 
 The grid starts at 5e-5 and 1e-4. Its third point is chosen on validation, after the first two have run:
 it extends the grid on the side of the better of them (2e-4 when 1e-4 has the higher validation macro-F1,
@@ -6,7 +6,8 @@ it extends the grid on the side of the better of them (2e-4 when 1e-4 has the hi
 A second extension (``extend2``, the data-scale study) applies the same rule to the three points: a fourth
 one step further along ``LADDER`` when the third is the best, none when the best lies inside the grid.
 Test numbers are never read. ``studies/run.py --lr extend`` / ``extend2`` runs those points and
-``make_tables.py`` labels the grid with them.
+``make_tables.py`` labels the grid with them. The joint objective's grid of w extends by the same rule
+(:func:`extend_grid`; its points: ``bce_choice.JOINT_WEIGHTS`` and ``JOINT_LADDER``).
 """
 
 from __future__ import annotations
@@ -44,20 +45,32 @@ class NotReady(ValueError):
     """An extension asked for before the grid points it is chosen from have run."""
 
 
-def extension_lr(validation_macro_f1: dict[str, float], k: int = 1) -> str | None:
-    """The grid's ``k``-th extension: one ``LADDER`` step past the edge holding the best validation macro-F1
-    (a tie goes to the larger rate), None when the best lies inside the grid or the ladder ends there;
-    NotReady until every point it is chosen from has run (the first two, then each earlier extension)."""
-    grid = list(FIRST)
+def extend_grid(
+    scores: dict[str, float],
+    first: tuple[str, ...],
+    ladder: tuple[str, ...],
+    k: int = 1,
+    what: str = "points",
+) -> str | None:
+    """A grid's ``k``-th extension: one ``ladder`` step past the edge holding the best validation macro-F1 in
+    ``scores`` (a tie goes to the larger value), None when the best lies inside the grid or the ladder ends
+    there; NotReady (naming the ``what`` missing) until every point it is chosen from has run (``first``, then
+    each earlier extension)."""
+    grid = list(first)
     for _ in range(k):
-        missing = [lr for lr in grid if lr not in validation_macro_f1]
+        missing = [point for point in grid if point not in scores]
         if missing:
-            raise NotReady(f"the learning rates {', '.join(missing)} have not run")
+            raise NotReady(f"the {what} {', '.join(missing)} have not run")
         ranked = sorted(grid, key=float)
-        best = max(ranked, key=lambda lr: (validation_macro_f1[lr], float(lr)))
+        best = max(ranked, key=lambda point: (scores[point], float(point)))
         step = 1 if best == ranked[-1] else -1 if best == ranked[0] else 0
-        at = LADDER.index(best) + step
-        if step == 0 or not 0 <= at < len(LADDER):
+        at = ladder.index(best) + step
+        if step == 0 or not 0 <= at < len(ladder):
             return None
-        grid.append(LADDER[at])
+        grid.append(ladder[at])
     return grid[-1]
+
+
+def extension_lr(validation_macro_f1: dict[str, float], k: int = 1) -> str | None:
+    """The BCE grid's ``k``-th extension (:func:`extend_grid` over ``FIRST`` and ``LADDER``)."""
+    return extend_grid(validation_macro_f1, FIRST, LADDER, k, "learning rates")

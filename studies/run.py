@@ -150,6 +150,22 @@ def best_joint_weight(dataset: str, train_size: int | None = None) -> str:
     return bce_choice.best_joint_weight(dataset, RESULTS, train_size)
 
 
+def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:
+    """The w grid's ``k``-th extension at this training size (``bce_choice.extended_joint_weight``); None when
+    the best w lies inside the grid."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bce_choice
+    from lr_grid import NotReady
+
+    try:
+        return bce_choice.extended_joint_weight(dataset, RESULTS, train_size, k)
+    except NotReady as err:
+        size = "" if train_size is None else f" --train-size {train_size}"
+        raise ValueError(
+            f"--weight extend{k if k > 1 else ''}: {err} (seed 1{size}); run them first"
+        ) from None
+
+
 def run_cell(
     dataset: str,
     loss: str,
@@ -183,7 +199,14 @@ def run_cell(
     if weight is not None:
         if not joint:
             raise ValueError("--weight is the joint objective's w: use it with --loss joint")
-        weight = best_joint_weight(dataset, train_size) if weight == "best" else weight
+        weight = {
+            "best": best_joint_weight,
+            "extend": extended_joint_weight,
+            "extend2": lambda *a: extended_joint_weight(*a, k=2),
+        }.get(weight, lambda *_: weight)(dataset, train_size)
+        if weight is None:
+            print(f"SKIP {dataset} joint --weight: the best w lies inside the grid", flush=True)
+            return {}
         float(weight)  # a number, or a clear error before any work
         tag = f"w{weight}" if tag is None else f"{tag}-w{weight}"
         extra = [*extra, "--joint.contrastive_weight", weight]
@@ -411,8 +434,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--weight",
         default=None,
-        help="cell, --loss joint: w of (1 - w) * BCE + w * contrastive (the cell joint_finetune-w<w>-lr<lr>), or "
-        "'best': the w of the seed-1 joint cells of this size with the best validation macro-F1",
+        help="cell, --loss joint: w of (1 - w) * BCE + w * contrastive (the cell joint_finetune-w<w>-lr<lr>), "
+        "'best': the w of the seed-1 joint cells of this size with the best validation macro-F1, or 'extend' / "
+        "'extend2': the w grid's next point past its better edge (bce_choice.JOINT_LADDER; skipped when the best "
+        "w lies inside the grid)",
     )
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")
     ap.add_argument("--rerun-without-per-label", action="store_true", help="cell: " + cell_io.RERUN_HELP)

@@ -21,8 +21,8 @@
 #   bash studies/run_all.sh scale-goemotions  # subset sizes (500, 2,000) resp. GoEmotions' (1,000, 4,000);
 #   bash studies/run_all.sh scale             # both, one queue (the two above: two queues side by side)
 #   bash studies/run_all.sh tail-seeds reuters21578  # seeds 2-3 of the tail table's cells, with per-label F1
-#   bash studies/run_all.sh joint-reuters     # the joint objective on the whole training sets: w 0.2 and 0.5
-#   bash studies/run_all.sh joint-goemotions  # (seed 1), seeds 2-3 at the better w on validation
+#   bash studies/run_all.sh joint-reuters     # the joint objective on the whole training sets: w 0.2, 0.5 and
+#   bash studies/run_all.sh joint-goemotions  # past the better edge (seed 1), seeds 2-3 at the best w on validation
 # Long runs: nohup nice -n 19 bash studies/run_all.sh full > $MLCL_RUNS/logs/study.log 2>&1 &
 # (each cell also logs to $MLCL_RUNS/logs/<study>/<cell>.log).
 # OMP_NUM_THREADS defaults to 2 (one queue on 2 cores); two queues of different studies side by side with
@@ -140,21 +140,23 @@ tail_seeds() {
 #   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
 #   stage 1 + logistic probe (2 x 3)       22     20                28     29
 #   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               126    125
-#   joint objective (2 w seed 1, 2 seeds)  98     95               115    115
+#   joint objective (2-4 w seed 1, 2 seeds) 98    95               115    115
 #   stage 1 + fine-tune (2 x 3)            79     77               126    125
 #   SetFit (3)                             10     10                15     16
 #   queues: Reuters 50 h, GoEmotions 73 h, every step run
 SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
 SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
 # The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from
-# JOINT_WEIGHTS on seed 1 at BCE's learning rate (chosen on validation at that size), seeds 2-3 at the w with the
-# better validation macro-F1. joint_cells STUDY PATIENCE [N]: at N training rows (without N: the whole split).
+# JOINT_WEIGHTS on seed 1 at BCE's learning rate (chosen on validation at that size), then up to two more w past
+# the better edge (bce_choice.JOINT_LADDER: 0.05, 0.01 below 0.2; 0.8 above 0.5; each skipped when the best w lies
+# inside the grid), seeds 2-3 at the w with the best validation macro-F1. joint_cells STUDY PATIENCE [N]: at N
+# training rows (without N: the whole split).
 JOINT_WEIGHTS="0.2 0.5"
 joint_cells() {
   local study=$1 pat=$2 n=${3:-} W S
   local size=()
   [ -n "$n" ] && size=(--train-size "$n")
-  for W in $JOINT_WEIGHTS; do
+  for W in $JOINT_WEIGHTS extend extend2; do
     fcell "$study" --loss joint --probe finetune --lr best --weight "$W" --seed 1 --patience "$pat" "${size[@]}"
   done
   for S in 2 3; do

@@ -97,15 +97,27 @@ def bce_grid_done(study: str, results: str, size: int | None) -> bool:
 
 
 def joint_grid_done(study: str, results: str, size: int | None, lr: str) -> bool:
-    """Whether every w of ``bce_choice.JOINT_WEIGHTS`` has its seed-1 joint cell at ``lr`` and ``size``."""
-    return all(
-        os.path.isfile(
+    """Whether every w of the joint grid has its seed-1 cell at ``lr`` and ``size``: ``bce_choice.JOINT_WEIGHTS``
+    and the extensions past its better edge that validation asks for (run.py --weight extend, extend2)."""
+    scores = {
+        w: v
+        for w, v in bce_choice.joint_validation_scores(study, results, size).items()
+        if os.path.isfile(
             os.path.join(
                 results, study, scale.cell_name(f"joint_finetune-w{w}-lr{lr}", size), "seed1", "metrics.json"
             )
         )
-        for w in bce_choice.JOINT_WEIGHTS
-    )
+    }
+    try:
+        for k in (1, 2):
+            w = lr_grid.extend_grid(scores, bce_choice.JOINT_WEIGHTS, bce_choice.JOINT_LADDER, k, "weights")
+            if w is None:
+                return True
+            if w not in scores:
+                return False
+    except lr_grid.NotReady:
+        return False
+    return True
 
 
 def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, str | None]]:

@@ -319,7 +319,8 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
         default=0.5,
         metadata={
             "help": "w in (1 - w) * supervised + w * contrastive, in [0, 1]; 0 is a plain fine-tune. Default "
-            "0.5, the middle of Gunel et al.'s grid (0.1 ... 0.9): choose it on validation."
+            "0.5, the middle of Gunel et al.'s grid (0.1 ... 0.9): choose it on validation (BCE averages over "
+            "every label entry, so with many labels search below 0.1 too; docs/losses.md)."
         },
     )
     supervised_loss: str = field(

@@ -277,7 +277,9 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
         expected += ["studies/run.py cell reuters21578 --loss bce " + ft.format("best", s, n) for s in (2, 3)]
     joint = "studies/run.py cell reuters21578 --loss joint --probe finetune --lr best --weight {} --seed {} "
     for n in (500, 2000):
-        expected += [joint.format(w, 1) + f"--patience 3 --train-size {n}" for w in ("0.2", "0.5")]
+        expected += [
+            joint.format(w, 1) + f"--patience 3 --train-size {n}" for w in ("0.2", "0.5", "extend", "extend2")
+        ]
         expected += [joint.format("best", s) + f"--patience 3 --train-size {n}" for s in (2, 3)]
     for n in (500, 2000):
         expected += [
@@ -338,6 +340,24 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
         run.best_joint_weight("reuters21578", 2000)
     with pytest.raises(ValueError, match="--loss joint fine-tunes"):
         run.run_cell("reuters21578", "joint", "logistic", 1, [], weight="0.5")
+    # the grid extends past its better edge along bce_choice.JOINT_LADDER, as BCE's learning rates do
+    assert run.extended_joint_weight("reuters21578", 500) == "0.05"  # 0.2 > 0.5: below 0.2
+    assert run.extended_joint_weight("reuters21578", None) == "0.8"  # 0.5 > 0.2: above 0.5
+    with pytest.raises(
+        ValueError, match=r"--weight extend2: the weights 0.05 have not run \(seed 1 --train-size 500"
+    ):
+        run.extended_joint_weight("reuters21578", 500, k=2)
+    with pytest.raises(ValueError, match="--weight extend: the weights 0.2, 0.5 have not run"):
+        run.extended_joint_weight("reuters21578", 2000)
+    for w, value in (("0.05", 0.35), ("0.01", 0.33)):  # 0.05 the best: one step further, then inside
+        path = tmp_path / "reuters21578" / f"joint_finetune-w{w}-lr1e-4-n500" / "seed1" / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"metrics": {"validation_macro_f1": value}}))
+    assert run.extended_joint_weight("reuters21578", 500, k=2) == "0.01"
+    assert run.best_joint_weight("reuters21578", 500) == "0.05"
+    # a w grid whose best lies inside it runs no extension (run_all.sh's extend cells print SKIP)
+    monkeypatch.setattr(run, "extended_joint_weight", lambda *a, **k: None)
+    assert run.run_cell("reuters21578", "joint", "finetune", 1, [], weight="extend", train_size=500) == {}
 
 
 def _cell(root, cell: str, seed: int, val: float, test: float) -> None:
@@ -356,6 +376,8 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
         _cell(tmp_path, "bce_finetune-lr1e-4-n500", seed, 0.20, test)
     _cell(tmp_path, "joint_finetune-w0.2-lr1e-4-n500", 1, 0.25, 0.40)
     _cell(tmp_path, "joint_finetune-w0.5-lr1e-4-n500", 1, 0.15, 0.99)
+    # 0.2 at the grid's lower edge: the extension 0.05 runs, and is lower, so 0.2 lies inside the grid
+    _cell(tmp_path, "joint_finetune-w0.05-lr1e-4-n500", 1, 0.20, 0.98)
     _cell(tmp_path, "bce_finetune-lr2e-4", 1, 0.35, 0.36)
     lines = tables.scale_table("reuters21578", str(tmp_path)).splitlines()
     assert lines[0] == "| method | 500 training texts | 2,000 training texts | all (6,993) |"
@@ -367,6 +389,8 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     assert rows["SetFit"] == ["not yet run"] * 2 + ["not yet run |"]
     joint = tables.joint_table(["reuters21578", "goemotions_full"], str(tmp_path)).splitlines()[2:]
     assert joint == [
+        "| reuters21578 | 500 | 0.05 | 1e-4 | 0.200 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
+        "| 0.320 ± 0.020 (n=3) |",
         "| reuters21578 | 500 | 0.2 | 1e-4 | 0.250 (n=1) | 0.400 (n=1) | 0.900 (n=1) | 0.200 ± 0.000 (n=3) "
         "| 0.320 ± 0.020 (n=3) |",
         "| reuters21578 | 500 | 0.5 | 1e-4 | 0.150 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
@@ -375,6 +399,11 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     png = tmp_path / "figures" / "size.png"
     assert tables.scale_figure("reuters21578", str(tmp_path), str(png)) == str(png) and png.stat().st_size > 0
     assert tables.scale_figure("goemotions_full", str(tmp_path), str(tmp_path / "none.png")) is None
+    # the extension past the better edge has not run: the choice waits for it
+    (tmp_path / "reuters21578" / "joint_finetune-w0.05-lr1e-4-n500" / "seed1" / "metrics.json").unlink()
+    assert "| joint: (1 - w) BCE + w jaccard | choice pending |" in tables.scale_table(
+        "reuters21578", str(tmp_path)
+    )
     (tmp_path / "reuters21578" / "joint_finetune-w0.5-lr1e-4-n500" / "seed1" / "metrics.json").unlink()
     pending = tables.joint_table(["reuters21578"], str(tmp_path)).splitlines()[2:]
     assert pending == [
