@@ -7,7 +7,8 @@
 Candidates are the suite's cells on the target device that need measuring, ordered by tier (0: not measured,
 failed or stale, of an unmet goal; 1: the same, of a met goal or of none; 2: a fresh figure that fails or
 falls short of its goal, measured again), then by the goal they can move (``GOALS``, in priority order),
-then in the suite's order. Stale (``cell_sources``): the cell's code changed after the commit it was
+then in the suite's order; tier 0 takes the goals in turns (every goal's first cell, then every goal's
+second, ...), so that one call re-measures every unmet goal before it adds a second cell to any. Stale (``cell_sources``): the cell's code changed after the commit it was
 measured at. Each gets an expected duration (:func:`estimate`); :func:`fit` keeps, in order, what fits the
 budget after the start-up allowance and lists the rest as skipped. On the device :func:`execute` runs them
 against a deadline: a cell starts only if its expected duration fits what is left, is stopped at the
@@ -229,7 +230,16 @@ def candidates(
                 continue
             seconds, source = estimate(measurement, name, results, target)
             ranked.append(((tier, rank, order), Item(measurement, name, tier, rank, need, seconds, source)))
-    return [item for _, item in sorted(ranked, key=lambda r: r[0])], up_to_date
+    # tier 0 goes round the goals: each unmet goal's first cell, then each one's second, ... so that one call
+    # moves every goal it can instead of spending its budget on the first goal's cells
+    turn: dict[int, int] = {}
+    keyed = []
+    for (tier, rank, order), item in sorted(ranked, key=lambda r: r[0]):
+        lap = 0
+        if tier == 0:
+            lap = turn[rank] = turn.get(rank, -1) + 1
+        keyed.append(((tier, lap, rank, order), item))
+    return [item for _, item in sorted(keyed, key=lambda r: r[0])], up_to_date
 
 
 def cost(item: Item, base_made: bool) -> float:

@@ -45,8 +45,12 @@ def _ok(seconds: float, commit: str, **figures) -> dict:
 def test_the_plan_of_the_recorded_results_fits_the_call_with_unmet_goals_and_stale_cells_first(capsys):
     results = P.load_results()
     items, up_to_date = P.candidates(P.suite_cells(), results, S.Changes(REPO, against=None), P.TARGET)
-    keys = [(i.tier, i.goal) for i in items]
-    assert keys == sorted(keys) and items[0].tier == 0 and items[0].goal < len(P.GOALS)
+    assert [i.tier for i in items] == sorted(i.tier for i in items)
+    assert items[0].tier == 0 and items[0].goal < len(P.GOALS)
+    # tier 0 takes the goals in turns: each unmet goal's first cell before any goal's second
+    first = [i for i in items if i.tier == 0]
+    goals = sorted({i.goal for i in first})
+    assert [i.goal for i in first[: len(goals)]] == goals
     assert all(
         ("not measured" in i.need or "stale" in i.need or "failed" in i.need) for i in items if i.tier < 2
     )
@@ -54,6 +58,8 @@ def test_the_plan_of_the_recorded_results_fits_the_call_with_unmet_goals_and_sta
     assert chosen
     assert {i.key for i, _, _ in chosen} | {i.key for i, _ in skipped} == {i.key for i in items}
     assert chosen[0][0] == items[0] and chosen[0][1] == P.STARTUP_S  # the first cell starts after start-up
+    # the recorded durations let one call move every unmet goal: each one's first cell fits
+    assert {i.key for i in first[: len(goals)]} <= {i.key for i, _, _ in chosen}
     end = chosen[-1][1] + chosen[-1][2]
     assert end == pytest.approx(P.STARTUP_S + sum(need for _, _, need in chosen))
     assert end + P.TAIL_S <= P.BUDGET_S == 540
@@ -132,6 +138,29 @@ def test_a_synthetic_record_orders_by_tier_and_goal_estimates_and_skips_what_doe
         ("losses/in-batch-bf16", "needs 11 s, 7 s left"),
         ("gradcache/minilm-4096", "needs 11 s, 7 s left"),
     ]
+
+
+def test_unmet_goals_take_turns_so_that_a_short_call_moves_each_of_them(tmp_path):
+    root = tmp_path / "results"
+    _write(root, "nvidia-h200", "losses", {"in-batch-fp32": _ok(20, "old", worst_over_plain=2.0)})
+    changes = S.Changes(known={"old": ["hf_mlcl/losses/core.py"]})
+    cells = {
+        "throughput": ["minilm", "roberta-base"],  # goal 3, neither measured
+        "losses": ["in-batch-fp32", "in-batch-compiled", "keys-fp32"],  # goal 4 stale + unmeasured; goal 5
+    }
+    items, _ = P.candidates(cells, P.load_results(str(root)), changes)
+    assert [(i.key, i.goal + 1) for i in items] == [
+        ("throughput/minilm", 3),
+        ("losses/in-batch-fp32", 4),
+        ("losses/keys-fp32", 5),
+        ("throughput/roberta-base", 3),  # the second lap
+        ("losses/in-batch-compiled", 4),
+    ]
+    # the first lap: 45 s start-up + 120 + 22 + 120 s (no records: the default) + 10 s packing = 317 s; in
+    # 420 s no 120 s cell of the second lap fits after it
+    chosen, skipped = P.fit(items, budget=420)
+    assert [i.key for i, _, _ in chosen] == [i.key for i in items[:3]]
+    assert [i.key for i, _ in skipped] == [i.key for i in items[3:]]
 
 
 def test_the_first_llama_cell_of_a_call_pays_for_the_base_and_a_failed_cell_for_its_peers(tmp_path):
