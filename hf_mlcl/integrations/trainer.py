@@ -152,7 +152,8 @@ class JointLossFunc:
         supervised_loss: ``"bce"``, ``"focal"``, ``"asymmetric"`` or ``"zlpr"``, with ``supervised_loss_kwargs``.
 
     Raises:
-        ValueError: w outside [0, 1], a contrastive ``supervised_loss``, or what :class:`ContrastiveLossFunc` raises.
+        ValueError: w outside [0, 1], a supervised ``loss`` or a contrastive ``supervised_loss``, or what
+            :class:`ContrastiveLossFunc` raises.
 
     Example:
         >>> trainer = Trainer(model=classifier, args=args, train_dataset=ds, data_collator=collator,
@@ -169,15 +170,14 @@ class JointLossFunc:
         **contrastive_kwargs: Any,
     ) -> None:
         from hf_mlcl.losses import get_loss
-        from hf_mlcl.losses.registry import check_supervised_loss
+        from hf_mlcl.losses.registry import check_joint_losses
 
+        supervised_loss = check_joint_losses(loss, supervised_loss)
         if not 0.0 <= float(contrastive_weight) <= 1.0:
             raise ValueError(f"contrastive_weight must lie in [0, 1]; got {contrastive_weight}")
         self.contrastive_weight = float(contrastive_weight)
         self.contrastive = ContrastiveLossFunc(loss, **contrastive_kwargs)
-        self.supervised_fn = get_loss(
-            check_supervised_loss(supervised_loss), **dict(supervised_loss_kwargs or {})
-        )
+        self.supervised_fn = get_loss(supervised_loss, **dict(supervised_loss_kwargs or {}))
 
     def parameters(self):
         """The contrastive loss's learnable parameters (e.g. ``msc`` prototypes), for the optimizer."""

@@ -121,15 +121,7 @@ def build_contrastive_loss(
     """The contrastive loss registered as ``name`` with ``loss_kwargs`` and the run's settings it declares
     (:class:`LossSettings`). ValueError for unknown or non-contrastive names and for keywords the loss
     does not take."""
-    try:
-        cls = get_loss_class(name)
-    except ValueError as err:
-        raise ValueError(f"ContrastiveTrainingArguments.loss: {err}") from err
-    if not getattr(cls, "is_contrastive", False):
-        raise ValueError(
-            f"loss {name!r} is a supervised loss (logits vs labels); the contrastive stage needs a contrastive "
-            "loss such as 'sd', 'mulsupcon', 'msc' — use ProbingTrainer / train_probe for bce/focal/asymmetric/zlpr"
-        )
+    cls = check_contrastive_loss(name)
     kwargs = LossSettings(temperature, num_labels, embedding_dim).for_loss(cls, loss_kwargs)
     try:
         return cls(**kwargs)
@@ -155,15 +147,45 @@ def supervised_loss(
     return given
 
 
-def check_supervised_loss(name: str) -> str:
-    """The canonical name of the supervised loss ``name`` (an alias too, e.g. ``"asl"``); ValueError in one line
-    for an unknown or a contrastive loss. The registry alone answers whether a loss is supervised."""
+_PROBE_INSTEAD = "use ProbingTrainer / train_probe for bce/focal/asymmetric/zlpr"
+
+
+def check_contrastive_loss(name: str, instead: str = _PROBE_INSTEAD) -> type:
+    """The class of the contrastive loss ``name``; ValueError in one line for an unknown or a supervised loss,
+    ending with ``instead`` (where a supervised loss belongs)."""
     try:
         cls = get_loss_class(name)
     except ValueError as err:
-        raise ValueError(f"unknown probing loss {name!r}; choose one of {list_supervised_losses()}") from err
-    _require_supervised(cls, repr(name), "the probe trains its head")
+        raise ValueError(f"ContrastiveTrainingArguments.loss: {err}") from err
+    if not getattr(cls, "is_contrastive", False):
+        raise ValueError(
+            f"loss {name!r} is a supervised loss (logits vs labels); the contrastive term needs a contrastive "
+            f"loss such as 'sd', 'mulsupcon', 'msc' — {instead}"
+        )
+    return cls
+
+
+def check_supervised_loss(
+    name: str, field: str = "probing loss", trains: str = "the probe trains its head"
+) -> str:
+    """The canonical name of the supervised loss ``name`` (an alias too, e.g. ``"asl"``); ValueError in one line
+    for an unknown or a contrastive loss, naming ``field`` and what ``trains`` with it. The registry alone
+    answers whether a loss is supervised."""
+    try:
+        cls = get_loss_class(name)
+    except ValueError as err:
+        raise ValueError(f"unknown {field} {name!r}; choose one of {list_supervised_losses()}") from err
+    _require_supervised(cls, repr(name), trains)
     return cls.loss_name
+
+
+def check_joint_losses(loss: str, supervised_loss: str) -> str:
+    """The joint objective's two losses: ``loss`` names its contrastive term, ``supervised_loss`` its head's loss.
+    Returns the supervised loss's canonical name; ValueError in one line naming the field of the wrong kind."""
+    check_contrastive_loss(
+        loss, instead="the joint objective's head loss is supervised_loss (loss names the contrastive term)"
+    )
+    return check_supervised_loss(supervised_loss, "supervised_loss", "the joint objective trains its head")
 
 
 def _require_supervised(loss: Any, what: str, trains: str) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from hf_mlcl.losses.registry import check_supervised_loss
+from hf_mlcl.losses.registry import check_contrastive_loss, check_joint_losses, check_supervised_loss
 
 from .model_data_arguments import as_dict
 
@@ -182,6 +182,7 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
     logging_nan_inf_filter: bool = field(default=False, metadata={"help": _NAN_INF_FILTER_HELP})
 
     def check_stage(self) -> None:
+        self.check_losses()
         check_n_views(self.n_views)
         if self.queue_size < 0:
             raise ValueError(f"queue_size must be >= 0 (0 = in-batch only); got {self.queue_size}")
@@ -198,6 +199,10 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
             raise ValueError(f"knn_k must be >= 0 (0 = no kNN probe at evaluation); got {self.knn_k}")
         if self.batch_sampler not in BATCH_SAMPLERS:
             raise ValueError(f"batch_sampler must be one of {BATCH_SAMPLERS}; got {self.batch_sampler!r}")
+
+    def check_losses(self) -> None:
+        """ValueError in one line unless ``loss`` names a contrastive loss (before any model is loaded)."""
+        check_contrastive_loss(self.loss)
 
 
 @dataclass
@@ -331,11 +336,14 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
         default=None, metadata={"help": "Keywords of the supervised loss as a mapping (YAML) or JSON string."}
     )
 
+    def check_losses(self) -> None:
+        """ValueError in one line unless ``loss`` is contrastive and ``supervised_loss`` supervised."""
+        check_joint_losses(self.loss, self.supervised_loss)
+
     def check_stage(self) -> None:
         super().check_stage()
         self.check_threshold()
         self.supervised_loss_kwargs = as_dict(self.supervised_loss_kwargs, "supervised_loss_kwargs") or {}
-        check_supervised_loss(self.supervised_loss)
         if not 0.0 <= self.contrastive_weight <= 1.0:
             raise ValueError(f"contrastive_weight must lie in [0, 1]; got {self.contrastive_weight}")
         if self.n_views != 1:

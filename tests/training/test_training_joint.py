@@ -141,13 +141,29 @@ def test_evaluation_scores_every_row_and_tunes_the_threshold(tmp_path):
     [
         (dict(contrastive_weight=1.5), "contrastive_weight must lie in"),
         (dict(n_views=2), "n_views must be 1"),
-        (dict(supervised_loss="sd"), "is a contrastive loss"),
+        (dict(supervised_loss="sd"), "'sd' is a contrastive loss; the joint objective trains its head"),
+        (dict(supervised_loss="bcee"), "unknown supervised_loss 'bcee'"),
+        (dict(loss="bce"), r"loss 'bce' is a supervised loss .* head loss is supervised_loss \(loss names"),
         (dict(threshold="often"), "threshold must be"),
     ],
 )
 def test_arguments_stop_in_one_line(tmp_path, kw, message):
-    with pytest.raises(ValueError, match=message):
+    """Each wrong argument stops at construction, before any model loads, in one line naming its field."""
+    with pytest.raises(ValueError, match=message) as err:
         _args(tmp_path, **kw)
+    assert "\n" not in str(err.value)
+
+
+def test_the_loss_func_and_the_contrastive_stage_name_where_a_wrong_kind_of_loss_belongs(tmp_path):
+    from hf_mlcl.integrations.trainer import JointLossFunc
+    from hf_mlcl.training import ContrastiveTrainingArguments
+
+    with pytest.raises(ValueError, match=r"head loss is supervised_loss \(loss names the contrastive term\)"):
+        JointLossFunc("bce")
+    with pytest.raises(ValueError, match="unknown supervised_loss 'nope'"):
+        JointLossFunc("jaccard", supervised_loss="nope")
+    with pytest.raises(ValueError, match="use ProbingTrainer / train_probe for bce"):
+        ContrastiveTrainingArguments(str(tmp_path), use_cpu=True, loss="bce")
 
 
 def test_output_dir_stays_the_first_positional_argument(tmp_path):
