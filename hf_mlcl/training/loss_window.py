@@ -1,11 +1,13 @@
 """The logging window of contrastive training (:class:`LossWindow`): each loss part summed on the device over
-the micro-batches since the last log, and the count of non-finite training losses, read on the host only at
-a logging step or a checkpoint.
+the micro-batches since the last log (averaged over the processes when it is read), and the count of
+non-finite training losses, read on the host only at a logging step or a checkpoint.
 """
 
 from __future__ import annotations
 
 import torch
+
+from . import distributed as D
 
 __all__ = ["LossWindow", "sum_dtype"]
 
@@ -39,12 +41,15 @@ class LossWindow:
         self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
 
     def averages(self) -> dict[str, float]:
-        """``loss_<name>``: each part's window average, read on the host; the window restarts."""
-        out = (
-            {f"loss_{name}": float(total) / self.count for name, total in self.sums.items()}
-            if self.count
-            else {}
-        )
+        """``loss_<name>``: each part's window average over the micro-batches and the processes (one collective:
+        every process logs the same parts at the same step, as Trainer's loss is), read on the host; the window
+        restarts."""
+        names = sorted(self.sums)
+        out = {}
+        if self.count and names:
+            sums = torch.stack([self.sums[name] for name in names])
+            D.all_reduce_mean_([sums])
+            out = {f"loss_{name}": value / self.count for name, value in zip(names, sums.tolist())}
         self.sums, self.count = {}, 0
         return out
 

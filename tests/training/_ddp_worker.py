@@ -2,7 +2,8 @@
 
 Each rank trains on its 4 rows of every 8-row batch (one step, or two for the queue configurations);
 rank 0 saves the last step's logged loss (mean over ranks) and DDP-averaged parameter gradients (plus
-loss-parameter gradients) for each configuration.
+loss-parameter gradients) for each configuration: stage 1 (ContrastiveTrainer) and the joint objective
+(JointTrainer, whose logged loss comes with its supervised and contrastive parts).
 """
 
 from __future__ import annotations
@@ -53,6 +54,43 @@ class Capture(TrainerCallback):
         self.grads = grads
 
 
+def joint_configs():
+    """The joint objective, (1 - w) BCE + w contrastive, on a classifier: in-batch, and a queue from step 2."""
+    return {
+        "joint_any": dict(loss="any", contrastive_weight=0.3),
+        "joint_mulsupcon_queue": dict(loss="mulsupcon", contrastive_weight=0.5, queue_size=8, max_steps=2),
+    }
+
+
+def run_joint(root: str, name: str, kw: dict, per_device: int):
+    """A JointTrainer run from the saved classifier: the last logged loss and its parts, and the gradients."""
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.training import JointTrainer, JointTrainingArguments
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(root, "tok"))
+    model = MLCLForMultiLabelClassification.from_pretrained(os.path.join(root, "joint-init")).double()
+    ref: list = []
+    cap = Capture(ref)
+    args = base_args(
+        os.path.join(root, f"run-{name}"),
+        JointTrainingArguments,
+        per_device_train_batch_size=per_device,
+        **kw,
+    )
+    tr = JointTrainer(
+        model=model,
+        args=args,
+        train_dataset=tiny_split(8 * kw.get("max_steps", 1)),
+        data_collator=collator(tok),
+        callbacks=[cap],
+    )
+    ref.append(tr)
+    tr.train()
+    last = [h for h in tr.state.log_history if "loss" in h][-1]
+    parts = {k: last[k] for k in ("loss", "loss_supervised", "loss_contrastive")}
+    return {"loss": parts, "grads": cap.grads, "world": D.world_size()}
+
+
 def run(root: str, name: str, kw: dict, per_device: int):
     kw = dict(kw)
     loss_fn = kw.pop("loss_fn", None)
@@ -83,8 +121,10 @@ def run(root: str, name: str, kw: dict, per_device: int):
 if __name__ == "__main__":
     root = sys.argv[1]
     per_device = int(sys.argv[2])
-    for name, kw in configs().items():
-        res = run(root, name, kw, per_device)
+    runs = [(name, kw, run) for name, kw in configs().items()]
+    runs += [(name, kw, run_joint) for name, kw in joint_configs().items()]
+    for name, kw, fn in runs:
+        res = fn(root, name, kw, per_device)
         if int(os.environ.get("RANK", "0")) == 0:
             torch.save(res, os.path.join(root, f"{name}-{res['world']}.pt"))
     # without this, rank 1 aborted about 1 run in 5 ("terminate called without an active exception"):

@@ -1,6 +1,6 @@
 """Two processes (torchrun, gloo on CPU) == one process on the concatenated batch: loss and gradients,
 for the in-batch contrast set and every MoCo contrast set (keys / queries+queue / queries+keys) with a
-queue that joins at the second step."""
+queue that joins at the second step, and for the joint objective (each part of its loss)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import sys
 
 import pytest
 import torch
-from _training_helpers import max_rel_diff, run_two_processes, tiny_encoder, tiny_tokenizer
+from _training_helpers import LABELS, max_rel_diff, run_two_processes, tiny_encoder, tiny_tokenizer
+
+from hf_mlcl.modeling import MLCLForMultiLabelClassification
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_ddp_worker.py")
@@ -20,10 +22,22 @@ def test_two_processes_match_one_process_on_concatenated_batch(tmp_path):
     tok = tiny_tokenizer()
     tok.save_pretrained(tmp_path / "tok")
     tiny_encoder(tok, dropout=0.0).save_pretrained(tmp_path / "init")
+    torch.manual_seed(1)
+    encoder = tiny_encoder(tok, dropout=0.0)
+    joint = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=LABELS, freeze_encoder=False)
+    joint.save_pretrained(tmp_path / "joint-init")
     run_two_processes(WORKER, str(tmp_path), "4", timeout=220)
     # the single-process reference: same init, same 8 rows in one batch
     sys.path.insert(0, HERE)
-    from _ddp_worker import configs, run
+    from _ddp_worker import configs, joint_configs, run, run_joint
+
+    for name, kw in joint_configs().items():  # the joint objective: both parts gathered or averaged right
+        two = torch.load(tmp_path / f"{name}-2.pt", weights_only=False)
+        one = run_joint(str(tmp_path), name, kw, per_device=8)
+        assert (two["world"], one["world"]) == (2, 1)
+        for part, value in one["loss"].items():
+            assert two["loss"][part] == pytest.approx(value, rel=1e-6), (name, part)
+        assert max_rel_diff(two["grads"], one["grads"]) < 1e-6, name
 
     for name, kw in configs().items():
         two = torch.load(tmp_path / f"{name}-2.pt", weights_only=False)
