@@ -93,3 +93,19 @@ REPORT["class"] = type(model).__name__
 def test_a_recipe_with_two_classifier_stages_stops_in_one_line():
     with pytest.raises(RecipeError, match="two classifiers into one folder"):
         validate_recipe({"stages": ["contrastive", "probe", "joint"]}, "r.yaml")
+
+
+def test_the_joint_stage_fine_tunes_stage_1s_encoder(tmp_path):
+    """stages: [contrastive, joint]: the joint fine-tune starts from the encoder stage 1 saved."""
+    recipe = tmp_path / "two.yaml"
+    body = RECIPE.replace("stages: [joint]", "stages: [contrastive, joint]").replace(
+        "max_steps: 4", "max_steps: 2"
+    )
+    stage1 = "contrastive:\n  max_steps: 2\n  per_device_train_batch_size: 16\n  save_strategy: 'no'\n  report_to: none\n"
+    recipe.write_text(body + stage1, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["run", str(recipe), "--output_dir", str(out), "--disable_tqdm", "true"]) == 0
+    assert set(json.load(open(out / "results.json"))) == {"contrastive", "joint"}
+    card = json.load(open(out / "classifier" / "card_data.json"))
+    assert card["encoder_path"] == str(out / "encoder") and card["probe"] == "joint"
+    assert os.path.isfile(out / "encoder" / "metrics.json")

@@ -64,13 +64,37 @@ def _recorded_losses(trainer) -> list[float]:
     return seen
 
 
-def test_joint_trainer_equals_a_hand_written_bce_plus_supcon_loop(tmp_path):
+def _focal(logits: torch.Tensor, y: torch.Tensor, gamma: float = 1.5) -> torch.Tensor:
+    """Lin et al. 2017's focal loss per label entry, written out, averaged over the N x L entries."""
+    p = torch.sigmoid(logits)
+    return -(y * (1 - p) ** gamma * torch.log(p) + (1 - y) * p**gamma * torch.log(1 - p)).mean()
+
+
+def _zlpr(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """ZLPR (Su et al. 2022) per sample, log(1 + sum_neg e^s) + log(1 + sum_pos e^-s), averaged over samples."""
+    neg = torch.log(1 + (torch.exp(logits) * (1 - y)).sum(1))
+    pos = torch.log(1 + (torch.exp(-logits) * y).sum(1))
+    return (neg + pos).mean()
+
+
+SUPERVISED = {
+    "bce": ({}, F.binary_cross_entropy_with_logits),
+    "focal": ({"supervised_loss_kwargs": {"gamma": 1.5}}, _focal),
+    "zlpr": ({}, _zlpr),
+}
+
+
+@pytest.mark.parametrize("supervised", list(SUPERVISED))
+def test_joint_trainer_equals_a_hand_written_supervised_plus_supcon_loop(tmp_path, supervised):
+    """Each supervised loss (its keywords passed on) joins the contrastive term as in a loop written out."""
+    kw, supervised_fn = SUPERVISED[supervised]
     tok = tiny_tokenizer()
     ds = tiny_split(12)
     w = 0.3
     model = _classifier(tok)
     reference = copy.deepcopy(model)
-    trainer = JointTrainer(model=model, args=_args(tmp_path), train_dataset=ds, data_collator=collator(tok))
+    args = _args(tmp_path, supervised_loss=supervised, **kw)
+    trainer = JointTrainer(model=model, args=args, train_dataset=ds, data_collator=collator(tok))
     seen = _recorded_losses(trainer)
     trainer.train()
 
@@ -81,8 +105,7 @@ def test_joint_trainer_equals_a_hand_written_bce_plus_supcon_loop(tmp_path):
         batch = collator(tok)(rows[4 * step : 4 * step + 4])
         labels = batch.pop("labels").to_dense().float()
         out = reference(**batch)
-        bce = F.binary_cross_entropy_with_logits(out.logits, labels)
-        loss = (1 - w) * bce + w * _supcon_any(out.embeddings, labels)
+        loss = (1 - w) * supervised_fn(out.logits, labels) + w * _supcon_any(out.embeddings, labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
