@@ -154,6 +154,8 @@ class ModelCardCallback(TrainerCallback):
             self.card.loss_kwargs = dict(args.supervised_loss_kwargs or {})
             self.card.contrastive_loss = args.loss
             self.card.hyperparameters["contrastive_weight"] = float(args.contrastive_weight)
+            if args.contrastive_projection_dim:
+                self.card.hyperparameters["contrastive_projection_dim"] = int(args.contrastive_projection_dim)
             self.card.hyperparameters["contrastive_loss_kwargs"] = dict(args.loss_kwargs or {})
         if getattr(args, "hub_model_id", None):
             self.card.model_name = self.card.model_name or args.hub_model_id

@@ -183,6 +183,7 @@ def train_joint(
         "loss": joint_args.supervised_loss,
         "contrastive_loss": joint_args.loss,
         "contrastive_weight": joint_args.contrastive_weight,
+        "contrastive_projection_dim": joint_args.contrastive_projection_dim,
         "dataset": data_args.dataset,
     }
     metrics.update(fit(trainer, created, stage))

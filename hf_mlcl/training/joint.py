@@ -2,7 +2,8 @@
 
 The supervised loss (bce, focal, asymmetric, zlpr) reads the head's logits, the contrastive loss (any
 registered one, with its queue, contrast set, GradCache and gathers of :class:`ContrastiveTrainer`) the pooled
-representation the head classifies. Evaluation and the threshold protocol are the probe's.
+representation the head classifies, or a training-only projection of it (``contrastive_projection_dim``).
+Evaluation and the threshold protocol are the probe's.
 
 References: Gunel et al. 2021, "Supervised Contrastive Learning for Pre-trained Language Model Fine-tuning",
 eq. 1; Lin et al. 2023, multi-label contrastive terms used jointly with BCE.
@@ -18,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from hf_mlcl.losses.registry import supervised_loss
+from hf_mlcl.modeling.layers_mlcl import ProjectionHead
 
 from .arguments import JointTrainingArguments
 from .classifier_eval import ClassifierEvaluation
@@ -53,6 +55,7 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
         >>> JointTrainer(model=model, args=args, train_dataset=ds, processing_class=tok).train()
     """
 
+    projection: nn.Module | None = None  # the training-only projection head (contrastive_projection_dim)
     args_class = JointTrainingArguments
     args_hint = "JointTrainingArguments(output_dir=..., contrastive_weight=...)"
     model_hint = "MLCLForMultiLabelClassification.from_encoder(..., freeze_encoder=False)"
@@ -82,17 +85,43 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
             self._given_supervised_loss,
             "supervised_loss_fn",
         )
-        self._width = self._setup.embedding_dim
+        self._width = int(model.backbone_hidden_size)  # the pooled part of [embeddings | logits]
+        self.projection = None
+        if args.contrastive_projection_dim:
+            # seeded from args.seed without touching the global generator: every process starts equal
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(args.seed)
+                self.projection = ProjectionHead(self._width, self._width, args.contrastive_projection_dim)
         self.start_threshold(args)
         return collator
 
     def embedding_width(self, model: nn.Module, args: Any) -> int:
-        """The pooled representation's width (the backbone's hidden size): what the contrastive term reads."""
-        return int(model.backbone_hidden_size)
+        """The width the contrastive term reads: the pooled representation's (the backbone's hidden size), or
+        ``contrastive_projection_dim`` behind a projection head."""
+        return int(args.contrastive_projection_dim or model.backbone_hidden_size)
 
     def after_setup(self) -> None:
+        if self.projection is not None:
+            self.projection.to(self.args.device)
         super().after_setup()
         self.supervised_loss_fn.to(self.args.device)
+
+    def _loss_parameters(self) -> list[nn.Parameter]:
+        """The contrastive loss's parameters and the projection head's: trained, averaged over processes and
+        checkpointed beside the model, not saved with the classifier."""
+        head = [] if self.projection is None else list(self.projection.parameters())
+        return [*super()._loss_parameters(), *head]
+
+    def extra_state_dict(self) -> dict[str, Any]:
+        state = super().extra_state_dict()
+        if self.projection is not None:
+            state["projection"] = self.projection.state_dict()
+        return state
+
+    def load_extra_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_extra_state_dict(state)
+        if self.projection is not None and "projection" in state:
+            self.projection.load_state_dict(state["projection"])
 
     # ------------------------------------------------------------------ encoding and loss
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
@@ -107,6 +136,8 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
         """``(1 - w) * supervised + w * contrastive`` and its parts (``supervised``, ``contrastive`` and the
         contrastive loss's own)."""
         embeddings, logits = encoded[:, : self._width], encoded[:, self._width :]
+        if self.projection is not None:
+            embeddings = self.projection(embeddings)
         contrastive = super()._loss_parts(embeddings, labels, batch_keys)
         supervised = self.supervised_loss_fn(logits, labels)
         w = float(self.args.contrastive_weight)

@@ -335,6 +335,15 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
     supervised_loss_kwargs: str | None = field(
         default=None, metadata={"help": "Keywords of the supervised loss as a mapping (YAML) or JSON string."}
     )
+    contrastive_projection_dim: int = field(
+        default=0,
+        metadata={
+            "help": "0 (default, Gunel et al.): the contrastive term reads the pooled representation the head "
+            "classifies. N > 0: a projection head (Khosla et al.'s two-layer MLP, hidden width = the pooled "
+            "width) maps it to N dimensions first; it trains with the contrastive term and is not part of the "
+            "saved classifier. Batch mode only (queue_size 0)."
+        },
+    )
 
     def check_losses(self) -> None:
         """ValueError in one line unless ``loss`` is contrastive and ``supervised_loss`` supervised."""
@@ -346,6 +355,16 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
         self.supervised_loss_kwargs = as_dict(self.supervised_loss_kwargs, "supervised_loss_kwargs") or {}
         if not 0.0 <= self.contrastive_weight <= 1.0:
             raise ValueError(f"contrastive_weight must lie in [0, 1]; got {self.contrastive_weight}")
+        if self.contrastive_projection_dim < 0:
+            raise ValueError(
+                f"contrastive_projection_dim must be >= 0 (0 = the pooled representation); got "
+                f"{self.contrastive_projection_dim}"
+            )
+        if self.contrastive_projection_dim and self.queue_size:
+            raise ValueError(
+                "contrastive_projection_dim > 0 projects the batch only: the queue's momentum keys have no "
+                "projection head; use queue_size 0 or contrastive_projection_dim 0"
+            )
         if self.n_views != 1:
             raise ValueError(
                 "the joint objective classifies every row once: n_views must be 1 (the contrastive term pairs "

@@ -51,13 +51,17 @@ class Capture(TrainerCallback):
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         for n, p in tr.loss_fn.named_parameters():
             grads[f"loss.{n}"] = p.grad.detach().clone()
+        for n, p in (getattr(tr, "projection", None) or torch.nn.Identity()).named_parameters():
+            grads[f"projection.{n}"] = p.grad.detach().clone()  # the joint's training-only head
         self.grads = grads
 
 
 def joint_configs():
-    """The joint objective, (1 - w) BCE + w contrastive, on a classifier: in-batch, and a queue from step 2."""
+    """The joint objective, (1 - w) BCE + w contrastive, on a classifier: in-batch, behind a training-only
+    projection head, and with a queue from step 2."""
     return {
         "joint_any": dict(loss="any", contrastive_weight=0.3),
+        "joint_projection": dict(loss="jaccard", contrastive_weight=0.5, contrastive_projection_dim=8),
         "joint_mulsupcon_queue": dict(loss="mulsupcon", contrastive_weight=0.5, queue_size=8, max_steps=2),
     }
 

@@ -48,7 +48,11 @@ def tiny_tokenizer():
     return word_level_tokenizer(" ".join(_TOPIC.values()).split() + _NOISE)
 
 
-def tiny_encoder(tok, dropout: float = 0.0, projection_dim: int = 16, seed: int = 0) -> MLCLEncoder:
+def tiny_encoder(
+    tok, dropout: float = 0.0, projection_dim: int = 16, seed: int = 0, pooling: str = "cls"
+) -> MLCLEncoder:
+    """A 2-layer BERT encoder of width 32 (``pooling="cls"``: at this initialisation every row's pooled state
+    is nearly the same; ``"mean"`` spreads them)."""
     torch.manual_seed(seed)
     cfg = BertConfig(
         vocab_size=len(tok),
@@ -61,7 +65,7 @@ def tiny_encoder(tok, dropout: float = 0.0, projection_dim: int = 16, seed: int 
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
     )
-    return MLCLEncoder.from_backbone(cfg, projection_dim=projection_dim)
+    return MLCLEncoder.from_backbone(cfg, projection_dim=projection_dim, pooling=pooling)
 
 
 def collator(tok, n_views: int = 1, num_labels: int = 4):

@@ -23,8 +23,12 @@ from hf_mlcl.training import JointTrainer, JointTrainingArguments
 TEMPERATURE = 0.1
 
 
-def _classifier(tok, dropout: float = 0.0, seed: int = 0) -> MLCLForMultiLabelClassification:
-    encoder = tiny_encoder(tok, dropout=dropout, seed=seed)
+def _classifier(
+    tok, dropout: float = 0.0, seed: int = 0, pooling: str = "mean"
+) -> MLCLForMultiLabelClassification:
+    """A tiny classifier; mean pooling keeps the rows' pooled states apart, so the contrastive term and its
+    gradient are far from degenerate."""
+    encoder = tiny_encoder(tok, dropout=dropout, seed=seed, pooling=pooling)
     torch.manual_seed(seed + 1)
     return MLCLForMultiLabelClassification.from_encoder(encoder, id2label=LABELS, freeze_encoder=False)
 
@@ -112,6 +116,50 @@ def test_joint_trainer_equals_a_hand_written_supervised_plus_supcon_loop(tmp_pat
         expected.append(float(loss.detach()))
     np.testing.assert_allclose(seen, expected, rtol=1e-5)
     assert max_rel_diff(_weights(model), _weights(reference)) < 1e-5
+
+
+def test_a_projection_head_feeds_the_contrastive_term_and_is_left_out_of_the_classifier(tmp_path):
+    """contrastive_projection_dim: Khosla et al.'s two-layer head maps the pooled representation for the
+    contrastive term only; it trains as in a loop written out, is checkpointed, and the classifier has none."""
+    tok = tiny_tokenizer()
+    ds = tiny_split(12)
+    w = 0.3
+    model = _classifier(tok)
+    reference = copy.deepcopy(model)
+    args = _args(tmp_path, contrastive_projection_dim=8)
+    trainer = JointTrainer(model=model, args=args, train_dataset=ds, data_collator=collator(tok))
+    again = JointTrainer(model=_classifier(tok), args=args, train_dataset=ds, data_collator=collator(tok))
+    # seeded from args.seed: every process starts from the same head
+    assert max_rel_diff(_weights(again.projection), _weights(trainer.projection)) == 0
+    head = copy.deepcopy(trainer.projection)
+    seen = _recorded_losses(trainer)
+    trainer.train()
+
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-8)
+    optimizer.add_param_group({"params": list(head.parameters()), "weight_decay": 0.0})
+    rows = [ds[i] for i in range(len(ds))]
+    expected = []
+    for step in range(3):
+        batch = collator(tok)(rows[4 * step : 4 * step + 4])
+        labels = batch.pop("labels").to_dense().float()
+        out = reference(**batch)
+        bce = F.binary_cross_entropy_with_logits(out.logits, labels)
+        loss = (1 - w) * bce + w * _supcon_any(head(out.embeddings), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(float(loss.detach()))
+    np.testing.assert_allclose(seen, expected, rtol=1e-5)
+    assert max_rel_diff(_weights(model), _weights(reference)) < 1e-5
+    assert max_rel_diff(_weights(trainer.projection), _weights(head)) < 1e-5
+    assert not any("projection" in name for name in model.state_dict())  # the classifier keeps no head
+    assert set(trainer.extra_state_dict()["projection"]) == {
+        f"{n}.{k}" for n in ("dense", "out_proj") for k in ("weight", "bias")
+    }
+    again.load_extra_state_dict(trainer.extra_state_dict())  # what a resume reads from a checkpoint
+    assert max_rel_diff(_weights(again.projection), _weights(trainer.projection)) == 0
+    with pytest.raises(ValueError, match="projects the batch only"):
+        _args(tmp_path, contrastive_projection_dim=8, queue_size=8)
 
 
 def test_gradcache_and_a_queue_train_the_joint_objective(tmp_path):
