@@ -444,3 +444,15 @@ def test_adapter_classifier_reloads_unmerged_in_bf16_and_merged_without_peft(
         tmp_path / "child", _REMOTE_CODE_WITHOUT_PEFT, {"folder": str(folder), "texts": TEXTS}
     )
     torch.testing.assert_close(torch.tensor(report["logits"]), trained, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dropout, kind", [(0.0, nn.Identity), (0.1, nn.Dropout)])
+def test_lora_dropout_0_leaves_peft_no_dropout_copy_of_the_input(tiny_llama_config, dropout, kind):
+    """The fit cells' lever `lora_dropout: 0`: peft then puts an identity where its dropout would copy each
+    adapted layer's input, so the adapter branch reads the layer's input as it is."""
+    from hf_mlcl.modeling import apply_lora
+
+    encoder = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token", projection_dim=8)
+    model = apply_lora(encoder, r=R, alpha=8, dropout=dropout, gradient_checkpointing=False)
+    found = [m for name, m in model.named_modules() if name.endswith("lora_dropout.default")]
+    assert found and all(type(m) is kind for m in found)
