@@ -25,8 +25,10 @@ class LossWindow:
         self.sums: dict[str, torch.Tensor] = {}
         self.count = 0
         self.nonfinite: torch.Tensor | None = None
+        self.device: torch.device | None = None  # the losses' device (where the collective's tensor lives)
 
     def add(self, parts: dict[str, torch.Tensor]) -> None:
+        self.device = parts["loss"].device
         for name, value in parts.items():
             if name != "loss":
                 value = value.detach().to(sum_dtype(value.device))
@@ -41,13 +43,17 @@ class LossWindow:
         self.nonfinite = bad if self.nonfinite is None else self.nonfinite + bad
 
     def averages(self) -> dict[str, float]:
-        """``loss_<name>``: each part's window average over the micro-batches and the processes (one collective:
-        every process logs the same parts at the same step, as Trainer's loss is), read on the host; the window
-        restarts."""
+        """``loss_<name>``: each part's window average over the micro-batches (a micro-batch without the part,
+        e.g. one without an anchor that has a positive, adds 0) and over the processes, read on the host; the
+        window restarts. Under several processes every one must call it at the same step, as Trainer's logging
+        does: they agree on the parts' names (a process may lack one), then average them in one collective."""
         names = sorted(self.sums)
+        if D.is_distributed():
+            names = sorted({name for seen in D.all_gather_object(names) for name in seen})
         out = {}
         if self.count and names:
-            sums = torch.stack([self.sums[name] for name in names])
+            zero = torch.zeros((), dtype=sum_dtype(self.device), device=self.device)
+            sums = torch.stack([self.sums.get(name, zero) for name in names])
             D.all_reduce_mean_([sums])
             out = {f"loss_{name}": value / self.count for name, value in zip(names, sums.tolist())}
         self.sums, self.count = {}, 0

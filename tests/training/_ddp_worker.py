@@ -131,6 +131,15 @@ if __name__ == "__main__":
         res = fn(root, name, kw, per_device)
         if int(os.environ.get("RANK", "0")) == 0:
             torch.save(res, os.path.join(root, f"{name}-{res['world']}.pt"))
+    # in the process group the runs started: a logged part only rank 0 has (rank 1's anchors had no
+    # positive) is still averaged on both, in one collective
+    from hf_mlcl.training.loss_window import LossWindow
+
+    window = LossWindow()
+    one = torch.ones((), dtype=torch.float64)
+    only_0 = {"only_0": one * 4} if D.rank() == 0 else {}
+    window.add({"loss": one, "shared": one * (1 + D.rank()), **only_0})
+    torch.save(window.averages(), os.path.join(root, f"window-{D.rank()}.pt"))
     # without this, rank 1 aborted about 1 run in 5 ("terminate called without an active exception"):
     # leaving the interpreter with a live gloo group races its threads against the static destructors.
     # The trainers above are still alive here (each Capture points back at its trainer, a cycle), and

@@ -31,6 +31,10 @@ def test_two_processes_match_one_process_on_concatenated_batch(tmp_path):
     sys.path.insert(0, HERE)
     from _ddp_worker import configs, joint_configs, run, run_joint
 
+    # logged loss parts: the mean over the processes, a part one process lacks counted as 0 there
+    for rank in (0, 1):
+        assert torch.load(tmp_path / f"window-{rank}.pt") == {"loss_only_0": 2.0, "loss_shared": 1.5}
+
     for name, kw in joint_configs().items():  # the joint objective: both parts gathered or averaged right
         two = torch.load(tmp_path / f"{name}-2.pt", weights_only=False)
         one = run_joint(str(tmp_path), name, kw, per_device=8)
