@@ -141,14 +141,35 @@ def write_run_settings(folder: str, settings: dict[str, Any] | None) -> None:
         atomic_write_json(os.path.join(folder, RUN_SETTINGS_FILE), settings)
 
 
-def _differences(stored: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+def _field_defaults() -> dict[str, Any]:
+    """The default of each argument field whose classes agree on it (``loss`` differs between stages: none).
+    A run stored before such a field existed ran with what its default does: options are added with a default
+    that keeps the earlier behaviour."""
+    from hf_mlcl.training import arguments as A
+
+    found: dict[str, list[Any]] = {}
+    classes = (A.ContrastiveTrainingArguments, A.ProbingTrainingArguments, A.JointTrainingArguments)
+    for cls in (*classes, A.ModelArguments, A.DataArguments):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                found.setdefault(f.name, []).append(_plain(f.default))
+    return {name: values[0] for name, values in found.items() if all(v == values[0] for v in values)}
+
+
+def _differences(
+    stored: dict[str, Any], new: dict[str, Any], prefix: str = "", defaults: dict[str, Any] | None = None
+) -> list[str]:
     """``"key old -> new"`` for every setting that differs (the encoder's as ``encoder.key``); a stored key the
-    stage no longer depends on (absent from ``new``) is no difference."""
+    stage no longer depends on (absent from ``new``) is no difference, nor a key the stored run predates whose new
+    value is the field's default (:func:`_field_defaults`)."""
+    defaults = _field_defaults() if defaults is None else defaults
     out = []
     for key in sorted(new):
         old, now = stored.get(key), new.get(key)
         if isinstance(old, dict) and isinstance(now, dict) and key == "encoder":
-            out += _differences(old, now, f"{prefix}{key}.")
+            out += _differences(old, now, f"{prefix}{key}.", defaults)
+        elif key not in stored and key in defaults and now == defaults[key]:
+            continue  # the stored run predates this option and ran as its default does
         elif old != now:
             out.append(f"{prefix}{key} {old!r} -> {now!r}")
     return out

@@ -85,3 +85,23 @@ def test_a_classifier_stage_does_not_depend_on_the_projection_head(tmp_path):
     (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({**joint, "learning_rate": 1.0}))
     with pytest.raises(ValueError, match=r"learning_rate 1.0 -> 5e-05"):
         check_resume_settings(out, joint, overwrite=False)
+
+
+def test_a_checkpoint_older_than_an_option_resumes_when_the_option_keeps_its_default(tmp_path):
+    """A run stored before an option existed (its run_settings.json lacks the key) ran as the option's default
+    does: resuming with the default is no difference, with another value it is."""
+    from hf_mlcl.training.arguments import JointTrainingArguments, ModelArguments
+    from hf_mlcl.training.run_settings import check_resume_settings, stage_settings
+
+    out, model = str(tmp_path), ModelArguments(model_name_or_path="m")
+    joint = stage_settings(JointTrainingArguments(output_dir=out), model)
+    older = {k: v for k, v in joint.items() if k != "contrastive_projection_dim"}
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps(older))
+    check_resume_settings(out, joint, overwrite=False)  # the default, 0: nothing raised
+    projected = stage_settings(JointTrainingArguments(output_dir=out, contrastive_projection_dim=8), model)
+    with pytest.raises(ValueError, match=r"contrastive_projection_dim None -> 8"):
+        check_resume_settings(out, projected, overwrite=False)
+    # a key whose stages disagree on its default (loss: sd in stage 1, bce in the probe) stays a difference
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({k: v for k, v in joint.items() if k != "loss"}))
+    with pytest.raises(ValueError, match=r"loss None -> "):
+        check_resume_settings(out, joint, overwrite=False)
