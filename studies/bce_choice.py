@@ -72,32 +72,61 @@ def bce_validation_scores(
 
 
 def joint_validation_scores(
-    study: str, results: str = RESULTS, train_size: int | None = None
+    study: str, results: str = RESULTS, train_size: int | None = None, lr: str | None = None
 ) -> dict[str, float]:
-    """Validation macro-F1 of each finished seed-1 ``joint_finetune-w<w>-lr*`` cell of ``study`` at
-    ``train_size`` rows, by w."""
-    return _seed1_scores(study, "joint_finetune-w*", r"joint_finetune-w([0-9.]+)-lr.+", results, train_size)
+    """Validation macro-F1 of each finished seed-1 ``joint_finetune-w<w>-lr<lr>`` cell of ``study`` at
+    ``train_size`` rows (at learning rate ``lr``; None: any), by w."""
+    at = r".+" if lr is None else re.escape(lr)
+    return _seed1_scores(
+        study, "joint_finetune-w*", rf"joint_finetune-w([0-9.]+)-lr{at}", results, train_size
+    )
 
 
 def extended_joint_weight(
-    study: str, results: str = RESULTS, train_size: int | None = None, k: int = 1
+    study: str, results: str = RESULTS, train_size: int | None = None, k: int = 1, lr: str | None = None
 ) -> str | None:
     """The w grid's ``k``-th extension (``JOINT_WEIGHTS``, then one ``JOINT_LADDER`` step past the better edge;
     lr_grid.extend_grid): None when the best w lies inside the grid, NotReady before its points have run."""
     import lr_grid
 
     return lr_grid.extend_grid(
-        joint_validation_scores(study, results, train_size), JOINT_WEIGHTS, JOINT_LADDER, k, "weights"
+        joint_validation_scores(study, results, train_size, lr), JOINT_WEIGHTS, JOINT_LADDER, k, "weights"
     )
+
+
+def joint_grid_done(
+    study: str, results: str = RESULTS, size: int | None = None, lr: str | None = None
+) -> bool:
+    """Whether every w of the grid has its seed-1 cell at ``size`` (and ``lr``): ``JOINT_WEIGHTS`` and the
+    extensions past the better edge that validation asks for (run.py --weight extend, extend2)."""
+    import lr_grid
+
+    scores = joint_validation_scores(study, results, size, lr)
+    try:
+        for k in (1, 2):
+            w = lr_grid.extend_grid(scores, JOINT_WEIGHTS, JOINT_LADDER, k, "weights")
+            if w is None:
+                return True
+            if w not in scores:
+                return False
+    except lr_grid.NotReady:
+        return False
+    return True
 
 
 def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
     """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr*`` cell of ``study``
-    at ``train_size`` rows with the highest validation macro-F1 (ValueError until one has finished)."""
+    at ``train_size`` rows with the highest validation macro-F1 (a tie: the larger w, as the grid's extension
+    rule reads it). ValueError until the grid is complete (:func:`joint_grid_done`)."""
     scores = joint_validation_scores(study, results, train_size)
     if not scores:
         raise ValueError(f"--weight best: no finished joint_finetune-w* seed-1 cell of {study} at this size")
-    return max(scores, key=scores.get)
+    if not joint_grid_done(study, results, train_size):
+        raise ValueError(
+            f"--weight best: the w grid of {study} at this size is not complete (ran: {', '.join(sorted(scores))}); "
+            "run --weight extend and extend2 first"
+        )
+    return max(scores, key=lambda w: (scores[w], float(w)))
 
 
 def best_bce_lr(study: str, results: str = RESULTS, train_size: int | None = None) -> str:

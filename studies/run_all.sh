@@ -139,11 +139,11 @@ tail_seeds() {
 #                                   Reuters n500  n2000   GoEmotions n1000  n4000
 #   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
 #   stage 1 + logistic probe (2 x 3)       22     20                28     29
-#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               126    125
+#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               127    126
 #   joint objective (2-4 w seed 1, 2 seeds) 98    95               115    115
-#   stage 1 + fine-tune (2 x 3)            79     77               126    125
+#   stage 1 + fine-tune (2 x 3)            79     77               127    126
 #   SetFit (3)                             10     10                15     16
-#   queues: Reuters 50 h, GoEmotions 73 h, every step run
+#   queues: Reuters 56 h, GoEmotions 81 h, every step run (a grid point inside the grid skips its extensions)
 SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
 SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
 # The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from

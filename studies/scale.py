@@ -127,7 +127,7 @@ def rates(study: str, results: str) -> dict[str, float]:
     ]
     setfit = [r["wall_s"] for r in recs if r["loss"] == "setfit"]
     joint = [s for r in ft if r["loss"] == "joint" for s in r["epochs"]["epoch_s"]]
-    ft_epoch_row = med(s for r in ft for s in r["epochs"]["epoch_s"]) / n
+    ft_epoch_row = med(s for r in ft if r["loss"] != "joint" for s in r["epochs"]["epoch_s"]) / n
     return {
         "finetune_epoch_row": ft_epoch_row,
         "joint_epoch_row": med(joint) / n if joint else ft_epoch_row,

@@ -96,38 +96,14 @@ def bce_grid_done(study: str, results: str, size: int | None) -> bool:
     return True
 
 
-def joint_grid_done(study: str, results: str, size: int | None, lr: str) -> bool:
-    """Whether every w of the joint grid has its seed-1 cell at ``lr`` and ``size``: ``bce_choice.JOINT_WEIGHTS``
-    and the extensions past its better edge that validation asks for (run.py --weight extend, extend2)."""
-    scores = {
-        w: v
-        for w, v in bce_choice.joint_validation_scores(study, results, size).items()
-        if os.path.isfile(
-            os.path.join(
-                results, study, scale.cell_name(f"joint_finetune-w{w}-lr{lr}", size), "seed1", "metrics.json"
-            )
-        )
-    }
-    try:
-        for k in (1, 2):
-            w = lr_grid.extend_grid(scores, bce_choice.JOINT_WEIGHTS, bce_choice.JOINT_LADDER, k, "weights")
-            if w is None:
-                return True
-            if w not in scores:
-                return False
-    except lr_grid.NotReady:
-        return False
-    return True
-
-
 def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, str | None]]:
     """(row name, cell base name, or None while its choice is pending) of each method at ``size``: a choice is
-    made once every point of its grid has run on validation (:func:`bce_grid_done`, :func:`joint_grid_done`)."""
+    made once every point of its grid has run on validation (:func:`bce_grid_done`, ``bce_choice.joint_grid_done``)."""
     lr = (
         _chosen(bce_choice.best_bce_lr, study, results, size) if bce_grid_done(study, results, size) else None
     )
     w = None
-    if lr and joint_grid_done(study, results, size, lr):
+    if lr and bce_choice.joint_grid_done(study, results, size, lr):
         w = _chosen(bce_choice.best_joint_weight, study, results, size)
     try:
         losses = loss_choice.best_losses("reuters21578", 2, results)
@@ -263,7 +239,7 @@ def joint_table(studies: list[str], results: str) -> str:
         for base, size in joint:
             w, lr = base.removeprefix("joint_finetune-w").split("-lr")
             runs, bce = cells[(base, size)], cells.get((f"bce_finetune-lr{lr}", size), [])
-            if not joint_grid_done(study, results, size, lr):
+            if not bce_choice.joint_grid_done(study, results, size, lr):
                 test = ["(choice pending)"] * 2  # test is read for the chosen w only, once every w has run
             elif _chosen(bce_choice.best_joint_weight, study, results, size) == w:
                 test = [summary(runs, k) for k in ("test_macro_f1", "test_micro_f1")]

@@ -334,8 +334,10 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
         path = tmp_path / "reuters21578" / cell / "seed1" / "metrics.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"metrics": {"validation_macro_f1": value}}))
-    assert run.best_joint_weight("reuters21578", 500) == "0.2"
-    assert run.best_joint_weight("reuters21578", None) == "0.5"
+    # the better w lies at the grid's edge: no choice until the extension past it has run
+    for size in (500, None):
+        with pytest.raises(ValueError, match="grid of reuters21578 at this size is not complete"):
+            run.best_joint_weight("reuters21578", size)
     with pytest.raises(ValueError, match="no finished joint_finetune"):
         run.best_joint_weight("reuters21578", 2000)
     with pytest.raises(ValueError, match="--loss joint fine-tunes"):
@@ -355,6 +357,10 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
         path.write_text(json.dumps({"metrics": {"validation_macro_f1": value}}))
     assert run.extended_joint_weight("reuters21578", 500, k=2) == "0.01"
     assert run.best_joint_weight("reuters21578", 500) == "0.05"
+    path = tmp_path / "reuters21578" / "joint_finetune-w0.8-lr2e-4" / "seed1" / "metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"metrics": {"validation_macro_f1": 0.45}}))  # a tie with 0.5: the larger w
+    assert run.best_joint_weight("reuters21578", None) == "0.8"
     # a w grid whose best lies inside it runs no extension (run_all.sh's extend cells print SKIP)
     monkeypatch.setattr(run, "extended_joint_weight", lambda *a, **k: None)
     assert run.run_cell("reuters21578", "joint", "finetune", 1, [], weight="extend", train_size=500) == {}
