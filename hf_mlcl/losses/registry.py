@@ -156,7 +156,12 @@ def check_contrastive_loss(name: str, instead: str = _PROBE_INSTEAD) -> type:
     try:
         cls = get_loss_class(name)
     except ValueError as err:
-        raise ValueError(f"ContrastiveTrainingArguments.loss: {err}") from err
+        contrastive = list_contrastive_losses()
+        aliases = ", ".join(f"{a}->{c}" for a, c in sorted(_ALIASES.items()) if c in contrastive)
+        raise ValueError(
+            f"unknown loss {name!r} for the contrastive term; the contrastive losses are: {', '.join(contrastive)}"
+            + (f" (aliases: {aliases})" if aliases else "")
+        ) from err
     if not getattr(cls, "is_contrastive", False):
         raise ValueError(
             f"loss {name!r} is a supervised loss (logits vs labels); the contrastive term needs a contrastive "

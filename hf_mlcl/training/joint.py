@@ -28,6 +28,22 @@ from .contrastive import ContrastiveTrainer
 __all__ = ["JointTrainer"]
 
 
+def _seeded_projection(width: int, dim: int, seed: int) -> ProjectionHead:
+    """Khosla et al.'s projection head ``width -> width -> dim`` with ``nn.Linear``'s default distribution
+    (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases) drawn from its own generator seeded with
+    ``seed``: every process starts from the same head, and no global random state is read or changed."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        head = ProjectionHead(width, width, dim)
+    head = head.to_empty(device="cpu")
+    with torch.no_grad():
+        for layer in (head.dense, head.out_proj):
+            bound = layer.in_features**-0.5
+            layer.weight.uniform_(-bound, bound, generator=generator)
+            layer.bias.uniform_(-bound, bound, generator=generator)
+    return head
+
+
 class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
     """A `transformers.Trainer` for the joint objective ``(1 - w) * supervised + w * contrastive``.
 
@@ -88,10 +104,7 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
         self._width = int(model.backbone_hidden_size)  # the pooled part of [embeddings | logits]
         self.projection = None
         if args.contrastive_projection_dim:
-            # seeded from args.seed without touching the global generator: every process starts equal
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(args.seed)
-                self.projection = ProjectionHead(self._width, self._width, args.contrastive_projection_dim)
+            self.projection = _seeded_projection(self._width, args.contrastive_projection_dim, args.seed)
         self.start_threshold(args)
         return collator
 

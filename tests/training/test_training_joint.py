@@ -129,8 +129,16 @@ def test_a_projection_head_feeds_the_contrastive_term_and_is_left_out_of_the_cla
     args = _args(tmp_path, contrastive_projection_dim=8)
     trainer = JointTrainer(model=model, args=args, train_dataset=ds, data_collator=collator(tok))
     again = JointTrainer(model=_classifier(tok), args=args, train_dataset=ds, data_collator=collator(tok))
-    # seeded from args.seed: every process starts from the same head
+    # seeded from args.seed with its own generator: every process starts from the same head
     assert max_rel_diff(_weights(again.projection), _weights(trainer.projection)) == 0
+    from hf_mlcl.training.joint import _seeded_projection
+
+    state = torch.random.get_rng_state()
+    built = _seeded_projection(32, 8, seed=args.seed)
+    assert torch.equal(torch.random.get_rng_state(), state)  # nothing drawn from the global generator
+    assert max_rel_diff(_weights(built), _weights(trainer.projection)) == 0
+    bound = 32**-0.5  # nn.Linear's default range
+    assert 0.9 * bound < built.dense.weight.abs().max() <= bound
     head = copy.deepcopy(trainer.projection)
     seen = _recorded_losses(trainer)
     trainer.train()
