@@ -37,9 +37,11 @@ JOINT_WEIGHTS = (
     "0.2",
     "0.5",
 )  # the joint objective's grid of w (run_all.sh's JOINT_WEIGHTS: keep the two in step)
-# its extensions past the better edge (lr_grid.extend_grid, run.py --weight extend / extend2): the BCE term is a
-# mean over the batch's N x L entries, the contrastive one over anchors, so the better w can lie far below 0.2
-JOINT_LADDER = ("0.01", "0.05", "0.2", "0.5", "0.8")
+# its extensions past the better edge, up to JOINT_EXTENSIONS (lr_grid.extend_grid, run.py --weight extend,
+# extend2, extend3): the BCE term is a mean over the batch's N x L entries, the contrastive one over anchors
+# (on Reuters about 0.02 against 2 after one epoch), so the better w can lie far below 0.2
+JOINT_LADDER = ("0.001", "0.01", "0.05", "0.2", "0.5", "0.8")
+JOINT_EXTENSIONS = 3
 
 
 def _validation_macro_f1(path: str) -> float:
@@ -98,12 +100,12 @@ def joint_grid_done(
     study: str, results: str = RESULTS, size: int | None = None, lr: str | None = None
 ) -> bool:
     """Whether every w of the grid has its seed-1 cell at ``size`` (and ``lr``): ``JOINT_WEIGHTS`` and the
-    extensions past the better edge that validation asks for (run.py --weight extend, extend2)."""
+    extensions past the better edge that validation asks for (run.py --weight extend, extend2, extend3)."""
     import lr_grid
 
     scores = joint_validation_scores(study, results, size, lr)
     try:
-        for k in (1, 2):
+        for k in range(1, JOINT_EXTENSIONS + 1):
             w = lr_grid.extend_grid(scores, JOINT_WEIGHTS, JOINT_LADDER, k, "weights")
             if w is None:
                 return True
@@ -124,7 +126,7 @@ def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None
     if not joint_grid_done(study, results, train_size):
         raise ValueError(
             f"--weight best: the w grid of {study} at this size is not complete (ran: {', '.join(sorted(scores))}); "
-            "run --weight extend and extend2 first"
+            "run --weight extend, extend2 and extend3 first"
         )
     return max(scores, key=lambda w: (scores[w], float(w)))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -157,6 +158,10 @@ def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 
     import bce_choice
     from lr_grid import NotReady
 
+    if not 1 <= k <= bce_choice.JOINT_EXTENSIONS:
+        raise ValueError(
+            f"--weight extend{k}: the w grid extends at most {bce_choice.JOINT_EXTENSIONS} times"
+        )
     try:
         return bce_choice.extended_joint_weight(dataset, RESULTS, train_size, k)
     except NotReady as err:
@@ -199,11 +204,11 @@ def run_cell(
     if weight is not None:
         if not joint:
             raise ValueError("--weight is the joint objective's w: use it with --loss joint")
-        weight = {
-            "best": best_joint_weight,
-            "extend": extended_joint_weight,
-            "extend2": lambda *a: extended_joint_weight(*a, k=2),
-        }.get(weight, lambda *_: weight)(dataset, train_size)
+        extension = re.fullmatch(r"extend([0-9]*)", weight)
+        if weight == "best":
+            weight = best_joint_weight(dataset, train_size)
+        elif extension:
+            weight = extended_joint_weight(dataset, train_size, k=int(extension[1] or 1))
         if weight is None:
             print(f"SKIP {dataset} joint --weight: the best w lies inside the grid", flush=True)
             return {}
@@ -435,8 +440,8 @@ def main(argv: list[str] | None = None) -> None:
         "--weight",
         default=None,
         help="cell, --loss joint: w of (1 - w) * BCE + w * contrastive (the cell joint_finetune-w<w>-lr<lr>), "
-        "'best': the w of the seed-1 joint cells of this size with the best validation macro-F1, or 'extend' / "
-        "'extend2': the w grid's next point past its better edge (bce_choice.JOINT_LADDER; skipped when the best "
+        "'best': the w of the seed-1 joint cells of this size with the best validation macro-F1, or 'extend', "
+        "'extend2', 'extend3': the w grid's next point past its better edge (bce_choice.JOINT_LADDER; skipped when the best "
         "w lies inside the grid)",
     )
     ap.add_argument("--force", action="store_true", help="cell: rerun even if the cell's metrics.json exists")

@@ -140,23 +140,23 @@ tail_seeds() {
 #   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
 #   stage 1 + logistic probe (2 x 3)       22     20                28     29
 #   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               127    126
-#   joint objective (2-4 w seed 1, 2 seeds) 98    95               115    115
+#   joint objective (2-5 w seed 1, 2 seeds) 98    95               115    115
 #   stage 1 + fine-tune (2 x 3)            79     77               127    126
 #   SetFit (3)                             10     10                15     16
-#   queues: Reuters 56 h, GoEmotions 81 h, every step run (a grid point inside the grid skips its extensions)
+#   queues: Reuters 59 h, GoEmotions 85 h, every step run (a best point inside the grid skips its extensions)
 SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
 SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
 # The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from
-# JOINT_WEIGHTS on seed 1 at BCE's learning rate (chosen on validation at that size), then up to two more w past
-# the better edge (bce_choice.JOINT_LADDER: 0.05, 0.01 below 0.2; 0.8 above 0.5; each skipped when the best w lies
-# inside the grid), seeds 2-3 at the w with the best validation macro-F1. joint_cells STUDY PATIENCE [N]: at N
-# training rows (without N: the whole split).
+# JOINT_WEIGHTS on seed 1 at BCE's learning rate (chosen on validation at that size), then up to three more w past
+# the better edge (bce_choice.JOINT_LADDER: 0.05, 0.01, 0.001 below 0.2; 0.8 above 0.5; each skipped when the best
+# w lies inside the grid), seeds 2-3 at the w with the best validation macro-F1. joint_cells STUDY PATIENCE [N]: at
+# N training rows (without N: the whole split).
 JOINT_WEIGHTS="0.2 0.5"
 joint_cells() {
   local study=$1 pat=$2 n=${3:-} W S
   local size=()
   [ -n "$n" ] && size=(--train-size "$n")
-  for W in $JOINT_WEIGHTS extend extend2; do
+  for W in $JOINT_WEIGHTS extend extend2 extend3; do
     fcell "$study" --loss joint --probe finetune --lr best --weight "$W" --seed 1 --patience "$pat" "${size[@]}"
   done
   for S in 2 3; do

@@ -148,7 +148,7 @@ def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
     """(cell, size, number of runs, estimated seconds of one run, every step run) of the study's cells at each
     subset size, in run_all.sh's order: TF-IDF + logistic regression (one run: no seed changes it), BCE fine-tunes
     (up to 4 learning rates on seed 1, then seeds 2-3), stage 1 + logistic probe of the two best losses (seeds 1-3
-    each), the joint objective (two w on seed 1, up to two more past the better edge, seeds 2-3 at the best),
+    each), the joint objective (two w on seed 1, up to three more past the better edge, seeds 2-3 at the best),
     stage 1 + fine-tune of the two best losses, SetFit (seeds 1-3)."""
     r, full, rows = rates(study, results), FULL_TRAIN[study], []
     for n in SIZES[study]:
@@ -164,7 +164,7 @@ def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
             ("tfidf_logreg", n, 1, n * r["tfidf_row"]),
             (f"bce_finetune, {e_ft:g} epochs", n, 6, finetune),
             (f"<loss>_logistic (stage 1: {e_s1:g} epochs)", n, 6, stage1 + logistic),
-            (f"joint_finetune, {e_ft:g} epochs", n, 6, e_ft * n * r["joint_epoch_row"] + evals),
+            (f"joint_finetune, {e_ft:g} epochs", n, 7, e_ft * n * r["joint_epoch_row"] + evals),
             (f"<loss>_finetune, {e_ft:g} epochs", n, 6, finetune),
             (f"setfit_logistic, {setfit_steps(study, n)} steps", n, 3, setfit),
         ]

@@ -278,7 +278,8 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
     joint = "studies/run.py cell reuters21578 --loss joint --probe finetune --lr best --weight {} --seed {} "
     for n in (500, 2000):
         expected += [
-            joint.format(w, 1) + f"--patience 3 --train-size {n}" for w in ("0.2", "0.5", "extend", "extend2")
+            joint.format(w, 1) + f"--patience 3 --train-size {n}"
+            for w in ("0.2", "0.5", "extend", "extend2", "extend3")
         ]
         expected += [joint.format("best", s) + f"--patience 3 --train-size {n}" for s in (2, 3)]
     for n in (500, 2000):
@@ -356,7 +357,10 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"metrics": {"validation_macro_f1": value}}))
     assert run.extended_joint_weight("reuters21578", 500, k=2) == "0.01"
+    assert run.extended_joint_weight("reuters21578", 500, k=3) is None  # 0.05 lies inside the grid now
     assert run.best_joint_weight("reuters21578", 500) == "0.05"
+    with pytest.raises(ValueError, match="extends at most 3 times"):
+        run.extended_joint_weight("reuters21578", 500, k=4)
     path = tmp_path / "reuters21578" / "joint_finetune-w0.8-lr2e-4" / "seed1" / "metrics.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"metrics": {"validation_macro_f1": 0.45}}))  # a tie with 0.5: the larger w
