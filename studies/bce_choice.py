@@ -39,7 +39,7 @@ JOINT_WEIGHTS = (
 )  # the joint objective's grid of w (run_all.sh's JOINT_WEIGHTS: keep the two in step)
 # its extensions past the better edge, up to JOINT_EXTENSIONS (lr_grid.extend_grid, run.py --weight extend,
 # extend2, extend3): the BCE term is a mean over the batch's N x L entries, the contrastive one over anchors
-# (on Reuters about 0.02 against 2 after one epoch), so the better w can lie far below 0.2
+# (docs/losses.md), so the better w can lie far below 0.2
 JOINT_LADDER = ("0.001", "0.01", "0.05", "0.2", "0.5", "0.8")
 JOINT_EXTENSIONS = 3
 
