@@ -197,6 +197,39 @@ def test_gradcache_and_a_queue_train_the_joint_objective(tmp_path):
     assert all({"loss_supervised", "loss_contrastive"} <= set(h) for h in logs)
 
 
+def test_at_w_1_the_joint_objective_is_stage_1_with_its_queue_and_momentum_encoder(tmp_path):
+    """w = 1 leaves the contrastive term alone: JointTrainer with a queue (momentum keys, the loss paper's
+    contrast set) trains the classifier exactly as ContrastiveTrainer trains it on its pooled embeddings."""
+    from hf_mlcl.training import ContrastiveTrainer, ContrastiveTrainingArguments, EmbeddingQueue
+
+    tok = tiny_tokenizer()
+    ds = tiny_split(16)
+    joint_model = _classifier(tok)
+    stage1_model = copy.deepcopy(joint_model)
+    common = dict(
+        max_steps=4, lr_scheduler_type="constant", loss="mulsupcon", temperature=TEMPERATURE, queue_size=8
+    )
+    joint = JointTrainer(
+        model=joint_model,
+        args=base_args(tmp_path / "joint", JointTrainingArguments, contrastive_weight=1.0, **common),
+        train_dataset=ds,
+        data_collator=collator(tok),
+    )
+    stage1 = ContrastiveTrainer(
+        model=stage1_model,
+        args=base_args(tmp_path / "stage1", ContrastiveTrainingArguments, knn_k=0, **common),
+        train_dataset=ds,
+        data_collator=collator(tok),
+        queue=EmbeddingQueue(8, 32, len(LABELS)),  # the pooled width
+    )
+    joint.train()
+    stage1.train()
+    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (joint, stage1)]
+    assert len(losses[0]) == 4 and losses[0] == losses[1]  # the queue joins from step 2
+    assert max_rel_diff(_weights(joint_model), _weights(stage1_model)) == 0
+    assert torch.equal(joint.queue.embeddings, stage1.queue.embeddings)
+
+
 def test_evaluation_scores_every_row_and_tunes_the_threshold(tmp_path):
     tok = tiny_tokenizer()
     train, validation = tiny_split(8), tiny_split(10, seed=1)  # 10 rows: eval batches of 3 leave 1
