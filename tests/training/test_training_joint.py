@@ -74,6 +74,15 @@ def _focal(logits: torch.Tensor, y: torch.Tensor, gamma: float = 1.5) -> torch.T
     return -(y * (1 - p) ** gamma * torch.log(p) + (1 - y) * p**gamma * torch.log(1 - p)).mean()
 
 
+def _asymmetric(
+    logits: torch.Tensor, y: torch.Tensor, gamma_neg: float = 2.0, clip: float = 0.1
+) -> torch.Tensor:
+    """Ridnik et al.'s asymmetric loss (gamma+ 0) per entry, negatives on p_m = max(p - clip, 0), mean over N x L."""
+    p = torch.sigmoid(logits)
+    p_m = (p - clip).clamp_min(0)
+    return -(y * torch.log(p) + (1 - y) * p_m**gamma_neg * torch.log(1 - p_m)).mean()
+
+
 def _zlpr(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """ZLPR (Su et al. 2022) per sample, log(1 + sum_neg e^s) + log(1 + sum_pos e^-s), averaged over samples."""
     neg = torch.log(1 + (torch.exp(logits) * (1 - y)).sum(1))
@@ -85,6 +94,7 @@ SUPERVISED = {
     "bce": ({}, F.binary_cross_entropy_with_logits),
     "focal": ({"supervised_loss_kwargs": {"gamma": 1.5}}, _focal),
     "zlpr": ({}, _zlpr),
+    "asymmetric": ({"supervised_loss_kwargs": {"gamma_neg": 2.0, "clip": 0.1}}, _asymmetric),
 }
 
 
