@@ -103,6 +103,7 @@ def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tm
         assert fig["wrapper"] == ("DeepSpeedEngine" if name.endswith("deepspeed") else "PeftModel")
         assert fig["reload"]["same"] and fig["reload"]["max_abs_diff"] <= 1e-5
         assert 0 < fig["trainable_parameters"] < fig["parameters"]
+        assert set(fig["trainable_dtypes"]["lora"]) == {"float32"}  # fp32 on the CPU, under DeepSpeed too
         assert fig["queue_size"] == (16 if fig["run"] == "msc" else 0)
         fit = "-fit" in name  # the levers predicted fastest: no GradCache, LoRA dropout 0, every k-th layer
         assert fig["gradcache_chunk_size"] == (

@@ -212,6 +212,19 @@ def _wrapper_check(trainer, launcher: str) -> str:
     return name
 
 
+def _trainable_dtypes(model) -> dict[str, dict[str, int]]:
+    """Tensors per dtype of the trainable parameters as the trained (wrapped) model holds them, the adapters
+    (``lora_``) apart from the rest: whether an engine computed with bf16 adapters and heads, which a reload
+    with fp32 adapters then computes differently."""
+    out: dict[str, dict[str, int]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            kind = out.setdefault("lora" if "lora_" in name else "other", {})
+            dtype = str(p.dtype).removeprefix("torch.")
+            kind[dtype] = kind.get(dtype, 0) + 1
+    return out
+
+
 def _outputs(model, batch: dict, run: str, bf16: bool):
     import torch
 
@@ -438,6 +451,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         m.gradient_checkpointing for m in model.modules() if type(m).__name__.endswith("DecoderLayer")
     ]
     wrapper = _wrapper_check(trainer, launcher)
+    trainable_dtypes = _trainable_dtypes(trainer.model_wrapped)
     reference = _outputs(trainer.model_wrapped, probe_batch, run_name, bf16)
     trained = _trained_weights(trainer)
     folder = os.path.join(out_root, "adapter")
@@ -530,6 +544,7 @@ def run(cell: Cell, tiny: bool, cache_dir: str) -> dict[str, Any]:
         "adapter_bytes": adapter_bytes,
         "reload_s": reload_s,
         "reload": reload,
+        "trainable_dtypes": trainable_dtypes,
         "notes": notes,
         # the saved tensors are the trained ones (to bf16 rounding where the engine trained bf16 copies)
         "checks": {
