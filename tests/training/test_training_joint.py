@@ -68,6 +68,27 @@ def _recorded_losses(trainer) -> list[float]:
     return seen
 
 
+def _written_out_losses(reference, tok, ds, w, supervised_fn, head=None) -> list[float]:
+    """Three steps of ``(1 - w) * supervised + w * SupCon(ANY)`` on ``reference``, batches of 4 rows in order,
+    AdamW as the trainer builds it (the contrastive term through ``head`` when given, trained with the model)."""
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-8)
+    if head is not None:
+        optimizer.add_param_group({"params": list(head.parameters()), "weight_decay": 0.0})
+    rows = [ds[i] for i in range(len(ds))]
+    expected = []
+    for step in range(3):
+        batch = collator(tok)(rows[4 * step : 4 * step + 4])
+        labels = batch.pop("labels").to_dense().float()
+        out = reference(**batch)
+        embeddings = out.embeddings if head is None else head(out.embeddings)
+        loss = (1 - w) * supervised_fn(out.logits, labels) + w * _supcon_any(embeddings, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        expected.append(float(loss.detach()))
+    return expected
+
+
 def _focal(logits: torch.Tensor, y: torch.Tensor, gamma: float = 1.5) -> torch.Tensor:
     """Lin et al. 2017's focal loss per label entry, written out, averaged over the N x L entries."""
     p = torch.sigmoid(logits)
@@ -112,18 +133,7 @@ def test_joint_trainer_equals_a_hand_written_supervised_plus_supcon_loop(tmp_pat
     seen = _recorded_losses(trainer)
     trainer.train()
 
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-8)
-    rows = [ds[i] for i in range(len(ds))]
-    expected = []
-    for step in range(3):
-        batch = collator(tok)(rows[4 * step : 4 * step + 4])
-        labels = batch.pop("labels").to_dense().float()
-        out = reference(**batch)
-        loss = (1 - w) * supervised_fn(out.logits, labels) + w * _supcon_any(out.embeddings, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        expected.append(float(loss.detach()))
+    expected = _written_out_losses(reference, tok, ds, w, supervised_fn)
     np.testing.assert_allclose(seen, expected, rtol=1e-5)
     assert max_rel_diff(_weights(model), _weights(reference)) < 1e-5
 
@@ -153,20 +163,7 @@ def test_a_projection_head_feeds_the_contrastive_term_and_is_left_out_of_the_cla
     seen = _recorded_losses(trainer)
     trainer.train()
 
-    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-8)
-    optimizer.add_param_group({"params": list(head.parameters()), "weight_decay": 0.0})
-    rows = [ds[i] for i in range(len(ds))]
-    expected = []
-    for step in range(3):
-        batch = collator(tok)(rows[4 * step : 4 * step + 4])
-        labels = batch.pop("labels").to_dense().float()
-        out = reference(**batch)
-        bce = F.binary_cross_entropy_with_logits(out.logits, labels)
-        loss = (1 - w) * bce + w * _supcon_any(head(out.embeddings), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        expected.append(float(loss.detach()))
+    expected = _written_out_losses(reference, tok, ds, w, F.binary_cross_entropy_with_logits, head=head)
     np.testing.assert_allclose(seen, expected, rtol=1e-5)
     assert max_rel_diff(_weights(model), _weights(reference)) < 1e-5
     assert max_rel_diff(_weights(trainer.projection), _weights(head)) < 1e-5
