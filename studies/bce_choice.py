@@ -104,16 +104,7 @@ def joint_grid_done(
     import lr_grid
 
     scores = joint_validation_scores(study, results, size, lr)
-    try:
-        for k in range(1, JOINT_EXTENSIONS + 1):
-            w = lr_grid.extend_grid(scores, JOINT_WEIGHTS, JOINT_LADDER, k, "weights")
-            if w is None:
-                return True
-            if w not in scores:
-                return False
-    except lr_grid.NotReady:
-        return False
-    return True
+    return lr_grid.grid_complete(scores, JOINT_WEIGHTS, JOINT_LADDER, JOINT_EXTENSIONS)
 
 
 def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None = None) -> str:

@@ -74,3 +74,20 @@ def extend_grid(
 def extension_lr(validation_macro_f1: dict[str, float], k: int = 1) -> str | None:
     """The BCE grid's ``k``-th extension (:func:`extend_grid` over ``FIRST`` and ``LADDER``)."""
     return extend_grid(validation_macro_f1, FIRST, LADDER, k, "learning rates")
+
+
+def grid_complete(
+    scores: dict[str, float], first: tuple[str, ...], ladder: tuple[str, ...], extensions: int
+) -> bool:
+    """Whether every point of the grid has a score: ``first`` and each of up to ``extensions`` extensions
+    (:func:`extend_grid`) that validation asks for; a best point inside the grid asks for none further."""
+    try:
+        for k in range(1, extensions + 1):
+            point = extend_grid(scores, first, ladder, k)
+            if point is None:
+                return True
+            if point not in scores:
+                return False
+    except NotReady:
+        return False
+    return True

@@ -108,13 +108,24 @@ def extended_bce_lr(dataset: str, train_size: int | None = None, k: int = 1) -> 
     size (studies/lr_grid.py); None when the best learning rate lies inside the grid."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bce_choice import bce_validation_scores
-    from lr_grid import NotReady, extension_lr
+    from lr_grid import extension_lr
+
+    return _extension(
+        lambda: extension_lr(bce_validation_scores(dataset, RESULTS, train_size), k), "--lr", k, train_size
+    )
+
+
+def _extension(choose, option: str, k: int, train_size: int | None) -> str | None:
+    """``choose()``: a grid's ``k``-th extension; its NotReady becomes a one-line ValueError naming ``option``."""
+    from lr_grid import NotReady
 
     try:
-        return extension_lr(bce_validation_scores(dataset, RESULTS, train_size), k)
+        return choose()
     except NotReady as err:
         size = "" if train_size is None else f" --train-size {train_size}"
-        raise ValueError(f"--lr extend{k if k > 1 else ''}: {err} (seed 1{size}); run them first") from None
+        raise ValueError(
+            f"{option} extend{k if k > 1 else ''}: {err} (seed 1{size}); run them first"
+        ) from None
 
 
 def scale_tokens(
@@ -156,19 +167,14 @@ def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 
     the best w lies inside the grid."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
-    from lr_grid import NotReady
 
     if not 1 <= k <= bce_choice.JOINT_EXTENSIONS:
         raise ValueError(
             f"--weight extend{k}: the w grid extends at most {bce_choice.JOINT_EXTENSIONS} times"
         )
-    try:
-        return bce_choice.extended_joint_weight(dataset, RESULTS, train_size, k)
-    except NotReady as err:
-        size = "" if train_size is None else f" --train-size {train_size}"
-        raise ValueError(
-            f"--weight extend{k if k > 1 else ''}: {err} (seed 1{size}); run them first"
-        ) from None
+    return _extension(
+        lambda: bce_choice.extended_joint_weight(dataset, RESULTS, train_size, k), "--weight", k, train_size
+    )
 
 
 def run_cell(

@@ -84,16 +84,7 @@ def bce_grid_done(study: str, results: str, size: int | None) -> bool:
     """Whether every point of BCE's learning-rate grid at ``size`` has its seed-1 cell (the first two and the
     extension; at a subset also the second extension, run_all.sh's SCALE_LRS): only then is the choice final."""
     scores = bce_choice.bce_validation_scores(study, results, size)
-    try:
-        for k in range(1, 2 if size is None else 3):
-            lr = lr_grid.extension_lr(scores, k)
-            if lr is None:
-                return True
-            if lr not in scores:
-                return False
-    except lr_grid.NotReady:
-        return False
-    return True
+    return lr_grid.grid_complete(scores, lr_grid.FIRST, lr_grid.LADDER, 1 if size is None else 2)
 
 
 def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, str | None]]:
