@@ -190,10 +190,17 @@ class ContrastiveTrainer(MultiLabelTrainer):
         return self._loss_optimizer
 
     def _step_loss_parameters(self, lr: float) -> None:
+        """Step the loss parameters' own optimizer at ``lr``. Under fp16 the gradients carry the loss scale of
+        ``accelerator.backward``: the accelerator's grad scaler unscales them and skips the step on inf / NaN,
+        and the main optimizer's step updates the scale for both optimizers."""
         optimizer = self._loss_optimizer_for_sharded()
         for group in optimizer.param_groups:
             group["lr"] = lr
-        optimizer.step()
+        scaler = self.accelerator.scaler
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
 
     # ------------------------------------------------------------------ batches
     def _get_train_sampler(self, train_dataset=None):

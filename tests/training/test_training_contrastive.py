@@ -329,3 +329,43 @@ def test_flops_estimate_is_trainers_with_the_parameter_count_taken_once(tmp_path
     assert trainer.floating_point_ops({"inputs_embeds": torch.ones(1, 2, 3)}) == 0
     trainer.train()  # total_flos sums the estimate over the steps, as Trainer's does
     assert trainer.state.total_flos > 0 and len(counted) == 2
+
+
+def test_loss_parameters_own_step_unscales_fp16_gradients(tmp_path, tok):
+    """Under a sharding engine the loss parameters step in their own optimizer (:meth:`_step_loss_parameters`).
+    With fp16 their gradients carry the loss scale of ``accelerator.backward``: the accelerator's grad scaler
+    unscales them, so the step equals the step on unscaled gradients, and on an inf gradient the step is skipped
+    and the scaler's next update backs the scale off."""
+    scale = 1024.0
+
+    def prototypes_after_step(grad: torch.Tensor, scaler) -> tuple[torch.Tensor, torch.Tensor]:
+        tr = ContrastiveTrainer(
+            model=tiny_encoder(tok),
+            args=base_args(tmp_path, loss="msc", optim="sgd", knn_k=0),
+            train_dataset=tiny_split(8),
+            data_collator=collator(tok),
+        )
+        tr.accelerator.scaler = scaler
+        protos = tr.loss_fn.prototypes
+        before = protos.detach().clone()
+        protos.grad = grad.clone()
+        tr._step_loss_parameters(0.5)
+        return before, protos.detach().clone()
+
+    grad = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))  # 4 labels x width 16
+    before, plain = prototypes_after_step(grad, None)
+    assert torch.allclose(plain, before - 0.5 * grad, atol=1e-6)  # SGD, no weight decay on loss parameters
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(torch.ones(()))  # the scale of this step's backward (accelerator.backward scales the loss)
+    _, scaled = prototypes_after_step(grad * scale, scaler)
+    assert torch.allclose(scaled, plain, atol=1e-6)
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(torch.ones(()))
+    bad = grad * scale
+    bad[0, 0] = float("inf")
+    before, skipped = prototypes_after_step(bad, scaler)
+    assert torch.equal(skipped, before)  # the step is skipped, the prototypes stay finite
+    scaler.update()  # the main optimizer's step updates the scale for both optimizers
+    assert scaler.get_scale() == scale * 0.5
