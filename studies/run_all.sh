@@ -131,19 +131,20 @@ tail_seeds() {
 # The data-scale study (issue 52; studies/scale.py): each subset size's cells, run.py / the baselines with
 # --train-size N (cells <cell>-n<N>; the full-size cells are its "all" rows). Every choice on validation per
 # size: the BCE learning rate from the same grid (5e-5, 1e-4, then past the better edge, twice), the fine-tunes
-# from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size). Epochs by
-# the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3 evaluations. Order: cheap and
-# most informative first, each step over the sizes smallest first. Estimated minutes per run, every step run
-# (python studies/scale.py plan: the full-size cells' median rates; those cells mostly ran two side by side,
-# one thread each; early stopping ends most fine-tunes sooner):
+# from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size), both probed at
+# every size, the fine-tune from stage 1 with the one better on that size's validation probes (scale.py
+# better-loss). Epochs by the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3
+# evaluations. Order: cheap and most informative first, each step over the sizes smallest first. Estimated
+# minutes per run, every step run (python studies/scale.py plan: the full-size cells' median rates; those cells
+# mostly ran two side by side, one thread each; early stopping ends most fine-tunes sooner):
 #                                   Reuters n500  n2000   GoEmotions n1000  n4000
 #   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
 #   stage 1 + logistic probe (2 x 3)       22     20                28     29
-#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               127    126
-#   joint objective (2-5 w seed 1, 2 seeds) 98    95               115    115
-#   stage 1 + fine-tune (2 x 3)            79     77               127    126
 #   SetFit (3)                             10     10                15     16
-#   queues: Reuters 59 h, GoEmotions 85 h, every step run (a best point inside the grid skips its extensions)
+#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               126    126
+#   joint objective (2-5 w seed 1, 2 seeds) 91    89               116    115
+#   stage 1 + fine-tune (1 x 3)            79     77               126    126
+#   queues: Reuters 50 h, GoEmotions 72 h, every step run (a best point inside the grid skips its extensions)
 SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
 SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
 # The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from
@@ -171,15 +172,16 @@ scale_cells() {  # scale_cells STUDY: every subset size's cells of the data-scal
   for N in $sizes; do bcell tfidf "$study" --model logreg --seed 1 --train-size "$N"; done  # no seed changes it
   # stage 1 + logistic probe needs no choice of BCE's (minutes a run; the rows where contrastive paid at full size)
   for N in $sizes; do for S in 1 2 3; do for L in $L2; do scell "$study" "$N" --loss "$L" --probe logistic --seed "$S"; done; done; done
+  for N in $sizes; do for S in 1 2 3; do bcell setfit "$study" --seed "$S" --train-size "$N"; done; done
   for N in $sizes; do
     for LR in $SCALE_LRS; do scell "$study" "$N" --loss bce --probe finetune --lr "$LR" --seed 1 --patience $SCALE_PAT; done
     for S in 2 3; do scell "$study" "$N" --loss bce --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
   done
   for N in $sizes; do joint_cells "$study" $SCALE_PAT "$N"; done
-  for N in $sizes; do for S in 1 2 3; do for L in $L2; do
-    scell "$study" "$N" --loss "$L" --probe finetune --lr best --seed "$S" --patience $SCALE_PAT
-  done; done; done
-  for N in $sizes; do for S in 1 2 3; do bcell setfit "$study" --seed "$S" --train-size "$N"; done; done
+  for N in $sizes; do  # stage 1 + fine-tune: the loss whose probe is better on this size's validation
+    if ! L=$($PY studies/scale.py better-loss "$study" "$N" $L2); then echo "FAILED: $study n$N fine-tunes"; continue; fi
+    for S in 1 2 3; do scell "$study" "$N" --loss "$L" --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
+  done
 }
 
 case "${1:-}" in

@@ -3,7 +3,9 @@
 ``<study>-scale``: each method's test macro-F1 (mean ± sample standard deviation over the seeds, and n) at each
 training size of studies/scale.py, every choice made on validation at that size: BCE's learning rate
 (``bce_choice.best_bce_lr``), the joint objective's w (``bce_choice.best_joint_weight``), the two losses
-chosen on Reuters' frozen probes (``loss_choice.best_losses``); the fine-tunes run at BCE's learning rate.
+chosen on Reuters' frozen probes (``loss_choice.best_losses``), and at a subset the one of them fine-tuned from
+stage 1 (``scale.better_loss``: the better probe on that size's validation; the other reads "other loss
+chosen"); the fine-tunes run at BCE's learning rate.
 Each method's cell adds its difference to BCE at that size and the seed-spread verdict (yes / no / undecided);
 :func:`scale_figure` draws the table. ``joint``: every joint cell (dataset, size, w, learning rate) beside BCE
 at the same learning rate and size; the test columns of the w chosen on validation only.
@@ -31,6 +33,7 @@ import scale  # noqa: E402  (studies/scale.py: the sizes and the cells' names)
 
 NOT_RUN = "not yet run"
 PENDING = "choice pending"  # a cell chosen on validation whose grid has not run every point yet
+NOT_CHOSEN = "other loss chosen"  # a subset's stage 1 + fine-tune runs with the loss better on its validation
 BCE = "BCE fine-tune"
 
 
@@ -88,8 +91,9 @@ def bce_grid_done(study: str, results: str, size: int | None) -> bool:
 
 
 def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, str | None]]:
-    """(row name, cell base name, or None while its choice is pending) of each method at ``size``: a choice is
-    made once every point of its grid has run on validation (:func:`bce_grid_done`, ``bce_choice.joint_grid_done``)."""
+    """(row name, cell base name, None while its choice is pending, or ``NOT_CHOSEN``) of each method at
+    ``size``: a choice is made once every point of its grid has run on validation (:func:`bce_grid_done`,
+    ``bce_choice.joint_grid_done``); at a subset only the loss whose probe is better there is fine-tuned."""
     lr = (
         _chosen(bce_choice.best_bce_lr, study, results, size) if bce_grid_done(study, results, size) else None
     )
@@ -105,22 +109,37 @@ def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, 
         (BCE, f"bce_finetune-lr{lr}" if lr else None),
         ("joint: (1 - w) BCE + w jaccard", f"joint_finetune-w{w}-lr{lr}" if lr and w else None),
     ]
+    tuned = None  # at a subset, the one loss fine-tuned from stage 1 (scale.better_loss); None: pending
+    if size is not None and losses:
+        try:
+            tuned = scale.better_loss(study, size, losses, results)
+        except ValueError:
+            pass
     for loss in losses:
         rows.append((f"{loss} + logistic probe", f"{loss}_logistic"))
-        rows.append((f"{loss} + fine-tune", f"{loss}_finetune-lr{lr}" if lr else None))
+        if size is not None and tuned is not None and loss != tuned:
+            rows.append((f"{loss} + fine-tune", NOT_CHOSEN))
+        else:
+            ready = lr and (size is None or tuned is not None)
+            rows.append((f"{loss} + fine-tune", f"{loss}_finetune-lr{lr}" if ready else None))
     rows.append(("SetFit", "setfit_logistic"))
     return rows
 
 
 def scale_runs(study: str, results: str) -> tuple[list[int | None], dict[str, list[list[dict] | None]]]:
     """(the sizes, smallest first, None for the whole split; each method's finished seeds at each size, None
-    while its choice there is pending)."""
+    while its choice there is pending, ``NOT_CHOSEN`` where it does not run)."""
     cells = runs_by_cell(results, study)
     sizes: list[int | None] = [*scale.SIZES[study], None]
     per_size = [dict(method_cells(study, results, n)) for n in sizes]
     runs = {
         name: [
-            cells.get((chosen[name], n), []) if chosen[name] else None for chosen, n in zip(per_size, sizes)
+            NOT_CHOSEN
+            if chosen[name] == NOT_CHOSEN
+            else cells.get((chosen[name], n), [])
+            if chosen[name]
+            else None
+            for chosen, n in zip(per_size, sizes)
         ]
         for name in per_size[-1]
     }
@@ -145,6 +164,8 @@ def scale_table(study: str, results: str) -> str:
         cells = [
             PENDING
             if r is None
+            else NOT_CHOSEN
+            if r == NOT_CHOSEN
             else summary(r, "test_macro_f1")
             + ("" if name == BCE or ref is None else _verdict(seed_delta(r, ref, "test_macro_f1")))
             for r, ref in zip(by_size, runs[BCE])
@@ -176,7 +197,7 @@ def scale_figure(study: str, results: str, out: str) -> str | None:
                 [float(r["metrics"]["test_macro_f1"]) for r in rs if "test_macro_f1" in r["metrics"]],
             )
             for xi, rs in zip(x, by_size)
-            if rs
+            if isinstance(rs, list) and rs
         ]
         points = [(xi, v) for xi, v in points if v]
         if not points:

@@ -222,7 +222,8 @@ def test_tables_of_the_full_study_leave_the_subset_cells_out(tmp_path, monkeypat
 
 def _scale_queue(tmp_path) -> list[list[str]]:
     """The cells ``run_all.sh scale-reuters`` starts (a fake python records run.py's and the baselines' calls and
-    runs scale.py and loss_choice.py for real), with jaccard and mulsupcon the two best losses on validation."""
+    runs scale.py and loss_choice.py for real), with jaccard and mulsupcon the two best losses on validation, and
+    mulsupcon's probe the better at 500 rows (mean of 3 seeds), jaccard's at 2,000."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "python"
     fake.write_text(
@@ -240,6 +241,15 @@ def _scale_queue(tmp_path) -> list[list[str]]:
             path = tmp_path / "reuters21578" / f"{loss}_{probe}" / "seed1" / "metrics.json"
             path.parent.mkdir(parents=True)
             path.write_text(json.dumps({"metrics": {"validation_macro_f1": 0.1}}))
+    for n, scores in {
+        500: {"jaccard": (0.3, 0.3, 0.3), "mulsupcon": (0.2, 0.35, 0.4)},
+        2000: {"jaccard": (0.5, 0.4, 0.45), "mulsupcon": (0.45, 0.45, 0.44)},
+    }.items():
+        for loss, seeds in scores.items():
+            for s, val in enumerate(seeds, 1):
+                path = tmp_path / "reuters21578" / f"{loss}_logistic-n{n}" / f"seed{s}" / "metrics.json"
+                path.parent.mkdir(parents=True)
+                path.write_text(json.dumps({"metrics": {"validation_macro_f1": val}}))
     env = {**os.environ, "PY": str(fake), "MLCL_RESULTS": str(tmp_path), "MLCL_RUNS": str(tmp_path / "runs")}
     proc = subprocess.run(
         ["bash", os.path.join(STUDIES, "run_all.sh"), "scale-reuters"],
@@ -253,8 +263,9 @@ def _scale_queue(tmp_path) -> list[list[str]]:
 
 
 def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
-    """run_all.sh scale-reuters: TF-IDF, the two best losses' probes, the BCE grid and seeds, the joint objective
-    (two w, then seeds 2-3 at the better), the losses' fine-tunes, SetFit; every cell with --train-size, smallest size first within each step."""
+    """run_all.sh scale-reuters: TF-IDF, the two best losses' probes, SetFit, the BCE grid and seeds, the joint
+    objective (two w, then seeds 2-3 at the better), the fine-tune from stage 1 with the loss whose probe is better
+    at that size; every cell with --train-size, smallest size first within each step."""
     cells = _scale_queue(tmp_path)
     assert all(c[c.index("--train-size") + 1] in ("500", "2000") for c in cells)
     words = [" ".join(c) for c in cells]
@@ -271,6 +282,10 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
         ]
     for n in (500, 2000):
         expected += [
+            f"studies/baseline_setfit.py reuters21578 --seed {s} --train-size {n}" for s in (1, 2, 3)
+        ]
+    for n in (500, 2000):
+        expected += [
             "studies/run.py cell reuters21578 --loss bce " + ft.format(lr, 1, n)
             for lr in ("5e-5", "1e-4", "extend", "extend2")
         ]
@@ -282,15 +297,9 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
             for w in ("0.2", "0.5", "extend", "extend2", "extend3")
         ]
         expected += [joint.format("best", s) + f"--patience 3 --train-size {n}" for s in (2, 3)]
-    for n in (500, 2000):
+    for n, loss in ((500, "mulsupcon"), (2000, "jaccard")):
         expected += [
-            f"studies/run.py cell reuters21578 --loss {loss} " + ft.format("best", s, n)
-            for s in (1, 2, 3)
-            for loss in ("jaccard", "mulsupcon")
-        ]
-    for n in (500, 2000):
-        expected += [
-            f"studies/baseline_setfit.py reuters21578 --seed {s} --train-size {n}" for s in (1, 2, 3)
+            f"studies/run.py cell reuters21578 --loss {loss} " + ft.format("best", s, n) for s in (1, 2, 3)
         ]
     assert [w.split(" --data_dir")[0] for w in words] == expected
 
@@ -429,3 +438,38 @@ def test_the_joint_grid_is_run_all_s():
     bce_choice = _module("bce_choice")
     line = next(x for x in open(os.path.join(STUDIES, "run_all.sh")) if x.startswith("JOINT_WEIGHTS="))
     assert tuple(line.split("=", 1)[1].strip().strip('"').split()) == bce_choice.JOINT_WEIGHTS
+
+
+def test_a_subset_fine_tunes_from_the_loss_whose_probe_is_better_on_its_validation(tmp_path):
+    """``scale.better_loss``: the mean validation macro-F1 of seeds 1-3 of each loss's logistic probe at that size
+    (never a test figure), a tie to the earlier loss (the full-size ranking), an error naming what has not run;
+    the scale table fine-tunes that loss and marks the other's row."""
+    scale, tables = _module("scale"), _module("scale_table")
+    root = str(tmp_path)
+    for loss in ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl"):
+        for probe in ("logistic", "linear"):  # the full-size choice: jaccard, then mulsupcon
+            _cell(tmp_path, f"{loss}_{probe}", 1, {"jaccard": 0.5, "mulsupcon": 0.45}.get(loss, 0.1), 0.3)
+    for seed, (j, m) in enumerate(((0.30, 0.20), (0.30, 0.35), (0.30, 0.40)), 1):
+        _cell(tmp_path, "jaccard_logistic-n500", seed, j, 0.9)  # the higher test figures must not count
+        _cell(tmp_path, "mulsupcon_logistic-n500", seed, m, 0.1)
+    with pytest.raises(ValueError, match="missing: jaccard_logistic-n2000 seed 1, "):
+        scale.better_loss("reuters21578", 2000, ["jaccard", "mulsupcon"], root)
+    # seed 1 alone would pick jaccard (0.30 > 0.20); the mean of three picks mulsupcon (0.317 > 0.300)
+    assert scale.better_loss("reuters21578", 500, ["jaccard", "mulsupcon"], root) == "mulsupcon"
+    for seed in (1, 2, 3):
+        _cell(tmp_path, "jaccard_logistic-n2000", seed, 0.4, 0.5)
+        _cell(tmp_path, "mulsupcon_logistic-n2000", seed, 0.4, 0.5)
+    assert scale.better_loss("reuters21578", 2000, ["mulsupcon", "jaccard"], root) == "mulsupcon"  # a tie
+    assert scale.better_loss("reuters21578", 2000, ["jaccard", "mulsupcon"], root) == "jaccard"
+    for lr, val in (("5e-5", 0.1), ("1e-4", 0.3), ("2e-4", 0.2)):  # 1e-4 inside the grid at 500
+        _cell(tmp_path, f"bce_finetune-lr{lr}-n500", 1, val, 0.3)
+    _cell(tmp_path, "mulsupcon_finetune-lr1e-4-n500", 1, 0.3, 0.42)
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:]
+        for line in tables.scale_table("reuters21578", root).splitlines()[2:]
+    }
+    assert rows["mulsupcon + fine-tune"][0] == "0.420 (n=1), +0.120 undecided"
+    assert rows["jaccard + fine-tune"][0] == tables.NOT_CHOSEN
+    # at 2,000 rows jaccard is chosen (the tie) and the learning rate is not yet; at full size both are fine-tuned
+    assert rows["jaccard + fine-tune"][1:] == ["choice pending", "choice pending |"]
+    assert rows["mulsupcon + fine-tune"][1:] == [tables.NOT_CHOSEN, "choice pending |"]
