@@ -7,8 +7,8 @@ chosen on Reuters' frozen probes (``loss_choice.best_losses``), and at a subset 
 stage 1 (``scale.better_loss``: the better probe on that size's validation; the other reads "other loss
 chosen"); the fine-tunes run at BCE's learning rate.
 Each method's cell adds its difference to BCE at that size and the seed-spread verdict (yes / no / undecided);
-:func:`scale_figure` draws the table. ``joint``: every joint cell (dataset, size, w, learning rate) beside BCE
-at the same learning rate and size; the test columns of the w chosen on validation only.
+:func:`scale_figure` draws the table. ``joint``: per dataset, size and learning rate, every w's seed-1 validation
+macro-F1, the w chosen on it with its seeds' figures (test only once the grid is complete), and BCE beside it.
 A cell without a finished run reads "not yet run", one whose choice waits for the rest of its grid "choice
 pending".
 
@@ -235,34 +235,49 @@ def scale_figure(study: str, results: str, out: str) -> str | None:
     return out
 
 
+def _grid_cell(by_w: dict[str, list[dict]]) -> str:
+    """``0.01: 0.358 · 0.05: 0.362 · 0.2: 0.255``: each w's seed-1 validation macro-F1, the figures the choice
+    reads (``bce_choice.best_joint_weight``)."""
+    parts = []
+    for w in sorted(by_w, key=float):
+        seed1 = [r for r in by_w[w] if r.get("seed") == 1 and "validation_macro_f1" in r["metrics"]]
+        if seed1:
+            parts.append(f"{w}: {float(seed1[0]['metrics']['validation_macro_f1']):.3f}")
+    return " · ".join(parts)
+
+
 def joint_table(studies: list[str], results: str) -> str:
-    """Every joint cell of ``studies`` beside BCE at its learning rate and size: validation and test macro-F1,
-    test micro-F1 (the test columns of the w chosen on validation only)."""
+    """One row per dataset, size and learning rate of the joint cells: every w's validation macro-F1, the w chosen
+    on validation with its validation, test macro- and micro-F1 over its seeds (read once the grid is complete),
+    and BCE at the same learning rate and size."""
     rows = [
-        "| dataset | training rows | w | lr | validation macro-F1 | test macro-F1 | test micro-F1 "
-        "| BCE, same lr: validation macro-F1 | BCE: test macro-F1 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dataset | training rows | lr | seed 1: validation macro-F1 per w | chosen w | validation macro-F1 | test macro-F1 "
+        "| test micro-F1 | BCE, same lr: validation macro-F1 | BCE: test macro-F1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for study in studies:
         cells = runs_by_cell(results, study)
-        joint = sorted(
-            (k for k in cells if k[0].startswith("joint_finetune-w")), key=lambda k: (k[1] or 1 << 30, k[0])
-        )
-        for base, size in joint:
-            w, lr = base.removeprefix("joint_finetune-w").split("-lr")
-            runs, bce = cells[(base, size)], cells.get((f"bce_finetune-lr{lr}", size), [])
-            if not bce_choice.joint_grid_done(study, results, size, lr):
-                test = ["(choice pending)"] * 2  # test is read for the chosen w only, once every w has run
-            elif _chosen(bce_choice.best_joint_weight, study, results, size) == w:
-                test = [summary(runs, k) for k in ("test_macro_f1", "test_micro_f1")]
-            else:
-                test = ["(w not chosen)"] * 2
+        grids: dict[tuple[int | None, str], dict[str, list[dict]]] = defaultdict(dict)
+        for base, size in cells:
+            if base.startswith("joint_finetune-w"):
+                w, lr = base.removeprefix("joint_finetune-w").split("-lr")
+                grids[size, lr][w] = cells[(base, size)]
+        for size, lr in sorted(grids, key=lambda k: (k[0] or 1 << 30, float(k[1]))):
+            by_w, bce = grids[size, lr], cells.get((f"bce_finetune-lr{lr}", size), [])
+            w = None
+            if bce_choice.joint_grid_done(study, results, size, lr):
+                w = _chosen(bce_choice.best_joint_weight, study, results, size)
+            chosen = (
+                [w, *(summary(by_w[w], k) for k in ("validation_macro_f1", "test_macro_f1", "test_micro_f1"))]
+                if w in by_w
+                else [PENDING, "", "", ""]  # test is read for the chosen w only, once every w has run
+            )
             rows.append(
-                f"| {study} | {size or 'all'} | {w} | {lr} | {summary(runs, 'validation_macro_f1')} | {test[0]} "
-                f"| {test[1]} | {summary(bce, 'validation_macro_f1')} | {summary(bce, 'test_macro_f1')} |"
+                f"| {study} | {size or 'all'} | {lr} | {_grid_cell(by_w)} | {' | '.join(chosen)} "
+                f"| {summary(bce, 'validation_macro_f1')} | {summary(bce, 'test_macro_f1')} |"
             )
     if len(rows) == 2:
-        rows.append(f"| {NOT_RUN} | | | | | | | | |")
+        rows.append(f"| {NOT_RUN} | | | | | | | | | |")
     return "\n".join(rows)
 
 

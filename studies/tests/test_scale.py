@@ -408,12 +408,15 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     assert rows["SetFit"] == ["not yet run"] * 2 + ["not yet run |"]
     joint = tables.joint_table(["reuters21578", "goemotions_full"], str(tmp_path)).splitlines()[2:]
     assert joint == [
-        "| reuters21578 | 500 | 0.05 | 1e-4 | 0.200 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
-        "| 0.320 ± 0.020 (n=3) |",
-        "| reuters21578 | 500 | 0.2 | 1e-4 | 0.250 (n=1) | 0.400 (n=1) | 0.900 (n=1) | 0.200 ± 0.000 (n=3) "
-        "| 0.320 ± 0.020 (n=3) |",
-        "| reuters21578 | 500 | 0.5 | 1e-4 | 0.150 (n=1) | (w not chosen) | (w not chosen) | 0.200 ± 0.000 (n=3) "
-        "| 0.320 ± 0.020 (n=3) |",
+        "| reuters21578 | 500 | 1e-4 | 0.05: 0.200 · 0.2: 0.250 · 0.5: 0.150 | 0.2 | 0.250 (n=1) | 0.400 (n=1) "
+        "| 0.900 (n=1) | 0.200 ± 0.000 (n=3) | 0.320 ± 0.020 (n=3) |"
+    ]
+    # seeds 2-3 of the chosen w: its columns summarise the seeds, the grid keeps the seed-1 figures it chose on
+    _cell(tmp_path, "joint_finetune-w0.2-lr1e-4-n500", 2, 0.35, 0.50)
+    _cell(tmp_path, "joint_finetune-w0.2-lr1e-4-n500", 3, 0.45, 0.60)
+    assert tables.joint_table(["reuters21578"], str(tmp_path)).splitlines()[2:] == [
+        "| reuters21578 | 500 | 1e-4 | 0.05: 0.200 · 0.2: 0.250 · 0.5: 0.150 | 0.2 | 0.350 ± 0.100 (n=3) "
+        "| 0.500 ± 0.100 (n=3) | 1.000 ± 0.100 (n=3) | 0.200 ± 0.000 (n=3) | 0.320 ± 0.020 (n=3) |"
     ]
     png = tmp_path / "figures" / "size.png"
     assert tables.scale_figure("reuters21578", str(tmp_path), str(png)) == str(png) and png.stat().st_size > 0
@@ -426,8 +429,8 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     (tmp_path / "reuters21578" / "joint_finetune-w0.5-lr1e-4-n500" / "seed1" / "metrics.json").unlink()
     pending = tables.joint_table(["reuters21578"], str(tmp_path)).splitlines()[2:]
     assert pending == [
-        "| reuters21578 | 500 | 0.2 | 1e-4 | 0.250 (n=1) | (choice pending) | (choice pending) "
-        "| 0.200 ± 0.000 (n=3) | 0.320 ± 0.020 (n=3) |"
+        "| reuters21578 | 500 | 1e-4 | 0.2: 0.250 | choice pending |  |  |  | 0.200 ± 0.000 (n=3) "
+        "| 0.320 ± 0.020 (n=3) |"
     ]
     assert "| joint: (1 - w) BCE + w jaccard | choice pending |" in tables.scale_table(
         "reuters21578", str(tmp_path)
