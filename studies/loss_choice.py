@@ -5,15 +5,19 @@ regressions, the SD paper's linear layer) on the Reuters study: those rows measu
 stage 1 produced, and every loss has them within an hour of its stage 1, while a fine-tune re-trains
 the encoder with BCE and takes 1-2 h per loss. The choice waits until every contrastive loss has a
 probe row of both kinds; test numbers are never read. ``run_all.sh`` calls it to name the losses that run on
-GoEmotions and get seeds 2-3, and ``make_tables.py`` prints the same ranking.
+GoEmotions and get seeds 2-3, and ``make_tables.py`` prints the same ranking. At a subset size of the
+data-scale study, the fine-tune from stage 1 runs with one of those two: the one whose logistic probe has the
+better validation macro-F1 there, mean over its 3 seeds (:func:`better_loss`).
 
     python studies/loss_choice.py reuters21578 2     # prints the two names, e.g. "mulsupcon any"
+    python studies/loss_choice.py reuters21578 --train-size 500 jaccard mulsupcon   # the better at 500 rows
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 
 HERE = os.path.join(
@@ -22,11 +26,22 @@ HERE = os.path.join(
 RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
 LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl")  # run_all.sh's LOSSES
 PROBES = ("logistic", "linear")  # the frozen probes
+SEEDS = (1, 2, 3)  # the training seeds of a cell
 
 
 def _seed1_metrics(results: str, study: str, loss: str, probe: str) -> str:
     """Path of a probe cell's seed-1 metrics.json (written by run.py)."""
-    return os.path.join(results, study, f"{loss}_{probe}", "seed1", "metrics.json")
+    return _metrics(results, study, f"{loss}_{probe}", 1)
+
+
+def _metrics(results: str, study: str, cell: str, seed: int) -> str:
+    """Path of a cell's metrics.json for ``seed`` (written by run.py)."""
+    return os.path.join(results, study, cell, f"seed{seed}", "metrics.json")
+
+
+def _validation_macro_f1(path: str) -> float:
+    with open(path, encoding="utf-8") as fh:
+        return float(json.load(fh)["metrics"]["validation_macro_f1"])
 
 
 def probe_scores(study: str, results: str = RESULTS) -> dict[str, tuple[float, str]]:
@@ -37,8 +52,7 @@ def probe_scores(study: str, results: str = RESULTS) -> dict[str, tuple[float, s
             path = _seed1_metrics(results, study, loss, probe)
             if not os.path.isfile(path):
                 continue
-            with open(path, encoding="utf-8") as fh:
-                score = float(json.load(fh)["metrics"]["validation_macro_f1"])
+            score = _validation_macro_f1(path)
             if loss not in best or score > best[loss][0]:
                 best[loss] = (score, probe)
     return best
@@ -67,10 +81,39 @@ def best_losses(study: str, k: int = 2, results: str = RESULTS) -> list[str]:
     return [loss for loss, _, _ in ranked(study, results)[:k]]
 
 
+def better_loss(study: str, size: int, losses: list[str], results: str = RESULTS) -> str:
+    """The one of ``losses`` whose stage 1 + logistic probe has the best validation macro-F1 at ``size`` training
+    rows (studies/scale.py), mean over seeds 1-3 (ties: the earlier in ``losses``, the full-size ranking): the
+    loss a subset's stage 1 + fine-tune runs with. ValueError until every seed of every loss has its probe cell."""
+    from scale import cell_name  # studies/scale.py: a subset's cells end in -n<N>
+
+    means, missing = {}, []
+    for loss in losses:
+        cell, scores = cell_name(f"{loss}_logistic", size), []
+        for seed in SEEDS:
+            path = _metrics(results, study, cell, seed)
+            if os.path.isfile(path):
+                scores.append(_validation_macro_f1(path))
+            else:
+                missing.append(f"{cell} seed {seed}")
+        means[loss] = statistics.fmean(scores) if scores else None
+    if missing or not losses:
+        raise ValueError(
+            f"{study} n{size}: the fine-tuned loss is chosen once every probe cell has run; missing: "
+            f"{', '.join(missing) or 'no loss named'}"
+        )
+    return max(losses, key=lambda loss: (means[loss], -losses.index(loss)))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python studies/loss_choice.py <study> [k]")
+    argv = sys.argv[1:]
+    sized = len(argv) >= 4 and argv[1] == "--train-size" and argv[2].isdigit()
+    if not sized and len(argv) not in (1, 2):
+        sys.exit("usage: python studies/loss_choice.py <study> [k] | <study> --train-size <N> <loss>...")
     try:
-        print(" ".join(best_losses(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 2)))
+        if sized:
+            print(better_loss(argv[0], int(argv[2]), argv[3:]))
+        else:
+            print(" ".join(best_losses(argv[0], int(argv[1]) if len(argv) == 2 else 2)))
     except ValueError as err:
         sys.exit(f"error: {err}")

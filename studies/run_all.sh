@@ -132,8 +132,8 @@ tail_seeds() {
 # --train-size N (cells <cell>-n<N>; the full-size cells are its "all" rows). Every choice on validation per
 # size: the BCE learning rate from the same grid (5e-5, 1e-4, then past the better edge, twice), the fine-tunes
 # from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size), both probed at
-# every size, the fine-tune from stage 1 with the one better on that size's validation probes (scale.py
-# better-loss). Epochs by the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3
+# every size, the fine-tune from stage 1 with the one better on that size's validation probes (loss_choice.py
+# --train-size). Epochs by the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3
 # evaluations. Order: cheap and most informative first, each step over the sizes smallest first. Estimated
 # minutes per run, every step run (python studies/scale.py plan: the full-size cells' median rates; those cells
 # mostly ran two side by side, one thread each; early stopping ends most fine-tunes sooner):
@@ -179,7 +179,7 @@ scale_cells() {  # scale_cells STUDY: every subset size's cells of the data-scal
   done
   for N in $sizes; do joint_cells "$study" $SCALE_PAT "$N"; done
   for N in $sizes; do  # stage 1 + fine-tune: the loss whose probe is better on this size's validation
-    if ! L=$($PY studies/scale.py better-loss "$study" "$N" $L2); then echo "FAILED: $study n$N fine-tunes"; continue; fi
+    if ! L=$($PY studies/loss_choice.py "$study" --train-size "$N" $L2); then echo "FAILED: $study n$N fine-tunes"; continue; fi
     for S in 1 2 3; do scell "$study" "$N" --loss "$L" --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
   done
 }

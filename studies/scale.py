@@ -13,12 +13,11 @@ as the whole set, so a small size is not under-trained by a shorter schedule. St
 fine-tune evaluates ``EVALUATIONS`` times, evenly over its steps (:func:`eval_every`), keeps its best
 evaluation and stops early on validation (run_all.sh: patience 3 evaluations). SetFit takes as many steps as
 stage 1 (:func:`setfit_steps`). Both losses chosen on Reuters get the frozen probe at every size; the fine-tune
-from stage 1 runs with the one whose probe is better on that size's validation (:func:`better_loss`). Estimated
-cost, every step run:
+from stage 1 runs with the one whose probe is better on that size's validation (``loss_choice.better_loss``).
+Estimated cost, every step run:
 
     python studies/scale.py plan     # each cell's estimated minutes, from the full-size cells' wall times
     python studies/scale.py sizes reuters21578     # "500 2000" (run_all.sh's scale phases)
-    python studies/scale.py better-loss reuters21578 500 jaccard mulsupcon   # the loss a subset fine-tunes from
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import sys
 SIZES = {"reuters21578": (500, 2000), "goemotions_full": (1000, 4000)}  # the sizes below "all"
 FULL_TRAIN = {"reuters21578": 6993, "goemotions_full": 43410}  # training rows of the full-size recipes
 EVAL_ROWS = {"reuters21578": (777, 3019), "goemotions_full": (5426, 5427)}  # validation, test (whole)
-SEEDS = (1, 2, 3)  # the training seeds of every cell
 SUBSET_SEED = 52  # draws the subsets; not a training seed (1-3), so every seed trains on the same rows
 EVALUATIONS = 10  # validation passes of a subset's fine-tune, evenly spaced over its steps
 STAGE1_BATCH = 64  # stage 1's batch (studies/recipes/full_minilm.yaml), SetFit's texts per step
@@ -99,31 +97,6 @@ def setfit_steps(study: str, size: int | None, rows: int | None = None) -> int:
     return int(scaled_epochs(1, FULL_TRAIN[study], size) * (rows // STAGE1_BATCH))
 
 
-def better_loss(study: str, size: int, losses: list[str], results: str) -> str:
-    """The one of ``losses`` whose stage 1 + logistic probe has the best validation macro-F1 at ``size``, mean
-    over seeds 1-3 (ties: the earlier in ``losses``, the full-size ranking): the loss a subset's stage 1 +
-    fine-tune runs with. ValueError until every seed of every loss has its probe cell."""
-    means, missing = {}, []
-    for loss in losses:
-        scores = []
-        for seed in SEEDS:
-            path = os.path.join(
-                results, study, cell_name(f"{loss}_logistic", size), f"seed{seed}", "metrics.json"
-            )
-            if not os.path.isfile(path):
-                missing.append(f"{cell_name(f'{loss}_logistic', size)} seed {seed}")
-                continue
-            with open(path, encoding="utf-8") as fh:
-                scores.append(float(json.load(fh)["metrics"]["validation_macro_f1"]))
-        means[loss] = statistics.fmean(scores) if scores else None
-    if missing or not losses:
-        raise ValueError(
-            f"{study} n{size}: the fine-tuned loss is chosen once every probe cell has run; missing: "
-            f"{', '.join(missing) or 'no loss named'}"
-        )
-    return max(losses, key=lambda loss: (means[loss], -losses.index(loss)))
-
-
 def _records(results: str, study: str) -> list[dict]:
     """The full-size cells' metrics.json records of ``study``."""
     out = []
@@ -178,7 +151,8 @@ def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
     subset size, in run_all.sh's order: TF-IDF + logistic regression (one run: no seed changes it), stage 1 +
     logistic probe of the two best losses (seeds 1-3 each), SetFit (seeds 1-3), BCE fine-tunes (up to 4 learning
     rates on seed 1, then seeds 2-3), the joint objective (two w on seed 1, up to three more past the better edge,
-    seeds 2-3 at the best), stage 1 + fine-tune of the better loss at that size (:func:`better_loss`, seeds 1-3)."""
+    seeds 2-3 at the best), stage 1 + fine-tune of the better loss at that size (``loss_choice.better_loss``,
+    seeds 1-3)."""
     r, full, rows = rates(study, results), FULL_TRAIN[study], []
     for n in SIZES[study]:
         e_ft, e_s1 = scaled_epochs(5, full, n), scaled_epochs(1, full, n)
@@ -214,16 +188,8 @@ def main(argv: list[str]) -> None:
                 print(f"{study} n{n}: {cell}: {k} x {s / 60:.0f} min")
             print(f"{study}: {queue / 3600:.1f} h (run_all.sh {PHASES[study]})")
         print(f"both: {total / 3600:.1f} h at the full-size cells' median rates, every step run")
-    elif argv[:1] == ["better-loss"] and len(argv) >= 4 and argv[1] in SIZES and argv[2].isdigit():
-        try:
-            print(better_loss(argv[1], int(argv[2]), argv[3:], here))
-        except ValueError as err:
-            sys.exit(f"error: {err}")
     else:
-        sys.exit(
-            "usage: python studies/scale.py plan | sizes reuters21578|goemotions_full"
-            " | better-loss <study> <size> <loss>..."
-        )
+        sys.exit("usage: python studies/scale.py plan | sizes reuters21578|goemotions_full")
 
 
 if __name__ == "__main__":

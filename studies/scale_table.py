@@ -4,7 +4,7 @@
 training size of studies/scale.py, every choice made on validation at that size: BCE's learning rate
 (``bce_choice.best_bce_lr``), the joint objective's w (``bce_choice.best_joint_weight``), the two losses
 chosen on Reuters' frozen probes (``loss_choice.best_losses``), and at a subset the one of them fine-tuned from
-stage 1 (``scale.better_loss``: the better probe on that size's validation; the other reads "other loss
+stage 1 (``loss_choice.better_loss``: the better probe on that size's validation; the other reads "other loss
 chosen"); the fine-tunes run at BCE's learning rate.
 Each method's cell adds its difference to BCE at that size and the seed-spread verdict (yes / no / undecided);
 :func:`scale_figure` draws the table. ``joint``: per dataset, size and learning rate, every w's seed-1 validation
@@ -109,10 +109,10 @@ def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, 
         (BCE, f"bce_finetune-lr{lr}" if lr else None),
         ("joint: (1 - w) BCE + w jaccard", f"joint_finetune-w{w}-lr{lr}" if lr and w else None),
     ]
-    tuned = None  # at a subset, the one loss fine-tuned from stage 1 (scale.better_loss); None: pending
+    tuned = None  # at a subset, the one loss fine-tuned from stage 1 (loss_choice.better_loss); None: pending
     if size is not None and losses:
         try:
-            tuned = scale.better_loss(study, size, losses, results)
+            tuned = loss_choice.better_loss(study, size, losses, results)
         except ValueError:
             pass
     for loss in losses:

@@ -444,10 +444,10 @@ def test_the_joint_grid_is_run_all_s():
 
 
 def test_a_subset_fine_tunes_from_the_loss_whose_probe_is_better_on_its_validation(tmp_path):
-    """``scale.better_loss``: the mean validation macro-F1 of seeds 1-3 of each loss's logistic probe at that size
-    (never a test figure), a tie to the earlier loss (the full-size ranking), an error naming what has not run;
-    the scale table fine-tunes that loss and marks the other's row."""
-    scale, tables = _module("scale"), _module("scale_table")
+    """``loss_choice.better_loss``: the mean validation macro-F1 of seeds 1-3 of each loss's logistic probe at
+    that size (never a test figure), a tie to the earlier loss (the full-size ranking), an error naming what has
+    not run; the scale table fine-tunes that loss and marks the other's row."""
+    loss_choice, tables = _module("loss_choice"), _module("scale_table")
     root = str(tmp_path)
     for loss in ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl"):
         for probe in ("logistic", "linear"):  # the full-size choice: jaccard, then mulsupcon
@@ -456,14 +456,16 @@ def test_a_subset_fine_tunes_from_the_loss_whose_probe_is_better_on_its_validati
         _cell(tmp_path, "jaccard_logistic-n500", seed, j, 0.9)  # the higher test figures must not count
         _cell(tmp_path, "mulsupcon_logistic-n500", seed, m, 0.1)
     with pytest.raises(ValueError, match="missing: jaccard_logistic-n2000 seed 1, "):
-        scale.better_loss("reuters21578", 2000, ["jaccard", "mulsupcon"], root)
+        loss_choice.better_loss("reuters21578", 2000, ["jaccard", "mulsupcon"], root)
     # seed 1 alone would pick jaccard (0.30 > 0.20); the mean of three picks mulsupcon (0.317 > 0.300)
-    assert scale.better_loss("reuters21578", 500, ["jaccard", "mulsupcon"], root) == "mulsupcon"
+    assert loss_choice.better_loss("reuters21578", 500, ["jaccard", "mulsupcon"], root) == "mulsupcon"
     for seed in (1, 2, 3):
         _cell(tmp_path, "jaccard_logistic-n2000", seed, 0.4, 0.5)
         _cell(tmp_path, "mulsupcon_logistic-n2000", seed, 0.4, 0.5)
-    assert scale.better_loss("reuters21578", 2000, ["mulsupcon", "jaccard"], root) == "mulsupcon"  # a tie
-    assert scale.better_loss("reuters21578", 2000, ["jaccard", "mulsupcon"], root) == "jaccard"
+    assert (
+        loss_choice.better_loss("reuters21578", 2000, ["mulsupcon", "jaccard"], root) == "mulsupcon"
+    )  # a tie
+    assert loss_choice.better_loss("reuters21578", 2000, ["jaccard", "mulsupcon"], root) == "jaccard"
     for lr, val in (("5e-5", 0.1), ("1e-4", 0.3), ("2e-4", 0.2)):  # 1e-4 inside the grid at 500
         _cell(tmp_path, f"bce_finetune-lr{lr}-n500", 1, val, 0.3)
     _cell(tmp_path, "mulsupcon_finetune-lr1e-4-n500", 1, 0.3, 0.42)
