@@ -190,17 +190,36 @@ class ContrastiveTrainer(MultiLabelTrainer):
         return self._loss_optimizer
 
     def _step_loss_parameters(self, lr: float) -> None:
-        """Step the loss parameters' own optimizer at ``lr``. Under fp16 the gradients carry the loss scale of
-        ``accelerator.backward``: the accelerator's grad scaler unscales them and skips the step on inf / NaN,
-        and the main optimizer's step updates the scale for both optimizers."""
+        """Step the loss parameters' own optimizer at ``lr``, their gradients clipped as
+        :meth:`_clip_loss_parameters` says. Under fp16 the gradients carry the loss scale of
+        ``accelerator.backward``: the accelerator's grad scaler unscales them before the clip and skips the
+        step on inf / NaN, and the main optimizer's step updates the scale for both optimizers."""
         optimizer = self._loss_optimizer_for_sharded()
         for group in optimizer.param_groups:
             group["lr"] = lr
         scaler = self.accelerator.scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        self._clip_loss_parameters()
         if scaler is None:
             optimizer.step()
         else:
             scaler.step(optimizer)
+
+    def _clip_loss_parameters(self) -> None:
+        """Clip the loss parameters' (unscaled) gradients to ``max_grad_norm`` by their own norm. The model's
+        are clipped by theirs, by Trainer or inside a sharding engine, which cannot reach parameters outside
+        it: each group by its own norm, so that every engine trains the same model."""
+        if self.args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self._loss_parameters(), self.args.max_grad_norm)
+
+    def _clip_grad_norm(self, model: nn.Module):
+        """Trainer's ``max_grad_norm`` clip of the model (its norm is the one logged), then the loss
+        parameters' when they share its optimizer (no sharding engine: Trainer's clip has unscaled them)."""
+        norm = super()._clip_grad_norm(model)
+        if not self._sharded:
+            self._clip_loss_parameters()
+        return norm
 
     # ------------------------------------------------------------------ batches
     def _get_train_sampler(self, train_dataset=None):

@@ -331,17 +331,20 @@ def test_flops_estimate_is_trainers_with_the_parameter_count_taken_once(tmp_path
     assert trainer.state.total_flos > 0 and len(counted) == 2
 
 
-def test_loss_parameters_own_step_unscales_fp16_gradients(tmp_path, tok):
-    """Under a sharding engine the loss parameters step in their own optimizer (:meth:`_step_loss_parameters`).
-    With fp16 their gradients carry the loss scale of ``accelerator.backward``: the accelerator's grad scaler
-    unscales them, so the step equals the step on unscaled gradients, and on an inf gradient the step is skipped
-    and the scaler's next update backs the scale off."""
+def test_loss_parameters_own_step_unscales_and_clips_their_gradients(tmp_path, tok):
+    """Under a sharding engine the loss parameters step in their own optimizer (:meth:`_step_loss_parameters`),
+    their gradients clipped to ``max_grad_norm`` by their own norm. With fp16 their gradients carry the loss
+    scale of ``accelerator.backward``: the accelerator's grad scaler unscales them before the clip, so the step
+    equals the step on unscaled gradients, and on an inf gradient the step is skipped and the scaler's next
+    update backs the scale off."""
     scale = 1024.0
 
-    def prototypes_after_step(grad: torch.Tensor, scaler) -> tuple[torch.Tensor, torch.Tensor]:
+    def prototypes_after_step(
+        grad: torch.Tensor, scaler, max_grad_norm=0.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         tr = ContrastiveTrainer(
             model=tiny_encoder(tok),
-            args=base_args(tmp_path, loss="msc", optim="sgd", knn_k=0),
+            args=base_args(tmp_path, loss="msc", optim="sgd", knn_k=0, max_grad_norm=max_grad_norm),
             train_dataset=tiny_split(8),
             data_collator=collator(tok),
         )
@@ -369,3 +372,14 @@ def test_loss_parameters_own_step_unscales_fp16_gradients(tmp_path, tok):
     assert torch.equal(skipped, before)  # the step is skipped, the prototypes stay finite
     scaler.update()  # the main optimizer's step updates the scale for both optimizers
     assert scaler.get_scale() == scale * 0.5
+
+    norm = float(grad.norm())
+    assert norm > 1.0
+    _, clipped = prototypes_after_step(grad, None, max_grad_norm=1.0)
+    assert torch.allclose(clipped, before - 0.5 * grad / norm, atol=1e-5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(torch.ones(()))
+    _, clipped_scaled = prototypes_after_step(
+        grad * scale, scaler, max_grad_norm=1.0
+    )  # unscaled, then clipped
+    assert torch.allclose(clipped_scaled, clipped, atol=1e-6)

@@ -68,9 +68,11 @@ def _recorded_losses(trainer) -> list[float]:
     return seen
 
 
-def _written_out_losses(reference, tok, ds, w, supervised_fn, head=None) -> list[float]:
+def _written_out_losses(reference, tok, ds, w, supervised_fn, head=None, max_grad_norm=0.0, norms=None):
     """Three steps of ``(1 - w) * supervised + w * SupCon(ANY)`` on ``reference``, batches of 4 rows in order,
-    AdamW as the trainer builds it (the contrastive term through ``head`` when given, trained with the model)."""
+    AdamW as the trainer builds it (the contrastive term through ``head`` when given, trained with the model);
+    ``max_grad_norm > 0`` clips the model and the head, each by its own norm (the head's norms appended to
+    ``norms``)."""
     optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.0, eps=1e-8)
     if head is not None:
         optimizer.add_param_group({"params": list(head.parameters()), "weight_decay": 0.0})
@@ -84,6 +86,10 @@ def _written_out_losses(reference, tok, ds, w, supervised_fn, head=None) -> list
         loss = (1 - w) * supervised_fn(out.logits, labels) + w * _supcon_any(embeddings, labels)
         optimizer.zero_grad()
         loss.backward()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), max_grad_norm)
+            if head is not None:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(head.parameters(), max_grad_norm)))
         optimizer.step()
         expected.append(float(loss.detach()))
     return expected
@@ -175,6 +181,26 @@ def test_a_projection_head_feeds_the_contrastive_term_and_is_left_out_of_the_cla
     assert max_rel_diff(_weights(again.projection), _weights(trainer.projection)) == 0
     with pytest.raises(ValueError, match="projects the batch only"):
         _args(tmp_path, contrastive_projection_dim=8, queue_size=8)
+
+
+def test_max_grad_norm_clips_the_model_and_the_projection_head_each_by_its_own_norm(tmp_path):
+    """The projection head trains beside the model, as a loss's own parameters do: ``max_grad_norm`` clips the
+    model's gradients by their norm (Trainer) and the head's by theirs, as in a loop written out; a sharding
+    engine, which clips inside itself, does the same."""
+    tok = tiny_tokenizer()
+    ds = tiny_split(12)
+    model = _classifier(tok)
+    reference = copy.deepcopy(model)
+    args = _args(tmp_path, contrastive_projection_dim=8, max_grad_norm=0.05)
+    trainer = JointTrainer(model=model, args=args, train_dataset=ds, data_collator=collator(tok))
+    head = copy.deepcopy(trainer.projection)
+    trainer.train()
+
+    norms: list[float] = []
+    _written_out_losses(reference, tok, ds, 0.3, F.binary_cross_entropy_with_logits, head, 0.05, norms)
+    assert min(norms) > 0.05  # every step clips the head too
+    assert max_rel_diff(_weights(model), _weights(reference)) < 1e-5
+    assert max_rel_diff(_weights(trainer.projection), _weights(head)) < 1e-5
 
 
 def test_gradcache_and_a_queue_train_the_joint_objective(tmp_path):
