@@ -379,7 +379,6 @@ def test_loss_parameters_own_step_unscales_and_clips_their_gradients(tmp_path, t
     assert torch.allclose(clipped, before - 0.5 * grad / norm, atol=1e-5)
     scaler = torch.amp.GradScaler("cpu", init_scale=scale)
     scaler.scale(torch.ones(()))
-    _, clipped_scaled = prototypes_after_step(
-        grad * scale, scaler, max_grad_norm=1.0
-    )  # unscaled, then clipped
+    # the scaled gradients are unscaled, then clipped
+    _, clipped_scaled = prototypes_after_step(grad * scale, scaler, max_grad_norm=1.0)
     assert torch.allclose(clipped_scaled, clipped, atol=1e-6)

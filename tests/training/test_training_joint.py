@@ -88,7 +88,7 @@ def _written_out_losses(reference, tok, ds, w, supervised_fn, head=None, max_gra
         loss.backward()
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(reference.parameters(), max_grad_norm)
-            if head is not None:
+            if head is not None and norms is not None:
                 norms.append(float(torch.nn.utils.clip_grad_norm_(head.parameters(), max_grad_norm)))
         optimizer.step()
         expected.append(float(loss.detach()))
@@ -185,8 +185,7 @@ def test_a_projection_head_feeds_the_contrastive_term_and_is_left_out_of_the_cla
 
 def test_max_grad_norm_clips_the_model_and_the_projection_head_each_by_its_own_norm(tmp_path):
     """The projection head trains beside the model, as a loss's own parameters do: ``max_grad_norm`` clips the
-    model's gradients by their norm (Trainer) and the head's by theirs, as in a loop written out; a sharding
-    engine, which clips inside itself, does the same."""
+    model's gradients by their norm (Trainer) and the head's by theirs, as in a loop written out."""
     tok = tiny_tokenizer()
     ds = tiny_split(12)
     model = _classifier(tok)
