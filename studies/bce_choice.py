@@ -17,12 +17,12 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
 from scale import split_cell  # noqa: E402  (studies/scale.py: a subset's cells end in -n<N>)
 
 HERE = os.path.join(
@@ -44,11 +44,6 @@ JOINT_LADDER = ("0.001", "0.01", "0.05", "0.2", "0.5", "0.8")
 JOINT_EXTENSIONS = 3
 
 
-def _validation_macro_f1(path: str) -> float:
-    with open(path, encoding="utf-8") as fh:
-        return float(json.load(fh)["metrics"]["validation_macro_f1"])
-
-
 def _seed1_scores(
     study: str, glob_name: str, key: str, results: str, train_size: int | None
 ) -> dict[str, float]:
@@ -60,7 +55,7 @@ def _seed1_scores(
         cell, size = split_cell(os.path.basename(os.path.dirname(os.path.dirname(path))))
         found = re.fullmatch(key, cell)
         if found and size == train_size:
-            scores[found[1]] = _validation_macro_f1(path)
+            scores[found[1]] = validation_macro_f1(path)
     return scores
 
 
@@ -152,13 +147,13 @@ def bce_budget(study: str, results: str = RESULTS) -> str:
         return "base"
     scores = bce_validation_scores(study, results)
     lr = best_bce_lr(study, results)
-    long = os.path.join(results, study, long_cell(lr), "seed1", "metrics.json")
+    long = metrics_path(study, long_cell(lr), 1, results)
     if not os.path.isfile(long):
         raise ValueError(
             f"{study}: the BCE run with {LONG_BUDGET[study]} at lr {lr} (seed 1) has not finished, so the "
             "budget of the BCE baseline is not chosen yet (run_all.sh full-reuters runs it before the seeds)"
         )
-    return "long" if _validation_macro_f1(long) > scores[lr] else "base"
+    return "long" if validation_macro_f1(long) > scores[lr] else "base"
 
 
 if __name__ == "__main__":

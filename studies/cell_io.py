@@ -57,6 +57,17 @@ def cell_dir(study: str, cell: str, seed: int, results: str | None = None) -> st
     return os.path.join(results or RESULTS, study, cell, f"seed{seed}")
 
 
+def metrics_path(study: str, cell: str, seed: int, results: str | None = None) -> str:
+    """A cell's ``metrics.json`` (in :func:`cell_dir`)."""
+    return os.path.join(cell_dir(study, cell, seed, results), "metrics.json")
+
+
+def validation_macro_f1(path: str) -> float:
+    """The validation macro-F1 a cell's ``metrics.json`` records (what every choice of the study reads)."""
+    with open(path, encoding="utf-8") as fh:
+        return float(json.load(fh)["metrics"]["validation_macro_f1"])
+
+
 def recipe_path(study: str, name: str) -> str:
     """``studies/recipes/<study>/<name>.yaml``."""
     return os.path.join(STUDIES, "recipes", study, f"{name}.yaml")

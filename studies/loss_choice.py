@@ -15,10 +15,12 @@ better validation macro-F1 there, mean over its 3 seeds (:func:`better_loss`).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
 
 HERE = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "results"
@@ -31,17 +33,7 @@ SEEDS = (1, 2, 3)  # the training seeds of a cell
 
 def _seed1_metrics(results: str, study: str, loss: str, probe: str) -> str:
     """Path of a probe cell's seed-1 metrics.json (written by run.py)."""
-    return _metrics(results, study, f"{loss}_{probe}", 1)
-
-
-def _metrics(results: str, study: str, cell: str, seed: int) -> str:
-    """Path of a cell's metrics.json for ``seed`` (written by run.py)."""
-    return os.path.join(results, study, cell, f"seed{seed}", "metrics.json")
-
-
-def _validation_macro_f1(path: str) -> float:
-    with open(path, encoding="utf-8") as fh:
-        return float(json.load(fh)["metrics"]["validation_macro_f1"])
+    return metrics_path(study, f"{loss}_{probe}", 1, results)
 
 
 def probe_scores(study: str, results: str = RESULTS) -> dict[str, tuple[float, str]]:
@@ -52,7 +44,7 @@ def probe_scores(study: str, results: str = RESULTS) -> dict[str, tuple[float, s
             path = _seed1_metrics(results, study, loss, probe)
             if not os.path.isfile(path):
                 continue
-            score = _validation_macro_f1(path)
+            score = validation_macro_f1(path)
             if loss not in best or score > best[loss][0]:
                 best[loss] = (score, probe)
     return best
@@ -91,9 +83,9 @@ def better_loss(study: str, size: int, losses: list[str], results: str = RESULTS
     for loss in losses:
         cell, scores = cell_name(f"{loss}_logistic", size), []
         for seed in SEEDS:
-            path = _metrics(results, study, cell, seed)
+            path = metrics_path(study, cell, seed, results)
             if os.path.isfile(path):
-                scores.append(_validation_macro_f1(path))
+                scores.append(validation_macro_f1(path))
             else:
                 missing.append(f"{cell} seed {seed}")
         means[loss] = statistics.fmean(scores) if scores else None
