@@ -210,8 +210,9 @@ class ContrastiveTrainer(MultiLabelTrainer):
         """Clip the loss parameters' (unscaled) gradients to ``max_grad_norm`` by their own norm. The model's
         are clipped by theirs, by Trainer or inside a sharding engine, which cannot reach parameters outside
         it: each group by its own norm, so that every engine trains the same model."""
-        if self.args.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self._loss_parameters(), self.args.max_grad_norm)
+        params = self._loss_parameters()
+        if params and self.args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
 
     def _clip_grad_norm(self, model: nn.Module):
         """Trainer's ``max_grad_norm`` clip of the model (its norm is the one logged), then the loss
