@@ -22,13 +22,9 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
+from cell_io import RESULTS, metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
 from scale import split_cell  # noqa: E402  (studies/scale.py: a subset's cells end in -n<N>)
 
-HERE = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "results"
-)  # studies/results: the study's cells
-RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
 LONG_TAG = "long"
 # studies whose chosen BCE run ended its 5 epochs still improving, and the longer budget run_all.sh gives them
 # (run_all.sh's long_bce() runs exactly this budget, for the studies listed here: keep the two in step)

@@ -20,12 +20,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
+from cell_io import RESULTS, metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
 
-HERE = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "results"
-)  # studies/results: the study's cells
-RESULTS = os.environ.get("MLCL_RESULTS", HERE)  # the per-cell outputs, as in run.py
 LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl")  # run_all.sh's LOSSES
 PROBES = ("logistic", "linear")  # the frozen probes
 SEEDS = (1, 2, 3)  # the training seeds of a cell

@@ -19,10 +19,13 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cell_io  # noqa: E402  (studies/cell_io.py: where the cells' outputs live)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "..", "shared", "data", "goemotions")
-RUNS = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))
-RESULTS = os.path.join(REPO, "studies", "results", "native_head")
+RUNS = cell_io.RUNS
+RESULTS = os.path.join(cell_io.RESULTS, "native_head")
 RECIPE = os.path.join(REPO, "recipes", "custom", "my_csv.yaml")
 SEEDS = (1, 2, 3)
 HEADS = ("linear", "native")

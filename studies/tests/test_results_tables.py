@@ -312,10 +312,10 @@ def test_timeline_callback_excludes_in_epoch_evaluations(tmp_path, monkeypatch):
 
 def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatch):
     """run.py --lr extend / best read the finished BCE cells' validation macro-F1 only."""
-    monkeypatch.setenv("MLCL_RESULTS", str(tmp_path))
     spec = importlib.util.spec_from_file_location("study_run", os.path.join(ROOT, "studies", "run.py"))
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
+    monkeypatch.setattr(run.cell_io, "RESULTS", str(tmp_path))  # the one home of the cells' outputs
     with pytest.raises(ValueError, match="5e-5, 1e-4 have not run .*run them first"):
         run.extended_bce_lr("reuters21578")
     _full_run(tmp_path, "bce", "finetune", 1, 0.30, 0.50, tag="lr5e-5")  # the better test score: ignored

@@ -87,8 +87,6 @@ def scale_env(tmp_path, monkeypatch):
     )
     # a new DatasetDict per call, as the real loader returns (load_run_data replaces its splits by the subsets)
     monkeypatch.setattr(hf_mlcl.data, "load_mlc_dataset", lambda *a, **k: DatasetDict(dict(corpus)))
-    monkeypatch.setenv("MLCL_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("MLCL_RUNS", str(tmp_path / "runs"))
     monkeypatch.chdir(tmp_path)  # run_cell changes into the repository: back after the test
     calls: list[dict] = []
 
@@ -125,7 +123,10 @@ def scale_env(tmp_path, monkeypatch):
 
     monkeypatch.setattr(stages, "train_contrastive", train_contrastive)
     monkeypatch.setattr(stages, "train_probe", train_probe)
-    run = _module("run")  # reads $MLCL_RESULTS / $MLCL_RUNS on import
+    run = _module("run")
+    # cell_io is the one home of the cells' output roots, shared by every module of the study
+    monkeypatch.setattr(run.cell_io, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(run.cell_io, "RUNS", str(tmp_path / "runs"))
     return SimpleNamespace(run=run, calls=calls, results=tmp_path / "results", runs=tmp_path / "runs")
 
 
@@ -333,7 +334,7 @@ def test_the_cost_plan_counts_every_run_the_scale_queue_starts(tmp_path):
 def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_path, monkeypatch):
     import run
 
-    monkeypatch.setattr(run, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(run.cell_io, "RESULTS", str(tmp_path))
     scores = {
         "joint_finetune-w0.2-lr1e-4-n500": 0.30,
         "joint_finetune-w0.5-lr1e-4-n500": 0.25,
