@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py)
+import paths  # noqa: E402  (studies/paths.py: where the study's files live)
 import scale  # noqa: E402  (studies/scale.py: training subsets, SetFit's steps at a subset size)
 
 PAIRS_PER_STEP = 32  # 64 texts per step, the batch of the study's stage 1 (scale.STAGE1_BATCH)
@@ -116,7 +117,7 @@ def run_cell(
     from datasets import Dataset
     from setfit import SetFitModel, TrainingArguments
 
-    sys.path.insert(0, os.path.join(cell_io.REPO, "benchmarks"))
+    sys.path.insert(0, os.path.join(paths.REPO, "benchmarks"))
     from minilm import find_minilm
 
     cell = scale.cell_name("setfit_logistic", scale.check_size(study, train_size))
@@ -129,7 +130,7 @@ def run_cell(
     model = SetFitModel.from_pretrained(model_path or find_minilm(), multi_target_strategy="one-vs-rest")
     model.model_body.max_seq_length = data_args.max_length
     args = TrainingArguments(
-        output_dir=os.path.join(cell_io.RUNS, study, scale.cell_name("setfit", train_size), f"seed{seed}"),
+        output_dir=os.path.join(paths.RUNS, study, scale.cell_name("setfit", train_size), f"seed{seed}"),
         batch_size=(PAIRS_PER_STEP, 16),
         num_epochs=1,
         max_steps=steps,

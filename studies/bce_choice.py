@@ -22,7 +22,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cell_io import RESULTS, metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
+from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
+from paths import RESULTS  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 from scale import split_cell  # noqa: E402  (studies/scale.py: a subset's cells end in -n<N>)
 
 LONG_TAG = "long"

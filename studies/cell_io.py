@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 
 import numpy as np
 
-STUDIES = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(STUDIES)
-RESULTS = os.environ.get("MLCL_RESULTS", os.path.join(STUDIES, "results"))  # the per-cell outputs
-RUNS = os.environ.get(
-    "MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs")
-)  # checkpoints, beside the checkout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import paths  # noqa: E402  (studies/paths.py: where the study's files live)
 
 
 def git_commit() -> str | None:
@@ -30,7 +27,7 @@ def git_commit() -> str | None:
         return os.environ["MLCL_GIT_COMMIT"]
     try:
         out = subprocess.run(
-            ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "-C", paths.REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
         )
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -54,7 +51,7 @@ def write_json(path: str, data) -> None:
 
 def cell_dir(study: str, cell: str, seed: int, results: str | None = None) -> str:
     """``<results>/<study>/<cell>/seed<seed>``: where a cell's metrics.json lives."""
-    return os.path.join(results or RESULTS, study, cell, f"seed{seed}")
+    return os.path.join(results or paths.RESULTS, study, cell, f"seed{seed}")
 
 
 def metrics_path(study: str, cell: str, seed: int, results: str | None = None) -> str:
@@ -70,7 +67,7 @@ def validation_macro_f1(path: str) -> float:
 
 def recipe_path(study: str, name: str) -> str:
     """``studies/recipes/<study>/<name>.yaml``."""
-    return os.path.join(STUDIES, "recipes", study, f"{name}.yaml")
+    return os.path.join(paths.STUDIES, "recipes", study, f"{name}.yaml")
 
 
 def study_data(study: str, overrides: list[str] | None = None):
@@ -81,14 +78,14 @@ def study_data(study: str, overrides: list[str] | None = None):
     from hf_mlcl.training.stages import load_run_data
 
     cwd = os.getcwd()
-    os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
+    os.chdir(paths.REPO)  # data_dir in the recipes is relative to the repository root
     try:
         recipe = load_recipe(recipe_path(study, "pretrained"))
         _, data_args, _ = parse_stage(
             recipe,
             "probe",
             split_overrides(list(overrides or []), ["probe"]),
-            output_dir=os.path.join(RUNS, study, "unused"),
+            output_dir=os.path.join(paths.RUNS, study, "unused"),
         )
         data = load_run_data(data_args)
         ds, names = data.dataset, data.label_names

@@ -20,7 +20,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cell_io import RESULTS, metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
+from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
+from paths import RESULTS  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 
 LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl")  # run_all.sh's LOSSES
 PROBES = ("logistic", "linear")  # the frozen probes

@@ -32,15 +32,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bce_choice  # noqa: E402  (studies/bce_choice.py: the BCE baseline's learning rate and budget)
-import cell_io  # noqa: E402  (studies/cell_io.py: where the cells' outputs live)
 import loss_choice  # noqa: E402  (studies/loss_choice.py: the losses that get GoEmotions runs and seeds)
 import lr_grid  # noqa: E402  (studies/lr_grid.py: the BCE learning-rate grid)
+import paths  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 import scale_table  # noqa: E402  (studies/scale_table.py: the data-scale and joint-objective tables)
 from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with a longer-budget BCE run)
 
 STUDIES = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(STUDIES)
-HERE = cell_io.RESULTS  # the per-cell outputs (studies/results/<study>/<cell>/seed<S>/)
+HERE = paths.RESULTS  # the per-cell outputs (studies/results/<study>/<cell>/seed<S>/)
 RESULTS_MD = os.path.join(REPO, "docs", "RESULTS.md")
 FIGURES = os.path.join(REPO, "docs", "figures")  # the plots RESULTS.md shows
 PERFORMANCE_MD = os.path.join(REPO, "docs", "PERFORMANCE.md")  # its last part: the cost of the study's cells

@@ -20,12 +20,12 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cell_io  # noqa: E402  (studies/cell_io.py: where the cells' outputs live)
+import paths  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "..", "shared", "data", "goemotions")
-RUNS = cell_io.RUNS
-RESULTS = os.path.join(cell_io.RESULTS, "native_head")
+RUNS = paths.RUNS
+RESULTS = os.path.join(paths.RESULTS, "native_head")
 RECIPE = os.path.join(REPO, "recipes", "custom", "my_csv.yaml")
 SEEDS = (1, 2, 3)
 HEADS = ("linear", "native")

@@ -39,9 +39,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py: the cell files every runner of the study writes)
+import paths  # noqa: E402  (studies/paths.py: where the study's files live)
 import scale  # noqa: E402  (studies/scale.py: the data-scale study's subsets, epoch rule and cell names)
 
-REPO = cell_io.REPO
+REPO = paths.REPO
 
 
 def _has_checkpoint(folder: str) -> bool:
@@ -98,7 +99,7 @@ def best_bce_lr(dataset: str, train_size: int | None = None) -> str:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
 
-    return bce_choice.best_bce_lr(dataset, cell_io.RESULTS, train_size)
+    return bce_choice.best_bce_lr(dataset, paths.RESULTS, train_size)
 
 
 def extended_bce_lr(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:
@@ -109,7 +110,7 @@ def extended_bce_lr(dataset: str, train_size: int | None = None, k: int = 1) -> 
     from lr_grid import extension_lr
 
     return _extension(
-        lambda: extension_lr(bce_validation_scores(dataset, cell_io.RESULTS, train_size), k),
+        lambda: extension_lr(bce_validation_scores(dataset, paths.RESULTS, train_size), k),
         "--lr",
         k,
         train_size,
@@ -160,7 +161,7 @@ def best_joint_weight(dataset: str, train_size: int | None = None) -> str:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
 
-    return bce_choice.best_joint_weight(dataset, cell_io.RESULTS, train_size)
+    return bce_choice.best_joint_weight(dataset, paths.RESULTS, train_size)
 
 
 def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:
@@ -174,7 +175,7 @@ def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 
             f"--weight extend{k}: the w grid extends at most {bce_choice.JOINT_EXTENSIONS} times"
         )
     return _extension(
-        lambda: bce_choice.extended_joint_weight(dataset, cell_io.RESULTS, train_size, k),
+        lambda: bce_choice.extended_joint_weight(dataset, paths.RESULTS, train_size, k),
         "--weight",
         k,
         train_size,
@@ -254,10 +255,10 @@ def run_cell(
         tag = batch_sampler if tag is None else f"{batch_sampler}-{tag}"
         extra = [*extra, "--contrastive.batch_sampler", batch_sampler]
     stage1 = scale.cell_name(stage1, train_size)  # a subset's encoders and probes: <loss>-n<N>/seed<S>/
-    run_dir = os.path.join(cell_io.RUNS, dataset, stage1, f"seed{seed}")
+    run_dir = os.path.join(paths.RUNS, dataset, stage1, f"seed{seed}")
     cell = f"{loss}_{probe}" + (f"-{tag}" if tag else "")  # a tag keeps variants (overrides) apart
     cell = scale.cell_name(cell, train_size)  # a training subset of N rows: <cell>-n<N>
-    out_dir = os.path.join(cell_io.RESULTS, dataset, cell, f"seed{seed}")
+    out_dir = os.path.join(paths.RESULTS, dataset, cell, f"seed{seed}")
     if cell_io.finished(out_dir, force, without_per_label):
         print(f"SKIP {dataset} {cell} seed{seed}: {out_dir}/metrics.json exists (--force reruns)", flush=True)
         with open(os.path.join(out_dir, "metrics.json"), encoding="utf-8") as fh:
@@ -319,7 +320,7 @@ def run_cell(
         raise ValueError("--loss bce is the fine-tuning baseline: use --probe finetune")
 
     if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
-        tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(cell_io.RUNS, dataset, "features")]
+        tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(paths.RUNS, dataset, "features")]
     ov = split_overrides(tokens, [stage2])
     probe_dir = os.path.join(run_dir, probe + (f"-{tag}" if tag else ""))
     m_args, d_args, p_args = parse_stage(recipe, stage2, ov, output_dir=probe_dir)
@@ -350,7 +351,7 @@ def run_cell(
 
             result["epoch_test"] = read_epoch_tests(os.path.join(probe_dir, "epoch_test.jsonl"))
         best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths
-        result["best_checkpoint"] = None if best is None else os.path.relpath(best, cell_io.RUNS)
+        result["best_checkpoint"] = None if best is None else os.path.relpath(best, paths.RUNS)
         result["best_metric"] = trainer.state.best_metric
         if any(type(cb).__name__ == "EarlyStoppingCallback" for cb in trainer.callback_handler.callbacks):
             result["early_stopping_patience"] = patience  # checked against the evaluations (studies/tests)

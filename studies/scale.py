@@ -31,7 +31,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cell_io  # noqa: E402  (studies/cell_io.py: where the cells' outputs live)
+import paths  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 
 SIZES = {"reuters21578": (500, 2000), "goemotions_full": (1000, 4000)}  # the sizes below "all"
 FULL_TRAIN = {"reuters21578": 6993, "goemotions_full": 43410}  # training rows of the full-size recipes
@@ -178,7 +178,7 @@ def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
 
 
 def main(argv: list[str]) -> None:
-    here = cell_io.RESULTS
+    here = paths.RESULTS
     if argv[:1] == ["sizes"] and len(argv) == 2 and argv[1] in SIZES:
         print(" ".join(str(n) for n in SIZES[argv[1]]))
     elif argv == ["plan"]:

@@ -56,8 +56,8 @@ def tiny_study(monkeypatch, tmp_path):
         return ds, ["grain", "oil", "gold"], data_args
 
     monkeypatch.setattr(cell_io, "study_data", study_data)
-    monkeypatch.setattr(cell_io, "RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(cell_io, "RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(cell_io.paths, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(cell_io.paths, "RUNS", str(tmp_path / "runs"))
     monkeypatch.setitem(sys.modules, "cell_io", cell_io)  # the baselines import this patched module
     return cell_io, ds
 

@@ -315,7 +315,7 @@ def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatc
     spec = importlib.util.spec_from_file_location("study_run", os.path.join(ROOT, "studies", "run.py"))
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
-    monkeypatch.setattr(run.cell_io, "RESULTS", str(tmp_path))  # the one home of the cells' outputs
+    monkeypatch.setattr(run.paths, "RESULTS", str(tmp_path))  # the one home of the cells' outputs
     with pytest.raises(ValueError, match="5e-5, 1e-4 have not run .*run them first"):
         run.extended_bce_lr("reuters21578")
     _full_run(tmp_path, "bce", "finetune", 1, 0.30, 0.50, tag="lr5e-5")  # the better test score: ignored

@@ -125,8 +125,8 @@ def scale_env(tmp_path, monkeypatch):
     monkeypatch.setattr(stages, "train_probe", train_probe)
     run = _module("run")
     # cell_io is the one home of the cells' output roots, shared by every module of the study
-    monkeypatch.setattr(run.cell_io, "RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(run.cell_io, "RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(run.paths, "RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(run.paths, "RUNS", str(tmp_path / "runs"))
     return SimpleNamespace(run=run, calls=calls, results=tmp_path / "results", runs=tmp_path / "runs")
 
 
@@ -153,7 +153,7 @@ def test_every_method_and_seed_trains_on_the_same_subset_in_its_own_cell_folder(
     assert bce1["eval"] == sd_probe["eval"] == bce200["eval"] == full["eval"] == (40, 40)  # whole splits
     # TF-IDF reads the same rows through the baselines' data path
     tfidf = _module("baseline_tfidf")
-    monkeypatch.setattr(tfidf.cell_io, "RESULTS", str(results))
+    monkeypatch.setattr(tfidf.cell_io.paths, "RESULTS", str(results))
     ds = tfidf.cell_io.labelled_data("reuters21578", tfidf.scale.subset_overrides(100))[0]
     assert list(ds["train"]["text"]) == bce1["train"]
     result = tfidf.run_cell("reuters21578", "logreg", 1, [], train_size=100)
@@ -334,7 +334,7 @@ def test_the_cost_plan_counts_every_run_the_scale_queue_starts(tmp_path):
 def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_path, monkeypatch):
     import run
 
-    monkeypatch.setattr(run.cell_io, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(run.paths, "RESULTS", str(tmp_path))
     scores = {
         "joint_finetune-w0.2-lr1e-4-n500": 0.30,
         "joint_finetune-w0.5-lr1e-4-n500": 0.25,
