@@ -101,6 +101,24 @@ def _say(msg: str) -> None:
 
 
 @dataclass
+class _Request:
+    """The demo's options as ``run_demo`` received them (None: the default for the encoder and dataset)."""
+
+    output_dir: str
+    dataset: str
+    data_dir: str | None
+    model: str | None
+    epochs: float | None
+    probe_epochs: float | None
+    probe: str
+    seed: int
+    synthetic_options: dict[str, Any] | None
+    max_train_samples: int | None
+    max_eval_samples: int | None
+    max_length: int | None
+
+
+@dataclass
 class _Plan:
     """What every run of the demo shares: data, model settings, sizes, the device."""
 
@@ -168,18 +186,20 @@ def run_demo(
     with RunLock(output_dir):  # one demo per folder: a second one into it stops in one line
         os.makedirs(output_dir, exist_ok=True)
         plan = _plan(
-            output_dir,
-            dataset,
-            data_dir,
-            model,
-            epochs,
-            probe_epochs,
-            probe,
-            seed,
-            synthetic_options,
-            max_train_samples,
-            max_eval_samples,
-            max_length,
+            _Request(
+                output_dir=output_dir,
+                dataset=dataset,
+                data_dir=data_dir,
+                model=model,
+                epochs=epochs,
+                probe_epochs=probe_epochs,
+                probe=probe,
+                seed=seed,
+                synthetic_options=synthetic_options,
+                max_train_samples=max_train_samples,
+                max_eval_samples=max_eval_samples,
+                max_length=max_length,
+            )
         )
         results: dict[str, Any] = {}  # method -> stage results of its run
         n_runs = len(losses) + 1
@@ -220,37 +240,27 @@ def run_demo(
         }
 
 
-def _plan(
-    output_dir,
-    dataset,
-    data_dir,
-    model,
-    epochs,
-    probe_epochs,
-    probe,
-    seed,
-    synthetic_options,
-    max_train_samples,
-    max_eval_samples,
-    max_length,
-) -> _Plan:
+def _plan(request: _Request) -> _Plan:
     """The demo's data (loaded once, for every run), tokenizer and model settings."""
     import torch
     from transformers import AutoTokenizer
 
     from hf_mlcl.data.tokenizer import train_tokenizer
 
+    r = request
+    dataset, model, probe = r.dataset, r.model, r.probe
     pretrained = model is not None
-    options = {**SYNTHETIC, "seed": seed, **(synthetic_options or {})} if dataset == "synthetic" else {}
+    synthetic = dataset == "synthetic"
+    options = {**SYNTHETIC, "seed": r.seed, **(r.synthetic_options or {})} if synthetic else {}
     data_args = DataArguments(
         dataset=dataset,
-        data_dir=data_dir,
+        data_dir=r.data_dir,
         dataset_options=options,
-        max_length=max_length or (128 if pretrained or dataset != "synthetic" else 96),
-        max_train_samples=max_train_samples,
+        max_length=r.max_length or (128 if pretrained or not synthetic else 96),
+        max_train_samples=r.max_train_samples,
         # real datasets: cap validation and test so a CPU run stays in minutes (synthetic: sized above)
-        max_eval_samples=max_eval_samples or (None if dataset == "synthetic" else 1000),
-        max_test_samples=max_eval_samples or (None if dataset == "synthetic" else 1000),
+        max_eval_samples=r.max_eval_samples or (None if synthetic else 1000),
+        max_test_samples=r.max_eval_samples or (None if synthetic else 1000),
     )
     data = load_run_data(data_args)
     ds = data.dataset
@@ -262,7 +272,7 @@ def _plan(
         model_args = ModelArguments(model_name_or_path=model, pooling="mean", projection_dim=256)
         tokenizer, lr, batch = AutoTokenizer.from_pretrained(model), 3e-5, 32
     else:
-        tok_dir = os.path.join(output_dir, "tokenizer")
+        tok_dir = os.path.join(r.output_dir, "tokenizer")
         tokenizer = train_tokenizer(
             ds["train"]["text"],
             vocab_size=2000,
@@ -275,26 +285,26 @@ def _plan(
             backbone_config=dict(TINY_BERT), tokenizer_name_or_path=tok_dir, pooling="mean", projection_dim=64
         )
         lr, batch = 1e-3, 64
-    epochs = epochs if epochs is not None else (1.0 if pretrained else 10.0)
-    probe_epochs = probe_epochs if probe_epochs is not None else (3.0 if pretrained else 5.0)
+    epochs = r.epochs if r.epochs is not None else (1.0 if pretrained else 10.0)
+    probe_epochs = r.probe_epochs if r.probe_epochs is not None else (3.0 if pretrained else 5.0)
     bce_lr, bce_epochs = _bce_budget(dataset, pretrained, lr, epochs, probe, probe_epochs)
     return _Plan(
-        output_dir,
-        dataset,
-        data_args,
-        data,
-        model_args,
-        tokenizer,
-        pretrained,
-        seed,
-        epochs,
-        probe_epochs,
-        probe,
-        lr,
-        batch,
-        not torch.cuda.is_available(),
-        bce_lr,
-        bce_epochs,
+        output_dir=r.output_dir,
+        dataset=dataset,
+        data_args=data_args,
+        data=data,
+        model_args=model_args,
+        tokenizer=tokenizer,
+        pretrained=pretrained,
+        seed=r.seed,
+        epochs=epochs,
+        probe_epochs=probe_epochs,
+        probe=probe,
+        lr=lr,
+        batch=batch,
+        use_cpu=not torch.cuda.is_available(),
+        bce_lr=bce_lr,
+        bce_epochs=bce_epochs,
     )
 
 
