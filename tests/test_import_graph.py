@@ -201,3 +201,19 @@ def test_the_formatter_owns_the_layout():
         if f.endswith(".py") and marker in open(os.path.join(d, f), encoding="utf-8").read()
     ]
     assert not skipped, skipped
+
+
+def test_every_design_reference_names_a_section_of_design_md():
+    """A module's `Design: docs/design.md, "<heading>"` points at a heading that docs/design.md has."""
+    import re
+
+    design = open(os.path.join(os.path.dirname(PKG), "docs", "design.md"), encoding="utf-8").read()
+    headings = {" ".join(h.split()) for h in re.findall(r"^#{2,4} (.+)$", design, flags=re.M)}
+    cited = {
+        (os.path.relpath(path, os.path.dirname(PKG)), " ".join(name.split()))
+        for path in MODULES.values()
+        for name in re.findall(r'docs/design\.md,\s+"([^"]+)"', open(path, encoding="utf-8").read())
+    }
+    assert len(cited) >= 30  # the references this test reads: a changed citation form would leave it empty
+    missing = sorted((path, name) for path, name in cited if name not in headings)
+    assert not missing, missing

@@ -6,17 +6,8 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (1) (posit
 * positives of anchor i: candidates p in the contrast set with T_p == S_i and S_i non-empty;
 * weight W_ip = 1;
 * per-anchor normaliser: number of positives abs(P(i));
-* reduction: mean over anchors with at least one positive (the paper's eq. (4) sums; we average so
-  the scale does not depend on the batch size — as pytorch-metric-learning's SupConLoss does).
-
-A batch with no negative pair (every row carries the same label set, e.g. a single-label batch of one
-class): every candidate is a positive, and the loss keeps the SupCon formula (Khosla et al., eq. 2;
-the SupContrast code does the same): loss_i = LSE_i - mean_p s_ip >= log abs(P(i)), a positive value
-whose gradient evens out the anchor's similarities to its positives. pytorch-metric-learning's
-``SupConLoss`` returns 0 (no gradient) for such a batch instead. We keep the formula: it is the one the
-papers define, the value is continuous in the labels (one differing row does not make it jump from 0),
-and a batch without negatives is rare at training batch sizes; with at least one negative pair in the
-batch the two libraries agree (docs/losses.md, "Reductions").
+* reduction: mean over anchors with at least one positive (the paper's eq. (4) sums; docs/losses.md,
+  "Reductions", also for a batch without a negative pair, where the SupCon formula is kept).
 """
 
 from __future__ import annotations

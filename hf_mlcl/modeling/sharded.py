@@ -1,22 +1,9 @@
 """Full values of parameters that DeepSpeed ZeRO-3 or FSDP shard across processes.
 
-Under ZeRO-3 a parameter's ``.data`` is empty outside its module's forward (each process holds a
-partition in ``param.ds_tensor``); under FSDP1 the parameters live flattened in per-unit flat
-parameters, each process holding a shard; under FSDP2 every parameter is a ``DTensor`` sharded on its
-first dimension. :func:`full_parameters` gives the full tensors of a chosen set of parameters, by the
-names they have in the unwrapped model, and writes changes back to the shards when asked; every process
-must enter it together (it communicates). Plain, DDP and ZeRO-1/2 models hold full parameters already:
-it then hands out the parameters themselves.
-
-Costs: ZeRO-3 and FSDP2 gather only the named parameters (a LoRA adapter: cheap); FSDP1 can only
-unshard whole units, so it gathers the whole model once per call.
-deepspeed is imported only when the model holds ZeRO-3 parameters.
-
-For saves: :func:`readable_state` (the live model with the saved parameters gathered; under FSDP2 the
-gathered parameters as a state dict; under FSDP1 the accelerator's full state dict),
-:func:`is_main_process` / :func:`wait_for_everyone`, and :func:`loading_whole_models` for a load on one
-process of a ZeRO-3 run. For what every process needs built alike (a tokenizer trained on the fly):
-:func:`built_once`, built by the global main process and sent to the others.
+:func:`full_parameters` gives the full tensors of named parameters (and writes changes back to the shards);
+:func:`readable_state`, :func:`is_main_process`, :func:`wait_for_everyone` and :func:`loading_whole_models`
+serve saves and loads; :func:`built_once` builds something on the main process and sends it to the others.
+Every process enters them together. Design: docs/design.md, "Sharded parameters (hf_mlcl/modeling/sharded.py)".
 """
 
 from __future__ import annotations

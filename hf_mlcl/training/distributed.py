@@ -1,23 +1,8 @@
 """Cross-process gathering for contrastive losses under data parallelism (DDP / FSDP via accelerate).
 
-A contrastive loss needs every process's samples as *candidates* while each process keeps its own
-*anchors*. The candidate embeddings are gathered **with gradient** (:class:`_AllGatherWithGrad`), so the
-gradient of a process's loss with respect to another process's embeddings travels back to that
-process: the backward of ``all_gather`` is a reduce-scatter with SUM, hence rank r receives
-``sum_s d L_s / d z_r``. DDP then *averages* parameter gradients over the W ranks, so the optimised
-objective is exactly ``mean_s L_s`` (the mean of the per-rank losses), whose gradient every rank ends
-up holding. Labels (and MoCo keys, which never carry gradient) are gathered with a plain
-``all_gather``; torch-sparse label matrices are densified to ``bool`` first (sparse tensors cannot be
-all-gathered, and bool keeps the (N, L) matrix at one byte per entry).
-
-Per-rank batches may differ in size (an uneven last batch when ``dataloader_drop_last`` is off): the
-sizes are exchanged first and the tensors padded to the largest, then trimmed after the gather. With
-equal batches (the recommended ``dataloader_drop_last=True``) this costs one tiny extra collective and
-one read of the sizes on the host (a device-to-host synchronisation per gather on GPUs: the slicing
-needs Python integers).
-
-Outside an initialised process group every function is the identity, so single-process code calls
-them unconditionally.
+Candidates are gathered from every process with gradient (:class:`_AllGatherWithGrad`), labels and MoCo keys
+without; batches of unequal size are padded and trimmed. Outside an initialised process group every function
+is the identity. Design: docs/design.md, "Gathering across processes (hf_mlcl/training/distributed.py)".
 """
 
 from __future__ import annotations

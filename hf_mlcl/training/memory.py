@@ -6,7 +6,7 @@ The queue is :class:`~hf_mlcl.training.embedding_queue.EmbeddingQueue`; the cont
 are importable from here too.
 
 References: MoCo, He et al. 2020, Sec. 3.2.
-Design: docs/design.md, "Queue and contrast set (hf_mlcl/training/memory.py)".
+Design: docs/design.md, "Queue and contrast set (hf_mlcl/training/contrast_sets.py, embedding_queue.py, memory.py)".
 """
 
 from __future__ import annotations
