@@ -217,3 +217,24 @@ def test_every_design_reference_names_a_section_of_design_md():
     assert len(cited) >= 30  # the references this test reads: a changed citation form would leave it empty
     missing = sorted((path, name) for path, name in cited if name not in headings)
     assert not missing, missing
+
+
+def test_the_package_layout_in_usage_md_names_every_module():
+    """docs/usage.md's "The package layout" has a row per package, and each row names every module of it."""
+    import re
+
+    usage = open(os.path.join(os.path.dirname(PKG), "docs", "usage.md"), encoding="utf-8").read()
+    table = usage.split("## The package layout", 1)[1].split("\n\n| package | modules |", 1)[-1]
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `hf_mlcl/([\w/]*)` [^|]*\| (.+) \|$", table, re.M)
+    }
+    missing = []
+    for name in MODULES:
+        parts = name.split(".")
+        if parts[-1] == "__init__" or name == "hf_mlcl" or os.path.basename(MODULES[name]) == "__init__.py":
+            continue
+        package = parts[1] + "/" if len(parts) > 2 else ""  # a sub-package counts under its top package
+        if f"`{parts[-1] if len(parts) <= 3 else parts[2]}`" not in rows.get(package, ""):
+            missing.append(name)
+    assert len(rows) >= 10, sorted(rows)  # the rows this test reads
+    assert not missing, missing

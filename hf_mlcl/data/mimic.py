@@ -1,23 +1,11 @@
-"""MIMIC-III and MIMIC-IV (ICD-9 / ICD-10) discharge summaries for ICD coding.
+"""MIMIC-III and MIMIC-IV (ICD-9 / ICD-10) discharge summaries for ICD coding, from local files only.
 
-MIMIC is credentialed (PhysioNet): these loaders read **local files only** and never download.
-Three local formats are understood (``format="auto"`` picks by the files present):
-
-``caml`` — CAML (Mullenbach et al., NAACL 2018) / PLM-ICD (Huang et al., 2022) csv files
-    ``{train,dev,test}_{full,50}.csv`` with header ``SUBJECT_ID,HADM_ID,TEXT,LABELS[,length]``,
-    codes joined by ``;`` (e.g. ``401.9;96.04``). MIMIC-IV from Nguyen et al. (2023) uses the same
-    layout with lower-case headers ``subject_id,hadm_id,text,labels`` (ICD-10 codes without dots).
-``edin`` — Edin et al. (SIGIR 2023) feather files: a document file (``mimiciv_icd10.feather``, any
-    ``*.feather`` without "split" in its name) with columns ``_id`` (HADM id), ``text`` and ``target``
-    (list of codes), and a split file (``*split*.feather`` or ``.csv``) with ``_id,split``
-    (``train``/``val``/``test``). ``variant="50"`` keeps the 50 most frequent training codes.
-    Other file names: ``file_template`` (default ``"{split}_{variant}.csv"``, split in train/dev/test).
-``ids`` — one csv of all labelled admissions (``file=``, CAML columns) re-split by HADM id lists
-    ``{train,dev,test}_{variant}_hadm_ids.csv`` in ``split_ids_dir`` (e.g. the CAML id lists).
-
-The label space is the sorted set of training codes, or the codes of ``code_list`` (a file with one
-code per line, e.g. PLM-ICD's ``ALL_CODES.txt``; codes outside it are dropped). Each split has an
-``id`` column with the HADM id, so :func:`filter_by_hadm_ids` can re-split or subset it.
+MIMIC is credentialed (PhysioNet), so nothing is downloaded. Three layouts are read (``format="auto"`` picks
+by the files present): ``caml`` (CAML / PLM-ICD csv files, and Nguyen et al.'s MIMIC-IV in the same layout),
+``edin`` (Edin et al.'s feather files) and ``ids`` (one csv re-split by HADM id lists). The label space is the
+sorted set of training codes, or the codes of ``code_list``. Each split keeps the HADM id in ``id``, so
+:func:`filter_by_hadm_ids` can re-split or subset it. File names and columns: docs/usage.md, "Files the
+shipped loaders read".
 """
 
 from __future__ import annotations

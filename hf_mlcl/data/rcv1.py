@@ -1,21 +1,9 @@
-"""RCV1-v2 (Lewis et al., JMLR 2004) with the LYRL2004 split.
+"""RCV1-v2 (Lewis et al., JMLR 2004) with the LYRL2004 split, from local files.
 
-Local files in ``data_dir``:
-
-* **documents**: ``rcv1.jsonl`` (or ``rcv1.csv`` / ``rcv1.tsv``, or any file given by ``file=``), one
-  document per record with fields
-
-  - ``id``: the RCV1 document id (integer, ``newsitem itemid``),
-  - ``text``: the document text (headline + body, as you extracted it),
-  - ``topics``: its topic codes, a JSON list (``["C15", "CCAT"]``) or in csv a string separated by
-    spaces, commas or semicolons (``"C15 CCAT"``).
-
-  Ids <= 26150 form the LYRL2004 training split (23,149 docs); larger ids the test split.
-* **hierarchy** (optional): ``rcv1.topics.hier.orig`` with lines
-  ``parent: CCAT   child: C15   child-description: PERFORMANCE``. When present it fixes the label
-  vocabulary (its 103 topic children, file order) and enables ``add_ancestors``.
-
-A validation split is carved out of the LYRL training split with a fixed seed.
+One document file (``rcv1.jsonl``, csv or tsv: ``id``, ``text``, ``topics``): ids <= 26150 form the LYRL2004
+training split (23,149 documents), larger ids the test split, and a seeded validation split is carved out of
+training. The optional hierarchy ``rcv1.topics.hier.orig`` fixes the label vocabulary (its 103 topics, file
+order) and enables ``add_ancestors``. File formats: docs/usage.md, "Files the shipped loaders read".
 """
 
 from __future__ import annotations
@@ -88,7 +76,7 @@ def load_rcv1(
     drop_unlabeled: bool = False,
     max_test_docs: int | None = None,
 ) -> DatasetDict:
-    """Load RCV1-v2 / LYRL2004 from a local id,text,topics file (format in the module docstring).
+    """Load RCV1-v2 / LYRL2004 from a local id,text,topics file (formats: docs/usage.md).
 
     ``min_label_count``: keep only labels with at least this many occurrences in the LYRL training
     split (Audibert et al. use 30); ``drop_unlabeled`` then drops documents left without labels.
