@@ -1,20 +1,12 @@
 """``hf-mlcl demo``: the whole pipeline, offline, on a laptop CPU in a few minutes.
 
-1. a seeded synthetic multi-label corpus (``make_synthetic_corpus``: 20 Zipf-distributed labels with
-   topic co-occurrence) -- or a real dataset with ``--dataset goemotions --data_dir DIR``;
-2. a WordPiece tokenizer trained on it (``train_tokenizer``) and a tiny random BERT -- or a pretrained
-   encoder with ``--model PATH``;
-3. stage 1 (contrastive) with each loss, then stage 2 on the frozen encoder, through the library's
-   orchestrator (:func:`hf_mlcl.training.stages.run_stages`, the data loaded once for every run):
-   per-label logistic regressions (ABALONE's representation check; ``probe="linear"`` trains a linear
-   BCE head instead), plus an end-to-end BCE fine-tuning baseline with at least stage 1 + stage 2's epochs
-   (a pretrained encoder: docs/RESULTS.md's BCE recipe, ``_bce_budget``), its best epoch on validation kept;
-4. one comparison table (micro/macro-F1, P@1, P@5 on the test split, silhouette of the test
-   embeddings) and plots: per-label F1 against training frequency for every method (from the test scores
-   each probe computed), and a 2-D projection of each encoder's embedding space.
-
-Everything lands under ``--output_dir`` (default ``./hf_mlcl_demo``): one folder per method with the
-encoder / classifier checkpoints and their model cards, ``plots/``, ``results.md`` and ``results.json``.
+A seeded synthetic corpus with a tokenizer trained on it and a tiny random BERT (or a real dataset with
+``--dataset``, a pretrained encoder with ``--model``); stage 1 with each loss, then a probe on the frozen
+encoder, through :func:`hf_mlcl.training.stages.run_stages` with the data loaded once; a BCE fine-tune as the
+baseline (``_bce_budget``: at least the contrastive rows' epochs, docs/RESULTS.md's recipe on a pretrained
+encoder); one table on the test split and plots. Everything lands under ``--output_dir`` (default
+``./hf_mlcl_demo``): a folder per method with its checkpoints and cards, ``plots/``, ``results.md`` and
+``results.json``. The table, the plots and their meaning: README, "Set up and run the demo".
 """
 
 from __future__ import annotations

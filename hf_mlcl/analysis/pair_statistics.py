@@ -1,19 +1,12 @@
 """How each loss sees one batch: label relations and positives of every (anchor, candidate) pair.
 
-The relations and every positive rule are the ones the losses train with, read from their one
-definition: :class:`~hf_mlcl.labels.relations.PairRelations` and
-:func:`~hf_mlcl.labels.relations.relation_masks` for the Similarity-Dissimilarity paper's relations
-(Huang et al., sec. 2.3, eqs. 8-12: R1 S & T empty, R2 S == T, R3 overlap with neither containing the
-other, R4 S strictly contains T, R5 S strictly inside T; the first matching relation wins, so a
-candidate with an empty T is R1), and each loss class's own rule: ``all``
-(:meth:`AllLoss.positives <hf_mlcl.losses.all_.AllLoss.positives>`: T == S), ``any`` / ``sd`` /
-``jaccard`` / ``msc`` samples / ``hbl`` (S & T non-empty), ``mulsupcon`` per (anchor, label) pair
-(:meth:`~hf_mlcl.losses.mulsupcon.MulSupConLoss.positive_label_pairs`), ws-MulSupCon's healthy anchors
-(:meth:`~hf_mlcl.losses.ws_mulsupcon.WSMulSupConLoss.healthy_positives`; its single- and multi-label
-anchors need a candidate sharing a label) and HBL's gate (:meth:`~hf_mlcl.losses.hbl.HBLLoss.gate_open`).
-All counts come from matrix products of the multi-hot matrices; nothing is N x M x L and nothing loops
-over samples. Anchors with an empty S are left out of the relation counts by the caller (no loss uses
-them as label anchors).
+The relations and positive rules are the ones the losses train with, read from their one definition:
+:class:`~hf_mlcl.labels.relations.PairRelations` and :func:`~hf_mlcl.labels.relations.relation_masks` for the
+Similarity-Dissimilarity paper's R1-R5 (Huang et al., sec. 2.3, eqs. 8-12; the first matching relation wins),
+and each loss class's own rule (``AllLoss.positives``, ``MulSupConLoss.positive_label_pairs``,
+ws-MulSupCon's ``healthy_positives``, HBL's ``gate_open``; the others: S & T non-empty). Counts come from
+matrix products of the multi-hot matrices, with no loop over samples; the caller leaves anchors with an empty
+S out of the relation counts.
 """
 
 from __future__ import annotations

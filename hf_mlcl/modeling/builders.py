@@ -12,8 +12,7 @@
 * :func:`segment_multiple` (PLM-ICD's segment length, the collator's padding multiple) and
   :func:`adapter_encoder` (a folder saved as a LoRA adapter).
 
-The settings are read by name (``model_name_or_path``, ``backbone_config``, ``pooling``, ``head``,
-``chunk_size``, ``lora_*`` ...), so anything shaped like ``hf_mlcl.training.ModelArguments`` works.
+Settings are read by name, so anything shaped like ``hf_mlcl.training.ModelArguments`` works.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""The base both hf_mlcl trainers share: the checks and plumbing around ``transformers.Trainer`` that stage 1
-(:class:`~hf_mlcl.training.ContrastiveTrainer`) and stage 2 (:class:`~hf_mlcl.training.ProbingTrainer`) have
-in common.
+"""The base of hf_mlcl's trainers (stage 1, stage 2, joint): the checks and plumbing around ``transformers.Trainer``.
 
 * before ``Trainer.__init__`` (:meth:`MultiLabelTrainer.check_inputs`, :meth:`MultiLabelTrainer.collator_for`):
   the arguments are the stage's ``TrainingArguments`` subclass, there is a model, every dataset has the
