@@ -38,8 +38,7 @@ import paths  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 import scale_table  # noqa: E402  (studies/scale_table.py: the data-scale and joint-objective tables)
 from bce_choice import LONG_BUDGET as LONG_BCE  # noqa: E402  (the studies with a longer-budget BCE run)
 
-STUDIES = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(STUDIES)
+REPO = paths.REPO
 HERE = paths.RESULTS  # the per-cell outputs (studies/results/<study>/<cell>/seed<S>/)
 RESULTS_MD = os.path.join(REPO, "docs", "RESULTS.md")
 FIGURES = os.path.join(REPO, "docs", "figures")  # the plots RESULTS.md shows

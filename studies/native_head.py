@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import paths  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = paths.REPO
 DATA = os.path.join(REPO, "..", "shared", "data", "goemotions")
 RUNS = paths.RUNS
 RESULTS = os.path.join(paths.RESULTS, "native_head")

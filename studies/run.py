@@ -42,8 +42,6 @@ import cell_io  # noqa: E402  (studies/cell_io.py: the cell files every runner o
 import paths  # noqa: E402  (studies/paths.py: where the study's files live)
 import scale  # noqa: E402  (studies/scale.py: the data-scale study's subsets, epoch rule and cell names)
 
-REPO = paths.REPO
-
 
 def _has_checkpoint(folder: str) -> bool:
     """True when ``folder`` holds a Trainer ``checkpoint-*`` to resume from."""
@@ -203,10 +201,10 @@ def run_cell(
     from hf_mlcl.recipes import load_recipe, parse_stage, split_overrides
     from hf_mlcl.training.stages import train_contrastive, train_joint, train_probe
 
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    sys.path.insert(0, os.path.join(paths.REPO, "benchmarks"))
     from minilm import find_minilm
 
-    os.chdir(REPO)  # data_dir in the recipes is relative to the repository root
+    os.chdir(paths.REPO)  # data_dir in the recipes is relative to the repository root
     recipe = load_recipe(cell_io.recipe_path(dataset, loss))
     joint = loss == "joint"  # one fine-tune with (1 - w) * BCE + w * contrastive: no stage 1, no probe stage
     stage2 = "joint" if joint else "probe"
