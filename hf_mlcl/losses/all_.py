@@ -6,8 +6,9 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (1) (posit
 * positives of anchor i: candidates p in the contrast set with T_p == S_i and S_i non-empty;
 * weight W_ip = 1;
 * per-anchor normaliser: number of positives abs(P(i));
-* reduction: mean over anchors with at least one positive (the paper's eq. (4) sums; docs/losses.md,
-  "Reductions", also for a batch without a negative pair, where the SupCon formula is kept).
+* reduction: mean over anchors with at least one positive (the paper's eq. (4) sums);
+* a batch with no negative pair keeps the SupCon formula, loss_i = LSE_i - mean_p s_ip >= log abs(P(i)),
+  where pytorch-metric-learning's ``SupConLoss`` returns 0 (docs/losses.md, "Reductions").
 """
 
 from __future__ import annotations
