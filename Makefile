@@ -1,6 +1,7 @@
 # One-command setup and test. `make test` creates (or reuses) .venv, installs hf_mlcl with its dev
-# extra, and runs the default (fast) test suite. On a machine without CUDA, torch is pinned to the
-# CPU build 2.13.0 *before* the package is installed so pip never pulls the CUDA wheels.
+# extra, and runs the default (fast) test suite on two pytest-xdist workers. On a machine without CUDA,
+# torch is pinned to the CPU build 2.13.0 *before* the package is installed so pip never pulls the CUDA
+# wheels.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -29,7 +30,7 @@ $(STAMP): $(PY) pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
