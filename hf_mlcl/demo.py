@@ -112,19 +112,16 @@ class _Request:
 
 @dataclass
 class _Plan:
-    """What every run of the demo shares: data, model settings, sizes, the device."""
+    """What every run of the demo shares: the request, data, model settings, sizes, the device."""
 
-    output_dir: str
-    dataset: str
+    request: _Request
     data_args: Any
     data: Any
     model_args: Any
     tokenizer: Any
     pretrained: bool
-    seed: int
     epochs: float
     probe_epochs: float
-    probe: str
     lr: float
     batch: int
     use_cpu: bool
@@ -135,7 +132,7 @@ class _Plan:
         """The arguments every stage of the demo shares, updated by ``kwargs``."""
         shared = dict(
             output_dir=folder,
-            seed=self.seed,
+            seed=self.request.seed,
             use_cpu=self.use_cpu,
             report_to="none",
             save_strategy="no",
@@ -281,17 +278,14 @@ def _plan(request: _Request) -> _Plan:
     probe_epochs = r.probe_epochs if r.probe_epochs is not None else (3.0 if pretrained else 5.0)
     bce_lr, bce_epochs = _bce_budget(dataset, pretrained, lr, epochs, probe, probe_epochs)
     return _Plan(
-        output_dir=r.output_dir,
-        dataset=dataset,
+        request=r,
         data_args=data_args,
         data=data,
         model_args=model_args,
         tokenizer=tokenizer,
         pretrained=pretrained,
-        seed=r.seed,
         epochs=epochs,
         probe_epochs=probe_epochs,
-        probe=probe,
         lr=lr,
         batch=batch,
         use_cpu=not torch.cuda.is_available(),
@@ -339,7 +333,7 @@ def _bce_run(plan: _Plan, n_runs: int) -> dict[str, Any]:
     _say(f"[{n_runs}/{n_runs}] baseline: the same encoder, {_bce_desc(plan)}")
     bce = ProbingTrainingArguments(
         **plan.training(
-            os.path.join(plan.output_dir, "bce", "classifier"),
+            os.path.join(plan.request.output_dir, "bce", "classifier"),
             probe="finetune",
             loss="bce",
             learning_rate=plan.bce_lr,
@@ -361,7 +355,7 @@ def _bce_run(plan: _Plan, n_runs: int) -> dict[str, Any]:
 
 def _contrastive_run(plan: _Plan, loss: str, i: int, n_runs: int) -> dict[str, Any]:
     """Stage 1 with ``loss`` and stage 2 on the frozen encoder (:func:`run_stages`, with their cards)."""
-    run_dir = os.path.join(plan.output_dir, loss)
+    run_dir = os.path.join(plan.request.output_dir, loss)
     cargs = ContrastiveTrainingArguments(
         **plan.training(
             os.path.join(run_dir, "encoder"),
@@ -377,7 +371,7 @@ def _contrastive_run(plan: _Plan, loss: str, i: int, n_runs: int) -> dict[str, A
     pargs = ProbingTrainingArguments(
         **plan.training(
             os.path.join(run_dir, "classifier"),
-            probe=plan.probe,
+            probe=plan.request.probe,
             loss="bce",
             learning_rate=1e-2 if not plan.pretrained else 1e-3,
             num_train_epochs=plan.probe_epochs,
@@ -390,7 +384,7 @@ def _contrastive_run(plan: _Plan, loss: str, i: int, n_runs: int) -> dict[str, A
             what = (
                 f"stage 1: contrastive training with loss {loss!r} ({plan.epochs:g} epochs)"
                 if name == "contrastive"
-                else f"stage 2: {plan.probe} probe on the frozen {loss!r} encoder"
+                else f"stage 2: {plan.request.probe} probe on the frozen {loss!r} encoder"
             )
             _say(f"[{i}/{n_runs}] {what}")
 
@@ -419,7 +413,11 @@ def _report(plan: _Plan, results: dict[str, Any]) -> tuple[list[dict[str, Any]],
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.modeling import MLCLEncoder
 
-    ds, names, plots = plan.data.dataset, plan.data.label_names, os.path.join(plan.output_dir, "plots")
+    ds, names, plots = (
+        plan.data.dataset,
+        plan.data.label_names,
+        os.path.join(plan.request.output_dir, "plots"),
+    )
     split = "test" if "test" in ds and len(ds["test"]) else "validation"
     rows, f1s = [], {}
     for name, stages in results.items():
@@ -442,14 +440,14 @@ def _report(plan: _Plan, results: dict[str, Any]) -> tuple[list[dict[str, Any]],
                 truth,
                 os.path.join(plots, f"embeddings_{name}.png"),
                 label_names=names,
-                title=f"{plan.dataset}: {name} embeddings ({split})",
+                title=f"{plan.request.dataset}: {name} embeddings ({split})",
             )
         rows.append(row)
     plot_f1_vs_frequency(
         f1s,
         train_frequency(ds["train"], len(names)),
         os.path.join(plots, "f1_vs_frequency.png"),
-        title=f"{plan.dataset}: per-label F1 vs training frequency ({split})",
+        title=f"{plan.request.dataset}: per-label F1 vs training frequency ({split})",
     )
     table = format_table(rows, keys=("micro_f1", "macro_f1", "p@1", "p@5", "silhouette"), prefix=f"{split}_")
     return rows, table, split
