@@ -33,7 +33,7 @@ LONG_BUDGET = {"reuters21578": "up to 20 epochs (patience 3)"}
 JOINT_WEIGHTS = (
     "0.2",
     "0.5",
-)  # the joint objective's grid of w (run_all.sh's JOINT_WEIGHTS: keep the two in step)
+)  # the joint objective's grid of w (run_all.sh reads it: --weights)
 # its extensions past the better edge, up to JOINT_EXTENSIONS (lr_grid.extend_grid, run.py --weight extend,
 # extend2, extend3): the BCE term is a mean over the batch's N x L entries, the contrastive one over anchors
 # (docs/losses.md), so the better w can lie far below 0.2
@@ -154,8 +154,11 @@ def bce_budget(study: str, results: str = RESULTS) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--weights"]:  # the joint objective's grid of w, for run_all.sh
+        print(" ".join(JOINT_WEIGHTS))
+        sys.exit(0)
     if len(sys.argv) != 2:
-        sys.exit("usage: python studies/bce_choice.py <study>")
+        sys.exit("usage: python studies/bce_choice.py <study> | --weights")
     try:
         print(bce_budget(sys.argv[1]))
     except ValueError as err:

@@ -23,7 +23,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cell_io import metrics_path, validation_macro_f1  # noqa: E402  (studies/cell_io.py: a cell's files)
 from paths import RESULTS  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 
-LOSSES = ("all", "any", "mulsupcon", "sd", "jaccard", "msc", "ws_mulsupcon", "hbl")  # run_all.sh's LOSSES
+LOSSES = (
+    "all",
+    "any",
+    "mulsupcon",
+    "sd",
+    "jaccard",
+    "msc",
+    "ws_mulsupcon",
+    "hbl",
+)  # run_all.sh reads them (--losses)
 PROBES = ("logistic", "linear")  # the frozen probes
 SEEDS = (1, 2, 3)  # the training seeds of a cell
 
@@ -96,9 +105,14 @@ def better_loss(study: str, size: int, losses: list[str], results: str = RESULTS
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    if argv == ["--losses"]:  # the study's losses, for run_all.sh
+        print(" ".join(LOSSES))
+        sys.exit(0)
     sized = len(argv) >= 4 and argv[1] == "--train-size" and argv[2].isdigit()
     if not sized and len(argv) not in (1, 2):
-        sys.exit("usage: python studies/loss_choice.py <study> [k] | <study> --train-size <N> <loss>...")
+        sys.exit(
+            "usage: python studies/loss_choice.py <study> [k] | <study> --train-size <N> <loss>... | --losses"
+        )
     try:
         if sized:
             print(better_loss(argv[0], int(argv[2]), argv[3:]))

@@ -33,7 +33,7 @@ set -u
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false
 PY=${PY:-.venv/bin/python}
 R="$PY studies/run.py"
-LOSSES="mulsupcon sd all any jaccard msc ws_mulsupcon hbl"
+LOSSES=$($PY studies/loss_choice.py --losses) || exit 1  # every loss of the study (loss_choice.LOSSES)
 RUNS=${MLCL_RUNS:-$(cd "$(dirname "$0")/../.." && pwd)/runs}  # default: ../runs beside the checkout
 # one logged cell: its own log file under $RUNS/logs/<study>/ (appended across runs), one line in the main log
 logcell() {  # logcell STUDY NAME COMMAND...
@@ -152,7 +152,7 @@ SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (
 # the better edge (bce_choice.JOINT_LADDER: 0.05, 0.01, 0.001 below 0.2; 0.8 above 0.5; each skipped when the best
 # w lies inside the grid), seeds 2-3 at the w with the best validation macro-F1. joint_cells STUDY PATIENCE [N]: at
 # N training rows (without N: the whole split).
-JOINT_WEIGHTS="0.2 0.5"
+JOINT_WEIGHTS=$($PY studies/bce_choice.py --weights) || exit 1  # bce_choice.JOINT_WEIGHTS
 joint_cells() {
   local study=$1 pat=$2 n=${3:-} W S
   local size=()

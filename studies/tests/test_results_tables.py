@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -477,10 +479,17 @@ def test_goemotions_table_lists_fine_tunes_of_the_losses_chosen_on_reuters_only(
 
 
 def choice_order() -> list[str]:
-    """run_all.sh's LOSSES, in its order."""
+    """run_all.sh's LOSSES, in its order: the shell script takes them from ``loss_choice.py --losses``."""
     with open(os.path.join(ROOT, "studies", "run_all.sh"), encoding="utf-8") as fh:
         line = next(x for x in fh if x.startswith("LOSSES="))
-    return line.split("=", 1)[1].strip().strip('"').split()
+    assert line.startswith("LOSSES=$($PY studies/loss_choice.py --losses) || exit 1"), line
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "studies", "loss_choice.py"), "--losses"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
 
 
 def _bce_choice():

@@ -439,9 +439,17 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
 
 
 def test_the_joint_grid_is_run_all_s():
+    """run_all.sh takes the w grid from ``bce_choice.py --weights``, which prints ``JOINT_WEIGHTS``."""
     bce_choice = _module("bce_choice")
     line = next(x for x in open(os.path.join(STUDIES, "run_all.sh")) if x.startswith("JOINT_WEIGHTS="))
-    assert tuple(line.split("=", 1)[1].strip().strip('"').split()) == bce_choice.JOINT_WEIGHTS
+    assert line.startswith("JOINT_WEIGHTS=$($PY studies/bce_choice.py --weights) || exit 1"), line
+    out = subprocess.run(
+        [sys.executable, os.path.join(STUDIES, "bce_choice.py"), "--weights"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert tuple(out.split()) == bce_choice.JOINT_WEIGHTS == ("0.2", "0.5")
 
 
 def test_a_subset_fine_tunes_from_the_loss_whose_probe_is_better_on_its_validation(tmp_path):
