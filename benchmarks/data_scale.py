@@ -1,23 +1,13 @@
 """Data pipeline at MIMIC-IV ICD-10 scale without a documents x labels dense matrix.
 
-Synthetic MIMIC-IV-ICD10-shaped training set (Nguyen et al. 2023: 110,442 train admissions, 25,230
-ICD-10 codes, ~16 codes and ~1,500 words per note) -> generated in shards and written to Arrow with
-``datasets.arrow_writer.ArrowWriter`` (pyarrow shards from the vectorised generator, memory-mapped back
-with ``Dataset.from_file``) -> fast WordPiece tokenizer trained on a sample -> ``tokenize_dataset``
-(``datasets.map``, batched, disk cache) -> ``MultiLabelCollator`` batches of 16 at max_length 3,072
-padded to multiples of 128 (PLM-ICD chunks), multi-hot labels built per batch only.
-
-If ``--tokenize-docs K`` is smaller than ``--num-docs`` (tokenizing 110k x 1,500 words takes long on
-2 busy cores), only the first K documents go through ``datasets.map``; the tokenization rate is
-measured on them, and the full-size token Arrow file for the collation stage is written by cycling
-their token ids while keeping every document's own labels (so collation, label building and memory
-are still measured at full size). The summary says which stages ran at which size.
-
-Prints peak RSS (``resource.getrusage`` ru_maxrss of this process and of its children) and documents
-per second for each stage. Usage::
+A synthetic MIMIC-IV-ICD10-shaped training set goes through Arrow shards, a WordPiece tokenizer,
+``tokenize_dataset`` and ``MultiLabelCollator``; prints peak RSS and documents per second for each stage.
+Usage::
 
     python benchmarks/data_scale.py                 # full size
     python benchmarks/data_scale.py --num-docs 2000 # quick run
+
+Method: docs/benchmarks.md, "Data pipeline at MIMIC-IV scale (benchmarks/data_scale.py)"
 """
 
 from __future__ import annotations

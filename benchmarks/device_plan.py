@@ -4,16 +4,7 @@
     python benchmarks/device_plan.py --write          # ... and write .device/plan.json, which travels with the call
     python benchmarks/device_plan.py --run --since T  # on the device (bash benchmarks/device_run.sh): run it
 
-Candidates are the suite's cells on the target device that need measuring, ordered by tier (0: not measured,
-failed or stale, of an unmet goal; 1: the same, of a met goal or of none; 2: a fresh figure that fails or
-falls short of its goal, measured again), then by the goal they can move (``GOALS``, in priority order),
-then in the suite's order; tier 0 takes the goals in turns (every goal's first cell, then every goal's
-second, ...), so that one call re-measures every unmet goal before it adds a second cell to any. Stale (``cell_sources``): the cell's code changed after the commit it was
-measured at. Each gets an expected duration (:func:`estimate`); :func:`fit` keeps, in order, what fits the
-budget after the start-up allowance and lists the rest as skipped. On the device :func:`execute` runs them
-against a deadline: a cell starts only if its expected duration fits what is left, is stopped at the
-deadline, and its result is written as soon as it ends. No .git travels: ``--write`` records here the
-commit the call measures, what changed since each recorded commit and a digest of the measured tree.
+Method: docs/benchmarks.md, "Planning a device call (benchmarks/device_plan.py)"
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Peak memory of a classifier's evaluation at a large label count: the streamed path against the dense one.
 
-A split of ``--rows`` x ``--labels`` with ``--per-row`` true labels per row and random logits (standard
-normal, the true labels' shifted by ``--signal``) goes, in batches of ``--batch-rows`` (dense float32 labels,
-as ``ClassifierEvaluation.prediction_step`` hands them over), through what a classifier stage does with
-its validation split: the global and the per-label thresholds are tuned and the metrics computed at both,
-plus the per-label F1 of the plot. ``stream``: :class:`hf_mlcl.evaluation.MultiLabelAccumulator` (the
-path of ``ClassifierEvaluation.predict_evaluation``). ``dense``: what evaluation held before it (the
-Trainer's float32 logits and labels, float64 probabilities, ``tune_*_threshold`` and
-``compute_multilabel_metrics`` on whole arrays), run at ``--dense-rows`` rows and extrapolated per cell.
-Each path runs in its own process; peak RSS is ``ru_maxrss``. ``--approx-rows``: the streamed metrics at
-that many rows, exact (every input kept) against histogram estimates. ``--trainer``: the same split through
-``ProbingTrainer.predict_evaluation`` (a tiny BERT, random head, cached frozen features), run twice: with
-glibc's default allocator and with ``MALLOC_MMAP_THRESHOLD_=131072`` (trainer*), the difference being heap the
-allocator keeps. Results go to ``--out`` as JSON.
+Each path (``stream``: ``MultiLabelAccumulator``; ``dense``: whole arrays, extrapolated) runs in its own
+process; ``--trainer`` adds ``ProbingTrainer.predict_evaluation``. Results go to ``--out`` as JSON.
 
     python benchmarks/eval_memory.py --trainer             # the goal: 20,000 x 25,000, 10 labels a row
     python benchmarks/eval_memory.py --rows 2000 --dense-rows 500 --approx-rows 0   (a quick check)
+
+Method: docs/benchmarks.md, "Evaluation memory at a large label count (benchmarks/eval_memory.py)"
 """
 
 from __future__ import annotations

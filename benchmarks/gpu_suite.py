@@ -6,15 +6,11 @@
     python benchmarks/gpu_suite.py --only llama_lora --cells '*-plain*'   # some cells (shell patterns)
     python benchmarks/gpu_suite.py --tiny          # every measurement at toy sizes on the CPU (a check)
 
-Measurements, in priority order (``MEASUREMENTS``; each in ``benchmarks/measurements/<name>.py``, with its
-docstring): ``llama_lora``, ``throughput``, ``plm_icd``, ``losses``, ``gradcache``. Each writes
-``benchmarks/results/<device>/<name>.json`` (the GPU's name in lower case, or ``cpu-tiny``): the device, the
-versions, the last run's commit and command, and one entry per cell: its figures or its error, its seconds
-and the commit it ran at. Every cell runs in its own process under its launcher (``python`` or ``accelerate
-launch --config_file recipes/accelerate/<launcher>.yaml``), so a crash or out-of-memory stops that cell only;
-under ``--tiny`` the plain cells of a measurement share one process. A measured cell is skipped (``--force``
-measures it again), a failed one is tried again; the exit status is 1 when any cell failed. One device call
-within a time budget: ``benchmarks/device_plan.py``. docs/PERFORMANCE.md is written from these files.
+Each measurement is ``benchmarks/measurements/<name>.py`` and writes
+``benchmarks/results/<device>/<name>.json``, from which docs/PERFORMANCE.md is written. One device call
+within a time budget: ``benchmarks/device_plan.py``.
+
+Method: docs/benchmarks.md, "The GPU suite (benchmarks/gpu_suite.py)"
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """Speed and memory of every contrastive loss at MIMIC-IV ICD-10 scale, relative to a floor.
 
-Scale (defaults): N = 256 anchors, K = 4096 keys (MoCo queue, no gradient), D = 256,
-L = 25,230 labels, ~16 labels per row drawn from a Zipf-like label frequency, labels passed as torch
-sparse COO (what ``MultiLabelCollator(label_format="sparse")`` and the queue produce).
-
-For each loss we print the median forward+backward time and its ratio to the *floor* measured in
-the same run: the dense similarity product z @ [z; k]^T with its masked logsumexp, forward and
-backward, plus the sparse label-intersection product Y @ Y_c^T. ``msc`` is also compared with the
-floor whose candidate set includes its L prototypes (z @ [z; k; C]^T): ABALONE's denominator sums over
-all L prototypes, an (N, L) product that is intrinsic to the loss and 6x the sample product at this L.
-For mulsupcon, msc and hbl the same loss written with a per-label (mulsupcon, msc) or per-anchor
-(hbl) Python loop, the way public implementations do it, is timed too (and checked to give the same
-value). Peak extra memory is the resident-set high-water-mark increase of a fresh subprocess running
-one forward+backward (VmHWM - VmRSS after resetting the high-water mark), next to the sizes of an (N, N+K) and an (N, N+K, L) fp32 tensor.
-
-Two more measurements run in the same process and print ratios (issue 16):
-
-* small in-batch batches (N = 64 and 256, D = 128, no keys, dense labels): every contrastive loss
-  against two in-process peers, a plain dense-mask SupCon of ten lines (:func:`plain_supcon`:
-  normalise, similarity, masked logsumexp, mean over anchors with a positive) and
-  pytorch-metric-learning's ``SupConLoss`` (single-label only; it takes class indices), once with
-  single-label rows (10 classes; the peers get class indices, hf_mlcl one-hot rows) and once with
-  multi-label rows (50 labels, ~3 per row; the plain peer's positives are Y Y^T > 0, the ANY rule);
-* dense vs sparse labels at the MIMIC scale above: the same loss fed float32 dense (N, L) / (K, L)
-  label matrices (what ``MultiLabelCollator(label_format="dense")`` gives) against sparse COO ones,
-  the same with bool dense matrices (a quarter of the bytes to read), and ("queue keys") dense batch labels with the keys' labels as an ``EmbeddingQueue`` with its
-  default label format hands them over (what ``ContrastiveTrainer`` passes the loss).
+Defaults: N = 256 anchors, K = 4096 queued keys, D = 256, L = 25,230 labels (~16 a row) as sparse COO; also
+small in-batch batches against two plain SupCon peers, and dense against sparse labels.
 
 Run:  python benchmarks/loss_speed.py            (full scale, ~5-10 minutes on 2 cores)
       python benchmarks/loss_speed.py --quick    (tiny sizes, seconds)
       python benchmarks/loss_speed.py --no-memory --no-loops   (ratios only)
-      python benchmarks/loss_speed.py --no-loops --no-memory --no-small --no-dense --no-mimic \
+      python benchmarks/loss_speed.py --no-loops --no-memory --no-small --no-dense --no-mimic \\
           --queue-formats 28:1.2,90:1.3,160:2,256:3,512:3,1000:4,8929:12,25230:16   (queue label format)
+
+Method: docs/benchmarks.md, "Loss speed and memory at MIMIC scale (benchmarks/loss_speed.py)"
 """
 
 from __future__ import annotations

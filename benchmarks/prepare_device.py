@@ -1,22 +1,14 @@
 """Prepare ``.device/``: what a device call needs that can be made here (the GPU machine has no internet).
 
-Run it in the project's environment (``.venv/bin/python benchmarks/prepare_device.py``) on a machine with
-PyPI access. It writes, into ``.device/`` (git-ignored, about 21 MiB; with the tree about 25 of the 64 MiB
-a copy may carry):
+Run it in the project's environment on a machine with PyPI access:
 
-* ``wheels/``: CPython 3.12 x86-64 Linux wheels of the exact versions installed here of the packages the
-  suite imports beyond a stock CUDA PyTorch image (transformers, peft, datasets, sentence-transformers,
-  pytorch-metric-learning, deepspeed and what they need; liger-kernel at a pinned version, as it does not
-  install here). DeepSpeed is published as source only: its wheel
-  is built here without compiled ops (``DS_BUILD_OPS=0``), so nothing is built there.
-* ``data/mimic3_full_codes.txt``: the MIMIC-III full ICD-9 code list of ``../shared/data/mimic_splits``
-  (8,921 codes, PLM-ICD's ``ALL_CODES.txt``), for the ``plm_icd`` measurement's MIMIC-III cell.
-* ``plan.json`` (``benchmarks/device_plan.py --write``): the commit measured and what changed since each
-  recorded commit, which the call's plan needs and git gives only here. Refresh it before every call.
+    .venv/bin/python benchmarks/prepare_device.py
 
-On the GPU machine, over a copy of the tree that carries ``.device``: ``bash benchmarks/device_run.sh``
-(allow it 600 s). What that machine still makes itself: the random-weight 8B base (16 GB, once per call) and torch.compile's
-kernels (``in-batch-compiled``).
+It writes ``.device/wheels/``, ``.device/data/mimic3_full_codes.txt`` and ``.device/plan.json`` (refresh it
+before every call). On the GPU machine, over a copy of the tree that carries ``.device``:
+``bash benchmarks/device_run.sh`` (allow it 600 s).
+
+Method: docs/benchmarks.md, "Preparing a device call (benchmarks/prepare_device.py)"
 """
 
 from __future__ import annotations

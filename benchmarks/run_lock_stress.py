@@ -1,20 +1,13 @@
 """Two runs into one folder, N tries: never both exit 0 (the stage folders' run lock, hf_mlcl.training.run_lock).
 
-Each try starts run A, ``hf-mlcl run recipes/demo/tiny_synthetic.yaml`` into ``<tmp>/tryK`` (tiny data, short
-stages, CPU), and after a seeded random offset run B into the same folder: the same ``run``, the ``run`` with
-``--resume_from_checkpoint true``, or ``hf-mlcl train`` (with or without resume) into its ``encoder`` folder, the
-four kinds in turn. The first tries start both at once; the others draw the offset uniformly in [min-, max-offset]:
-B then reaches the folder while A loads its data, trains stage 1, is between stages, trains stage 2 or evaluates.
-
-Per try: both exit codes and wall times, the refused run's one-line error (the lock's, or the folder check's
-"already holds a run"), the winner's phase when it was printed, the stages each run trained (not those a resume
-skipped as finished: a stage trained by both means one overwrote the other's model) and each run's stage lines.
-A table and a summary line are printed, the result written as JSON (benchmarks/cpu_results/run_lock_stress.json).
-Exit 1 when a try had both runs exit 0, a run failed otherwise than by a one-line refusal (exit 2), or a stage
-folder was trained by both runs.
+Run B starts into run A's folder at a seeded random offset; the result is written as JSON
+(benchmarks/cpu_results/run_lock_stress.json). Exit 1 when a try had both runs exit 0, a run failed otherwise
+than by a one-line refusal (exit 2), or a stage folder was trained by both runs.
 
     nice -n 19 python benchmarks/run_lock_stress.py              # 20 tries
     python benchmarks/run_lock_stress.py --tries 4 --max-offset 2 (a quick check)
+
+Method: docs/benchmarks.md, "Run lock stress test (benchmarks/run_lock_stress.py)"
 """
 
 from __future__ import annotations

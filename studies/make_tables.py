@@ -6,16 +6,7 @@
 Reads studies/results/<dataset>/<loss>_<probe>/seed<S>/metrics.json (written by studies/run.py).
 Cells with 3 seeds show mean ± sample standard deviation (ddof = 1); others show the value and n.
 
-The full-data studies (FULL_STUDIES) get their own tables: ``<study>-full`` (every planned row, the ones
-without a metrics.json marked "not yet run"; fine-tuning rows at the learning rate chosen on validation)
-``<study>-lr`` (the BCE learning-rate choice, validation numbers only) and ``<study>-vs-bce`` (each finished
-contrastive row minus the BCE baseline, with a seed-spread verdict, and the losses ranked on validation) and
-``<study>-tail`` (the per-label F1 plot's binned means: BCE vs the best contrastive cell); ``<study>-scale`` and
-``joint`` come from studies/scale_table.py.
-
-The same study run on one GPU in bf16 (``run_gpu.sh``, outputs in ``studies/results/gpu_bf16/<study>/``) gets
-``gpu-<study>-full``, ``gpu-<study>-lr`` and ``gpu-<study>-vs-bce`` (the same tables, read from that tree with
-:func:`results_root`) and ``gpu-summary`` (test macro-F1 of the rows both devices ran, side by side).
+Protocol: docs/study.md, "The tables (studies/make_tables.py)".
 """
 
 from __future__ import annotations

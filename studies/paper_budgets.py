@@ -1,25 +1,12 @@
 """The stage-1 budgets of the papers the losses come from (../shared/papers): epochs, batch and MoCo queue,
 for the study's rows "at the papers' budgets" (``run_gpu.sh papers``; they need a GPU).
 
-What each paper states, and the value taken where it states none:
-
-* **ABALONE** (Audibert et al., MSC; App. B): 80 epochs ("we consistently set the number of epochs to 80"),
-  batch 32, a MoCo queue of 512 with momentum 0.999. Its baseline L_Base (``jaccard`` here) is trained in the
-  same setup, without the queue.
-* **SD** (the Similarity-Dissimilarity loss paper): no epochs, batch or queue for text in the paper ("the
-  hyperparameters ... are shown in our code"); its earlier version gives batch 128 for its text data
-  (MIMIC) and in-batch contrast. ``sd`` and the two losses it compares with on text, ``all`` and ``any``,
-  take batch 128, no queue, and ABALONE's 80 epochs.
-* **HBL** (Chen et al.): a feature queue of 4,096, batch searched in {32, 64, 128, 256}, the gate k_min in
-  {64, 128, 256} (the loss default 128 is used; the CPU rows lowered it to 8 for want of a queue), epochs
-  not stated: batch 128, 80 epochs. ``mulsupcon``, the base loss HBL is built on, runs in the same setup.
-* **ws-MulSupCon** (Lin & Chen): 100 epochs, batch 64, momentum keys plus a queue (eq. 1) whose size is
-  not stated: HBL's 4,096.
-
-The learning rate, warm-up, projection head and sequence length stay the study's (recipes under
-``studies/recipes``): the papers' own values belong to other backbones (RoBERTa-base, ResNet-50).
-
     python studies/paper_budgets.py msc      # prints the recipe overrides of one loss
+
+Each :class:`Budget` keeps the values used beside what its paper states; the learning rate, warm-up,
+projection head and sequence length stay the study's.
+
+Protocol: docs/study.md, "The papers' budgets (studies/paper_budgets.py)".
 """
 
 from __future__ import annotations

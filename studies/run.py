@@ -1,30 +1,15 @@
 """Runner of the study in docs/RESULTS.md: one (study, loss, probe, seed) cell per call.
 
-It drives the library's stages ``hf_mlcl.training.stages.train_contrastive`` / ``train_probe`` with the
-recipes of ``studies/recipes/<study>/<loss>.yaml`` (parsed by ``hf_mlcl.recipes`` exactly as the CLI
-does), and additionally records what the CLI does not keep: the test per-label F1 (for the
-frequency plot, from the test scores the probe stage returns) and the wall times. Checkpoints go under ``$MLCL_RUNS`` (default ``../runs`` beside the
-repository); only ``metrics.json`` and ``per_label_f1.json`` land in ``studies/results/<study>/<cell>/seed<S>/``.
-
-The studies (``studies/recipes/<study>/``: reuters21578, goemotions_full) probe each stage-1 encoder with
-ABALONE's ``logistic`` probe and the SD paper's ``linear`` probe, and fine-tune with the learning rate under test (``--lr``; ``--lr best`` takes the BCE learning
-rate with the highest validation macro-F1 among the study's finished seed-1 cells; ``--lr extend`` the
-third point of the BCE grid, chosen on validation from the first two, ``extend2`` a fourth, see ``lr_grid.py``):
-
     python studies/run.py cell reuters21578 --loss bce --probe finetune --lr 5e-5 --seed 1
     python studies/run.py cell reuters21578 --loss pretrained --probe linear --seed 1
     python studies/run.py cell reuters21578 --loss sd --probe finetune --lr best --seed 1
 
-``--loss bce``: no stage 1, the MiniLM encoder is fine-tuned with BCE. ``--loss pretrained``: no
-stage 1, the frozen pretrained MiniLM is probed (reference for what stage 1 adds).
-Stage-1 encoders are reused by later probes of the same (dataset, loss, seed); a cell whose
-``metrics.json`` already exists is skipped unless ``--force`` is given. Trained stages whose recipe
-evaluates during training (eval_strategy != "no") stop early on the recipe's metric_for_best_model
-(``--patience`` evaluations without improvement) and keep the best checkpoint; a stage that left a
-``checkpoint-*`` behind (a killed run) resumes from it. The frozen probes share one feature store per
-dataset (``$MLCL_RUNS/<dataset>/features``, ``ProbingTrainingArguments.feature_cache_dir``): the linear probe
-of an encoder loads the features its logistic probe saved instead of running the encoder again. Per-epoch wall times and the validation
-curve go to ``timeline.jsonl`` next to the checkpoints and into the cell's ``metrics.json``.
+``--loss bce`` fine-tunes MiniLM with BCE (no stage 1); ``--loss pretrained`` probes the frozen pretrained
+MiniLM; ``--lr best`` / ``extend`` / ``extend2`` take the BCE learning rate chosen on validation (``lr_grid.py``).
+Only ``metrics.json`` and ``per_label_f1.json`` land in ``studies/results/<study>/<cell>/seed<S>/``; checkpoints
+go under ``$MLCL_RUNS``; a cell whose ``metrics.json`` exists is skipped unless ``--force`` is given.
+
+Protocol: docs/study.md, "The runner (studies/run.py)".
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The data-scale study (issue 52): training subsets, the epoch rule, the cells' names and their cost plan.
 
-Reuters-21578 at 500 and 2,000 training documents, GoEmotions at 1,000 and 4,000; the existing full-size cells
-are the "all" rows. A size N keeps N rows of the training split drawn with ``SUBSET_SEED`` (DataArguments'
-``max_train_samples`` + ``subset_seed``: the same rows for every method and training seed); validation and test
-stay whole. Its cells are ``<cell>-n<N>`` (``bce_finetune-lr1e-4-n500``, ``sd_logistic-n500``) and record
-``train_size`` in metrics.json; their checkpoints go under ``$MLCL_RUNS/<study>/<loss>-n<N>/``.
-
-Epoch rule (:func:`scaled_epochs`): a trained stage keeps the full-size recipe's number of optimizer steps
-(same batch, epochs x full size / N, rounded), never fewer epochs than that recipe: a subset trains as long
-as the whole set, so a small size is not under-trained by a shorter schedule. Stage 1: 1 epoch at full size
--> 14 (Reuters 500), 3 (2,000), 43 (GoEmotions 1,000), 11 (4,000); fine-tunes: 5 -> 70, 17, 217, 54. A
-fine-tune evaluates ``EVALUATIONS`` times, evenly over its steps (:func:`eval_every`), keeps its best
-evaluation and stops early on validation (run_all.sh: patience 3 evaluations). SetFit takes as many steps as
-stage 1 (:func:`setfit_steps`). Both losses chosen on Reuters get the frozen probe at every size; the fine-tune
-from stage 1 runs with the one whose probe is better on that size's validation (``loss_choice.better_loss``).
-Estimated cost, every step run:
+Reuters-21578 at 500 and 2,000 training documents, GoEmotions at 1,000 and 4,000: seeded subsets
+(``SUBSET_SEED``) every method shares, cells ``<cell>-n<N>``. Epoch rule (:func:`scaled_epochs`): a trained
+stage keeps the full-size recipe's number of optimizer steps, never fewer epochs than that recipe.
 
     python studies/scale.py plan     # each cell's estimated minutes, from the full-size cells' wall times
     python studies/scale.py sizes reuters21578     # "500 2000" (run_all.sh's scale phases)
+
+Protocol: docs/study.md, "The data-scale study (studies/scale.py)".
 """
 
 from __future__ import annotations

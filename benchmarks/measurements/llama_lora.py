@@ -1,32 +1,10 @@
 """``llama_lora``: Llama-3.1-8B + LoRA at the AAPD recipe's shapes, under three launchers.
 
-The backbone is the Llama-3.1-8B architecture (:data:`common.LLAMA_31_8B`) with random weights made in
-bf16 on the device and saved once to a local folder (``--cache-dir``), which every cell then loads the
-way a user loads ``meta-llama/Llama-3.1-8B`` (``from_pretrained`` of a folder; under ZeRO-3 inside
-``deepspeed.zero.Init``). Time and memory need no trained weights.
+Random-weight Llama-3.1-8B, the recipes ``recipes/aapd/llama-3.1-8b-lora/{sd,msc,bce}.yaml``; each cell
+trains, then checks that the saved adapter reloads to the trained outputs. MFU / HFU from
+:func:`flops_per_token` and :func:`hardware_flops_per_token`.
 
-Each cell reads its recipe (``recipes/aapd/llama-3.1-8b-lora/{sd,msc,bce}.yaml``: LoRA r 16 on the seven
-projections, activation checkpointing, 512 tokens, per-device batch 32, the recipe's GradCache chunk)
-and trains ``warmup + steps`` optimizer steps on rows of exactly 512 random tokens with random AAPD-sized
-multi-hot labels (54 labels): stage 1 with ``sd`` (in-batch), stage 1 with ``msc`` (momentum encoder and a
-4,096 queue, the issue's size; the recipe's is 512), or the BCE LoRA fine-tune of the classifier. Then it
-computes the outputs of 4 rows in eval mode, saves the adapter folder and loads it onto a fresh base with
-the LoRA layers kept apart, as in training: the outputs must be the trained model's (cosine >= 0.9999,
-max difference <= 1 % of the largest output). The library's ``from_pretrained``, which merges the adapter
-into the base weights, is compared too (``merged_load``). The ``-fit80`` / ``-fit141`` cells run the recipe
-at the levers benchmarks/memory_plan.py predicts to do the least work within an 80 GB / a 141 GB GPU
-(:func:`fit_params`: LoRA dropout, GradCache, activation checkpointing on every k-th layer); the ``-liger``
-cells add Liger-Kernel on the backbone (``use_liger_kernel``; its wheel travels in ``.device/wheels``).
-
-Model FLOPs per token (:func:`flops_per_token`, the convention of PaLM, Chowdhery et al. 2022, App. B,
-adapted to a frozen base): forward ``2 N + 4 n_layers s d`` (N the non-embedding matmul weights, the
-attention products counted in full); backward of the frozen base computes input gradients only, as many
-FLOPs as the forward; the LoRA matrices cost ``6 N_lora``; ``msc``'s momentum encoder adds one more
-forward of the same tokens. Recomputation (activation checkpointing) and GradCache's extra no-grad
-forward are not model FLOPs. MFU = model FLOPs/s over the device's bf16 dense peak. HFU counts what the
-device runs (:func:`hardware_flops_per_token`): one more forward of the checkpointed layers and one for
-GradCache's no-grad forward, so a GradCache run with checkpointing runs twice sd's model FLOPs and MFU can
-reach at most half the share of the peak the device sustains.
+Method: docs/benchmarks.md, "Llama-3.1-8B + LoRA (benchmarks/measurements/llama_lora.py)"
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """``losses``: the contrastive losses' forward + backward on the device, against the floors a user knows.
 
-Two tables (``benchmarks/loss_speed.py``'s, measured on the device), each with fp32 and with bf16
-embeddings (the losses compute their softmax in fp32 either way):
+Tables ``in-batch``, ``keys`` and ``in-batch-compiled`` (``benchmarks/loss_speed.py``'s, measured on the
+device), with fp32 and bf16 embeddings; CUDA-synchronised median times of one forward + backward.
 
-* ``in-batch``: N = 64 and 256 anchors, D = 128, no keys, dense labels. Every loss against the plain
-  dense-mask SupCon of ``loss_speed.plain_supcon`` (positives: a shared label) on multi-label rows
-  (54 labels, about 2.4 per row, AAPD's size), and against pytorch-metric-learning's ``SupConLoss`` on
-  single-label rows (10 classes; PML takes class ids). Ratio = median time of the loss / median time
-  of the peer, timed in alternating rounds.
-* ``keys``: N = 64 and 256, K = 4,096 queued keys (no gradient), D = 256, L = 54 / 8,929 / 25,230 with
-  ~2.4 / 16 / 16 labels per row (Zipf frequencies, ``loss_speed.zipf_labels``), labels as dense fp32
-  matrices and as sparse COO; ratio dense / sparse per loss; the floor (similarities, masked logsumexp,
-  backward, and the label-intersection product) for scale.
-
-* ``in-batch-compiled``: the losses above the plain SupCon in eager mode (``hbl``, ``msc``, ``ws_mulsupcon``)
-  under ``torch.compile`` (inductor; ``--tiny``: aot_eager), N = 256, fp32, against the plain SupCon eager
-  and compiled; the first call's seconds (the compilation) are recorded apart.
-
-Times are CUDA-synchronised wall times of one forward + backward (median of ``repeats`` after warm-up).
-Every loss is timed as ContrastiveTrainer and the integrations run it after the first batch: input checks
-off (``FirstCallChecks``), so no host read of the labels' values or of the result's finiteness; the
-in-batch rows also time the multi-label loss with its checks on (``checked_ms``), what a direct call pays.
+Method: docs/benchmarks.md, "The losses on the device (benchmarks/measurements/losses.py)"
 """
 
 from __future__ import annotations

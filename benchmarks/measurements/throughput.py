@@ -1,24 +1,9 @@
 """``throughput``: stage-1 training speed of ContrastiveTrainer against the trainers users already run.
 
-Two encoders, both built from their configs with random weights (speed does not depend on the
-weights): the all-MiniLM-L6-v2 shape (BERT, 6 layers, hidden 384, mean pooling) and the RoBERTa-base
-shape (12 layers, hidden 768, CLS pooling). Same texts (random words of a fixed word-level vocabulary,
-every text at least 128 tokens long, truncated to 128), same tokenizer, batch 64, bf16 on a GPU. Four
-rows per encoder, each tokenizing in its own collator as a user's run does:
+Rows ``contrastive``, ``trainer_bce``, ``st_mlcl`` and ``st_mnrl`` on the all-MiniLM-L6-v2 and RoBERTa-base
+shapes (random weights), batch 64 x 128 tokens, bf16 on a GPU.
 
-* ``contrastive``: ``ContrastiveTrainer`` + ``MLCLEncoder`` (projection head to 256), loss ``sd``, in-batch;
-* ``trainer_bce``: ``transformers.Trainer`` + ``AutoModelForSequenceClassification`` (multi-label BCE);
-* ``st_mlcl``: ``SentenceTransformerTrainer`` + hf_mlcl's ``MultiLabelContrastiveLoss("sd")``;
-* ``st_mnrl``: ``SentenceTransformerTrainer`` + sentence-transformers' ``MultipleNegativesRankingLoss`` on
-  32 (anchor, positive) pairs per step, i.e. the same 64 texts per step.
-
-Rows run in one process, one after another, twice in turn (A B C D A B C D), so a change of the machine's
-state hits every row alike; each run drops its first ``warmup`` steps. ``samples_per_s`` is the batch over
-the median step time (``on_step_begin`` to ``on_step_end``); ``wall_samples_per_s`` counts the whole loop
-between the first and last measured step, data loading and collation included. On a GPU the host syncs of
-every measured (non-logging) step are counted with ``torch.cuda.set_sync_debug_mode``. One more short run
-per row profiles one step (``common.StepProfile``: kernels launched, device time by operator), outside
-the timed runs.
+Method: docs/benchmarks.md, "Stage-1 throughput against the peers (benchmarks/measurements/throughput.py)"
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Paper: Similarity-Dissimilarity Loss (Huang et al.), Section 2.2, eq. (1) (posit
 * per-anchor normaliser: number of positives abs(P(i));
 * reduction: mean over anchors with at least one positive (the paper's eq. (4) sums);
 * a batch with no negative pair keeps the SupCon formula, loss_i = LSE_i - mean_p s_ip >= log abs(P(i)),
-  where pytorch-metric-learning's ``SupConLoss`` returns 0 (docs/losses.md, "Reductions").
+  where pytorch-metric-learning's ``SupConLoss`` returns 0 (docs/losses.md, "Choices where a paper is
+  ambiguous (each is an option; the default is justified in the docstring)", "A batch with no negative pair").
 """
 
 from __future__ import annotations

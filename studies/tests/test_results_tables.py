@@ -887,7 +887,9 @@ def test_run_all_baselines_run_tfidf_once_then_setfit_seed_by_seed(tmp_path):
         text=True,
     )
     assert proc.returncode == 0 and "FAILED" not in proc.stdout, proc.stdout + proc.stderr
-    cells = [line.split() for line in calls.read_text().splitlines()]
+    calls = [line.split() for line in calls.read_text().splitlines()]
+    assert [c[0] for c in calls[:2]] == ["studies/loss_choice.py", "studies/bce_choice.py"]  # the settings
+    cells = calls[2:]
     assert [c[:2] for c in cells[:4]] == [["studies/baseline_tfidf.py", "reuters21578"]] * 2 + [
         ["studies/baseline_tfidf.py", "goemotions_full"]
     ] * 2
