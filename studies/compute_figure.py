@@ -1,6 +1,6 @@
 """The compute figure of docs/RESULTS.md: test macro-F1 against training seconds, one panel per study.
 
-``points`` come from ``make_tables.compute_points``: one (seconds, test macro-F1) per run, grouped by method;
+``points`` come from ``cost_tables.compute_points``: one (seconds, test macro-F1) per run, grouped by method;
 a method whose runs carry per-epoch test scores (``run.py --test-each-epoch``) is drawn as a line per run.
 """
 

@@ -1,4 +1,5 @@
-"""studies/make_tables.py turns per-run metrics.json files into the RESULTS.md tables."""
+"""studies/make_tables.py and the table modules it assembles turn per-run metrics.json files into the RESULTS.md
+tables."""
 
 from __future__ import annotations
 
@@ -11,16 +12,33 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "studies"))
+import cost_tables  # noqa: E402  (studies/cost_tables.py: the cost section and the compute figure's data)
+import full_tables  # noqa: E402  (studies/full_tables.py: the full-data studies' own tables)
+import gpu_tables  # noqa: E402  (studies/gpu_tables.py: the study on one GPU)
+import lr_grid  # noqa: E402  (studies/lr_grid.py: the BCE learning-rate grid)
+import paths  # noqa: E402  (studies/paths.py: the one home of the cells' outputs)
+import run_seconds  # noqa: E402  (studies/run_seconds.py: the seconds a run recorded)
+import study_cells  # noqa: E402  (studies/study_cells.py: the cells as the tables read them)
+import tail_table  # noqa: E402  (studies/tail_table.py: the per-label tail)
+import variant_tables  # noqa: E402  (studies/variant_tables.py: the stage-1 variants' tables)
 
 
 @pytest.fixture()
-def tables(tmp_path, monkeypatch):
+def results(tmp_path, monkeypatch):
+    """The cells' outputs under tmp_path: every table module reads ``paths.RESULTS`` at each call."""
+    monkeypatch.setattr(paths, "RESULTS", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture()
+def tables(results, tmp_path, monkeypatch):
+    """make_tables, the command, reading and writing under tmp_path only."""
     spec = importlib.util.spec_from_file_location(
         "make_tables", os.path.join(ROOT, "studies", "make_tables.py")
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "HERE", str(tmp_path))
     monkeypatch.setattr(mod, "FIGURES", str(tmp_path / "figures"))  # never the repository's docs/figures
     (tmp_path / "PERFORMANCE.md").write_text("# Performance\n")
     monkeypatch.setattr(
@@ -86,7 +104,7 @@ def _full_run(
     (folder / "metrics.json").write_text(json.dumps(record))
 
 
-def test_full_study_tables_choose_the_lr_on_validation(tables, tmp_path):
+def test_full_study_tables_choose_the_lr_on_validation(results, tmp_path):
     curve = {
         "epoch_s": [100.0, 120.0],
         "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}, {"epoch": 2.0, "eval_macro_f1": 0.2}],
@@ -95,8 +113,8 @@ def test_full_study_tables_choose_the_lr_on_validation(tables, tmp_path):
     _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.10, tag="lr5e-5", epochs=curve, best=0.3)
     _full_run(tmp_path, "bce", "finetune", 1, 0.50, 0.05, tag="lr1e-4", epochs=curve, best=0.3)
     _full_run(tmp_path, "pretrained", "logistic", 1, 0.30, 0.25)
-    assert tables.chosen_lr("reuters21578") == "1e-4"
-    full = tables.full_table("reuters21578").splitlines()
+    assert study_cells.chosen_lr("reuters21578") == "1e-4"
+    full = full_tables.full_table("reuters21578").splitlines()
     bce = next(line for line in full if line.startswith("| none (BCE"))
     # two of the three learning rates have run: the label says the choice is provisional
     assert "lr 1e-4 (best on validation of 2 of 3 learning rates so far)" in bce
@@ -108,19 +126,19 @@ def test_full_study_tables_choose_the_lr_on_validation(tables, tmp_path):
     assert "not yet run" in linear
     # pretrained linear, BCE with the longer budget (Reuters) and every loss x 3
     assert sum("not yet run" in line for line in full) == 2 + 3 * 8
-    lr = tables.lr_table("reuters21578")
+    lr = full_tables.lr_table("reuters21578")
     # the third point extends the grid past the better of the first two on validation: 1e-4 -> 2e-4
     assert "| 1e-4 | 0.500 (n=1) | 0.800 (n=1) | 1/2 | 110 |" in lr and "| 2e-4 | not yet run |" in lr
     assert "2e-5" not in lr and "third:" not in lr
     assert "0.050" not in lr  # test numbers are not part of the learning-rate choice
     _full_run(tmp_path, "bce", "finetune", 1, 0.45, 0.30, tag="lr2e-4", epochs=curve, best=0.3)
     bce = next(
-        line for line in tables.full_table("reuters21578").splitlines() if line.startswith("| none (BCE")
+        line for line in full_tables.full_table("reuters21578").splitlines() if line.startswith("| none (BCE")
     )
     assert "lr 1e-4 (chosen on validation)" in bce  # all three have run: the choice is final
 
 
-def test_gpu_study_gets_its_own_choices_and_a_row_beside_each_cpu_row(tables, tmp_path):
+def test_gpu_study_gets_its_own_choices_and_a_row_beside_each_cpu_row(results, tmp_path):
     """run_gpu.sh's tree (gpu_bf16): its tables make their own choices on its own validation numbers, the
     side-by-side summary pairs the rows both devices ran, and the tree is never read as a small-subset study."""
 
@@ -141,8 +159,8 @@ def test_gpu_study_gets_its_own_choices_and_a_row_beside_each_cpu_row(tables, tm
         gpu, "bce", "finetune", 1, 0.40, 0.60, tag="lr1e-4", epochs=curve(15.0, 15.0), best=0.4, device="H100"
     )
     _full_run(gpu, "jaccard", "logistic", 1, 0.50, 0.52, device="H100")  # no CPU row: not side by side
-    got = tables.gpu_tables()
-    assert tables.HERE == str(tmp_path)  # results_root gave the CPU tree back
+    got = gpu_tables.gpu_tables()
+    assert paths.RESULTS == str(tmp_path)  # results_root gave the CPU tree back
     rows = [line for line in got["gpu-summary"].splitlines() if line.startswith("| reuters21578")]
     assert rows == [
         "| reuters21578 | BCE fine-tune, lr 1e-4 / 2e-4 (CPU / GPU), up to 5 epochs "
@@ -152,22 +170,22 @@ def test_gpu_study_gets_its_own_choices_and_a_row_beside_each_cpu_row(tables, tm
         line for line in got["gpu-reuters21578-full"].splitlines() if line.startswith("| none (BCE")
     )
     cpu_bce = next(
-        line for line in tables.full_table("reuters21578").splitlines() if line.startswith("| none (BCE")
+        line for line in full_tables.full_table("reuters21578").splitlines() if line.startswith("| none (BCE")
     )
     assert "lr 2e-4" in gpu_bce and "| 0.330 (n=1) |" in gpu_bce and "lr 1e-4" in cpu_bce
     jaccard_logistic = "| jaccard | logistic probe"
     assert jaccard_logistic in got[
         "gpu-reuters21578-vs-bce"
-    ] and jaccard_logistic not in tables.comparison_table("reuters21578")
+    ] and jaccard_logistic not in full_tables.comparison_table("reuters21578")
     assert "| 2e-4 | 0.450 (n=1) |" in got["gpu-reuters21578-lr"]
     (tmp_path / "gpu_bf16").rename(tmp_path / "elsewhere")
-    assert tables.gpu_tables() == {}  # no GPU tree, no GPU tables
+    assert gpu_tables.gpu_tables() == {}  # no GPU tree, no GPU tables
 
 
-def test_lr_grid_third_point_is_chosen_on_validation(tables, tmp_path):
+def test_lr_grid_third_point_is_chosen_on_validation(results, tmp_path):
     """lr_grid: the third learning rate lies beyond the better of 5e-5 / 1e-4 (validation macro-F1), and
     the lr table announces it as undecided until both have run."""
-    grid = tables.lr_grid
+    grid = lr_grid
     assert grid.third_lr({"5e-5": 0.2}) is None and grid.planned_lrs({}) == ("5e-5", "1e-4")
     assert grid.third_lr({"5e-5": 0.2, "1e-4": 0.3}) == "2e-4"
     assert grid.third_lr({"5e-5": 0.3, "1e-4": 0.2}) == "2e-5"
@@ -180,7 +198,7 @@ def test_lr_grid_third_point_is_chosen_on_validation(tables, tmp_path):
         grid.extension_lr({"5e-5": 0.2, "1e-4": 0.3}, 2)
     curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
     _full_run(tmp_path, "bce", "finetune", 1, 0.40, 0.10, tag="lr5e-5", epochs=curve, best=0.3)
-    lr = tables.lr_table("reuters21578")
+    lr = full_tables.lr_table("reuters21578")
     assert (
         "| 1e-4 | not yet run |" in lr
         and "| third: 2e-4 or 2e-5, chosen on validation once 5e-5 and 1e-4 have run |" in lr
@@ -332,8 +350,8 @@ def test_runner_resolves_lr_extend_and_best_from_validation(tmp_path, monkeypatc
     assert run.best_bce_lr("reuters21578") == "5e-5"
 
 
-def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tables, tmp_path):
-    assert tables.comparison_table("reuters21578") == "No contrastive row has finished yet."
+def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(results, tmp_path):
+    assert full_tables.comparison_table("reuters21578") == "No contrastive row has finished yet."
     curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
     for lr, val in (("5e-5", 0.40), ("1e-4", 0.45), ("2e-4", 0.42)):  # 1e-4 chosen on validation
         _full_run(tmp_path, "bce", "finetune", 1, val, 0.30, tag=f"lr{lr}", epochs=curve, best=0.3)
@@ -347,19 +365,21 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
         tmp_path, "jaccard", "logistic", 2, 0.48, 0.42
     )  # mean 0.41: +0.100 vs BCE, spread 0.014 + 0.014
     _full_run(tmp_path, "hbl", "linear", 1, 0.47, 0.30)  # one seed: no verdict
-    table = tables.comparison_table("reuters21578")
+    table = full_tables.comparison_table("reuters21578")
     assert "| +0.160 | not yet run | not yet run |" in table  # no longer-budget BCE row yet
     _full_run(tmp_path, "bce", "finetune", 1, 0.47, 0.37, tag="long-lr1e-4", epochs=curve, best=0.3)
     _full_run(
         tmp_path, "bce", "finetune", 1, 0.99, 0.99, tag="long-lr5e-5", epochs=curve, best=0.3
     )  # not the chosen lr
-    assert tables.chosen_lr("reuters21578") == "1e-4"  # the longer budget is no learning rate of the grid
-    full = tables.full_table("reuters21578")
+    assert (
+        study_cells.chosen_lr("reuters21578") == "1e-4"
+    )  # the longer budget is no learning rate of the grid
+    full = full_tables.full_table("reuters21578")
     assert (
         "| fine-tune, lr 1e-4, up to 20 epochs (patience 3) | 0.470 (n=1) | 0.900 (n=1) | 0.370 (n=1) |"
         in full
     )
-    table = tables.comparison_table("reuters21578")
+    table = full_tables.comparison_table("reuters21578")
     jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
     assert (
         "| 0.490 ± 0.014 (n=2) | +0.100 | +0.000 | yes: 0.100 > 0.028 | +0.160 | +0.040 | undecided: seeds 2 vs 1 |"
@@ -372,7 +392,7 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
     _full_run(
         tmp_path, "bce", "finetune", 2, 0.46, 0.39, tag="long-lr1e-4", epochs=curve, best=0.3
     )  # its seeds 2-3
-    table = tables.comparison_table("reuters21578")
+    table = full_tables.comparison_table("reuters21578")
     jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
     assert "| +0.160 | +0.030 | yes: 0.030 > 0.028 |" in jac  # 0.41 vs 0.38 (0.014 + 0.014)
     assert (
@@ -382,7 +402,7 @@ def test_comparison_table_gives_differences_to_bce_and_a_seed_spread_verdict(tab
     _full_run(
         tmp_path, "bce", "finetune", 1, 0.44, 0.37, tag="long-lr1e-4", epochs=curve, best=0.3, replace=True
     )
-    table = tables.comparison_table(
+    table = full_tables.comparison_table(
         "reuters21578"
     )  # the longer run lost on validation: the 5 epochs stay the bar
     jac = next(line for line in table.splitlines() if line.startswith("| jaccard | logistic"))
@@ -455,16 +475,16 @@ def test_loss_choice_ranks_frozen_probes_on_validation_once_every_loss_has_one(t
     assert sorted(choice.LOSSES) == sorted(choice_order())  # the losses run_all.sh runs
 
 
-def test_goemotions_table_lists_fine_tunes_of_the_losses_chosen_on_reuters_only(tables, tmp_path):
+def test_goemotions_table_lists_fine_tunes_of_the_losses_chosen_on_reuters_only(results, tmp_path):
     """Outside Reuters only the two losses chosen there are fine-tuned: their missing fine-tune says "not yet
     run"; another loss with probe rows gets no fine-tune row until one has run."""
     for loss, val in {**SCORES, "hbl": 0.35}.items():
         for probe in ("logistic", "linear"):
             _full_run(tmp_path, loss, probe, 1, val, 0.5)
-    assert tables._chosen_on_reuters() == ["any", "ws_mulsupcon"]
+    assert study_cells.chosen_on_reuters() == ["any", "ws_mulsupcon"]
     for loss in ("any", "msc"):
         _full_run(tmp_path, loss, "logistic", 1, 0.4, 0.3, study="goemotions_full")
-    rows = tables.full_table("goemotions_full").splitlines()
+    rows = full_tables.full_table("goemotions_full").splitlines()
     fine_tunes = [r.split(" | ")[0].lstrip("| ") for r in rows if "| fine-tune" in r and "BCE" not in r]
     assert fine_tunes == ["any", "ws_mulsupcon"]
     assert all(
@@ -474,7 +494,9 @@ def test_goemotions_table_lists_fine_tunes_of_the_losses_chosen_on_reuters_only(
     for lr, val in (("5e-5", 0.3), ("1e-4", 0.5)):
         _full_run(tmp_path, "bce", "finetune", 1, val, 0.3, tag=f"lr{lr}", study="goemotions_full")
     _full_run(tmp_path, "msc", "finetune", 1, 0.4, 0.3, tag="lr1e-4", study="goemotions_full")
-    msc = [r for r in tables.full_table("goemotions_full").splitlines() if r.startswith("| msc | fine-tune")]
+    msc = [
+        r for r in full_tables.full_table("goemotions_full").splitlines() if r.startswith("| msc | fine-tune")
+    ]
     assert len(msc) == 1 and "| 0.300 (n=1) |" in msc[0]  # a finished cell is always listed
 
 
@@ -615,8 +637,8 @@ def test_run_all_runs_seeds_probes_first_with_the_chosen_losses(tmp_path):
     assert [" ".join(line.split()[3:]) for line in calls.read_text().splitlines()] == expected
 
 
-def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tables, tmp_path):
-    assert tables.tail_table("reuters21578").startswith("Written once")
+def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(results, tmp_path):
+    assert tail_table.tail_table("reuters21578").startswith("Written once")
     curve = {"epoch_s": [100.0], "evaluations": [{"epoch": 1.0, "eval_macro_f1": 0.3}]}
     counts = [1, 3, 5, 7, 0, 3]
 
@@ -631,7 +653,7 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     per_label("jaccard_logistic", [0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
     _full_run(tmp_path, "sd", "linear", 1, 0.40, 0.90)
     per_label("sd_linear", [1.0] * 6)
-    rows = tables.tail_table("reuters21578").splitlines()
+    rows = tail_table.tail_table("reuters21578").splitlines()
     assert rows[0] == (
         "| training documents per label (bin) | labels | BCE fine-tuning | jaccard stage 1 + logistic probe "
         "(ABALONE) | difference to BCE fine-tuning |"
@@ -647,7 +669,7 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     # the longer-budget BCE run joins as a second bar, with the best cell's difference to it
     _full_run(tmp_path, "bce", "finetune", 1, 0.47, 0.35, tag="long-lr1e-4", epochs=curve, best=0.3)
     per_label("bce_finetune-long-lr1e-4", [0.3, 0.6, 0.3, 0.2, 0.9, 0.6])
-    rows = tables.tail_table("reuters21578").splitlines()
+    rows = tail_table.tail_table("reuters21578").splitlines()
     assert rows[0] == (
         "| training documents per label (bin) | labels | BCE fine-tuning | BCE fine-tuning, up to 20 epochs "
         "(patience 3) | jaccard stage 1 + logistic probe (ABALONE) | difference to BCE fine-tuning | difference to BCE "
@@ -664,13 +686,13 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     per_label("tfidf_svm", [0.2, 0.2, 0.2, 0.2, 0.2, 0.2])
     _full_run(tmp_path, "tfidf", "logreg", 1, 0.30, 0.99)  # higher test, lower validation: not shown
     per_label("tfidf_logreg", [0.9] * 6)
-    rows = tables.tail_table("reuters21578").splitlines()
+    rows = tail_table.tail_table("reuters21578").splitlines()
     assert rows[0].split(" | ")[4:6] == [
         "jaccard stage 1 + logistic probe (ABALONE)",
         "TF-IDF 1-2 grams + linear SVM",
     ]
     assert rows[2] == "| 1-1.28 | 1 | 0.10 | 0.30 | 0.50 | 0.20 | +0.40 | +0.20 |"
-    plot = tables.full_f1_plot("reuters21578")
+    plot = tail_table.full_f1_plot("reuters21578", str(tmp_path / "figures" / "f1.png"))
     assert plot is not None and os.path.getsize(plot) > 0
     # a second seed of the best contrastive cell: its column gives mean ± sd of the bin over the seeds, and the
     # differences use the mean
@@ -678,19 +700,23 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(tab
     (tmp_path / "reuters21578" / "jaccard_logistic" / "seed2" / "per_label_f1.json").write_text(
         json.dumps({"test_f1": [0.7] * 6, "train_count": counts})
     )
-    rows = tables.tail_table("reuters21578").splitlines()
+    rows = tail_table.tail_table("reuters21578").splitlines()
     assert rows[0].split(" | ")[4] == "jaccard stage 1 + logistic probe (ABALONE) (n=2)"
     assert rows[2] == "| 1-1.28 | 1 | 0.10 | 0.30 | 0.60 ± 0.14 | 0.20 | +0.50 | +0.30 |"
     # a fine-tune cell is named by its stage 1 and learning rate, not by its folder
-    assert tables._cell_label("hbl", "finetune-lr1e-4") == "mulsupcon + hbl stage 1 + fine-tune, lr 1e-4"
+    assert tail_table._cell_label("hbl", "finetune-lr1e-4") == "mulsupcon + hbl stage 1 + fine-tune, lr 1e-4"
 
 
-def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate(tables):
+def test_epoch_times_count_a_resumed_epoch_by_its_whole_epoch_estimate():
     resumed = {"epochs": {"epoch_s": [50.0, 90.0], "whole_epoch_s": [100.0, 90.0], "resumed_epochs": [1]}}
-    assert tables._per_epoch([resumed]) == "≈95"
-    assert tables._per_epoch([{"epochs": {"epoch_s": [80.0, 90.0]}}]) == "85"  # records from before the field
-    assert tables._per_epoch([{}]) == "—"
-    assert tables._per_epoch([{"epochs": {"epoch_s": [80.0, 20.0], "whole_epoch_s": [80.0, None]}}]) == "80"
+    assert run_seconds.per_epoch([resumed]) == "≈95"
+    assert (
+        run_seconds.per_epoch([{"epochs": {"epoch_s": [80.0, 90.0]}}]) == "85"
+    )  # records from before the field
+    assert run_seconds.per_epoch([{}]) == "—"
+    assert (
+        run_seconds.per_epoch([{"epochs": {"epoch_s": [80.0, 20.0], "whole_epoch_s": [80.0, None]}}]) == "80"
+    )
 
 
 def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
@@ -739,16 +765,19 @@ def test_run_all_goemotions_queue_waits_for_the_reuters_probe_rows(tmp_path):
     assert cells[7] == "goemotions_full --loss hbl --probe logistic --seed 1"
 
 
-def test_a_stage_resumed_across_processes_reports_its_epoch_records_as_a_lower_bound(tables, tmp_path):
+def test_a_stage_resumed_across_processes_reports_its_epoch_records_as_a_lower_bound(results, tmp_path):
     ev = [{"epoch": 1.0, "eval_s": 5.0}, {"epoch": 2.0, "eval_s": 5.0}, {"epoch": 3.0, "eval_s": None}]
     resumed = {"wall_s": {"probe_s": 150.0}, "epochs": {"epoch_s": [800.0, 900.0, 1000.0], "evaluations": ev}}
     whole = {"wall_s": {"probe_s": 2800.0}, "epochs": {"epoch_s": [800.0, 900.0, 1000.0], "evaluations": ev}}
-    assert tables.stage2_seconds(resumed) == (2710.0, True)  # the last process timed only the test pass
-    assert tables.stage2_seconds(whole) == (2800.0, False)
-    assert tables.stage2_seconds({"wall_s": {"probe_s": 40.0}}) == (40.0, False)  # logistic probe: no epochs
-    assert tables._cost([resumed]) == "≥2,710" and tables._cost([whole]) == "2,800"
+    assert run_seconds.stage2_seconds(resumed) == (2710.0, True)  # the last process timed only the test pass
+    assert run_seconds.stage2_seconds(whole) == (2800.0, False)
+    assert run_seconds.stage2_seconds({"wall_s": {"probe_s": 40.0}}) == (
+        40.0,
+        False,
+    )  # logistic probe: no epochs
+    assert run_seconds.cost_cell([resumed]) == "≥2,710" and run_seconds.cost_cell([whole]) == "2,800"
     assert (
-        tables._cost([resumed, whole]) == "2,800"
+        run_seconds.cost_cell([resumed, whole]) == "2,800"
     )  # the runs timed whole are the measure where there are any
 
 
@@ -964,7 +993,7 @@ def test_run_gpu_papers_gives_each_loss_its_papers_stage1_budget(tmp_path, monke
     assert len(bce) == 4 and not any("--contrastive" in c for c in bce)  # the grid and the 20-epoch run
 
 
-def test_summary_compute_points_and_cost_read_every_kind_of_cell(tables, tmp_path):
+def test_summary_compute_points_and_cost_read_every_kind_of_cell(results, tmp_path):
     """summary_table: a row per method, baselines included, "not yet run" where a cell is missing; the
     training cost adds stage 1 to stage 2 and prefers runs that encoded their own features; compute_points
     leaves out probes whose seconds hold no encoder pass; cost_rows counts a shared stage 1 once."""
@@ -998,7 +1027,7 @@ def test_summary_compute_points_and_cost_read_every_kind_of_cell(tables, tmp_pat
         wall_s={"stage1_s": 500.0, "probe_s": 10.0},
     )
     _full_run(tmp_path, "tfidf", "svm", 1, 0.42, 0.41, wall_s={"probe_s": 30.0})
-    summary = tables.summary_table()
+    summary = full_tables.summary_table()
     bce = next(
         line for line in summary.splitlines() if "BCE fine-tune, lr 1e-4 (chosen on validation)" in line
     )
@@ -1014,7 +1043,7 @@ def test_summary_compute_points_and_cost_read_every_kind_of_cell(tables, tmp_pat
         "| goemotions_full | SetFit: MiniLM on any-overlap pairs + logistic head | not yet run |" in summary
     )
     assert (
-        tables._cost(
+        run_seconds.cost_cell(
             [
                 json.loads(
                     (tmp_path / "reuters21578" / "jaccard_linear" / "seed1" / "metrics.json").read_text()
@@ -1023,30 +1052,30 @@ def test_summary_compute_points_and_cost_read_every_kind_of_cell(tables, tmp_pat
         )
         == "≥510"
     )
-    points, curves = tables.compute_points("reuters21578")
+    points, curves = cost_tables.compute_points("reuters21578")
     assert (
         points["stage 1 + logistic"] == [(560.0, 0.45)] and "stage 1 + linear" not in points
     )  # loaded: left out
     assert points["TF-IDF + linear SVM"] == [(30.0, 0.41)] and curves == {}
-    rows = dict(tables.cost_rows("reuters21578"))
+    rows = dict(cost_tables.cost_rows("reuters21578"))
     assert rows["stage 1 (contrastive, batch 64), one epoch"] == [500.0]  # one encoder, two probe cells
     assert rows["fine-tune (BCE, MiniLM + linear head), one epoch"] == [100.0, 120.0]
     assert rows["logistic probe, whole: encoding train + validation + test, then the fits"] == [60.0]
-    assert tables._spread([100.0, 120.0, 500.0]) == "120 (100-500; 3)" and tables._spread([]) == "—"
+    assert cost_tables._spread([100.0, 120.0, 500.0]) == "120 (100-500; 3)" and cost_tables._spread([]) == "—"
 
 
-def test_sampler_cells_have_their_own_table_and_stay_out_of_the_others(tables, tmp_path):
+def test_sampler_cells_have_their_own_table_and_stay_out_of_the_others(results, tmp_path):
     """A stage-1 variant with positive-ensured batches (run.py --batch-sampler positives: tag "positives") is
     compared with the random-batch cell of the same loss and probe, and no other table reads it."""
     _full_run(tmp_path, "jaccard", "logistic", 1, 0.50, 0.30)
     _full_run(tmp_path, "jaccard", "logistic", 1, 0.52, 0.35, tag="positives", batch_sampler="positives")
     _full_run(tmp_path, "jaccard", "linear", 1, 0.48, 0.31)
-    table = tables.sampler_table("reuters21578").splitlines()
+    table = variant_tables.sampler_table("reuters21578").splitlines()
     jaccard = next(line for line in table if line.startswith("| jaccard |"))
     assert "| 0.300 → 0.350 (+0.050) | 0.310 → not yet run | 0.500 → 0.520 (+0.020) |" in jaccard
-    assert tables.load("reuters21578")[("jaccard", "logistic")][0]["metrics"]["test_macro_f1"] == 0.30
-    assert ("jaccard", "logistic-positives") not in tables.load("reuters21578", tagged=True)
-    assert "0.350" not in tables.full_table("reuters21578")
+    assert study_cells.load("reuters21578")[("jaccard", "logistic")][0]["metrics"]["test_macro_f1"] == 0.30
+    assert ("jaccard", "logistic-positives") not in study_cells.load("reuters21578", tagged=True)
+    assert "0.350" not in full_tables.full_table("reuters21578")
 
 
 def test_tail_seeds_rerun_seeds_2_3_of_the_tail_cells_only_where_per_label_files_are_missing(

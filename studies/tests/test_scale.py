@@ -212,13 +212,13 @@ def test_the_learning_rate_is_chosen_on_each_sizes_own_validation_cells(tmp_path
 
 
 def test_tables_of_the_full_study_leave_the_subset_cells_out(tmp_path, monkeypatch):
-    tables = _module("make_tables")
-    monkeypatch.setattr(tables, "HERE", str(tmp_path))
+    cells = _module("study_cells")
+    monkeypatch.setattr(cells.paths, "RESULTS", str(tmp_path))  # the one home of the cells' outputs
     for cell, size in (("sd_logistic", None), ("sd_logistic-n500", 500)):
         path = tmp_path / "reuters21578" / cell / "seed1" / "metrics.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"loss": "sd", "probe": "logistic", "tag": None, "train_size": size}))
-    assert {k: len(v) for k, v in tables.load("reuters21578").items()} == {("sd", "logistic"): 1}
+    assert {k: len(v) for k, v in cells.load("reuters21578").items()} == {("sd", "logistic"): 1}
 
 
 def _scale_queue(tmp_path) -> list[list[str]]:
