@@ -26,9 +26,9 @@ import pytest
 import torch
 from _fsdp_worker import CASES, outputs, run
 from _launches import run_launch
-from _training_helpers import LABELS, tiny_tokenizer
-from safetensors.torch import load_file, save_file
-from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, LlamaModel
+from _training_helpers import save_tiny_llama_with_heads
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
 
@@ -72,28 +72,7 @@ def fsdp_runs(tmp_path_factory):
     """A tiny Llama base, its tokenizer, a projection head and a classifier head saved once; every case trained
     under FSDP in one launch."""
     root = tmp_path_factory.mktemp("fsdp")
-    tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id,
-    )
-    LlamaModel(cfg).save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
-    head = MLCLEncoder.from_backbone(
-        str(root / "base"), pooling="last_token", projection_dim=8
-    ).projection_head
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "head.safetensors"))
-    classifier = torch.nn.Linear(cfg.hidden_size, len(LABELS))
-    save_file(
-        {k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors")
-    )
+    save_tiny_llama_with_heads(root)
     proc = _launch(root, list(CASES))
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "terminate called" not in proc.stderr

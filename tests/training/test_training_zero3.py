@@ -16,10 +16,10 @@ import sys
 import pytest
 import torch
 from _launches import run_launch
-from _training_helpers import LABELS, tiny_tokenizer
+from _training_helpers import save_tiny_llama_with_heads
 from _zero3_worker import embed, outputs, run, run_bce
-from safetensors.torch import load_file, save_file
-from transformers import AutoModel, AutoTokenizer, LlamaConfig, LlamaModel
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoTokenizer
 
 from hf_mlcl.modeling import MLCLEncoder
 
@@ -40,28 +40,7 @@ def setup(tmp_path_factory):
     """A tiny Llama base (the adapter's base model), its tokenizer and a projection head, saved once; and the
     plain one-process reference run (8-row batches) of the worker."""
     root = tmp_path_factory.mktemp("zero3")
-    tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id,
-    )
-    LlamaModel(cfg).save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
-    head = MLCLEncoder.from_backbone(
-        str(root / "base"), pooling="last_token", projection_dim=8
-    ).projection_head
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(root / "head.safetensors"))
-    classifier = torch.nn.Linear(cfg.hidden_size, len(LABELS))
-    save_file(
-        {k: v.contiguous() for k, v in classifier.state_dict().items()}, str(root / "classifier.safetensors")
-    )
+    save_tiny_llama_with_heads(root)
     return root, run(str(root), "plain", per_device=8)
 
 
