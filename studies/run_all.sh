@@ -75,7 +75,7 @@ probe_cells() {  # stage 1 with each loss and both frozen probes on it (minutes 
     fcell "$study" --loss "$L" --probe linear --seed "$seed" $LINEAR
   done
 }
-finetune_cells() {  # a fine-tune from each loss's stage-1 encoder at the BCE learning rate (1-2 h each on Reuters)
+finetune_cells() {  # a fine-tune from each loss's stage-1 encoder at the BCE learning rate (hours each on Reuters)
   local study=$1 pat=$2 seed=$3; shift 3
   for L in "$@"; do fcell "$study" --loss "$L" --probe finetune --lr best --seed "$seed" --patience "$pat"; done
 }
@@ -134,17 +134,8 @@ tail_seeds() {
 # from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size), both probed at
 # every size, the fine-tune from stage 1 with the one better on that size's validation probes (loss_choice.py
 # --train-size). Epochs by the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3
-# evaluations. Order: cheap and most informative first, each step over the sizes smallest first. Estimated
-# minutes per run, every step run (python studies/scale.py plan: the full-size cells' median rates; those cells
-# mostly ran two side by side, one thread each; early stopping ends most fine-tunes sooner):
-#                                   Reuters n500  n2000   GoEmotions n1000  n4000
-#   TF-IDF + logistic regression (1 run)    5     20                 0      0   (n500 measured: 3 s)
-#   stage 1 + logistic probe (2 x 3)       22     20                28     29
-#   SetFit (3)                             10     10                15     16
-#   BCE fine-tune (4 lrs seed 1, 2 seeds)  79     77               126    126
-#   joint objective (2-5 w seed 1, 2 seeds) 91    89               116    115
-#   stage 1 + fine-tune (1 x 3)            79     77               126    126
-#   queues: Reuters 50 h, GoEmotions 72 h, every step run (a best point inside the grid skips its extensions)
+# evaluations. Order: cheap and most informative first, each step over the sizes smallest first. Each cell's
+# estimated minutes and each queue's hours: python studies/scale.py plan (from the full-size cells' wall times).
 SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
 SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
 # The joint objective, (1 - w) * BCE + w * jaccard in one fine-tune (studies/recipes/<study>/joint.yaml): w from
