@@ -4,7 +4,8 @@ Reuters-21578 at 500 and 2,000 training documents, GoEmotions at 1,000 and 4,000
 (``SUBSET_SEED``) every method shares, cells ``<cell>-n<N>``. Epoch rule (:func:`scaled_epochs`): a trained
 stage keeps the full-size recipe's number of optimizer steps, never fewer epochs than that recipe.
 
-    python studies/scale.py plan     # each cell's estimated minutes, from the full-size cells' wall times
+    python studies/scale.py plan     # each cell's estimated minutes (from the full-size cells' wall times),
+                                     # its finished runs and the hours left
     python studies/scale.py sizes reuters21578     # "500 2000" (run_all.sh's scale phases)
 
 Protocol: docs/study.md, "The data-scale study (studies/scale.py)".
@@ -139,8 +140,9 @@ def rates(study: str, results: str) -> dict[str, float]:
     }
 
 
-def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
-    """(cell, size, number of runs, estimated seconds of one run, every step run) of the study's cells at each
+def plan(study: str, results: str) -> list[tuple[str, int, int, float, str]]:
+    """(cell, size, number of runs, estimated seconds of one run, every step run, the pattern of its cells'
+    names for :func:`finished_runs`) of the study's cells at each
     subset size, in run_all.sh's order: TF-IDF + logistic regression (one run: no seed changes it), stage 1 +
     logistic probe of the two best losses (seeds 1-3 each), SetFit (seeds 1-3), BCE fine-tunes (up to 4 learning
     rates on seed 1, then seeds 2-3), the joint objective (two w on seed 1, up to three more past the better edge,
@@ -157,14 +159,36 @@ def plan(study: str, results: str) -> list[tuple[str, int, int, float]]:
         logistic = (n + val + test) * r["logistic_row"]
         setfit = setfit_steps(study, n) * r["setfit_step"] + n * r["setfit_head_row"] + r["setfit_scoring"]
         rows += [
-            ("tfidf_logreg", n, 1, n * r["tfidf_row"]),
-            (f"<loss>_logistic (stage 1: {e_s1:g} epochs)", n, 6, stage1 + logistic),
-            (f"setfit_logistic, {setfit_steps(study, n)} steps", n, 3, setfit),
-            (f"bce_finetune, {e_ft:g} epochs", n, 6, finetune),
-            (f"joint_finetune, {e_ft:g} epochs", n, 7, e_ft * n * r["joint_epoch_row"] + evals),
-            (f"<loss>_finetune, {e_ft:g} epochs", n, 3, finetune),
+            ("tfidf_logreg", n, 1, n * r["tfidf_row"], f"tfidf_logreg-n{n}"),
+            (
+                f"<loss>_logistic (stage 1: {e_s1:g} epochs)",
+                n,
+                6,
+                stage1 + logistic,
+                rf"(?!setfit_|pretrained_)\w+_logistic-n{n}",
+            ),
+            (f"setfit_logistic, {setfit_steps(study, n)} steps", n, 3, setfit, f"setfit_logistic-n{n}"),
+            (f"bce_finetune, {e_ft:g} epochs", n, 6, finetune, rf"bce_finetune-.+-n{n}"),
+            (
+                f"joint_finetune, {e_ft:g} epochs",
+                n,
+                7,
+                e_ft * n * r["joint_epoch_row"] + evals,
+                rf"joint_finetune-.+-n{n}",
+            ),
+            (f"<loss>_finetune, {e_ft:g} epochs", n, 3, finetune, rf"(?!bce_|joint_)\w+_finetune-.+-n{n}"),
         ]
     return rows
+
+
+def finished_runs(study: str, results: str, pattern: str) -> int:
+    """How many runs (cell x seed, a ``metrics.json`` each) of ``study`` have finished in cells whose name
+    matches ``pattern`` (a :func:`plan` row's)."""
+    return sum(
+        1
+        for path in glob.glob(os.path.join(results, study, "*", "seed*", "metrics.json"))
+        if re.fullmatch(pattern, os.path.basename(os.path.dirname(os.path.dirname(path))))
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -172,15 +196,22 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["sizes"] and len(argv) == 2 and argv[1] in SIZES:
         print(" ".join(str(n) for n in SIZES[argv[1]]))
     elif argv == ["plan"]:
-        total = 0.0
+        total = left = 0.0
         for study in SIZES:
             rows = plan(study, here)
-            queue = sum(k * s for _, _, k, s in rows)
-            total += queue
-            for cell, n, k, s in rows:
-                print(f"{study} n{n}: {cell}: {k} x {s / 60:.0f} min")
-            print(f"{study}: {queue / 3600:.1f} h (run_all.sh {PHASES[study]})")
-        print(f"both: {total / 3600:.1f} h at the full-size cells' median rates, every step run")
+            done = [finished_runs(study, here, pattern) for *_, pattern in rows]
+            queue = sum(k * s for _, _, k, s, _ in rows)
+            rest = sum(max(k - d, 0) * s for (_, _, k, s, _), d in zip(rows, done))
+            total, left = total + queue, left + rest
+            for (cell, n, k, s, _), d in zip(rows, done):
+                print(f"{study} n{n}: {cell}: {k} x {s / 60:.0f} min, {d} done")
+            print(
+                f"{study}: {queue / 3600:.1f} h, {rest / 3600:.1f} h of it left (run_all.sh {PHASES[study]})"
+            )
+        print(
+            f"both: {total / 3600:.1f} h at the full-size cells' median rates, every step run; "
+            f"{left / 3600:.1f} h left at most (a best point inside a grid skips its extensions)"
+        )
     else:
         sys.exit("usage: python studies/scale.py plan | sizes reuters21578|goemotions_full")
 

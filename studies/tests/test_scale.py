@@ -323,7 +323,7 @@ def test_the_cost_plan_counts_every_run_the_scale_queue_starts(tmp_path):
         key = (int(cell[cell.index("--train-size") + 1]), method(cell))
         queued[key] = queued.get(key, 0) + 1
     planned: dict[tuple[int, str], int] = {}
-    for name, n, runs, seconds in scale.plan("reuters21578", os.path.join(STUDIES, "results")):
+    for name, n, runs, seconds, _ in scale.plan("reuters21578", os.path.join(STUDIES, "results")):
         kind = name.split(",")[0].split(" ")[0].replace("_finetune", "").replace("_logreg", "")
         kind = {"setfit_logistic": "setfit", "<loss>": "<loss>_finetune"}.get(kind, kind)
         planned[n, kind] = runs
@@ -487,3 +487,48 @@ def test_a_subset_fine_tunes_from_the_loss_whose_probe_is_better_on_its_validati
     # at 2,000 rows jaccard is chosen (the tie) and the learning rate is not yet; at full size both are fine-tuned
     assert rows["jaccard + fine-tune"][1:] == ["choice pending", "choice pending |"]
     assert rows["mulsupcon + fine-tune"][1:] == [tables.NOT_CHOSEN, "choice pending |"]
+
+
+def test_the_plan_counts_each_row_s_finished_runs_and_no_other_s(tmp_path):
+    """``scale.py plan`` says how many runs of each row have finished: a row's pattern takes its own cells at its
+    own size only (SetFit and the frozen pretrained probe are not a loss's probe; BCE and the joint objective
+    are not a loss's fine-tune)."""
+    scale = _module("scale")
+    finished = {
+        "tfidf_logreg-n500": (1,),
+        "jaccard_logistic-n500": (1, 2, 3),
+        "mulsupcon_logistic-n500": (1,),
+        "pretrained_logistic-n500": (1,),
+        "setfit_logistic-n500": (1, 2),
+        "bce_finetune-lr1e-4-n500": (1,),
+        "bce_finetune-lr5e-5-n500": (1, 2),
+        "joint_finetune-w0.2-lr1e-4-n500": (1,),
+        "mulsupcon_finetune-lr1e-4-n500": (1,),
+        "jaccard_logistic-n2000": (1,),
+        "jaccard_logistic": (1, 2, 3),  # the whole training set: no subset row
+    }
+    for cell, seeds in finished.items():
+        for seed in seeds:
+            folder = tmp_path / "reuters21578" / cell / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "metrics.json").write_text("{}")
+    (tmp_path / "reuters21578" / "sd_logistic-n500" / "seed1").mkdir(parents=True)  # unfinished: no metrics
+    rows = scale.plan("reuters21578", os.path.join(STUDIES, "results"))
+    done = {
+        (name.split(",")[0].split(" ")[0], n): scale.finished_runs("reuters21578", str(tmp_path), pattern)
+        for name, n, _, _, pattern in rows
+    }
+    assert done == {
+        ("tfidf_logreg", 500): 1,
+        ("<loss>_logistic", 500): 4,
+        ("setfit_logistic", 500): 2,
+        ("bce_finetune", 500): 3,
+        ("joint_finetune", 500): 1,
+        ("<loss>_finetune", 500): 1,
+        ("tfidf_logreg", 2000): 0,
+        ("<loss>_logistic", 2000): 1,
+        ("setfit_logistic", 2000): 0,
+        ("bce_finetune", 2000): 0,
+        ("joint_finetune", 2000): 0,
+        ("<loss>_finetune", 2000): 0,
+    }
