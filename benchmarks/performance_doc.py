@@ -611,7 +611,8 @@ def render(root: str = os.path.join(HERE, "results"), repo: str = REPO) -> str:
         "`benchmarks/results/`; do not edit by hand. Run the suite on a GPU with "
         "`python benchmarks/gpu_suite.py` (on a machine without internet: `benchmarks/prepare_device.py` "
         "here, then `bash benchmarks/device_run.sh` there: the cells one 540 s call measures, every unmet "
-        "goal's first cell before any goal's second, which `bash benchmarks/device_run.sh --plan` prints), then `python benchmarks/performance_doc.py`.",
+        "goal's first cell before any goal's second, which `bash benchmarks/device_run.sh --plan` prints), then "
+        "`python benchmarks/performance_doc.py`. How each measurement works: [benchmarks.md](benchmarks.md).",
         "",
         "Every figure names the commit it was measured at. **stale** marks a figure whose sources (listed "
         "under each measurement) changed in git after that commit, so it may no longer describe the code; "
