@@ -54,12 +54,12 @@ def _epochs(folder: str) -> dict:
 
 
 def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
-    """The per-epoch test scoring of ``--test-each-epoch`` (epoch_test.py), for stages trained in epochs."""
+    """The per-epoch test scoring of ``--test-each-epoch`` (epoch_scores.py), for stages trained in epochs."""
     if not wanted:
         return []
     if probe == "logistic":
         raise ValueError("--test-each-epoch scores a stage trained in epochs: use --probe linear or finetune")
-    from epoch_test import EpochTestCallback
+    from epoch_scores import EpochTestCallback
 
     from hf_mlcl.training.stages import load_run_data
 
@@ -330,7 +330,7 @@ def run_cell(
     if probe != "logistic":
         result["epochs"] = _epochs(probe_dir)
         if test_each_epoch:
-            from epoch_test import read_epoch_tests
+            from epoch_scores import read_epoch_tests
 
             result["epoch_test"] = read_epoch_tests(os.path.join(probe_dir, "epoch_test.jsonl"))
         best = trainer.state.best_model_checkpoint  # recorded relative to $MLCL_RUNS: no machine paths

@@ -207,7 +207,7 @@ def bert_tiny_st(tmp_path):
 
 
 def test_epoch_test_scores_validation_and_test_after_each_epoch(tmp_path):
-    """epoch_test.EpochTestCallback: every epoch end appends the protocol's numbers for the current model,
+    """epoch_scores.EpochTestCallback: every epoch end appends the protocol's numbers for the current model,
     leaves the model in training mode, and a redone epoch replaces its record."""
     from types import SimpleNamespace
 
@@ -216,7 +216,7 @@ def test_epoch_test_scores_validation_and_test_after_each_epoch(tmp_path):
 
     from hf_mlcl.data.tokenizer import train_tokenizer
 
-    epoch_test = _module("epoch_test")
+    epoch_scores = _module("epoch_scores")
     rng = random.Random(0)
     val, test = Dataset.from_dict(_split(30, rng)), Dataset.from_dict(_split(20, rng))
     tok = train_tokenizer(list(val["text"]) + list(test["text"]), vocab_size=80, style="bert")
@@ -231,7 +231,7 @@ def test_epoch_test_scores_validation_and_test_after_each_epoch(tmp_path):
 
     model = Constant().train()
     path = tmp_path / "epoch_test.jsonl"
-    cb = epoch_test.EpochTestCallback(val, test, 3, 32, str(path), batch_size=7)
+    cb = epoch_scores.EpochTestCallback(val, test, 3, 32, str(path), batch_size=7)
     for epoch in (1.0, 2.0, 2.0):
         cb.on_epoch_end(
             None,
@@ -241,8 +241,8 @@ def test_epoch_test_scores_validation_and_test_after_each_epoch(tmp_path):
             processing_class=tok,
         )
     assert model.training
-    records = epoch_test.read_epoch_tests(str(path))
+    records = epoch_scores.read_epoch_tests(str(path))
     assert [r["epoch"] for r in records] == [1.0, 2.0] and len(path.read_text().splitlines()) == 3
     has_label0 = np.mean([0 in labels for labels in test["labels"]])
     assert records[0]["test_p@1"] == pytest.approx(has_label0)  # sigmoid of the logits, ranked per text
-    assert set(epoch_test.KEYS) <= set(records[0])
+    assert set(epoch_scores.KEYS) <= set(records[0])
