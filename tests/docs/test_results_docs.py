@@ -1,5 +1,5 @@
-"""The figures under docs/figures and the Markdown that shows them: every image a doc links exists, and every
-figure the scripts write is shown by some doc."""
+"""The figures under docs/figures and the Markdown that shows them (every image a doc links exists, every
+figure the scripts write is shown by some doc), and docs/RESULTS.md's length and order."""
 
 from __future__ import annotations
 
@@ -38,3 +38,12 @@ def test_every_figure_is_shown_by_a_doc():
     assert figures, "docs/figures holds no figure"
     unshown = sorted(figures - set(_linked_images()))
     assert not unshown, f"figures no doc shows: {unshown}"
+
+
+def test_results_doc_keeps_its_length_and_its_findings_first():
+    """docs/RESULTS.md stays within 350 lines, with the findings right after the summary table."""
+    with open(os.path.join(DOCS, "RESULTS.md"), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    assert len(lines) <= 350, f"docs/RESULTS.md has {len(lines)} lines (at most 350)"
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[:2] == ["## Summary", "## Findings"], headings
