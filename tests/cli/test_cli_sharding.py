@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 from _launches import run_launch
+from _tiny_llama import save_tiny_llama
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaModel
 
 from hf_mlcl.modeling import MLCLEncoder
 
@@ -69,20 +69,8 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_llama_lora_msc_recipe_runs_both_stages_under_zero3(tmp_path, llama_tokenizer):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(llama_tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        pad_token_id=llama_tokenizer.pad_token_id,
-    )
     base = tmp_path / "base"
-    LlamaModel(cfg).save_pretrained(base)
-    llama_tokenizer.save_pretrained(base)
+    save_tiny_llama(base, llama_tokenizer)
     out = tmp_path / "run"
     args = [
         "run",

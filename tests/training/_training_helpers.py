@@ -209,24 +209,11 @@ def save_tiny_llama_with_heads(root) -> None:
     """The sharded runs' (FSDP, ZeRO-3) saved inputs under ``root``: a tiny random Llama base with its tokenizer
     (``base/``), a projection head (``head.safetensors``) and a classifier head over ``LABELS``
     (``classifier.safetensors``), all drawn from seed 0."""
+    from _tiny_llama import save_tiny_llama
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaModel
 
-    tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id,
-    )
     base = os.path.join(str(root), "base")
-    LlamaModel(cfg).save_pretrained(base)
-    tok.save_pretrained(base)
+    cfg = save_tiny_llama(base, tiny_tokenizer())
     head = MLCLEncoder.from_backbone(base, pooling="last_token", projection_dim=8).projection_head
     save_file(
         {k: v.contiguous() for k, v in head.state_dict().items()}, os.path.join(str(root), "head.safetensors")
