@@ -31,6 +31,7 @@ from study_cells import (  # noqa: E402  (studies/study_cells.py: the cells and 
     ORDER,
     chosen_lr,
     chosen_on_reuters,
+    chosen_weight,
     full_runs,
     load,
     long_bce_runs,
@@ -242,8 +243,9 @@ def lr_table(study: str) -> str:
 
 
 def summary_rows(study: str) -> list[tuple[str, list[dict]]]:
-    """(method, runs) of the summary table for one study: the BCE baselines, the TF-IDF and SetFit baselines,
-    the frozen MiniLM's probes, and both probes and the fine-tune of the two losses chosen on validation."""
+    """(method, runs) of the summary table for one study: the BCE baselines, the joint objective at the w chosen
+    on validation, the TF-IDF and SetFit baselines, the frozen MiniLM's probes, and both probes and the
+    fine-tune of the two losses chosen on validation."""
     plain, tagged, lr = load(study), load(study, tagged=True), chosen_lr(study)
     rows = [
         (
@@ -253,6 +255,13 @@ def summary_rows(study: str) -> list[tuple[str, list[dict]]]:
     ]
     if study in LONG_BCE:
         rows.append((f"BCE fine-tune, lr {lr or '?'}, {LONG_BCE[study]}", long_bce_runs(study, tagged, lr)))
+    w = chosen_weight(study)
+    rows.append(
+        (
+            f"joint (1 - w) BCE + w jaccard, w {w or '?'} (chosen on validation), lr {lr or '?'}, up to 5 epochs",
+            tagged.get(("joint", f"finetune-w{w}-lr{lr}"), []) if w and lr else [],
+        )
+    )
     rows += [(label, plain.get(key, [])) for key, label in BASELINES.items()]
     rows += [
         (f"frozen MiniLM + {FULL_PROBES[p]}", plain.get(("pretrained", p), []))

@@ -107,6 +107,14 @@ def chosen_lr(study: str) -> str | None:
         return None
 
 
+def chosen_weight(study: str) -> str | None:
+    """The joint objective's w chosen on validation (run.py ``--weight best``), None until its grid is complete."""
+    try:
+        return bce_choice.best_joint_weight(study, paths.RESULTS)
+    except ValueError:
+        return None
+
+
 def metric(runs: list[dict], key: str) -> str:
     """``key`` over the seeds as a table cell (``scale_table.summary``), "—" where no run has it."""
     return scale_table.summary(runs, key, missing="—")

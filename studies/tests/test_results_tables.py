@@ -994,9 +994,10 @@ def test_run_gpu_papers_gives_each_loss_its_papers_stage1_budget(tmp_path, monke
 
 
 def test_summary_compute_points_and_cost_read_every_kind_of_cell(results, tmp_path):
-    """summary_table: a row per method, baselines included, "not yet run" where a cell is missing; the
-    training cost adds stage 1 to stage 2 and prefers runs that encoded their own features; compute_points
-    leaves out probes whose seconds hold no encoder pass; cost_rows counts a shared stage 1 once."""
+    """summary_table: a row per method, baselines included, the joint objective at the w chosen on seed-1
+    validation once its grid is complete, "not yet run" where a cell is missing; the training cost adds
+    stage 1 to stage 2 and prefers runs that encoded their own features; compute_points leaves out probes
+    whose seconds hold no encoder pass; cost_rows counts a shared stage 1 once."""
     curve = {
         "epoch_s": [100.0, 120.0],
         "whole_epoch_s": [100.0, 120.0],
@@ -1027,7 +1028,19 @@ def test_summary_compute_points_and_cost_read_every_kind_of_cell(results, tmp_pa
         wall_s={"stage1_s": 500.0, "probe_s": 10.0},
     )
     _full_run(tmp_path, "tfidf", "svm", 1, 0.42, 0.41, wall_s={"probe_s": 30.0})
+    joint = "| reuters21578 | joint (1 - w) BCE + w jaccard, w {} (chosen on validation), lr 1e-4, up to 5 epochs |"
+    for w, val in (("0.2", 0.30), ("0.5", 0.25), ("0.05", 0.33)):
+        _full_run(tmp_path, "joint", "finetune", 1, val, 0.28, tag=f"w{w}-lr1e-4")
+    _full_run(tmp_path, "joint", "finetune", 2, 0.99, 0.99, tag="w0.2-lr1e-4")  # seed 2 chooses nothing
+    assert (
+        joint.format("?") + " not yet run |" in full_tables.summary_table()
+    )  # 0.05 is an edge: 0.01 pending
+    _full_run(tmp_path, "joint", "finetune", 1, 0.31, 0.10, tag="w0.01-lr1e-4")
+    _full_run(tmp_path, "joint", "finetune", 2, 0.20, 0.30, tag="w0.05-lr1e-4")
     summary = full_tables.summary_table()
+    assert (
+        joint.format("0.05") + " 0.900 ± 0.000 (n=2) | 0.290 ± 0.014 (n=2) | 0.950 ± 0.000 (n=2) |" in summary
+    )
     bce = next(
         line for line in summary.splitlines() if "BCE fine-tune, lr 1e-4 (chosen on validation)" in line
     )
