@@ -75,7 +75,7 @@ def seed_delta(runs: list[dict], ref: list[dict], key: str) -> tuple[float, str]
     )
 
 
-def _chosen(choice, study: str, results: str, size: int | None) -> str | None:
+def choice_or_none(choice, study: str, results: str, size: int | None) -> str | None:
     """A choice of ``bce_choice`` at ``size``, None before its cells have finished."""
     try:
         return choice(study, results, size)
@@ -95,11 +95,13 @@ def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, 
     ``size``: a choice is made once every point of its grid has run on validation (:func:`bce_grid_done`,
     ``bce_choice.joint_grid_done``); at a subset only the loss whose probe is better there is fine-tuned."""
     lr = (
-        _chosen(bce_choice.best_bce_lr, study, results, size) if bce_grid_done(study, results, size) else None
+        choice_or_none(bce_choice.best_bce_lr, study, results, size)
+        if bce_grid_done(study, results, size)
+        else None
     )
     w = None
     if lr and bce_choice.joint_grid_done(study, results, size, lr):
-        w = _chosen(bce_choice.best_joint_weight, study, results, size)
+        w = choice_or_none(bce_choice.best_joint_weight, study, results, size)
     try:
         losses = loss_choice.best_losses("reuters21578", 2, results)
     except ValueError:
@@ -266,7 +268,7 @@ def joint_table(studies: list[str], results: str) -> str:
             by_w, bce = grids[size, lr], cells.get((f"bce_finetune-lr{lr}", size), [])
             w = None
             if bce_choice.joint_grid_done(study, results, size, lr):
-                w = _chosen(bce_choice.best_joint_weight, study, results, size)
+                w = choice_or_none(bce_choice.best_joint_weight, study, results, size)
             chosen = (
                 [w, *(summary(by_w[w], k) for k in ("validation_macro_f1", "test_macro_f1", "test_micro_f1"))]
                 if w in by_w

@@ -101,18 +101,12 @@ def lr_runs(cells, loss: str) -> dict[str, list[dict]]:
 
 def chosen_lr(study: str) -> str | None:
     """The BCE fine-tuning learning rate chosen on validation (run.py ``--lr best``), None before any has run."""
-    try:
-        return bce_choice.best_bce_lr(study, paths.RESULTS)
-    except ValueError:
-        return None
+    return scale_table.choice_or_none(bce_choice.best_bce_lr, study, paths.RESULTS, None)
 
 
 def chosen_weight(study: str) -> str | None:
     """The joint objective's w chosen on validation (run.py ``--weight best``), None until its grid is complete."""
-    try:
-        return bce_choice.best_joint_weight(study, paths.RESULTS)
-    except ValueError:
-        return None
+    return scale_table.choice_or_none(bce_choice.best_joint_weight, study, paths.RESULTS, None)
 
 
 def metric(runs: list[dict], key: str) -> str:
