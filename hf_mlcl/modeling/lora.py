@@ -382,7 +382,8 @@ def save_lora_model(
         if merge and is_main:
             try:
                 with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
-                    type(inner).from_pretrained(target).save_pretrained(save_directory, is_main_process=True)
+                    reloaded = type(inner).from_pretrained(target)  # the adapter applied unmerged (peft)
+                merge_lora(reloaded).save_pretrained(save_directory, is_main_process=True)
             finally:
                 shutil.rmtree(target, ignore_errors=True)
     wait_for_everyone()

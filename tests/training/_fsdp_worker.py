@@ -17,7 +17,7 @@ the backbone stored in bf16 (``apply_lora(bf16=True)``, what failed on the GPU u
 autocast; ``bf16_amp``: the same under bf16 mixed precision (accelerate's autocast and FSDP2's bf16
 ``MixedPrecisionPolicy``, as on the GPU); ``bce``: the LoRA BCE fine-tune of a classifier (ProbingTrainer) on
 the bf16 backbone. Every process then computes the trained model's outputs of fixed texts and calls
-``save_lora_model``; the main process writes ``ROOT/fsdp-<case>.pt``. :func:`run` (also called by the test with
+``save_lora_model`` (an adapter folder, and merged weights); the main process writes ``ROOT/fsdp-<case>.pt``. :func:`run` (also called by the test with
 ``fsdp=False``) is the plain one-process run on the same global batches.
 """
 
@@ -238,6 +238,9 @@ def run(root: str, case: str, per_device: int, fsdp: bool) -> dict:
         result["prototypes"] = tr.loss_fn.prototypes.detach().cpu().clone()
     tag = f"{'fsdp' if fsdp else 'plain'}-{case}"
     save_lora_model(tr.model_wrapped, os.path.join(root, f"adapter-{tag}"), accelerator=tr.accelerator)
+    if fsdp:  # merged from the sharded model: the adapter folder reloaded onto the base and merged
+        merged = os.path.join(root, f"merged-{tag}")
+        save_lora_model(tr.model_wrapped, merged, merge=True, accelerator=tr.accelerator)
     return result
 
 

@@ -178,3 +178,11 @@ def test_fsdp_run_matches_one_process_and_its_adapter_reloads(fsdp_runs, case):
     torch.testing.assert_close(reloaded, got["outputs"], rtol=0, atol=5e-2 if bf16_storage else 1e-5)
     plain_reloaded = outputs(cls.from_pretrained(root / f"adapter-plain-{case}"), tok, field)
     torch.testing.assert_close(reloaded, plain_reloaded, rtol=rel, atol=atol)
+
+    # merge=True from the sharded model: plain weights (no LoRA or PEFT wrapper keys) with the adapter's outputs
+    merged = root / f"merged-fsdp-{case}"
+    keys = load_file(merged / "model.safetensors").keys()
+    assert not [k for k in keys if "lora_" in k or "base_layer" in k or "modules_to_save" in k]
+    torch.testing.assert_close(
+        outputs(cls.from_pretrained(merged), tok, field), reloaded, rtol=1e-5, atol=1e-5
+    )
