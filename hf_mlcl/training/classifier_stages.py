@@ -13,7 +13,7 @@ import numpy as np
 from hf_mlcl.modeling.builders import adapter_encoder, build_tokenizer_and_encoder, probe_model
 
 from .padding_free import check_padding_free_run
-from .preflight import preflight, remove_previous_checkpoints
+from .preflight import preflight, remove_previous_run, replaces_previous_run
 from .run_settings import stage_settings
 from .stage_steps import (
     METRICS_FILE,
@@ -78,12 +78,8 @@ def train_probe(
         "dataset": data_args.dataset,
     }
     if probe == "logistic":
-        remove_previous_checkpoints(
-            probing_args.output_dir,
-            probing_args.overwrite_output_dir,
-            probing_args.resume_from_checkpoint,
-            probing_args.should_save,
-        )
+        if replaces_previous_run(probing_args, trainer.run_settings):
+            remove_previous_run(probing_args.output_dir, probing_args.should_save)
         metrics.update(trainer.fit_logistic(data.dataset["validation"]))
         # no second pass over validation
         evaluations = {"validation": trainer.evaluation_of_scores(*trainer.logistic_validation_scores)}

@@ -15,7 +15,7 @@ import torch
 
 from . import distributed as D
 from .checkpoints import remove_checkpoints, wants_resume
-from .run_settings import check_resume_settings, settings_differ
+from .run_settings import RUN_SETTINGS_FILE, changed_settings, check_resume_settings
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +27,12 @@ __all__ = [
     "check_output_dir",
     "check_stage",
     "check_train_batches",
+    "finished_everywhere",
     "finished_stage_metrics",
     "new_folders",
     "preflight",
-    "remove_previous_checkpoints",
+    "remove_previous_run",
+    "replaces_previous_run",
     "require_a_step",
     "stage_finished",
 ]
@@ -100,17 +102,29 @@ def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
     )
 
 
-def remove_previous_checkpoints(
-    output_dir: str, overwrite: bool, resume: Any, is_main_process: bool = True
-) -> None:
-    """With ``overwrite`` and no resume: delete the ``checkpoint-*`` folders an earlier run left in
-    ``output_dir`` (main process; every rank waits), so no later resume picks them. Call it only once the
-    new run's inputs have passed their checks, right before training."""
-    if not overwrite or wants_resume(resume):
-        return
+def replaces_previous_run(args: Any, settings: dict | None = None) -> bool:
+    """True when the stage trains from scratch over a run its folder may hold: ``overwrite_output_dir`` without a
+    resume, or with a resume of a finished stage (:func:`finished_everywhere`) trained with other ``settings``
+    (a resume mid-stage goes on from its checkpoint with the new settings). Every process calls this."""
+    if not args.overwrite_output_dir:
+        return False
+    if not wants_resume(args.resume_from_checkpoint):
+        return True
+    return finished_everywhere(args.output_dir) and bool(changed_settings(args.output_dir, settings))
+
+
+def remove_previous_run(output_dir: str, is_main_process: bool = True) -> None:
+    """Delete what would let a later resume take the previous run in ``output_dir`` for this one: its
+    ``checkpoint-*`` folders, the files that mark a stage finished (``FINISHED_FILES``) and its run settings
+    (main process; every rank waits). Call it only once the new run's inputs have passed their checks, right
+    before training (:func:`replaces_previous_run`); its model files are replaced by the new run's save."""
     if is_main_process:
         for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
+        for name in (*FINISHED_FILES, RUN_SETTINGS_FILE):
+            path = os.path.join(output_dir, name)
+            if os.path.isfile(path):
+                os.remove(path)
     D.barrier()
 
 
@@ -130,20 +144,23 @@ def check_stage(args: Any) -> None:
     check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
 
 
+def finished_everywhere(output_dir: str) -> bool:
+    """:func:`stage_finished` in every process's folder (node-local folders may differ), so that every process
+    takes the same path (every process calls this)."""
+    return all(D.all_gather_object(stage_finished(output_dir)))
+
+
 def finished_stage_metrics(args: Any, settings: dict | None = None) -> dict | None:
-    """When resuming and the stage's folder already holds its finished output (:func:`stage_finished`): its
-    saved metrics (the stage is not redone). Otherwise None. Under several processes the stage counts as
-    finished only when it is in every process's folder (node-local folders may differ), so every process
-    takes the same path (every process calls this). ``settings``: the new run's
+    """When resuming and the stage's folder already holds its finished output (:func:`finished_everywhere`): its
+    saved metrics (the stage is not redone). Otherwise None. ``settings``: the new run's
     (:func:`~hf_mlcl.training.run_settings.stage_settings`); a finished stage trained with others is a
-    ValueError listing them, or with ``overwrite_output_dir`` trained again (None)."""
-    if not wants_resume(args.resume_from_checkpoint):
+    ValueError listing them, or with ``overwrite_output_dir`` trained again from scratch (None;
+    :func:`replaces_previous_run`)."""
+    if not wants_resume(args.resume_from_checkpoint) or not finished_everywhere(args.output_dir):
         return None
-    if not all(D.all_gather_object(stage_finished(args.output_dir))):
-        return None
-    check_resume_settings(args.output_dir, settings, args.overwrite_output_dir)
-    if args.overwrite_output_dir and settings_differ(args.output_dir, settings):
+    if args.overwrite_output_dir and changed_settings(args.output_dir, settings):
         return None  # trained again with the new settings
+    check_resume_settings(args.output_dir, settings, overwrite=False)
     print(f"{args.output_dir} is finished; resuming after it")
     with open(os.path.join(args.output_dir, FINISHED_FILES[0]), encoding="utf-8") as fh:
         return json.load(fh)

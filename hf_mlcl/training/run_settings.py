@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RUN_SETTINGS_FILE",
     "check_resume_settings",
-    "settings_differ",
+    "changed_settings",
     "stage_settings",
     "write_run_settings",
 ]
@@ -184,9 +184,10 @@ def _changes(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
         return _differences(json.load(fh), settings)
 
 
-def settings_differ(folder: str | None, settings: dict[str, Any] | None) -> bool:
-    """True when ``folder`` was trained with settings other than ``settings``."""
-    return bool(_changes(folder, settings))
+def changed_settings(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
+    """``"key old -> new"`` for each setting ``folder`` was trained with other than ``settings`` (none when either
+    side is unknown)."""
+    return _changes(folder, settings)
 
 
 def check_resume_settings(folder: str | None, settings: dict[str, Any] | None, overwrite: bool) -> None:

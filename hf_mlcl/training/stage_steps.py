@@ -19,9 +19,9 @@ from hf_mlcl.files import atomic_write_json, move_into
 from hf_mlcl.modeling.builders import align_special_tokens, is_mlcl_checkpoint, segment_multiple
 
 from . import distributed as D
-from .checkpoints import resolve_resume
-from .preflight import remove_previous_checkpoints, require_a_step
-from .run_settings import RUN_SETTINGS_FILE, check_resume_settings
+from .checkpoints import resolve_resume, wants_resume
+from .preflight import remove_previous_run, replaces_previous_run, require_a_step
+from .run_settings import RUN_SETTINGS_FILE, changed_settings, check_resume_settings
 
 logger = logging.getLogger(__name__)
 
@@ -153,16 +153,24 @@ def stage_trainer(
 
 
 def fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:
-    """``trainer.train`` from the checkpoint ``resume_from_checkpoint`` names (after the previous run's
-    checkpoints were removed with ``overwrite_output_dir``: the stage's data and model have loaded, the
-    new run's inputs hold); InputError when it made no optimizer step. Returns the train metrics."""
+    """``trainer.train`` from the checkpoint ``resume_from_checkpoint`` names, or from scratch where the run
+    replaces the one in its folder (:func:`~hf_mlcl.training.preflight.replaces_previous_run`: that run's
+    checkpoints and finished files go first; the stage's data and model have loaded, the new run's inputs
+    hold); InputError when it made no optimizer step. Returns the train metrics."""
     args = trainer.args
     writes = args.should_save  # the process that writes this folder (one per node with save_on_each_node)
-    remove_previous_checkpoints(
-        args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint, writes
-    )
-    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes)
-    check_resume_settings(resume, trainer.run_settings, args.overwrite_output_dir)
+    resume = None
+    if replaces_previous_run(args, trainer.run_settings):
+        if wants_resume(args.resume_from_checkpoint):
+            changes = "; ".join(changed_settings(args.output_dir, trainer.run_settings))
+            logger.warning(
+                f"{args.output_dir} finished with other settings ({changes}); --overwrite_output_dir true: "
+                "trained again from the start"
+            )
+        remove_previous_run(args.output_dir, writes)
+    else:
+        resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes)
+        check_resume_settings(resume, trainer.run_settings, args.overwrite_output_dir)
     metrics = dict(trainer.train(resume_from_checkpoint=resume).metrics)
     require_a_step(trainer, created, stage)
     return metrics

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from hf_mlcl.cli import main
 from hf_mlcl.training.run_settings import RUN_SETTINGS_FILE
@@ -105,3 +106,49 @@ def test_a_checkpoint_older_than_an_option_resumes_when_the_option_keeps_its_def
     (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({k: v for k, v in joint.items() if k != "loss"}))
     with pytest.raises(ValueError, match=r"loss None -> "):
         check_resume_settings(out, joint, overwrite=False)
+
+
+def test_a_finished_stage_trained_again_starts_from_scratch_not_from_its_kept_checkpoint(tmp_path, caplog):
+    """--overwrite_output_dir true on a finished stage resumed with another learning rate: it trains again from
+    the start; its kept final checkpoint (keep_checkpoints) would leave the old weights under the new settings."""
+    from safetensors.torch import load_file
+
+    out = str(tmp_path / "encoder")
+    train = ["train", RECIPE, "--output_dir", out, *COMMON, "--max_steps", "2", "--keep_checkpoints", "true"]
+    train += ["--save_strategy", "steps", "--save_steps", "2"]
+    assert main(train) == 0
+    old = load_file(os.path.join(out, "model.safetensors"))
+    again = [
+        *train,
+        "--resume_from_checkpoint",
+        "true",
+        "--overwrite_output_dir",
+        "true",
+        "--learning_rate",
+        "5e-2",
+    ]
+    assert main(again) == 0
+    new = load_file(os.path.join(out, "model.safetensors"))
+    assert any(not torch.equal(old[k], new[k]) for k in old)
+    state = json.load(open(os.path.join(out, "trainer_state.json")))
+    assert state["global_step"] == 2 and state["log_history"][0]["learning_rate"] > 1e-2
+    assert json.load(open(os.path.join(out, RUN_SETTINGS_FILE)))["learning_rate"] == 5e-2
+    assert "(learning_rate 0.001 -> 0.05); --overwrite_output_dir true: trained again" in caplog.text
+
+
+def test_an_interrupted_overwrite_is_not_resumed_as_the_old_finished_run(tmp_path, capsys, monkeypatch):
+    """--overwrite_output_dir true stops in training: the old run's finished files are gone with its checkpoints,
+    so a resume trains the new run instead of reporting the old one's metrics."""
+    from hf_mlcl.training import ContrastiveTrainer
+
+    out = str(tmp_path / "encoder")
+    train = ["train", RECIPE, "--output_dir", out, *COMMON, "--max_steps", "2"]
+    assert main(train) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(ContrastiveTrainer, "train", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        assert main([*train, "--overwrite_output_dir", "true"]) == 130
+    assert not any(os.path.exists(os.path.join(out, n)) for n in ("metrics.json", "card_data.json"))
+    capsys.readouterr()
+    assert main([*train, "--resume_from_checkpoint", "true"]) == 0
+    assert "is finished" not in capsys.readouterr().out
+    assert json.load(open(os.path.join(out, "trainer_state.json")))["global_step"] == 2
