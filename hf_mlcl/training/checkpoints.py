@@ -160,7 +160,12 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         return last
     path = value
     if not is_complete_checkpoint(path):
-        why = f"is interrupted (it holds {SAVING_MARKER})" if os.path.isdir(path) else "does not exist"
+        if not os.path.isdir(path):
+            why = "does not exist"
+        elif os.path.exists(os.path.join(path, SAVING_MARKER)):
+            why = f"is interrupted (it holds {SAVING_MARKER})"
+        else:
+            why = f"is not a Trainer checkpoint (it holds no {TRAINER_STATE})"
         raise ValueError(
             f"resume_from_checkpoint={path} {why}; pass --resume_from_checkpoint true to take the last "
             "complete checkpoint of output_dir"

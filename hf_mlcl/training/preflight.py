@@ -186,20 +186,22 @@ def preflight(
 
 def check_lora_save(model_args: Any, args: Any, source: str | None, adapter_encoder: bool = False) -> None:
     """Before any loading: a LoRA run under DeepSpeed / FSDP must be able to write its adapter at the end
-    (ValueError naming the fix otherwise)."""
+    (:class:`InputError` naming the fix otherwise). ``adapter_encoder``: the stage fine-tunes an encoder saved
+    as a LoRA adapter (or that stage 1 of the same run will save as one)."""
     from .launch import requested_engine
 
     engine = requested_engine(args)
     if engine is None:
         return
     if not (source or model_args.model_name_or_path):
-        raise ValueError(
+        raise InputError(
             f"use_lora with a backbone built from backbone_config under {engine}: the sharded weights have no base "
             "model to save an adapter for; build the backbone from a saved model (model_name_or_path)"
         )
     if adapter_encoder:
-        raise ValueError(
-            f"probe: finetune with use_lora on an encoder saved as a LoRA adapter under {engine}: the new adapter "
+        raise InputError(
+            f"a LoRA fine-tune (probe: finetune, or the joint stage) on an encoder saved as a LoRA adapter under "
+            f"{engine}: the new adapter "
             "applies to the merged encoder, not to the base model; save stage 1 with --merge_lora true or fine-tune "
             "without DeepSpeed / FSDP (the merged weights are then saved)"
         )

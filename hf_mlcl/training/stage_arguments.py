@@ -317,7 +317,8 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
     """The joint objective: a classifier fine-tuned end to end with ``(1 - w) * supervised + w * contrastive``
     on each batch (Gunel et al. 2021, eq. 1, with lambda = ``contrastive_weight``). The contrastive term's
     options are stage 1's (``loss``, ``loss_kwargs``, ``temperature``, the queue, GradCache ...); it reads the
-    pooled representation the head classifies (no projection head), and evaluation reports the classifier's
+    pooled representation the head classifies (or a training-only projection of it,
+    ``contrastive_projection_dim``), and evaluation reports the classifier's
     metrics, not the kNN probe (``knn_k`` is not used)."""
 
     contrastive_weight: float = field(

@@ -19,7 +19,7 @@ from . import distributed as D
 from .checkpoints import remove_checkpoints
 from .classifier_stages import train_joint, train_probe
 from .encoder_stage import train_contrastive
-from .preflight import check_output_dir, check_stage, finished_stage_metrics
+from .preflight import check_lora_save, check_output_dir, check_stage, finished_stage_metrics
 from .run_lock import RunLock
 from .run_settings import stage_settings
 from .saved_evaluation import (
@@ -156,7 +156,9 @@ def run_joint_stage(
 ) -> StageResult:
     """The joint objective (:func:`train_joint`) with the classifier's model card written into its output_dir
     (``settings`` as in :func:`run_contrastive_stage`)."""
-    return _classifier_stage(train_joint, model_args, data_args, joint_args, encoder_path, data, settings)
+    return _classifier_stage(
+        train_joint, model_args, data_args, joint_args, encoder_path, data, settings, contrastive_loss
+    )
 
 
 def _classifier_stage(
@@ -187,6 +189,19 @@ def _classifier_stage(
     )
 
 
+def _check_lora_finetune_of_stage_one(model_args: Any, stage_args: Mapping[str, Any]) -> None:
+    """Before stage 1 trains: a LoRA fine-tune in stage 2 of the adapter stage 1 will save must be able to save
+    (:func:`~hf_mlcl.training.preflight.check_lora_save`; stage 2 checks again on the folder itself)."""
+    classifier = next((name for name in CLASSIFIER_STAGES if name in stage_args), None)
+    if "contrastive" not in stage_args or classifier is None or not model_args.use_lora:
+        return
+    args = stage_args[classifier]
+    if classifier == "probe" and args.probe != "finetune":
+        return
+    saves_adapter = bool(model_args.model_name_or_path) and not model_args.merge_lora  # encoder_stage's save
+    check_lora_save(model_args, args, None, saves_adapter)
+
+
 def run_stages(
     model_args: Any,
     data_args: Any,
@@ -211,6 +226,7 @@ def run_stages(
     names = [name for name in STAGES if name in stage_args]
     for name in names:
         check_stage(stage_args[name])
+    _check_lora_finetune_of_stage_one(model_args, stage_args)
     results: dict[str, StageResult] = {}
     loss = encoder_loss(encoder_path)
     for i, name in enumerate(names, 1):

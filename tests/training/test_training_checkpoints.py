@@ -102,3 +102,19 @@ def test_a_save_interrupted_while_writing_the_state_is_never_resumed_from(tmp_pa
     assert not half.exists()  # the half-written checkpoint is cleaned
     with pytest.raises(ValueError, match="does not exist"):
         resolve_resume(str(half), str(out))
+
+
+def test_a_resume_path_that_is_no_complete_checkpoint_says_why(tmp_path):
+    """A missing folder, a save interrupted mid-way (its marker) and a folder that is no checkpoint at all."""
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve_resume(str(tmp_path / "nowhere"), str(tmp_path))
+    half = tmp_path / "checkpoint-4"
+    half.mkdir()
+    (half / SAVING_MARKER).write_text("")
+    with pytest.raises(ValueError, match=r"is interrupted \(it holds"):
+        resolve_resume(str(half), str(tmp_path))
+    other = tmp_path / "my-model"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="is not a Trainer checkpoint .it holds no trainer_state.json"):
+        resolve_resume(str(other), str(tmp_path))

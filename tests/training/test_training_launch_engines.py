@@ -180,3 +180,45 @@ def test_shutdown_empties_the_dtensor_caches_and_skips_missing_ones(monkeypatch)
     monkeypatch.delattr(torch._C, "_clear_DTensor_sharding_propagator_cache")
     D._release_dtensor_caches()
     assert calls == ["cached"]
+
+
+def test_a_lora_finetune_of_the_adapter_stage_one_will_save_stops_before_stage_one(
+    env, tmp_path, monkeypatch
+):
+    """Under DeepSpeed, stage 2's LoRA fine-tune (probe: finetune, or joint) of the adapter stage 1 would save
+    cannot save: the run stops in one line before stage 1 loads its data, not after stage 1 has trained."""
+    from hf_mlcl.training import (
+        ContrastiveTrainingArguments,
+        DataArguments,
+        JointTrainingArguments,
+        ModelArguments,
+        ProbingTrainingArguments,
+        stages,
+    )
+    from hf_mlcl.training.preflight import InputError
+
+    class StageOneStarted(Exception):
+        pass
+
+    def data_loads(*args, **kwargs):
+        raise StageOneStarted
+
+    monkeypatch.setattr(stages, "load_run_data", data_loads)
+    env.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    data = DataArguments(dataset="synthetic")
+    out = str(tmp_path)
+    second_stages = {
+        "probe": ProbingTrainingArguments(output_dir=f"{out}/clf", probe="finetune", report_to=[]),
+        "joint": JointTrainingArguments(output_dir=f"{out}/joint", report_to=[]),
+    }
+    adapter = ModelArguments(model_name_or_path=f"{out}/base", use_lora=True)
+    for name, second in second_stages.items():
+        first = ContrastiveTrainingArguments(output_dir=f"{out}/enc", report_to=[])
+        with pytest.raises(InputError, match="a LoRA fine-tune .* saved as a LoRA adapter under deepspeed"):
+            stages.run_stages(adapter, data, {"contrastive": first, name: second})
+        merged = ModelArguments(model_name_or_path=f"{out}/base", use_lora=True, merge_lora=True)
+        with pytest.raises(StageOneStarted):  # stage 1 saves merged weights: nothing to refuse
+            stages.run_stages(merged, data, {"contrastive": first, name: second})
+    linear = ProbingTrainingArguments(output_dir=f"{out}/linear", probe="linear", report_to=[])
+    with pytest.raises(StageOneStarted):  # a frozen probe saves no new adapter
+        stages.run_stages(adapter, data, {"contrastive": first, "probe": linear})
