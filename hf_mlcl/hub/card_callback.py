@@ -17,6 +17,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hf_mlcl.modeling.builders import folder_layout
+from hf_mlcl.modeling.folders_mlcl import ADAPTER_CONFIG_NAME
 
 from .model_card import CardData, save_model_card
 
@@ -216,6 +217,7 @@ class ModelCardCallback(TrainerCallback):
         self.card.folder = os.path.normpath(folder)
         self.card.local_data = local_data_paths(self._data_args, folder)
         self.card.layout = folder_layout(folder)
+        self.card.adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
         return save_model_card(self.card, folder)
 
 

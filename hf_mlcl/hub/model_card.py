@@ -128,6 +128,8 @@ class CardData:
     # "transformers" (a classifier with a native head), "peft" (the same as a LoRA adapter) or "hf_mlcl"
     # (hf_mlcl's classes, shipped as remote code)
     layout: str = "hf_mlcl"
+    # the folder is a LoRA adapter over its base model (``adapter_config.json``)
+    adapter: bool = False
     # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
     # `hf-mlcl evaluate` finds the data from any working directory; never pushed (:meth:`for_hub`)
     local_data: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -387,11 +387,13 @@ class MLCLPreTrainedModel(PreTrainedModel):
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: Any, **kwargs: Any
     ):
-        """``PreTrainedModel.from_pretrained``, plus folders saved as a LoRA adapter: when the folder holds
-        ``adapter_config.json``, the base backbone is loaded by the id / path in it
-        (``base_model_name_or_path``), the adapter is merged into it (:func:`merge_lora_weights`) and the
-        heads are read from ``model.safetensors``. ``AutoModel*.from_pretrained(..., trust_remote_code=True)``
-        and ``pipeline(...)`` come through here as well."""
+        """``PreTrainedModel.from_pretrained``, plus hf_mlcl's native folders and folders saved as a LoRA adapter:
+        when the folder holds ``adapter_config.json``, the base backbone is loaded by the id / path in it
+        (``base_model_name_or_path``), the adapter applied to it (unmerged with peft; merged in without peft or
+        under ZeRO-3, :func:`~hf_mlcl.modeling.folders_mlcl.load_adapter_folder`) and the heads are read from
+        ``model.safetensors``. ``AutoModel*.from_pretrained(..., trust_remote_code=True)`` comes through here
+        for a local folder; given a Hub id whose repository holds ``adapter_config.json``, transformers loads
+        the base model it names instead."""
         path = os.fspath(pretrained_model_name_or_path)
         hub = {
             k: kwargs[k]

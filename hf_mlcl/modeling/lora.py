@@ -210,9 +210,8 @@ def save_lora_adapter(
     model's own ``save_pretrained`` with the heads only (projection head / classifier in
     ``model.safetensors``), ``config.json`` and the remote code. The adapter files go first, so an
     interrupted save never leaves a config with heads-only weights that loads as a full model.
-    ``MLCLEncoder`` / ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with
-    ``trust_remote_code=True`` load the base by that id and merge the adapter
-    (``hf_mlcl.modeling.modeling_mlcl.merge_lora_weights``; Hu et al., 2022, Eq. 3).
+    ``MLCLEncoder`` / ``MLCLForMultiLabelClassification.from_pretrained`` load the base by that id and apply
+    the adapter (unmerged with peft, else merged in: ``merge_lora_weights``; Hu et al., 2022, Eq. 3).
 
     The weights are read from the live model, or from ``state_dict`` (a state dict of the ``PeftModel``
     holding at least its adapter and heads, e.g. gathered from FSDP shards). One process writes; for a model that DeepSpeed or FSDP

@@ -111,6 +111,18 @@ def test_native_classifier_card_needs_no_remote_code():
     assert "top_k=None)" in remote and ", trust_remote_code=True, top_k=None)" in remote
 
 
+def test_an_adapter_classifier_in_hf_mlcl_format_is_loaded_with_hf_mlcl_not_a_pipeline():
+    """transformers' Auto classes given a Hub id that holds adapter_config.json load the base model it names: the
+    card of an hf_mlcl-format adapter classifier shows hf_mlcl's loader only."""
+    card = CardData(
+        kind="classifier", dataset="aapd", loss="bce", probe="finetune", repo_id="someone/clf", adapter=True
+    )
+    text = str(render_model_card(card))
+    assert 'MLCLForMultiLabelClassification.from_pretrained("someone/clf")' in text
+    assert "pipeline(" not in text and "trust_remote_code" not in text and "AutoModelFor" not in text
+    assert "label attention" not in text  # not the reason here
+
+
 def test_sentence_transformers_encoder_card():
     card = CardData(
         kind="encoder",
