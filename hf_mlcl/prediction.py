@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["INPUT_FORMATS", "predict_file", "predict_texts", "read_texts"]
+__all__ = ["INPUT_FORMATS", "PREDICTION_COLUMNS", "predict_file", "predict_texts", "read_texts"]
 
 INPUT_FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
+PREDICTION_COLUMNS = ("labels", "scores")  # what predict_file adds to the input's columns
 
 
 def read_texts(path: str, text_column: str = "text") -> tuple[list[str], Any]:
@@ -152,8 +153,9 @@ def predict_file(
         A summary: rows, labels per text on average, the threshold source, the output path.
 
     Raises:
-        FileNotFoundError / ValueError: a missing input or classifier, an unknown file type, a missing column;
-            all before the model is loaded.
+        FileNotFoundError / ValueError: a missing input or classifier, an unknown file type, a missing column,
+            an input column the predictions would replace (``PREDICTION_COLUMNS``); all before the model is
+            loaded.
     """
     from transformers import AutoTokenizer
 
@@ -165,6 +167,12 @@ def predict_file(
     if not os.path.isdir(classifier):
         raise FileNotFoundError(f"no classifier folder {classifier!r}")
     texts, table = read_texts(input_path, text_column)
+    taken = [name for name in PREDICTION_COLUMNS if table is not None and name in table.columns]
+    if taken:
+        raise ValueError(
+            f"{input_path} has a column {taken[0]!r}, which the predictions' columns {PREDICTION_COLUMNS} would "
+            "replace; rename it in the input"
+        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = _load_classifier(classifier).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(classifier)
@@ -173,10 +181,12 @@ def predict_file(
     )
     names = [str(model.config.id2label[i]) for i in range(scores.shape[1])]
     chosen = scores >= _thresholds(model.config, scores.shape[1])
+    # the input's columns as Python values (a missing value as None: null in JSON lines)
+    given = [] if table is None else table.astype(object).where(table.notna(), None).to_dict("records")
     rows = []
     for i in range(len(texts)):
         picked = np.flatnonzero(chosen[i])
-        row = dict(table.iloc[i]) if table is not None else {"text": texts[i]}
+        row = given[i] if table is not None else {"text": texts[i]}
         row["labels"] = [names[j] for j in picked]
         row["scores"] = (
             dict(zip(names, scores[i].round(6).tolist()))

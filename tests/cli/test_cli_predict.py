@@ -85,7 +85,23 @@ def test_predict_errors_are_one_line_before_loading(tmp_path, classifier, capsys
             "no classifier folder",
         ),
     ]
+    gold = tmp_path / "gold.csv"
+    pd.DataFrame({"text": TEXTS, "labels": ["cardio"] * len(TEXTS)}).to_csv(gold, index=False)
+    cases.append(([folder, str(gold), "--output", str(tmp_path / "o.jsonl")], "has a column 'labels', which"))
     for argv, message in cases:
         assert main(["predict", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_predict_keeps_the_input_columns_types_in_json_lines(tmp_path, classifier):
+    """Numbers stay numbers, a missing value is null: the JSON lines are the input's rows plus the predictions."""
+    folder, _ = classifier
+    path = tmp_path / "in.jsonl"
+    frame = pd.DataFrame({"id": range(len(TEXTS)), "text": TEXTS, "weight": [0.5, None] * (len(TEXTS) // 2)})
+    frame.to_json(path, orient="records", lines=True)
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", folder, str(path), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(len(TEXTS)))
+    assert [r["weight"] for r in rows[:2]] == [0.5, None]
