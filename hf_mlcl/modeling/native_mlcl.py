@@ -320,6 +320,7 @@ def load_native_classifier(cls: Any, path: str, settings: Mapping[str, Any], kwa
         **({"decision_threshold": threshold} if threshold is not None else {}),
         **{key: settings[key] for key in CLASSIFIER_SETTINGS if settings.get(key) is not None},
     )
+    config._attn_implementation = native.config._attn_implementation  # as asked (build_backbone hands it on)
     model = cls(config).to(native.dtype)
     rules = [(new, old) for old, new in classifier_key_rules(native.config.model_type)]
     model.load_state_dict(rename_keys(native.state_dict(), rules), strict=True)

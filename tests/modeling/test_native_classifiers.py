@@ -108,6 +108,12 @@ def test_hf_mlcl_reads_its_native_classifiers_back(tmp_path, classifiers):
             assert torch.equal(loaded.state_dict()[key], value), (name, key)
     with pytest.raises(ValueError, match="is a classifier"):
         MLCLEncoder.from_pretrained(str(tmp_path / "bert"))
+    # from_pretrained's attn_implementation reaches the backbone, as for any transformers model
+    eager = MLCLForMultiLabelClassification.from_pretrained(
+        str(tmp_path / "bert"), attn_implementation="eager"
+    )
+    assert eager.backbone.config._attn_implementation == "eager"
+    _close(_probs(eager, classifiers["bert"][1]), _probs(classifiers["bert"][0], classifiers["bert"][1]))
 
 
 def test_native_head_errors_name_the_fix(tiny_bert_config, bert_tokenizer):
