@@ -115,8 +115,9 @@ def _load_classifier(folder: str) -> Any:
     other with hf_mlcl's loader."""
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
     from hf_mlcl.modeling.builders import folder_layout
+    from hf_mlcl.modeling.native_mlcl import TRANSFORMERS
 
-    if folder_layout(folder) == "transformers":
+    if folder_layout(folder) == TRANSFORMERS:
         from transformers import AutoModelForSequenceClassification
 
         return AutoModelForSequenceClassification.from_pretrained(folder)

@@ -173,13 +173,15 @@ def to_native_classifier(
         attention; a native head saved as an adapter on a family whose head an adapter cannot hold, RoBERTa's).
     """
     from .native_mlcl import (
-        CLASSIFIER_SETTINGS,
         MLCL_FILE,
+        TRANSFORMERS,
         classifier_key_rules,
+        classifier_settings,
         native_classifier_class,
         native_classifier_reason,
         rename_keys,
         write_classifier_files,
+        write_json,
     )
 
     config = MLCLConfig.from_pretrained(folder)
@@ -209,12 +211,11 @@ def to_native_classifier(
     with torch.device("meta"):
         native = cls(backbone_config)
     native.load_state_dict(state, strict=True, assign=True)  # checks that every weight has its place
-    settings = {"kind": "classifier", **{key: getattr(config, key) for key in CLASSIFIER_SETTINGS}}
+    settings = classifier_settings(config, TRANSFORMERS, max_seq_length)
 
     def write(tmp: str) -> None:
         native.save_pretrained(tmp)
-        with open(os.path.join(tmp, MLCL_FILE), "w", encoding="utf-8") as fh:
-            json.dump(settings, fh, indent=2)
+        write_json(os.path.join(tmp, MLCL_FILE), settings)
         _save_right_padded(tokenizer, tmp)
 
     target = folder if target is None else target

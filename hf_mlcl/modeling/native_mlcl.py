@@ -65,6 +65,9 @@ _ST_POOLING_MODES = (
     "pooling_mode_lasttoken",
 )
 SENTENCE_TRANSFORMERS = "sentence-transformers"  # a native folder's layout (mlcl_config.json "layout")
+TRANSFORMERS = (
+    "transformers"  # a classifier with a native head: its family's XForSequenceClassification folder
+)
 PEFT = "peft"  # a LoRA classifier with a native head: a PEFT adapter of task type SEQ_CLS over its family's class
 LABEL_SETTINGS = ("id2label", "label2id", "problem_type", "decision_threshold")
 _ST_MODULES = (

@@ -100,7 +100,9 @@ def test_hf_mlcl_reads_its_native_classifiers_back(tmp_path, classifiers):
     for name, (clf, tokenizer) in classifiers.items():
         clf.config.freeze_encoder = True
         clf.save_pretrained(tmp_path / name)
-        assert to_native_classifier(str(tmp_path / name), tokenizer=tokenizer)
+        assert to_native_classifier(str(tmp_path / name), tokenizer=tokenizer, max_seq_length=48)
+        settings = json.loads((tmp_path / name / "mlcl_config.json").read_text())
+        assert settings["layout"] == "transformers" and settings["max_seq_length"] == 48
         loaded = MLCLForMultiLabelClassification.from_pretrained(str(tmp_path / name))
         assert loaded.config.head == "native" and loaded.config.decision_threshold == 0.4
         assert not any(p.requires_grad for p in loaded.backbone.parameters())  # a frozen encoder stays frozen
