@@ -75,6 +75,31 @@ def _remove_hf_mlcl_files(folder: str, *extra: str) -> None:
             os.remove(path)
 
 
+def _mlcl_config(folder: str, kind: str) -> MLCLConfig:
+    """The ``MLCLConfig`` of the hf_mlcl folder ``folder`` holding an ``MLCLEncoder`` (``kind`` "encoder") or an
+    ``MLCLForMultiLabelClassification`` ("classifier"); ValueError naming what the folder holds otherwise."""
+    from .native_mlcl import MLCL_FILE
+
+    wanted = {"encoder": "MLCLEncoder", "classifier": "MLCLForMultiLabelClassification"}[kind]
+    path = os.path.join(folder, "config.json")
+    stored = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            stored = json.load(fh)
+    if stored.get("model_type") != MLCLConfig.model_type:
+        native = os.path.isfile(os.path.join(folder, MLCL_FILE))
+        raise ValueError(
+            f"{folder} is already in its native form ({MLCL_FILE}): nothing to convert"
+            if native
+            else f"{folder} holds no hf_mlcl model (its config.json has no model_type {MLCLConfig.model_type!r})"
+        )
+    held = (stored.get("architectures") or [wanted])[0]
+    if held != wanted:
+        fix = "to_sentence_transformers" if held == "MLCLEncoder" else "to_native_classifier"
+        raise ValueError(f"{folder} holds an {held}, not an {wanted}: convert it with {fix}")
+    return MLCLConfig.from_pretrained(folder)
+
+
 def to_sentence_transformers(
     folder: str,
     max_seq_length: int | None = None,
@@ -101,9 +126,10 @@ def to_sentence_transformers(
         encoder), which keeps the remote-code format.
 
     Raises:
-        ValueError: ``embedding`` is not ``"pooled"`` or ``"projected"``.
+        ValueError: ``folder`` holds no hf_mlcl encoder (a classifier, another model, a folder already
+            converted), or ``embedding`` is not ``"pooled"`` or ``"projected"``.
     """
-    config = MLCLConfig.from_pretrained(folder)
+    config = _mlcl_config(folder, "encoder")
     if native_encoder_reason(config) is not None:
         return False
     state = _saved_state(folder)
@@ -171,6 +197,10 @@ def to_native_classifier(
     Returns:
         True when written; False (nothing written) for a classifier without a native form (PLM-ICD's label
         attention; a native head saved as an adapter on a family whose head an adapter cannot hold, RoBERTa's).
+
+    Raises:
+        ValueError: ``folder`` holds no hf_mlcl classifier (an encoder, another model, a folder already
+            converted).
     """
     from .native_mlcl import (
         MLCL_FILE,
@@ -184,7 +214,7 @@ def to_native_classifier(
         write_json,
     )
 
-    config = MLCLConfig.from_pretrained(folder)
+    config = _mlcl_config(folder, "classifier")
     if native_classifier_reason(config) is None:
         state = _saved_state(folder)
         head = {k[len(_CLASSIFIER) :]: v for k, v in state.items() if k.startswith(_CLASSIFIER)}

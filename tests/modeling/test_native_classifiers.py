@@ -169,3 +169,24 @@ def test_a_probe_run_with_a_native_head_writes_a_transformers_classifier(tmp_pat
     loaded = MLCLForMultiLabelClassification.from_pretrained(str(out))
     for key, value in trained.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_the_converters_say_what_a_folder_holds(tmp_path, tiny_bert_config, bert_tokenizer):
+    """An encoder given to the classifier converter, and a folder converted already, are one-line errors."""
+    from hf_mlcl.modeling.native import to_sentence_transformers
+
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="cls", projection_dim=8)
+    encoder.save_pretrained(tmp_path / "enc")
+    with pytest.raises(
+        ValueError, match="holds an MLCLEncoder, not an MLCLForMultiLabelClassification: convert it"
+    ):
+        to_native_classifier(str(tmp_path / "enc"))
+    assert to_sentence_transformers(str(tmp_path / "enc"), tokenizer=bert_tokenizer)
+    with pytest.raises(
+        ValueError, match="is already in its native form .mlcl_config.json.: nothing to convert"
+    ):
+        to_sentence_transformers(str(tmp_path / "enc"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ValueError, match="holds no hf_mlcl model"):
+        to_native_classifier(str(tmp_path / "other"))
