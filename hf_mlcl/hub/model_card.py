@@ -93,6 +93,11 @@ _INDEX_METRICS = {
 }
 
 
+def is_local_path(value: Any) -> bool:
+    """True for a string naming a path of this machine (absolute, or one that exists from here)."""
+    return isinstance(value, str) and bool(value) and (os.path.isabs(value) or os.path.exists(value))
+
+
 @dataclasses.dataclass
 class CardData:
     """Everything a card states; JSON-serialisable (``card_data.json``)."""
@@ -146,10 +151,7 @@ class CardData:
     def for_hub(self, repo_id: str) -> CardData:
         """A copy of the card as published to ``repo_id``: the repo named, this machine's paths left out (a
         local base model or encoder path is dropped, a local dataset keeps its file or folder name)."""
-
-        def local(value: Any) -> bool:
-            return isinstance(value, str) and (os.path.isabs(value) or os.path.exists(value))
-
+        local = is_local_path
         return dataclasses.replace(
             self,
             repo_id=repo_id,

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from .model_card import CARD_DATA_FILE, CARD_FILE
+from .model_card import CARD_DATA_FILE, CARD_FILE, is_local_path
 
 # Published: weights, configs, tokenizer, remote code, card, metrics, plots.
 _INCLUDE = (
@@ -30,8 +30,17 @@ _INCLUDE = (
     "*.png",
     "*.svg",
 )
-# Never published: resumable-training state and local logs (large, private or pickled).
-_EXCLUDE_FILES = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*", "*.tmp", ".*")
+# Never published: resumable-training state and local logs (large, private or pickled), and the settings a
+# resume compares (run_settings.json: this machine's model, data and encoder paths).
+_EXCLUDE_FILES = (
+    "training_args.bin",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state*",
+    "*.tmp",
+    ".*",
+    "run_settings.json",
+)
 _EXCLUDE_DIRS = ("checkpoint-*", "runs", ".*", "__pycache__")
 _WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
 
@@ -62,17 +71,14 @@ def files_to_push(folder: str) -> list[str]:
     return sorted(out)
 
 
-# JSON keys of the model files that name where a model came from: a local path there goes as its folder name
-_PROVENANCE_KEYS = ("backbone_name_or_path", "_name_or_path")
-
-
-def _local_path(value: Any) -> bool:
-    return isinstance(value, str) and bool(value) and (os.path.isabs(value) or os.path.exists(value))
+# JSON keys of the published files that name where a model or its data came from (config.json, mlcl_config.json,
+# metrics.json, trainer_state.json): a local path there goes as its file or folder name
+_PROVENANCE_KEYS = ("backbone_name_or_path", "_name_or_path", "dataset", "best_model_checkpoint")
 
 
 def _without_local_paths(folder: str, name: str) -> bytes | None:
-    """The bytes to upload for the JSON file ``name`` when it names a path of this machine as a model's origin
-    (``backbone_name_or_path``: its folder name instead), else None (uploaded as it is). ValueError for an
+    """The bytes to upload for the JSON file ``name`` when it names a path of this machine as a model's or its
+    data's origin (``_PROVENANCE_KEYS``: its file or folder name instead), else None (uploaded as it is). ValueError for an
     adapter whose base model is a local folder: the pushed adapter could not load anywhere else."""
     if not name.endswith(".json") or "/" in name:
         return None
@@ -84,13 +90,13 @@ def _without_local_paths(folder: str, name: str) -> bytes | None:
         return None
     if not isinstance(data, dict):
         return None
-    if name == "adapter_config.json" and _local_path(data.get("base_model_name_or_path")):
+    if name == "adapter_config.json" and is_local_path(data.get("base_model_name_or_path")):
         raise ValueError(
             f"{path}: the adapter's base model is the local folder {data['base_model_name_or_path']!r}, so the "
             "pushed adapter would load nowhere else; push the base model to the Hub and set "
             "base_model_name_or_path to its id, or train with merge_lora: true"
         )
-    local = [k for k in _PROVENANCE_KEYS if _local_path(data.get(k))]
+    local = [k for k in _PROVENANCE_KEYS if is_local_path(data.get(k))]
     if not local:
         return None
     for key in local:

@@ -269,3 +269,24 @@ def test_my_csv_probe_defaults_are_within_002_of_the_best_of_the_grid_it_states(
         assert len(lrs) >= 3 and lrs[0] < default[0] < lrs[-1], (size, lrs)
         assert default in scores, (size, default)
         assert scores[default] >= max(scores.values()) - 0.02, (size, scores[default], max(scores.values()))
+
+
+def test_a_pushed_run_names_no_path_of_this_machine(tmp_path):
+    """Both stage folders of a run on a local CSV, pushed: no uploaded byte names the run's folder or data path
+    (metrics.json's dataset and trainer_state.json's best checkpoint go as their names; run_settings.json, the
+    resume's bookkeeping, stays home)."""
+    from _fake_hub import FakeHfApi
+
+    from hf_mlcl.hub import push_folder
+
+    data = _tiny_csv(tmp_path / "my_data.csv")
+    out = str(tmp_path / "run")
+    argv = ["run", _tiny_recipe(tmp_path), "--dataset", data, "--output_dir", out, "--max_steps", "2"]
+    assert main([*argv, "--per_device_train_batch_size", "16", "--disable_tqdm", "true"]) == 0
+    for stage in ("encoder", "classifier"):
+        api = FakeHfApi()
+        push_folder(os.path.join(out, stage), f"someone/{stage}", api=api)
+        assert "metrics.json" in api.uploaded and "run_settings.json" not in api.uploaded
+        leaked = [name for name, content in api.uploaded.items() if str(tmp_path).encode() in content]
+        assert leaked == [], stage
+        assert json.loads(api.uploaded["metrics.json"])["dataset"] == "my_data.csv"
