@@ -84,6 +84,7 @@ def cmd_train(ns, overrides) -> dict:
 
 def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
+    from hf_mlcl.modeling.builders import holds_a_model
     from hf_mlcl.recipes import parse_stage, stage_output_dir
     from hf_mlcl.training import stages
     from hf_mlcl.training.preflight import check_stage
@@ -94,7 +95,7 @@ def cmd_probe(ns, overrides) -> dict:
     encoder = ns.encoder_path
     if encoder is None and "contrastive" in recipe.get("stages", ["contrastive"]):
         default = stage_output_dir(recipe, "contrastive")
-        if any(os.path.isfile(os.path.join(default, f)) for f in ("config.json", "adapter_config.json")):
+        if holds_a_model(default):
             encoder = default  # a saved encoder: its own weights, or an adapter over its base
     _check_models(model_args, encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))

@@ -102,7 +102,9 @@ def predict_texts(
 
 def _max_length(folder: str) -> int | None:
     """The token length the classifier was trained at, from its card data (None when not recorded)."""
-    path = os.path.join(folder, "card_data.json")
+    from hf_mlcl.hub.model_card import CARD_DATA_FILE
+
+    path = os.path.join(folder, CARD_DATA_FILE)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as fh:

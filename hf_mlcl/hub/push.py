@@ -129,11 +129,13 @@ def _commit_operations(folder: str, files: list[str], repo_id: str) -> list[Any]
 
 def check_pushable(folder: str, files: list[str] | None = None) -> list[str]:
     """Raise ValueError unless ``folder`` holds a config, weights and a model card; returns the files."""
+    from hf_mlcl.modeling.folders_mlcl import MODEL_CONFIG_FILES
+
     if not os.path.isdir(folder):
         raise ValueError(f"nothing to push: {folder!r} is not a folder")
     files = files_to_push(folder) if files is None else files
     top = {f for f in files if "/" not in f}
-    if not {"config.json", "adapter_config.json"} & top:
+    if not set(MODEL_CONFIG_FILES) & top:
         raise ValueError(
             f"{folder} has no config.json: push the folder a training run saved (its output_dir)"
         )

@@ -85,6 +85,14 @@ def folder_layout(path: str) -> str:
     return "sentence-transformers"
 
 
+def holds_a_model(path: str | None) -> bool:
+    """True when the folder ``path`` holds a saved model: its own ``config.json``, or an adapter's over its base
+    (``MODEL_CONFIG_FILES``)."""
+    from .folders_mlcl import MODEL_CONFIG_FILES
+
+    return bool(path) and any(os.path.isfile(os.path.join(path, name)) for name in MODEL_CONFIG_FILES)
+
+
 def is_native_encoder(path: str | None) -> bool:
     """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
     settings = _native_settings(path) if path else None

@@ -39,6 +39,8 @@ __all__ = [
 _WEIGHT_FILE_PREFIXES = ("model", "pytorch_model")
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+# a saved model's own config, or an adapter's over its base: a folder holding either holds a model
+MODEL_CONFIG_FILES = ("config.json", ADAPTER_CONFIG_NAME)
 HEADS_WEIGHTS_NAME = "model.safetensors"
 _PEFT_PREFIX = "base_model.model."
 

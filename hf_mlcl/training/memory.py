@@ -28,6 +28,7 @@ from .contrast_sets import (
     resolve_queue_warmup,
 )
 from .embedding_queue import CPU_SPARSE_LABELS, EmbeddingQueue
+from .momentum import MOCO_MOMENTUM
 
 __all__ = [
     "CONTRAST_SETS",
@@ -118,7 +119,7 @@ class MomentumContrast:
         queue_size: int,
         num_labels: int,
         embedding_dim: int | None = None,
-        momentum: float = 0.999,
+        momentum: float = MOCO_MOMENTUM,
         device: torch.device | str | None = None,
         **kwargs: Any,
     ) -> MomentumContrast:

@@ -21,11 +21,13 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = [
+    "MOCO_MOMENTUM",
     "MOMENTUM_ADAPTER",
     "AdapterMomentumEncoder",
     "MomentumEncoder",
     "UpdateAfterOptimizerSteps",
     "build_key_encoder",
+    "check_momentum",
 ]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -44,7 +46,11 @@ def _ema_(targets: list[torch.Tensor], sources: list[torch.Tensor], momentum: fl
     torch._foreach_add_(targets, sources, alpha=1.0 - momentum)
 
 
-def _check_momentum(momentum: float) -> float:
+MOCO_MOMENTUM = 0.999  # He et al. 2020's m, every momentum encoder's default
+
+
+def check_momentum(momentum: float) -> float:
+    """``momentum`` as a float; ValueError unless it lies in [0, 1)."""
     if not 0.0 <= float(momentum) < 1.0:
         raise ValueError(f"momentum must be in [0, 1) (MoCo uses 0.999); got {momentum}")
     return float(momentum)
@@ -62,8 +68,8 @@ class MomentumEncoder:
     the key encoder in eval mode under ``torch.no_grad`` and returns what ``online`` returns.
     """
 
-    def __init__(self, online: nn.Module, momentum: float = 0.999) -> None:
-        self.momentum = _check_momentum(momentum)
+    def __init__(self, online: nn.Module, momentum: float = MOCO_MOMENTUM) -> None:
+        self.momentum = check_momentum(momentum)
         online = _unwrap(online)
         memo: dict[int, Any] = {}
         for param in online.parameters():
@@ -188,12 +194,12 @@ class AdapterMomentumEncoder:
     def __init__(
         self,
         online: nn.Module,
-        momentum: float = 0.999,
+        momentum: float = MOCO_MOMENTUM,
         runner: Callable[[], nn.Module] | None = None,
     ) -> None:
         from hf_mlcl.modeling.sharded import full_parameters
 
-        self.momentum = _check_momentum(momentum)
+        self.momentum = check_momentum(momentum)
         peft_model = _unwrap(online)
         if not hasattr(peft_model, "peft_config"):
             raise ValueError(

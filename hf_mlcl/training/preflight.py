@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from hf_mlcl.hub.model_card import CARD_DATA_FILE
+from hf_mlcl.modeling.builders import holds_a_model
+
 from . import distributed as D
 from .checkpoints import remove_checkpoints, wants_resume
 from .run_settings import RUN_SETTINGS_FILE, changed_settings, check_resume_settings
@@ -22,6 +25,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "FINISHED_FILES",
     "InputError",
+    "METRICS_FILE",
     "check_launch",
     "check_lora_save",
     "check_output_dir",
@@ -37,8 +41,9 @@ __all__ = [
     "stage_finished",
 ]
 
+METRICS_FILE = "metrics.json"  # a stage's metrics, written by the stage
 # written last by a stage (metrics by the stage, the card data by its card callback)
-FINISHED_FILES = ("metrics.json", "card_data.json")
+FINISHED_FILES = (METRICS_FILE, CARD_DATA_FILE)
 
 
 class InputError(ValueError):
@@ -130,8 +135,7 @@ def remove_previous_run(output_dir: str, is_main_process: bool = True) -> None:
 
 def stage_finished(output_dir: str) -> bool:
     """True when a stage's folder holds its final model, metrics and card (``FINISHED_FILES``)."""
-    config = ("config.json", "adapter_config.json")  # a model of its own, or an adapter over its base
-    return any(os.path.isfile(os.path.join(output_dir, name)) for name in config) and all(
+    return holds_a_model(output_dir) and all(
         os.path.isfile(os.path.join(output_dir, name)) for name in FINISHED_FILES
     )
 

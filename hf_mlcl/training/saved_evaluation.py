@@ -14,6 +14,7 @@ import numpy as np
 
 from hf_mlcl.evaluation.streaming import EXACT_CELLS, MultiLabelAccumulator
 from hf_mlcl.files import atomic_write_json
+from hf_mlcl.hub.model_card import CARD_DATA_FILE
 from hf_mlcl.modeling.builders import segment_multiple
 
 from .stage_steps import METRICS_FILE, PLOTS_DIR, RunData, StageResult, load_run_data
@@ -34,7 +35,7 @@ def encoder_loss(encoder_path: str | None) -> str | None:
     """The contrastive loss recorded in an encoder folder's card_data.json / metrics.json, if any."""
     if not encoder_path:
         return None
-    for name in ("card_data.json", METRICS_FILE):
+    for name in (CARD_DATA_FILE, METRICS_FILE):
         path = os.path.join(encoder_path, name)
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:

@@ -15,6 +15,7 @@ from transformers import TrainingArguments
 from hf_mlcl.losses.registry import check_contrastive_loss, check_joint_losses, check_supervised_loss
 
 from .model_data_arguments import as_dict
+from .momentum import MOCO_MOMENTUM, check_momentum
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,9 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
             "default: the loss's (True except msc)."
         },
     )
-    momentum: float = field(default=0.999, metadata={"help": "EMA factor of the momentum (key) encoder."})
+    momentum: float = field(
+        default=MOCO_MOMENTUM, metadata={"help": "EMA factor of the momentum (key) encoder."}
+    )
     gather_across_devices: bool = field(
         default=True,
         metadata={"help": "Use every process's samples as candidates (all_gather with gradient)."},
@@ -189,8 +192,7 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
         from .contrast_sets import check_contrast_set
 
         check_contrast_set(self.contrast_set, self.queue_size)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1); got {self.momentum}")
+        check_momentum(self.momentum)
         if self.gradcache_chunk_size < 0:
             raise ValueError(f"gradcache_chunk_size must be >= 0 (0 = off); got {self.gradcache_chunk_size}")
         if self.temperature is not None and self.temperature <= 0:

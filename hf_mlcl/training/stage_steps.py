@@ -19,8 +19,8 @@ from hf_mlcl.files import atomic_write_json, move_into
 from hf_mlcl.modeling.builders import align_special_tokens, is_mlcl_checkpoint, segment_multiple
 
 from . import distributed as D
-from .checkpoints import resolve_resume, wants_resume
-from .preflight import remove_previous_run, replaces_previous_run, require_a_step
+from .checkpoints import TRAINER_STATE, resolve_resume, wants_resume
+from .preflight import METRICS_FILE, remove_previous_run, replaces_previous_run, require_a_step
 from .run_settings import RUN_SETTINGS_FILE, changed_settings, check_resume_settings
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ __all__ = [
     "trainer_save",
 ]
 
-METRICS_FILE = "metrics.json"
 STAGING_DIR = ".model-staging"  # inside a stage's folder: its model as saved, before the final layout
 THRESHOLDS_FILE = "thresholds.json"
 PLOTS_DIR = "plots"
@@ -193,7 +192,7 @@ def save_stage(
             tokenizer.save_pretrained(out)
         if trainer.state.global_step > 0:
             # Trainer.save_state writes on the global main process only: a node-local folder would lack it
-            trainer.state.save_to_json(os.path.join(out, "trainer_state.json"))
+            trainer.state.save_to_json(os.path.join(out, TRAINER_STATE))
         for name, content in files.items():
             atomic_write_json(os.path.join(out, name), content)
     D.barrier()
