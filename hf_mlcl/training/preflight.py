@@ -29,6 +29,7 @@ __all__ = [
     "check_launch",
     "check_lora_save",
     "check_output_dir",
+    "check_some_steps",
     "check_stage",
     "check_train_batches",
     "finished_everywhere",
@@ -181,6 +182,7 @@ def preflight(
     that saves LoRA adapters: under DeepSpeed / FSDP it must be able to write them (:func:`check_lora_save`).
     """
     if train_rows is not None:
+        check_some_steps(args, stage)
         check_train_batches(train_rows, args, stage)
     created = new_folders(args.output_dir)
     if lora is not None:
@@ -209,6 +211,18 @@ def check_lora_save(model_args: Any, args: Any, source: str | None, adapter_enco
             "applies to the merged encoder, not to the base model; save stage 1 with --merge_lora true or fine-tune "
             "without DeepSpeed / FSDP (the merged weights are then saved)"
         )
+
+
+def check_some_steps(args: Any, stage: str) -> None:
+    """:class:`InputError` (one line) when the schedule asks for no optimizer step (``max_steps`` unset and
+    ``num_train_epochs`` 0 or below): found before anything is built or any earlier run's file removed
+    (:func:`require_a_step` catches the schedules that round to no step)."""
+    if int(args.max_steps) > 0 or float(args.num_train_epochs) > 0:
+        return
+    raise InputError(
+        f"{stage} would train no step (num_train_epochs {args.num_train_epochs}, max_steps {args.max_steps}): "
+        "set num_train_epochs above 0 or max_steps"
+    )
 
 
 def check_train_batches(n_rows: int, args: Any, stage: str) -> None:

@@ -210,27 +210,30 @@ def test_the_batch_check_counts_the_per_process_batch_of_every_process():
 
 
 def test_a_stage_without_an_optimizer_step_saves_no_model(tmp_path, capsys):
+    """A schedule of no step stops in one line before anything is built, and an --overwrite_output_dir run with it
+    leaves the run in the folder as it was."""
     data = _tiny_csv(tmp_path / "my_data.csv")
     out = tmp_path / "run"
-    rc = main(
-        [
-            "run",
-            _tiny_recipe(tmp_path),
-            "--dataset",
-            data,
-            "--output_dir",
-            str(out),
-            "--disable_tqdm",
-            "true",
-            "--per_device_train_batch_size",
-            "16",
-            "--contrastive.num_train_epochs",
-            "0",
-        ]
-    )
-    assert rc == 2
-    assert "stage 1 (contrastive) made no optimizer step" in capsys.readouterr().err
+    run = [
+        "run",
+        _tiny_recipe(tmp_path),
+        "--dataset",
+        data,
+        "--output_dir",
+        str(out),
+        "--disable_tqdm",
+        "true",
+    ]
+    run += ["--per_device_train_batch_size", "16"]
+    assert main([*run, "--contrastive.num_train_epochs", "0"]) == 2
+    assert "stage 1 (contrastive) would train no step (num_train_epochs 0.0" in capsys.readouterr().err
     assert not out.exists()
+    assert main([*run, "--max_steps", "2"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*run, "--overwrite_output_dir", "true", "--contrastive.num_train_epochs", "0"]) == 2
+    assert "would train no step" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def _probe_grid(text: str) -> tuple[dict[str, list[int]], dict[str, dict[tuple[float, int], float]]]:
