@@ -63,6 +63,8 @@ _DATA_KEYS = (
     "max_length",
     "max_train_samples",
     "subset_seed",
+    "max_eval_samples",
+    "max_test_samples",
 )
 _TRAINER_KEYS = (
     "learning_rate",
@@ -78,6 +80,13 @@ _TRAINER_KEYS = (
     "max_grad_norm",
     "bf16",
     "fp16",
+    "load_best_model_at_end",
+    "metric_for_best_model",
+)
+# settings recorded only since the keys above: a run stored before lacks them, which says nothing of their value
+# (no difference)
+_LATER_KEYS = frozenset(
+    {"max_eval_samples", "max_test_samples", "load_best_model_at_end", "metric_for_best_model"}
 )
 # fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
 _POLICY_KEYS = {
@@ -161,7 +170,7 @@ def _differences(
 ) -> list[str]:
     """``"key old -> new"`` for every setting that differs (the encoder's as ``encoder.key``); a stored key the
     stage no longer depends on (absent from ``new``) is no difference, nor a key the stored run predates whose new
-    value is the field's default (:func:`_field_defaults`)."""
+    value is the field's default (:func:`_field_defaults`), nor one recorded only since (``_LATER_KEYS``)."""
     defaults = _field_defaults() if defaults is None else defaults
     out = []
     for key in sorted(new):
@@ -170,6 +179,8 @@ def _differences(
             out += _differences(old, now, f"{prefix}{key}.", defaults)
         elif key not in stored and key in defaults and now == defaults[key]:
             continue  # the stored run predates this option and ran as its default does
+        elif key not in stored and key in _LATER_KEYS:
+            continue  # the stored run predates recording this setting: unknown
         elif old != now:
             out.append(f"{prefix}{key} {old!r} -> {now!r}")
     return out

@@ -152,3 +152,33 @@ def test_an_interrupted_overwrite_is_not_resumed_as_the_old_finished_run(tmp_pat
     assert main([*train, "--resume_from_checkpoint", "true"]) == 0
     assert "is finished" not in capsys.readouterr().out
     assert json.load(open(os.path.join(out, "trainer_state.json")))["global_step"] == 2
+
+
+def test_the_evaluation_caps_and_the_best_model_choice_are_settings(tmp_path):
+    """A finished classifier evaluated on other caps, or a stage choosing its saved model otherwise, is not the
+    run asked for; a run stored before these were recorded resumes whatever their value."""
+    from hf_mlcl.training.arguments import DataArguments, ModelArguments, ProbingTrainingArguments
+    from hf_mlcl.training.run_settings import check_resume_settings, stage_settings
+
+    out, model = str(tmp_path), ModelArguments(model_name_or_path="m")
+    args = ProbingTrainingArguments(output_dir=out)
+    stored = stage_settings(args, model, DataArguments(dataset="aapd", max_test_samples=100))
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps(stored))
+    now = stage_settings(args, model, DataArguments(dataset="aapd", max_test_samples=200))
+    with pytest.raises(ValueError, match="max_test_samples 100 -> 200"):
+        check_resume_settings(out, now, overwrite=False)
+    best = ProbingTrainingArguments(
+        output_dir=out, load_best_model_at_end=True, eval_strategy="epoch", save_strategy="epoch"
+    )
+    with pytest.raises(ValueError, match="load_best_model_at_end False -> True"):
+        check_resume_settings(
+            out,
+            stage_settings(best, model, DataArguments(dataset="aapd", max_test_samples=100)),
+            overwrite=False,
+        )
+    later = ("max_eval_samples", "max_test_samples", "load_best_model_at_end", "metric_for_best_model")
+    older = {k: v for k, v in stored.items() if k not in later}
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps(older))
+    check_resume_settings(
+        out, stage_settings(best, model, DataArguments(dataset="aapd", max_test_samples=200)), overwrite=False
+    )
