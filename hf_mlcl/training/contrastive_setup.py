@@ -109,17 +109,16 @@ class ContrastiveSetup:
         queue (built on the device: its label format depends on it); None in batch mode."""
         if args.queue_size <= 0:
             return None
-        resolve_contrast_set(
-            self.loss_fn, args.contrast_set, args.queue_size
-        )  # before the key encoder is built
-        key_encoder = self.momentum_encoder or build_key_encoder(
-            model, args.momentum, sharded, runner, args.queue_size
-        )
+        # the checks first: the key encoder is a copy of the model (under sharding, a second adapter)
+        resolve_contrast_set(self.loss_fn, args.contrast_set, args.queue_size)
         if self.queue is None and self.embedding_dim is None:
             raise ValueError(
                 f"queue_size={args.queue_size}: the queue needs the embeddings' width; use a model whose config "
                 "has projection_dim (MLCLEncoder) or pass a ready EmbeddingQueue(queue=...)"
             )
+        key_encoder = self.momentum_encoder or build_key_encoder(
+            model, args.momentum, sharded, runner, args.queue_size
+        )
         queue = self.queue
         if queue is None:  # a given queue is empty, hence falsy: never `or`
             queue = EmbeddingQueue(args.queue_size, self.embedding_dim, self.num_labels, device=args.device)
@@ -142,7 +141,7 @@ def warn_if_gate_cannot_open(
     k_min = getattr(loss_fn, "k_min", None)
     if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
         return
-    world = max(1, args.world_size)
+    world = max(1, args.world_size) if args.gather_across_devices else 1  # else each process's own rows
     reach = max_candidates(
         args.per_device_train_batch_size, world, args.n_views, args.queue_size, contrast_set
     )

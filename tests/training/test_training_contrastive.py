@@ -302,6 +302,26 @@ def test_hbl_gate_warning_and_contrast_set_errors(tmp_path, tok):
         base_args(tmp_path, contrast_set="keys")
 
 
+def test_hbl_gate_warning_counts_other_processes_only_when_they_are_gathered():
+    """Two processes of 4 rows: 7 in-batch candidates when gathered, 3 when each process keeps its own rows."""
+    import warnings
+    from types import SimpleNamespace
+
+    from hf_mlcl.losses import get_loss
+    from hf_mlcl.training.contrastive_setup import warn_if_gate_cannot_open
+
+    loss = get_loss("hbl", k_min=5)
+    args = SimpleNamespace(
+        world_size=2, per_device_train_batch_size=4, n_views=1, queue_size=0, gather_across_devices=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warn_if_gate_cannot_open(loss, args, None)
+    args.gather_across_devices = False
+    with pytest.warns(UserWarning, match="k_min=5 but an anchor has at most 3 candidates"):
+        warn_if_gate_cannot_open(loss, args, None)
+
+
 def test_flops_estimate_is_trainers_with_the_parameter_count_taken_once(tmp_path, tok, monkeypatch):
     """Trainer calls floating_point_ops at every step; the base trainer gives Trainer's number (6 x tokens x
     non-embedding parameters) but counts the parameters once, not by walking the model each step."""
