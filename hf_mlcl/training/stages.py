@@ -19,7 +19,7 @@ from . import distributed as D
 from .checkpoints import remove_checkpoints
 from .classifier_stages import train_joint, train_probe
 from .encoder_stage import train_contrastive
-from .preflight import check_lora_save, check_output_dir, check_stage, finished_stage_metrics
+from .preflight import InputError, check_lora_save, check_output_dir, check_stage, finished_stage_metrics
 from .run_lock import RunLock
 from .run_settings import stage_settings
 from .saved_evaluation import (
@@ -71,9 +71,18 @@ def _with_card(
     Under the lock the folder is checked again (a run may have filled it since this one's first check) and a
     finished stage with the same ``settings`` is not trained again on resume (``StageResult.skipped``)."""
     lock = RunLock(args.output_dir) if args.should_save else None  # the process that writes the folder
+    problem = None
     if lock is not None:
-        lock.acquire()
-        check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+        try:
+            lock.acquire()  # InputError when another run holds the folder
+            check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+        except InputError as error:
+            lock.release()
+            problem = str(error)
+    # every process stops alike (the others would wait for the writer in the next collective)
+    found = [p for p in D.all_gather_object(problem) if p]
+    if found:
+        raise InputError(found[0])
     try:
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:

@@ -123,3 +123,20 @@ def test_train_resumed_on_a_finished_encoder_keeps_it(tmp_path, capsys):
     assert main([*train, "--resume_from_checkpoint", "true"]) == 0
     assert f"{out} is finished" in capsys.readouterr().out
     assert os.stat(weights).st_mtime_ns == before
+
+
+@pytest.mark.timeout(200)
+def test_two_processes_stop_alike_when_another_run_holds_the_folder(tmp_path):
+    """Two processes start stage 1 into a folder another run holds: the process that writes the folder finds
+    the lock, and every process stops with its message (none waits for the other in a collective)."""
+    from _training_helpers import run_two_processes
+
+    held = RunLock(str(tmp_path / "encoder")).acquire()
+    try:
+        run_two_processes(
+            os.path.join(os.path.dirname(__file__), "_lock_worker.py"), str(tmp_path), timeout=180
+        )
+    finally:
+        held.release()
+    for rank in (0, 1):
+        assert "is in use by another run" in (tmp_path / f"rank{rank}.txt").read_text(), rank
