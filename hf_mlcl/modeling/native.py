@@ -67,6 +67,18 @@ def _save_right_padded(tokenizer: Any, folder: str) -> None:
         right.save_pretrained(folder)
 
 
+def _source_tokenizer(folder: str, tokenizer: Any, target: str | None) -> Any:
+    """``tokenizer``; for a new folder ``target`` given none, the tokenizer saved in ``folder`` (None where it has
+    none), so that the new folder loads on its own."""
+    if tokenizer is not None or target is None or os.path.abspath(target) == os.path.abspath(folder):
+        return tokenizer
+    if not os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def _remove_hf_mlcl_files(folder: str, *extra: str) -> None:
     """Remove the remote-code files (and ``extra`` names) a native folder no longer needs, where present."""
     for name in ("configuration_mlcl.py", "modeling_mlcl.py", *extra):
@@ -119,7 +131,8 @@ def to_sentence_transformers(
             (:func:`~hf_mlcl.modeling.native_mlcl.write_sentence_transformers_files`).
         tokenizer: the encoder's tokenizer, saved into the folder padding on the right: consumers number
             positions from the first token, which for a decoder gives hf_mlcl's states only without left padding.
-        target: write the new folder there instead (``folder`` is then only read); default: ``folder``.
+        target: write the new folder there instead (``folder`` is then only read; without ``tokenizer``, the
+            one saved in ``folder`` goes with it); default: ``folder``.
 
     Returns:
         True when written; False (nothing written) for an encoder that has no such form (a segmented PLM-ICD
@@ -130,6 +143,7 @@ def to_sentence_transformers(
             converted), or ``embedding`` is not ``"pooled"`` or ``"projected"``.
     """
     config = _mlcl_config(folder, "encoder")
+    tokenizer = _source_tokenizer(folder, tokenizer, target)
     if native_encoder_reason(config) is not None:
         return False
     state = _saved_state(folder)
@@ -190,7 +204,8 @@ def to_native_classifier(
         folder: the classifier folder (``model_type`` mlcl in its ``config.json``).
         tokenizer: the classifier's tokenizer, saved into the folder padding on the right (as in
             :func:`to_sentence_transformers`).
-        target: write the new folder there instead (``folder`` is then only read); default: ``folder``.
+        target: write the new folder there instead (``folder`` is then only read; without ``tokenizer``, the
+            one saved in ``folder`` goes with it); default: ``folder``.
         max_seq_length: the token length the classifier was trained at (a sentence-transformers folder
             truncates there).
 
@@ -215,6 +230,7 @@ def to_native_classifier(
     )
 
     config = _mlcl_config(folder, "classifier")
+    tokenizer = _source_tokenizer(folder, tokenizer, target)
     if native_classifier_reason(config) is None:
         state = _saved_state(folder)
         head = {k[len(_CLASSIFIER) :]: v for k, v in state.items() if k.startswith(_CLASSIFIER)}

@@ -190,3 +190,21 @@ def test_the_converters_say_what_a_folder_holds(tmp_path, tiny_bert_config, bert
     (tmp_path / "other" / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ValueError, match="holds no hf_mlcl model"):
         to_native_classifier(str(tmp_path / "other"))
+
+
+def test_a_converted_copy_takes_the_saved_tokenizer_along(tmp_path, tiny_bert_config, bert_tokenizer):
+    """to_sentence_transformers(..., target=...) without a tokenizer: the folder's own goes with the copy, which
+    sentence-transformers then loads on its own."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_mlcl.modeling.native import to_sentence_transformers
+
+    torch.manual_seed(0)
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="cls", projection_dim=8).eval()
+    encoder.save_pretrained(tmp_path / "enc")
+    bert_tokenizer.save_pretrained(tmp_path / "enc")
+    assert to_sentence_transformers(str(tmp_path / "enc"), target=str(tmp_path / "st"))
+    loaded = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    # without tokenizer files transformers builds a default tokenizer of a few tokens, and loading still works
+    assert loaded.tokenizer.get_vocab() == bert_tokenizer.get_vocab()
+    assert loaded.encode(TEXTS).shape == (len(TEXTS), 32)
