@@ -50,6 +50,20 @@ def _tiny_recipe(tmp_path):
     return str(tiny)
 
 
+def _run_command(tmp_path, data: str, out) -> list[str]:
+    """``hf-mlcl run`` of the tiny recipe on the CSV ``data`` into ``out``, without progress bars."""
+    return [
+        "run",
+        _tiny_recipe(tmp_path),
+        "--dataset",
+        data,
+        "--output_dir",
+        str(out),
+        "--disable_tqdm",
+        "true",
+    ]
+
+
 def test_my_csv_recipe_parses_with_its_data_keys():
     recipe = load_recipe(RECIPE)
     model_args, data_args, args = parse_stage(recipe, "contrastive")
@@ -169,19 +183,7 @@ def test_a_dataset_smaller_than_one_batch_stops_before_training(tmp_path, capsys
     data = _tiny_csv(tmp_path / "ten.csv", n=10)
     out = tmp_path / "run"
     capsys.readouterr()
-    rc = main(
-        [
-            "run",
-            _tiny_recipe(tmp_path),
-            "--dataset",
-            data,
-            "--output_dir",
-            str(out),
-            "--disable_tqdm",
-            "true",
-            *extra,
-        ]
-    )
+    rc = main([*_run_command(tmp_path, data, out), *extra])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("hf-mlcl run: error: the train split has 9 rows, fewer than one batch of 32 ")
@@ -214,17 +216,7 @@ def test_a_stage_without_an_optimizer_step_saves_no_model(tmp_path, capsys):
     leaves the run in the folder as it was."""
     data = _tiny_csv(tmp_path / "my_data.csv")
     out = tmp_path / "run"
-    run = [
-        "run",
-        _tiny_recipe(tmp_path),
-        "--dataset",
-        data,
-        "--output_dir",
-        str(out),
-        "--disable_tqdm",
-        "true",
-    ]
-    run += ["--per_device_train_batch_size", "16"]
+    run = [*_run_command(tmp_path, data, out), "--per_device_train_batch_size", "16"]
     assert main([*run, "--contrastive.num_train_epochs", "0"]) == 2
     assert "stage 1 (contrastive) would train no step (num_train_epochs 0.0" in capsys.readouterr().err
     assert not out.exists()
@@ -284,8 +276,8 @@ def test_a_pushed_run_names_no_path_of_this_machine(tmp_path):
 
     data = _tiny_csv(tmp_path / "my_data.csv")
     out = str(tmp_path / "run")
-    argv = ["run", _tiny_recipe(tmp_path), "--dataset", data, "--output_dir", out, "--max_steps", "2"]
-    assert main([*argv, "--per_device_train_batch_size", "16", "--disable_tqdm", "true"]) == 0
+    argv = [*_run_command(tmp_path, data, out), "--max_steps", "2", "--per_device_train_batch_size", "16"]
+    assert main(argv) == 0
     for stage in ("encoder", "classifier"):
         api = FakeHfApi()
         push_folder(os.path.join(out, stage), f"someone/{stage}", api=api)
