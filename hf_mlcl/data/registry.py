@@ -331,6 +331,7 @@ def filter_by_ids(dataset: Dataset, ids: Iterable, id_column: str = "id") -> Dat
     if id_column not in dataset.column_names:
         raise ValueError(f"filter_by_ids: no {id_column!r} column (columns: {dataset.column_names})")
     wanted = pa.array(sorted({_norm_id(i) for i in ids}), type=pa.string())
-    col = dataset.data.column(id_column).cast(pa.string())
+    # the column as the dataset's rows see it (a shuffled or selected dataset maps its rows through indices)
+    col = dataset.with_format("arrow")[id_column].cast(pa.string())
     mask = pc.is_in(col, value_set=wanted).to_numpy(zero_copy_only=False)
     return dataset.select(np.flatnonzero(mask))
