@@ -149,6 +149,7 @@ def _load_folder_or_hub(source: str, config_name: str | None, revision: str | No
     """``datasets.load_dataset(source, config_name)``: a Hub id, or a local folder read the same way."""
     from datasets import load_dataset, load_from_disk
 
+    extra: dict[str, Any] = {}
     if os.path.isdir(source):
         if any(os.path.isfile(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")):
             loaded = load_from_disk(source)
@@ -159,8 +160,16 @@ def _load_folder_or_hub(source: str, config_name: str | None, revision: str | No
                     check_utf8(os.path.join(dirpath, f))
                 if f.lower().endswith((".csv", ".tsv")):
                     check_csv_fields(os.path.join(dirpath, f), "\t" if f.lower().endswith(".tsv") else ",")
+        data = [
+            f.lower()
+            for _, _, files in os.walk(source)
+            for f in files
+            if f.lower().endswith(tuple(FILE_FORMATS))
+        ]
+        if data and all(f.endswith((".csv", ".tsv")) for f in data):
+            extra["na_filter"] = False  # as for a single file: a text "NA" or "None" stays a string
     try:
-        loaded = load_dataset(source, config_name, revision=revision)
+        loaded = load_dataset(source, config_name, revision=revision, **extra)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         where = "local folder" if os.path.isdir(source) else "Hub dataset"
         raise ValueError(

@@ -224,6 +224,22 @@ def test_a_hub_shaped_folder_goes_through_load_dataset_with_its_config_and_the_h
     assert list(again["train"]["text"]) == list(dd["train"]["text"]) and label_names(again) == NAMES
 
 
+def test_a_folder_of_csv_files_keeps_na_and_none_cells_as_text_as_one_file_does(tmp_path):
+    """A text "None" and a label "NA" are strings in a folder of per-split CSV files, as in a single CSV file."""
+    rows = [("None", "NA;sports"), ("a match", "sports"), ("a vote", "politics"), ("a lab", "NA")] * 5
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for split in ("train", "validation", "test"):
+        with open(folder / f"{split}.csv", "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["text", "labels"])
+            writer.writerows(rows)
+    from_folder = load_mlc_dataset(str(folder), label_column="labels", label_format="delimited")
+    from_file = load_mlc_dataset(str(folder / "train.csv"), label_column="labels", label_format="delimited")
+    assert len(from_folder["train"]) == len(rows) and "None" in from_folder["train"]["text"]
+    assert label_names(from_folder) == label_names(from_file) == ["NA", "politics", "sports"]
+
+
 # ------------------------------------------------------------------------------------------ label rules
 def test_labels_seen_only_outside_train_are_named_or_dropped(tmp_path, caplog):
     train = _write_csv(tmp_path / "train.csv", ROWS[:6])

@@ -345,7 +345,9 @@ def test_mimic3_resplit_by_hadm_id_lists(mimic3_dir, tmp_path):
     full = load_mlc_dataset("mimic3", data_dir=mimic3_dir)["train"]
     sub = filter_by_hadm_ids(full, ids_dir / "train_full_hadm_ids.csv")
     assert sub["id"] == ["101", "103"] and sub.features == full.features
-    shuffled = full.shuffle(seed=0)  # rows mapped through indices: the filter reads the ids as the rows see them
+    shuffled = full.shuffle(
+        seed=0
+    )  # rows mapped through indices: the filter reads the ids as the rows see them
     assert sorted(filter_by_hadm_ids(shuffled, ["101", "103"])["id"]) == ["101", "103"]
     assert filter_by_hadm_ids(full.select([1, 0]), ["101"])["id"] == ["101"]
 
