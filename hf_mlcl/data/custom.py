@@ -271,10 +271,16 @@ def data_notes(dataset: DatasetDict | Dataset) -> list[str]:
 
 
 def carve_split(
-    dd: DatasetDict, new: str, fraction: float, seed: int, strategy: str = "random"
+    dd: DatasetDict,
+    new: str,
+    fraction: float,
+    seed: int,
+    strategy: str = "random",
+    of_rows: int | None = None,
 ) -> DatasetDict:
     """Move a seeded ``fraction`` of train into split ``new`` (logged and recorded with the split): rows
-    drawn at random, or by iterative stratification of the labels (``strategy="stratified"``)."""
+    drawn at random, or by iterative stratification of the labels (``strategy="stratified"``). ``of_rows``: the
+    row count the fraction is a share of (default: train's; the train split as given, before an earlier carve)."""
     if strategy not in SPLIT_STRATEGIES:
         raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {strategy!r}")
     if not 0.0 < fraction < 1.0:
@@ -282,7 +288,7 @@ def carve_split(
             f"{new}_fraction must lie in (0, 1) to carve a {new} split from train; got {fraction}"
         )
     train = dd["train"]
-    n_new = int(round(len(train) * fraction))
+    n_new = int(round((len(train) if of_rows is None else of_rows) * fraction))
     if n_new < 1 or len(train) - n_new < 1:
         raise ValueError(
             f"cannot carve a {new} split ({fraction:.0%}) from a train split of {len(train)} rows; "
@@ -290,7 +296,8 @@ def carve_split(
         )
     if strategy == "stratified":
         rows = train.with_format("arrow")["labels"].to_pylist()
-        keep, carved = stratified_carve(rows, fraction, seed, len(train.features["labels"].feature.names))
+        share = n_new / len(train)
+        keep, carved = stratified_carve(rows, share, seed, len(train.features["labels"].feature.names))
         n_new = len(carved)
         if n_new < 1 or len(keep) < 1:
             raise ValueError(
@@ -436,12 +443,14 @@ def _carved_and_selected(
 ) -> DatasetDict:
     """A missing validation split carved from train (a test split too with ``test_fraction``; at random or
     stratified, ``split_strategy``), then only the ``splits`` asked for (ValueError naming one that does not
-    exist)."""
+    exist). Both fractions are shares of the train split as given: 1,000 rows with 0.1 and 0.2 give 700 / 100
+    / 200."""
     wanted = normalize_splits(splits) if splits is not None else None
+    given = len(dd["train"]) if "train" in dd else None  # both fractions are shares of it
     if "validation" not in dd and (wanted is None or "validation" in wanted):
         dd = carve_split(dd, "validation", validation_fraction, split_seed, split_strategy)
     if "test" not in dd and test_fraction and (wanted is None or "test" in wanted):
-        dd = carve_split(dd, "test", test_fraction, split_seed, split_strategy)
+        dd = carve_split(dd, "test", test_fraction, split_seed, split_strategy, of_rows=given)
     if wanted is not None:
         absent = [s for s in wanted if s not in dd]
         if absent:

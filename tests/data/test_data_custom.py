@@ -74,6 +74,9 @@ def test_one_csv_with_delimited_labels_carves_a_seeded_validation_split(tmp_path
     # a test split is carved only on request; without one there is none (no test metrics)
     three = load_mlc_dataset(path, validation_fraction=0.2, test_fraction=0.2)
     assert [len(three[s]) for s in ("train", "validation", "test")] == [6, 2, 2]
+    # both fractions are shares of the train split as given (the test carve is not a share of what is left)
+    half = load_mlc_dataset(path, validation_fraction=0.5, test_fraction=0.3)
+    assert [len(half[s]) for s in ("train", "validation", "test")] == [2, 5, 3]
 
 
 def test_tsv_per_split_with_a_dev_alias_and_id_labels_named_by_a_file(tmp_path):
