@@ -11,7 +11,7 @@ import numpy as np
 
 from hf_mlcl.evaluation.inputs import check_true
 
-__all__ = ["count_below", "ge_within", "reference_positives"]
+__all__ = ["count_below", "expected_in_top", "ge_within", "reference_positives", "tied_counts"]
 
 
 def reference_positives(references: Any, rows: int, num_labels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,6 +57,24 @@ def count_below(sorted_rows: np.ndarray, rows: np.ndarray, values: np.ndarray) -
         lo = np.where(below, mid + 1, lo)
         hi = np.where(active & ~below, mid, hi)
     return lo
+
+
+def tied_counts(
+    sorted_rows: np.ndarray, rows: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each (row, value) of ``sorted_rows`` (ascending): the entries of the row above ``value``, and those
+    equal to it (the value itself included when it is an entry)."""
+    above = np.nextafter(values, np.array(np.inf, dtype=values.dtype))  # the next representable score
+    n_lt = count_below(sorted_rows, rows, values)
+    n_le = count_below(sorted_rows, rows, above)
+    return sorted_rows.shape[1] - n_le, n_le - n_lt
+
+
+def expected_in_top(n_above: np.ndarray, n_tied: np.ndarray, depth: Any) -> np.ndarray:
+    """The chance that a label with ``n_above`` labels scored above it and ``n_tied`` scored as it (itself
+    included) is among the ``depth`` top-scored labels when tied labels come in random order:
+    ``clip((depth - n_above) / n_tied, 0, 1)``, 1 or 0 without a tie (broadcasts)."""
+    return np.clip((np.asarray(depth) - n_above) / n_tied, 0.0, 1.0)
 
 
 def ge_within(groups: np.ndarray, values: np.ndarray) -> np.ndarray:

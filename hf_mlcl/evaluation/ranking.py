@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hf_mlcl.evaluation.inputs import rows_per_chunk
+from hf_mlcl.evaluation.positives import expected_in_top, tied_counts
 
 __all__ = [
     "decode_u32",
@@ -177,19 +178,23 @@ def micro_auc(yt: np.ndarray, ys: np.ndarray) -> float:
 
 
 def ranked_hits(yt: np.ndarray, ys: np.ndarray, depth: int) -> np.ndarray:
-    """(N, depth) cumulative count of true labels among each example's ``depth`` top-scored labels."""
+    """(N, depth) float: the count of true labels among each example's d top-scored labels, d = 1 .. depth. A
+    true label tied with others across the cut counts with its chance of being above it when tied labels come in
+    random order (:func:`~hf_mlcl.evaluation.positives.expected_in_top`): the count depends on no order among
+    tied labels, is the plain count without ties, and equals
+    :class:`~hf_mlcl.evaluation.MultiLabelAccumulator`'s."""
     n, num_labels = ys.shape
     depth = min(depth, num_labels)
-    out = np.empty((n, depth), dtype=np.int64)
+    out = np.zeros((n, depth), dtype=np.float64)
+    cut = np.arange(1, depth + 1)
     step = rows_per_chunk(num_labels)
     for r0 in range(0, n, step):
         s = ys[r0 : r0 + step]
-        neg = -s
-        if depth < num_labels:
-            cand = np.argpartition(neg, depth - 1, axis=1)[:, :depth]
-        else:
-            cand = np.broadcast_to(np.arange(num_labels), s.shape)
-        order = np.argsort(np.take_along_axis(neg, cand, axis=1), axis=1, kind="stable")
-        top = np.take_along_axis(cand, order, axis=1)
-        out[r0 : r0 + step] = np.cumsum(np.take_along_axis(yt[r0 : r0 + step], top, axis=1), axis=1)
+        rows, cols = np.nonzero(yt[r0 : r0 + step])  # row-major: each row's positives together
+        if rows.size == 0:
+            continue
+        above, tied = tied_counts(np.sort(s, axis=1), rows, s[rows, cols])
+        chance = expected_in_top(above[:, None], tied[:, None], cut[None, :])  # (positives, depth)
+        first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        out[r0 + rows[first]] = np.add.reduceat(chance, first, axis=0)
     return out

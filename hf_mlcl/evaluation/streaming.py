@@ -24,7 +24,7 @@ from hf_mlcl.evaluation import inputs as _inputs
 from hf_mlcl.evaluation.exact_columns import best_cuts, exact_columns
 from hf_mlcl.evaluation.inputs import check_ks, mean_or_nan, safe_div, sigmoid, to_numpy
 from hf_mlcl.evaluation.metrics import DEFAULT_KS, metric_keys
-from hf_mlcl.evaluation.positives import count_below, ge_within, reference_positives
+from hf_mlcl.evaluation.positives import expected_in_top, ge_within, reference_positives, tied_counts
 from hf_mlcl.evaluation.score_histograms import HISTOGRAM_KEYS, ScoreHistograms
 from hf_mlcl.evaluation.thresholds import threshold_grid
 
@@ -78,7 +78,7 @@ class MultiLabelAccumulator:
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_rows = 0
         self._store: list[np.ndarray] | None = []  # the raw inputs, while exact
-        self._pos: dict[str, list[np.ndarray]] = {k: [] for k in ("row", "col", "score", "n_ge")}
+        self._pos: dict[str, list[np.ndarray]] = {k: [] for k in ("row", "col", "score", "above", "tied")}
         self._row_ge: list[np.ndarray] = []  # per row: predictions at each counted threshold
         self._columns: Any = None  # (per-label AP, per-label AUC, micro AUC), once computed
         self._bounds: dict[str, tuple[float, float]] = {}
@@ -183,11 +183,12 @@ class MultiLabelAccumulator:
             v["label"] += np.count_nonzero(pred, axis=0)
             v["row"].append(np.count_nonzero(pred, axis=1))
         values = s[rows, cols]
-        n_lt = count_below(np.sort(s, axis=1), rows, values)
+        above, tied = tied_counts(np.sort(s, axis=1), rows, values)
         self._pos["row"].append(rows + self._rows_done)
         self._pos["col"].append(cols.astype(np.int32))
         self._pos["score"].append(values)
-        self._pos["n_ge"].append((num_labels - n_lt).astype(np.int32))
+        self._pos["above"].append(above.astype(np.int32))
+        self._pos["tied"].append(tied.astype(np.int32))
         self._rows_done += n
         if self._store is not None:
             if self._rows_done * num_labels > self.exact_cells:
@@ -310,13 +311,18 @@ class MultiLabelAccumulator:
         out["micro_auc"] = mauc
         out["macro_auc"] = mean_or_nan(auc_l[~np.isnan(auc_l)])
 
-        n_ge = self._p("n_ge")  # labels of the row scored >= the positive: its rank when there is no tie
+        above, tied = self._p("above"), self._p("tied")  # labels of the row scored above / as the positive
+        n_ge = above + tied  # its rank when there is no tie
+
+        def hits(depth: Any) -> np.ndarray:  # per row: its positives among its `depth` top-scored labels
+            return np.bincount(rows, weights=expected_in_top(above, tied, depth), minlength=n)
+
         for k in self.ks:
             kk = min(k, num_labels)
-            out[f"p@{k}"] = float(np.mean(np.bincount(rows[n_ge <= kk], minlength=n) / kk))
+            out[f"p@{k}"] = float(np.mean(hits(kk) / kk))
         for k in self.ks:
             kk = min(k, num_labels)
-            out[f"r@{k}"] = float(np.mean(safe_div(np.bincount(rows[n_ge <= kk], minlength=n), true_e, zd)))
+            out[f"r@{k}"] = float(np.mean(safe_div(hits(kk), true_e, zd)))
 
         out["map_label"] = mean_or_nan(ap_l[~np.isnan(ap_l)])
         pos_ge = ge_within(rows, pscore)
@@ -331,7 +337,7 @@ class MultiLabelAccumulator:
             fp_fn = (pred_e - tp_e) + (true_e - tp_e)
             out["example_f1"] = float(np.mean(safe_div(2 * tp_e, pred_e + true_e, zd)))
             out["subset_accuracy"] = float(np.mean(fp_fn == 0))
-        hits_at_r = np.bincount(rows[n_ge <= true_e[rows]], minlength=n)
+        hits_at_r = hits(true_e[rows])
         out["r_precision"] = float(np.mean(safe_div(np.where(true_e > 0, hits_at_r, 0), true_e, zd)))
         return {k: out[k] for k in metric_keys(self.ks)}
 

@@ -101,7 +101,7 @@ def test_against_sklearn(ties):
     ref = _sklearn_reference(y, s)
     for key, value in ref.items():
         if key.startswith(("p@", "r@", "r_precision")) and ties:
-            continue  # top-k tie-breaking is arbitrary by definition
+            continue  # sklearn's argsort orders tied labels by position; ours averages over their orders
         assert out[key] == pytest.approx(value, abs=1e-12), key
 
 
@@ -322,3 +322,37 @@ def test_sort_free_ap_auc_equals_argsort_path(seed):
     if seed % 2 == 0:  # without ties the tiny jitter changes no ranking
         for key in ("micro_auc", "macro_auc", "map_label", "map_example"):
             assert out32[key] == pytest.approx(out64[key], abs=1e-12), key
+
+
+def test_top_k_of_tied_scores_is_the_mean_over_every_order_of_the_tied_labels():
+    """P@k, R@k and R-precision with ties equal their mean over every order of the tied labels (each order one
+    argsort ranking), and the plain argsort values without ties."""
+    import itertools
+
+    y = np.array([[1, 0, 1, 0, 0], [0, 1, 0, 0, 1], [1, 1, 0, 0, 0], [0, 0, 0, 1, 0]], dtype=bool)
+    s = np.array(
+        [
+            [0.9, 0.9, 0.9, 0.2, 0.1],
+            [0.5, 0.5, 0.3, 0.3, 0.3],
+            [1.0, 1.0, 1.0, 1.0, 0.0],
+            [0.4, 0.3, 0.2, 0.8, 0.1],
+        ]
+    )
+    ks = (1, 2, 3)
+    got = compute_multilabel_metrics(y, s, ks=ks)
+    per_row = []
+    for yi, si in zip(y, s):
+        values = []
+        for order in itertools.permutations(range(5)):  # tie-break by this order of the labels
+            ranking = sorted(range(5), key=lambda j: (-si[j], order.index(j)))
+            hit = np.cumsum(yi[ranking])
+            values.append(
+                [hit[k - 1] / k for k in ks]
+                + [hit[k - 1] / yi.sum() for k in ks]
+                + [hit[yi.sum() - 1] / yi.sum()]
+            )
+        per_row.append(np.mean(values, axis=0))
+    want = np.mean(per_row, axis=0)
+    keys = [f"p@{k}" for k in ks] + [f"r@{k}" for k in ks] + ["r_precision"]
+    assert [got[key] for key in keys] == pytest.approx(list(want), abs=1e-12)
+    assert got["p@1"] == pytest.approx((2 / 3 + 1 / 2 + 1 / 2 + 1) / 4)  # row 3: 2 of 4 tied labels are true
