@@ -85,7 +85,7 @@ def cmd_train(ns, overrides) -> dict:
 def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
     from hf_mlcl.modeling.builders import holds_a_model
-    from hf_mlcl.recipes import parse_stage, stage_output_dir
+    from hf_mlcl.recipes import parse_stage, recipe_stages, stage_output_dir
     from hf_mlcl.training import stages
     from hf_mlcl.training.preflight import check_stage
 
@@ -93,10 +93,15 @@ def cmd_probe(ns, overrides) -> dict:
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
     check_stage(args)
     encoder = ns.encoder_path
-    if encoder is None and "contrastive" in recipe.get("stages", ["contrastive"]):
+    if encoder is None and "contrastive" in recipe_stages(recipe):
         default = stage_output_dir(recipe, "contrastive")
         if holds_a_model(default):
             encoder = default  # a saved encoder: its own weights, or an adapter over its base
+        elif args.process_index == 0:
+            print(
+                f"no encoder in {default}: the head goes on {model_args.model_name_or_path or 'the recipe model'} "
+                "(the supervised baseline); pass --encoder_path for an encoder trained elsewhere"
+            )
     _check_models(model_args, encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
@@ -113,15 +118,28 @@ def cmd_probe(ns, overrides) -> dict:
 
 def cmd_run(ns, overrides) -> dict:
     """Both stages (as the recipe's ``stages`` says), test evaluation with plots, cards, optional push."""
-    from hf_mlcl.recipes import CLASSIFIER_STAGES, STAGES, parse_stage, recipe_stages, stage_output_dir
+    from hf_mlcl.recipes import (
+        CLASSIFIER_STAGES,
+        STAGES,
+        RecipeError,
+        parse_stage,
+        recipe_stages,
+        stage_output_dir,
+    )
     from hf_mlcl.training import stages as S
     from hf_mlcl.training.preflight import check_stage
     from hf_mlcl.training.run_lock import RunLock
 
     recipe, _ = _load(ns.recipe, [], STAGES)
     names = recipe_stages(recipe)
-    final = next((s for s in names if s in CLASSIFIER_STAGES), "probe")  # the stage writing the classifier
-    _, ov = _load(None, overrides, [*names, final] if final not in names else names)
+    final = next((s for s in names if s in CLASSIFIER_STAGES), None)  # the stage writing the classifier
+    if final is None:
+        raise RecipeError(
+            f"{ns.recipe} runs no classifier stage (stages: {names}): hf-mlcl run trains the recipe's stages and "
+            f"scores the classifier on test; add probe or joint to its stages, or train the encoder alone with "
+            f"hf-mlcl train {ns.recipe}"
+        )
+    _, ov = _load(None, overrides, names)
     parsed = {s: parse_stage(recipe, s, ov) for s in names if s == "contrastive"}
     parsed[final] = parse_stage(recipe, final, ov)
     if ns.push_to:  # before any training: a push that cannot work must not cost two stages

@@ -235,11 +235,17 @@ class Overrides:
     output_dir: str | None = None
 
 
+def _not_run(stage: str, stages: Sequence[str]) -> str:
+    """Why an override of ``stage``'s options does nothing in a command that runs ``stages``."""
+    return f"an option of the {stage} stage, which this command does not run (it runs {' and '.join(stages)})"
+
+
 def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:
     """Route ``--key value`` tokens: model/data keys to every parser, ``--probe.key`` to one stage,
     an unprefixed training key to every stage in ``stages``; ``--output_dir`` is the run root.
 
-    Raises RecipeError for a token that is not an option or a key no scope knows.
+    Raises RecipeError for a token that is not an option, a key no scope knows, or a key of a stage that is
+    not in ``stages`` (it would do nothing).
     """
     out = Overrides()
     common = common_keys()
@@ -264,6 +270,8 @@ def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:
                 )
             if key not in stage_keys(prefix):
                 raise _unknown(key, stage_keys(prefix), f"--{prefix}.*")
+            if prefix not in stages:
+                raise RecipeError(f"--{name}: {_not_run(prefix, stages)}")
             out.stage[prefix] += [f"--{key}", *values]
         elif name == "output_dir":
             if len(values) != 1:
@@ -274,6 +282,9 @@ def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:
         else:
             targets = [s for s in stages if name in stage_keys(s)]
             if not targets:
+                elsewhere = [s for s in STAGES if name in stage_keys(s)]
+                if elsewhere:
+                    raise RecipeError(f"--{name}: {_not_run(' / '.join(elsewhere), stages)}")
                 allowed = common | set().union(*(stage_keys(s) for s in STAGES))
                 raise _unknown(name, allowed, "the command-line overrides")
             for s in targets:

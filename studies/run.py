@@ -266,7 +266,7 @@ def run_cell(
     if stage1_trained:
         encoder_path = os.path.join(run_dir, "encoder")
         done = os.path.join(encoder_path, "metrics.json")
-        ov = split_overrides([*tokens, "--max_eval_samples", "256"], ["contrastive"])
+        ov = split_overrides([*tokens, "--max_eval_samples", "256"], ["contrastive", stage2])
         _, _, c_args = parse_stage(recipe, "contrastive", ov, output_dir=encoder_path)
         result["contrastive_args"] = {
             k: getattr(c_args, k)
@@ -304,7 +304,7 @@ def run_cell(
 
     if probe in ("logistic", "linear"):  # frozen features on disk: the second probe of an encoder loads them
         tokens = [*tokens, "--probe.feature_cache_dir", os.path.join(paths.RUNS, dataset, "features")]
-    ov = split_overrides(tokens, [stage2])
+    ov = split_overrides(tokens, ["contrastive", stage2])  # the cell's tokens name both stages
     probe_dir = os.path.join(run_dir, probe + (f"-{tag}" if tag else ""))
     m_args, d_args, p_args = parse_stage(recipe, stage2, ov, output_dir=probe_dir)
     if loss == "bce":

@@ -695,3 +695,24 @@ def test_probe_prints_its_metrics_and_footprint(tmp_path, capsys):
         printed
     )
     assert printed[-1].startswith(f"{out}: ") and printed[-1].endswith("B")
+
+
+def test_an_override_of_a_stage_the_command_does_not_run_is_an_error(tmp_path, capsys):
+    """`train` runs stage 1 only: a probe option, prefixed or not, would do nothing, so it stops in one line that
+    names the stage; a recipe without a classifier stage is not `run` (it would have gained a probe)."""
+    out = str(tmp_path / "enc")
+    for extra, message in (
+        (["--probe.learning_rate", "0.5"], "--probe.learning_rate: an option of the probe stage, which this"),
+        (
+            ["--threshold", "0.3"],
+            "--threshold: an option of the probe / joint stage, which this command does not",
+        ),
+    ):
+        assert main(["train", RECIPE, "--output_dir", out, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "(it runs contrastive)" in err[0], err
+    encoder_only = tmp_path / "encoder_only.yaml"
+    encoder_only.write_text(f"_base_: {RECIPE}\nstages: [contrastive]\n", encoding="utf-8")
+    assert main(["run", str(encoder_only), "--output_dir", str(tmp_path / "run")]) == 2
+    assert "runs no classifier stage (stages: ['contrastive'])" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run") and not os.path.exists(out)
