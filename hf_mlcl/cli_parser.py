@@ -100,13 +100,20 @@ def override_keys_help(stages: Sequence[str]) -> str:
         parts.append(
             "  --output_dir                     the run's root folder (run) or the stage's folder (train, probe)"
         )
+    scope = (
+        [
+            "All keys: every field of ModelArguments, DataArguments and the training arguments of the stages",
+            "this command runs (hf_mlcl.training.arguments; they subclass transformers.TrainingArguments, so all",
+            "of its fields work too); an option of a stage it does not run is an error.",
+        ]
+        if stages
+        else ["All keys: every field of ModelArguments and DataArguments (hf_mlcl.training.arguments)."]
+    )
     parts += [
         "",
-        "All keys: every field of ModelArguments, DataArguments, ContrastiveTrainingArguments,",
-        "ProbingTrainingArguments and JointTrainingArguments in hf_mlcl.training.arguments (the last three",
-        "subclass transformers.TrainingArguments, so all of its fields work too); see docs/usage.md",
-        "(Recipes, Data). Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A misspelt key fails",
-        "with the nearest valid name.",
+        *scope,
+        "See docs/usage.md (Recipes, Data). Mappings as JSON: --dataset_options '{\"num_labels\": 6}'. A",
+        "misspelt key fails with the nearest valid name.",
     ]
     return "\n".join(parts)
 
