@@ -237,7 +237,8 @@ class Overrides:
 
 def _not_run(stage: str, stages: Sequence[str]) -> str:
     """Why an override of ``stage``'s options does nothing in a command that runs ``stages``."""
-    return f"an option of the {stage} stage, which this command does not run (it runs {' and '.join(stages)})"
+    runs = f"it runs {' and '.join(stages)}" if stages else "it trains nothing"
+    return f"an option of the {stage} stage, which this command does not run ({runs})"
 
 
 def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:

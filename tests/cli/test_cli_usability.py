@@ -712,6 +712,8 @@ def test_an_override_of_a_stage_the_command_does_not_run_is_an_error(tmp_path, c
         assert main(["train", RECIPE, "--output_dir", out, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0] and "(it runs contrastive)" in err[0], err
+    assert main(["evaluate", str(tmp_path), "--learning_rate", "0.5"]) == 2  # evaluate trains nothing
+    assert "--learning_rate: an option of the contrastive / probe / joint stage" in capsys.readouterr().err
     encoder_only = tmp_path / "encoder_only.yaml"
     encoder_only.write_text(f"_base_: {RECIPE}\nstages: [contrastive]\n", encoding="utf-8")
     assert main(["run", str(encoder_only), "--output_dir", str(tmp_path / "run")]) == 2
