@@ -78,7 +78,7 @@ def cmd_train(ns, overrides) -> dict:
     check_stage(args)
     _check_models(model_args)
     result = stages.run_contrastive_stage(model_args, data_args, args)
-    print(f"encoder saved to {args.output_dir}")
+    say(f"encoder saved to {args.output_dir}")
     return result.metrics
 
 
@@ -235,11 +235,18 @@ def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:
     return recipe
 
 
+def _no_overrides(overrides: Sequence[str]) -> None:
+    """Commands that take no recipe keys: extra arguments are bad input (exit status 2)."""
+    from hf_mlcl.recipes import RecipeError
+
+    if overrides:
+        raise RecipeError(f"unexpected arguments {list(overrides)}")
+
+
 def cmd_predict(ns, overrides) -> dict:
     from hf_mlcl.prediction import predict_file
 
-    if overrides:
-        raise SystemExit(f"hf-mlcl predict: unexpected arguments {overrides}")
+    _no_overrides(overrides)
     summary = predict_file(
         ns.classifier,
         ns.input,
@@ -260,8 +267,7 @@ def cmd_predict(ns, overrides) -> dict:
 def cmd_export(ns, overrides) -> dict:
     from hf_mlcl.onnx_export import export_onnx
 
-    if overrides:
-        raise SystemExit(f"hf-mlcl export: unexpected arguments {overrides}")
+    _no_overrides(overrides)
     info = export_onnx(ns.folder, opset=ns.opset)
     say(f"exported the {info['kind']} to {info['path']} (inputs {info['inputs']}, outputs {info['outputs']})")
     return info
@@ -270,8 +276,7 @@ def cmd_export(ns, overrides) -> dict:
 def cmd_push(ns, overrides) -> dict:
     from hf_mlcl.hub import check_pushable, push_folder
 
-    if overrides:
-        raise SystemExit(f"hf-mlcl push: unexpected arguments {overrides}")
+    _no_overrides(overrides)
     check_pushable(ns.folder)  # what is wrong with the folder first, then with the Hub
     _check_push(ns.repo_id, token=ns.token)
     info = push_folder(ns.folder, ns.repo_id, token=ns.token, private=ns.private, revision=ns.revision)
@@ -282,8 +287,7 @@ def cmd_push(ns, overrides) -> dict:
 def cmd_demo(ns, overrides) -> dict:
     from hf_mlcl.demo import run_demo
 
-    if overrides:
-        raise SystemExit(f"hf-mlcl demo: unexpected arguments {overrides}")
+    _no_overrides(overrides)
     return run_demo(
         output_dir=ns.output_dir,
         dataset=ns.dataset,

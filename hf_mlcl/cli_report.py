@@ -20,11 +20,15 @@ def say(msg: str) -> None:
 def announce(i: int, n: int, name: str, args, result) -> None:
     """``hf-mlcl run``'s lines around a stage: a header before it, where its model went after it."""
     if result is None:
-        what = (
-            f"contrastive training of the encoder (loss: {args.loss})"
-            if name == "contrastive"
-            else "multi-label head on the encoder"
-        )
+        if name == "contrastive":
+            what = f"contrastive training of the encoder (loss: {args.loss})"
+        elif name == "joint":
+            what = (
+                f"joint fine-tune of encoder and head ((1 - w) {args.supervised_loss} + w {args.loss}, "
+                f"w = {args.contrastive_weight})"
+            )
+        else:
+            what = "multi-label head on the encoder"
         say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {args.output_dir}")
     else:
         say(f"{'encoder' if name == 'contrastive' else 'classifier'} saved to {args.output_dir}")

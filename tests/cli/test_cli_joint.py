@@ -34,11 +34,18 @@ joint:
 
 @pytest.fixture(scope="module")
 def joint_run(tmp_path_factory):
+    import contextlib
+    import io
+
     work = tmp_path_factory.mktemp("joint")
     recipe = work / "joint.yaml"
     recipe.write_text(RECIPE, encoding="utf-8")
     out = str(work / "out")
-    assert main(["run", str(recipe), "--output_dir", out, "--disable_tqdm", "true"]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["run", str(recipe), "--output_dir", out, "--disable_tqdm", "true"]) == 0
+    header = "stage 1/1: joint fine-tune of encoder and head ((1 - w) bce + w mulsupcon, w = 0.4)"
+    assert header in printed.getvalue()
     return work, out
 
 

@@ -247,7 +247,9 @@ def test_subcommand_help_lists_the_overridable_keys(capsys, command, stages):
     if "contrastive" not in stages:
         assert "  --queue_size " not in out
     assert "All keys" in out and "docs/usage.md" in out
-    assert ("transformers.TrainingArguments" in out) == bool(stages)  # evaluate takes model and data keys only
+    assert ("transformers.TrainingArguments" in out) == bool(
+        stages
+    )  # evaluate takes model and data keys only
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
@@ -712,6 +714,9 @@ def test_an_override_of_a_stage_the_command_does_not_run_is_an_error(tmp_path, c
         assert main(["train", RECIPE, "--output_dir", out, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0] and "(it runs contrastive)" in err[0], err
+    for command in (["predict", str(tmp_path), "in.csv", "--output", "o.jsonl"], ["export", str(tmp_path)]):
+        assert main([*command, "--learning_rate", "0.5"]) == 2  # no recipe keys: bad input, status 2
+        assert "error: unexpected arguments ['--learning_rate', '0.5']" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path), "--learning_rate", "0.5"]) == 2  # evaluate trains nothing
     assert "--learning_rate: an option of the contrastive / probe / joint stage" in capsys.readouterr().err
     encoder_only = tmp_path / "encoder_only.yaml"
