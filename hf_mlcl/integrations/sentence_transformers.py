@@ -81,7 +81,9 @@ class MultiLabelContrastiveLoss(nn.Module):
             ``"auto"``: float / bool tensors are multi-hot; integer tensors are ids unless they are 0/1
             rows exactly ``num_labels`` wide (set the format when that could be ambiguous).
         gather_across_devices: contrast each process's anchors with the candidates of all processes
-            (an all-gather with gradient), as ``ContrastiveTrainer`` does under DDP.
+            (an all-gather with gradient), as ``ContrastiveTrainer`` does under DDP. Default False, as in
+            sentence-transformers' own losses (``MultipleNegativesRankingLoss``); hf_mlcl's trainers and
+            ``ContrastiveLossFunc`` default to True.
         temperature: tau (default: the loss paper's value).
         queue_size: K past keys among the candidates (0: in-batch only; module docstring).
         contrast_set: with a queue, ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the loss
