@@ -166,12 +166,14 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo; returns ``{"rows": [...], "table": str, "seconds": float, "output_dir": str, "baseline":
     {"learning_rate": float, "num_train_epochs": float}}`` (the BCE baseline's settings)."""
-    from hf_mlcl.losses import get_loss
+    from hf_mlcl.hub import check_model_source
+    from hf_mlcl.losses.registry import check_contrastive_loss
 
     start = _T0[0] = time.time()
     losses = list(losses)
-    for name in losses:
-        get_loss(name)  # unknown name -> ValueError listing the registered losses, before any work
+    for name in losses:  # before any work: a loss stage 1 cannot train, a model that cannot load
+        check_contrastive_loss(name, "--losses names stage 1's losses; the demo trains its BCE row itself")
+    check_model_source(model, "--model")
     with RunLock(output_dir):  # one demo per folder: a second one into it stops in one line
         os.makedirs(output_dir, exist_ok=True)
         plan = _plan(

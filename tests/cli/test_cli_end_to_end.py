@@ -206,11 +206,16 @@ def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
         (["train", RECIPE, "--probe.queue_size", "3"], "unknown key 'queue_size'"),
         (["train", "does/not/exist.yaml"], "recipe file not found"),
         (["demo", "--losses", "nope"], "nope"),
+        (["demo", "--losses", "zlpr"], "'zlpr' is a supervised loss"),
+        (["demo", "--model", "no/such-model-here"], "--model 'no/such-model-here'"),
     ],
 )
-def test_bad_input_exits_2_with_the_reason(argv, message, capsys):
+def test_bad_input_exits_2_with_the_reason(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a demo's default output folder goes there, and must stay empty
     assert main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert os.listdir(tmp_path) == []
 
 
 def test_module_entry_point_for_accelerate_launch(capsys):
