@@ -57,12 +57,14 @@ def _load(recipe_path: str | None, overrides: Sequence[str], stages: Sequence[st
     return recipe, split_overrides(overrides, stages)
 
 
-def _check_models(model_args, **folders: str | None) -> None:
-    """Before any training: each model / tokenizer / folder named exists locally or on a reachable Hub."""
+def _check_models(model_args, base: bool = True, **folders: str | None) -> None:
+    """Before any training: each model / tokenizer / folder named exists locally or on a reachable Hub (the
+    recipe's model only where the stage reads it, ``base``)."""
     from hf_mlcl.hub import check_model_source
 
     if model_args is not None:
-        check_model_source(model_args.model_name_or_path, "--model_name_or_path")
+        if base:
+            check_model_source(model_args.model_name_or_path, "--model_name_or_path")
         check_model_source(model_args.tokenizer_name_or_path, "--tokenizer_name_or_path")
     for flag, name in folders.items():
         check_model_source(name, f"--{flag}")
@@ -102,7 +104,11 @@ def cmd_probe(ns, overrides) -> dict:
                 f"no encoder in {default}: the head goes on {model_args.model_name_or_path or 'the recipe model'} "
                 "(the supervised baseline); pass --encoder_path for an encoder trained elsewhere"
             )
-    _check_models(model_args, encoder_path=encoder)
+    # an encoder folder with its tokenizer needs no recipe model (an adapter's base is named in the folder)
+    has_tokenizer = encoder is not None and any(
+        os.path.isfile(os.path.join(encoder, name)) for name in ("tokenizer.json", "tokenizer_config.json")
+    )
+    _check_models(model_args, base=not has_tokenizer, encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
         print(f"classifier saved to {args.output_dir}")

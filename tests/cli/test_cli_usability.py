@@ -114,6 +114,34 @@ def test_unreachable_hub_is_one_line(monkeypatch, capsys):
     assert "HF_HUB_OFFLINE=1" in capsys.readouterr().err
 
 
+def test_probe_on_an_encoder_folder_with_its_tokenizer_needs_no_recipe_model(monkeypatch, tmp_path, capsys):
+    """The recipe's model is not read when --encoder_path holds the encoder and its tokenizer: offline and
+    uncached, the probe starts; an encoder folder without a tokenizer still needs the recipe's model."""
+    import hf_mlcl.hub.locate as locate
+    import hf_mlcl.training.stages as stages
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(locate, "_in_cache", lambda repo_id: False)
+    started = []
+    monkeypatch.setattr(stages, "run_probe_stage", lambda *a, **k: started.append(a[3]) or _Stopped.throw())
+    encoder = tmp_path / "encoder"
+    encoder.mkdir()
+    (encoder / "config.json").write_text("{}")
+    argv = ["probe", RECIPE, "--model_name_or_path", "someone/some-model", "--encoder_path", str(encoder)]
+    assert main(argv) == 2
+    assert "HF_HUB_OFFLINE=1" in capsys.readouterr().err and not started  # no tokenizer: the model is read
+    (encoder / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(_Stopped):
+        main([*argv, "--output_dir", str(tmp_path / "clf")])
+    assert started == [str(encoder)]
+
+
+class _Stopped(Exception):
+    @classmethod
+    def throw(cls):
+        raise cls
+
+
 def test_existing_folder_and_cached_or_reachable_hub_id_pass(monkeypatch, tmp_path):
     import hf_mlcl.hub.locate as locate
 
