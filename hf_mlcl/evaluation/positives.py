@@ -16,7 +16,11 @@ __all__ = ["count_below", "expected_in_top", "ge_within", "reference_positives",
 
 def reference_positives(references: Any, rows: int, num_labels: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, label) of every positive of a batch, sorted by row then label, from a dense multi-hot
-    matrix (numpy / torch), a sparse one (torch, scipy) or a list of label-id lists (one per row)."""
+    matrix (numpy / torch), a sparse one (torch, scipy) or a list of label-id lists (one per row). A list of
+    equal rows is read by the rule of :func:`~hf_mlcl.labels.multihot.resolve_label_format` (float or bool
+    rows, or 0/1 integer rows ``num_labels`` wide, are multi-hot)."""
+    if isinstance(references, (list, tuple)) and _multi_hot_rows(references, num_labels):
+        references = np.asarray(references)
     if isinstance(references, (list, tuple)):
         ids = [np.asarray(r, dtype=np.int64).ravel() for r in references]
         if len(ids) != rows:
@@ -41,6 +45,21 @@ def reference_positives(references: Any, rows: int, num_labels: int) -> tuple[np
         raise ValueError(f"references have shape {y.shape}, predictions ({rows}, {num_labels}).")
     r, c = np.nonzero(y)
     return r.astype(np.int64), c.astype(np.int64)
+
+
+def _multi_hot_rows(rows: list | tuple, num_labels: int) -> bool:
+    """True when a list of label rows is a multi-hot matrix (the library's rule for a label batch)."""
+    import torch
+
+    from hf_mlcl.labels.multihot import resolve_label_format
+
+    try:
+        matrix = np.asarray(rows)
+    except ValueError:  # ragged: label-id lists
+        return False
+    if matrix.ndim != 2 or matrix.dtype == object or not matrix.size:
+        return False
+    return resolve_label_format(torch.as_tensor(matrix), num_labels) == "multi_hot"
 
 
 def count_below(sorted_rows: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:

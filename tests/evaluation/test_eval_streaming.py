@@ -109,6 +109,9 @@ def test_reference_formats_agree():
         torch.from_numpy(y.astype(np.float32)).to_sparse(),
         sp.csr_matrix(y.astype(np.int8)),
         [np.flatnonzero(row).tolist() for row in y],
+        y.astype(np.float32).tolist(),  # multi-hot rows as Python lists: floats, bools, 0/1 ints L wide
+        y.tolist(),
+        y.astype(np.int64).tolist(),
     ]
     results = []
     for ref in formats:
