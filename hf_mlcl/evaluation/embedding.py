@@ -81,7 +81,10 @@ def top_combination_clusters(
     """
     cid, counts, combos = label_combinations(labels)
     keep = np.array([c.size > 0 or include_empty for c in combos], dtype=bool)
-    if isinstance(top_k_combinations, (float, np.floating)) and not float(top_k_combinations).is_integer():
+    fraction = isinstance(top_k_combinations, (float, np.floating)) and (
+        float(top_k_combinations) <= 1.0 or not float(top_k_combinations).is_integer()
+    )  # a float in (0, 1] is a share (1.0: every combination); a whole float above 1 a count
+    if fraction:
         if not 0.0 < top_k_combinations <= 1.0:
             raise ValueError("a fractional top_k_combinations must lie in (0, 1], e.g. 0.5 for half of them.")
         k = max(1, int(round(float(top_k_combinations) * int(keep.sum()))))

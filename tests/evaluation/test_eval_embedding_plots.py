@@ -51,6 +51,8 @@ def test_top_combinations_int_fraction_and_empty():
     assert counts.tolist() == SIZES[:3]
     mask_half, _, combos_half, _ = top_combination_clusters(y, 0.5)  # Audibert et al. keep half
     assert len(combos_half) == 3 and np.array_equal(mask_half, mask)
+    assert len(top_combination_clusters(y, 1.0)[2]) == len(SIZES)  # the whole share: every combination
+    assert len(top_combination_clusters(y, 2.0)[2]) == 2  # a whole float above 1 is a count
     y2 = y.copy()
     y2[:100] = False  # 100 examples without labels: the most frequent "combination"
     _, _, combos_no_empty, _ = top_combination_clusters(y2, 2)
