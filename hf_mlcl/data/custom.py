@@ -196,7 +196,9 @@ def _read_source(source, data_files, config_name, revision, data_dir) -> tuple[D
             isinstance(data_files, Sequence) and not isinstance(data_files, Mapping)
         ):
             data_files = {"train": data_files}
-        return _load_files(dict(data_files), data_dir), f"data_files {dict(data_files)}"
+        # relative files: below data_dir, else below a folder given as the source
+        base = data_dir if data_dir is not None else (source if os.path.isdir(source) else None)
+        return _load_files(dict(data_files), base), f"data_files {dict(data_files)}"
     path = source if os.path.isabs(source) or data_dir is None else os.path.join(data_dir, source)
     if os.path.isfile(path):
         return _load_files({"train": path}, None), f"file {source}"

@@ -75,6 +75,11 @@ def label_layout(
                 f"{label_format!r}; pass label_format='columns' or name the label column"
             )
         label_column, label_format = None, "columns"
+    if label_columns and label_format not in ("auto", "columns"):
+        raise ValueError(
+            f"label_columns= names one 0/1 column per label, but label_format is {label_format!r}; pass "
+            "label_format='columns' or drop label_columns"
+        )
     if label_column is None and label_format != "columns" and not label_columns:
         label_column = next((c for c in ("labels", "label") if c in cols), None)
         if label_column is None and label_format not in ("auto", "columns"):

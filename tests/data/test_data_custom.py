@@ -227,6 +227,20 @@ def test_a_hub_shaped_folder_goes_through_load_dataset_with_its_config_and_the_h
     assert list(again["train"]["text"]) == list(dd["train"]["text"]) and label_names(again) == NAMES
 
 
+def test_data_files_are_read_below_a_folder_given_as_the_source_and_label_options_that_clash_stop(tmp_path):
+    """load_mlc_dataset(folder, data_files={"train": "train.csv"}) reads folder/train.csv (not ./train.csv);
+    label_columns with label_format='ids' is one line naming both options."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    _write_csv(folder / "train.csv", ROWS)
+    dd = load_mlc_dataset(str(folder), data_files={"train": "train.csv"}, validation_fraction=0.2)
+    assert len(dd["train"]) + len(dd["validation"]) == len(ROWS)
+    with pytest.raises(
+        ValueError, match="label_columns= names one 0/1 column per label, but label_format is 'ids'"
+    ):
+        load_mlc_dataset(str(folder / "train.csv"), label_columns=["a", "b"], label_format="ids")
+
+
 def test_a_folder_of_csv_files_keeps_na_and_none_cells_as_text_as_one_file_does(tmp_path):
     """A text "None" and a label "NA" are strings in a folder of per-split CSV files, as in a single CSV file."""
     rows = [("None", "NA;sports"), ("a match", "sports"), ("a vote", "politics"), ("a lab", "NA")] * 5
