@@ -11,6 +11,7 @@ shipped loaders read".
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -19,6 +20,7 @@ from datasets import Dataset, DatasetDict, concatenate_datasets
 
 from hf_mlcl.data._io import get_field, iter_csv, split_labels
 from hf_mlcl.data.registry import (
+    SPLIT_ALIASES,
     build_split,
     encode_label_lists,
     filter_by_ids,
@@ -31,14 +33,9 @@ from hf_mlcl.data.registry import (
 )
 
 _CSV_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
-_EDIN_SPLIT = {
-    "train": "train",
-    "val": "validation",
-    "validation": "validation",
-    "dev": "validation",
-    "test": "test",
-}
 _CHUNK = 5000
+
+logger = logging.getLogger(__name__)
 
 
 def read_hadm_split_ids(split_ids_dir: str | os.PathLike, variant: str = "full") -> dict[str, list[str]]:
@@ -132,14 +129,22 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
     if not {"_id", "split"} <= set(sp.columns):
         raise ValueError(f"mimic: split file {split_file} needs columns _id,split (has {list(sp.columns)})")
     split_of = dict(zip(sp["_id"].astype(str), sp["split"].astype(str).str.lower()))
+    unknown = sorted(set(split_of.values()) - set(SPLIT_ALIASES))
+    if unknown:
+        logger.warning(
+            "mimic: split file %s names splits %s besides %s; their admissions are left out",
+            split_file,
+            unknown,
+            sorted(SPLIT_ALIASES),
+        )
     out: dict[str, tuple[list, list, list]] = {
         "train": ([], [], []),
         "validation": ([], [], []),
         "test": ([], [], []),
     }
     for _id, text, target in zip(docs["_id"].astype(str), docs["text"], docs["target"]):
-        split = _EDIN_SPLIT.get(split_of.get(_id, ""))
-        if split is None:
+        split = SPLIT_ALIASES.get(split_of.get(_id, ""))
+        if split is None:  # an admission the split file does not list: in no split
             continue
         out[split][0].append(_id)
         out[split][1].append(str(text))
@@ -176,6 +181,9 @@ def _load_mimic(
     if fmt not in ("caml", "edin", "ids"):
         raise ValueError(f"{dataset}: format must be auto, caml, edin or ids, got {format!r}")
 
+    cl_path = None  # the files named are checked before the (long) reads
+    if code_list is not None:
+        cl_path = code_list if os.path.isabs(code_list) else require_file(data_dir, code_list, dataset)
     raw: dict[str, tuple[list, list, list]] = {}
     if fmt == "caml":
         need = list(splits) + (["train"] if code_list is None and "train" not in splits else [])
@@ -201,18 +209,27 @@ def _load_mimic(
                 f"{dataset}: format='ids' needs file= (one csv of all admissions) and split_ids_dir="
             )
         path = file if os.path.isabs(file) else require_file(data_dir, file, dataset)
-        ids, texts, labels = _read_csv_docs(path, strip_dots)
-        whole = {"ids": ids}
         split_ids = read_hadm_split_ids(split_ids_dir, variant)
-        pos = {h: i for i, h in enumerate(whole["ids"])}
+        ids, texts, labels = _read_csv_docs(path, strip_dots)
+        pos = {h: i for i, h in enumerate(ids)}
         for s, lst in split_ids.items():
+            absent = [h for h in lst if h not in pos]
+            if absent:
+                logger.warning(
+                    "%s: %d of the %d HADM ids of the %s split are not in %s (first: %s); they are left out",
+                    dataset,
+                    len(absent),
+                    len(lst),
+                    s,
+                    path,
+                    absent[:3],
+                )
             idx = [pos[h] for h in lst if h in pos]
             raw[s] = ([ids[i] for i in idx], [texts[i] for i in idx], [labels[i] for i in idx])
     else:
         raw = _read_edin(data_dir, feather_file, split_file, strip_dots)
 
-    if code_list is not None:
-        cl_path = code_list if os.path.isabs(code_list) else require_file(data_dir, code_list, dataset)
+    if cl_path is not None:
         names = list(dict.fromkeys(_norm_code(c, strip_dots) for c in read_lines(cl_path) if c.strip()))
     else:
         counts = Counter(c for labs in raw["train"][2] for c in set(labs))

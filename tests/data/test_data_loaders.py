@@ -400,6 +400,28 @@ def test_mimic4_edin_feather(tmp_path):
     assert freq.tolist() == [1, 2]
     dd50 = load_mlc_dataset("mimic4_icd9", data_dir=d, variant="50")  # top-50 of 2 codes; unlabeled dropped
     assert len(dd50["validation"]) == 0 and len(dd50["test"]) == 1
+    # every split name the loaders know ("valid" too) keeps its admissions
+    pd.DataFrame(
+        {"_id": [301, 302, 303, 304, 305], "split": ["train", "train", "valid", "test", "test"]}
+    ).to_feather(d / "mimiciv_icd9_split.feather")
+    assert load_mlc_dataset("mimic4_icd9", data_dir=d)["validation"]["id"] == ["303"]
+
+
+def test_mimic_names_a_missing_code_list_or_split_folder_before_reading_the_notes(
+    mimic3_dir, tmp_path, monkeypatch
+):
+    import hf_mlcl.data.mimic as mimic
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the notes were read before the files named were checked")
+
+    monkeypatch.setattr(mimic, "_read_csv_docs", no_reading)
+    with pytest.raises(FileNotFoundError, match="no_codes.txt"):
+        load_mlc_dataset("mimic3", data_dir=mimic3_dir, code_list="no_codes.txt")
+    with pytest.raises(FileNotFoundError, match="train_full_hadm_ids.csv"):
+        load_mlc_dataset(
+            "mimic3", data_dir=mimic3_dir, file="train_full.csv", split_ids_dir=tmp_path / "none"
+        )
 
 
 # ---------------------------------------------------------------- real files (slow)
