@@ -94,6 +94,8 @@ def load_rcv1(
     path = require_file(data_dir, file, "rcv1")
 
     hier_topics, parent = None, {}
+    if hierarchy_file not in (None, _HIER_FILE):  # a file named by the caller must be there
+        require_file(data_dir, hierarchy_file, "rcv1", hint="hierarchy_file names the topic hierarchy")
     if hierarchy_file and os.path.isfile(os.path.join(data_dir, hierarchy_file)):
         hier_topics, parent, _ = read_topic_hierarchy(os.path.join(data_dir, hierarchy_file))
     elif add_ancestors:

@@ -109,7 +109,7 @@ def select_categories(
     train_topics: Sequence[Sequence[str]],
     test_topics: Sequence[Sequence[str]],
 ) -> list[str]:
-    """The label names for ``categories`` (``"r90"``, ``"r10"``, ``"all"`` or a list), sorted."""
+    """The label names for ``categories``: ``"r90"``, ``"r10"`` or ``"all"`` sorted, a list in its own order."""
     train_count = Counter(t for topics in train_topics for t in set(topics))
     test_count = Counter(t for topics in test_topics for t in set(topics))
     if isinstance(categories, str):

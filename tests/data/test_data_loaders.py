@@ -198,6 +198,8 @@ def test_rcv1_fixture(rcv1_dir):
     names = label_names(dd)
     for row in dd["test"]:
         assert sorted(names[i] for i in row["labels"]) == sorted(by_id[row["id"]]["topics"])
+    with pytest.raises(FileNotFoundError, match="my_topics.hier"):  # a hierarchy named but absent
+        load_mlc_dataset("rcv1", data_dir=d, hierarchy_file="my_topics.hier")
 
 
 def test_rcv1_min_count_ancestors_and_csv(rcv1_dir):
