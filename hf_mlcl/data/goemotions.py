@@ -42,7 +42,12 @@ def _read_tsv(path: str, num_labels: int) -> tuple[list[str], list[list[int]], l
                     f"goemotions: {path}:{lineno} has {len(row)} fields, expected 3 (text, labels, id)"
                 )
             text, labs, cid = row
-            lab_ids = sorted({int(x) for x in labs.split(",") if x.strip()})
+            try:
+                lab_ids = sorted({int(x) for x in labs.split(",") if x.strip()})
+            except ValueError:
+                raise ValueError(
+                    f"goemotions: {path}:{lineno} labels {labs!r} are not comma-separated label ids"
+                ) from None
             if lab_ids and (lab_ids[0] < 0 or lab_ids[-1] >= num_labels):
                 raise ValueError(
                     f"goemotions: {path}:{lineno} label id out of range [0, {num_labels}): {labs}"

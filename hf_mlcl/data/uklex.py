@@ -106,6 +106,10 @@ def load_uklex(
                 and labs
                 and all(isinstance(x, int) for x in labs)
             ):
+                if min(labs) < 0 or max(labs) >= len(names):
+                    raise ValueError(
+                        f"uklex: {path}: label ids {labs} lie outside the {len(names)} label names"
+                    )
                 labs = [names[x] for x in labs]
             rows[dtype][0].append(sep_token.join(p for p in parts if p) if len(parts) > 1 else parts[0])
             rows[dtype][1].append(split_labels(labs))

@@ -142,6 +142,9 @@ def test_goemotions_fixture_quoted(goemotions_dir):
     _write(goemotions_dir / "test.tsv", "bad\t7\tc9\n")
     with pytest.raises(ValueError, match="out of range"):
         load_mlc_dataset("goemotions", data_dir=goemotions_dir, splits="test")
+    _write(goemotions_dir / "test.tsv", "bad\tjoy\tc9\n")
+    with pytest.raises(ValueError, match=r"test.tsv:1 labels 'joy' are not comma-separated label ids"):
+        load_mlc_dataset("goemotions", data_dir=goemotions_dir, splits="test")
 
 
 def test_goemotions_offline_message(monkeypatch):
