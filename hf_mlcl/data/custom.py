@@ -34,7 +34,7 @@ from hf_mlcl.data.registry import (
     normalize_splits,
     register_source_loader,
 )
-from hf_mlcl.data.stratify import SPLIT_STRATEGIES, stratified_carve
+from hf_mlcl.data.stratify import check_split_strategy, stratified_carve
 
 logger = logging.getLogger(__name__)
 
@@ -283,8 +283,7 @@ def carve_split(
     """Move a seeded ``fraction`` of train into split ``new`` (logged and recorded with the split): rows
     drawn at random, or by iterative stratification of the labels (``strategy="stratified"``). ``of_rows``: the
     row count the fraction is a share of (default: train's; the train split as given, before an earlier carve)."""
-    if strategy not in SPLIT_STRATEGIES:
-        raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {strategy!r}")
+    check_split_strategy(strategy)
     if not 0.0 < fraction < 1.0:
         raise ValueError(
             f"{new}_fraction must lie in (0, 1) to carve a {new} split from train; got {fraction}"
@@ -388,8 +387,7 @@ def load_custom_dataset(
         raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {label_format!r}")
     if unknown_labels not in UNKNOWN_LABELS:
         raise ValueError(f"unknown_labels must be one of {UNKNOWN_LABELS}; got {unknown_labels!r}")
-    if split_strategy not in SPLIT_STRATEGIES:
-        raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {split_strategy!r}")
+    check_split_strategy(split_strategy)
     if isinstance(label_columns, str):
         label_columns = [c.strip() for c in label_columns.split(",") if c.strip()]
     data_dir = os.fspath(data_dir) if data_dir is not None else None

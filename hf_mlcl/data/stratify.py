@@ -21,10 +21,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["SPLIT_STRATEGIES", "iterative_stratification", "stratified_carve"]
+__all__ = ["SPLIT_STRATEGIES", "check_split_strategy", "iterative_stratification", "stratified_carve"]
 
 # how a missing split is carved from train: a seeded random share, or iterative stratification
 SPLIT_STRATEGIES = ("random", "stratified")
+
+
+def check_split_strategy(strategy: str) -> None:
+    """ValueError (one line) unless ``strategy`` is one of ``SPLIT_STRATEGIES``."""
+    if strategy not in SPLIT_STRATEGIES:
+        raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {strategy!r}")
 
 
 def _label_lists(rows: Sequence[Sequence[int]], num_labels: int) -> tuple[np.ndarray, np.ndarray]:

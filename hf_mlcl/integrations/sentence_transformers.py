@@ -85,8 +85,8 @@ class MultiLabelContrastiveLoss(nn.Module):
             sentence-transformers' own losses (``MultipleNegativesRankingLoss``); hf_mlcl's trainers and
             ``ContrastiveLossFunc`` default to True.
         temperature: tau (default: the loss paper's value).
-        queue_size: K past keys among the candidates (0: in-batch only; docs/design.md, "Losses in
-            sentence-transformers", the queue).
+        queue_size: K past keys among the candidates (0: in-batch only; the queue in docs/design.md's
+            section on sentence-transformers).
         contrast_set: with a queue, ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the loss
             paper's).
         queue_warmup: leave the queue out until it has been filled once (None: the loss paper's).
@@ -163,7 +163,7 @@ class MultiLabelContrastiveLoss(nn.Module):
     def compute_loss(self, embeddings: Tensor, labels: Tensor, keys: Any = None) -> Tensor:
         """The hf_mlcl loss of ``embeddings`` (B, D) with ``labels`` (multi-hot or padded ids); with a queue
         in training, ``keys()`` gives the batch's keys (default: the embeddings without gradient). The
-        values are checked on the first call only (docs/design.md, "Losses in sentence-transformers")."""
+        values are checked on the first call only (docs/design.md's section on sentence-transformers)."""
         return self._batch_loss(embeddings, labels, keys)
 
     # ------------------------------------------------------------------------------------------ queue

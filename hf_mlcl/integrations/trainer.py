@@ -44,7 +44,7 @@ class ContrastiveLossFunc:
         gather_across_devices: contrast each process's anchors with all processes' candidates.
         temperature: tau (default: the loss paper's value).
         queue_size: K past keys among the candidates (0: in-batch only); the keys are the embeddings
-            without gradient (docs/design.md, "Losses in a plain Trainer", the queue).
+            without gradient (the queue in docs/design.md's section on a plain Trainer).
         contrast_set: with a queue, ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the
             loss paper's).
         queue_warmup: leave the queue out until it has been filled once (None: the loss paper's).
@@ -131,9 +131,8 @@ class ContrastiveLossFunc:
             )
         self.loss_fn.to(emb.device)
         loss = self._batch_loss(emb, labels)
-        if (
-            num_items_in_batch is not None
-        ):  # Trainer's accumulation contract: docs/design.md, "Losses in a plain Trainer"
+        # Trainer's accumulation contract: docs/design.md's section on a plain Trainer
+        if num_items_in_batch is not None:
             counted = torch.as_tensor(num_items_in_batch, dtype=loss.dtype, device=loss.device).reshape(-1)[0]
             loss = loss * (labels.shape[0] * labels.shape[1]) / counted.clamp_min(1)
         return loss

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hf_mlcl.data.label_formats import LABEL_FORMATS, UNKNOWN_LABELS
-from hf_mlcl.data.stratify import SPLIT_STRATEGIES
+from hf_mlcl.data.stratify import SPLIT_STRATEGIES, check_split_strategy
 from hf_mlcl.modeling.configuration_mlcl import HEADS, POOLINGS
 
 __all__ = ["DataArguments", "ModelArguments", "as_dict"]
@@ -214,8 +214,7 @@ class DataArguments:
             raise ValueError(f"label_format must be one of {LABEL_FORMATS}; got {self.label_format!r}")
         if self.unknown_labels not in UNKNOWN_LABELS:
             raise ValueError(f"unknown_labels must be one of {UNKNOWN_LABELS}; got {self.unknown_labels!r}")
-        if self.split_strategy not in SPLIT_STRATEGIES:
-            raise ValueError(f"split_strategy must be one of {SPLIT_STRATEGIES}; got {self.split_strategy!r}")
+        check_split_strategy(self.split_strategy)
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must lie in (0, 1); got {self.validation_fraction}")
         if not 0.0 <= self.test_fraction < 1.0 or self.validation_fraction + self.test_fraction >= 1.0:

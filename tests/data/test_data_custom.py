@@ -514,6 +514,14 @@ def test_the_own_data_options_are_listed_once_and_every_reader_follows_the_list(
     options = DataArguments(**changed).loader_options()
     assert set(options) == set(CUSTOM_OPTIONS) - {"revision"}
     assert (options["config_name"], options["label_names"]) == ("c", "n.txt")
+    # a field at its default is not handed over, so the loader's own default applies: the two must agree
+    from hf_mlcl.training.model_data_arguments import _OPTION_FIELDS
+
+    loader = inspect.signature(load_custom_dataset).parameters
+    for option in CUSTOM_OPTIONS:
+        name = _OPTION_FIELDS.get(option, option)
+        if name in fields:
+            assert fields[name].default == loader[option].default, option
 
 
 def test_numeric_label_names_stay_names():
