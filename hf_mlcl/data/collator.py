@@ -17,7 +17,7 @@ import torch
 from hf_mlcl.labels.multihot import multi_hot_tensor, multihot_to_ids
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-LABEL_FORMATS = ("dense", "sparse", "ids")
+BATCH_LABEL_FORMATS = ("dense", "sparse", "ids")  # how a collated batch holds its labels
 
 
 class MultiLabelCollator:
@@ -70,8 +70,8 @@ class MultiLabelCollator:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         if n_views < 1:
             raise ValueError(f"n_views must be >= 1 (2 for two-view contrastive batches), got {n_views}")
-        if label_format not in LABEL_FORMATS:
-            raise ValueError(f"label_format must be one of {LABEL_FORMATS}, got {label_format!r}")
+        if label_format not in BATCH_LABEL_FORMATS:
+            raise ValueError(f"label_format must be one of {BATCH_LABEL_FORMATS}, got {label_format!r}")
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding must be 'longest' or 'max_length', got {padding!r}")
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
