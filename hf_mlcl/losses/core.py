@@ -283,8 +283,9 @@ class ContrastiveLoss(nn.Module):
     Attribute ``check_inputs`` (default True): check that the labels are 0/1 and the embeddings finite
     (ValueError naming the problem) on every call. Both checks read values on the host, a
     synchronisation on an accelerator; with False (:func:`hf_mlcl.losses.input_checks.set_input_checks`)
-    a call reads nothing on the host, labels are taken as valid and non-finite embeddings give a
-    non-finite loss.
+    labels are taken as valid, non-finite embeddings give a non-finite loss, and a call on dense labels
+    reads nothing on the host. Sparse (COO) labels, and msc / ws_mulsupcon's pair view of dense labels
+    above 2**25 anchor x candidate x label cells, still read sizes on the host (their nonzero entries).
     """
 
     is_contrastive = True
