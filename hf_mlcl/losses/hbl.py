@@ -298,6 +298,9 @@ class HBLLoss(ContrastiveLoss):
         lambda_scaling: ``"base"`` (default) or ``"eq7"``: how lambda_ weighs HBL against a base that
             averages over (anchor, label) pairs (module docstring; ``"eq7"`` returns eq. (7) multiplied
             by N / P).
+        temperature, normalize: the base's (a base given by name is built with them; default: its paper's
+            temperature, normalised embeddings). A base module keeps its own: a different value here is a
+            ValueError.
 
     :meth:`components`: "loss" (= base + lambda_ * scale * hbl), "base", "hbl" (the unweighted mean L_HBL),
     "gate_open" (share of anchors whose gate is open) and the base loss's own components prefixed
@@ -344,7 +347,7 @@ class HBLLoss(ContrastiveLoss):
         m_abs: float = 0.3,
         k_min: int = 128,
         temperature: float | None = None,
-        normalize: bool = True,
+        normalize: bool | None = None,
         num_labels: int | None = None,
         embedding_dim: int | None = None,
         lambda_scaling: str = "base",
@@ -374,18 +377,36 @@ class HBLLoss(ContrastiveLoss):
                 )
             if not getattr(cls, "is_contrastive", False):
                 raise ValueError(f"hbl needs a contrastive base loss, {key!r} is a supervised loss")
-            kwargs = {"normalize": normalize, **(base_kwargs or {})}
+            kwargs = {"normalize": True if normalize is None else normalize, **(base_kwargs or {})}
             base_module = cls(**LossSettings(temperature, num_labels, embedding_dim).for_loss(cls, kwargs))
         elif isinstance(base, nn.Module):
             if base_kwargs:
                 raise ValueError("base_kwargs is only used when base is a loss name, not a module")
             base_module = base
+            own = {
+                "temperature": getattr(base, "temperature", None),
+                "normalize": getattr(base, "normalize", None),
+            }
+            clash = [
+                f"{name}={value!r} (the base has {own[name]!r})"
+                for name, value in (("temperature", temperature), ("normalize", normalize))
+                if value is not None and own[name] is not None and value != own[name]
+            ]
+            if clash:
+                raise ValueError(
+                    f"hbl with a base module computes with the base's settings; {', '.join(clash)}: set them on "
+                    "the base, or pass base as a loss name"
+                )
         else:
             raise ValueError(
                 f"base must be a registered loss name or a loss module, got {type(base).__name__}"
             )
         base_tau = getattr(base_module, "temperature", None)
-        super().__init__(temperature=base_tau if base_tau is not None else 0.1, normalize=normalize)
+        base_norm = getattr(base_module, "normalize", None)
+        super().__init__(
+            temperature=base_tau if base_tau is not None else 0.1,
+            normalize=bool(base_norm if base_norm is not None else normalize is None or normalize),
+        )
         self.base = base_module
         self.lambda_ = float(lambda_)
         self.gamma = float(gamma)

@@ -362,3 +362,17 @@ def test_hbl_never_nan_degenerate():
         out = loss_fn(z, y)
         (g,) = torch.autograd.grad(out, z)
         assert torch.isfinite(out) and torch.isfinite(g).all()
+
+
+def test_a_base_module_keeps_its_settings_and_a_different_one_is_an_error():
+    """HBL computes with its base's temperature and normalisation: given a module, a different value is refused
+    (it was ignored), the same or none is fine."""
+    from hf_mlcl.losses import MulSupConLoss
+
+    base = MulSupConLoss(normalize=False)
+    assert HBLLoss(base=base).normalize is False and HBLLoss(base=base, temperature=base.temperature)
+    with pytest.raises(
+        ValueError, match=r"temperature=0.5 \(the base has 0.1\), normalize=True \(the base has False\)"
+    ):
+        HBLLoss(base=base, temperature=0.5, normalize=True)
+    assert HBLLoss(base="mulsupcon", normalize=False).base.normalize is False  # a name: built with them
