@@ -15,6 +15,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from .host_reads import host_reads_are_free
 from .multihot import COMPACT_MIN_LABELS, LABEL_DTYPE, cast, coalesced, is_sparse
 
 __all__ = [
@@ -88,8 +89,9 @@ def _matmul_t(a: Tensor, b: Tensor) -> Tensor:
     )
     a, b = cast(a, dtype), cast(b, dtype)
     if not sa and not sb:
-        if a.shape[1] > COMPACT_MIN_LABELS:
-            # only labels some row of ``a`` carries can contribute: drop the other columns first
+        if a.shape[1] > COMPACT_MIN_LABELS and host_reads_are_free(a):
+            # only labels some row of ``a`` carries can contribute: drop the other columns first (a choice
+            # made on the host: on an accelerator the whole product costs less than the read)
             used = torch.nonzero((a != 0).any(dim=0)).flatten()
             if used.numel() < a.shape[1] // 2:
                 a, b = a.index_select(1, used), b.index_select(1, used)

@@ -79,6 +79,23 @@ def test_forward_and_backward_read_nothing_on_the_host(name, kwargs, mode):
         ), key
 
 
+@pytest.mark.parametrize("name", ["mulsupcon", "any", "jaccard", "sd"])
+def test_a_wide_dense_label_space_reads_nothing_on_the_host(name):
+    """Past COMPACT_MIN_LABELS columns the CPU drops the label columns no anchor carries before the pair
+    product; the accelerator's path multiplies them all instead of reading which are used: the same loss."""
+    from hf_mlcl.labels.multihot import COMPACT_MIN_LABELS
+
+    width = COMPACT_MIN_LABELS + 76
+    z, y = batch(12, width, seed=3)
+    loss = make_loss(name)
+    expected = loss(z, y)
+    set_input_checks(loss, False)
+    with accelerator_path(), HostSyncCounter() as counter:
+        got = loss(z, y)
+    assert counter.count == 0, counter.report()
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_the_input_checks_are_the_host_reads_and_still_raise():
     z, y = batch(8, L)
     loss = make_loss("sd")
