@@ -338,7 +338,9 @@ class FrozenFeatures:
                 bar = tqdm(loader, desc=desc, disable=tr.args.disable_tqdm or not tr.is_local_process_zero())
                 for batch in bar:
                     model_inputs, y = tr.split_labels(tr._prepare_inputs(batch))
-                    with torch.no_grad(), tr.compute_loss_context_manager():
+                    # accelerate's autocast wraps the model's forward only: this pass calls encode_tokens and
+                    # pool directly, so it enters the mixed precision the forward of an uncached run gets
+                    with torch.no_grad(), tr.compute_loss_context_manager(), tr.accelerator.autocast():
                         states, mask, segment = model.encode_tokens(
                             model_inputs["input_ids"],
                             model_inputs.get("attention_mask"),

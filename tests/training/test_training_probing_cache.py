@@ -268,3 +268,20 @@ def test_pooled_features_of_an_iterable_dataset_and_of_unlabelled_rows(tmp_path,
     x_empty, y_empty = tr.pooled_features(empty)
     np.testing.assert_allclose(x_empty, x_map, rtol=1e-6, atol=1e-6)
     assert y_empty.shape == (N_EVAL, 4) and not y_empty.any()
+
+
+def test_the_feature_pass_runs_in_the_mixed_precision_of_the_forward(tmp_path, tok, data):
+    """Under bf16 the cached features are the pooled output of the model's own forward under the trainer's
+    autocast (the text path's), not a float32 pass: accelerate's autocast wraps the forward only."""
+    tr, _ = _trainer(tmp_path, tok, data, cache=True, bf16=True)
+    assert tr.accelerator.mixed_precision == "bf16"
+    got, _ = tr.pooled_features(data["eval"])
+    model = tr.accelerator.unwrap_model(tr.model).eval()
+    batch = tr._prepare_inputs(collator(tok)([data["eval"][i] for i in range(N_EVAL)]))
+    batch.pop("labels")
+    with torch.no_grad(), tr.accelerator.autocast():
+        want = model(**batch).embeddings.float()
+    with torch.no_grad():
+        full = model(**batch).embeddings.float()
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-6)
+    assert not np.allclose(got, full.numpy(), rtol=0, atol=1e-6)  # bf16 differs from a float32 pass
