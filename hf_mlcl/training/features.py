@@ -402,6 +402,8 @@ class FrozenFeatures:
         }
         if config.head == "native":  # features through the backbone's pooler (a linear head's keys unchanged)
             settings["head"] = "native"
+        if tr.args.bf16 or tr.args.fp16:  # computed under autocast (stores of float32 runs keep their keys)
+            settings["autocast"] = True
 
         def label_pairs(batch: dict[str, Any]) -> torch.Tensor:
             labels = tr.split_labels(batch)[1]
