@@ -180,24 +180,29 @@ def evaluate_checkpoint(
     plots: bool = True,
     output_dir: str | None = None,
     data: RunData | None = None,
+    device: str | None = None,
 ) -> dict[str, float]:
     """Score a saved classifier on ``split`` at its stored decision threshold; write ``eval_<split>.json`` and
     ``plots/f1_vs_frequency_<split>.png`` into ``output_dir`` (default: the checkpoint folder). Returns the
-    metrics, keys prefixed with the split name. An encoder folder is refused before anything is loaded."""
+    metrics, keys prefixed with the split name. An encoder folder is refused before anything is loaded, a split
+    the data lack before the model loads. ``device``: where it scores (default: the GPU there is, else the
+    CPU)."""
+    import torch
     from transformers import AutoTokenizer
 
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
     from hf_mlcl.modeling.sharded import loading_whole_models
 
     require_classifier(checkpoint)
-    with loading_whole_models():  # the main process alone scores the classifier, also in a ZeRO-3 run
-        model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     data = data if data is not None else load_run_data(data_args)
-    if split not in data.dataset:
+    if split not in data.dataset:  # before the model loads
         raise ValueError(
             f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}"
         )
+    with loading_whole_models():  # the main process alone scores the classifier, also in a ZeRO-3 run
+        model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     trained = [str(model.config.id2label[i]) for i in range(model.config.num_labels)]
     if trained != [str(n) for n in data.label_names]:
         raise ValueError(
