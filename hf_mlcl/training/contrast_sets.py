@@ -86,18 +86,25 @@ def resolve_queue_warmup(loss_fn: Any, queue_warmup: bool | None) -> bool:
 
 
 def max_candidates(
-    per_device_batch: int, world_size: int, n_views: int, queue_size: int, contrast_set: str | None
+    per_device_batch: int,
+    world_size: int,
+    n_views: int,
+    queue_size: int,
+    contrast_set: str | None,
+    gather: bool = True,
 ) -> int:
     """The most candidates an anchor can have in one step (an upper bound on its positives).
 
-    B = per-device batch x processes. Batch mode: n_views * B - 1; with a queue of K (the anchors
-    are view 1, the keys view 2 when ``n_views == 2``): ``"keys"`` B + K, ``"queries+queue"`` B - 1 + K,
-    ``"queries+keys"`` 2B - 1 + K.
+    B = per-device batch x processes, Q = B with ``gather`` (the queries of every process), else the
+    per-device batch; the momentum keys come from every process either way (MoCo's gathered keys). Batch
+    mode: n_views * Q - 1; with a queue of K (the anchors are view 1, the keys view 2 when ``n_views == 2``):
+    ``"keys"`` B + K, ``"queries+queue"`` Q - 1 + K, ``"queries+keys"`` Q - 1 + B + K.
     """
     b = per_device_batch * world_size
+    q = b if gather else per_device_batch
     if contrast_set is None:
-        return n_views * b - 1
-    return {"keys": b, "queries+queue": b - 1, "queries+keys": 2 * b - 1}[contrast_set] + queue_size
+        return n_views * q - 1
+    return {"keys": b, "queries+queue": q - 1, "queries+keys": q - 1 + b}[contrast_set] + queue_size
 
 
 @dataclass

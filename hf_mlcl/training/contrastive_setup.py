@@ -141,9 +141,14 @@ def warn_if_gate_cannot_open(
     k_min = getattr(loss_fn, "k_min", None)
     if k_min is None or getattr(loss_fn, "lambda_", 1.0) == 0:
         return
-    world = max(1, args.world_size) if args.gather_across_devices else 1  # else each process's own rows
+    world = max(1, args.world_size)
     reach = max_candidates(
-        args.per_device_train_batch_size, world, args.n_views, args.queue_size, contrast_set
+        args.per_device_train_batch_size,
+        world,
+        args.n_views,
+        args.queue_size,
+        contrast_set,
+        gather=args.gather_across_devices,
     )
     if reach < k_min:
         warnings.warn(

@@ -73,8 +73,9 @@ class MomentumContrast:
         queue: the :class:`EmbeddingQueue` (K keys, their labels).
         contrast_set: ``"keys"``, ``"queries+queue"`` or ``"queries+keys"`` (None: the loss's).
         queue_warmup: leave the queue out until it has been filled once (None: the loss's).
-        gather: under data parallelism, every process's samples are candidates (keys gathered without
-            gradient, other processes' queries with gradient).
+        gather: under data parallelism, the other processes' queries are candidates too (gathered with
+            gradient). The momentum keys are gathered from every process either way (without gradient, as
+            MoCo's), so every process keeps the same queue.
 
     Example (one process; under DDP the same calls gather the keys, so every process keeps one queue)::
 

@@ -192,6 +192,10 @@ def test_max_candidates():
     assert max_candidates(32, 2, 1, 100, "keys") == 164
     assert max_candidates(32, 2, 1, 100, "queries+queue") == 163
     assert max_candidates(32, 2, 1, 100, "queries+keys") == 227
+    # the queries of this process alone, the keys of both (they are gathered whatever the option)
+    assert max_candidates(32, 2, 1, 0, None, gather=False) == 31
+    assert max_candidates(32, 2, 1, 100, "keys", gather=False) == 164
+    assert max_candidates(32, 2, 1, 100, "queries+keys", gather=False) == 195
 
 
 @pytest.mark.parametrize("seed", [0, 1])

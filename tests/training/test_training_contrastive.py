@@ -303,7 +303,8 @@ def test_hbl_gate_warning_and_contrast_set_errors(tmp_path, tok):
 
 
 def test_hbl_gate_warning_counts_other_processes_only_when_they_are_gathered():
-    """Two processes of 4 rows: 7 in-batch candidates when gathered, 3 when each process keeps its own rows."""
+    """Two processes of 4 rows: 7 in-batch candidates when gathered, 3 when each process keeps its own rows
+    (the momentum keys of a queue come from both either way: tests/losses, max_candidates)."""
     import warnings
     from types import SimpleNamespace
 
