@@ -86,7 +86,7 @@ def cmd_train(ns, overrides) -> dict:
 
 def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
-    from hf_mlcl.modeling.builders import holds_a_model
+    from hf_mlcl.modeling.builders import holds_a_model, holds_a_tokenizer
     from hf_mlcl.recipes import parse_stage, recipe_stages, stage_output_dir
     from hf_mlcl.training import stages
     from hf_mlcl.training.preflight import check_stage
@@ -105,10 +105,7 @@ def cmd_probe(ns, overrides) -> dict:
                 "(the supervised baseline); pass --encoder_path for an encoder trained elsewhere"
             )
     # an encoder folder with its tokenizer needs no recipe model (an adapter's base is named in the folder)
-    has_tokenizer = encoder is not None and any(
-        os.path.isfile(os.path.join(encoder, name)) for name in ("tokenizer.json", "tokenizer_config.json")
-    )
-    _check_models(model_args, base=not has_tokenizer, encoder_path=encoder)
+    _check_models(model_args, base=not holds_a_tokenizer(encoder), encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
         print(f"classifier saved to {args.output_dir}")

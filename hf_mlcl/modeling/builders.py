@@ -93,6 +93,13 @@ def holds_a_model(path: str | None) -> bool:
     return bool(path) and any(os.path.isfile(os.path.join(path, name)) for name in MODEL_CONFIG_FILES)
 
 
+def holds_a_tokenizer(path: str | None) -> bool:
+    """True when the folder ``path`` holds a saved tokenizer (``tokenizer.json`` or ``tokenizer_config.json``)."""
+    return bool(path) and any(
+        os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")
+    )
+
+
 def is_native_encoder(path: str | None) -> bool:
     """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
     settings = _native_settings(path) if path else None
@@ -149,13 +156,7 @@ def build_tokenizer_and_encoder(
     loader = {"attn_implementation": attention} if attention else {}
     if path:
         tok_path = model_args.tokenizer_name_or_path or path
-        if (
-            model_args.tokenizer_name_or_path is None
-            and os.path.isdir(path)
-            and not any(
-                os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
-            )
-        ):
+        if model_args.tokenizer_name_or_path is None and os.path.isdir(path) and not holds_a_tokenizer(path):
             if not model_args.model_name_or_path or model_args.model_name_or_path == path:
                 raise ValueError(f"{path} holds no tokenizer; set model_args.tokenizer_name_or_path")
             tok_path = model_args.model_name_or_path

@@ -72,7 +72,9 @@ def _source_tokenizer(folder: str, tokenizer: Any, target: str | None) -> Any:
     none), so that the new folder loads on its own."""
     if tokenizer is not None or target is None or os.path.abspath(target) == os.path.abspath(folder):
         return tokenizer
-    if not os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
+    from .builders import holds_a_tokenizer
+
+    if not holds_a_tokenizer(folder):
         return None
     from transformers import AutoTokenizer
 
