@@ -113,8 +113,10 @@ def inspect_labels(
 ) -> dict[str, Any]:
     """The report of the module docstring for a list of label-id lists (one per sample).
 
-    The contrast set of an anchor holds B - 1 in-batch samples (B = ``batch_size * num_processes``,
-    gathered across processes) plus ``queue_size`` queued ones; queue sizes are capped at
+    The counts are over the *other* samples an anchor meets: B - 1 in-batch samples (B = ``batch_size *
+    num_processes``, gathered across processes) plus ``queue_size`` queued ones (in the ``keys`` contrast set,
+    most losses' default with a queue, its own momentum key is one more positive, left out here: docs/inspect.md);
+    queue sizes are capped at
     ``len(labels) - B`` (a queue cannot hold more *other* samples than the data has).
     Returns a JSON-serialisable dict.
     """
