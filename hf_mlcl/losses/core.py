@@ -10,6 +10,7 @@ Design: docs/design.md, "Loss engine (hf_mlcl/losses/core.py)".
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -304,7 +305,7 @@ class ContrastiveLoss(nn.Module):
         super().__init__()
         if temperature is None:
             temperature = self.default_temperature
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):  # numpy scalars too
             raise ValueError(f"temperature must be a positive float, got {temperature!r}")
         temperature = float(temperature)
         if not math.isfinite(temperature) or temperature <= 0:

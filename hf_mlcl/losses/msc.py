@@ -11,6 +11,7 @@ Design: docs/design.md, "ABALONE's MSC loss (hf_mlcl/losses/msc.py)".
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn as nn
@@ -77,7 +78,7 @@ class MSCLoss(ContrastiveLoss):
     ) -> None:
         super().__init__(temperature=temperature, normalize=normalize)
         for name, value in (("num_labels", num_labels), ("embedding_dim", embedding_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ValueError(f"msc needs a positive integer {name}, got {value!r}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0 < float(beta) < 1):
             raise ValueError(
@@ -89,8 +90,8 @@ class MSCLoss(ContrastiveLoss):
                 f"msc alpha must be a float with 0 <= alpha <= 1 (1: the paper's sample attraction, 0: prototypes "
                 f"only, as the authors' NLP configuration), got {alpha!r}"
             )
-        self.num_labels = num_labels
-        self.embedding_dim = embedding_dim
+        self.num_labels = int(num_labels)
+        self.embedding_dim = int(embedding_dim)
         self.beta = float(beta)
         self.alpha = float(alpha)
         self.prototypes = nn.Parameter(F.normalize(torch.randn(num_labels, embedding_dim), dim=-1))

@@ -80,9 +80,16 @@ def get_loss_class(name: str) -> type[nn.Module]:
 def get_loss(name: str, **kwargs) -> nn.Module:
     """Instantiate the loss registered as ``name`` (canonical or alias) with ``kwargs``.
 
-    Unknown names raise ``ValueError`` listing the valid names.
+    Unknown names raise ``ValueError`` listing the valid names; missing or unknown keywords a ``ValueError``
+    naming the loss and the keywords given.
     """
-    return get_loss_class(name)(**kwargs)
+    cls = get_loss_class(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        if f"{cls.__name__}.__init__()" not in str(err):  # raised inside the loss, not by its signature
+            raise
+        raise ValueError(f"cannot build loss {name!r} with {sorted(kwargs)}: {err}") from None
 
 
 def list_losses() -> list[str]:

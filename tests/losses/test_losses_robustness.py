@@ -221,3 +221,17 @@ class TestEveryContrastiveLoss:
     def test_non_positive_temperature(self, name, temperature):
         with pytest.raises(ValueError, match="temperature"):
             make_loss(name, temperature=temperature)
+
+
+def test_numpy_scalars_are_numbers_and_a_missing_argument_names_the_loss():
+    """A temperature or label count from numpy is accepted; get_loss without msc's required sizes says which."""
+    import numpy as np
+
+    from hf_mlcl.losses import get_loss
+
+    assert get_loss("any", temperature=np.float32(0.1)).temperature == pytest.approx(0.1)
+    assert get_loss("msc", num_labels=np.int64(5), embedding_dim=8).num_labels == 5
+    with pytest.raises(
+        ValueError, match="cannot build loss 'msc' with \\[\\]: .*'num_labels' and 'embedding_dim'"
+    ):
+        get_loss("msc")
