@@ -57,13 +57,13 @@ class SimilarityDissimilarityLoss(LabelSimilarityOption, ContrastiveLoss):
 
     display_name = "Similarity-Dissimilarity loss"
     reference = (
-        "Huang, Long, Luo & Liu, Similarity-Dissimilarity Loss with Supervised Contrastive Learning for "
-        "Multi-label Classification, arXiv:2410.13439"
+        "Huang, Long & Luo, Similarity-Dissimilarity Loss for Multi-label Supervised Contrastive Learning, "
+        "arXiv:2410.13439v5"
     )
     citation = (
-        "@article{huang2024similarity,\n  title={Similarity-Dissimilarity Loss with Supervised Contrastive "
-        "Learning for Multi-label Classification},\n  author={Huang, Guangming and Long, Yunfei and Luo, "
-        "Cunjin and Liu, Sheng},\n  journal={arXiv preprint arXiv:2410.13439},\n  year={2024}\n}"
+        "@article{huang2024similarity,\n  title={Similarity-Dissimilarity Loss for Multi-label Supervised "
+        "Contrastive Learning},\n  author={Huang, Guangming and Long, Yunfei and Luo, Cunjin},\n  "
+        "journal={arXiv preprint arXiv:2410.13439v5},\n  year={2024}\n}"
     )
 
     default_temperature = 0.07
