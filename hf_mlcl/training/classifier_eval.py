@@ -81,10 +81,12 @@ class ClassifierEvaluation:
             acc.add_batch(predictions[r0 : r0 + step], labels[r0 : r0 + step] > 0.5)
         return self.split_metrics(acc, None, None)
 
-    def predict_evaluation(self, dataset: Any) -> MultiLabelAccumulator:
-        """One prediction pass over ``dataset`` streamed into a :class:`MultiLabelAccumulator` (counting at
-        the current threshold): Trainer's evaluation loop with ``batch_eval_metrics``, which gathers each
-        batch across processes and keeps no (N, L) array. The callbacks see the prediction steps."""
+    prediction_split = "test"  # the split a prediction pass reads (named in logs and feature records)
+
+    def predict_evaluation(self, dataset: Any, split: str = "test") -> MultiLabelAccumulator:
+        """One prediction pass over ``dataset`` (the ``split`` split) streamed into a :class:`MultiLabelAccumulator`
+        (counting at the current threshold): Trainer's evaluation loop with ``batch_eval_metrics``, which gathers
+        each batch across processes and keeps no (N, L) array. The callbacks see the prediction steps."""
         acc = self.new_accumulator()
 
         def collect(eval_pred: Any, compute_result: bool = False) -> dict[str, float]:
@@ -94,6 +96,7 @@ class ClassifierEvaluation:
         args = self.args
         saved = args.batch_eval_metrics, self.compute_metrics
         args.batch_eval_metrics, self.compute_metrics = True, collect
+        self.prediction_split = split
         try:
             self.evaluation_loop(
                 self.get_test_dataloader(dataset),
@@ -103,6 +106,7 @@ class ClassifierEvaluation:
             )
         finally:
             args.batch_eval_metrics, self.compute_metrics = saved
+            self.prediction_split = "test"
         return acc
 
     def evaluation_of_scores(self, scores: np.ndarray, truth: np.ndarray) -> MultiLabelAccumulator:

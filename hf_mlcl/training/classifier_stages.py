@@ -85,7 +85,7 @@ def train_probe(
         evaluations = {"validation": trainer.evaluation_of_scores(*trainer.logistic_validation_scores)}
     else:
         metrics.update(fit(trainer, created, "stage 2 (probe)"))
-        evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
+        evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"], "validation")}
     return _finish_classifier(
         trainer, tokenizer, data, metrics, evaluations, model_args, data_args, encoder_path, probe
     )
@@ -183,7 +183,7 @@ def train_joint(
         "dataset": data_args.dataset,
     }
     metrics.update(fit(trainer, created, stage))
-    evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"])}
+    evaluations = {"validation": trainer.predict_evaluation(data.dataset["validation"], "validation")}
     return _finish_classifier(
         trainer, tokenizer, data, metrics, evaluations, model_args, data_args, encoder_path, "finetune"
     )

@@ -189,7 +189,7 @@ class ProbingTrainer(ClassifierEvaluation, MultiLabelTrainer):
 
     def get_test_dataloader(self, test_dataset: Any):
         """As ``Trainer.get_test_dataloader``, over cached features when ``cache_features``."""
-        features = self.cached_features(test_dataset, "test")
+        features = self.cached_features(test_dataset, self.prediction_split)
         if features is None:
             return super().get_test_dataloader(test_dataset)
         with self._serving_features():

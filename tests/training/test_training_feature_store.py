@@ -226,3 +226,12 @@ def test_a_file_that_cannot_be_written_is_skipped_with_a_warning(tmp_path, tok, 
         tr.train()  # the run goes on with its features in memory
     assert caplog.text.count("No space left on device") == 2 and rows.rows == N_TRAIN + N_EVAL
     assert os.listdir(store) == []  # no temporary file left behind
+
+
+def test_prediction_passes_record_the_split_they_read(tmp_path, tok, data):
+    """predict_evaluation of validation then test: each split's features are recorded under its own name (the
+    validation pass was recorded as "test", and the test pass then overwrote it)."""
+    tr, _ = _trainer(tmp_path / "linear", tok, data)
+    tr.predict_evaluation(data["eval"], "validation")
+    tr.predict_evaluation(data["test"])
+    assert {"validation", "test"} <= set(tr.feature_sources)
