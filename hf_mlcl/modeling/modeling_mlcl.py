@@ -325,15 +325,16 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         id2label: Mapping[int, str] | Sequence[str] | None = None,
         head: str = "linear",
         freeze_encoder: bool = True,
-        chunk_size: int = 128,
+        chunk_size: int | None = None,
         **kwargs: Any,
     ) -> MLCLForMultiLabelClassification:
         """Classifier on a trained encoder's backbone; the projection head is dropped (Khosla et al.).
 
         The classifier takes over the encoder's backbone module (no copy: an 8B backbone is not
         duplicated); ``copy.deepcopy`` the encoder first if it must stay unchanged. ``freeze_encoder``
-        freezes the backbone for linear probing. Extra keywords (``segmented``, ``label_attention_dim``,
-        ``classifier_dropout``, ``pooling``) override the encoder's config. LoRA-wrapped encoders must
+        freezes the backbone for linear probing. ``chunk_size`` (default: the encoder's) and the extra keywords
+        (``segmented``, ``label_attention_dim``, ``classifier_dropout``, ``pooling``) override the encoder's
+        config. LoRA-wrapped encoders must
         be merged first (``peft_model.merge_and_unload()``).
         """
         if isinstance(encoder_or_path, (str, os.PathLike)):
@@ -375,7 +376,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             data.pop(key, None)
         data.update(
             head=head,
-            chunk_size=chunk_size,
+            chunk_size=data.get("chunk_size", 128) if chunk_size is None else chunk_size,
             freeze_encoder=bool(freeze_encoder),
             segmented=True if head == "label_attention" else data.get("segmented", False),
         )

@@ -208,3 +208,11 @@ def test_a_converted_copy_takes_the_saved_tokenizer_along(tmp_path, tiny_bert_co
     # without tokenizer files transformers builds a default tokenizer of a few tokens, and loading still works
     assert loaded.tokenizer.get_vocab() == bert_tokenizer.get_vocab()
     assert loaded.encode(TEXTS).shape == (len(TEXTS), 32)
+
+
+def test_a_classifier_keeps_its_encoders_segment_length(tiny_bert_config):
+    """from_encoder without chunk_size takes the encoder's (a segmented encoder trained at 16 stays at 16)."""
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", chunk_size=16, segmented=True)
+    assert MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES).config.chunk_size == 16
+    other = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES, chunk_size=32)
+    assert other.config.chunk_size == 32
