@@ -101,6 +101,9 @@ class MLCLPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     accepts_loss_kwargs = False  # Trainer must not assume we normalise by num_items_in_batch (#47688)
+    # the heads train in float32 over a bf16 / fp16 backbone (their inputs are cast to the heads' dtype): a
+    # reload in the saved low precision keeps them in float32 as saved
+    _keep_in_fp32_modules_strict = ["projection_head", "classifier"]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True

@@ -216,3 +216,16 @@ def test_a_classifier_keeps_its_encoders_segment_length(tiny_bert_config):
     assert MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES).config.chunk_size == 16
     other = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES, chunk_size=32)
     assert other.config.chunk_size == 32
+
+
+def test_float32_heads_over_a_bf16_backbone_stay_float32_through_a_save(tmp_path, tiny_bert_config):
+    """The heads train in float32 over a bf16 backbone; the saved config's bf16 dtype must not round them."""
+    encoder = MLCLEncoder.from_backbone(
+        tiny_bert_config, pooling="mean", projection_dim=8, dtype=torch.bfloat16
+    )
+    assert encoder.projection_head.dense.weight.dtype == torch.float32
+    encoder.save_pretrained(tmp_path / "enc")
+    again = MLCLEncoder.from_pretrained(str(tmp_path / "enc"))
+    assert next(again.backbone.parameters()).dtype == torch.bfloat16
+    for name, value in encoder.projection_head.state_dict().items():
+        assert torch.equal(again.projection_head.state_dict()[name], value), name
