@@ -146,6 +146,27 @@ def finished(out_dir: str, force: bool, without_per_label: bool = False) -> bool
     return not without_per_label or os.path.isfile(os.path.join(out_dir, "per_label_f1.json"))
 
 
+def drop_finished_run_checkpoints(folder: str, out_dir: str) -> list[str]:
+    """Before a finished cell in ``out_dir`` runs again (``--force``, ``--rerun-without-per-label``): delete the
+    ``checkpoint-*`` folders in ``folder`` that its finished run left (older than its metrics.json), so the
+    rerun trains anew instead of resuming from that run's last checkpoint; a rerun's own checkpoints (newer)
+    stay for its resume. Returns the folders deleted."""
+    import shutil
+
+    done = os.path.join(out_dir, "metrics.json")
+    if not os.path.isfile(done) or not os.path.isdir(folder):
+        return []
+    finished_at = os.path.getmtime(done)
+    stale = [
+        os.path.join(folder, name)
+        for name in sorted(os.listdir(folder))
+        if name.startswith("checkpoint-") and os.path.getmtime(os.path.join(folder, name)) < finished_at
+    ]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
+
+
 def skip_finished(study: str, cell: str, seed: int, force: bool, without_per_label: bool = False) -> bool:
     """True (and a SKIP line) when the cell is :func:`finished`."""
     out_dir = cell_dir(study, cell, seed)

@@ -532,3 +532,24 @@ def test_the_plan_counts_each_row_s_finished_runs_and_no_other_s(tmp_path):
         ("joint_finetune", 2000): 0,
         ("<loss>_finetune", 2000): 0,
     }
+
+
+def test_a_rerun_of_a_finished_cell_drops_that_runs_checkpoints_and_keeps_its_own(tmp_path):
+    """A finished cell run again trains anew: the checkpoints its finished run left (older than its metrics.json)
+    go; checkpoints of the rerun itself (newer, an interrupted rerun) stay for its resume."""
+    import cell_io
+
+    folder, out_dir = tmp_path / "run", tmp_path / "results"
+    folder.mkdir()
+    out_dir.mkdir()
+    (folder / "checkpoint-1095").mkdir()
+    (out_dir / "metrics.json").write_text("{}")
+    (folder / "checkpoint-657").mkdir()
+    os.utime(folder / "checkpoint-1095", (1_000, 1_000))  # the finished run's, before its metrics
+    os.utime(out_dir / "metrics.json", (2_000, 2_000))
+    os.utime(folder / "checkpoint-657", (3_000, 3_000))  # the rerun's own
+    assert cell_io.drop_finished_run_checkpoints(str(folder), str(out_dir)) == [
+        str(folder / "checkpoint-1095")
+    ]
+    assert sorted(os.listdir(folder)) == ["checkpoint-657"]
+    assert cell_io.drop_finished_run_checkpoints(str(folder), str(tmp_path / "none")) == []  # not finished
