@@ -116,7 +116,8 @@ def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None
 
 def best_bce_lr(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
     """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` seed-1 cell of ``study``
-    (at ``train_size`` rows) with the highest validation macro-F1. ValueError when none has finished yet."""
+    (at ``train_size`` rows) with the highest validation macro-F1 (a tie: the larger rate, read as a number, as
+    the grid's extension rule reads it). ValueError when none has finished yet."""
     scores = bce_validation_scores(study, results, train_size)
     if not scores:
         size = "" if train_size is None else f" at --train-size {train_size}"
@@ -124,7 +125,7 @@ def best_bce_lr(study: str, results: str = RESULTS, train_size: int | None = Non
             f"--lr best: no finished bce_finetune-lr* seed-1 cell{size} under {os.path.join(results, study)}; "
             "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base / scale)"
         )
-    return max((score, lr) for lr, score in scores.items())[1]
+    return max(scores, key=lambda lr: (scores[lr], float(lr)))
 
 
 def long_cell(lr: str) -> str:
