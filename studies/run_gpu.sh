@@ -22,7 +22,8 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 case "${1:-}" in papers*) tree=gpu_papers ;; *) tree=gpu_bf16 ;; esac
 export MLCL_RESULTS=${MLCL_RESULTS:-$HERE/results/$tree} PY=${PY:-python3} OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-[ "$tree" = gpu_papers ] && export MLCL_RUNS=${MLCL_RUNS:-$(cd "$HERE/../.." && pwd)/runs}/papers  # own encoders
+# own encoders and checkpoints: a bf16 GPU cell must not load the CPU study's float32 encoders or resume its runs
+export MLCL_RUNS=${MLCL_RUNS:-$(cd "$HERE/../.." && pwd)/runs}/$tree
 LINEAR="--probe.num_train_epochs 50 --patience 5"  # as in run_all.sh
 study=${2:-$1}
 pat=2; [ "$study" = goemotions_full ] && pat=3  # as in run_all.sh
