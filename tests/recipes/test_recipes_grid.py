@@ -479,3 +479,23 @@ def test_a_key_that_moved_says_where_it_lives_now():
     recipe = {"projection_dim": 64, "stages": ["contrastive"], "contrastive": {"use_cpu": True}}
     model_args, _, _ = parse_stage(recipe, "contrastive")
     assert model_args.projection_dim == 64
+
+
+@pytest.mark.parametrize(
+    "rel, stage, expect",
+    [
+        # the encoder base's own values win over the loss base's stage defaults
+        ("aapd/llama-3.1-8b-lora/joint.yaml", "joint", dict(learning_rate=1e-4)),
+        ("mimic3_50/plm-icd/bce.yaml", "probe", dict(learning_rate=5e-5)),
+        ("mimic3_50/plm-icd/zlpr.yaml", "probe", dict(learning_rate=5e-5)),
+        # ... and the dataset base's (MIMIC: 20 epochs for every stage)
+        ("mimic3_full/roberta-base/bce.yaml", "probe", dict(num_train_epochs=20, learning_rate=2e-5)),
+        ("mimic4_icd10_50/roberta-base/joint.yaml", "joint", dict(num_train_epochs=20, learning_rate=2e-5)),
+        # where neither sets a value, the loss base's stands
+        ("aapd/roberta-base/bce.yaml", "probe", dict(num_train_epochs=10, learning_rate=2e-5)),
+    ],
+)
+def test_a_dataset_or_encoder_base_wins_over_the_loss_base(rel, stage, expect):
+    _, _, args = parse_stage(load_recipe(os.path.join(RECIPES, rel)), stage, _cpu_overrides())
+    for key, value in expect.items():
+        assert getattr(args, key) == pytest.approx(value), key
