@@ -147,6 +147,16 @@ class MLCLPreTrainedModel(PreTrainedModel):
             cache[name] = name in inspect.signature(self.backbone.forward).parameters
         return cache[name]
 
+    def _backbone_numbers_positions(self) -> bool:
+        """Whether the backbone numbers its positions from the input ids, counting real tokens only (the
+        RoBERTa family, whose positions start at ``padding_idx + 1``): position ids from 0 would shift them."""
+        cache = self.__dict__.setdefault("_mlcl_backbone_params", {})
+        if "numbers positions" not in cache:
+            cache["numbers positions"] = any(
+                hasattr(module, "create_position_ids_from_input_ids") for module in self.backbone.modules()
+            )
+        return cache["numbers positions"]
+
     def _pad_token_id(self) -> int:
         pad = getattr(self.backbone.config, "pad_token_id", None)
         return int(pad) if isinstance(pad, int) else 0
@@ -196,6 +206,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
             attention_mask is not None
             and self.config.pooling == "last_token"
             and self._backbone_accepts("position_ids")
+            and not self._backbone_numbers_positions()
         ):
             # positions count real tokens only, so left padding leaves the states unchanged
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)

@@ -55,7 +55,7 @@ def pool_states(
 ) -> torch.Tensor:
     """Pool token states (B, N, H) with the attention mask (B, N); None: every position is a real token.
 
-    ``cls``: first token (with ``segment_length``: mean of the first token of every non-empty segment);
+    ``cls``: first real token (with ``segment_length``: mean of the first token of every non-empty segment);
     ``mean``: masked mean over all real tokens; ``last_token``: the last real token.
     """
     if mask is None and segment_length is None:  # no padding: plain reductions, no mask arithmetic
@@ -73,8 +73,9 @@ def pool_states(
         idx = last_token_index(mask)
         return states[torch.arange(states.shape[0], device=states.device), idx]
     if pooling == "cls":
-        if segment_length is None:
-            return states[:, 0]
+        if segment_length is None:  # the first real token: position 0 under right padding, later under left
+            first = mask.long().argmax(-1)
+            return states[torch.arange(states.shape[0], device=states.device), first]
         batch, length, hidden = states.shape
         seg = states.view(batch, length // segment_length, segment_length, hidden)[:, :, 0]
         seg_mask = mask.view(batch, length // segment_length, segment_length).any(-1)

@@ -14,6 +14,7 @@ from hf_mlcl.modeling import (
     MLCLEncoder,
     MLCLEncoderOutput,
     MLCLForMultiLabelClassification,
+    pool_states,
 )
 from hf_mlcl.modeling.modeling_mlcl import PREPARED_MASK_MODEL_TYPES
 
@@ -253,6 +254,35 @@ def test_last_token_left_padding_equals_right_padding(tiny_llama_config, llama_t
             left[key][i, -n:] = right[key][i, :n]
     with torch.no_grad():
         torch.testing.assert_close(model(**right).embeddings, model(**left).embeddings, atol=1e-5, rtol=1e-5)
+
+
+def test_last_token_keeps_the_positions_of_a_backbone_that_numbers_them(tiny_roberta_config, bert_tokenizer):
+    """RoBERTa numbers real tokens from padding_idx + 1 itself: last_token pooling passes no position ids
+    from 0, so the pooled state is the backbone's own state at the last real token, for either padding side."""
+    model = MLCLEncoder.from_backbone(tiny_roberta_config, pooling="last_token").eval()
+    right = _batch(bert_tokenizer)
+    left = {k: torch.zeros_like(v) for k, v in right.items()}
+    left["input_ids"].fill_(bert_tokenizer.pad_token_id)
+    for i in range(right["input_ids"].shape[0]):
+        n = int(right["attention_mask"][i].sum())
+        for key in right:
+            left[key][i, -n:] = right[key][i, :n]
+    with torch.no_grad():
+        states = model.backbone(**right).last_hidden_state
+        last = right["attention_mask"].sum(-1) - 1
+        ref = states[torch.arange(states.shape[0]), last]
+        torch.testing.assert_close(model(**right).pooled, ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(**left).pooled, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_cls_pooling_reads_the_first_real_token_under_left_padding():
+    states = torch.randn(3, 5, 4)
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    left = right.flip(-1)
+    torch.testing.assert_close(pool_states(states, right, "cls"), states[:, 0])
+    torch.testing.assert_close(
+        pool_states(states, left, "cls"), states[torch.arange(3), torch.tensor([2, 0, 4])]
+    )
 
 
 def test_segmented_encoder_is_masked_mean_over_segment_tokens(tiny_roberta_config, bert_tokenizer):
