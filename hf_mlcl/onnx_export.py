@@ -29,12 +29,13 @@ class _Classifier(nn.Module):
 
 
 class _Encoder(nn.Module):
-    """``last_hidden_state`` (B, T, H), the token states, and ``sentence_embedding`` (B, H), the pooled
-    representation an hf_mlcl encoder's sentence-transformers folder gives."""
+    """``last_hidden_state`` (B, T, H), the token states, and ``sentence_embedding``, the folder's sentence
+    embedding: the pooled representation (B, H), or with ``projected`` the projection head's output."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, projected: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.projected = projected
 
     def forward(
         self, input_ids, attention_mask=None, token_type_ids=None
@@ -42,7 +43,8 @@ class _Encoder(nn.Module):
         from hf_mlcl.modeling.layers_mlcl import pool_states
 
         states, mask, segment = self.model.encode_tokens(input_ids, attention_mask, token_type_ids)
-        return states, pool_states(states, mask, self.model.config.pooling, segment)
+        pooled = pool_states(states, mask, self.model.config.pooling, segment)
+        return states, self.model.projection_head(pooled) if self.projected else pooled
 
 
 def _load(folder: str) -> tuple[nn.Module, str]:
@@ -62,9 +64,29 @@ def _load(folder: str) -> tuple[nn.Module, str]:
     return MLCLForMultiLabelClassification.from_pretrained(folder), "classifier"
 
 
+def _save(program: Any, path: str) -> None:
+    """Save the exported ``program`` as ``path`` and, for a model over 2 GB, the external data file beside it
+    that ``path`` names (``model.onnx.data``): written in a temporary folder beside ``path`` and moved in, the
+    data first, so an interrupted export leaves no half-written model and no temporary names inside it."""
+    import shutil
+    import tempfile
+
+    from hf_mlcl.files import TMP_PREFIX
+
+    folder = os.path.dirname(path)
+    staging = tempfile.mkdtemp(dir=folder, prefix=TMP_PREFIX)
+    try:
+        program.save(os.path.join(staging, os.path.basename(path)))
+        names = sorted(os.listdir(staging), key=lambda name: name == os.path.basename(path))
+        for name in names:
+            os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     """Write ``folder/onnx/model.onnx``: the folder's classifier (output ``logits``) or encoder (outputs
-    ``last_hidden_state`` and ``sentence_embedding``), with inputs named as its tokenizer's and a dynamic batch
+    ``last_hidden_state`` and ``sentence_embedding``, the folder's sentence embedding), with inputs named as its tokenizer's and a dynamic batch
     and sequence length, in float32 on the CPU, exported by ``torch.onnx.export``.
 
     Args:
@@ -77,8 +99,11 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no such folder.
         ImportError: the ``onnx`` extra (onnx, onnxscript) is not installed.
+        ValueError: a segmented (PLM-ICD) model, whose document-by-chunks encoding has no export.
     """
     from transformers import AutoTokenizer
+
+    from hf_mlcl.modeling.builders import native_settings
 
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"no model folder {folder!r}")
@@ -91,10 +116,16 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
         ) from err
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model, kind = _load(folder)
+    if getattr(model.config, "segmented", False):
+        raise ValueError(f"{folder} holds a segmented (PLM-ICD) model, which has no ONNX export")
     model = model.float().to("cpu").eval()
     sample = tokenizer(["an example text to trace", "short"], padding=True, return_tensors="pt")
     inputs = tuple(name for name in _TEXT_INPUTS if name in sample)
-    wrapper = (_Classifier if kind == "classifier" else _Encoder)(model).eval()
+    if kind == "classifier":
+        wrapper = _Classifier(model).eval()
+    else:
+        projected = (native_settings(folder) or {}).get("embedding") == "projected"
+        wrapper = _Encoder(model, projected).eval()
     outputs = ["logits"] if kind == "classifier" else ["last_hidden_state", "sentence_embedding"]
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence")
     path = os.path.join(folder, ONNX_FILE)
@@ -111,8 +142,5 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
             dynamo=True,
             verbose=False,
         )
-    from hf_mlcl.files import atomic_path
-
-    with atomic_path(path) as tmp:
-        program.save(tmp)
+    _save(program, path)
     return {"path": path, "kind": kind, "inputs": list(inputs), "outputs": outputs}

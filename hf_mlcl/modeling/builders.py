@@ -29,6 +29,7 @@ __all__ = [
     "is_mlcl_checkpoint",
     "folder_layout",
     "is_native_encoder",
+    "native_settings",
     "probe_model",
     "segment_multiple",
     "with_lora",
@@ -62,7 +63,7 @@ def is_mlcl_checkpoint(path: str | None) -> bool:
         return json.load(fh).get("model_type") == "mlcl"
 
 
-def _native_settings(path: str) -> dict | None:
+def native_settings(path: str) -> dict | None:
     """A native folder's ``mlcl_config.json`` (None for a folder in hf_mlcl's format)."""
     from .native_mlcl import MLCL_FILE
 
@@ -77,7 +78,7 @@ def folder_layout(path: str) -> str:
     """The format of a saved model folder: ``"sentence-transformers"`` (an encoder, or a classifier with a
     linear head), ``"transformers"`` (a classifier with a native head), ``"peft"`` (a LoRA classifier with a
     native head, a ``SEQ_CLS`` adapter) or ``"hf_mlcl"`` (hf_mlcl's classes, with remote code)."""
-    settings = _native_settings(path)
+    settings = native_settings(path)
     if settings is None:
         return "hf_mlcl"
     if settings.get("kind") == "classifier":
@@ -102,7 +103,7 @@ def holds_a_tokenizer(path: str | None) -> bool:
 
 def is_native_encoder(path: str | None) -> bool:
     """True when ``path`` is a folder holding an hf_mlcl encoder saved as a sentence-transformers folder."""
-    settings = _native_settings(path) if path else None
+    settings = native_settings(path) if path else None
     return settings is not None and settings.get("kind", "encoder") == "encoder"
 
 

@@ -74,3 +74,59 @@ def test_export_of_a_missing_folder_is_one_line(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no model folder" in err[0]
+
+
+def test_export_of_a_projected_encoder_outputs_its_projected_embedding(
+    tmp_path, tiny_bert_config, bert_tokenizer
+):
+    """A sentence-transformers folder saved with the projected embedding exports that embedding, not the pooled one."""
+    import onnxruntime
+
+    torch.manual_seed(0)
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=8).eval()
+    encoder.save_pretrained(tmp_path)
+    assert to_sentence_transformers(str(tmp_path), 64, embedding="projected", tokenizer=bert_tokenizer)
+    assert main(["export", str(tmp_path), "--to", "onnx"]) == 0
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    batch = bert_tokenizer(TEXTS, padding=True, return_tensors="np")
+    got = dict(
+        zip(
+            [o.name for o in session.get_outputs()],
+            session.run(None, {i.name: batch[i.name] for i in session.get_inputs()}),
+        )
+    )
+    with torch.no_grad():
+        want = encoder(**_batch(bert_tokenizer)).embeddings
+    assert got["sentence_embedding"].shape == (3, 8)
+    assert (torch.from_numpy(got["sentence_embedding"]) - want).abs().max() <= 1e-4
+
+
+def test_export_of_a_segmented_model_is_one_line(tmp_path, tiny_roberta_config, bert_tokenizer, capsys):
+    MLCLEncoder.from_backbone(tiny_roberta_config, segmented=True, chunk_size=8).save_pretrained(tmp_path)
+    bert_tokenizer.save_pretrained(tmp_path)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "segmented" in err[0]
+    assert not os.path.exists(tmp_path / "onnx")
+
+
+def test_a_model_over_two_gigabytes_keeps_its_data_file_under_the_name_the_model_reads(tmp_path):
+    """torch.onnx writes the weights of a model over 2 GB to '<model file name>.data' and records that name in
+    the model: both land in onnx/ under those names, with no temporary file left."""
+    from hf_mlcl.onnx_export import _save
+
+    class Program:
+        def save(self, path):
+            with open(path + ".data", "w") as fh:
+                fh.write("weights")
+            with open(path, "w") as fh:
+                fh.write("graph naming " + os.path.basename(path) + ".data")
+
+    folder = tmp_path / "onnx"
+    folder.mkdir()
+    _save(Program(), str(folder / "model.onnx"))
+    assert sorted(os.listdir(folder)) == ["model.onnx", "model.onnx.data"]
+    assert (folder / "model.onnx").read_text() == "graph naming model.onnx.data"
