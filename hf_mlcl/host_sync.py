@@ -81,6 +81,9 @@ _WHERE = {torch.where: "where", _T.where: "where"}
 # a tensor made from host data for a device is a host-to-device copy, which the default (blocking) copy
 # follows with a stream synchronisation; counted whenever a device is named (it may be an accelerator)
 _FROM_HOST = {torch.tensor: "tensor", torch.as_tensor: "as_tensor"}
+# a copy to the host named as such (``x.to("cpu")``, ``x.to(device="cpu")``): a blocking device-to-host copy on
+# an accelerator. ``x.to(other.device)`` is not counted: on the CPU a test cannot tell where it would go.
+_TO = {_T.to: "to"}
 
 # ATen operators that read a value on the host or whose output shape depends on the values
 _ATEN = torch.ops.aten
@@ -112,6 +115,7 @@ SYNCING_CALLS = tuple(
             *_INDEXING.values(),
             *_REPEATS.values(),
             *_FROM_HOST.values(),
+            *_TO.values(),
             "where (one argument)",
         }
     )
@@ -235,6 +239,11 @@ class HostSyncCounter(TorchFunctionMode):
             return None
         if func in _WHERE and len(args) + len(kwargs) == 1:
             return "where (one argument)"
+        name = _TO.get(func)
+        if name is not None:
+            target = kwargs.get("device", args[1] if len(args) > 1 else None)
+            host = isinstance(target, str) and target.split(":")[0] == "cpu"
+            return name + " (the host)" if host and not kwargs.get("non_blocking", False) else None
         name = _FROM_HOST.get(func)
         if name is not None and kwargs.get("device") is not None:
             data = args[0] if args else kwargs.get("data")

@@ -27,6 +27,7 @@ def test_every_kind_of_host_read_is_counted_with_its_call_site():
         "numpy": lambda: x.numpy(),
         "__contains__": lambda: 2.0 in x,
         "cpu": lambda: x.cpu(),
+        "to (the host)": lambda: x.to("cpu"),
         "nonzero": lambda: mask.nonzero(),
         "unique": lambda: torch.unique(x),
         "bincount": lambda: torch.bincount(mask.long(), minlength=2),
@@ -52,6 +53,7 @@ def test_device_side_work_is_not_counted():
         y.masked_fill_(y > 1, 0.0)
         torch.repeat_interleave(x, 2, dim=0)
         x.new_zeros(3).index_add_(0, idx, x[:2, 0])
+        x.to(torch.float64).to(x.device).to("cpu", non_blocking=True)  # dtype, a device object, no wait
         return y.mean(dim=1).softmax(dim=0)
 
     counter = _count(work)
