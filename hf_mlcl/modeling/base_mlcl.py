@@ -30,6 +30,7 @@ from .folders_mlcl import (
     bundle_code_files,
     hub_file,
     load_adapter_folder,
+    resolve_subfolder,
     save_folder_atomically,
 )
 from .layers_mlcl import unpack_rows
@@ -407,11 +408,14 @@ class MLCLPreTrainedModel(PreTrainedModel):
         under ZeRO-3, :func:`~hf_mlcl.modeling.folders_mlcl.load_adapter_folder`) and the heads are read from
         ``model.safetensors``. ``AutoModel*.from_pretrained(..., trust_remote_code=True)`` comes through here
         for a local folder; given a Hub id whose repository holds ``adapter_config.json``, transformers loads
-        the base model it names instead."""
-        path = os.fspath(pretrained_model_name_or_path)
+        the base model it names instead. A ``subfolder`` is followed in every layout."""
+        path, kwargs = resolve_subfolder(
+            os.fspath(pretrained_model_name_or_path), kwargs, (MLCL_FILE, ADAPTER_CONFIG_NAME)
+        )
+        pretrained_model_name_or_path = path
         hub = {
             k: kwargs[k]
-            for k in ("revision", "cache_dir", "token", "local_files_only")
+            for k in ("revision", "cache_dir", "token", "local_files_only", "subfolder")
             if kwargs.get(k) is not None
         }
         adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)

@@ -33,6 +33,7 @@ __all__ = [
     "hub_file",
     "load_adapter_folder",
     "merge_lora_weights",
+    "resolve_subfolder",
     "save_folder_atomically",
 ]
 
@@ -155,6 +156,32 @@ def hub_file(path: str, filename: str, hub_kwargs: Mapping[str, Any]) -> str | N
     )
 
 
+def resolve_subfolder(
+    path: str, kwargs: Mapping[str, Any], markers: tuple[str, ...]
+) -> tuple[str, dict[str, Any]]:
+    """``path`` and ``from_pretrained``'s ``kwargs`` with a ``subfolder`` turned into a folder of its own when hf_mlcl
+    reads that part itself: a local folder's subfolder is joined to its path; a Hub repository's subfolder holding
+    one of ``markers`` (a native or adapter layout's file) is downloaded and its local copy returned. Otherwise
+    (no subfolder, or a Hub subfolder in hf_mlcl's own format, which transformers reads) nothing changes."""
+    subfolder = kwargs.get("subfolder")
+    if not subfolder:
+        return path, dict(kwargs)
+    rest = {k: v for k, v in kwargs.items() if k != "subfolder"}
+    if os.path.isdir(path):
+        return os.path.join(path, subfolder), rest
+    hub = {
+        k: kwargs[k]
+        for k in ("revision", "cache_dir", "token", "local_files_only")
+        if kwargs.get(k) is not None
+    }
+    if not any(hub_file(path, marker, {**hub, "subfolder": subfolder}) for marker in markers):
+        return path, dict(kwargs)
+    from huggingface_hub import snapshot_download
+
+    snapshot = snapshot_download(path, allow_patterns=[f"{subfolder}/*"], **hub)
+    return os.path.join(snapshot, subfolder), rest
+
+
 def _peft_available() -> bool:
     try:  # an optional import, which transformers' check of remote code does not require to be installed
         import peft  # noqa: F401
@@ -171,7 +198,8 @@ def apply_adapter(backbone: nn.Module, path: str, weights_file: str, hub: Mappin
     ``weights_file``: the local copy of its ``adapter_model.safetensors``; ``hub``: the folder's Hub keywords."""
     from safetensors.torch import load_file
 
-    backbone.load_adapter(path, adapter_name="default", **hub)
+    # the Hub keywords go as the download's (load_adapter's own local_files_only fails in transformers 5)
+    backbone.load_adapter(path, adapter_name="default", adapter_kwargs=dict(hub))
     params = dict(backbone.named_parameters())
     for key, value in load_file(weights_file).items():
         module, _, leaf = key.removeprefix(_PEFT_PREFIX).rpartition(".")

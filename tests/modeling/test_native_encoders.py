@@ -278,3 +278,49 @@ def test_minilm_encoder_and_native_classifier_in_every_consumer(tmp_path, minilm
     _close([[row[n] for n in names] for row in report["pipeline"]], torch.sigmoid(logits))
     _close(report["st_linear"], torch.sigmoid(linear_logits))
     assert (torch.tensor(report["onnx_linear"]) - linear_logits).abs().max() <= 1e-4
+
+
+def _fake_hub_cache(cache, repo_id: str, folder) -> None:
+    """``folder`` as the main revision of ``repo_id`` in a Hub cache (the layout huggingface_hub reads offline)."""
+    import shutil
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, repo / "snapshots" / commit)
+
+
+def test_a_native_encoder_and_an_adapter_load_from_a_subfolder(
+    tmp_path, encoders, tiny_llama_config, bert_tokenizer, llama_tokenizer
+):
+    """``subfolder`` is followed for a sentence-transformers folder and a LoRA adapter, in a local folder and in a
+    Hub repository (read from the cache, offline); a Hub adapter takes the Hub keywords (cache_dir, offline)."""
+    repo, base = tmp_path / "repo", tmp_path / "base"
+    _save_native(encoders["bert_mean"], bert_tokenizer, repo / "encoder")
+    LlamaModel(tiny_llama_config).save_pretrained(base)
+    encoder = MLCLEncoder.from_backbone(str(base), pooling="last_token", projection_dim=8)
+    lora = apply_lora(encoder, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=False)
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    save_lora_adapter(lora.eval(), str(repo / "adapter"), str(base))
+    _fake_hub_cache(tmp_path / "cache", "someone/models", repo)
+    _fake_hub_cache(tmp_path / "cache", "someone/adapter", repo / "adapter")
+    want = {
+        "encoder": (encoders["bert_mean"], bert_tokenizer),
+        "adapter": (lora.base_model.model, llama_tokenizer),
+    }
+    hub = {"cache_dir": str(tmp_path / "cache"), "local_files_only": True}
+    for sub, (model, tokenizer) in want.items():
+        ref = model.encode(TEXTS, tokenizer, output="pooled")
+        for source, kwargs in ((str(repo), {}), ("someone/models", hub)):
+            got = MLCLEncoder.from_pretrained(source, subfolder=sub, **kwargs).encode(
+                TEXTS, tokenizer, output="pooled"
+            )
+            assert (got - ref).abs().max() <= 1e-5, (sub, source)
+    got = MLCLEncoder.from_pretrained("someone/adapter", **hub).encode(
+        TEXTS, llama_tokenizer, output="pooled"
+    )
+    assert (got - want["adapter"][0].encode(TEXTS, llama_tokenizer, output="pooled")).abs().max() <= 1e-5
