@@ -326,6 +326,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         head: str = "linear",
         freeze_encoder: bool = True,
         chunk_size: int | None = None,
+        load_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> MLCLForMultiLabelClassification:
         """Classifier on a trained encoder's backbone; the projection head is dropped (Khosla et al.).
@@ -334,11 +335,14 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
         duplicated); ``copy.deepcopy`` the encoder first if it must stay unchanged. ``freeze_encoder``
         freezes the backbone for linear probing. ``chunk_size`` (default: the encoder's) and the extra keywords
         (``segmented``, ``label_attention_dim``, ``classifier_dropout``, ``pooling``) override the encoder's
-        config. LoRA-wrapped encoders must
+        config. ``load_kwargs`` go to ``MLCLEncoder.from_pretrained`` for a folder or Hub id (``revision``,
+        ``token``, ``dtype``, ``subfolder`` ...). LoRA-wrapped encoders must
         be merged first (``peft_model.merge_and_unload()``).
         """
         if isinstance(encoder_or_path, (str, os.PathLike)):
-            encoder = MLCLEncoder.from_pretrained(os.fspath(encoder_or_path))
+            encoder = MLCLEncoder.from_pretrained(os.fspath(encoder_or_path), **dict(load_kwargs or {}))
+        elif load_kwargs:
+            raise ValueError("load_kwargs apply to an encoder folder or Hub id, not to an encoder model")
         else:
             encoder = encoder_or_path
         if not isinstance(encoder, MLCLPreTrainedModel):

@@ -551,6 +551,16 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
     probe = MLCLForMultiLabelClassification.from_encoder(str(tmp_path / "enc"), num_labels=2)
     for key, value in encoder.backbone.state_dict().items():
         assert torch.equal(value, probe.backbone.state_dict()[key])
+    # the loader's keywords reach the encoder's from_pretrained
+    encoder.save_pretrained(tmp_path / "repo" / "enc")
+    half = MLCLForMultiLabelClassification.from_encoder(
+        str(tmp_path / "repo"), num_labels=2, load_kwargs={"subfolder": "enc", "dtype": torch.float64}
+    )
+    assert half.backbone.dtype == torch.float64
+    with pytest.raises(ValueError, match="load_kwargs apply to an encoder folder"):
+        MLCLForMultiLabelClassification.from_encoder(
+            encoder, num_labels=2, load_kwargs={"dtype": torch.float64}
+        )
 
 
 def test_a_classifier_without_head_weights_is_an_error_not_a_random_head(tmp_path, tiny_bert_config):
