@@ -392,10 +392,18 @@ class MLCLPreTrainedModel(PreTrainedModel):
             **config_kwargs,
         )
         model = cls(config, backbone=backbone)
-        device = next(backbone.parameters()).device
-        if device.type != "meta":
-            model.to(device)
+        model.place_heads()
         return model
+
+    def place_heads(self) -> None:
+        """Move every module but the backbone to the device of the backbone's first parameter, where its outputs
+        arrive; the backbone keeps its own placement (a ``device_map`` spreading it over several devices)."""
+        device = next(self.backbone.parameters()).device
+        if device.type == "meta":
+            return
+        for child in self.children():
+            if child is not self.backbone:
+                child.to(device)
 
     # -- loading --------------------------------------------------------------------------------------
     @classmethod

@@ -396,8 +396,7 @@ class MLCLForMultiLabelClassification(MLCLPreTrainedModel):
             **data,
         )
         model = cls(config, backbone=encoder.backbone)
-        device = next(encoder.backbone.parameters()).device
-        model.to(device)
+        model.place_heads()
         model.train(encoder.training)
         return model
 

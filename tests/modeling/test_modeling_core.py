@@ -563,6 +563,17 @@ def test_classifier_save_load_roundtrip(tmp_path, tiny_roberta_config, bert_toke
         )
 
 
+def test_from_encoder_places_the_heads_and_leaves_the_backbone_where_it_is(tiny_bert_config):
+    """A backbone spread over devices (a device_map) keeps its layout: only the heads move, to the device of its
+    first parameter. On the CPU, a layer on the meta device stands for the second device."""
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, projection_dim=8)
+    encoder.backbone.encoder.layer[1].to("meta")
+    model = MLCLForMultiLabelClassification.from_encoder(encoder, num_labels=3)
+    assert model.classifier.weight.device.type == "cpu"
+    assert next(model.backbone.encoder.layer[1].parameters()).device.type == "meta"
+    assert next(model.backbone.encoder.layer[0].parameters()).device.type == "cpu"
+
+
 def test_a_classifier_without_head_weights_is_an_error_not_a_random_head(tmp_path, tiny_bert_config):
     """An encoder folder, or a classifier folder whose head tensors are gone, does not load as a classifier
     (directly or through AutoModelForSequenceClassification with the saved remote code)."""
