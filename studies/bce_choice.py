@@ -99,14 +99,21 @@ def joint_grid_done(
     return lr_grid.grid_complete(scores, JOINT_WEIGHTS, JOINT_LADDER, JOINT_EXTENSIONS)
 
 
-def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
-    """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr*`` cell of ``study``
+def best_joint_weight(
+    study: str, results: str = RESULTS, train_size: int | None = None, lr: str | None = None
+) -> str:
+    """The joint objective's w chosen on validation: the seed-1 ``joint_finetune-w<w>-lr<lr>`` cell of ``study``
     at ``train_size`` rows with the highest validation macro-F1 (a tie: the larger w, as the grid's extension
-    rule reads it). ValueError until the grid is complete (:func:`joint_grid_done`)."""
-    scores = joint_validation_scores(study, results, train_size)
+    rule reads it), at the learning rate ``lr`` (default: BCE's, :func:`best_bce_lr`, the rate the joint cells
+    train at), so w is never compared across learning rates. ValueError until the grid is complete
+    (:func:`joint_grid_done`)."""
+    lr = best_bce_lr(study, results, train_size) if lr is None else lr
+    scores = joint_validation_scores(study, results, train_size, lr)
     if not scores:
-        raise ValueError(f"--weight best: no finished joint_finetune-w* seed-1 cell of {study} at this size")
-    if not joint_grid_done(study, results, train_size):
+        raise ValueError(
+            f"--weight best: no finished joint_finetune-w*-lr{lr} seed-1 cell of {study} at this size"
+        )
+    if not joint_grid_done(study, results, train_size, lr):
         raise ValueError(
             f"--weight best: the w grid of {study} at this size is not complete (ran: {', '.join(sorted(scores))}); "
             "run --weight extend, extend2 and extend3 first"
@@ -114,16 +121,40 @@ def best_joint_weight(study: str, results: str = RESULTS, train_size: int | None
     return max(scores, key=lambda w: (scores[w], float(w)))
 
 
-def best_bce_lr(study: str, results: str = RESULTS, train_size: int | None = None) -> str:
+def bce_extensions(train_size: int | None) -> int:
+    """How many times BCE's learning-rate grid grows past its better edge: once on a whole training set, twice
+    on a subset (run_all.sh's LRS and SCALE_LRS; studies/lr_grid.py)."""
+    return 1 if train_size is None else 2
+
+
+def bce_grid_done(study: str, results: str = RESULTS, train_size: int | None = None) -> bool:
+    """Whether every point of BCE's learning-rate grid at ``train_size`` has its seed-1 cell (the first two and
+    the extensions validation asks for, :func:`bce_extensions`): only then is the choice final."""
+    import lr_grid
+
+    scores = bce_validation_scores(study, results, train_size)
+    return lr_grid.grid_complete(scores, lr_grid.FIRST, lr_grid.LADDER, bce_extensions(train_size))
+
+
+def best_bce_lr(
+    study: str, results: str = RESULTS, train_size: int | None = None, complete: bool = False
+) -> str:
     """The fine-tuning learning rate chosen on validation: the ``bce_finetune-lr*`` seed-1 cell of ``study``
     (at ``train_size`` rows) with the highest validation macro-F1 (a tie: the larger rate, read as a number, as
-    the grid's extension rule reads it). ValueError when none has finished yet."""
+    the grid's extension rule reads it), among the points run so far (a table labels it provisional until
+    :func:`bce_grid_done`; ``complete`` requires that, as a run that trains at it does). ValueError when none
+    has finished yet, or with ``complete`` while the grid is not."""
     scores = bce_validation_scores(study, results, train_size)
+    size = "" if train_size is None else f" at --train-size {train_size}"
     if not scores:
-        size = "" if train_size is None else f" at --train-size {train_size}"
         raise ValueError(
             f"--lr best: no finished bce_finetune-lr* seed-1 cell{size} under {os.path.join(results, study)}; "
             "run the BCE learning-rate cells first (run_all.sh full-reuters-base / full-goemotions-base / scale)"
+        )
+    if complete and not bce_grid_done(study, results, train_size):
+        raise ValueError(
+            f"--lr best: the learning-rate grid of {study}{size} is not complete (ran: {', '.join(sorted(scores))}); "
+            "run --lr extend" + (" and extend2" if train_size is not None else "") + " first"
         )
     return max(scores, key=lambda lr: (scores[lr], float(lr)))
 

@@ -78,11 +78,11 @@ def _epoch_test(wanted: bool, probe: str, d_args, folder: str) -> list:
 
 def best_bce_lr(dataset: str, train_size: int | None = None) -> str:
     """The fine-tuning learning rate chosen on validation among the BCE cells of the same training size
-    (``bce_choice.best_bce_lr``; ValueError until a BCE learning-rate cell of that size has finished)."""
+    (``bce_choice.best_bce_lr``; ValueError until every point of that size's grid has finished)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
 
-    return bce_choice.best_bce_lr(dataset, paths.RESULTS, train_size)
+    return bce_choice.best_bce_lr(dataset, paths.RESULTS, train_size, complete=True)
 
 
 def extended_bce_lr(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:
@@ -140,11 +140,12 @@ def scale_tokens(
 
 
 def best_joint_weight(dataset: str, train_size: int | None = None) -> str:
-    """The joint objective's w chosen on validation at this training size (``bce_choice.best_joint_weight``)."""
+    """The joint objective's w chosen on validation at this training size, among the cells at the BCE learning
+    rate chosen there (``bce_choice.best_joint_weight``; :func:`best_bce_lr`, the rate the joint cells train at)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
 
-    return bce_choice.best_joint_weight(dataset, paths.RESULTS, train_size)
+    return bce_choice.best_joint_weight(dataset, paths.RESULTS, train_size, best_bce_lr(dataset, train_size))
 
 
 def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:

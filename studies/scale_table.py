@@ -28,7 +28,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bce_choice  # noqa: E402  (studies/bce_choice.py: the choices made on validation)
 import loss_choice  # noqa: E402  (studies/loss_choice.py: the two losses chosen on Reuters)
-import lr_grid  # noqa: E402  (studies/lr_grid.py: BCE's learning-rate grid)
 import scale  # noqa: E402  (studies/scale.py: the sizes and the cells' names)
 
 NOT_RUN = "not yet run"
@@ -83,20 +82,13 @@ def choice_or_none(choice, study: str, results: str, size: int | None) -> str | 
         return None
 
 
-def bce_grid_done(study: str, results: str, size: int | None) -> bool:
-    """Whether every point of BCE's learning-rate grid at ``size`` has its seed-1 cell (the first two and the
-    extension; at a subset also the second extension, run_all.sh's SCALE_LRS): only then is the choice final."""
-    scores = bce_choice.bce_validation_scores(study, results, size)
-    return lr_grid.grid_complete(scores, lr_grid.FIRST, lr_grid.LADDER, 1 if size is None else 2)
-
-
 def method_cells(study: str, results: str, size: int | None) -> list[tuple[str, str | None]]:
     """(row name, cell base name, None while its choice is pending, or ``NOT_CHOSEN``) of each method at
-    ``size``: a choice is made once every point of its grid has run on validation (:func:`bce_grid_done`,
+    ``size``: a choice is made once every point of its grid has run on validation (``bce_choice.bce_grid_done``,
     ``bce_choice.joint_grid_done``); at a subset only the loss whose probe is better there is fine-tuned."""
     lr = (
         choice_or_none(bce_choice.best_bce_lr, study, results, size)
-        if bce_grid_done(study, results, size)
+        if bce_choice.bce_grid_done(study, results, size)
         else None
     )
     w = None

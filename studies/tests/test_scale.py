@@ -209,6 +209,20 @@ def test_the_learning_rate_is_chosen_on_each_sizes_own_validation_cells(tmp_path
     assert choice.best_bce_lr("reuters21578", str(tmp_path), 500) == "1e-4"
     with pytest.raises(ValueError, match="at --train-size 2000"):
         choice.best_bce_lr("reuters21578", str(tmp_path), 2000)
+    # a run that trains at the choice (run.py --lr best) waits for the grid's extensions: 2e-5 on the whole
+    # set (5e-5 at the lower edge), 2e-4 then 5e-4 at 500 (1e-4, then 2e-4, at the upper edge)
+    with pytest.raises(
+        ValueError, match=r"grid of reuters21578 is not complete \(ran: 1e-4, 5e-5\); run --lr extend first"
+    ):
+        choice.best_bce_lr("reuters21578", str(tmp_path), complete=True)
+    cell("bce_finetune-lr2e-5", 0.25)
+    assert choice.best_bce_lr("reuters21578", str(tmp_path), complete=True) == "5e-5"
+    cell("bce_finetune-lr2e-4-n500", 0.45)
+    with pytest.raises(ValueError, match="at --train-size 500 is not complete .* extend and extend2 first"):
+        choice.best_bce_lr("reuters21578", str(tmp_path), 500, complete=True)
+    assert choice.best_bce_lr("reuters21578", str(tmp_path), 500) == "2e-4"  # provisional, as tables label it
+    cell("bce_finetune-lr5e-4-n500", 0.05)
+    assert choice.best_bce_lr("reuters21578", str(tmp_path), 500, complete=True) == "2e-4"
 
 
 def test_tables_of_the_full_study_leave_the_subset_cells_out(tmp_path, monkeypatch):
@@ -338,8 +352,16 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
     scores = {
         "joint_finetune-w0.2-lr1e-4-n500": 0.30,
         "joint_finetune-w0.5-lr1e-4-n500": 0.25,
+        "joint_finetune-w0.8-lr5e-5-n500": 0.99,  # not BCE's learning rate at 500: never compared
         "joint_finetune-w0.2-lr2e-4": 0.40,  # the whole training set: another size
         "joint_finetune-w0.5-lr2e-4": 0.45,
+        # BCE's complete grids: 1e-4 chosen at 500 (inside the grid), 2e-4 on the whole set (one extension)
+        "bce_finetune-lr5e-5-n500": 0.1,
+        "bce_finetune-lr1e-4-n500": 0.3,
+        "bce_finetune-lr2e-4-n500": 0.2,
+        "bce_finetune-lr5e-5": 0.1,
+        "bce_finetune-lr1e-4": 0.2,
+        "bce_finetune-lr2e-4": 0.3,
     }
     for cell, value in scores.items():
         path = tmp_path / "reuters21578" / cell / "seed1" / "metrics.json"
@@ -349,7 +371,7 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
     for size in (500, None):
         with pytest.raises(ValueError, match="grid of reuters21578 at this size is not complete"):
             run.best_joint_weight("reuters21578", size)
-    with pytest.raises(ValueError, match="no finished joint_finetune"):
+    with pytest.raises(ValueError, match="no finished bce_finetune-lr"):
         run.best_joint_weight("reuters21578", 2000)
     with pytest.raises(ValueError, match="--loss joint fine-tunes"):
         run.run_cell("reuters21578", "joint", "logistic", 1, [], weight="0.5")
