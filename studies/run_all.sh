@@ -122,6 +122,7 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
 tail_seeds() {
   local study=$1 pat=$2 L2 S L again=--rerun-without-per-label
   L2=$(pick "") || return 1
+  for M in logreg svm; do bcell tfidf "$study" --model "$M" --seed 1 $again; done  # the tail table's baseline
   for S in 2 3; do bcell tfidf "$study" --model svm --seed "$S" $again; done
   for S in 2 3; do for L in $L2; do fcell "$study" --loss "$L" --probe logistic --seed "$S" $again; done; done
   for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat" $again; done
@@ -223,7 +224,7 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
 scale-reuters) scale_cells reuters21578 ;;       # one queue per study: run side by side with
 scale-goemotions) scale_cells goemotions_full ;;  # OMP_NUM_THREADS=1 each, as full-reuters / full-goemotions
 scale) scale_cells reuters21578; scale_cells goemotions_full ;;
-tail-seeds)  # seeds 2-3 of the tail table's cells that predate their per-label F1 files
+tail-seeds)  # seeds 2-3 of the tail table's cells that predate their per-label F1 files, TF-IDF seed 1 first
   study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
   tail_seeds "$study" "$pat"
   ;;

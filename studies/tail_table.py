@@ -76,22 +76,23 @@ def _tail_series(study: str) -> list[tuple[str, dict]] | None:
 
 
 def _tail_baseline(study: str) -> tuple[str, dict] | None:
-    """(label, per-label results) of the baseline (TF-IDF, SetFit) with the highest seed-1 validation macro-F1
-    among those that wrote a per_label_f1.json; None before any has."""
+    """(label, per-label results) of the baseline (TF-IDF, SetFit) with the highest seed-1 validation macro-F1;
+    None before any baseline has run, or while that one has no per_label_f1.json (run_all.sh tail-seeds writes
+    it): another baseline is never shown in its place."""
     plain = load(study)
     scored = [
         (r["metrics"]["validation_macro_f1"], key)
         for key in BASELINES
         for r in plain.get(key, [])
         if r["seed"] == 1
-        and os.path.isfile(
-            os.path.join(paths.RESULTS, study, f"{key[0]}_{key[1]}", "seed1", "per_label_f1.json")
-        )
     ]
     if not scored:
         return None
     key = max(scored)[1]
-    return BASELINES[key], _per_label(study, f"{key[0]}_{key[1]}")
+    cell = f"{key[0]}_{key[1]}"
+    if not os.path.isfile(os.path.join(paths.RESULTS, study, cell, "seed1", "per_label_f1.json")):
+        return None
+    return BASELINES[key], _per_label(study, cell)
 
 
 def full_f1_plot(study: str, out: str) -> str | None:

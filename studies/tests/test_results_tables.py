@@ -703,6 +703,14 @@ def test_tail_table_bins_bce_against_the_best_contrastive_cell_on_validation(res
     rows = tail_table.tail_table("reuters21578").splitlines()
     assert rows[0].split(" | ")[4] == "jaccard stage 1 + logistic probe (ABALONE) (n=2)"
     assert rows[2] == "| 1-1.28 | 1 | 0.10 | 0.30 | 0.60 ± 0.14 | 0.20 | +0.50 | +0.30 |"
+    # a baseline better on validation without its per-label file: no baseline column until it has one (never
+    # the next best in its place)
+    _full_run(tmp_path, "setfit", "logistic", 1, 0.46, 0.10)
+    assert "SetFit" not in tail_table.tail_table("reuters21578") and "TF-IDF" not in tail_table.tail_table(
+        "reuters21578"
+    )
+    per_label("setfit_logistic", [0.3] * 6)
+    assert "SetFit" in tail_table.tail_table("reuters21578").splitlines()[0]
     # a fine-tune cell is named by its stage 1 and learning rate, not by its folder
     assert tail_table._cell_label("hbl", "finetune-lr1e-4") == "mulsupcon + hbl stage 1 + fine-tune, lr 1e-4"
 
@@ -1094,8 +1102,9 @@ def test_sampler_cells_have_their_own_table_and_stay_out_of_the_others(results, 
 def test_tail_seeds_rerun_seeds_2_3_of_the_tail_cells_only_where_per_label_files_are_missing(
     tmp_path, monkeypatch
 ):
-    """run_all.sh tail-seeds: the SVM, the two best losses' logistic probes and BCE (the longer budget where it
-    won) for seeds 2-3, each with --rerun-without-per-label; cell_io.finished skips a cell that has both files."""
+    """run_all.sh tail-seeds: both TF-IDF baselines' seed 1 (the tail table's baseline is the better on
+    validation), then the SVM, the two best losses' logistic probes and BCE (the longer budget where it won)
+    for seeds 2-3, each with --rerun-without-per-label; cell_io.finished skips a cell that has both files."""
     import subprocess
 
     monkeypatch.syspath_prepend(os.path.join(ROOT, "studies"))
@@ -1130,7 +1139,8 @@ def test_tail_seeds_rerun_seeds_2_3_of_the_tail_cells_only_where_per_label_files
     words = [line.split()[1:] for line in calls.read_text().splitlines()]  # without the script
     cells = [" ".join(w[1:] if w[0] == "cell" else w).split(" --data_dir")[0] for w in words]
     again = "--rerun-without-per-label"
-    expected = [f"reuters21578 --model svm --seed {s} {again}" for s in (2, 3)]
+    expected = [f"reuters21578 --model {m} --seed 1 {again}" for m in ("logreg", "svm")]
+    expected += [f"reuters21578 --model svm --seed {s} {again}" for s in (2, 3)]
     expected += [
         f"reuters21578 --loss {loss} --probe logistic --seed {s} {again}"
         for s in (2, 3)
