@@ -16,16 +16,22 @@ _TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class _Classifier(nn.Module):
-    """``logits`` (B, num_labels) of a multi-label classifier; a sigmoid gives the label probabilities."""
+    """``logits`` (B, num_labels) of a multi-label classifier; a sigmoid gives the label probabilities. With
+    ``states``, first ``last_hidden_state`` (B, T, H), the token states sentence-transformers' ONNX backend
+    reads and then pools and classifies with the folder's own modules."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, states: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.states = states
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        return self.model(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).logits
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if not self.states:
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).logits
+        states, mask, segment = self.model.encode_tokens(input_ids, attention_mask, token_type_ids)
+        return states, self.model.logits_from_pooled(self.model.pool(states, mask, segment))
 
 
 class _Encoder(nn.Module):
@@ -85,7 +91,8 @@ def _save(program: Any, path: str) -> None:
 
 
 def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
-    """Write ``folder/onnx/model.onnx``: the folder's classifier (output ``logits``) or encoder (outputs
+    """Write ``folder/onnx/model.onnx``: the folder's classifier (output ``logits``, after ``last_hidden_state``
+    for a sentence-transformers folder, whose ONNX backend reads the token states) or encoder (outputs
     ``last_hidden_state`` and ``sentence_embedding``, the folder's sentence embedding), with inputs named as its tokenizer's and a dynamic batch
     and sequence length, in float32 on the CPU, exported by ``torch.onnx.export``.
 
@@ -103,7 +110,8 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     """
     from transformers import AutoTokenizer
 
-    from hf_mlcl.modeling.builders import native_settings
+    from hf_mlcl.modeling.builders import folder_layout, native_settings
+    from hf_mlcl.modeling.native_mlcl import SENTENCE_TRANSFORMERS
 
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"no model folder {folder!r}")
@@ -121,12 +129,14 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     model = model.float().to("cpu").eval()
     sample = tokenizer(["an example text to trace", "short"], padding=True, return_tensors="pt")
     inputs = tuple(name for name in _TEXT_INPUTS if name in sample)
-    if kind == "classifier":
-        wrapper = _Classifier(model).eval()
+    if kind == "classifier":  # a sentence-transformers folder: the token states its ONNX backend reads, too
+        states = folder_layout(folder) == SENTENCE_TRANSFORMERS
+        wrapper = _Classifier(model, states).eval()
+        outputs = ["last_hidden_state", "logits"] if states else ["logits"]
     else:
         projected = (native_settings(folder) or {}).get("embedding") == "projected"
         wrapper = _Encoder(model, projected).eval()
-    outputs = ["logits"] if kind == "classifier" else ["last_hidden_state", "sentence_embedding"]
+        outputs = ["last_hidden_state", "sentence_embedding"]
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence")
     path = os.path.join(folder, ONNX_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)

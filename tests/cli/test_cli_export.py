@@ -130,3 +130,40 @@ def test_a_model_over_two_gigabytes_keeps_its_data_file_under_the_name_the_model
     _save(Program(), str(folder / "model.onnx"))
     assert sorted(os.listdir(folder)) == ["model.onnx", "model.onnx.data"]
     assert (folder / "model.onnx").read_text() == "graph naming model.onnx.data"
+
+
+def test_a_sentence_transformers_classifier_exports_the_token_states_its_onnx_backend_reads(
+    tmp_path, tiny_bert_config, bert_tokenizer
+):
+    """sentence-transformers' ONNX backend reads ``last_hidden_state`` from onnx/model.onnx and runs the folder's
+    Pooling and Dense modules on it: done here with the folder's own modules, it gives the folder's probabilities;
+    ``logits`` stays the last output for onnxruntime users."""
+    import onnxruntime
+    from sentence_transformers import SentenceTransformer
+
+    torch.manual_seed(0)
+    base = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean")
+    clf = MLCLForMultiLabelClassification.from_encoder(base, id2label=["a", "b", "c"], head="linear").eval()
+    with torch.no_grad():
+        clf.classifier.weight.normal_(0, 1.0)
+    clf.save_pretrained(tmp_path)
+    bert_tokenizer.save_pretrained(tmp_path)
+    assert to_native_classifier(str(tmp_path), tokenizer=bert_tokenizer)
+    assert main(["export", str(tmp_path), "--to", "onnx"]) == 0
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state", "logits"]
+    model = SentenceTransformer(str(tmp_path), device="cpu")
+    batch = bert_tokenizer(TEXTS, padding=True, return_tensors="np")
+    states, logits = session.run(None, {i.name: batch[i.name] for i in session.get_inputs()})
+    features = {
+        "token_embeddings": torch.from_numpy(states),
+        "attention_mask": torch.from_numpy(batch["attention_mask"]),
+    }
+    with torch.no_grad():
+        for module in list(model)[1:]:  # Pooling, then the head as a Dense module with a sigmoid
+            features = module(features)
+    want = model.encode(TEXTS, convert_to_tensor=True)
+    assert (features["sentence_embedding"] - want).abs().max() <= 1e-4
+    assert (torch.sigmoid(torch.from_numpy(logits)) - want).abs().max() <= 1e-4
