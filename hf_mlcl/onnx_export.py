@@ -55,17 +55,10 @@ class _Encoder(nn.Module):
 
 def _load(folder: str) -> tuple[nn.Module, str]:
     """The folder's model with hf_mlcl's loaders (every format it writes) and its kind."""
-    import json
-
     from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
-    from hf_mlcl.modeling.builders import is_native_encoder
+    from hf_mlcl.modeling.builders import holds_an_encoder
 
-    config_file = os.path.join(folder, "config.json")
-    architectures = []
-    if os.path.isfile(config_file):
-        with open(config_file, encoding="utf-8") as fh:
-            architectures = json.load(fh).get("architectures") or []
-    if is_native_encoder(folder) or "MLCLEncoder" in architectures:
+    if holds_an_encoder(folder):
         return MLCLEncoder.from_pretrained(folder), "encoder"
     return MLCLForMultiLabelClassification.from_pretrained(folder), "classifier"
 

@@ -28,10 +28,12 @@ __all__ = [
     "build_tokenizer_and_encoder",
     "is_mlcl_checkpoint",
     "folder_layout",
+    "holds_an_encoder",
     "is_native_encoder",
     "native_settings",
     "probe_model",
     "segment_multiple",
+    "stored_config",
     "with_lora",
 ]
 
@@ -99,6 +101,21 @@ def holds_a_tokenizer(path: str | None) -> bool:
     return bool(path) and any(
         os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json")
     )
+
+
+def stored_config(path: str) -> dict:
+    """The folder's ``config.json`` as a dict ({} without one), read without loading anything."""
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        return {}
+    with open(file, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def holds_an_encoder(path: str) -> bool:
+    """True when the folder ``path`` holds an hf_mlcl encoder (stage 1), in the sentence-transformers layout or in
+    hf_mlcl's own (``MLCLEncoder`` in its ``config.json``), not a classifier."""
+    return is_native_encoder(path) or "MLCLEncoder" in (stored_config(path).get("architectures") or [])
 
 
 def is_native_encoder(path: str | None) -> bool:

@@ -92,14 +92,11 @@ def _remove_hf_mlcl_files(folder: str, *extra: str) -> None:
 def _mlcl_config(folder: str, kind: str) -> MLCLConfig:
     """The ``MLCLConfig`` of the hf_mlcl folder ``folder`` holding an ``MLCLEncoder`` (``kind`` "encoder") or an
     ``MLCLForMultiLabelClassification`` ("classifier"); ValueError naming what the folder holds otherwise."""
+    from .builders import stored_config
     from .native_mlcl import MLCL_FILE
 
     wanted = {"encoder": "MLCLEncoder", "classifier": "MLCLForMultiLabelClassification"}[kind]
-    path = os.path.join(folder, "config.json")
-    stored = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as fh:
-            stored = json.load(fh)
+    stored = stored_config(folder)
     if stored.get("model_type") != MLCLConfig.model_type:
         native = os.path.isfile(os.path.join(folder, MLCL_FILE))
         raise ValueError(

@@ -106,14 +106,9 @@ def stream_classifier(
 def require_classifier(checkpoint: str) -> None:
     """ValueError in one line when ``checkpoint`` is a stage-1 encoder folder, not a classifier: scoring it
     would put a randomly initialised head on the encoder. Reads ``config.json`` only (before any loading)."""
-    from hf_mlcl.modeling.builders import is_native_encoder
+    from hf_mlcl.modeling.builders import holds_an_encoder
 
-    path = os.path.join(checkpoint, "config.json")
-    architectures = []
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as fh:
-            architectures = json.load(fh).get("architectures") or []
-    if "MLCLEncoder" in architectures or is_native_encoder(checkpoint):
+    if holds_an_encoder(checkpoint):
         raise ValueError(
             f"{checkpoint} is an encoder (stage 1), but evaluate needs a classifier: train a head on it with "
             f"`hf-mlcl probe RECIPE --encoder_path {checkpoint}` (or `hf-mlcl run RECIPE`) and evaluate the "
