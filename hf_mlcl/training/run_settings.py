@@ -186,8 +186,9 @@ def _differences(
     return out
 
 
-def _changes(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
-    """The differences between ``folder``'s stored settings and ``settings`` (none when either is unknown)."""
+def changed_settings(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
+    """``"key old -> new"`` for each setting ``folder`` was trained with other than ``settings`` (none when either
+    side is unknown)."""
     path = None if folder is None else os.path.join(folder, RUN_SETTINGS_FILE)
     if settings is None or path is None or not os.path.isfile(path):
         return []
@@ -195,17 +196,11 @@ def _changes(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
         return _differences(json.load(fh), settings)
 
 
-def changed_settings(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
-    """``"key old -> new"`` for each setting ``folder`` was trained with other than ``settings`` (none when either
-    side is unknown)."""
-    return _changes(folder, settings)
-
-
 def check_resume_settings(folder: str | None, settings: dict[str, Any] | None, overwrite: bool) -> None:
     """ValueError (one line, listing the differences) when the run resumed from ``folder`` (a checkpoint or a
     finished stage's folder) had other settings than ``settings``; with ``overwrite`` a warning instead (the new
     settings win). Nothing to compare when either side is unknown."""
-    changed = _changes(folder, settings)
+    changed = changed_settings(folder, settings)
     if not changed:
         return
     listed = "; ".join(changed)
