@@ -149,12 +149,16 @@ class MLCLPreTrainedModel(PreTrainedModel):
         return cache[name]
 
     def _backbone_numbers_positions(self) -> bool:
-        """Whether the backbone numbers its positions from the input ids, counting real tokens only (the
-        RoBERTa family, whose positions start at ``padding_idx + 1``): position ids from 0 would shift them."""
+        """Whether the backbone numbers its positions from the input ids, counting real tokens only: its position
+        embeddings have a padding index, and real tokens start at ``padding_idx + 1`` (RoBERTa, XLM-R, MPNet,
+        Longformer, ESM ...); position ids from 0 would shift them."""
         cache = self.__dict__.setdefault("_mlcl_backbone_params", {})
         if "numbers positions" not in cache:
             cache["numbers positions"] = any(
-                hasattr(module, "create_position_ids_from_input_ids") for module in self.backbone.modules()
+                isinstance(module, nn.Embedding)
+                and name.endswith("position_embeddings")
+                and module.padding_idx is not None
+                for name, module in self.backbone.named_modules()
             )
         return cache["numbers positions"]
 
