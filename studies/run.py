@@ -149,8 +149,9 @@ def best_joint_weight(dataset: str, train_size: int | None = None) -> str:
 
 
 def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 1) -> str | None:
-    """The w grid's ``k``-th extension at this training size (``bce_choice.extended_joint_weight``); None when
-    the best w lies inside the grid."""
+    """The w grid's ``k``-th extension at this training size, among the cells at BCE's learning rate there (the
+    rate the joint cells train at; ``bce_choice.extended_joint_weight``); None when the best w lies inside the
+    grid."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bce_choice
 
@@ -159,7 +160,9 @@ def extended_joint_weight(dataset: str, train_size: int | None = None, k: int = 
             f"--weight extend{k}: the w grid extends at most {bce_choice.JOINT_EXTENSIONS} times"
         )
     return _extension(
-        lambda: bce_choice.extended_joint_weight(dataset, paths.RESULTS, train_size, k),
+        lambda: bce_choice.extended_joint_weight(
+            dataset, paths.RESULTS, train_size, k, best_bce_lr(dataset, train_size)
+        ),
         "--weight",
         k,
         train_size,

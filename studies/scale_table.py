@@ -260,7 +260,7 @@ def joint_table(studies: list[str], results: str) -> str:
             by_w, bce = grids[size, lr], cells.get((f"bce_finetune-lr{lr}", size), [])
             w = None
             if bce_choice.joint_grid_done(study, results, size, lr):
-                w = choice_or_none(bce_choice.best_joint_weight, study, results, size)
+                w = bce_choice.best_joint_weight(study, results, size, lr)  # this row's own grid
             chosen = (
                 [w, *(summary(by_w[w], k) for k in ("validation_macro_f1", "test_macro_f1", "test_micro_f1"))]
                 if w in by_w

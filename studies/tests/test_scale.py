@@ -352,7 +352,8 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
     scores = {
         "joint_finetune-w0.2-lr1e-4-n500": 0.30,
         "joint_finetune-w0.5-lr1e-4-n500": 0.25,
-        "joint_finetune-w0.8-lr5e-5-n500": 0.99,  # not BCE's learning rate at 500: never compared
+        "joint_finetune-w0.8-lr5e-5-n500": 0.99,  # not BCE's learning rate at 500: never compared,
+        "joint_finetune-w0.5-lr5e-5-n500": 0.99,  # nor extended from
         "joint_finetune-w0.2-lr2e-4": 0.40,  # the whole training set: another size
         "joint_finetune-w0.5-lr2e-4": 0.45,
         # BCE's complete grids: 1e-4 chosen at 500 (inside the grid), 2e-4 on the whole set (one extension)
@@ -382,7 +383,7 @@ def test_the_joint_weight_is_chosen_on_seed_1_validation_at_the_same_size(tmp_pa
         ValueError, match=r"--weight extend2: the weights 0.05 have not run \(seed 1 --train-size 500"
     ):
         run.extended_joint_weight("reuters21578", 500, k=2)
-    with pytest.raises(ValueError, match="--weight extend: the weights 0.2, 0.5 have not run"):
+    with pytest.raises(ValueError, match="--lr best: no finished bce_finetune-lr"):  # BCE's rate first
         run.extended_joint_weight("reuters21578", 2000)
     for w, value in (("0.05", 0.35), ("0.01", 0.33)):  # 0.05 the best: one step further, then inside
         path = tmp_path / "reuters21578" / f"joint_finetune-w{w}-lr1e-4-n500" / "seed1" / "metrics.json"
@@ -458,6 +459,16 @@ def test_scale_and_joint_tables_take_every_choice_on_validation_at_each_size(tmp
     assert "| joint: (1 - w) BCE + w jaccard | choice pending |" in tables.scale_table(
         "reuters21578", str(tmp_path)
     )
+    # a complete grid at another learning rate: its row shows the w chosen in its own grid, whatever BCE's rate
+    for w, val in (("0.2", 0.40), ("0.5", 0.50), ("0.8", 0.45)):
+        _cell(tmp_path, f"joint_finetune-w{w}-lr5e-5-n500", 1, val, 0.7)
+    other = [
+        row for row in tables.joint_table(["reuters21578"], str(tmp_path)).splitlines() if "| 5e-5 |" in row
+    ]
+    assert other == [
+        "| reuters21578 | 500 | 5e-5 | 0.2: 0.400 · 0.5: 0.500 · 0.8: 0.450 | 0.5 | 0.500 (n=1) | 0.700 (n=1) "
+        "| 1.200 (n=1) | 0.100 (n=1) | 0.900 (n=1) |"
+    ]
 
 
 def test_the_joint_grid_is_run_all_s():
