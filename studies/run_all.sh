@@ -122,7 +122,11 @@ seed_cells() {  # seeds 2-3: frozen pretrained probes and the losses' probes fir
 tail_seeds() {
   local study=$1 pat=$2 L2 S L again=--rerun-without-per-label
   L2=$(pick "") || return 1
-  for M in logreg svm; do bcell tfidf "$study" --model "$M" --seed 1 $again; done  # the tail table's baseline
+  local B; B=$($PY studies/tail_table.py "$study")  # the tail table's baseline (best on validation), seed 1
+  case "$B" in
+    "tfidf "*) bcell tfidf "$study" --model "${B#tfidf }" --seed 1 $again ;;
+    setfit*) bcell setfit "$study" --seed 1 $again ;;
+  esac
   for S in 2 3; do bcell tfidf "$study" --model svm --seed "$S" $again; done
   for S in 2 3; do for L in $L2; do fcell "$study" --loss "$L" --probe logistic --seed "$S" $again; done; done
   for S in 2 3; do fcell "$study" --loss bce --probe finetune --lr best --seed "$S" --patience "$pat" $again; done

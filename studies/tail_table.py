@@ -75,10 +75,9 @@ def _tail_series(study: str) -> list[tuple[str, dict]] | None:
     return [*series, (label, _per_label(study, folder))]
 
 
-def _tail_baseline(study: str) -> tuple[str, dict] | None:
-    """(label, per-label results) of the baseline (TF-IDF, SetFit) with the highest seed-1 validation macro-F1;
-    None before any baseline has run, or while that one has no per_label_f1.json (run_all.sh tail-seeds writes
-    it): another baseline is never shown in its place."""
+def best_baseline(study: str) -> tuple[str, str] | None:
+    """The baseline (``BASELINES`` key: ("tfidf", "logreg"), ...) with the highest seed-1 validation macro-F1 of
+    ``study``; None before any has run."""
     plain = load(study)
     scored = [
         (r["metrics"]["validation_macro_f1"], key)
@@ -86,9 +85,15 @@ def _tail_baseline(study: str) -> tuple[str, dict] | None:
         for r in plain.get(key, [])
         if r["seed"] == 1
     ]
-    if not scored:
+    return max(scored)[1] if scored else None
+
+
+def _tail_baseline(study: str) -> tuple[str, dict] | None:
+    """(label, per-label results) of :func:`best_baseline`; None before any baseline has run, or while that one
+    has no per_label_f1.json (run_all.sh tail-seeds writes it): another baseline is never shown in its place."""
+    key = best_baseline(study)
+    if key is None:
         return None
-    key = max(scored)[1]
     cell = f"{key[0]}_{key[1]}"
     if not os.path.isfile(os.path.join(paths.RESULTS, study, cell, "seed1", "per_label_f1.json")):
         return None
@@ -157,3 +162,10 @@ def tail_table(study: str) -> str:
             f"| 0 (unseen in training, not in the plot) | {unseen} |" + " |" * (len(series) + len(bces))
         )
     return "\n".join(rows)
+
+
+if (
+    __name__ == "__main__"
+):  # python studies/tail_table.py STUDY: the tail table's baseline ("tfidf logreg"), if any
+    chosen = best_baseline(sys.argv[1])
+    print("" if chosen is None else " ".join(chosen))
