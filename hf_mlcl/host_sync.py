@@ -243,7 +243,9 @@ class HostSyncCounter(TorchFunctionMode):
         if name is not None:
             target = kwargs.get("device", args[1] if len(args) > 1 else None)
             host = isinstance(target, str) and target.split(":")[0] == "cpu"
-            return name + " (the host)" if host and not kwargs.get("non_blocking", False) else None
+            # to(device, dtype, non_blocking, copy): non_blocking by keyword or fourth positionally
+            waits = not kwargs.get("non_blocking", len(args) > 3 and bool(args[3]))
+            return name + " (the host)" if host and waits else None
         name = _FROM_HOST.get(func)
         if name is not None and kwargs.get("device") is not None:
             data = args[0] if args else kwargs.get("data")

@@ -54,6 +54,7 @@ def test_device_side_work_is_not_counted():
         torch.repeat_interleave(x, 2, dim=0)
         x.new_zeros(3).index_add_(0, idx, x[:2, 0])
         x.to(torch.float64).to(x.device).to("cpu", non_blocking=True)  # dtype, a device object, no wait
+        x.to("cpu", torch.float64, True)  # non_blocking positionally
         return y.mean(dim=1).softmax(dim=0)
 
     counter = _count(work)
