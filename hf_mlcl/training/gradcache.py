@@ -21,30 +21,55 @@ __all__ = ["RandomState", "batch_rows", "gradcache_backward", "slice_batch", "sl
 
 
 class RandomState:
-    """Snapshot of the CPU and (optionally) one CUDA device's RNG state, replayable as a context.
+    """Snapshot of the CPU's and (optionally) one accelerator device's RNG state, replayable as a context.
 
-    ``with state.replay(): ...`` runs the body with the generators set to the snapshot and restores
-    the generators' previous states afterwards (``torch.random.fork_rng``), so the replay does not
-    perturb the random stream seen by the rest of the step.
+    The accelerator is ``device``'s type when torch has a device module for it with RNG state (CUDA, XPU, MPS,
+    ...: ``torch.get_device_module``), so dropout drawn there is replayed too. ``with state.replay(): ...`` runs
+    the body with the generators set to the snapshot and restores the generators' previous states afterwards
+    (``torch.random.fork_rng``), so the replay does not perturb the random stream seen by the rest of the step.
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         device = torch.device(device) if device is not None else torch.device("cpu")
         self.cpu_state = torch.random.get_rng_state()
-        self.cuda_device: int | None = None
-        self.cuda_state: torch.Tensor | None = None
-        if device.type == "cuda" and torch.cuda.is_available():
-            self.cuda_device = device.index if device.index is not None else torch.cuda.current_device()
-            self.cuda_state = torch.cuda.get_rng_state(self.cuda_device)
+        self.device_type: str | None = None
+        self.device_index: int | None = None
+        self.device_state: torch.Tensor | None = None
+        module = _rng_module(device.type)
+        if module is not None:
+            index = device.index
+            if index is None:
+                index = module.current_device() if hasattr(module, "current_device") else 0
+            self.device_type, self.device_index = device.type, index
+            self.device_state = module.get_rng_state(index)
 
     @contextlib.contextmanager
     def replay(self) -> Iterator[None]:
-        devices = [self.cuda_device] if self.cuda_device is not None else []
-        with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        if self.device_type is None:
+            with torch.random.fork_rng(devices=[], device_type="cpu"):
+                torch.random.set_rng_state(self.cpu_state)
+                yield
+            return
+        with torch.random.fork_rng(devices=[self.device_index], device_type=self.device_type):
             torch.random.set_rng_state(self.cpu_state)
-            if self.cuda_state is not None:
-                torch.cuda.set_rng_state(self.cuda_state, self.cuda_device)
+            torch.get_device_module(self.device_type).set_rng_state(self.device_state, self.device_index)
             yield
+
+
+def _rng_module(device_type: str):
+    """torch's module of an accelerator ``device_type`` with RNG state that is available, else None (the CPU)."""
+    if device_type in ("cpu", "meta"):
+        return None
+    try:
+        module = torch.get_device_module(device_type)
+    except RuntimeError:
+        return None
+    available = getattr(module, "is_available", lambda: False)()
+    return (
+        module
+        if available and hasattr(module, "get_rng_state") and hasattr(module, "set_rng_state")
+        else None
+    )
 
 
 def slice_rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -104,7 +129,7 @@ def gradcache_backward(
         loss_fn: maps the concatenated embeddings (N, D) to a scalar loss. It may gather across
             processes, use keys or learnable loss parameters: whatever it differentiates is handled
             by the single backward of pass 2.
-        device: where the encoder runs (decides whether the CUDA RNG state is captured too).
+        device: where the encoder runs (decides which accelerator's RNG state is captured too: :class:`RandomState`).
         backward_loss: how to backpropagate the loss in pass 2 (default ``loss.backward()``); the
             trainer passes ``accelerator.backward`` so mixed-precision loss scaling applies. Any scale
             applied there (fp16 loss scale, 1/gradient_accumulation_steps) is carried by the cached

@@ -72,6 +72,31 @@ def test_random_state_replay_restores_stream():
     assert torch.equal(torch.random.get_rng_state(), after)
 
 
+def test_random_state_replays_an_accelerators_generator_of_any_kind(monkeypatch):
+    """The accelerator's RNG is captured and replayed for any device type torch has a module for (XPU here, a
+    stand-in module on the CPU), not only CUDA; the generator's state after the replay is the one before it."""
+    import types
+
+    generator = {0: torch.tensor([1], dtype=torch.uint8), 1: torch.tensor([7], dtype=torch.uint8)}
+    fake = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: 2,
+        current_device=lambda: 1,
+        get_rng_state=lambda index: generator[index].clone(),
+        set_rng_state=lambda state, index: generator.__setitem__(index, state.clone()),
+    )
+    real = torch.get_device_module
+    monkeypatch.setattr(torch, "get_device_module", lambda kind=None: fake if kind == "xpu" else real(kind))
+    state = RandomState("xpu")
+    assert (state.device_type, state.device_index) == ("xpu", 1)
+    generator[1] = torch.tensor([9], dtype=torch.uint8)  # the device's stream moves on (a dropout draws)
+    with state.replay():
+        assert generator[1].item() == 7  # the snapshot, on the snapshot's device only
+        assert generator[0].item() == 1
+    assert generator[1].item() == 9
+    assert RandomState("cpu").device_type is None
+
+
 def test_split_inputs_sparse_and_passthrough():
     x = {"input_ids": torch.arange(10).view(5, 2), "labels": torch.eye(5).to_sparse(), "flag": 3}
     parts = split_inputs(x, 2)
