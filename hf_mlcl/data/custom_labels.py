@@ -37,7 +37,8 @@ logger = logging.getLogger("hf_mlcl.data.custom")
 @dataclass
 class LabelLayout:
     """How the label column(s) of a source are read: the format (with its separator), the label column or
-    the 0/1 label columns, and the label names with where they come from (None: the train union, later)."""
+    the 0/1 label columns, and the label names with where they come from (None: the train union, later);
+    ``sep_given``: the separator was named, not detected."""
 
     fmt: str
     sep: str | None
@@ -45,6 +46,7 @@ class LabelLayout:
     label_columns: list[str] | None
     names: list[str] | None
     names_origin: str
+    sep_given: bool = False
 
 
 def label_layout(
@@ -112,7 +114,13 @@ def label_layout(
     if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
         sep = next(iter(separators_in(column(train, label_column))), None)
     return LabelLayout(
-        fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin
+        fmt,
+        sep,
+        label_column,
+        list(label_columns) if label_columns else None,
+        names,
+        names_origin,
+        label_separator is not None,
     )
 
 
@@ -158,6 +166,8 @@ def label_ids(
         tokens = _ids_of_given_names(tokens, names)
     if names is None:
         names, names_origin = _train_label_space(tokens, origin, unknown_labels)
+        if not layout.sep_given:
+            _check_joined_names(names, origin)
     for split, rows in tokens.items():
         encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
     return encoded, names, names_origin
@@ -200,8 +210,24 @@ def _check_id_range(ids: list[int], origin: str) -> None:
         raise ValueError(
             f"{origin}: the label ids reach {largest} but only {used} distinct ids occur, so the label space would "
             f"hold {largest + 1} labels; if the numbers are label names (codes), use label_format='names' or "
-            "'delimited', else pass label_names= (a list or file)"
+            "'delimited', else pass label_names= (a list or file; --label_names_file)"
         )
+
+
+def _check_joined_names(names: list[str], origin: str) -> None:
+    """ValueError in one line when a label of the train union is other labels joined by one character (with
+    labels ``a`` and ``b``, a label ``a/b`` or ``a b``): rows that hold several labels with a separator the
+    detection does not know, which would otherwise train as labels of their own."""
+    known = set(names)
+    for name in names:
+        for char in sorted({c for c in name if not (c.isalnum() or c in "-_.'")}):
+            parts = [p.strip() for p in name.split(char)]
+            if len(parts) > 1 and all(p in known for p in parts):
+                raise ValueError(
+                    f"{origin}: the label {name!r} is the labels {parts} joined by {char!r}; if rows hold several "
+                    f"labels that way pass label_separator={char!r} (--label_separator), else name the labels "
+                    "with label_names= (a list or file; --label_names_file)"
+                )
 
 
 def _train_label_space(
@@ -233,6 +259,7 @@ def _train_label_space(
     if outside and unknown_labels == "error":
         raise ValueError(
             f"labels seen only outside train: {outside}. The label space is the union of the train labels; "
-            "pass label_names= (a list or file) to include them, or unknown_labels='drop' to drop them"
+            "pass label_names= (a list or file; --label_names_file) to include them, or unknown_labels='drop' "
+            "(--unknown_labels drop) to drop them"
         )
     return names, names_origin

@@ -573,3 +573,26 @@ def test_none_and_nan_label_cells_are_missing_labels_with_a_warning(tmp_path, ca
     csv = tmp_path / "data.csv"
     pd.DataFrame({"text": ["x y"] * 20, "labels": ["a;b", "", "b", None] * 5}).to_csv(csv, index=False)
     assert label_names(load_mlc_dataset(str(csv))["train"]) == ["a", "b"]
+
+
+@pytest.mark.parametrize("char", ["/", " "])
+def test_labels_joined_by_an_unknown_separator_are_an_error_not_labels_of_their_own(tmp_path, char):
+    """Rows holding several labels joined by a character the detection does not know ('/' or a space) would
+    train 'cs.LG/q-bio' as a label of its own: a one-line error names the separator to pass; passing it, or the
+    label names, reads the file."""
+    path = _write_csv(tmp_path / "my.csv", ROWS, label_fmt=char.join)
+    with pytest.raises(
+        ValueError, match=rf"'cs.CL{char}cs.LG' is the labels \['cs.CL', 'cs.LG'\] joined by '{char}'"
+    ):
+        load_mlc_dataset(path, validation_fraction=0.2, split_seed=3)
+    dd = load_mlc_dataset(path, validation_fraction=0.2, split_seed=3, label_separator=char)
+    assert label_names(dd) == NAMES
+    combined = sorted({char.join(labs) for _, labs in ROWS})  # names given: each combination is a label
+    names_file = tmp_path / "names.txt"
+    names_file.write_text("\n".join(combined))
+    assert (
+        label_names(
+            load_mlc_dataset(path, validation_fraction=0.2, split_seed=3, label_names=str(names_file))
+        )
+        == combined
+    )
