@@ -4,6 +4,7 @@ texts, score them in batches on the device that is there, write label names and 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ __all__ = ["INPUT_FORMATS", "PREDICTION_COLUMNS", "predict_file", "predict_texts
 
 INPUT_FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
 PREDICTION_COLUMNS = ("labels", "scores")  # what predict_file adds to the input's columns
+logger = logging.getLogger(__name__)
 
 
 def read_texts(path: str, text_column: str = "text") -> tuple[list[str], Any]:
@@ -47,7 +49,14 @@ def read_texts(path: str, text_column: str = "text") -> tuple[list[str], Any]:
         raise ValueError(
             f"{path} has no column {text_column!r} (columns: {list(table.columns)}); pass --text_column"
         )
-    return [str(t) for t in table[text_column].tolist()], table
+    return [_text(t) for t in table[text_column].tolist()], table
+
+
+def _text(value: Any) -> str:
+    """A table cell as a text: a missing one (None, NaN) as "" (not "None" / "nan"), others as ``str``."""
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return value if isinstance(value, str) else str(value)
 
 
 def _thresholds(config: Any, num_labels: int) -> np.ndarray:
@@ -144,7 +153,8 @@ def predict_file(
     Args:
         classifier: a classifier folder written by ``hf-mlcl probe`` / ``run`` (any of its formats).
         input_path: CSV / TSV / JSON lines / parquet with ``text_column``, or a plain text file, one per line.
-        output_path: where the predictions go (``.jsonl`` or ``.csv``); an existing file is replaced.
+        output_path: where the predictions go (``.jsonl`` or ``.csv``); an existing file is replaced, never the
+            input. A row without text (empty or missing) gets no labels and no scores (a warning counts them).
         text_column: the column holding the texts.
         batch_size: texts per forward pass.
         max_length: truncation length (default: the length the classifier was trained at).
@@ -157,8 +167,8 @@ def predict_file(
 
     Raises:
         FileNotFoundError / ValueError: a missing input or classifier, an unknown file type, a missing column,
-            an input column the predictions would replace (``PREDICTION_COLUMNS``); all before the model is
-            loaded.
+            an input column the predictions would replace (``PREDICTION_COLUMNS``), an output that is the input;
+            all before the model is loaded.
     """
     from transformers import AutoTokenizer
 
@@ -169,6 +179,8 @@ def predict_file(
         raise ValueError(f"--output must end in .jsonl or .csv; got {output_path!r}")
     if not os.path.isdir(classifier):
         raise FileNotFoundError(f"no classifier folder {classifier!r}")
+    if os.path.exists(output_path) and os.path.samefile(input_path, output_path):
+        raise ValueError(f"--output {output_path} is the input file; write the predictions to another file")
     texts, table = read_texts(input_path, text_column)
     taken = [name for name in PREDICTION_COLUMNS if table is not None and name in table.columns]
     if taken:
@@ -179,11 +191,25 @@ def predict_file(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = _load_classifier(classifier).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(classifier)
-    scores = predict_texts(
-        model, tokenizer, texts, batch_size, max_length or _max_length(classifier), progress
-    )
-    names = [str(model.config.id2label[i]) for i in range(scores.shape[1])]
-    chosen = scores >= _thresholds(model.config, scores.shape[1])
+    blank = np.array([not t.strip() for t in texts], dtype=bool)
+    if blank.any():
+        logger.warning(
+            f"{input_path}: {int(blank.sum())} of {len(texts)} rows have no text (empty or missing); they get no "
+            "labels and no scores"
+        )
+    num_labels = int(model.config.num_labels)
+    scores = np.full((len(texts), num_labels), np.nan, dtype=np.float32)
+    written = np.flatnonzero(~blank)
+    scores[written] = predict_texts(
+        model,
+        tokenizer,
+        [texts[i] for i in written],
+        batch_size,
+        max_length or _max_length(classifier),
+        progress,
+    ).reshape(len(written), num_labels)
+    names = [str(model.config.id2label[i]) for i in range(num_labels)]
+    chosen = (scores >= _thresholds(model.config, num_labels)) & ~blank[:, None]
     # the input's columns as Python values (a missing value as None: null in JSON lines)
     given = [] if table is None else table.astype(object).where(table.notna(), None).to_dict("records")
     rows = []
@@ -192,7 +218,7 @@ def predict_file(
         row = given[i] if table is not None else {"text": texts[i]}
         row["labels"] = [names[j] for j in picked]
         row["scores"] = (
-            dict(zip(names, scores[i].round(6).tolist()))
+            dict(zip(names, [None if blank[i] else v for v in scores[i].round(6).tolist()]))
             if all_scores
             else [round(float(scores[i, j]), 6) for j in picked]
         )

@@ -88,6 +88,7 @@ def test_predict_errors_are_one_line_before_loading(tmp_path, classifier, capsys
     gold = tmp_path / "gold.csv"
     pd.DataFrame({"text": TEXTS, "labels": ["cardio"] * len(TEXTS)}).to_csv(gold, index=False)
     cases.append(([folder, str(gold), "--output", str(tmp_path / "o.jsonl")], "has a column 'labels', which"))
+    cases.append(([folder, paths[".csv"], "--output", paths[".csv"]], "is the input file"))
     for argv, message in cases:
         assert main(["predict", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -105,3 +106,22 @@ def test_predict_keeps_the_input_columns_types_in_json_lines(tmp_path, classifie
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == list(range(len(TEXTS)))
     assert [r["weight"] for r in rows[:2]] == [0.5, None]
+
+
+def test_rows_without_text_get_no_labels_and_a_warning(tmp_path, classifier, caplog):
+    """An empty, blank or missing (JSON null) text is not scored (a null is not the text "nan" or "None"); the
+    other rows get the scores they get alone."""
+    folder, probs = classifier
+    path = tmp_path / "in.jsonl"
+    texts = [TEXTS[0], "", "   ", None, TEXTS[1]]
+    pd.DataFrame({"id": range(5), "text": texts}).to_json(path, orient="records", lines=True)
+    out = tmp_path / "out.jsonl"
+    with caplog.at_level("WARNING", logger="hf_mlcl.prediction"):
+        assert main(["predict", folder, str(path), "--output", str(out), "--all_scores"]) == 0
+    assert "3 of 5 rows have no text" in caplog.text
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["labels"] for r in rows[1:4]] == [[], [], []]
+    assert all(set(r["scores"].values()) == {None} for r in rows[1:4])
+    assert rows[3]["text"] is None
+    for row, p in zip((rows[0], rows[4]), probs[:2]):
+        np.testing.assert_allclose([row["scores"][n] for n in NAMES], p, atol=1e-5)
