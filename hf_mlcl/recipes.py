@@ -88,6 +88,8 @@ def load_recipe(path: str | os.PathLike, _chain: tuple[str, ...] = ()) -> dict:
     merged: dict = {}
     here = os.path.dirname(path)
     for base in bases:
+        if not os.path.isfile(os.path.join(here, base)):
+            raise RecipeError(f"{path}: its {BASE_KEY} {base!r} is not a file ({os.path.join(here, base)})")
         merged = _merge_layered(merged, load_recipe(os.path.join(here, base), (*_chain, path)))
     return _merge_layered(merged, data)
 

@@ -96,6 +96,12 @@ def label_layout(
         if not label_columns:
             label_columns = list(names) if names is not None else binary_columns(train, {text_column})
             if not label_columns:
+                if label_format == "columns":  # asked for: a 'labels' column there is not one of them
+                    raise ValueError(
+                        f"{origin}: label_format='columns' reads one 0/1 column per label, and no column holds only "
+                        f"0/1 values (columns: {cols}); name them with label_columns=, or read a label column with "
+                        "label_column= and label_format 'auto'"
+                    )
                 raise ValueError(
                     f"{origin}: found no label column ('labels'/'label') and no 0/1 columns; "
                     f"set label_column= or label_columns= (columns: {cols})"

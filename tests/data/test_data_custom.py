@@ -596,3 +596,12 @@ def test_labels_joined_by_an_unknown_separator_are_an_error_not_labels_of_their_
         )
         == combined
     )
+
+
+def test_label_format_columns_on_a_label_column_names_what_it_reads(tmp_path):
+    """label_format='columns' on a file with a 'labels' column: the error says that format reads 0/1 columns,
+    not that there is no label column."""
+    path = _write_csv(tmp_path / "my.csv", ROWS)
+    with pytest.raises(ValueError, match="label_format='columns' reads one 0/1 column per label") as err:
+        load_mlc_dataset(path, validation_fraction=0.2, split_seed=3, label_format="columns")
+    assert "found no label column" not in str(err.value)

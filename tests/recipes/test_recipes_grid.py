@@ -256,7 +256,9 @@ def test_base_cycle_and_missing_base_are_reported(tmp_path):
     with pytest.raises(RecipeError, match="cycle"):
         load_recipe(str(tmp_path / "a.yaml"))
     _write(tmp_path, "c.yaml", "_base_: [nope.yaml]\n")
-    with pytest.raises(RecipeError, match="not found.*nope.yaml"):
+    with pytest.raises(
+        RecipeError, match=r"c.yaml: its _base_ 'nope.yaml' is not a file"
+    ):  # names the recipe
         load_recipe(str(tmp_path / "c.yaml"))
     _write(tmp_path, "d.yaml", "- a\n- b\n")
     with pytest.raises(RecipeError, match="mapping"):
