@@ -115,6 +115,12 @@ class StageTrainingArguments(TrainingArguments):
     def __post_init__(self) -> None:
         self.loss_kwargs = as_dict(self.loss_kwargs, "loss_kwargs") or {}
         _keep_columns(self)
+        if self.label_names not in (None, ["labels"]):
+            raise ValueError(
+                f"label_names={self.label_names!r} is transformers' list of the batch keys that hold labels, and "
+                "hf_mlcl's batches hold them in 'labels'; to name your data's labels pass --label_names_file "
+                "(a file, one name per line)"
+            )
         for name in (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",

@@ -403,3 +403,14 @@ def test_loss_parameters_own_step_unscales_and_clips_their_gradients(tmp_path, t
     # the scaled gradients are unscaled, then clipped
     _, clipped_scaled = prototypes_after_step(grad * scale, scaler, max_grad_norm=1.0)
     assert torch.allclose(clipped_scaled, clipped, atol=1e-6)
+
+
+def test_transformers_label_names_is_refused_naming_the_option_for_the_datas_labels(tmp_path):
+    """label_names is transformers' list of the batch's label keys: a user naming their labels with it got an
+    accepted option that did nothing; every stage refuses it and names --label_names_file."""
+    from hf_mlcl.training.stage_arguments import JointTrainingArguments, ProbingTrainingArguments
+
+    for cls in (ContrastiveTrainingArguments, ProbingTrainingArguments, JointTrainingArguments):
+        with pytest.raises(ValueError, match="pass --label_names_file"):
+            cls(output_dir=str(tmp_path), label_names=["food"])
+        assert cls(output_dir=str(tmp_path), label_names=["labels"]).label_names == ["labels"]
