@@ -318,9 +318,27 @@ def carve_split(
     logger.info("no %s split: %s", new, text)
     out = dict(dd)
     out["train"], out[new] = train.select(keep), train.select(carved)  # file order kept in both
+    _warn_labels_missing(out["train"], out[new], new, strategy)
     _note(out[new], text)
     _note(out["train"], text)
     return DatasetDict(out)
+
+
+def _warn_labels_missing(train: Dataset, carved: Dataset, new: str, strategy: str) -> None:
+    """A warning naming the labels of ``train`` that no row of the carved split has: a split macro-F1 counts
+    their F1 as 0 whatever the model predicts."""
+    names = getattr(getattr(train.features.get("labels"), "feature", None), "names", None)
+    if names is None:  # labels not stored as label ids with names
+        return
+    seen = {i for row in carved.with_format("arrow")["labels"].to_pylist() for i in row}
+    missing = sorted({i for row in train.with_format("arrow")["labels"].to_pylist() for i in row} - seen)
+    if missing:
+        shown = ", ".join(str(names[i]) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        hint = "; split_strategy='stratified' spreads the labels over both" if strategy == "random" else ""
+        logger.warning(
+            f"{new}: {len(missing)} labels of train have no {new} row ({shown}); their F1 counts 0 in the {new} "
+            f"macro-F1 whatever the model predicts{hint}"
+        )
 
 
 def check_splits(dd: DatasetDict, what: str = "dataset") -> None:

@@ -605,3 +605,16 @@ def test_label_format_columns_on_a_label_column_names_what_it_reads(tmp_path):
     with pytest.raises(ValueError, match="label_format='columns' reads one 0/1 column per label") as err:
         load_mlc_dataset(path, validation_fraction=0.2, split_seed=3, label_format="columns")
     assert "found no label column" not in str(err.value)
+
+
+def test_a_carved_validation_split_without_some_labels_is_warned_about(tmp_path, caplog):
+    """A label no validation row has scores F1 0 in validation macro-F1 whatever the model does: the carve says
+    which labels, and how to spread them."""
+    path = _write_csv(tmp_path / "my.csv", ROWS)
+    with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+        dd = load_mlc_dataset(path, validation_fraction=0.2, split_seed=3)
+    names = label_names(dd)
+    absent = sorted(set(names) - {names[i] for row in dd["validation"]["labels"] for i in row})
+    assert absent  # 2 rows of validation cannot hold all 4 labels
+    assert f"{len(absent)} labels of train have no validation row ({', '.join(absent)})" in caplog.text
+    assert "split_strategy='stratified'" in caplog.text
