@@ -125,14 +125,15 @@ def _load_classifier(folder: str) -> Any:
     """The classifier of ``folder``: a native one as the transformers class it is (nothing to convert), any
     other with hf_mlcl's loader."""
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
-    from hf_mlcl.modeling.builders import folder_layout
+    from hf_mlcl.modeling.builders import folder_layout, model_files_required
     from hf_mlcl.modeling.native_mlcl import TRANSFORMERS
 
-    if folder_layout(folder) == TRANSFORMERS:
-        from transformers import AutoModelForSequenceClassification
+    with model_files_required(folder):
+        if folder_layout(folder) == TRANSFORMERS:
+            from transformers import AutoModelForSequenceClassification
 
-        return AutoModelForSequenceClassification.from_pretrained(folder)
-    return MLCLForMultiLabelClassification.from_pretrained(folder)
+            return AutoModelForSequenceClassification.from_pretrained(folder)
+        return MLCLForMultiLabelClassification.from_pretrained(folder)
 
 
 def predict_file(
@@ -173,12 +174,14 @@ def predict_file(
     from transformers import AutoTokenizer
 
     from hf_mlcl.files import atomic_path
+    from hf_mlcl.modeling.builders import require_a_model
 
     out_suffix = os.path.splitext(output_path)[1].lower()
     if out_suffix not in (".jsonl", ".csv"):
         raise ValueError(f"--output must end in .jsonl or .csv; got {output_path!r}")
     if not os.path.isdir(classifier):
         raise FileNotFoundError(f"no classifier folder {classifier!r}")
+    require_a_model(classifier)
     if os.path.exists(output_path) and os.path.samefile(input_path, output_path):
         raise ValueError(f"--output {output_path} is the input file; write the predictions to another file")
     texts, table = read_texts(input_path, text_column)

@@ -17,9 +17,10 @@ Settings are read by name, so anything shaped like ``hf_mlcl.training.ModelArgum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -30,8 +31,10 @@ __all__ = [
     "folder_layout",
     "holds_an_encoder",
     "is_native_encoder",
+    "model_files_required",
     "native_settings",
     "probe_model",
+    "require_a_model",
     "segment_multiple",
     "stored_config",
     "with_lora",
@@ -94,6 +97,27 @@ def holds_a_model(path: str | None) -> bool:
     from .folders_mlcl import MODEL_CONFIG_FILES
 
     return bool(path) and any(os.path.isfile(os.path.join(path, name)) for name in MODEL_CONFIG_FILES)
+
+
+def require_a_model(path: str) -> None:
+    """FileNotFoundError in one line when the folder ``path`` holds no saved model (:func:`holds_a_model`),
+    before anything is read or loaded."""
+    if not holds_a_model(path):
+        raise FileNotFoundError(
+            f"{path} holds no saved model (no config.json or adapter_config.json); pass the folder that "
+            "hf-mlcl run / probe wrote"
+        )
+
+
+@contextlib.contextmanager
+def model_files_required(path: str) -> Iterator[None]:
+    """Loading the model of the folder ``path``: a file transformers cannot find there (its weights) is a
+    FileNotFoundError in one line naming the folder, not a traceback."""
+    try:
+        yield
+    except OSError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FileNotFoundError(f"{path} holds no complete model: {first}") from err
 
 
 def holds_a_tokenizer(path: str | None) -> bool:

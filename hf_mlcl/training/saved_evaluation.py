@@ -106,8 +106,9 @@ def stream_classifier(
 def require_classifier(checkpoint: str) -> None:
     """ValueError in one line when ``checkpoint`` is a stage-1 encoder folder, not a classifier: scoring it
     would put a randomly initialised head on the encoder. Reads ``config.json`` only (before any loading)."""
-    from hf_mlcl.modeling.builders import holds_an_encoder
+    from hf_mlcl.modeling.builders import holds_an_encoder, require_a_model
 
+    require_a_model(checkpoint)
     if holds_an_encoder(checkpoint):
         raise ValueError(
             f"{checkpoint} is an encoder (stage 1), but evaluate needs a classifier: train a head on it with "
@@ -186,6 +187,7 @@ def evaluate_checkpoint(
     from transformers import AutoTokenizer
 
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.modeling.builders import model_files_required
     from hf_mlcl.modeling.sharded import loading_whole_models
 
     require_classifier(checkpoint)
@@ -194,7 +196,8 @@ def evaluate_checkpoint(
         raise ValueError(
             f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}"
         )
-    with loading_whole_models():  # the main process alone scores the classifier, also in a ZeRO-3 run
+    # the main process alone scores the classifier, also in a ZeRO-3 run
+    with loading_whole_models(), model_files_required(checkpoint):
         model = MLCLForMultiLabelClassification.from_pretrained(checkpoint)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)

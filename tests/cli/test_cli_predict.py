@@ -89,6 +89,10 @@ def test_predict_errors_are_one_line_before_loading(tmp_path, classifier, capsys
     pd.DataFrame({"text": TEXTS, "labels": ["cardio"] * len(TEXTS)}).to_csv(gold, index=False)
     cases.append(([folder, str(gold), "--output", str(tmp_path / "o.jsonl")], "has a column 'labels', which"))
     cases.append(([folder, paths[".csv"], "--output", paths[".csv"]], "is the input file"))
+    (tmp_path / "empty").mkdir()
+    cases.append(
+        ([str(tmp_path / "empty"), paths[".csv"], "--output", str(tmp_path / "o.jsonl")], "holds no saved")
+    )
     for argv, message in cases:
         assert main(["predict", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -125,3 +129,17 @@ def test_rows_without_text_get_no_labels_and_a_warning(tmp_path, classifier, cap
     assert rows[3]["text"] is None
     for row, p in zip((rows[0], rows[4]), probs[:2]):
         np.testing.assert_allclose([row["scores"][n] for n in NAMES], p, atol=1e-5)
+
+
+def test_a_classifier_without_its_weights_is_one_line(tmp_path, classifier, capsys):
+    import os
+    import shutil
+
+    folder = tmp_path / "broken"
+    shutil.copytree(classifier[0], folder)
+    os.remove(folder / "model.safetensors")
+    path = _inputs(tmp_path)[".csv"]
+    capsys.readouterr()
+    assert main(["predict", str(folder), path, "--output", str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no complete model" in err[0], err

@@ -239,6 +239,22 @@ def test_evaluate_on_an_encoder_folder_says_it_needs_a_classifier_and_writes_not
     assert f"{enc} is an encoder" in err and "needs a classifier" in err
     assert f"hf-mlcl probe RECIPE --encoder_path {enc}" in err
     assert sorted(os.listdir(enc)) == before  # no eval_*.json, no plots/
+    # a folder without a model, or a classifier without its weights: one line, exit 2, not a traceback
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+
+    (tmp_path / "empty").mkdir()
+    clf = tmp_path / "no_weights"
+    MLCLForMultiLabelClassification.from_encoder(
+        MLCLEncoder.from_backbone(tiny_bert_config), id2label=names
+    ).save_pretrained(clf)
+    bert_tokenizer.save_pretrained(clf)
+    os.remove(clf / "model.safetensors")
+    data = ["--dataset", "synthetic", "--dataset_options", json.dumps(options), "--split", "validation"]
+    for folder, message in ((tmp_path / "empty", "holds no saved model"), (clf, "holds no complete model")):
+        capsys.readouterr()
+        assert main(["evaluate", str(folder), *data]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
 
 
 def _help(capsys, *argv):
