@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> Trainer:
         max_steps=a.max_steps,
         learning_rate=1e-3 if a.tiny else 5e-5,
         remove_unused_columns=False,  # the collator reads `text`
+        label_names=["labels"],  # the batch's labels: evaluate() then reports eval_loss
         dataloader_drop_last=True,
         save_strategy="no",
         report_to="none",

@@ -81,6 +81,13 @@ class BatchLoss:
             if parameter.requires_grad:
                 parameter.register_hook(self._mean_over_processes)
 
+    def set_label_statistics(self, train_labels: Tensor) -> None:
+        """Hand the training set's labels (N, L) multi-hot, or label ids in this loss's format) to a loss whose
+        weights come from them (``ws_mulsupcon``'s class weights); ValueError for a loss that takes none."""
+        if not hasattr(self.loss_fn, "set_label_statistics"):
+            raise ValueError(f"{type(self.loss_fn).__name__} takes no training-set label statistics")
+        self.loss_fn.set_label_statistics(self.multi_hot(train_labels))
+
     def _mean_over_processes(self, grad: Tensor) -> Tensor:
         return D.mean_over_processes(grad) if self.average_parameter_grads else grad
 
@@ -89,11 +96,15 @@ class BatchLoss:
         dtype and width (:func:`~hf_mlcl.labels.multihot.resolve_label_format`)."""
         if not isinstance(labels, Tensor) or labels.dim() != 2:  # the ValueError naming the problem
             return labels_to_multihot(labels, self.num_labels, self.label_format)
+        return labels_to_multihot(labels, self.num_labels, self.format_of(labels), check_values=check_values)
+
+    def format_of(self, labels: Tensor) -> str:
+        """``"multi_hot"`` or ``"ids"`` for a (B, ·) label batch, resolved once per dtype, layout and width."""
         key = (labels.dtype, labels.layout, labels.shape[1])
         fmt = self._formats.get(key)
         if fmt is None:
             fmt = self._formats[key] = resolve_label_format(labels, self.num_labels, self.label_format)
-        return labels_to_multihot(labels, self.num_labels, fmt, check_values=check_values)
+        return fmt
 
     @property
     def queue(self) -> EmbeddingQueue | None:

@@ -167,6 +167,11 @@ class MultiLabelContrastiveLoss(nn.Module):
         return self._batch_loss(embeddings, labels, keys)
 
     # ------------------------------------------------------------------------------------------ queue
+    def set_label_statistics(self, train_labels: Tensor) -> None:
+        """The training set's labels for a loss weighted by them (``ws_mulsupcon``): call it once before training
+        (:meth:`~hf_mlcl.integrations._batches.BatchLoss.set_label_statistics`)."""
+        self._batch_loss.set_label_statistics(train_labels)
+
     @property
     def queue(self) -> Any:
         """The :class:`~hf_mlcl.training.memory.EmbeddingQueue` (None in batch mode and before the first

@@ -85,12 +85,18 @@ class ContrastiveLossFunc:
             queue_warmup,
         )
         self.loss_fn = self._batch_loss.loss_fn
+        self._counts_checked = False
         if any(True for _ in self.loss_fn.parameters()):
             logger.warning(
                 "loss %r has learnable parameters: add ContrastiveLossFunc.parameters() to the optimizer "
                 "(Trainer(optimizers=...)) or they stay at their initial values",
                 self.loss_name,
             )
+
+    def set_label_statistics(self, train_labels: Tensor) -> None:
+        """The training set's labels for a loss weighted by them (``ws_mulsupcon``): call it once before training
+        (:meth:`~hf_mlcl.integrations._batches.BatchLoss.set_label_statistics`)."""
+        self._batch_loss.set_label_statistics(train_labels)
 
     @property
     def queue(self):
@@ -134,8 +140,24 @@ class ContrastiveLossFunc:
         # Trainer's accumulation contract: docs/design.md's section on a plain Trainer
         if num_items_in_batch is not None:
             counted = torch.as_tensor(num_items_in_batch, dtype=loss.dtype, device=loss.device).reshape(-1)[0]
+            if not self._counts_checked:  # the first step only: one host read
+                self._counts_checked = True
+                self._check_counted_rows(labels, counted)
             loss = loss * (labels.shape[0] * labels.shape[1]) / counted.clamp_min(1)
         return loss
+
+    def _check_counted_rows(self, labels: Tensor, counted: Tensor) -> None:
+        """ValueError when Trainer counts this step's label entries over several micro-batches or processes
+        (gradient accumulation, DDP) and the labels are -1-padded ids: their width changes from batch to batch, so
+        the count would weigh each micro-batch by its widest row, not by its rows. Dense multi-hot rows (one
+        entry per label) count alike in every batch."""
+        if labels.layout == torch.strided and self._batch_loss.format_of(labels) == "ids":
+            if float(counted) != labels.numel():
+                raise ValueError(
+                    "label ids padded with -1 under gradient accumulation or several processes: Trainer's "
+                    "num_items_in_batch would weigh each micro-batch by its padded width; collate dense multi-hot "
+                    "labels (MultiLabelCollator(label_format='dense'), the default)"
+                )
 
     def __repr__(self) -> str:
         return f"ContrastiveLossFunc(loss={self.loss_name!r}, {self.loss_fn.extra_repr()})"

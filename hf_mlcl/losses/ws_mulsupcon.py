@@ -138,7 +138,8 @@ class WSMulSupConLoss(ContrastiveLoss):
             raise ValueError(
                 "ws_mulsupcon needs training-set label statistics for its class weights D̄_j, C̄_j: call "
                 "loss.set_label_statistics(train_labels) with the (N, L) multi-hot training labels before "
-                "the first forward (the ContrastiveTrainer does this automatically), or build the loss "
+                "the first forward (the ContrastiveTrainer does this automatically; ContrastiveLossFunc and "
+                "MultiLabelContrastiveLoss have the same method), or build the loss "
                 "with class_weights=False for the unweighted stratified variant"
             )
         if self.single_weights.numel() != num_labels:

@@ -92,6 +92,17 @@ def test_loss_equals_hf_mlcl_on_the_embeddings_for_both_label_formats(tiny_st, n
         assert value_mh.item() == pytest.approx(get_loss(name)(emb, multi.float()).item(), rel=1e-6)
 
 
+def test_ws_mulsupcon_takes_its_training_statistics_through_the_module(tiny_st):
+    """ws_mulsupcon weights classes by training-set statistics: the module hands them on (label ids too)."""
+    ds = _split(8)
+    ids = torch.tensor(to_sentence_transformers_dataset(ds)["label"])
+    loss = MultiLabelContrastiveLoss(tiny_st, "ws_mulsupcon", num_labels=len(NAMES))
+    with pytest.raises(ValueError, match="set_label_statistics"):
+        loss(_features(tiny_st, list(ds["text"])), ids)
+    loss.set_label_statistics(ids)
+    assert torch.isfinite(loss(_features(tiny_st, list(ds["text"])), ids))
+
+
 def test_label_errors_name_the_problem(tiny_st):
     feats = _features(tiny_st, ["a b", "c d"])
     with pytest.raises(ValueError, match="label-id lists need num_labels"):

@@ -238,3 +238,66 @@ def test_queue_errors_name_the_problem():
         ContrastiveLossFunc("sd", contrast_set="keys")
     with pytest.raises(ValueError, match="contrast_set must be one of"):
         ContrastiveLossFunc("sd", queue_size=8, contrast_set="queue")
+
+
+def _ids_collate(tok):
+    def collate(rows):  # label ids padded with -1 to each batch's widest row
+        enc = tok([r["text"] for r in rows], padding=True, return_tensors="pt")
+        width = max(len(r["labels"]) for r in rows)
+        enc["labels"] = torch.tensor([r["labels"] + [-1] * (width - len(r["labels"])) for r in rows])
+        return dict(enc)
+
+    return collate
+
+
+def test_padded_ids_under_accumulation_are_refused_and_dense_labels_train(tmp_path):
+    """Trainer counts a step's label entries over its micro-batches: -1-padded ids of varying width would weigh
+    each micro-batch by its width, so the first step stops with an error naming dense labels."""
+    from datasets import Dataset
+
+    tok, split = tiny_tokenizer(), tiny_split(32)
+    data = Dataset.from_dict({"text": list(split["text"]), "labels": list(split["labels"])})
+    args = _plain_args(tmp_path, max_steps=2, gradient_accumulation_steps=2)
+    trainer = Trainer(
+        model=tiny_encoder(tok, seed=0),
+        args=args,
+        train_dataset=data,
+        data_collator=_ids_collate(tok),
+        compute_loss_func=ContrastiveLossFunc("any", num_labels=4, label_format="ids"),
+    )
+    with pytest.raises(ValueError, match="label ids padded with -1 under gradient accumulation"):
+        trainer.train()
+    dense = Trainer(
+        model=tiny_encoder(tok, seed=0),
+        args=args,
+        train_dataset=split,
+        data_collator=collator(tok),
+        compute_loss_func=ContrastiveLossFunc("any", num_labels=4),
+    )
+    assert torch.isfinite(torch.tensor(dense.train().training_loss))
+
+
+def test_evaluation_reports_the_loss_with_label_names_and_ws_mulsupcon_takes_statistics(tmp_path):
+    """With label_names=['labels'] (the documented setting) evaluate() reports eval_loss for an MLCLEncoder;
+    ws_mulsupcon gets its training-set statistics through the wrapper."""
+    tok, split = tiny_tokenizer(), tiny_split(32)
+    func = ContrastiveLossFunc("ws_mulsupcon", num_labels=4)
+    rows = torch.zeros(len(split), 4)
+    for i, labels in enumerate(split["labels"]):
+        rows[i, labels] = 1.0
+    func.set_label_statistics(rows)
+    args = _plain_args(tmp_path, max_steps=2)
+    args.label_names = ["labels"]
+    trainer = Trainer(
+        model=tiny_encoder(tok, seed=0),
+        args=args,
+        train_dataset=split,
+        eval_dataset=tiny_split(16),
+        data_collator=collator(tok),
+        compute_loss_func=func,
+    )
+    assert torch.isfinite(torch.tensor(trainer.train().training_loss))
+    metrics = trainer.evaluate()
+    assert "eval_loss" in metrics and metrics["eval_loss"] > 0
+    with pytest.raises(ValueError, match="takes no training-set label statistics"):
+        ContrastiveLossFunc("sd", num_labels=4).set_label_statistics(rows)
