@@ -37,8 +37,7 @@ logger = logging.getLogger("hf_mlcl.data.custom")
 @dataclass
 class LabelLayout:
     """How the label column(s) of a source are read: the format (with its separator), the label column or
-    the 0/1 label columns, and the label names with where they come from (None: the train union, later);
-    ``sep_given``: the separator was named, not detected."""
+    the 0/1 label columns, and the label names with where they come from (None: the train union, later)."""
 
     fmt: str
     sep: str | None
@@ -46,7 +45,6 @@ class LabelLayout:
     label_columns: list[str] | None
     names: list[str] | None
     names_origin: str
-    sep_given: bool = False
 
 
 def label_layout(
@@ -120,13 +118,7 @@ def label_layout(
     if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
         sep = next(iter(separators_in(column(train, label_column))), None)
     return LabelLayout(
-        fmt,
-        sep,
-        label_column,
-        list(label_columns) if label_columns else None,
-        names,
-        names_origin,
-        label_separator is not None,
+        fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin
     )
 
 
@@ -172,7 +164,7 @@ def label_ids(
         tokens = _ids_of_given_names(tokens, names)
     if names is None:
         names, names_origin = _train_label_space(tokens, origin, unknown_labels)
-        if not layout.sep_given:
+        if layout.fmt == "delimited" and layout.sep is None:  # plain cells in which no separator was found
             _check_joined_names(names, origin)
     for split, rows in tokens.items():
         encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
@@ -221,9 +213,10 @@ def _check_id_range(ids: list[int], origin: str) -> None:
 
 
 def _check_joined_names(names: list[str], origin: str) -> None:
-    """ValueError in one line when a label of the train union is other labels joined by one character (with
-    labels ``a`` and ``b``, a label ``a/b`` or ``a b``): rows that hold several labels with a separator the
-    detection does not know, which would otherwise train as labels of their own."""
+    """ValueError in one line when a label of the train union, read from plain cells in which no separator was
+    found, is other labels joined by one character (with labels ``a`` and ``b``, a label ``a/b`` or ``a b``):
+    rows that hold several labels with a separator the detection does not know, which would otherwise train as
+    labels of their own."""
     known = set(names)
     for name in names:
         for char in sorted({c for c in name if not (c.isalnum() or c in "-_.'")}):
@@ -231,8 +224,8 @@ def _check_joined_names(names: list[str], origin: str) -> None:
             if len(parts) > 1 and all(p in known for p in parts):
                 raise ValueError(
                     f"{origin}: the label {name!r} is the labels {parts} joined by {char!r}; if rows hold several "
-                    f"labels that way pass label_separator={char!r} (--label_separator), else name the labels "
-                    "with label_names= (a list or file; --label_names_file)"
+                    f"labels that way pass label_separator={char!r} (--label_separator), else label_format='names' "
+                    "(one label per cell) or the labels with label_names= (a list or file; --label_names_file)"
                 )
 
 

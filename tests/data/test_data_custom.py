@@ -596,6 +596,20 @@ def test_labels_joined_by_an_unknown_separator_are_an_error_not_labels_of_their_
         )
         == combined
     )
+    as_names = load_mlc_dataset(path, validation_fraction=0.2, split_seed=3, label_format="names")
+    assert label_names(as_names) == combined  # one label per cell, as asked
+
+
+def test_multi_word_labels_beside_their_words_read_where_a_separator_or_lists_are_found(tmp_path):
+    """MeSH-like label sets hold 'Breast', 'Neoplasms' and 'Breast Neoplasms': with ';' found in the cells, or
+    list cells, every name is one label; only plain cells without any separator are checked."""
+    rows = [("tumour of the breast", ["Breast", "Breast Neoplasms", "Neoplasms"]), ("skin", ["Skin"])] * 5
+    path = _write_csv(tmp_path / "mesh.csv", rows)
+    want = ["Breast", "Breast Neoplasms", "Neoplasms", "Skin"]
+    assert label_names(load_mlc_dataset(path, validation_fraction=0.2, split_seed=3)) == want
+    listed = tmp_path / "mesh.jsonl"
+    listed.write_text("".join(json.dumps({"text": t, "labels": labs}) + "\n" for t, labs in rows))
+    assert label_names(load_mlc_dataset(str(listed), validation_fraction=0.2, split_seed=3)) == want
 
 
 def test_label_format_columns_on_a_label_column_names_what_it_reads(tmp_path):
