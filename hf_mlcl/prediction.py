@@ -182,7 +182,11 @@ def predict_file(
     if not os.path.isdir(classifier):
         raise FileNotFoundError(f"no classifier folder {classifier!r}")
     require_a_model(classifier)
-    if os.path.exists(output_path) and os.path.samefile(input_path, output_path):
+    if (
+        os.path.exists(output_path)
+        and os.path.exists(input_path)
+        and os.path.samefile(input_path, output_path)
+    ):
         raise ValueError(f"--output {output_path} is the input file; write the predictions to another file")
     texts, table = read_texts(input_path, text_column)
     taken = [name for name in PREDICTION_COLUMNS if table is not None and name in table.columns]

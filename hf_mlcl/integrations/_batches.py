@@ -86,7 +86,9 @@ class BatchLoss:
         weights come from them (``ws_mulsupcon``'s class weights); ValueError for a loss that takes none."""
         if not hasattr(self.loss_fn, "set_label_statistics"):
             raise ValueError(f"{type(self.loss_fn).__name__} takes no training-set label statistics")
-        self.loss_fn.set_label_statistics(self.multi_hot(train_labels))
+        # resolved on its own: the training matrix must not decide the format the batches are read in
+        fmt = resolve_label_format(train_labels, self.num_labels, self.label_format)
+        self.loss_fn.set_label_statistics(labels_to_multihot(train_labels, self.num_labels, fmt))
 
     def _mean_over_processes(self, grad: Tensor) -> Tensor:
         return D.mean_over_processes(grad) if self.average_parameter_grads else grad

@@ -100,9 +100,9 @@ def holds_a_model(path: str | None) -> bool:
 
 
 def require_a_model(path: str) -> None:
-    """FileNotFoundError in one line when the folder ``path`` holds no saved model (:func:`holds_a_model`),
-    before anything is read or loaded."""
-    if not holds_a_model(path):
+    """FileNotFoundError in one line when ``path`` is a local folder holding no saved model
+    (:func:`holds_a_model`), before anything is read or loaded; a Hub id is left to its loader."""
+    if os.path.isdir(path) and not holds_a_model(path):
         raise FileNotFoundError(
             f"{path} holds no saved model (no config.json or adapter_config.json); pass the folder that "
             "hf-mlcl run / probe wrote"

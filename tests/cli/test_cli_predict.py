@@ -79,6 +79,10 @@ def test_predict_errors_are_one_line_before_loading(tmp_path, classifier, capsys
             "no column 'body'",
         ),
         ([folder, str(tmp_path / "missing.csv"), "--output", str(tmp_path / "o.jsonl")], "no input file"),
+        (
+            [folder, str(tmp_path / "missing.csv"), "--output", paths[".jsonl"]],
+            "no input file",
+        ),  # the output exists (the input file of another case)
         ([folder, paths[".csv"], "--output", str(tmp_path / "o.xlsx")], "must end in .jsonl or .csv"),
         (
             [str(tmp_path / "nothing"), paths[".csv"], "--output", str(tmp_path / "o.jsonl")],

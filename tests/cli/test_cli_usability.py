@@ -250,6 +250,9 @@ def test_evaluate_on_an_encoder_folder_says_it_needs_a_classifier_and_writes_not
     bert_tokenizer.save_pretrained(clf)
     os.remove(clf / "model.safetensors")
     data = ["--dataset", "synthetic", "--dataset_options", json.dumps(options), "--split", "validation"]
+    from hf_mlcl.modeling.builders import require_a_model
+
+    require_a_model("someone/classifier")  # a Hub id is left to its loader
     for folder, message in ((tmp_path / "empty", "holds no saved model"), (clf, "holds no complete model")):
         capsys.readouterr()
         assert main(["evaluate", str(folder), *data]) == 2

@@ -301,3 +301,15 @@ def test_evaluation_reports_the_loss_with_label_names_and_ws_mulsupcon_takes_sta
     assert "eval_loss" in metrics and metrics["eval_loss"] > 0
     with pytest.raises(ValueError, match="takes no training-set label statistics"):
         ContrastiveLossFunc("sd", num_labels=4).set_label_statistics(rows)
+
+
+def test_training_statistics_leave_the_batches_label_format_undecided():
+    """An int64 multi-hot statistics matrix as wide as the label space must not make a later -1-padded id batch
+    of that width read as multi-hot."""
+    func = ContrastiveLossFunc("ws_mulsupcon", num_labels=4)
+    func.set_label_statistics(torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 1, 0, 1]]))
+    ids = torch.tensor([[0, 1, 2, 3], [0, -1, -1, -1], [1, 3, -1, -1], [2, -1, -1, -1]])
+    multi_hot = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 0], [0, 1, 0, 1], [0, 0, 1, 0]])
+    emb = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    outputs = {"embeddings": emb}
+    assert func(outputs, ids).item() == pytest.approx(func(outputs, multi_hot).item(), rel=1e-6)
