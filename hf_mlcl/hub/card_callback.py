@@ -10,6 +10,7 @@ hooks from ``trainer.args``, ``trainer.model`` and ``trainer.state.log_history``
 
 from __future__ import annotations
 
+import enum
 import importlib.metadata
 import os
 from typing import Any
@@ -47,17 +48,44 @@ _TRAINING_KEYS = (
     "probe",
     "threshold",
 )
+# what a gradient-trained stage has and a logistic probe (lbfgs on cached features) does not
+_GRADIENT_KEYS = (
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "optim",
+    "max_grad_norm",
+)
+_SETTINGS_IN_METRICS = ("contrastive_weight", "contrastive_projection_dim")  # the joint stage's metrics.json
 _MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
 _VERSIONS = ("hf_mlcl", "transformers", "torch", "accelerate", "peft", "datasets", "huggingface_hub")
 
 
 def _plain(value: Any) -> Any:
-    """JSON-friendly: enums to their value, everything else unchanged or str."""
-    if hasattr(value, "value") and not isinstance(value, (int, float, str, bool)):
+    """JSON-friendly: enums to their value (a str enum too, which would print as ``SchedulerType.COSINE``),
+    everything else unchanged or str."""
+    if isinstance(value, enum.Enum) or (
+        hasattr(value, "value") and not isinstance(value, (int, float, str, bool))
+    ):
         return value.value
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
     return str(value)
+
+
+def _default_temperature(loss: str) -> Any:
+    """The temperature a loss uses when none is given (its paper's), or None for an unknown or supervised loss."""
+    from hf_mlcl.losses.registry import get_loss_class
+
+    try:
+        return getattr(get_loss_class(loss), "default_temperature", None)
+    except (KeyError, ValueError):
+        return None
 
 
 def framework_versions() -> dict[str, str]:
@@ -105,6 +133,8 @@ class ModelCardCallback(TrainerCallback):
                 else None
             )
             for key in _MODEL_KEYS:
+                if key == "head" and kind == "encoder":  # the classifier's option, not the encoder's
+                    continue
                 if hasattr(model_args, key):
                     self.card.hyperparameters[key] = _plain(getattr(model_args, key))
             self.card.pooling = getattr(model_args, "pooling", None)
@@ -140,10 +170,20 @@ class ModelCardCallback(TrainerCallback):
                 if key == "max_steps" and (value is None or value <= 0):
                     continue
                 self.card.hyperparameters[key] = _plain(value)
+        if getattr(args, "probe", None) == "logistic":  # fitted by lbfgs: no optimizer, schedule or epochs
+            for key in _GRADIENT_KEYS:
+                self.card.hyperparameters.pop(key, None)
+            self.card.hyperparameters["logistic_c_grid"] = _plain(getattr(args, "logistic_c_grid", None))
+            self.card.hyperparameters["logistic_max_iter"] = _plain(getattr(args, "logistic_max_iter", None))
+        if self.card.hyperparameters.get("queue_size") == 0:  # the momentum encoder keys a queue only
+            self.card.hyperparameters.pop("momentum", None)
+        if self.card.hyperparameters.get("temperature", 0) is None and getattr(args, "loss", None):
+            self.card.hyperparameters["temperature"] = _default_temperature(args.loss)
         world = int(getattr(args, "world_size", 1) or 1)
-        self.card.hyperparameters["total_train_batch_size"] = (
-            args.per_device_train_batch_size * args.gradient_accumulation_steps * world
-        )
+        if getattr(args, "probe", None) != "logistic":
+            self.card.hyperparameters["total_train_batch_size"] = (
+                args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+            )
         self.card.hyperparameters["num_processes"] = world
         self.card.loss = getattr(args, "loss", self.card.loss)
         self.card.loss_kwargs = dict(getattr(args, "loss_kwargs", None) or {})
@@ -170,7 +210,12 @@ class ModelCardCallback(TrainerCallback):
             return
         if not self.card.base_model:
             self.card.base_model = getattr(config, "backbone_name_or_path", None)
-        self.card.pooling = self.card.pooling or getattr(config, "pooling", None)
+        pooling = getattr(config, "pooling", None)  # the model's own (a native head pools as its family does)
+        if pooling:
+            if getattr(config, "native_pooling", None) == "pooler":
+                pooling = "cls, then the backbone's pooler (dense + tanh)"
+            self.card.pooling = pooling
+            self.card.hyperparameters["pooling"] = pooling
         if self.card.kind == "encoder":
             self.card.hyperparameters.setdefault("projection_dim", getattr(config, "projection_dim", None))
         id2label = getattr(config, "id2label", None) or {}
@@ -185,8 +230,11 @@ class ModelCardCallback(TrainerCallback):
                 break
 
     def update_metrics(self, metrics: dict[str, Any]) -> None:
-        """Record numeric metrics (later values of the same key win)."""
+        """Record numeric metrics (later values of the same key win); a setting recorded beside them (the joint
+        objective's ``contrastive_weight``) stays a hyperparameter."""
         for key, value in metrics.items():
+            if key in self.card.hyperparameters or key in _SETTINGS_IN_METRICS:
+                continue
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.card.metrics[key] = float(value)
 

@@ -241,6 +241,60 @@ def test_callback_collects_args_metrics_and_writes_on_train_end(tmp_path):
     assert card.model_name == os.path.basename(os.path.dirname(str(tmp_path))) + "-" + tmp_path.name
 
 
+def test_cards_state_what_the_run_did(tmp_path):
+    """The loss paper's temperature when none was given, enum values not their names, no classifier head or
+    unused momentum on an encoder card, a native head's own pooling, a logistic probe's settings instead of
+    gradient ones, and the joint stage's settings kept out of the metrics."""
+    from transformers import TrainerControl, TrainerState
+
+    from hf_mlcl.training.arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments
+    from hf_mlcl.training.stage_arguments import JointTrainingArguments, ProbingTrainingArguments
+
+    state, control = TrainerState(), TrainerControl()
+    model_args = ModelArguments(backbone_config={"model_type": "bert"}, pooling="mean", head="native")
+    data = DataArguments(dataset="synthetic")
+    enc = ContrastiveTrainingArguments(
+        output_dir=str(tmp_path / "e"), use_cpu=True, loss="sd", report_to="none"
+    )
+    cb = ModelCardCallback("encoder", model_args=model_args, data_args=data)
+    cb.on_train_begin(enc, state, control, model=_Model())
+    hp = cb.card.hyperparameters
+    assert (
+        hp["temperature"] == 0.07
+        and hp["lr_scheduler_type"] == "linear"
+        and hp["optim"] == "adamw_torch_fused"
+    )
+    assert "head" not in hp and "momentum" not in hp
+    text = cb.save(str(tmp_path / "e")) and (tmp_path / "e" / CARD_FILE).read_text()
+    assert "SchedulerType" not in text and "OptimizerNames" not in text
+
+    class Native:
+        class config:  # noqa: N801 - a native head on BERT: cls through the backbone's pooler
+            backbone_name_or_path = None
+            pooling = "cls"
+            native_pooling = "pooler"
+            id2label = {0: "a", 1: "b", 2: "c"}
+
+    probe = ProbingTrainingArguments(
+        output_dir=str(tmp_path / "p"), use_cpu=True, probe="logistic", report_to="none"
+    )
+    cb = ModelCardCallback("classifier", model_args=model_args, data_args=data)
+    cb.on_train_begin(probe, state, control, model=Native())
+    hp = cb.card.hyperparameters
+    assert hp["pooling"] == cb.card.pooling == "cls, then the backbone's pooler (dense + tanh)"
+    assert "learning_rate" not in hp and "num_train_epochs" not in hp and "total_train_batch_size" not in hp
+    assert hp["logistic_max_iter"] == 1000 and hp["logistic_c_grid"]
+
+    joint = JointTrainingArguments(
+        output_dir=str(tmp_path / "j"), use_cpu=True, loss="jaccard", contrastive_weight=0.3, report_to="none"
+    )
+    cb = ModelCardCallback("classifier", model_args=model_args, data_args=data)
+    cb.on_train_begin(joint, state, control, model=Native())
+    cb.update_metrics({"contrastive_weight": 0.3, "contrastive_projection_dim": 0, "test_micro_f1": 0.5})
+    assert cb.card.metrics == {"test_micro_f1": 0.5} and cb.card.hyperparameters["contrastive_weight"] == 0.3
+    assert cb.card.hyperparameters["temperature"] == 0.1  # jaccard's paper
+
+
 # ------------------------------------------------------------------------------------------------ push
 def _fake_checkpoint(folder) -> None:
     files = {
