@@ -225,6 +225,8 @@ def eval_results(card: CardData) -> list[Any]:
         found = _metric_value(card.metrics, key)
         if found is None:
             continue
+        if key.startswith("p@") and card.num_labels and int(key[2:]) > card.num_labels:
+            continue  # P@k beyond the label space is no ranking measure of this model
         split, value = found
         rows.append(
             EvalResult(

@@ -63,6 +63,10 @@ def test_classifier_card_has_model_index_citation_usage_and_limitations():
     assert results[("macro-F1", "test")] == pytest.approx(0.51)
     assert results[("P@1", "test")] == pytest.approx(0.9)
     assert parsed.data.model_name == "someone/aapd-sd-roberta"
+    small = _classifier_card()
+    small.num_labels, small.metrics = 4, {**small.metrics, "test_p@15": 0.2}  # P@5 and P@15 exceed 4 labels
+    names = {r.metric_name for r in ModelCard(str(render_model_card(small))).data.eval_results}
+    assert "P@1" in names and "P@5" not in names and "P@15" not in names
     text = parsed.text
     assert "arXiv:2410.13439" in text and "@article{huang2024similarity" in text  # the SD paper
     assert 'pipeline("text-classification", model="someone/aapd-sd-roberta", trust_remote_code=True' in text
