@@ -86,8 +86,8 @@ def _save(program: Any, path: str) -> None:
 def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     """Write ``folder/onnx/model.onnx``: the folder's classifier (output ``logits``, after ``last_hidden_state``
     for a sentence-transformers folder, whose ONNX backend reads the token states) or encoder (outputs
-    ``last_hidden_state`` and ``sentence_embedding``, the folder's sentence embedding), with inputs named as its tokenizer's and a dynamic batch
-    and sequence length, in float32 on the CPU, exported by ``torch.onnx.export``.
+    ``last_hidden_state`` and ``sentence_embedding``, the folder's sentence embedding), with inputs named as its
+    tokenizer's and a dynamic batch and sequence length, in float32 on the CPU, exported by ``torch.onnx.export``.
 
     Args:
         folder: a classifier or encoder folder hf_mlcl wrote (any of its formats), with its tokenizer.

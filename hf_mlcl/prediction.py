@@ -214,7 +214,7 @@ def predict_file(
         batch_size,
         max_length or _max_length(classifier),
         progress,
-    ).reshape(len(written), num_labels)
+    )
     names = [str(model.config.id2label[i]) for i in range(num_labels)]
     chosen = (scores >= _thresholds(model.config, num_labels)) & ~blank[:, None]
     # the input's columns as Python values (a missing value as None: null in JSON lines)

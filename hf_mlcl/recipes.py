@@ -88,9 +88,10 @@ def load_recipe(path: str | os.PathLike, _chain: tuple[str, ...] = ()) -> dict:
     merged: dict = {}
     here = os.path.dirname(path)
     for base in bases:
-        if not os.path.isfile(os.path.join(here, base)):
-            raise RecipeError(f"{path}: its {BASE_KEY} {base!r} is not a file ({os.path.join(here, base)})")
-        merged = _merge_layered(merged, load_recipe(os.path.join(here, base), (*_chain, path)))
+        base_path = os.path.join(here, base)
+        if not os.path.isfile(base_path):
+            raise RecipeError(f"{path}: its {BASE_KEY} {base!r} is not a file ({base_path})")
+        merged = _merge_layered(merged, load_recipe(base_path, (*_chain, path)))
     return _merge_layered(merged, data)
 
 

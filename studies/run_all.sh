@@ -228,7 +228,7 @@ full)     # the issue's order: BCE + frozen probes on both datasets, every loss 
 scale-reuters) scale_cells reuters21578 ;;       # one queue per study: run side by side with
 scale-goemotions) scale_cells goemotions_full ;;  # OMP_NUM_THREADS=1 each, as full-reuters / full-goemotions
 scale) scale_cells reuters21578; scale_cells goemotions_full ;;
-tail-seeds)  # seeds 2-3 of the tail table's cells that predate their per-label F1 files, TF-IDF seed 1 first
+tail-seeds)  # seeds 2-3 of the tail table's cells that predate their per-label F1 files, after the tail baseline's seed 1
   study=${2:?"name the study: reuters21578 or goemotions_full"}; pat=2; [ "$study" = goemotions_full ] && pat=3
   tail_seeds "$study" "$pat"
   ;;

@@ -164,8 +164,7 @@ def tail_table(study: str) -> str:
     return "\n".join(rows)
 
 
-if (
-    __name__ == "__main__"
-):  # python studies/tail_table.py STUDY: the tail table's baseline ("tfidf logreg"), if any
+# python studies/tail_table.py STUDY: the tail table's baseline ("tfidf logreg"), if any
+if __name__ == "__main__":
     chosen = best_baseline(sys.argv[1])
     print("" if chosen is None else " ".join(chosen))

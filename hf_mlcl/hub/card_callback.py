@@ -22,8 +22,8 @@ from hf_mlcl.modeling.folders_mlcl import ADAPTER_CONFIG_NAME
 
 from .model_card import CardData, save_model_card
 
-# TrainingArguments fields worth stating on a card (when the run's args have them).
-_TRAINING_KEYS = (
+# what a gradient-trained stage has and a logistic probe (lbfgs on cached features) does not
+_GRADIENT_KEYS = (
     "learning_rate",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
@@ -34,6 +34,10 @@ _TRAINING_KEYS = (
     "weight_decay",
     "optim",
     "max_grad_norm",
+)
+# TrainingArguments fields worth stating on a card (when the run's args have them).
+_TRAINING_KEYS = (
+    *_GRADIENT_KEYS,
     "seed",
     "bf16",
     "fp16",
@@ -47,19 +51,6 @@ _TRAINING_KEYS = (
     # ProbingTrainingArguments
     "probe",
     "threshold",
-)
-# what a gradient-trained stage has and a logistic probe (lbfgs on cached features) does not
-_GRADIENT_KEYS = (
-    "learning_rate",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "num_train_epochs",
-    "max_steps",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "weight_decay",
-    "optim",
-    "max_grad_norm",
 )
 _SETTINGS_IN_METRICS = ("contrastive_weight", "contrastive_projection_dim")  # the joint stage's metrics.json
 _MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
@@ -164,15 +155,18 @@ class ModelCardCallback(TrainerCallback):
 
     # ----------------------------------------------------------------------------------- collection
     def _collect_args(self, args) -> None:
+        logistic = (
+            getattr(args, "probe", None) == "logistic"
+        )  # fitted by lbfgs: no optimizer, schedule or epochs
         for key in _TRAINING_KEYS:
+            if logistic and key in _GRADIENT_KEYS:
+                continue
             if hasattr(args, key):
                 value = getattr(args, key)
                 if key == "max_steps" and (value is None or value <= 0):
                     continue
                 self.card.hyperparameters[key] = _plain(value)
-        if getattr(args, "probe", None) == "logistic":  # fitted by lbfgs: no optimizer, schedule or epochs
-            for key in _GRADIENT_KEYS:
-                self.card.hyperparameters.pop(key, None)
+        if logistic:
             self.card.hyperparameters["logistic_c_grid"] = _plain(getattr(args, "logistic_c_grid", None))
             self.card.hyperparameters["logistic_max_iter"] = _plain(getattr(args, "logistic_max_iter", None))
         if self.card.hyperparameters.get("queue_size") == 0:  # the momentum encoder keys a queue only
@@ -180,7 +174,7 @@ class ModelCardCallback(TrainerCallback):
         if self.card.hyperparameters.get("temperature", 0) is None and getattr(args, "loss", None):
             self.card.hyperparameters["temperature"] = _default_temperature(args.loss)
         world = int(getattr(args, "world_size", 1) or 1)
-        if getattr(args, "probe", None) != "logistic":
+        if not logistic:
             self.card.hyperparameters["total_train_batch_size"] = (
                 args.per_device_train_batch_size * args.gradient_accumulation_steps * world
             )

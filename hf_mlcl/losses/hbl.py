@@ -402,9 +402,8 @@ class HBLLoss(ContrastiveLoss):
                 f"base must be a registered loss name or a loss module, got {type(base).__name__}"
             )
         base_tau = getattr(base_module, "temperature", None)
-        base_norm = getattr(
-            base_module, "normalize", None
-        )  # the base's own; else the one asked for (default on)
+        # the base's own normalize; else the one asked for (default on)
+        base_norm = getattr(base_module, "normalize", None)
         if base_norm is None:
             base_norm = True if normalize is None else normalize
         super().__init__(temperature=base_tau if base_tau is not None else 0.1, normalize=bool(base_norm))

@@ -29,6 +29,7 @@ from .folders_mlcl import (
     ADAPTER_CONFIG_NAME,
     bundle_code_files,
     hub_file,
+    hub_keywords,
     load_adapter_folder,
     resolve_subfolder,
     save_folder_atomically,
@@ -425,11 +426,7 @@ class MLCLPreTrainedModel(PreTrainedModel):
             os.fspath(pretrained_model_name_or_path), kwargs, (MLCL_FILE, ADAPTER_CONFIG_NAME)
         )
         pretrained_model_name_or_path = path
-        hub = {
-            k: kwargs[k]
-            for k in ("revision", "cache_dir", "token", "local_files_only", "subfolder")
-            if kwargs.get(k) is not None
-        }
+        hub = hub_keywords(kwargs)
         adapter_file = hub_file(path, ADAPTER_CONFIG_NAME, hub)
         native = hub_file(path, MLCL_FILE, hub)
         if native is not None:

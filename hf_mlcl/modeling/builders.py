@@ -59,13 +59,7 @@ _ENCODER_MODEL_TYPES = {
 def is_mlcl_checkpoint(path: str | None) -> bool:
     """True when ``path`` is a folder holding a saved hf_mlcl model in hf_mlcl's own format (``config.json``
     with model_type mlcl)."""
-    if not path or not os.path.isdir(path):
-        return False
-    cfg = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg):
-        return False
-    with open(cfg, encoding="utf-8") as fh:
-        return json.load(fh).get("model_type") == "mlcl"
+    return bool(path) and os.path.isdir(path) and stored_config(path).get("model_type") == "mlcl"
 
 
 def native_settings(path: str) -> dict | None:

@@ -31,6 +31,7 @@ __all__ = [
     "HEADS_WEIGHTS_NAME",
     "bundle_code_files",
     "hub_file",
+    "hub_keywords",
     "load_adapter_folder",
     "merge_lora_weights",
     "resolve_subfolder",
@@ -156,6 +157,20 @@ def hub_file(path: str, filename: str, hub_kwargs: Mapping[str, Any]) -> str | N
     )
 
 
+HUB_KEYWORDS = (
+    "revision",
+    "cache_dir",
+    "token",
+    "local_files_only",
+    "subfolder",
+)  # from_pretrained's, for files
+
+
+def hub_keywords(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords of ``from_pretrained``'s ``kwargs`` that locate a folder's files (``HUB_KEYWORDS``, those set)."""
+    return {k: kwargs[k] for k in HUB_KEYWORDS if kwargs.get(k) is not None}
+
+
 def resolve_subfolder(
     path: str, kwargs: Mapping[str, Any], markers: tuple[str, ...]
 ) -> tuple[str, dict[str, Any]]:
@@ -169,11 +184,7 @@ def resolve_subfolder(
     rest = {k: v for k, v in kwargs.items() if k != "subfolder"}
     if os.path.isdir(path):
         return os.path.join(path, subfolder), rest
-    hub = {
-        k: kwargs[k]
-        for k in ("revision", "cache_dir", "token", "local_files_only")
-        if kwargs.get(k) is not None
-    }
+    hub = hub_keywords(rest)
     if not any(hub_file(path, marker, {**hub, "subfolder": subfolder}) for marker in markers):
         return path, dict(kwargs)
     from huggingface_hub import snapshot_download

@@ -45,14 +45,11 @@ class RandomState:
 
     @contextlib.contextmanager
     def replay(self) -> Iterator[None]:
-        if self.device_type is None:
-            with torch.random.fork_rng(devices=[], device_type="cpu"):
-                torch.random.set_rng_state(self.cpu_state)
-                yield
-            return
-        with torch.random.fork_rng(devices=[self.device_index], device_type=self.device_type):
+        devices = [] if self.device_type is None else [self.device_index]
+        with torch.random.fork_rng(devices=devices, device_type=self.device_type or "cpu"):
             torch.random.set_rng_state(self.cpu_state)
-            torch.get_device_module(self.device_type).set_rng_state(self.device_state, self.device_index)
+            if self.device_type is not None:
+                torch.get_device_module(self.device_type).set_rng_state(self.device_state, self.device_index)
             yield
 
 
