@@ -139,7 +139,7 @@ tail_seeds() {
 # from stage 1 at that size's BCE rate; the two losses are loss_choice.py's (Reuters, full size), both probed at
 # every size, the fine-tune from stage 1 with the one better on that size's validation probes (loss_choice.py
 # --train-size). Epochs by the epoch rule (the full recipe's steps), 10 evaluations a fine-tune, patience 3
-# evaluations. Order: cheap and most informative first, each step over the sizes smallest first. Each cell's
+# evaluations. Order: the cheap rows over every size first, then each size's fine-tunes, smallest size first. Each cell's
 # estimated minutes and each queue's hours: python studies/scale.py plan (from the full-size cells' wall times).
 SCALE_PAT=3  # evaluations without a better validation macro-F1 (10 evaluations a fine-tune, studies/scale.py)
 SCALE_LRS="$LRS extend2"  # a subset's grid grows once more past its best edge (lr_grid.py)
@@ -169,12 +169,12 @@ scale_cells() {  # scale_cells STUDY: every subset size's cells of the data-scal
   # stage 1 + logistic probe needs no choice of BCE's (minutes a run; the rows where contrastive paid at full size)
   for N in $sizes; do for S in 1 2 3; do for L in $L2; do scell "$study" "$N" --loss "$L" --probe logistic --seed "$S"; done; done; done
   for N in $sizes; do for S in 1 2 3; do bcell setfit "$study" --seed "$S" --train-size "$N"; done; done
+  # the fine-tunes (hours each): one size's column complete (BCE, joint, stage 1 + fine-tune) before the next size's
   for N in $sizes; do
     for LR in $SCALE_LRS; do scell "$study" "$N" --loss bce --probe finetune --lr "$LR" --seed 1 --patience $SCALE_PAT; done
     for S in 2 3; do scell "$study" "$N" --loss bce --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
-  done
-  for N in $sizes; do joint_cells "$study" $SCALE_PAT "$N"; done
-  for N in $sizes; do  # stage 1 + fine-tune: the loss whose probe is better on this size's validation
+    joint_cells "$study" $SCALE_PAT "$N"
+    # stage 1 + fine-tune: the loss whose probe is better on this size's validation
     if ! L=$($PY studies/loss_choice.py "$study" --train-size "$N" $L2); then echo "FAILED: $study n$N fine-tunes"; continue; fi
     for S in 1 2 3; do scell "$study" "$N" --loss "$L" --probe finetune --lr best --seed "$S" --patience $SCALE_PAT; done
   done
