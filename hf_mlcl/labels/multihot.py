@@ -178,7 +178,7 @@ def _scan_dense(labels: Tensor, name: str, check_values: bool = True) -> Tensor 
     non-zero) for sparse products to pay off; it is valid either way. Host reads on an accelerator:
     the number of non-zeros and the value check (none on a CPU).
     """
-    flat = labels.reshape(-1)
+    flat = labels.reshape(-1).contiguous()  # a strided view (e.g. y[:, ::2]) cannot be read as bytes
     elems = _dense_nonzeros(flat)
     vals = flat[elems]
     if check_values and vals.dtype != torch.bool and bool((vals != 1).any()):

@@ -90,7 +90,7 @@ class _FusedContrastive(torch.autograd.Function):
             s.diagonal().fill_(-math.inf)  # the anchor's own column leaves the contrast set
         if log_d is not None:
             s_samples.add_(log_d)  # the samples' denominator weight d; the extra candidates keep 1
-        if not bound:
+        if not bound and s.shape[1]:  # no candidate at all (keys-only with no key): nothing to shift
             rmax = s.amax(dim=1, keepdim=True).clamp_min_(torch.finfo(dtype).min)  # empty set: -inf
             s.sub_(rmax)
             num = num - wsum * rmax.squeeze(1)
@@ -99,7 +99,7 @@ class _FusedContrastive(torch.autograd.Function):
         scores = s_samples.clone() if keep_scores else s.new_empty(0)
         e = s.exp_()  # exp(s - C), 0 on the diagonal; s is not needed any more
         total = e.sum(dim=1)
-        if e.shape[1] == 1:  # a lone anchor without keys: empty contrast set, no weight
+        if e.shape[1] <= 1:  # a lone anchor without keys, or no candidate: empty contrast set, no weight
             total = total.clamp_min(torch.finfo(dtype).tiny)
         bracket = torch.addcmul(-num, wsum, total.log())  # (N,) [Wsum LSE - sum W s], C cancelled
         loss = torch.dot(coef, bracket)

@@ -239,3 +239,19 @@ def test_multihot_to_ids_is_the_inverse_of_ids_to_multihot(sparse):
     rows, cols = M.id_pairs(ids)
     want_rows, want_cols = M.nonzero_pairs(y)
     assert torch.equal(rows, want_rows) and torch.equal(cols, want_cols)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bool])
+def test_large_dense_scan_reads_a_strided_view(dtype):
+    # over 1,024 labels and 2**20 cells as_multihot scans the raw bytes; a column-strided view
+    # (y[:, ::2]) flattens without a copy to a stride-2 vector, which must still be read element by element
+    n, width = 1024, M.COMPACT_MIN_LABELS + 1
+    g = torch.Generator().manual_seed(0)
+    wide = torch.zeros(n, 2 * width, dtype=dtype)
+    wide[torch.arange(n), 2 * torch.randint(0, width, (n,), generator=g)] = 1
+    view = wide[:, ::2]
+    assert view.numel() >= M._SCAN_MIN_ENTRIES and not view.is_contiguous()
+    got = M.as_multihot(view, allow_sparse=True)
+    want = M.as_multihot(view.contiguous(), allow_sparse=True)
+    assert got.is_sparse and torch.equal(got.to_dense(), want.to_dense())
+    assert torch.equal(got.to_dense(), view.float())

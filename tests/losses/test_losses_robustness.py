@@ -131,6 +131,23 @@ class TestEveryContrastiveLoss:
             yk[0] = y[0]
             assert_finite_with_grad(fn, z, y, zk, yk)
 
+    @pytest.mark.parametrize("temperature", [None, 1e-3])  # 1e-3: the kernel's row-max shift path
+    def test_keys_only_without_keys_gives_connected_zero(self, name, temperature):
+        # the 'keys' contrast set before a memory bank holds a row: no sample candidate for any anchor
+        # (msc's label prototypes stay candidates: a finite loss and gradient there)
+        fn = make_loss(name) if temperature is None else make_loss(name, temperature=temperature)
+        if not getattr(fn, "supports_keys_only", False):
+            pytest.skip(f"{name} has no keys-only contrast set")
+        z, y = batch(4)
+        z.requires_grad_(True)
+        out = fn(z, y, torch.zeros(0, D), torch.zeros(0, L), anchors_in_candidates=False)
+        assert out.requires_grad
+        out.backward()
+        if hasattr(fn, "prototypes"):
+            assert torch.isfinite(out) and torch.isfinite(z.grad).all()
+        else:
+            assert out.item() == 0.0 and torch.equal(z.grad, torch.zeros_like(z))
+
     def test_duplicate_embeddings(self, name):
         z, y = batch(7)
         z = z[:1].repeat(7, 1)
