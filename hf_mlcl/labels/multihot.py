@@ -318,7 +318,10 @@ def labels_to_multihot(
             raise ValueError(f"multi-hot labels are {labels.shape[1]} wide but num_labels={num_labels}")
         return labels if is_sparse(labels) else labels.to(LABEL_DTYPE)
     if num_labels is None:
-        raise ValueError("label-id lists need num_labels= (the size of the label space)")
+        raise ValueError(
+            "label-id lists need num_labels= (the size of the label space); integer labels are read as "
+            "-1-padded ids unless num_labels= is their width (pass it, or float / bool multi-hot labels)"
+        )
     return ids_to_multihot(labels, num_labels, check_values=check_values)
 
 

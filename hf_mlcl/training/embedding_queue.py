@@ -100,7 +100,8 @@ class EmbeddingQueue:
             raise ValueError(f"embeddings must be (B, {self.dim}); got {tuple(embeddings.shape)}")
         if labels.dim() != 2 or labels.shape[0] != embeddings.shape[0] or labels.shape[1] != self.num_labels:
             raise ValueError(
-                f"labels must be (B, {self.num_labels}) with B={embeddings.shape[0]}; got {tuple(labels.shape)}"
+                f"the queue holds labels of width {self.num_labels}: labels must be (B, {self.num_labels}) "
+                f"with B={embeddings.shape[0]}; got {tuple(labels.shape)}"
             )
         batch = embeddings.shape[0]
         if batch == 0:
