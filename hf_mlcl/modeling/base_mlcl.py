@@ -381,6 +381,10 @@ class MLCLPreTrainedModel(PreTrainedModel):
                         )
             backbone = AutoModel.from_pretrained(os.fspath(source), **kwargs)
             name = os.fspath(source)
+            if os.path.isdir(
+                name
+            ):  # a local folder by its absolute path: the saved model names it from anywhere
+                name = os.path.abspath(name)
         else:
             raise ValueError(
                 "from_backbone expects a model id / path (str) or a backbone PreTrainedConfig; "

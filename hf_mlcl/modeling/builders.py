@@ -111,7 +111,26 @@ def model_files_required(path: str) -> Iterator[None]:
         yield
     except OSError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        base = adapter_base(path)
+        if base is not None and not os.path.isdir(base):
+            raise FileNotFoundError(
+                f"{path} is an adapter over the base model {base!r} (adapter_config.json), which is not a folder "
+                f"here and did not load: {first}"
+            ) from err
         raise FileNotFoundError(f"{path} holds no complete model: {first}") from err
+
+
+def adapter_base(path: str | None) -> str | None:
+    """The base model an adapter folder names (``base_model_name_or_path`` of its ``adapter_config.json``);
+    None for a folder without one."""
+    from .folders_mlcl import ADAPTER_CONFIG_NAME
+
+    try:
+        with open(os.path.join(path or "", ADAPTER_CONFIG_NAME), encoding="utf-8") as fh:
+            base = json.load(fh).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return base if isinstance(base, str) and base else None
 
 
 def holds_a_tokenizer(path: str | None) -> bool:
@@ -268,8 +287,7 @@ def backbone_config_dict(model_args: Any, source: str | None = None) -> dict | N
 
             config_file = os.path.join(path, "config.json")
             if not os.path.isfile(config_file) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME)):
-                with open(os.path.join(path, ADAPTER_CONFIG_NAME), encoding="utf-8") as fh:
-                    base = json.load(fh).get("base_model_name_or_path")
+                base = adapter_base(path)
                 return backbone_config_dict(model_args, base) if base and base != path else None
             with open(config_file, encoding="utf-8") as fh:
                 config = json.load(fh)

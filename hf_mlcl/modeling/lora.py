@@ -204,8 +204,8 @@ def save_lora_adapter(
 ) -> None:
     """Save a LoRA-trained hf_mlcl model (the ``PeftModel`` of :func:`apply_lora`) as an adapter folder.
 
-    Written: PEFT's ``adapter_config.json`` (``base_model_name_or_path`` = the base backbone's Hub id or
-    path, ``modules_to_save`` cleared) and ``adapter_model.safetensors`` with the backbone's LoRA
+    Written: PEFT's ``adapter_config.json`` (``base_model_name_or_path`` = the base backbone's Hub id, or its
+    absolute path for a local folder, ``modules_to_save`` cleared) and ``adapter_model.safetensors`` with the backbone's LoRA
     matrices (keys relative to the backbone, ``base_model.model.<module>.lora_A.weight``); then the
     model's own ``save_pretrained`` with the heads only (projection head / classifier in
     ``model.safetensors``), ``config.json`` and the remote code. The adapter files go first, so an
@@ -228,7 +228,11 @@ def save_lora_adapter(
         raise ValueError(f"save_lora_adapter expects the PeftModel of apply_lora; got {type(model).__name__}")
     adapter, heads = _adapter_and_heads(model, state_dict)
     config = copy.deepcopy(model.peft_config[model.active_adapter])
-    config.base_model_name_or_path = base_model_name_or_path
+    # a local base as an absolute path: peft reads a relative one from the working directory of the load
+    local = os.path.isdir(base_model_name_or_path)
+    config.base_model_name_or_path = (
+        os.path.abspath(base_model_name_or_path) if local else base_model_name_or_path
+    )
     config.modules_to_save = None
     config.inference_mode = True
     atomic_write_safetensors(

@@ -456,3 +456,29 @@ def test_lora_dropout_0_leaves_peft_no_dropout_copy_of_the_input(tiny_llama_conf
     model = apply_lora(encoder, r=R, alpha=8, dropout=dropout, gradient_checkpointing=False)
     found = [m for name, m in model.named_modules() if name.endswith("lora_dropout.default")]
     assert found and all(type(m) is kind for m in found)
+
+
+def test_an_adapter_trained_on_a_relative_base_path_loads_from_any_directory(
+    tmp_path, base_model, llama_tokenizer, monkeypatch
+):
+    from hf_mlcl.modeling.builders import model_files_required
+
+    monkeypatch.chdir(tmp_path)
+    trainer = _train("base", "encoder").trainer  # the recipe names its local base relative to where it runs
+    out = tmp_path / "encoder"
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == base_model
+    trained = _embed(trainer.accelerator.unwrap_model(trainer.model).eval(), llama_tokenizer)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    torch.testing.assert_close(_embed(MLCLEncoder.from_pretrained(out), llama_tokenizer), trained)
+
+    # a base that is gone: the one-line error names it, not only the Hub's connection message
+    config = json.loads((out / "adapter_config.json").read_text())
+    (out / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "gone/base"}))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        FileNotFoundError, match=r"adapter over the base model 'gone/base' \(adapter_config.json\)"
+    ):
+        with model_files_required(str(out)):
+            MLCLEncoder.from_pretrained(out)
