@@ -7,6 +7,7 @@ Bundled into the remote code with ``modeling_mlcl.py``: it imports only the stan
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import os
@@ -366,7 +367,8 @@ class MLCLPreTrainedModel(PreTrainedModel):
 
             source = AutoConfig.for_model(data.pop("model_type"), **data)
         if isinstance(source, PreTrainedConfig):
-            backbone = AutoModel.from_config(source, **kwargs)
+            # a copy: transformers' from_config writes the dtype into the config it is given (the caller's)
+            backbone = AutoModel.from_config(copy.deepcopy(source), **kwargs)
             name = None
         elif isinstance(source, (str, os.PathLike)):
             cfg_file = os.path.join(os.fspath(source), "config.json")
