@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
+import logging
 import os
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
 from hf_mlcl.modeling.builders import folder_layout
@@ -54,6 +56,7 @@ _TRAINING_KEYS = (
 )
 _SETTINGS_IN_METRICS = ("contrastive_weight", "contrastive_projection_dim")  # the joint stage's metrics.json
 _MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
+logger = logging.getLogger(__name__)
 _VERSIONS = ("hf_mlcl", "transformers", "torch", "accelerate", "peft", "datasets", "huggingface_hub")
 
 
@@ -212,6 +215,7 @@ class ModelCardCallback(TrainerCallback):
             self.card.hyperparameters["pooling"] = pooling
         if self.card.kind == "encoder":
             self.card.hyperparameters.setdefault("projection_dim", getattr(config, "projection_dim", None))
+        self.card.reduced_precision = reduced_precision(model)
         id2label = getattr(config, "id2label", None) or {}
         if not self.card.label_names and id2label and len(id2label) > 2:  # 2 = the transformers default
             self.card.label_names = [str(id2label[i]) for i in sorted(id2label, key=int)]
@@ -260,7 +264,26 @@ class ModelCardCallback(TrainerCallback):
         self.card.local_data = local_data_paths(self._data_args, folder)
         self.card.layout = folder_layout(folder)
         self.card.adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
+        if self.card.reduced_precision and self.card.layout != "hf_mlcl":
+            logger.warning(
+                "%s: the backbone is %s and the trained adapter / heads float32; sentence-transformers, transformers "
+                "and peft run some or all of them in %s (outputs to its rounding), hf_mlcl's from_pretrained as trained",
+                folder,
+                self.card.reduced_precision,
+                self.card.reduced_precision,
+            )
         return save_model_card(self.card, folder)
+
+
+def reduced_precision(model) -> str | None:
+    """``"bfloat16"`` / ``"float16"`` when ``model``'s parameters mix that dtype (a backbone stored in it) with
+    float32 ones (the adapter and heads, trained in float32), else None."""
+    parameters = getattr(model, "parameters", None)
+    dtypes = {p.dtype for p in parameters() if p.is_floating_point()} if callable(parameters) else set()
+    if torch.float32 not in dtypes:
+        return None
+    low = [d for d in (torch.bfloat16, torch.float16) if d in dtypes]
+    return str(low[0]).removeprefix("torch.") if low else None
 
 
 def local_data_paths(data_args: Any, folder: str) -> dict[str, Any]:

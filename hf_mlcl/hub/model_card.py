@@ -135,6 +135,9 @@ class CardData:
     layout: str = "hf_mlcl"
     # the folder is a LoRA adapter over its base model (``adapter_config.json``)
     adapter: bool = False
+    # "bfloat16" / "float16": the backbone's weights are stored so while the trained adapter and heads are float32
+    # (loaders that run a model in one dtype reproduce it to that rounding only); None: one dtype throughout
+    reduced_precision: str | None = None
     # local data paths of the run (dataset file / folder, data_dir, data_files), relative to ``folder``, so
     # `hf-mlcl evaluate` finds the data from any working directory; never pushed (:meth:`for_hub`)
     local_data: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -243,6 +243,7 @@ def load_adapter_folder(
     base_kwargs = {
         k: kwargs[k] for k in ("dtype", "cache_dir", "token", "local_files_only") if kwargs.get(k) is not None
     }
+    base_kwargs.setdefault("dtype", config.dtype or "auto")  # the dtype the backbone trained in
     backbone = AutoModel.from_pretrained(base, **base_kwargs)
     expected = (config.backbone_config or {}).get("vocab_size")
     embeddings = backbone.get_input_embeddings().weight

@@ -107,8 +107,9 @@ def apply_lora(
       ModernBERT).
     - ``modules_to_save`` default: our heads present in the model (``projection_head`` /
       ``classifier``), so they are trained and saved with the adapter.
-    - ``bf16`` (default: CUDA with bf16 support) casts the backbone to bfloat16; heads stay fp32
-      and peft keeps the adapter weights in fp32.
+    - ``bf16`` (default: CUDA with bf16 support) casts the backbone's parameters to bfloat16 (its buffers, such
+      as rotary frequencies, keep their dtype); heads stay fp32 and peft keeps the adapter weights in fp32. The
+      saved folder records the dtype, and its base loads in it.
     - ``gradient_checkpointing``: activation checkpointing with ``use_reentrant=False`` plus
       ``enable_input_require_grads`` (needed when the embeddings are frozen).
 
@@ -135,8 +136,11 @@ def apply_lora(
     if bf16 is None:
         bf16 = bf16_available()
     if bf16:
-        backbone = getattr(encoder, "backbone", encoder)
-        backbone.to(torch.bfloat16)
+        # the parameters only: a floating buffer keeps the dtype its model computed it in (Llama's rotary
+        # inv_freq stays float32), as loading the base with dtype=bfloat16 gives it and every reload rebuilds it
+        for param in getattr(encoder, "backbone", encoder).parameters():
+            if param.is_floating_point() and param.dtype != torch.bfloat16:
+                param.data = param.data.to(torch.bfloat16)
     if gradient_checkpointing:
         _enable_checkpointing(encoder)
     config = LoraConfig(

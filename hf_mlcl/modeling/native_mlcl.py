@@ -89,6 +89,14 @@ _SETTINGS = (
 )
 
 
+def base_dtype(config: Any) -> str | None:
+    """The dtype an adapter folder's base model loads in (``mlcl_config.json`` ``dtype``, and sentence-transformers'
+    ``model_args``): the one the backbone trained in, recorded by ``save_pretrained`` in the ``MLCLConfig``; a base
+    stored in another dtype (float32 weights trained cast to bfloat16) would otherwise reload as another model."""
+    dtype = getattr(config, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
 def native_encoder_reason(config: Any) -> str | None:
     """Why an encoder with this ``MLCLConfig`` has no sentence-transformers form, or None when it has one."""
     if config.segmented:
@@ -111,11 +119,12 @@ def _write_modules(
     dense: list[tuple[str, torch.Tensor, torch.Tensor, str]],
     listed: int,
     max_seq_length: int | None,
+    dtype: str | None = None,
 ) -> None:
     """The sentence-transformers files of a folder whose backbone is (or will be) saved there in its own
     architecture: ``1_Pooling`` with hf_mlcl's ``pooling`` of ``hidden`` states, each ``(directory, weight, bias,
     activation)`` of ``dense`` as a ``Dense`` module, ``modules.json`` listing the first ``listed`` modules, and the
-    configs (truncation at ``max_seq_length``)."""
+    configs (truncation at ``max_seq_length``; the backbone loaded in ``dtype`` where given)."""
     config = {key: False for key in _ST_POOLING_MODES}
     config.update(word_embedding_dimension=hidden, include_prompt=True)
     config[_ST_POOLING_KEYS[pooling]] = True
@@ -139,10 +148,10 @@ def _write_modules(
         for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
     ]
     write_json(os.path.join(folder, "modules.json"), modules)
-    write_json(
-        os.path.join(folder, "sentence_bert_config.json"),
-        {"max_seq_length": max_seq_length, "do_lower_case": False},
-    )
+    st_config: dict[str, Any] = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    if dtype is not None:
+        st_config["model_args"] = {"dtype": dtype}  # the name every sentence-transformers release reads
+    write_json(os.path.join(folder, "sentence_bert_config.json"), st_config)
     write_json(
         os.path.join(folder, "config_sentence_transformers.json"),
         {
@@ -189,11 +198,13 @@ def write_sentence_transformers_files(
         for directory, layer, activation in zip(DENSE_DIRS, ("dense", "out_proj"), activations)
     ]
     hidden = int(projection_head["dense.weight"].shape[1])
-    _write_modules(folder, config.pooling, hidden, dense, 2 if embedding == "pooled" else 4, max_seq_length)
+    dtype = base_dtype(config) if backbone_config is not None else None
+    listed = 2 if embedding == "pooled" else 4
+    _write_modules(folder, config.pooling, hidden, dense, listed, max_seq_length, dtype)
     settings = {"kind": "encoder", **{key: getattr(config, key) for key in _SETTINGS}}
     settings.update(embedding=embedding, max_seq_length=max_seq_length)
     if backbone_config is not None:
-        settings["backbone_config"] = dict(backbone_config)
+        settings.update(backbone_config=dict(backbone_config), dtype=dtype)
     write_json(os.path.join(folder, MLCL_FILE), settings)
 
 
@@ -232,7 +243,8 @@ def write_classifier_files(
         raise ValueError(f"this classifier has no sentence-transformers form: {reason}")
     weight = classifier["weight"]
     dense = [(DENSE_DIRS[0], weight, classifier["bias"], "torch.nn.modules.activation.Sigmoid")]
-    _write_modules(folder, config.pooling, int(weight.shape[1]), dense, 3, max_seq_length)
+    dtype = base_dtype(config) if backbone_config is not None else None
+    _write_modules(folder, config.pooling, int(weight.shape[1]), dense, 3, max_seq_length, dtype)
     settings = classifier_settings(config, SENTENCE_TRANSFORMERS, max_seq_length, backbone_config)
     write_json(os.path.join(folder, MLCL_FILE), settings)
 
@@ -241,11 +253,12 @@ def classifier_settings(
     config: Any, layout: str, max_seq_length: int | None, backbone_config: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The ``mlcl_config.json`` of a classifier folder in ``layout``: its labels, tuned threshold and hf_mlcl's
-    settings, the training length and, for a folder without ``config.json`` (an adapter), the backbone's config."""
+    settings, the training length and, for a folder without ``config.json`` (an adapter), the backbone's config and
+    the dtype its base loads in (:func:`base_dtype`)."""
     settings = {"kind": "classifier", "layout": layout, "max_seq_length": max_seq_length}
     settings.update({key: getattr(config, key, None) for key in (*LABEL_SETTINGS, *CLASSIFIER_SETTINGS)})
     if backbone_config is not None:
-        settings["backbone_config"] = dict(backbone_config)
+        settings.update(backbone_config=dict(backbone_config), dtype=base_dtype(config))
     return settings
 
 
@@ -383,6 +396,7 @@ def _native_model(
     if adapter:
         source = folder.adapter_base()
         loader.pop("revision", None)  # the adapter's revision, not the base model's
+        loader.setdefault("dtype", folder.settings.get("dtype") or "auto")  # the dtype it trained in
     backbone = AutoModel.from_pretrained(source, **loader)
     model = cls(_config_on(cls, backbone, config), backbone=backbone)
     if adapter:
@@ -467,6 +481,7 @@ def load_peft_classifier(cls: Any, folder: NativeFolder) -> Any:
         k: v for k, v in folder.kwargs.items() if k not in ("config", "output_loading_info", "revision")
     }
     base = folder.adapter_base()
+    loader.setdefault("dtype", settings.get("dtype") or "auto")  # the dtype it trained in
     model_type = settings["backbone_config"]["model_type"]
     labels = _labels(settings)
     pad = settings["backbone_config"].get("pad_token_id")
@@ -476,8 +491,9 @@ def load_peft_classifier(cls: Any, folder: NativeFolder) -> Any:
     backbone = getattr(native, native.base_model_prefix)
     model = cls(_config_on(cls, backbone, _classifier_settings(settings)), backbone=backbone)
     rules = [(new, old) for old, new in classifier_key_rules(model_type) if old == "classifier."]
-    saved = ".modules_to_save.default."
-    head = {k.replace(saved, "."): v for k, v in native.state_dict().items() if saved in k}
+    # the head as saved (float32), not the copy peft made in the base's dtype
+    saved = load_file(files["adapter_model.safetensors"])
+    head = {k.removeprefix("base_model.model."): v for k, v in saved.items() if "lora_" not in k}
     model.classifier.load_state_dict(
         {k.removeprefix("classifier."): v for k, v in rename_keys(head, rules).items()}
     )
