@@ -389,7 +389,9 @@ def save_lora_model(
         if merge and is_main:
             try:
                 with loading_whole_models():  # one process loads the base: no ZeRO-3 partitioning
-                    reloaded = type(inner).from_pretrained(target)  # the adapter applied unmerged (peft)
+                    # the adapter applied unmerged (peft) on the base in its stored dtype: a float32 base
+                    # cast to bf16 for training keeps the whole update when merged in float32
+                    reloaded = type(inner).from_pretrained(target, dtype="auto")
                 merge_lora(reloaded).save_pretrained(save_directory, is_main_process=True)
             finally:
                 shutil.rmtree(target, ignore_errors=True)

@@ -280,7 +280,8 @@ def _scale_queue(tmp_path) -> list[list[str]]:
 def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
     """run_all.sh scale-reuters: TF-IDF, the two best losses' probes, SetFit, the BCE grid and seeds, the joint
     objective (two w, then seeds 2-3 at the better), the fine-tune from stage 1 with the loss whose probe is better
-    at that size; every cell with --train-size, smallest size first within each step."""
+    at that size; every cell with --train-size: the cheap rows over every size first, then each size's fine-tunes,
+    smallest size first."""
     cells = _scale_queue(tmp_path)
     assert all(c[c.index("--train-size") + 1] in ("500", "2000") for c in cells)
     words = [" ".join(c) for c in cells]
@@ -299,20 +300,18 @@ def test_run_all_scale_runs_cheap_rows_first_at_every_size_and_seed(tmp_path):
         expected += [
             f"studies/baseline_setfit.py reuters21578 --seed {s} --train-size {n}" for s in (1, 2, 3)
         ]
-    for n in (500, 2000):
+    joint = "studies/run.py cell reuters21578 --loss joint --probe finetune --lr best --weight {} --seed {} "
+    for n, loss in ((500, "mulsupcon"), (2000, "jaccard")):  # each size's fine-tunes before the next size's
         expected += [
             "studies/run.py cell reuters21578 --loss bce " + ft.format(lr, 1, n)
             for lr in ("5e-5", "1e-4", "extend", "extend2")
         ]
         expected += ["studies/run.py cell reuters21578 --loss bce " + ft.format("best", s, n) for s in (2, 3)]
-    joint = "studies/run.py cell reuters21578 --loss joint --probe finetune --lr best --weight {} --seed {} "
-    for n in (500, 2000):
         expected += [
             joint.format(w, 1) + f"--patience 3 --train-size {n}"
             for w in ("0.2", "0.5", "extend", "extend2", "extend3")
         ]
         expected += [joint.format("best", s) + f"--patience 3 --train-size {n}" for s in (2, 3)]
-    for n, loss in ((500, "mulsupcon"), (2000, "jaccard")):
         expected += [
             f"studies/run.py cell reuters21578 --loss {loss} " + ft.format("best", s, n) for s in (1, 2, 3)
         ]

@@ -37,7 +37,8 @@ def test_the_tiny_llama_lora_recipe_runs_as_documented(tmp_path, monkeypatch):
     out = tmp_path / "outputs" / "tiny_llama_lora"
     for stage in ("encoder", "classifier"):
         adapter = json.load(open(out / stage / "adapter_config.json"))
-        assert adapter["base_model_name_or_path"] == "outputs/tiny_llama_base"
+        # the recipe's relative base, as an absolute path: the folder loads from any working directory
+        assert adapter["base_model_name_or_path"] == str(tmp_path / "outputs" / "tiny_llama_base")
         assert (out / stage / "adapter_model.safetensors").is_file()
     model = MLCLForMultiLabelClassification.from_pretrained(str(out / "classifier"))
     assert model.config.num_labels == 10 and model.config.decision_threshold is not None
