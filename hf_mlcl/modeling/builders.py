@@ -191,9 +191,11 @@ def build_tokenizer_and_encoder(
     projection_dim: int = 256,
     source: str | None = None,
     label_names: Sequence[str] | None = None,
+    dtype: str | None = None,
 ):
     """(tokenizer, MLCLEncoder) from a saved hf_mlcl encoder, a backbone id / path, or ``backbone_config``,
-    its backbone on ``model_args.attn_implementation`` where that is set.
+    its backbone on ``model_args.attn_implementation`` where that is set. A saved encoder loads in the dtype it
+    trained in, or in ``dtype`` where given (``"auto"``: an adapter's base as stored, for a lossless merge).
 
     ``source`` overrides ``model_args.model_name_or_path`` (stage 2's ``encoder_path``); ``label_names``,
     when given, become the encoder config's ``id2label`` / ``label2id``. A tokenizer trained on the fly
@@ -217,7 +219,7 @@ def build_tokenizer_and_encoder(
             tok_path = model_args.model_name_or_path
         tokenizer = AutoTokenizer.from_pretrained(tok_path, **extra)
         if is_mlcl_checkpoint(path) or is_native_encoder(path):
-            encoder = MLCLEncoder.from_pretrained(path, **loader)
+            encoder = MLCLEncoder.from_pretrained(path, **loader, **({"dtype": dtype} if dtype else {}))
         else:
             encoder = _encoder_from_backbone(path, model_args, projection_dim, **extra, **loader)
     elif model_args.backbone_config:

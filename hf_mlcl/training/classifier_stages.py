@@ -96,8 +96,13 @@ def _classifier_model(
 ) -> tuple[Any, Any]:
     """(tokenizer, classifier): ``probe``'s classifier (:func:`~hf_mlcl.modeling.builders.probe_model`) on the
     encoder at ``encoder_path`` (None: ``model_args``'s model)."""
+    # a fine-tune merges an adapter encoder: onto its base as stored (a float32 base keeps the whole update);
+    # a frozen probe reads the encoder as it trained
     tokenizer, encoder = build_tokenizer_and_encoder(
-        model_args, data.dataset["train"]["text"], source=encoder_path
+        model_args,
+        data.dataset["train"]["text"],
+        source=encoder_path,
+        dtype="auto" if probe == "finetune" else None,
     )
     return tokenizer, probe_model(encoder, model_args, data.label_names, probe)
 

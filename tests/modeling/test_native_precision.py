@@ -177,3 +177,41 @@ def test_the_peft_card_snippet_runs_on_a_bf16_native_lora_classifier(
     diff = float((torch.tensor(report["probs"]) - want).abs().max())
     print(f"bf16 native LoRA classifier through peft: head {report['head']}, max abs difference {diff:.2e}")
     assert report["head"] == "torch.bfloat16" and diff < 1e-2
+
+
+def test_a_stage_loads_an_adapter_encoder_as_trained_and_a_fine_tune_on_its_stored_base(
+    tmp_path, tiny_llama_config, llama_tokenizer, monkeypatch
+):
+    """A frozen probe reads a bf16-trained adapter encoder in bf16 (the features stage 1 computed); a fine-tune,
+    which merges the adapter, loads the float32 base as stored so the merge keeps the whole update."""
+    from hf_mlcl.modeling.builders import build_tokenizer_and_encoder
+    from hf_mlcl.training import ModelArguments, classifier_stages
+
+    base = _base(tmp_path, tiny_llama_config, llama_tokenizer, torch.float32)
+    encoder = MLCLEncoder.from_backbone(base, pooling="last_token", projection_dim=8)
+    model = apply_lora(encoder, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=True)
+    _train_like(model)
+    folder = tmp_path / "encoder"
+    save_lora_adapter(model.eval(), str(folder), base)
+    args = ModelArguments(model_name_or_path=base)
+    dtypes = {}
+    for dtype in (None, "auto"):
+        _, loaded = build_tokenizer_and_encoder(args, None, source=str(folder), dtype=dtype)
+        dtypes[dtype] = next(p.dtype for n, p in loaded.named_parameters() if "lora_" not in n)
+    assert dtypes == {None: torch.bfloat16, "auto": torch.float32}
+
+    asked = []
+    monkeypatch.setattr(
+        classifier_stages,
+        "build_tokenizer_and_encoder",
+        lambda *a, dtype=None, **k: asked.append(dtype) or (None, None),
+    )
+    monkeypatch.setattr(classifier_stages, "probe_model", lambda *a, **k: None)
+
+    class Data:
+        dataset = {"train": {"text": ["a"]}}
+        label_names = NAMES
+
+    for probe in ("linear", "logistic", "finetune"):
+        classifier_stages._classifier_model(args, Data(), str(folder), probe)
+    assert asked == [None, None, "auto"]
