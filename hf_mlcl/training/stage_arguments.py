@@ -8,6 +8,7 @@ Trainer knob (``learning_rate``, ``bf16``, ``eval_strategy`` ...) sits beside ou
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -90,6 +91,19 @@ def _no_pinned_memory_without_accelerator(args: TrainingArguments) -> None:
         args.dataloader_pin_memory = False
 
 
+def _check_optimizer_values(args: TrainingArguments) -> None:
+    """The values torch's optimizers refuse only once a stage builds one (after an earlier stage trained): a
+    finite learning rate, weight decay and epsilon >= 0, Adam's betas in [0, 1)."""
+    for name in ("learning_rate", "weight_decay", "adam_epsilon"):
+        value = getattr(args, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
+    for name in ("adam_beta1", "adam_beta2"):
+        value = getattr(args, name)
+        if not (isinstance(value, (int, float)) and 0 <= value < 1):
+            raise ValueError(f"{name} must lie in [0, 1); got {value!r}")
+
+
 @dataclass
 class StageTrainingArguments(TrainingArguments):
     """The fields both stages' training arguments carry: the loss's keywords and the output folder's policy.
@@ -129,6 +143,7 @@ class StageTrainingArguments(TrainingArguments):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        _check_optimizer_values(self)
         self.check_stage()
         _no_pinned_memory_without_accelerator(self)
         super().__post_init__()

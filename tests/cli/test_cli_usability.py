@@ -771,3 +771,24 @@ def test_an_override_of_a_stage_the_command_does_not_run_is_an_error(tmp_path, c
     assert main(["run", str(encoder_only), "--output_dir", str(tmp_path / "run")]) == 2
     assert "runs no classifier stage (stages: ['contrastive'])" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "run") and not os.path.exists(out)
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--probe.learning_rate", "-1", "learning_rate must be a finite number >= 0; got -1.0"),
+        ("--probe.learning_rate", "nan", "learning_rate must be a finite number >= 0; got nan"),
+        ("--contrastive.adam_beta2", "1.0", "adam_beta2 must lie in [0, 1); got 1.0"),
+        ("--probe.weight_decay", "-0.1", "weight_decay must be a finite number >= 0; got -0.1"),
+    ],
+)
+def test_an_optimizer_value_torch_would_refuse_stops_before_the_first_stage(
+    monkeypatch, capsys, tmp_path, flag, value, message
+):
+    """torch's optimizer refuses these only when a stage builds it: stage 2's, after stage 1 trained (and, with
+    --overwrite_output_dir, replaced the saved encoder). They stop in one line before any stage."""
+    _no_training(monkeypatch)
+    rc = main(["run", RECIPE, "--output_dir", str(tmp_path), "--overwrite_output_dir", "true", flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+    assert os.listdir(tmp_path) == []
