@@ -82,11 +82,29 @@ _TRAINER_KEYS = (
     "fp16",
     "load_best_model_at_end",
     "metric_for_best_model",
+    "lr_scheduler_kwargs",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "optim_args",
+    "dataloader_drop_last",
 )
 # settings recorded only since the keys above: a run stored before lacks them, which says nothing of their value
 # (no difference)
 _LATER_KEYS = frozenset(
-    {"max_eval_samples", "max_test_samples", "load_best_model_at_end", "metric_for_best_model"}
+    {
+        "max_eval_samples",
+        "max_test_samples",
+        "load_best_model_at_end",
+        "metric_for_best_model",
+        "lr_scheduler_kwargs",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "optim_args",
+        "dataloader_drop_last",
+        "world_size",
+    }
 )
 # fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
 _POLICY_KEYS = {
@@ -128,6 +146,8 @@ def stage_settings(
         if f.name not in trainer_fields and f.name not in _POLICY_KEYS
     ]
     out = {key: _plain(getattr(args, key)) for key in (*_TRAINER_KEYS, *own) if hasattr(args, key)}
+    # the processes: the batch each contrasts (and the global batch) depends on how many share the data
+    out["world_size"] = int(getattr(args, "world_size", 1))
     for key in ("loss", "supervised_loss"):  # an alias names the same loss ("sd", "similarity_dissimilarity")
         if isinstance(out.get(key), str):
             out[key] = _canonical_loss(out[key])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -182,3 +183,31 @@ def test_the_evaluation_caps_and_the_best_model_choice_are_settings(tmp_path):
     check_resume_settings(
         out, stage_settings(best, model, DataArguments(dataset="aapd", max_test_samples=200)), overwrite=False
     )
+
+
+def test_the_process_count_and_the_optimizer_options_are_settings(tmp_path):
+    """A checkpoint of a 1-process run resumed by 2 processes trains other batches (each process contrasts its
+    own); the scheduler's and Adam's options and a dropped last batch change the run too. A run stored before
+    these were recorded resumes whatever their value."""
+    from hf_mlcl.training.arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments
+    from hf_mlcl.training.run_settings import check_resume_settings, stage_settings
+
+    out, model, data = str(tmp_path), ModelArguments(model_name_or_path="m"), DataArguments(dataset="aapd")
+    stored = stage_settings(ContrastiveTrainingArguments(output_dir=out), model, data)
+    assert stored["world_size"] == 1
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps(stored))
+    two = dict(stage_settings(ContrastiveTrainingArguments(output_dir=out), model, data), world_size=2)
+    with pytest.raises(ValueError, match="world_size 1 -> 2"):
+        check_resume_settings(out, two, overwrite=False)
+    for changed, message in (
+        ({"lr_scheduler_kwargs": {"num_cycles": 2}}, "lr_scheduler_kwargs None -> {'num_cycles': 2}"),
+        ({"adam_beta2": 0.9}, "adam_beta2 0.999 -> 0.9"),
+        ({"adam_epsilon": 1e-6}, "adam_epsilon 1e-08 -> 1e-06"),
+        ({"dataloader_drop_last": False}, "dataloader_drop_last True -> False"),
+    ):
+        now = stage_settings(ContrastiveTrainingArguments(output_dir=out, **changed), model, data)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_resume_settings(out, now, overwrite=False)
+    later = ("lr_scheduler_kwargs", "adam_beta2", "world_size", "dataloader_drop_last")
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({k: v for k, v in stored.items() if k not in later}))
+    check_resume_settings(out, two, overwrite=False)
