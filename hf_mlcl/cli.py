@@ -86,11 +86,13 @@ def cmd_train(ns, overrides) -> dict:
 
 def cmd_probe(ns, overrides) -> dict:
     from hf_mlcl.evaluation.tables import format_table
-    from hf_mlcl.modeling.builders import holds_a_model, holds_a_tokenizer
+    from hf_mlcl.modeling.builders import holds_a_model, holds_a_tokenizer, require_a_model
     from hf_mlcl.recipes import parse_stage, recipe_stages, stage_output_dir
     from hf_mlcl.training import stages
     from hf_mlcl.training.preflight import check_stage
 
+    if ns.encoder_path:
+        require_a_model(ns.encoder_path)  # a run's root folder names its encoder/ in one line
     recipe, ov = _load(ns.recipe, overrides, ["probe"])
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
     check_stage(args)
@@ -296,7 +298,7 @@ def cmd_demo(ns, overrides) -> dict:
         dataset=ns.dataset,
         data_dir=ns.data_dir,
         model=ns.model,
-        losses=[s.strip() for s in ns.losses.split(",") if s.strip()],
+        losses=ns.losses,
         epochs=ns.epochs,
         probe=ns.probe,
         max_train_samples=ns.max_train_samples,
@@ -417,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures = LaunchFailures(f"hf-mlcl {ns.command}").start()
     previous = _terminate_like_ctrl_c()
     try:
+        _check_output_paths(ns)
         COMMANDS[ns.command](ns, rest)
     except KeyboardInterrupt as err:
         how = "terminated" if isinstance(err, Terminated) else "interrupted"
@@ -451,6 +454,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures.stop()
     D.shutdown()  # a clean end of a multi-process run (see hf_mlcl.training.distributed.shutdown)
     return 0
+
+
+def _check_output_paths(ns) -> None:
+    """A command's own ``--output_dir`` (evaluate, demo, inspect) where a file stands, or ``predict``'s ``--output``
+    naming a folder: one line before any work (the stages check theirs in ``check_stage``)."""
+    from hf_mlcl.files import file_in_the_way
+
+    folder = getattr(ns, "output_dir", None)
+    blocking = file_in_the_way(folder) if folder else None
+    if blocking is not None:
+        raise ValueError(
+            f"--output_dir {folder}: {blocking} is a file, not a folder; choose another --output_dir"
+        )
+    output = getattr(ns, "output", None)
+    if isinstance(output, str) and os.path.isdir(output):
+        raise ValueError(f"--output {output} is a folder; name the file to write (.jsonl or .csv)")
 
 
 def _resume_hint(command: str, argv: Sequence[str]) -> str:

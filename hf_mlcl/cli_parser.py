@@ -12,6 +12,26 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a length, a batch size); argparse reports anything else in one line."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}")
+    return value
+
+
+def name_list(text: str) -> list[str]:
+    """An argparse type: comma-separated names, none of them empty."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, none empty; got {text!r}")
+    return names
+
+
 # The keys a `--help` lists (a test checks each is a real field); all of them: docs/usage.md.
 HELP_MODEL_DATA_KEYS = (
     "model_name_or_path",
@@ -211,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the checkpoint's card_data.json; --dataset ... overrides)",
     )
     p.add_argument("--split", default="test")
-    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--batch_size", type=positive_int, default=32)
     p.add_argument("--output_dir", default=None, help="where metrics and plots go (default: the checkpoint)")
     p.add_argument("--no_plots", action="store_true")
     p = add("predict", "label a file of new texts with a trained classifier at its tuned threshold")
@@ -221,9 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output", required=True, help="predictions file: .jsonl or .csv")
     p.add_argument("--text_column", default="text")
-    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--batch_size", type=positive_int, default=32)
     p.add_argument(
-        "--max_length", type=int, default=None, help="default: the length the classifier was trained at"
+        "--max_length",
+        type=positive_int,
+        default=None,
+        help="default: the length the classifier was trained at",
     )
     p.add_argument("--device", default=None, help="default: the GPU if there is one, else the CPU")
     p.add_argument(
@@ -232,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("export", "write a trained encoder or classifier as ONNX (onnx/model.onnx beside its config)")
     p.add_argument("folder", help="encoder or classifier folder written by `train` / `probe` / `run`")
     p.add_argument("--to", default="onnx", choices=["onnx"])
-    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--opset", type=positive_int, default=18)
     p = add("push", "upload a trained folder (model, tokenizer, card, metrics) to the Hub")
     p.add_argument("folder")
     p.add_argument("--repo_id", required=True)
@@ -248,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data_dir", default=None)
     p.add_argument("--model", default=None, help="pretrained encoder path/id (default: a tiny random BERT)")
-    p.add_argument("--losses", default="sd,mulsupcon,all", help="comma-separated contrastive losses")
+    p.add_argument(
+        "--losses", type=name_list, default="sd,mulsupcon,all", help="comma-separated contrastive losses"
+    )
     p.add_argument(
         "--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)"
     )
@@ -258,14 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["logistic", "linear"],
         help="stage 2 on the frozen encoder: per-label logistic regressions or a linear BCE head",
     )
-    p.add_argument("--max_train_samples", type=int, default=None)
+    p.add_argument("--max_train_samples", type=positive_int, default=None)
     p.add_argument(
         "--max_eval_samples",
-        type=int,
+        type=positive_int,
         default=None,
         help="cap of the validation and test splits (default: all for synthetic, 1000 for real data)",
     )
-    p.add_argument("--max_length", type=int, default=None)
+    p.add_argument("--max_length", type=positive_int, default=None)
     p.add_argument("--seed", type=int, default=42)
     p = add(
         "inspect",

@@ -143,3 +143,12 @@ def json_default(obj: Any) -> Any:
 def atomic_write_json(path: str, data: Any, default: Any = json_default) -> None:
     """``data`` as indented, key-sorted JSON, written atomically (see :func:`atomic_path`)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=default))
+
+
+def file_in_the_way(path: str) -> str | None:
+    """The existing file (not folder) at ``path`` or at the nearest of its parents that exists, which would stop a
+    folder being made there; None when nothing is in the way."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current) and os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+    return None if os.path.isdir(current) else current

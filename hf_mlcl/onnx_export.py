@@ -99,15 +99,17 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no such folder.
         ImportError: the ``onnx`` extra (onnx, onnxscript) is not installed.
-        ValueError: a segmented (PLM-ICD) model, whose document-by-chunks encoding has no export.
+        ValueError: a segmented (PLM-ICD) model, whose document-by-chunks encoding has no export, or an opset
+            the exporter cannot write.
     """
     from transformers import AutoTokenizer
 
-    from hf_mlcl.modeling.builders import folder_layout, native_settings
+    from hf_mlcl.modeling.builders import folder_layout, native_settings, require_a_model
     from hf_mlcl.modeling.native_mlcl import SENTENCE_TRANSFORMERS
 
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"no model folder {folder!r}")
+    require_a_model(folder)
     try:
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
@@ -144,6 +146,11 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
             opset_version=opset,
             dynamo=True,
             verbose=False,
+        )
+    written = program.model.opset_imports.get("")
+    if written != opset:  # torch exports at its own opset and converts; a failed conversion keeps its own
+        raise ValueError(
+            f"--opset {opset}: torch's ONNX exporter could only write opset {written}; nothing written"
         )
     _save(program, path)
     return {"path": path, "kind": kind, "inputs": list(inputs), "outputs": outputs}

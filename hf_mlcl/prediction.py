@@ -136,6 +136,23 @@ def _load_classifier(folder: str) -> Any:
         return MLCLForMultiLabelClassification.from_pretrained(folder)
 
 
+def _available_device(name: str) -> torch.device:
+    """``name`` as a device this machine has; ValueError in one line otherwise (before the model loads)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device {name!r}: {str(err).splitlines()[0]}") from None
+    if device.type == "cpu":
+        return device
+    module = getattr(torch, device.type, None)
+    count = module.device_count() if module is not None and hasattr(module, "device_count") else 0
+    if count == 0 or (device.index is not None and device.index >= count):
+        raise ValueError(
+            f"--device {name}: torch sees {count} {device.type} device(s) here; pass --device cpu"
+        )
+    return device
+
+
 def predict_file(
     classifier: str,
     input_path: str,
@@ -195,7 +212,7 @@ def predict_file(
             f"{input_path} has a column {taken[0]!r}, which the predictions' columns {PREDICTION_COLUMNS} would "
             "replace; rename it in the input"
         )
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _available_device(device) if device else ("cuda" if torch.cuda.is_available() else "cpu")
     model = _load_classifier(classifier).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(classifier)
     blank = np.array([not t.strip() for t in texts], dtype=bool)

@@ -97,9 +97,14 @@ def require_a_model(path: str) -> None:
     """FileNotFoundError in one line when ``path`` is a local folder holding no saved model
     (:func:`holds_a_model`), before anything is read or loaded; a Hub id is left to its loader."""
     if os.path.isdir(path) and not holds_a_model(path):
+        inside = [name for name in ("classifier", "encoder") if holds_a_model(os.path.join(path, name))]
+        hint = (
+            f"it is a run's folder: pass {' or '.join(os.path.join(path, name) for name in inside)}"
+            if inside
+            else "pass the folder that hf-mlcl run / probe wrote"
+        )
         raise FileNotFoundError(
-            f"{path} holds no saved model (no config.json or adapter_config.json); pass the folder that "
-            "hf-mlcl run / probe wrote"
+            f"{path} holds no saved model (no config.json or adapter_config.json); {hint}"
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from hf_mlcl.files import file_in_the_way
 from hf_mlcl.hub.model_card import CARD_DATA_FILE
 from hf_mlcl.modeling.builders import holds_a_model
 
@@ -96,7 +97,13 @@ def _lone_process_of_a_cpu_launch() -> bool:
 
 def check_output_dir(output_dir: str, overwrite: bool, resume: Any) -> None:
     """Stop a new run from writing into ``output_dir`` when it already holds files and neither
-    ``overwrite`` nor ``resume`` is asked for (see module doc). Deletes nothing."""
+    ``overwrite`` nor ``resume`` is asked for (see module doc), or when a file stands where it or a parent
+    folder would go. Deletes nothing."""
+    blocking = file_in_the_way(output_dir)
+    if blocking is not None:
+        raise InputError(
+            f"output_dir {output_dir}: {blocking} is a file, not a folder; choose another --output_dir"
+        )
     if overwrite or wants_resume(resume) or not os.path.isdir(output_dir) or not os.listdir(output_dir):
         return
     shown = sorted(os.listdir(output_dir))

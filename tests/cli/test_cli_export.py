@@ -167,3 +167,17 @@ def test_a_sentence_transformers_classifier_exports_the_token_states_its_onnx_ba
     want = model.encode(TEXTS, convert_to_tensor=True)
     assert (features["sentence_embedding"] - want).abs().max() <= 1e-4
     assert (torch.sigmoid(torch.from_numpy(logits)) - want).abs().max() <= 1e-4
+
+
+def test_an_opset_the_exporter_cannot_write_is_one_line_and_writes_nothing(
+    tmp_path, tiny_bert_config, bert_tokenizer, capsys
+):
+    """torch exports at its own opset and converts; a conversion that fails kept its own opset with exit 0."""
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean", projection_dim=8).eval()
+    encoder.save_pretrained(tmp_path)
+    assert to_sentence_transformers(str(tmp_path), 64, tokenizer=bert_tokenizer)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path), "--to", "onnx", "--opset", "3"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("hf-mlcl")]
+    assert len(err) == 1 and "--opset 3: torch's ONNX exporter could only write opset 18" in err[0], err
+    assert not (tmp_path / "onnx" / "model.onnx").exists()

@@ -147,3 +147,31 @@ def test_a_classifier_without_its_weights_is_one_line(tmp_path, classifier, caps
     assert main(["predict", str(folder), path, "--output", str(tmp_path / "o.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds no complete model" in err[0], err
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_device_this_machine_lacks_or_an_output_folder_is_one_line(tmp_path, classifier, capsys):
+    folder, _ = classifier
+    source = _inputs(tmp_path)[".csv"]
+    missing = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    assert main(["predict", folder, source, "--output", str(tmp_path / "p.jsonl"), "--device", missing]) == 2
+    assert f"--device {missing}: torch sees" in _one_line_error(capsys)
+    assert main(["predict", folder, source, "--output", str(tmp_path / "p.jsonl"), "--device", "tpu9"]) == 2
+    assert "--device 'tpu9'" in _one_line_error(capsys)
+    (tmp_path / "out.jsonl").mkdir()
+    assert main(["predict", folder, source, "--output", str(tmp_path / "out.jsonl")]) == 2
+    assert "is a folder; name the file to write" in _one_line_error(capsys)
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag", ["--max_length", "--batch_size"])
+def test_a_length_or_batch_below_one_is_refused(tmp_path, classifier, capsys, flag):
+    folder, _ = classifier
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", folder, _inputs(tmp_path)[".csv"], "--output", str(tmp_path / "p.jsonl"), flag, "0"])
+    assert stop.value.code == 2 and "expected a positive integer; got '0'" in capsys.readouterr().err

@@ -792,3 +792,35 @@ def test_an_optimizer_value_torch_would_refuse_stops_before_the_first_stage(
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0], err
     assert os.listdir(tmp_path) == []
+
+
+def test_an_output_dir_where_a_file_stands_is_one_line(monkeypatch, capsys, tmp_path):
+    _no_training(monkeypatch)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for argv in (
+        ["run", RECIPE, "--output_dir", str(afile)],
+        ["train", RECIPE, "--output_dir", str(afile / "encoder")],
+        ["inspect", "synthetic", "--output_dir", str(afile)],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{afile} is a file, not a folder" in err[0], err
+    assert afile.read_text() == "mine"
+
+
+def test_a_run_folder_given_for_a_model_folder_names_the_model_folders_inside(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "encoder").mkdir(parents=True)
+    (run / "encoder" / "config.json").write_text("{}")
+    assert main(["export", str(run), "--to", "onnx"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"it is a run's folder: pass {run / 'encoder'}" in err[0], err
+    assert main(["probe", RECIPE, "--encoder_path", str(run), "--output_dir", str(tmp_path / "p")]) == 2
+    assert f"pass {run / 'encoder'}" in capsys.readouterr().err
+
+
+def test_demo_refuses_an_empty_loss_name(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--losses", ","])
+    assert stop.value.code == 2 and "none empty; got ','" in capsys.readouterr().err
