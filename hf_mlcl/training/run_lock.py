@@ -66,6 +66,13 @@ class RunLock:
             fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.ctime()}).encode()
         )
         self._fd = fd
+        enclosing = _held_by_another_above(self.folder)
+        if enclosing is not None:  # e.g. a probe into the classifier/ of a run that is going on
+            self.release()
+            raise InputError(
+                f"{self.folder} is inside {enclosing[0]}, which another run is using ({enclosing[1]}); wait for it "
+                "to end, or choose another --output_dir"
+            )
         return self
 
     def release(self) -> None:
@@ -95,6 +102,36 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def _held_by_another_above(folder: str) -> tuple[str, str] | None:
+    """``(ancestor, holder)`` for the nearest folder above ``folder`` whose run lock another process holds (a
+    ``run`` holds its root while its stages lock their own folders inside it: the same process, no conflict)."""
+    import fcntl
+
+    current = folder
+    while os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+        path = os.path.join(os.path.dirname(current), f".{os.path.basename(current)}{LOCK_SUFFIX}")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    pid = json.loads(os.pread(fd, 4096, 0).decode() or "{}").get("pid")
+                except (OSError, ValueError):
+                    pid = None
+                if pid != os.getpid():
+                    return current, _read_holder(fd)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    return None
 
 
 def _missing_folders(path: str) -> list[str]:

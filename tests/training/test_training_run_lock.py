@@ -140,3 +140,31 @@ def test_two_processes_stop_alike_when_another_run_holds_the_folder(tmp_path):
         held.release()
     for rank in (0, 1):
         assert "is in use by another run" in (tmp_path / f"rank{rank}.txt").read_text(), rank
+
+
+def test_a_folder_inside_a_running_run_is_refused_but_the_runs_own_stages_take_theirs(tmp_path):
+    """A probe into the classifier/ of a run that is going on wrote there, and the run then failed at its stage 2
+    ("already holds a run"); the run's own stages lock their folders inside its root in the same process."""
+    root = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom hf_mlcl.training.run_lock import RunLock\n"
+            f"RunLock({str(root)!r}).acquire(); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            InputError, match=rf"is inside {root}, which another run is using \(process {holder.pid}"
+        ):
+            RunLock(str(root / "classifier")).acquire()
+        assert not os.path.exists(tmp_path / "run" / ".classifier.hf_mlcl.lock")
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunLock(str(root)), RunLock(str(root / "encoder")), RunLock(str(root / "classifier")):
+        pass  # hf-mlcl run: the root held for the run, each stage's folder by the same process
