@@ -6,6 +6,7 @@ report results of a run that never had them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -104,8 +105,10 @@ _LATER_KEYS = frozenset(
         "optim_args",
         "dataloader_drop_last",
         "world_size",
+        "data_fingerprint",
     }
 )
+_FINGERPRINT_BYTES = 1 << 20  # the first and the last MiB of each file
 # fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
 _POLICY_KEYS = {
     "overwrite_output_dir",
@@ -157,11 +160,53 @@ def stage_settings(
     for source, keys in ((model_args, model_keys), (data_args, _DATA_KEYS)):
         if source is not None:
             out.update({key: _plain(getattr(source, key)) for key in keys if hasattr(source, key)})
+    fingerprint = data_fingerprint(data_args) if data_args is not None else None
+    if fingerprint is not None:
+        out["data_fingerprint"] = fingerprint
     upstream = None if encoder_path is None else os.path.join(encoder_path, RUN_SETTINGS_FILE)
     if upstream is not None and os.path.isfile(upstream):
         with open(upstream, encoding="utf-8") as fh:
             out["encoder"] = json.load(fh)
     return out
+
+
+def _local_data_paths(data_args: Any) -> list[str]:
+    """The user's own data files and folders the stage reads: a local ``dataset``, ``data_files``,
+    ``label_names_file`` (a registry dataset's ``data_dir`` is not: its files are the dataset's)."""
+    named: list[Any] = [getattr(data_args, "dataset", None), getattr(data_args, "label_names_file", None)]
+    files = getattr(data_args, "data_files", None)
+    for value in files.values() if isinstance(files, dict) else [files]:
+        named += value if isinstance(value, (list, tuple)) else [value]
+    return [p for p in named if isinstance(p, str) and os.path.exists(p)]
+
+
+def _hash_file(digest: Any, path: str, name: str) -> None:
+    size = os.path.getsize(path)
+    digest.update(f"{name}\0{size}\0".encode())
+    with open(path, "rb") as fh:
+        digest.update(fh.read(_FINGERPRINT_BYTES))
+        if size > _FINGERPRINT_BYTES:
+            fh.seek(max(_FINGERPRINT_BYTES, size - _FINGERPRINT_BYTES))
+            digest.update(fh.read(_FINGERPRINT_BYTES))
+
+
+def data_fingerprint(data_args: Any) -> str | None:
+    """A digest of the user's local data (:func:`_local_data_paths`): each file's name, size, first and last MiB,
+    so a file replaced between a kill and its resume is a changed setting; None for data without local files."""
+    paths = _local_data_paths(data_args)
+    if not paths:
+        return None
+    digest = hashlib.sha256()
+    for path in paths:
+        if os.path.isfile(path):
+            _hash_file(digest, path, os.path.basename(path))
+            continue
+        for folder, subfolders, names in os.walk(path):
+            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+            for name in sorted(n for n in names if not n.startswith(".")):
+                full = os.path.join(folder, name)
+                _hash_file(digest, full, os.path.relpath(full, path))
+    return digest.hexdigest()[:16]
 
 
 def write_run_settings(folder: str, settings: dict[str, Any] | None) -> None:

@@ -211,3 +211,28 @@ def test_the_process_count_and_the_optimizer_options_are_settings(tmp_path):
     later = ("lr_scheduler_kwargs", "adam_beta2", "world_size", "dataloader_drop_last")
     (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({k: v for k, v in stored.items() if k not in later}))
     check_resume_settings(out, two, overwrite=False)
+
+
+def test_a_data_file_replaced_between_a_kill_and_its_resume_is_a_changed_setting(tmp_path):
+    """The same path with other rows trained the resumed steps on other data (exit 0, another encoder): the
+    user's local data files are fingerprinted (size, first and last MiB); a registry dataset has no fingerprint."""
+    from hf_mlcl.training.arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments
+    from hf_mlcl.training.run_settings import check_resume_settings, stage_settings
+
+    data = tmp_path / "data.csv"
+    data.write_text("text,labels\na b c,x\nd e f,y\n")
+    out, model = str(tmp_path / "enc"), ModelArguments(model_name_or_path="m")
+    args = ContrastiveTrainingArguments(output_dir=out)
+    os.makedirs(out)
+    stored = stage_settings(args, model, DataArguments(dataset=str(data)))
+    (tmp_path / "enc" / RUN_SETTINGS_FILE).write_text(json.dumps(stored))
+    check_resume_settings(out, stage_settings(args, model, DataArguments(dataset=str(data))), overwrite=False)
+    data.write_text("text,labels\na b c,y\nd e f,x\n")  # the same size, other labels
+    with pytest.raises(ValueError, match="data_fingerprint"):
+        check_resume_settings(
+            out, stage_settings(args, model, DataArguments(dataset=str(data))), overwrite=False
+        )
+    older = {k: v for k, v in stored.items() if k != "data_fingerprint"}
+    (tmp_path / "enc" / RUN_SETTINGS_FILE).write_text(json.dumps(older))
+    check_resume_settings(out, stage_settings(args, model, DataArguments(dataset=str(data))), overwrite=False)
+    assert "data_fingerprint" not in stage_settings(args, model, DataArguments(dataset="aapd"))
