@@ -109,6 +109,7 @@ _LATER_KEYS = frozenset(
     }
 )
 _FINGERPRINT_BYTES = 1 << 20  # the first and the last MiB of each file
+_DATA_PATH_KEYS = ("dataset", "data_files", "label_names_file")  # local paths: compared by their contents
 # fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
 _POLICY_KEYS = {
     "overwrite_output_dir",
@@ -168,6 +169,28 @@ def stage_settings(
         with open(upstream, encoding="utf-8") as fh:
             out["encoder"] = json.load(fh)
     return out
+
+
+def data_changes(folder: str, data_args: Any) -> list[str] | None:
+    """The data settings of ``data_args`` that differ from those the stage in ``folder`` ran on (its
+    ``run_settings.json``), or None when the folder records none. Local data are compared by their fingerprint
+    where both sides have one (a path may be written from another working directory), by name otherwise."""
+    path = os.path.join(folder, RUN_SETTINGS_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        stored = json.load(fh)
+    asked = {key: _plain(getattr(data_args, key, None)) for key in _DATA_KEYS}
+    fingerprints = stored.get("data_fingerprint"), data_fingerprint(data_args)
+    by_content = all(fingerprints)
+    changed = [
+        key
+        for key in _DATA_KEYS
+        if key in stored and stored[key] != asked[key] and not (by_content and key in _DATA_PATH_KEYS)
+    ]
+    if by_content and fingerprints[0] != fingerprints[1]:
+        changed.append("data_fingerprint")
+    return changed
 
 
 def _local_data_paths(data_args: Any) -> list[str]:

@@ -122,12 +122,40 @@ def test_evaluate_without_a_recipe_reads_the_data_arguments_from_the_checkpoint(
     assert metrics["test_micro_f1"] == pytest.approx(results["probe"]["test_micro_f1"], abs=1e-6)
 
 
-def test_evaluate_refuses_a_different_label_space(run_dir, capsys):
+def test_evaluate_refuses_a_different_label_space(run_dir, capsys, tmp_path):
     other = json.dumps({**json.loads(TINY_DATA), "num_labels": 7})
     rc = main(
-        ["evaluate", os.path.join(run_dir, "classifier"), RECIPE, "--dataset_options", other, "--no-plots"]
+        [
+            "evaluate",
+            os.path.join(run_dir, "classifier"),
+            RECIPE,
+            "--dataset_options",
+            other,
+            "--no-plots",
+            "--output_dir",
+            str(tmp_path),
+        ]
     )
     assert rc == 2 and "labels differ" in capsys.readouterr().err
+
+
+def test_evaluate_on_other_data_keeps_the_runs_own_scores_unless_told_where(run_dir, capsys, tmp_path):
+    """The classifier's folder holds the scores of its own data: evaluating other data there would replace them
+    (and push would publish them), so that needs --output_dir; its own data may be scored there again."""
+    clf = os.path.join(run_dir, "classifier")
+    own = open(os.path.join(clf, "eval_test.json")).read()
+    other = json.dumps({**json.loads(TINY_DATA), "seed": 5})
+    evaluate = ["evaluate", clf, RECIPE, "--dataset_options", other, "--no-plots"]
+    assert main(evaluate) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "this evaluation's data differ (dataset_options); pass --output_dir" in err[0], (
+        err
+    )
+    assert open(os.path.join(clf, "eval_test.json")).read() == own
+    assert main([*evaluate, "--output_dir", str(tmp_path)]) == 0
+    assert json.load(open(tmp_path / "eval_test.json")) != json.loads(own)
+    assert main(["evaluate", clf, RECIPE, "--dataset_options", TINY_DATA, "--no-plots"]) == 0  # its own data
+    assert json.loads(open(os.path.join(clf, "eval_test.json")).read()) == json.loads(own)
 
 
 def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
