@@ -155,6 +155,7 @@ def cmd_run(ns, overrides) -> dict:
     _check_models(parsed["contrastive" if "contrastive" in parsed else final][0])  # and the models
     stage_args = {name: args for name, (_, _, args) in parsed.items()}
     run_root = ov.output_dir or recipe.get("output_dir") or os.path.dirname(stage_output_dir(recipe, final))
+    _check_results_file(run_root, pargs)
     # one run per run folder, held for all its stages, the evaluation and results.json: a second run (or a
     # resume) into it stops in one line, never between two stages of this one
     lock = RunLock(run_root) if pargs.should_save else None
@@ -168,6 +169,30 @@ def cmd_run(ns, overrides) -> dict:
         if lock is not None:
             lock.release()
     return {k: r.metrics for k, r in results.items()}
+
+
+def _check_results_file(run_root: str, args) -> None:
+    """A run's root whose ``results.json`` is not this run's to replace (a demo's table, a file of the user's, or
+    another run's results without --overwrite_output_dir / --resume_from_checkpoint) stops before any work."""
+    from hf_mlcl.files import json_shape
+    from hf_mlcl.training.checkpoints import wants_resume
+    from hf_mlcl.training.preflight import InputError
+
+    path = os.path.join(run_root, "results.json")
+    shape = json_shape(path)
+    if shape is None or (
+        shape == "object" and (args.overwrite_output_dir or wants_resume(args.resume_from_checkpoint))
+    ):
+        return
+    what = (
+        "another run's results"
+        if shape == "object"
+        else "a file that is not a run's results (a demo's table?)"
+    )
+    raise InputError(
+        f"{path} holds {what}; choose another --output_dir"
+        + (", or pass --overwrite_output_dir true to replace it" if shape == "object" else "")
+    )
 
 
 def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:

@@ -149,6 +149,21 @@ class _Plan:
         return {**shared, **kwargs}
 
 
+def _check_not_a_run(output_dir: str) -> None:
+    """A folder holding an ``hf-mlcl run`` (its encoder/ or classifier/, or a results.json that is no demo's
+    table) is not the demo's to overwrite (a demo's own folder is: the demo runs again)."""
+    from hf_mlcl.files import json_shape
+    from hf_mlcl.training.preflight import InputError
+
+    stages = [name for name in ("encoder", "classifier") if os.path.isdir(os.path.join(output_dir, name))]
+    shape = json_shape(os.path.join(output_dir, "results.json"))
+    if stages or shape not in (None, "array"):
+        held = ", ".join(stages) if stages else "results.json"
+        raise InputError(
+            f"{output_dir} holds a run's output ({held}), not a demo's; choose another --output_dir"
+        )
+
+
 def run_demo(
     output_dir: str = "./hf_mlcl_demo",
     dataset: str = "synthetic",
@@ -174,6 +189,7 @@ def run_demo(
     for name in losses:  # before any work: a loss stage 1 cannot train, a model that cannot load
         check_contrastive_loss(name, "--losses names stage 1's losses; the demo trains its BCE row itself")
     check_model_source(model, "--model")
+    _check_not_a_run(output_dir)
     with RunLock(output_dir):  # one demo per folder: a second one into it stops in one line
         os.makedirs(output_dir, exist_ok=True)
         plan = _plan(

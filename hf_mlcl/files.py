@@ -152,3 +152,16 @@ def file_in_the_way(path: str) -> str | None:
     while not os.path.exists(current) and os.path.dirname(current) != current:
         current = os.path.dirname(current)
     return None if os.path.isdir(current) else current
+
+
+def json_shape(path: str) -> str | None:
+    """``"object"``, ``"array"`` or ``"other"`` for the JSON file at ``path`` (``"other"`` also when it is no JSON);
+    None where there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return "other"
+    return "object" if isinstance(data, dict) else "array" if isinstance(data, list) else "other"

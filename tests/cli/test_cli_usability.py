@@ -824,3 +824,24 @@ def test_demo_refuses_an_empty_loss_name(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["demo", "--losses", ","])
     assert stop.value.code == 2 and "none empty; got ','" in capsys.readouterr().err
+
+
+def test_run_and_demo_never_replace_each_others_results(monkeypatch, capsys, tmp_path):
+    """A run's root holding a demo's table (a JSON list), or a results.json of the user's, and a demo folder holding
+    a run, stop in one line before any work; a run's own results may be replaced with --overwrite_output_dir."""
+    _no_training(monkeypatch)
+    demo_folder, run_folder = tmp_path / "demo", tmp_path / "run"
+    demo_folder.mkdir()
+    (demo_folder / "results.json").write_text('[{"method": "sd"}]')
+    assert main(["run", RECIPE, "--output_dir", str(demo_folder)]) == 2
+    assert "not a run's results (a demo's table?)" in capsys.readouterr().err
+    run_folder.mkdir()
+    (run_folder / "results.json").write_text('{"probe": {}}')
+    assert main(["run", RECIPE, "--output_dir", str(run_folder)]) == 2
+    assert "holds another run's results" in capsys.readouterr().err
+    (run_folder / "classifier").mkdir()
+    assert main(["demo", "--output_dir", str(run_folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a run's output (classifier), not a demo's" in err[0], err
+    assert (demo_folder / "results.json").read_text() == '[{"method": "sd"}]'
+    assert (run_folder / "results.json").read_text() == '{"probe": {}}'
