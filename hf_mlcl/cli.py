@@ -220,8 +220,6 @@ def cmd_evaluate(ns, overrides) -> dict:
         recipe = _data_recipe_of(ns.checkpoint, user_dataset="--dataset" in ov.common)
     recipe["probe"] = {}  # only the data arguments matter here
     _, data_args, _ = parse_stage(recipe, "probe", ov, output_dir=ns.checkpoint)
-    if ns.output_dir is None:
-        _keep_own_scores(ns.checkpoint, data_args)
     metrics = stages.evaluate_checkpoint(
         ns.checkpoint,
         data_args,
@@ -239,19 +237,6 @@ def cmd_evaluate(ns, overrides) -> dict:
         )
     )
     return metrics
-
-
-def _keep_own_scores(checkpoint: str, data_args) -> None:
-    """``evaluate`` writes into the classifier's folder by default: on other data than the folder's own (its
-    ``run_settings.json``) that would replace the scores the run wrote there, so it needs an ``--output_dir``."""
-    from hf_mlcl.training.run_settings import data_changes
-
-    changed = data_changes(checkpoint, data_args)
-    if changed:
-        raise ValueError(
-            f"{checkpoint} holds the scores of the data it was trained on, and this evaluation's data differ "
-            f"({', '.join(changed)}); pass --output_dir for their metrics and plots"
-        )
 
 
 def _data_recipe_of(checkpoint: str, user_dataset: bool) -> dict:

@@ -14,7 +14,7 @@ from hf_mlcl.modeling.builders import adapter_encoder, build_tokenizer_and_encod
 
 from .padding_free import check_padding_free_run
 from .preflight import preflight, remove_previous_run, replaces_previous_run
-from .run_settings import stage_settings
+from .run_settings import stage_settings, with_data_fingerprint
 from .stage_steps import (
     METRICS_FILE,
     THRESHOLDS_FILE,
@@ -71,7 +71,9 @@ def train_probe(
     )
     tokenizer, model = _classifier_model(model_args, data, encoder_path, probe)
     trainer = stage_trainer(ProbingTrainer, model, tokenizer, probing_args, data, data_args, callbacks)
-    trainer.run_settings = settings or stage_settings(probing_args, model_args, data_args, encoder_path)
+    trainer.run_settings = with_data_fingerprint(
+        settings or stage_settings(probing_args, model_args, data_args, encoder_path), data
+    )
     metrics: dict[str, Any] = {
         "probe": probe,
         "loss": probing_args.loss,
@@ -178,7 +180,9 @@ def train_joint(
     created = preflight(joint_args, stage, len(data.dataset["train"]), lora)
     tokenizer, model = _classifier_model(model_args, data, encoder_path, "finetune")
     trainer = stage_trainer(JointTrainer, model, tokenizer, joint_args, data, data_args, callbacks)
-    trainer.run_settings = settings or stage_settings(joint_args, model_args, data_args, encoder_path)
+    trainer.run_settings = with_data_fingerprint(
+        settings or stage_settings(joint_args, model_args, data_args, encoder_path), data
+    )
     metrics: dict[str, Any] = {
         "probe": stage,
         "loss": joint_args.supervised_loss,

@@ -10,7 +10,7 @@ from hf_mlcl.modeling.builders import build_tokenizer_and_encoder, with_lora
 
 from .padding_free import check_padding_free_run
 from .preflight import preflight
-from .run_settings import stage_settings
+from .run_settings import stage_settings, with_data_fingerprint
 from .stage_steps import (
     METRICS_FILE,
     RunData,
@@ -70,7 +70,9 @@ def train_contrastive(
         callbacks,
         training_args.n_views,
     )
-    trainer.run_settings = settings or stage_settings(training_args, model_args, data_args)
+    trainer.run_settings = with_data_fingerprint(
+        settings or stage_settings(training_args, model_args, data_args), data
+    )
     return _finish_contrastive(
         trainer, tokenizer, fit(trainer, created, "stage 1 (contrastive)"), model_args, data_args, data
     )

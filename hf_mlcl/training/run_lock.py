@@ -17,6 +17,9 @@ from typing import Any
 __all__ = ["LOCK_SUFFIX", "RunLock"]
 
 LOCK_SUFFIX = ".hf_mlcl.lock"
+_HELD: set[str] = (
+    set()
+)  # the lock files this process holds (a run's root while its stages lock their folders)
 
 
 class RunLock:
@@ -66,6 +69,7 @@ class RunLock:
             fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.ctime()}).encode()
         )
         self._fd = fd
+        _HELD.add(self.path)
         enclosing = _held_by_another_above(self.folder)
         if enclosing is not None:  # e.g. a probe into the classifier/ of a run that is going on
             self.release()
@@ -81,6 +85,8 @@ class RunLock:
         if self._fd is None:
             return
         import fcntl
+
+        _HELD.discard(self.path)
 
         try:
             os.unlink(self.path)
@@ -106,29 +112,26 @@ class RunLock:
 
 def _held_by_another_above(folder: str) -> tuple[str, str] | None:
     """``(ancestor, holder)`` for the nearest folder above ``folder`` whose run lock another process holds (a
-    ``run`` holds its root while its stages lock their own folders inside it: the same process, no conflict)."""
+    ``run`` holds its root while its stages lock their own folders inside it: this process's locks, ``_HELD``, are
+    no conflict)."""
     import fcntl
 
     current = folder
     while os.path.dirname(current) != current:
         current = os.path.dirname(current)
         path = os.path.join(os.path.dirname(current), f".{os.path.basename(current)}{LOCK_SUFFIX}")
+        if path in _HELD:
+            continue
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
             continue
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    pid = json.loads(os.pread(fd, 4096, 0).decode() or "{}").get("pid")
-                except (OSError, ValueError):
-                    pid = None
-                if pid != os.getpid():
-                    return current, _read_holder(fd)
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return current, _read_holder(fd)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
     return None

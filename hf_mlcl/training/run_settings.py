@@ -108,8 +108,6 @@ _LATER_KEYS = frozenset(
         "data_fingerprint",
     }
 )
-_FINGERPRINT_BYTES = 1 << 20  # the first and the last MiB of each file
-_DATA_PATH_KEYS = ("dataset", "data_files", "label_names_file")  # local paths: compared by their contents
 # fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
 _POLICY_KEYS = {
     "overwrite_output_dir",
@@ -161,9 +159,6 @@ def stage_settings(
     for source, keys in ((model_args, model_keys), (data_args, _DATA_KEYS)):
         if source is not None:
             out.update({key: _plain(getattr(source, key)) for key in keys if hasattr(source, key)})
-    fingerprint = data_fingerprint(data_args) if data_args is not None else None
-    if fingerprint is not None:
-        out["data_fingerprint"] = fingerprint
     upstream = None if encoder_path is None else os.path.join(encoder_path, RUN_SETTINGS_FILE)
     if upstream is not None and os.path.isfile(upstream):
         with open(upstream, encoding="utf-8") as fh:
@@ -171,65 +166,43 @@ def stage_settings(
     return out
 
 
-def data_changes(folder: str, data_args: Any) -> list[str] | None:
-    """The data settings of ``data_args`` that differ from those the stage in ``folder`` ran on (its
-    ``run_settings.json``), or None when the folder records none. Local data are compared by their fingerprint
-    where both sides have one (a path may be written from another working directory), by name otherwise."""
+def split_fingerprints(dataset: Any) -> dict[str, str]:
+    """``{split: digest}`` of each split's rows (every column, in order): what a stage trains, tunes and scores on,
+    however the files were named or loaded. Batches of 1,000 rows as JSON."""
+    out = {}
+    for split in dataset:
+        digest = hashlib.sha256()
+        for batch in dataset[split].iter(batch_size=1000):
+            digest.update(json.dumps(batch, sort_keys=True, default=str).encode())
+        out[split] = digest.hexdigest()[:16]
+    return out
+
+
+def with_data_fingerprint(settings: dict[str, Any] | None, data: Any) -> dict[str, Any] | None:
+    """``settings`` with the fingerprints of the loaded data's splits (``data_fingerprint``): a resume from a
+    checkpoint compares them, so data replaced between a kill and its resume stop it. A finished stage is judged
+    before its data load, on the other settings."""
+    if settings is None:
+        return None
+    return {**settings, "data_fingerprint": split_fingerprints(data.dataset)}
+
+
+def evaluation_differs(folder: str, dataset: Any, split: str, max_length: Any) -> list[str]:
+    """What differs between scoring ``split`` of ``dataset`` at ``max_length`` and the data the stage saved in
+    ``folder`` ran on (its ``run_settings.json``): the split's rows, the truncation length; [] when the same or
+    unknown (a folder from before the fingerprints)."""
     path = os.path.join(folder, RUN_SETTINGS_FILE)
     if not os.path.isfile(path):
-        return None
+        return []
     with open(path, encoding="utf-8") as fh:
         stored = json.load(fh)
-    asked = {key: _plain(getattr(data_args, key, None)) for key in _DATA_KEYS}
-    fingerprints = stored.get("data_fingerprint"), data_fingerprint(data_args)
-    by_content = all(fingerprints)
-    changed = [
-        key
-        for key in _DATA_KEYS
-        if key in stored and stored[key] != asked[key] and not (by_content and key in _DATA_PATH_KEYS)
-    ]
-    if by_content and fingerprints[0] != fingerprints[1]:
-        changed.append("data_fingerprint")
+    changed = []
+    own = (stored.get("data_fingerprint") or {}).get(split)
+    if own is not None and own != split_fingerprints({split: dataset[split]})[split]:
+        changed.append(f"the {split} split's rows")
+    if own is not None and "max_length" in stored and stored["max_length"] != max_length:
+        changed.append(f"max_length {stored['max_length']} -> {max_length}")
     return changed
-
-
-def _local_data_paths(data_args: Any) -> list[str]:
-    """The user's own data files and folders the stage reads: a local ``dataset``, ``data_files``,
-    ``label_names_file`` (a registry dataset's ``data_dir`` is not: its files are the dataset's)."""
-    named: list[Any] = [getattr(data_args, "dataset", None), getattr(data_args, "label_names_file", None)]
-    files = getattr(data_args, "data_files", None)
-    for value in files.values() if isinstance(files, dict) else [files]:
-        named += value if isinstance(value, (list, tuple)) else [value]
-    return [p for p in named if isinstance(p, str) and os.path.exists(p)]
-
-
-def _hash_file(digest: Any, path: str, name: str) -> None:
-    size = os.path.getsize(path)
-    digest.update(f"{name}\0{size}\0".encode())
-    with open(path, "rb") as fh:
-        digest.update(fh.read(_FINGERPRINT_BYTES))
-        if size > _FINGERPRINT_BYTES:
-            fh.seek(max(_FINGERPRINT_BYTES, size - _FINGERPRINT_BYTES))
-            digest.update(fh.read(_FINGERPRINT_BYTES))
-
-
-def data_fingerprint(data_args: Any) -> str | None:
-    """A digest of the user's local data (:func:`_local_data_paths`): each file's name, size, first and last MiB,
-    so a file replaced between a kill and its resume is a changed setting; None for data without local files."""
-    paths = _local_data_paths(data_args)
-    if not paths:
-        return None
-    digest = hashlib.sha256()
-    for path in paths:
-        if os.path.isfile(path):
-            _hash_file(digest, path, os.path.basename(path))
-            continue
-        for folder, subfolders, names in os.walk(path):
-            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-            for name in sorted(n for n in names if not n.startswith(".")):
-                full = os.path.join(folder, name)
-                _hash_file(digest, full, os.path.relpath(full, path))
-    return digest.hexdigest()[:16]
 
 
 def write_run_settings(folder: str, settings: dict[str, Any] | None) -> None:

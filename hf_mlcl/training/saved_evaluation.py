@@ -17,6 +17,7 @@ from hf_mlcl.files import atomic_write_json
 from hf_mlcl.hub.model_card import CARD_DATA_FILE
 from hf_mlcl.modeling.builders import segment_multiple
 
+from .run_settings import evaluation_differs
 from .stage_steps import METRICS_FILE, PLOTS_DIR, RunData, StageResult, load_run_data
 
 logger = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def evaluate_checkpoint(
     """Score a saved classifier on ``split`` at its stored decision threshold; write ``eval_<split>.json`` and
     ``plots/f1_vs_frequency_<split>.png`` into ``output_dir`` (default: the checkpoint folder). Returns the
     metrics, keys prefixed with the split name. An encoder folder is refused before anything is loaded, a split
-    the data lack before the model loads. ``device``: where it scores (default: the GPU there is, else the
+    the data lack before the model loads, and so are data other than the folder's own without ``output_dir``. ``device``: where it scores (default: the GPU there is, else the
     CPU)."""
     import torch
     from transformers import AutoTokenizer
@@ -195,6 +196,16 @@ def evaluate_checkpoint(
     if split not in data.dataset:  # before the model loads
         raise ValueError(
             f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}"
+        )
+    changed = (
+        []
+        if output_dir is not None
+        else evaluation_differs(checkpoint, data.dataset, split, data_args.max_length)
+    )
+    if changed:  # the folder's own scores (which a push uploads) stay
+        raise ValueError(
+            f"{checkpoint} holds the scores of the data it was trained on, and these differ ({', '.join(changed)}); "
+            "pass --output_dir for their metrics and plots"
         )
     # the main process alone scores the classifier, also in a ZeRO-3 run
     with loading_whole_models(), model_files_required(checkpoint):

@@ -148,13 +148,29 @@ def test_evaluate_on_other_data_keeps_the_runs_own_scores_unless_told_where(run_
     evaluate = ["evaluate", clf, RECIPE, "--dataset_options", other, "--no-plots"]
     assert main(evaluate) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "this evaluation's data differ (dataset_options); pass --output_dir" in err[0], (
-        err
-    )
+    assert len(err) == 1 and "these differ (the test split's rows); pass --output_dir" in err[0], err
     assert open(os.path.join(clf, "eval_test.json")).read() == own
     assert main([*evaluate, "--output_dir", str(tmp_path)]) == 0
     assert json.load(open(tmp_path / "eval_test.json")) != json.loads(own)
     assert main(["evaluate", clf, RECIPE, "--dataset_options", TINY_DATA, "--no-plots"]) == 0  # its own data
+    assert json.loads(open(os.path.join(clf, "eval_test.json")).read()) == json.loads(own)
+    assert main(["evaluate", clf, "--no-plots"]) == 0  # its own data, read from its card
+    capped = [
+        "evaluate",
+        clf,
+        RECIPE,
+        "--dataset_options",
+        TINY_DATA,
+        "--max_train_samples",
+        "16",
+        "--no-plots",
+    ]
+    assert main(capped) == 0  # the same test rows: a cap on train changes no score
+    assert (
+        main(["evaluate", clf, RECIPE, "--dataset_options", TINY_DATA, "--max_length", "8", "--no-plots"])
+        == 2
+    )
+    assert "max_length" in capsys.readouterr().err
     assert json.loads(open(os.path.join(clf, "eval_test.json")).read()) == json.loads(own)
 
 

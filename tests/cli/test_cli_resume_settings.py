@@ -213,26 +213,31 @@ def test_the_process_count_and_the_optimizer_options_are_settings(tmp_path):
     check_resume_settings(out, two, overwrite=False)
 
 
-def test_a_data_file_replaced_between_a_kill_and_its_resume_is_a_changed_setting(tmp_path):
-    """The same path with other rows trained the resumed steps on other data (exit 0, another encoder): the
-    user's local data files are fingerprinted (size, first and last MiB); a registry dataset has no fingerprint."""
-    from hf_mlcl.training.arguments import ContrastiveTrainingArguments, DataArguments, ModelArguments
-    from hf_mlcl.training.run_settings import check_resume_settings, stage_settings
+def _csv(path, seed: int) -> str:
+    import random
 
-    data = tmp_path / "data.csv"
-    data.write_text("text,labels\na b c,x\nd e f,y\n")
-    out, model = str(tmp_path / "enc"), ModelArguments(model_name_or_path="m")
-    args = ContrastiveTrainingArguments(output_dir=out)
-    os.makedirs(out)
-    stored = stage_settings(args, model, DataArguments(dataset=str(data)))
-    (tmp_path / "enc" / RUN_SETTINGS_FILE).write_text(json.dumps(stored))
-    check_resume_settings(out, stage_settings(args, model, DataArguments(dataset=str(data))), overwrite=False)
-    data.write_text("text,labels\na b c,y\nd e f,x\n")  # the same size, other labels
-    with pytest.raises(ValueError, match="data_fingerprint"):
-        check_resume_settings(
-            out, stage_settings(args, model, DataArguments(dataset=str(data))), overwrite=False
-        )
-    older = {k: v for k, v in stored.items() if k != "data_fingerprint"}
-    (tmp_path / "enc" / RUN_SETTINGS_FILE).write_text(json.dumps(older))
-    check_resume_settings(out, stage_settings(args, model, DataArguments(dataset=str(data))), overwrite=False)
-    assert "data_fingerprint" not in stage_settings(args, model, DataArguments(dataset="aapd"))
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    rows = ["text,labels"] + [
+        f"{' '.join(rng.choices(words, k=8))},{';'.join(rng.sample('abcd', k=rng.randint(1, 2)))}"
+        for _ in range(96)
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_a_data_file_replaced_between_a_kill_and_its_resume_stops_the_resume(tmp_path, capsys):
+    """The same path with other rows trained the resumed steps on other data (exit 0, another encoder): each
+    checkpoint records the fingerprints of the splits it trained on, and a resume compares them."""
+    data, out = tmp_path / "d.csv", str(tmp_path / "encoder")
+    train = ["train", RECIPE, "--dataset", _csv(data, 0), "--output_dir", out, "--disable_tqdm", "true"]
+    train += ["--per_device_train_batch_size", "16", "--save_strategy", "steps", "--save_steps", "2"]
+    assert main([*train, "--max_steps", "2", "--keep_checkpoints", "true"]) == 0
+    stored = json.load(open(os.path.join(out, "checkpoint-2", RUN_SETTINGS_FILE)))
+    assert set(stored["data_fingerprint"]) == {"train", "validation"}
+    os.remove(os.path.join(out, "metrics.json"))  # the stage looks interrupted after its checkpoint
+    _csv(data, 1)  # the same file name, other rows
+    capsys.readouterr()
+    assert main([*train, "--max_steps", "4", "--resume_from_checkpoint", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "was trained with other settings" in err and "data_fingerprint" in err
