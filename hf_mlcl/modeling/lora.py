@@ -336,11 +336,12 @@ def save_lora_model(
     cheap, never the frozen base); FSDP1 gathers the full state dict the accelerator gives
     (``accelerator.get_state_dict``); plain, DDP and ZeRO-1/2 models are read as they are. The main
     process then writes the adapter folder of :func:`save_lora_adapter` (it loads with ``MLCLEncoder`` /
-    ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with ``trust_remote_code=True``). Merged weights are written with ``merge=True``, or when the backbone was
-    built from a config (no base model to point an adapter at): from the live model when it is whole,
-    and for a sharded model by reloading the adapter folder onto its base on the main process (a sharded
-    model built from a config cannot be merged: ValueError). Returns when the folder is complete on
-    every process.
+    ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with ``trust_remote_code=True``).
+    Merged weights are written with ``merge=True``: the adapter folder reloaded onto its base as stored on the main
+    process and merged there (a float32 base cast to bf16 for training keeps the whole update; the live model stays
+    as it is), whatever the launch; and from the live model when the backbone was built from a config (no base
+    model to point an adapter at; sharded, that is a ValueError). Returns when the folder is complete on every
+    process.
     """
     import os
     import shutil
@@ -363,7 +364,7 @@ def save_lora_model(
             "a LoRA model whose backbone was built from a config has no base model to save an adapter for, and "
             f"its weights are sharded ({kind}): build the backbone from a saved model (model_name_or_path)"
         )
-    if kind is None and (merge or not base):
+    if kind is None and not base:
         if not merge:
             logger.warning(
                 "use_lora with a backbone built from a config: no base model to load an adapter onto, "

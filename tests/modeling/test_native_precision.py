@@ -215,3 +215,26 @@ def test_a_stage_loads_an_adapter_encoder_as_trained_and_a_fine_tune_on_its_stor
     for probe in ("linear", "logistic", "finetune"):
         classifier_stages._classifier_model(args, Data(), str(folder), probe)
     assert asked == [None, None, "auto"]
+
+
+def test_a_merge_of_a_bf16_trained_adapter_keeps_its_float32_base(
+    tmp_path, tiny_llama_config, llama_tokenizer
+):
+    """save_lora_model(merge=True) in one process merges like a sharded save: onto the base as stored (float32
+    here: the whole update kept), the live model left as it is."""
+    from hf_mlcl.modeling.lora import save_lora_model
+
+    base = _base(tmp_path, tiny_llama_config, llama_tokenizer, torch.float32)
+    encoder = MLCLEncoder.from_backbone(base, pooling="last_token", projection_dim=8)
+    model = apply_lora(encoder, r=4, alpha=8, dropout=0.0, gradient_checkpointing=False, bf16=True)
+    _train_like(model)
+    model.eval()
+    save_lora_adapter(model, str(tmp_path / "adapter"), base)
+    save_lora_model(model, str(tmp_path / "merged"), merge=True)
+    merged = MLCLEncoder.from_pretrained(str(tmp_path / "merged"))
+    assert {p.dtype for p in merged.backbone.parameters()} == {torch.float32}
+    on_stored = MLCLEncoder.from_pretrained(str(tmp_path / "adapter"), dtype="auto")
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**batch).pooled, on_stored(**batch).pooled, rtol=1e-5, atol=1e-5)
+    assert any("lora_B" in name for name, _ in model.named_parameters())  # not merged in place
