@@ -83,6 +83,9 @@ _TRAINER_KEYS = (
     "fp16",
     "load_best_model_at_end",
     "metric_for_best_model",
+)
+# the scheduler's and optimizer's options and the last batch's fate, recorded since the keys above
+_OPTIMIZER_KEYS = (
     "lr_scheduler_kwargs",
     "adam_beta1",
     "adam_beta2",
@@ -90,7 +93,7 @@ _TRAINER_KEYS = (
     "optim_args",
     "dataloader_drop_last",
 )
-# settings recorded only since the keys above: a run stored before lacks them, which says nothing of their value
+# settings recorded only since the first keys: a run stored before lacks them, which says nothing of their value
 # (no difference)
 _LATER_KEYS = frozenset(
     {
@@ -98,14 +101,9 @@ _LATER_KEYS = frozenset(
         "max_test_samples",
         "load_best_model_at_end",
         "metric_for_best_model",
-        "lr_scheduler_kwargs",
-        "adam_beta1",
-        "adam_beta2",
-        "adam_epsilon",
-        "optim_args",
-        "dataloader_drop_last",
-        "world_size",
-        "data_fingerprint",
+        *_OPTIMIZER_KEYS,
+        "world_size",  # stage_settings
+        "data_fingerprint",  # with_data_fingerprint
     }
 )
 # fields of hf_mlcl's stage arguments that change how a run is kept or watched, not what it trains
@@ -147,7 +145,8 @@ def stage_settings(
         for f in dataclasses.fields(args)
         if f.name not in trainer_fields and f.name not in _POLICY_KEYS
     ]
-    out = {key: _plain(getattr(args, key)) for key in (*_TRAINER_KEYS, *own) if hasattr(args, key)}
+    keys = (*_TRAINER_KEYS, *_OPTIMIZER_KEYS, *own)
+    out = {key: _plain(getattr(args, key)) for key in keys if hasattr(args, key)}
     # the processes: the batch each contrasts (and the global batch) depends on how many share the data
     out["world_size"] = int(getattr(args, "world_size", 1))
     for key in ("loss", "supervised_loss"):  # an alias names the same loss ("sd", "similarity_dissimilarity")
