@@ -317,6 +317,7 @@ def save_lora_model(
     merge: bool = False,
     accelerator: Any = None,
     is_main_process: bool | None = None,
+    merge_live: bool = False,
 ) -> None:
     """Save the model of a finished LoRA stage; EVERY process of the run calls it, the main one writes.
 
@@ -330,6 +331,8 @@ def save_lora_model(
         accelerator: the run's ``accelerate.Accelerator`` (``trainer.accelerator``); needed under FSDP1.
         is_main_process: whether this process writes (``TrainingArguments.should_save``: the main process
             of every node with ``save_on_each_node``); default: the global main process.
+        merge_live: with ``merge``, merge the live model itself: its backbone is not the base as stored (a
+            stage-1 adapter merged into it), so an adapter over that base would lose it. One process only.
 
     The trainable weights are gathered as the engine requires: DeepSpeed ZeRO-3 and FSDP2 gather the
     adapter and head parameters only (``deepspeed.zero.GatheredParameters``, ``DTensor.full_tensor``:
@@ -339,8 +342,8 @@ def save_lora_model(
     ``MLCLForMultiLabelClassification.from_pretrained`` and ``AutoModel*`` with ``trust_remote_code=True``).
     Merged weights are written with ``merge=True``: the adapter folder reloaded onto its base as stored on the main
     process and merged there (a float32 base cast to bf16 for training keeps the whole update; the live model stays
-    as it is), whatever the launch; and from the live model when the backbone was built from a config (no base
-    model to point an adapter at; sharded, that is a ValueError). Returns when the folder is complete on every
+    as it is), whatever the launch; and from the live model with ``merge_live`` or when the backbone was built
+    from a config (no base model to point an adapter at; sharded, that is a ValueError). Returns when the folder is complete on every
     process.
     """
     import os
@@ -364,7 +367,7 @@ def save_lora_model(
             "a LoRA model whose backbone was built from a config has no base model to save an adapter for, and "
             f"its weights are sharded ({kind}): build the backbone from a saved model (model_name_or_path)"
         )
-    if kind is None and not base:
+    if kind is None and (not base or (merge and merge_live)):
         if not merge:
             logger.warning(
                 "use_lora with a backbone built from a config: no base model to load an adapter onto, "

@@ -227,6 +227,7 @@ def _save_classifier(
                 merge=model_args.merge_lora or on_adapter,
                 accelerator=trainer.accelerator,
                 is_main_process=args.should_save,
+                merge_live=on_adapter,  # its backbone holds stage 1's adapter, merged in
             )
         elif on_adapter and probe in ("linear", "logistic") and not model_args.merge_lora:
             save_heads_with_adapter(

@@ -179,11 +179,20 @@ def split_fingerprints(dataset: Any) -> dict[str, str]:
 
 def with_data_fingerprint(settings: dict[str, Any] | None, data: Any) -> dict[str, Any] | None:
     """``settings`` with the fingerprints of the loaded data's splits (``data_fingerprint``): a resume from a
-    checkpoint compares them, so data replaced between a kill and its resume stop it. A finished stage is judged
-    before its data load, on the other settings."""
+    checkpoint compares them, so data replaced between a kill and its resume stop it; ``run_stages`` loads the data
+    to compare them for a finished stage that recorded them (:func:`recorded_data`)."""
     if settings is None:
         return None
     return {**settings, "data_fingerprint": split_fingerprints(data.dataset)}
+
+
+def recorded_data(folder: str) -> bool:
+    """Whether the stage saved in ``folder`` recorded the fingerprints of its data (:func:`with_data_fingerprint`)."""
+    path = os.path.join(folder, RUN_SETTINGS_FILE)
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as fh:
+        return "data_fingerprint" in json.load(fh)
 
 
 def evaluation_differs(folder: str, dataset: Any, split: str, max_length: Any) -> list[str]:

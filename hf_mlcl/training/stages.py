@@ -16,12 +16,12 @@ from typing import Any
 from hf_mlcl.stage_names import CLASSIFIER_STAGES, STAGES
 
 from . import distributed as D
-from .checkpoints import remove_checkpoints
+from .checkpoints import remove_checkpoints, wants_resume
 from .classifier_stages import train_joint, train_probe
 from .encoder_stage import train_contrastive
 from .preflight import InputError, check_lora_save, check_output_dir, check_stage, finished_stage_metrics
 from .run_lock import RunLock
-from .run_settings import stage_settings
+from .run_settings import recorded_data, stage_settings, with_data_fingerprint
 from .saved_evaluation import (
     encoder_loss,
     evaluate_checkpoint,
@@ -242,8 +242,12 @@ def run_stages(
         args = stage_args[name]
         if announce is not None:
             announce(i, len(names), name, args, None)
-        # a finished stage on resume loads no data (the stage checks again under its lock)
+        # a finished stage on resume loads no data, unless its folder recorded the rows it trained on (the stage
+        # checks again under its lock)
         settings = stage_settings(args, model_args, data_args, encoder_path)  # once per stage
+        if wants_resume(args.resume_from_checkpoint) and recorded_data(args.output_dir):
+            data = data if data is not None else load_run_data(data_args)
+            settings = with_data_fingerprint(settings, data)
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             results[name] = StageResult(args.output_dir, metrics, skipped=True)

@@ -241,3 +241,31 @@ def test_a_data_file_replaced_between_a_kill_and_its_resume_stops_the_resume(tmp
     assert main([*train, "--max_steps", "4", "--resume_from_checkpoint", "true"]) == 2
     err = capsys.readouterr().err
     assert "was trained with other settings" in err and "data_fingerprint" in err
+
+
+def test_a_finished_run_resumed_on_other_rows_names_them_and_trains_again_when_told(tmp_path, capsys):
+    """A finished stage that recorded its rows is compared on them at a resume: other rows are a changed setting
+    (one line; --overwrite_output_dir true trains again), not a skipped stage whose final evaluation then fails."""
+    data, out = tmp_path / "d.csv", str(tmp_path / "run")
+    run = [
+        "run",
+        RECIPE,
+        "--dataset",
+        _csv(data, 0),
+        "--output_dir",
+        out,
+        "--disable_tqdm",
+        "true",
+        "--no_plots",
+    ]
+    run += ["--per_device_train_batch_size", "16", "--max_steps", "2"]
+    assert main(run) == 0
+    _csv(data, 1)
+    capsys.readouterr()
+    assert main([*run, "--resume_from_checkpoint", "true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was trained with other settings: data_fingerprint" in err[0], err
+    assert main([*run, "--resume_from_checkpoint", "true", "--overwrite_output_dir", "true"]) == 0
+    stored = json.load(open(os.path.join(out, "classifier", RUN_SETTINGS_FILE)))["data_fingerprint"]
+    assert main([*run, "--resume_from_checkpoint", "true"]) == 0  # now finished on these rows
+    assert json.load(open(os.path.join(out, "classifier", RUN_SETTINGS_FILE)))["data_fingerprint"] == stored

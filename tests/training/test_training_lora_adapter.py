@@ -482,3 +482,43 @@ def test_an_adapter_trained_on_a_relative_base_path_loads_from_any_directory(
     ):
         with model_files_required(str(out)):
             MLCLEncoder.from_pretrained(out)
+
+
+def test_a_lora_finetune_on_an_adapter_encoder_saves_the_model_it_trained(
+    tmp_path, base_model, llama_tokenizer
+):
+    """The fine-tune's backbone is the base with stage 1's adapter merged in, then its own adapter: the saved
+    classifier (merged) must hold both updates, not the fine-tune's adapter over the bare base."""
+    from hf_mlcl.modeling import MLCLForMultiLabelClassification
+    from hf_mlcl.training import ProbingTrainingArguments, train_probe
+
+    encoder_dir = tmp_path / "encoder"
+    _train(base_model, encoder_dir)
+    model_args = ModelArguments(
+        model_name_or_path=base_model,
+        use_lora=True,
+        lora_r=R,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        pooling="last_token",
+    )
+    args = ProbingTrainingArguments(
+        output_dir=str(tmp_path / "classifier"),
+        probe="finetune",
+        loss="bce",
+        per_device_train_batch_size=8,
+        max_steps=2,
+        learning_rate=5e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = train_probe(model_args, _data_args(), args, encoder_path=str(encoder_dir)).trainer
+    batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        trained = trainer.accelerator.unwrap_model(trainer.model).eval()(**inputs).logits
+        saved = MLCLForMultiLabelClassification.from_pretrained(str(tmp_path / "classifier"))(**inputs).logits
+    torch.testing.assert_close(saved, trained, rtol=1e-5, atol=1e-5)
