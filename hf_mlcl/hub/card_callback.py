@@ -266,8 +266,9 @@ class ModelCardCallback(TrainerCallback):
         self.card.adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
         if self.card.reduced_precision and self.card.layout != "hf_mlcl":
             logger.warning(
-                "%s: the backbone is %s and the trained adapter / heads float32; sentence-transformers, transformers "
-                "and peft run some or all of them in %s (outputs to its rounding), hf_mlcl's from_pretrained as trained",
+                "%s: the backbone is %s and the trained adapter / heads float32; sentence-transformers, "
+                "transformers and peft run some or all of them in %s (outputs to its rounding), hf_mlcl's "
+                "from_pretrained as trained",
                 folder,
                 self.card.reduced_precision,
                 self.card.reduced_precision,

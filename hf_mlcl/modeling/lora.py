@@ -209,8 +209,8 @@ def save_lora_adapter(
     """Save a LoRA-trained hf_mlcl model (the ``PeftModel`` of :func:`apply_lora`) as an adapter folder.
 
     Written: PEFT's ``adapter_config.json`` (``base_model_name_or_path`` = the base backbone's Hub id, or its
-    absolute path for a local folder, ``modules_to_save`` cleared) and ``adapter_model.safetensors`` with the backbone's LoRA
-    matrices (keys relative to the backbone, ``base_model.model.<module>.lora_A.weight``); then the
+    absolute path for a local folder, ``modules_to_save`` cleared) and ``adapter_model.safetensors`` with the
+    backbone's LoRA matrices (keys relative to the backbone, ``base_model.model.<module>.lora_A.weight``); then the
     model's own ``save_pretrained`` with the heads only (projection head / classifier in
     ``model.safetensors``), ``config.json`` and the remote code. The adapter files go first, so an
     interrupted save never leaves a config with heads-only weights that loads as a full model.
@@ -343,8 +343,8 @@ def save_lora_model(
     Merged weights are written with ``merge=True``: the adapter folder reloaded onto its base as stored on the main
     process and merged there (a float32 base cast to bf16 for training keeps the whole update; the live model stays
     as it is), whatever the launch; and from the live model with ``merge_live`` or when the backbone was built
-    from a config (no base model to point an adapter at; sharded, that is a ValueError). Returns when the folder is complete on every
-    process.
+    from a config (no base model to point an adapter at; sharded, that is a ValueError). Returns when the folder
+    is complete on every process.
     """
     import os
     import shutil

@@ -182,8 +182,9 @@ def evaluate_checkpoint(
     """Score a saved classifier on ``split`` at its stored decision threshold; write ``eval_<split>.json`` and
     ``plots/f1_vs_frequency_<split>.png`` into ``output_dir`` (default: the checkpoint folder). Returns the
     metrics, keys prefixed with the split name. An encoder folder is refused before anything is loaded, a split
-    the data lack before the model loads, and so are data other than the folder's own without ``output_dir``. ``device``: where it scores (default: the GPU there is, else the
-    CPU)."""
+    the data lack before the model loads, and so are rows or a max_length other than the folder's own without
+    ``output_dir`` (:func:`~hf_mlcl.training.run_settings.evaluation_differs`). ``device``: where it scores
+    (default: the GPU there is, else the CPU)."""
     import torch
     from transformers import AutoTokenizer
 
