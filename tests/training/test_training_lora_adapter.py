@@ -94,6 +94,30 @@ def _train(base: str, out, train_kw: dict | None = None, **model_kw):
     return train_contrastive(model_args, _data_args(), args)
 
 
+def _lora_finetune(base: str, out, max_steps: int, encoder_path: str | None = None):
+    """The `use_lora` BCE fine-tune (the Llama bce.yaml recipe's stage 2) on ``base`` or the encoder at
+    ``encoder_path``, ``max_steps`` steps into ``out``: its StageResult."""
+    from hf_mlcl.training import ProbingTrainingArguments, train_probe
+
+    model_args = ModelArguments(
+        model_name_or_path=base, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0, pooling="last_token"
+    )
+    args = ProbingTrainingArguments(
+        output_dir=str(out),
+        probe="finetune",
+        loss="bce",
+        per_device_train_batch_size=8,
+        max_steps=max_steps,
+        learning_rate=5e-2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        save_strategy="no",
+        seed=0,
+    )
+    return train_probe(model_args, _data_args(), args, encoder_path=encoder_path)
+
+
 def _embed(model, tokenizer) -> torch.Tensor:
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -299,31 +323,9 @@ def test_lora_bce_finetune_trains_adapters_and_head_only_and_saves_an_adapter_cl
     the base weights stay as loaded, and the adapter folder reloads to the same logits."""
 
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
-    from hf_mlcl.training import ProbingTrainingArguments, train_probe
 
     out = tmp_path / "bce"
-    model_args = ModelArguments(
-        model_name_or_path=base_model,
-        use_lora=True,
-        lora_r=R,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        pooling="last_token",
-    )
-    args = ProbingTrainingArguments(
-        output_dir=str(out),
-        probe="finetune",
-        loss="bce",
-        per_device_train_batch_size=8,
-        max_steps=3,
-        learning_rate=5e-2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        save_strategy="no",
-        seed=0,
-    )
-    result = train_probe(model_args, _data_args(), args)
+    result = _lora_finetune(base_model, out, max_steps=3)
     trainer, metrics = result.trainer, result.metrics
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -490,32 +492,12 @@ def test_a_lora_finetune_on_an_adapter_encoder_saves_the_model_it_trained(
     """The fine-tune's backbone is the base with stage 1's adapter merged in, then its own adapter: the saved
     classifier (merged) must hold both updates, not the fine-tune's adapter over the bare base."""
     from hf_mlcl.modeling import MLCLForMultiLabelClassification
-    from hf_mlcl.training import ProbingTrainingArguments, train_probe
 
     encoder_dir = tmp_path / "encoder"
     _train(base_model, encoder_dir)
-    model_args = ModelArguments(
-        model_name_or_path=base_model,
-        use_lora=True,
-        lora_r=R,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        pooling="last_token",
-    )
-    args = ProbingTrainingArguments(
-        output_dir=str(tmp_path / "classifier"),
-        probe="finetune",
-        loss="bce",
-        per_device_train_batch_size=8,
-        max_steps=2,
-        learning_rate=5e-2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        save_strategy="no",
-        seed=0,
-    )
-    trainer = train_probe(model_args, _data_args(), args, encoder_path=str(encoder_dir)).trainer
+    trainer = _lora_finetune(
+        base_model, tmp_path / "classifier", max_steps=2, encoder_path=str(encoder_dir)
+    ).trainer
     batch = llama_tokenizer(TEXTS, padding=True, return_tensors="pt")
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
