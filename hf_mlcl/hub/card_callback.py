@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
+import json
 import logging
 import os
 from typing import Any
@@ -264,6 +265,8 @@ class ModelCardCallback(TrainerCallback):
         self.card.local_data = local_data_paths(self._data_args, folder)
         self.card.layout = folder_layout(folder)
         self.card.adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
+        if not self.card.adapter and _saved_dtype(folder) == "float32":
+            self.card.reduced_precision = None  # merged into a float32 base: one dtype throughout
         if self.card.reduced_precision and self.card.layout != "hf_mlcl":
             logger.warning(
                 "%s: the backbone is %s and the trained adapter / heads float32; sentence-transformers, "
@@ -274,6 +277,15 @@ class ModelCardCallback(TrainerCallback):
                 self.card.reduced_precision,
             )
         return save_model_card(self.card, folder)
+
+
+def _saved_dtype(folder: str) -> str | None:
+    """The ``dtype`` the folder's ``config.json`` records (None without one)."""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
+            return json.load(fh).get("dtype")
+    except (OSError, ValueError):
+        return None
 
 
 def reduced_precision(model) -> str | None:

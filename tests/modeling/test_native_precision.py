@@ -238,3 +238,10 @@ def test_a_merge_of_a_bf16_trained_adapter_keeps_its_float32_base(
     with torch.no_grad():
         torch.testing.assert_close(merged(**batch).pooled, on_stored(**batch).pooled, rtol=1e-5, atol=1e-5)
     assert any("lora_B" in name for name, _ in model.named_parameters())  # not merged in place
+    assert to_sentence_transformers(
+        str(tmp_path / "merged"), 32, tokenizer=llama_tokenizer
+    )  # as stage 1 does
+    callback = ModelCardCallback(kind="encoder")
+    callback._collect_model(model)  # a bf16 backbone beside float32 heads, as trained
+    callback.save(str(tmp_path / "merged"))
+    assert "**Precision.**" not in (tmp_path / "merged" / "README.md").read_text()  # saved float32 throughout
