@@ -61,6 +61,7 @@ def _with_card(
     *stage_args: Any,
     data: RunData | None = None,
     settings: dict | None = None,
+    data_args: Any = None,
 ) -> StageResult:
     """Run a stage with the card callback attached, replay the finished trainer's data into it (the logistic
     probe never calls ``Trainer.train``, so its hooks alone would miss it), write the card on the process that
@@ -69,7 +70,8 @@ def _with_card(
     the folder's :class:`~hf_mlcl.training.run_lock.RunLock` meanwhile: a second run into it stops in one line.
 
     Under the lock the folder is checked again (a run may have filled it since this one's first check) and a
-    finished stage with the same ``settings`` is not trained again on resume (``StageResult.skipped``)."""
+    finished stage with the same ``settings`` is not trained again on resume (``StageResult.skipped``); one that
+    recorded its rows is compared on them too (the data loaded from ``data_args`` where not given)."""
     lock = RunLock(args.output_dir) if args.should_save else None  # the process that writes the folder
     problem = None
     if lock is not None:
@@ -84,6 +86,9 @@ def _with_card(
     if found:
         raise InputError(found[0])
     try:
+        if settings is not None and "data_fingerprint" not in settings and _resumes_recorded_rows(args):
+            data = data if data is not None else load_run_data(data_args)
+            settings = with_data_fingerprint(settings, data)
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             return StageResult(args.output_dir, metrics, skipped=True)
@@ -92,6 +97,12 @@ def _with_card(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _resumes_recorded_rows(args: Any) -> bool:
+    """A resume into a folder whose finished stage recorded the rows it trained on: they are compared (the data
+    load before the stage would be skipped)."""
+    return wants_resume(args.resume_from_checkpoint) and recorded_data(args.output_dir)
 
 
 def _write_card(card_cb: Any, args: Any, result: StageResult) -> StageResult:
@@ -135,6 +146,7 @@ def run_contrastive_stage(
         training_args,
         data=data,
         settings=settings,
+        data_args=data_args,
     )
 
 
@@ -194,7 +206,16 @@ def _classifier_stage(
     if settings is None:
         settings = stage_settings(args, model_args, data_args, encoder_path)
     return _with_card(
-        train, card_cb, args, model_args, data_args, args, encoder_path, data=data, settings=settings
+        train,
+        card_cb,
+        args,
+        model_args,
+        data_args,
+        args,
+        encoder_path,
+        data=data,
+        settings=settings,
+        data_args=data_args,
     )
 
 
@@ -245,7 +266,7 @@ def run_stages(
         # a finished stage on resume loads no data, unless its folder recorded the rows it trained on (the stage
         # checks again under its lock)
         settings = stage_settings(args, model_args, data_args, encoder_path)  # once per stage
-        if wants_resume(args.resume_from_checkpoint) and recorded_data(args.output_dir):
+        if _resumes_recorded_rows(args):
             data = data if data is not None else load_run_data(data_args)
             settings = with_data_fingerprint(settings, data)
         metrics = finished_stage_metrics(args, settings)

@@ -269,3 +269,17 @@ def test_a_finished_run_resumed_on_other_rows_names_them_and_trains_again_when_t
     stored = json.load(open(os.path.join(out, "classifier", RUN_SETTINGS_FILE)))["data_fingerprint"]
     assert main([*run, "--resume_from_checkpoint", "true"]) == 0  # now finished on these rows
     assert json.load(open(os.path.join(out, "classifier", RUN_SETTINGS_FILE)))["data_fingerprint"] == stored
+
+
+def test_train_resumed_on_a_finished_encoder_with_other_rows_names_them(tmp_path, capsys):
+    """`hf-mlcl train` (one stage) compares a finished folder's recorded rows too, not only `run`."""
+    data, out = tmp_path / "d.csv", str(tmp_path / "encoder")
+    train = ["train", RECIPE, "--dataset", _csv(data, 0), "--output_dir", out, "--disable_tqdm", "true"]
+    train += ["--per_device_train_batch_size", "16", "--max_steps", "2"]
+    assert main(train) == 0
+    _csv(data, 1)
+    capsys.readouterr()
+    assert main([*train, "--resume_from_checkpoint", "true"]) == 2
+    assert "was trained with other settings: data_fingerprint" in capsys.readouterr().err
+    _csv(data, 0)
+    assert main([*train, "--resume_from_checkpoint", "true"]) == 0  # the same rows: finished, kept
