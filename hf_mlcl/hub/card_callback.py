@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
-import json
 import logging
 import os
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from hf_mlcl.modeling.builders import folder_layout
+from hf_mlcl.modeling.builders import folder_layout, stored_config
 from hf_mlcl.modeling.folders_mlcl import ADAPTER_CONFIG_NAME
 
 from .model_card import CardData, save_model_card
@@ -265,7 +264,7 @@ class ModelCardCallback(TrainerCallback):
         self.card.local_data = local_data_paths(self._data_args, folder)
         self.card.layout = folder_layout(folder)
         self.card.adapter = os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_NAME))
-        if not self.card.adapter and _saved_dtype(folder) == "float32":
+        if not self.card.adapter and stored_config(folder).get("dtype") == "float32":
             self.card.reduced_precision = None  # merged into a float32 base: one dtype throughout
         if self.card.reduced_precision and self.card.layout != "hf_mlcl":
             logger.warning(
@@ -277,15 +276,6 @@ class ModelCardCallback(TrainerCallback):
                 self.card.reduced_precision,
             )
         return save_model_card(self.card, folder)
-
-
-def _saved_dtype(folder: str) -> str | None:
-    """The ``dtype`` the folder's ``config.json`` records (None without one)."""
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
-            return json.load(fh).get("dtype")
-    except (OSError, ValueError):
-        return None
 
 
 def reduced_precision(model) -> str | None:

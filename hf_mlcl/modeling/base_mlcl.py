@@ -383,9 +383,8 @@ class MLCLPreTrainedModel(PreTrainedModel):
                         )
             backbone = AutoModel.from_pretrained(os.fspath(source), **kwargs)
             name = os.fspath(source)
-            if os.path.isdir(
-                name
-            ):  # a local folder by its absolute path: the saved model names it from anywhere
+            # a local folder by its absolute path: the saved model names it from anywhere
+            if os.path.isdir(name):
                 name = os.path.abspath(name)
         else:
             raise ValueError(

@@ -17,9 +17,8 @@ from typing import Any
 __all__ = ["LOCK_SUFFIX", "RunLock"]
 
 LOCK_SUFFIX = ".hf_mlcl.lock"
-_HELD: set[str] = (
-    set()
-)  # the lock files this process holds (a run's root while its stages lock their folders)
+# the lock files this process holds (a run's root while its stages lock their folders)
+_HELD: set[str] = set()
 
 
 class RunLock:

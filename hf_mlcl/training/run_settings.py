@@ -158,11 +158,19 @@ def stage_settings(
     for source, keys in ((model_args, model_keys), (data_args, _DATA_KEYS)):
         if source is not None:
             out.update({key: _plain(getattr(source, key)) for key in keys if hasattr(source, key)})
-    upstream = None if encoder_path is None else os.path.join(encoder_path, RUN_SETTINGS_FILE)
-    if upstream is not None and os.path.isfile(upstream):
-        with open(upstream, encoding="utf-8") as fh:
-            out["encoder"] = json.load(fh)
+    upstream = None if encoder_path is None else stored_settings(encoder_path)
+    if upstream is not None:
+        out["encoder"] = upstream
     return out
+
+
+def stored_settings(folder: str) -> dict[str, Any] | None:
+    """The settings the stage saved in ``folder`` recorded (its ``run_settings.json``), None without one."""
+    path = os.path.join(folder, RUN_SETTINGS_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def split_fingerprints(dataset: Any) -> dict[str, str]:
@@ -181,29 +189,21 @@ def with_data_fingerprint(settings: dict[str, Any] | None, data: Any) -> dict[st
     """``settings`` with the fingerprints of the loaded data's splits (``data_fingerprint``): a resume from a
     checkpoint compares them, so data replaced between a kill and its resume stop it; ``run_stages`` loads the data
     to compare them for a finished stage that recorded them (:func:`recorded_data`)."""
-    if settings is None:
-        return None
+    if settings is None or "data_fingerprint" in settings:  # a resume computed them before loading the stage
+        return settings
     return {**settings, "data_fingerprint": split_fingerprints(data.dataset)}
 
 
 def recorded_data(folder: str) -> bool:
     """Whether the stage saved in ``folder`` recorded the fingerprints of its data (:func:`with_data_fingerprint`)."""
-    path = os.path.join(folder, RUN_SETTINGS_FILE)
-    if not os.path.isfile(path):
-        return False
-    with open(path, encoding="utf-8") as fh:
-        return "data_fingerprint" in json.load(fh)
+    return "data_fingerprint" in (stored_settings(folder) or {})
 
 
 def evaluation_differs(folder: str, dataset: Any, split: str, max_length: Any) -> list[str]:
     """What differs between scoring ``split`` of ``dataset`` at ``max_length`` and the data the stage saved in
     ``folder`` ran on (its ``run_settings.json``): the split's rows, the truncation length; [] when the same or
     unknown (a folder from before the fingerprints)."""
-    path = os.path.join(folder, RUN_SETTINGS_FILE)
-    if not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as fh:
-        stored = json.load(fh)
+    stored = stored_settings(folder) or {}
     changed = []
     own = (stored.get("data_fingerprint") or {}).get(split)
     if own is not None and own != split_fingerprints({split: dataset[split]})[split]:
@@ -258,11 +258,8 @@ def _differences(
 def changed_settings(folder: str | None, settings: dict[str, Any] | None) -> list[str]:
     """``"key old -> new"`` for each setting ``folder`` was trained with other than ``settings`` (none when either
     side is unknown)."""
-    path = None if folder is None else os.path.join(folder, RUN_SETTINGS_FILE)
-    if settings is None or path is None or not os.path.isfile(path):
-        return []
-    with open(path, encoding="utf-8") as fh:
-        return _differences(json.load(fh), settings)
+    stored = None if folder is None or settings is None else stored_settings(folder)
+    return [] if stored is None else _differences(stored, settings)
 
 
 def check_resume_settings(folder: str | None, settings: dict[str, Any] | None, overwrite: bool) -> None:
