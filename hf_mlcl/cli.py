@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hf_mlcl.cli_parser import HELP_MODEL_DATA_KEYS, HELP_TRAINING_KEYS, build_parser, override_keys_help
-from hf_mlcl.cli_report import announce, print_footprint, report_run, say
+from hf_mlcl.cli_report import announce, print_footprint, report_run, saved_line, say
 from hf_mlcl.training import distributed as D
 
 logger = logging.getLogger("hf_mlcl.cli")
@@ -80,7 +80,7 @@ def cmd_train(ns, overrides) -> dict:
     check_stage(args)
     _check_models(model_args)
     result = stages.run_contrastive_stage(model_args, data_args, args)
-    say(f"encoder saved to {args.output_dir}")
+    say(saved_line("contrastive", args.output_dir, result))
     return result.metrics
 
 
@@ -110,7 +110,7 @@ def cmd_probe(ns, overrides) -> dict:
     _check_models(model_args, base=not holds_a_tokenizer(encoder), encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
     if args.process_index == 0:
-        print(f"classifier saved to {args.output_dir}")
+        print(saved_line("probe", args.output_dir, result))
         print(
             format_table(
                 [{"classifier": os.path.basename(os.path.normpath(args.output_dir)), **result.metrics}],

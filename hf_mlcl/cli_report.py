@@ -31,7 +31,15 @@ def announce(i: int, n: int, name: str, args, result) -> None:
             what = "multi-label head on the encoder"
         say(f"\n=== hf-mlcl run: stage {i}/{n}: {what} -> {args.output_dir}")
     else:
-        say(f"{'encoder' if name == 'contrastive' else 'classifier'} saved to {args.output_dir}")
+        say(saved_line(name, args.output_dir, result))
+
+
+def saved_line(name: str, output_dir: str, result) -> str:
+    """Where a stage's model is; a stage a resume found finished with the same settings was not trained again."""
+    model = "encoder" if name == "contrastive" else "classifier"
+    if getattr(result, "skipped", False):
+        return f"{model} kept in {output_dir} (finished earlier with these settings)"
+    return f"{model} saved to {output_dir}"
 
 
 def report_run(ns, run_root: str, results: dict, final: str, classifier_dir: str) -> None:

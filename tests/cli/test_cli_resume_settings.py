@@ -47,7 +47,10 @@ def test_a_finished_stage_with_another_loss_is_not_reported_as_done(tmp_path, ca
     first = json.load(open(os.path.join(out, "encoder", "metrics.json")))
     capsys.readouterr()
     assert main([*run, "--resume_from_checkpoint", "true"]) == 0  # the same settings: both stages skipped
-    assert "encoder is finished" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "encoder is finished" in out_text and "saved to" not in out_text
+    assert f"encoder kept in {os.path.join(out, 'encoder')} (finished earlier" in out_text
+    assert f"classifier kept in {os.path.join(out, 'classifier')} (finished earlier" in out_text
     changed = [*run, "--resume_from_checkpoint", "true", "--contrastive.loss", "msc"]
     assert main(changed) == 2
     assert "loss 'similarity_dissimilarity' -> 'msc'" in capsys.readouterr().err
