@@ -188,10 +188,16 @@ def split_fingerprints(dataset: Any) -> dict[str, str]:
 def with_data_fingerprint(settings: dict[str, Any] | None, data: Any) -> dict[str, Any] | None:
     """``settings`` with the fingerprints of the loaded data's splits (``data_fingerprint``): a resume from a
     checkpoint compares them, so data replaced between a kill and its resume stop it; ``run_stages`` loads the data
-    to compare them for a finished stage that recorded them (:func:`recorded_data`)."""
+    to compare them for a finished stage that recorded them (:func:`recorded_data`). Computed once per loaded
+    data (kept in ``data.fingerprints``), so the stages of one run hash the rows once."""
     if settings is None or "data_fingerprint" in settings:  # a resume computed them before loading the stage
         return settings
-    return {**settings, "data_fingerprint": split_fingerprints(data.dataset)}
+    digests = getattr(data, "fingerprints", None)
+    if digests is None:
+        digests = split_fingerprints(data.dataset)
+        if hasattr(data, "fingerprints"):
+            data.fingerprints = digests
+    return {**settings, "data_fingerprint": digests}
 
 
 def recorded_data(folder: str) -> bool:

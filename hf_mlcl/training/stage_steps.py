@@ -48,11 +48,13 @@ PLOTS_DIR = "plots"
 @dataclass
 class RunData:
     """A run's data, loaded once: the ``DatasetDict`` (caps applied), its label names and its provenance
-    notes (e.g. a validation split carved from train), which the model cards state."""
+    notes (e.g. a validation split carved from train), which the model cards state; ``fingerprints``, the
+    digests of its splits' rows once a stage computed them (every stage of a run records the same)."""
 
     dataset: Any
     label_names: list[str]
     notes: list[str] = field(default_factory=list)
+    fingerprints: dict[str, str] | None = field(default=None, repr=False)
 
 
 @dataclass

@@ -286,3 +286,28 @@ def test_train_resumed_on_a_finished_encoder_with_other_rows_names_them(tmp_path
     assert "was trained with other settings: data_fingerprint" in capsys.readouterr().err
     _csv(data, 0)
     assert main([*train, "--resume_from_checkpoint", "true"]) == 0  # the same rows: finished, kept
+
+
+def test_the_stages_of_one_run_hash_its_rows_once(tmp_path, monkeypatch):
+    """Both stages record the fingerprints of the same loaded rows; the rows are hashed once per run."""
+    import hf_mlcl.training.run_settings as run_settings
+
+    calls = []
+    digest = run_settings.split_fingerprints
+
+    def counted(dataset):
+        calls.append(sorted(dataset))
+        return digest(dataset)
+
+    monkeypatch.setattr(run_settings, "split_fingerprints", counted)
+    out = str(tmp_path / "run")
+    run = ["run", RECIPE, "--dataset", _csv(tmp_path / "d.csv", 0), "--output_dir", out, "--no_plots"]
+    assert (
+        main([*run, "--disable_tqdm", "true", "--per_device_train_batch_size", "16", "--max_steps", "2"]) == 0
+    )
+    assert len(calls) == 1, calls
+    encoder, classifier = (
+        json.load(open(os.path.join(out, stage, RUN_SETTINGS_FILE)))["data_fingerprint"]
+        for stage in ("encoder", "classifier")
+    )
+    assert encoder == classifier and set(encoder) == set(calls[0])
