@@ -152,7 +152,9 @@ def predictions_to_scores(predictions: Any, from_logits: bool = True) -> np.ndar
     an (N, L) probability matrix; ``from_logits=False`` keeps values as they are.
 
     The float dtype is kept (integers / float16 become float32). float32 scores take the faster
-    sort-free paths of the ranking metrics and per-label tuning; float64 is exact too, only slower.
+    sort-free paths of the ranking metrics and per-label tuning; float64 is exact too, only slower. float32
+    rounds the sigmoid of a logit above about 16.6 to 1, which would tie those cells in every ranking metric:
+    logits that reach it are turned into float64 probabilities (exact up to logits of about 36).
     """
     if isinstance(predictions, (tuple, list)) and len(predictions) > 0 and not np.isscalar(predictions[0]):
         first = predictions[0]
@@ -162,7 +164,12 @@ def predictions_to_scores(predictions: Any, from_logits: bool = True) -> np.ndar
     scores = to_numpy(predictions, "predictions")
     if not np.issubdtype(scores.dtype, np.floating) or scores.dtype == np.float16:
         scores = scores.astype(np.float32)
-    return sigmoid(scores) if from_logits else scores
+    if not from_logits:
+        return scores
+    probabilities = sigmoid(scores)
+    if probabilities.dtype == np.float32 and (probabilities == 1).any():
+        probabilities = sigmoid(scores.astype(np.float64))
+    return probabilities
 
 
 def apply_threshold(y_score: Any, threshold: Any = 0.5) -> np.ndarray:

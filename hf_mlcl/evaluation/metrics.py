@@ -149,14 +149,14 @@ def compute_multilabel_metrics(
     out["macro_precision"] = mp
     out["macro_recall"] = mr
     out["macro_f1"] = float(f1_l.mean())
-    out["macro_f1_harmonic"] = float(safe_div(2 * mp * mr, mp + mr, zd))
+    # P_M = R_M = 0 is a wrong classifier (F = 0 as in sklearn), not a 0/0 to fill with zero_division
+    out["macro_f1_harmonic"] = 0.0 if mp + mr == 0 else float(safe_div(2 * mp * mr, mp + mr, zd))
 
     ap_l, auc_l = per_label_ap_auc(yt, ys)
     out["micro_auc"] = micro_auc(yt, ys)
     out["macro_auc"] = mean_or_nan(auc_l[~np.isnan(auc_l)])
 
-    depth = max(max(ks, default=1), int(true_e.max()))
-    hits = ranked_hits(yt, ys, depth)
+    hits, hits_at_r = ranked_hits(yt, ys, max(ks, default=1))
     for k in ks:
         kk = min(k, num_labels)
         out[f"p@{k}"] = float(np.mean(hits[:, kk - 1] / kk))
@@ -172,6 +172,5 @@ def compute_multilabel_metrics(
     out["hamming_loss"] = float(fp_fn.sum() / (n * num_labels))
     out["example_f1"] = float(np.mean(safe_div(2 * tp_e, pred_e + true_e, zd)))
     out["subset_accuracy"] = float(np.mean(fp_fn == 0))
-    hits_at_r = np.take_along_axis(hits, np.maximum(true_e - 1, 0)[:, None], axis=1)[:, 0]
-    out["r_precision"] = float(np.mean(safe_div(np.where(true_e > 0, hits_at_r, 0), true_e, zd)))
+    out["r_precision"] = float(np.mean(safe_div(hits_at_r, true_e, zd)))
     return {k: out[k] for k in metric_keys(ks)}

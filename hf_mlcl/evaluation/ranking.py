@@ -177,15 +177,18 @@ def micro_auc(yt: np.ndarray, ys: np.ndarray) -> float:
     return (twice - n_pos * n_pos) / 2.0 / (float(n_pos) * float(n_neg))
 
 
-def ranked_hits(yt: np.ndarray, ys: np.ndarray, depth: int) -> np.ndarray:
-    """(N, depth) float: the count of true labels among each example's d top-scored labels, d = 1 .. depth. A
-    true label tied with others across the cut counts with its chance of being above it when tied labels come in
-    random order (:func:`~hf_mlcl.evaluation.positives.expected_in_top`): the count depends on no order among
-    tied labels, is the plain count without ties, and equals
-    :class:`~hf_mlcl.evaluation.MultiLabelAccumulator`'s."""
+def ranked_hits(yt: np.ndarray, ys: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """The count of true labels among each example's d top-scored labels: ``(N, depth)`` float for d = 1 ..
+    depth (P@k, R@k), and ``(N,)`` float for d = the example's own number of true labels (R-precision; 0 for
+    an example without one). A true label tied with others across the cut counts with its chance of being above
+    it when tied labels come in random order (:func:`~hf_mlcl.evaluation.positives.expected_in_top`): the count
+    depends on no order among tied labels, is the plain count without ties, and equals
+    :class:`~hf_mlcl.evaluation.MultiLabelAccumulator`'s. Memory O(N depth + positives depth) per chunk, whatever
+    the largest label set."""
     n, num_labels = ys.shape
     depth = min(depth, num_labels)
     out = np.zeros((n, depth), dtype=np.float64)
+    at_own = np.zeros(n, dtype=np.float64)
     cut = np.arange(1, depth + 1)
     step = rows_per_chunk(num_labels)
     for r0 in range(0, n, step):
@@ -194,7 +197,9 @@ def ranked_hits(yt: np.ndarray, ys: np.ndarray, depth: int) -> np.ndarray:
         if rows.size == 0:
             continue
         above, tied = tied_counts(np.sort(s, axis=1), rows, s[rows, cols])
-        chance = expected_in_top(above[:, None], tied[:, None], cut[None, :])  # (positives, depth)
         first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        chance = expected_in_top(above[:, None], tied[:, None], cut[None, :])  # (positives, depth)
         out[r0 + rows[first]] = np.add.reduceat(chance, first, axis=0)
-    return out
+        own = np.diff(np.r_[first, rows.size])  # each row's number of true labels
+        at_own[r0 + rows[first]] = np.add.reduceat(expected_in_top(above, tied, np.repeat(own, own)), first)
+    return out, at_own

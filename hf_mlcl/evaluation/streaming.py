@@ -8,7 +8,8 @@ whole columns: up to ``exact_cells`` rows x labels the inputs are kept (4 bytes 
 logits) and these are exact too (:mod:`hf_mlcl.evaluation.exact_columns`, within 1e-12 of
 :func:`compute_multilabel_metrics`); above it they come from per-label histograms of the scores, with
 exact bounds (:mod:`hf_mlcl.evaluation.score_histograms`). Memory: the histograms (labels x ~1,100 x 4
-bytes), a few integers per row and per positive, one chunk of ``CHUNK_CELLS`` cells. Design:
+bytes), per row one int32 for each counted threshold (the global grid's, about 100: 0.4 KB a row) and a few
+per positive, one chunk of ``CHUNK_CELLS`` cells. Design:
 docs/usage.md, "Evaluation at large label counts".
 """
 
@@ -305,7 +306,7 @@ class MultiLabelAccumulator:
         out["macro_precision"] = mp
         out["macro_recall"] = mr
         out["macro_f1"] = float(safe_div(2 * tp_l, pred_l + true_l, zd).mean())
-        out["macro_f1_harmonic"] = float(safe_div(2 * mp * mr, mp + mr, zd))
+        out["macro_f1_harmonic"] = 0.0 if mp + mr == 0 else float(safe_div(2 * mp * mr, mp + mr, zd))
 
         ap_l, auc_l, mauc = self._column_metrics()
         out["micro_auc"] = mauc

@@ -22,8 +22,10 @@ def make_compute_metrics(
     Logits go through :func:`sigmoid` (``from_logits=True``); NaN metrics are dropped so the Trainer's
     logging never sees them. With ``TrainingArguments(batch_eval_metrics=True)`` the Trainer calls it
     once a batch with ``compute_result``: the batches stream into a
-    :class:`~hf_mlcl.evaluation.MultiLabelAccumulator` (float32 scores, as without it) and the metrics
-    come with the last one, without the (N, L) predictions ever held.
+    :class:`~hf_mlcl.evaluation.MultiLabelAccumulator` (float32 scores for float32 logits) and the metrics
+    come with the last one, without the (N, L) predictions ever held. Streamed float32 probabilities of logits
+    above about 16.6 round to 1 and tie in the ranking metrics; the whole split in one call switches to float64
+    then (:func:`~hf_mlcl.evaluation.predictions_to_scores`), as the final evaluation of a classifier does.
     """
     ks = tuple(check_ks(ks))
     state: dict[str, Any] = {}

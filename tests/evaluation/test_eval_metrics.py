@@ -356,3 +356,55 @@ def test_top_k_of_tied_scores_is_the_mean_over_every_order_of_the_tied_labels():
     keys = [f"p@{k}" for k in ks] + [f"r@{k}" for k in ks] + ["r_precision"]
     assert [got[key] for key in keys] == pytest.approx(list(want), abs=1e-12)
     assert got["p@1"] == pytest.approx((2 / 3 + 1 / 2 + 1 / 2 + 1) / 4)  # row 3: 2 of 4 tied labels are true
+
+
+@pytest.mark.parametrize("zero_division", [0.0, 1.0])
+def test_a_classifier_wrong_on_every_label_has_harmonic_macro_f1_zero(zero_division):
+    """P_M = R_M = 0 with predictions and positives on every label: F = 0 (sklearn), not zero_division, one-shot
+    and streamed."""
+    from hf_mlcl.evaluation import MultiLabelAccumulator
+
+    y = np.array([[1, 0], [0, 1]], dtype=bool)
+    s = np.array([[0.1, 0.9], [0.9, 0.1]])
+    out = compute_multilabel_metrics(y, s, zero_division=zero_division)
+    assert out["macro_precision"] == out["macro_recall"] == 0.0
+    want = skm.f1_score(y, s >= 0.5, average="macro", zero_division=zero_division)
+    assert out["macro_f1_harmonic"] == out["macro_f1"] == want == 0.0
+    acc = MultiLabelAccumulator(from_logits=False, zero_division=zero_division)
+    acc.add_batch(s, y)
+    assert acc.compute(0.5)["macro_f1_harmonic"] == 0.0
+    # nothing predicted and nothing true on any label: every 0/0 takes zero_division, the harmonic mean too
+    empty = compute_multilabel_metrics(np.zeros((2, 2), bool), np.zeros((2, 2)), zero_division=zero_division)
+    assert empty["macro_f1_harmonic"] == zero_division
+
+
+def test_r_precision_needs_no_depth_of_the_largest_label_set():
+    """R-precision reads each example's own cut, so the top-k counts stay (N, max k) when one example holds
+    every label; the values equal the argsort definition."""
+    rng = np.random.default_rng(3)
+    y = rng.random((30, 40)) < 0.1
+    y[0] = True  # one example with all 40 labels
+    y[1] = False
+    s = rng.random((30, 40)).astype(np.float32)
+    hits, at_own = rk.ranked_hits(y, s, 5)
+    assert hits.shape == (30, 5)
+    n_true = y.sum(axis=1)
+    want = [np.cumsum(yi[np.argsort(-si)])[n - 1] if n else 0.0 for yi, si, n in zip(y, s, n_true)]
+    assert at_own == pytest.approx(want, abs=1e-12)
+    rprec = np.mean([w / n if n else 0.0 for w, n in zip(want, n_true)])
+    assert compute_multilabel_metrics(y, s)["r_precision"] == pytest.approx(rprec, abs=1e-12)
+
+
+def test_confident_logits_keep_their_ranking_through_the_sigmoid():
+    """float32 rounds sigmoid(x) to 1 for x above about 16.6: such logits are scored in float64, so AUC and AP
+    equal sklearn's on the logits (a monotone map keeps them)."""
+    rng = np.random.default_rng(0)
+    logits = (18 + 2 * rng.standard_normal((60, 5))).astype(np.float32)
+    y = rng.random((60, 5)) < 0.4
+    scores = predictions_to_scores(logits)
+    assert scores.dtype == np.float64 and len(np.unique(scores)) == logits.size
+    assert predictions_to_scores(logits / 10).dtype == np.float32  # no saturation: the fast path
+    got = make_compute_metrics()((logits, y.astype(np.float32)))
+    assert got["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), logits.ravel()), abs=1e-12)
+    ap = np.mean([skm.average_precision_score(y[:, j], logits[:, j]) for j in range(5)])
+    assert got["map_label"] == pytest.approx(ap, abs=1e-12)

@@ -180,6 +180,25 @@ def test_knn_probe_metrics_perfect_clusters():
     assert m == {"knn_micro_f1": 1.0, "knn_macro_f1": 1.0, "knn_p@1": 1.0}
 
 
+def test_knn_p_at_1_shares_ties_and_ignores_the_label_order():
+    """kNN scores are multiples of 1/k, so labels tie at the top: each counts with its share (the library's
+    P@1), and reversing the label columns changes nothing. Tensors in bf16 or with grad are accepted."""
+    torch.manual_seed(0)
+    z = torch.randn(40, 8)
+    y = (torch.rand(40, 6) < 0.4).int()
+    m = knn_probe_metrics(z, y, k=4)
+    assert knn_probe_metrics(z, y.flip(1), k=4) == pytest.approx(m, abs=1e-12)  # the mean's order only
+    zn = torch.nn.functional.normalize(z, dim=-1)
+    sim = zn @ zn.T
+    sim.fill_diagonal_(float("-inf"))
+    scores = y[sim.topk(4, dim=1).indices].float().mean(dim=1)
+    top = scores == scores.max(dim=1, keepdim=True).values
+    want = sum((top[i] & (y[i] > 0)).sum().item() / top[i].sum().item() for i in range(40)) / 40
+    assert m["knn_p@1"] == pytest.approx(want, abs=1e-12)
+    assert knn_probe_metrics(z.bfloat16(), y, k=4)["knn_p@1"] == pytest.approx(want, abs=0.1)
+    assert knn_probe_metrics(z.requires_grad_(), y, k=4) == m
+
+
 # ----------------------------------------------------------------------------------- bad configurations
 def test_bad_configurations_fail_at_construction(tmp_path, tok):
     ds = tiny_split(8)
