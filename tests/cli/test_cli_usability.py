@@ -845,3 +845,15 @@ def test_run_and_demo_never_replace_each_others_results(monkeypatch, capsys, tmp
     assert len(err) == 1 and "holds a run's output (classifier), not a demo's" in err[0], err
     assert (demo_folder / "results.json").read_text() == '[{"method": "sd"}]'
     assert (run_folder / "results.json").read_text() == '{"probe": {}}'
+
+
+@pytest.mark.parametrize("module", ["hf_mlcl", "hf_mlcl.cli"])
+def test_python_dash_m_exits_with_the_commands_status(module, tmp_path):
+    """`python -m hf_mlcl` is the console script: a failed command exits 2, so `... && next step` stops."""
+    import subprocess
+    import sys
+
+    missing = str(tmp_path / "no_such_recipe.yaml")
+    done = subprocess.run([sys.executable, "-m", module, "run", missing], capture_output=True, text=True)
+    assert done.returncode == 2, (done.returncode, done.stderr[-500:])
+    assert "no_such_recipe.yaml" in done.stderr
