@@ -21,7 +21,7 @@ from hf_mlcl.data.label_formats import (
     binary_columns,
     classlabel_names,
     column,
-    column_np,
+    columns_np,
     detect_format,
     encode_rows,
     is_int_token,
@@ -105,7 +105,10 @@ def label_layout(
                     f"set label_column= or label_columns= (columns: {cols})"
                 )
             if names is None:
-                logger.warning("one 0/1 column per label, detected: %s", label_columns)
+                shown = ", ".join(label_columns[:10]) + (
+                    f", ... ({len(label_columns)} in all)" if len(label_columns) > 10 else ""
+                )
+                logger.warning("one 0/1 column per label, detected: %s", shown)
         missing = [c for c in label_columns if c not in cols]
         if missing:
             raise ValueError(f"{origin}: label columns {missing} are missing (columns: {cols})")
@@ -178,7 +181,8 @@ def _column_label_ids(ds: Dataset, label_columns: list[str], origin: str, split:
         raise ValueError(f"{origin}: split {split!r} lacks label columns {absent}")
     if not len(ds):
         return []
-    mat = np.stack([column_np(ds, c) for c in label_columns], axis=1)
+    values = columns_np(ds, label_columns)
+    mat = np.stack([values[c] for c in label_columns], axis=1)
     if mat.size and not np.isin(mat, (0, 1)).all():
         bad = [c for j, c in enumerate(label_columns) if not np.isin(mat[:, j], (0, 1)).all()]
         raise ValueError(f"{origin}: label columns {bad[:10]} of split {split!r} hold values other than 0/1")

@@ -31,7 +31,7 @@ __all__ = [
     "binary_columns",
     "classlabel_names",
     "column",
-    "column_np",
+    "columns_np",
     "detect_format",
     "encode_rows",
     "names_from_file",
@@ -65,20 +65,54 @@ def column(ds: Dataset, name: str) -> list:
     return ds.with_format("arrow")[name].to_pylist()
 
 
-def column_np(ds: Dataset, name: str) -> np.ndarray:
-    return np.asarray(ds.with_format("arrow")[name].to_numpy())
+def columns_np(ds: Dataset, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Columns as NumPy arrays, read through Arrow in one pass (one format change for all of them: a change per
+    column copies the features each time, quadratic in thousands of label columns). Nulls become NaN."""
+    if not names:
+        return {}
+    table = ds.select_columns(list(names)).with_format("arrow")[:]
+    return {n: np.asarray(table.column(n).to_numpy()) for n in names}
+
+
+# a column whose cells are mostly 0/1 but not all (empty, NaN or another value) is a damaged label column
+_MOSTLY_BINARY = 0.5
 
 
 def binary_columns(ds: Dataset, exclude: set[str]) -> list[str]:
-    cols = []
-    for name, feat in ds.features.items():
-        if name in exclude or not isinstance(feat, Value):
+    """The numeric columns holding only 0/1 values (one per label), in order. A numeric or text column whose
+    cells are mostly 0/1 (at least half) but not all is ambiguous, likely a label column with bad cells (an
+    empty cell makes a CSV column text), not a column to leave out silently: a ValueError names it and its
+    other values (naming the label columns settles it)."""
+    kinds = {
+        name: ("number" if feat.dtype.startswith(("int", "uint", "float")) else "text")
+        for name, feat in ds.features.items()
+        if name not in exclude
+        and isinstance(feat, Value)
+        and feat.dtype.startswith(("int", "uint", "float", "string", "large_string"))  # bools are flags
+    }
+    values = columns_np(ds, list(kinds))
+    cols, damaged = [], []
+    for name, kind in kinds.items():
+        v = values[name]
+        if not v.size:
             continue
-        if not feat.dtype.startswith(("int", "uint")):  # bool columns are usually flags: name them
-            continue
-        values = column_np(ds, name)
-        if values.size and np.isin(values, (0, 1)).all():
-            cols.append(name)
+        if kind == "number":
+            binary = np.isin(v, (0, 1))
+            if binary.all():
+                cols.append(name)
+                continue
+            other = {"empty" if np.isnan(x) else f"{x:g}" for x in v[~binary].astype(np.float64)}
+        else:
+            cells = np.array(["" if x is None else str(x).strip() for x in v], dtype=object)
+            binary = np.isin(cells, ("0", "1"))
+            other = {repr(x) if x else "empty" for x in cells[~binary]} or {"0/1 written as text"}
+        if binary.mean() >= _MOSTLY_BINARY:
+            damaged.append(f"{name!r} ({int((~binary).sum())} cells: {', '.join(sorted(other)[:3])})")
+    if damaged:
+        raise ValueError(
+            f"columns {', '.join(damaged[:5])} hold mostly 0/1 values but not only, so they look like label "
+            "columns with bad cells; fix those cells (0 or 1), or name the label columns with label_columns="
+        )
     return cols
 
 

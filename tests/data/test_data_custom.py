@@ -632,3 +632,53 @@ def test_a_carved_validation_split_without_some_labels_is_warned_about(tmp_path,
     assert absent  # 2 rows of validation cannot hold all 4 labels
     assert f"{len(absent)} labels of train have no validation row ({', '.join(absent)})" in caplog.text
     assert "split_strategy='stratified'" in caplog.text
+
+
+def _wide(path, cells):
+    """A CSV with a text column and one 0/1 column per name of NAMES; ``cells`` maps (row, name) to a cell."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", *NAMES])
+        for i, (text, labs) in enumerate(ROWS):
+            w.writerow([text, *[cells.get((i, n), int(n in labs)) for n in NAMES]])
+    return str(path)
+
+
+def test_a_detected_label_column_with_a_bad_cell_is_an_error_not_a_dropped_label(tmp_path):
+    """One cell 2 and one empty cell made their columns non-0/1, and detection left those labels out (exit 0,
+    fewer labels): such columns are named with their cells instead."""
+    bad = _wide(tmp_path / "bad.csv", {(0, NAMES[1]): 2, (5, NAMES[2]): ""})  # both rows in train
+    with pytest.raises(ValueError, match=r"columns .*hold mostly 0/1 values but not only") as err:
+        load_mlc_dataset(bad, validation_fraction=0.2, split_seed=0)
+    assert f"'{NAMES[1]}' (1 cells: 2)" in str(err.value) and f"'{NAMES[2]}' (1 cells: empty)" in str(
+        err.value
+    )
+    assert "label_columns=" in str(err.value)
+    # a column of 0.0 / 1.0 (a float column without a missing cell) is a label column
+    good = load_mlc_dataset(
+        _wide(tmp_path / "f.csv", {(0, NAMES[0]): "1.0"}), validation_fraction=0.2, split_seed=0
+    )
+    assert label_names(good) == NAMES
+
+
+def test_thousands_of_label_columns_are_read_in_one_pass(tmp_path, monkeypatch):
+    """Each column read through its own format change copied the features each time (quadratic): the format
+    changes do not grow with the number of label columns."""
+    names = [f"l{j}" for j in range(300)]
+    path = tmp_path / "wide.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", *names])
+        for i in range(40):
+            w.writerow([f"text number {i}", *[int((i + j) % 7 == 0) for j in range(len(names))]])
+    calls = []
+    original = Dataset.with_format
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Dataset, "with_format", counted)
+    dd = load_mlc_dataset(str(path), validation_fraction=0.2, split_seed=0)
+    assert label_names(dd) == names
+    assert len(calls) < 20, len(calls)
