@@ -15,6 +15,7 @@ the loss class declares it takes (``run_settings``), never guessed from its sign
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
@@ -90,6 +91,16 @@ def get_loss(name: str, **kwargs) -> nn.Module:
         if f"{cls.__name__}.__init__()" not in str(err):  # raised inside the loss, not by its signature
             raise
         raise ValueError(f"cannot build loss {name!r} with {sorted(kwargs)}: {err}") from None
+
+
+def check_loss_keywords(name: str, kwargs: Mapping[str, Any] | None, field: str = "loss_kwargs") -> None:
+    """ValueError in one line when the loss registered as ``name`` takes no keyword of ``kwargs`` (``field``
+    names the option), checked against its signature before any model or data is loaded."""
+    cls = get_loss_class(name)
+    try:
+        inspect.signature(cls).bind_partial(**dict(kwargs or {}))
+    except TypeError as err:
+        raise ValueError(f"{field}: cannot build loss {name!r} with {sorted(kwargs or {})}: {err}") from None
 
 
 def list_losses() -> list[str]:

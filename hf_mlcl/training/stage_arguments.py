@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from hf_mlcl.losses.registry import check_contrastive_loss, check_joint_losses, check_supervised_loss
+from hf_mlcl.losses.registry import (
+    check_contrastive_loss,
+    check_joint_losses,
+    check_loss_keywords,
+    check_supervised_loss,
+    supervised_loss,
+)
 
 from .model_data_arguments import as_dict
 from .momentum import MOCO_MOMENTUM, check_momentum
@@ -224,8 +230,10 @@ class ContrastiveTrainingArguments(StageTrainingArguments):
             raise ValueError(f"batch_sampler must be one of {BATCH_SAMPLERS}; got {self.batch_sampler!r}")
 
     def check_losses(self) -> None:
-        """ValueError in one line unless ``loss`` names a contrastive loss (before any model is loaded)."""
+        """ValueError in one line unless ``loss`` names a contrastive loss that takes ``loss_kwargs`` (before any
+        model is loaded)."""
         check_contrastive_loss(self.loss)
+        check_loss_keywords(self.loss, self.loss_kwargs)
 
 
 @dataclass
@@ -297,6 +305,7 @@ class ProbingTrainingArguments(DecisionThresholdArguments, StageTrainingArgument
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         check_supervised_loss(self.loss)  # the loss registry answers what a supervised loss is
+        supervised_loss(self.loss, self.loss_kwargs)  # as the probe builds it: its keywords and values
         if self.cache_features and self.probe == "finetune":
             raise ValueError(
                 "cache_features=True needs a frozen encoder: probe='finetune' trains it, so its features change "
@@ -370,8 +379,12 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
     )
 
     def check_losses(self) -> None:
-        """ValueError in one line unless ``loss`` is contrastive and ``supervised_loss`` supervised."""
+        """ValueError in one line unless ``loss`` is contrastive and ``supervised_loss`` supervised, each taking
+        its keywords."""
         check_joint_losses(self.loss, self.supervised_loss)
+        check_loss_keywords(self.loss, self.loss_kwargs)
+        self.supervised_loss_kwargs = as_dict(self.supervised_loss_kwargs, "supervised_loss_kwargs") or {}
+        supervised_loss(self.supervised_loss, self.supervised_loss_kwargs, role="supervised_loss")
 
     def check_stage(self) -> None:
         super().check_stage()

@@ -116,3 +116,16 @@ def test_the_joint_stage_fine_tunes_stage_1s_encoder(tmp_path):
     card = json.load(open(out / "classifier" / "card_data.json"))
     assert card["encoder_path"] == str(out / "encoder") and card["probe"] == "joint"
     assert os.path.isfile(out / "encoder" / "metrics.json")
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--joint.supervised_loss_kwargs", '{"gama": 2}'), ("--joint.loss_kwargs", '{"tau": 1}')]
+)
+def test_a_joint_loss_keyword_no_loss_takes_stops_before_training(tmp_path, capsys, flag, value):
+    recipe = tmp_path / "joint.yaml"
+    recipe.write_text(RECIPE.replace("supervised_loss: bce", "supervised_loss: focal"), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["run", str(recipe), "--output_dir", str(out), flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot build" in err[0] and ("gama" in err[0] or "tau" in err[0]), err
+    assert not out.exists() or os.listdir(out) == []

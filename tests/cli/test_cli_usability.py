@@ -857,3 +857,25 @@ def test_python_dash_m_exits_with_the_commands_status(module, tmp_path):
     done = subprocess.run([sys.executable, "-m", module, "run", missing], capture_output=True, text=True)
     assert done.returncode == 2, (done.returncode, done.stderr[-500:])
     assert "no_such_recipe.yaml" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--probe.loss", "focal", "--probe.loss_kwargs", '{"gama": 2}'],
+            "cannot build loss 'focal' with ['gama']",
+        ),
+        (["--contrastive.loss_kwargs", '{"tau": 2}'], "loss_kwargs: cannot build loss"),
+    ],
+)
+def test_a_loss_keyword_no_loss_takes_stops_before_the_first_stage(
+    monkeypatch, capsys, tmp_path, flags, message
+):
+    """The probe built its loss only in stage 2, after stage 1 trained and saved the encoder: the keywords of
+    each stage's losses are checked with the other options, before any stage."""
+    _no_training(monkeypatch)
+    rc = main(["run", RECIPE, "--output_dir", str(tmp_path), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+    assert os.listdir(tmp_path) == []
