@@ -26,6 +26,7 @@ from hf_mlcl.data.label_formats import (
     encode_rows,
     is_int_token,
     names_from_file,
+    plain_cell,
     row_tokens,
     separators_in,
 )
@@ -45,6 +46,7 @@ class LabelLayout:
     label_columns: list[str] | None
     names: list[str] | None
     names_origin: str
+    detected: bool = False  # the format was detected (label_format "auto") from the train cells
 
 
 def label_layout(
@@ -121,7 +123,13 @@ def label_layout(
     if fmt == "delimited" and sep is None:  # label_format="delimited" given, its separator not
         sep = next(iter(separators_in(column(train, label_column))), None)
     return LabelLayout(
-        fmt, sep, label_column, list(label_columns) if label_columns else None, names, names_origin
+        fmt,
+        sep,
+        label_column,
+        list(label_columns) if label_columns else None,
+        names,
+        names_origin,
+        detected=label_format == "auto",
     )
 
 
@@ -148,7 +156,10 @@ def label_ids(
         else:
             if layout.label_column not in ds.column_names:
                 raise ValueError(f"{origin}: split {split!r} has no label column {layout.label_column!r}")
-            tokens[split] = row_tokens(column(ds, layout.label_column), layout.fmt, layout.sep)
+            cells = column(ds, layout.label_column)
+            if split != "train" and layout.detected and layout.fmt in ("names", "ids"):
+                _check_written_as_train(cells, raw["train"], layout.label_column, origin, split)
+            tokens[split] = row_tokens(cells, layout.fmt, layout.sep)
     for split, rows in tokens.items():
         empty = sum(not r for r in rows)
         if empty:
@@ -172,6 +183,19 @@ def label_ids(
     for split, rows in tokens.items():
         encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
     return encoded, names, names_origin
+
+
+def _check_written_as_train(cells: list, train: Dataset, label_column: str, origin: str, split: str) -> None:
+    """Train's label cells are lists (the format detected from them): a split whose cells are plain text
+    (``"a;b"``) would read each as one unknown label; ValueError naming the two ways."""
+    row = plain_cell(cells)
+    if row is None or plain_cell(column(train, label_column)) is not None:
+        return
+    raise ValueError(
+        f"{origin}: split {split!r} writes its labels as plain text such as {cells[row]!r} (row {row}) and train "
+        "as lists; write every split one way, or choose label_format='delimited' with label_separator= (list "
+        "cells are read as lists in every format)"
+    )
 
 
 def _column_label_ids(ds: Dataset, label_columns: list[str], origin: str, split: str) -> list[list[int]]:

@@ -35,6 +35,7 @@ __all__ = [
     "detect_format",
     "encode_rows",
     "names_from_file",
+    "plain_cell",
     "row_tokens",
     "separators_in",
     "superseded_label_keys",
@@ -194,7 +195,7 @@ def detect_format(
     cells = column(ds, label_column)
     where = f"label column {label_column!r}"
     listed = [i for i, v in enumerate(cells) if _looks_like_list(v)]
-    plain = [i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)]
+    plain = [i for i, v in enumerate(cells) if plain_cell([v]) is not None]
     if listed and plain:
         i, j = listed[0], plain[0]
         raise ValueError(
@@ -239,6 +240,13 @@ def detect_format(
             'brackets; write list cells as JSON (["cs.LG", "q-bio"] or [8, 20]), or choose ' + _CHOICES
         )
     return "delimited", sep
+
+
+def plain_cell(cells: Sequence[Any]) -> int | None:
+    """The row of the first non-empty string cell not written as a list (``"a;b"``, ``"sports"``), or None."""
+    return next(
+        (i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)), None
+    )
 
 
 def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[Any]]:

@@ -682,3 +682,22 @@ def test_thousands_of_label_columns_are_read_in_one_pass(tmp_path, monkeypatch):
     dd = load_mlc_dataset(str(path), validation_fraction=0.2, split_seed=0)
     assert label_names(dd) == names
     assert len(calls) < 20, len(calls)
+
+
+def test_a_split_written_another_way_than_train_is_named(tmp_path):
+    """Train as JSON lists, test as "a;b" text: each test cell read as one unknown label (the error then offered
+    unknown_labels='drop', which loses those rows' labels). The two ways are named instead."""
+    train = tmp_path / "train.jsonl"
+    with open(train, "w", encoding="utf-8") as f:
+        for text, labs in ROWS:
+            f.write(json.dumps({"text": text, "labels": labs}) + "\n")
+    test = _write_csv(tmp_path / "test.csv", ROWS[:4])
+    files = {"train": str(train), "test": str(test)}
+    with pytest.raises(
+        ValueError, match=r"split 'test' writes its labels as plain text such as 'cs.LG;q-bio'"
+    ):
+        load_mlc_dataset("json", data_files=files, validation_fraction=0.2, split_seed=0)
+    read = load_mlc_dataset(
+        "json", data_files=files, label_format="delimited", label_separator=";", validation_fraction=0.2
+    )
+    assert _as_names(read)["test"] == [sorted(labs) for _, labs in ROWS[:4]]
