@@ -198,6 +198,15 @@ def _read_source(source, data_files, config_name, revision, data_dir) -> tuple[D
             data_files = {"train": data_files}
         # relative files: below data_dir, else below a folder given as the source
         base = data_dir if data_dir is not None else (source if os.path.isdir(source) else None)
+        folder = os.path.isdir(source) or (
+            data_dir is not None and os.path.isdir(os.path.join(data_dir, source))
+        )
+        if not folder and source.lower() not in _FORMAT_NAMES:
+            raise ValueError(
+                f"dataset {source!r} is neither a file format ({', '.join(sorted(_FORMAT_NAMES))}) nor a folder, "
+                "and data_files names the files to read, so it would be ignored (and named on the model card): "
+                "pass the files' format as the dataset (e.g. 'csv') with data_files, or drop data_files"
+            )
         return _load_files(dict(data_files), base), f"data_files {dict(data_files)}"
     path = source if os.path.isabs(source) or data_dir is None else os.path.join(data_dir, source)
     if os.path.isfile(path):

@@ -701,3 +701,16 @@ def test_a_split_written_another_way_than_train_is_named(tmp_path):
         "json", data_files=files, label_format="delimited", label_separator=";", validation_fraction=0.2
     )
     assert _as_names(read)["test"] == [sorted(labs) for _, labs in ROWS[:4]]
+
+
+def test_a_file_named_as_the_dataset_beside_data_files_is_an_error_not_ignored(tmp_path):
+    """`--dataset my_data.csv --data_files {...}` read the data files and named my_data.csv on the card."""
+    files = {"train": _write_csv(tmp_path / "train.csv", ROWS)}
+    with pytest.raises(ValueError, match=r"dataset 'my_data.csv' is neither a file format .* nor a folder"):
+        load_mlc_dataset("my_data.csv", data_files=files, validation_fraction=0.2, split_seed=0)
+    assert (
+        label_names(load_mlc_dataset("csv", data_files=files, validation_fraction=0.2, split_seed=0)) == NAMES
+    )
+    assert (
+        label_names(load_mlc_dataset(str(tmp_path), data_files={"train": "train.csv"}, split_seed=0)) == NAMES
+    )
