@@ -114,7 +114,9 @@ def _best_cuts_keys(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return out
 
 
-def tune_per_label_thresholds(y_true: Any, y_score: Any, default: float | None = None) -> np.ndarray:
+def tune_per_label_thresholds(
+    y_true: Any, y_score: Any, default: float | None = None, min_threshold: float = 0.01
+) -> np.ndarray:
     """(L,) thresholds, each maximising its label's F1 on validation data.
 
     For every label, with tp_k the cumulative positives among its k top scores, F1 of predicting the
@@ -124,7 +126,9 @@ def tune_per_label_thresholds(y_true: Any, y_score: Any, default: float | None =
     predicted and the first rejected score (the lowest score when all are predicted), so
     ``score >= threshold`` reproduces the optimal cut. Ties in F1 go to the cut with fewer predictions.
     Labels without any positive in the validation data (F1 is 0 whatever the threshold) get
-    ``default``; ``default=None`` uses :func:`tune_global_threshold`.
+    ``default``; ``default=None`` uses :func:`tune_global_threshold`. So does a label whose best cut lies
+    below ``min_threshold`` (default 0.01, the global grid's lowest value): a rare label whose validation
+    positives score under 1 % would otherwise be predicted for nearly every text to catch them.
     """
     yt, ys = check_pair(y_true, y_score)
     n, num_labels = ys.shape
@@ -140,10 +144,24 @@ def tune_per_label_thresholds(y_true: Any, y_score: Any, default: float | None =
             out[c0:c1] = _best_cuts_argsort(
                 np.ascontiguousarray(ys[:, c0:c1].T), np.ascontiguousarray(yt[:, c0:c1].T)
             )
-    if no_positive.any():
-        fill = tune_global_threshold(yt, ys) if default is None else float(default)
-        out[no_positive] = fill
-    return out
+    return fill_untuned(out, no_positive, min_threshold, lambda: tune_global_threshold(yt, ys), default)
+
+
+def fill_untuned(
+    thresholds: np.ndarray,
+    no_positive: np.ndarray,
+    min_threshold: float,
+    global_threshold: Any,
+    default: float | None,
+) -> np.ndarray:
+    """``thresholds`` with ``default`` (None: ``global_threshold()``, computed only when needed) for the labels
+    without a validation positive and those tuned below ``min_threshold``."""
+    if not np.isfinite(min_threshold) or not 0.0 <= min_threshold < 1.0:
+        raise ValueError(f"min_threshold must lie in [0, 1); got {min_threshold}")
+    untuned = no_positive | (thresholds < min_threshold)
+    if untuned.any():
+        thresholds[untuned] = global_threshold() if default is None else float(default)
+    return thresholds
 
 
 def tune_and_evaluate(

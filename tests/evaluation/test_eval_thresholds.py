@@ -129,3 +129,26 @@ def test_sort_free_cuts_equal_argsort_cuts(seed):
     slow = th._best_cuts_argsort(np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
     has = y.any(axis=0)
     np.testing.assert_array_equal(fast[has], slow[has])
+
+
+def test_a_label_whose_best_cut_lies_below_the_floor_takes_the_global_threshold():
+    """A rare label whose one validation positive scores 1e-6 among negatives at 0.3: its best F1 cut predicts it
+    for every text (F1 2/41); it takes the global threshold instead, one-shot and streamed."""
+    from hf_mlcl.evaluation import MultiLabelAccumulator
+
+    rng = np.random.default_rng(0)
+    y = rng.random((40, 3)) < 0.3
+    s = np.where(y, 0.6 + 0.3 * rng.random((40, 3)), 0.4 * rng.random((40, 3)))
+    y[:, 2], s[:, 2] = False, 0.3
+    y[7, 2], s[7, 2] = True, 1e-6
+    exact = tune_per_label_thresholds(y, s, min_threshold=0.0)
+    assert exact[2] <= 1e-6 and (s[:, 2] >= exact[2]).all()  # the exact F1 optimum: every text
+    thr = tune_per_label_thresholds(y, s)
+    assert thr[2] == tune_global_threshold(y, s) and (s[:, 2] >= thr[2]).sum() == 0
+    assert thr[:2] == pytest.approx(exact[:2])  # the others keep their best cut
+    assert tune_per_label_thresholds(y, s, default=0.5)[2] == 0.5
+    acc = MultiLabelAccumulator(from_logits=False)
+    acc.add_batch(s, y)
+    assert acc.tune_per_label_thresholds() == pytest.approx(thr)
+    with pytest.raises(ValueError, match="min_threshold must lie in"):
+        tune_per_label_thresholds(y, s, min_threshold=1.5)
