@@ -39,7 +39,7 @@ def read_texts(path: str, text_column: str = "text") -> tuple[list[str], Any]:
         ".csv": lambda: pd.read_csv(path, dtype=str, keep_default_na=False),
         ".tsv": lambda: pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False),
         ".jsonl": lambda: pd.read_json(path, lines=True, dtype=False),
-        ".json": lambda: pd.read_json(path, lines=True, dtype=False),
+        ".json": lambda: pd.read_json(path, lines=not _json_array(path), dtype=False),
         ".parquet": lambda: pd.read_parquet(path),
     }
     if suffix not in readers:
@@ -50,6 +50,20 @@ def read_texts(path: str, text_column: str = "text") -> tuple[list[str], Any]:
             f"{path} has no column {text_column!r} (columns: {list(table.columns)}); pass --text_column"
         )
     return [_text(t) for t in table[text_column].tolist()], table
+
+
+def _json_array(path: str) -> bool:
+    """Whether a ``.json`` file holds one JSON array of records (else JSON lines, one record a line)."""
+    with open(path, encoding="utf-8-sig") as fh:
+        for line in fh:
+            if line.strip():
+                return line.lstrip().startswith("[")
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """An input cell as a JSON / CSV value: a NumPy array (a list cell of parquet) as a list."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _text(value: Any) -> str:
@@ -239,7 +253,7 @@ def predict_file(
     rows = []
     for i in range(len(texts)):
         picked = np.flatnonzero(chosen[i])
-        row = given[i] if table is not None else {"text": texts[i]}
+        row = {k: _plain(v) for k, v in given[i].items()} if table is not None else {"text": texts[i]}
         row["labels"] = [names[j] for j in picked]
         row["scores"] = (
             dict(zip(names, [None if blank[i] else v for v in scores[i].round(6).tolist()]))

@@ -175,3 +175,19 @@ def test_a_length_or_batch_below_one_is_refused(tmp_path, classifier, capsys, fl
     with pytest.raises(SystemExit) as stop:
         main(["predict", folder, _inputs(tmp_path)[".csv"], "--output", str(tmp_path / "p.jsonl"), flag, "0"])
     assert stop.value.code == 2 and "expected a positive integer; got '0'" in capsys.readouterr().err
+
+
+def test_a_json_array_file_and_list_cells_are_read_as_training_reads_them(tmp_path, classifier):
+    """A `.json` file holding one array of records (training reads it) and a parquet list column passed through:
+    the array was read as two columns and the list written as the string "['a' 'b']"."""
+    folder, _ = classifier
+    frame = pd.DataFrame({"text": TEXTS, "gold": [["cardio", "renal"], []] * (len(TEXTS) // 2)})
+    array = tmp_path / "in.json"
+    array.write_text(json.dumps(frame.to_dict("records")), encoding="utf-8")
+    frame.to_parquet(tmp_path / "in.parquet")
+    for path in (array, tmp_path / "in.parquet"):
+        out = tmp_path / f"out{path.suffix}.jsonl"
+        assert main(["predict", folder, str(path), "--output", str(out)]) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["text"] for r in rows] == TEXTS
+        assert [r["gold"] for r in rows] == frame["gold"].tolist(), path.suffix
