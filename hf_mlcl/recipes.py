@@ -184,6 +184,11 @@ MOVED_KEYS = {
 def _unknown(key: str, allowed: set[str], where: str) -> RecipeError:
     if key in MOVED_KEYS:
         return RecipeError(f"key {key!r} in {where} belongs at {MOVED_KEYS[key]}")
+    if key in common_keys():  # a model / data argument given to one stage
+        return RecipeError(
+            f"key {key!r} in {where} is a model or data argument, shared by the stages: put it at the top level "
+            f"of the recipe (on the command line --{key}, without a stage prefix)"
+        )
     close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return RecipeError(f"unknown key {key!r} in {where}{hint}")

@@ -9,6 +9,7 @@ Design: docs/design.md, "Your own dataset (hf_mlcl/data/custom.py)".
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from dataclasses import dataclass
@@ -70,6 +71,10 @@ def label_layout(
         names, names_origin = names_from_file(os.fspath(label_names)), f"label_names file {label_names}"
     elif label_names is not None:
         names, names_origin = [str(n) for n in label_names], "the given label_names"
+    if names is not None:
+        twice = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+        if twice:
+            raise ValueError(f"{names_origin} names labels more than once: {twice[:5]}; each name once")
     if label_column == "":  # "no label column": one 0/1 column per label
         if label_format not in ("auto", "columns"):
             raise ValueError(

@@ -879,3 +879,10 @@ def test_a_loss_keyword_no_loss_takes_stops_before_the_first_stage(
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0], err
     assert os.listdir(tmp_path) == []
+
+
+def test_a_model_argument_given_to_one_stage_says_where_it_belongs(capsys, tmp_path):
+    assert main(["run", RECIPE, "--output_dir", str(tmp_path), "--probe.head", "native"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'head' in --probe.* is a model or data argument" in err[0], err
+    assert "--head, without a stage prefix" in err[0]

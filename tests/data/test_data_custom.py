@@ -714,3 +714,10 @@ def test_a_file_named_as_the_dataset_beside_data_files_is_an_error_not_ignored(t
     assert (
         label_names(load_mlc_dataset(str(tmp_path), data_files={"train": "train.csv"}, split_seed=0)) == NAMES
     )
+
+
+def test_a_label_named_twice_in_the_names_file_is_named(tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("cs.CL\ncs.LG\nhep-th\nq-bio\ncs.LG\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"names labels more than once: \['cs.LG'\]"):
+        load_mlc_dataset(_write_csv(tmp_path / "d.csv", ROWS), label_names=str(names), split_seed=0)
