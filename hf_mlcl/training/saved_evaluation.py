@@ -214,7 +214,15 @@ def evaluate_checkpoint(
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     trained = [str(model.config.id2label[i]) for i in range(model.config.num_labels)]
-    if trained != [str(n) for n in data.label_names]:
+    given = [str(n) for n in data.label_names]
+    if trained != given:
+        if sorted(trained) == sorted(given):
+            i = next(j for j, (a, b) in enumerate(zip(trained, given)) if a != b)
+            raise ValueError(
+                f"dataset {data_args.dataset!r} has the checkpoint's {len(trained)} labels in another order (label "
+                f"{i} is {trained[i]!r} in the checkpoint, {given[i]!r} in the data); give the data the "
+                "checkpoint's order (label_names in dataset_options, one name per line in that order)"
+            )
         raise ValueError(
             f"the checkpoint's {len(trained)} labels differ from dataset {data_args.dataset!r}'s "
             f"{len(data.label_names)} labels; evaluate on the dataset (and dataset_options) it was trained on"

@@ -107,3 +107,15 @@ def test_evaluate_from_another_directory_finds_the_runs_own_data(finished_run, t
     assert (
         "name: my_data.csv" in meta and "../" not in meta and str(finished_run) not in meta
     )  # the file's name only
+
+
+def test_evaluate_on_the_same_labels_in_another_order_says_so(finished_run, tmp_path, capsys, monkeypatch):
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(sorted(TOPICS, reverse=True)) + "\n", encoding="utf-8")
+    monkeypatch.chdir(finished_run)
+    options = json.dumps({"label_names": str(names)})
+    argv = ["evaluate", "out/classifier", "--dataset", "my_data.csv", "--dataset_options", options]
+    assert main([*argv, "--split", "validation", "--no_plots", "--output_dir", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has the checkpoint's 3 labels in another order" in err[0], err
+    assert "label 0 is 'politics' in the checkpoint, 'sports' in the data" in err[0]
