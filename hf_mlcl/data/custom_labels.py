@@ -101,6 +101,12 @@ def label_layout(
         if not label_columns:
             label_columns = list(names) if names is not None else binary_columns(train, {text_column})
             if not label_columns:
+                flags = [n for n, f in train.features.items() if getattr(f, "dtype", None) == "bool"]
+                if flags:  # True/False columns (pandas writes bools so) are read as flags unless named
+                    raise ValueError(
+                        f"{origin}: no 0/1 label columns, but True/False columns {flags[:10]}; True/False columns "
+                        "are read as labels only when named: label_columns=" + ",".join(flags[:3])
+                    )
                 if label_format == "columns":  # asked for: a 'labels' column there is not one of them
                     raise ValueError(
                         f"{origin}: label_format='columns' reads one 0/1 column per label, and no column holds only "

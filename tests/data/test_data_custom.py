@@ -721,3 +721,17 @@ def test_a_label_named_twice_in_the_names_file_is_named(tmp_path):
     names.write_text("cs.CL\ncs.LG\nhep-th\nq-bio\ncs.LG\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"names labels more than once: \['cs.LG'\]"):
         load_mlc_dataset(_write_csv(tmp_path / "d.csv", ROWS), label_names=str(names), split_seed=0)
+
+
+def test_true_false_columns_are_named_and_read_when_named(tmp_path):
+    """pandas writes bool columns as True/False: they are flags unless named, and the error names them."""
+    path = tmp_path / "bools.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", *NAMES])
+        for text, labs in ROWS:
+            w.writerow([text, *[str(n in labs) for n in NAMES]])
+    with pytest.raises(ValueError, match=r"True/False columns \['cs.CL'"):
+        load_mlc_dataset(str(path), label_format="columns", split_seed=0)
+    named = load_mlc_dataset(str(path), label_columns=NAMES, validation_fraction=0.2, split_seed=0)
+    assert sorted(sum(_as_names(named).values(), [])) == sorted(sorted(labs) for _, labs in ROWS)
