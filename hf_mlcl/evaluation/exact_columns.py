@@ -67,13 +67,17 @@ def exact_columns(
 
 def best_cuts(
     chunks: Sequence[np.ndarray], scores: Scores, num_labels: int, rows: np.ndarray, cols: np.ndarray
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """(L,) thresholds maximising each label's F1 on the kept inputs, as
-    :func:`~hf_mlcl.evaluation.tune_per_label_thresholds` (cuts between distinct scores)."""
+    :func:`~hf_mlcl.evaluation.tune_per_label_thresholds` (cuts between distinct scores), and (L,) the rows
+    each predicts."""
     out = np.empty(num_labels, dtype=np.float64)
+    predicted = np.empty(num_labels, dtype=np.int64)
     for c0, c1, truth, block in column_blocks(chunks, scores, num_labels, rows, cols):
         if float32_exact(block):
-            out[c0:c1] = _best_cuts_keys(block.astype(np.float32), truth)
+            out[c0:c1], predicted[c0:c1] = _best_cuts_keys(block.astype(np.float32), truth)
         else:
-            out[c0:c1] = _best_cuts_argsort(np.ascontiguousarray(block.T), np.ascontiguousarray(truth.T))
-    return out
+            out[c0:c1], predicted[c0:c1] = _best_cuts_argsort(
+                np.ascontiguousarray(block.T), np.ascontiguousarray(truth.T)
+            )
+    return out, predicted

@@ -218,10 +218,14 @@ class ScoreHistograms:
         j = np.searchsorted(self.edges, grid)
         return np.cumsum(self.hist.sum(axis=1)[::-1])[::-1][j + 1]
 
-    def best_edges(self, cols: np.ndarray, pscore: np.ndarray, n_pos: np.ndarray) -> np.ndarray:
+    def best_edges(
+        self, cols: np.ndarray, pscore: np.ndarray, n_pos: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(L,) the edge whose cut has each label's best F1 (the counts at every edge are exact; ties go to
-        fewer predictions), for positives (label ``cols``, score ``pscore``) and ``n_pos`` per label."""
+        fewer predictions), for positives (label ``cols``, score ``pscore``) and ``n_pos`` per label, and (L,)
+        the rows each cut predicts."""
         out = np.empty(self.num_labels, dtype=np.float64)
+        predicted = np.empty(self.num_labels, dtype=np.int64)
         b = np.searchsorted(self.edges, pscore, side="right")
         n_bins = self.hist.shape[0]
         for c0, c1 in self.label_blocks():
@@ -232,4 +236,5 @@ class ScoreHistograms:
             f1 = safe_div(2 * tp, pred + n_pos[c0:c1], 0.0)
             best = f1.shape[0] - 1 - np.argmax(f1[::-1], axis=0)  # ties: the higher edge
             out[c0:c1] = self.edges[best]
-        return out
+            predicted[c0:c1] = pred[best, np.arange(c1 - c0)]
+        return out, predicted

@@ -27,7 +27,7 @@ from hf_mlcl.evaluation.inputs import check_ks, mean_or_nan, safe_div, sigmoid, 
 from hf_mlcl.evaluation.metrics import DEFAULT_KS, metric_keys
 from hf_mlcl.evaluation.positives import expected_in_top, ge_within, reference_positives, tied_counts
 from hf_mlcl.evaluation.score_histograms import HISTOGRAM_KEYS, ScoreHistograms
-from hf_mlcl.evaluation.thresholds import fill_untuned, threshold_grid
+from hf_mlcl.evaluation.thresholds import below_floor, fill_untuned, threshold_grid
 
 logger = logging.getLogger(__name__)
 
@@ -405,7 +405,8 @@ class MultiLabelAccumulator:
         self, default: float | None = None, min_threshold: float = 0.01
     ) -> np.ndarray:
         """(L,) thresholds maximising each label's F1; labels without a positive, or whose best cut lies below
-        ``min_threshold``, get ``default`` (None: the global threshold). While :attr:`exact`: :func:`~hf_mlcl.evaluation.tune_per_label_thresholds`
+        ``min_threshold`` and predicts them for more than half of the rows, get ``default`` (None: the global
+        threshold). While :attr:`exact`: :func:`~hf_mlcl.evaluation.tune_per_label_thresholds`
         (cuts between distinct scores). Above ``exact_cells``: the histogram edge whose cut has the best
         F1 (the counts at every edge are exact; ties go to fewer predictions)."""
         self._finish()
@@ -413,10 +414,11 @@ class MultiLabelAccumulator:
         cols = self._p("col")
         n_pos = np.bincount(cols, minlength=num_labels)
         if self._store is not None:
-            out = best_cuts(self._store, self._scores, num_labels, self._p("row"), cols)
+            out, predicted = best_cuts(self._store, self._scores, num_labels, self._p("row"), cols)
         else:
-            out = self._hists.best_edges(cols, self._p("score"), n_pos)
-        return fill_untuned(out, n_pos == 0, min_threshold, self.tune_global_threshold, default)
+            out, predicted = self._hists.best_edges(cols, self._p("score"), n_pos)
+        untuned = (n_pos == 0) | below_floor(out, predicted, self._rows_done, min_threshold)
+        return fill_untuned(out, untuned, self.tune_global_threshold, default)
 
     def tune_threshold(self, strategy: str = "global") -> float | np.ndarray:
         """``strategy`` "global" (:meth:`tune_global_threshold`) or "per_label" (:meth:`tune_per_label_thresholds`)."""

@@ -65,8 +65,8 @@ def _midpoint_threshold(hi: np.ndarray, lo: np.ndarray, has_lower: np.ndarray) -
     return np.where(~has_lower | (mid <= lo), hi, mid)
 
 
-def _best_cuts_argsort(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """Per-row best-F1 threshold from an argsort of each row (any float dtype)."""
+def _best_cuts_argsort(scores: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row best-F1 threshold from an argsort of each row (any float dtype), and the entries it predicts."""
     n = scores.shape[1]
     order = np.argsort(-scores, axis=1, kind="stable")
     s = np.take_along_axis(scores, order, axis=1)
@@ -79,11 +79,12 @@ def _best_cuts_argsort(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
     valid[:, -1] = True
     best = np.argmax(np.where(valid, f1, -1.0), axis=1)  # first max = fewest predictions
     rows = np.arange(scores.shape[0])
-    return _midpoint_threshold(s[rows, best], s[rows, np.minimum(best + 1, n - 1)], best < n - 1)
+    return _midpoint_threshold(s[rows, best], s[rows, np.minimum(best + 1, n - 1)], best < n - 1), best + 1
 
 
-def _best_cuts_keys(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """Per-column best-F1 threshold for float32-exact scores, without argsort.
+def _best_cuts_keys(scores: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column best-F1 threshold for float32-exact scores, without argsort, and the rows it predicts (0 for
+    a column without a positive).
 
     The optimal cut always predicts "score >= s_p" for some positive p (adding negatives only lowers
     F1), whose F1 is 2 pos_ge / (n_ge + P) with the counts of :func:`grouped_ap_auc`. The best
@@ -94,8 +95,9 @@ def _best_cuts_keys(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
     key = monotone_u32(scores).astype(np.uint64) | (np.arange(c, dtype=np.uint64)[None, :] << np.uint64(32))
     pos = key[truth]
     out = np.zeros(c, dtype=scores.dtype)
+    predicted = np.zeros(c, dtype=np.int64)
     if pos.size == 0:
-        return out
+        return out, predicted
     pg = (pos >> np.uint64(32)).astype(np.int64)
     key = np.sort(key, axis=None)
     n_pos = np.bincount(pg, minlength=c)
@@ -111,7 +113,8 @@ def _best_cuts_keys(scores: np.ndarray, truth: np.ndarray) -> np.ndarray:
     hi = decode_u32((pos[first] & low_mask).astype(np.uint32))
     lo = decode_u32((key[np.maximum(ge_idx[first] - 1, 0)] & low_mask).astype(np.uint32))
     out[g] = _midpoint_threshold(hi, lo, has_lower)
-    return out
+    predicted[g] = n_ge[first]
+    return out, predicted
 
 
 def tune_per_label_thresholds(
@@ -127,38 +130,41 @@ def tune_per_label_thresholds(
     ``score >= threshold`` reproduces the optimal cut. Ties in F1 go to the cut with fewer predictions.
     Labels without any positive in the validation data (F1 is 0 whatever the threshold) get
     ``default``; ``default=None`` uses :func:`tune_global_threshold`. So does a label whose best cut lies
-    below ``min_threshold`` (default 0.01, the global grid's lowest value): a rare label whose validation
-    positives score under 1 % would otherwise be predicted for nearly every text to catch them.
+    below ``min_threshold`` (default 0.01, the global grid's lowest value) and predicts it for more than half of
+    the validation texts: a rare label whose few positives score near 0 would be predicted for nearly every
+    text to catch them (a label whose positives score low but apart from its negatives keeps its cut).
     """
     yt, ys = check_pair(y_true, y_score)
     n, num_labels = ys.shape
     out = np.empty(num_labels, dtype=np.float64)
+    predicted = np.empty(num_labels, dtype=np.int64)
     no_positive = ~yt.any(axis=0)
     fast = float32_exact(ys)
     step = rows_per_chunk(n)
     for c0 in range(0, num_labels, step):  # chunks of labels
         c1 = min(num_labels, c0 + step)
         if fast:
-            out[c0:c1] = _best_cuts_keys(ys[:, c0:c1].astype(np.float32), yt[:, c0:c1])
+            out[c0:c1], predicted[c0:c1] = _best_cuts_keys(ys[:, c0:c1].astype(np.float32), yt[:, c0:c1])
         else:
-            out[c0:c1] = _best_cuts_argsort(
+            out[c0:c1], predicted[c0:c1] = _best_cuts_argsort(
                 np.ascontiguousarray(ys[:, c0:c1].T), np.ascontiguousarray(yt[:, c0:c1].T)
             )
-    return fill_untuned(out, no_positive, min_threshold, lambda: tune_global_threshold(yt, ys), default)
+    untuned = no_positive | below_floor(out, predicted, n, min_threshold)
+    return fill_untuned(out, untuned, lambda: tune_global_threshold(yt, ys), default)
+
+
+def below_floor(thresholds: np.ndarray, predicted: np.ndarray, rows: int, min_threshold: float) -> np.ndarray:
+    """The labels whose best cut lies below ``min_threshold`` and predicts them for more than half of ``rows``."""
+    if not np.isfinite(min_threshold) or not 0.0 <= min_threshold < 1.0:
+        raise ValueError(f"min_threshold must lie in [0, 1); got {min_threshold}")
+    return (thresholds < min_threshold) & (2 * predicted > rows)
 
 
 def fill_untuned(
-    thresholds: np.ndarray,
-    no_positive: np.ndarray,
-    min_threshold: float,
-    global_threshold: Any,
-    default: float | None,
+    thresholds: np.ndarray, untuned: np.ndarray, global_threshold: Any, default: float | None
 ) -> np.ndarray:
-    """``thresholds`` with ``default`` (None: ``global_threshold()``, computed only when needed) for the labels
-    without a validation positive and those tuned below ``min_threshold``."""
-    if not np.isfinite(min_threshold) or not 0.0 <= min_threshold < 1.0:
-        raise ValueError(f"min_threshold must lie in [0, 1); got {min_threshold}")
-    untuned = no_positive | (thresholds < min_threshold)
+    """``thresholds`` with ``default`` (None: ``global_threshold()``, computed only when needed) for the
+    ``untuned`` labels."""
     if untuned.any():
         thresholds[untuned] = global_threshold() if default is None else float(default)
     return thresholds

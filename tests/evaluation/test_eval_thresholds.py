@@ -125,15 +125,18 @@ def test_sort_free_cuts_equal_argsort_cuts(seed):
     s = rng.normal(size=(31, 13)).astype(np.float32)
     if seed % 2:
         s = (np.round(s * 2) / 2).astype(np.float32)  # ties, zeros, negative scores
-    fast = th._best_cuts_keys(s, y)
-    slow = th._best_cuts_argsort(np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
+    fast, fast_predicted = th._best_cuts_keys(s, y)
+    slow, slow_predicted = th._best_cuts_argsort(np.ascontiguousarray(s.T), np.ascontiguousarray(y.T))
     has = y.any(axis=0)
     np.testing.assert_array_equal(fast[has], slow[has])
+    np.testing.assert_array_equal(fast_predicted[has], slow_predicted[has])
+    np.testing.assert_array_equal(fast_predicted[has], (s >= fast.astype(s.dtype)).sum(axis=0)[has])
 
 
 def test_a_label_whose_best_cut_lies_below_the_floor_takes_the_global_threshold():
     """A rare label whose one validation positive scores 1e-6 among negatives at 0.3: its best F1 cut predicts it
-    for every text (F1 2/41); it takes the global threshold instead, one-shot and streamed."""
+    for every text (F1 2/41); it takes the global threshold instead, one-shot and streamed. A label whose
+    positives score low but above its negatives keeps its cut."""
     from hf_mlcl.evaluation import MultiLabelAccumulator
 
     rng = np.random.default_rng(0)
@@ -146,6 +149,9 @@ def test_a_label_whose_best_cut_lies_below_the_floor_takes_the_global_threshold(
     thr = tune_per_label_thresholds(y, s)
     assert thr[2] == tune_global_threshold(y, s) and (s[:, 2] >= thr[2]).sum() == 0
     assert thr[:2] == pytest.approx(exact[:2])  # the others keep their best cut
+    low = np.where(y[:, 0], 0.006 + 0.003 * rng.random(40), 0.004 * rng.random(40))  # apart, all under 0.01
+    separable = tune_per_label_thresholds(y[:, :1], low[:, None])
+    assert 0.004 < separable[0] < 0.01 and per_label_f1(y[:, :1], low[:, None] >= separable)[0] == 1.0
     assert tune_per_label_thresholds(y, s, default=0.5)[2] == 0.5
     acc = MultiLabelAccumulator(from_logits=False)
     acc.add_batch(s, y)
