@@ -98,8 +98,12 @@ def label_layout(
     if label_format == "auto":
         fmt, sep = detect_format(train, label_column, label_columns, label_separator)
     if fmt == "columns":
+        left_out: list[str] = []
         if not label_columns:
-            label_columns = list(names) if names is not None else binary_columns(train, {text_column})
+            if names is not None:
+                label_columns = list(names)
+            else:
+                label_columns, left_out = binary_columns(train, {text_column})
             if not label_columns:
                 flags = [n for n, f in train.features.items() if getattr(f, "dtype", None) == "bool"]
                 if flags:  # True/False columns (pandas writes bools so) are read as flags unless named
@@ -114,14 +118,24 @@ def label_layout(
                         "label_column= and label_format 'auto'"
                     )
                 raise ValueError(
-                    f"{origin}: found no label column ('labels'/'label') and no 0/1 columns; "
-                    f"set label_column= or label_columns= (columns: {cols})"
+                    f"{origin}: found no label column ('labels'/'label') and no 0/1 columns"
+                    + (f" (left out: {', '.join(left_out[:5])})" if left_out else "")
+                    + f"; set label_column= or label_columns= (columns: {cols})"
                 )
             if names is None:
                 shown = ", ".join(label_columns[:10]) + (
                     f", ... ({len(label_columns)} in all)" if len(label_columns) > 10 else ""
                 )
-                logger.warning("one 0/1 column per label, detected: %s", shown)
+                logger.warning(
+                    "one 0/1 column per label, detected: %s%s",
+                    shown,
+                    f"; left out (name them in label_columns= if they are labels): {', '.join(left_out[:10])}"
+                    if left_out
+                    else "",
+                )
+        twice = sorted(c for c, count in collections.Counter(label_columns).items() if count > 1)
+        if twice:
+            raise ValueError(f"{origin}: label_columns names columns more than once: {twice[:5]}")
         missing = [c for c in label_columns if c not in cols]
         if missing:
             raise ValueError(f"{origin}: label columns {missing} are missing (columns: {cols})")

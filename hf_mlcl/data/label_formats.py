@@ -75,15 +75,16 @@ def columns_np(ds: Dataset, names: Sequence[str]) -> dict[str, np.ndarray]:
     return {n: np.asarray(table.column(n).to_numpy()) for n in names}
 
 
-# a column whose cells are mostly 0/1 but not all (empty, NaN or another value) is a damaged label column
+# a column at least this share of whose cells are 0/1 may be a label column: one with missing cells is refused,
+# one with other values is left out and named
 _MOSTLY_BINARY = 0.5
 
 
-def binary_columns(ds: Dataset, exclude: set[str]) -> list[str]:
-    """The numeric columns holding only 0/1 values (one per label), in order. A numeric or text column whose
-    cells are mostly 0/1 (at least half) but not all is ambiguous, likely a label column with bad cells (an
-    empty cell makes a CSV column text), not a column to leave out silently: a ValueError names it and its
-    other values (naming the label columns settles it)."""
+def binary_columns(ds: Dataset, exclude: set[str]) -> tuple[list[str], list[str]]:
+    """The integer columns holding only 0/1 values (one per label), in order, and the columns left out that may
+    be label columns too (mostly 0/1 with other values, or 0/1 stored as floats or text), described for a
+    warning. A column of 0/1 values with missing cells (empty, NaN) is a label column with gaps, not one to
+    leave out silently: a ValueError names it (naming the label columns settles it)."""
     kinds = {
         name: ("number" if feat.dtype.startswith(("int", "uint", "float")) else "text")
         for name, feat in ds.features.items()
@@ -92,29 +93,35 @@ def binary_columns(ds: Dataset, exclude: set[str]) -> list[str]:
         and feat.dtype.startswith(("int", "uint", "float", "string", "large_string"))  # bools are flags
     }
     values = columns_np(ds, list(kinds))
-    cols, damaged = [], []
+    cols, maybe, gaps = [], [], []
     for name, kind in kinds.items():
         v = values[name]
         if not v.size:
             continue
         if kind == "number":
             binary = np.isin(v, (0, 1))
-            if binary.all():
-                cols.append(name)
-                continue
-            other = {"empty" if np.isnan(x) else f"{x:g}" for x in v[~binary].astype(np.float64)}
+            missing = np.isnan(v.astype(np.float64))
+            shown = sorted({f"{x:g}" for x in v[~binary & ~missing].astype(np.float64)})
         else:
             cells = np.array(["" if x is None else str(x).strip() for x in v], dtype=object)
-            binary = np.isin(cells, ("0", "1"))
-            other = {repr(x) if x else "empty" for x in cells[~binary]} or {"0/1 written as text"}
-        if binary.mean() >= _MOSTLY_BINARY:
-            damaged.append(f"{name!r} ({int((~binary).sum())} cells: {', '.join(sorted(other)[:3])})")
-    if damaged:
+            binary, missing = np.isin(cells, ("0", "1")), cells == ""
+            shown = sorted({repr(x) for x in cells[~binary & ~missing]})
+        if binary.all() and ds.features[name].dtype.startswith(("int", "uint")):
+            cols.append(name)
+        elif binary.mean() < _MOSTLY_BINARY:
+            continue
+        elif (binary | missing).all() and missing.any():
+            gaps.append(f"{name!r} ({int(missing.sum())} empty)")
+        elif binary.all():
+            maybe.append(f"{name!r} (0/1 stored as {'floats' if kind == 'number' else 'text'})")
+        else:
+            maybe.append(f"{name!r} (also {', '.join(shown[:3])})")
+    if gaps:
         raise ValueError(
-            f"columns {', '.join(damaged[:5])} hold mostly 0/1 values but not only, so they look like label "
-            "columns with bad cells; fix those cells (0 or 1), or name the label columns with label_columns="
+            f"columns {', '.join(gaps[:5])} hold 0/1 values with empty cells, so they look like label columns with "
+            "gaps; fill those cells (0 or 1), or name the label columns with label_columns="
         )
-    return cols
+    return cols, maybe
 
 
 def is_int_token(token: Any) -> bool:

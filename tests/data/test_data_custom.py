@@ -644,21 +644,26 @@ def _wide(path, cells):
     return str(path)
 
 
-def test_a_detected_label_column_with_a_bad_cell_is_an_error_not_a_dropped_label(tmp_path):
-    """One cell 2 and one empty cell made their columns non-0/1, and detection left those labels out (exit 0,
-    fewer labels): such columns are named with their cells instead."""
-    bad = _wide(tmp_path / "bad.csv", {(0, NAMES[1]): 2, (5, NAMES[2]): ""})  # both rows in train
-    with pytest.raises(ValueError, match=r"columns .*hold mostly 0/1 values but not only") as err:
-        load_mlc_dataset(bad, validation_fraction=0.2, split_seed=0)
-    assert f"'{NAMES[1]}' (1 cells: 2)" in str(err.value) and f"'{NAMES[2]}' (1 cells: empty)" in str(
-        err.value
-    )
-    assert "label_columns=" in str(err.value)
-    # a column of 0.0 / 1.0 (a float column without a missing cell) is a label column
-    good = load_mlc_dataset(
-        _wide(tmp_path / "f.csv", {(0, NAMES[0]): "1.0"}), validation_fraction=0.2, split_seed=0
-    )
-    assert label_names(good) == NAMES
+def test_a_detected_label_column_with_gaps_is_an_error_and_one_left_out_is_named(tmp_path, caplog):
+    """An empty cell made its 0/1 column text and detection dropped that label (exit 0, fewer labels): such a
+    column is an error naming it. A mostly-0/1 column with other values (a count, a label column with a 2) or 0/1
+    stored as floats is left out, as before, and named in the detection's warning."""
+    gap = _wide(tmp_path / "gap.csv", {(5, NAMES[2]): ""})  # row 5 is in train
+    with pytest.raises(
+        ValueError, match=rf"columns '{NAMES[2]}' \(1 empty\) hold 0/1 values with empty cells"
+    ):
+        load_mlc_dataset(gap, validation_fraction=0.2, split_seed=0)
+    other = _wide(tmp_path / "other.csv", {(0, NAMES[1]): 2, (1, NAMES[3]): "1.0"})
+    with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+        dd = load_mlc_dataset(other, validation_fraction=0.2, split_seed=0)
+    assert label_names(dd) == [NAMES[0], NAMES[2]]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert f"left out (name them in label_columns= if they are labels): '{NAMES[1]}' (also 2)" in warned
+    assert f"'{NAMES[3]}' (0/1 stored as floats)" in warned
+    named = load_mlc_dataset(other, label_columns=[NAMES[0], NAMES[3]], validation_fraction=0.2, split_seed=0)
+    assert label_names(named) == [NAMES[0], NAMES[3]]
+    with pytest.raises(ValueError, match=r"label_columns names columns more than once: \['cs.CL'\]"):
+        load_mlc_dataset(other, label_columns="cs.CL,cs.CL,hep-th", split_seed=0)
 
 
 def test_thousands_of_label_columns_are_read_in_one_pass(tmp_path, monkeypatch):
