@@ -116,6 +116,7 @@ def binary_columns(ds: Dataset, exclude: set[str]) -> tuple[list[str], list[str]
             maybe.append(f"{name!r} (0/1 stored as {'floats' if kind == 'number' else 'text'})")
         else:
             maybe.append(f"{name!r} (also {', '.join(shown[:3])})")
+    maybe += [f"{n!r} (True/False)" for n, f in ds.features.items() if getattr(f, "dtype", None) == "bool"]
     if gaps:
         raise ValueError(
             f"columns {', '.join(gaps[:5])} hold 0/1 values with empty cells, so they look like label columns with "

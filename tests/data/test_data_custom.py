@@ -740,3 +740,15 @@ def test_true_false_columns_are_named_and_read_when_named(tmp_path):
         load_mlc_dataset(str(path), label_format="columns", split_seed=0)
     named = load_mlc_dataset(str(path), label_columns=NAMES, validation_fraction=0.2, split_seed=0)
     assert sorted(sum(_as_names(named).values(), [])) == sorted(sorted(labs) for _, labs in ROWS)
+
+
+def test_true_false_columns_beside_detected_ones_are_named_as_left_out(tmp_path, caplog):
+    path = tmp_path / "flagged.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "unclear", *NAMES])
+        for i, (text, labs) in enumerate(ROWS):
+            w.writerow([text, str(i % 3 == 0), *[int(n in labs) for n in NAMES]])
+    with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+        assert label_names(load_mlc_dataset(str(path), validation_fraction=0.2, split_seed=0)) == NAMES
+    assert "'unclear' (True/False)" in " ".join(r.getMessage() for r in caplog.records)
