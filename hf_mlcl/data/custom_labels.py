@@ -26,6 +26,7 @@ from hf_mlcl.data.label_formats import (
     detect_format,
     encode_rows,
     is_int_token,
+    joined_cell,
     names_from_file,
     plain_cell,
     row_tokens,
@@ -211,9 +212,10 @@ def label_ids(
 
 
 def _check_written_as_train(cells: list, train: Dataset, label_column: str, origin: str, split: str) -> None:
-    """Train's label cells are lists (the format detected from them): a split whose cells are plain text
-    (``"a;b"``) would read each as one unknown label; ValueError naming the two ways."""
-    row = plain_cell(cells)
+    """Train's label cells are lists (the format detected from them): a split whose plain cells join labels
+    (``"a;b"``) would read each as one unknown label; ValueError naming the two ways (a plain cell of one name
+    reads as that name)."""
+    row = joined_cell(cells)
     if row is None or plain_cell(column(train, label_column)) is not None:
         return
     raise ValueError(

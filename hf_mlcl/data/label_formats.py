@@ -34,6 +34,7 @@ __all__ = [
     "columns_np",
     "detect_format",
     "encode_rows",
+    "joined_cell",
     "names_from_file",
     "plain_cell",
     "row_tokens",
@@ -254,6 +255,14 @@ def plain_cell(cells: Sequence[Any]) -> int | None:
     """The row of the first non-empty string cell not written as a list (``"a;b"``, ``"sports"``), or None."""
     return next(
         (i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)), None
+    )
+
+
+def joined_cell(cells: Sequence[Any]) -> int | None:
+    """The row of the first string cell not written as a list that holds a label separator (``"a;b"``)."""
+    return next(
+        (i for i, v in enumerate(cells) if plain_cell([v]) is not None and any(c in v for c in _SEPARATORS)),
+        None,
     )
 
 

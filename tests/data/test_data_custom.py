@@ -752,3 +752,14 @@ def test_true_false_columns_beside_detected_ones_are_named_as_left_out(tmp_path,
     with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
         assert label_names(load_mlc_dataset(str(path), validation_fraction=0.2, split_seed=0)) == NAMES
     assert "'unclear' (True/False)" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_plain_single_names_beside_list_cells_of_train_read_as_names(tmp_path):
+    """Only plain cells that join labels ("a;b") are refused beside list-written train cells; "cs.CL" is a name."""
+    train = tmp_path / "train.jsonl"
+    with open(train, "w", encoding="utf-8") as f:
+        for text, labs in ROWS:
+            f.write(json.dumps({"text": text, "labels": json.dumps(labs)}) + "\n")
+    test = _write_csv(tmp_path / "test.csv", [(t, labs[:1]) for t, labs in ROWS[:4]])
+    dd = load_mlc_dataset("json", data_files={"train": str(train), "test": test}, validation_fraction=0.2)
+    assert _as_names(dd)["test"] == [labs[:1] for _, labs in ROWS[:4]]
