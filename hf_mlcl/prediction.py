@@ -62,8 +62,15 @@ def _json_array(path: str) -> bool:
 
 
 def _plain(value: Any) -> Any:
-    """An input cell as a JSON / CSV value: a NumPy array (a list cell of parquet) as a list."""
-    return value.tolist() if isinstance(value, np.ndarray) else value
+    """An input cell as a JSON / CSV value: NumPy arrays (parquet's list cells, also inside lists and structs) as
+    lists."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _text(value: Any) -> str:

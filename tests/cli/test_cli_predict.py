@@ -182,6 +182,7 @@ def test_a_json_array_file_and_list_cells_are_read_as_training_reads_them(tmp_pa
     the array was read as two columns and the list written as the string "['a' 'b']"."""
     folder, _ = classifier
     frame = pd.DataFrame({"text": TEXTS, "gold": [["cardio", "renal"], []] * (len(TEXTS) // 2)})
+    frame["meta"] = [{"tags": ["a", "b"], "nested": [["x"], ["y", "z"]]}] * len(TEXTS)
     array = tmp_path / "in.json"
     array.write_text(json.dumps(frame.to_dict("records")), encoding="utf-8")
     frame.to_parquet(tmp_path / "in.parquet")
@@ -191,3 +192,4 @@ def test_a_json_array_file_and_list_cells_are_read_as_training_reads_them(tmp_pa
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert [r["text"] for r in rows] == TEXTS
         assert [r["gold"] for r in rows] == frame["gold"].tolist(), path.suffix
+        assert [r["meta"] for r in rows] == frame["meta"].tolist(), path.suffix
