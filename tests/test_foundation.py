@@ -101,7 +101,7 @@ def test_arguments_from_dict_and_command_line(tmp_path):
     )
     assert args.loss_kwargs == {"beta": 0.1} and data.dataset_options == {"top": 50}
     _, _, args = parser.parse_args_into_dataclasses(
-        ["--output_dir", str(tmp_path), "--loss_kwargs", '{"beta": 0.2}', "--n_views", "2"]
+        ["--output_dir", str(tmp_path), "--loss", "msc", "--loss_kwargs", '{"beta": 0.2}', "--n_views", "2"]
     )
     assert args.loss_kwargs == {"beta": 0.2} and args.n_views == 2
 
