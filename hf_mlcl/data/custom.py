@@ -205,7 +205,8 @@ def _read_source(source, data_files, config_name, revision, data_dir) -> tuple[D
             raise ValueError(
                 f"dataset {source!r} is neither a file format ({', '.join(sorted(_FORMAT_NAMES))}) nor a folder, "
                 "and data_files names the files to read, so it would be ignored (and named on the model card): "
-                "pass the files' format as the dataset (e.g. 'csv') with data_files, or drop data_files"
+                "pass the files' format as the dataset (e.g. 'csv') with data_files, or drop data_files (a Hub "
+                "dataset is read by its id alone)"
             )
         return _load_files(dict(data_files), base), f"data_files {dict(data_files)}"
     path = source if os.path.isabs(source) or data_dir is None else os.path.join(data_dir, source)
