@@ -455,9 +455,32 @@ def load_custom_dataset(
         layout.fmt,
     )
     check_splits(dd, origin)
-    return _carved_and_selected(
+    dd = _carved_and_selected(
         dd, origin, validation_fraction, test_fraction, split_seed, split_strategy, splits
     )
+    _warn_texts_in_train(dd, origin)
+    return dd
+
+
+def _warn_texts_in_train(dd: DatasetDict, origin: str) -> None:
+    """A warning counting the validation / test rows whose text is also a train text (duplicated rows, or a
+    carve of a file with duplicates): their scores are optimistic, and a validation choice leans on them."""
+    if "train" not in dd:
+        return
+    seen = set(column(dd["train"], "text"))
+    shared = {}
+    for split in ("validation", "test"):
+        if split in dd and len(dd[split]):
+            count = sum(t in seen for t in column(dd[split], "text"))
+            if count:
+                shared[split] = f"{count} of {len(dd[split])}"
+    if shared:
+        logger.warning(
+            "%s: rows whose text is also in train: %s; their scores are optimistic (remove the duplicates "
+            "from the data to measure on unseen texts)",
+            origin,
+            ", ".join(f"{split} {n}" for split, n in shared.items()),
+        )
 
 
 def _carved_and_selected(

@@ -284,6 +284,23 @@ def _check_joined_names(names: list[str], origin: str) -> None:
                 )
 
 
+def _warn_case_variants(names: list[str], origin: str) -> None:
+    """A warning naming label names that differ only in case or surrounding spaces ("Sports" / "sports"): each
+    is a label of its own, which a typo in the data usually is not meant to be."""
+    groups = collections.defaultdict(list)
+    for name in names:
+        groups[name.strip().casefold()].append(name)
+    variants = [group for group in groups.values() if len(group) > 1]
+    if variants:
+        logger.warning(
+            "%s: %d label names differ only in case, e.g. %s; each is a label of its own (fix the data, or pass "
+            "label_names= to fix the label space)",
+            origin,
+            sum(len(g) for g in variants),
+            " / ".join(map(repr, variants[0])),
+        )
+
+
 def _train_label_space(
     tokens: dict[str, list[list[Any]]], origin: str, unknown_labels: str
 ) -> tuple[list[str], str]:
@@ -297,6 +314,7 @@ def _train_label_space(
         names_origin = "the integer ids of the train split (0 .. max)"
     else:
         names = sorted({str(t) for t in train_tokens})
+        _warn_case_variants(names, origin)
     if not names:
         raise ValueError(f"{origin}: the train split holds no labels; check label_column/label_format")
     known = set(names)
