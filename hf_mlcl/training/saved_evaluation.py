@@ -198,15 +198,16 @@ def evaluate_checkpoint(
         raise ValueError(
             f"dataset {data_args.dataset!r} has no {split!r} split; choose one of {list(data.dataset)}"
         )
+    into_checkpoint = output_dir is None or (
+        os.path.isdir(output_dir) and os.path.samefile(output_dir, checkpoint)
+    )  # its own folder named as --output_dir writes over its scores too
     changed = (
-        []
-        if output_dir is not None
-        else evaluation_differs(checkpoint, data.dataset, split, data_args.max_length)
+        evaluation_differs(checkpoint, data.dataset, split, data_args.max_length) if into_checkpoint else []
     )
     if changed:  # the folder's own scores (which a push uploads) stay
         raise ValueError(
             f"{checkpoint} holds the scores of the data it was trained on, and these differ ({', '.join(changed)}); "
-            "pass --output_dir for their metrics and plots"
+            "pass another --output_dir for their metrics and plots"
         )
     # the main process alone scores the classifier, also in a ZeRO-3 run
     with loading_whole_models(), model_files_required(checkpoint):

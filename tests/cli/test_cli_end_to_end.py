@@ -148,7 +148,10 @@ def test_evaluate_on_other_data_keeps_the_runs_own_scores_unless_told_where(run_
     evaluate = ["evaluate", clf, RECIPE, "--dataset_options", other, "--no-plots"]
     assert main(evaluate) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "these differ (the test split's rows); pass --output_dir" in err[0], err
+    assert len(err) == 1 and "these differ (the test split's rows); pass another --output_dir" in err[0], err
+    assert open(os.path.join(clf, "eval_test.json")).read() == own
+    assert main([*evaluate, "--output_dir", clf + os.sep]) == 2  # the folder itself, named as --output_dir
+    assert "these differ" in capsys.readouterr().err
     assert open(os.path.join(clf, "eval_test.json")).read() == own
     assert main([*evaluate, "--output_dir", str(tmp_path)]) == 0
     assert json.load(open(tmp_path / "eval_test.json")) != json.loads(own)
