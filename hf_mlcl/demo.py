@@ -88,6 +88,10 @@ def save_tiny_llama(folder: str, seed: int = 0) -> str:
 _T0 = [time.time()]
 
 
+# fewer optimizer steps than this in stage 1 leave the encoders barely trained (5 % warm-up included)
+MIN_DEMO_STEPS = 20
+
+
 def _say(msg: str) -> None:
     print(f"[hf-mlcl demo {time.time() - _T0[0]:5.0f}s] {msg}", flush=True)
 
@@ -295,6 +299,13 @@ def _plan(request: _Request) -> _Plan:
     epochs = r.epochs if r.epochs is not None else (1.0 if pretrained else 10.0)
     probe_epochs = r.probe_epochs if r.probe_epochs is not None else (3.0 if pretrained else 5.0)
     bce_lr, bce_epochs = _bce_budget(dataset, pretrained, lr, epochs, probe, probe_epochs)
+    steps = int(len(ds["train"]) // batch * epochs)  # stage 1's optimizer steps (full batches)
+    if steps < MIN_DEMO_STEPS:
+        _say(
+            f"warning: stage 1 takes {steps} optimizer step(s) ({len(ds['train'])} rows, batch {batch}, {epochs:g} "
+            f"epochs), and the warm-up keeps its learning rate near 0: the rows compare barely trained models; "
+            "raise --max_train_samples or --epochs"
+        )
     return _Plan(
         request=r,
         data_args=data_args,
