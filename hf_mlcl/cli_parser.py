@@ -24,6 +24,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (epochs); argparse reports anything else in one line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}")
+    return value
+
+
 def name_list(text: str) -> list[str]:
     """An argparse type: comma-separated names, none of them empty."""
     names = [name.strip() for name in text.split(",")]
@@ -275,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--losses", type=name_list, default="sd,mulsupcon,all", help="comma-separated contrastive losses"
     )
     p.add_argument(
-        "--epochs", type=float, default=None, help="contrastive epochs (default: 10, or 1 with --model)"
+        "--epochs",
+        type=positive_float,
+        default=None,
+        help="contrastive epochs (default: 10, or 1 with --model)",
     )
     p.add_argument(
         "--probe",
@@ -302,11 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--splits", default="train", help="comma-separated splits, concatenated (e.g. validation,test)"
     )
     p.add_argument("--option", action="append", default=[], help="loader keyword as key=value (repeatable)")
-    p.add_argument("--batch_size", type=int, default=32, help="per-process batch size")
+    p.add_argument("--batch_size", type=positive_int, default=32, help="per-process batch size")
     p.add_argument("--queue_size", type=int, default=0)
-    p.add_argument("--num_processes", type=int, default=1)
+    p.add_argument("--num_processes", type=positive_int, default=1)
     p.add_argument("--k_min", type=int, default=128, help="HBL's reliability gate")
-    p.add_argument("--batches", type=int, default=50, help="sampled batches per queue size")
+    p.add_argument("--batches", type=positive_int, default=50, help="sampled batches per queue size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output_dir", default="./hf_mlcl_inspect")
     p.add_argument("--prefix", default=None, help="file-name prefix (default: the dataset name)")

@@ -886,3 +886,19 @@ def test_a_model_argument_given_to_one_stage_says_where_it_belongs(capsys, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'head' in --probe.* is a model or data argument" in err[0], err
     assert "--head, without a stage prefix" in err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["inspect", "synthetic", "--batches", "0"], "--batches"),
+        (["inspect", "synthetic", "--batch_size", "0"], "--batch_size"),
+        (["demo", "--epochs", "0"], "--epochs"),
+        (["demo", "--epochs", "nan"], "--epochs"),
+    ],
+)
+def test_demo_and_inspect_name_their_own_option_for_a_bad_number(capsys, argv, flag):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"argument {flag}" in err and "expected a positive" in err, err
