@@ -305,12 +305,13 @@ def cmd_export(ns, overrides) -> dict:
 
 def cmd_push(ns, overrides) -> dict:
     from hf_mlcl.hub import check_pushable, push_folder
+    from hf_mlcl.hub.locate import hub_endpoint
 
     _no_overrides(overrides)
     check_pushable(ns.folder)  # what is wrong with the folder first, then with the Hub
     _check_push(ns.repo_id, token=ns.token)
     info = push_folder(ns.folder, ns.repo_id, token=ns.token, private=ns.private, revision=ns.revision)
-    print(f"pushed {ns.folder} to https://huggingface.co/{ns.repo_id} ({info})")
+    print(f"pushed {ns.folder} to {hub_endpoint()}/{ns.repo_id} ({info})")
     return {}
 
 

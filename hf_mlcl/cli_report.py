@@ -61,11 +61,12 @@ def report_run(ns, run_root: str, results: dict, final: str, classifier_dir: str
     )
     if ns.push_to:
         from hf_mlcl.hub import push_folder
+        from hf_mlcl.hub.locate import hub_endpoint
 
         push_folder(classifier_dir, ns.push_to, private=ns.private)
         if "contrastive" in results:
             push_folder(results["contrastive"].output_dir, f"{ns.push_to}-encoder", private=ns.private)
-        print(f"pushed to https://huggingface.co/{ns.push_to}")
+        print(f"pushed to {hub_endpoint()}/{ns.push_to}")
     print_footprint(run_root)
 
 

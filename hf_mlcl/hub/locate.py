@@ -14,7 +14,7 @@ import os
 import socket
 from urllib.parse import urlparse
 
-__all__ = ["check_model_source", "hub_reachable"]
+__all__ = ["check_model_source", "hub_endpoint", "hub_reachable"]
 
 
 def _is_hub_id(name: str) -> bool:
@@ -29,6 +29,13 @@ def _is_hub_id(name: str) -> bool:
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_endpoint() -> str:
+    """The Hub's address as huggingface_hub uses it (``HF_ENDPOINT``, default https://huggingface.co)."""
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT.rstrip("/")
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -80,5 +87,5 @@ def check_model_source(name: str | None, what: str = "model") -> None:
     if not hub_reachable():
         raise ConnectionError(
             f"{what} {name!r} is no local folder and not in the Hugging Face cache, and the Hub is unreachable "
-            "(no network?): give a local folder, or run where huggingface.co can be reached"
+            f"(no network?): give a local folder, or run where {hub_endpoint()} can be reached"
         )

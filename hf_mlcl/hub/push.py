@@ -182,7 +182,7 @@ def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -
     owning the namespace of ``repo_id``. Returns ``repo_id``."""
     from huggingface_hub import get_token
 
-    from .locate import _offline, hub_reachable
+    from .locate import _offline, hub_endpoint, hub_reachable
 
     check_repo_id(repo_id)
     where = f"cannot push to {repo_id!r}"
@@ -196,7 +196,7 @@ def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -
         raise ValueError(f"{where}: no Hugging Face token; {_LOGIN} with a token that can write")
     if not hub_reachable():
         raise ConnectionError(
-            f"{where}: the Hub is unreachable (no network?); run where huggingface.co can be "
+            f"{where}: the Hub is unreachable (no network?); run where {hub_endpoint()} can be "
             "reached, or train without --push_to and push later"
         )
     if api is None:

@@ -451,3 +451,17 @@ def test_the_pushed_card_names_the_repo_and_none_of_the_local_paths(tmp_path):
     data = json.loads(api.uploaded[CARD_DATA_FILE])
     assert data["repo_id"] == "someone/my-clf" and data["folder"] is None and data["local_data"] == {}
     assert _snapshot(str(folder)) == before
+
+
+def test_the_hub_messages_name_the_endpoint_in_use(monkeypatch):
+    """With HF_ENDPOINT (a mirror, a local Hub) the messages and the pushed address name it, not huggingface.co."""
+    from huggingface_hub import constants
+
+    from hf_mlcl.hub import check_model_source
+    from hf_mlcl.hub.locate import hub_endpoint
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9/")  # nothing listens on port 9
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert hub_endpoint() == "http://127.0.0.1:9"
+    with pytest.raises(ConnectionError, match=r"run where http://127.0.0.1:9 can be reached"):
+        check_model_source("someone/not-cached-model-xyz", "--model_name_or_path")
