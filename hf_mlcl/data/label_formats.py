@@ -86,9 +86,10 @@ def binary_columns(ds: Dataset, exclude: set[str]) -> tuple[list[str], list[str]
     be label columns too (mostly 0/1 with other values, or 0/1 stored as floats or text), described for a
     warning. A column of 0/1 values with missing cells (empty, NaN) is a label column with gaps, not one to
     leave out silently: a ValueError names it (naming the label columns settles it)."""
+    features = ds.features  # a deep copy at every access of the property: read once
     kinds = {
         name: ("number" if feat.dtype.startswith(("int", "uint", "float")) else "text")
-        for name, feat in ds.features.items()
+        for name, feat in features.items()
         if name not in exclude
         and isinstance(feat, Value)
         and feat.dtype.startswith(("int", "uint", "float", "string", "large_string"))  # bools are flags
@@ -107,7 +108,7 @@ def binary_columns(ds: Dataset, exclude: set[str]) -> tuple[list[str], list[str]
             cells = np.array(["" if x is None else str(x).strip() for x in v], dtype=object)
             binary, missing = np.isin(cells, ("0", "1")), cells == ""
             shown = sorted({repr(x) for x in cells[~binary & ~missing]})
-        if binary.all() and ds.features[name].dtype.startswith(("int", "uint")):
+        if binary.all() and features[name].dtype.startswith(("int", "uint")):
             cols.append(name)
         elif binary.mean() < _MOSTLY_BINARY:
             continue
@@ -117,7 +118,7 @@ def binary_columns(ds: Dataset, exclude: set[str]) -> tuple[list[str], list[str]
             maybe.append(f"{name!r} (0/1 stored as {'floats' if kind == 'number' else 'text'})")
         else:
             maybe.append(f"{name!r} (also {', '.join(shown[:3])})")
-    maybe += [f"{n!r} (True/False)" for n, f in ds.features.items() if getattr(f, "dtype", None) == "bool"]
+    maybe += [f"{n!r} (True/False)" for n, f in features.items() if getattr(f, "dtype", None) == "bool"]
     if gaps:
         raise ValueError(
             f"columns {', '.join(gaps[:5])} hold 0/1 values with empty cells, so they look like label columns with "

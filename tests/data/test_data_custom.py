@@ -667,8 +667,8 @@ def test_a_detected_label_column_with_gaps_is_an_error_and_one_left_out_is_named
 
 
 def test_thousands_of_label_columns_are_read_in_one_pass(tmp_path, monkeypatch):
-    """Each column read through its own format change copied the features each time (quadratic): the format
-    changes do not grow with the number of label columns."""
+    """Each column read through its own format change, or its own access of `Dataset.features`, copied the
+    features each time (quadratic): neither grows with the number of label columns."""
     names = [f"l{j}" for j in range(300)]
     path = tmp_path / "wide.csv"
     with open(path, "w", encoding="utf-8", newline="") as f:
@@ -684,9 +684,18 @@ def test_thousands_of_label_columns_are_read_in_one_pass(tmp_path, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Dataset, "with_format", counted)
+    copies = []  # Dataset.features deep-copies the features at each access
+    features = Dataset.features
+
+    def counted_features(self):
+        copies.append(1)
+        return features.fget(self)
+
+    monkeypatch.setattr(Dataset, "features", property(counted_features))
     dd = load_mlc_dataset(str(path), validation_fraction=0.2, split_seed=0)
     assert label_names(dd) == names
     assert len(calls) < 20, len(calls)
+    assert len(copies) < 60, len(copies)
 
 
 def test_a_split_written_another_way_than_train_is_named(tmp_path):
