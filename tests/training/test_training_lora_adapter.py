@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from _training_helpers import probe_args
 from safetensors.torch import load_file
 from torch import nn
 from transformers import LlamaModel
@@ -97,24 +98,12 @@ def _train(base: str, out, train_kw: dict | None = None, **model_kw):
 def _lora_finetune(base: str, out, max_steps: int, encoder_path: str | None = None):
     """The `use_lora` BCE fine-tune (the Llama bce.yaml recipe's stage 2) on ``base`` or the encoder at
     ``encoder_path``, ``max_steps`` steps into ``out``: its StageResult."""
-    from hf_mlcl.training import ProbingTrainingArguments, train_probe
+    from hf_mlcl.training import train_probe
 
     model_args = ModelArguments(
         model_name_or_path=base, use_lora=True, lora_r=R, lora_alpha=8, lora_dropout=0.0, pooling="last_token"
     )
-    args = ProbingTrainingArguments(
-        output_dir=str(out),
-        probe="finetune",
-        loss="bce",
-        per_device_train_batch_size=8,
-        max_steps=max_steps,
-        learning_rate=5e-2,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        save_strategy="no",
-        seed=0,
-    )
+    args = probe_args(out, probe="finetune", loss="bce", max_steps=max_steps, learning_rate=5e-2)
     return train_probe(model_args, _data_args(), args, encoder_path=encoder_path)
 
 
