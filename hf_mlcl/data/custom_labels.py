@@ -28,7 +28,6 @@ from hf_mlcl.data.label_formats import (
     is_int_token,
     joined_cell,
     names_from_file,
-    plain_cell,
     row_tokens,
     separators_in,
 )
@@ -184,7 +183,7 @@ def label_ids(
                 raise ValueError(f"{origin}: split {split!r} has no label column {layout.label_column!r}")
             cells = column(ds, layout.label_column)
             if split != "train" and layout.detected and layout.fmt in ("names", "ids"):
-                _check_written_as_train(cells, raw["train"], layout.label_column, origin, split)
+                _check_written_as_train(cells, origin, split)
             tokens[split] = row_tokens(cells, layout.fmt, layout.sep)
     for split, rows in tokens.items():
         empty = sum(not r for r in rows)
@@ -211,12 +210,12 @@ def label_ids(
     return encoded, names, names_origin
 
 
-def _check_written_as_train(cells: list, train: Dataset, label_column: str, origin: str, split: str) -> None:
-    """Train's label cells are lists (the format detected from them): a split whose plain cells join labels
-    (``"a;b"``) would read each as one unknown label; ValueError naming the two ways (a plain cell of one name
-    reads as that name)."""
+def _check_written_as_train(cells: list, origin: str, split: str) -> None:
+    """Train's label cells are lists (the format detected from them, so none of them is plain text): a split whose
+    plain cells join labels (``"a;b"``) would read each as one unknown label; ValueError naming the two ways (a
+    plain cell of one name reads as that name)."""
     row = joined_cell(cells)
-    if row is None or plain_cell(column(train, label_column)) is not None:
+    if row is None:
         return
     raise ValueError(
         f"{origin}: split {split!r} writes its labels as plain text such as {cells[row]!r} (row {row}) and train "

@@ -36,7 +36,6 @@ __all__ = [
     "encode_rows",
     "joined_cell",
     "names_from_file",
-    "plain_cell",
     "row_tokens",
     "separators_in",
     "superseded_label_keys",
@@ -205,7 +204,7 @@ def detect_format(
     cells = column(ds, label_column)
     where = f"label column {label_column!r}"
     listed = [i for i, v in enumerate(cells) if _looks_like_list(v)]
-    plain = [i for i, v in enumerate(cells) if plain_cell([v]) is not None]
+    plain = [i for i, v in enumerate(cells) if _plain(v)]
     if listed and plain:
         i, j = listed[0], plain[0]
         raise ValueError(
@@ -252,19 +251,14 @@ def detect_format(
     return "delimited", sep
 
 
-def plain_cell(cells: Sequence[Any]) -> int | None:
-    """The row of the first non-empty string cell not written as a list (``"a;b"``, ``"sports"``), or None."""
-    return next(
-        (i for i, v in enumerate(cells) if isinstance(v, str) and v.strip() and not _looks_like_list(v)), None
-    )
+def _plain(value: Any) -> bool:
+    """A non-empty string cell not written as a list (``"a;b"``, ``"sports"``)."""
+    return isinstance(value, str) and bool(value.strip()) and not _looks_like_list(value)
 
 
 def joined_cell(cells: Sequence[Any]) -> int | None:
     """The row of the first string cell not written as a list that holds a label separator (``"a;b"``)."""
-    return next(
-        (i for i, v in enumerate(cells) if plain_cell([v]) is not None and any(c in v for c in _SEPARATORS)),
-        None,
-    )
+    return next((i for i, v in enumerate(cells) if _plain(v) and any(c in v for c in _SEPARATORS)), None)
 
 
 def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[Any]]:
