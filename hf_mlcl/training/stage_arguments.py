@@ -389,7 +389,6 @@ class JointTrainingArguments(DecisionThresholdArguments, ContrastiveTrainingArgu
     def check_stage(self) -> None:
         super().check_stage()
         self.check_threshold()
-        self.supervised_loss_kwargs = as_dict(self.supervised_loss_kwargs, "supervised_loss_kwargs") or {}
         if not 0.0 <= self.contrastive_weight <= 1.0:
             raise ValueError(f"contrastive_weight must lie in [0, 1]; got {self.contrastive_weight}")
         if self.contrastive_projection_dim < 0:
