@@ -86,9 +86,7 @@ def _with_card(
     if found:
         raise InputError(found[0])
     try:
-        if settings is not None and "data_fingerprint" not in settings and _resumes_recorded_rows(args):
-            data = data if data is not None else load_run_data(data_args)
-            settings = with_data_fingerprint(settings, data)
+        settings, data = _with_recorded_rows(args, settings, data, data_args)
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             return StageResult(args.output_dir, metrics, skipped=True)
@@ -99,10 +97,18 @@ def _with_card(
             lock.release()
 
 
-def _resumes_recorded_rows(args: Any) -> bool:
-    """A resume into a folder whose finished stage recorded the rows it trained on: they are compared (the data
-    load before the stage would be skipped)."""
-    return wants_resume(args.resume_from_checkpoint) and recorded_data(args.output_dir)
+def _with_recorded_rows(
+    args: Any, settings: dict | None, data: RunData | None, data_args: Any
+) -> tuple[dict | None, RunData | None]:
+    """``(settings, data)``: on a resume into a folder whose finished stage recorded the rows it trained on, the
+    settings with the fingerprints of the rows now loaded (``data``, loaded from ``data_args`` where not given),
+    so they are compared (the data load before the stage would be skipped); else both as given."""
+    if settings is None or "data_fingerprint" in settings:  # none to compare, or computed already
+        return settings, data
+    if not (wants_resume(args.resume_from_checkpoint) and recorded_data(args.output_dir)):
+        return settings, data
+    data = data if data is not None else load_run_data(data_args)
+    return with_data_fingerprint(settings, data), data
 
 
 def _write_card(card_cb: Any, args: Any, result: StageResult) -> StageResult:
@@ -266,9 +272,7 @@ def run_stages(
         # a finished stage on resume loads no data, unless its folder recorded the rows it trained on (the stage
         # checks again under its lock)
         settings = stage_settings(args, model_args, data_args, encoder_path)  # once per stage
-        if _resumes_recorded_rows(args):
-            data = data if data is not None else load_run_data(data_args)
-            settings = with_data_fingerprint(settings, data)
+        settings, data = _with_recorded_rows(args, settings, data, data_args)
         metrics = finished_stage_metrics(args, settings)
         if metrics is not None:
             results[name] = StageResult(args.output_dir, metrics, skipped=True)
