@@ -153,8 +153,9 @@ def predictions_to_scores(predictions: Any, from_logits: bool = True) -> np.ndar
 
     The float dtype is kept (integers / float16 become float32). float32 scores take the faster
     sort-free paths of the ranking metrics and per-label tuning; float64 is exact too, only slower. float32
-    rounds the sigmoid of a logit above about 16.6 to 1, which would tie those cells in every ranking metric:
-    logits that reach it are turned into float64 probabilities (exact up to logits of about 36).
+    rounds the sigmoid of a logit above about 16.6 to 1, and of one below about -87 to a subnormal or 0, which
+    would tie those cells in every ranking metric: logits that reach either end are turned into float64
+    probabilities (distinct up to logits of about 36 and down to about -745).
     """
     if isinstance(predictions, (tuple, list)) and len(predictions) > 0 and not np.isscalar(predictions[0]):
         first = predictions[0]
@@ -167,7 +168,9 @@ def predictions_to_scores(predictions: Any, from_logits: bool = True) -> np.ndar
     if not from_logits:
         return scores
     probabilities = sigmoid(scores)
-    if probabilities.dtype == np.float32 and (probabilities == 1).any():
+    if probabilities.dtype == np.float32 and (
+        (probabilities == 1).any() or (probabilities < np.finfo(np.float32).tiny).any()
+    ):
         probabilities = sigmoid(scores.astype(np.float64))
     return probabilities
 

@@ -408,3 +408,15 @@ def test_confident_logits_keep_their_ranking_through_the_sigmoid():
     assert got["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), logits.ravel()), abs=1e-12)
     ap = np.mean([skm.average_precision_score(y[:, j], logits[:, j]) for j in range(5)])
     assert got["map_label"] == pytest.approx(ap, abs=1e-12)
+
+
+def test_very_negative_logits_keep_their_ranking_through_the_sigmoid():
+    """float32 rounds sigmoid(x) to a subnormal or 0 for x below about -87: such logits are scored in float64
+    too, so the ranking metrics equal sklearn's on the logits."""
+    rng = np.random.default_rng(1)
+    logits = (-100 + 4 * rng.standard_normal((60, 5))).astype(np.float32)
+    y = rng.random((60, 5)) < 0.4
+    scores = predictions_to_scores(logits)
+    assert scores.dtype == np.float64 and len(np.unique(scores)) == logits.size
+    got = make_compute_metrics()((logits, y.astype(np.float32)))
+    assert got["micro_auc"] == pytest.approx(skm.roc_auc_score(y.ravel(), logits.ravel()), abs=1e-12)
