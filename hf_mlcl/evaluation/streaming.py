@@ -27,7 +27,7 @@ from hf_mlcl.evaluation.inputs import check_ks, mean_or_nan, safe_div, sigmoid, 
 from hf_mlcl.evaluation.metrics import DEFAULT_KS, metric_keys
 from hf_mlcl.evaluation.positives import expected_in_top, ge_within, reference_positives, tied_counts
 from hf_mlcl.evaluation.score_histograms import HISTOGRAM_KEYS, ScoreHistograms
-from hf_mlcl.evaluation.thresholds import below_floor, fill_untuned, threshold_grid
+from hf_mlcl.evaluation.thresholds import below_floor, check_min_threshold, fill_untuned, threshold_grid
 
 logger = logging.getLogger(__name__)
 
@@ -409,6 +409,7 @@ class MultiLabelAccumulator:
         threshold). While :attr:`exact`: :func:`~hf_mlcl.evaluation.tune_per_label_thresholds`
         (cuts between distinct scores). Above ``exact_cells``: the histogram edge whose cut has the best
         F1 (the counts at every edge are exact; ties go to fewer predictions)."""
+        check_min_threshold(min_threshold)
         self._finish()
         num_labels = self.num_labels
         cols = self._p("col")

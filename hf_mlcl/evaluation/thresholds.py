@@ -134,6 +134,7 @@ def tune_per_label_thresholds(
     the validation texts: a rare label whose few positives score near 0 would be predicted for nearly every
     text to catch them (a label whose positives score low but apart from its negatives keeps its cut).
     """
+    check_min_threshold(min_threshold)
     yt, ys = check_pair(y_true, y_score)
     n, num_labels = ys.shape
     out = np.empty(num_labels, dtype=np.float64)
@@ -153,10 +154,14 @@ def tune_per_label_thresholds(
     return fill_untuned(out, untuned, lambda: tune_global_threshold(yt, ys), default)
 
 
-def below_floor(thresholds: np.ndarray, predicted: np.ndarray, rows: int, min_threshold: float) -> np.ndarray:
-    """The labels whose best cut lies below ``min_threshold`` and predicts them for more than half of ``rows``."""
+def check_min_threshold(min_threshold: float) -> None:
+    """ValueError unless ``min_threshold`` lies in [0, 1) (checked before any cut is computed)."""
     if not np.isfinite(min_threshold) or not 0.0 <= min_threshold < 1.0:
         raise ValueError(f"min_threshold must lie in [0, 1); got {min_threshold}")
+
+
+def below_floor(thresholds: np.ndarray, predicted: np.ndarray, rows: int, min_threshold: float) -> np.ndarray:
+    """The labels whose best cut lies below ``min_threshold`` and predicts them for more than half of ``rows``."""
     return (thresholds < min_threshold) & (2 * predicted > rows)
 
 

@@ -158,3 +158,8 @@ def test_a_label_whose_best_cut_lies_below_the_floor_takes_the_global_threshold(
     assert acc.tune_per_label_thresholds() == pytest.approx(thr)
     with pytest.raises(ValueError, match="min_threshold must lie in"):
         tune_per_label_thresholds(y, s, min_threshold=1.5)
+    # checked before any score is read: a bad floor is named even beside inputs that would fail later
+    with pytest.raises(ValueError, match="min_threshold must lie in"):
+        tune_per_label_thresholds(y[:3], s, min_threshold=float("nan"))
+    with pytest.raises(ValueError, match="min_threshold must lie in"):
+        MultiLabelAccumulator(from_logits=False).tune_per_label_thresholds(min_threshold=-0.1)
