@@ -111,12 +111,15 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
         raise FileNotFoundError(f"no model folder {folder!r}")
     require_a_model(folder)
     try:
-        import onnx  # noqa: F401
+        import onnx.defs
         import onnxscript  # noqa: F401
     except ImportError as err:
         raise ImportError(
             f"exporting to ONNX needs the onnx extra: pip install -e '.[onnx]' in the repository ({err})"
         ) from err
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= opset <= newest:
+        raise ValueError(f"--opset {opset}: the installed onnx knows opsets 1 to {newest}; nothing written")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model, kind = _load(folder)
     if getattr(model.config, "segmented", False):

@@ -181,3 +181,8 @@ def test_an_opset_the_exporter_cannot_write_is_one_line_and_writes_nothing(
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("hf-mlcl")]
     assert len(err) == 1 and "--opset 3: torch's ONNX exporter could only write opset 18" in err[0], err
     assert not (tmp_path / "onnx" / "model.onnx").exists()
+    # an opset newer than the installed onnx knows is refused before the model is loaded
+    assert main(["export", str(tmp_path), "--to", "onnx", "--opset", "999"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("hf-mlcl")]
+    assert len(err) == 1 and "--opset 999: the installed onnx knows opsets 1 to" in err[0], err
+    assert not (tmp_path / "onnx").exists() or not any((tmp_path / "onnx").iterdir())
