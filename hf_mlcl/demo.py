@@ -168,6 +168,18 @@ def _check_not_a_run(output_dir: str) -> None:
         )
 
 
+def _earlier_methods(output_dir: str, losses: Sequence[str]) -> list[str]:
+    """The method folders (holding an encoder/ or classifier/) in a demo's ``output_dir`` that a demo of
+    ``losses`` does not write: an earlier demo's, with other losses."""
+    written = {*losses, "bce"}
+    return sorted(
+        name
+        for name in os.listdir(output_dir)
+        if name not in written
+        and any(os.path.isdir(os.path.join(output_dir, name, stage)) for stage in ("encoder", "classifier"))
+    )
+
+
 def run_demo(
     output_dir: str = "./hf_mlcl_demo",
     dataset: str = "synthetic",
@@ -196,6 +208,12 @@ def run_demo(
     _check_not_a_run(output_dir)
     with RunLock(output_dir):  # one demo per folder: a second one into it stops in one line
         os.makedirs(output_dir, exist_ok=True)
+        earlier = _earlier_methods(output_dir, losses)
+        if earlier:
+            _say(
+                f"note: {output_dir} keeps {', '.join(earlier)} from an earlier demo; this one neither rewrites "
+                "nor lists them"
+            )
         plan = _plan(
             _Request(
                 output_dir=output_dir,

@@ -847,6 +847,30 @@ def test_run_and_demo_never_replace_each_others_results(monkeypatch, capsys, tmp
     assert (run_folder / "results.json").read_text() == '{"probe": {}}'
 
 
+def test_a_demo_rerun_with_other_losses_names_the_earlier_demos_method_folders(monkeypatch, capsys, tmp_path):
+    """A demo into an earlier demo's folder rewrites its own methods' folders; the earlier demo's other methods
+    stay and are named before any work (the table would not list them)."""
+    import hf_mlcl.demo as demo
+
+    for method in ("all", "sd", "bce"):
+        (tmp_path / method / "encoder").mkdir(parents=True)
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "results.json").write_text('[{"method": "sd"}]')
+
+    def stop(request):
+        raise RuntimeError("planned")
+
+    monkeypatch.setattr(demo, "_plan", stop)
+    with pytest.raises(RuntimeError, match="planned"):
+        demo.run_demo(output_dir=str(tmp_path), losses=["sd", "mulsupcon"])
+    out = capsys.readouterr().out
+    assert f"note: {tmp_path} keeps all from an earlier demo" in out, out
+    with pytest.raises(RuntimeError, match="planned"):
+        demo.run_demo(output_dir=str(tmp_path), losses=["sd", "all"])
+    assert "earlier demo" not in capsys.readouterr().out
+    assert (tmp_path / "all" / "encoder").is_dir()  # nothing removed
+
+
 @pytest.mark.parametrize("module", ["hf_mlcl", "hf_mlcl.cli"])
 def test_python_dash_m_exits_with_the_commands_status(module, tmp_path):
     """`python -m hf_mlcl` is the console script: a failed command exits 2, so `... && next step` stops."""
