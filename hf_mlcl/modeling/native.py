@@ -58,12 +58,16 @@ def _write_backbone(folder: str, config: MLCLConfig, state: dict[str, torch.Tens
     save_file(state, os.path.join(folder, HEADS_WEIGHTS_NAME), metadata={"format": "pt"})
 
 
-def _save_right_padded(tokenizer: Any, folder: str) -> None:
+def _save_right_padded(tokenizer: Any, folder: str, max_length: int | None) -> None:
     """``tokenizer`` (when given) saved into ``folder`` padding on the right: consumers number positions from
-    the first token, which for a decoder gives hf_mlcl's states only without left padding."""
+    the first token, which for a decoder gives hf_mlcl's states only without left padding. With ``max_length``
+    (the length the model was trained at), its ``model_max_length`` too: a pipeline or a tokenizer called with
+    ``truncation=True`` cuts where hf_mlcl's training and ``predict`` did."""
     if tokenizer is not None:
         right = copy.deepcopy(tokenizer)
         right.padding_side = "right"
+        if max_length:
+            right.model_max_length = int(max_length)
         right.save_pretrained(folder)
 
 
@@ -151,7 +155,7 @@ def to_sentence_transformers(
     def files(tmp: str, backbone_config: dict | None) -> None:
         write_sentence_transformers_files(tmp, config, head, max_seq_length, embedding, backbone_config)
 
-    _write_st_folder(folder, config, state, files, tokenizer, target)
+    _write_st_folder(folder, config, state, files, tokenizer, target, max_seq_length)
     return True
 
 
@@ -162,6 +166,7 @@ def _write_st_folder(
     files: Callable[[str, dict | None], None],
     tokenizer: Any,
     target: str | None,
+    max_seq_length: int | None,
 ) -> None:
     """The sentence-transformers folder of the hf_mlcl folder ``folder`` (its ``config`` and saved ``state``):
     the backbone in its own architecture, or its PEFT adapter copied first (the folder never holds modules and
@@ -175,7 +180,7 @@ def _write_st_folder(
                 tmp, config, {k[len(_BACKBONE) :]: v for k, v in state.items() if k.startswith(_BACKBONE)}
             )
         files(tmp, config.backbone_config if adapter else None)
-        _save_right_padded(tokenizer, tmp)
+        _save_right_padded(tokenizer, tmp, max_seq_length)
 
     target = folder if target is None else target
     os.makedirs(target, exist_ok=True)
@@ -237,7 +242,7 @@ def to_native_classifier(
         def files(tmp: str, backbone_config: dict | None) -> None:
             write_classifier_files(tmp, config, head, max_seq_length, backbone_config)
 
-        _write_st_folder(folder, config, state, files, tokenizer, target)
+        _write_st_folder(folder, config, state, files, tokenizer, target, max_seq_length)
         return True
     if config.head != "native":
         return False
@@ -261,7 +266,7 @@ def to_native_classifier(
     def write(tmp: str) -> None:
         native.save_pretrained(tmp)
         write_json(os.path.join(tmp, MLCL_FILE), settings)
-        _save_right_padded(tokenizer, tmp)
+        _save_right_padded(tokenizer, tmp, max_seq_length)
 
     target = folder if target is None else target
     save_folder_atomically(target, write)
@@ -309,7 +314,7 @@ def _to_peft_classifier(
         save_file(weights, os.path.join(tmp, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
         for name, data in ((ADAPTER_CONFIG_NAME, adapter_config), (MLCL_FILE, settings)):
             write_json(os.path.join(tmp, name), data)
-        _save_right_padded(tokenizer, tmp)
+        _save_right_padded(tokenizer, tmp, max_seq_length)
 
     target = folder if target is None else target
     save_folder_atomically(target, write)  # also removes the heads' model.safetensors

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 from _outside import run_outside
-from transformers import DistilBertConfig
+from transformers import AutoTokenizer, DistilBertConfig
 
 from hf_mlcl.modeling import MLCLEncoder, MLCLForMultiLabelClassification
 from hf_mlcl.modeling.native import to_native_classifier
@@ -103,6 +103,8 @@ def test_hf_mlcl_reads_its_native_classifiers_back(tmp_path, classifiers):
         assert to_native_classifier(str(tmp_path / name), tokenizer=tokenizer, max_seq_length=48)
         settings = json.loads((tmp_path / name / "mlcl_config.json").read_text())
         assert settings["layout"] == "transformers" and settings["max_seq_length"] == 48
+        # the folder's tokenizer truncates where the classifier was trained (pipelines, truncation=True)
+        assert AutoTokenizer.from_pretrained(str(tmp_path / name)).model_max_length == 48
         loaded = MLCLForMultiLabelClassification.from_pretrained(str(tmp_path / name))
         assert loaded.config.head == "native" and loaded.config.decision_threshold == 0.4
         assert not any(p.requires_grad for p in loaded.backbone.parameters())  # a frozen encoder stays frozen
