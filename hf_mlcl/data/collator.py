@@ -80,7 +80,9 @@ class MultiLabelCollator:
             raise ValueError(
                 "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to eos_token) first"
             )
-        if pad_to_multiple_of and padding == "max_length" and max_length % pad_to_multiple_of:
+        if (
+            pad_to_multiple_of and max_length % pad_to_multiple_of
+        ):  # the tokenizer refuses it at the first batch
             raise ValueError(
                 f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}; "
                 "choose e.g. max_length=3072 with chunk_size 128"

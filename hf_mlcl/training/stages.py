@@ -238,6 +238,17 @@ def _check_lora_finetune_of_stage_one(model_args: Any, stage_args: Mapping[str, 
     check_lora_save(model_args, args, None, saves_adapter)
 
 
+def _check_segment_length(model_args: Any, data_args: Any) -> None:
+    """Before any stage: a segmented (PLM-ICD, ``head="label_attention"``) model reads ``max_length`` as
+    segments of ``chunk_size`` tokens, so the one must be a multiple of the other."""
+    chunk, length = getattr(model_args, "chunk_size", None), getattr(data_args, "max_length", None)
+    if getattr(model_args, "head", None) == "label_attention" and chunk and length and length % chunk:
+        raise InputError(
+            f"max_length {length} is not a multiple of chunk_size {chunk}: head 'label_attention' reads a text "
+            f"as segments of chunk_size tokens; choose e.g. --max_length {max(chunk, length - length % chunk)}"
+        )
+
+
 def run_stages(
     model_args: Any,
     data_args: Any,
@@ -263,6 +274,7 @@ def run_stages(
     for name in names:
         check_stage(stage_args[name])
     _check_lora_finetune_of_stage_one(model_args, stage_args)
+    _check_segment_length(model_args, data_args)
     results: dict[str, StageResult] = {}
     loss = encoder_loss(encoder_path)
     for i, name in enumerate(names, 1):

@@ -847,6 +847,19 @@ def test_run_and_demo_never_replace_each_others_results(monkeypatch, capsys, tmp
     assert (run_folder / "results.json").read_text() == '{"probe": {}}'
 
 
+def test_a_segmented_model_whose_length_is_no_multiple_of_its_segments_stops_before_any_work(
+    capsys, tmp_path
+):
+    """head label_attention reads a text as chunk_size-token segments: a max_length that is no multiple of
+    chunk_size failed at the first training step (the tokenizer refuses it); it stops before anything is written."""
+    out = tmp_path / "run"
+    argv = ["run", RECIPE, "--head", "label_attention", "--max_length", "48", "--output_dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_length 48 is not a multiple of chunk_size 128" in err[0], err
+    assert "--max_length 128" in err[0] and not out.exists()
+
+
 def test_a_demo_rerun_with_other_losses_names_the_earlier_demos_method_folders(monkeypatch, capsys, tmp_path):
     """A demo into an earlier demo's folder rewrites its own methods' folders; the earlier demo's other methods
     stay and are named before any work (the table would not list them)."""

@@ -78,6 +78,8 @@ def test_truncation_and_chunk_padding(bert_tokenizer):
     assert static["input_ids"].shape == (2, 256)
     with pytest.raises(ValueError, match="multiple"):
         MultiLabelCollator(bert_tokenizer, 2, max_length=300, padding="max_length", pad_to_multiple_of=128)
+    with pytest.raises(ValueError, match="multiple"):  # the tokenizer refuses it too when padding the longest
+        MultiLabelCollator(bert_tokenizer, 2, max_length=300, pad_to_multiple_of=128)
 
 
 def test_pretokenized_inputs(bert_tokenizer, llama_tokenizer):
