@@ -63,7 +63,7 @@ _HBL = dict(
 )
 BUDGETS: dict[str, Budget] = {
     "msc": Budget(
-        paper="ABALONE", epochs=80, batch=32, queue=512, stated="all three (App. B); momentum 0.999"
+        paper="ABALONE", epochs=80, batch=32, queue=512, stated="all three (App. A); momentum 0.999"
     ),
     "jaccard": Budget(
         paper="ABALONE (its L_Base)",

@@ -960,7 +960,7 @@ def test_run_gpu_papers_gives_each_loss_its_papers_stage1_budget(tmp_path, monke
     spec.loader.exec_module(budgets)
     assert sorted(budgets.BUDGETS) == sorted(choice_order())  # every loss of the study has a budget
     msc = budgets.BUDGETS["msc"]
-    assert (msc.epochs, msc.batch, msc.queue) == (80, 32, 512)  # ABALONE, App. B
+    assert (msc.epochs, msc.batch, msc.queue) == (80, 32, 512)  # ABALONE, App. A
     ws = budgets.BUDGETS["ws_mulsupcon"]
     assert (ws.epochs, ws.batch) == (100, 64)  # ws-MulSupCon's implementation details
     recipe = load_recipe(os.path.join(ROOT, "studies", "recipes", "reuters21578", "hbl.yaml"))

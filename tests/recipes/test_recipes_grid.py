@@ -99,9 +99,17 @@ def test_every_recipe_parses_with_the_real_argument_classes():
                     "outputs", dataset, encoder, loss, GEN_STAGE_DIR[stage]
                 )
                 assert model_args.model_name_or_path
+                if (
+                    dataset == "rcv1"
+                ):  # ABALONE's label set (topics seen 30 times in training) and validation share
+                    assert data_args.dataset_options == {"min_label_count": 30, "validation_size": 0.15}
                 if stage == "contrastive":
                     assert str(args.lr_scheduler_type.value) == "cosine"
-                    assert model_args.projection_dim == 256
+                    assert model_args.projection_dim == (
+                        128 if loss == "hbl" else 256
+                    )  # HBL's stated dimension
+                    if loss in ("ws_mulsupcon", "hbl"):  # the papers' momentum keys and queue
+                        assert args.queue_size == 4096 and args.momentum == 0.999
                     assert args.loss == {"sd": "similarity_dissimilarity"}.get(loss, loss)
                 elif stage == "joint":
                     assert args.loss == "jaccard" and args.supervised_loss == "bce"
