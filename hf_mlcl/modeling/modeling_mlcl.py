@@ -58,6 +58,12 @@ def model_inputs(
     }
 
 
+def tokenizer_limit(tokenizer: Any) -> int | None:
+    """The tokenizer's ``model_max_length``, or None where it sets no limit (transformers' huge sentinel)."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if isinstance(limit, int) and 0 < limit < 1_000_000 else None
+
+
 @dataclass
 class MLCLEncoderOutput(ModelOutput):
     """Output of [`MLCLEncoder`].
@@ -136,15 +142,19 @@ class MLCLEncoder(MLCLPreTrainedModel):
         texts: Sequence[str],
         tokenizer: Any,
         batch_size: int = 32,
-        max_length: int | None = 512,
+        max_length: int | None = None,
         output: str = "embeddings",
         normalize: bool = False,
     ) -> torch.Tensor:
         """Embed ``texts`` in eval mode; returns a CPU float32 tensor (N, D).
 
         ``output="embeddings"`` gives the projected vectors, ``"pooled"`` the backbone representation
-        (what a linear probe uses). ``normalize=True`` L2-normalises the rows.
+        (what a linear probe uses). ``normalize=True`` L2-normalises the rows. ``max_length`` truncates;
+        default: the tokenizer's ``model_max_length`` (in a folder hf_mlcl wrote, the length it trained at, as
+        its sentence-transformers form truncates), none where the tokenizer sets no limit.
         """
+        if max_length is None:
+            max_length = tokenizer_limit(tokenizer)
         if output not in ("embeddings", "pooled"):
             raise ValueError(f"output must be 'embeddings' or 'pooled'; got {output!r}")
         if batch_size <= 0:

@@ -116,6 +116,23 @@ def test_hf_mlcl_reads_its_native_encoders_back(tmp_path, encoders, bert_tokeniz
         MLCLForMultiLabelClassification.from_pretrained(folder)
 
 
+def test_encode_truncates_where_the_saved_folder_was_trained(tmp_path, encoders, bert_tokenizer):
+    """A folder saved at max_seq_length 16: its tokenizer, hence MLCLEncoder.encode by default, cuts at 16 tokens,
+    as sentence-transformers does (encode cut at 512 before)."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    folder = _save_native(encoders["bert_mean"], bert_tokenizer, tmp_path / "enc", max_seq_length=16)
+    texts = [" ".join(["word"] * 40), "short text"]
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.model_max_length == 16
+    got = MLCLEncoder.from_pretrained(folder).encode(texts, tok, output="pooled")
+    want = SentenceTransformer(folder, device="cpu").encode(texts, convert_to_tensor=True)
+    assert (got - want).abs().max() <= 1e-5
+    longer = MLCLEncoder.from_pretrained(folder).encode(texts, tok, output="pooled", max_length=64)
+    assert (longer[0] - got[0]).abs().max() > 1e-3  # the long text was cut
+
+
 def test_segmented_encoder_keeps_the_hf_mlcl_format(tmp_path, tiny_bert_config, bert_tokenizer):
     encoder = MLCLEncoder.from_backbone(
         tiny_bert_config, pooling="mean", projection_dim=8, segmented=True, chunk_size=8
