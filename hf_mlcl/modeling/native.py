@@ -24,7 +24,7 @@ from .folders_mlcl import (
 )
 from .native_mlcl import native_encoder_reason, write_sentence_transformers_files
 
-__all__ = ["save_native", "to_native_classifier", "to_sentence_transformers"]
+__all__ = ["save_native", "set_sentence_embedding", "to_native_classifier", "to_sentence_transformers"]
 
 _INDEX_NAME = "model.safetensors.index.json"
 _BACKBONE = "backbone."
@@ -157,6 +157,45 @@ def to_sentence_transformers(
 
     _write_st_folder(folder, config, state, files, tokenizer, target, max_seq_length)
     return True
+
+
+def set_sentence_embedding(folder: str, embedding: str) -> None:
+    """Choose the sentence embedding of an encoder folder already in its sentence-transformers form (what
+    ``hf-mlcl run`` writes): ``"pooled"`` (the default, the representation the papers keep) or ``"projected"``
+    (then the projection head, the space the contrastive loss was computed in). Rewrites ``modules.json`` and
+    ``mlcl_config.json``; the weights stay.
+
+    Args:
+        folder: the encoder folder (``mlcl_config.json`` of kind encoder, sentence-transformers layout).
+        embedding: ``"pooled"`` or ``"projected"``.
+
+    Raises:
+        ValueError: an unknown ``embedding``, or a folder that is no sentence-transformers encoder hf_mlcl wrote
+            (an hf_mlcl-format folder: :func:`to_sentence_transformers` takes ``embedding`` itself).
+
+    Example:
+        >>> set_sentence_embedding("outputs/my_csv/encoder", "projected")  # doctest: +SKIP
+        >>> SentenceTransformer("outputs/my_csv/encoder").encode(texts)  # the projected vectors  # doctest: +SKIP
+    """
+    from hf_mlcl.files import atomic_write_text
+
+    from .builders import native_settings
+    from .native_mlcl import MLCL_FILE, SENTENCE_TRANSFORMERS, listed_modules
+
+    modules = listed_modules(embedding)  # the embedding checked first
+    settings = native_settings(folder)
+    if (
+        not settings
+        or settings.get("kind") != "encoder"
+        or settings.get("layout", SENTENCE_TRANSFORMERS) != (SENTENCE_TRANSFORMERS)
+    ):
+        raise ValueError(
+            f"{folder} holds no sentence-transformers encoder hf_mlcl wrote (no {MLCL_FILE} of kind encoder); "
+            "an hf_mlcl-format encoder folder takes the embedding in to_sentence_transformers(folder, embedding=...)"
+        )
+    settings["embedding"] = embedding
+    atomic_write_text(os.path.join(folder, "modules.json"), json.dumps(modules, indent=2) + "\n")
+    atomic_write_text(os.path.join(folder, MLCL_FILE), json.dumps(settings, indent=2) + "\n")
 
 
 def _write_st_folder(

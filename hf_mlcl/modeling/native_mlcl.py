@@ -112,6 +112,23 @@ def write_json(path: str, data: Any) -> None:
         fh.write("\n")
 
 
+def _modules_list(listed: int) -> list[dict[str, Any]]:
+    """``modules.json``'s entries for the first ``listed`` modules: Transformer, Pooling, the two Dense."""
+    paths = ("", POOLING_DIR, *DENSE_DIRS)[:listed]
+    return [
+        {"idx": i, "name": str(i), "path": path, "type": kind}
+        for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
+    ]
+
+
+def listed_modules(embedding: str) -> list[dict[str, Any]]:
+    """``modules.json`` of an encoder folder whose sentence embedding is ``embedding`` (``"pooled"``: Transformer
+    and Pooling; ``"projected"``: then the projection head's two Dense modules)."""
+    if embedding not in EMBEDDINGS:
+        raise ValueError(f"embedding must be one of {EMBEDDINGS}; got {embedding!r}")
+    return _modules_list(2 if embedding == "pooled" else 4)
+
+
 def _write_modules(
     folder: str,
     pooling: str,
@@ -142,12 +159,7 @@ def _write_modules(
         tensors = {"linear.weight": weight, "linear.bias": bias}
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
         save_file(tensors, os.path.join(folder, directory, "model.safetensors"), metadata={"format": "pt"})
-    paths = ("", POOLING_DIR, *(d[0] for d in dense))[:listed]
-    modules = [
-        {"idx": i, "name": str(i), "path": path, "type": kind}
-        for i, (path, kind) in enumerate(zip(paths, _ST_MODULES))
-    ]
-    write_json(os.path.join(folder, "modules.json"), modules)
+    write_json(os.path.join(folder, "modules.json"), _modules_list(listed))
     st_config: dict[str, Any] = {"max_seq_length": max_seq_length, "do_lower_case": False}
     if dtype is not None:
         st_config["model_args"] = {"dtype": dtype}  # the name every sentence-transformers release reads
@@ -199,7 +211,7 @@ def write_sentence_transformers_files(
     ]
     hidden = int(projection_head["dense.weight"].shape[1])
     dtype = base_dtype(config) if backbone_config is not None else None
-    listed = 2 if embedding == "pooled" else 4
+    listed = len(listed_modules(embedding))
     _write_modules(folder, config.pooling, hidden, dense, listed, max_seq_length, dtype)
     settings = {"kind": "encoder", **{key: getattr(config, key) for key in _SETTINGS}}
     settings.update(embedding=embedding, max_seq_length=max_seq_length)

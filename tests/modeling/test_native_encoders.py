@@ -133,6 +133,33 @@ def test_encode_truncates_where_the_saved_folder_was_trained(tmp_path, encoders,
     assert (longer[0] - got[0]).abs().max() > 1e-3  # the long text was cut
 
 
+def test_the_sentence_embedding_of_a_written_encoder_folder_can_be_switched(
+    tmp_path, encoders, bert_tokenizer
+):
+    """A folder already in its sentence-transformers form (what a run writes) gets the projected embedding, and
+    back, without being converted again; an hf_mlcl-format folder or an unknown embedding is refused."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_mlcl.modeling.native import set_sentence_embedding
+
+    encoder = encoders["bert_mean"]
+    folder = _save_native(encoder, bert_tokenizer, tmp_path / "enc")
+    texts = ["a short text", "another text to embed"]
+    set_sentence_embedding(folder, "projected")
+    projected = SentenceTransformer(folder, device="cpu").encode(texts, convert_to_tensor=True)
+    _close(projected, encoder.encode(texts, bert_tokenizer, output="embeddings"))
+    assert json.loads((tmp_path / "enc" / "mlcl_config.json").read_text())["embedding"] == "projected"
+    assert MLCLEncoder.from_pretrained(folder).config.projection_dim == encoder.config.projection_dim
+    set_sentence_embedding(folder, "pooled")
+    pooled = SentenceTransformer(folder, device="cpu").encode(texts, convert_to_tensor=True)
+    _close(pooled, encoder.encode(texts, bert_tokenizer, output="pooled"))
+    with pytest.raises(ValueError, match="embedding must be one of"):
+        set_sentence_embedding(folder, "cls")
+    encoder.save_pretrained(tmp_path / "mlcl_format")
+    with pytest.raises(ValueError, match="holds no sentence-transformers encoder hf_mlcl wrote"):
+        set_sentence_embedding(str(tmp_path / "mlcl_format"), "projected")
+
+
 def test_segmented_encoder_keeps_the_hf_mlcl_format(tmp_path, tiny_bert_config, bert_tokenizer):
     encoder = MLCLEncoder.from_backbone(
         tiny_bert_config, pooling="mean", projection_dim=8, segmented=True, chunk_size=8
