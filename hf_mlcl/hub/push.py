@@ -29,6 +29,8 @@ _INCLUDE = (
     "*.jinja",
     "*.png",
     "*.svg",
+    "*.onnx",  # hf-mlcl export's onnx/model.onnx, where optimum and transformers.js read it
+    "*.onnx.data",  # its external weights, for a model over 2 GB
 )
 # Never published: resumable-training state and local logs (large, private or pickled), and the settings a
 # resume compares (run_settings.json: this machine's model, data and encoder paths).

@@ -316,6 +316,8 @@ def _fake_checkpoint(folder) -> None:
         "checkpoint-10/optimizer.pt": b"opt",
         "runs/events.out": b"tb",
         "plots/f1_vs_frequency.png": b"\x89PNG",
+        "onnx/model.onnx": b"onnx graph",
+        "onnx/model.onnx.data": b"onnx weights",
         ".tmp-README.md": "partial",
     }
     for rel, content in files.items():
@@ -334,6 +336,8 @@ EXPECTED = [
     "metrics.json",
     "model.safetensors",
     "modeling_mlcl.py",
+    "onnx/model.onnx",
+    "onnx/model.onnx.data",
     "plots/f1_vs_frequency.png",
     "thresholds.json",
     "tokenizer.json",
