@@ -24,6 +24,7 @@ from hf_mlcl.data.registry import (
     build_split,
     encode_label_lists,
     filter_by_ids,
+    norm_id,
     normalize_splits,
     read_id_list,
     read_lines,
@@ -34,6 +35,12 @@ from hf_mlcl.data.registry import (
 
 _CSV_SPLIT = {"train": "train", "validation": "dev", "test": "test"}
 _CHUNK = 5000
+# Edin et al.'s document files by dataset ({variant} "full" / "50"); each has a split file "<name>_split"
+_EDIN_NAMES = {
+    "mimic3": ("mimiciii_{variant}", "mimiciii_clean"),
+    "mimic4_icd9": ("mimiciv_icd9",),
+    "mimic4_icd10": ("mimiciv_icd10",),
+}
 
 logger = logging.getLogger(__name__)
 
@@ -57,23 +64,60 @@ def filter_by_hadm_ids(
     return filter_by_ids(dataset, hadm_ids, id_column=id_column)
 
 
-def _norm_code(code: str, strip_dots: bool) -> str:
-    code = code.strip()
-    return code.replace(".", "") if strip_dots else code
-
-
-def _read_csv_docs(path: str, strip_dots: bool):
+def _read_csv_docs(path: str):
     ids, texts, labels = [], [], []
     for rec in iter_csv(path):
         ids.append(str(get_field(rec, "HADM_ID", "hadm_id", "_id", path=path)).split(".")[0])
         texts.append(str(get_field(rec, "TEXT", "text", path=path)))
         labels.append(
-            [
-                _norm_code(c, strip_dots)
-                for c in split_labels(get_field(rec, "LABELS", "labels", "target", path=path), ";")
-            ]
+            [c.strip() for c in split_labels(get_field(rec, "LABELS", "labels", "target", path=path), ";")]
         )
     return ids, texts, labels
+
+
+def _without_dots(dataset: str, codes: Iterable[str]) -> dict[str, str]:
+    """``{code: code without dots}``; ValueError when two dotted codes become one (ICD-9's ``11.49``, a
+    procedure, and ``114.9``, a diagnosis): only their dots tell them apart. A code written with and without its
+    dots (``E11.9`` / ``E119``) is one code and meets itself, which is what ``strip_dots`` is for."""
+    mapping = {c: c.replace(".", "") for c in codes}
+    dotted: dict[str, list[str]] = {}
+    for code, bare in mapping.items():
+        if "." in code:
+            dotted.setdefault(bare, []).append(code)
+    merged = sorted(sorted(v) for v in dotted.values() if len(v) > 1)
+    if merged:
+        raise ValueError(
+            f"{dataset}: strip_dots=True would make {len(merged)} pairs of distinct codes one label (e.g. "
+            f"{' and '.join(merged[0])}): ICD-9 codes need their dots; pass strip_dots=False"
+        )
+    return mapping
+
+
+def _check_code_list(dataset: str, labels: list[list[str]], names: list[str], code_list: str) -> None:
+    """The training codes ``code_list`` leaves out: ValueError when most of them are in it once dots are removed
+    (the data and the list write the codes differently), else a warning counting them."""
+    known = set(names)
+    dropped = Counter(c for labs in labels for c in labs if c not in known)
+    if not dropped:
+        return
+    total = sum(len(labs) for labs in labels)
+    bare = {n.replace(".", "") for n in names}
+    mismatched = sum(n for c, n in dropped.items() if c.replace(".", "") in bare)
+    if 2 * mismatched > sum(dropped.values()):
+        example = next(c for c in dropped if c.replace(".", "") in bare)
+        raise ValueError(
+            f"{dataset}: {mismatched} of the training split's {total} codes are in {code_list} only with their dots "
+            f"written otherwise (e.g. {example!r}): write the codes alike in both (ICD-9 needs its dots), or pass "
+            "strip_dots=True for ICD-10 codes"
+        )
+    logger.warning(
+        "%s: %d of the training split's %d codes are not in %s (e.g. %s); they are dropped",
+        dataset,
+        sum(dropped.values()),
+        total,
+        code_list,
+        [c for c, _ in dropped.most_common(3)],
+    )
 
 
 def _build_chunked(ids, texts, label_ids, names) -> Dataset:
@@ -94,9 +138,31 @@ def _detect_format(data_dir: str, variant: str, split_ids_dir) -> str:
     return "caml"
 
 
-def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, strip_dots: bool):
+def _stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _pick_edin_file(
+    cands: list[str], wanted: tuple[str, ...], others: set[str], what: str, option: str
+) -> str:
+    """The one file of ``cands`` for the dataset: the only candidate, else the one named as ``wanted``; ValueError
+    for a file named as another dataset's (``others``) or a choice the names cannot make."""
+    named = [f for f in cands if _stem(f) in wanted]
+    if len(named) == 1:
+        return named[0]
+    if len(cands) == 1 and _stem(cands[0]) not in others:
+        return cands[0]
+    found = ", ".join(os.path.basename(f) for f in cands)
+    raise ValueError(f"mimic: which {what}? {found} (expected {' or '.join(wanted)}): pass {option}=")
+
+
+def _read_edin(dataset: str, variant: str, data_dir: str, feather_file: str | None, split_file: str | None):
     import pandas as pd
 
+    names = tuple(n.format(variant=variant) for n in _EDIN_NAMES[dataset])
+    others = {n.format(variant=v) for d, ns in _EDIN_NAMES.items() for n in ns for v in ("full", "50")} - set(
+        names
+    )
     if feather_file is None:
         cands = [
             f
@@ -105,7 +171,9 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
         ]
         if not cands:
             raise FileNotFoundError(f"mimic: no document .feather file in {data_dir!r}; pass feather_file=")
-        feather_file = cands[0]
+        feather_file = _pick_edin_file(
+            cands, names, others, f"document file for {dataset} ({variant})", "feather_file"
+        )
     elif not os.path.isabs(feather_file):
         feather_file = require_file(data_dir, feather_file, "mimic")
     if split_file is None:
@@ -118,7 +186,11 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
                 f"mimic: no split file (*split*.feather / *split*.csv with columns _id,split) in folder {data_dir!r}; "
                 "place Edin et al.'s split file there or pass split_file="
             )
-        split_file = cands[0]
+        split_names = (f"{_stem(feather_file)}_split",)
+        split_others = {f"{n}_split" for n in others | set(names)} - set(split_names)
+        split_file = _pick_edin_file(
+            cands, split_names, split_others, f"split file for {os.path.basename(feather_file)}", "split_file"
+        )
     elif not os.path.isabs(split_file):
         split_file = require_file(data_dir, split_file, "mimic")
     docs = pd.read_feather(feather_file)
@@ -128,7 +200,7 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
     sp = pd.read_feather(split_file) if split_file.endswith(".feather") else pd.read_csv(split_file)
     if not {"_id", "split"} <= set(sp.columns):
         raise ValueError(f"mimic: split file {split_file} needs columns _id,split (has {list(sp.columns)})")
-    split_of = dict(zip(sp["_id"].astype(str), sp["split"].astype(str).str.lower()))
+    split_of = dict(zip(map(norm_id, sp["_id"]), sp["split"].astype(str).str.lower()))
     unknown = sorted(set(split_of.values()) - set(SPLIT_ALIASES))
     if unknown:
         logger.warning(
@@ -142,13 +214,32 @@ def _read_edin(data_dir: str, feather_file: str | None, split_file: str | None, 
         "validation": ([], [], []),
         "test": ([], [], []),
     }
-    for _id, text, target in zip(docs["_id"].astype(str), docs["text"], docs["target"]):
+    unlisted = no_text = 0
+    for _id, text, target in zip(map(norm_id, docs["_id"]), docs["text"], docs["target"]):
         split = SPLIT_ALIASES.get(split_of.get(_id, ""))
-        if split is None:  # an admission the split file does not list: in no split
+        if split is None:  # an admission the split file does not list (or puts in another split): in no split
+            unlisted += _id not in split_of
+            continue
+        if not isinstance(text, str):  # a missing text (None, NaN) is no note to read
+            no_text += 1
             continue
         out[split][0].append(_id)
-        out[split][1].append(str(text))
-        out[split][2].append([_norm_code(c, strip_dots) for c in split_labels(target, ";")])
+        out[split][1].append(text)
+        out[split][2].append([c.strip() for c in split_labels(target, ";")])
+    if unlisted == len(docs):
+        raise ValueError(
+            f"mimic: {split_file} lists none of the {len(docs)} admissions of {feather_file} (their _id: "
+            f"{list(map(norm_id, docs['_id'][:2]))}, the split file's: {list(split_of)[:2]})"
+        )
+    for count, why in ((unlisted, f"are not listed in {split_file}"), (no_text, "have no text")):
+        if count:
+            logger.warning(
+                "mimic: %d of the %d admissions of %s %s; they are left out",
+                count,
+                len(docs),
+                feather_file,
+                why,
+            )
     return out
 
 
@@ -202,7 +293,7 @@ def _load_mimic(
             )
             for s in need
         }
-        raw = {s: _read_csv_docs(p, strip_dots) for s, p in paths.items()}
+        raw = {s: _read_csv_docs(p) for s, p in paths.items()}
     elif fmt == "ids":
         if file is None or split_ids_dir is None:
             raise ValueError(
@@ -210,7 +301,7 @@ def _load_mimic(
             )
         path = file if os.path.isabs(file) else require_file(data_dir, file, dataset)
         split_ids = read_hadm_split_ids(split_ids_dir, variant)
-        ids, texts, labels = _read_csv_docs(path, strip_dots)
+        ids, texts, labels = _read_csv_docs(path)
         pos = {h: i for i, h in enumerate(ids)}
         for s, lst in split_ids.items():
             absent = [h for h in lst if h not in pos]
@@ -227,10 +318,19 @@ def _load_mimic(
             idx = [pos[h] for h in lst if h in pos]
             raw[s] = ([ids[i] for i in idx], [texts[i] for i in idx], [labels[i] for i in idx])
     else:
-        raw = _read_edin(data_dir, feather_file, split_file, strip_dots)
+        raw = _read_edin(dataset, variant, data_dir, feather_file, split_file)
 
+    listed = [c.strip() for c in read_lines(cl_path) if c.strip()] if cl_path is not None else []
+    if strip_dots:
+        bare = _without_dots(
+            dataset, {c for part in raw.values() for labs in part[2] for c in labs} | set(listed)
+        )
+        raw = {s: (i, t, [[bare[c] for c in labs] for labs in ls]) for s, (i, t, ls) in raw.items()}
+        listed = [bare[c] for c in listed]
     if cl_path is not None:
-        names = list(dict.fromkeys(_norm_code(c, strip_dots) for c in read_lines(cl_path) if c.strip()))
+        names = list(dict.fromkeys(listed))
+        if "train" in raw:
+            _check_code_list(dataset, raw["train"][2], names, os.path.basename(cl_path))
     else:
         counts = Counter(c for labs in raw["train"][2] for c in set(labs))
         if variant == "50" and fmt != "caml":

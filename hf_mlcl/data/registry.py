@@ -308,15 +308,26 @@ def read_lines(path: str) -> list[str]:
 
 
 def read_id_list(path: str | os.PathLike) -> list[str]:
-    """One id per line (blank lines and a non-numeric header such as ``HADM_ID`` are skipped)."""
-    lines = [ln.strip().split(",")[0] for ln in read_lines(os.fspath(path))]
+    """One id per line (blank lines and a header ``HADM_ID`` / ``ID`` / ``_ID`` skipped). ValueError for a line
+    of several columns or another header: a list of other ids (``SUBJECT_ID,HADM_ID``) would select nothing."""
+    path = os.fspath(path)
+    lines = [ln.strip() for ln in read_lines(path)]
     lines = [ln for ln in lines if ln]
-    if lines and not lines[0].replace(".", "").isdigit() and lines[0].upper() in {"HADM_ID", "ID", "_ID"}:
+    wide = next((ln for ln in lines if "," in ln.rstrip(",")), None)
+    if wide is not None:
+        raise ValueError(f"{path}: one id per line expected; a line holds several columns ({wide!r})")
+    lines = [ln.rstrip(",") for ln in lines]
+    if lines and not lines[0].replace(".", "").isdigit():
+        if lines[0].upper() not in {"HADM_ID", "ID", "_ID"}:
+            raise ValueError(
+                f"{path}: one id per line expected; its first line is {lines[0]!r} (a header HADM_ID may lead)"
+            )
         lines = lines[1:]
-    return [_norm_id(x) for x in lines]
+    return [norm_id(x) for x in lines]
 
 
-def _norm_id(x) -> str:
+def norm_id(x) -> str:
+    """An id as text, a float's ``.0`` dropped (``101.0`` -> ``"101"``: ids read from a float column)."""
     s = str(x).strip()
     if s.endswith(".0") and s[:-2].isdigit():
         s = s[:-2]
@@ -330,7 +341,7 @@ def filter_by_ids(dataset: Dataset, ids: Iterable, id_column: str = "id") -> Dat
 
     if id_column not in dataset.column_names:
         raise ValueError(f"filter_by_ids: no {id_column!r} column (columns: {dataset.column_names})")
-    wanted = pa.array(sorted({_norm_id(i) for i in ids}), type=pa.string())
+    wanted = pa.array(sorted({norm_id(i) for i in ids}), type=pa.string())
     # the column as the dataset's rows see it (a shuffled or selected dataset maps its rows through indices)
     col = dataset.with_format("arrow")[id_column].cast(pa.string())
     mask = pc.is_in(col, value_set=wanted).to_numpy(zero_copy_only=False)

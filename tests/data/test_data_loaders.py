@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ from hf_mlcl.data import (
     read_hadm_split_ids,
     train_frequency,
 )
+from hf_mlcl.data.registry import read_id_list
 
 
 def _check_schema(dd, names):
@@ -410,6 +412,105 @@ def test_mimic4_edin_feather(tmp_path):
         {"_id": [301, 302, 303, 304, 305], "split": ["train", "train", "valid", "test", "test"]}
     ).to_feather(d / "mimiciv_icd9_split.feather")
     assert load_mlc_dataset("mimic4_icd9", data_dir=d)["validation"]["id"] == ["303"]
+
+
+def _edin(d, name, ids, texts, targets, split_ids=None, splits=None):
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame({"_id": ids, "text": texts, "target": targets}).to_feather(d / f"{name}.feather")
+    split_ids = ids if split_ids is None else split_ids
+    splits = splits or ["train", "train", "val", "test"][: len(split_ids)]
+    pd.DataFrame({"_id": split_ids, "split": splits}).to_feather(d / f"{name}_split.feather")
+
+
+def test_edin_files_of_several_datasets_in_one_folder_are_told_apart(tmp_path, caplog):
+    d = tmp_path / "edin"
+    d.mkdir()
+    _edin(
+        d,
+        "mimiciv_icd9",
+        [1, 2, 3, 4],
+        ["a9", "b9", "c9", "d9"],
+        [["401.9"], ["401.9"], ["038.9"], ["401.9"]],
+    )
+    _edin(
+        d, "mimiciv_icd10", [5, 6, 7, 8], ["a10", "b10", "c10", "d10"], [["I10"], ["E11.9"], ["I10"], ["I10"]]
+    )
+    assert load_mlc_dataset("mimic4_icd9", data_dir=d)["train"]["text"] == ["a9", "b9"]
+    assert load_mlc_dataset("mimic4_icd10", data_dir=d)["train"]["text"] == ["a10", "b10"]
+    with pytest.raises(ValueError, match="which document file for mimic3.*pass feather_file="):
+        load_mlc_dataset("mimic3", data_dir=d)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    _edin(alone, "mimiciv_icd10", [5, 6, 7, 8], ["a", "b", "c", "d"], [["I10"], ["I10"], ["I10"], ["I10"]])
+    with pytest.raises(ValueError, match="mimiciv_icd10.feather \\(expected mimiciv_icd9\\)"):
+        load_mlc_dataset("mimic4_icd9", data_dir=alone)  # another dataset's file is never read as this one
+    m3 = tmp_path / "m3"
+    m3.mkdir()
+    _edin(m3, "mimiciii_50", [1, 2, 3, 4], ["f1", "f2", "f3", "f4"], [["401.9"]] * 4)
+    _edin(m3, "mimiciii_full", [1, 2, 3, 4], ["F1", "F2", "F3", "F4"], [["401.9"]] * 4)
+    assert load_mlc_dataset("mimic3", data_dir=m3, variant="full")["train"]["text"] == ["F1", "F2"]
+    assert load_mlc_dataset("mimic3", data_dir=m3, variant="50")["train"]["text"] == ["f1", "f2"]
+
+
+def test_edin_ids_of_another_dtype_and_missing_texts(tmp_path, caplog):
+    d = tmp_path / "edin"
+    d.mkdir()
+    # the split file's _id as floats, the documents' as ints; one admission unlisted, one without text
+    _edin(
+        d, "mimiciv_icd9", [1, 2, 3, 4, 5], ["a", None, "c", "d", "e"], [["401.9"]] * 5, [1.0, 2.0, 3.0, 4.0]
+    )
+    with caplog.at_level(logging.WARNING):
+        dd = load_mlc_dataset("mimic4_icd9", data_dir=d)
+    assert dd["train"]["id"] == ["1"] and dd["validation"]["id"] == ["3"] and dd["test"]["id"] == ["4"]
+    assert "1 of the 5 admissions" in caplog.text and "are not listed" in caplog.text
+    assert "have no text" in caplog.text and "'nan'" not in str(dd["train"]["text"])
+    _edin(d, "mimiciv_icd9", [1, 2, 3, 4], list("abcd"), [["401.9"]] * 4, [11, 12, 13, 14])
+    with pytest.raises(ValueError, match="lists none of the 4 admissions"):
+        load_mlc_dataset("mimic4_icd9", data_dir=d)
+
+
+def test_codes_written_with_other_dots_than_the_code_list_are_an_error(mimic3_dir, caplog):
+    """ICD-9 codes written without dots beside a dotted code list matched only the dot-less codes and dropped
+    the rest silently; strip_dots would merge distinct ICD-9 codes (11.49, a procedure; 114.9, a diagnosis)."""
+    _write_caml(
+        mimic3_dir,
+        {
+            "train_full.csv": [
+                (1, 101, "a", ["4019", "9604"]),
+                (2, 102, "b", ["4019"]),
+                (3, 103, "c", ["311"]),
+            ]
+        },
+    )
+    (mimic3_dir / "codes.txt").write_text("401.9\n96.04\n311\n")
+    with pytest.raises(
+        ValueError, match="3 of the training split's 4 codes are in codes.txt only with their dots"
+    ):
+        load_mlc_dataset("mimic3", data_dir=mimic3_dir, code_list="codes.txt")
+    (mimic3_dir / "codes.txt").write_text("4019\n311\n")  # a smaller label space: a warning counts the rest
+    with caplog.at_level(logging.WARNING):
+        dd = load_mlc_dataset("mimic3", data_dir=mimic3_dir, code_list="codes.txt")
+    assert (
+        label_names(dd) == ["4019", "311"]
+        and "1 of the training split's 4 codes are not in codes.txt" in caplog.text
+    )
+    (mimic3_dir / "codes.txt").write_text("11.49\n114.9\n401.9\n")
+    with pytest.raises(
+        ValueError, match="strip_dots=True would make 1 pairs of distinct codes one label.*11.49 and 114.9"
+    ):
+        load_mlc_dataset("mimic3", data_dir=mimic3_dir, code_list="codes.txt", strip_dots=True)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [("SUBJECT_ID,HADM_ID\n1,101\n", "several columns"), ("ROW\n101\n", "its first line is 'ROW'")],
+)
+def test_a_hadm_id_list_of_another_shape_is_an_error(tmp_path, content, match):
+    (tmp_path / "ids.csv").write_text(content)
+    with pytest.raises(ValueError, match=match):
+        read_id_list(tmp_path / "ids.csv")
+    (tmp_path / "ids.csv").write_text("HADM_ID\n101\n102.0\n\n")
+    assert read_id_list(tmp_path / "ids.csv") == ["101", "102"]
 
 
 def test_mimic_names_a_missing_code_list_or_split_folder_before_reading_the_notes(
