@@ -368,6 +368,13 @@ def to_sentence_transformers_dataset(
     if num_labels is None and label_format == "multi_hot":
         num_labels = len(label_names(dataset))
     rows: Sequence[Sequence[int]] = dataset.with_format("arrow")[label_column].to_pylist()
+    odd = next((v for r in rows for v in r if not isinstance(v, int) or isinstance(v, bool)), None)
+    if odd is not None:
+        raise ValueError(
+            f"the {label_column!r} column must hold lists of integer label ids (got {odd!r}): load the data with "
+            "hf_mlcl.data.load_mlc_dataset, or encode label names as ids with a ClassLabel Sequence "
+            "(hf_mlcl.data.make_features(names))"
+        )
     width = max((len(r) for r in rows), default=0) or 1
     ids = torch.full((len(rows), width), -1, dtype=torch.long)
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)

@@ -230,7 +230,8 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values
 
     ValueError naming the offending id when one lies outside ``[0, num_labels)``. That check reads the
     ids on the host (a synchronisation on an accelerator); ``check_values=False`` skips it, and an id
-    outside the range then still fails, in the scatter (an index error), instead of being dropped.
+    outside the range then still fails, in the scatter, instead of being dropped: on the CPU with the same
+    ValueError (on an accelerator as its device-side index assertion).
     """
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(
@@ -239,17 +240,24 @@ def ids_to_multihot(ids: Tensor, num_labels: int, pad_id: int = -1, check_values
         )
     valid = ids != pad_id
     if check_values:
-        bad = valid & ((ids < 0) | (ids >= num_labels))
-        if bool(bad.any()):
-            raise ValueError(
-                f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})"
-            )
+        _check_id_range(ids, valid, num_labels, pad_id)
     # padding goes to the extra column num_labels, dropped below; an id >= num_labels is moved past it
     # (out of range for the scatter) so that an unchecked bad id can never pass for padding
     index = torch.where(valid, ids + (ids >= num_labels).to(ids.dtype), torch.full_like(ids, num_labels))
     out = torch.zeros(ids.shape[0], num_labels + 1, dtype=LABEL_DTYPE, device=ids.device)
-    out.scatter_(1, index.long(), 1.0)
+    try:
+        out.scatter_(1, index.long(), 1.0)
+    except RuntimeError:  # an unchecked id out of range: named as the check names it
+        _check_id_range(ids, valid, num_labels, pad_id)
+        raise
     return out[:, :num_labels]
+
+
+def _check_id_range(ids: Tensor, valid: Tensor, num_labels: int, pad_id: int) -> None:
+    """ValueError naming the first id of ``ids`` (``valid``: not padding) outside ``[0, num_labels)``."""
+    bad = valid & ((ids < 0) | (ids >= num_labels))
+    if bool(bad.any()):
+        raise ValueError(f"label id {int(ids[bad][0])} is outside [0, {num_labels}) (padding id: {pad_id})")
 
 
 def multihot_to_ids(labels: Tensor, pad_id: int = -1, min_width: int = 0) -> Tensor:

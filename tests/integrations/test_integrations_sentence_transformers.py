@@ -109,6 +109,17 @@ def test_label_errors_name_the_problem(tiny_st):
         MultiLabelContrastiveLoss(tiny_st, "sd")(feats, torch.tensor([[0, -1], [1, 2]]))
     with pytest.raises(ValueError, match="label id 7 is outside \\[0, 5\\)"):
         MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=5)(feats, torch.tensor([[0, -1], [7, 2]]))
+    checked_once = MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=5)
+    checked_once(
+        feats, torch.tensor([[0, -1], [1, 2]])
+    )  # the first batch's values are checked, later ones not
+    for bad in (5, -3):  # still named, not an index error of the scatter
+        with pytest.raises(ValueError, match=f"label id {bad} is outside \\[0, 5\\)"):
+            checked_once(feats, torch.tensor([[0, -1], [bad, 2]]))
+    with pytest.raises(ValueError, match="lists of integer label ids \\(got 'joy'\\).*make_features"):
+        to_sentence_transformers_dataset(
+            Dataset.from_dict({"text": ["a", "b"], "labels": [["joy", "anger"], ["joy"]]})
+        )
     with pytest.raises(ValueError, match="one text column"):
         MultiLabelContrastiveLoss(tiny_st, "sd", num_labels=5)(feats * 2, torch.tensor([[0], [1]]))
     with pytest.raises(ValueError, match="unknown loss 'nope'"):
