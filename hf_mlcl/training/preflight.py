@@ -6,9 +6,11 @@ Design: docs/design.md, "Output folders and checkpoints (hf_mlcl/training/checkp
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
+import shutil
 from typing import Any
 
 import torch
@@ -46,6 +48,42 @@ __all__ = [
 METRICS_FILE = "metrics.json"  # a stage's metrics, written by the stage
 # written last by a stage (metrics by the stage, the card data by its card callback)
 FINISHED_FILES = (METRICS_FILE, CARD_DATA_FILE)
+# What a run, and the commands that read its folder afterwards (evaluate, export), write into a stage's folder;
+# a new run replacing it removes them first, so that nothing of the old model stays beside the new one (a
+# sentence-transformers head beside a native classifier, an adapter beside a full model, an ONNX export, an
+# evaluation or plots of the old weights), to be loaded or pushed with it
+PREVIOUS_RUN_OUTPUTS = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "training_args.bin",
+    "config.json",
+    "mlcl_config.json",
+    "adapter_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "configuration_mlcl.py",
+    "modeling_mlcl.py",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "*.model",
+    "chat_template.jinja",
+    "README.md",
+    "thresholds.json",
+    "trainer_state.json",
+    "eval_*.json",
+    "1_Pooling",
+    "2_Dense",
+    "3_Dense",
+    "onnx",
+    "plots",
+)
 
 
 class InputError(ValueError):
@@ -127,10 +165,11 @@ def replaces_previous_run(args: Any, settings: dict | None = None) -> bool:
 
 
 def remove_previous_run(output_dir: str, is_main_process: bool = True) -> None:
-    """Delete what would let a later resume take the previous run in ``output_dir`` for this one: its
-    ``checkpoint-*`` folders, the files that mark a stage finished (``FINISHED_FILES``) and its run settings
+    """Delete the previous run in ``output_dir``: its ``checkpoint-*`` folders, the files that mark a stage
+    finished (``FINISHED_FILES``) and its run settings, which would let a later resume take it for this one, and
+    its model and what was derived from it (``PREVIOUS_RUN_OUTPUTS``), which would stay beside the new model
     (main process; every rank waits). Call it only once the new run's inputs have passed their checks, right
-    before training (:func:`replaces_previous_run`); its model files are replaced by the new run's save."""
+    before training (:func:`replaces_previous_run`). Other files in the folder stay."""
     if is_main_process:
         for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
@@ -138,6 +177,18 @@ def remove_previous_run(output_dir: str, is_main_process: bool = True) -> None:
             path = os.path.join(output_dir, name)
             if os.path.isfile(path):
                 os.remove(path)
+        present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+        gone = [name for name in present if any(fnmatch.fnmatch(name, p) for p in PREVIOUS_RUN_OUTPUTS)]
+        for name in gone:
+            path = os.path.join(output_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if gone:
+            logger.warning(
+                f"--overwrite_output_dir: removed the previous run's model files from {output_dir}"
+            )
     D.barrier()
 
 

@@ -158,12 +158,35 @@ def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, cap
     assert os.stat(weights).st_mtime_ns == before
     assert os.path.isfile(os.path.join(clf, "card_data.json"))
 
-    # --overwrite_output_dir true replaces the run, and its old checkpoints go with it
+    # --overwrite_output_dir true replaces the run, and its old checkpoints go with it; so does everything of the
+    # old model: a native head's classifier keeps no sentence-transformers head of the linear one, no ONNX export
+    # or evaluation of the old weights (they would load or be pushed with the new model); other files stay
     os.makedirs(os.path.join(enc, "checkpoint-1"))
     open(os.path.join(enc, "checkpoint-1", "trainer_state.json"), "w").write("{}")
-    assert main([*run, "--overwrite_output_dir", "true"]) == 0
+    assert os.path.isfile(os.path.join(clf, "modules.json")) and os.path.isdir(os.path.join(clf, "2_Dense"))
+    os.makedirs(os.path.join(clf, "onnx"))
+    for name in ("onnx/model.onnx", "eval_validation.json", "notes.txt"):
+        open(os.path.join(clf, name), "w").write("of the old run")
+    assert main([*run, "--overwrite_output_dir", "true", "--head", "native", "--pooling", "cls"]) == 0
     assert os.stat(weights).st_mtime_ns != before
     assert not os.path.exists(os.path.join(enc, "checkpoint-1"))
+    left = sorted(os.listdir(clf))
+    for name in (
+        "modules.json",
+        "2_Dense",
+        "1_Pooling",
+        "sentence_bert_config.json",
+        "onnx",
+        "eval_validation.json",
+    ):
+        assert name not in left, left
+    assert "notes.txt" in left and "config.json" in left
+    from transformers import AutoModelForSequenceClassification
+
+    assert (
+        type(AutoModelForSequenceClassification.from_pretrained(clf)).__name__
+        == "BertForSequenceClassification"
+    )
 
 
 def _files(folder) -> dict[str, bytes]:
