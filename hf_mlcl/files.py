@@ -5,7 +5,8 @@ hf_mlcl writes itself: metrics, thresholds, results tables and model cards (:fun
 :func:`atomic_write_json`), its own safetensors files (trainer state, cached features, LoRA adapters:
 :func:`atomic_write_safetensors`), and the files other libraries write to a path we name (copied adapter
 files: :func:`atomic_path`), each given the permissions the umask asks for (:func:`follow_umask`). A
-folder's footprint: :func:`folder_size`, :func:`format_size`. Model folders are made atomic by
+folder's footprint: :func:`folder_size`, :func:`format_size`; whether a failed write found the device full:
+:func:`disk_full`. Model folders are made atomic by
 ``MLCLPreTrainedModel.save_pretrained`` itself (that module ships as Hub remote code and must stay
 self-contained).
 """
@@ -25,6 +26,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_safetensors",
     "atomic_write_text",
+    "disk_full",
     "folder_size",
     "follow_umask",
     "format_size",
@@ -33,6 +35,34 @@ __all__ = [
 ]
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
+# how the writers hf_mlcl calls report a full device: Python's OSError, safetensors' Rust io error, torch's zip
+# writer, which reports the short write it got as "unexpected pos" (read with the free space, below)
+_FULL_MESSAGES = ("no space left on device", "os error 28")
+_SHORT_WRITE = "unexpected pos"
+_NEARLY_FULL = 1 << 20  # bytes
+
+
+def disk_full(error: BaseException, folder: str | None = None) -> bool:
+    """True when ``error`` (or an error it was raised from) says the device was full: ``ENOSPC``, or a writer's
+    message for it; a torch checkpoint writer's short write counts when ``folder``'s device has under 1 MiB free."""
+    import errno
+    import shutil
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        message = str(error).lower()
+        if any(text in message for text in _FULL_MESSAGES):
+            return True
+        if _SHORT_WRITE in message and folder is not None:
+            try:
+                return shutil.disk_usage(folder).free < _NEARLY_FULL
+            except OSError:
+                return False
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _umask() -> int:

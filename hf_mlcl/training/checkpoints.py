@@ -7,7 +7,6 @@ Design: docs/design.md, "Output folders and checkpoints (hf_mlcl/training/checkp
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
@@ -16,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from hf_mlcl.files import TMP_PREFIX
+from hf_mlcl.files import TMP_PREFIX, disk_full
 
 from . import distributed as D
 from .checksums import check_checkpoint, write_checksums
@@ -345,8 +344,8 @@ class CompleteCheckpointsMixin:
         limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
             super()._save_checkpoint(model, trial)
-        except OSError as err:
-            if err.errno != errno.ENOSPC:
+        except Exception as err:  # noqa: BLE001 (re-raised unless the device was full)
+            if not disk_full(err, run_dir):
                 raise
             raise CheckpointSaveError(
                 f"no space left on the device while writing {folder} (it stays marked incomplete and is never "

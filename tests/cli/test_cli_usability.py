@@ -860,6 +860,47 @@ def test_a_segmented_model_whose_length_is_no_multiple_of_its_segments_stops_bef
     assert "--max_length 128" in err[0] and not out.exists()
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device"),
+        Exception("No space left on device (os error 28)"),  # safetensors' Rust io error
+        RuntimeError("writing failed"),  # raised from a full device
+    ],
+)
+def test_a_full_device_is_one_line_naming_the_resume(monkeypatch, capsys, tmp_path, error):
+    import hf_mlcl.cli as cli
+
+    if isinstance(error, RuntimeError):
+        error.__cause__ = OSError(28, "No space left on device")
+
+    def full(ns, rest):
+        raise error
+
+    monkeypatch.setitem(cli.COMMANDS, "run", full)
+    assert main(["run", RECIPE, "--output_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and "no space left on the device" in err[0]
+        and "--resume_from_checkpoint true" in err[0]
+    ), err
+
+
+def test_disk_full_reads_the_error_chain_and_a_short_write_with_the_free_space(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from hf_mlcl.files import disk_full
+
+    assert disk_full(OSError(28, "No space left on device")) and not disk_full(OSError(2, "No such file"))
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 73792 vs 73680")
+    assert not disk_full(short) and not disk_full(short, str(tmp_path))  # room left: another failure
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10, 10, 0))
+    assert disk_full(short, str(tmp_path)) and not disk_full(ValueError("bad input"), str(tmp_path))
+
+
 def test_a_demo_rerun_with_other_losses_names_the_earlier_demos_method_folders(monkeypatch, capsys, tmp_path):
     """A demo into an earlier demo's folder rewrites its own methods' folders; the earlier demo's other methods
     stay and are named before any work (the table would not list them)."""
