@@ -249,6 +249,36 @@ def _check_segment_length(model_args: Any, data_args: Any) -> None:
         )
 
 
+# families whose learned position table starts after the padding index (RoBERTa's 514 rows hold 512 positions)
+_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
+
+
+def _check_positions(model_args: Any, data_args: Any, encoder_path: str | None) -> None:
+    """Before any stage: ``max_length`` within the positions a backbone with a learned position table has (a
+    longer text fails at its first forward past them: in training, or later in ``predict``). Rotary backbones
+    (Llama ...) and segmented models, whose segments are ``chunk_size`` long, have no such table to exceed."""
+    from hf_mlcl.modeling.builders import backbone_config_dict
+
+    length = getattr(data_args, "max_length", None)
+    if not length or getattr(model_args, "head", None) == "label_attention":
+        return
+    config = backbone_config_dict(model_args, encoder_path) or {}
+    positions = config.get("max_position_embeddings")
+    rotary = any(config.get(key) for key in ("rope_theta", "rope_scaling", "rope_parameters"))
+    if (
+        not isinstance(positions, int)
+        or rotary
+        or config.get("position_embedding_type", "absolute") != "absolute"
+    ):
+        return
+    limit = positions - 2 if config.get("model_type") in _POSITIONS_AFTER_PADDING else positions
+    if length > limit:
+        raise InputError(
+            f"max_length {length} is longer than the {limit} positions the backbone "
+            f"({config.get('model_type', 'its config')}) has; choose --max_length {limit} or less"
+        )
+
+
 def run_stages(
     model_args: Any,
     data_args: Any,
@@ -275,6 +305,7 @@ def run_stages(
         check_stage(stage_args[name])
     _check_lora_finetune_of_stage_one(model_args, stage_args)
     _check_segment_length(model_args, data_args)
+    _check_positions(model_args, data_args, encoder_path)
     results: dict[str, StageResult] = {}
     loss = encoder_loss(encoder_path)
     for i, name in enumerate(names, 1):

@@ -860,6 +860,18 @@ def test_a_segmented_model_whose_length_is_no_multiple_of_its_segments_stops_bef
     assert "--max_length 128" in err[0] and not out.exists()
 
 
+def test_a_length_past_the_backbones_position_table_stops_before_any_work(capsys, tmp_path):
+    """The tiny recipe's BERT has 64 positions: --max_length 10000 trained (short texts) and saved a length its
+    classifier could not read (predict crashed on a long text)."""
+    out = tmp_path / "run"
+    assert main(["run", RECIPE, "--max_length", "10000", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "max_length 10000 is longer than the 64 positions the backbone (bert) has" in err[0]
+    )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "error",
     [
