@@ -472,22 +472,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if os.environ.get("LOCAL_RANK", "0") == "0":
                 print(f"hf-mlcl {ns.command}: error: {peer}", file=sys.stderr)
             return 2
-        from hf_mlcl.files import disk_full
-
-        if disk_full(err):  # a write the device had no room for: what to do, in one line
-            failures.announce("no space left on the device")
-            resume = (
-                " with --resume_from_checkpoint true (the checkpoints written before are intact)"
-                if ns.command in ("train", "probe", "run")
-                else ""
-            )
-            first = str(err).splitlines()[0] if str(err) else ""
-            print(
-                f"hf-mlcl {ns.command}: error: no space left on the device ({type(err).__name__}: {first}); free "
-                f"space, then run the command again{resume}",
-                file=sys.stderr,
-            )
-            return 2
         failures.announce(f"{type(err).__name__}: {err}")
         raise
     finally:

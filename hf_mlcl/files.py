@@ -36,27 +36,25 @@ __all__ = [
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
 # how the writers hf_mlcl calls report a full device: Python's OSError, safetensors' Rust io error, torch's zip
-# writer, which reports the short write it got as "unexpected pos" (read with the free space, below)
-_FULL_MESSAGES = ("no space left on device", "os error 28")
-_SHORT_WRITE = "unexpected pos"
+# writer, which reports the short write it got as "unexpected pos"; each is read with the free space left
+_FULL_MESSAGES = ("no space left on device", "os error 28", "unexpected pos")
 _NEARLY_FULL = 1 << 20  # bytes
 
 
-def disk_full(error: BaseException, folder: str | None = None) -> bool:
-    """True when ``error`` (or an error it was raised from) says the device was full: ``ENOSPC``, or a writer's
-    message for it; a torch checkpoint writer's short write counts when ``folder``'s device has under 1 MiB free."""
+def disk_full(error: BaseException, folder: str) -> bool:
+    """True when ``error`` (or an error it was raised from) reports a failed write (``ENOSPC``, or a writer's
+    message for it) and ``folder``'s device has under 1 MiB free: another device's full (a shared-memory
+    segment, an inotify limit, which also say ENOSPC) is not taken for the folder's."""
     import errno
     import shutil
 
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return True
         message = str(error).lower()
-        if any(text in message for text in _FULL_MESSAGES):
-            return True
-        if _SHORT_WRITE in message and folder is not None:
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or any(
+            t in message for t in _FULL_MESSAGES
+        ):
             try:
                 return shutil.disk_usage(folder).free < _NEARLY_FULL
             except OSError:

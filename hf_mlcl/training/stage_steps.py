@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from hf_mlcl.files import atomic_write_json, move_into
+from hf_mlcl.files import atomic_write_json, disk_full, move_into
 from hf_mlcl.modeling.builders import align_special_tokens, is_mlcl_checkpoint, segment_multiple
 
 from . import distributed as D
-from .checkpoints import TRAINER_STATE, resolve_resume, wants_resume
+from .checkpoints import TRAINER_STATE, CheckpointSaveError, resolve_resume, wants_resume
 from .preflight import METRICS_FILE, remove_previous_run, replaces_previous_run, require_a_step
 from .run_settings import RUN_SETTINGS_FILE, changed_settings, check_resume_settings
 
@@ -184,7 +184,23 @@ def save_stage(
     the ranks gather the weights together); the process that writes the folder (``args.should_save``: the
     global main process, or each node's main process with ``save_on_each_node``) writes the tokenizer (when
     the model's save did not), ``trainer_state.json`` (trained stages) and ``files`` (name -> JSON data); a
-    barrier: the folder is complete before any rank goes on."""
+    barrier: the folder is complete before any rank goes on. A device without room for it: one line
+    (:class:`~hf_mlcl.training.checkpoints.CheckpointSaveError`), not a writer's traceback."""
+    try:
+        _write_stage(trainer, tokenizer, files, save_model)
+    except Exception as err:  # noqa: BLE001 (re-raised unless the device is full)
+        if not disk_full(err, trainer.args.output_dir):
+            raise
+        raise CheckpointSaveError(
+            f"no space left on the device while saving {trainer.args.output_dir} ({type(err).__name__}): free "
+            "space, then run the command again with --resume_from_checkpoint true"
+        ) from err
+    D.barrier()
+
+
+def _write_stage(
+    trainer: Any, tokenizer: Any, files: Mapping[str, Any], save_model: Callable[[], bool]
+) -> None:
     wrote_tokenizer = save_model()
     if trainer.run_settings is not None:
         files = {**files, RUN_SETTINGS_FILE: trainer.run_settings}
@@ -197,7 +213,6 @@ def save_stage(
             trainer.state.save_to_json(os.path.join(out, TRAINER_STATE))
         for name, content in files.items():
             atomic_write_json(os.path.join(out, name), content)
-    D.barrier()
 
 
 def staged_save(trainer: Any, save: Callable[[str], bool], native: Callable[[str], bool]) -> bool:

@@ -873,44 +873,93 @@ def test_a_length_past_the_backbones_position_table_stops_before_any_work(capsys
 
 
 @pytest.mark.parametrize(
+    "config, length, refused",
+    [
+        ({"model_type": "roberta", "max_position_embeddings": 514}, 512, False),
+        ({"model_type": "roberta", "max_position_embeddings": 514}, 513, True),
+        (
+            {"model_type": "mpnet", "max_position_embeddings": 66},
+            65,
+            True,
+        ),  # positions after the padding index
+        (
+            {"model_type": "deberta-v2", "max_position_embeddings": 512, "relative_attention": True},
+            1024,
+            False,
+        ),
+        ({"model_type": "llama", "max_position_embeddings": 64}, 128, False),  # rotary: no table to run past
+        (
+            {"model_type": "bert", "max_position_embeddings": 64, "position_embedding_type": "relative_key"},
+            128,
+            False,
+        ),
+    ],
+)
+def test_the_position_check_knows_which_families_have_a_learned_table(config, length, refused):
+    from types import SimpleNamespace
+
+    from hf_mlcl.training.preflight import InputError
+    from hf_mlcl.training.stages import _check_positions
+
+    model_args = SimpleNamespace(model_name_or_path=None, backbone_config=config, head="linear")
+    check = lambda: _check_positions(model_args, SimpleNamespace(max_length=length), None)  # noqa: E731
+    if refused:
+        with pytest.raises(InputError, match=f"max_length {length} is longer than"):
+            check()
+    else:
+        check()
+
+
+@pytest.mark.parametrize(
     "error",
     [
         OSError(28, "No space left on device"),
         Exception("No space left on device (os error 28)"),  # safetensors' Rust io error
-        RuntimeError("writing failed"),  # raised from a full device
+        RuntimeError(
+            "[enforce fail at inline_container.cc:672] . unexpected pos 73792 vs 73680"
+        ),  # torch's writer
     ],
 )
-def test_a_full_device_is_one_line_naming_the_resume(monkeypatch, capsys, tmp_path, error):
-    import hf_mlcl.cli as cli
+def test_a_stage_save_on_a_full_device_is_one_line_naming_the_resume(monkeypatch, capsys, tmp_path, error):
+    """A stage's final save failing for want of room: one line (it printed the writer's traceback, exit 1); the
+    same error with room left on the folder's device is another failure and keeps its traceback."""
+    import shutil
+    from collections import namedtuple
 
-    if isinstance(error, RuntimeError):
-        error.__cause__ = OSError(28, "No space left on device")
+    import hf_mlcl.training.stage_steps as steps
 
-    def full(ns, rest):
+    def full(*args):
         raise error
 
-    monkeypatch.setitem(cli.COMMANDS, "run", full)
-    assert main(["run", RECIPE, "--output_dir", str(tmp_path / "run")]) == 2
+    monkeypatch.setattr(steps, "_write_stage", full)
+    run = ["run", RECIPE, "--max_steps", "1", "--no_plots", "--disable_tqdm", "true"]
+    with pytest.raises(type(error)):  # room left: not a full device
+        main([*run, "--output_dir", str(tmp_path / "roomy")])
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10, 10, 0))
+    capsys.readouterr()
+    assert main([*run, "--output_dir", str(tmp_path / "full")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1
-        and "no space left on the device" in err[0]
-        and "--resume_from_checkpoint true" in err[0]
-    ), err
+    assert len(err) == 1 and "no space left on the device while saving" in err[0], err
+    assert "--resume_from_checkpoint true" in err[0]
 
 
-def test_disk_full_reads_the_error_chain_and_a_short_write_with_the_free_space(tmp_path, monkeypatch):
+def test_disk_full_needs_a_failed_write_and_no_room_on_the_folders_device(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple
 
     from hf_mlcl.files import disk_full
 
-    assert disk_full(OSError(28, "No space left on device")) and not disk_full(OSError(2, "No such file"))
-    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 73792 vs 73680")
-    assert not disk_full(short) and not disk_full(short, str(tmp_path))  # room left: another failure
+    nospace = OSError(28, "No space left on device")  # also a full /dev/shm, an inotify limit
+    assert not disk_full(nospace, str(tmp_path))  # room left on the folder's device: another device's
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10, 10, 0))
-    assert disk_full(short, str(tmp_path)) and not disk_full(ValueError("bad input"), str(tmp_path))
+    chained = RuntimeError("writing failed")
+    chained.__cause__ = nospace
+    assert disk_full(nospace, str(tmp_path)) and disk_full(chained, str(tmp_path))
+    assert not disk_full(OSError(2, "No such file"), str(tmp_path)) and not disk_full(
+        ValueError("bad"), str(tmp_path)
+    )
 
 
 def test_a_demo_rerun_with_other_losses_names_the_earlier_demos_method_folders(monkeypatch, capsys, tmp_path):
