@@ -150,11 +150,12 @@ class MLCLEncoder(MLCLPreTrainedModel):
 
         ``output="embeddings"`` gives the projected vectors, ``"pooled"`` the backbone representation
         (what a linear probe uses). ``normalize=True`` L2-normalises the rows. ``max_length`` truncates;
-        default: the tokenizer's ``model_max_length`` (in a folder hf_mlcl wrote, the length it trained at, as
-        its sentence-transformers form truncates), none where the tokenizer sets no limit.
+        default: the tokenizer's ``model_max_length`` (in a sentence-transformers folder hf_mlcl wrote, the length
+        it trained at, where that form truncates), 512 where the tokenizer sets no limit or the encoder reads
+        segments (PLM-ICD: pass the trained length).
         """
         if max_length is None:
-            max_length = tokenizer_limit(tokenizer)
+            max_length = (None if self.config.segmented else tokenizer_limit(tokenizer)) or 512
         if output not in ("embeddings", "pooled"):
             raise ValueError(f"output must be 'embeddings' or 'pooled'; got {output!r}")
         if batch_size <= 0:

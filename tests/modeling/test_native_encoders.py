@@ -131,6 +131,9 @@ def test_encode_truncates_where_the_saved_folder_was_trained(tmp_path, encoders,
     assert (got - want).abs().max() <= 1e-5
     longer = MLCLEncoder.from_pretrained(folder).encode(texts, tok, output="pooled", max_length=64)
     assert (longer[0] - got[0]).abs().max() > 1e-3  # the long text was cut
+    tok.model_max_length = int(1e30)  # a tokenizer that sets no limit: cut at 512, as before
+    unlimited = MLCLEncoder.from_pretrained(folder).encode([" ".join(["word"] * 600)], tok, output="pooled")
+    assert unlimited.shape[0] == 1
 
 
 def test_the_sentence_embedding_of_a_written_encoder_folder_can_be_switched(
