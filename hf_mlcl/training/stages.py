@@ -249,33 +249,48 @@ def _check_segment_length(model_args: Any, data_args: Any) -> None:
         )
 
 
-# families whose learned position table starts after the padding index (RoBERTa's 514 rows hold 512 positions)
-_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert")
+# families with a learned table of absolute positions, and how many of its rows come before the first position
+# (RoBERTa's family starts after the padding index: 514 rows hold 512 positions); others (rotary, relative:
+# Llama, DeBERTa, ModernBERT ...) have no such table to run past
+_LEARNED_POSITIONS = {
+    **dict.fromkeys(("bert", "distilbert", "electra", "albert", "ernie", "megatron-bert"), 0),
+    **dict.fromkeys(
+        (
+            "roberta",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "camembert",
+            "mpnet",
+            "longformer",
+            "roberta-prelayernorm",
+            "data2vec-text",
+        ),
+        2,
+    ),
+}
 
 
 def _check_positions(model_args: Any, data_args: Any, encoder_path: str | None) -> None:
     """Before any stage: ``max_length`` within the positions a backbone with a learned position table has (a
-    longer text fails at its first forward past them: in training, or later in ``predict``). Rotary backbones
-    (Llama ...) and segmented models, whose segments are ``chunk_size`` long, have no such table to exceed."""
+    longer text fails at its first forward past them: in training, or later in ``predict``). Segmented models,
+    whose segments are ``chunk_size`` long, and families without such a table are not checked."""
     from hf_mlcl.modeling.builders import backbone_config_dict
 
     length = getattr(data_args, "max_length", None)
     if not length or getattr(model_args, "head", None) == "label_attention":
         return
     config = backbone_config_dict(model_args, encoder_path) or {}
+    offset = _LEARNED_POSITIONS.get(config.get("model_type"))
     positions = config.get("max_position_embeddings")
-    rotary = any(config.get(key) for key in ("rope_theta", "rope_scaling", "rope_parameters"))
-    if (
-        not isinstance(positions, int)
-        or rotary
-        or config.get("position_embedding_type", "absolute") != "absolute"
-    ):
+    if offset is None or not isinstance(positions, int):
         return
-    limit = positions - 2 if config.get("model_type") in _POSITIONS_AFTER_PADDING else positions
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        return
+    limit = positions - offset
     if length > limit:
         raise InputError(
-            f"max_length {length} is longer than the {limit} positions the backbone "
-            f"({config.get('model_type', 'its config')}) has; choose --max_length {limit} or less"
+            f"max_length {length} is longer than the {limit} positions the backbone ({config['model_type']}) has; "
+            f"choose --max_length {limit} or less"
         )
 
 
