@@ -53,8 +53,9 @@ FINISHED_FILES = (METRICS_FILE, CARD_DATA_FILE)
 # sentence-transformers head beside a native classifier, an adapter beside a full model, an ONNX export, an
 # evaluation or plots of the old weights), to be loaded or pushed with it
 PREVIOUS_RUN_OUTPUTS = (
-    "*.safetensors",
-    "*.safetensors.index.json",
+    "model*.safetensors",  # (not every *.safetensors: a feature cache kept in the folder is no model)
+    "adapter_model.safetensors",
+    "model*.safetensors.index.json",
     "pytorch_model*.bin",
     "training_args.bin",
     "config.json",
@@ -169,7 +170,9 @@ def remove_previous_run(output_dir: str, is_main_process: bool = True) -> None:
     finished (``FINISHED_FILES``) and its run settings, which would let a later resume take it for this one, and
     its model and what was derived from it (``PREVIOUS_RUN_OUTPUTS``), which would stay beside the new model
     (main process; every rank waits). Call it only once the new run's inputs have passed their checks, right
-    before training (:func:`replaces_previous_run`). Other files in the folder stay."""
+    before training (:func:`replaces_previous_run`). Other files in the folder stay. Every rank has loaded its
+    model before anything goes (the folder may be the one it loaded from)."""
+    D.barrier()
     if is_main_process:
         for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")

@@ -165,7 +165,7 @@ def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, cap
     open(os.path.join(enc, "checkpoint-1", "trainer_state.json"), "w").write("{}")
     assert os.path.isfile(os.path.join(clf, "modules.json")) and os.path.isdir(os.path.join(clf, "2_Dense"))
     os.makedirs(os.path.join(clf, "onnx"))
-    for name in ("onnx/model.onnx", "eval_validation.json", "notes.txt"):
+    for name in ("onnx/model.onnx", "eval_validation.json", "notes.txt", "0123abcd.safetensors"):
         open(os.path.join(clf, name), "w").write("of the old run")
     assert main([*run, "--overwrite_output_dir", "true", "--head", "native", "--pooling", "cls"]) == 0
     assert os.stat(weights).st_mtime_ns != before
@@ -180,7 +180,9 @@ def test_rerun_guard_resume_skips_the_finished_stage_and_overwrite(tmp_path, cap
         "eval_validation.json",
     ):
         assert name not in left, left
-    assert "notes.txt" in left and "config.json" in left
+    assert (
+        "notes.txt" in left and "0123abcd.safetensors" in left and "config.json" in left
+    )  # a feature cache stays
     from transformers import AutoModelForSequenceClassification
 
     assert (
