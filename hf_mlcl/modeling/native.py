@@ -184,11 +184,8 @@ def set_sentence_embedding(folder: str, embedding: str) -> None:
 
     modules = listed_modules(embedding)  # the embedding checked first
     settings = native_settings(folder)
-    if (
-        not settings
-        or settings.get("kind") != "encoder"
-        or settings.get("layout", SENTENCE_TRANSFORMERS) != (SENTENCE_TRANSFORMERS)
-    ):
+    layout = (settings or {}).get("layout", SENTENCE_TRANSFORMERS)
+    if not settings or settings.get("kind") != "encoder" or layout != SENTENCE_TRANSFORMERS:
         raise ValueError(
             f"{folder} holds no sentence-transformers encoder hf_mlcl wrote (no {MLCL_FILE} of kind encoder); "
             "an hf_mlcl-format encoder folder takes the embedding in to_sentence_transformers(folder, embedding=...)"

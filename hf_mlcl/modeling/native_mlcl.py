@@ -50,7 +50,10 @@ __all__ = [
 MLCL_FILE = "mlcl_config.json"
 POOLING_DIR = "1_Pooling"
 DENSE_DIRS = ("2_Dense", "3_Dense")
-EMBEDDINGS = ("pooled", "projected")
+# an encoder folder's sentence embeddings, each with the modules its modules.json lists: Transformer and Pooling,
+# then for the projected one the projection head's two Dense modules
+_LISTED = {"pooled": 2, "projected": 4}
+EMBEDDINGS = tuple(_LISTED)
 _ST_POOLING_KEYS = {
     "cls": "pooling_mode_cls_token",
     "mean": "pooling_mode_mean_tokens",
@@ -122,11 +125,10 @@ def _modules_list(listed: int) -> list[dict[str, Any]]:
 
 
 def listed_modules(embedding: str) -> list[dict[str, Any]]:
-    """``modules.json`` of an encoder folder whose sentence embedding is ``embedding`` (``"pooled"``: Transformer
-    and Pooling; ``"projected"``: then the projection head's two Dense modules)."""
+    """``modules.json`` of an encoder folder whose sentence embedding is ``embedding`` (``EMBEDDINGS``)."""
     if embedding not in EMBEDDINGS:
         raise ValueError(f"embedding must be one of {EMBEDDINGS}; got {embedding!r}")
-    return _modules_list(2 if embedding == "pooled" else 4)
+    return _modules_list(_LISTED[embedding])
 
 
 def _write_modules(
@@ -211,8 +213,7 @@ def write_sentence_transformers_files(
     ]
     hidden = int(projection_head["dense.weight"].shape[1])
     dtype = base_dtype(config) if backbone_config is not None else None
-    listed = len(listed_modules(embedding))
-    _write_modules(folder, config.pooling, hidden, dense, listed, max_seq_length, dtype)
+    _write_modules(folder, config.pooling, hidden, dense, _LISTED[embedding], max_seq_length, dtype)
     settings = {"kind": "encoder", **{key: getattr(config, key) for key in _SETTINGS}}
     settings.update(embedding=embedding, max_seq_length=max_seq_length)
     if backbone_config is not None:
