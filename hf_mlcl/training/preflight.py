@@ -176,19 +176,16 @@ def remove_previous_run(output_dir: str, is_main_process: bool = True) -> None:
     if is_main_process:
         for path in remove_checkpoints(output_dir):
             logger.warning(f"--overwrite_output_dir: removed {path} of the previous run")
-        for name in (*FINISHED_FILES, RUN_SETTINGS_FILE):
-            path = os.path.join(output_dir, name)
-            if os.path.isfile(path):
-                os.remove(path)
+        patterns = (*FINISHED_FILES, RUN_SETTINGS_FILE, *PREVIOUS_RUN_OUTPUTS)
         present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-        gone = [name for name in present if any(fnmatch.fnmatch(name, p) for p in PREVIOUS_RUN_OUTPUTS)]
+        gone = [name for name in present if any(fnmatch.fnmatch(name, p) for p in patterns)]
         for name in gone:
             path = os.path.join(output_dir, name)
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             else:
                 os.remove(path)
-        if gone:
+        if set(gone) - {*FINISHED_FILES, RUN_SETTINGS_FILE}:
             logger.warning(
                 f"--overwrite_output_dir: removed the previous run's model files from {output_dir}"
             )
