@@ -80,9 +80,8 @@ class MultiLabelCollator:
             raise ValueError(
                 "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to eos_token) first"
             )
-        if (
-            pad_to_multiple_of and max_length % pad_to_multiple_of
-        ):  # the tokenizer refuses it at the first batch
+        # for every padding: the tokenizer refuses a truncation length off the multiple at the first batch
+        if pad_to_multiple_of and max_length % pad_to_multiple_of:
             raise ValueError(
                 f"max_length={max_length} is not a multiple of pad_to_multiple_of={pad_to_multiple_of}; "
                 "choose e.g. max_length=3072 with chunk_size 128"
