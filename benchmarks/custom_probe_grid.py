@@ -57,7 +57,10 @@ def _validation_macro_f1(folder: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", default=os.path.join(REPO, "benchmarks", "work", "custom_probe_grid"))
+    # the runs' folders (an encoder per size, a classifier per cell while it is scored) go beside the checkout,
+    # as the studies' do; the scores go to --out
+    runs = os.environ.get("MLCL_RUNS", os.path.join(os.path.dirname(REPO), "runs"))
+    parser.add_argument("--work", default=os.path.join(runs, "custom_probe_grid"))
     parser.add_argument(
         "--out", default=os.path.join(REPO, "benchmarks", "cpu_results", "custom_probe_grid.json")
     )
