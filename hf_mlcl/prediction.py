@@ -115,11 +115,11 @@ def predict_texts(
     """
     from tqdm.auto import tqdm
 
-    from hf_mlcl.modeling.modeling_mlcl import model_inputs
+    from hf_mlcl.modeling.modeling_mlcl import model_inputs, tokenizer_limit
 
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive; got {batch_size}")
-    length = max_length or min(int(getattr(tokenizer, "model_max_length", 512) or 512), 512)
+    length = max_length or min(tokenizer_limit(tokenizer) or 512, 512)
     device = next(model.parameters()).device
     scores = np.zeros((len(texts), int(model.config.num_labels)), dtype=np.float32)
     with tqdm(total=len(texts), desc="Predicting", unit="text", disable=not progress) as bar:
