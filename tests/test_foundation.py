@@ -1,5 +1,8 @@
 """The shared pieces: on-the-fly tokenizers and the argument dataclasses."""
 
+import json
+import pickle
+
 import pytest
 from transformers import HfArgumentParser
 
@@ -87,6 +90,37 @@ def test_tokenizer_bad_input():
         train_tokenizer(["a b"], style="gpt")
     with pytest.raises(ValueError, match="at least one text"):
         train_tokenizer([])
+
+
+@pytest.mark.parametrize("style", ["bert", "llama"])
+def test_tokenizers_save_under_a_class_name_transformers_4_reads(style, tmp_path):
+    """transformers 5 writes its generic fast tokenizer as "TokenizersBackend", which transformers 4.x cannot load;
+    hf_mlcl's tokenizers, trained or reloaded, save as "PreTrainedTokenizerFast" and reload to the same ids."""
+    from transformers import AutoTokenizer
+
+    from hf_mlcl.data.tokenizer import portable_tokenizer
+
+    texts = ["chest pain and fever", "the patient was admitted"] * 4
+    trained = train_tokenizer(texts, vocab_size=80, style=style)
+    trained.save_pretrained(tmp_path / "first")
+    reloaded = AutoTokenizer.from_pretrained(tmp_path / "first")
+    assert type(reloaded).__name__ == "TokenizersBackend"  # what transformers 5 makes of the name
+    portable_tokenizer(reloaded).save_pretrained(tmp_path / "second")
+    for folder in ("first", "second"):
+        config = json.loads((tmp_path / folder / "tokenizer_config.json").read_text())
+        assert config["tokenizer_class"] == "PreTrainedTokenizerFast", folder
+    assert reloaded("chest pain")["input_ids"] == trained("chest pain")["input_ids"]
+    assert pickle.loads(pickle.dumps(reloaded))("fever")["input_ids"] == trained("fever")["input_ids"]
+
+
+def test_portable_tokenizer_leaves_a_family_class_alone():
+    from transformers import BertTokenizer
+
+    from hf_mlcl.data.tokenizer import portable_tokenizer
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "chest", "pain"])}
+    family = BertTokenizer(vocab=vocab)
+    assert type(portable_tokenizer(family)) is BertTokenizer
 
 
 def test_arguments_from_dict_and_command_line(tmp_path):

@@ -1,9 +1,11 @@
-"""Tokenizers: one trained on the fly (offline demo, tests, synthetic benchmarks), and the pad-token policy.
+"""Tokenizers: one trained on the fly (offline demo, tests, synthetic benchmarks), the pad-token policy, and the
+class name tokenizers are saved under.
 
 :func:`train_tokenizer` touches no Hub: the tokenizer is learned from the given texts with the
 `tokenizers` library and wrapped in a `PreTrainedTokenizerFast`, so it saves and loads like any Hub
 tokenizer. :func:`ensure_pad_token` is the one pad-token policy of hf_mlcl (decoder tokenizers have
-none); the stages call it for every tokenizer.
+none); the stages call it for every tokenizer. :func:`portable_tokenizer` makes a generic fast tokenizer save
+under a class name every transformers version reads.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerFast
 
 _STYLES = ("bert", "llama")
+_GENERIC_FAST = PreTrainedTokenizerFast  # transformers 5 names this class TokenizersBackend
 LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
 
 
@@ -64,7 +67,7 @@ def train_tokenizer(
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B:1", special_tokens=[("<s>", bos_id)]
     )
-    return PreTrainedTokenizerFast(
+    return PortableTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
@@ -114,7 +117,7 @@ def _wrap_bert(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
-    return PreTrainedTokenizerFast(
+    return PortableTokenizerFast(
         tokenizer_object=tok,
         unk_token="[UNK]",
         pad_token="[PAD]",
@@ -170,3 +173,29 @@ def ensure_pad_token(tokenizer: Any, config: Any = None) -> int:
             if isinstance(getattr(cfg, "backbone_config", None), dict):
                 cfg.backbone_config["pad_token_id"] = pad_id
     return pad_id
+
+
+class PortableTokenizerFast(_GENERIC_FAST):
+    """The generic fast tokenizer, saved with ``"tokenizer_class": "PreTrainedTokenizerFast"``.
+
+    transformers 5 writes the generic class as ``TokenizersBackend``, a name transformers 4.x cannot load; the
+    older name loads in both (5.x keeps it as an alias). Only the name written by ``save_pretrained`` changes.
+    """
+
+
+PortableTokenizerFast.__name__ = "PreTrainedTokenizerFast"  # the class name save_pretrained writes
+
+
+def portable_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer``, saved from now on under a class name every transformers version reads: a generic fast
+    tokenizer (what ``AutoTokenizer`` gives for Llama-3's or a tokenizer trained on the fly) becomes a
+    :class:`PortableTokenizerFast`; a model family's own class is left as it is.
+
+    Example::
+
+        tok = portable_tokenizer(AutoTokenizer.from_pretrained("meta-llama/Llama-3.1-8B"))
+        tok.save_pretrained("out")  # tokenizer_config.json: "tokenizer_class": "PreTrainedTokenizerFast"
+    """
+    if type(tokenizer) is _GENERIC_FAST:
+        tokenizer.__class__ = PortableTokenizerFast
+    return tokenizer

@@ -262,8 +262,9 @@ def build_tokenizer_and_encoder(
         raise ValueError(
             "set model_args.model_name_or_path (a backbone or hf_mlcl encoder) or model_args.backbone_config"
         )
-    from hf_mlcl.data.tokenizer import ensure_pad_token
+    from hf_mlcl.data.tokenizer import ensure_pad_token, portable_tokenizer
 
+    tokenizer = portable_tokenizer(tokenizer)  # saved under a class name transformers 4.x reads, too
     ensure_pad_token(tokenizer)  # the one pad-token policy (Llama-3 reserved pad, else EOS)
     backbone_cfg = getattr(getattr(encoder, "backbone", None), "config", None)
     if backbone_cfg is not None and getattr(backbone_cfg, "pad_token_id", None) is None:

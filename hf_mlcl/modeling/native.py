@@ -82,7 +82,9 @@ def _source_tokenizer(folder: str, tokenizer: Any, target: str | None) -> Any:
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    from hf_mlcl.data.tokenizer import portable_tokenizer
+
+    return portable_tokenizer(AutoTokenizer.from_pretrained(folder))
 
 
 def _remove_hf_mlcl_files(folder: str, *extra: str) -> None:

@@ -79,6 +79,13 @@ def test_run_writes_both_stages_cards_metrics_and_plots(run_dir):
     # eval_test.json (written by the evaluation step) agrees with the probe's own test metrics
     evaluated = json.load(open(os.path.join(clf, "eval_test.json")))
     assert evaluated["test_micro_f1"] == pytest.approx(results["probe"]["test_micro_f1"], abs=1e-6)
+    # every tokenizer the run saved names a class transformers 4.x loads too (not 5.x's "TokenizersBackend")
+    saved = [d for d, _, files in os.walk(run_dir) if "tokenizer_config.json" in files]
+    assert {enc, clf} <= set(saved)
+    for folder in saved:
+        assert json.load(open(os.path.join(folder, "tokenizer_config.json")))["tokenizer_class"] == (
+            "PreTrainedTokenizerFast"
+        ), folder
 
 
 def test_classifier_loads_in_sentence_transformers_without_remote_code(run_dir):
