@@ -66,13 +66,17 @@ def _load(folder: str) -> tuple[nn.Module, str]:
 def _save(program: Any, path: str) -> None:
     """Save the exported ``program`` as ``path`` and, for a model over 2 GB, the external data file beside it
     that ``path`` names (``model.onnx.data``): written in a temporary folder beside ``path`` and moved in, the
-    data first, so an interrupted export leaves no half-written model and no temporary names inside it."""
+    data first, so an interrupted export leaves no half-written model and no temporary names inside it. A staging
+    folder a killed export left behind is removed first."""
     import shutil
     import tempfile
 
     from hf_mlcl.files import TMP_PREFIX
 
     folder = os.path.dirname(path)
+    for name in os.listdir(folder):
+        if name.startswith(TMP_PREFIX):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
     staging = tempfile.mkdtemp(dir=folder, prefix=TMP_PREFIX)
     try:
         program.save(os.path.join(staging, os.path.basename(path)))

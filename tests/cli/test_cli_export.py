@@ -115,7 +115,7 @@ def test_export_of_a_segmented_model_is_one_line(tmp_path, tiny_roberta_config, 
 
 def test_a_model_over_two_gigabytes_keeps_its_data_file_under_the_name_the_model_reads(tmp_path):
     """torch.onnx writes the weights of a model over 2 GB to '<model file name>.data' and records that name in
-    the model: both land in onnx/ under those names, with no temporary file left."""
+    the model: both land in onnx/ under those names, with no temporary file left, nor one a killed export left."""
     from hf_mlcl.onnx_export import _save
 
     class Program:
@@ -126,7 +126,8 @@ def test_a_model_over_two_gigabytes_keeps_its_data_file_under_the_name_the_model
                 fh.write("graph naming " + os.path.basename(path) + ".data")
 
     folder = tmp_path / "onnx"
-    folder.mkdir()
+    (folder / ".tmp-killed").mkdir(parents=True)  # the staging folder of an export killed while saving
+    (folder / ".tmp-killed" / "model.onnx").write_text("half")
     _save(Program(), str(folder / "model.onnx"))
     assert sorted(os.listdir(folder)) == ["model.onnx", "model.onnx.data"]
     assert (folder / "model.onnx").read_text() == "graph naming model.onnx.data"
