@@ -3,7 +3,8 @@ Similarity-Dissimilarity stage 1, mean pooling, a frozen linear probe) on the CS
 (2,000 random GoEmotions train rows, seed 0, the 28 emotions by name), with the recipe's head (``linear`` on the
 mean-pooled states) and with ``head: native`` (BERT's pooler on the first token, then the linear layer: a
 ``BertForSequenceClassification``) probing the same stage-1 encoder. Validation macro-F1 only (the CSV has no
-test split); seeds 1-3 (stage 1 and probe). Resumable: a finished cell is skipped.
+test split); seeds 1-3 (stage 1 and probe). Resumable: a finished cell is skipped, unless the recipe changed since
+it ran (each cell records the recipe's key, a hash of its settings).
 
     python studies/native_head.py            # runs what is missing, prints the table
 """
@@ -58,13 +59,27 @@ def _hf_mlcl(*args: str) -> None:
     subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+def recipe_key() -> str:
+    """A hash of the recipe's settings (its ``_base_`` chain resolved): a cell run with other settings is stale."""
+    import hashlib
+
+    from hf_mlcl.recipes import load_recipe
+
+    settings = json.dumps(load_recipe(RECIPE), sort_keys=True, default=str)
+    return hashlib.sha256(settings.encode()).hexdigest()[:12]
+
+
 def run_cell(seed: int, data: str) -> dict[str, float]:
     """Stage 1 + the recipe's linear probe (``hf-mlcl run``), then the native head on the same encoder."""
     out = os.path.join(RESULTS, f"seed{seed}.json")
+    key = recipe_key()
     if os.path.isfile(out):
         with open(out, encoding="utf-8") as fh:
-            return json.load(fh)
-    run = os.path.join(RUNS, "native_head", f"seed{seed}")
+            done = json.load(fh)
+        if done.get("recipe") == key:
+            return done
+        print(f"{out}: ran with other recipe settings; running it again", flush=True)
+    run = os.path.join(RUNS, "native_head", key, f"seed{seed}")
     common = ["--dataset", data, "--model_name_or_path", _minilm(), "--seed", str(seed)]
     if not os.path.isfile(os.path.join(run, "classifier", "metrics.json")):
         _hf_mlcl("run", RECIPE, *common, "--output_dir", run, "--no_plots")
@@ -80,7 +95,7 @@ def run_cell(seed: int, data: str) -> dict[str, float]:
             "--output_dir",
             os.path.join(run, "native"),
         )
-    scores = {}
+    scores: dict = {"recipe": key}
     for head, folder in zip(HEADS, ("classifier", "native")):
         with open(os.path.join(run, folder, "metrics.json"), encoding="utf-8") as fh:
             scores[head] = float(json.load(fh)["validation_macro_f1"])
