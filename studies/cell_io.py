@@ -146,11 +146,15 @@ def finished(out_dir: str, force: bool, without_per_label: bool = False) -> bool
     return not without_per_label or os.path.isfile(os.path.join(out_dir, "per_label_f1.json"))
 
 
-def drop_finished_run_checkpoints(folder: str, out_dir: str) -> list[str]:
-    """Before a finished cell in ``out_dir`` runs again (``--force``, ``--rerun-without-per-label``): delete the
-    ``checkpoint-*`` folders in ``folder`` that its finished run left (older than its metrics.json), so the
-    rerun trains anew instead of resuming from that run's last checkpoint; a rerun's own checkpoints (newer)
-    stay for its resume. Returns the folders deleted."""
+RUN_RECORDS = ("timeline.jsonl", "epoch_test.jsonl")  # appended per epoch by studies/run.py's callbacks
+
+
+def drop_finished_run_files(folder: str, out_dir: str) -> list[str]:
+    """Before a finished cell in ``out_dir`` runs again (``--force``, ``--rerun-without-per-label``): delete what
+    its finished run left in ``folder`` (older than its metrics.json): the ``checkpoint-*`` folders, so the rerun
+    trains anew instead of resuming from that run's last checkpoint, and the per-epoch records
+    (:data:`RUN_RECORDS`), which the rerun would append to. A rerun's own files (newer) stay for its resume.
+    Returns the paths deleted."""
     import shutil
 
     done = os.path.join(out_dir, "metrics.json")
@@ -160,10 +164,14 @@ def drop_finished_run_checkpoints(folder: str, out_dir: str) -> list[str]:
     stale = [
         os.path.join(folder, name)
         for name in sorted(os.listdir(folder))
-        if name.startswith("checkpoint-") and os.path.getmtime(os.path.join(folder, name)) < finished_at
+        if (name.startswith("checkpoint-") or name in RUN_RECORDS)
+        and os.path.getmtime(os.path.join(folder, name)) < finished_at
     ]
     for path in stale:
-        shutil.rmtree(path)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
     return stale
 
 

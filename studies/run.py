@@ -313,7 +313,7 @@ def run_cell(
     m_args, d_args, p_args = parse_stage(recipe, stage2, ov, output_dir=probe_dir)
     if loss == "bce":
         p_args.loss = "bce"
-    for path in cell_io.drop_finished_run_checkpoints(probe_dir, out_dir):  # a rerun trains anew
+    for path in cell_io.drop_finished_run_files(probe_dir, out_dir):  # a rerun trains anew
         print(f"RERUN: removed {path} of the finished run", flush=True)
     if probe != "logistic" and _has_checkpoint(probe_dir):
         p_args.resume_from_checkpoint = True

@@ -566,22 +566,33 @@ def test_the_plan_counts_each_row_s_finished_runs_and_no_other_s(tmp_path):
     }
 
 
-def test_a_rerun_of_a_finished_cell_drops_that_runs_checkpoints_and_keeps_its_own(tmp_path):
-    """A finished cell run again trains anew: the checkpoints its finished run left (older than its metrics.json)
-    go; checkpoints of the rerun itself (newer, an interrupted rerun) stay for its resume."""
+def test_a_rerun_of_a_finished_cell_drops_that_runs_files_and_keeps_its_own(tmp_path):
+    """A finished cell run again trains anew: the checkpoints and per-epoch records its finished run left (older
+    than its metrics.json) go, so the rerun neither resumes from them nor appends its epochs to them; the rerun's
+    own files (newer, an interrupted rerun) stay for its resume."""
     import cell_io
 
     folder, out_dir = tmp_path / "run", tmp_path / "results"
     folder.mkdir()
     out_dir.mkdir()
     (folder / "checkpoint-1095").mkdir()
+    (folder / "timeline.jsonl").write_text('{"epoch": 1}\n')
+    (folder / "epoch_test.jsonl").write_text('{"epoch": 1}\n')
+    (folder / "notes.txt").write_text("a user's file")
     (out_dir / "metrics.json").write_text("{}")
     (folder / "checkpoint-657").mkdir()
-    os.utime(folder / "checkpoint-1095", (1_000, 1_000))  # the finished run's, before its metrics
+    for old in ("checkpoint-1095", "timeline.jsonl", "epoch_test.jsonl", "notes.txt"):
+        os.utime(folder / old, (1_000, 1_000))  # the finished run's, before its metrics
     os.utime(out_dir / "metrics.json", (2_000, 2_000))
     os.utime(folder / "checkpoint-657", (3_000, 3_000))  # the rerun's own
-    assert cell_io.drop_finished_run_checkpoints(str(folder), str(out_dir)) == [
-        str(folder / "checkpoint-1095")
+    assert cell_io.drop_finished_run_files(str(folder), str(out_dir)) == [
+        str(folder / "checkpoint-1095"),
+        str(folder / "epoch_test.jsonl"),
+        str(folder / "timeline.jsonl"),
     ]
-    assert sorted(os.listdir(folder)) == ["checkpoint-657"]
-    assert cell_io.drop_finished_run_checkpoints(str(folder), str(tmp_path / "none")) == []  # not finished
+    assert sorted(os.listdir(folder)) == ["checkpoint-657", "notes.txt"]
+    (folder / "timeline.jsonl").write_text(
+        '{"epoch": 1}\n'
+    )  # the rerun's first epoch, then a kill and resume
+    assert cell_io.drop_finished_run_files(str(folder), str(out_dir)) == []
+    assert cell_io.drop_finished_run_files(str(folder), str(tmp_path / "none")) == []  # not finished
