@@ -17,6 +17,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import encoder_identity  # noqa: E402  (studies/encoder_identity.py: the encoder each cell stood on)
 import paths  # noqa: E402  (studies/paths.py: where the cells' outputs live)
 import scale_table  # noqa: E402  (studies/scale_table.py: the data-scale and joint-objective tables)
 from cost_tables import compute_figure, cost_section  # noqa: E402  (studies/cost_tables.py: the cost)
@@ -86,6 +87,7 @@ def main(argv: list[str]) -> None:
         fh.write(text)
     print("updated", RESULTS_MD)
     print("updated", write_cost_section())
+    print(encoder_identity.report())
 
 
 if __name__ == "__main__":

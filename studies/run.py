@@ -24,6 +24,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cell_io  # noqa: E402  (studies/cell_io.py: the cell files every runner of the study writes)
+import encoder_identity  # noqa: E402  (studies/encoder_identity.py: the digest of the stage-1 encoder's weights)
 import paths  # noqa: E402  (studies/paths.py: where the study's files live)
 import scale  # noqa: E402  (studies/scale.py: the data-scale study's subsets, epoch rule and cell names)
 
@@ -302,6 +303,9 @@ def run_cell(
             cell_io.write_json(done, saved)
         with open(done, encoding="utf-8") as fh:
             result["stage1"] = json.load(fh)
+        result["stage1"]["weights_sha256"] = encoder_identity.weights_digest(
+            encoder_path
+        )  # the one stage 2 loads
         wall["stage1_s"] = result["stage1"].get("wall_s")
     elif loss == "bce" and probe != "finetune":
         raise ValueError("--loss bce is the fine-tuning baseline: use --probe finetune")

@@ -596,3 +596,45 @@ def test_a_rerun_of_a_finished_cell_drops_that_runs_files_and_keeps_its_own(tmp_
     )  # the rerun's first epoch, then a kill and resume
     assert cell_io.drop_finished_run_files(str(folder), str(out_dir)) == []
     assert cell_io.drop_finished_run_files(str(folder), str(tmp_path / "none")) == []  # not finished
+
+
+def test_cells_record_the_digest_of_the_encoder_they_stood_on_and_a_retrained_one_is_reported(
+    scale_env, monkeypatch
+):
+    """Each cell of a stage 1 records the digest of the encoder weights its stage 2 loaded; cells of one group
+    that stood on differently trained encoders are reported, the others not."""
+    import torch
+    from safetensors.torch import save_file
+
+    run, results = scale_env.run, scale_env.results
+    identity = _module("encoder_identity")
+    encoder = scale_env.runs / "reuters21578" / "sd-n100" / "seed1" / "encoder"
+
+    def weights(value: float) -> None:
+        save_file({"w": torch.full((3,), value)}, str(encoder / "model.safetensors"))
+
+    fake = sys.modules["hf_mlcl.training.stages"].train_contrastive
+
+    def train_contrastive(m_args, d_args, c_args, callbacks=None):
+        fake(m_args, d_args, c_args, callbacks)
+        weights(1.0)
+
+    monkeypatch.setattr(sys.modules["hf_mlcl.training.stages"], "train_contrastive", train_contrastive)
+    first = run.run_cell("reuters21578", "sd", "logistic", 1, [], train_size=100)
+    digest = first["stage1"]["weights_sha256"]
+    assert digest == identity.weights_digest(str(encoder)) and len(digest) == 64
+    second = run.run_cell("reuters21578", "sd", "linear", 1, [], train_size=100)  # the same encoder
+    assert second["stage1"]["weights_sha256"] == digest
+    assert identity.disagreements(str(results)) == []
+    weights(2.0)  # the encoder is trained again, to other weights, before the fine-tune loads it
+    run.run_cell("reuters21578", "sd", "finetune", 1, [], lr="1e-4", train_size=100)
+    (group, cells), *more = identity.disagreements(str(results))
+    assert not more and group[0] == "reuters21578" and group[1] == "sd" and group[3] == 100
+    assert sorted(c for c, _ in cells) == ["sd_finetune-lr1e-4-n100", "sd_linear-n100", "sd_logistic-n100"]
+    assert "within 1 of 1 groups" in identity.report(str(results))
+    # a stage's checkpoints are not the encoder: their weights change no digest
+    digest2 = identity.weights_digest(str(encoder))
+    os.makedirs(encoder / "checkpoint-5")
+    save_file({"w": torch.zeros(3)}, str(encoder / "checkpoint-5" / "model.safetensors"))
+    assert identity.weights_digest(str(encoder)) == digest2 != digest
+    assert identity.weights_digest(str(results)) is None  # no weights
