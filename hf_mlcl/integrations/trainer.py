@@ -192,15 +192,17 @@ class JointLossFunc:
         supervised_loss_kwargs: Mapping[str, Any] | None = None,
         **contrastive_kwargs: Any,
     ) -> None:
-        from hf_mlcl.losses import get_loss
         from hf_mlcl.losses.registry import check_joint_losses
+        from hf_mlcl.losses.registry import supervised_loss as build_supervised_loss
 
         supervised_loss = check_joint_losses(loss, supervised_loss)
         if not 0.0 <= float(contrastive_weight) <= 1.0:
             raise ValueError(f"contrastive_weight must lie in [0, 1]; got {contrastive_weight}")
         self.contrastive_weight = float(contrastive_weight)
         self.contrastive = ContrastiveLossFunc(loss, **contrastive_kwargs)
-        self.supervised_fn = get_loss(supervised_loss, **dict(supervised_loss_kwargs or {}))
+        self.supervised_fn = build_supervised_loss(
+            supervised_loss, supervised_loss_kwargs, role="supervised_loss"
+        )
 
     def parameters(self):
         """The contrastive loss's learnable parameters (e.g. ``msc`` prototypes), for the optimizer."""

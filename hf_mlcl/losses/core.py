@@ -320,7 +320,8 @@ class ContrastiveLoss(nn.Module):
         return f"temperature={self.temperature}, normalize={self.normalize}"
 
     #: How :class:`hf_mlcl.data.sampler.PositiveEnsuredSampler` groups rows so that each anchor of a batch has a
-    #: positive under :meth:`positives`: ``"shared_label"`` (S & T non-empty) or ``"same_label_set"`` (T == S).
+    #: positive under :meth:`positives`: ``"shared_label"`` (S & T non-empty) or ``"same_label_set"`` (T == S);
+    #: None on a loss whose positives no such grouping ensures (a thresholded or non-set label similarity).
     sampler_rule = "shared_label"
 
     @staticmethod

@@ -101,6 +101,23 @@ def resolve_label_similarity(
     return matrix
 
 
+def _check_threshold(threshold: Any, resolved: Any) -> float | None:
+    """``threshold`` as a float (None stays None); ValueError unless a finite number >= 0, and < 1 for a named
+    similarity (its weights lie in [0, 1]: a threshold of 1 or more would leave no positive)."""
+    if threshold is None:
+        return None
+    named = isinstance(resolved, str) and resolved != "matrix"
+    bound = f"a finite number >= 0{' and < 1' if named else ''}"
+    try:
+        value = float(threshold)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(threshold, bool) or not (0.0 <= value < (1.0 if named else float("inf"))):
+        where = f" for label_similarity={resolved!r}, whose weights lie in [0, 1]" if named else ""
+        raise ValueError(f"label_similarity_threshold must be {bound}{where} (or None); got {threshold!r}")
+    return value
+
+
 def describe_label_similarity(spec: Any) -> str:
     """A short printable name of a resolved choice (for reprs and model cards)."""
     if isinstance(spec, str):
@@ -167,16 +184,16 @@ class LabelSimilarityOption(nn.Module):
         self, spec: LabelSimilaritySpec, own: tuple[str, ...] = (), threshold: float | None = None
     ) -> None:
         """Resolve ``spec`` against the set similarities plus the loss's ``own`` names (e.g. ``"sd"``), and
-        the positives' ``threshold`` (None: every candidate with W > 0; ValueError unless finite and >= 0)."""
+        the positives' ``threshold`` (None: every candidate with W > 0; ValueError unless a number >= 0, and
+        below 1 for a named similarity, whose weights lie in [0, 1])."""
         resolved = resolve_label_similarity(spec, allowed=own + SET_SIMILARITIES)
         matrix = resolved if isinstance(resolved, Tensor) else None
         self.register_buffer("label_similarity_matrix", matrix, persistent=False)
         self.label_similarity = "matrix" if matrix is not None else resolved
-        if threshold is not None and not (0.0 <= float(threshold) < float("inf")):
-            raise ValueError(
-                f"label_similarity_threshold must be a finite number >= 0 (or None); got {threshold}"
-            )
-        self.label_similarity_threshold = None if threshold is None else float(threshold)
+        self.label_similarity_threshold = _check_threshold(threshold, self.label_similarity)
+        if self.label_similarity_threshold is not None or not isinstance(resolved, str):
+            # positives by weight, not by a shared label: no grouping the batch sampler knows ensures them
+            self.sampler_rule = None
 
     @property
     def label_similarity_name(self) -> str:

@@ -85,12 +85,16 @@ def get_loss(name: str, **kwargs) -> nn.Module:
     naming the loss and the keywords given.
     """
     cls = get_loss_class(name)
-    try:
-        return cls(**kwargs)
+    try:  # the signature first: a TypeError from an inherited __init__ names its parent class
+        inspect.signature(cls).bind(**kwargs)
     except TypeError as err:
-        if f"{cls.__name__}.__init__()" not in str(err):  # raised inside the loss, not by its signature
-            raise
-        raise ValueError(f"cannot build loss {name!r} with {sorted(kwargs)}: {err}") from None
+        reason = str(err)
+        try:  # the class's own message names every missing keyword where it has an __init__ of its own
+            cls(**kwargs)
+        except TypeError as own:
+            reason = str(own) if f"{cls.__name__}.__init__()" in str(own) else reason
+        raise ValueError(f"cannot build loss {name!r} with {sorted(kwargs)}: {reason}") from None
+    return cls(**kwargs)
 
 
 def check_loss_keywords(name: str, kwargs: Mapping[str, Any] | None, field: str = "loss_kwargs") -> None:
@@ -154,7 +158,8 @@ def supervised_loss(
     role: str = "loss_fn",
 ) -> nn.Module:
     """``given``, or the supervised loss registered as ``name`` with ``loss_kwargs``; ValueError in one line for
-    keywords it does not take or a contrastive loss (``role`` names the argument in the message)."""
+    keywords it does not take, a contrastive loss, or ``reduction="none"`` (a trainer backpropagates one
+    number; ``role`` names the argument in the message)."""
     if given is None:
         kwargs = dict(loss_kwargs or {})
         try:
@@ -162,6 +167,11 @@ def supervised_loss(
         except TypeError as err:
             raise ValueError(f"cannot build supervised loss {name!r} with {sorted(kwargs)}: {err}") from err
     _require_supervised(given, f"{role} {type(given).__name__}", "a classifier's head trains")
+    if getattr(given, "reduction", None) == "none":
+        raise ValueError(
+            f"{role} {type(given).__name__} has reduction='none' (one loss per entry); training backpropagates "
+            "one number: use reduction 'mean' or 'sum'"
+        )
     return given
 
 

@@ -91,6 +91,16 @@ class ContrastiveSetup:
                 f"loss_fn {type(loss_fn).__name__} is not a contrastive loss (is_contrastive is False)"
             )
         check_queue_loss(loss_fn, args.queue_size)
+        if getattr(args, "batch_sampler", "random") == "positives" and not getattr(
+            loss_fn, "sampler_rule", None
+        ):
+            similarity = getattr(loss_fn, "label_similarity_name", None)
+            raise ValueError(
+                "batch_sampler 'positives' groups rows that share a label or a label set, which need not be "
+                f"positives of {type(loss_fn).__name__}"
+                + (f" (label_similarity={similarity})" if similarity else " (it names no sampler_rule)")
+                + ": use batch_sampler 'random', or a set similarity without a threshold"
+            )
         resolve_num_labels(train_dataset, n_labels, label_column, model=model, loss=loss_fn, queue=queue)
         if getattr(loss_fn, "requires_label_statistics", False):
             if train_dataset is None:

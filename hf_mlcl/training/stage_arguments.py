@@ -305,7 +305,9 @@ class ProbingTrainingArguments(DecisionThresholdArguments, StageTrainingArgument
         if self.probe not in PROBES:
             raise ValueError(f"unknown probe {self.probe!r}; choose one of {PROBES}")
         check_supervised_loss(self.loss)  # the loss registry answers what a supervised loss is
-        supervised_loss(self.loss, self.loss_kwargs)  # as the probe builds it: its keywords and values
+        supervised_loss(
+            self.loss, self.loss_kwargs, role="loss"
+        )  # as the probe builds it: its keywords and values
         if self.cache_features and self.probe == "finetune":
             raise ValueError(
                 "cache_features=True needs a frozen encoder: probe='finetune' trains it, so its features change "

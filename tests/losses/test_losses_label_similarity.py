@@ -275,3 +275,18 @@ def test_a_threshold_drops_the_positives_at_or_below_it():
         assert torch.equal(w > 0, positive)  # J(0, 1) = 0.5 is not above 0.5: no weight either
     with pytest.raises(ValueError, match="label_similarity_threshold must be a finite number >= 0"):
         get_loss("jaccard", label_similarity_threshold=-0.1)
+
+
+@pytest.mark.parametrize("threshold", [1.0, 5.0, True, float("nan"), "high"])
+@pytest.mark.parametrize(
+    "name, options", [("jaccard", {}), ("sd", {"label_similarity": "jaccard"}), ("sd", {})]
+)
+def test_a_threshold_that_leaves_no_positive_under_a_named_similarity_is_refused(name, options, threshold):
+    """A named similarity's weights lie in [0, 1]: a threshold of 1 or more (or a bool) would make the loss 0."""
+    with pytest.raises(ValueError, match=r"must be a finite number >= 0 and < 1 for label_similarity="):
+        get_loss(name, label_similarity_threshold=threshold, **options)
+
+
+def test_a_threshold_above_1_is_kept_for_a_similarity_of_the_users_own():
+    loss = get_loss("jaccard", label_similarity=lambda s, t: 2.0 * (s @ t.T), label_similarity_threshold=1.5)
+    assert loss.label_similarity_threshold == 1.5

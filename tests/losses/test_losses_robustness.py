@@ -252,3 +252,8 @@ def test_numpy_scalars_are_numbers_and_a_missing_argument_names_the_loss():
         ValueError, match="cannot build loss 'msc' with \\[\\]: .*'num_labels' and 'embedding_dim'"
     ):
         get_loss("msc")
+    # a keyword the loss does not take is a ValueError too where the loss inherits its __init__ (any)
+    with pytest.raises(ValueError, match="cannot build loss 'any' with \\['label_similarity_threshold'\\]"):
+        get_loss("any", label_similarity_threshold=0.3)
+    with pytest.raises(ValueError, match="cannot build loss 'bce' with \\['gamma'\\]"):
+        get_loss("bce", gamma=2.0)

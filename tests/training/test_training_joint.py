@@ -289,6 +289,10 @@ def test_evaluation_scores_every_row_and_tunes_the_threshold(tmp_path):
         (dict(supervised_loss="bcee"), "unknown supervised_loss 'bcee'"),
         (dict(loss="bce"), r"loss 'bce' is a supervised loss .* head loss is supervised_loss \(loss names"),
         (dict(threshold="often"), "threshold must be"),
+        (
+            dict(supervised_loss_kwargs={"reduction": "none"}),
+            r"supervised_loss BCELoss has reduction='none' .* use reduction 'mean' or 'sum'",
+        ),
     ],
 )
 def test_arguments_stop_in_one_line(tmp_path, kw, message):
@@ -306,6 +310,8 @@ def test_the_loss_func_and_the_contrastive_stage_name_where_a_wrong_kind_of_loss
         JointLossFunc("bce")
     with pytest.raises(ValueError, match="unknown supervised_loss 'nope'"):
         JointLossFunc("jaccard", supervised_loss="nope")
+    with pytest.raises(ValueError, match="reduction='none' .* training backpropagates one number"):
+        JointLossFunc("jaccard", supervised_loss_kwargs={"reduction": "none"})  # an (N, L) loss: no backward
     with pytest.raises(ValueError, match="use ProbingTrainer / train_probe for bce"):
         ContrastiveTrainingArguments(str(tmp_path), use_cpu=True, loss="bce")
 

@@ -78,3 +78,23 @@ def test_a_run_resumed_mid_epoch_gets_the_same_batches(tmp_path):
     assert len({round(full[s], 6) for s in (4, 5, 6)}) == 3  # the steps see different batches
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(full[step], rel=1e-6), step
+
+
+@pytest.mark.parametrize(
+    "loss_kwargs",
+    [{"label_similarity_threshold": 0.3}, {"label_similarity": "jaccard", "label_similarity_threshold": 0.0}],
+)
+def test_positive_batches_are_refused_for_positives_by_weight_above_a_threshold(tmp_path, loss_kwargs):
+    """A thresholded similarity makes a pair that shares a label no positive (Jaccard 1/4 <= 0.3): the sampler's
+    grouping by a shared label cannot ensure one, so the combination is one line before training."""
+    tok, train = tiny_tokenizer(), tiny_split(32)
+    args = base_args(tmp_path, loss="sd", max_steps=2, batch_sampler="positives", loss_kwargs=loss_kwargs)
+    with pytest.raises(ValueError, match=r"batch_sampler 'positives' .* need not be positives of .* > 0"):
+        ContrastiveTrainer(
+            model=tiny_encoder(tok), args=args, train_dataset=train, data_collator=collator(tok), num_labels=4
+        )
+    args = base_args(tmp_path, loss="sd", max_steps=1, batch_sampler="positives")  # shared labels: kept
+    trainer = ContrastiveTrainer(
+        model=tiny_encoder(tok), args=args, train_dataset=train, data_collator=collator(tok), num_labels=4
+    )
+    assert trainer.loss_fn.sampler_rule == "shared_label" and trainer.train().global_step == 1

@@ -128,6 +128,10 @@ def test_probing_bad_configurations(tmp_path, tok):
         probe_args(tmp_path, per_device_train_batch_size=-1)
     with pytest.raises(ValueError, match="logistic_max_iter must be a positive number"):
         probe_args(tmp_path, logistic_max_iter=0)
+    with pytest.raises(
+        ValueError, match="loss FocalLoss has reduction='none' .* use reduction 'mean' or 'sum'"
+    ):
+        probe_args(tmp_path, loss="focal", loss_kwargs={"reduction": "none"})  # an (N, L) loss: no backward
 
 
 # ------------------------------------------------------------------------------------ entry points
