@@ -106,6 +106,13 @@ def cmd_probe(ns, overrides) -> dict:
                 f"no encoder in {default}: the head goes on {model_args.model_name_or_path or 'the recipe model'} "
                 "(the supervised baseline); pass --encoder_path for an encoder trained elsewhere"
             )
+    if encoder and os.path.isdir(encoder) and os.path.realpath(args.output_dir) == os.path.realpath(encoder):
+        from hf_mlcl.training.preflight import InputError
+
+        raise InputError(
+            f"--output_dir {args.output_dir} is the encoder being probed: the classifier would replace it; "
+            "choose another --output_dir"
+        )
     # an encoder folder with its tokenizer needs no recipe model (an adapter's base is named in the folder)
     _check_models(model_args, base=not holds_a_tokenizer(encoder), encoder_path=encoder)
     result = stages.run_probe_stage(model_args, data_args, args, encoder, stages.encoder_loss(encoder))
@@ -172,12 +179,19 @@ def cmd_run(ns, overrides) -> dict:
 
 
 def _check_results_file(run_root: str, args) -> None:
-    """A run's root whose ``results.json`` is not this run's to replace (a demo's table, a file of the user's, or
-    another run's results without --overwrite_output_dir / --resume_from_checkpoint) stops before any work."""
+    """A run's root that holds a saved model, or whose ``results.json`` is not this run's to replace (a demo's
+    table, a file of the user's, or another run's results without --overwrite_output_dir /
+    --resume_from_checkpoint), stops before any work."""
     from hf_mlcl.files import json_shape
+    from hf_mlcl.modeling.builders import holds_a_model
     from hf_mlcl.training.checkpoints import wants_resume
     from hf_mlcl.training.preflight import InputError
 
+    if holds_a_model(run_root):  # a run writes its stages' folders inside its root: never into a model
+        raise InputError(
+            f"--output_dir {run_root} holds a saved model; a run writes its stages' folders (encoder/, "
+            "classifier/) and results.json inside its --output_dir: choose another folder"
+        )
     path = os.path.join(run_root, "results.json")
     shape = json_shape(path)
     if shape is None or (

@@ -1041,3 +1041,27 @@ def test_demo_and_inspect_name_their_own_option_for_a_bad_number(capsys, argv, f
         main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and f"argument {flag}" in err and "expected a positive" in err, err
+
+
+def test_a_model_folder_is_no_run_folder_and_a_probe_never_replaces_its_encoder(
+    monkeypatch, capsys, tmp_path
+):
+    """``run --output_dir`` naming a saved model, and ``probe --output_dir`` naming the encoder it probes (even
+    with --overwrite_output_dir), stop in one line before any work; the model's files stay."""
+    _no_training(monkeypatch)
+    model = tmp_path / "encoder"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert main(["run", RECIPE, "--output_dir", str(model)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--output_dir {model} holds a saved model" in err[0], err
+    for extra, message in (
+        ([], "already holds a run"),
+        (["--overwrite_output_dir", "true"], "is the encoder being probed: the classifier would replace it"),
+    ):
+        argv = ["probe", RECIPE, "--encoder_path", str(model), "--output_dir", str(model) + "/", *extra]
+        assert main(argv) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+    assert (model / "config.json").read_text() == "{}"
