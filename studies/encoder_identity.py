@@ -38,20 +38,20 @@ def weights_digest(folder: str) -> str | None:
     return digest.hexdigest()
 
 
-def stage1_identity(stage1: dict) -> tuple:
-    """What tells one stage-1 training from another: its weights' digest where recorded; for cells recorded
-    before the digest, its training loss (the cells of one training copy its record; a retraining that repeats
-    the same steps on the CPU repeats the loss to the last digit and the weights with it)."""
-    if stage1.get("weights_sha256"):
+def stage1_identity(stage1: dict, by_digest: bool = True) -> tuple:
+    """What tells one stage-1 training from another: its weights' digest where ``by_digest`` and recorded; else
+    its training loss (the cells of one training copy its record; a retraining that repeats the same steps on
+    the CPU repeats the loss to the last digit and the weights with it)."""
+    if by_digest and stage1.get("weights_sha256"):
         return ("sha256", stage1["weights_sha256"])
     return ("train_loss", stage1.get("train_loss"))
 
 
-def shared_encoder_groups(root: str | None = None) -> dict[tuple, list[tuple[str, tuple]]]:
+def shared_encoder_groups(root: str | None = None) -> dict[tuple, list[tuple[str, dict]]]:
     """The cells with a stage 1, grouped by what should make them stand on one encoder (study, loss, stage-1
-    arguments, training size, seed): ``{group: [(cell, identity), ...]}``."""
+    arguments, training size, seed): ``{group: [(cell, stage1 record), ...]}``."""
     root = root or paths.RESULTS
-    groups: dict[tuple, list[tuple[str, tuple]]] = defaultdict(list)
+    groups: dict[tuple, list[tuple[str, dict]]] = defaultdict(list)
     for path in sorted(glob.glob(os.path.join(root, "*", "*", "seed*", "metrics.json"))):
         with open(path, encoding="utf-8") as fh:
             run = json.load(fh)
@@ -60,19 +60,31 @@ def shared_encoder_groups(root: str | None = None) -> dict[tuple, list[tuple[str
         study, cell, seed = path.split(os.sep)[-4:-1]
         args = json.dumps(run.get("contrastive_args") or {}, sort_keys=True)
         key = (study, run.get("loss"), args, run.get("train_size") or 0, seed)
-        groups[key].append((cell, stage1_identity(run["stage1"])))
+        groups[key].append((cell, run["stage1"]))
     return dict(groups)
+
+
+def group_identities(cells: list[tuple[str, dict]]) -> list[tuple[str, tuple]]:
+    """Each cell's :func:`stage1_identity`, compared on the digest where every cell of the group recorded one and
+    on the training loss otherwise (a cell recorded before the digest and one after are told apart by what both
+    recorded)."""
+    by_digest = all(stage1.get("weights_sha256") for _, stage1 in cells)
+    return [(cell, stage1_identity(stage1, by_digest)) for cell, stage1 in cells]
 
 
 def disagreements(root: str | None = None) -> list[tuple[tuple, list[tuple[str, tuple]]]]:
     """The groups of :func:`shared_encoder_groups` whose cells recorded more than one stage-1 training:
     ``[(group, [(cell, identity), ...]), ...]``, sorted."""
-    groups = shared_encoder_groups(root)
-    return [(k, v) for k, v in sorted(groups.items()) if len({ident for _, ident in v}) > 1]
+    found = []
+    for key, cells in sorted(shared_encoder_groups(root).items()):
+        identities = group_identities(cells)
+        if len({ident for _, ident in identities}) > 1:
+            found.append((key, identities))
+    return found
 
 
 def _gap(cells: list[tuple[str, tuple]]) -> str:
-    """How far apart the recorded training losses are (relative), where every cell recorded one."""
+    """How far apart the recorded training losses are (relative), where the group was compared on them."""
     losses = [ident[1] for _, ident in cells if ident[0] == "train_loss" and ident[1] is not None]
     if len(losses) < len(cells):
         return " (weights differ)"

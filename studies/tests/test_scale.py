@@ -638,3 +638,33 @@ def test_cells_record_the_digest_of_the_encoder_they_stood_on_and_a_retrained_on
     save_file({"w": torch.zeros(3)}, str(encoder / "checkpoint-5" / "model.safetensors"))
     assert identity.weights_digest(str(encoder)) == digest2 != digest
     assert identity.weights_digest(str(results)) is None  # no weights
+
+
+def test_a_cell_recorded_before_the_digest_is_compared_on_the_training_loss(tmp_path):
+    """A group holding a cell recorded before the digest and one recorded after it compares them on what both
+    recorded, the stage-1 training loss: equal losses are one training, unequal ones two."""
+    identity = _module("encoder_identity")
+
+    def cell(name: str, stage1: dict) -> None:
+        folder = tmp_path / "reuters21578" / name / "seed2"
+        folder.mkdir(parents=True)
+        record = {
+            "loss": "mulsupcon",
+            "train_size": 500,
+            "contrastive_args": {"epochs": 14},
+            "stage1": stage1,
+        }
+        (folder / "metrics.json").write_text(json.dumps(record))
+
+    cell("mulsupcon_logistic-n500", {"train_loss": 2.5216127901661154})
+    cell("mulsupcon_finetune-lr2e-4-n500", {"train_loss": 2.5216127901661154, "weights_sha256": "ab" * 32})
+    assert identity.disagreements(str(tmp_path)) == []
+    assert "within 0 of 1 groups" in identity.report(str(tmp_path))
+    cell("mulsupcon_linear-n500", {"train_loss": 2.6, "weights_sha256": "ab" * 32})
+    (_, cells), *more = identity.disagreements(str(tmp_path))
+    assert not more and sorted(ident for _, ident in cells) == [
+        ("train_loss", 2.5216127901661154),
+        ("train_loss", 2.5216127901661154),
+        ("train_loss", 2.6),
+    ]
+    assert "training losses 2.5216 to 2.6000" in identity.report(str(tmp_path))
