@@ -84,7 +84,7 @@ def _thresholds(config: Any, num_labels: int) -> np.ndarray:
     """The classifier's tuned decision threshold (``config.decision_threshold``: one value or one per label)
     as a (num_labels,) array; 0.5 where none was stored."""
     value = getattr(config, "decision_threshold", None)
-    return np.broadcast_to(np.asarray(0.5 if value is None else value, dtype=np.float32), (num_labels,))
+    return np.broadcast_to(np.asarray(0.5 if value is None else value, dtype=np.float64), (num_labels,))
 
 
 def _batches(texts: Sequence[str], batch_size: int) -> Iterator[list[int]]:
@@ -103,7 +103,8 @@ def predict_texts(
     max_length: int | None = None,
     progress: bool = True,
 ) -> np.ndarray:
-    """Sigmoid scores (N, num_labels) float32 of ``texts`` in their order.
+    """Sigmoid scores (N, num_labels) float64 of ``texts`` in their order: the float64 sigmoid of the float32
+    logits, the scores a training run tunes its threshold on (float32 rounds every logit above about 16.6 to 1).
 
     Args:
         model: a multi-label classifier returning ``logits`` (hf_mlcl's or a transformers one), on its device.
@@ -121,11 +122,11 @@ def predict_texts(
         raise ValueError(f"batch_size must be positive; got {batch_size}")
     length = max_length or min(tokenizer_limit(tokenizer) or 512, 512)
     device = next(model.parameters()).device
-    scores = np.zeros((len(texts), int(model.config.num_labels)), dtype=np.float32)
+    scores = np.zeros((len(texts), int(model.config.num_labels)), dtype=np.float64)
     with tqdm(total=len(texts), desc="Predicting", unit="text", disable=not progress) as bar:
         for rows in _batches(texts, batch_size):
             inputs = model_inputs(tokenizer, [texts[i] for i in rows], device, length)
-            scores[rows] = torch.sigmoid(model(**inputs).logits.float()).cpu().numpy()
+            scores[rows] = torch.sigmoid(model(**inputs).logits.float().double()).cpu().numpy()
             bar.update(len(rows))
     return scores
 
@@ -243,7 +244,7 @@ def predict_file(
             "labels and no scores"
         )
     num_labels = int(model.config.num_labels)
-    scores = np.full((len(texts), num_labels), np.nan, dtype=np.float32)
+    scores = np.full((len(texts), num_labels), np.nan, dtype=np.float64)
     written = np.flatnonzero(~blank)
     scores[written] = predict_texts(
         model,

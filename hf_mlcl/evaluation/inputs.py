@@ -36,9 +36,7 @@ CHUNK_CELLS = 1 << 22  # cells per processing chunk (bounds temporary memory to 
 def to_numpy(x: Any, name: str) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor (dense or sparse)
         x = x.detach().cpu()
-        if getattr(x, "is_sparse", False) or str(getattr(x, "layout", "")).endswith(
-            ("sparse_coo", "sparse_csr")
-        ):
+        if str(x.layout) != "torch.strided":  # any sparse layout: COO, CSR, CSC, BSR, BSC
             x = x.to_dense()
         if str(x.dtype) == "torch.bfloat16":
             x = x.float()

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hf_mlcl.evaluation.inputs import sigmoid, to_numpy
 from hf_mlcl.evaluation.streaming import EXACT_CELLS, MultiLabelAccumulator
 from hf_mlcl.files import atomic_write_json
 from hf_mlcl.hub.model_card import CARD_DATA_FILE
@@ -49,7 +50,7 @@ def encoder_loss(encoder_path: str | None) -> str | None:
 def _scored_batches(
     model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int
 ) -> Any:
-    """(sigmoid scores (B, L) float32, multi-hot truth (B, L)) of each batch of ``dataset`` (no gradient)."""
+    """(logits (B, L) float32, multi-hot truth (B, L)) of each batch of ``dataset`` (no gradient)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -68,20 +69,21 @@ def _scored_batches(
                 for k, v in batch.items()
                 if k in ("input_ids", "attention_mask", "token_type_ids")
             }
-            scores = torch.sigmoid(model(**inputs).logits.float()).cpu().numpy()
-            yield scores, labels.to_dense().numpy() if labels.is_sparse else labels.numpy()
+            logits = model(**inputs).logits.float().cpu().numpy()
+            yield logits, to_numpy(labels, "labels")
 
 
 def score_classifier(
     model: Any, tokenizer: Any, dataset: Any, num_labels: int, max_length: int, batch_size: int = 32
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sigmoid scores (N, L) and multi-hot truth (N, L) of ``dataset`` (batched, no gradient; dense: for small
-    splits, :func:`stream_classifier` streams)."""
-    scores, truth = [], []
+    """Sigmoid scores (N, L) float64 and multi-hot truth (N, L) of ``dataset`` (batched, no gradient; dense: for
+    small splits, :func:`stream_classifier` streams). The scores are those a training run tunes its threshold on
+    and tests with: the float64 sigmoid of the float32 logits."""
+    logits, truth = [], []
     for s, t in _scored_batches(model, tokenizer, dataset, num_labels, max_length, batch_size):
-        scores.append(s)
+        logits.append(s)
         truth.append(t)
-    return np.concatenate(scores), np.concatenate(truth) > 0.5
+    return sigmoid(np.concatenate(logits).astype(np.float64)), np.concatenate(truth) > 0.5
 
 
 def stream_classifier(
@@ -94,11 +96,10 @@ def stream_classifier(
     threshold: Any = 0.5,
     exact_cells: int = EXACT_CELLS,
 ) -> MultiLabelAccumulator:
-    """:func:`score_classifier`'s float32 scores streamed into a :class:`MultiLabelAccumulator` counting at
-    ``threshold`` (no (N, L) array held; exact up to ``exact_cells`` rows x labels)."""
-    acc = MultiLabelAccumulator(
-        num_labels, thresholds=[threshold], from_logits=False, exact_cells=exact_cells
-    )
+    """:func:`score_classifier`'s scores streamed into a :class:`MultiLabelAccumulator` of logits counting at
+    ``threshold`` (no (N, L) array held; exact up to ``exact_cells`` rows x labels), as a training run's
+    evaluation counts them."""
+    acc = MultiLabelAccumulator(num_labels, thresholds=[threshold], exact_cells=exact_cells)
     for s, t in _scored_batches(model, tokenizer, dataset, num_labels, max_length, batch_size):
         acc.add_batch(s, t > 0.5)
     return acc

@@ -193,3 +193,25 @@ def test_a_json_array_file_and_list_cells_are_read_as_training_reads_them(tmp_pa
         assert [r["text"] for r in rows] == TEXTS
         assert [r["gold"] for r in rows] == frame["gold"].tolist(), path.suffix
         assert [r["meta"] for r in rows] == frame["meta"].tolist(), path.suffix
+
+
+def test_predict_tells_apart_logits_that_float32_would_round_to_one(
+    tmp_path, tiny_bert_config, bert_tokenizer
+):
+    """Logits 17, 18 and 20 (float32's sigmoid is 1 for all three) at a stored threshold between the first two:
+    the label of logit 17 is below it, as in the float64 scores the threshold was tuned on."""
+    torch.manual_seed(0)
+    encoder = MLCLEncoder.from_backbone(tiny_bert_config, pooling="cls")
+    clf = MLCLForMultiLabelClassification.from_encoder(encoder, id2label=NAMES, head="native").eval()
+    with torch.no_grad():
+        clf.classifier.weight.zero_()
+        clf.classifier.bias.copy_(torch.tensor([17.0, 18.0, 20.0]))
+    clf.config.decision_threshold = [1 / (1 + np.exp(-17.5)), 0.5, 0.5]
+    folder = tmp_path / "confident"
+    clf.save_pretrained(folder)
+    assert to_native_classifier(str(folder), tokenizer=bert_tokenizer)
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", str(folder), str(tmp_path / "in.txt"), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["labels"] for r in rows] == [["renal", "neuro"]] * len(TEXTS)

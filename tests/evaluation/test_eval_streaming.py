@@ -107,6 +107,11 @@ def test_reference_formats_agree():
         y,
         torch.from_numpy(y.astype(np.float32)),
         torch.from_numpy(y.astype(np.float32)).to_sparse(),
+        *(  # every torch sparse layout
+            torch.from_numpy(y.astype(np.float32)).to_sparse(layout=layout)
+            for layout in (torch.sparse_csr, torch.sparse_csc)
+        ),
+        torch.from_numpy(y.astype(np.float32)).to_sparse_bsr((1, 1)),
         sp.csr_matrix(y.astype(np.int8)),
         [np.flatnonzero(row).tolist() for row in y],
         y.astype(np.float32).tolist(),  # multi-hot rows as Python lists: floats, bools, 0/1 ints L wide
