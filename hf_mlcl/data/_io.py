@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 _SPLIT_RE = re.compile(r"[;,\s]+")
 
@@ -34,13 +35,22 @@ def split_labels(value, sep: str | None = None) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+@contextmanager
+def _large_csv_fields() -> Iterator[None]:
+    """The csv module's field size limit raised for long cells (clinical notes, whole documents) while the
+    block runs, then set back (the limit is process-wide)."""
+    before = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
+
+
 def check_csv_fields(path: str, sep: str = ",") -> None:
     """ValueError naming the line when a row of the CSV / TSV ``path`` has more fields than its header: an
     unquoted cell holding the separator (``hello world,a,b``), which pandas would otherwise read by taking the
     first column as the index (every text replaced by its first label) or stop on with a tokenising error."""
-    import csv
-
-    with open(path, encoding="utf-8", newline="") as fh:
+    with _large_csv_fields(), open(path, encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh, delimiter=sep)
         header = next(reader, None)
         if header is None:
@@ -91,8 +101,7 @@ def iter_jsonl(path: str) -> Iterator[dict]:
 
 def iter_csv(path: str, delimiter: str = ",") -> Iterator[dict]:
     """Rows of a csv with a header, as dicts (field size limit raised for clinical notes)."""
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(path, encoding="utf-8", newline="") as f:
+    with _large_csv_fields(), open(path, encoding="utf-8", newline="") as f:
         yield from csv.DictReader(f, delimiter=delimiter)
 
 

@@ -341,7 +341,15 @@ def _warn_labels_missing(train: Dataset, carved: Dataset, new: str, strategy: st
     if names is None:  # labels not stored as label ids with names
         return
     seen = {i for row in carved.with_format("arrow")["labels"].to_pylist() for i in row}
-    missing = sorted({i for row in train.with_format("arrow")["labels"].to_pylist() for i in row} - seen)
+    trained = {i for row in train.with_format("arrow")["labels"].to_pylist() for i in row}
+    missing, untrained = sorted(trained - seen), sorted(seen - trained)
+    if untrained:
+        shown = ", ".join(str(names[i]) for i in untrained[:5]) + (" ..." if len(untrained) > 5 else "")
+        hint = "; split_strategy='stratified' keeps them in train" if strategy == "random" else ""
+        logger.warning(
+            f"{new}: {len(untrained)} labels have rows only in the carved {new} split ({shown}); the model never "
+            f"trains on them{hint}"
+        )
     if missing:
         shown = ", ".join(str(names[i]) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
         hint = "; split_strategy='stratified' spreads the labels over both" if strategy == "random" else ""

@@ -27,6 +27,7 @@ from hf_mlcl.data.label_formats import (
     encode_rows,
     is_int_token,
     joined_cell,
+    multihot_widths,
     names_from_file,
     row_tokens,
     separators_in,
@@ -185,6 +186,9 @@ def label_ids(
             if split != "train" and layout.detected and layout.fmt in ("names", "ids"):
                 _check_written_as_train(cells, origin, split)
             tokens[split] = row_tokens(cells, layout.fmt, layout.sep)
+            own = classlabel_names(ds.features[layout.label_column]) if layout.fmt == "ids" else None
+            if own is not None:  # a ClassLabel's ids name its own labels: read by name, whatever the order
+                tokens[split] = [[own[t] if 0 <= t < len(own) else t for t in r] for r in tokens[split]]
     for split, rows in tokens.items():
         empty = sum(not r for r in rows)
         if empty:
@@ -199,6 +203,8 @@ def label_ids(
     names, names_origin = layout.names, layout.names_origin
     if layout.fmt == "columns":
         return encoded, names, names_origin
+    if layout.fmt == "multihot":
+        names, names_origin = _multihot_space(raw, order, layout, names, names_origin, origin)
     if names is not None and layout.fmt == "delimited":
         tokens = _ids_of_given_names(tokens, names)
     if names is None:
@@ -208,6 +214,34 @@ def label_ids(
     for split, rows in tokens.items():
         encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
     return encoded, names, names_origin
+
+
+def _multihot_space(
+    raw: DatasetDict,
+    order: list[str],
+    layout: LabelLayout,
+    names: list[str] | None,
+    names_origin: str,
+    origin: str,
+) -> tuple[list[str], str]:
+    """The label names of a multi-hot label column: the given ones, one per position, else ``"0" .. W - 1`` for
+    vectors W wide. ValueError in one line when the splits' vectors differ in width, or from the names."""
+    widths = {split: multihot_widths(column(raw[split], layout.label_column)) for split in order}
+    every = sorted(set().union(*widths.values()))
+    if len(every) > 1:
+        shown = ", ".join(f"{split} {sorted(w)}" for split, w in widths.items() if w)
+        raise ValueError(f"{origin}: the multi-hot label vectors differ in width ({shown}); write one width")
+    if not every:
+        raise ValueError(f"{origin}: the label column {layout.label_column!r} holds no multi-hot vector")
+    width = every[0]
+    if names is None:
+        return [str(i) for i in range(width)], f"the positions of the multi-hot vectors (0 .. {width - 1})"
+    if len(names) != width:
+        raise ValueError(
+            f"{origin}: the multi-hot label vectors are {width} wide but {names_origin} names {len(names)} labels; "
+            "give one name per position"
+        )
+    return names, names_origin
 
 
 def _check_written_as_train(cells: list, origin: str, split: str) -> None:
@@ -255,14 +289,23 @@ def _ids_of_given_names(tokens: dict[str, list[list[Any]]], names: list[str]) ->
 
 
 def _check_id_range(ids: list[int], origin: str) -> None:
-    """ValueError in one line when integer label ids span a range far larger than the labels they use (a stray
-    id, or numeric codes that are names): the label space would be ``0 .. max id``."""
+    """ValueError in one line when fewer than half of the label ids ``0 .. max id`` occur in train (a stray id, or
+    numeric codes that are names): most of the label space would be labels without a training row, each an F1
+    of 0 in every macro average. A warning counts the ids without a row where at least half occur."""
     largest, used = max(ids), len(set(ids))
-    if largest + 1 > 2 * used + 1000:
+    if 2 * used < largest + 1:
         raise ValueError(
-            f"{origin}: the label ids reach {largest} but only {used} distinct ids occur, so the label space would "
-            f"hold {largest + 1} labels; if the numbers are label names (codes), use label_format='names' or "
-            "'delimited', else pass label_names= (a list or file; --label_names_file)"
+            f"{origin}: the label ids reach {largest} but only {used} distinct ids occur in train, so the label space "
+            f"(0 .. {largest}) would be mostly labels without a row; if the numbers are label names (codes), use "
+            "label_format='names' or 'delimited', else pass label_names= (a list or file; --label_names_file)"
+        )
+    if used < largest + 1:
+        logger.warning(
+            "%s: %d of the label ids 0 .. %d have no train row (%s); each counts an F1 of 0 in the macro averages",
+            origin,
+            largest + 1 - used,
+            largest,
+            ", ".join(map(str, sorted(set(range(largest + 1)) - set(ids))[:10])),
         )
 
 

@@ -1,6 +1,7 @@
 """How a dataset's label column is read: the label formats, their detection, and label ids from the cells.
 
-:func:`detect_format` decides the format (``names``, ``ids``, ``delimited``, ``columns``) under ``"auto"``,
+:func:`detect_format` decides the format (``names``, ``ids``, ``delimited``, ``columns``, ``multihot``) under
+``"auto"``,
 :func:`row_tokens` reads a cell, :func:`encode_rows` turns tokens into label ids and
 :func:`superseded_label_keys` says which layout keys a later layout replaces.
 
@@ -35,13 +36,14 @@ __all__ = [
     "detect_format",
     "encode_rows",
     "joined_cell",
+    "multihot_widths",
     "names_from_file",
     "row_tokens",
     "separators_in",
     "superseded_label_keys",
 ]
 
-LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns")
+LABEL_FORMATS = ("auto", "names", "ids", "delimited", "columns", "multihot")
 UNKNOWN_LABELS = ("error", "drop")
 _SEPARATORS = (";", "|", ",")
 _ID_SPLIT = re.compile(r"[;|,\s]+")  # a plain cell of label_format="ids": "8;20", "8, 20", "8 20"
@@ -172,6 +174,50 @@ def separators_in(cells) -> list[str]:
     return [s for s in _SEPARATORS if any(s in c for c in cells)]
 
 
+def _vector(value: Any) -> list | None:
+    """A cell as a list of values: a list, tuple or array as it is, a string written as a list parsed; else None."""
+    if _looks_like_list(value):
+        for parse in (json.loads, ast.literal_eval):
+            try:
+                value = parse(value.strip())
+                break
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                continue
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    return list(value) if isinstance(value, (list, tuple)) else None
+
+
+def _binary(x: Any) -> bool:
+    return isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)) and x in (0, 1)
+
+
+def _multihot_cells(cells: Sequence[Any]) -> bool:
+    """Every non-empty cell a 0/1 vector of one width of at least 2, and (since a list of the label ids 0 and 1 is
+    also 0/1) some cell that no id list can be: one that repeats a value, or holds a float or a bool."""
+    vectors = [_vector(c) for c in cells if c is not None and c != ""]
+    if not vectors or any(v is None or len(v) < 2 or not all(map(_binary, v)) for v in vectors):
+        return False
+    if len({len(v) for v in vectors}) > 1:
+        return False
+    return any(len(set(v)) < len(v) or any(not is_int_token(x) for x in v) for v in vectors)
+
+
+def multihot_widths(cells: Sequence[Any]) -> set[int]:
+    """The widths of the non-empty multi-hot cells of a split."""
+    return {len(v) for v in map(_vector, cells) if v}
+
+
+def _multihot_ids(value: Any) -> list[int]:
+    """The positions of the ones of a multi-hot cell (ValueError for a value other than 0/1)."""
+    vector = _vector(value) if value is not None and value != "" else []
+    if vector is None or not all(map(_binary, vector)):
+        raise ValueError(
+            f"label_format='multihot' reads one 0/1 vector per cell, but a cell holds {str(value)[:60]!r}"
+        )
+    return [j for j, x in enumerate(vector) if x]
+
+
 _CHOICES = (
     "label_format='names' (one label per cell), label_format='ids', or label_format='delimited' "
     "with label_separator"
@@ -186,7 +232,8 @@ def detect_format(
 
     A string column is either list cells (every non-empty cell ``[...]``: ``ids`` when the items are
     integers, ``names`` when they are strings) or one delimited string per cell (the separator is the one
-    of ``;`` ``|`` ``,`` that occurs). Where that is ambiguous — list and plain cells mixed, ids and names
+    of ``;`` ``|`` ``,`` that occurs). A column of 0/1 vectors of one width is ``multihot`` (where no id list
+    could be one: some vector repeats a value or holds floats or bools). Where that is ambiguous — list and plain cells mixed, ids and names
     mixed, a ``[...]`` cell that is not a list, two separators in one column, or names that would carry
     brackets or quotes — a ValueError names the cell and the choices."""
     if label_columns or label_column is None:
@@ -196,6 +243,9 @@ def detect_format(
         return "ids", None
     inner = _inner(feat)
     if inner is not None:  # a list column
+        if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint", "float", "bool")):
+            if _multihot_cells(column(ds, label_column)):
+                return "multihot", None
         return (
             "ids" if isinstance(inner, Value) and inner.dtype.startswith(("int", "uint")) else "names"
         ), None
@@ -212,6 +262,8 @@ def detect_format(
             f"{j}); write every cell one way, or choose: label_format='ids' or label_format='names' (a list cell "
             "is read as a list, a plain cell as one label), or label_format='delimited' with label_separator"
         )
+    if listed and _multihot_cells(cells):  # "[0, 1, 0, 1]" written by pandas or str(list)
+        return "multihot", None
     if listed:
         kinds: set[str] = set()
         for i in listed:
@@ -264,6 +316,8 @@ def joined_cell(cells: Sequence[Any]) -> int | None:
 def row_tokens(values: Sequence[Any], fmt: str, sep: str | None) -> list[list[Any]]:
     """Per-row label tokens (names as str, ids as int) of one split's label column. A string cell
     written as a list (``[8, 20]``, ``["a", "b"]``) is read as that list in every format."""
+    if fmt == "multihot":
+        return [_multihot_ids(v) for v in values]
     rows: list[list[Any]] = []
     for v in values:
         items = _list_items(v) if _looks_like_list(v) else None
@@ -296,7 +350,7 @@ def _one_labelcolumn(options: Mapping[str, Any]) -> bool:
     return (
         bool(options.get("label_column"))
         or bool(options.get("label_separator"))
-        or options.get("label_format") in ("names", "ids", "delimited")
+        or options.get("label_format") in ("names", "ids", "delimited", "multihot")
     )
 
 
@@ -305,7 +359,7 @@ def superseded_label_keys(earlier: Mapping[str, Any], later: Mapping[str, Any]) 
     line, or the recipe built on the base) contradicts, so they must be dropped for ``later`` to win.
 
     The layout is either one label column (``label_column``, ``label_separator``, ``label_format`` names /
-    ids / delimited) or one 0/1 column per label (``label_format: columns``, ``label_columns``, or
+    ids / delimited / multihot) or one 0/1 column per label (``label_format: columns``, ``label_columns``, or
     ``label_column: ""`` for "no label column"). A later choice of one drops the earlier keys of the other
     (e.g. ``--label_format columns`` over a recipe's ``label_column: labels``); keys the later side sets
     itself are replaced anyway, and compatible earlier keys stay."""

@@ -786,3 +786,93 @@ def test_duplicated_texts_across_splits_and_label_names_differing_in_case_are_wa
     in_train = set(dd["train"]["text"])
     carved = sum(t in in_train for t in dd["validation"]["text"])  # the duplicated row, if carved apart
     assert (f"validation {carved} of {len(dd['validation'])}" in warned) == (carved > 0)
+
+
+def test_each_splits_classlabel_ids_are_read_by_their_own_names():
+    """A split whose ClassLabel orders the names otherwise than train's, or a label_names list in another order,
+    reads every id as the name its own feature gives it."""
+
+    def split(names, rows):
+        feats = Features({"text": Value("string"), "labels": HFSequence(ClassLabel(names=names))})
+        texts = [f"text {i}" for i in range(len(rows))]
+        return Dataset.from_dict(
+            {"text": texts, "labels": [[names.index(x) for x in r] for r in rows]}, features=feats
+        )
+
+    truth = [["sports"], ["politics"], ["sports", "politics"], ["politics"]]
+    dd = DatasetDict(
+        {"train": split(["sports", "politics"], truth), "validation": split(["politics", "sports"], truth)}
+    )
+    loaded = load_mlc_dataset(dd)
+    assert label_names(loaded) == ["sports", "politics"]
+    assert _as_names(loaded)["validation"] == [sorted(r) for r in truth]
+    given = load_mlc_dataset(dd, label_names=["politics", "sports", "arts"])
+    assert label_names(given) == ["politics", "sports", "arts"]
+    for name in ("train", "validation"):
+        assert _as_names(given)[name] == [sorted(r) for r in truth], name
+
+
+def test_integer_ids_with_most_of_their_range_unused_stop_and_a_few_unused_are_counted(caplog):
+    codes = {"text": [f"t {i}" for i in range(9)], "labels": [100, 200, 300] * 3}  # codes, not ids
+    with pytest.raises(
+        ValueError, match=r"ids reach 300 but only 3 distinct ids occur in train.*label_format='names'"
+    ):
+        load_mlc_dataset(Dataset.from_dict(codes))
+    assert label_names(load_mlc_dataset(Dataset.from_dict(codes), label_format="names")) == [
+        "100",
+        "200",
+        "300",
+    ]
+    some = {"text": [f"t {i}" for i in range(12)], "labels": [[i % 4] for i in range(12)]}
+    some["labels"][0] = [5]  # ids 0 .. 5, of which 4 never occurs
+    with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+        ds = load_mlc_dataset(Dataset.from_dict(some), validation_fraction=0.25, split_seed=0)
+    assert label_names(ds) == [str(i) for i in range(6)]
+    said = [r.getMessage() for r in caplog.records if "have no train row" in r.getMessage()]
+    assert len(said) == 1 and "1 of the label ids 0 .. 5 have no train row (4)" in said[0], said
+
+
+def test_a_column_of_multihot_vectors_is_read_as_one_position_per_label(tmp_path):
+    """0/1 vectors (ints with a repeated value, floats, bools, or written into a CSV) are multi-hot rows, named by
+    position or by the given names; an id list stays ids; widths that differ are one line."""
+    vectors = [[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1], [1, 1, 0, 0]] * 3
+    want = [[0, 2], [1], [3], [0, 1]] * 3
+    texts = [f"text {i}" for i in range(len(vectors))]
+
+    def loaded(cells, **kwargs):
+        dd = load_mlc_dataset(
+            DatasetDict({"train": Dataset.from_dict({"text": texts, "labels": cells})}),
+            validation_fraction=0.25,
+            split_seed=0,
+            **kwargs,
+        )
+        rows = dict(zip(texts, want))
+        for split in dd.values():
+            assert [list(r) for r in split["labels"]] == [rows[t] for t in split["text"]]
+        return label_names(dd)
+
+    assert loaded(vectors) == ["0", "1", "2", "3"]
+    assert loaded([[float(x) for x in v] for v in vectors], label_names=["a", "b", "c", "d"]) == [
+        "a",
+        "b",
+        "c",
+        "d",
+    ]
+    assert loaded([[bool(x) for x in v] for v in vectors]) == ["0", "1", "2", "3"]
+    path = tmp_path / "vectors.csv"
+    path.write_text(
+        "text,labels\n" + "".join(f'{t},"{v}"\n' for t, v in zip(texts, vectors)), encoding="utf-8"
+    )
+    assert label_names(load_mlc_dataset(str(path), validation_fraction=0.25)) == ["0", "1", "2", "3"]
+    ids = load_mlc_dataset(
+        Dataset.from_dict({"text": texts[:4], "labels": [[0, 1], [1], [0], [0, 1]]}), validation_fraction=0.25
+    )
+    assert label_names(ids) == ["0", "1"]  # the ids 0 and 1: no vector repeats a value
+    with pytest.raises(
+        ValueError, match=r"multi-hot label vectors are 4 wide but the given label_names names 2"
+    ):
+        load_mlc_dataset(Dataset.from_dict({"text": texts, "labels": vectors}), label_names=["a", "b"])
+    other = Dataset.from_dict({"text": ["x"], "labels": [[1.0, 0.0]]})
+    train = Dataset.from_dict({"text": texts, "labels": [[float(x) for x in v] for v in vectors]})
+    with pytest.raises(ValueError, match=r"vectors differ in width \(train \[4\], validation \[2\]\)"):
+        load_mlc_dataset(DatasetDict({"train": train, "validation": other}))

@@ -81,3 +81,36 @@ def test_an_unquoted_comma_list_names_the_line_and_the_fix(tmp_path):
     (folder / "train.csv").write_text("text,labels\nhello world,a,b\n")
     with pytest.raises(ValueError, match="line 2 has 3 fields"):
         load_mlc_dataset(str(folder))
+
+
+def test_a_csv_text_longer_than_the_csv_modules_default_field_limit_loads(tmp_path):
+    """A document of 200,000 characters (over the csv module's 131,072) is read, and the process-wide field
+    limit is left as it was."""
+    import csv
+
+    path = tmp_path / "long.csv"
+    long_text = "word " * 40_000
+    path.write_text(f'text,labels\n"{long_text}",a\nshort,b\nother,a\nmore,b\n', encoding="utf-8")
+    before = csv.field_size_limit()
+    ds = load_mlc_dataset(str(path), validation_fraction=0.25, split_seed=0)
+    assert csv.field_size_limit() == before
+    texts = [t for split in ds.values() for t in split["text"]]
+    assert any(t.strip() == long_text.strip() for t in texts)
+
+
+def test_a_carved_split_that_takes_every_row_of_a_label_is_named_in_a_warning(tmp_path, caplog):
+    path = tmp_path / "my.csv"
+    rows = [("goal", "sports"), ("vote", "politics")] * 5 + [("comet", "rare")]
+    path.write_text("text,labels\n" + "".join(f"{t} {i},{lab}\n" for i, (t, lab) in enumerate(rows)))
+    for seed in range(20):  # a seed whose random carve takes the one "rare" row
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+            ds = load_mlc_dataset(str(path), validation_fraction=0.3, split_seed=seed)
+        rare = label_names(ds).index("rare")
+        if any(rare in r for r in ds["validation"]["labels"]):
+            break
+    else:
+        pytest.fail("no seed carved the rare row into validation")
+    assert not any(rare in r for r in ds["train"]["labels"])
+    said = [r.getMessage() for r in caplog.records if "only in the carved validation split" in r.getMessage()]
+    assert len(said) == 1 and "(rare)" in said[0] and "never trains on them" in said[0], said
