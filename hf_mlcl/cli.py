@@ -77,7 +77,7 @@ def cmd_train(ns, overrides) -> dict:
 
     recipe, ov = _load(ns.recipe, overrides, ["contrastive"])
     model_args, data_args, args = parse_stage(recipe, "contrastive", ov, output_dir=ov.output_dir)
-    check_stage(args)
+    check_stage(args, data_args)
     _check_models(model_args)
     result = stages.run_contrastive_stage(model_args, data_args, args)
     say(saved_line("contrastive", args.output_dir, result))
@@ -95,7 +95,7 @@ def cmd_probe(ns, overrides) -> dict:
         require_a_model(ns.encoder_path)  # a run's root folder names its encoder/ in one line
     recipe, ov = _load(ns.recipe, overrides, ["probe"])
     model_args, data_args, args = parse_stage(recipe, "probe", ov, output_dir=ov.output_dir)
-    check_stage(args)
+    check_stage(args, data_args)
     encoder = ns.encoder_path
     if encoder is None and "contrastive" in recipe_stages(recipe):
         default = stage_output_dir(recipe, "contrastive")
@@ -156,8 +156,8 @@ def cmd_run(ns, overrides) -> dict:
     parsed[final] = parse_stage(recipe, final, ov)
     if ns.push_to:  # before any training: a push that cannot work must not cost two stages
         _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in names else []))
-    for _, _, stage_args in parsed.values():  # before any work: both stages' folders and the launch
-        check_stage(stage_args)
+    for _, stage_data, stage_args in parsed.values():  # before any work: both stages' folders and the launch
+        check_stage(stage_args, stage_data)
     model_args, data_args, pargs = parsed[final]
     _check_models(parsed["contrastive" if "contrastive" in parsed else final][0])  # and the models
     stage_args = {name: args for name, (_, _, args) in parsed.items()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,15 +328,16 @@ def _check_joined_names(names: list[str], origin: str) -> None:
 
 
 def _warn_case_variants(names: list[str], origin: str) -> None:
-    """A warning naming label names that differ only in case or surrounding spaces ("Sports" / "sports"): each
-    is a label of its own, which a typo in the data usually is not meant to be."""
+    """A warning naming label names that differ only in case, surrounding spaces or Unicode form ("Sports" /
+    "sports", "café" composed / decomposed): each is a label of its own, which a typo in the data usually is not
+    meant to be."""
     groups = collections.defaultdict(list)
     for name in names:
-        groups[name.strip().casefold()].append(name)
+        groups[unicodedata.normalize("NFKC", name).strip().casefold()].append(name)
     variants = [group for group in groups.values() if len(group) > 1]
     if variants:
         logger.warning(
-            "%s: %d label names differ only in case, e.g. %s; each is a label of its own (fix the data, or pass "
+            "%s: %d label names differ only in case, spaces or Unicode form, e.g. %s; each is a label of its own (fix the data, or pass "
             "label_names= to fix the label space)",
             origin,
             sum(len(g) for g in variants),

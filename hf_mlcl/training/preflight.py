@@ -199,12 +199,28 @@ def stage_finished(output_dir: str) -> bool:
     )
 
 
-def check_stage(args: Any) -> None:
-    """Stop before any work when the launch cannot form a working process group or ``args.output_dir``
-    holds another run (:func:`check_launch`, :func:`check_output_dir`). Deletes nothing: with
-    ``overwrite_output_dir`` the old checkpoints go only once the stage's data and model have loaded."""
+def check_stage(args: Any, data_args: Any = None) -> None:
+    """Stop before any work when the launch cannot form a working process group, ``args.output_dir``
+    holds another run (:func:`check_launch`, :func:`check_output_dir`) or lies inside the dataset folder of
+    ``data_args`` (:func:`check_output_outside_data`). Deletes nothing: with ``overwrite_output_dir`` the old
+    checkpoints go only once the stage's data and model have loaded."""
     check_launch(args)
     check_output_dir(args.output_dir, args.overwrite_output_dir, args.resume_from_checkpoint)
+    if data_args is not None:
+        check_output_outside_data(args.output_dir, getattr(data_args, "dataset", None))
+
+
+def check_output_outside_data(output_dir: str, dataset: Any) -> None:
+    """InputError in one line when ``output_dir`` lies inside the local dataset folder ``dataset``: the run's
+    JSON files would be read as data files by the next load of that folder."""
+    if not isinstance(dataset, (str, os.PathLike)) or not os.path.isdir(dataset):
+        return
+    folder, out = os.path.realpath(dataset), os.path.realpath(output_dir)
+    if os.path.commonpath([folder, out]) == folder:
+        raise InputError(
+            f"output_dir {output_dir} lies inside the dataset folder {dataset}: its files would be read as data by "
+            "the next load of that folder; choose an --output_dir outside it"
+        )
 
 
 def finished_everywhere(output_dir: str) -> bool:

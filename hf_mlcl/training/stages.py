@@ -317,7 +317,7 @@ def run_stages(
     """
     names = [name for name in STAGES if name in stage_args]
     for name in names:
-        check_stage(stage_args[name])
+        check_stage(stage_args[name], data_args)
     _check_lora_finetune_of_stage_one(model_args, stage_args)
     _check_segment_length(model_args, data_args)
     _check_positions(model_args, data_args, encoder_path)

@@ -1065,3 +1065,18 @@ def test_a_model_folder_is_no_run_folder_and_a_probe_never_replaces_its_encoder(
         assert len(err) == 1 and message in err[0], err
     assert sorted(p.name for p in model.iterdir()) == ["config.json"]
     assert (model / "config.json").read_text() == "{}"
+
+
+def test_a_run_inside_its_dataset_folder_stops_before_any_work(monkeypatch, capsys, tmp_path):
+    """``--output_dir`` inside the ``--dataset`` folder (whose next load would read the run's JSON files as data)
+    stops in one line for run, train and probe; the folder is left as it was."""
+    _no_training(monkeypatch)
+    data = tmp_path / "my_data"
+    data.mkdir()
+    (data / "train.csv").write_text("text,labels\ngoal,sports\nvote,politics\n")
+    for command in ("run", "train", "probe"):
+        argv = [command, RECIPE, "--dataset", str(data), "--output_dir", str(data / "runs" / command)]
+        assert main(argv) == 2, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "lies inside the dataset folder" in err[0], (command, err)
+    assert sorted(p.name for p in data.iterdir()) == ["train.csv"]

@@ -775,13 +775,21 @@ def test_plain_single_names_beside_list_cells_of_train_read_as_names(tmp_path):
 
 
 def test_duplicated_texts_across_splits_and_label_names_differing_in_case_are_warned(tmp_path, caplog):
-    rows = [*ROWS, (ROWS[0][0], ROWS[0][1]), ("a sports article", ["Sports"]), ("another one", ["sports"])]
+    cafe, decomposed = "caf\u00e9", "cafe\u0301"  # one name in its composed and decomposed Unicode forms
+    rows = [
+        *ROWS,
+        (ROWS[0][0], ROWS[0][1]),
+        ("a sports article", ["Sports"]),
+        ("another one", ["sports"]),
+        ("an espresso", [cafe]),
+        ("a latte", [decomposed]),
+    ]
     test = _write_csv(tmp_path / "test.csv", [ROWS[1], ("unseen text", ["cs.CL"])])
     files = {"train": _write_csv(tmp_path / "train.csv", rows), "test": test}
     with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
         dd = load_mlc_dataset("csv", data_files=files, validation_fraction=0.2, split_seed=0)
     warned = " ".join(r.getMessage() for r in caplog.records)
-    assert "2 label names differ only in case, e.g. 'Sports' / 'sports'" in warned
+    assert "4 label names differ only in case, spaces or Unicode form, e.g. 'Sports' / 'sports'" in warned
     assert "rows whose text is also in train:" in warned and "test 1 of 2" in warned
     in_train = set(dd["train"]["text"])
     carved = sum(t in in_train for t in dd["validation"]["text"])  # the duplicated row, if carved apart
