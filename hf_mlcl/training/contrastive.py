@@ -48,10 +48,15 @@ __all__ = ["ContrastiveSetup", "ContrastiveTrainer", "STATE_FILE"]
 
 
 class _StepCallback(TrainerCallback):
-    """Once per optimizer step: EMA update of the momentum encoder; zero the loss parameters' grads."""
+    """When training begins: rank 0's loss parameters and key encoder on every process. Once per optimizer step:
+    EMA update of the momentum encoder; zero the loss parameters' grads."""
 
     def __init__(self, trainer: ContrastiveTrainer) -> None:
         self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._same_state_on_every_process()
+        return control
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         tr = self.trainer
@@ -165,6 +170,19 @@ class ContrastiveTrainer(MultiLabelTrainer):
         return self.accelerator.unwrap_model(self.model)
 
     # ------------------------------------------------------------------ parameters / optimizer
+    @torch.no_grad()
+    def _same_state_on_every_process(self) -> None:
+        """Rank 0's loss parameters and buffers, and its key encoder, on every process. Preparing the model makes
+        it rank 0's everywhere (DDP's broadcast), but these live outside it: a loss's parameters are drawn from
+        each process's random state, and the key encoder was copied from each process's model before that
+        broadcast (per-rank seeds leave them apart). The key encoder of a sharded model is an adapter inside
+        the engine's model, which the engine keeps."""
+        tensors = [t for t in self.loss_fn.state_dict().values() if isinstance(t, torch.Tensor)]
+        averaged = getattr(self.momentum_encoder, "averaged_tensors", None)
+        if averaged is not None:
+            tensors += averaged()
+        D.broadcast_from_first_(tensors)
+
     def _loss_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.loss_fn.parameters() if p.requires_grad]
 

@@ -145,6 +145,14 @@ def all_reduce_mean_(tensors: list[torch.Tensor]) -> None:
         t.div_(ws)
 
 
+def broadcast_from_first_(tensors: list[torch.Tensor]) -> None:
+    """In place: every rank's ``tensors`` become rank 0's (no-op outside a multi-process group)."""
+    if not is_distributed():
+        return
+    for t in tensors:
+        dist.broadcast(t, src=0)
+
+
 def mean_over_processes(grad: torch.Tensor) -> torch.Tensor:
     """A gradient hook (``parameter.register_hook``): ``grad`` averaged over the processes.
 

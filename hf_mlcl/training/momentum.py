@@ -101,6 +101,13 @@ class MomentumEncoder:
         """Names of the parameters that are averaged (the online encoder's trainable ones)."""
         return list(self._names)
 
+    def averaged_tensors(self) -> list[torch.Tensor]:
+        """The averaged parameters of the key encoder and their fp32 masters, in a fixed order: what makes two
+        key encoders of one online model equal."""
+        return [self._key[n] for n in self._names] + [
+            self._master[n] for n in self._names if n in self._master
+        ]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             return self.module(*args, **kwargs)

@@ -95,7 +95,9 @@ def run_joint(root: str, name: str, kw: dict, per_device: int):
     return {"loss": parts, "grads": cap.grads, "world": D.world_size()}
 
 
-def run(root: str, name: str, kw: dict, per_device: int):
+def run(root: str, name: str, kw: dict, per_device: int, rank_start: bool = False):
+    """One ContrastiveTrainer run. ``rank_start``: each rank's loss parameters and key encoder start apart (as
+    per-rank seeds leave them), and the result holds every rank's copies of them after training."""
     kw = dict(kw)
     loss_fn = kw.pop("loss_fn", None)
     n_views = kw.get("n_views", 1)
@@ -116,10 +118,21 @@ def run(root: str, name: str, kw: dict, per_device: int):
         callbacks=[cap],
     )
     ref.append(tr)
+    averaged = set(tr.momentum_encoder.trainable_names) if rank_start else set()
+    key_params = (
+        [p for n, p in tr.momentum_encoder.module.named_parameters() if n in averaged] if rank_start else []
+    )
+    with torch.no_grad():
+        for t in [*tr.loss_fn.parameters(), *key_params] if rank_start else []:
+            t.add_(0.1 * (1 + D.rank()))
     tr.train()
     loss = [h["loss"] for h in tr.state.log_history if "loss" in h][-1]
     queue = None if tr.queue is None else tr.queue.embeddings.clone()
-    return {"loss": loss, "grads": cap.grads, "world": D.world_size(), "queue": queue}
+    result = {"loss": loss, "grads": cap.grads, "world": D.world_size(), "queue": queue}
+    if rank_start:
+        own = [t.detach().clone() for t in [*tr.loss_fn.parameters(), *key_params]]
+        result["every_rank"] = D.all_gather_object(own)
+    return result
 
 
 if __name__ == "__main__":
@@ -131,6 +144,11 @@ if __name__ == "__main__":
         res = fn(root, name, kw, per_device)
         if int(os.environ.get("RANK", "0")) == 0:
             torch.save(res, os.path.join(root, f"{name}-{res['world']}.pt"))
+    start = run(
+        root, "msc_rank_start", dict(loss="msc", queue_size=8, max_steps=2), per_device, rank_start=True
+    )
+    if D.rank() == 0:
+        torch.save(start["every_rank"], os.path.join(root, "rank-start.pt"))
     # in the process group the runs started: a logged part only rank 0 has (rank 1's anchors had no
     # positive) is still averaged on both, in one collective
     from hf_mlcl.training.loss_window import LossWindow

@@ -44,6 +44,11 @@ def test_two_processes_match_one_process_on_concatenated_batch(tmp_path):
         assert max_rel_diff(two["grads"], one["grads"]) < 1e-6, name
         assert any(k.startswith("projection.") for k in one["grads"]) == ("projection" in name)
 
+    # a loss's parameters and the key encoder that start apart on the ranks train as rank 0's, as the model does
+    zero, one_rank = torch.load(tmp_path / "rank-start.pt", weights_only=False)
+    assert len(zero) == len(one_rank) > 2  # the prototypes and the key encoder's averaged parameters
+    assert all(torch.equal(a, b) for a, b in zip(zero, one_rank))
+
     for name, kw in configs().items():
         two = torch.load(tmp_path / f"{name}-2.pt", weights_only=False)
         assert two["world"] == 2
