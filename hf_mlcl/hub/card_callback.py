@@ -52,7 +52,6 @@ _TRAINING_KEYS = (
     "gradcache_chunk_size",
     # ProbingTrainingArguments
     "probe",
-    "threshold",
 )
 _SETTINGS_IN_METRICS = ("contrastive_weight", "contrastive_projection_dim")  # the joint stage's metrics.json
 _MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
@@ -176,6 +175,11 @@ class ModelCardCallback(TrainerCallback):
             self.card.hyperparameters.pop("momentum", None)
         if self.card.hyperparameters.get("temperature", 0) is None and getattr(args, "loss", None):
             self.card.hyperparameters["temperature"] = _default_temperature(args.loss)
+        given = getattr(args, "loss_kwargs", None)
+        if isinstance(given, dict) and given.get("temperature") is not None:  # the loss's own keyword wins
+            self.card.hyperparameters["temperature"] = _plain(given["temperature"])
+        if getattr(args, "threshold", None) is not None:  # how the threshold was chosen; its value: metrics
+            self.card.hyperparameters["threshold_strategy"] = _plain(args.threshold)
         world = int(getattr(args, "world_size", 1) or 1)
         if not logistic:
             self.card.hyperparameters["total_train_batch_size"] = (

@@ -70,6 +70,15 @@ def _canonical_loss(name: str) -> str:
         return name
 
 
+def contrastive_tags(card: CardData) -> list[str]:
+    """The Hub tags of the card's training: ``contrastive-learning`` and the contrastive loss where one trained
+    the encoder (an encoder's own loss, a classifier's ``contrastive_loss``), else the supervised loss alone."""
+    contrastive = card.contrastive_loss or (card.loss if card.kind == "encoder" else None)
+    if contrastive:
+        return ["contrastive-learning", _canonical_loss(str(contrastive))]
+    return [_canonical_loss(str(card.loss))] if card.loss else []
+
+
 def __getattr__(name: str) -> Any:
     if name == "LOSS_PAPERS":  # canonical name -> loss_paper(name), built from the registry on access
         from hf_mlcl.losses import list_losses
@@ -96,6 +105,16 @@ _INDEX_METRICS = {
 def is_local_path(value: Any) -> bool:
     """True for a string naming a path of this machine (absolute, or one that exists from here)."""
     return isinstance(value, str) and bool(value) and (os.path.isabs(value) or os.path.exists(value))
+
+
+def _without_local_paths(value: Any) -> Any:
+    """``value`` (loader options: dicts and lists of them) with every path of this machine cut to its file or
+    folder name."""
+    if isinstance(value, dict):
+        return {k: _without_local_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_local_paths(v) for v in value]
+    return os.path.basename(os.path.normpath(value)) if is_local_path(value) else value
 
 
 @dataclasses.dataclass
@@ -164,6 +183,7 @@ class CardData:
             base_model=None if local(self.base_model) else self.base_model,
             encoder_path=None if local(self.encoder_path) else self.encoder_path,
             dataset=os.path.basename(os.path.normpath(self.dataset)) if local(self.dataset) else self.dataset,
+            dataset_options=_without_local_paths(self.dataset_options),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -300,12 +320,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         license=card.license,
         library_name=library,
         pipeline_tag=pipeline_tag,
-        tags=[*tags, "hf_mlcl", "multi-label", "contrastive-learning", card.kind]
-        + (
-            [_canonical_loss(str(card.contrastive_loss or card.loss))]
-            if (card.contrastive_loss or card.loss)
-            else []
-        ),
+        tags=[*tags, "hf_mlcl", "multi-label", *contrastive_tags(card), card.kind],
         datasets=[card.dataset] if _is_dataset_id(card.dataset) else None,
         base_model=card.base_model if _is_hub_id(card.base_model) else None,
         model_name=name,

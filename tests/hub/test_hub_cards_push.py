@@ -297,6 +297,17 @@ def test_cards_state_what_the_run_did(tmp_path):
     cb.update_metrics({"contrastive_weight": 0.3, "contrastive_projection_dim": 0, "test_micro_f1": 0.5})
     assert cb.card.metrics == {"test_micro_f1": 0.5} and cb.card.hyperparameters["contrastive_weight"] == 0.3
     assert cb.card.hyperparameters["temperature"] == 0.1  # jaccard's paper
+    assert cb.card.hyperparameters["threshold_strategy"] == "global"
+    own = ContrastiveTrainingArguments(
+        output_dir=str(tmp_path / "t"),
+        use_cpu=True,
+        loss="sd",
+        loss_kwargs={"temperature": 0.5},
+        report_to="none",
+    )
+    cb = ModelCardCallback("encoder", model_args=model_args, data_args=data)
+    cb.on_train_begin(own, state, control, model=_Model())
+    assert cb.card.hyperparameters["temperature"] == 0.5  # the loss's own keyword, as the loss runs
 
 
 # ------------------------------------------------------------------------------------------------ push
@@ -469,3 +480,32 @@ def test_the_hub_messages_name_the_endpoint_in_use(monkeypatch):
     assert hub_endpoint() == "http://127.0.0.1:9"
     with pytest.raises(ConnectionError, match=r"run where http://127.0.0.1:9 can be reached"):
         check_model_source("someone/not-cached-model-xyz", "--model_name_or_path")
+
+
+def test_classifier_card_states_its_threshold_its_papers_and_no_contrastive_stage_it_lacks(tmp_path):
+    """The tuned threshold's value, every paper behind the training (contrastive and supervised loss), the
+    supervised baseline told as one stage without contrastive tags, and no path of this machine on the Hub."""
+    text = str(render_model_card(_classifier_card()))
+    assert "(`global`: 0.31)" in text  # a card written before threshold_strategy still reads
+    per_label = _classifier_card(
+        hyperparameters={"threshold_strategy": "per_label"}, metrics={"test_micro_f1": 0.5}
+    )
+    assert "(`per_label`: one per label)" in str(render_model_card(per_label))
+    focal = str(render_model_card(_classifier_card(loss="focal")))
+    assert "@article{huang2024similarity" in focal and "@inproceedings{lin2017focal" in focal
+    baseline = ModelCard(str(render_model_card(_classifier_card(contrastive_loss=None, loss="bce"))))
+    assert "two stages" not in baseline.text and "supervised baseline, no contrastive stage" in baseline.text
+    assert "contrastive-learning" not in baseline.data.tags and "bce" in baseline.data.tags
+    two_stage = ModelCard(str(render_model_card(_classifier_card())))
+    assert {"contrastive-learning", "similarity_dissimilarity"} <= set(two_stage.data.tags)
+    csv = tmp_path / "train.csv"
+    csv.write_text("text,labels\n")
+    local = _classifier_card(
+        dataset_options={"data_files": {"train": str(csv), "test": [str(csv)]}, "seed": 3}
+    )
+    published = local.for_hub("me/clf")
+    assert published.dataset_options == {
+        "data_files": {"train": "train.csv", "test": ["train.csv"]},
+        "seed": 3,
+    }
+    assert str(tmp_path) not in str(render_model_card(published))
