@@ -335,28 +335,32 @@ def carve_split(
 
 
 def _warn_labels_missing(train: Dataset, carved: Dataset, new: str, strategy: str) -> None:
-    """A warning naming the labels of ``train`` that no row of the carved split has: a split macro-F1 counts
-    their F1 as 0 whatever the model predicts."""
+    """Warnings naming the labels of ``train`` that no row of the carved split has (a split macro-F1 counts their
+    F1 as 0 whatever the model predicts), and the labels whose every row the carve took (never trained on)."""
     names = getattr(getattr(train.features.get("labels"), "feature", None), "names", None)
     if names is None:  # labels not stored as label ids with names
         return
     seen = {i for row in carved.with_format("arrow")["labels"].to_pylist() for i in row}
     trained = {i for row in train.with_format("arrow")["labels"].to_pylist() for i in row}
-    missing, untrained = sorted(trained - seen), sorted(seen - trained)
-    if untrained:
-        shown = ", ".join(str(names[i]) for i in untrained[:5]) + (" ..." if len(untrained) > 5 else "")
-        hint = "; split_strategy='stratified' keeps them in train" if strategy == "random" else ""
-        logger.warning(
-            f"{new}: {len(untrained)} labels have rows only in the carved {new} split ({shown}); the model never "
-            f"trains on them{hint}"
-        )
-    if missing:
-        shown = ", ".join(str(names[i]) for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
-        hint = "; split_strategy='stratified' spreads the labels over both" if strategy == "random" else ""
-        logger.warning(
-            f"{new}: {len(missing)} labels of train have no {new} row ({shown}); their F1 counts 0 in the {new} "
-            f"macro-F1 whatever the model predicts{hint}"
-        )
+    random = strategy == "random"
+    for ids, what, hint in (
+        (
+            seen - trained,
+            f"labels have rows only in the carved {new} split (%s); the model never trains on them",
+            "keeps them in train",
+        ),
+        (
+            trained - seen,
+            f"labels of train have no {new} row (%s); their F1 counts 0 in the {new} macro-F1 whatever the model "
+            "predicts",
+            "spreads the labels over both",
+        ),
+    ):
+        if ids:
+            ids = sorted(ids)
+            shown = ", ".join(str(names[i]) for i in ids[:5]) + (" ..." if len(ids) > 5 else "")
+            tail = f"; split_strategy='stratified' {hint}" if random else ""
+            logger.warning(f"{new}: {len(ids)} " + what % shown + tail)
 
 
 def check_splits(dd: DatasetDict, what: str = "dataset") -> None:
