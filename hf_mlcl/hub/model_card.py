@@ -87,18 +87,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# metrics shown in model-index (key in the metrics dict -> (metric type, display name))
+# metrics shown in model-index (key in the metrics dict -> (metric type, display name, metric config: which
+# average of a metric type, so that the Hub tells micro-F1 and macro-F1 apart))
 _INDEX_METRICS = {
-    "micro_f1": ("f1", "micro-F1"),
-    "macro_f1": ("f1", "macro-F1"),
-    "p@1": ("precision_at_1", "P@1"),
-    "p@5": ("precision_at_5", "P@5"),
-    "p@8": ("precision_at_8", "P@8"),
-    "p@15": ("precision_at_15", "P@15"),
-    "micro_auc": ("roc_auc", "micro-AUC"),
-    "macro_auc": ("roc_auc", "macro-AUC"),
-    "knn_micro_f1": ("f1", "kNN micro-F1"),
-    "knn_macro_f1": ("f1", "kNN macro-F1"),
+    "micro_f1": ("f1", "micro-F1", "micro"),
+    "macro_f1": ("f1", "macro-F1", "macro"),
+    "p@1": ("precision_at_1", "P@1", None),
+    "p@5": ("precision_at_5", "P@5", None),
+    "p@8": ("precision_at_8", "P@8", None),
+    "p@15": ("precision_at_15", "P@15", None),
+    "micro_auc": ("roc_auc", "micro-AUC", "micro"),
+    "macro_auc": ("roc_auc", "macro-AUC", "macro"),
+    "knn_micro_f1": ("f1", "kNN micro-F1", "knn-micro"),
+    "knn_macro_f1": ("f1", "kNN macro-F1", "knn-macro"),
 }
 
 
@@ -244,7 +245,7 @@ def eval_results(card: CardData) -> list[Any]:
     else:
         dataset_type = dataset_name = "unknown"
     rows = []
-    for key, (metric_type, display) in _INDEX_METRICS.items():
+    for key, (metric_type, display, config) in _INDEX_METRICS.items():
         found = _metric_value(card.metrics, key)
         if found is None:
             continue
@@ -260,6 +261,7 @@ def eval_results(card: CardData) -> list[Any]:
                 dataset_split=split,
                 metric_type=metric_type,
                 metric_name=display,
+                metric_config=config,
                 metric_value=round(value, 4),
             )
         )

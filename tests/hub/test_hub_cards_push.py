@@ -61,6 +61,8 @@ def test_classifier_card_has_model_index_citation_usage_and_limitations():
     results = {(r.metric_name, r.dataset_split): r.metric_value for r in parsed.data.eval_results}
     assert results[("micro-F1", "test")] == pytest.approx(0.7123)
     assert results[("macro-F1", "test")] == pytest.approx(0.51)
+    configs = {r.metric_name: r.metric_config for r in parsed.data.eval_results}
+    assert configs["micro-F1"] == "micro" and configs["macro-F1"] == "macro"  # one metric type, told apart
     assert results[("P@1", "test")] == pytest.approx(0.9)
     assert parsed.data.model_name == "someone/aapd-sd-roberta"
     small = _classifier_card()
