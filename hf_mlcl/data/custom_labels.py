@@ -212,6 +212,8 @@ def label_ids(
         names, names_origin = _train_label_space(tokens, origin, unknown_labels)
         if layout.fmt == "delimited" and layout.sep is None:  # plain cells in which no separator was found
             _check_joined_names(names, origin)
+        if layout.fmt == "delimited" and layout.detected and layout.sep == ",":
+            _warn_inseparable(tokens["train"], origin)
     for split, rows in tokens.items():
         encoded[split], _ = encode_rows(rows, names, split, unknown_labels, names_origin)
     return encoded, names, names_origin
@@ -325,6 +327,30 @@ def _check_joined_names(names: list[str], origin: str) -> None:
                     f"labels that way pass label_separator={char!r} (--label_separator), else label_format='names' "
                     "(one label per cell) or the labels with label_names= (a list or file; --label_names_file)"
                 )
+
+
+def _warn_inseparable(rows: list[list[Any]], origin: str) -> None:
+    """A warning naming train cells that the detected ``,`` splits into labels which never occur apart (every
+    row holding one holds all of them, and no other label): a name with a comma ("Clothing, Shoes & Jewelry")
+    more likely than labels that always come together."""
+    together: dict[Any, set[tuple]] = collections.defaultdict(set)
+    for row in rows:
+        for token in row:
+            together[token].add(tuple(sorted(map(str, row))))
+    inseparable = sorted(
+        {group for groups in together.values() for group in groups if len(group) > 1}
+        - {group for groups in together.values() if len(groups) > 1 for group in groups}
+    )
+    if inseparable:
+        logger.warning(
+            "%s: the label separator ',' (detected) splits cells such as %r into labels that never occur apart "
+            "(%d combination%s of them); if such a cell is one label, pass label_format='names' (one label per cell) or another "
+            "label_separator",
+            origin,
+            ", ".join(inseparable[0]),
+            len(inseparable),
+            "" if len(inseparable) == 1 else "s",
+        )
 
 
 def _warn_case_variants(names: list[str], origin: str) -> None:

@@ -114,3 +114,20 @@ def test_a_carved_split_that_takes_every_row_of_a_label_is_named_in_a_warning(tm
     assert not any(rare in r for r in ds["train"]["labels"])
     said = [r.getMessage() for r in caplog.records if "only in the carved validation split" in r.getMessage()]
     assert len(said) == 1 and "(rare)" in said[0] and "never trains on them" in said[0], said
+
+
+def test_names_with_a_comma_split_by_the_detected_separator_are_named_in_a_warning(caplog):
+    """A single-label column whose names hold a comma reads as delimited by ','; the labels that never occur apart
+    are named, labels that also occur alone are not."""
+    from datasets import Dataset
+
+    def warned(cells):
+        caplog.clear()
+        data = Dataset.from_dict({"text": [f"text {i}" for i in range(len(cells))], "labels": cells})
+        with caplog.at_level(logging.WARNING, logger="hf_mlcl.data.custom"):
+            load_mlc_dataset(data, validation_fraction=0.25, split_seed=0)
+        return [r.getMessage() for r in caplog.records if "never occur apart" in r.getMessage()]
+
+    said = warned(["Clothing, Shoes & Jewelry", "Books", "Toys"] * 4)
+    assert len(said) == 1 and "'Clothing, Shoes & Jewelry'" in said[0] and "label_format='names'" in said[0]
+    assert warned(["sports, politics", "sports", "politics", "arts"] * 3) == []
