@@ -300,6 +300,7 @@ def cmd_predict(ns, overrides) -> dict:
         max_length=ns.max_length,
         device=ns.device,
         all_scores=ns.all_scores,
+        prediction_prefix=ns.prediction_prefix,
     )
     say(
         f"predicted {summary['rows']} texts ({summary['labels_per_text']:.2f} labels per text, threshold "

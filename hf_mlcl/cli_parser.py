@@ -263,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--all_scores", action="store_true", help="write every label's score, not only the predicted ones"
     )
+    p.add_argument(
+        "--prediction_prefix",
+        default="",
+        help="put before the predictions' column names (predicted_: predicted_labels, predicted_scores), for an "
+        "input with a labels or scores column of its own",
+    )
     p = add("export", "write a trained encoder or classifier as ONNX (onnx/model.onnx beside its config)")
     p.add_argument("folder", help="encoder or classifier folder written by `train` / `probe` / `run`")
     p.add_argument("--to", default="onnx", choices=["onnx"])

@@ -15,7 +15,7 @@ import torch
 __all__ = ["INPUT_FORMATS", "PREDICTION_COLUMNS", "predict_file", "predict_texts", "read_texts"]
 
 INPUT_FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".txt")
-PREDICTION_COLUMNS = ("labels", "scores")  # what predict_file adds to the input's columns
+PREDICTION_COLUMNS = ("labels", "scores")  # what predict_file adds to the input's columns (after a prefix)
 logger = logging.getLogger(__name__)
 
 
@@ -185,6 +185,7 @@ def predict_file(
     device: str | None = None,
     all_scores: bool = False,
     progress: bool = True,
+    prediction_prefix: str = "",
 ) -> dict[str, Any]:
     """Label the texts of ``input_path`` with the classifier folder ``classifier`` at its tuned threshold and
     write one row per text to ``output_path`` (JSON lines, or CSV by its suffix): the input's columns, the
@@ -201,6 +202,8 @@ def predict_file(
         device: ``"cpu"``, ``"cuda"`` ... (default: the accelerator there is, else the CPU).
         all_scores: write every label's score, not only the predicted labels'.
         progress: show a progress bar.
+        prediction_prefix: put before the names of the predictions' columns (``"predicted_"``: ``predicted_labels``
+            and ``predicted_scores``), for an input that has a ``labels`` or ``scores`` column of its own.
 
     Returns:
         A summary: rows, labels per text on average, the threshold source, the output path.
@@ -228,11 +231,12 @@ def predict_file(
     ):
         raise ValueError(f"--output {output_path} is the input file; write the predictions to another file")
     texts, table = read_texts(input_path, text_column)
-    taken = [name for name in PREDICTION_COLUMNS if table is not None and name in table.columns]
+    label_key, score_key = (prediction_prefix + name for name in PREDICTION_COLUMNS)
+    taken = [name for name in (label_key, score_key) if table is not None and name in table.columns]
     if taken:
         raise ValueError(
-            f"{input_path} has a column {taken[0]!r}, which the predictions' columns {PREDICTION_COLUMNS} would "
-            "replace; rename it in the input"
+            f"{input_path} has a column {taken[0]!r}, which the predictions' column of that name would replace; "
+            "pass --prediction_prefix predicted_ (columns predicted_labels, predicted_scores) or rename it"
         )
     device = _available_device(device) if device else ("cuda" if torch.cuda.is_available() else "cpu")
     model = _load_classifier(classifier).to(device).eval()
@@ -262,8 +266,8 @@ def predict_file(
     for i in range(len(texts)):
         picked = np.flatnonzero(chosen[i])
         row = {k: _plain(v) for k, v in given[i].items()} if table is not None else {"text": texts[i]}
-        row["labels"] = [names[j] for j in picked]
-        row["scores"] = (
+        row[label_key] = [names[j] for j in picked]
+        row[score_key] = (
             dict(zip(names, [None if blank[i] else v for v in scores[i].round(6).tolist()]))
             if all_scores
             else [round(float(scores[i, j]), 6) for j in picked]
@@ -275,9 +279,9 @@ def predict_file(
             import pandas as pd
 
             frame = pd.DataFrame(rows)
-            frame["labels"] = [";".join(r["labels"]) for r in rows]
-            frame["scores"] = [
-                json.dumps(r["scores"]) if all_scores else ";".join(map(str, r["scores"])) for r in rows
+            frame[label_key] = [";".join(r[label_key]) for r in rows]
+            frame[score_key] = [
+                json.dumps(r[score_key]) if all_scores else ";".join(map(str, r[score_key])) for r in rows
             ]
             frame.to_csv(tmp, index=False)
         else:

@@ -101,6 +101,14 @@ def test_predict_errors_are_one_line_before_loading(tmp_path, classifier, capsys
         assert main(["predict", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+    # a file with its gold labels: the predictions go beside them under the prefix the error names
+    out = tmp_path / "beside.csv"
+    assert (
+        main(["predict", folder, str(gold), "--output", str(out), "--prediction_prefix", "predicted_"]) == 0
+    )
+    table = pd.read_csv(out)
+    assert list(table.columns) == ["text", "labels", "predicted_labels", "predicted_scores"]
+    assert (table["labels"] == "cardio").all()
 
 
 def test_predict_keeps_the_input_columns_types_in_json_lines(tmp_path, classifier):
