@@ -58,7 +58,7 @@ def _read_tsv(path: str, num_labels: int) -> tuple[list[str], list[list[int]], l
     return texts, labels, ids
 
 
-@register_dataset("goemotions", "go_emotions")
+@register_dataset("goemotions", "go_emotions", hub_id=HUB_ID)
 def load_goemotions(data_dir=None, splits=None) -> DatasetDict:
     """Load GoEmotions (simplified, 28 labels) from local tsv files (or the Hub when online, no data_dir)."""
     splits = normalize_splits(splits)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
@@ -30,12 +31,14 @@ SPLIT_ALIASES = {
 # loader module, and Python runs it before this module, so the registry is complete whenever it is used.
 _REGISTRY: dict[str, Callable[..., DatasetDict]] = {}
 _ALIASES: dict[str, str] = {}
+_HUB_IDS: dict[str, str] = {}  # canonical name -> the dataset's Hub id, where it has one
 
 
 def register_dataset(
-    name: str, *aliases: str
+    name: str, *aliases: str, hub_id: str | None = None
 ) -> Callable[[Callable[..., DatasetDict]], Callable[..., DatasetDict]]:
-    """Decorator: register ``fn(data_dir=None, **options) -> DatasetDict`` under ``name`` (+ aliases)."""
+    """Decorator: register ``fn(data_dir=None, **options) -> DatasetDict`` under ``name`` (+ aliases);
+    ``hub_id``: the dataset's id on the Hub, where it has one (model cards name it in their metadata)."""
 
     def deco(fn: Callable[..., DatasetDict]) -> Callable[..., DatasetDict]:
         key = name.lower()
@@ -44,9 +47,26 @@ def register_dataset(
         _REGISTRY[key] = fn
         for alias in aliases:
             _ALIASES[alias.lower()] = key
+        if hub_id:
+            _HUB_IDS[key] = hub_id
         return fn
 
     return deco
+
+
+def registered_dataset(name: Any) -> str | None:
+    """The canonical registered name of ``name`` (an alias too), else None."""
+    if not isinstance(name, str):
+        return None
+    key = name.lower()
+    key = _ALIASES.get(key, key)
+    return key if key in _REGISTRY else None
+
+
+def dataset_hub_id(name: str) -> str | None:
+    """The Hub id of the registered dataset ``name``, None where it has none (or ``name`` is not registered)."""
+    key = registered_dataset(name)
+    return None if key is None else _HUB_IDS.get(key)
 
 
 # Loaders for sources that are not registered names (files, folders, Hub ids, in-memory datasets):

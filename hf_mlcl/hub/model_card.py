@@ -284,6 +284,17 @@ def _is_dataset_id(name: str | None) -> bool:
     return _is_hub_id(name) and not str(name).lower().endswith((*FILE_FORMATS, ".txt", ".arrow"))
 
 
+def _hub_datasets(name: str | None) -> list[str] | None:
+    """The card's ``datasets:`` metadata: a registered dataset's Hub id (none where it has none: its registered
+    name is no Hub dataset), else a Hub id the run loaded."""
+    from hf_mlcl.data.registry import dataset_hub_id, registered_dataset
+
+    if registered_dataset(name) is not None:
+        hub_id = dataset_hub_id(name)
+        return [hub_id] if hub_id else None
+    return [name] if _is_dataset_id(name) else None
+
+
 def _metric_table(metrics: dict[str, float]) -> list[tuple[str, str]]:
     rows = []
     for key in sorted(metrics):
@@ -323,7 +334,7 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
         library_name=library,
         pipeline_tag=pipeline_tag,
         tags=[*tags, "hf_mlcl", "multi-label", *contrastive_tags(card), card.kind],
-        datasets=[card.dataset] if _is_dataset_id(card.dataset) else None,
+        datasets=_hub_datasets(card.dataset),
         base_model=card.base_model if _is_hub_id(card.base_model) else None,
         model_name=name,
         eval_results=results or None,

@@ -57,7 +57,14 @@ def test_classifier_card_has_model_index_citation_usage_and_limitations():
     parsed = ModelCard(str(card))  # round-trip through the Hub's own parser
     data = parsed.data.to_dict()
     assert data["pipeline_tag"] == "text-classification" and data["library_name"] == "transformers"
-    assert data["datasets"] == ["aapd"] and data["base_model"] == "FacebookAI/roberta-base"
+    assert "datasets" not in data and data["base_model"] == "FacebookAI/roberta-base"  # aapd: no Hub dataset
+    for dataset, listed in (
+        ("go_emotions", ["google-research-datasets/go_emotions"]),  # a registered name: its Hub id
+        ("someone/tickets", ["someone/tickets"]),  # a Hub dataset the run loaded
+        ("synthetic", None),
+    ):
+        meta = ModelCard(str(render_model_card(_classifier_card(dataset=dataset)))).data.to_dict()
+        assert meta.get("datasets") == listed, dataset
     results = {(r.metric_name, r.dataset_split): r.metric_value for r in parsed.data.eval_results}
     assert results[("micro-F1", "test")] == pytest.approx(0.7123)
     assert results[("macro-F1", "test")] == pytest.approx(0.51)
