@@ -40,6 +40,7 @@ _MODEL_KEYS = (
     "lora_alpha",
     "lora_dropout",
     "lora_target_modules",
+    "tokenizer_name_or_path",
 )
 _PROJECTION_KEYS = (
     "projection_dim",
@@ -84,13 +85,15 @@ _TRAINER_KEYS = (
     "load_best_model_at_end",
     "metric_for_best_model",
 )
-# the scheduler's and optimizer's options and the last batch's fate, recorded since the keys above
+# the scheduler's and optimizer's options, the batches' order and the last batch's fate, recorded since the
+# keys above
 _OPTIMIZER_KEYS = (
     "lr_scheduler_kwargs",
     "adam_beta1",
     "adam_beta2",
     "adam_epsilon",
     "optim_args",
+    "data_seed",
     "dataloader_drop_last",
 )
 # settings recorded only since the first keys: a run stored before lacks them, which says nothing of their value
@@ -102,6 +105,7 @@ _LATER_KEYS = frozenset(
         "load_best_model_at_end",
         "metric_for_best_model",
         *_OPTIMIZER_KEYS,
+        "tokenizer_name_or_path",
         "world_size",  # stage_settings
         "data_fingerprint",  # with_data_fingerprint
     }

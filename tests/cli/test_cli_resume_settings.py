@@ -207,13 +207,23 @@ def test_the_process_count_and_the_optimizer_options_are_settings(tmp_path):
         ({"adam_beta2": 0.9}, "adam_beta2 0.999 -> 0.9"),
         ({"adam_epsilon": 1e-6}, "adam_epsilon 1e-08 -> 1e-06"),
         ({"dataloader_drop_last": False}, "dataloader_drop_last True -> False"),
+        ({"data_seed": 5}, "data_seed None -> 5"),  # the batches' order
     ):
         now = stage_settings(ContrastiveTrainingArguments(output_dir=out, **changed), model, data)
         with pytest.raises(ValueError, match=re.escape(message)):
             check_resume_settings(out, now, overwrite=False)
-    later = ("lr_scheduler_kwargs", "adam_beta2", "world_size", "dataloader_drop_last")
+    other_tokens = ModelArguments(model_name_or_path="m", tokenizer_name_or_path="t")
+    with pytest.raises(ValueError, match=re.escape("tokenizer_name_or_path None -> 't'")):
+        check_resume_settings(
+            out, stage_settings(ContrastiveTrainingArguments(output_dir=out), other_tokens, data), False
+        )
+    later = ("lr_scheduler_kwargs", "adam_beta2", "world_size", "dataloader_drop_last", "data_seed")
+    later += ("tokenizer_name_or_path",)
     (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({k: v for k, v in stored.items() if k not in later}))
     check_resume_settings(out, two, overwrite=False)
+    check_resume_settings(
+        out, dict(two, data_seed=5, tokenizer_name_or_path="t"), overwrite=False
+    )  # recorded since: an old folder says nothing of them
 
 
 def _csv(path, seed: int) -> str:
