@@ -1,8 +1,7 @@
 """How a dataset's label column is read: the label formats, their detection, and label ids from the cells.
 
 :func:`detect_format` decides the format (``names``, ``ids``, ``delimited``, ``columns``, ``multihot``) under
-``"auto"``,
-:func:`row_tokens` reads a cell, :func:`encode_rows` turns tokens into label ids and
+``"auto"``, :func:`row_tokens` reads a cell, :func:`encode_rows` turns tokens into label ids and
 :func:`superseded_label_keys` says which layout keys a later layout replaces.
 
 Design: docs/design.md, "Label formats (hf_mlcl/data/label_formats.py)".
@@ -192,15 +191,27 @@ def _binary(x: Any) -> bool:
     return isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)) and x in (0, 1)
 
 
+def _empty(cell: Any) -> bool:
+    return cell is None or (isinstance(cell, str) and not cell.strip())
+
+
 def _multihot_cells(cells: Sequence[Any]) -> bool:
     """Every non-empty cell a 0/1 vector of one width of at least 2, and (since a list of the label ids 0 and 1 is
-    also 0/1) some cell that no id list can be: one that repeats a value, or holds a float or a bool."""
-    vectors = [_vector(c) for c in cells if c is not None and c != ""]
-    if not vectors or any(v is None or len(v) < 2 or not all(map(_binary, v)) for v in vectors):
-        return False
-    if len({len(v) for v in vectors}) > 1:
-        return False
-    return any(len(set(v)) < len(v) or any(not is_int_token(x) for x in v) for v in vectors)
+    also 0/1) some cell that no id list can be: one that repeats a value, or holds a float or a bool. Stops at
+    the first cell that is no such vector (a column of label ids: its first cell)."""
+    widths: set[int] = set()
+    no_id_list = False
+    for cell in cells:
+        if _empty(cell):
+            continue
+        vector = _vector(cell)
+        if vector is None or len(vector) < 2 or not all(map(_binary, vector)):
+            return False
+        widths.add(len(vector))
+        if len(widths) > 1:
+            return False
+        no_id_list = no_id_list or len(set(vector)) < len(vector) or not all(map(is_int_token, vector))
+    return no_id_list
 
 
 def multihot_widths(cells: Sequence[Any]) -> set[int]:
@@ -210,7 +221,7 @@ def multihot_widths(cells: Sequence[Any]) -> set[int]:
 
 def _multihot_ids(value: Any) -> list[int]:
     """The positions of the ones of a multi-hot cell (ValueError for a value other than 0/1)."""
-    vector = _vector(value) if value is not None and value != "" else []
+    vector = [] if _empty(value) else _vector(value)
     if vector is None or not all(map(_binary, vector)):
         raise ValueError(
             f"label_format='multihot' reads one 0/1 vector per cell, but a cell holds {str(value)[:60]!r}"
@@ -233,9 +244,9 @@ def detect_format(
     A string column is either list cells (every non-empty cell ``[...]``: ``ids`` when the items are
     integers, ``names`` when they are strings) or one delimited string per cell (the separator is the one
     of ``;`` ``|`` ``,`` that occurs). A column of 0/1 vectors of one width is ``multihot`` (where no id list
-    could be one: some vector repeats a value or holds floats or bools). Where that is ambiguous — list and plain cells mixed, ids and names
-    mixed, a ``[...]`` cell that is not a list, two separators in one column, or names that would carry
-    brackets or quotes — a ValueError names the cell and the choices."""
+    could be one: some vector repeats a value or holds floats or bools). Where that is ambiguous — list and
+    plain cells mixed, ids and names mixed, a ``[...]`` cell that is not a list, two separators in one column,
+    or names that would carry brackets or quotes — a ValueError names the cell and the choices."""
     if label_columns or label_column is None:
         return "columns", None
     feat = ds.features[label_column]
