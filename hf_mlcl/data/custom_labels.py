@@ -343,9 +343,9 @@ def _warn_inseparable(rows: list[list[Any]], origin: str) -> None:
     )
     if inseparable:
         logger.warning(
-            "%s: the label separator ',' (detected) splits cells such as %r into labels that never occur apart "
-            "(%d combination%s of them); if such a cell is one label, pass label_format='names' (one label per cell) or another "
-            "label_separator",
+            "%s: the label separator ',' (detected) splits cells such as %r into labels that never occur "
+            "apart (%d combination%s of them); if such a cell is one label, pass label_format='names' (one label "
+            "per cell) or another label_separator",
             origin,
             ", ".join(inseparable[0]),
             len(inseparable),
@@ -363,8 +363,8 @@ def _warn_case_variants(names: list[str], origin: str) -> None:
     variants = [group for group in groups.values() if len(group) > 1]
     if variants:
         logger.warning(
-            "%s: %d label names differ only in case, spaces or Unicode form, e.g. %s; each is a label of its own (fix the data, or pass "
-            "label_names= to fix the label space)",
+            "%s: %d label names differ only in case, spaces or Unicode form, e.g. %s; each is a label of its own "
+            "(fix the data, or pass label_names= to fix the label space)",
             origin,
             sum(len(g) for g in variants),
             " / ".join(map(repr, variants[0])),
