@@ -55,11 +55,11 @@ def register_dataset(
 
 
 def registered_dataset(name: Any) -> str | None:
-    """The canonical registered name of ``name`` (an alias too), else None."""
+    """The canonical registered name of ``name`` (an alias too, in any case, ``-`` for ``_``), else None."""
     if not isinstance(name, str):
         return None
-    key = name.lower()
-    key = _ALIASES.get(key, key)
+    key = name.lower().replace("-", "_")
+    key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
     return key if key in _REGISTRY else None
 
 
@@ -111,11 +111,8 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     ``options`` go to the loader (all accept ``splits=``).
     Returns a DatasetDict with ``text`` and ``labels`` (``Sequence(ClassLabel)``) columns.
     """
-    key = None
-    if isinstance(name, str):
-        key = name.lower().replace("-", "_")
-        key = _ALIASES.get(key, _ALIASES.get(name.lower(), key))
-    if key not in _REGISTRY:
+    key = registered_dataset(name)
+    if key is None:
         for accepts, loader in _SOURCE_LOADERS:
             if accepts(name, options.get("data_files")):
                 unknown = sorted(set(options) - set(_SOURCE_OPTIONS) - {"splits"})
