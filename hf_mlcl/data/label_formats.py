@@ -141,19 +141,23 @@ def _looks_like_list(value: Any) -> bool:
     return isinstance(value, str) and value.strip().startswith("[") and value.strip().endswith("]")
 
 
-def _list_items(text: str) -> list[int | str] | None:
-    """The items of a list cell read as JSON or as a Python literal (what ``str(list)`` and pandas
-    write), or None when it is not a flat list of ids (int) and names (str)."""
+def _parsed(text: str) -> Any:
+    """A list cell read as JSON or, failing that, as a Python literal (what ``str(list)`` and pandas write); None
+    when neither reads it."""
     for parse in (json.loads, ast.literal_eval):
         try:
-            items = parse(text.strip())
+            return parse(text.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-        ok = isinstance(items, list) and all(
-            isinstance(x, (int, str)) and not isinstance(x, bool) for x in items
-        )
-        return items if ok else None
     return None
+
+
+def _list_items(text: str) -> list[int | str] | None:
+    """The items of a list cell (:func:`_parsed`), or None when it is not a flat list of ids (int) and names
+    (str)."""
+    items = _parsed(text)
+    ok = isinstance(items, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in items)
+    return items if ok else None
 
 
 def _stray(name: str) -> bool:
@@ -176,12 +180,7 @@ def separators_in(cells) -> list[str]:
 def _vector(value: Any) -> list | None:
     """A cell as a list of values: a list, tuple or array as it is, a string written as a list parsed; else None."""
     if _looks_like_list(value):
-        for parse in (json.loads, ast.literal_eval):
-            try:
-                value = parse(value.strip())
-                break
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                continue
+        value = _parsed(value)
     if hasattr(value, "tolist") and not isinstance(value, str):
         value = value.tolist()
     return list(value) if isinstance(value, (list, tuple)) else None
