@@ -120,8 +120,6 @@ def _write_card(card_cb: Any, args: Any, result: StageResult) -> StageResult:
         card.data_notes = list(result.data_notes)
         if result.label_names and (card.kind == "classifier" or not card.label_names):
             card.label_names, card.num_labels = [str(n) for n in result.label_names], len(result.label_names)
-        if card.kind == "classifier":
-            card.hyperparameters["threshold_strategy"] = str(args.threshold)
         card_cb.save(args.output_dir, model_name=args.hub_model_id)
         if not getattr(args, "keep_checkpoints", False):  # finished: its checkpoints serve no resume any more
             remove_checkpoints(args.output_dir)
