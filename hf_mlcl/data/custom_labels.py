@@ -174,6 +174,7 @@ def label_ids(
     an error naming it, or dropped with ``unknown_labels="drop"``)."""
     encoded: dict[str, list[list[int]]] = {}
     tokens: dict[str, list[list[Any]]] = {}
+    widths: dict[str, set[int]] = {}  # multihot: each split's vector widths
     for split in order:
         ds = raw[split]
         if text_column not in ds.column_names:
@@ -184,6 +185,8 @@ def label_ids(
             if layout.label_column not in ds.column_names:
                 raise ValueError(f"{origin}: split {split!r} has no label column {layout.label_column!r}")
             cells = column(ds, layout.label_column)
+            if layout.fmt == "multihot":
+                widths[split] = multihot_widths(cells)
             if split != "train" and layout.detected and layout.fmt in ("names", "ids"):
                 _check_written_as_train(cells, origin, split)
             tokens[split] = row_tokens(cells, layout.fmt, layout.sep)
@@ -205,7 +208,7 @@ def label_ids(
     if layout.fmt == "columns":
         return encoded, names, names_origin
     if layout.fmt == "multihot":
-        names, names_origin = _multihot_space(raw, order, layout, names, names_origin, origin)
+        names, names_origin = _multihot_space(widths, layout, names, names_origin, origin)
     if names is not None and layout.fmt == "delimited":
         tokens = _ids_of_given_names(tokens, names)
     if names is None:
@@ -220,16 +223,15 @@ def label_ids(
 
 
 def _multihot_space(
-    raw: DatasetDict,
-    order: list[str],
+    widths: dict[str, set[int]],
     layout: LabelLayout,
     names: list[str] | None,
     names_origin: str,
     origin: str,
 ) -> tuple[list[str], str]:
-    """The label names of a multi-hot label column: the given ones, one per position, else ``"0" .. W - 1`` for
-    vectors W wide. ValueError in one line when the splits' vectors differ in width, or from the names."""
-    widths = {split: multihot_widths(column(raw[split], layout.label_column)) for split in order}
+    """The label names of a multi-hot label column whose splits' vectors are ``widths`` wide: the given ones, one
+    per position, else ``"0" .. W - 1`` for vectors W wide. ValueError in one line when the splits' vectors differ
+    in width, or from the names."""
     every = sorted(set().union(*widths.values()))
     if len(every) > 1:
         shown = ", ".join(f"{split} {sorted(w)}" for split, w in widths.items() if w)
