@@ -67,6 +67,19 @@ def test_fit_logistic_probe_folds_standardisation_like_sklearn():
     assert chosen[0] == 0.5 and np.isnan(chosen[2])
 
 
+def test_logistic_probe_picks_the_c_with_fewer_false_positives_for_a_label_absent_from_validation():
+    """Every C ties on F1 for a label without validation positives: the one predicting it less wins."""
+    x = np.linspace(-3.0, 3.0, 120)[:, None]
+    y = np.stack([x[:, 0] > 2.0, x[:, 0] > 0.0], 1)
+    xv = np.array([[-2.0], [0.5], [1.0], [2.5], [2.8]])
+    yv = np.stack([np.zeros(5, bool), xv[:, 0] > 0.0], 1)  # label 0: no positive in validation
+    w, b, chosen = fit_logistic_probe(x, y, xv, yv, c_grid=(1.0, 1e-4))
+    assert ((xv @ w[0] + b[0]) >= 0).sum() == 0
+    assert chosen.tolist() == [1e-4, 1.0]  # label 1 keeps the C with the better F1
+    w1, b1, _ = fit_logistic_probe(x, y, xv, yv, c_grid=(1.0,))
+    assert ((xv @ w1[0] + b1[0]) >= 0).sum() == 2  # what the first C alone predicts
+
+
 def test_logistic_probe_validation_scores_equal_predict(tmp_path, tok):
     """The validation scores kept by fit_logistic (from cached features) are what predict() gives."""
     clf = MLCLForMultiLabelClassification.from_encoder(tiny_encoder(tok), num_labels=4, freeze_encoder=True)
