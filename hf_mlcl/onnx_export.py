@@ -103,17 +103,24 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no such folder.
         ImportError: the ``onnx`` extra (onnx, onnxscript) is not installed.
-        ValueError: a segmented (PLM-ICD) model, whose document-by-chunks encoding has no export, or an opset
-            the exporter cannot write.
+        ValueError: a folder without its tokenizer, a segmented (PLM-ICD) model, whose document-by-chunks
+            encoding has no export, or an opset the exporter cannot write.
     """
     from transformers import AutoTokenizer
 
-    from hf_mlcl.modeling.builders import folder_layout, native_settings, require_a_model
+    from hf_mlcl.modeling.builders import folder_layout, holds_a_tokenizer, native_settings, require_a_model
     from hf_mlcl.modeling.native_mlcl import SENTENCE_TRANSFORMERS
 
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"no model folder {folder!r}")
     require_a_model(folder)
+    if not holds_a_tokenizer(
+        folder
+    ):  # transformers would make an empty one, whose inputs the graph would take
+        raise ValueError(
+            f"{folder} holds no tokenizer (tokenizer.json or tokenizer_config.json), which names the graph's "
+            "inputs: save the model's tokenizer into it first; nothing written"
+        )
     try:
         import onnx.defs
         import onnxscript  # noqa: F401

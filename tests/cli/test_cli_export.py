@@ -113,6 +113,17 @@ def test_export_of_a_segmented_model_is_one_line(tmp_path, tiny_roberta_config, 
     assert not os.path.exists(tmp_path / "onnx")
 
 
+def test_export_of_a_folder_without_its_tokenizer_is_one_line(tmp_path, tiny_bert_config, capsys):
+    """Without a tokenizer transformers makes an empty one from the model type, whose inputs (BERT's
+    token_type_ids) the model's own tokenizer may never produce: the graph could not be fed."""
+    MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean").save_pretrained(tmp_path)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path), "--to", "onnx"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("hf-mlcl")]
+    assert len(err) == 1 and "holds no tokenizer" in err[0], err
+    assert not (tmp_path / "onnx").exists()
+
+
 def test_a_model_over_two_gigabytes_keeps_its_data_file_under_the_name_the_model_reads(tmp_path):
     """torch.onnx writes the weights of a model over 2 GB to '<model file name>.data' and records that name in
     the model: both land in onnx/ under those names, with no temporary file left, nor one a killed export left."""
