@@ -243,6 +243,21 @@ def _read_edin(dataset: str, variant: str, data_dir: str, feather_file: str | No
     return out
 
 
+def _refuse_shared_admissions(dataset: str, raw: dict) -> None:
+    """A one-line error when two splits hold the same HADM id: a validation or test score on admissions the
+    model trained on (the published splits are disjoint)."""
+    seen: dict[str, str] = {}
+    for split, (ids, _, _) in raw.items():
+        shared = {h for h in ids if seen.get(h, split) != split}
+        if shared:
+            other = sorted({seen[h] for h in shared})
+            raise ValueError(
+                f"{dataset}: {len(shared)} HADM ids of the {split} split are also in {' and '.join(other)} "
+                f"(first: {sorted(shared)[:3]}); the splits must not share admissions"
+            )
+        seen.update(dict.fromkeys(ids, split))
+
+
 def _load_mimic(
     dataset: str,
     data_dir,
@@ -303,6 +318,11 @@ def _load_mimic(
         split_ids = read_hadm_split_ids(split_ids_dir, variant)
         ids, texts, labels = _read_csv_docs(path)
         pos = {h: i for i, h in enumerate(ids)}
+        if not any(h in pos for lst in split_ids.values() for h in lst):
+            raise ValueError(
+                f"{dataset}: the HADM id lists of {split_ids_dir} name none of the {len(ids)} admissions of "
+                f"{path} (their HADM_ID: {ids[:2]}, the lists': {[lst[:1] for lst in split_ids.values()]})"
+            )
         for s, lst in split_ids.items():
             absent = [h for h in lst if h not in pos]
             if absent:
@@ -319,6 +339,7 @@ def _load_mimic(
             raw[s] = ([ids[i] for i in idx], [texts[i] for i in idx], [labels[i] for i in idx])
     else:
         raw = _read_edin(dataset, variant, data_dir, feather_file, split_file)
+    _refuse_shared_admissions(dataset, raw)
 
     listed = [c.strip() for c in read_lines(cl_path) if c.strip()] if cl_path is not None else []
     if strip_dots:

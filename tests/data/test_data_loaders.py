@@ -359,6 +359,28 @@ def test_mimic3_resplit_by_hadm_id_lists(mimic3_dir, tmp_path):
     assert filter_by_hadm_ids(full.select([1, 0]), ["101"])["id"] == ["101"]
 
 
+def test_mimic3_split_lists_that_share_admissions_or_name_none_are_one_line_errors(mimic3_dir, tmp_path):
+    """A validation list holding training admissions scored the model on what it trained on, and lists of
+    other ids (a SUBJECT_ID list) gave three empty splits; both used to load without an error."""
+    ids_dir = tmp_path / "ids"
+    ids_dir.mkdir()
+
+    def lists(train, dev, test):
+        for name, ids in {"train": train, "dev": dev, "test": test}.items():
+            (ids_dir / f"{name}_full_hadm_ids.csv").write_text("".join(f"{i}\n" for i in ids))
+
+    lists([101, 103], [101, 102], [104])
+    with pytest.raises(ValueError, match=r"1 HADM ids of the validation split are also in train .*'101'"):
+        load_mlc_dataset("mimic3", data_dir=mimic3_dir, file="train_full.csv", split_ids_dir=ids_dir)
+    lists([1, 2], [3], [4])
+    with pytest.raises(ValueError, match="name none of the 3 admissions"):
+        load_mlc_dataset("mimic3", data_dir=mimic3_dir, file="train_full.csv", split_ids_dir=ids_dir)
+    # the CAML files are checked the same way
+    _write_caml(mimic3_dir, {"dev_full.csv": [(3, 103, "n3", ["401.9"])]})
+    with pytest.raises(ValueError, match="validation split are also in train"):
+        load_mlc_dataset("mimic3", data_dir=mimic3_dir)
+
+
 def test_mimic4_icd10_nguyen_csv_strips_dots(tmp_path):
     d = tmp_path / "m4"
     d.mkdir()
