@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 from hf_mlcl.modeling.builders import folder_layout, stored_config
 from hf_mlcl.modeling.folders_mlcl import ADAPTER_CONFIG_NAME
 
-from .model_card import CardData, save_model_card
+from .model_card import CardData, anchored_path, save_model_card
 
 # what a gradient-trained stage has and a logistic probe (lbfgs on cached features) does not
 _GRADIENT_KEYS = (
@@ -113,14 +113,18 @@ class ModelCardCallback(TrainerCallback):
         encoder_path: str | None = None,
         write_on_train_end: bool = False,
     ) -> None:
-        self.card = CardData(kind=kind, contrastive_loss=contrastive_loss, encoder_path=encoder_path)
+        # a local base model or encoder is recorded absolute (the data: local_data), so that a push from any
+        # directory knows it for this machine's and leaves it out (CardData.for_hub)
+        self.card = CardData(
+            kind=kind, contrastive_loss=contrastive_loss, encoder_path=anchored_path(encoder_path)
+        )
         self.write_on_train_end = write_on_train_end
         self.card.framework_versions = framework_versions()
         if label_names is not None:
             self.card.label_names = [str(n) for n in label_names]
             self.card.num_labels = len(label_names)
         if model_args is not None:
-            self.card.base_model = getattr(model_args, "model_name_or_path", None) or (
+            self.card.base_model = anchored_path(getattr(model_args, "model_name_or_path", None)) or (
                 f"random-init {model_args.backbone_config.get('model_type', 'backbone')}"
                 if getattr(model_args, "backbone_config", None)
                 else None
@@ -210,7 +214,7 @@ class ModelCardCallback(TrainerCallback):
         if config is None:
             return
         if not self.card.base_model:
-            self.card.base_model = getattr(config, "backbone_name_or_path", None)
+            self.card.base_model = anchored_path(getattr(config, "backbone_name_or_path", None))
         pooling = getattr(config, "pooling", None)  # the model's own (a native head pools as its family does)
         if pooling:
             if getattr(config, "native_pooling", None) == "pooler":

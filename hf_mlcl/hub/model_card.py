@@ -108,6 +108,12 @@ def is_local_path(value: Any) -> bool:
     return isinstance(value, str) and bool(value) and (os.path.isabs(value) or os.path.exists(value))
 
 
+def anchored_path(value: Any) -> Any:
+    """``value`` made absolute when it is a relative path that exists from here, so that :func:`is_local_path`
+    still knows it for a path of this machine when the card is pushed from another directory."""
+    return os.path.abspath(value) if is_local_path(value) else value
+
+
 def _without_local_paths(value: Any) -> Any:
     """``value`` (loader options: dicts and lists of them) with every path of this machine cut to its file or
     folder name."""
@@ -183,7 +189,10 @@ class CardData:
             local_data={},
             base_model=None if local(self.base_model) else self.base_model,
             encoder_path=None if local(self.encoder_path) else self.encoder_path,
-            dataset=os.path.basename(os.path.normpath(self.dataset)) if local(self.dataset) else self.dataset,
+            dataset=os.path.basename(os.path.normpath(self.dataset))
+            if local(self.dataset)
+            or "dataset" in self.local_data  # a local file named from the run's directory
+            else self.dataset,
             dataset_options=_without_local_paths(self.dataset_options),
         )
 

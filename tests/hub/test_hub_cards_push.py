@@ -477,6 +477,43 @@ def test_the_pushed_card_names_the_repo_and_none_of_the_local_paths(tmp_path):
     assert _snapshot(str(folder)) == before
 
 
+def test_a_pushed_card_drops_relative_local_paths_from_any_working_directory(tmp_path, monkeypatch):
+    """A base model, encoder or data file named relative to the run's directory is this machine's path
+    however the push is started: it used to be published as the card's base_model ("models/tb") when the
+    push ran where that relative path did not exist."""
+    from transformers import TrainerControl, TrainerState
+
+    from hf_mlcl.training.arguments import DataArguments, ModelArguments, ProbingTrainingArguments
+
+    run = tmp_path / "run"
+    for sub in ("models/tb", "data/mine", "out/encoder"):
+        (run / sub).mkdir(parents=True)
+    monkeypatch.chdir(run)
+    args = ProbingTrainingArguments(output_dir="out/clf", use_cpu=True, report_to="none")
+    cb = ModelCardCallback(
+        "classifier",
+        model_args=ModelArguments(model_name_or_path="models/tb"),
+        data_args=DataArguments(dataset="data/mine"),
+        encoder_path="out/encoder",
+    )
+    cb.on_train_begin(args, TrainerState(), TrainerControl(), model=_Model())
+    _fake_checkpoint("out/clf")
+    cb.save("out/clf")
+    monkeypatch.chdir(tmp_path)  # the push runs from elsewhere, where none of the relative paths exists
+    api = FakeHfApi()
+    push_folder("run/out/clf", "someone/my-clf", api=api)
+    pushed = api.uploaded[CARD_FILE].decode()
+    assert ModelCard(pushed).data.base_model is None
+    assert not any(path in pushed for path in ("models/tb", "data/mine", "out/encoder", str(tmp_path))), (
+        pushed
+    )
+    data = json.loads(api.uploaded[CARD_DATA_FILE])
+    assert (data["base_model"], data["encoder_path"], data["dataset"]) == (None, None, "mine")
+    # a Hub id is kept
+    hub = ModelCardCallback(model_args=ModelArguments(model_name_or_path="FacebookAI/roberta-base"))
+    assert hub.card.base_model == "FacebookAI/roberta-base"
+
+
 def test_the_hub_messages_name_the_endpoint_in_use(monkeypatch):
     """With HF_ENDPOINT (a mirror, a local Hub) the messages and the pushed address name it, not huggingface.co."""
     from huggingface_hub import constants
