@@ -30,14 +30,26 @@ __all__ = [
 ]
 
 
+def _id_lists(arr: np.ndarray) -> bool:
+    """Equal-length integer lists read as label ids: a value above 1, or no row repeating a value."""
+    if arr.dtype.kind not in "iu":
+        return False
+    return bool(arr.max() > 1) or not bool((np.diff(np.sort(arr, axis=1), axis=1) == 0).any())
+
+
 def multi_hot_matrix(labels: Any, num_rows: int | None = None) -> np.ndarray:
-    """(N, L) bool from a multi-hot matrix (numpy / torch / scipy sparse) or a list of label-id lists."""
+    """(N, L) bool from a multi-hot matrix (numpy / torch / scipy sparse) or a list of label-id lists.
+
+    Python lists of integer lists are label-id lists unless some row repeats a value, which no id list does
+    (``[[1, 0, 1], [0, 1, 0]]`` is multi-hot, ``[[0], [1]]`` and ``[[0, 1], [1, 0]]`` are id lists); lists of
+    bools or floats are multi-hot.
+    """
     if isinstance(labels, (list, tuple)) and (len(labels) == 0 or not np.isscalar(labels[0])):
         try:
             arr = np.asarray(labels)
         except ValueError:
             arr = None
-        if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and arr.max() > 1):
+        if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and _id_lists(arr)):
             # label-id lists (ragged or not): scatter into a multi-hot matrix in one vectorised step
             return multi_hot_array(labels, hint="; label ids must be non-negative integers")
     y = to_numpy(labels, "labels")

@@ -77,6 +77,22 @@ def test_quality_matches_sklearn_on_the_selected_subset():
     assert embedding_quality(x * 7.0, y, 4)["silhouette"] == pytest.approx(out["silhouette"], abs=1e-6)
 
 
+def test_label_id_lists_using_only_ids_0_and_1_are_not_read_as_a_multi_hot_matrix():
+    """[[0], [1], ...] are two labels, one per text; it used to be read as a one-column multi-hot matrix
+    (label 1 lost, id 0 'no label'). A row that repeats a value, or holds bools, is multi-hot."""
+    from hf_mlcl.evaluation.embedding import multi_hot_matrix
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 300)
+    x = np.eye(2)[y] * 3 + rng.normal(size=(300, 2)) * 0.5
+    want = embedding_quality(x, np.eye(2, dtype=bool)[y], top_k_combinations=2)
+    assert embedding_quality(x, [[int(v)] for v in y], top_k_combinations=2) == pytest.approx(want)
+    assert multi_hot_matrix([[0, 1], [1, 0]]).tolist() == [[True, True], [True, True]]
+    assert multi_hot_matrix([[1, 0, 1], [0, 1, 0]]).tolist() == [[True, False, True], [False, True, False]]
+    assert multi_hot_matrix([[True], [False]]).tolist() == [[True], [False]]
+    assert multi_hot_matrix([[1, 1], [0, 1]]).tolist() == [[True, True], [False, True]]
+
+
 def test_quality_ranks_separated_clusters_above_random():
     x, y, _ = _clustered(seed=2)
     rand = np.random.default_rng(3).normal(size=x.shape)
