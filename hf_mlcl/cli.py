@@ -325,7 +325,14 @@ def cmd_push(ns, overrides) -> dict:
     _no_overrides(overrides)
     check_pushable(ns.folder)  # what is wrong with the folder first, then with the Hub
     _check_push(ns.repo_id, token=ns.token)
-    info = push_folder(ns.folder, ns.repo_id, token=ns.token, private=ns.private, revision=ns.revision)
+    info = push_folder(
+        ns.folder,
+        ns.repo_id,
+        token=ns.token,
+        private=ns.private,
+        revision=ns.revision,
+        commit_message=ns.commit_message,
+    )
     print(f"pushed {ns.folder} to {hub_endpoint()}/{ns.repo_id} ({info})")
     return {}
 

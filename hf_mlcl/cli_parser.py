@@ -278,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo_id", required=True)
     p.add_argument("--private", action="store_true")
     p.add_argument("--token", default=None, help="default: the token `hf auth login` saved, or HF_TOKEN")
-    p.add_argument("--revision", default=None)
+    p.add_argument("--revision", default=None, help="branch to commit to (created if it does not exist)")
+    p.add_argument("--commit_message", default=None)
     p = add(
         "demo", "offline end-to-end demo: synthetic corpus, tiny encoder, 3 losses + BCE, table and plots"
     )

@@ -17,6 +17,9 @@ class FakeHfApi:
             raise ConnectionError("Hub unreachable")
         return f"https://huggingface.co/{kw['repo_id']}"
 
+    def create_branch(self, **kw):
+        self.calls.append(("create_branch", kw))
+
     def create_commit(self, **kw):
         self.calls.append(("create_commit", kw))
         for op in kw["operations"]:

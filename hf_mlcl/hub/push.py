@@ -234,7 +234,9 @@ def push_folder(
     commit_message: str | None = None,
     api: Any = None,
 ) -> Any:
-    """Create ``repo_id`` (if needed) and upload the publishable files of ``folder``.
+    """Create ``repo_id`` (if needed) and upload the publishable files of ``folder``, to the branch
+    ``revision`` when one is given (created from the main branch if it does not exist; a ``refs/pr/N`` ref
+    is committed to as it is).
 
     Returns the ``CommitInfo`` of ``create_commit``. Raises ValueError for an incomplete folder (before
     any network call) and :class:`PushError` when the Hub call fails; neither touches the folder.
@@ -248,6 +250,8 @@ def push_folder(
         api = HfApi(token=token)
     try:
         api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True, token=token)
+        if revision and not revision.startswith("refs/pr/"):  # create_commit needs the branch to exist
+            api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True, token=token)
         return api.create_commit(
             repo_id=repo_id,
             repo_type="model",

@@ -201,6 +201,9 @@ def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
         def create_repo(self, **kw):
             calls["create_repo"] = kw
 
+        def create_branch(self, **kw):
+            calls["create_branch"] = kw
+
         def create_commit(self, **kw):
             calls["create_commit"] = kw
             return "https://huggingface.co/me/tiny/commit/abc"
@@ -229,6 +232,17 @@ def test_push_command_with_a_mocked_hub(run_dir, monkeypatch, capsys):
         b'SentenceTransformer("me/tiny")' in operations["README.md"].path_or_fileobj
     )  # the card names the repo it goes to
     assert "pushed" in capsys.readouterr().out
+    assert "create_branch" not in calls and calls["create_commit"]["revision"] is None
+    # a branch that does not exist yet is created before the commit (create_commit alone would refuse it)
+    assert main(["push", clf, "--repo_id", "me/tiny", "--revision", "v2", "--commit_message", "second"]) == 0
+    assert calls["create_branch"] == {
+        "repo_id": "me/tiny",
+        "branch": "v2",
+        "repo_type": "model",
+        "exist_ok": True,
+        "token": None,
+    }
+    assert calls["create_commit"]["revision"] == "v2" and calls["create_commit"]["commit_message"] == "second"
 
 
 def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
