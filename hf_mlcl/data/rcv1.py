@@ -18,6 +18,7 @@ from hf_mlcl.data._io import get_field, iter_records, split_labels
 from hf_mlcl.data.registry import (
     build_split,
     carve_validation,
+    check_validation_size,
     encode_label_lists,
     names_from_lists,
     normalize_splits,
@@ -86,6 +87,7 @@ def load_rcv1(
     """
     data_dir = require_dir(data_dir, "rcv1", _EXPECTED)
     splits = normalize_splits(splits)
+    check_validation_size(validation_size, "rcv1")  # before the files are read
     if file is None:
         found = [f for f in _DOC_FILES if os.path.isfile(os.path.join(data_dir, f))]
         if not found:

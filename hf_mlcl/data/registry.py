@@ -9,6 +9,7 @@ Dense multi-hot vectors are never stored: the collator builds them per batch (MI
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -147,9 +148,23 @@ def load_mlc_dataset(name, data_dir: str | os.PathLike | None = None, **options)
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise
+        known = loader_options(_REGISTRY[key])
         raise ValueError(
-            f"{key}: {err}. See help(hf_mlcl.data.{_REGISTRY[key].__module__.rsplit('.', 1)[-1]}) for its options"
+            f"{key}: {err}{f'; its options are {known}' if known else ''}. See "
+            f"help(hf_mlcl.data.{_REGISTRY[key].__module__.rsplit('.', 1)[-1]})"
         ) from err
+
+
+def loader_options(loader: Callable) -> list[str] | None:
+    """The keyword options a registered loader takes (its parameters but ``data_dir``); None for one that
+    passes ``**options`` on (its docstring lists them)."""
+    import inspect
+
+    params = inspect.signature(loader).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.name != "data_dir"]
 
 
 def label_names(dataset) -> list[str]:
@@ -300,14 +315,28 @@ def train_frequency(dataset, num_labels: int | None = None) -> np.ndarray:
     return np.bincount(flat, minlength=num_labels)
 
 
+def check_validation_size(validation_size: Any, dataset: str) -> None:
+    """ValueError naming ``dataset`` unless ``validation_size`` is a fraction (a float in [0, 1)) or a count
+    (a whole number >= 0): ``1.0``, ``2.5`` and ``True`` would carve 1, 2 and 1 rows."""
+    fraction = isinstance(validation_size, numbers.Real) and not isinstance(validation_size, numbers.Integral)
+    count = isinstance(validation_size, numbers.Integral) and not isinstance(validation_size, bool)
+    if not ((fraction and 0 <= validation_size < 1) or (count and validation_size >= 0)):
+        raise ValueError(
+            f"{dataset}: validation_size must be a fraction in [0, 1) or a whole count of documents, got "
+            f"{validation_size!r}"
+        )
+
+
 def carve_validation(
     n_train: int, validation_size: float | int, seed: int, dataset: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded train/validation carve for sources without a validation split.
 
-    ``validation_size`` is a fraction (< 1) or a count of the ``n_train`` training rows; the rows are
-    drawn with ``numpy.random.default_rng(seed).permutation``. Returns the sorted positions
-    ``(train, validation)``; ValueError naming ``dataset`` when no training row would be left."""
+    ``validation_size`` is a fraction (< 1) or a count of the ``n_train`` training rows
+    (:func:`check_validation_size`); the rows are drawn with ``numpy.random.default_rng(seed).permutation``.
+    Returns the sorted positions ``(train, validation)``; ValueError naming ``dataset`` when no training row
+    would be left."""
+    check_validation_size(validation_size, dataset)
     n_val = int(round(validation_size * n_train)) if validation_size < 1 else int(validation_size)
     if not 0 <= n_val < max(n_train, 1):
         raise ValueError(

@@ -21,6 +21,7 @@ from datasets import DatasetDict
 from hf_mlcl.data.registry import (
     build_split,
     carve_validation,
+    check_validation_size,
     encode_label_lists,
     normalize_splits,
     register_dataset,
@@ -156,10 +157,7 @@ def load_reuters21578(
     """
     data_dir = require_dir(data_dir, "reuters21578", _EXPECTED)
     splits = normalize_splits(splits)
-    if not (isinstance(validation_size, (int, float)) and validation_size >= 0):
-        raise ValueError(
-            f"reuters21578: validation_size must be a fraction in [0, 1) or a count, got {validation_size!r}"
-        )
+    check_validation_size(validation_size, "reuters21578")  # before the files are read
     docs = [d for d in read_reuters_sgml(data_dir) if d["topics_attr"] == "YES"]
     train_docs = [d for d in docs if d["lewissplit"] == "TRAIN"]
     test_docs = [d for d in docs if d["lewissplit"] == "TEST"]

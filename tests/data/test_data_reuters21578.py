@@ -149,8 +149,14 @@ def test_reuters_errors(reuters_dir, tmp_path):
         load_mlc_dataset("reuters21578", data_dir=reuters_dir, categories=["earn", "nope"])
     with pytest.raises(ValueError, match="leaves no training documents"):
         load_mlc_dataset("reuters21578", data_dir=reuters_dir, validation_size=4)
-    with pytest.raises(ValueError, match="unexpected keyword argument 'subset'"):
+    with pytest.raises(
+        ValueError, match="unexpected keyword argument 'subset'; its options are .*'categories'"
+    ):
         load_mlc_dataset("reuters21578", data_dir=reuters_dir, subset="r90")
+    # 1.0, 2.5 and True carved 1, 2 and 1 documents: a fraction is a float below 1, a count a whole number
+    for bad in (1.0, 2.5, True, -1, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="fraction in \\[0, 1\\) or a whole count"):
+            load_mlc_dataset("reuters21578", data_dir=reuters_dir, validation_size=bad)
 
 
 @pytest.mark.slow
