@@ -211,11 +211,13 @@ class MLCLPreTrainedModel(PreTrainedModel):
             kwargs["token_type_ids"] = token_type_ids
         if (
             attention_mask is not None
-            and self.config.pooling == "last_token"
+            and "position_ids" not in kwargs
             and self._backbone_accepts("position_ids")
             and not self._backbone_numbers_positions()
         ):
-            # positions count real tokens only, so left padding leaves the states unchanged
+            # positions count real tokens only, so left padding leaves the states unchanged (for every
+            # pooling: absolute position embeddings, BERT's or GPT-2's, would shift them); with right padding
+            # these are the positions the backbone takes by itself
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
         if self._backbone_accepts("use_cache"):
             kwargs["use_cache"] = False

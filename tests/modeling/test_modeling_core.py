@@ -256,6 +256,42 @@ def test_last_token_left_padding_equals_right_padding(tiny_llama_config, llama_t
         torch.testing.assert_close(model(**right).embeddings, model(**left).embeddings, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean", "last_token"])
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_left_padding_leaves_every_pooling_unchanged_with_absolute_positions(
+    tiny_bert_config, bert_tokenizer, family, pooling
+):
+    """BERT's and GPT-2's position embeddings are absolute: left padding shifted every real token's position
+    under cls and mean pooling (differences near 2), as it did under last_token before its positions counted
+    real tokens only."""
+    from transformers import AutoConfig
+
+    config = tiny_bert_config
+    if family == "gpt2":
+        config = AutoConfig.for_model(
+            "gpt2", vocab_size=config.vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=128
+        )
+    model = MLCLEncoder.from_backbone(config, pooling=pooling).eval()
+    right = _batch(bert_tokenizer)
+    left = {k: torch.zeros_like(v) for k, v in right.items()}
+    left["input_ids"].fill_(bert_tokenizer.pad_token_id)
+    for i in range(right["input_ids"].shape[0]):
+        n = int(right["attention_mask"][i].sum())
+        for key in right:
+            left[key][i, -n:] = right[key][i, :n]
+    with torch.no_grad():
+        alone = torch.cat(
+            [
+                model(
+                    **{k: v[i : i + 1, : int(right["attention_mask"][i].sum())] for k, v in right.items()}
+                ).embeddings
+                for i in range(right["input_ids"].shape[0])
+            ]
+        )
+        torch.testing.assert_close(model(**right).embeddings, alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(**left).embeddings, alone, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["roberta", "mpnet", "longformer"])
 def test_last_token_keeps_the_positions_of_a_backbone_that_numbers_them(
     tiny_roberta_config, bert_tokenizer, family
