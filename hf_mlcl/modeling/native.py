@@ -71,6 +71,35 @@ def _save_right_padded(tokenizer: Any, folder: str, max_length: int | None) -> N
         right.save_pretrained(folder)
 
 
+def _pad_a_native_head_tells_apart(tokenizer: Any, config: Any) -> tuple[Any, int | None]:
+    """``(tokenizer, None)``, or where the tokenizer pads with the token it appends to every text (its EOS as
+    the pad, an EOS appended) under ``last_token`` pooling, a copy padding with its UNK or BOS token and that
+    id: a family's ``XForSequenceClassification`` pools the last token that is not the pad id, so it would read
+    the token before the appended one where hf_mlcl pools the appended one (by the attention mask). ValueError
+    (before anything is written) for a tokenizer with neither to pad with."""
+    if (
+        tokenizer is None
+        or getattr(config, "pooling", None) != "last_token"
+        or tokenizer.pad_token_id is None
+    ):
+        return tokenizer, None
+    ids = tokenizer("a")["input_ids"]
+    if not ids or ids[-1] != tokenizer.pad_token_id:
+        return tokenizer, None
+    pad = next(
+        (i for i in (tokenizer.unk_token_id, tokenizer.bos_token_id) if i is not None and i != ids[-1]), None
+    )
+    if pad is None:
+        raise ValueError(
+            f"the tokenizer pads with {tokenizer.pad_token!r}, the token it appends to every text, and has no UNK "
+            "or BOS token to pad with instead: the native classifier would pool the token before it; give the "
+            "tokenizer another pad token (tokenizer.pad_token = ...) and save again"
+        )
+    other = copy.deepcopy(tokenizer)
+    other.pad_token = tokenizer.convert_ids_to_tokens(pad)
+    return other, pad
+
+
 def _source_tokenizer(folder: str, tokenizer: Any, target: str | None) -> Any:
     """``tokenizer``; for a new folder ``target`` given none, the tokenizer saved in ``folder`` (None where it has
     none), so that the new folder loads on its own."""
@@ -290,6 +319,9 @@ def to_native_classifier(
     model_type = backbone_config.model_type
     cls = native_classifier_class(model_type)
     backbone_config.architectures = [cls.__name__]
+    tokenizer, pad = _pad_a_native_head_tells_apart(tokenizer, config)
+    if pad is not None:
+        backbone_config.pad_token_id = pad
     for key in ("id2label", "label2id", "problem_type"):
         setattr(backbone_config, key, getattr(config, key))
     threshold = getattr(config, "decision_threshold", None)
@@ -335,6 +367,7 @@ def _to_peft_classifier(
     saved = peft_head_modules(model_type)
     if saved is None:
         return False
+    tokenizer, _ = _pad_a_native_head_tells_apart(tokenizer, config)  # loaders pass its pad id (usage.md)
     with open(os.path.join(folder, ADAPTER_CONFIG_NAME), encoding="utf-8") as fh:
         adapter_config = json.load(fh)
     adapter_config.update(task_type="SEQ_CLS", modules_to_save=saved)

@@ -96,6 +96,47 @@ def test_native_classifiers_load_in_transformers_without_hf_mlcl(tmp_path, class
         )  # sigmoid, every label by name
 
 
+def test_a_tokenizer_padding_with_the_eos_it_appends_gives_the_native_classifier_hf_mlcls_scores(
+    tmp_path, llama_tokenizer, tiny_llama_config
+):
+    """LlamaForSequenceClassification pools the last token that is not its pad id: with the EOS as the pad and
+    an EOS appended to every text it read the token before the EOS (logits 11 apart); the saved folder pads
+    with the UNK token instead."""
+    import copy
+
+    from tokenizers import processors
+    from transformers import AutoModelForSequenceClassification
+
+    from hf_mlcl.data.tokenizer import ensure_pad_token
+    from hf_mlcl.modeling import save_native
+
+    tok = copy.deepcopy(llama_tokenizer)
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tok.bos_token} $A {tok.eos_token}",
+        special_tokens=[(tok.bos_token, bos), (tok.eos_token, eos)],
+    )
+    tok.pad_token = None
+    assert ensure_pad_token(tok) == eos and tok("a")["input_ids"][-1] == eos
+    tiny_llama_config.pad_token_id = eos
+    torch.manual_seed(0)
+    encoder = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token")
+    clf = MLCLForMultiLabelClassification.from_encoder(
+        encoder, id2label=dict(enumerate(NAMES)), head="native"
+    )
+    torch.nn.init.normal_(clf.classifier.weight)
+    clf.eval()
+    with torch.no_grad():
+        want = clf(**tok(TEXTS, padding=True, return_tensors="pt")).logits
+    save_native(clf, str(tmp_path), tokenizer=tok)
+    saved = AutoTokenizer.from_pretrained(tmp_path)
+    native = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    assert saved.pad_token_id == native.config.pad_token_id == tok.unk_token_id != eos
+    with torch.no_grad():
+        got = native(**saved(TEXTS, padding=True, return_tensors="pt")).logits
+    assert (got - want).abs().max() <= 1e-4
+
+
 def test_hf_mlcl_reads_its_native_classifiers_back(tmp_path, classifiers):
     for name, (clf, tokenizer) in classifiers.items():
         clf.config.freeze_encoder = True
