@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from hf_mlcl.losses.core import compute_dtype_for
 from hf_mlcl.losses.registry import supervised_loss
 from hf_mlcl.modeling.layers_mlcl import ProjectionHead
 
@@ -138,10 +139,11 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
 
     # ------------------------------------------------------------------ encoding and loss
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        """``[embeddings | logits]`` (B, hidden + L) in float32: one tensor, so that GradCache caches the
-        gradient of both terms with respect to both outputs."""
+        """``[embeddings | logits]`` (B, hidden + L) in the losses' dtype (float32, or float64 for a float64
+        model): one tensor, so that GradCache caches the gradient of both terms with respect to both outputs."""
         outputs = model(**batch)
-        return torch.cat([outputs.embeddings.float(), outputs.logits.float()], dim=-1)
+        dtype = compute_dtype_for(outputs.embeddings, outputs.logits)
+        return torch.cat([outputs.embeddings.to(dtype), outputs.logits.to(dtype)], dim=-1)
 
     def _loss_parts(
         self, encoded: torch.Tensor, labels: torch.Tensor, batch_keys: tuple | None = None
