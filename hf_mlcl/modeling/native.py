@@ -100,10 +100,12 @@ def _pad_a_native_head_tells_apart(tokenizer: Any, config: Any) -> tuple[Any, in
     return other, pad
 
 
-def _source_tokenizer(folder: str, tokenizer: Any, target: str | None) -> Any:
-    """``tokenizer``; for a new folder ``target`` given none, the tokenizer saved in ``folder`` (None where it has
-    none), so that the new folder loads on its own."""
-    if tokenizer is not None or target is None or os.path.abspath(target) == os.path.abspath(folder):
+def _source_tokenizer(folder: str, tokenizer: Any, target: str | None, max_length: int | None = None) -> Any:
+    """``tokenizer``; given none, the tokenizer saved in ``folder`` (None where it has none) for a new folder
+    ``target``, so that it loads on its own, and for a rewrite in place with ``max_length``, so that its
+    ``model_max_length`` becomes the length the new form truncates at (hf_mlcl's ``encode`` reads it)."""
+    in_place = target is None or os.path.abspath(target) == os.path.abspath(folder)
+    if tokenizer is not None or (in_place and not max_length):
         return tokenizer
     from .builders import holds_a_tokenizer
 
@@ -177,7 +179,7 @@ def to_sentence_transformers(
             converted), or ``embedding`` is not ``"pooled"`` or ``"projected"``.
     """
     config = _mlcl_config(folder, "encoder")
-    tokenizer = _source_tokenizer(folder, tokenizer, target)
+    tokenizer = _source_tokenizer(folder, tokenizer, target, max_seq_length)
     if native_encoder_reason(config) is not None:
         return False
     state = _saved_state(folder)

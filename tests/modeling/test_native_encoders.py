@@ -371,3 +371,25 @@ def test_a_native_encoder_and_an_adapter_load_from_a_subfolder(
         TEXTS, llama_tokenizer, output="pooled"
     )
     assert (got - want["adapter"][0].encode(TEXTS, llama_tokenizer, output="pooled")).abs().max() <= 1e-5
+
+
+def test_an_in_place_conversion_with_a_length_writes_it_into_the_saved_tokenizer(
+    tmp_path, tiny_bert_config, bert_tokenizer
+):
+    """to_sentence_transformers(folder, max_seq_length=16) without a tokenizer left the saved one at its own
+    model_max_length: hf_mlcl's encode of the folder then cut long texts later than sentence-transformers."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(0)
+    MLCLEncoder.from_backbone(tiny_bert_config, pooling="mean").save_pretrained(tmp_path)
+    bert_tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).model_max_length != 16
+    assert to_sentence_transformers(str(tmp_path), max_seq_length=16)
+    assert AutoTokenizer.from_pretrained(tmp_path).model_max_length == 16
+    text = [" ".join(TEXTS * 4)]
+    ours = MLCLEncoder.from_pretrained(tmp_path).encode(
+        text, AutoTokenizer.from_pretrained(tmp_path), output="pooled"
+    )
+    theirs = SentenceTransformer(str(tmp_path), device="cpu").encode(text, convert_to_tensor=True)
+    assert (ours - theirs).abs().max() <= 1e-5
