@@ -156,8 +156,11 @@ class MultiLabelCollator:
     def labels_to_tensor(self, label_lists: Sequence[Sequence[int]]) -> torch.Tensor:
         """Id lists -> float32 (B, L) dense or sparse COO multi-hot (one vectorised scatter), or the padded id
         matrix of ``label_format="ids"``. Rows of floats or
-        bools (``[0., 1., 0., 1.]``, what transformers users pass) are multi-hot rows already, never ids."""
-        if label_lists and _float_or_bool_row(label_lists[0]):
+        bools (``[0., 1., 0., 1.]``, what transformers users pass) are multi-hot rows already, never ids; so are
+        rows of num_labels integers 0 and 1 that repeat a value (``[1, 0, 1]``), which no id list does."""
+        if label_lists and (
+            _float_or_bool_row(label_lists[0]) or _integer_multihot_row(label_lists[0], self.num_labels)
+        ):
             dense = self._multi_hot_rows(label_lists)
             if self.label_format == "ids":
                 return multihot_to_ids(dense, min_width=1)
@@ -246,6 +249,17 @@ def pack_rows(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     packed["cu_seq_lens"] = offsets.to(torch.int32)
     packed["max_seq_len"] = int(lengths.max())
     return packed
+
+
+def _integer_multihot_row(row: Any, num_labels: int) -> bool:
+    """True for a row of ``num_labels`` integers 0 and 1 that repeats a value: a multi-hot row, not ids."""
+    values = np.asarray(row).reshape(-1)
+    return (
+        values.size == num_labels
+        and np.issubdtype(values.dtype, np.integer)
+        and bool(((values == 0) | (values == 1)).all())
+        and np.unique(values).size < values.size
+    )
 
 
 def _float_or_bool_row(row: Any) -> bool:

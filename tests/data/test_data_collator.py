@@ -229,6 +229,13 @@ def test_float_and_bool_multi_hot_rows_are_multi_hot_not_ids(bert_tokenizer):
             assert torch.equal(labels.to_dense() if fmt == "sparse" else labels, want)
     ids = MultiLabelCollator(bert_tokenizer, 4)([{"text": "a", "labels": [0, 1]}])["labels"]
     assert ids.tolist() == [[1.0, 1.0, 0.0, 0.0]]  # integer lists stay ids
+    # num_labels integers 0 / 1 repeating a value are no id list: [0, 1, 0, 1] used to become labels {0, 1}
+    examples = [{"text": "a b", "labels": r} for r in ([0, 1, 0, 1], np.array([1, 0, 0, 0]))]
+    for fmt in ("dense", "sparse"):
+        labels = MultiLabelCollator(bert_tokenizer, 4, label_format=fmt)(examples)["labels"]
+        assert torch.equal(labels.to_dense() if fmt == "sparse" else labels, want)
+    three = MultiLabelCollator(bert_tokenizer, 4)([{"text": "a", "labels": [0, 1, 3, 2]}])["labels"]
+    assert three.tolist() == [[1.0, 1.0, 1.0, 1.0]]  # four distinct ids: an id list
     with pytest.raises(ValueError, match="must have num_labels=4 values"):
         MultiLabelCollator(bert_tokenizer, 4)([{"text": "a", "labels": [0.0, 1.0]}])
     with pytest.raises(ValueError, match="only 0 and 1"):
