@@ -121,13 +121,38 @@ class MultiLabelCollator:
             return_tensors="pt",
         )
 
+    def _kept(self, ids: np.ndarray) -> slice | np.ndarray:
+        """The positions of a pre-tokenized row that ``max_length`` keeps, as the tokenizer truncates a text: on
+        its ``truncation_side``, keeping the special tokens the row starts and ends with ([CLS] ... [SEP])."""
+        n, limit = len(ids), self.max_length
+        if n <= limit:
+            return slice(None)
+        lead, trail = self._special_edges()
+        left = getattr(self.tokenizer, "truncation_side", "right") == "left"
+        if left and len(lead) < limit and np.array_equal(ids[: len(lead)], lead):
+            return np.r_[0 : len(lead), n - limit + len(lead) : n]
+        if not left and len(trail) < limit and np.array_equal(ids[n - len(trail) :], trail):
+            return np.r_[0 : limit - len(trail), n - len(trail) : n]
+        return slice(n - limit, n) if left else slice(0, limit)
+
+    def _special_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """The special token ids the tokenizer puts before and after a text's tokens (BERT: [CLS] and [SEP])."""
+        if not hasattr(self, "_edges"):
+            bare = self.tokenizer("x", add_special_tokens=False)["input_ids"]
+            full = self.tokenizer("x")["input_ids"]
+            start = next((i for i in range(len(full)) if full[i : i + len(bare)] == bare), 0)
+            self._edges = (np.asarray(full[:start]), np.asarray(full[start + len(bare) :]))
+        return self._edges
+
     def _pad_pretokenized(self, examples: Sequence[dict]) -> dict[str, torch.Tensor]:
         """Truncate + pad pre-tokenized rows with one vectorised scatter per key (no tokenizer.pad).
 
         Rows may be lists, numpy arrays or tensors (``dataset.with_format("numpy")``). The attention
         mask is rebuilt from the lengths when absent; the tokenizer's ``padding_side`` is respected."""
         keys = [k for k in _TOKEN_KEYS if k in examples[0] and examples[0][k] is not None]
-        seqs = {k: [np.asarray(ex[k]).reshape(-1)[: self.max_length] for ex in examples] for k in keys}
+        rows = [{k: np.asarray(ex[k]).reshape(-1) for k in keys} for ex in examples]
+        kept = [self._kept(row["input_ids"]) for row in rows]
+        seqs = {k: [row[k][keep] for row, keep in zip(rows, kept)] for k in keys}
         lengths = np.fromiter((len(x) for x in seqs["input_ids"]), dtype=np.int64, count=len(examples))
         width = self.max_length if self.padding == "max_length" else int(lengths.max(initial=0))
         if self.pad_to_multiple_of:

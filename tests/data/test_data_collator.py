@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -94,7 +96,15 @@ def test_pretokenized_inputs(bert_tokenizer, llama_tokenizer):
         assert len(enc["input_ids"][0]) > m
         batch = MultiLabelCollator(tok, num_labels=5, max_length=m)(pre)
         assert batch["input_ids"].shape == (3, m) and torch.equal(batch["labels"], DENSE)
-        assert batch["input_ids"][0].tolist() == enc["input_ids"][0][:m]
+        # truncated as the tokenizer truncates the text (keeping BERT's final [SEP]), on either side
+        assert (
+            batch["input_ids"][0].tolist()
+            == tok(EXAMPLES[0]["text"], truncation=True, max_length=m)["input_ids"]
+        )
+        side = copy.deepcopy(tok)
+        side.truncation_side = "left"
+        left = MultiLabelCollator(side, num_labels=5, max_length=m)(pre)["input_ids"][0].tolist()
+        assert left == side(EXAMPLES[0]["text"], truncation=True, max_length=m)["input_ids"]
         assert batch["attention_mask"][2].tolist() == [1] * n_short + [0, 0]
         assert (batch["input_ids"][2, n_short:] == tok.pad_token_id).all()
 
