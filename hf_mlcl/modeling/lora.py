@@ -131,6 +131,12 @@ def apply_lora(
             f"none of the LoRA target modules {targets} exists in this backbone; pass target_modules=... "
             "(e.g. ['query', 'key', 'value'] for BERT / RoBERTa; leave it unset for the architecture's default)"
         )
+    unmatched = [t for t in targets if not any(_matches(name, t) for name in names)]
+    if target_modules is not None and unmatched:  # a misspelt name beside a right one got no adapter
+        raise ValueError(
+            f"the LoRA target modules {unmatched} match no module of this backbone (the others do); correct or "
+            "remove them"
+        )
     if modules_to_save is None:
         modules_to_save = [h for h in HEAD_MODULES if h in {n for n in names if "." not in n}]
     if bf16 is None:

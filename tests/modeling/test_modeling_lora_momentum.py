@@ -116,6 +116,10 @@ def test_lora_unknown_architecture_or_targets_name_the_fix(tiny_bert_config):
     encoder = MLCLEncoder.from_backbone(tiny_bert_config)
     with pytest.raises(ValueError, match="none of the LoRA target modules"):
         apply_lora(encoder, target_modules=["q_proj"], bf16=False)
+    with pytest.raises(
+        ValueError, match=r"\['valeu'\] match no module of this backbone"
+    ):  # beside a right one
+        apply_lora(encoder, target_modules=["query", "valeu"], bf16=False)
     wrapped = apply_lora(encoder, target_modules=["query", "value"], bf16=False, gradient_checkpointing=False)
     assert len(_lora_layers(wrapped)) == 2 * tiny_bert_config.num_hidden_layers
 
