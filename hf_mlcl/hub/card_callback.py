@@ -54,7 +54,17 @@ _TRAINING_KEYS = (
     "probe",
 )
 _SETTINGS_IN_METRICS = ("contrastive_weight", "contrastive_projection_dim")  # the joint stage's metrics.json
-_MODEL_KEYS = ("pooling", "head", "chunk_size", "use_lora", "lora_r", "lora_alpha", "lora_dropout")
+_MODEL_KEYS = (
+    "pooling",
+    "head",
+    "chunk_size",
+    "use_lora",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "merge_lora",
+)
 logger = logging.getLogger(__name__)
 _VERSIONS = ("hf_mlcl", "transformers", "torch", "accelerate", "peft", "datasets", "huggingface_hub")
 

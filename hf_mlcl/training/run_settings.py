@@ -40,6 +40,7 @@ _MODEL_KEYS = (
     "lora_alpha",
     "lora_dropout",
     "lora_target_modules",
+    "merge_lora",
     "tokenizer_name_or_path",
 )
 _PROJECTION_KEYS = (
@@ -106,6 +107,7 @@ _LATER_KEYS = frozenset(
         "metric_for_best_model",
         *_OPTIMIZER_KEYS,
         "tokenizer_name_or_path",
+        "merge_lora",
         "world_size",  # stage_settings
         "data_fingerprint",  # with_data_fingerprint
     }

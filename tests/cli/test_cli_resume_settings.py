@@ -217,12 +217,17 @@ def test_the_process_count_and_the_optimizer_options_are_settings(tmp_path):
         check_resume_settings(
             out, stage_settings(ContrastiveTrainingArguments(output_dir=out), other_tokens, data), False
         )
+    # a finished adapter run resumed with merge_lora true was kept as adapters, "with these settings"
+    merged = ModelArguments(model_name_or_path="m", use_lora=True, merge_lora=True)
+    lora = stage_settings(ContrastiveTrainingArguments(output_dir=out), merged, data)
+    with pytest.raises(ValueError, match=re.escape("merge_lora False -> True")):
+        check_resume_settings(out, dict(lora, use_lora=False), overwrite=False)
     later = ("lr_scheduler_kwargs", "adam_beta2", "world_size", "dataloader_drop_last", "data_seed")
-    later += ("tokenizer_name_or_path",)
+    later += ("tokenizer_name_or_path", "merge_lora")
     (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({k: v for k, v in stored.items() if k not in later}))
     check_resume_settings(out, two, overwrite=False)
     check_resume_settings(
-        out, dict(two, data_seed=5, tokenizer_name_or_path="t"), overwrite=False
+        out, dict(two, data_seed=5, tokenizer_name_or_path="t", merge_lora=True), overwrite=False
     )  # recorded since: an old folder says nothing of them
 
 
