@@ -156,6 +156,7 @@ def cmd_run(ns, overrides) -> dict:
     parsed[final] = parse_stage(recipe, final, ov)
     if ns.push_to:  # before any training: a push that cannot work must not cost two stages
         _check_push(ns.push_to, *([f"{ns.push_to}-encoder"] if "contrastive" in names else []))
+        _check_adapters_pushable([model_args for model_args, _, _ in parsed.values()])
     for _, stage_data, stage_args in parsed.values():  # before any work: both stages' folders and the launch
         check_stage(stage_args, stage_data)
     model_args, data_args, pargs = parsed[final]
@@ -207,6 +208,21 @@ def _check_results_file(run_root: str, args) -> None:
         f"{path} holds {what}; choose another --output_dir"
         + (", or pass --overwrite_output_dir true to replace it" if shape == "object" else "")
     )
+
+
+def _check_adapters_pushable(stage_model_args: list) -> None:
+    """An input error where a stage saves LoRA adapters over a local base model: such an adapter loads nowhere
+    else, so its push is refused (:mod:`hf_mlcl.hub.push`), and that must be said before any training."""
+    from hf_mlcl.training.preflight import InputError
+
+    for model_args in stage_model_args:
+        base = model_args.model_name_or_path
+        if model_args.use_lora and not model_args.merge_lora and base and os.path.isdir(base):
+            raise InputError(
+                f"--push_to: the LoRA adapters this run saves sit on the local base model {base!r}, so a pushed "
+                "adapter would load nowhere else; push the base model to the Hub and train from its id, or "
+                "train with --merge_lora true"
+            )
 
 
 def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:

@@ -34,6 +34,37 @@ def test_run_rejects_a_bad_push_to_before_training(monkeypatch, capsys, tmp_path
     assert os.listdir(tmp_path) == []
 
 
+def test_a_push_of_adapters_over_a_local_base_stops_before_training(monkeypatch, capsys, tmp_path):
+    """An adapter naming a local base folder is refused by the push; the run used to train both stages first.
+    With merge_lora true the run goes on to its stages."""
+    import hf_mlcl.hub as hub
+
+    _no_training(monkeypatch)
+    monkeypatch.setattr(hub, "check_push_target", lambda repo_id, token=None: repo_id)
+    base = tmp_path / "base"
+    base.mkdir()
+    lora = os.path.join(os.path.dirname(RECIPE), "tiny_llama_lora.yaml")
+    argv = [
+        "run",
+        lora,
+        "--model_name_or_path",
+        str(base),
+        "--push_to",
+        "me/m",
+        "--output_dir",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sit on the local base model" in err[0] and "--merge_lora true" in err[0], err
+    assert not (tmp_path / "r").exists()
+    try:  # past this check: the empty base folder, or the stubbed training, stops it later
+        main([*argv, "--merge_lora", "true"])
+    except AssertionError:
+        pass
+    assert "sit on the local base model" not in capsys.readouterr().err
+
+
 def test_run_prints_stage_headers_and_output_paths(monkeypatch, capsys, tmp_path):
     import hf_mlcl.training.stages as stages
 
