@@ -151,8 +151,8 @@ class JointTrainer(ClassifierEvaluation, ContrastiveTrainer):
         """``(1 - w) * supervised + w * contrastive`` and its parts (``supervised``, ``contrastive`` and the
         contrastive loss's own)."""
         embeddings, logits = encoded[:, : self._width], encoded[:, self._width :]
-        if self.projection is not None:
-            embeddings = self.projection(embeddings)
+        if self.projection is not None:  # a float32 head, whatever the model's dtype
+            embeddings = self.projection(embeddings.to(self.projection.dense.weight.dtype))
         contrastive = super()._loss_parts(embeddings, labels, batch_keys)
         supervised = self.supervised_loss_fn(logits, labels)
         w = float(self.args.contrastive_weight)
