@@ -138,12 +138,14 @@ def inspect_labels(
     y = torch.from_numpy(multi_hot_array(labels, num_labels))
     sizes = y.sum(1)
     freq = y.sum(0)
-    sets = Counter(tuple(sorted(int(j) for j in r)) for r in labels)
+    sets = Counter(tuple(np.flatnonzero(row)) for row in y.numpy())  # sets: a repeated id counts once
     unique_rows = sum(c for c in sets.values() if c == 1)
     max_queue = n - b
     current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
-    with_sampler = {}
-    for loss, rule in (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule)):
+    with_sampler = {}  # the sampler needs two rows a batch to place a positive beside an anchor
+    for loss, rule in (
+        (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule)) if batch_size > 1 else ()
+    ):
         order = torch.tensor(PositiveEnsuredSampler(labels, batch_size, rule, seed=seed).order())
         step = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed, order=order)
         with_sampler[loss] = step["wasted_anchors"][loss]
@@ -258,8 +260,12 @@ def format_report(report: dict[str, Any]) -> str:
     lines += [
         "",
         "wasted anchors with batch_sampler=positives (each loss's rule): "
-        f"all {pct(ws['all'])} (random {pct(w['all'])}), any / sd / jaccard {pct(ws['any'])} "
-        f"(random {pct(w['any'])})",
+        + (
+            f"all {pct(ws['all'])} (random {pct(w['all'])}), any / sd / jaccard {pct(ws['any'])} "
+            f"(random {pct(w['any'])})"
+            if ws
+            else "- (it needs a per-process batch of at least 2)"
+        ),
     ]
     lines += [
         "",

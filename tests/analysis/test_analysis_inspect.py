@@ -125,6 +125,15 @@ def test_label_summary_and_recommendation():
     assert rep["recommendation"]["queue_size"] in (16, 40)
     with pytest.raises(ValueError, match="outside"):
         inspect_labels([[0], [7]], 3, batch_size=1)
+    # a repeated id is one label: [1, 1] is the set {1}, as the cardinality counts it (it was a fifth set)
+    dup = inspect_labels(
+        [[1, 1], [1], [2], [2, 0], [0, 2], []] * 10, 4, batch_size=4, n_batches=3, queue_grid=(0,)
+    )
+    assert dup["label_sets"]["distinct"] == 4 and dup["cardinality"]["mean"] == pytest.approx(7 / 6)
+    # a per-process batch of 1 (a global one of 4) has no sampler comparison, not an error
+    one = inspect_labels(rows, 5, batch_size=1, num_processes=4, n_batches=3, queue_grid=(0,))
+    assert one["wasted_anchors_with_positives_sampler"] == {}
+    assert "batch_sampler=positives (each loss's rule): - (it needs" in format_report(one)
 
 
 def test_report_counts_the_wasted_anchors_with_the_positives_sampler():
