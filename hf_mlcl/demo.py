@@ -198,12 +198,17 @@ def run_demo(
     """Run the demo; returns ``{"rows": [...], "table": str, "seconds": float, "output_dir": str, "baseline":
     {"learning_rate": float, "num_train_epochs": float}}`` (the BCE baseline's settings)."""
     from hf_mlcl.hub import check_model_source
-    from hf_mlcl.losses.registry import check_contrastive_loss
+    from hf_mlcl.losses.registry import check_contrastive_loss, resolve_loss_name
 
     start = _T0[0] = time.time()
     losses = list(losses)
     for name in losses:  # before any work: a loss stage 1 cannot train, a model that cannot load
         check_contrastive_loss(name, "--losses names stage 1's losses; the demo trains its BCE row itself")
+    same = sorted(
+        {n for n in losses if sum(resolve_loss_name(m) == resolve_loss_name(n) for m in losses) > 1}
+    )
+    if same:  # one row a loss: a second name of it would train the same stage again into its folder
+        raise ValueError(f"--losses names one loss twice ({', '.join(same)}); name each once")
     check_model_source(model, "--model")
     _check_not_a_run(output_dir)
     with RunLock(output_dir):  # one demo per folder: a second one into it stops in one line

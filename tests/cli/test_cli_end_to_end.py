@@ -275,6 +275,7 @@ def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
         (["train", "does/not/exist.yaml"], "recipe file not found"),
         (["demo", "--losses", "nope"], "nope"),
         (["demo", "--losses", "zlpr"], "'zlpr' is a supervised loss"),
+        (["demo", "--losses", "sd,similarity_dissimilarity"], "names one loss twice"),  # trained it twice
         (["demo", "--model", "no/such-model-here"], "--model 'no/such-model-here'"),
     ],
 )
