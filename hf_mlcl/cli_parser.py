@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 
 def positive_int(text: str) -> int:
@@ -188,6 +188,10 @@ class _CommandParser(argparse.ArgumentParser):
             else:
                 spellings.append(name)
         return super().add_argument(*dict.fromkeys(spellings), **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """A bad command line in one line (argparse prints its usage block first), naming ``--help``."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def format_help(self) -> str:
         text = super().format_help()

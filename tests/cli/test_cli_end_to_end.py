@@ -276,6 +276,7 @@ def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
         (["demo", "--losses", "nope"], "nope"),
         (["demo", "--losses", "zlpr"], "'zlpr' is a supervised loss"),
         (["demo", "--losses", "sd,similarity_dissimilarity"], "names one loss twice"),  # trained it twice
+        (["demo", "--epochs", "0"], "expected a positive number; got '0' (see hf-mlcl demo --help)"),
         (["demo", "--model", "no/such-model-here"], "--model 'no/such-model-here'"),
     ],
 )
