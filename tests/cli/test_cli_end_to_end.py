@@ -276,7 +276,6 @@ def test_probe_command_reuses_the_recipes_encoder(run_dir, tmp_path):
         (["demo", "--losses", "nope"], "nope"),
         (["demo", "--losses", "zlpr"], "'zlpr' is a supervised loss"),
         (["demo", "--losses", "sd,similarity_dissimilarity"], "names one loss twice"),  # trained it twice
-        (["demo", "--epochs", "0"], "expected a positive number; got '0' (see hf-mlcl demo --help)"),
         (["demo", "--model", "no/such-model-here"], "--model 'no/such-model-here'"),
     ],
 )
@@ -286,6 +285,18 @@ def test_bad_input_exits_2_with_the_reason(argv, message, capsys, tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert os.listdir(tmp_path) == []
+
+
+def test_a_bad_argument_is_one_line_naming_help(capsys):
+    """argparse printed its usage block before the error: seven lines for ``demo --epochs 0``."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--epochs", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert (
+        err[0]
+        == "hf-mlcl demo: error: argument --epochs: expected a positive number; got '0' (see hf-mlcl demo --help)"
+    )
 
 
 def test_module_entry_point_for_accelerate_launch(capsys):
