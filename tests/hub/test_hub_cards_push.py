@@ -243,7 +243,8 @@ def test_callback_collects_args_metrics_and_writes_on_train_end(tmp_path):
     assert card.hyperparameters["learning_rate"] == 3e-5 and card.hyperparameters["temperature"] == 0.1
     assert card.hyperparameters["total_train_batch_size"] == 16 and card.hyperparameters["max_length"] == 64
     assert card.hyperparameters["lr_scheduler_type"] == "linear"  # enum stored as its value
-    assert {"lora_target_modules", "merge_lora"} <= set(card.hyperparameters)  # what LoRA adapted, and how saved
+    # what LoRA adapted, and how it was saved
+    assert {"lora_target_modules", "merge_lora"} <= set(card.hyperparameters)
     assert card.metrics["eval_loss"] == 1.25 and card.metrics["eval_knn_micro_f1"] == 0.5
     assert card.metrics["train_loss"] == 1.9 and card.label_names == ["a", "b", "c"]
     assert "transformers" in card.framework_versions
