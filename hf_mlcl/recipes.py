@@ -283,7 +283,7 @@ def split_overrides(tokens: Sequence[str], stages: Sequence[str]) -> Overrides:
                 raise RecipeError(f"--{name}: {_not_run(prefix, stages)}")
             out.stage[prefix] += [f"--{key}", *values]
         elif name == "output_dir":
-            if len(values) != 1:
+            if len(values) != 1 or not values[0].strip():
                 raise RecipeError("--output_dir takes exactly one folder")
             out.output_dir = values[0]
         elif name in common:

@@ -332,6 +332,7 @@ def test_overrides_are_routed_by_scope():
         (["--probe.queue_size", "3"], r"unknown key 'queue_size' in --probe"),
         (["--train.learning_rate", "3"], r"prefix must be one of"),
         (["learning_rate", "3"], r"expected an option"),
+        (["--output_dir="], r"--output_dir takes exactly one folder"),  # it fell back to the recipe's
     ],
 )
 def test_bad_overrides_name_the_problem(tokens, match):
