@@ -225,7 +225,7 @@ def _check_adapters_pushable(stage_model_args: list) -> None:
             )
 
 
-def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
+def _check_push(repo_id: str, *more_ids: str, token: str | None = None, before_training: bool = True) -> None:
     """:func:`hf_mlcl.hub.check_push_target` as an input error (every process of a launch finds it: said once)."""
     from hf_mlcl.hub import check_push_target, check_repo_id
     from hf_mlcl.training.preflight import InputError
@@ -233,7 +233,7 @@ def _check_push(repo_id: str, *more_ids: str, token: str | None = None) -> None:
     try:
         for name in (repo_id, *more_ids):
             check_repo_id(name)
-        check_push_target(repo_id, token=token)
+        check_push_target(repo_id, token=token, before_training=before_training)
     except (ValueError, ConnectionError) as err:
         raise InputError(str(err)) from err
 
@@ -340,7 +340,7 @@ def cmd_push(ns, overrides) -> dict:
 
     _no_overrides(overrides)
     check_pushable(ns.folder)  # what is wrong with the folder first, then with the Hub
-    _check_push(ns.repo_id, token=ns.token)
+    _check_push(ns.repo_id, token=ns.token, before_training=False)
     info = push_folder(
         ns.folder,
         ns.repo_id,

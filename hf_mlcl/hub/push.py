@@ -175,31 +175,32 @@ def check_repo_id(repo_id: str | None) -> str:
 _LOGIN = "run `hf auth login` (or set HF_TOKEN)"
 
 
-def check_push_target(repo_id: str, token: str | None = None, api: Any = None) -> str:
+def check_push_target(
+    repo_id: str, token: str | None = None, api: Any = None, before_training: bool = True
+) -> str:
     """Before any training: raise ValueError / ConnectionError, in one line, when a push to ``repo_id`` cannot
     work, so a run never trains for hours and then fails at its push. Checks, in this order (the first two
     without any network call): the repo id's spelling; the Hub switched off (``HF_HUB_OFFLINE``); a token
     (``token``, else ``HF_TOKEN`` or the one ``hf auth login`` saved); a TCP connection to the Hub; the
     token itself (``HfApi.whoami``): valid, allowed to write, and its account or one of its organisations
-    owning the namespace of ``repo_id``. Returns ``repo_id``."""
+    owning the namespace of ``repo_id``. ``before_training``: the messages suggest training without the push
+    and pushing later (not for ``hf-mlcl push`` itself). Returns ``repo_id``."""
     from huggingface_hub import get_token
 
     from .locate import _offline, hub_endpoint, hub_reachable
 
     check_repo_id(repo_id)
     where = f"cannot push to {repo_id!r}"
+    later = " or train without --push_to and push later with `hf-mlcl push FOLDER --repo_id ...`"
+    later = later if before_training else ""
     if _offline():
-        raise ConnectionError(
-            f"{where}: the Hub is switched off (HF_HUB_OFFLINE=1); unset it, or train without "
-            "--push_to and push later with `hf-mlcl push FOLDER --repo_id ...`"
-        )
+        raise ConnectionError(f"{where}: the Hub is switched off (HF_HUB_OFFLINE=1); unset it{later}")
     token = token or get_token()
     if not token:
         raise ValueError(f"{where}: no Hugging Face token; {_LOGIN} with a token that can write")
     if not hub_reachable():
         raise ConnectionError(
-            f"{where}: the Hub is unreachable (no network?); run where {hub_endpoint()} can be "
-            "reached, or train without --push_to and push later"
+            f"{where}: the Hub is unreachable (no network?); run where {hub_endpoint()} can be reached{later}"
         )
     if api is None:
         from huggingface_hub import HfApi

@@ -40,7 +40,7 @@ def test_a_push_of_adapters_over_a_local_base_stops_before_training(monkeypatch,
     import hf_mlcl.hub as hub
 
     _no_training(monkeypatch)
-    monkeypatch.setattr(hub, "check_push_target", lambda repo_id, token=None: repo_id)
+    monkeypatch.setattr(hub, "check_push_target", lambda repo_id, **kw: repo_id)
     base = tmp_path / "base"
     base.mkdir()
     lora = os.path.join(os.path.dirname(RECIPE), "tiny_llama_lora.yaml")
@@ -607,6 +607,10 @@ def test_push_command_checks_the_folder_then_the_token(tmp_path, capsys, monkeyp
     (tmp_path / "README.md").write_text("card")
     assert main(["push", str(tmp_path), "--repo_id", "me/model"]) == 2
     assert "no Hugging Face token" in capsys.readouterr().err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the push itself: no advice to train without --push_to
+    assert main(["push", str(tmp_path), "--repo_id", "me/model"]) == 2
+    err = capsys.readouterr().err
+    assert "the Hub is switched off (HF_HUB_OFFLINE=1); unset it" in err and "--push_to" not in err, err
 
 
 def test_a_recipe_for_another_dataset_runs_on_a_csv_given_with_dataset(tmp_path):
