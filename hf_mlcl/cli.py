@@ -379,7 +379,12 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
     import torch
 
     from hf_mlcl.analysis import format_report, inspect_dataset, write_report
+    from hf_mlcl.analysis.report import check_report_prefix
 
+    # a dataset given as a path names its files by its file name: the report goes into --output_dir only
+    prefix = check_report_prefix(
+        ns.prefix or os.path.splitext(os.path.basename(os.path.normpath(ns.dataset)))[0]
+    )  # before the report is computed
     options = {}
     for item in ns.option:
         key, sep, value = item.partition("=")
@@ -405,8 +410,6 @@ def cmd_inspect(ns: argparse.Namespace, rest: list[str]) -> None:
         seed=ns.seed,
     )
     print(format_report(report))
-    # a dataset given as a path names its files by its file name: the report goes into --output_dir only
-    prefix = ns.prefix or os.path.splitext(os.path.basename(os.path.normpath(ns.dataset)))[0]
     paths = write_report(report, ns.output_dir, prefix=prefix)
     print("wrote " + ", ".join(paths.values()))
 

@@ -286,13 +286,19 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_report_prefix(prefix: str) -> str:
+    """``prefix``, or ValueError where it is a path (the report's files would land outside its folder)."""
+    if not prefix or os.path.basename(prefix) != prefix or prefix in (".", ".."):
+        raise ValueError(f"the report's file-name prefix must be a plain name, not a path; got {prefix!r}")
+    return prefix
+
+
 def write_report(
     report: dict[str, Any], output_dir: str | os.PathLike, prefix: str = "inspect"
 ) -> dict[str, str]:
     """Write ``<prefix>.json``, ``<prefix>.txt`` (the table) and three PNGs into ``output_dir``; returns their
     paths. ValueError for a ``prefix`` that is a path (the files would land outside ``output_dir``)."""
-    if not prefix or os.path.basename(prefix) != prefix or prefix in (".", ".."):
-        raise ValueError(f"the report's file-name prefix must be a plain name, not a path; got {prefix!r}")
+    check_report_prefix(prefix)
     os.makedirs(output_dir, exist_ok=True)
     paths = {
         k: os.path.join(output_dir, f"{prefix}{suffix}")

@@ -211,6 +211,11 @@ def test_cli_inspect_writes_table_json_and_plots(tmp_path, capsys):
     for name in ("synthetic_label_frequency.png", "synthetic_relations.png", "synthetic_queue_sweep.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert main(["inspect", "synthetic", "--option", "oops"]) == 2
+    capsys.readouterr()
+    # a prefix that is a path stops before the report is computed (it was printed, then refused)
+    assert main(["inspect", "synthetic", "--prefix", "../x", "--output-dir", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "must be a plain name" in captured.err and "| all |" not in captured.out
 
 
 def test_cli_inspect_of_a_data_file_writes_into_output_dir_only(tmp_path, capsys):
