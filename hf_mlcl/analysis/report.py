@@ -136,6 +136,10 @@ def inspect_labels(
             f"label id {bad[0]} is outside [0, {num_labels}); pass num_labels = the label-space size"
         )
     y = torch.from_numpy(multi_hot_array(labels, num_labels))
+    if not bool(y.any()):  # every share below is one of labelled anchors: none would read as a perfect 0 %
+        raise ValueError(
+            f"none of the {n} rows has a label: there is nothing to inspect; check the label column"
+        )
     sizes = y.sum(1)
     freq = y.sum(0)
     sets = Counter(tuple(np.flatnonzero(row)) for row in y.numpy())  # sets: a repeated id counts once

@@ -125,6 +125,8 @@ def test_label_summary_and_recommendation():
     assert rep["recommendation"]["queue_size"] in (16, 40)
     with pytest.raises(ValueError, match="outside"):
         inspect_labels([[0], [7]], 3, batch_size=1)
+    with pytest.raises(ValueError, match="none of the 20 rows has a label"):  # it reported 0 % wasted anchors
+        inspect_labels([[]] * 20, 3, batch_size=4, n_batches=2, queue_grid=(0,))
     # a repeated id is one label: [1, 1] is the set {1}, as the cardinality counts it (it was a fifth set)
     dup = inspect_labels(
         [[1, 1], [1], [2], [2, 0], [0, 2], []] * 10, 4, batch_size=4, n_batches=3, queue_grid=(0,)
