@@ -13,6 +13,7 @@ Design: docs/design.md, "Contrastive training step (hf_mlcl/training/contrastive
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -48,14 +49,23 @@ __all__ = ["ContrastiveSetup", "ContrastiveTrainer", "STATE_FILE"]
 
 
 class _StepCallback(TrainerCallback):
-    """When training begins: rank 0's loss parameters and key encoder on every process. Once per optimizer step:
-    EMA update of the momentum encoder; zero the loss parameters' grads."""
+    """When training begins: rank 0's loss parameters and key encoder on every process. When an epoch begins:
+    the positives sampler's epoch. Once per optimizer step: EMA update of the momentum encoder; zero the loss
+    parameters' grads."""
 
     def __init__(self, trainer: ContrastiveTrainer) -> None:
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer._same_state_on_every_process()
+        return control
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # the positives sampler's epoch, which accelerate does not reach through the wrapper that skips a resumed
+        # run's trained batches with several processes (state.epoch: the checkpoint's, e.g. 1.5 in epoch 1)
+        sampler = getattr(self.trainer, "_positives_sampler", None)
+        if sampler is not None:
+            sampler.set_epoch(math.floor(state.epoch + 1e-6))
         return control
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -151,7 +161,7 @@ class ContrastiveTrainer(MultiLabelTrainer):
             )
         )
         warn_if_gate_cannot_open(self.loss_fn, args, self.candidates.contrast_set)
-        if self.memory is not None or self._loss_parameters():
+        if self.memory is not None or self._loss_parameters() or args.batch_sampler == "positives":
             self.add_callback(_StepCallback(self))
 
     @property
@@ -247,12 +257,14 @@ class ContrastiveTrainer(MultiLabelTrainer):
         dataset = self.train_dataset if train_dataset is None else train_dataset
         if self.args.batch_sampler != "positives" or dataset is None:
             return super()._get_train_sampler(train_dataset)
-        return PositiveEnsuredSampler(
+        data_seed = self.args.data_seed
+        self._positives_sampler = PositiveEnsuredSampler(
             dataset[self.label_column],
             self.args.per_device_train_batch_size,
             self.loss_fn.sampler_rule,
-            seed=self.args.seed,
+            seed=self.args.seed if data_seed is None else data_seed,  # Trainer's rule for the data order
         )
+        return self._positives_sampler
 
     # ------------------------------------------------------------------ encoding and loss
     def _encode(self, model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:

@@ -80,6 +80,41 @@ def test_a_run_resumed_mid_epoch_gets_the_same_batches(tmp_path):
         assert resumed[step] == pytest.approx(full[step], rel=1e-6), step
 
 
+@pytest.mark.timeout(240)
+def test_two_processes_resumed_in_a_later_epoch_get_that_epochs_batches(tmp_path):
+    """A run of two processes resumed from step 6 (epoch 1) trains steps 7-8 on the batches the uninterrupted
+    run trained there: the sampler's epoch is set under the wrapper that skips the trained batches, which
+    accelerate's set_epoch does not reach (the resumed run replayed epoch 0's order)."""
+    import json
+    import os
+
+    from _training_helpers import run_two_processes
+
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sampler_resume_worker.py")
+    run_two_processes(worker, str(tmp_path), timeout=220)
+    epoch_1 = []
+    for rank in (0, 1):
+        full = json.loads((tmp_path / f"rows-full-{rank}.json").read_text())
+        resumed = json.loads((tmp_path / f"rows-resumed-{rank}.json").read_text())
+        assert len(full) == 8 and resumed[-2:] == full[-2:], (rank, resumed, full)
+        epoch_1 += [row for batch in full[4:] for row in batch]
+    assert sorted(epoch_1) == list(range(32))  # every row once over the two processes
+
+
+def test_data_seed_orders_the_positives_sampler(tmp_path):
+    """Trainer's data_seed sets the data order apart from the model's seed; the sampler took args.seed."""
+    trainer = lambda **kw: ContrastiveTrainer(  # noqa: E731
+        model=tiny_encoder(tok),
+        args=base_args(tmp_path, loss="all", batch_sampler="positives", **kw),
+        train_dataset=tiny_split(32),
+        data_collator=collator(tok),
+    )
+    tok = tiny_tokenizer()
+    orders = [list(trainer(data_seed=s)._get_train_sampler()) for s in (1, 2, None)]
+    assert orders[0] != orders[1] and orders[2] == list(trainer()._get_train_sampler())
+    assert list(trainer(seed=5, data_seed=1)._get_train_sampler()) == orders[0]
+
+
 @pytest.mark.parametrize(
     "loss_kwargs",
     [{"label_similarity_threshold": 0.3}, {"label_similarity": "jaccard", "label_similarity_threshold": 0.0}],
