@@ -78,6 +78,59 @@ def test_the_performance_page_keeps_the_results_study_part_that_follows_its_mark
     assert performance_doc.main(["--check"]) == 0
 
 
+def test_the_goals_read_every_gpus_cells_and_the_recipes_batch_only():
+    """The sharded-save row listed one GPU's cell of a name, whichever folder came last; the 80 GB row counted
+    the -fit141 cells, whose batch the memory model sizes for a 141 GiB GPU; a CPU page said "2 shared cores"
+    for results run on one thread."""
+    import copy
+
+    results = performance_doc.load(os.path.join(BENCH, "results"))
+    folders = results["llama_lora"]
+    first = next(k for k, d in folders.items() if d["device"]["kind"] == "cuda")
+    # the first GPU's folder read last instead: the same rows
+    renamed = {
+        **results,
+        "llama_lora": {**{k: d for k, d in folders.items() if k != first}, first: folders[first]},
+    }
+    assert performance_doc.goals(renamed) == performance_doc.goals(results)
+    sharded = [
+        (d["device"]["name"], c)
+        for d in results["llama_lora"].values()
+        if d["device"]["kind"] == "cuda"
+        for c, e in d["cells"].items()
+        if e.get("launcher") in ("fsdp", "deepspeed")
+    ]
+    row = next(line for line in performance_doc.goals(results) if "FSDP and ZeRO-3" in line)
+    assert all(f"{c} " in row and name in row for name, c in sharded) and len(set(sharded)) > len(
+        {c for _, c in sharded}
+    )
+
+    msc = next(
+        (c, e)
+        for d in results["llama_lora"].values()
+        for c, e in d["cells"].items()
+        if d["device"]["kind"] == "cuda"
+        and (e.get("figures") or {}).get("run") == "msc"
+        and e["figures"]["launcher"] == "plain"
+    )
+    big = copy.deepcopy(results)
+    cells = next(d for d in big["llama_lora"].values() if d["device"]["kind"] == "cuda")["cells"]
+    cells["msc-plain-fit141"] = copy.deepcopy(msc[1])
+    cells["msc-plain-fit141"]["figures"]["peak_memory"]["reserved_gib"] = 123.7
+    fit_row = next(
+        line for line in performance_doc.goals(big) if "fits one 80 GB GPU at the recipe's batch" in line
+    )
+    assert (
+        "msc-plain-fit141" not in fit_row
+        and fit_row.rstrip(" |").endswith("met")
+        and "not met" not in fit_row
+    )
+
+    cpu = next(d for d in results["llama_lora"].values() if d["device"]["kind"] != "cuda")
+    threads = cpu["device"]["threads"]
+    assert f"{threads} thread" in "".join(performance_doc.provenance(cpu, "cpu-tiny"))
+
+
 @pytest.mark.slow  # runs every cell of the tiny suite; the planner and the page have fast tests of their own
 @pytest.mark.timeout(420)
 def test_tiny_suite_measures_every_cell_on_the_cpu_and_skips_what_is_measured(tmp_path):
