@@ -136,13 +136,17 @@ def wants_resume(value: Any) -> bool:
     return parse_resume(value) is not False
 
 
-def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) -> str | None:
+def resolve_resume(
+    value: Any, output_dir: str, is_main_process: bool = True, max_steps: int = -1
+) -> str | None:
     """What to hand ``Trainer.train(resume_from_checkpoint=...)``.
 
     ``None`` / ``False`` / ``"false"``: start fresh. ``True`` / ``"true"``: the newest checkpoint complete
     in the ``output_dir`` of every process (node-local folders may differ) after removing incomplete ones
     (``is_main_process``: the process that writes the folder; every rank waits for it), or ``None``
-    (start fresh) when there is none yet. A path: that folder, which must be complete.
+    (start fresh) when there is none yet; with ``max_steps > 0`` one before that step (Trainer resumed at
+    ``max_steps`` in the middle of an epoch trains one step past it; the steps after the checkpoint taken
+    are trained again, to the same weights). A path: that folder, which must be complete.
     """
     value = parse_resume(value)
     if value is False:
@@ -151,7 +155,7 @@ def resolve_resume(value: Any, output_dir: str, is_main_process: bool = True) ->
         if is_main_process:
             remove_incomplete_checkpoints(output_dir)
         D.barrier()
-        last = _last_complete_on_every_process(output_dir, is_main_process)
+        last = _last_complete_on_every_process(output_dir, is_main_process, max_steps)
         if last is None:
             logger.warning(f"no complete checkpoint in {output_dir}: starting this stage from the beginning")
         elif is_main_process:
@@ -252,7 +256,20 @@ def _step(path: str) -> int:
     return int(_CHECKPOINT_RE.match(os.path.basename(path)).group(1))
 
 
-def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> str | None:
+def _remove_checkpoints_after(output_dir: str, step: int, is_main_process: bool, why: str) -> None:
+    """The main process removes the checkpoints of ``output_dir`` past ``step`` (the resumed run writes them
+    again); every process waits for it."""
+    if is_main_process:
+        for path in checkpoint_folders(output_dir):
+            if _step(path) > step:
+                shutil.rmtree(path, ignore_errors=True)
+                logger.warning(f"removed {path}: {why}")
+    D.barrier()
+
+
+def _last_complete_on_every_process(
+    output_dir: str, is_main_process: bool, max_steps: int = -1
+) -> str | None:
     """The newest checkpoint complete in the ``output_dir`` of every process, or None when no process has one.
 
     Every process of a shared folder sees the same checkpoints. Node-local folders (``save_on_each_node``)
@@ -268,7 +285,7 @@ def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> s
             f"resume_from_checkpoint: every checkpoint of {output_dir} is damaged ({notes[0]}); pass "
             "--overwrite_output_dir true without --resume_from_checkpoint to train this stage again"
         )
-    every = [steps for steps, _ in found]
+    every = [[s for s in steps if max_steps <= 0 or s < max_steps] for steps, _ in found]
     common = set(every[0]).intersection(*every[1:])
     if not common:
         if any(every):
@@ -280,16 +297,11 @@ def _last_complete_on_every_process(output_dir: str, is_main_process: bool) -> s
                 f"resume_from_checkpoint: no checkpoint of {output_dir} is complete on every node ({held}); copy "
                 "one complete checkpoint folder to every node, or start without --resume_from_checkpoint"
             )
+        _remove_checkpoints_after(output_dir, 0, is_main_process, "none before max_steps to resume from")
         return None
     step = max(common)
-    if is_main_process:
-        for path in checkpoint_folders(output_dir):
-            if _step(path) > step:
-                shutil.rmtree(path, ignore_errors=True)
-                logger.warning(
-                    f"removed {path}: newer than checkpoint-{step}, the newest complete on every node"
-                )
-    D.barrier()
+    why = "the newest complete on every node" + (f" before max_steps {max_steps}" if max_steps > 0 else "")
+    _remove_checkpoints_after(output_dir, step, is_main_process, f"newer than checkpoint-{step}, {why}")
     chosen = os.path.join(output_dir, f"checkpoint-{step}")
     _warn_missing_rng(
         chosen, check_checkpoint(chosen).missing_rng if is_main_process else [], is_main_process

@@ -170,7 +170,7 @@ def fit(trainer: Any, created: list[str], stage: str) -> dict[str, Any]:
             )
         remove_previous_run(args.output_dir, writes)
     else:
-        resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes)
+        resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, writes, args.max_steps)
         check_resume_settings(resume, trainer.run_settings, args.overwrite_output_dir)
     metrics = dict(trainer.train(resume_from_checkpoint=resume).metrics)
     require_a_step(trainer, created, stage)

@@ -112,3 +112,38 @@ def test_a_full_device_while_saving_is_one_line_and_keeps_the_earlier_checkpoint
     with pytest.raises(CheckpointSaveError, match="no space left on the device while writing .*checkpoint-4"):
         trainer.train()
     assert resolve_resume("true", str(out)) == str(out / "checkpoint-2")
+
+
+def test_a_resume_at_max_steps_inside_an_epoch_takes_the_checkpoint_before_it(tmp_path):
+    """Trainer resumed from the checkpoint at max_steps in the middle of an epoch trains a step past it (a
+    wrong model with exit 0): the resume takes the checkpoint before and trains the last steps again, to
+    the weights of the uninterrupted run."""
+    import torch
+
+    tok = tiny_tokenizer()
+    out = tmp_path / "run"
+
+    def trainer():
+        torch.manual_seed(0)
+        return ContrastiveTrainer(
+            model=tiny_encoder(tok),
+            args=base_args(out, **KW),  # 24 rows, batches of 4: max_steps 4 ends inside the first epoch
+            train_dataset=tiny_split(24),
+            data_collator=collator(tok),
+        )
+
+    full = trainer()
+    full.train()
+    want = {k: v.clone() for k, v in full.model.state_dict().items()}
+    past = trainer()
+    past.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert past.state.global_step == 5  # what Trainer does with the checkpoint at max_steps
+    chosen = resolve_resume(True, str(out), True, max_steps=4)
+    assert chosen == str(out / "checkpoint-2")
+    assert [os.path.basename(p) for p in checkpoint_folders(str(out))] == ["checkpoint-2"]
+    again = trainer()
+    again.train(resume_from_checkpoint=chosen)
+    assert again.state.global_step == 4
+    got = again.model.state_dict()
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    assert resolve_resume(True, str(out), True) == str(out / "checkpoint-4")  # no max_steps: the newest
