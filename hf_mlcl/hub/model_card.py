@@ -367,9 +367,11 @@ def render_model_card(card: CardData, template_path: str | None = None) -> Any:
 
 
 def save_model_card(card: CardData, folder: str, template_path: str | None = None) -> str:
-    """Render and write ``README.md`` + ``card_data.json`` into ``folder`` atomically; returns the card path."""
+    """Render and write ``README.md`` + ``card_data.json`` into ``folder`` atomically; returns the card path.
+    ``card_data.json`` last: it marks a stage finished (``preflight.FINISHED_FILES``), so a run killed
+    between the two is resumed, not taken for finished without its card."""
     text = str(render_model_card(card, template_path))
-    atomic_write_json(os.path.join(folder, CARD_DATA_FILE), card.to_dict(), default=str)
     path = os.path.join(folder, CARD_FILE)
     atomic_write_text(path, text)
+    atomic_write_json(os.path.join(folder, CARD_DATA_FILE), card.to_dict(), default=str)
     return path

@@ -197,6 +197,17 @@ def test_card_writing_is_atomic(tmp_path, monkeypatch):
         save_model_card(_classifier_card(dataset="rcv1"), folder)
     assert (tmp_path / CARD_FILE).read_bytes() == before  # old card intact
     assert sorted(os.listdir(folder)) == [CARD_FILE, CARD_DATA_FILE]  # no temp file left behind
+    # card_data.json, which marks a stage finished, goes last: a run stopped at README.md leaves it as it
+    # was (it used to be the new one, so the resumed stage counted as finished without its card)
+    monkeypatch.undo()
+
+    def killed(path, text):
+        raise OSError("killed")
+
+    monkeypatch.setattr(model_card_module, "atomic_write_text", killed)
+    with pytest.raises(OSError, match="killed"):
+        save_model_card(_classifier_card(dataset="rcv1"), folder)
+    assert CardData.load(folder) == _classifier_card()
 
 
 def test_unknown_card_kind_is_rejected():
