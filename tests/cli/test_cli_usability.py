@@ -84,8 +84,10 @@ def test_run_prints_stage_headers_and_output_paths(monkeypatch, capsys, tmp_path
     monkeypatch.setattr(stages, "load_run_data", lambda data_args: None)  # no training: no data
     monkeypatch.setattr(stages, "run_contrastive_stage", contrastive)
     monkeypatch.setattr(stages, "run_probe_stage", probe)
+    (tmp_path / ".tmp-k1ll3d-results.json").write_text('{"half')  # an earlier run killed writing results.json
     rc = main(["run", RECIPE, "--output_dir", str(tmp_path), "--no-plots"])
     assert rc == 0
+    assert not (tmp_path / ".tmp-k1ll3d-results.json").exists()
     out = capsys.readouterr().out
     enc, clf = os.path.join(str(tmp_path), "encoder"), os.path.join(str(tmp_path), "classifier")
     assert calls == ["contrastive", ("probe", enc, calls[1][2])]
