@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 
 from hf_mlcl.modeling.builders import folder_layout, stored_config
 from hf_mlcl.modeling.folders_mlcl import ADAPTER_CONFIG_NAME
+from hf_mlcl.modeling.lora import LORA_OPTIONS
 
 from .model_card import CardData, anchored_path, save_model_card
 
@@ -54,17 +55,7 @@ _TRAINING_KEYS = (
     "probe",
 )
 _SETTINGS_IN_METRICS = ("contrastive_weight", "contrastive_projection_dim")  # the joint stage's metrics.json
-_MODEL_KEYS = (
-    "pooling",
-    "head",
-    "chunk_size",
-    "use_lora",
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_target_modules",
-    "merge_lora",
-)
+_MODEL_KEYS = ("pooling", "head", "chunk_size", *LORA_OPTIONS)
 logger = logging.getLogger(__name__)
 _VERSIONS = ("hf_mlcl", "transformers", "torch", "accelerate", "peft", "datasets", "huggingface_hub")
 

@@ -34,6 +34,8 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = (
 # BERT-style layers: attention.self.{query,key,value}, attention.output.dense, intermediate.dense,
 # output.dense ("output.dense" matches both output layers; not the pooler's "pooler.dense" nor a head)
 _BERT_TARGETS: tuple[str, ...] = ("query", "key", "value", "intermediate.dense", "output.dense")
+# the model arguments of a LoRA run (ModelArguments fields), which its card and its recorded settings state
+LORA_OPTIONS = ("use_lora", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_lora")
 LORA_TARGETS_BY_MODEL_TYPE: dict[str, tuple[str, ...]] = {
     **{
         t: DEFAULT_LORA_TARGETS
@@ -452,6 +454,7 @@ def save_heads_with_adapter(
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",
+    "LORA_OPTIONS",
     "LORA_TARGETS_BY_MODEL_TYPE",
     "apply_lora",
     "bf16_available",

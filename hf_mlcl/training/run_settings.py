@@ -15,6 +15,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from hf_mlcl.files import atomic_write_json
+from hf_mlcl.modeling.lora import LORA_OPTIONS
 from hf_mlcl.training.arguments import DecisionThresholdArguments
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,7 @@ _MODEL_KEYS = (
     "pooling",
     "head",
     "chunk_size",
-    "use_lora",
-    "lora_r",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_target_modules",
-    "merge_lora",
+    *LORA_OPTIONS,
     "tokenizer_name_or_path",
 )
 _PROJECTION_KEYS = (
