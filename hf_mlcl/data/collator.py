@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_mlcl.labels.multihot import multi_hot_tensor, multihot_to_ids
+from hf_mlcl.labels.multihot import integer_multihot_rows, multi_hot_tensor, multihot_to_ids
 
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 BATCH_LABEL_FORMATS = ("dense", "sparse", "ids")  # how a collated batch holds its labels
@@ -183,9 +183,7 @@ class MultiLabelCollator:
         matrix of ``label_format="ids"``. Rows of floats or
         bools (``[0., 1., 0., 1.]``, what transformers users pass) are multi-hot rows already, never ids; so are
         rows of num_labels integers 0 and 1 that repeat a value (``[1, 0, 1]``), which no id list does."""
-        if label_lists and (
-            _float_or_bool_row(label_lists[0]) or _integer_multihot_row(label_lists[0], self.num_labels)
-        ):
+        if label_lists and (_float_or_bool_row(label_lists[0]) or self._integer_multihot_row(label_lists[0])):
             dense = self._multi_hot_rows(label_lists)
             if self.label_format == "ids":
                 return multihot_to_ids(dense, min_width=1)
@@ -197,6 +195,11 @@ class MultiLabelCollator:
             hint="; pass the dataset's num_labels (len(label_names(ds))) to MultiLabelCollator",
         )
         return multihot_to_ids(labels, min_width=1) if self.label_format == "ids" else labels
+
+    def _integer_multihot_row(self, row: Any) -> bool:
+        """A row of ``num_labels`` integers 0 and 1 that repeats a value: a multi-hot row, not ids."""
+        values = np.asarray(row).reshape(1, -1)
+        return values.shape[1] == self.num_labels and integer_multihot_rows(values)
 
     def _multi_hot_rows(self, rows: Sequence[Any]) -> torch.Tensor:
         """(B, L) float32 from multi-hot rows; ValueError unless each has num_labels 0/1 values."""
@@ -274,17 +277,6 @@ def pack_rows(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     packed["cu_seq_lens"] = offsets.to(torch.int32)
     packed["max_seq_len"] = int(lengths.max())
     return packed
-
-
-def _integer_multihot_row(row: Any, num_labels: int) -> bool:
-    """True for a row of ``num_labels`` integers 0 and 1 that repeats a value: a multi-hot row, not ids."""
-    values = np.asarray(row).reshape(-1)
-    return (
-        values.size == num_labels
-        and np.issubdtype(values.dtype, np.integer)
-        and bool(((values == 0) | (values == 1)).all())
-        and np.unique(values).size < values.size
-    )
 
 
 def _float_or_bool_row(row: Any) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hf_mlcl.evaluation.inputs import to_numpy
-from hf_mlcl.labels.multihot import binary_array, multi_hot_array
+from hf_mlcl.labels.multihot import binary_array, integer_multihot_rows, multi_hot_array
 
 __all__ = [
     "checked_embeddings_and_labels",
@@ -28,13 +28,6 @@ __all__ = [
     "normalised_embeddings",
     "top_combination_clusters",
 ]
-
-
-def _id_lists(arr: np.ndarray) -> bool:
-    """Equal-length integer lists read as label ids: a value above 1, or no row repeating a value."""
-    if arr.dtype.kind not in "iu":
-        return False
-    return bool(arr.max() > 1) or not bool((np.diff(np.sort(arr, axis=1), axis=1) == 0).any())
 
 
 def multi_hot_matrix(labels: Any, num_rows: int | None = None) -> np.ndarray:
@@ -49,7 +42,8 @@ def multi_hot_matrix(labels: Any, num_rows: int | None = None) -> np.ndarray:
             arr = np.asarray(labels)
         except ValueError:
             arr = None
-        if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and _id_lists(arr)):
+        integer_ids = arr is not None and arr.dtype.kind in "iu" and not integer_multihot_rows(arr)
+        if arr is None or arr.dtype == object or (arr.ndim == 2 and arr.size and integer_ids):
             # label-id lists (ragged or not): scatter into a multi-hot matrix in one vectorised step
             return multi_hot_array(labels, hint="; label ids must be non-negative integers")
     y = to_numpy(labels, "labels")

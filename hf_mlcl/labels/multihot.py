@@ -42,6 +42,7 @@ __all__ = [
     "to_dense_float",
     "to_sparse_bool",
     "binary_array",
+    "integer_multihot_rows",
     "multi_hot_array",
 ]
 
@@ -92,6 +93,18 @@ def multi_hot_array(
     out = np.zeros((count, num_labels), dtype=bool)
     out[rows, cols] = True
     return out
+
+
+def integer_multihot_rows(rows: np.ndarray) -> bool:
+    """True for equal-length integer rows ``(N, W)`` that are multi-hot rows rather than label-id lists: every
+    value 0 or 1, and some row repeating one, which no id list does (``[1, 0, 1]``; ``[0, 1]`` reads as ids)."""
+    return (
+        rows.ndim == 2
+        and rows.size > 0
+        and rows.dtype.kind in "iu"
+        and bool(((rows == 0) | (rows == 1)).all())
+        and bool((np.diff(np.sort(rows, axis=1), axis=1) == 0).any())
+    )
 
 
 def binary_array(y: np.ndarray, hint: str = "") -> np.ndarray:
