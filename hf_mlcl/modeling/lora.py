@@ -128,12 +128,12 @@ def apply_lora(
         raise ValueError(f"LoRA dropout must be in [0, 1); got {dropout}")
     names = [name for name, _ in encoder.named_modules()]
     targets = list(target_modules) if target_modules is not None else default_lora_targets(encoder)
-    if not any(_matches(name, t) for name in names for t in targets):
+    unmatched = [t for t in targets if not any(_matches(name, t) for name in names)]
+    if len(unmatched) == len(targets):
         raise ValueError(
             f"none of the LoRA target modules {targets} exists in this backbone; pass target_modules=... "
             "(e.g. ['query', 'key', 'value'] for BERT / RoBERTa; leave it unset for the architecture's default)"
         )
-    unmatched = [t for t in targets if not any(_matches(name, t) for name in names)]
     if target_modules is not None and unmatched:  # a misspelt name beside a right one got no adapter
         raise ValueError(
             f"the LoRA target modules {unmatched} match no module of this backbone (the others do); correct or "
