@@ -130,7 +130,6 @@ def cmd_probe(ns, overrides) -> dict:
 
 def cmd_run(ns, overrides) -> dict:
     """Both stages (as the recipe's ``stages`` says), test evaluation with plots, cards, optional push."""
-    from hf_mlcl.files import remove_interrupted_writes
     from hf_mlcl.recipes import (
         CLASSIFIER_STAGES,
         STAGES,
@@ -140,6 +139,7 @@ def cmd_run(ns, overrides) -> dict:
         stage_output_dir,
     )
     from hf_mlcl.training import stages as S
+    from hf_mlcl.training.checkpoints import remove_incomplete_checkpoints
     from hf_mlcl.training.preflight import check_stage
     from hf_mlcl.training.run_lock import RunLock
 
@@ -170,8 +170,7 @@ def cmd_run(ns, overrides) -> dict:
     lock = RunLock(run_root) if pargs.should_save else None
     if lock is not None:
         lock.acquire()
-        for path in remove_interrupted_writes(run_root):  # an earlier run's results.json, killed mid-write
-            logger.warning(f"removed {path}: left over by an interrupted write")
+        remove_incomplete_checkpoints(run_root)  # temp files of interrupted writes (a killed run's results.json)
     try:
         results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=announce)
         if pargs.process_index == 0:

@@ -32,7 +32,6 @@ __all__ = [
     "format_size",
     "json_default",
     "move_into",
-    "remove_interrupted_writes",
 ]
 
 TMP_PREFIX = ".tmp-"  # temp files of an interrupted write start with this (cleaned on resume)
@@ -122,20 +121,6 @@ def atomic_write_safetensors(tensors: dict, path: str, metadata: dict[str, str] 
 
     with atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-
-
-def remove_interrupted_writes(folder: str) -> list[str]:
-    """Delete the temp files (``TMP_PREFIX``) that interrupted atomic writes left directly in ``folder``;
-    returns them. Call it only where no write into ``folder`` can be under way (a run holding its lock)."""
-    if not os.path.isdir(folder):
-        return []
-    removed = []
-    for name in sorted(os.listdir(folder)):
-        path = os.path.join(folder, name)
-        if name.startswith(TMP_PREFIX) and os.path.isfile(path) and not os.path.islink(path):
-            os.unlink(path)
-            removed.append(path)
-    return removed
 
 
 def atomic_write_text(path: str, text: str) -> None:
