@@ -170,7 +170,8 @@ def cmd_run(ns, overrides) -> dict:
     lock = RunLock(run_root) if pargs.should_save else None
     if lock is not None:
         lock.acquire()
-        remove_incomplete_checkpoints(run_root)  # temp files of interrupted writes (a killed run's results.json)
+        # the temp files of interrupted writes (a killed run's results.json)
+        remove_incomplete_checkpoints(run_root)
     try:
         results = S.run_stages(model_args, data_args, stage_args, evaluate=not ns.no_plots, announce=announce)
         if pargs.process_index == 0:
