@@ -40,6 +40,17 @@ def _pad_more(batch, extra, pad_id):
     return out
 
 
+def _left_padded(right, pad_id):
+    """The right-padded batch with each row's real tokens moved to the right end (left padding)."""
+    left = {k: torch.zeros_like(v) for k, v in right.items()}
+    left["input_ids"].fill_(pad_id)
+    for i in range(right["input_ids"].shape[0]):
+        n = int(right["attention_mask"][i].sum())
+        for key in right:
+            left[key][i, -n:] = right[key][i, :n]
+    return left
+
+
 @pytest.fixture
 def configs(tiny_bert_config, tiny_roberta_config, tiny_llama_config):
     return {"bert": tiny_bert_config, "roberta": tiny_roberta_config, "llama": tiny_llama_config}
@@ -246,12 +257,7 @@ def test_the_two_dimensional_mask_goes_to_other_attentions_and_backbones(
 def test_last_token_left_padding_equals_right_padding(tiny_llama_config, llama_tokenizer):
     model = MLCLEncoder.from_backbone(tiny_llama_config, pooling="last_token").eval()
     right = _batch(llama_tokenizer)
-    left = {k: torch.zeros_like(v) for k, v in right.items()}
-    left["input_ids"].fill_(llama_tokenizer.pad_token_id)
-    for i in range(right["input_ids"].shape[0]):  # move each row's real tokens to the right end
-        n = int(right["attention_mask"][i].sum())
-        for key in right:
-            left[key][i, -n:] = right[key][i, :n]
+    left = _left_padded(right, llama_tokenizer.pad_token_id)
     with torch.no_grad():
         torch.testing.assert_close(model(**right).embeddings, model(**left).embeddings, atol=1e-5, rtol=1e-5)
 
@@ -273,12 +279,7 @@ def test_left_padding_leaves_every_pooling_unchanged_with_absolute_positions(
         )
     model = MLCLEncoder.from_backbone(config, pooling=pooling).eval()
     right = _batch(bert_tokenizer)
-    left = {k: torch.zeros_like(v) for k, v in right.items()}
-    left["input_ids"].fill_(bert_tokenizer.pad_token_id)
-    for i in range(right["input_ids"].shape[0]):
-        n = int(right["attention_mask"][i].sum())
-        for key in right:
-            left[key][i, -n:] = right[key][i, :n]
+    left = _left_padded(right, bert_tokenizer.pad_token_id)
     with torch.no_grad():
         alone = torch.cat(
             [
@@ -313,12 +314,7 @@ def test_last_token_keeps_the_positions_of_a_backbone_that_numbers_them(
         config = AutoConfig.for_model(family, max_position_embeddings=520, **shape, **extra)
     model = MLCLEncoder.from_backbone(config, pooling="last_token").eval()
     right = _batch(bert_tokenizer)
-    left = {k: torch.zeros_like(v) for k, v in right.items()}
-    left["input_ids"].fill_(bert_tokenizer.pad_token_id)
-    for i in range(right["input_ids"].shape[0]):
-        n = int(right["attention_mask"][i].sum())
-        for key in right:
-            left[key][i, -n:] = right[key][i, :n]
+    left = _left_padded(right, bert_tokenizer.pad_token_id)
     with torch.no_grad():
         states = model.backbone(**right).last_hidden_state
         last = right["attention_mask"].sum(-1) - 1
