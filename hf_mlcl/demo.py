@@ -204,9 +204,8 @@ def run_demo(
     losses = list(losses)
     for name in losses:  # before any work: a loss stage 1 cannot train, a model that cannot load
         check_contrastive_loss(name, "--losses names stage 1's losses; the demo trains its BCE row itself")
-    same = sorted(
-        {n for n in losses if sum(resolve_loss_name(m) == resolve_loss_name(n) for m in losses) > 1}
-    )
+    resolved = [resolve_loss_name(n) for n in losses]
+    same = sorted({n for n, key in zip(losses, resolved) if resolved.count(key) > 1})
     if same:  # one row a loss: a second name of it would train the same stage again into its folder
         raise ValueError(f"--losses names one loss twice ({', '.join(same)}); name each once")
     check_model_source(model, "--model")

@@ -114,9 +114,8 @@ def export_onnx(folder: str, opset: int = 18) -> dict[str, Any]:
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"no model folder {folder!r}")
     require_a_model(folder)
-    if not holds_a_tokenizer(
-        folder
-    ):  # transformers would make an empty one, whose inputs the graph would take
+    # without a tokenizer transformers would make an empty one, whose inputs the graph would take
+    if not holds_a_tokenizer(folder):
         raise ValueError(
             f"{folder} holds no tokenizer (tokenizer.json or tokenizer_config.json), which names the graph's "
             "inputs: save the model's tokenizer into it first; nothing written"

@@ -146,10 +146,9 @@ def inspect_labels(
     unique_rows = sum(c for c in sets.values() if c == 1)
     max_queue = n - b
     current = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed)
-    with_sampler = {}  # the sampler needs two rows a batch to place a positive beside an anchor
-    for loss, rule in (
-        (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule)) if batch_size > 1 else ()
-    ):
+    rules = (("all", AllLoss.sampler_rule), ("any", AnyLoss.sampler_rule))
+    with_sampler = {}
+    for loss, rule in rules if batch_size > 1 else ():  # the sampler needs two rows a batch for a positive
         order = torch.tensor(PositiveEnsuredSampler(labels, batch_size, rule, seed=seed).order())
         step = _sample(y, b, min(queue_size, max_queue), n_batches, k_min, seed, order=order)
         with_sampler[loss] = step["wasted_anchors"][loss]

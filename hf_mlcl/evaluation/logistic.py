@@ -54,9 +54,9 @@ def fit_logistic_probe(
 
     Every label gets its own ``sklearn.linear_model.LogisticRegression``; with validation data the
     inverse regularisation C is chosen per label from ``c_grid`` for the label's F1 at 0.5, a tie (a
-    label without validation positives) for fewer false positives, then for the earlier C. Standardisation is folded into the returned weights, so ``sigmoid(x @ W.T + b)`` applies to the raw
-    features. Constant labels get zero weights and a saturated bias. Returns ``(W (L, D), b (L,),
-    chosen_C (L,))``.
+    label without validation positives) for fewer false positives, then for the earlier C. Standardisation
+    is folded into the returned weights, so ``sigmoid(x @ W.T + b)`` applies to the raw features. Constant
+    labels get zero weights and a saturated bias. Returns ``(W (L, D), b (L,), chosen_C (L,))``.
     """
     from joblib import Parallel, delayed
 

@@ -181,6 +181,8 @@ class CardData:
         """A copy of the card as published to ``repo_id``: the repo named, this machine's paths left out (a
         local base model or encoder path is dropped, a local dataset keeps its file or folder name)."""
         local = is_local_path
+        # a local data file named from the run's directory is local though it is not found from here
+        local_dataset = local(self.dataset) or "dataset" in self.local_data
         return dataclasses.replace(
             self,
             repo_id=repo_id,
@@ -189,10 +191,7 @@ class CardData:
             local_data={},
             base_model=None if local(self.base_model) else self.base_model,
             encoder_path=None if local(self.encoder_path) else self.encoder_path,
-            dataset=os.path.basename(os.path.normpath(self.dataset))
-            if local(self.dataset)
-            or "dataset" in self.local_data  # a local file named from the run's directory
-            else self.dataset,
+            dataset=os.path.basename(os.path.normpath(self.dataset)) if local_dataset else self.dataset,
             dataset_options=_without_local_paths(self.dataset_options),
         )
 
